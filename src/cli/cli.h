@@ -1,0 +1,22 @@
+/* augur's subcommands. Each takes the arguments after its name (argv[0] is
+ * the subcommand name) and returns the process exit code: 0 on success, 1 on
+ * a runtime error (one line on stderr), 2 on a usage error. */
+#ifndef AG_CLI_H
+#define AG_CLI_H
+
+int ag_cli_info(int argc, char **argv);
+int ag_cli_tokenize(int argc, char **argv);
+int ag_cli_detokenize(int argc, char **argv);
+int ag_cli_template(int argc, char **argv);
+
+/* Prints "augur: <message>" on stderr and returns 1. */
+int ag_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prints "augur <cmd>: <message>\n<usage>" on stderr and returns 2. */
+int ag_cli_usage_error(const char *usage, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The default model's path: $AUGUR_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf
+ * next to the binary's repository (build/..), else that path relative to the
+ * current directory. Static storage. */
+const char *ag_cli_default_model(void);
+
+#endif
