@@ -70,7 +70,9 @@ typedef enum {
     AG_TYPE_TQ1_0 = 34,
     AG_TYPE_TQ2_0 = 35,
     AG_TYPE_MXFP4 = 39,
-    AG_TYPE_COUNT = 40,
+    AG_TYPE_NVFP4 = 40,
+    AG_TYPE_Q1_0 = 41,
+    AG_TYPE_COUNT = 42,
 } ag_tensor_type;
 
 /* Layout of a tensor type: elements per block and bytes per block.
