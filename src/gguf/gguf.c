@@ -24,11 +24,6 @@
 #error "the GGUF reader assumes a little-endian host"
 #endif
 
-/* Limits on untrusted values, far above anything real. */
-#define GGUF_MAX_DEPTH 8         /* nesting of arrays of arrays */
-#define GGUF_MAX_KEY_LEN 65535   /* real keys are < 100 bytes */
-#define GGUF_MAX_NAME_LEN 4096   /* ggml's GGML_MAX_NAME is 64 */
-#define GGUF_DEFAULT_ALIGNMENT 32
 
 /* ---- tensor type layouts ----
  * Block sizes and bytes per block, as in ggml's type traits (ggml-common.h).
@@ -231,9 +226,9 @@ static ag_status parse_value(ag_gguf *g, cursor *c, uint32_t type, ag_gguf_value
     case AG_GGUF_STRING:
         return rd_str(c, &v->str.ptr, &v->str.len, "string value");
     case AG_GGUF_ARRAY: {
-        if (depth >= GGUF_MAX_DEPTH)
+        if (depth >= AG_GGUF_MAX_DEPTH)
             return ag_errorf(AG_ERR_FORMAT, "at offset %zu: arrays nested deeper than %d",
-                             at, GGUF_MAX_DEPTH);
+                             at, AG_GGUF_MAX_DEPTH);
         uint32_t et;
         uint64_t n;
         if ((s = rd_u32(c, &et, "array element type"))) return s;
@@ -391,14 +386,14 @@ static ag_status parse(ag_gguf *g) {
     if (!g->values) return s;
     if ((s = index_init(&g->kv_index, n_kv, &g->arena))) return s;
 
-    g->alignment = GGUF_DEFAULT_ALIGNMENT;
+    g->alignment = AG_GGUF_DEFAULT_ALIGNMENT;
     for (uint64_t i = 0; i < n_kv; i++) {
         size_t at = c.pos;
         const char *kp;
         uint64_t klen;
         if ((s = rd_str(&c, &kp, &klen, "key"))) return s;
         char *key;
-        if ((s = take_name(g, kp, klen, GGUF_MAX_KEY_LEN, at, "key", &key))) return s;
+        if ((s = take_name(g, kp, klen, AG_GGUF_MAX_KEY_LEN, at, "key", &key))) return s;
         g->keys[i] = key;
         g->key_len[i] = (size_t)klen;
         int64_t dup = index_lookup(&g->kv_index, g->keys, g->key_len, key, (size_t)klen, (int64_t)i);
@@ -442,7 +437,7 @@ static ag_status parse(ag_gguf *g) {
         uint64_t nlen;
         if ((s = rd_str(&c, &np, &nlen, "tensor name"))) return s;
         char *name;
-        if ((s = take_name(g, np, nlen, GGUF_MAX_NAME_LEN, at, "tensor name", &name))) return s;
+        if ((s = take_name(g, np, nlen, AG_GGUF_MAX_NAME_LEN, at, "tensor name", &name))) return s;
         t->name = name;
         names[i] = name;
         g->name_len[i] = (size_t)nlen;
