@@ -70,7 +70,9 @@ typedef enum {
     AG_TYPE_TQ1_0 = 34,
     AG_TYPE_TQ2_0 = 35,
     AG_TYPE_MXFP4 = 39,
-    AG_TYPE_COUNT = 40,
+    AG_TYPE_NVFP4 = 40,
+    AG_TYPE_Q1_0 = 41,
+    AG_TYPE_COUNT = 42,
 } ag_tensor_type;
 
 /* Layout of a tensor type: elements per block and bytes per block.
@@ -79,6 +81,13 @@ bool        ag_tensor_type_layout(uint32_t type, uint32_t *block_elems, uint32_t
 const char *ag_tensor_type_name(uint32_t type); /* "Q4_K", or "?" */
 
 #define AG_GGUF_MAX_DIMS 4
+/* Limits the reader enforces on untrusted files (and the writer on its
+ * input), far above anything real: array nesting depth, key length, tensor
+ * name length (ggml's own limit is 64). */
+#define AG_GGUF_MAX_DEPTH 8
+#define AG_GGUF_MAX_KEY_LEN 65535
+#define AG_GGUF_MAX_NAME_LEN 4096
+#define AG_GGUF_DEFAULT_ALIGNMENT 32
 
 typedef struct {
     const char    *name; /* borrowed, NUL-terminated copy owned by the ag_gguf */
