@@ -1,0 +1,643 @@
+/* Paged KV cache (see kv.h for the model and the forward-pass protocol).
+ *
+ * Bookkeeping is three arrays: a refcount per block, a LIFO stack of free
+ * block ids (the most recently freed block is reused first: its pages are
+ * warm), and per-sequence block tables. Every operation that can fail checks
+ * everything it needs (ids, ranges, free blocks, table capacity) before it
+ * mutates anything, so a failed call leaves the cache exactly as it was. */
+#include "kv/kv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_ALIGN 64
+#define KV_MAX_DIM 65536 /* generous caps that keep all size arithmetic far from overflow */
+#define KV_MAX_HEADS 4096
+#define KV_MAX_LAYERS 4096
+#define KV_MAX_SEQS 65536
+
+typedef struct {
+    bool     live;
+    int32_t  len;      /* committed positions */
+    int32_t  reserved; /* writable end, >= len */
+    int32_t  n_blocks; /* entries used in `blocks` */
+    int32_t  cap;      /* entries allocated */
+    int32_t *blocks;
+} kv_seq;
+
+struct ag_kv {
+    ag_kv_layout lay;
+    int32_t      max_seqs;
+    int32_t     *window; /* [n_layers] */
+    uint8_t     *pool_raw;
+    uint8_t     *pool; /* KV_ALIGN-aligned inside pool_raw */
+    size_t       pool_bytes;
+    size_t       v_offset; /* V region offset within a layer of a block */
+    int32_t      n_blocks;
+    int32_t     *ref;   /* [n_blocks] */
+    int32_t     *stack; /* [n_blocks] free ids; top at n_free-1 */
+    int32_t      n_free;
+    kv_seq      *seqs; /* [max_seqs] */
+    size_t       meta_bytes;
+    uint64_t     cow_copies;
+    uint64_t     nomem_errors;
+};
+
+static size_t align_up(size_t x) { return (x + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1); }
+
+/* Bytes of one row of `dim` elements. Q8_0 (for later) packs 32 elements
+ * into 34 bytes: an f16 scale and 32 int8. */
+static size_t row_bytes(ag_kv_dtype t, int32_t dim) {
+    switch (t) {
+    case AG_KV_F32: return (size_t)dim * 4;
+    case AG_KV_F16: return (size_t)dim * 2;
+    case AG_KV_Q8_0: return (size_t)dim / 32 * 34;
+    }
+    return 0;
+}
+
+ag_kv_params ag_kv_default_params(void) {
+    ag_kv_params p;
+    memset(&p, 0, sizeof p);
+    p.block_size = 16;
+    p.dtype = AG_KV_F16;
+    p.budget_bytes = (size_t)256 << 20;
+    p.max_seqs = 64;
+    p.layer_window = NULL;
+    return p;
+}
+
+/* ---- F16 conversion ----------------------------------------------------- */
+
+uint16_t ag_kv_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf stays inf; NaN stays a (quiet) NaN */
+        return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0));
+    if (ax >= 0x477ff000u) /* >= 65520 rounds past the largest half (65504) */
+        return (uint16_t)(sign | 0x7c00u);
+    if (ax >= 0x38800000u) { /* normal half: rebias exponent, round mantissa to even */
+        uint32_t h = (ax - 0x38000000u) >> 13;
+        uint32_t rem = ax & 0x1fffu;
+        if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++; /* carry may bump exponent: fine */
+        return (uint16_t)(sign | h);
+    }
+    if (ax <= 0x33000000u) return (uint16_t)sign; /* <= 2^-25: rounds (to even) to zero */
+    /* Subnormal half: value / 2^-24, rounded to nearest even. */
+    uint32_t e = ax >> 23;
+    uint32_t m = (ax & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126u - e; /* 14..24 */
+    uint32_t h = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) h++;
+    return (uint16_t)(sign | h);
+}
+
+float ag_kv_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu;
+    uint32_t m = h & 0x3ffu;
+    uint32_t x;
+    if (e == 0) {
+        if (m == 0) {
+            x = sign;
+        } else { /* subnormal: normalise */
+            uint32_t ee = 113;
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                ee--;
+            }
+            x = sign | (ee << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else if (e == 31) {
+        x = sign | 0x7f800000u | (m << 13);
+    } else {
+        x = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+static void store_row(ag_kv_dtype t, void *dst, const float *src, int32_t n) {
+    if (t == AG_KV_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+    } else {
+        uint16_t *d = dst;
+        for (int32_t i = 0; i < n; i++) d[i] = ag_kv_f32_to_f16(src[i]);
+    }
+}
+
+static void load_row(ag_kv_dtype t, float *dst, const void *src, int32_t n) {
+    if (t == AG_KV_F32) {
+        memcpy(dst, src, (size_t)n * 4);
+    } else {
+        const uint16_t *s = src;
+        for (int32_t i = 0; i < n; i++) dst[i] = ag_kv_f16_to_f32(s[i]);
+    }
+}
+
+/* ---- init / free -------------------------------------------------------- */
+
+ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
+    if (!out) return ag_errorf(AG_ERR_INVALID, "kv: init: NULL out");
+    *out = NULL;
+    if (!p) return ag_errorf(AG_ERR_INVALID, "kv: init: NULL params");
+    if (p->n_layers < 1 || p->n_layers > KV_MAX_LAYERS)
+        return ag_errorf(AG_ERR_INVALID, "kv: n_layers %d outside [1, %d]", p->n_layers,
+                         KV_MAX_LAYERS);
+    if (p->n_kv_heads < 1 || p->n_kv_heads > KV_MAX_HEADS)
+        return ag_errorf(AG_ERR_INVALID, "kv: n_kv_heads %d outside [1, %d]", p->n_kv_heads,
+                         KV_MAX_HEADS);
+    if (p->head_dim_k < 1 || p->head_dim_k > KV_MAX_DIM || p->head_dim_v < 1 ||
+        p->head_dim_v > KV_MAX_DIM)
+        return ag_errorf(AG_ERR_INVALID, "kv: head dims k=%d v=%d outside [1, %d]", p->head_dim_k,
+                         p->head_dim_v, KV_MAX_DIM);
+    int32_t bs = p->block_size;
+    if (bs < 8 || bs > 256 || (bs & (bs - 1)))
+        return ag_errorf(AG_ERR_INVALID, "kv: block_size %d is not a power of two in [8, 256]", bs);
+    if (p->max_seqs < 1 || p->max_seqs > KV_MAX_SEQS)
+        return ag_errorf(AG_ERR_INVALID, "kv: max_seqs %d outside [1, %d]", p->max_seqs,
+                         KV_MAX_SEQS);
+    if (p->dtype == AG_KV_Q8_0)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "kv: dtype Q8_0 is not implemented yet");
+    if (p->dtype != AG_KV_F32 && p->dtype != AG_KV_F16)
+        return ag_errorf(AG_ERR_INVALID, "kv: unknown dtype %d", (int)p->dtype);
+    if (p->layer_window) {
+        for (int32_t l = 0; l < p->n_layers; l++)
+            if (p->layer_window[l] < 0)
+                return ag_errorf(AG_ERR_INVALID, "kv: layer %d: negative sliding window %d", l,
+                                 p->layer_window[l]);
+    }
+
+    ag_kv_layout lay;
+    memset(&lay, 0, sizeof lay);
+    lay.dtype = p->dtype;
+    lay.n_layers = p->n_layers;
+    lay.n_kv_heads = p->n_kv_heads;
+    lay.head_dim_k = p->head_dim_k;
+    lay.head_dim_v = p->head_dim_v;
+    lay.block_size = bs;
+    while ((1 << lay.block_shift) < bs) lay.block_shift++;
+    lay.row_bytes_k = row_bytes(p->dtype, p->head_dim_k);
+    lay.row_bytes_v = row_bytes(p->dtype, p->head_dim_v);
+    lay.head_stride_k = (size_t)bs * lay.row_bytes_k;
+    lay.head_stride_v = (size_t)bs * lay.row_bytes_v;
+    /* The caps above bound each region by 2^38 bytes and a block by 2^51. */
+    size_t k_bytes = (size_t)p->n_kv_heads * lay.head_stride_k;
+    size_t v_bytes = (size_t)p->n_kv_heads * lay.head_stride_v;
+    lay.layer_stride = align_up(k_bytes) + align_up(v_bytes);
+    lay.block_bytes = (size_t)p->n_layers * lay.layer_stride;
+    lay.copy_bytes = k_bytes + v_bytes;
+
+    size_t nb = p->budget_bytes / lay.block_bytes;
+    if (nb < 1)
+        return ag_errorf(AG_ERR_NOMEM, "kv: budget %zu bytes is below one block (%zu bytes)",
+                         p->budget_bytes, lay.block_bytes);
+    if (nb > (size_t)INT32_MAX / 2) nb = (size_t)INT32_MAX / 2;
+
+    ag_kv *kv = calloc(1, sizeof *kv);
+    if (!kv) return ag_errorf(AG_ERR_NOMEM, "kv: out of memory");
+    kv->lay = lay;
+    kv->max_seqs = p->max_seqs;
+    kv->n_blocks = (int32_t)nb;
+    kv->v_offset = align_up(k_bytes);
+    kv->pool_bytes = nb * lay.block_bytes;
+    /* calloc: positions never written read as zeros (deterministic bytes for
+     * persistence), and large callocs are fresh, lazily committed pages. */
+    kv->pool_raw = calloc(1, kv->pool_bytes + KV_ALIGN);
+    kv->window = calloc((size_t)p->n_layers, sizeof *kv->window);
+    kv->ref = calloc(nb, sizeof *kv->ref);
+    kv->stack = malloc(nb * sizeof *kv->stack);
+    kv->seqs = calloc((size_t)p->max_seqs, sizeof *kv->seqs);
+    if (!kv->pool_raw || !kv->window || !kv->ref || !kv->stack || !kv->seqs) {
+        size_t want = kv->pool_bytes;
+        ag_kv_free(kv);
+        return ag_errorf(AG_ERR_NOMEM, "kv: cannot allocate a pool of %zu bytes", want);
+    }
+    kv->pool = kv->pool_raw + (KV_ALIGN - (uintptr_t)kv->pool_raw % KV_ALIGN) % KV_ALIGN;
+    if (p->layer_window)
+        memcpy(kv->window, p->layer_window, (size_t)p->n_layers * sizeof *kv->window);
+    /* Pushed in reverse so that a fresh cache hands out 0, 1, 2, ... */
+    for (int32_t i = 0; i < kv->n_blocks; i++) kv->stack[i] = kv->n_blocks - 1 - i;
+    kv->n_free = kv->n_blocks;
+    kv->meta_bytes = sizeof *kv + (size_t)p->n_layers * sizeof *kv->window +
+                     nb * (sizeof *kv->ref + sizeof *kv->stack) +
+                     (size_t)p->max_seqs * sizeof *kv->seqs;
+    *out = kv;
+    return AG_OK;
+}
+
+void ag_kv_free(ag_kv *kv) {
+    if (!kv) return;
+    if (kv->seqs)
+        for (int32_t i = 0; i < kv->max_seqs; i++) free(kv->seqs[i].blocks);
+    free(kv->seqs);
+    free(kv->stack);
+    free(kv->ref);
+    free(kv->window);
+    free(kv->pool_raw);
+    free(kv);
+}
+
+const ag_kv_layout *ag_kv_get_layout(const ag_kv *kv) { return &kv->lay; }
+
+void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->pool_bytes = kv->pool_bytes;
+    out->meta_bytes = kv->meta_bytes;
+    out->block_bytes = kv->lay.block_bytes;
+    out->n_blocks = kv->n_blocks;
+    out->blocks_free = kv->n_free;
+    out->blocks_used = kv->n_blocks - kv->n_free;
+    for (int32_t b = 0; b < kv->n_blocks; b++) out->blocks_shared += kv->ref[b] > 1;
+    out->max_seqs = kv->max_seqs;
+    for (int32_t s = 0; s < kv->max_seqs; s++) {
+        if (!kv->seqs[s].live) continue;
+        out->seqs_live++;
+        out->positions += kv->seqs[s].len;
+    }
+    out->cow_copies = kv->cow_copies;
+    out->nomem_errors = kv->nomem_errors;
+}
+
+int32_t ag_kv_layer_window(const ag_kv *kv, int32_t layer) {
+    if (layer < 0 || layer >= kv->lay.n_layers) return 0;
+    return kv->window[layer];
+}
+
+/* ---- internals ---------------------------------------------------------- */
+
+static kv_seq *seq_get(const ag_kv *kv, int32_t seq) {
+    if (seq < 0 || seq >= kv->max_seqs || !kv->seqs[seq].live) return NULL;
+    return &kv->seqs[seq];
+}
+
+static uint8_t *block_base(const ag_kv *kv, int32_t block) {
+    return kv->pool + (size_t)block * kv->lay.block_bytes;
+}
+
+static int32_t blocks_for(const ag_kv *kv, int32_t len) {
+    return (int32_t)(((int64_t)len + kv->lay.block_size - 1) >> kv->lay.block_shift);
+}
+
+/* Ensures room for `need` table entries; the only failure is malloc's. */
+static ag_status table_grow(ag_kv *kv, kv_seq *s, int32_t need) {
+    if (need <= s->cap) return AG_OK;
+    int32_t cap = s->cap ? s->cap : 8;
+    while (cap < need) cap = cap > INT32_MAX / 2 ? need : cap * 2;
+    int32_t *nb = realloc(s->blocks, (size_t)cap * sizeof *nb);
+    if (!nb) return ag_errorf(AG_ERR_NOMEM, "kv: cannot grow a block table to %d entries", cap);
+    kv->meta_bytes += (size_t)(cap - s->cap) * sizeof *nb;
+    s->blocks = nb;
+    s->cap = cap;
+    return AG_OK;
+}
+
+/* Caller has checked n_free > 0. */
+static int32_t block_take(ag_kv *kv) {
+    int32_t b = kv->stack[--kv->n_free];
+    kv->ref[b] = 1;
+    return b;
+}
+
+static void block_drop(ag_kv *kv, int32_t b) {
+    if (--kv->ref[b] == 0) kv->stack[kv->n_free++] = b;
+}
+
+/* Releases table entries [keep, n_blocks). */
+static void seq_release_from(ag_kv *kv, kv_seq *s, int32_t keep) {
+    for (int32_t i = keep; i < s->n_blocks; i++) block_drop(kv, s->blocks[i]);
+    if (s->n_blocks > keep) s->n_blocks = keep;
+}
+
+static ag_status full_error(ag_kv *kv, int32_t need) {
+    kv->nomem_errors++;
+    return ag_errorf(AG_ERR_NOMEM, "KV cache full: need %d blocks, %d free", need, kv->n_free);
+}
+
+/* ---- sequences ---------------------------------------------------------- */
+
+ag_status ag_kv_seq_new(ag_kv *kv, int32_t *seq) {
+    for (int32_t i = 0; i < kv->max_seqs; i++) {
+        kv_seq *s = &kv->seqs[i];
+        if (s->live) continue;
+        s->live = true;
+        s->len = s->reserved = s->n_blocks = 0;
+        *seq = i;
+        return AG_OK;
+    }
+    return ag_errorf(AG_ERR_NOMEM, "kv: all %d sequence ids are in use", kv->max_seqs);
+}
+
+ag_status ag_kv_seq_free(ag_kv *kv, int32_t seq) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: seq_free: sequence %d is not live", seq);
+    seq_release_from(kv, s, 0);
+    kv->meta_bytes -= (size_t)s->cap * sizeof *s->blocks;
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+    return AG_OK;
+}
+
+bool ag_kv_seq_live(const ag_kv *kv, int32_t seq) { return seq_get(kv, seq) != NULL; }
+
+int32_t ag_kv_seq_len(const ag_kv *kv, int32_t seq) {
+    kv_seq *s = seq_get(kv, seq);
+    return s ? s->len : -1;
+}
+
+const int32_t *ag_kv_seq_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s || s->n_blocks == 0) {
+        *n_blocks = 0;
+        return NULL;
+    }
+    *n_blocks = s->n_blocks;
+    return s->blocks;
+}
+
+ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: reserve: sequence %d is not live", seq);
+    if (n_new < 0) return ag_errorf(AG_ERR_INVALID, "kv: reserve: n_new %d < 0", n_new);
+    if (n_new == 0) return AG_OK;
+    if ((int64_t)s->len + n_new > INT32_MAX - kv->lay.block_size)
+        return ag_errorf(AG_ERR_RANGE, "kv: reserve: length %d + %d overflows", s->len, n_new);
+    int32_t end = s->len + n_new;
+    int32_t first = s->len >> kv->lay.block_shift;
+    int32_t last = (end - 1) >> kv->lay.block_shift;
+    /* Every existing block from the one holding position len onwards may be
+     * written from now on: any that is shared must be copied. */
+    int32_t need = 0;
+    for (int32_t i = first; i < s->n_blocks; i++) need += kv->ref[s->blocks[i]] > 1;
+    if (last >= s->n_blocks) need += last + 1 - s->n_blocks;
+    if (need > kv->n_free) return full_error(kv, need);
+    ag_status st = table_grow(kv, s, last + 1);
+    if (st != AG_OK) return st;
+
+    for (int32_t i = first; i < s->n_blocks; i++) {
+        int32_t old = s->blocks[i];
+        if (kv->ref[old] == 1) continue;
+        int32_t nb = block_take(kv);
+        memcpy(block_base(kv, nb), block_base(kv, old), kv->lay.block_bytes);
+        block_drop(kv, old);
+        s->blocks[i] = nb;
+        kv->cow_copies++;
+    }
+    for (int32_t i = s->n_blocks; i <= last; i++) s->blocks[i] = block_take(kv);
+    if (s->n_blocks < last + 1) s->n_blocks = last + 1;
+    if (s->reserved < end) s->reserved = end;
+    return AG_OK;
+}
+
+/* The slot check shared by ag_kv_slot and ag_kv_write. */
+static ag_status slot_check(const ag_kv *kv, int32_t seq, int32_t pos, int32_t *block,
+                            int32_t *offset) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: slot: sequence %d is not live", seq);
+    if (pos < s->len || pos >= s->reserved)
+        return ag_errorf(AG_ERR_INVALID,
+                         "kv: slot: position %d of sequence %d is not writable (len %d, "
+                         "reserved up to %d)",
+                         pos, seq, s->len, s->reserved);
+    int32_t b = s->blocks[pos >> kv->lay.block_shift];
+    if (kv->ref[b] != 1)
+        return ag_errorf(AG_ERR_INVALID,
+                         "kv: slot: block %d of sequence %d is shared (refcount %d) since the "
+                         "reserve; reserve again",
+                         b, seq, kv->ref[b]);
+    *block = b;
+    *offset = pos & (kv->lay.block_size - 1);
+    return AG_OK;
+}
+
+ag_status ag_kv_slot(const ag_kv *kv, int32_t seq, int32_t pos, int32_t *block, int32_t *offset) {
+    return slot_check(kv, seq, pos, block, offset);
+}
+
+ag_status ag_kv_seq_commit(ag_kv *kv, int32_t seq, int32_t new_len) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: commit: sequence %d is not live", seq);
+    if (new_len < s->len || new_len > s->reserved)
+        return ag_errorf(AG_ERR_RANGE,
+                         "kv: commit: length %d of sequence %d outside [len %d, reserved %d]",
+                         new_len, seq, s->len, s->reserved);
+    s->len = new_len;
+    return AG_OK;
+}
+
+/* ---- trim and fork ------------------------------------------------------ */
+
+bool ag_kv_can_trim(const ag_kv *kv) {
+    /* Every position of every layer is stored (windows included), so any
+     * committed suffix can be dropped. A ring cache would return false (or
+     * restrict ag_kv_trimmable to its slack). */
+    (void)kv;
+    return true;
+}
+
+bool ag_kv_trimmable(const ag_kv *kv, int32_t seq, int32_t n) {
+    kv_seq *s = seq_get(kv, seq);
+    return s && n >= 0 && n <= s->len && ag_kv_can_trim(kv);
+}
+
+ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: trim: sequence %d is not live", seq);
+    if (n < 0 || n > s->len)
+        return ag_errorf(AG_ERR_RANGE, "kv: trim: cannot drop %d of %d positions of sequence %d", n,
+                         s->len, seq);
+    if (!ag_kv_can_trim(kv))
+        return ag_errorf(AG_ERR_UNSUPPORTED,
+                         "kv: trim: this cache kind cannot drop positions (sequence %d)", seq);
+    int32_t new_len = s->len - n;
+    seq_release_from(kv, s, blocks_for(kv, new_len));
+    s->len = s->reserved = new_len;
+    return AG_OK;
+}
+
+ag_status ag_kv_seq_clear(ag_kv *kv, int32_t seq) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: clear: sequence %d is not live", seq);
+    seq_release_from(kv, s, 0);
+    s->len = s->reserved = 0;
+    return AG_OK;
+}
+
+ag_status ag_kv_fork(ag_kv *kv, int32_t dst, int32_t src, int32_t len) {
+    kv_seq *d = seq_get(kv, dst);
+    kv_seq *s = seq_get(kv, src);
+    if (!d || !s)
+        return ag_errorf(AG_ERR_INVALID, "kv: fork: sequence %d is not live", d ? src : dst);
+    if (dst == src) return ag_errorf(AG_ERR_INVALID, "kv: fork: dst and src are both %d", dst);
+    if (len < 0 || len > s->len)
+        return ag_errorf(AG_ERR_RANGE, "kv: fork: length %d outside [0, %d] of sequence %d", len,
+                         s->len, src);
+    int32_t   nb = blocks_for(kv, len);
+    ag_status st = table_grow(kv, d, nb);
+    if (st != AG_OK) return st;
+    /* Take the new references before dropping dst's old ones, so a block
+     * both hold never passes through refcount 0. */
+    for (int32_t i = 0; i < nb; i++) kv->ref[s->blocks[i]]++;
+    seq_release_from(kv, d, 0);
+    if (nb) memcpy(d->blocks, s->blocks, (size_t)nb * sizeof *d->blocks);
+    d->n_blocks = nb;
+    d->len = d->reserved = len;
+    return AG_OK;
+}
+
+/* ---- block hooks -------------------------------------------------------- */
+
+static bool block_allocated(const ag_kv *kv, int32_t block) {
+    return block >= 0 && block < kv->n_blocks && kv->ref[block] > 0;
+}
+
+ag_status ag_kv_block_ref(ag_kv *kv, int32_t block) {
+    if (!block_allocated(kv, block))
+        return ag_errorf(AG_ERR_INVALID, "kv: block_ref: block %d is not allocated", block);
+    kv->ref[block]++;
+    return AG_OK;
+}
+
+ag_status ag_kv_block_unref(ag_kv *kv, int32_t block) {
+    if (!block_allocated(kv, block))
+        return ag_errorf(AG_ERR_INVALID, "kv: block_unref: block %d is not allocated", block);
+    block_drop(kv, block);
+    return AG_OK;
+}
+
+int32_t ag_kv_block_refcount(const ag_kv *kv, int32_t block) {
+    if (block < 0 || block >= kv->n_blocks) return -1;
+    return kv->ref[block];
+}
+
+ag_status ag_kv_block_alloc(ag_kv *kv, int32_t *block) {
+    if (kv->n_free == 0) return full_error(kv, 1);
+    *block = block_take(kv);
+    return AG_OK;
+}
+
+ag_status ag_kv_seq_adopt(ag_kv *kv, int32_t seq, const int32_t *blocks, int32_t n_blocks,
+                          int32_t len) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: adopt: sequence %d is not live", seq);
+    if (n_blocks < 0 || len < 0 || (n_blocks > 0 && !blocks) || blocks_for(kv, len) != n_blocks)
+        return ag_errorf(AG_ERR_RANGE, "kv: adopt: %d blocks cannot hold exactly %d positions",
+                         n_blocks, len);
+    for (int32_t i = 0; i < n_blocks; i++)
+        if (!block_allocated(kv, blocks[i]))
+            return ag_errorf(AG_ERR_INVALID, "kv: adopt: block %d (entry %d) is not allocated",
+                             blocks[i], i);
+    /* `blocks` may point into this very table: then n_blocks <= cap and the
+     * grow does not move it; memmove below copies overlapping ids safely. */
+    ag_status st = table_grow(kv, s, n_blocks);
+    if (st != AG_OK) return st;
+    for (int32_t i = 0; i < n_blocks; i++) kv->ref[blocks[i]]++;
+    seq_release_from(kv, s, 0);
+    if (n_blocks) memmove(s->blocks, blocks, (size_t)n_blocks * sizeof *s->blocks);
+    s->n_blocks = n_blocks;
+    s->len = s->reserved = len;
+    return AG_OK;
+}
+
+size_t ag_kv_block_bytes(const ag_kv *kv) { return kv->lay.copy_bytes; }
+
+static ag_status copy_check(const ag_kv *kv, const char *what, int32_t block, int32_t layer,
+                            const void *buf, size_t size) {
+    if (!block_allocated(kv, block))
+        return ag_errorf(AG_ERR_INVALID, "kv: %s: block %d is not allocated", what, block);
+    if (layer < 0 || layer >= kv->lay.n_layers)
+        return ag_errorf(AG_ERR_RANGE, "kv: %s: layer %d outside [0, %d)", what, layer,
+                         kv->lay.n_layers);
+    if (!buf || size != kv->lay.copy_bytes)
+        return ag_errorf(AG_ERR_INVALID, "kv: %s: buffer of %zu bytes, need %zu", what, size,
+                         kv->lay.copy_bytes);
+    return AG_OK;
+}
+
+ag_status ag_kv_block_copy_out(const ag_kv *kv, int32_t block, int32_t layer, void *dst,
+                               size_t size) {
+    ag_status st = copy_check(kv, "copy_out", block, layer, dst, size);
+    if (st != AG_OK) return st;
+    const uint8_t *base = block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;
+    size_t         kb = (size_t)kv->lay.n_kv_heads * kv->lay.head_stride_k;
+    memcpy(dst, base, kb);
+    memcpy((uint8_t *)dst + kb, base + kv->v_offset, size - kb);
+    return AG_OK;
+}
+
+ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const void *src,
+                              size_t size) {
+    ag_status st = copy_check(kv, "copy_in", block, layer, src, size);
+    if (st != AG_OK) return st;
+    if (kv->ref[block] != 1)
+        return ag_errorf(AG_ERR_INVALID, "kv: copy_in: block %d is shared (refcount %d)", block,
+                         kv->ref[block]);
+    uint8_t *base = block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;
+    size_t   kb = (size_t)kv->lay.n_kv_heads * kv->lay.head_stride_k;
+    memcpy(base, src, kb);
+    memcpy(base + kv->v_offset, (const uint8_t *)src + kb, size - kb);
+    return AG_OK;
+}
+
+/* ---- data access -------------------------------------------------------- */
+
+void *ag_kv_block_k(ag_kv *kv, int32_t layer, int32_t block) {
+    if (layer < 0 || layer >= kv->lay.n_layers || block < 0 || block >= kv->n_blocks) return NULL;
+    return block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;
+}
+
+void *ag_kv_block_v(ag_kv *kv, int32_t layer, int32_t block) {
+    if (layer < 0 || layer >= kv->lay.n_layers || block < 0 || block >= kv->n_blocks) return NULL;
+    return block_base(kv, block) + (size_t)layer * kv->lay.layer_stride + kv->v_offset;
+}
+
+ag_status ag_kv_write(ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, const float *k,
+                      const float *v) {
+    if (layer < 0 || layer >= kv->lay.n_layers)
+        return ag_errorf(AG_ERR_RANGE, "kv: write: layer %d outside [0, %d)", layer,
+                         kv->lay.n_layers);
+    int32_t   b, off;
+    ag_status st = slot_check(kv, seq, pos, &b, &off);
+    if (st != AG_OK) return st;
+    const ag_kv_layout *L = &kv->lay;
+    uint8_t            *kb = ag_kv_block_k(kv, layer, b), *vb = ag_kv_block_v(kv, layer, b);
+    for (int32_t h = 0; h < L->n_kv_heads; h++) {
+        if (k)
+            store_row(L->dtype, kb + h * L->head_stride_k + (size_t)off * L->row_bytes_k,
+                      k + (size_t)h * L->head_dim_k, L->head_dim_k);
+        if (v)
+            store_row(L->dtype, vb + h * L->head_stride_v + (size_t)off * L->row_bytes_v,
+                      v + (size_t)h * L->head_dim_v, L->head_dim_v);
+    }
+    return AG_OK;
+}
+
+ag_status ag_kv_read(const ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, float *k, float *v) {
+    if (layer < 0 || layer >= kv->lay.n_layers)
+        return ag_errorf(AG_ERR_RANGE, "kv: read: layer %d outside [0, %d)", layer,
+                         kv->lay.n_layers);
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: read: sequence %d is not live", seq);
+    if (pos < 0 || pos >= s->reserved)
+        return ag_errorf(AG_ERR_RANGE, "kv: read: position %d outside [0, %d) of sequence %d", pos,
+                         s->reserved, seq);
+    const ag_kv_layout *L = &kv->lay;
+    int32_t             b = s->blocks[pos >> L->block_shift];
+    size_t              off = (size_t)(pos & (L->block_size - 1));
+    const uint8_t      *base = block_base(kv, b) + (size_t)layer * L->layer_stride;
+    for (int32_t h = 0; h < L->n_kv_heads; h++) {
+        if (k)
+            load_row(L->dtype, k + (size_t)h * L->head_dim_k,
+                     base + h * L->head_stride_k + off * L->row_bytes_k, L->head_dim_k);
+        if (v)
+            load_row(L->dtype, v + (size_t)h * L->head_dim_v,
+                     base + kv->v_offset + h * L->head_stride_v + off * L->row_bytes_v,
+                     L->head_dim_v);
+    }
+    return AG_OK;
+}

@@ -1,0 +1,296 @@
+/* Paged KV cache: a fixed pool of blocks, per-sequence block tables, trim
+ * (speculative rollback), fork (copy-on-write prefix sharing) and block-level
+ * hooks for the prefix cache (DESIGN.md, "Paged KV with trim and fork").
+ *
+ * Model. The pool holds n_blocks = budget_bytes / layout.block_bytes blocks,
+ * allocated once at init and never grown. A block holds block_size
+ * consecutive positions of ONE sequence prefix for EVERY layer: a block id
+ * means the same positions in all layers. A sequence is a block table plus a
+ * length: position p lives in block table[p / block_size] at offset
+ * p % block_size. Blocks are reference counted; a block may be shared by
+ * several sequences (after fork/adopt) and by outside holders (the prefix
+ * cache, through ag_kv_block_ref). A shared block is never written: the write
+ * path copies it first (copy-on-write), so sharers never disturb each other.
+ * A block returns to the pool the moment its count drops to 0.
+ *
+ * Storage layout, chosen so that attention for one (layer, kv_head) reads
+ * contiguous runs: within block b and layer l,
+ *     K: [n_kv_heads][block_size][head_dim_k]   elements of `dtype`
+ *     V: [n_kv_heads][block_size][head_dim_v]
+ * ag_kv_block_k/_v give the base of each; ag_kv_layout gives the strides:
+ *     K row of (head h, offset o) = ag_kv_block_k(kv, l, b)
+ *                                   + h * head_stride_k + o * row_bytes_k
+ * (bytes). Every K and V region starts 64-byte aligned.
+ *
+ * Length and reservation. Each sequence has a committed length `len` and a
+ * writable end `reserved` >= len. Positions [0, len) are committed history;
+ * positions [len, reserved) have exclusively owned storage ready for writing
+ * (made by ag_kv_seq_reserve) but are not part of the history until
+ * ag_kv_seq_commit. Fork, adopt and persistence see committed positions only.
+ *
+ * THE FORWARD-PASS PROTOCOL (one ragged batch):
+ *   1. For each sequence s in the batch, its tokens must have positions
+ *      len(s), len(s)+1, ..., len(s)+k(s)-1 (contiguous, starting at the
+ *      committed length; to recompute a position, ag_kv_trim first).
+ *      Call ag_kv_seq_reserve(kv, s, k(s)) once per sequence, BEFORE any
+ *      write. On AG_ERR_NOMEM nothing changed; the batch can be shrunk or the
+ *      scheduler can preempt.
+ *   2. For each token (s, pos): ag_kv_slot(kv, s, pos, &block, &off) once;
+ *      then in every layer write its K/V rows at that (block, off) for each
+ *      kv head (directly through ag_kv_block_k/_v + layout strides, or with
+ *      ag_kv_write). Slots stay valid until the next mutating call
+ *      (reserve, commit, trim, fork, adopt, seq_free, block_ref/unref/alloc).
+ *   3. Attention for the token at pos in layer l reads positions [0, pos]
+ *      of its sequence (or [pos-W+1, pos] for a layer with sliding window W,
+ *      see ag_kv_layer_window) through the table from ag_kv_seq_blocks,
+ *      after this layer's rows for the batch have been written. Positions of
+ *      the current batch (>= len) are readable although not yet committed.
+ *   4. On success, ag_kv_seq_commit(kv, s, len(s) + k(s)) for each sequence.
+ *      (On failure, skip it: the written-but-uncommitted positions are simply
+ *      not history.) Speculative verify then ag_kv_trim's the rejected tail.
+ *
+ * Sliding-window layers: for now every position of every layer is stored, so
+ * a window only tells attention what to skip; trim is always possible. The
+ * hooks ag_kv_can_trim / ag_kv_trimmable exist so a future ring cache (which
+ * overwrites positions older than the window) can refuse a trim, and callers
+ * (the speculative executor) must honour them.
+ *
+ * Thread-safety: none inside. Every call is made from the one engine thread
+ * that owns the cache. During a forward pass, worker threads may read block
+ * memory and write rows into slots obtained in step 2 (distinct slots from
+ * distinct threads), as long as the engine thread makes no mutating call
+ * meanwhile. */
+#ifndef AG_KV_H
+#define AG_KV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+typedef struct ag_kv ag_kv;
+
+typedef enum {
+    AG_KV_F32 = 0,
+    AG_KV_F16 = 1,  /* IEEE half, round-to-nearest-even on conversion */
+    AG_KV_Q8_0 = 2, /* reserved: rows of 32-element blocks; init refuses it for now */
+} ag_kv_dtype;
+
+typedef struct {
+    int32_t        n_layers;
+    int32_t        n_kv_heads;
+    int32_t        head_dim_k;
+    int32_t        head_dim_v;
+    int32_t        block_size;   /* positions per block, power of two in [8, 256]; 16 */
+    ag_kv_dtype    dtype;        /* default AG_KV_F16 (what llama.cpp uses by default) */
+    size_t         budget_bytes; /* n_blocks = budget / block_bytes; default 256 MiB */
+    int32_t        max_seqs;     /* sequence ids are 0 .. max_seqs-1; default 64 */
+    /* Optional [n_layers] sliding-window sizes (0 = global attention), or NULL
+     * for all global. Copied at init. */
+    const int32_t *layer_window;
+} ag_kv_params;
+
+/* Stride facts of the pool, all in bytes unless named otherwise. */
+typedef struct {
+    ag_kv_dtype dtype;
+    int32_t     n_layers, n_kv_heads, head_dim_k, head_dim_v;
+    int32_t     block_size;
+    int32_t     block_shift; /* log2(block_size): block = pos >> shift */
+    size_t      row_bytes_k; /* one position of one head: head_dim_k elements */
+    size_t      row_bytes_v;
+    size_t      head_stride_k; /* = block_size * row_bytes_k */
+    size_t      head_stride_v;
+    size_t      layer_stride; /* distance between layer l and l+1 of one block (padded) */
+    size_t      block_bytes;  /* one block, all layers, with padding: the pool unit */
+    size_t      copy_bytes;   /* one block, one layer, K then V, no padding: see copy_out */
+} ag_kv_layout;
+
+typedef struct {
+    size_t   pool_bytes;  /* the one allocation for block storage (n_blocks *
+                             block_bytes) */
+    size_t   meta_bytes;  /* refcounts, free list, sequence tables (grows with
+                             tables) */
+    size_t   block_bytes; /* one block, all layers */
+    int32_t  n_blocks;    /* pool capacity */
+    int32_t  blocks_used; /* refcount > 0 */
+    int32_t  blocks_free;
+    int32_t  blocks_shared; /* refcount > 1 */
+    int32_t  seqs_live;
+    int32_t  max_seqs;
+    int64_t  positions;    /* sum of committed lengths of live sequences */
+    uint64_t cow_copies;   /* blocks copied because a shared block was about to be
+                              written */
+    uint64_t nomem_errors; /* reservations refused because the pool was full */
+} ag_kv_stats;
+
+/* Defaults for everything but the model shape (n_layers, n_kv_heads,
+ * head_dim_k, head_dim_v stay 0 and must be set). */
+ag_kv_params ag_kv_default_params(void);
+
+/* Validates `p` and allocates the pool (one counted allocation; pages are
+ * committed lazily by the OS as blocks are first written). On success *out
+ * owns everything; free with ag_kv_free. Errors: AG_ERR_INVALID (bad shape,
+ * block size not a power of two in [8, 256]), AG_ERR_UNSUPPORTED (dtype not
+ * implemented), AG_ERR_NOMEM (budget below one block, or allocation failed). */
+ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out);
+
+/* Releases the pool and all sequences. NULL-safe. Every pointer handed out
+ * becomes invalid. */
+void ag_kv_free(ag_kv *kv);
+
+/* The layout; borrowed, valid until ag_kv_free. */
+const ag_kv_layout *ag_kv_get_layout(const ag_kv *kv);
+
+/* Fills *out with counters; O(n_blocks) (scans refcounts for `shared`). */
+void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out);
+
+/* Sliding-window size of a layer (0 = global; also 0 for a bad layer). */
+int32_t ag_kv_layer_window(const ag_kv *kv, int32_t layer);
+
+/* ---- sequences ---------------------------------------------------------- */
+
+/* Creates an empty sequence; *seq gets the lowest free id in [0, max_seqs).
+ * AG_ERR_NOMEM when max_seqs sequences are live. */
+ag_status ag_kv_seq_new(ag_kv *kv, int32_t *seq);
+
+/* Ends a sequence: drops its reference on each of its blocks (blocks nobody
+ * else holds return to the pool now) and frees the id for reuse.
+ * AG_ERR_INVALID for an id that is not live. */
+ag_status ag_kv_seq_free(ag_kv *kv, int32_t seq);
+
+/* Whether `seq` is a live sequence id. */
+bool ag_kv_seq_live(const ag_kv *kv, int32_t seq);
+
+/* Committed length of a live sequence; -1 if `seq` is not live. */
+int32_t ag_kv_seq_len(const ag_kv *kv, int32_t seq);
+
+/* The sequence's block table: *n_blocks entries, covering the committed and
+ * the reserved positions (entry i holds positions [i*bs, (i+1)*bs)).
+ * Borrowed; invalidated by any mutating call on this cache. NULL (and
+ * *n_blocks = 0) for a sequence that is not live or has no blocks. */
+const int32_t *ag_kv_seq_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks);
+
+/* Makes positions [len, len + n_new) writable: allocates the missing blocks
+ * and copies (copy-on-write) any block of that range that is shared, so the
+ * writes that follow touch only storage this sequence owns alone. Idempotent
+ * and cumulative: the writable end becomes max(old end, len + n_new).
+ * All-or-nothing: AG_ERR_NOMEM ("KV cache full: need N blocks, M free")
+ * leaves the cache unchanged. AG_ERR_INVALID for a bad seq or n_new < 0. */
+ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new);
+
+/* Locates the storage of position `pos` for writing: *block (pool id) and
+ * *offset (0..block_size-1). Requires len <= pos < reserved end and that the
+ * block is owned by this sequence alone; otherwise AG_ERR_INVALID (which
+ * means the protocol was broken: e.g. a fork or block_ref since the reserve
+ * shared the tail again; reserve again to copy it). */
+ag_status ag_kv_slot(const ag_kv *kv, int32_t seq, int32_t pos, int32_t *block, int32_t *offset);
+
+/* Sets the committed length to new_len, which must lie in [len, reserved
+ * end] (use ag_kv_trim to shorten). Positions [old len, new_len) become
+ * history: the caller promises they were written. */
+ag_status ag_kv_seq_commit(ag_kv *kv, int32_t seq, int32_t new_len);
+
+/* ---- trim and fork ------------------------------------------------------ */
+
+/* Whether this cache kind can trim at all (true: every position is stored).
+ * A future ring cache for sliding windows answers false. */
+bool ag_kv_can_trim(const ag_kv *kv);
+
+/* Whether ag_kv_trim(kv, seq, n) would succeed now: seq live, 0 <= n <= len
+ * and the cache kind can drop those positions. */
+bool ag_kv_trimmable(const ag_kv *kv, int32_t seq, int32_t n);
+
+/* Drops the last n committed positions (speculative rollback) and any
+ * reservation; blocks no longer covering a position are released (returned
+ * to the pool if nobody else holds them). Afterwards the sequence is exactly
+ * as if it had never gone past len - n: the next reserve/write/commit
+ * overwrites the dropped positions. AG_ERR_RANGE if n < 0 or n > len,
+ * AG_ERR_UNSUPPORTED if the cache kind cannot trim (see ag_kv_trimmable). */
+ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n);
+
+/* Empties a live sequence (all blocks released, len 0); always supported. */
+ag_status ag_kv_seq_clear(ag_kv *kv, int32_t seq);
+
+/* dst becomes a copy of src's first len committed positions. dst must be a
+ * live sequence other than src; whatever it held is released first. Blocks
+ * are SHARED, not copied, including a partially covered last block: each
+ * gets one more reference, and whichever sharer writes into a shared block
+ * first copies it (at its reserve), so neither side ever sees the other's
+ * later writes. O(len / block_size), never allocates blocks, so it cannot
+ * fail for lack of pool space. AG_ERR_INVALID / AG_ERR_RANGE for bad ids or
+ * len outside [0, len(src)]. */
+ag_status ag_kv_fork(ag_kv *kv, int32_t dst, int32_t src, int32_t len);
+
+/* ---- block hooks for the prefix cache ----------------------------------- */
+
+/* One more reference to an allocated block (refcount > 0), so it outlives
+ * the sequences that use it. AG_ERR_INVALID for a free or bad id. */
+ag_status ag_kv_block_ref(ag_kv *kv, int32_t block);
+
+/* Drops a reference; at 0 the block returns to the pool. AG_ERR_INVALID for
+ * a free or bad id. */
+ag_status ag_kv_block_unref(ag_kv *kv, int32_t block);
+
+/* Current refcount of a block (0 = free, -1 = bad id). */
+int32_t ag_kv_block_refcount(const ag_kv *kv, int32_t block);
+
+/* Takes a block from the pool with refcount 1 held by the caller (to fill
+ * with ag_kv_block_copy_in when restoring from disk, then adopt and unref).
+ * Its contents are unspecified. AG_ERR_NOMEM when the pool is empty. */
+ag_status ag_kv_block_alloc(ag_kv *kv, int32_t *block);
+
+/* seq (live; its contents are released first) becomes a sequence of length
+ * len over `blocks` (n_blocks ids, each allocated, i.e. held by someone),
+ * taking one reference on each; the blocks are shared, not copied, and a
+ * write into a shared one copies it first as after a fork. Requires
+ * (n_blocks - 1) * block_size < len <= n_blocks * block_size (or both 0).
+ * `blocks` is read during the call only. */
+ag_status ag_kv_seq_adopt(ag_kv *kv, int32_t seq, const int32_t *blocks, int32_t n_blocks,
+                          int32_t len);
+
+/* Size in bytes of one block's data for one layer in the portable copy
+ * format: K [n_kv_heads][block_size][head_dim_k] then V [...][head_dim_v],
+ * elements of dtype, no padding (= layout.copy_bytes). A persisted block is
+ * n_layers of these. */
+size_t ag_kv_block_bytes(const ag_kv *kv);
+
+/* Copies layer `layer` of block `block` out to dst (size must equal
+ * ag_kv_block_bytes). The block must be allocated. Positions past the
+ * owners' lengths hold whatever was last written there (zeros if never). */
+ag_status ag_kv_block_copy_out(const ag_kv *kv, int32_t block, int32_t layer, void *dst,
+                               size_t size);
+
+/* Copies src (ag_kv_block_bytes bytes) into layer `layer` of block `block`,
+ * which must have refcount exactly 1 (yours, e.g. from ag_kv_block_alloc):
+ * shared blocks are immutable. */
+ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const void *src,
+                              size_t size);
+
+/* ---- data access -------------------------------------------------------- */
+
+/* Base of the K (resp. V) region of (layer, block): [n_kv_heads][block_size]
+ * [head_dim] elements of dtype, strides in ag_kv_layout. Borrowed, valid
+ * until ag_kv_free (the pool never moves). NULL for an out-of-range layer or
+ * block id. Write only into slots given by ag_kv_slot. */
+void *ag_kv_block_k(ag_kv *kv, int32_t layer, int32_t block);
+void *ag_kv_block_v(ag_kv *kv, int32_t layer, int32_t block);
+
+/* Convenience write of one position in one layer, all kv heads: k is
+ * [n_kv_heads][head_dim_k] floats, v is [n_kv_heads][head_dim_v], converted
+ * to dtype. Same preconditions as ag_kv_slot (pos in [len, reserved end),
+ * exclusive block). Either of k, v may be NULL to skip it. */
+ag_status ag_kv_write(ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, const float *k,
+                      const float *v);
+
+/* Reads one position of one layer back as floats (same shapes as
+ * ag_kv_write). pos must lie in [0, reserved end). k or v may be NULL. */
+ag_status ag_kv_read(const ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, float *k, float *v);
+
+/* The element conversions used for AG_KV_F16 (IEEE binary16, round to
+ * nearest even, overflow to inf, NaN kept NaN), exposed for kernels and
+ * tests that read F16 rows directly. */
+uint16_t ag_kv_f32_to_f16(float f);
+float    ag_kv_f16_to_f32(uint16_t h);
+
+#endif
