@@ -578,15 +578,15 @@ ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
     /* The same weights recomputed in the same order: the scan reproduces the
-     * sum's partial sums exactly, and the last kept token absorbs rounding. */
+     * sum's partial sums exactly. */
     double u = rng_uniform(s->rng) * sum, cum = 0.0;
-    size_t pick = n - 1;
+    size_t pick = 0; /* always set below: the kept max has weight 1 */
     for (size_t i = 0; i < n; i++) {
-        cum += weight(s, s->cand[i].l);
-        if (u < cum) {
-            pick = i;
-            break;
-        }
+        double w = weight(s, s->cand[i].l);
+        if (w <= 0.0) continue;
+        pick = i; /* if u rounded up to sum, the last token with mass */
+        cum += w;
+        if (u < cum) break;
     }
     out->token = s->cand[pick].id;
     if (want_lp) out->logprob = (float)logprob_of(s, s->cand[pick].l);

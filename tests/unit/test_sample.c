@@ -265,6 +265,35 @@ static void greedy_is_argmax_lowest_id(void **state) {
     ag_sampler_free(s);
 }
 
+/* +inf is clamped to the largest float (so two +inf tie), NaN never sampled. */
+static void nonfinite_logits(void **state) {
+    ag_sample_params p = ag_sample_default_params();
+    p.logprobs = 1;
+    ag_sampler *s = new_sampler(&p, 5, 0);
+    float l[5] = {0.0f, INFINITY, NAN, INFINITY, 1.0f}, pr[5];
+    assert_int_equal(ag_sampler_probs(s, l, pr), AG_OK);
+    assert_true(pr[1] == 0.5f && pr[3] == 0.5f && pr[0] == 0.0f && pr[2] == 0.0f && pr[4] == 0.0f);
+    for (int k = 0; k < 100; k++) {
+        ag_sample_result r;
+        assert_int_equal(ag_sampler_sample(s, l, &r), AG_OK);
+        assert_true(r.token == 1 || r.token == 3);
+        assert_true(fabs((double)r.logprob - log(0.5)) < 1e-6);
+    }
+    float l2[5] = {NAN, 1.0f, NAN, 2.0f, NAN};
+    assert_int_equal(ag_sampler_probs(s, l2, pr), AG_OK);
+    assert_true(pr[0] == 0.0f && pr[2] == 0.0f && pr[4] == 0.0f);
+    assert_true(fabs((double)pr[3] - exp(2.0) / (exp(1.0) + exp(2.0))) < 1e-6);
+    ag_sampler_free(s);
+    /* without logprobs requested the field is NaN (not computed) */
+    p.logprobs = 0;
+    s = new_sampler(&p, 5, 0);
+    ag_sample_result r;
+    assert_int_equal(ag_sampler_sample(s, l2, &r), AG_OK);
+    assert_true(isnan(r.logprob));
+    assert_int_equal(r.n_top, 0);
+    ag_sampler_free(s);
+}
+
 /* ---- chain vs reference ----------------------------------------------- */
 
 static void random_params(ag_sample_params *p, int n) {
@@ -1096,6 +1125,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(params_defaults_and_validation),
         cmocka_unit_test(greedy_is_argmax_lowest_id),
+        cmocka_unit_test(nonfinite_logits),
         cmocka_unit_test(chain_matches_reference),
         cmocka_unit_test(chain_large_vocab_top_p),
         cmocka_unit_test(chain_timing_150k),
