@@ -190,9 +190,17 @@ typedef struct {
  *     from p.
  *   temperature == 0: accept iff x == argmax p (lowest id on ties), the
  *     correction is argmax p; no RNG.
- * The executor stops at the first rejection; after d accepted drafts it
- * draws the bonus token from the next position's p. p and q are borrowed
- * for the call. */
+ * p and q are borrowed for the call.
+ *
+ * Executor recipe, drafts x_1..x_d with target logits L_0..L_d:
+ *   for i in 1..d:  ag_sampler_probs(s, L_{i-1}, p)
+ *                   ag_sampler_verify(s, p, q_i or NULL, x_i, &v)
+ *                   ag_sampler_accept(s, v.token); emit v.token
+ *                   if (!v.accepted) stop (trim the target KV after it)
+ *   all accepted:   bonus = ag_sampler_sample(s, L_d); accept and emit it.
+ * Penalties then see exactly the history plain decoding would have seen.
+ * A caller that accepts drafts tentatively before verifying undoes the
+ * rejected ones with ag_sampler_rewind. */
 ag_status ag_sampler_verify(ag_sampler *s, const float *p, const float *q, int32_t draft,
                             ag_verify_result *out);
 
