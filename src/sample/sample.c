@@ -1,0 +1,714 @@
+/* The sampling chain, penalty history, RNG and the speculative verify rule.
+ * See sample.h for the chain order and the logprob semantics. */
+#include "sample/sample.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One candidate: a processed logit and its token id. The whole chain works
+ * on an array of these so that selection can move them around freely. */
+typedef struct {
+    float   l;
+    int32_t id;
+} ag_cand;
+
+struct ag_sampler {
+    ag_sample_params p; /* p.logit_bias points at `bias` below */
+    ag_logit_bias   *bias;
+    int32_t          n_vocab;
+    uint64_t         stream;
+    uint64_t         rng[4];
+
+    ag_cand *cand; /* [n_vocab] scratch, rebuilt on every call */
+
+    /* Per-call results of prepare(). */
+    float   max_l;
+    int32_t argmax;
+    int32_t n_finite;
+    double  sumexp; /* sum over finite tokens of exp(l - max_l), if asked for */
+    float   inv_temp;
+    double  bucket_mass[2048]; /* top-p histogram (TOPP_BUCKETS) */
+
+    /* Penalty history: every accepted token (for rewind) and the counts of
+     * those inside the window, in an open-addressing table (a dense count
+     * array would cost 4 bytes * n_vocab per sequence). Keys are never
+     * deleted; a count can drop to 0. */
+    int32_t *hist;
+    size_t   n_hist, cap_hist;
+    int32_t *hkey; /* -1 = empty slot */
+    int32_t *hval;
+    size_t   hcap, hused;
+};
+
+/* ---- RNG: xoshiro256** seeded through splitmix64 ---------------------- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_next(uint64_t s[4]) {
+    uint64_t r = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return r;
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double rng_uniform(uint64_t s[4]) { return (double)(rng_next(s) >> 11) * 0x1.0p-53; }
+
+static void rng_seed(uint64_t s[4], uint64_t seed, uint64_t stream) {
+    /* Both inputs go through the mixer so that (seed, stream) pairs that
+     * differ in one bit still start far apart. */
+    uint64_t a = stream + 0x632BE59BD9B4E019ull;
+    uint64_t x = seed ^ splitmix64(&a);
+    for (int i = 0; i < 4; i++) s[i] = splitmix64(&x);
+}
+
+/* ---- params --------------------------------------------------------- */
+
+ag_sample_params ag_sample_default_params(void) {
+    ag_sample_params p;
+    memset(&p, 0, sizeof p);
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repetition_penalty = 1.0f;
+    p.presence_penalty = 0.0f;
+    p.frequency_penalty = 0.0f;
+    p.penalty_last_n = -1;
+    p.logit_bias = NULL;
+    p.n_logit_bias = 0;
+    p.seed = 0;
+    p.logprobs = 0;
+    p.n_logprobs = 0;
+    return p;
+}
+
+ag_status ag_sample_params_check(const ag_sample_params *p, int32_t n_vocab) {
+    if (!p) return ag_errorf(AG_ERR_INVALID, "sample params: NULL");
+    if (n_vocab < 1) return ag_errorf(AG_ERR_RANGE, "sample params: n_vocab %d < 1", (int)n_vocab);
+    if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
+        return ag_errorf(AG_ERR_RANGE, "sample params: temperature %g must be finite and >= 0",
+                         (double)p->temperature);
+    if (p->top_k < 0) return ag_errorf(AG_ERR_RANGE, "sample params: top_k %d < 0", (int)p->top_k);
+    if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
+        return ag_errorf(AG_ERR_RANGE, "sample params: top_p %g not in [0, 1]", (double)p->top_p);
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return ag_errorf(AG_ERR_RANGE, "sample params: min_p %g not in [0, 1]", (double)p->min_p);
+    if (!(p->repetition_penalty > 0.0f) || !isfinite(p->repetition_penalty))
+        return ag_errorf(AG_ERR_RANGE, "sample params: repetition_penalty %g must be finite and > 0",
+                         (double)p->repetition_penalty);
+    if (!isfinite(p->presence_penalty))
+        return ag_errorf(AG_ERR_RANGE, "sample params: presence_penalty must be finite");
+    if (!isfinite(p->frequency_penalty))
+        return ag_errorf(AG_ERR_RANGE, "sample params: frequency_penalty must be finite");
+    if (p->penalty_last_n < -1)
+        return ag_errorf(AG_ERR_RANGE, "sample params: penalty_last_n %d < -1", (int)p->penalty_last_n);
+    if (p->n_logprobs < 0 || p->n_logprobs > AG_SAMPLE_MAX_LOGPROBS)
+        return ag_errorf(AG_ERR_RANGE, "sample params: n_logprobs %d not in [0, %d]",
+                         (int)p->n_logprobs, AG_SAMPLE_MAX_LOGPROBS);
+    if (p->n_logit_bias < 0)
+        return ag_errorf(AG_ERR_RANGE, "sample params: n_logit_bias %d < 0", (int)p->n_logit_bias);
+    if (p->n_logit_bias > 0 && !p->logit_bias)
+        return ag_errorf(AG_ERR_INVALID, "sample params: logit_bias is NULL with n_logit_bias %d",
+                         (int)p->n_logit_bias);
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        const ag_logit_bias *b = &p->logit_bias[i];
+        if (b->token < 0 || b->token >= n_vocab)
+            return ag_errorf(AG_ERR_RANGE, "sample params: logit_bias[%d] token %d not in [0, %d)",
+                             (int)i, (int)b->token, (int)n_vocab);
+        if (isnan(b->bias))
+            return ag_errorf(AG_ERR_RANGE, "sample params: logit_bias[%d] is NaN", (int)i);
+    }
+    return AG_OK;
+}
+
+/* ---- lifetime ------------------------------------------------------- */
+
+ag_status ag_sampler_new(const ag_sample_params *params, int32_t n_vocab, uint64_t stream,
+                         ag_sampler **out) {
+    if (!out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_new: out is NULL");
+    *out = NULL;
+    ag_status st = ag_sample_params_check(params, n_vocab);
+    if (st != AG_OK) return st;
+    ag_sampler *s = calloc(1, sizeof *s);
+    if (!s) return ag_errorf(AG_ERR_NOMEM, "ag_sampler_new: out of memory");
+    s->p = *params;
+    s->n_vocab = n_vocab;
+    s->stream = stream;
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    if (params->n_logit_bias > 0) {
+        s->bias = malloc((size_t)params->n_logit_bias * sizeof *s->bias);
+        if (s->bias) memcpy(s->bias, params->logit_bias, (size_t)params->n_logit_bias * sizeof *s->bias);
+    }
+    if (!s->cand || (params->n_logit_bias > 0 && !s->bias)) {
+        ag_sampler_free(s);
+        return ag_errorf(AG_ERR_NOMEM, "ag_sampler_new: out of memory for a %d-token vocab",
+                         (int)n_vocab);
+    }
+    s->p.logit_bias = s->bias;
+    s->inv_temp = s->p.temperature > 0.0f ? 1.0f / s->p.temperature : 0.0f;
+    rng_seed(s->rng, s->p.seed, stream);
+    *out = s;
+    return AG_OK;
+}
+
+void ag_sampler_free(ag_sampler *s) {
+    if (!s) return;
+    free(s->cand);
+    free(s->bias);
+    free(s->hist);
+    free(s->hkey);
+    free(s->hval);
+    free(s);
+}
+
+void ag_sampler_reset(ag_sampler *s) {
+    if (!s) return;
+    s->n_hist = 0;
+    if (s->hkey) memset(s->hkey, 0xFF, s->hcap * sizeof *s->hkey);
+    s->hused = 0;
+    rng_seed(s->rng, s->p.seed, s->stream);
+}
+
+int ag_sampler_greedy(const ag_sampler *s) { return s && s->p.temperature == 0.0f; }
+
+size_t ag_sampler_n_accepted(const ag_sampler *s) { return s ? s->n_hist : 0; }
+
+/* ---- penalty history ------------------------------------------------- */
+
+static int penalties_active(const ag_sampler *s) {
+    return s->p.penalty_last_n != 0 &&
+           (s->p.repetition_penalty != 1.0f || s->p.presence_penalty != 0.0f ||
+            s->p.frequency_penalty != 0.0f);
+}
+
+static size_t hslot(int32_t t, size_t cap) {
+    return (size_t)(((uint32_t)t * 2654435761u) & (uint32_t)(cap - 1));
+}
+
+static ag_status hgrow(ag_sampler *s) {
+    size_t ncap = s->hcap ? s->hcap * 2 : 64;
+    int32_t *k = malloc(ncap * sizeof *k), *v = malloc(ncap * sizeof *v);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return ag_errorf(AG_ERR_NOMEM, "sampler: out of memory for the penalty history");
+    }
+    memset(k, 0xFF, ncap * sizeof *k);
+    for (size_t i = 0; i < s->hcap; i++) {
+        if (s->hkey[i] < 0) continue;
+        size_t j = hslot(s->hkey[i], ncap);
+        while (k[j] >= 0) j = (j + 1) & (ncap - 1);
+        k[j] = s->hkey[i];
+        v[j] = s->hval[i];
+    }
+    free(s->hkey);
+    free(s->hval);
+    s->hkey = k;
+    s->hval = v;
+    s->hcap = ncap;
+    return AG_OK;
+}
+
+/* Adds d (+1 / -1) to the window count of t. Only +1 can insert, and the
+ * caller reserves room first, so this cannot fail. */
+static void hadd(ag_sampler *s, int32_t t, int32_t d) {
+    size_t j = hslot(t, s->hcap);
+    while (s->hkey[j] >= 0 && s->hkey[j] != t) j = (j + 1) & (s->hcap - 1);
+    if (s->hkey[j] < 0) {
+        s->hkey[j] = t;
+        s->hval[j] = 0;
+        s->hused++;
+    }
+    s->hval[j] += d;
+}
+
+ag_status ag_sampler_accept(ag_sampler *s, int32_t token) {
+    if (!s) return ag_errorf(AG_ERR_INVALID, "ag_sampler_accept: NULL sampler");
+    if (token < 0 || token >= s->n_vocab)
+        return ag_errorf(AG_ERR_RANGE, "ag_sampler_accept: token %d not in [0, %d)", (int)token,
+                         (int)s->n_vocab);
+    if (s->n_hist == s->cap_hist) {
+        size_t ncap = s->cap_hist ? s->cap_hist * 2 : 256;
+        int32_t *h = realloc(s->hist, ncap * sizeof *h);
+        if (!h) return ag_errorf(AG_ERR_NOMEM, "ag_sampler_accept: out of memory");
+        s->hist = h;
+        s->cap_hist = ncap;
+    }
+    /* Keep the load factor <= 1/2 so probes stay short; reserve before
+     * touching anything so a failure leaves the state unchanged. */
+    if ((s->hused + 1) * 2 > s->hcap) {
+        ag_status st = hgrow(s);
+        if (st != AG_OK) return st;
+    }
+    s->hist[s->n_hist++] = token;
+    hadd(s, token, +1);
+    size_t w = (size_t)s->p.penalty_last_n;
+    if (s->p.penalty_last_n > 0 && s->n_hist > w) hadd(s, s->hist[s->n_hist - 1 - w], -1);
+    return AG_OK;
+}
+
+ag_status ag_sampler_rewind(ag_sampler *s, size_t n) {
+    if (!s) return ag_errorf(AG_ERR_INVALID, "ag_sampler_rewind: NULL sampler");
+    if (n > s->n_hist)
+        return ag_errorf(AG_ERR_RANGE, "ag_sampler_rewind: %zu tokens, history has %zu", n, s->n_hist);
+    size_t w = (size_t)s->p.penalty_last_n;
+    for (size_t i = 0; i < n; i++) {
+        /* Undo accept() exactly: the token leaves the window and the one
+         * that had slid out of it comes back (its key is still present). */
+        if (s->p.penalty_last_n > 0 && s->n_hist > w) hadd(s, s->hist[s->n_hist - 1 - w], +1);
+        hadd(s, s->hist[s->n_hist - 1], -1);
+        s->n_hist--;
+    }
+    return AG_OK;
+}
+
+/* ---- chain steps 1-2 and per-call statistics ------------------------- */
+
+/* Fills cand[] in id order with the processed logits and computes max,
+ * argmax, the count of finite logits and (if want_z) sumexp. */
+static inline float sanitize(float l) {
+    if (!(l > -INFINITY)) return -INFINITY; /* NaN too */
+    return l == INFINITY ? FLT_MAX : l;
+}
+
+static ag_status prepare(ag_sampler *s, const float *logits, int want_z) {
+    if (!logits) return ag_errorf(AG_ERR_INVALID, "sampler: logits is NULL");
+    const int32_t n = s->n_vocab;
+    ag_cand *c = s->cand;
+    const int mods = s->p.n_logit_bias > 0 || penalties_active(s);
+    /* The strict '>' keeps the lowest id among equal maxima. Without
+     * bias or penalties the max comes out of the copy pass itself. */
+    float m = -INFINITY;
+    int32_t am = -1, nf = 0;
+    if (!mods) {
+        for (int32_t i = 0; i < n; i++) {
+            float l = sanitize(logits[i]);
+            c[i].l = l;
+            c[i].id = i;
+            nf += l != -INFINITY;
+            if (l > m) {
+                m = l;
+                am = i;
+            }
+        }
+    } else {
+        for (int32_t i = 0; i < n; i++) {
+            c[i].l = sanitize(logits[i]);
+            c[i].id = i;
+        }
+        for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
+            const ag_logit_bias *b = &s->bias[i];
+            c[b->token].l = b->bias <= -100.0f ? -INFINITY : sanitize(c[b->token].l + b->bias);
+        }
+        if (penalties_active(s)) {
+            const float rep = s->p.repetition_penalty;
+            const float pres = s->p.presence_penalty, freq = s->p.frequency_penalty;
+            for (size_t j = 0; j < s->hcap; j++) {
+                int32_t cnt = s->hval[j];
+                if (s->hkey[j] < 0 || cnt <= 0) continue;
+                float l = c[s->hkey[j]].l;
+                if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
+                c[s->hkey[j]].l = sanitize(l - ((float)cnt * freq + pres));
+            }
+        }
+        for (int32_t i = 0; i < n; i++) {
+            float l = c[i].l;
+            nf += l != -INFINITY;
+            if (l > m) {
+                m = l;
+                am = i;
+            }
+        }
+    }
+    if (nf == 0) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
+    /* float exp, double sum: ~1e-7 relative, plenty for float logprobs,
+     * at a fraction of the cost of double exp over 150k tokens. */
+    double sum = 0.0;
+    if (want_z)
+        for (int32_t i = 0; i < n; i++) sum += (double)expf(c[i].l - m);
+    s->max_l = m;
+    s->argmax = am;
+    s->n_finite = nf;
+    s->sumexp = sum;
+    return AG_OK;
+}
+
+static double logprob_of(const ag_sampler *s, float l) {
+    if (l == -INFINITY) return -INFINITY;
+    return (double)l - (double)s->max_l - log(s->sumexp);
+}
+
+/* Top n_logprobs alternatives; cand[] must still be in id order. */
+static void fill_top(const ag_sampler *s, ag_sample_result *out) {
+    int32_t k = s->p.n_logprobs;
+    if (k > s->n_finite) k = s->n_finite;
+    int32_t have = 0;
+    ag_cand best[AG_SAMPLE_MAX_LOGPROBS];
+    for (int32_t i = 0; i < s->n_vocab && k > 0; i++) {
+        ag_cand c = s->cand[i];
+        if (c.l == -INFINITY) continue;
+        /* Ids arrive ascending, so a tie never displaces an earlier entry. */
+        if (have == k && !(c.l > best[k - 1].l)) continue;
+        int32_t j = have < k ? have++ : k - 1;
+        while (j > 0 && c.l > best[j - 1].l) {
+            best[j] = best[j - 1];
+            j--;
+        }
+        best[j] = c;
+    }
+    out->n_top = have;
+    for (int32_t i = 0; i < have; i++) {
+        out->top[i].token = best[i].id;
+        out->top[i].logprob = (float)logprob_of(s, best[i].l);
+    }
+}
+
+/* ---- chain steps 4-6: selection -------------------------------------- */
+
+/* The total order every filter uses: logit descending, then id ascending. */
+static inline int better(ag_cand a, ag_cand b) { return a.l > b.l || (a.l == b.l && a.id < b.id); }
+
+static int cmp_cand(const void *pa, const void *pb) {
+    ag_cand a = *(const ag_cand *)pa, b = *(const ag_cand *)pb;
+    return better(a, b) ? -1 : better(b, a) ? 1 : 0;
+}
+
+static inline void swapc(ag_cand *a, ag_cand *b) {
+    ag_cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Rearranges c[0..n) so that c[0..k) are its k best (in no order), 0 < k < n.
+ * Quickselect with median-of-three; past a depth limit it sorts the rest,
+ * so adversarial logits cost O(n log n), never O(n^2). */
+static void select_best(ag_cand *c, size_t n, size_t k) {
+    size_t lo = 0, hi = n;
+    int depth = 0, limit = 8;
+    for (size_t t = n; t > 1; t >>= 1) limit += 2;
+    while (hi - lo > 16) {
+        if (depth++ > limit) {
+            qsort(c + lo, hi - lo, sizeof *c, cmp_cand);
+            return;
+        }
+        size_t mid = lo + (hi - lo) / 2;
+        if (better(c[mid], c[lo])) swapc(&c[mid], &c[lo]);
+        if (better(c[hi - 1], c[lo])) swapc(&c[hi - 1], &c[lo]);
+        if (better(c[hi - 1], c[mid])) swapc(&c[hi - 1], &c[mid]);
+        swapc(&c[mid], &c[hi - 1]); /* the median is the pivot, parked at the end */
+        ag_cand piv = c[hi - 1];
+        size_t st = lo;
+        for (size_t i = lo; i < hi - 1; i++)
+            if (better(c[i], piv)) swapc(&c[i], &c[st++]);
+        swapc(&c[st], &c[hi - 1]);
+        if (st == k || st + 1 == k) return;
+        if (st < k) lo = st + 1;
+        else hi = st;
+    }
+    for (size_t i = lo + 1; i < hi; i++) { /* insertion sort of the small rest */
+        ag_cand x = c[i];
+        size_t j = i;
+        while (j > lo && better(x, c[j - 1])) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = x;
+    }
+}
+
+/* In-place heap selection of the k best of c[0..n): c[0..k) is a heap with
+ * the worst kept token at the root; one pass over the rest, most of which
+ * fails the single comparison with the root. For the small k of typical
+ * top-k this beats quickselect's several passes. */
+static void sift_down(ag_cand *h, size_t k, size_t i) {
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && better(h[w], h[l])) w = l;
+        if (r < k && better(h[w], h[r])) w = r;
+        if (w == i) return;
+        swapc(&h[i], &h[w]);
+        i = w;
+    }
+}
+
+static void heap_select_best(ag_cand *c, size_t n, size_t k) {
+    for (size_t i = k / 2; i-- > 0;) sift_down(c, k, i);
+    for (size_t i = k; i < n; i++) {
+        if (!better(c[i], c[0])) continue;
+        swapc(&c[i], &c[0]);
+        sift_down(c, k, 0);
+    }
+}
+
+/* top-p over c[0..n) (the top-k set, or every finite token): returns the
+ * length of the kept prefix, with the kept tokens moved to c[0..ret).
+ *
+ * Small sets are sorted outright. Large ones (top-k off on a 150k vocab)
+ * use one pass that computes each weight once and histograms the mass by
+ * distance below the max logit; the bucket where the cumulative mass
+ * crosses the target is the only part that needs sorting. Bucket indices
+ * are monotone in the logit, so every token of a nearer bucket precedes
+ * every token of the crossing bucket in the (logit desc, id asc) order. */
+#define TOPP_SORT_MAX 256
+#define TOPP_BUCKETS 2048
+#define TOPP_RANGE 32.0f /* logit units below the max; further is the last bucket */
+
+static inline int topp_bucket(float m, float l) {
+    float d = (m - l) * ((float)TOPP_BUCKETS / TOPP_RANGE);
+    return d < (float)(TOPP_BUCKETS - 1) ? (int)d : TOPP_BUCKETS - 1;
+}
+
+static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
+    const float m = s->max_l;
+    const double top_p = (double)s->p.top_p;
+    if (n <= TOPP_SORT_MAX) {
+        qsort(c, n, sizeof *c, cmp_cand);
+        double z = 0.0, cum = 0.0;
+        for (size_t i = 0; i < n; i++) z += (double)expf(c[i].l - m);
+        const double target = top_p * z;
+        for (size_t i = 0; i < n; i++) {
+            cum += (double)expf(c[i].l - m);
+            if (cum >= target) return i + 1;
+        }
+        return n;
+    }
+    double *mass = s->bucket_mass;
+    memset(mass, 0, TOPP_BUCKETS * sizeof *mass);
+    double z = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double w = (double)expf(c[i].l - m);
+        mass[topp_bucket(m, c[i].l)] += w;
+        z += w;
+    }
+    const double target = top_p * z;
+    double cum = 0.0;
+    int cross = TOPP_BUCKETS - 1;
+    for (int b = 0; b < TOPP_BUCKETS; b++) {
+        if (cum + mass[b] >= target) {
+            cross = b;
+            break;
+        }
+        cum += mass[b];
+    }
+    /* Nearer buckets to the front, then the crossing bucket, sorted. */
+    size_t a = 0;
+    for (size_t i = 0; i < n; i++)
+        if (topp_bucket(m, c[i].l) < cross) swapc(&c[i], &c[a++]);
+    size_t e = a;
+    for (size_t i = a; i < n; i++)
+        if (topp_bucket(m, c[i].l) == cross) swapc(&c[i], &c[e++]);
+    qsort(c + a, e - a, sizeof *c, cmp_cand);
+    for (size_t i = a; i < e; i++) {
+        cum += (double)expf(c[i].l - m);
+        if (cum >= target) return i + 1;
+    }
+    return e; /* rounding kept the mass just short: keep the whole bucket */
+}
+
+/* Steps 4-6 for temperature > 0: leaves the kept tokens in cand[0..ret). */
+static size_t truncate_cands(ag_sampler *s) {
+    ag_cand *c = s->cand;
+    /* Finite candidates to the front (-inf never survives). */
+    size_t n = (size_t)s->n_vocab;
+    if (s->n_finite < s->n_vocab) {
+        n = 0;
+        for (int32_t i = 0; i < s->n_vocab; i++)
+            if (c[i].l != -INFINITY) c[n++] = c[i];
+    }
+    if (s->p.top_k > 0 && (size_t)s->p.top_k < n) {
+        if (s->p.top_k <= 1024) heap_select_best(c, n, (size_t)s->p.top_k);
+        else select_best(c, n, (size_t)s->p.top_k);
+        n = (size_t)s->p.top_k;
+    }
+    if (s->p.top_p < 1.0f) n = top_p_cut(s, c, n);
+    /* min-p keeps p / p_max >= min_p, a prefix of the order again; the max
+     * itself always passes, so at least one token stays. */
+    if (s->p.min_p > 0.0f) {
+        const double thr = log((double)s->p.min_p), m = s->max_l;
+        size_t k = 0;
+        for (size_t i = 0; i < n; i++)
+            if ((double)c[i].l - m >= thr) swapc(&c[i], &c[k++]);
+        n = k;
+    }
+    return n;
+}
+
+/* Steps 7-8 helper: the unnormalised weight of a kept candidate. */
+static inline double weight(const ag_sampler *s, float l) {
+    return (double)expf((l - s->max_l) * s->inv_temp);
+}
+
+/* ---- public sampling entry points ----------------------------------- */
+
+static ag_status check_call(const ag_sampler *s, const void *a, const void *b, const char *fn) {
+    if (!s) return ag_errorf(AG_ERR_INVALID, "%s: NULL sampler", fn);
+    if (!a || !b) return ag_errorf(AG_ERR_INVALID, "%s: NULL argument", fn);
+    return AG_OK;
+}
+
+ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result *out) {
+    ag_status st = check_call(s, logits, out, "ag_sampler_sample");
+    if (st != AG_OK) return st;
+    memset(out, 0, sizeof *out);
+    const int want_lp = s->p.logprobs || s->p.n_logprobs > 0;
+    if ((st = prepare(s, logits, want_lp)) != AG_OK) return st;
+    if (s->p.n_logprobs > 0) fill_top(s, out);
+    out->logprob = NAN;
+    if (s->p.temperature == 0.0f) {
+        out->token = s->argmax;
+        if (want_lp) out->logprob = (float)logprob_of(s, s->max_l);
+        return AG_OK;
+    }
+    size_t n = truncate_cands(s);
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
+    /* The same weights recomputed in the same order: the scan reproduces the
+     * sum's partial sums exactly. */
+    double u = rng_uniform(s->rng) * sum, cum = 0.0;
+    size_t pick = 0; /* always set below: the kept max has weight 1 */
+    for (size_t i = 0; i < n; i++) {
+        double w = weight(s, s->cand[i].l);
+        if (w <= 0.0) continue;
+        pick = i; /* if u rounded up to sum, the last token with mass */
+        cum += w;
+        if (u < cum) break;
+    }
+    out->token = s->cand[pick].id;
+    if (want_lp) out->logprob = (float)logprob_of(s, s->cand[pick].l);
+    return AG_OK;
+}
+
+ag_status ag_sampler_logits(ag_sampler *s, const float *logits, float *out) {
+    ag_status st = check_call(s, logits, out, "ag_sampler_logits");
+    if (st != AG_OK) return st;
+    if ((st = prepare(s, logits, 0)) != AG_OK) return st;
+    for (int32_t i = 0; i < s->n_vocab; i++) out[i] = s->cand[i].l;
+    return AG_OK;
+}
+
+ag_status ag_sampler_probs(ag_sampler *s, const float *logits, float *probs) {
+    ag_status st = check_call(s, logits, probs, "ag_sampler_probs");
+    if (st != AG_OK) return st;
+    if ((st = prepare(s, logits, 0)) != AG_OK) return st;
+    memset(probs, 0, (size_t)s->n_vocab * sizeof *probs);
+    if (s->p.temperature == 0.0f) {
+        probs[s->argmax] = 1.0f;
+        return AG_OK;
+    }
+    size_t n = truncate_cands(s);
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
+    for (size_t i = 0; i < n; i++) probs[s->cand[i].id] = (float)(weight(s, s->cand[i].l) / sum);
+    return AG_OK;
+}
+
+ag_status ag_sampler_logprobs(ag_sampler *s, const float *logits, int32_t token,
+                              ag_sample_result *out) {
+    ag_status st = check_call(s, logits, out, "ag_sampler_logprobs");
+    if (st != AG_OK) return st;
+    if (token < 0 || token >= s->n_vocab)
+        return ag_errorf(AG_ERR_RANGE, "ag_sampler_logprobs: token %d not in [0, %d)", (int)token,
+                         (int)s->n_vocab);
+    memset(out, 0, sizeof *out);
+    if ((st = prepare(s, logits, 1)) != AG_OK) return st;
+    if (s->p.n_logprobs > 0) fill_top(s, out);
+    out->token = token;
+    out->logprob = (float)logprob_of(s, s->cand[token].l);
+    return AG_OK;
+}
+
+/* Draws from w(i) >= 0 over the vocab, where w is p, or max(0, p - q). */
+typedef double (*weight_fn)(const float *p, const float *q, int32_t draft, int32_t i);
+
+static double w_plain(const float *p, const float *q, int32_t draft, int32_t i) {
+    (void)q, (void)draft;
+    return p[i] > 0.0f ? (double)p[i] : 0.0; /* also maps NaN to 0 */
+}
+
+static double w_residual(const float *p, const float *q, int32_t draft, int32_t i) {
+    double qi = q ? (q[i] > 0.0f ? (double)q[i] : 0.0) : (i == draft ? 1.0 : 0.0);
+    double d = (p[i] > 0.0f ? (double)p[i] : 0.0) - qi;
+    return d > 0.0 ? d : 0.0;
+}
+
+static int32_t draw_weighted(ag_sampler *s, weight_fn w, const float *p, const float *q,
+                             int32_t draft, double sum) {
+    double u = rng_uniform(s->rng) * sum, cum = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < s->n_vocab; i++) {
+        double x = w(p, q, draft, i);
+        if (x <= 0.0) continue;
+        last = i;
+        cum += x;
+        if (u < cum) return i;
+    }
+    return last; /* rounding: the last token with mass */
+}
+
+static double weight_sum(const ag_sampler *s, weight_fn w, const float *p, const float *q,
+                         int32_t draft) {
+    double sum = 0.0;
+    for (int32_t i = 0; i < s->n_vocab; i++) sum += w(p, q, draft, i);
+    return sum;
+}
+
+ag_status ag_sampler_draw(ag_sampler *s, const float *probs, int32_t *token) {
+    ag_status st = check_call(s, probs, token, "ag_sampler_draw");
+    if (st != AG_OK) return st;
+    double sum = weight_sum(s, w_plain, probs, NULL, -1);
+    if (!(sum > 0.0) || !isfinite(sum))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_draw: probabilities have no finite positive mass");
+    *token = draw_weighted(s, w_plain, probs, NULL, -1, sum);
+    return AG_OK;
+}
+
+ag_status ag_sampler_verify(ag_sampler *s, const float *p, const float *q, int32_t draft,
+                            ag_verify_result *out) {
+    ag_status st = check_call(s, p, out, "ag_sampler_verify");
+    if (st != AG_OK) return st;
+    if (draft < 0 || draft >= s->n_vocab)
+        return ag_errorf(AG_ERR_RANGE, "ag_sampler_verify: draft token %d not in [0, %d)", (int)draft,
+                         (int)s->n_vocab);
+    if (s->p.temperature == 0.0f) {
+        int32_t am = 0;
+        for (int32_t i = 1; i < s->n_vocab; i++)
+            if (p[i] > p[am]) am = i;
+        out->accepted = draft == am;
+        out->token = am;
+        return AG_OK;
+    }
+    double psum = weight_sum(s, w_plain, p, NULL, -1);
+    if (!(psum > 0.0) || !isfinite(psum))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_verify: p has no finite positive mass");
+    double px = p[draft] > 0.0f ? (double)p[draft] : 0.0;
+    double qx = q ? (q[draft] > 0.0f ? (double)q[draft] : 0.0) : 1.0;
+    /* One uniform per position, drawn even when acceptance is certain, so
+     * the RNG stream does not depend on the values. u < px / qx without
+     * dividing; qx == 0 (x "impossible" under q) accepts iff px > 0. */
+    double u = rng_uniform(s->rng);
+    if (qx > 0.0 ? u * qx < px : px > 0.0) {
+        out->accepted = 1;
+        out->token = draft;
+        return AG_OK;
+    }
+    out->accepted = 0;
+    double rsum = weight_sum(s, w_residual, p, q, draft);
+    if (rsum > 0.0 && isfinite(rsum)) out->token = draw_weighted(s, w_residual, p, q, draft, rsum);
+    else out->token = draw_weighted(s, w_plain, p, NULL, -1, psum);
+    return AG_OK;
+}

@@ -1,0 +1,207 @@
+/* sample/: logits processors, the sampler, and the speculative verify rule.
+ *
+ * One ag_sampler per generated sequence (per choice when a request asks for
+ * n > 1). It owns its RNG, the penalty history and vocab-sized scratch, so
+ * the same params + seed + stream + logits give the same tokens on any run.
+ * Not thread-safe: one thread drives one sampler at a time.
+ *
+ * THE CHAIN (fixed order, like llama.cpp's default chain):
+ *
+ *   1. logit bias       l[t] += bias; a bias <= -100 is a hard ban (-inf),
+ *                       so "-100 bans" holds at any temperature (OpenAI).
+ *   2. penalties        over the window of accepted tokens (penalty_last_n),
+ *                       with c = count of t in the window:
+ *                         repetition (c > 0): l > 0 ? l / r : l * r
+ *                             (llama.cpp / HF: always pushes towards "less
+ *                             likely", whatever the sign of the logit)
+ *                         then l -= c * frequency_penalty
+ *                                 + (c > 0) * presence_penalty   (OpenAI)
+ *      -> the result is the "processed logits" (ag_sampler_logits).
+ *   3. temperature == 0: greedy, argmax of the processed logits, ties to
+ *                       the lowest token id; no RNG draw.
+ *   4. top-k            keep the k largest (0 = off).
+ *   5. top-p            softmax over what is left (at temperature 1), keep
+ *                       the shortest prefix (by descending probability) whose
+ *                       mass reaches top_p (1 = off; always >= 1 token).
+ *   6. min-p            keep tokens with p >= min_p * p_max (0 = off).
+ *   7. temperature      l / T over the kept tokens,
+ *   8. softmax + draw   one uniform double from the sampler's RNG.
+ *
+ * Truncation (4-6) therefore sees the temperature-1 distribution and the
+ * temperature only reshapes the kept set (llama.cpp's order; HF applies the
+ * temperature first). Ties everywhere are ordered by (logit desc, id asc),
+ * so every filter keeps a well-defined prefix of that order. NaN logits are
+ * treated as -inf (never sampled), +inf as FLT_MAX.
+ *
+ * LOGPROBS: reported logprobs are log-softmax over the whole vocab of the
+ * processed logits (after bias and penalties, before truncation and
+ * temperature), computed in double. That is the model's distribution as the
+ * request shaped it, the same for every temperature/top-p, as OpenAI reports
+ * (its logprobs do reflect logit_bias). A banned token has logprob -inf; the
+ * server must map that to something JSON can carry.
+ *
+ * PENALTY WINDOW: the tokens passed to ag_sampler_accept(). Whether prompt
+ * tokens are accepted too is the caller's choice (llama.cpp's server feeds
+ * the prompt; OpenAI semantics are "generated so far": accept only output).
+ * penalty_last_n: -1 = everything accepted (default, OpenAI), 0 = penalties
+ * off, n > 0 = the last n accepted tokens (llama.cpp's default is 64).
+ *
+ * Cost: a pass over the vocab for bias/penalties/max; one exp pass for
+ * log Z only when logprobs are asked for; O(vocab) quickselect for top-k;
+ * top-p sorts at most 256 tokens, or (top-k off) histograms the mass in
+ * one exp pass and sorts only the bucket where the cut falls. Never a full
+ * vocab sort. Memory: 8 bytes * n_vocab of scratch per sampler (+16 KiB),
+ * plus 4 bytes per accepted token of history. */
+#ifndef AG_SAMPLE_SAMPLE_H
+#define AG_SAMPLE_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+#define AG_SAMPLE_MAX_LOGPROBS 20
+
+typedef struct {
+    int32_t token;
+    float   bias; /* added to the logit; <= -100 bans the token */
+} ag_logit_bias;
+
+typedef struct {
+    float    temperature;        /* >= 0; 0 = greedy */
+    int32_t  top_k;              /* >= 0; 0 = off */
+    float    top_p;              /* [0, 1]; 1 = off */
+    float    min_p;              /* [0, 1]; 0 = off */
+    float    repetition_penalty; /* > 0; 1 = off */
+    float    presence_penalty;   /* finite; 0 = off (OpenAI allows [-2, 2]) */
+    float    frequency_penalty;  /* finite; 0 = off (OpenAI allows [-2, 2]) */
+    int32_t  penalty_last_n;     /* -1 = all accepted tokens, 0 = off, n > 0 */
+    const ag_logit_bias *logit_bias; /* [n_logit_bias]; borrowed only during
+                                        ag_sampler_new (it copies); duplicate
+                                        ids add up */
+    int32_t  n_logit_bias;
+    uint64_t seed;               /* the caller picks a random one when the
+                                    request has none */
+    int32_t  logprobs;           /* 1: report the chosen token's logprob
+                                    (OpenAI "logprobs"); costs one exp pass */
+    int32_t  n_logprobs;         /* 0..AG_SAMPLE_MAX_LOGPROBS top alternatives
+                                    (OpenAI "top_logprobs"); > 0 implies
+                                    logprobs */
+} ag_sample_params;
+
+typedef struct {
+    int32_t token;
+    float   logprob;
+} ag_token_logprob;
+
+typedef struct {
+    int32_t          token;   /* the chosen token */
+    float            logprob; /* its logprob (see LOGPROBS above); NaN unless
+                                 logprobs or n_logprobs was asked for */
+    int32_t          n_top;   /* min(n_logprobs, tokens with finite logit) */
+    ag_token_logprob top[AG_SAMPLE_MAX_LOGPROBS]; /* by logprob desc, id asc */
+} ag_sample_result;
+
+typedef struct ag_sampler ag_sampler;
+
+/* Neutral params: temperature 1, every filter and penalty off, window -1,
+ * seed 0, no logprobs. */
+ag_sample_params ag_sample_default_params(void);
+
+/* Checks params against the ranges above (and bias ids against n_vocab).
+ * AG_ERR_RANGE / AG_ERR_INVALID with a message naming the field. */
+ag_status ag_sample_params_check(const ag_sample_params *p, int32_t n_vocab);
+
+/* Creates a sampler for a vocab of n_vocab (>= 1) tokens. `stream` selects
+ * an independent RNG stream for the same seed (choice index for n > 1; the
+ * draft source of a speculative pair should use its own stream). Copies
+ * everything it needs from `params`. *out is owned by the caller and freed
+ * with ag_sampler_free. */
+ag_status ag_sampler_new(const ag_sample_params *params, int32_t n_vocab, uint64_t stream,
+                         ag_sampler **out);
+
+/* NULL-safe. */
+void ag_sampler_free(ag_sampler *s);
+
+/* Forgets the penalty history and restarts the RNG from (seed, stream), so
+ * the sampler behaves as if freshly created. */
+void ag_sampler_reset(ag_sampler *s);
+
+/* Records an emitted token in the penalty history. The sampler never does
+ * this by itself: call it once per token that becomes part of the output
+ * (and for draft tokens before computing the next verify position's
+ * distribution, see ag_sampler_rewind). AG_ERR_RANGE for a bad id. */
+ag_status ag_sampler_accept(ag_sampler *s, int32_t token);
+
+/* Drops the last n accepted tokens from the history (speculative rollback
+ * of rejected drafts). The RNG is not rewound. AG_ERR_RANGE if n exceeds
+ * the history. */
+ag_status ag_sampler_rewind(ag_sampler *s, size_t n);
+
+/* Tokens accepted so far (after rewinds). */
+size_t ag_sampler_n_accepted(const ag_sampler *s);
+
+/* 1 if temperature == 0 (greedy: sampling and verify use no RNG). */
+int ag_sampler_greedy(const ag_sampler *s);
+
+/* Samples one token from logits[n_vocab] (borrowed for the call) through
+ * the chain, and fills *out (logprob and n_logprobs alternatives). Does not
+ * accept the token. Deterministic given the seed, stream, the sequence of
+ * calls and the inputs. AG_ERR_INVALID if no logit is finite after bias. */
+ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result *out);
+
+/* The processed logits (steps 1-2 of the chain) of logits[n_vocab] into
+ * out[n_vocab] (caller-owned). For inspection and tests. */
+ag_status ag_sampler_logits(ag_sampler *s, const float *logits, float *out);
+
+/* The distribution step 8 draws from: probs[n_vocab] (caller-owned) gets
+ * the probability of every token (0 outside the kept set; sums to 1). At
+ * temperature 0 it is one-hot on the greedy token. Uses no RNG. This is the
+ * target distribution p (and, with the draft's own sampler, the draft q)
+ * of the verify rule. */
+ag_status ag_sampler_probs(ag_sampler *s, const float *logits, float *probs);
+
+/* Logprob and alternatives of a given token under logits[n_vocab], as
+ * ag_sampler_sample reports them, without sampling (for tokens emitted by
+ * the verify rule). */
+ag_status ag_sampler_logprobs(ag_sampler *s, const float *logits, int32_t token,
+                              ag_sample_result *out);
+
+/* Draws a token from a probability vector probs[n_vocab] (non-negative,
+ * need not be normalised) with the sampler's RNG: for draft sources
+ * drawing from q, or a bonus token from an already computed p. */
+ag_status ag_sampler_draw(ag_sampler *s, const float *probs, int32_t *token);
+
+typedef struct {
+    int     accepted; /* 1: the draft token stands; 0: rejected */
+    int32_t token;    /* the token to emit: the draft when accepted, else the
+                         correction drawn from the residual */
+} ag_verify_result;
+
+/* The speculative verify rule for one draft position (Leviathan et al.
+ * 2023; Chen et al. 2023). p[n_vocab]: the target's processed distribution
+ * at this position (ag_sampler_probs with the history up to the previous
+ * draft token accepted). q[n_vocab]: the distribution the draft token was
+ * drawn from, or NULL for a deterministic (one-hot) draft.
+ *   temperature > 0: accept with probability min(1, p(x) / q(x)); on
+ *     rejection draw from normalize(max(0, p - q)). The emitted token is
+ *     then distributed exactly as p, whatever q is. q(x) == 0 accepts iff
+ *     p(x) > 0; a residual with no mass (p == q up to rounding) draws
+ *     from p.
+ *   temperature == 0: accept iff x == argmax p (lowest id on ties), the
+ *     correction is argmax p; no RNG.
+ * p and q are borrowed for the call.
+ *
+ * Executor recipe, drafts x_1..x_d with target logits L_0..L_d:
+ *   for i in 1..d:  ag_sampler_probs(s, L_{i-1}, p)
+ *                   ag_sampler_verify(s, p, q_i or NULL, x_i, &v)
+ *                   ag_sampler_accept(s, v.token); emit v.token
+ *                   if (!v.accepted) stop (trim the target KV after it)
+ *   all accepted:   bonus = ag_sampler_sample(s, L_d); accept and emit it.
+ * Penalties then see exactly the history plain decoding would have seen.
+ * A caller that accepts drafts tentatively before verifying undoes the
+ * rejected ones with ag_sampler_rewind. */
+ag_status ag_sampler_verify(ag_sampler *s, const float *p, const float *q, int32_t draft,
+                            ag_verify_result *out);
+
+#endif
