@@ -584,6 +584,14 @@ ag_status ag_gguf_open(const char *path, ag_gguf **out) {
     ag_status s = ag_file_map(path, &g->map);
     if (s) {
         free(g);
+        /* Messages never name the path (callers add it); ag_file_map's do. */
+        const char *m = ag_error_message();
+        size_t pl = strlen(path);
+        if (!strncmp(m, path, pl) && m[pl] == ':' && m[pl + 1] == ' ') {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", m + pl + 2);
+            return ag_errorf(s, "%s", msg);
+        }
         return s;
     }
     g->data = g->map.data;

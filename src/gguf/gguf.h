@@ -102,7 +102,10 @@ typedef struct {
 
 typedef struct ag_gguf ag_gguf;
 
-/* Opens and validates a GGUF file (v2 or v3), mmapping it. */
+/* Opens and validates a GGUF file (v2 or v3), mmapping it. On failure *out
+ * is NULL and the status is AG_ERR_IO (cannot open/map), AG_ERR_FORMAT (bad
+ * file) or AG_ERR_NOMEM; the message does not repeat the path, so callers
+ * print "<path>: <message>". */
 ag_status ag_gguf_open(const char *path, ag_gguf **out);
 /* Same over caller-owned bytes (no copy: `data` must outlive the result).
  * Used by the fuzzer and by tests. */

@@ -798,7 +798,23 @@ static void missing_file_is_io_error(void **state) {
     ag_gguf_free(NULL);
 }
 
-int main(void) {
+/* `test_gguf --write-sample PATH` writes the round-trip file for the Python
+ * tests, which check it with the gguf package's reader. */
+static int write_sample(const char *path) {
+    kv_case cases[64];
+    size_t n_cases, len;
+    uint8_t *bytes = write_case_file(&len, cases, &n_cases);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(bytes, 1, len, f) != len || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        return 1;
+    }
+    free(bytes);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "--write-sample")) return write_sample(argv[2]);
     const char *env = getenv("AUGUR_SHARED");
     snprintf(shared_dir, sizeof shared_dir, "%s", env && *env ? env : "../shared");
     const struct CMUnitTest tests[] = {
