@@ -1,4 +1,241 @@
-/* PLACEHOLDER until the tokenizer work lands. */
+/* augur tokenize / augur detokenize: text <-> token ids with a model's tokenizer. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/buf.h"
+#include "base/file.h"
 #include "cli/cli.h"
-int ag_cli_tokenize(int argc, char **argv) { return ag_cli_fail("tokenize: not built yet"); }
-int ag_cli_detokenize(int argc, char **argv) { return ag_cli_fail("detokenize: not built yet"); }
+#include "gguf/gguf.h"
+#include "tok/tok.h"
+
+static const char k_tok_usage[] =
+    "usage: augur tokenize [-m MODEL] [--raw] (-f FILE | TEXT)\n"
+    "  prints the token ids of TEXT (or of FILE, '-' for stdin), space-separated, on one line\n"
+    "  -m MODEL  GGUF model (default: $AUGUR_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+    "  --raw     add no BOS/EOS and tokenize special-token text (e.g. <|im_start|>) as plain text;\n"
+    "            by default BOS/EOS are added as the model's metadata says and special-token\n"
+    "            text becomes its single id\n"
+    "  Invalid UTF-8 is tokenized as llama.cpp does (byte-level BPE: U+FFFD per bad byte;\n"
+    "  SentencePiece: byte tokens).\n";
+
+static const char k_detok_usage[] =
+    "usage: augur detokenize [-m MODEL] [--skip-special] [IDS...]\n"
+    "  prints the text of the token ids (arguments, space- or comma-separated; stdin when none),\n"
+    "  exactly as decoded, with no newline added\n"
+    "  -m MODEL        GGUF model (default: $AUGUR_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+    "  --skip-special  leave control tokens (BOS, <|im_end|>, ...) out instead of printing their text\n";
+
+static int load_tok(const char *path, ag_tok **tok) {
+    ag_gguf  *g = NULL;
+    ag_status st = ag_gguf_open(path, &g);
+    if (st) return ag_cli_fail("%s", ag_error_message());
+    st = ag_tok_from_gguf(g, tok);
+    ag_gguf_free(g);
+    if (st) return ag_cli_fail("%s: %s", path, ag_error_message());
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int read_stream(FILE *f, ag_buf *b) {
+    char   tmp[65536];
+    size_t n;
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0)
+        if (ag_buf_append(b, tmp, n)) return -1;
+    return ferror(f) ? -1 : 0;
+}
+
+int ag_cli_tokenize(int argc, char **argv) {
+    const char *model = NULL, *file = NULL, *text = NULL;
+    bool        raw = false;
+    long        bench = 0; /* hidden: time N encodes of the text, print JSON */
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(k_tok_usage, stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (++i >= argc) return ag_cli_usage_error(k_tok_usage, "tokenize: %s needs a value", a);
+            model = argv[i];
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (++i >= argc) return ag_cli_usage_error(k_tok_usage, "tokenize: %s needs a value", a);
+            file = argv[i];
+        } else if (!strcmp(a, "--raw")) {
+            raw = true;
+        } else if (!strcmp(a, "--bench")) {
+            char *end;
+            if (++i >= argc || (bench = strtol(argv[i], &end, 10)) <= 0 || *end)
+                return ag_cli_usage_error(k_tok_usage, "tokenize: --bench needs a positive count");
+        } else if (!strcmp(a, "--")) {
+            if (i + 1 < argc) {
+                if (text || i + 2 < argc) return ag_cli_usage_error(k_tok_usage, "tokenize: one TEXT only");
+                text = argv[++i];
+            }
+            break;
+        } else if (a[0] == '-' && a[1]) {
+            return ag_cli_usage_error(k_tok_usage, "tokenize: unknown option '%s'", a);
+        } else {
+            if (text) return ag_cli_usage_error(k_tok_usage, "tokenize: one TEXT only (quote it)");
+            text = a;
+        }
+    }
+    if (!!text == !!file) return ag_cli_usage_error(k_tok_usage, "tokenize: give either TEXT or -f FILE");
+    if (!model) model = ag_cli_default_model();
+
+    ag_buf in = {0};
+    if (file) {
+        if (!strcmp(file, "-")) {
+            if (read_stream(stdin, &in)) {
+                ag_buf_free(&in);
+                return ag_cli_fail("tokenize: cannot read stdin: %s", strerror(errno));
+            }
+        } else {
+            char  *data;
+            size_t len;
+            if (ag_file_read_all(file, &data, &len)) return ag_cli_fail("%s", ag_error_message());
+            in.data = data;
+            in.len = in.cap = len;
+        }
+    } else if (ag_buf_append_str(&in, text)) {
+        return ag_cli_fail("out of memory");
+    }
+
+    ag_tok *tok = NULL;
+    int     rc = load_tok(model, &tok);
+    if (rc) {
+        ag_buf_free(&in);
+        return rc;
+    }
+    ag_tok_ids ids = {0};
+    ag_status  st = AG_OK;
+    double     best = 1e30;
+    for (long r = 0; r < (bench ? bench : 1) && !st; r++) {
+        ids.n = 0;
+        double t0 = now_s();
+        st = ag_tok_encode_append(tok, in.data, in.len, !raw, !raw, &ids);
+        double dt = now_s() - t0;
+        if (dt < best) best = dt;
+    }
+    if (st) {
+        rc = ag_cli_fail("tokenize: %s", ag_error_message());
+    } else if (bench) {
+        printf("{\"bytes\": %zu, \"tokens\": %zu, \"seconds\": %.6f, \"runs\": %ld}\n", in.len, ids.n, best,
+               bench);
+    } else {
+        ag_buf line = {0};
+        for (size_t i = 0; i < ids.n && !st; i++) st = ag_buf_printf(&line, i ? " %d" : "%d", ids.data[i]);
+        if (!st) st = ag_buf_append_char(&line, '\n');
+        if (st || fwrite(line.data, 1, line.len, stdout) != line.len || fflush(stdout))
+            rc = ag_cli_fail("tokenize: cannot write the output");
+        ag_buf_free(&line);
+    }
+    ag_tok_ids_free(&ids);
+    ag_tok_free(tok);
+    ag_buf_free(&in);
+    return rc;
+}
+
+/* Parses ids separated by spaces, commas or newlines; -1 on bad input. */
+static int parse_ids(const char *s, ag_tok_ids *ids, const char **bad) {
+    while (*s) {
+        if (*s == ' ' || *s == ',' || *s == '\n' || *s == '\t' || *s == '\r' || *s == '[' || *s == ']') {
+            s++;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long v = strtol(s, &end, 10);
+        if (end == s || errno || v < INT32_MIN || v > INT32_MAX ||
+            (*end && !strchr(" ,\n\t\r[]", *end))) {
+            *bad = s;
+            return -1;
+        }
+        if (ids->n == ids->cap) {
+            size_t   cap = ids->cap ? ids->cap * 2 : 64;
+            int32_t *d = realloc(ids->data, cap * sizeof *d);
+            if (!d) return -2;
+            ids->data = d;
+            ids->cap = cap;
+        }
+        ids->data[ids->n++] = (int32_t)v;
+        s = end;
+    }
+    return 0;
+}
+
+int ag_cli_detokenize(int argc, char **argv) {
+    const char *model = NULL;
+    bool        skip_special = false, have_args = false;
+    ag_tok_ids  ids = {0};
+    int         rc = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *bad = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(k_detok_usage, stdout);
+            ag_tok_ids_free(&ids);
+            return 0;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (++i >= argc) {
+                ag_tok_ids_free(&ids);
+                return ag_cli_usage_error(k_detok_usage, "detokenize: %s needs a value", a);
+            }
+            model = argv[i];
+        } else if (!strcmp(a, "--skip-special")) {
+            skip_special = true;
+        } else if (a[0] == '-' && !(a[1] >= '0' && a[1] <= '9')) {
+            ag_tok_ids_free(&ids);
+            return ag_cli_usage_error(k_detok_usage, "detokenize: unknown option '%s'", a);
+        } else {
+            have_args = true;
+            int r = parse_ids(a, &ids, &bad);
+            if (r == -2) {
+                ag_tok_ids_free(&ids);
+                return ag_cli_fail("out of memory");
+            }
+            if (r) {
+                ag_tok_ids_free(&ids);
+                return ag_cli_usage_error(k_detok_usage, "detokenize: not a token id: '%.40s'", bad);
+            }
+        }
+    }
+    if (!have_args) {
+        ag_buf in = {0};
+        const char *bad = NULL;
+        if (read_stream(stdin, &in)) {
+            ag_buf_free(&in);
+            return ag_cli_fail("detokenize: cannot read stdin: %s", strerror(errno));
+        }
+        int r = parse_ids(ag_buf_cstr(&in), &ids, &bad);
+        if (r) {
+            rc = r == -2 ? ag_cli_fail("out of memory")
+                         : ag_cli_usage_error(k_detok_usage, "detokenize: not a token id: '%.40s'", bad);
+            ag_buf_free(&in);
+            ag_tok_ids_free(&ids);
+            return rc;
+        }
+        ag_buf_free(&in);
+    }
+    if (!model) model = ag_cli_default_model();
+    ag_tok *tok = NULL;
+    if ((rc = load_tok(model, &tok))) {
+        ag_tok_ids_free(&ids);
+        return rc;
+    }
+    ag_buf    out = {0};
+    ag_status st = ag_tok_decode(tok, ids.data, ids.n, skip_special ? 0 : AG_DECODE_SPECIAL, &out);
+    if (st) rc = ag_cli_fail("detokenize: %s", ag_error_message());
+    else if (out.len && (fwrite(out.data, 1, out.len, stdout) != out.len || fflush(stdout)))
+        rc = ag_cli_fail("detokenize: cannot write the output");
+    ag_buf_free(&out);
+    ag_tok_free(tok);
+    ag_tok_ids_free(&ids);
+    return rc;
+}
