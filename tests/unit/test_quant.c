@@ -14,7 +14,11 @@
  *                             checks the integer/scale algebra)
  *   scalar dot vs float64 dot with the float activations: the activation
  *                             rounding bound Σ_i |w_i| * d_block(i)/2 (each
- *                             |x - d*q| <= d/2), plus the 1e-5 term. */
+ *                             |x - d*q| <= d/2), plus the 1e-5 term.
+ *   matmul vs float64 X·W^T   per output: 1.001 * Σ_i |w_i| * (max|x| of i's
+ *                             block)/254 (activation rounding) + 2e-5 *
+ *                             Σ_i |w_i * x_i| (float sums); float weight
+ *                             types only the second term. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,8 +30,10 @@
 
 #include <cmocka.h>
 
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/quant.h"
 #include "backend/cpu/quant_impl.h"
+#include "base/threadpool.h"
 
 /* ---- helpers ---- */
 
@@ -552,6 +558,146 @@ static void bad_input_is_an_error(void **state) {
     assert_int_equal(ag_quantize_act_row(AG_ACT_Q8A, xs, q, 256), AG_OK);
 }
 
+/* ---- matmul ---- */
+
+static void matmul_case(ag_threadpool *pool, uint32_t t, int64_t n_out, int64_t n_in, int64_t n_tok, int *checks) {
+    int64_t  ldx = n_in + 3, ldy = n_out + 2;
+    uint8_t *w = random_weights(t, n_in * n_out, NULL); /* n_out rows back to back */
+    float   *x = malloc((size_t)(n_tok * ldx) * 4), *y = malloc((size_t)(n_tok * ldy) * 4);
+    float   *wf = malloc((size_t)(n_in * n_out) * 4);
+    for (int64_t i = 0; i < n_tok * ldx; i++) x[i] = nrand();
+    for (int64_t i = 0; i < n_tok * ldy; i++) y[i] = -12345.0f; /* sentinel in the padding */
+    assert_int_equal(ag_dequant_row(t, w, wf, n_in * n_out), AG_OK);
+    ag_act_format f;
+    ag_quant_act_format(t, &f);
+    int64_t blk = f == AG_ACT_Q8A ? 32 : f == AG_ACT_Q8K ? 256 : 1;
+    assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, ldx, n_tok, y, ldy, NULL, 0), AG_OK);
+    for (int64_t tok = 0; tok < n_tok; tok++) {
+        const float *xr = x + tok * ldx;
+        for (int64_t o = 0; o < n_out; o++) {
+            const float *wr = wf + o * n_in;
+            double       ref = 0, absd = 0, bound = 0;
+            for (int64_t b = 0; b < n_in / blk; b++) {
+                double amax = 0, wabs = 0;
+                for (int64_t i = b * blk; i < (b + 1) * blk; i++) {
+                    ref += (double)wr[i] * xr[i];
+                    absd += fabs((double)wr[i] * xr[i]);
+                    amax = fmax(amax, fabs(xr[i]));
+                    wabs += fabs(wr[i]);
+                }
+                if (f != AG_ACT_F32) bound += wabs * amax / 254.0;
+            }
+            double tol = 1.001 * bound + 2e-5 * absd + 1e-30, got = y[tok * ldy + o];
+            if (!(fabs(got - ref) <= tol))
+                fail_msg("matmul %s %s n_out=%lld n_in=%lld n_tok=%lld [%lld][%lld]: %.9g vs %.9g (tol %.3g)",
+                         ag_cpu_isa_name(ag_cpu_isa_active()), tname(t), (long long)n_out, (long long)n_in,
+                         (long long)n_tok, (long long)tok, (long long)o, got, ref, tol);
+            (*checks)++;
+        }
+        for (int64_t o = n_out; o < ldy; o++) assert_true(y[tok * ldy + o] == -12345.0f);
+    }
+    /* two-step form with a caller's buffer gives the same bits */
+    if (f != AG_ACT_F32) {
+        size_t   need = ag_matmul_scratch_size(t, n_in, n_tok);
+        uint8_t *xq = malloc(need);
+        float   *y2 = malloc((size_t)(n_tok * ldy) * 4);
+        memcpy(y2, y, (size_t)(n_tok * ldy) * 4);
+        assert_int_equal(ag_matmul_quantize_x(pool, f, x, ldx, n_tok, n_in, xq, need), AG_OK);
+        assert_int_equal(ag_matmul_xq(pool, t, w, n_out, n_in, xq, n_tok, y2, ldy), AG_OK);
+        assert_memory_equal(y, y2, (size_t)(n_tok * ldy) * 4);
+        assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, ldx, n_tok, y2, ldy, xq, need), AG_OK);
+        assert_memory_equal(y, y2, (size_t)(n_tok * ldy) * 4);
+        free(xq);
+        free(y2);
+    }
+    free(w);
+    free(x);
+    free(y);
+    free(wf);
+}
+
+static void matmul_matches_float64(void **state) {
+    static const int64_t outs[] = {1, 5, 13, 37};
+    static const int64_t toks[] = {1, 2, 3, 5, 7, 13};
+    int                  checks = 0;
+    ag_threadpool       *pools[2] = {NULL, NULL};
+    ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
+    assert_int_equal(ag_threadpool_create(&prm, &pools[1]), AG_OK);
+    for (int k = 0; k < n_isas; k++) {
+        assert_int_equal(ag_cpu_isa_set(isas[k]), AG_OK);
+        for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
+            uint32_t t = k_dot_types[ti], be;
+            ag_quant_block(t, &be, NULL);
+            int64_t base = be == 1 ? 40 : be == 32 ? 96 : 512;
+            for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++)
+                for (size_t ki = 0; ki < sizeof toks / sizeof toks[0]; ki++) {
+                    int64_t n_in = base + (be == 1 ? (int64_t)(rnd() % 9) : 0);
+                    matmul_case(pools[(oi + ki) & 1], t, outs[oi], n_in, toks[ki], &checks);
+                }
+        }
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    ag_threadpool_free(pools[1]);
+    print_message("matmul: %d outputs checked against float64\n", checks);
+}
+
+/* Many tokens (more than one token chunk) and many rows: the tiled result
+ * equals per-token single dots. */
+static void matmul_large_tiles(void **state) {
+    const uint32_t types[] = {AG_TYPE_Q4_0, AG_TYPE_Q6_K, AG_TYPE_F16};
+    ag_threadpool *pool;
+    ag_threadpool_params prm = {.n_threads = 2, .spin_us = 20};
+    assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
+    for (size_t ti = 0; ti < 3; ti++) {
+        uint32_t t = types[ti];
+        int64_t  n_in = 2048, n_out = 67, n_tok = 300;
+        uint8_t *w = random_weights(t, n_in * n_out, NULL);
+        float   *x = malloc((size_t)(n_tok * n_in) * 4), *y = malloc((size_t)(n_tok * n_out) * 4);
+        for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = nrand();
+        assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out, NULL, 0), AG_OK);
+        ag_act_format f;
+        ag_quant_act_format(t, &f);
+        size_t   rb = ag_act_row_bytes(f, n_in), wrb = ag_quant_row_bytes(t, n_in);
+        uint8_t *xq = malloc(rb);
+        for (int64_t tok = 0; tok < n_tok; tok += 7) {
+            ag_quantize_act_row(f, x + tok * n_in, xq, n_in);
+            for (int64_t o = 0; o < n_out; o++) {
+                float d;
+                assert_int_equal(ag_vec_dot(t, n_in, w + o * wrb, xq, &d), AG_OK);
+                float got = y[tok * n_out + o];
+                assert_true(fabsf(got - d) <= 1e-5f * (fabsf(d) + 1.0f));
+            }
+        }
+        free(xq);
+        free(w);
+        free(x);
+        free(y);
+    }
+    ag_threadpool_free(pool);
+}
+
+static void matmul_bad_input(void **state) {
+    float   x[64] = {0}, y[64];
+    uint8_t w[64] = {0}, q[64];
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_IQ2_XS, w, 1, 32, x, 32, 1, y, 1, NULL, 0), AG_ERR_UNSUPPORTED);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q8_K, w, 1, 256, x, 256, 1, y, 1, NULL, 0), AG_ERR_UNSUPPORTED);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 33, x, 33, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 32, x, 31, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 2, 32, x, 32, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, -1, 32, x, 32, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, NULL, 1, 32, x, 32, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 32, NULL, 32, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 32, x, 32, INT64_MAX / 2, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 0, 32, x, 32, 1, y, 1, NULL, 0), AG_OK);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 32, x, 32, 0, y, 1, NULL, 0), AG_OK);
+    assert_int_equal(ag_matmul_quantize_x(NULL, AG_ACT_Q8A, x, 32, 2, 32, q, 40), AG_ERR_INVALID); /* too small */
+    assert_int_equal(ag_matmul_quantize_x(NULL, AG_ACT_Q8K, x, 32, 1, 32, q, 64), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul_xq(NULL, AG_TYPE_Q4_0, w, 1, 32, NULL, 1, y, 1), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul_scratch_size(AG_TYPE_Q4_K, 512, 3), 3 * 584);
+    assert_int_equal(ag_matmul_scratch_size(AG_TYPE_F16, 512, 3), 0);
+    assert_int_equal(ag_matmul_scratch_size(AG_TYPE_Q4_K, 500, 3), 0);
+}
+
 static int setup(void **state) {
     collect_isas();
     print_message("ISA: best %s, active %s\n", ag_cpu_isa_name(ag_cpu_isa_best()),
@@ -568,6 +714,9 @@ int main(void) {
         cmocka_unit_test(dot_variants_agree),
         cmocka_unit_test(dot_extremes),
         cmocka_unit_test(bad_input_is_an_error),
+        cmocka_unit_test(matmul_matches_float64),
+        cmocka_unit_test(matmul_large_tiles),
+        cmocka_unit_test(matmul_bad_input),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -448,7 +448,7 @@ AI float wscalar_bf16(const uint8_t *p) {
         }                                                                                        \
         for (int t = 0; t < NX; t++) {                                                           \
             float s = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));                                \
-            for (int64_t j = i; j < n; j++) s += WSCALAR(wb + ESZ * j) * y[t][j];                \
+            for (int64_t j = i; j < n; j++) s += WSCALAR(wb + ESZ * j) * wscalar_f32((const uint8_t *)(y[t] + j)); \
             out[t] = s;                                                                          \
         }                                                                                        \
     }                                                                                            \
