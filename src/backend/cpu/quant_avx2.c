@@ -25,6 +25,12 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* Loops over tokens (NX is a compile-time constant after inlining) and over
+ * the few sub-blocks of a K-quant block must unroll completely, or the
+ * accumulator arrays live on the stack instead of in registers; -O2 alone
+ * does not do it. */
+#define UNROLL _Pragma("GCC unroll 8")
+
 AI float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 AI float hsum8(__m256 v) {
@@ -101,28 +107,32 @@ AI __m256i bits_to_bytes(const uint8_t *qh) {
  * weights. Two accumulator sets (even/odd blocks) hide FMA latency in the
  * single-token case. */
 #define SIGNED_KERNEL(name, BT, WQ)                                                               \
+    AI void name##_blk(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc) { \
+        __m256i q = WQ(&b[i]);                                                                   \
+        __m256i aq = _mm256_sign_epi8(q, q);                                                     \
+        float   dw = f16(b[i].d);                                                                \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
+            __m256i p = dot_u8s8(aq, _mm256_sign_epi8(loadu256(y[t][i].qs), q));                 \
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
+        }                                                                                        \
+    }                                                                                            \
     AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
                      float *out) {                                                               \
         const BT           *b = w;                                                               \
         const ag_block_q8a *y[AG_DOT_MAX_NX];                                                    \
-        __m256              acc[2][AG_DOT_MAX_NX];                                               \
-        for (int t = 0; t < NX; t++) {                                                           \
+        __m256              acc0[AG_DOT_MAX_NX], acc1[AG_DOT_MAX_NX];                            \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
             y[t] = (const ag_block_q8a *)YROW(t);                                                \
-            acc[0][t] = acc[1][t] = _mm256_setzero_ps();                                         \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                             \
         }                                                                                        \
         const int64_t nb = n / AG_QK;                                                            \
-        for (int64_t i = 0; i < nb; i++) {                                                       \
-            const int u = (int)(i & 1);                                                          \
-            __m256i   q = WQ(&b[i]);                                                             \
-            __m256i   aq = _mm256_sign_epi8(q, q);                                               \
-            float     dw = f16(b[i].d);                                                          \
-            for (int t = 0; t < NX; t++) {                                                       \
-                __m256i p = dot_u8s8(aq, _mm256_sign_epi8(loadu256(y[t][i].qs), q));             \
-                acc[u][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), \
-                                            acc[u][t]);                                          \
-            }                                                                                    \
+        int64_t       i = 0;                                                                     \
+        for (; i + 2 <= nb; i += 2) {                                                            \
+            name##_blk(b, y, i, NX, acc0);                                                       \
+            name##_blk(b, y, i + 1, NX, acc1);                                                   \
         }                                                                                        \
-        for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));        \
+        if (i < nb) name##_blk(b, y, i, NX, acc0);                                               \
+        UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t]));     \
     }                                                                                            \
     AG_DOT_DISPATCH(name)
 
@@ -141,30 +151,35 @@ SIGNED_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0)
 /* Offset types (Q4_1, Q5_1): x = d*q + m with q unsigned, so
  * Σ x*y = d*dy*Σq*y + m*(dy*Σy), the second term from the block's s. */
 #define OFFSET_KERNEL(name, BT, WQ)                                                               \
+    AI void name##_blk(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc, \
+                       float *sm) {                                                              \
+        __m256i q = WQ(&b[i]);                                                                   \
+        float   dw = f16(b[i].d), m = f16(b[i].m);                                               \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
+            __m256i p = dot_u8s8(q, loadu256(y[t][i].qs));                                       \
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
+            sm[t] += m * y[t][i].s;                                                              \
+        }                                                                                        \
+    }                                                                                            \
     AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
                      float *out) {                                                               \
         const BT           *b = w;                                                               \
         const ag_block_q8a *y[AG_DOT_MAX_NX];                                                    \
-        __m256              acc[2][AG_DOT_MAX_NX];                                               \
+        __m256              acc0[AG_DOT_MAX_NX], acc1[AG_DOT_MAX_NX];                            \
         float               sm[AG_DOT_MAX_NX];                                                   \
-        for (int t = 0; t < NX; t++) {                                                           \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
             y[t] = (const ag_block_q8a *)YROW(t);                                                \
-            acc[0][t] = acc[1][t] = _mm256_setzero_ps();                                         \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                             \
             sm[t] = 0.0f;                                                                        \
         }                                                                                        \
         const int64_t nb = n / AG_QK;                                                            \
-        for (int64_t i = 0; i < nb; i++) {                                                       \
-            const int u = (int)(i & 1);                                                          \
-            __m256i   q = WQ(&b[i]);                                                             \
-            float     dw = f16(b[i].d), m = f16(b[i].m);                                         \
-            for (int t = 0; t < NX; t++) {                                                       \
-                __m256i p = dot_u8s8(q, loadu256(y[t][i].qs));                                   \
-                acc[u][t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), \
-                                            acc[u][t]);                                          \
-                sm[t] += m * y[t][i].s;                                                          \
-            }                                                                                    \
+        int64_t       i = 0;                                                                     \
+        for (; i + 2 <= nb; i += 2) {                                                            \
+            name##_blk(b, y, i, NX, acc0, sm);                                                   \
+            name##_blk(b, y, i + 1, NX, acc1, sm);                                               \
         }                                                                                        \
-        for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc[0][t], acc[1][t])) + sm[t]; \
+        if (i < nb) name##_blk(b, y, i, NX, acc0, sm);                                           \
+        UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + sm[t]; \
     }                                                                                            \
     AG_DOT_DISPATCH(name)
 
@@ -193,7 +208,7 @@ AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     const ag_block_q8_K  *y[AG_DOT_MAX_NX];
     __m256                acc[AG_DOT_MAX_NX];
     __m128                accm[AG_DOT_MAX_NX];
-    for (int t = 0; t < NX; t++) {
+    UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
         acc[t] = _mm256_setzero_ps();
         accm[t] = _mm_setzero_ps();
@@ -205,25 +220,25 @@ AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         const __m128i mins16 = _mm_setr_epi16(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]);
         const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
         __m256i       sumi[AG_DOT_MAX_NX];
-        for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 4; j++) {
             __m256i qv = loadu256(b[i].qs + 32 * j);
             __m256i lo = _mm256_and_si256(qv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
             __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
-            for (int t = 0; t < NX; t++) {
+            UNROLL for (int t = 0; t < NX; t++) {
                 __m256i p0 = dot_u8s8_scaled(lo, loadu256(y[t][i].qs + 64 * j), slo);
                 __m256i p1 = dot_u8s8_scaled(hi, loadu256(y[t][i].qs + 64 * j + 32), shi);
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
             }
         }
-        for (int t = 0; t < NX; t++) {
+        UNROLL for (int t = 0; t < NX; t++) {
             float dy = y[t][i].d;
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
             accm[t] = _mm_fmadd_ps(_mm_set1_ps(dy * dmin), _mm_cvtepi32_ps(k4_min_dot(&y[t][i], mins16)),
                                    accm[t]);
         }
     }
-    for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
 }
 AG_DOT_DISPATCH(dot_q4_K)
 
@@ -234,7 +249,7 @@ AI void dot_q5_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     const ag_block_q8_K  *y[AG_DOT_MAX_NX];
     __m256                acc[AG_DOT_MAX_NX];
     __m128                accm[AG_DOT_MAX_NX];
-    for (int t = 0; t < NX; t++) {
+    UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
         acc[t] = _mm256_setzero_ps();
         accm[t] = _mm_setzero_ps();
@@ -247,28 +262,28 @@ AI void dot_q5_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
         const __m256i hb = loadu256(b[i].qh);
         __m256i       sumi[AG_DOT_MAX_NX];
-        for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
+        UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 4; j++) {
             __m256i qv = loadu256(b[i].qs + 32 * j);
             __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), m1);
             __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j + 1)), m1);
             __m256i lo = _mm256_or_si256(_mm256_and_si256(qv, m4), _mm256_slli_epi16(h0, 4));
             __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qv, 4), m4), _mm256_slli_epi16(h1, 4));
             __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
-            for (int t = 0; t < NX; t++) {
+            UNROLL for (int t = 0; t < NX; t++) {
                 __m256i p0 = dot_u8s8_scaled(lo, loadu256(y[t][i].qs + 64 * j), slo);
                 __m256i p1 = dot_u8s8_scaled(hi, loadu256(y[t][i].qs + 64 * j + 32), shi);
                 sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
             }
         }
-        for (int t = 0; t < NX; t++) {
+        UNROLL for (int t = 0; t < NX; t++) {
             float dy = y[t][i].d;
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
             accm[t] = _mm_fmadd_ps(_mm_set1_ps(dy * dmin), _mm_cvtepi32_ps(k4_min_dot(&y[t][i], mins16)),
                                    accm[t]);
         }
     }
-    for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
 }
 AG_DOT_DISPATCH(dot_q5_K)
 
@@ -278,7 +293,7 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     const ag_block_q6_K *b = w;
     const ag_block_q8_K *y[AG_DOT_MAX_NX];
     __m256               acc[AG_DOT_MAX_NX];
-    for (int t = 0; t < NX; t++) {
+    UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
         acc[t] = _mm256_setzero_ps();
     }
@@ -288,10 +303,10 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(sc));
         const float   d = f16(b[i].d);
         __m256i       sumi[AG_DOT_MAX_NX];
-        for (int t = 0; t < NX; t++)
+        UNROLL for (int t = 0; t < NX; t++)
             sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), /* the -32 offset: -32*Σ sc*bsum */
                                        _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 5));
-        for (int h = 0; h < 2; h++) {
+        UNROLL for (int h = 0; h < 2; h++) {
             __m256i ql0 = loadu256(b[i].ql + 64 * h), ql1 = loadu256(b[i].ql + 64 * h + 32);
             __m256i qh = loadu256(b[i].qh + 32 * h);
             __m256i g[4];
@@ -302,18 +317,18 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
             g[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
-            for (int k = 0; k < 4; k++) {
+            UNROLL for (int k = 0; k < 4; k++) {
                 const int     s = 8 * h + 2 * k;
                 const __m256i sv = scale_pair(sc[s], sc[s + 1]);
-                for (int t = 0; t < NX; t++)
+                UNROLL for (int t = 0; t < NX; t++)
                     sumi[t] = _mm256_add_epi32(
                         sumi[t], dot_u8s8_scaled(g[k], loadu256(y[t][i].qs + 128 * h + 32 * k), sv));
             }
         }
-        for (int t = 0; t < NX; t++)
+        UNROLL for (int t = 0; t < NX; t++)
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
     }
-    for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]);
 }
 AG_DOT_DISPATCH(dot_q6_K)
 
@@ -322,7 +337,7 @@ AI void dot_q2_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     const ag_block_q2_K *b = w;
     const ag_block_q8_K *y[AG_DOT_MAX_NX];
     __m256               acc[AG_DOT_MAX_NX], accm[AG_DOT_MAX_NX];
-    for (int t = 0; t < NX; t++) {
+    UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
         acc[t] = accm[t] = _mm256_setzero_ps();
     }
@@ -333,19 +348,19 @@ AI void dot_q2_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         const __m256i  mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0xF)));
         const float    d = f16(b[i].d), dmin = f16(b[i].dmin);
         __m256i        sumi[AG_DOT_MAX_NX];
-        for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
+        UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL for (int h = 0; h < 2; h++) {
             __m256i qv = loadu256(b[i].qs + 32 * h);
-            for (int k = 0; k < 4; k++) {
+            UNROLL for (int k = 0; k < 4; k++) {
                 __m256i       g = _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * k)), m3);
                 const int     s = 8 * h + 2 * k;
                 const __m256i sv = scale_pair(sc[s] & 0xF, sc[s + 1] & 0xF);
-                for (int t = 0; t < NX; t++)
+                UNROLL for (int t = 0; t < NX; t++)
                     sumi[t] = _mm256_add_epi32(
                         sumi[t], dot_u8s8_scaled(g, loadu256(y[t][i].qs + 128 * h + 32 * k), sv));
             }
         }
-        for (int t = 0; t < NX; t++) {
+        UNROLL for (int t = 0; t < NX; t++) {
             float dy = y[t][i].d;
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
             accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * dmin),
@@ -353,7 +368,7 @@ AI void dot_q2_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
                                       accm[t]);
         }
     }
-    for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum8(accm[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum8(accm[t]);
 }
 AG_DOT_DISPATCH(dot_q2_K)
 
@@ -363,7 +378,7 @@ AI void dot_q3_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     const ag_block_q3_K *b = w;
     const ag_block_q8_K *y[AG_DOT_MAX_NX];
     __m256               acc[AG_DOT_MAX_NX];
-    for (int t = 0; t < NX; t++) {
+    UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
         acc[t] = _mm256_setzero_ps();
     }
@@ -375,26 +390,26 @@ AI void dot_q3_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         const __m256i hm = loadu256(b[i].hmask);
         const float   d = f16(b[i].d);
         __m256i       sumi[AG_DOT_MAX_NX];
-        for (int t = 0; t < NX; t++)
+        UNROLL for (int t = 0; t < NX; t++)
             sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
                                        _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 2));
-        for (int h = 0; h < 2; h++) {
+        UNROLL for (int h = 0; h < 2; h++) {
             __m256i qv = loadu256(b[i].qs + 32 * h);
-            for (int k = 0; k < 4; k++) {
+            UNROLL for (int k = 0; k < 4; k++) {
                 __m256i ql = _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * k)), m3);
                 __m256i hbit = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + k)), m1);
                 __m256i g = _mm256_or_si256(ql, _mm256_slli_epi16(hbit, 2));
                 const int     s = 8 * h + 2 * k;
                 const __m256i sv = scale_pair(sc[s], sc[s + 1]);
-                for (int t = 0; t < NX; t++)
+                UNROLL for (int t = 0; t < NX; t++)
                     sumi[t] = _mm256_add_epi32(
                         sumi[t], dot_u8s8_scaled(g, loadu256(y[t][i].qs + 128 * h + 32 * k), sv));
             }
         }
-        for (int t = 0; t < NX; t++)
+        UNROLL for (int t = 0; t < NX; t++)
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
     }
-    for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]);
 }
 AG_DOT_DISPATCH(dot_q3_K)
 
@@ -428,26 +443,26 @@ AI float wscalar_bf16(const uint8_t *p) {
                      float *out) {                                                               \
         const uint8_t *wb = w;                                                                   \
         const float   *y[AG_DOT_MAX_NX];                                                         \
-        __m256         acc[2][AG_DOT_MAX_NX];                                                    \
-        for (int t = 0; t < NX; t++) {                                                           \
+        __m256         acc0[AG_DOT_MAX_NX], acc1[AG_DOT_MAX_NX];                                 \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
             y[t] = (const float *)YROW(t);                                                       \
-            acc[0][t] = acc[1][t] = _mm256_setzero_ps();                                         \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                             \
         }                                                                                        \
         int64_t i = 0;                                                                           \
         for (; i + 16 <= n; i += 16) {                                                           \
             __m256 w0 = WLOAD(wb + ESZ * i), w1 = WLOAD(wb + ESZ * (i + 8));                     \
-            for (int t = 0; t < NX; t++) {                                                       \
-                acc[0][t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y[t] + i), acc[0][t]);           \
-                acc[1][t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(y[t] + i + 8), acc[1][t]);       \
+            UNROLL for (int t = 0; t < NX; t++) {                                                       \
+                acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y[t] + i), acc0[t]);           \
+                acc1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(y[t] + i + 8), acc1[t]);       \
             }                                                                                    \
         }                                                                                        \
         for (; i + 8 <= n; i += 8) {                                                             \
             __m256 w0 = WLOAD(wb + ESZ * i);                                                     \
-            for (int t = 0; t < NX; t++)                                                         \
-                acc[0][t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y[t] + i), acc[0][t]);           \
+            UNROLL for (int t = 0; t < NX; t++)                                                         \
+                acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y[t] + i), acc0[t]);           \
         }                                                                                        \
-        for (int t = 0; t < NX; t++) {                                                           \
-            float s = hsum8(_mm256_add_ps(acc[0][t], acc[1][t]));                                \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            float s = hsum8(_mm256_add_ps(acc0[t], acc1[t]));                                \
             for (int64_t j = i; j < n; j++) s += WSCALAR(wb + ESZ * j) * wscalar_f32((const uint8_t *)(y[t] + j)); \
             out[t] = s;                                                                          \
         }                                                                                        \
