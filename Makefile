@@ -4,6 +4,7 @@
 #   make test       unit tests (cmocka) + end-to-end tests (pytest) on the fast models
 #   make asan       the unit and e2e tests under ASan + UBSan (objects in build/asan)
 #   make fuzz       libFuzzer targets in build/fuzz (clang)
+#   make bench      benchmarks in build/bench (e.g. build/bench/quant_bench)
 #   make format     clang-format over the sources
 #
 # Sources are discovered: every .c under src/ except src/cli goes into the
@@ -21,6 +22,7 @@ LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
 FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
@@ -31,7 +33,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 PYTEST   ?= python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: all test unit e2e asan fuzz format clean
+.PHONY: all test unit e2e asan fuzz bench format clean
 all: $(BIN) $(TEST_BIN)
 
 $(BUILD)/%.o: %.c
@@ -72,8 +74,14 @@ $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC)
 	@mkdir -p $(dir $@)
 	clang $(FUZZ_CFLAGS) -o $@ $< $(LIB_SRC) $(LDLIBS_ALL)
 
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+bench: $(BENCH_BIN)
+$(BUILD)/bench/%: bench/%.c $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
 format:
-	clang-format -i $$(find src tests/unit fuzz include -name '*.[ch]')
+	clang-format -i $$(find src tests/unit fuzz bench include -name '*.[ch]')
 
 clean:
 	rm -rf $(BUILD)

@@ -1,0 +1,182 @@
+/* Matmul driver: quantize X, then tile (rows × token chunks) over the pool.
+ *
+ * Tiling: a task owns a range of weight rows and a chunk of tokens. Inside,
+ * each weight row is read from memory once and multiplied with the chunk's
+ * tokens four at a time (the kernels unpack a block once per 4 tokens). The
+ * token chunk is sized so its activations stay in L2 while the task walks
+ * its rows; the row range is sized for about 8 tasks per thread so dynamic
+ * scheduling absorbs uneven threads. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quant_impl.h"
+
+#define L2_ACT_BUDGET (512 * 1024) /* bytes of activations a task keeps hot */
+
+static ag_status check_common(uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, int64_t n_tok,
+                              const void *y, int64_t ldy, ag_act_format *fmt) {
+    ag_status st = ag_quant_act_format(w_type, fmt);
+    if (st != AG_OK) return st;
+    if (n_out < 0 || n_tok < 0)
+        return ag_errorf(AG_ERR_INVALID, "matmul: negative size (n_out %lld, n_tok %lld)", (long long)n_out,
+                         (long long)n_tok);
+    if (ag_quant_row_bytes(w_type, n_in) == 0)
+        return ag_errorf(AG_ERR_INVALID, "matmul: n_in %lld is not a positive multiple of the weight block",
+                         (long long)n_in);
+    if (ldy < n_out) return ag_errorf(AG_ERR_INVALID, "matmul: ldy %lld < n_out %lld", (long long)ldy, (long long)n_out);
+    if (n_out > 0 && n_tok > 0 && (!w || !y)) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
+    /* every index computed below fits: rows * row bytes and tokens * ldy */
+    size_t tmp;
+    if (__builtin_mul_overflow((size_t)n_out, ag_quant_row_bytes(w_type, n_in), &tmp) ||
+        __builtin_mul_overflow((size_t)n_tok, (size_t)ldy, &tmp))
+        return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    return AG_OK;
+}
+
+size_t ag_matmul_scratch_size(uint32_t w_type, int64_t n_in, int64_t n_tok) {
+    ag_act_format f;
+    if (ag_quant_act_format(w_type, &f) != AG_OK || n_tok < 0) return 0;
+    if (f == AG_ACT_F32) return 0;
+    size_t rb = ag_act_row_bytes(f, n_in), total;
+    if (rb == 0 || __builtin_mul_overflow(rb, (size_t)n_tok, &total)) return 0;
+    return total;
+}
+
+/* ---- quantizing X ---- */
+
+typedef struct {
+    ag_act_format   fmt;
+    const float    *x;
+    int64_t         ldx, n_in, n_tok, rows_per_task;
+    uint8_t        *xq;
+    size_t          row_bytes;
+} quant_job;
+
+static void quant_task(void *ctx, int64_t task, int thread) {
+    const quant_job *j = ctx;
+    int64_t          t0 = task * j->rows_per_task, t1 = t0 + j->rows_per_task;
+    if (t1 > j->n_tok) t1 = j->n_tok;
+    for (int64_t t = t0; t < t1; t++)
+        ag_quantize_act_row(j->fmt, j->x + t * j->ldx, j->xq + (size_t)t * j->row_bytes, j->n_in);
+}
+
+ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const float *x, int64_t ldx,
+                               int64_t n_tok, int64_t n_in, void *xq, size_t xq_size) {
+    size_t rb = ag_act_row_bytes(fmt, n_in), need;
+    if (rb == 0) return ag_errorf(AG_ERR_INVALID, "matmul: bad activation format %d or n_in %lld", (int)fmt, (long long)n_in);
+    if (n_tok < 0 || ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: n_tok %lld / ldx %lld", (long long)n_tok, (long long)ldx);
+    if (n_tok == 0) return AG_OK;
+    if (!x || !xq) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
+    if (__builtin_mul_overflow(rb, (size_t)n_tok, &need) || xq_size < need)
+        return ag_errorf(AG_ERR_INVALID, "matmul: activation buffer of %zu bytes is too small", xq_size);
+    quant_job j = {fmt, x, ldx, n_in, n_tok, 0, xq, rb};
+    /* ~64K elements per task: below that, dispatch costs more than it saves */
+    int64_t per = (64 * 1024 + n_in - 1) / n_in;
+    if (per < 1) per = 1;
+    j.rows_per_task = per;
+    ag_threadpool_run(pool, (n_tok + per - 1) / per, quant_task, &j);
+    return AG_OK;
+}
+
+/* ---- the product ---- */
+
+typedef struct {
+    ag_dot_fn      dot;
+    const uint8_t *w;
+    size_t         w_row_bytes;
+    int64_t        n_in, n_out, n_tok;
+    const uint8_t *xa;
+    size_t         xa_stride;
+    float         *y;
+    int64_t        ldy;
+    int64_t        rows_per_task, tok_per_task, n_row_tasks;
+} mm_job;
+
+static void mm_task(void *ctx, int64_t task, int thread) {
+    const mm_job *j = ctx;
+    int64_t       rt = task % j->n_row_tasks, tt = task / j->n_row_tasks;
+    int64_t       r0 = rt * j->rows_per_task, r1 = r0 + j->rows_per_task;
+    int64_t       t0 = tt * j->tok_per_task, t1 = t0 + j->tok_per_task;
+    if (r1 > j->n_out) r1 = j->n_out;
+    if (t1 > j->n_tok) t1 = j->n_tok;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = j->w + (size_t)r * j->w_row_bytes;
+        for (int64_t t = t0; t < t1; t += AG_DOT_MAX_NX) {
+            int   nx = (int)(t1 - t < AG_DOT_MAX_NX ? t1 - t : AG_DOT_MAX_NX);
+            float out[AG_DOT_MAX_NX];
+            j->dot(j->n_in, wr, j->xa + (size_t)t * j->xa_stride, j->xa_stride, nx, out);
+            for (int k = 0; k < nx; k++) j->y[(t + k) * j->ldy + r] = out[k];
+        }
+    }
+}
+
+static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                       const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy) {
+    mm_job j = {0};
+    j.dot = ag_quant_kernels_active()->dot[w_type];
+    j.w = w;
+    j.w_row_bytes = ag_quant_row_bytes(w_type, n_in);
+    j.n_in = n_in, j.n_out = n_out, j.n_tok = n_tok;
+    j.xa = xa, j.xa_stride = xa_stride;
+    j.y = y, j.ldy = ldy;
+
+    int64_t tc = (int64_t)(L2_ACT_BUDGET / (xa_stride ? xa_stride : 1));
+    tc = tc / AG_DOT_MAX_NX * AG_DOT_MAX_NX;
+    if (tc < AG_DOT_MAX_NX) tc = AG_DOT_MAX_NX;
+    if (tc > n_tok) tc = n_tok;
+    j.tok_per_task = tc;
+    int64_t n_tok_tasks = (n_tok + tc - 1) / tc;
+
+    int     threads = ag_threadpool_size(pool);
+    int64_t want = (int64_t)threads * 8; /* tasks in total */
+    int64_t row_tasks = (want + n_tok_tasks - 1) / n_tok_tasks;
+    int64_t rows = (n_out + row_tasks - 1) / row_tasks;
+    if (threads == 1) rows = n_out; /* one task: no scheduling at all */
+    if (rows < 4) rows = 4;
+    if (rows > n_out) rows = n_out;
+    j.rows_per_task = rows;
+    j.n_row_tasks = (n_out + rows - 1) / rows;
+    ag_threadpool_run(pool, j.n_row_tasks * n_tok_tasks, mm_task, &j);
+}
+
+ag_status ag_matmul_xq(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                       const void *xq, int64_t n_tok, float *y, int64_t ldy) {
+    ag_act_format fmt;
+    ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
+    if (st != AG_OK) return st;
+    if (n_out == 0 || n_tok == 0) return AG_OK;
+    if (!xq) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
+    matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy);
+    return AG_OK;
+}
+
+ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                    const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
+                    size_t scratch_size) {
+    ag_act_format fmt;
+    ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
+    if (st != AG_OK) return st;
+    if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
+    if (n_out == 0 || n_tok == 0) return AG_OK;
+    if (!x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
+    size_t tmp;
+    if (__builtin_mul_overflow((size_t)n_tok, (size_t)ldx * sizeof(float), &tmp))
+        return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+
+    if (fmt == AG_ACT_F32) { /* float weights read X in place */
+        matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy);
+        return AG_OK;
+    }
+    size_t need = ag_matmul_scratch_size(w_type, n_in, n_tok);
+    if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    void *xq = scratch, *owned = NULL;
+    if (!xq || scratch_size < need) {
+        owned = xq = malloc(need);
+        if (!owned) return ag_errorf(AG_ERR_NOMEM, "matmul: cannot allocate %zu bytes of activations", need);
+    }
+    st = ag_matmul_quantize_x(pool, fmt, x, ldx, n_tok, n_in, xq, need);
+    if (st == AG_OK) matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy);
+    free(owned);
+    return st;
+}

@@ -1,0 +1,60 @@
+/* CPU matrix multiplication with quantized weights:
+ *
+ *     Y[n_tok][n_out] = X[n_tok][n_in] · W[n_out][n_in]^T
+ *
+ * W is a weight tensor as GGUF stores it: n_out rows of n_in elements
+ * (ne[0] = n_in contiguous), in any type with ag_quant_dot_supported(),
+ * rows packed back to back (ag_quant_row_bytes(type, n_in) bytes each).
+ * X and Y are float32, row-major with leading dimensions ldx and ldy (in
+ * floats), so callers can read from and write into slices of wider buffers.
+ *
+ * X is quantized once per call to the weight type's activation format (see
+ * quant.h), then every weight row is multiplied with up to 4 tokens at a time
+ * (each weight block is loaded and unpacked once per 4 tokens), rows split
+ * across the thread pool. With n_tok == 1 (decode) this is a matvec that
+ * streams the weights once. Results are the quantized dot products of
+ * quant.h (the same numbers as ag_vec_dot, up to float summation order).
+ *
+ * Thread-safety: calls are independent; a pool serializes concurrent runs.
+ * Nothing is kept between calls. Never aborts on bad input. */
+#ifndef AG_BACKEND_CPU_MATMUL_H
+#define AG_BACKEND_CPU_MATMUL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/quant.h"
+#include "base/status.h"
+#include "base/threadpool.h"
+
+/* Scratch bytes ag_matmul needs for (w_type, n_in, n_tok): the quantized
+ * activations (0 for F32/F16/BF16 weights, which use X as is). 0 also for
+ * invalid arguments. */
+size_t ag_matmul_scratch_size(uint32_t w_type, int64_t n_in, int64_t n_tok);
+
+/* Y = X · W^T as above. `pool` may be NULL (single-threaded). `scratch` is
+ * caller-owned memory of scratch_size bytes used during the call (e.g. from
+ * a per-step arena); if it is NULL or smaller than ag_matmul_scratch_size(),
+ * the call allocates (and frees) its own, and may fail with AG_ERR_NOMEM.
+ * n_tok == 0 or n_out == 0 is a no-op. Y must not overlap X or W.
+ * Errors: AG_ERR_UNSUPPORTED (type), AG_ERR_INVALID (n_in not a positive
+ * multiple of the block size, negative sizes, ldx < n_in, ldy < n_out, NULL
+ * pointers), AG_ERR_NOMEM. */
+ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                    const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
+                    size_t scratch_size);
+
+/* The same in two steps, so that several weight matrices that read the same
+ * X (Q/K/V, gate/up) share one quantization:
+ *
+ * ag_matmul_quantize_x() converts X into `xq` (n_tok rows of
+ * ag_act_row_bytes(fmt, n_in) bytes, caller-owned, xq_size bytes),
+ * splitting rows across the pool. ag_matmul_xq() then multiplies W (whose
+ * ag_quant_act_format must be `fmt`) with it; for AG_ACT_F32 the quantized
+ * form is a plain copy, and ag_matmul() is the cheaper call. */
+ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const float *x, int64_t ldx,
+                               int64_t n_tok, int64_t n_in, void *xq, size_t xq_size);
+ag_status ag_matmul_xq(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                       const void *xq, int64_t n_tok, float *y, int64_t ldy);
+
+#endif

@@ -1,0 +1,565 @@
+/* AVX2 + FMA + F16C kernels: dot products and activation quantization.
+ *
+ * The whole file is compiled for that target through a pragma, so the
+ * shared Makefile needs no per-file flags; nothing here runs unless the
+ * dispatcher (quant.c) saw the CPU support it.
+ *
+ * Every kernel takes one weight row and 1..4 activation rows: the weight
+ * block is loaded and unpacked once, then multiplied with each token's block
+ * (the reuse that makes the GEMM path faster than repeated matvecs). Block
+ * products are exact int32 (maddubs pairs and madd sums cannot overflow for
+ * these value ranges, noted per kernel); only the float scaling and the
+ * final sums round. */
+#include "backend/cpu/quant_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+
+#include <immintrin.h>
+
+#define AI static inline __attribute__((always_inline))
+
+/* Loops over tokens (NX is a compile-time constant after inlining) and over
+ * the few sub-blocks of a K-quant block must unroll completely, or the
+ * accumulator arrays live on the stack instead of in registers; -O2 alone
+ * does not do it. */
+#define UNROLL _Pragma("GCC unroll 8")
+
+AI float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+AI float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI float hsum4(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+AI int hsum8_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+AI __m256i loadu256(const void *p) { return _mm256_loadu_si256((const __m256i *)p); }
+AI __m128i loadu128(const void *p) { return _mm_loadu_si128((const __m128i *)p); }
+
+/* Σ of 4 adjacent u8*s8 products per int32 lane. Pairs stay below the int16
+ * saturation of maddubs as long as u <= 63 and |s| <= 127 (63*127*2 < 32767). */
+AI __m256i dot_u8s8(__m256i u, __m256i s) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+/* u8*s8 products summed in pairs, then multiplied by per-16-element int16
+ * scales: lanes 0..7 (elements 0..15) by lo, 8..15 (elements 16..31) by hi. */
+AI __m256i dot_u8s8_scaled(__m256i u, __m256i s, __m256i scale16) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale16);
+}
+AI __m256i scale_pair(int lo, int hi) {
+    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+}
+
+/* 16 packed nibbles -> 32 bytes: low nibbles are elements 0..15, high 16..31. */
+AI __m256i unpack_nib16(const uint8_t *qs) {
+    __m128i v = loadu128(qs), m = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+
+/* The 32 bits of qh as 32 bytes: 0xFF where bit j is set. */
+AI __m256i bits_to_bytes(const uint8_t *qh) {
+    uint32_t x;
+    memcpy(&x, qh, 4);
+    const __m256i shuf = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2,
+                                          2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i       v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+#define YROW(t) ((const uint8_t *)x + (size_t)(t) * x_stride)
+
+/* Instantiates kernel body K for nx = 1..4 so that the token loops unroll and
+ * the accumulators live in registers. */
+#define AG_DOT_DISPATCH(name)                                                                     \
+    static void name(int64_t n, const void *w, const void *x, size_t x_stride, int nx, float *out) { \
+        switch (nx) {                                                                            \
+        case 1: name##_k(n, w, x, x_stride, 1, out); break;                                      \
+        case 2: name##_k(n, w, x, x_stride, 2, out); break;                                      \
+        case 3: name##_k(n, w, x, x_stride, 3, out); break;                                      \
+        default: name##_k(n, w, x, x_stride, 4, out); break;                                     \
+        }                                                                                        \
+    }
+
+/* ---- legacy 32-element types, Q8A activations ---- */
+
+/* Signed-weight types (Q4_0, Q5_0, Q8_0): `wq` gives the block's 32 int8
+ * weights. Two accumulator sets (even/odd blocks) hide FMA latency in the
+ * single-token case. */
+#define SIGNED_KERNEL(name, BT, WQ)                                                               \
+    AI void name##_blk(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc) { \
+        __m256i q = WQ(&b[i]);                                                                   \
+        __m256i aq = _mm256_sign_epi8(q, q);                                                     \
+        float   dw = f16(b[i].d);                                                                \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
+            __m256i p = dot_u8s8(aq, _mm256_sign_epi8(loadu256(y[t][i].qs), q));                 \
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
+        }                                                                                        \
+    }                                                                                            \
+    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
+                     float *out) {                                                               \
+        const BT           *b = w;                                                               \
+        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                    \
+        __m256              acc0[AG_DOT_MAX_NX], acc1[AG_DOT_MAX_NX];                            \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
+            y[t] = (const ag_block_q8a *)YROW(t);                                                \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                             \
+        }                                                                                        \
+        const int64_t nb = n / AG_QK;                                                            \
+        int64_t       i = 0;                                                                     \
+        for (; i + 2 <= nb; i += 2) {                                                            \
+            name##_blk(b, y, i, NX, acc0);                                                       \
+            name##_blk(b, y, i + 1, NX, acc1);                                                   \
+        }                                                                                        \
+        if (i < nb) name##_blk(b, y, i, NX, acc0);                                               \
+        UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t]));     \
+    }                                                                                            \
+    AG_DOT_DISPATCH(name)
+
+AI __m256i wq_q4_0(const ag_block_q4_0 *b) { return _mm256_sub_epi8(unpack_nib16(b->qs), _mm256_set1_epi8(8)); }
+AI __m256i wq_q5_0(const ag_block_q5_0 *b) {
+    /* ql - 16 where the high bit is clear is ql | 0xF0 in two's complement */
+    __m256i hb = bits_to_bytes(b->qh);
+    return _mm256_or_si256(unpack_nib16(b->qs), _mm256_andnot_si256(hb, _mm256_set1_epi8((char)0xF0)));
+}
+AI __m256i wq_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
+
+SIGNED_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0)
+SIGNED_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0)
+SIGNED_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0)
+
+/* Offset types (Q4_1, Q5_1): x = d*q + m with q unsigned, so
+ * Σ x*y = d*dy*Σq*y + m*(dy*Σy), the second term from the block's s. */
+#define OFFSET_KERNEL(name, BT, WQ)                                                               \
+    AI void name##_blk(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc, \
+                       float *sm) {                                                              \
+        __m256i q = WQ(&b[i]);                                                                   \
+        float   dw = f16(b[i].d), m = f16(b[i].m);                                               \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
+            __m256i p = dot_u8s8(q, loadu256(y[t][i].qs));                                       \
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
+            sm[t] += m * y[t][i].s;                                                              \
+        }                                                                                        \
+    }                                                                                            \
+    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
+                     float *out) {                                                               \
+        const BT           *b = w;                                                               \
+        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                    \
+        __m256              acc0[AG_DOT_MAX_NX], acc1[AG_DOT_MAX_NX];                            \
+        float               sm[AG_DOT_MAX_NX];                                                   \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
+            y[t] = (const ag_block_q8a *)YROW(t);                                                \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                             \
+            sm[t] = 0.0f;                                                                        \
+        }                                                                                        \
+        const int64_t nb = n / AG_QK;                                                            \
+        int64_t       i = 0;                                                                     \
+        for (; i + 2 <= nb; i += 2) {                                                            \
+            name##_blk(b, y, i, NX, acc0, sm);                                                   \
+            name##_blk(b, y, i + 1, NX, acc1, sm);                                               \
+        }                                                                                        \
+        if (i < nb) name##_blk(b, y, i, NX, acc0, sm);                                           \
+        UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + sm[t]; \
+    }                                                                                            \
+    AG_DOT_DISPATCH(name)
+
+AI __m256i wq_q4_1(const ag_block_q4_1 *b) { return unpack_nib16(b->qs); }
+AI __m256i wq_q5_1(const ag_block_q5_1 *b) {
+    __m256i hb = bits_to_bytes(b->qh);
+    return _mm256_or_si256(unpack_nib16(b->qs), _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+}
+
+OFFSET_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1)
+OFFSET_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1)
+
+/* ---- K-quants, Q8_K activations ---- */
+
+/* Σ_j mins[j] * (bsums[2j] + bsums[2j+1]) for the 8 32-element sub-blocks,
+ * as 4 int32 lanes (bsum pairs <= 32*127 fit int16). */
+AI __m128i k4_min_dot(const ag_block_q8_K *y, __m128i mins16) {
+    __m128i bs = _mm_hadd_epi16(loadu128(y->bsums), loadu128(y->bsums + 8));
+    return _mm_madd_epi16(bs, mins16);
+}
+
+/* Q4_K: q 0..15, 6-bit scales applied as int16 madd weights per 32 elements:
+ * a sub-block's lane sum is at most 15*127*2*63*... < 2^31. */
+AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
+    const ag_block_q4_K  *b = w;
+    const ag_block_q8_K  *y[AG_DOT_MAX_NX];
+    __m256                acc[AG_DOT_MAX_NX];
+    __m128                accm[AG_DOT_MAX_NX];
+    UNROLL for (int t = 0; t < NX; t++) {
+        y[t] = (const ag_block_q8_K *)YROW(t);
+        acc[t] = _mm256_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) ag_k4_scale_min(j, b[i].scales, &sc[j], &mn[j]);
+        const __m128i mins16 = _mm_setr_epi16(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]);
+        const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
+        __m256i       sumi[AG_DOT_MAX_NX];
+        UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 4; j++) {
+            __m256i qv = loadu256(b[i].qs + 32 * j);
+            __m256i lo = _mm256_and_si256(qv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
+            __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            UNROLL for (int t = 0; t < NX; t++) {
+                __m256i p0 = dot_u8s8_scaled(lo, loadu256(y[t][i].qs + 64 * j), slo);
+                __m256i p1 = dot_u8s8_scaled(hi, loadu256(y[t][i].qs + 64 * j + 32), shi);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+            }
+        }
+        UNROLL for (int t = 0; t < NX; t++) {
+            float dy = y[t][i].d;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_set1_ps(dy * dmin), _mm_cvtepi32_ps(k4_min_dot(&y[t][i], mins16)),
+                                   accm[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
+}
+AG_DOT_DISPATCH(dot_q4_K)
+
+/* Q5_K: as Q4_K with a fifth bit from qh (bit j of qh[l] for sub-block j);
+ * q 0..31 keeps maddubs pairs below 2*31*127. */
+AI void dot_q5_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
+    const ag_block_q5_K  *b = w;
+    const ag_block_q8_K  *y[AG_DOT_MAX_NX];
+    __m256                acc[AG_DOT_MAX_NX];
+    __m128                accm[AG_DOT_MAX_NX];
+    UNROLL for (int t = 0; t < NX; t++) {
+        y[t] = (const ag_block_q8_K *)YROW(t);
+        acc[t] = _mm256_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    const __m256i m4 = _mm256_set1_epi8(0xF), m1 = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        uint8_t sc[8], mn[8];
+        for (int j = 0; j < 8; j++) ag_k4_scale_min(j, b[i].scales, &sc[j], &mn[j]);
+        const __m128i mins16 = _mm_setr_epi16(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]);
+        const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
+        const __m256i hb = loadu256(b[i].qh);
+        __m256i       sumi[AG_DOT_MAX_NX];
+        UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 4; j++) {
+            __m256i qv = loadu256(b[i].qs + 32 * j);
+            __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j)), m1);
+            __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * j + 1)), m1);
+            __m256i lo = _mm256_or_si256(_mm256_and_si256(qv, m4), _mm256_slli_epi16(h0, 4));
+            __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qv, 4), m4), _mm256_slli_epi16(h1, 4));
+            __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
+            UNROLL for (int t = 0; t < NX; t++) {
+                __m256i p0 = dot_u8s8_scaled(lo, loadu256(y[t][i].qs + 64 * j), slo);
+                __m256i p1 = dot_u8s8_scaled(hi, loadu256(y[t][i].qs + 64 * j + 32), shi);
+                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+            }
+        }
+        UNROLL for (int t = 0; t < NX; t++) {
+            float dy = y[t][i].d;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_set1_ps(dy * dmin), _mm_cvtepi32_ps(k4_min_dot(&y[t][i], mins16)),
+                                   accm[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
+}
+AG_DOT_DISPATCH(dot_q5_K)
+
+/* Q6_K: q 0..63 as unsigned, scale per 16 elements; the -32 offset comes
+ * out as 32 * Σ_k scale_k * bsums_k. maddubs pairs <= 2*63*127 < 32767. */
+AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
+    const ag_block_q6_K *b = w;
+    const ag_block_q8_K *y[AG_DOT_MAX_NX];
+    __m256               acc[AG_DOT_MAX_NX];
+    UNROLL for (int t = 0; t < NX; t++) {
+        y[t] = (const ag_block_q8_K *)YROW(t);
+        acc[t] = _mm256_setzero_ps();
+    }
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        const int8_t *sc = b[i].scales;
+        const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(sc));
+        const float   d = f16(b[i].d);
+        __m256i       sumi[AG_DOT_MAX_NX];
+        UNROLL for (int t = 0; t < NX; t++)
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), /* the -32 offset: -32*Σ sc*bsum */
+                                       _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 5));
+        UNROLL for (int h = 0; h < 2; h++) {
+            __m256i ql0 = loadu256(b[i].ql + 64 * h), ql1 = loadu256(b[i].ql + 64 * h + 32);
+            __m256i qh = loadu256(b[i].qh + 32 * h);
+            __m256i g[4];
+            g[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+            g[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+            g[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+            g[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+            UNROLL for (int k = 0; k < 4; k++) {
+                const int     s = 8 * h + 2 * k;
+                const __m256i sv = scale_pair(sc[s], sc[s + 1]);
+                UNROLL for (int t = 0; t < NX; t++)
+                    sumi[t] = _mm256_add_epi32(
+                        sumi[t], dot_u8s8_scaled(g[k], loadu256(y[t][i].qs + 128 * h + 32 * k), sv));
+            }
+        }
+        UNROLL for (int t = 0; t < NX; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]);
+}
+AG_DOT_DISPATCH(dot_q6_K)
+
+/* Q2_K: q 0..3, 4-bit scale and min per 16 elements. */
+AI void dot_q2_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
+    const ag_block_q2_K *b = w;
+    const ag_block_q8_K *y[AG_DOT_MAX_NX];
+    __m256               acc[AG_DOT_MAX_NX], accm[AG_DOT_MAX_NX];
+    UNROLL for (int t = 0; t < NX; t++) {
+        y[t] = (const ag_block_q8_K *)YROW(t);
+        acc[t] = accm[t] = _mm256_setzero_ps();
+    }
+    const __m256i m3 = _mm256_set1_epi8(3);
+    for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        const uint8_t *sc = b[i].scales;
+        const __m128i  s8 = loadu128(sc);
+        const __m256i  mn16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(0xF)));
+        const float    d = f16(b[i].d), dmin = f16(b[i].dmin);
+        __m256i        sumi[AG_DOT_MAX_NX];
+        UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
+        UNROLL for (int h = 0; h < 2; h++) {
+            __m256i qv = loadu256(b[i].qs + 32 * h);
+            UNROLL for (int k = 0; k < 4; k++) {
+                __m256i       g = _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * k)), m3);
+                const int     s = 8 * h + 2 * k;
+                const __m256i sv = scale_pair(sc[s] & 0xF, sc[s + 1] & 0xF);
+                UNROLL for (int t = 0; t < NX; t++)
+                    sumi[t] = _mm256_add_epi32(
+                        sumi[t], dot_u8s8_scaled(g, loadu256(y[t][i].qs + 128 * h + 32 * k), sv));
+            }
+        }
+        UNROLL for (int t = 0; t < NX; t++) {
+            float dy = y[t][i].d;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * dmin),
+                                      _mm256_cvtepi32_ps(_mm256_madd_epi16(mn16, loadu256(y[t][i].bsums))),
+                                      accm[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum8(accm[t]);
+}
+AG_DOT_DISPATCH(dot_q2_K)
+
+/* Q3_K: q = ql + 4*hbit in 0..7 unsigned; the -4 offset comes out as
+ * 4 * Σ_k scale_k * bsums_k. */
+AI void dot_q3_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
+    const ag_block_q3_K *b = w;
+    const ag_block_q8_K *y[AG_DOT_MAX_NX];
+    __m256               acc[AG_DOT_MAX_NX];
+    UNROLL for (int t = 0; t < NX; t++) {
+        y[t] = (const ag_block_q8_K *)YROW(t);
+        acc[t] = _mm256_setzero_ps();
+    }
+    const __m256i m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        int8_t sc[16];
+        ag_q3k_scales(b[i].scales, sc);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(sc));
+        const __m256i hm = loadu256(b[i].hmask);
+        const float   d = f16(b[i].d);
+        __m256i       sumi[AG_DOT_MAX_NX];
+        UNROLL for (int t = 0; t < NX; t++)
+            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                       _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 2));
+        UNROLL for (int h = 0; h < 2; h++) {
+            __m256i qv = loadu256(b[i].qs + 32 * h);
+            UNROLL for (int k = 0; k < 4; k++) {
+                __m256i ql = _mm256_and_si256(_mm256_srl_epi16(qv, _mm_cvtsi32_si128(2 * k)), m3);
+                __m256i hbit = _mm256_and_si256(_mm256_srl_epi16(hm, _mm_cvtsi32_si128(4 * h + k)), m1);
+                __m256i g = _mm256_or_si256(ql, _mm256_slli_epi16(hbit, 2));
+                const int     s = 8 * h + 2 * k;
+                const __m256i sv = scale_pair(sc[s], sc[s + 1]);
+                UNROLL for (int t = 0; t < NX; t++)
+                    sumi[t] = _mm256_add_epi32(
+                        sumi[t], dot_u8s8_scaled(g, loadu256(y[t][i].qs + 128 * h + 32 * k), sv));
+            }
+        }
+        UNROLL for (int t = 0; t < NX; t++)
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+    }
+    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]);
+}
+AG_DOT_DISPATCH(dot_q3_K)
+
+/* ---- float weights, float activations ---- */
+
+AI __m256 wload_f32(const uint8_t *p) { return _mm256_loadu_ps((const float *)p); }
+AI __m256 wload_f16(const uint8_t *p) { return _mm256_cvtph_ps(loadu128(p)); }
+AI __m256 wload_bf16(const uint8_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(loadu128(p)), 16));
+}
+AI float wscalar_f32(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+AI float wscalar_f16(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return f16(h);
+}
+AI float wscalar_bf16(const uint8_t *p) {
+    uint32_t v = 0;
+    memcpy((uint8_t *)&v + 2, p, 2);
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+
+#define FLOAT_KERNEL(name, ESZ, WLOAD, WSCALAR)                                                    \
+    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
+                     float *out) {                                                               \
+        const uint8_t *wb = w;                                                                   \
+        const float   *y[AG_DOT_MAX_NX];                                                         \
+        __m256         acc0[AG_DOT_MAX_NX], acc1[AG_DOT_MAX_NX];                                 \
+        UNROLL for (int t = 0; t < NX; t++) {                                                    \
+            y[t] = (const float *)YROW(t);                                                       \
+            acc0[t] = acc1[t] = _mm256_setzero_ps();                                             \
+        }                                                                                        \
+        int64_t i = 0;                                                                           \
+        for (; i + 16 <= n; i += 16) {                                                           \
+            __m256 w0 = WLOAD(wb + ESZ * i), w1 = WLOAD(wb + ESZ * (i + 8));                     \
+            UNROLL for (int t = 0; t < NX; t++) {                                                       \
+                acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y[t] + i), acc0[t]);           \
+                acc1[t] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(y[t] + i + 8), acc1[t]);       \
+            }                                                                                    \
+        }                                                                                        \
+        for (; i + 8 <= n; i += 8) {                                                             \
+            __m256 w0 = WLOAD(wb + ESZ * i);                                                     \
+            UNROLL for (int t = 0; t < NX; t++)                                                         \
+                acc0[t] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(y[t] + i), acc0[t]);           \
+        }                                                                                        \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            float s = hsum8(_mm256_add_ps(acc0[t], acc1[t]));                                \
+            for (int64_t j = i; j < n; j++) s += WSCALAR(wb + ESZ * j) * wscalar_f32((const uint8_t *)(y[t] + j)); \
+            out[t] = s;                                                                          \
+        }                                                                                        \
+    }                                                                                            \
+    AG_DOT_DISPATCH(name)
+
+FLOAT_KERNEL(dot_f32, 4, wload_f32, wscalar_f32)
+FLOAT_KERNEL(dot_f16, 2, wload_f16, wscalar_f16)
+FLOAT_KERNEL(dot_bf16, 2, wload_bf16, wscalar_bf16)
+
+/* ---- activation quantization (bit-identical to the scalar code) ---- */
+
+/* 32 floats -> 32 int8 (round to nearest even, as nearbyintf) times id;
+ * returns Σq. */
+AI int quant32(const float *x, __m256 id, int8_t *q) {
+    __m256i v0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), id));
+    __m256i v1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id));
+    __m256i v2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id));
+    __m256i v3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id));
+    int     sum = hsum8_i32(_mm256_add_epi32(_mm256_add_epi32(v0, v1), _mm256_add_epi32(v2, v3)));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v0, v1), _mm256_packs_epi32(v2, v3));
+    /* the packs interleave 128-bit lanes: restore element order */
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    return sum;
+}
+
+AI __m256 absmax8(__m256 m, const float *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    return _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(x)));
+}
+
+AI float hmax8(__m256 v) {
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static void quant_q8a(const float *x, void *dst, int64_t n) {
+    ag_block_q8a *b = dst;
+    for (int64_t i = 0; i < n / AG_QK; i++, x += AG_QK) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < AG_QK; j += 8) m = absmax8(m, x + j);
+        float d = hmax8(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int8_t q[AG_QK];
+        int    sum = quant32(x, _mm256_set1_ps(id), q);
+        memcpy(b[i].qs, q, AG_QK);
+        b[i].d = d;
+        b[i].s = d * (float)sum;
+    }
+}
+
+static void quant_q8k(const float *x, void *dst, int64_t n) {
+    ag_block_q8_K *b = dst;
+    for (int64_t i = 0; i < n / AG_QK_K; i++, x += AG_QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int j = 0; j < AG_QK_K; j += 8) m = absmax8(m, x + j);
+        float  d = hmax8(m) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256 idv = _mm256_set1_ps(id);
+        int8_t q[AG_QK_K];
+        for (int j = 0; j < AG_QK_K; j += 32) quant32(x + j, idv, q + j);
+        memcpy(b[i].qs, q, AG_QK_K);
+        for (int k = 0; k < 16; k++)
+            b[i].bsums[k] = (int16_t)hsum8_i32(
+                _mm256_madd_epi16(_mm256_cvtepi8_epi16(loadu128(q + 16 * k)), _mm256_set1_epi16(1)));
+        b[i].d = d;
+    }
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+/* Compiled for the baseline target: it runs before any ISA check matters. */
+void ag_quant_kernels_avx2(ag_quant_kernels *k) {
+    k->dot[AG_TYPE_F32] = dot_f32;
+    k->dot[AG_TYPE_F16] = dot_f16;
+    k->dot[AG_TYPE_BF16] = dot_bf16;
+    k->dot[AG_TYPE_Q4_0] = dot_q4_0;
+    k->dot[AG_TYPE_Q4_1] = dot_q4_1;
+    k->dot[AG_TYPE_Q5_0] = dot_q5_0;
+    k->dot[AG_TYPE_Q5_1] = dot_q5_1;
+    k->dot[AG_TYPE_Q8_0] = dot_q8_0;
+    k->dot[AG_TYPE_Q2_K] = dot_q2_K;
+    k->dot[AG_TYPE_Q3_K] = dot_q3_K;
+    k->dot[AG_TYPE_Q4_K] = dot_q4_K;
+    k->dot[AG_TYPE_Q5_K] = dot_q5_K;
+    k->dot[AG_TYPE_Q6_K] = dot_q6_K;
+    k->quant_q8a = quant_q8a;
+    k->quant_q8k = quant_q8k;
+}
+
+#else /* not x86 */
+
+void ag_quant_kernels_avx2(ag_quant_kernels *k) { (void)k; }
+
+#endif

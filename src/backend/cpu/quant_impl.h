@@ -1,0 +1,179 @@
+/* Internal to src/backend/cpu: block layouts and the per-ISA kernel table.
+ *
+ * The weight blocks are byte-for-byte ggml's (GGUF stores them that way).
+ * They are declared packed so that any byte address is a valid block address:
+ * GGUF's alignment is a file field, so a hostile file can place a tensor at an
+ * odd offset, and we must not turn that into undefined behaviour (x86 loads
+ * are fine unaligned; packed makes the compiler emit them as such). */
+#ifndef AG_BACKEND_CPU_QUANT_IMPL_H
+#define AG_BACKEND_CPU_QUANT_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cpu/quant.h"
+
+#define AG_QK 32   /* elements per block of the legacy types */
+#define AG_QK_K 256 /* elements per K-quant super-block */
+
+#define AG_PACKED __attribute__((packed))
+
+typedef struct AG_PACKED {
+    uint16_t d; /* fp16 scale */
+    uint8_t  qs[AG_QK / 2]; /* element j in low nibble of qs[j], j+16 in the high nibble */
+} ag_block_q4_0;
+
+typedef struct AG_PACKED {
+    uint16_t d, m; /* fp16 scale and minimum: x = d*q + m */
+    uint8_t  qs[AG_QK / 2];
+} ag_block_q4_1;
+
+typedef struct AG_PACKED {
+    uint16_t d;
+    uint8_t  qh[4]; /* bit j (little-endian u32) is bit 4 of element j */
+    uint8_t  qs[AG_QK / 2];
+} ag_block_q5_0;
+
+typedef struct AG_PACKED {
+    uint16_t d, m;
+    uint8_t  qh[4];
+    uint8_t  qs[AG_QK / 2];
+} ag_block_q5_1;
+
+typedef struct AG_PACKED {
+    uint16_t d;
+    int8_t   qs[AG_QK];
+} ag_block_q8_0;
+
+typedef struct AG_PACKED {
+    uint8_t  scales[AG_QK_K / 16]; /* low nibble: scale, high nibble: min, per 16 elements */
+    uint8_t  qs[AG_QK_K / 4];
+    uint16_t d, dmin;
+} ag_block_q2_K;
+
+typedef struct AG_PACKED {
+    uint8_t  hmask[AG_QK_K / 8];
+    uint8_t  qs[AG_QK_K / 4];
+    uint8_t  scales[12]; /* 16 6-bit signed scales (bias 32) */
+    uint16_t d;
+} ag_block_q3_K;
+
+typedef struct AG_PACKED {
+    uint16_t d, dmin;
+    uint8_t  scales[12]; /* 8 6-bit scales and 8 6-bit mins, see ag_k4_scale_min */
+    uint8_t  qs[AG_QK_K / 2];
+} ag_block_q4_K;
+
+typedef struct AG_PACKED {
+    uint16_t d, dmin;
+    uint8_t  scales[12];
+    uint8_t  qh[AG_QK_K / 8];
+    uint8_t  qs[AG_QK_K / 2];
+} ag_block_q5_K;
+
+typedef struct AG_PACKED {
+    uint8_t  ql[AG_QK_K / 2];
+    uint8_t  qh[AG_QK_K / 4];
+    int8_t   scales[AG_QK_K / 16];
+    uint16_t d;
+} ag_block_q6_K;
+
+/* Q8_K, ggml's layout: the activation format for the K-quant dots. */
+typedef struct AG_PACKED {
+    float   d;
+    int8_t  qs[AG_QK_K];
+    int16_t bsums[AG_QK_K / 16]; /* sum of each 16 consecutive qs */
+} ag_block_q8_K;
+
+/* Q8A: our activation format for the 32-element weight types. Like ggml's
+ * original Q8_1 (float d and s): x ≈ d*qs, s = d*Σqs. A float scale (not
+ * fp16) keeps activation error at the int8 rounding alone; s carries the
+ * block sum that the offset types (Q4_1, Q5_1) need. */
+typedef struct AG_PACKED {
+    float  d;
+    float  s;
+    int8_t qs[AG_QK];
+} ag_block_q8a;
+
+_Static_assert(sizeof(ag_block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(ag_block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(ag_block_q5_0) == 22, "q5_0");
+_Static_assert(sizeof(ag_block_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(ag_block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(ag_block_q2_K) == 84, "q2_K");
+_Static_assert(sizeof(ag_block_q3_K) == 110, "q3_K");
+_Static_assert(sizeof(ag_block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(ag_block_q5_K) == 176, "q5_K");
+_Static_assert(sizeof(ag_block_q6_K) == 210, "q6_K");
+_Static_assert(sizeof(ag_block_q8_K) == 292, "q8_K");
+_Static_assert(sizeof(ag_block_q8a) == 40, "q8a");
+
+/* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block:
+ * bytes 0..3 hold scales 0..3 (low 6 bits) and the top 2 bits of scales
+ * 4..7; bytes 4..7 the same for the mins; bytes 8..11 the low 4 bits of
+ * scales 4..7 (low nibble) and mins 4..7 (high nibble). */
+static inline void ag_k4_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m  = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m  = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* The 16 signed scales (-32..31) of a Q3_K block. */
+static inline void ag_q3k_scales(const uint8_t *s, int8_t out[16]) {
+    for (int k = 0; k < 16; k++) {
+        int lo = k < 8 ? (s[k] & 0xF) : (s[k - 8] >> 4);
+        int hi = (s[8 + (k & 3)] >> (2 * (k >> 2))) & 3;
+        out[k] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+/* Portable fp16 -> fp32 (exact, incl. subnormals, inf and NaN payloads). */
+static inline float ag_fp16_to_fp32_portable(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t e = (h >> 10) & 0x1F, m = h & 0x3FF, bits;
+    if (e == 0x1F) {
+        bits = sign | 0x7F800000u | (m << 13);
+    } else if (e != 0) {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    } else {
+        /* zero or subnormal: m * 2^-24, exact in fp32 */
+        float f = (float)m * 0x1p-24f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+}
+
+/* One dot-product kernel: a weight row of n elements (n a multiple of the
+ * type's block size) against nx (1..AG_DOT_MAX_NX) activation rows that lie
+ * x_stride bytes apart, in the activation format of the weight type.
+ * out[t] = Σ_i w[i] * x_t[i]. */
+#define AG_DOT_MAX_NX 4
+typedef void (*ag_dot_fn)(int64_t n, const void *w, const void *x, size_t x_stride, int nx,
+                          float *out);
+/* Converts n floats to an activation row (n a multiple of the block size). */
+typedef void (*ag_act_quant_fn)(const float *x, void *dst, int64_t n);
+
+typedef struct {
+    ag_dot_fn       dot[AG_TYPE_COUNT];
+    ag_act_quant_fn quant_q8a;
+    ag_act_quant_fn quant_q8k;
+} ag_quant_kernels;
+
+/* Fill the table entries the ISA implements; others are left as they are,
+ * so a table starts as a copy of the scalar one and each level overrides. */
+void ag_quant_kernels_scalar(ag_quant_kernels *k);
+void ag_quant_kernels_avx2(ag_quant_kernels *k);
+void ag_quant_kernels_avx512(ag_quant_kernels *k);
+
+/* The kernels for the active ISA (chosen once, see ag_cpu_isa_set). */
+const ag_quant_kernels *ag_quant_kernels_active(void);
+
+#endif

@@ -1,0 +1,722 @@
+/* Unit tests for src/backend/cpu/quant: dequantization against gguf-py's
+ * (tests/data/quant, written by scripts/quant_reference.py), fp16/bf16
+ * conversion against the compiler's and hardware conversions, activation
+ * quantization bounds, and every dot product: each SIMD variant against the
+ * scalar reference, and the scalar reference against a float64 dot.
+ *
+ * Tolerances (stated once, used below):
+ *   dequantization            bit-exact (same float32 operations as gguf-py)
+ *   SIMD dot vs scalar dot    |Δ| <= 1e-5 * Σ|w_i * xq_i| (integer block sums
+ *                             are exact in both; only float summation order
+ *                             differs)
+ *   scalar dot vs float64 dot of the dequantized weights with the quantized
+ *                             activations: the same 1e-5 relative bound (this
+ *                             checks the integer/scale algebra)
+ *   scalar dot vs float64 dot with the float activations: the activation
+ *                             rounding bound Σ_i |w_i| * d_block(i)/2 (each
+ *                             |x - d*q| <= d/2), plus the 1e-5 term.
+ *   matmul vs float64 X·W^T   per output: 1.001 * Σ_i |w_i| * (max|x| of i's
+ *                             block)/254 (activation rounding) + 2e-5 *
+ *                             Σ_i |w_i * x_i| (float sums); float weight
+ *                             types only the second term. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quant.h"
+#include "backend/cpu/quant_impl.h"
+#include "base/threadpool.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd(void) {
+    /* splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double urand(void) { return (double)(rnd() >> 11) * 0x1p-53; }
+static float  frand(float lo, float hi) { return lo + (hi - lo) * (float)urand(); }
+static float  nrand(void) {
+    double u = urand() + 1e-300, v = urand();
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static const uint32_t k_dot_types[] = {AG_TYPE_F32,  AG_TYPE_F16,  AG_TYPE_BF16, AG_TYPE_Q4_0, AG_TYPE_Q4_1,
+                                       AG_TYPE_Q5_0, AG_TYPE_Q5_1, AG_TYPE_Q8_0, AG_TYPE_Q2_K, AG_TYPE_Q3_K,
+                                       AG_TYPE_Q4_K, AG_TYPE_Q5_K, AG_TYPE_Q6_K};
+#define N_DOT_TYPES (sizeof k_dot_types / sizeof k_dot_types[0])
+
+static const char *tname(uint32_t t) {
+    switch (t) {
+    case AG_TYPE_F32: return "F32";
+    case AG_TYPE_F16: return "F16";
+    case AG_TYPE_BF16: return "BF16";
+    case AG_TYPE_Q4_0: return "Q4_0";
+    case AG_TYPE_Q4_1: return "Q4_1";
+    case AG_TYPE_Q5_0: return "Q5_0";
+    case AG_TYPE_Q5_1: return "Q5_1";
+    case AG_TYPE_Q8_0: return "Q8_0";
+    case AG_TYPE_Q2_K: return "Q2_K";
+    case AG_TYPE_Q3_K: return "Q3_K";
+    case AG_TYPE_Q4_K: return "Q4_K";
+    case AG_TYPE_Q5_K: return "Q5_K";
+    case AG_TYPE_Q6_K: return "Q6_K";
+    }
+    return "?";
+}
+
+/* Offsets of a block's fp16 scale fields (d, and m/dmin). */
+static int scale_offsets(uint32_t t, int off[2]) {
+    switch (t) {
+    case AG_TYPE_Q4_0: case AG_TYPE_Q5_0: case AG_TYPE_Q8_0: off[0] = 0; return 1;
+    case AG_TYPE_Q4_1: case AG_TYPE_Q5_1: case AG_TYPE_Q4_K: case AG_TYPE_Q5_K: off[0] = 0, off[1] = 2; return 2;
+    case AG_TYPE_Q2_K: off[0] = 80, off[1] = 82; return 2;
+    case AG_TYPE_Q3_K: off[0] = 108; return 1;
+    case AG_TYPE_Q6_K: off[0] = 208; return 1;
+    }
+    return 0;
+}
+
+/* A random but valid weight row of n elements (random quant bits, finite
+ * scales of either sign). Returns a malloc'd buffer. */
+static uint8_t *random_weights(uint32_t t, int64_t n, size_t *bytes_out) {
+    size_t   bytes = ag_quant_row_bytes(t, n);
+    uint8_t *w = malloc(bytes + 1);
+    assert_non_null(w);
+    if (t == AG_TYPE_F32) {
+        for (int64_t i = 0; i < n; i++) {
+            float f = nrand() * 0.1f;
+            memcpy(w + 4 * i, &f, 4);
+        }
+    } else if (t == AG_TYPE_F16 || t == AG_TYPE_BF16) {
+        for (int64_t i = 0; i < n; i++) {
+            float    f = nrand() * 0.1f;
+            uint16_t h = t == AG_TYPE_F16 ? ag_fp32_to_fp16(f) : ag_fp32_to_bf16(f);
+            memcpy(w + 2 * i, &h, 2);
+        }
+    } else {
+        for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
+        uint32_t be, bb;
+        ag_quant_block(t, &be, &bb);
+        int off[2], k = scale_offsets(t, off);
+        for (size_t b = 0; b < bytes / bb; b++)
+            for (int j = 0; j < k; j++) {
+                float    s = frand(0.001f, 0.05f) * (rnd() & 1 ? -1.0f : 1.0f);
+                uint16_t h = ag_fp32_to_fp16(s);
+                memcpy(w + b * bb + off[j], &h, 2);
+            }
+    }
+    if (bytes_out) *bytes_out = bytes;
+    return w;
+}
+
+static ag_cpu_isa isas[3];
+static int        n_isas;
+static void       collect_isas(void) {
+    n_isas = 0;
+    for (int i = 0; i <= (int)ag_cpu_isa_best(); i++) isas[n_isas++] = (ag_cpu_isa)i;
+}
+
+/* ---- dequantization vs gguf-py ---- */
+
+static const char *data_dir(void) {
+    const char *d = getenv("AUGUR_QUANT_DATA");
+    return d && *d ? d : "tests/data/quant";
+}
+
+static void dequant_matches_gguf_py(void **state) {
+    static const uint32_t types[] = {AG_TYPE_F32,  AG_TYPE_F16,  AG_TYPE_BF16, AG_TYPE_Q4_0, AG_TYPE_Q4_1,
+                                     AG_TYPE_Q5_0, AG_TYPE_Q5_1, AG_TYPE_Q8_0, AG_TYPE_Q2_K, AG_TYPE_Q3_K,
+                                     AG_TYPE_Q4_K, AG_TYPE_Q5_K, AG_TYPE_Q6_K};
+    int total_blocks = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s.bin", data_dir(), tname(types[ti]));
+        FILE *f = fopen(path, "rb");
+        if (!f) fail_msg("missing reference data %s (run scripts/quant_reference.py)", path);
+        char     magic[8];
+        uint32_t hdr[6];
+        assert_int_equal(fread(magic, 1, 8, f), 8);
+        assert_memory_equal(magic, "AGQREF01", 8);
+        assert_int_equal(fread(hdr, 4, 6, f), 6);
+        uint32_t type = hdr[0], elems = hdr[1], bytes = hdr[2], nb = hdr[3];
+        assert_int_equal(type, types[ti]);
+        uint32_t be, bb;
+        assert_int_equal(ag_quant_block(type, &be, &bb), AG_OK);
+        assert_int_equal(be, elems);
+        assert_int_equal(bb, bytes);
+        uint8_t *blocks = malloc((size_t)nb * bytes + 1);
+        float   *want = malloc((size_t)nb * elems * 4);
+        float   *got = malloc((size_t)nb * elems * 4);
+        assert_int_equal(fread(blocks, bytes, nb, f), nb);
+        assert_int_equal(fread(want, (size_t)elems * 4, nb, f), nb);
+        fclose(f);
+
+        /* block by block, bit for bit */
+        for (uint32_t b = 0; b < nb; b++) {
+            assert_int_equal(ag_dequant_row(type, blocks + (size_t)b * bytes, got, elems), AG_OK);
+            for (uint32_t j = 0; j < elems; j++) {
+                float w = want[(size_t)b * elems + j];
+                if (f2u(got[j]) != f2u(w))
+                    fail_msg("%s block %u element %u: got %.9g (0x%08x), gguf-py %.9g (0x%08x)", tname(type), b,
+                             j, got[j], f2u(got[j]), w, f2u(w));
+            }
+        }
+        /* the whole run as one row, from an odd address (alignment must not matter) */
+        memmove(blocks + 1, blocks, (size_t)nb * bytes);
+        assert_int_equal(ag_dequant_row(type, blocks + 1, got, (int64_t)nb * elems), AG_OK);
+        assert_memory_equal(got, want, (size_t)nb * elems * 4);
+        memmove(blocks, blocks + 1, (size_t)nb * bytes);
+
+        /* the row converters (F16C under the SIMD ISAs) agree too */
+        if (type == AG_TYPE_F16 || type == AG_TYPE_BF16) {
+            for (int k = 0; k < n_isas; k++) {
+                assert_int_equal(ag_cpu_isa_set(isas[k]), AG_OK);
+                memset(got, 0, (size_t)nb * 4);
+                if (type == AG_TYPE_F16) ag_fp16_to_fp32_row((const uint16_t *)blocks, got, nb);
+                else ag_bf16_to_fp32_row((const uint16_t *)blocks, got, nb);
+                assert_memory_equal(got, want, (size_t)nb * 4);
+            }
+            assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+        }
+        total_blocks += (int)nb;
+        free(blocks);
+        free(want);
+        free(got);
+    }
+    print_message("dequant: %d reference blocks over 13 types bit-exact\n", total_blocks);
+}
+
+/* ---- fp16 / bf16 ---- */
+
+static void fp16_exhaustive(void **state) {
+    float *row = malloc(65536 * 4);
+    uint16_t *all = malloc(65536 * 2);
+    for (uint32_t h = 0; h < 65536; h++) all[h] = (uint16_t)h;
+    for (int k = 0; k < n_isas; k++) {
+        assert_int_equal(ag_cpu_isa_set(isas[k]), AG_OK);
+        ag_fp16_to_fp32_row(all, row, 65536);
+        for (uint32_t h = 0; h < 65536; h++) {
+            float a = ag_fp16_to_fp32((uint16_t)h);
+#ifdef __FLT16_MAX__
+            _Float16 c;
+            uint16_t hh = (uint16_t)h;
+            memcpy(&c, &hh, 2);
+            float ref = (float)c; /* the compiler's own conversion */
+#else
+            float ref = a;
+#endif
+            if (isnan(ref)) {
+                assert_true(isnan(a));
+                assert_true(isnan(row[h]));
+                assert_int_equal(f2u(a) & 0x80000000u, f2u(ref) & 0x80000000u);
+            } else {
+                if (f2u(a) != f2u(ref)) fail_msg("fp16 0x%04x: %g vs %g", h, a, ref);
+                assert_int_equal(f2u(row[h]), f2u(ref));
+            }
+            /* round trip of every non-NaN half is the identity */
+            if (!isnan(a)) assert_int_equal(ag_fp32_to_fp16(a), h);
+        }
+    }
+    /* fp32 -> fp16 rounding: against the compiler's _Float16, and the row
+     * (F16C) path against the scalar one */
+    enum { N = 200000 };
+    float    *src = malloc(N * 4);
+    uint16_t *dst = malloc(N * 2);
+    for (int i = 0; i < N; i++) {
+        uint32_t u = (uint32_t)rnd();
+        if (i % 4 == 0) u = (u & 0x807FFFFF) | ((uint32_t)(100 + rnd() % 45) << 23); /* near fp16 range */
+        if (i % 4 == 1) u = (u & 0x80001FFF) | 0x38000000 | (((uint32_t)rnd() & 0x3FF) << 13) | 0x1000; /* ties */
+        memcpy(&src[i], &u, 4);
+    }
+    src[0] = 65504.0f, src[1] = 65519.99f, src[2] = 65520.0f, src[3] = 0x1p-25f, src[4] = 0x1.8p-25f;
+    src[5] = 0x1p-24f * 1.5f, src[6] = INFINITY, src[7] = -0.0f;
+    for (int k = 0; k < n_isas; k++) {
+        assert_int_equal(ag_cpu_isa_set(isas[k]), AG_OK);
+        ag_fp32_to_fp16_row(src, dst, N);
+        for (int i = 0; i < N; i++) {
+            uint16_t a = ag_fp32_to_fp16(src[i]);
+            if (isnan(src[i])) {
+                assert_true((a & 0x7C00) == 0x7C00 && (a & 0x3FF));
+                assert_true((dst[i] & 0x7C00) == 0x7C00 && (dst[i] & 0x3FF));
+                continue;
+            }
+#ifdef __FLT16_MAX__
+            _Float16 c = (_Float16)src[i];
+            uint16_t ref;
+            memcpy(&ref, &c, 2);
+            if (a != ref) fail_msg("fp32 %a -> fp16: 0x%04x, compiler 0x%04x", src[i], a, ref);
+#endif
+            if (dst[i] != a) fail_msg("fp32 %a -> fp16: row 0x%04x, scalar 0x%04x", src[i], dst[i], a);
+        }
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    free(src);
+    free(dst);
+    free(row);
+    free(all);
+}
+
+static void bf16_rounding(void **state) {
+    for (int i = 0; i < 200000; i++) {
+        uint32_t u = (uint32_t)rnd();
+        if (i % 3 == 0) u = (u & 0xFFFF0000u) | 0x8000; /* exact ties */
+        float f;
+        memcpy(&f, &u, 4);
+        uint16_t h = ag_fp32_to_bf16(f);
+        if (isnan(f)) {
+            assert_true(isnan(ag_bf16_to_fp32(h)));
+            continue;
+        }
+        /* independent check: the nearest of the two bf16 neighbours, ties to even */
+        uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+        double   dl = fabs((double)ag_bf16_to_fp32(lo) - f);
+        double   dh = isinf(ag_bf16_to_fp32(hi)) && !isinf(f)
+                          ? (double)ldexp(1.0, 128) - fabs((double)f) /* next "value" past FLT_MAX */
+                          : fabs((double)ag_bf16_to_fp32(hi) - f);
+        uint16_t ref = dl < dh ? lo : dh < dl ? hi : ((lo & 1) ? hi : lo);
+        if ((u & 0xFFFF) == 0) ref = lo;
+        if (h != ref) fail_msg("bf16 of %a (0x%08x): 0x%04x want 0x%04x", f, u, h, ref);
+    }
+}
+
+/* ---- activation quantization ---- */
+
+static void act_quant_bounds_and_isa_agreement(void **state) {
+    const int64_t n = 4096;
+    float        *x = malloc(n * 4), *back = malloc(n * 4);
+    for (int64_t i = 0; i < n; i++) x[i] = nrand() * (i % 97 == 0 ? 20.0f : 1.0f);
+    for (int64_t i = 0; i < 32; i++) x[i] = 0.0f; /* an all-zero block */
+    for (int f = AG_ACT_Q8A; f <= AG_ACT_Q8K; f++) {
+        size_t   rb = ag_act_row_bytes((ag_act_format)f, n);
+        uint8_t *ref = malloc(rb), *got = malloc(rb);
+        assert_int_equal(ag_cpu_isa_set(AG_CPU_ISA_SCALAR), AG_OK);
+        assert_int_equal(ag_quantize_act_row((ag_act_format)f, x, ref, n), AG_OK);
+        /* every element within d/2 of its value; d = max|x|/127 per block */
+        int64_t blk = f == AG_ACT_Q8A ? 32 : 256;
+        for (int64_t b = 0; b < n / blk; b++) {
+            float amax = 0, d;
+            for (int64_t j = 0; j < blk; j++) amax = fmaxf(amax, fabsf(x[b * blk + j]));
+            if (f == AG_ACT_Q8A) {
+                const ag_block_q8a *q = (const ag_block_q8a *)ref + b;
+                d = q->d;
+                int s = 0;
+                for (int j = 0; j < 32; j++) {
+                    assert_true(fabsf(x[b * 32 + j] - d * q->qs[j]) <= d * 0.5f * 1.0001f + 1e-30f);
+                    s += q->qs[j];
+                }
+                assert_true(fabsf(q->s - d * (float)s) <= 1e-6f * fabsf(d * (float)s));
+            } else {
+                const ag_block_q8_K *q = (const ag_block_q8_K *)ref + b;
+                d = q->d;
+                for (int j = 0; j < 256; j++)
+                    assert_true(fabsf(x[b * 256 + j] - d * q->qs[j]) <= d * 0.5f * 1.0001f + 1e-30f);
+                for (int k = 0; k < 16; k++) {
+                    int s = 0;
+                    for (int j = 0; j < 16; j++) s += q->qs[16 * k + j];
+                    assert_int_equal(q->bsums[k], s);
+                }
+            }
+            assert_true(fabsf(d - amax / 127.0f) <= 1e-7f * amax);
+        }
+        /* dequantizing Q8K through ag_dequant_row gives d*q */
+        if (f == AG_ACT_Q8K) {
+            assert_int_equal(ag_dequant_row(AG_TYPE_Q8_K, ref, back, n), AG_OK);
+            for (int64_t i = 0; i < n; i++) {
+                const ag_block_q8_K *q = (const ag_block_q8_K *)ref + i / 256;
+                assert_true(back[i] == q->d * (float)q->qs[i % 256]);
+            }
+        }
+        /* the SIMD quantizers are bit-identical to the scalar one */
+        for (int k = 1; k < n_isas; k++) {
+            assert_int_equal(ag_cpu_isa_set(isas[k]), AG_OK);
+            memset(got, 0x55, rb);
+            assert_int_equal(ag_quantize_act_row((ag_act_format)f, x, got, n), AG_OK);
+            assert_memory_equal(got, ref, rb);
+        }
+        free(ref);
+        free(got);
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    free(x);
+    free(back);
+}
+
+/* ---- dot products ---- */
+
+typedef struct {
+    double dot;    /* Σ w_i * xq_i in float64 (xq: the dequantized activation) */
+    double abs;    /* Σ |w_i * xq_i| */
+    double dot_x;  /* Σ w_i * x_i with the float activations */
+    double bound;  /* Σ |w_i| * d_block(i) / 2: the activation rounding bound */
+} dot_ref;
+
+static dot_ref reference_dot(uint32_t t, int64_t n, const uint8_t *w, const float *x, const void *xq) {
+    float *wf = malloc(n * 4), *xf = malloc(n * 4);
+    assert_int_equal(ag_dequant_row(t, w, wf, n), AG_OK);
+    ag_act_format f;
+    assert_int_equal(ag_quant_act_format(t, &f), AG_OK);
+    dot_ref r = {0};
+    for (int64_t i = 0; i < n; i++) {
+        double d = 0;
+        if (f == AG_ACT_F32) xf[i] = x[i];
+        else if (f == AG_ACT_Q8A) {
+            const ag_block_q8a *b = (const ag_block_q8a *)xq + i / 32;
+            xf[i] = b->d * (float)b->qs[i % 32];
+            d = b->d;
+        } else {
+            const ag_block_q8_K *b = (const ag_block_q8_K *)xq + i / 256;
+            xf[i] = b->d * (float)b->qs[i % 256];
+            d = b->d;
+        }
+        r.dot += (double)wf[i] * xf[i];
+        r.abs += fabs((double)wf[i] * xf[i]);
+        r.dot_x += (double)wf[i] * x[i];
+        r.bound += fabs((double)wf[i]) * d * 0.5;
+    }
+    free(wf);
+    free(xf);
+    return r;
+}
+
+static void dot_variants_agree(void **state) {
+    static const int64_t lens_q[] = {256, 512, 1024, 2304, 4096};
+    static const int64_t lens_f[] = {1, 7, 8, 15, 16, 33, 256, 1000, 4096};
+    int                  checks = 0;
+    for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
+        uint32_t      t = k_dot_types[ti];
+        ag_act_format f;
+        assert_int_equal(ag_quant_act_format(t, &f), AG_OK);
+        int            is_float = f == AG_ACT_F32;
+        const int64_t *lens = is_float ? lens_f : lens_q;
+        size_t         nl = is_float ? sizeof lens_f / 8 : sizeof lens_q / 8;
+        for (size_t li = 0; li < nl; li++) {
+            int64_t n = lens[li];
+            for (int rep = 0; rep < 3; rep++) {
+                uint8_t *w = random_weights(t, n, NULL);
+                /* 4 activation rows, stored x_stride bytes apart */
+                size_t   rb = ag_act_row_bytes(f, n), stride = rb + 8;
+                float   *x = malloc(4 * n * 4);
+                uint8_t *xq = malloc(4 * stride);
+                for (int64_t i = 0; i < 4 * n; i++) x[i] = nrand() * (rep == 2 ? 100.0f : 1.0f);
+                assert_int_equal(ag_cpu_isa_set(AG_CPU_ISA_SCALAR), AG_OK);
+                for (int r = 0; r < 4; r++)
+                    assert_int_equal(ag_quantize_act_row(f, x + r * n, xq + r * stride, n), AG_OK);
+                dot_ref ref[4];
+                float   sc[4];
+                for (int r = 0; r < 4; r++) {
+                    ref[r] = reference_dot(t, n, w, x + r * n, xq + r * stride);
+                    assert_int_equal(ag_vec_dot(t, n, w, xq + r * stride, &sc[r]), AG_OK);
+                    double tol = 1e-5 * ref[r].abs + 1e-30;
+                    if (fabs(sc[r] - ref[r].dot) > tol)
+                        fail_msg("%s n=%lld scalar %.9g vs float64 %.9g (tol %.3g)", tname(t), (long long)n, sc[r],
+                                 ref[r].dot, tol);
+                    double tolx = ref[r].bound * 1.001 + 1e-5 * ref[r].abs + 1e-30;
+                    if (fabs(sc[r] - ref[r].dot_x) > tolx)
+                        fail_msg("%s n=%lld scalar %.9g vs float64 with float x %.9g (tol %.3g)", tname(t),
+                                 (long long)n, sc[r], ref[r].dot_x, tolx);
+                }
+                const ag_quant_kernels *kscalar = ag_quant_kernels_active();
+                for (int k = 0; k < n_isas; k++) {
+                    assert_int_equal(ag_cpu_isa_set(isas[k]), AG_OK);
+                    const ag_quant_kernels *kk = ag_quant_kernels_active();
+                    for (int nx = 1; nx <= 4; nx++) {
+                        float out[4] = {NAN, NAN, NAN, NAN};
+                        kk->dot[t](n, w, xq, stride, nx, out);
+                        for (int r = 0; r < nx; r++) {
+                            double tol = 1e-5 * ref[r].abs + 1e-30;
+                            if (!(fabs(out[r] - sc[r]) <= tol))
+                                fail_msg("%s %s n=%lld nx=%d row %d: %.9g vs scalar %.9g (tol %.3g)",
+                                         ag_cpu_isa_name(isas[k]), tname(t), (long long)n, nx, r, out[r], sc[r],
+                                         tol);
+                            checks++;
+                        }
+                    }
+                    /* and from odd addresses */
+                    uint8_t *w1 = malloc(ag_quant_row_bytes(t, n) + 1);
+                    memcpy(w1 + 1, w, ag_quant_row_bytes(t, n));
+                    uint8_t *x1 = malloc(4 * stride + 3);
+                    memcpy(x1 + 3, xq, 4 * stride);
+                    float out[4];
+                    kk->dot[t](n, w1 + 1, x1 + 3, stride, 4, out);
+                    for (int r = 0; r < 4; r++) assert_true(fabs(out[r] - sc[r]) <= 1e-5 * ref[r].abs + 1e-30);
+                    free(w1);
+                    free(x1);
+                }
+                (void)kscalar;
+                free(w);
+                free(x);
+                free(xq);
+            }
+        }
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    print_message("dot: %d SIMD/scalar comparisons over %d ISAs\n", checks, n_isas);
+}
+
+/* Extreme but valid blocks: all weight bits set, activations at ±127, to
+ * exercise the int16 saturation limits of the SIMD paths. */
+static void dot_extremes(void **state) {
+    for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
+        uint32_t      t = k_dot_types[ti];
+        ag_act_format f;
+        ag_quant_act_format(t, &f);
+        if (f == AG_ACT_F32) continue;
+        int64_t  n = 512;
+        uint8_t *w = random_weights(t, n, NULL);
+        size_t   wb = ag_quant_row_bytes(t, n);
+        for (int pattern = 0; pattern < 3; pattern++) {
+            uint8_t fill = pattern == 0 ? 0xFF : pattern == 1 ? 0x00 : 0x80;
+            uint32_t be, bb;
+            ag_quant_block(t, &be, &bb);
+            int off[2], k = scale_offsets(t, off);
+            for (size_t b = 0; b < wb / bb; b++) {
+                uint8_t save[2][2];
+                for (int j = 0; j < k; j++) memcpy(save[j], w + b * bb + off[j], 2);
+                memset(w + b * bb, fill, bb);
+                for (int j = 0; j < k; j++) memcpy(w + b * bb + off[j], save[j], 2);
+            }
+            float *x = malloc(n * 4);
+            for (int64_t i = 0; i < n; i++) x[i] = (i & 1) ? -1.0f : 1.0f;
+            if (pattern == 2)
+                for (int64_t i = 0; i < n; i++) x[i] = -1.0f;
+            uint8_t *xq = malloc(ag_act_row_bytes(f, n));
+            ag_quantize_act_row(f, x, xq, n);
+            dot_ref ref = reference_dot(t, n, w, x, xq);
+            for (int kk = 0; kk < n_isas; kk++) {
+                assert_int_equal(ag_cpu_isa_set(isas[kk]), AG_OK);
+                float out;
+                assert_int_equal(ag_vec_dot(t, n, w, xq, &out), AG_OK);
+                if (!(fabs(out - ref.dot) <= 1e-5 * ref.abs + 1e-30))
+                    fail_msg("%s %s pattern %d: %.9g vs %.9g", ag_cpu_isa_name(isas[kk]), tname(t), pattern, out,
+                             ref.dot);
+            }
+            free(x);
+            free(xq);
+        }
+        free(w);
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+}
+
+/* ---- errors ---- */
+
+static void bad_input_is_an_error(void **state) {
+    float   out[64];
+    uint8_t buf[512] = {0};
+    /* unsupported types: IQ formats, Q8_1, out-of-range ids */
+    static const uint32_t bad[] = {AG_TYPE_Q8_1, AG_TYPE_IQ2_XXS, AG_TYPE_IQ4_NL, AG_TYPE_I8, AG_TYPE_F64, 4, 5,
+                                   AG_TYPE_MXFP4, AG_TYPE_COUNT, 12345, 0xFFFFFFFFu};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(ag_dequant_row(bad[i], buf, out, 32), AG_ERR_UNSUPPORTED);
+        assert_int_equal(ag_vec_dot(bad[i], 32, buf, buf, out), AG_ERR_UNSUPPORTED);
+        assert_false(ag_quant_supported(bad[i]));
+        assert_int_equal(ag_quant_row_bytes(bad[i], 32), 0);
+        ag_act_format f;
+        assert_int_equal(ag_quant_act_format(bad[i], &f), AG_ERR_UNSUPPORTED);
+        assert_int_equal(ag_quant_block(bad[i], NULL, NULL), AG_ERR_UNSUPPORTED);
+    }
+    assert_int_equal(ag_vec_dot(AG_TYPE_Q8_K, 256, buf, buf, out), AG_ERR_UNSUPPORTED);
+    /* lengths that are not a positive multiple of the block */
+    assert_int_equal(ag_dequant_row(AG_TYPE_Q4_0, buf, out, 31), AG_ERR_INVALID);
+    assert_int_equal(ag_dequant_row(AG_TYPE_Q4_K, buf, out, 32), AG_ERR_INVALID);
+    assert_int_equal(ag_dequant_row(AG_TYPE_F32, buf, out, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_dequant_row(AG_TYPE_F32, buf, out, -4), AG_ERR_INVALID);
+    assert_int_equal(ag_dequant_row(AG_TYPE_F32, NULL, out, 4), AG_ERR_INVALID);
+    assert_int_equal(ag_vec_dot(AG_TYPE_Q6_K, 128, buf, buf, out), AG_ERR_INVALID);
+    assert_int_equal(ag_vec_dot(AG_TYPE_Q4_0, 32, NULL, buf, out), AG_ERR_INVALID);
+    assert_int_equal(ag_quantize_act_row(AG_ACT_Q8A, (const float *)buf, buf, 33), AG_ERR_INVALID);
+    assert_int_equal(ag_quantize_act_row((ag_act_format)7, (const float *)buf, buf, 32), AG_ERR_INVALID);
+    assert_int_equal(ag_quant_row_bytes(AG_TYPE_Q4_K, 255), 0);
+    assert_int_equal(ag_quant_row_bytes(AG_TYPE_Q4_K, 512), 288);
+    assert_int_equal(ag_act_row_bytes(AG_ACT_Q8K, 512), 584);
+    assert_int_equal(ag_cpu_isa_set((ag_cpu_isa)9), AG_ERR_UNSUPPORTED);
+    assert_int_equal(ag_cpu_isa_set((ag_cpu_isa)-1), AG_ERR_UNSUPPORTED);
+    assert_true(strlen(ag_error_message()) > 0);
+    /* non-finite activations: memory-safe, whatever the values */
+    float xs[256];
+    for (int i = 0; i < 256; i++) xs[i] = i % 3 == 0 ? NAN : i % 3 == 1 ? INFINITY : -1e30f;
+    uint8_t q[512];
+    assert_int_equal(ag_quantize_act_row(AG_ACT_Q8K, xs, q, 256), AG_OK);
+    assert_int_equal(ag_quantize_act_row(AG_ACT_Q8A, xs, q, 256), AG_OK);
+}
+
+/* ---- matmul ---- */
+
+static void matmul_case(ag_threadpool *pool, uint32_t t, int64_t n_out, int64_t n_in, int64_t n_tok, int *checks) {
+    int64_t  ldx = n_in + 3, ldy = n_out + 2;
+    uint8_t *w = random_weights(t, n_in * n_out, NULL); /* n_out rows back to back */
+    float   *x = malloc((size_t)(n_tok * ldx) * 4), *y = malloc((size_t)(n_tok * ldy) * 4);
+    float   *wf = malloc((size_t)(n_in * n_out) * 4);
+    for (int64_t i = 0; i < n_tok * ldx; i++) x[i] = nrand();
+    for (int64_t i = 0; i < n_tok * ldy; i++) y[i] = -12345.0f; /* sentinel in the padding */
+    assert_int_equal(ag_dequant_row(t, w, wf, n_in * n_out), AG_OK);
+    ag_act_format f;
+    ag_quant_act_format(t, &f);
+    int64_t blk = f == AG_ACT_Q8A ? 32 : f == AG_ACT_Q8K ? 256 : 1;
+    assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, ldx, n_tok, y, ldy, NULL, 0), AG_OK);
+    for (int64_t tok = 0; tok < n_tok; tok++) {
+        const float *xr = x + tok * ldx;
+        for (int64_t o = 0; o < n_out; o++) {
+            const float *wr = wf + o * n_in;
+            double       ref = 0, absd = 0, bound = 0;
+            for (int64_t b = 0; b < n_in / blk; b++) {
+                double amax = 0, wabs = 0;
+                for (int64_t i = b * blk; i < (b + 1) * blk; i++) {
+                    ref += (double)wr[i] * xr[i];
+                    absd += fabs((double)wr[i] * xr[i]);
+                    amax = fmax(amax, fabs(xr[i]));
+                    wabs += fabs(wr[i]);
+                }
+                if (f != AG_ACT_F32) bound += wabs * amax / 254.0;
+            }
+            double tol = 1.001 * bound + 2e-5 * absd + 1e-30, got = y[tok * ldy + o];
+            if (!(fabs(got - ref) <= tol))
+                fail_msg("matmul %s %s n_out=%lld n_in=%lld n_tok=%lld [%lld][%lld]: %.9g vs %.9g (tol %.3g)",
+                         ag_cpu_isa_name(ag_cpu_isa_active()), tname(t), (long long)n_out, (long long)n_in,
+                         (long long)n_tok, (long long)tok, (long long)o, got, ref, tol);
+            (*checks)++;
+        }
+        for (int64_t o = n_out; o < ldy; o++) assert_true(y[tok * ldy + o] == -12345.0f);
+    }
+    /* two-step form with a caller's buffer gives the same bits */
+    if (f != AG_ACT_F32) {
+        size_t   need = ag_matmul_scratch_size(t, n_in, n_tok);
+        uint8_t *xq = malloc(need);
+        float   *y2 = malloc((size_t)(n_tok * ldy) * 4);
+        memcpy(y2, y, (size_t)(n_tok * ldy) * 4);
+        assert_int_equal(ag_matmul_quantize_x(pool, f, x, ldx, n_tok, n_in, xq, need), AG_OK);
+        assert_int_equal(ag_matmul_xq(pool, t, w, n_out, n_in, xq, n_tok, y2, ldy), AG_OK);
+        assert_memory_equal(y, y2, (size_t)(n_tok * ldy) * 4);
+        assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, ldx, n_tok, y2, ldy, xq, need), AG_OK);
+        assert_memory_equal(y, y2, (size_t)(n_tok * ldy) * 4);
+        free(xq);
+        free(y2);
+    }
+    free(w);
+    free(x);
+    free(y);
+    free(wf);
+}
+
+static void matmul_matches_float64(void **state) {
+    static const int64_t outs[] = {1, 5, 13, 37};
+    static const int64_t toks[] = {1, 2, 3, 5, 7, 13};
+    int                  checks = 0;
+    ag_threadpool       *pools[2] = {NULL, NULL};
+    ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
+    assert_int_equal(ag_threadpool_create(&prm, &pools[1]), AG_OK);
+    for (int k = 0; k < n_isas; k++) {
+        assert_int_equal(ag_cpu_isa_set(isas[k]), AG_OK);
+        for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
+            uint32_t t = k_dot_types[ti], be;
+            ag_quant_block(t, &be, NULL);
+            int64_t base = be == 1 ? 40 : be == 32 ? 96 : 512;
+            for (size_t oi = 0; oi < sizeof outs / sizeof outs[0]; oi++)
+                for (size_t ki = 0; ki < sizeof toks / sizeof toks[0]; ki++) {
+                    int64_t n_in = base + (be == 1 ? (int64_t)(rnd() % 9) : 0);
+                    matmul_case(pools[(oi + ki) & 1], t, outs[oi], n_in, toks[ki], &checks);
+                }
+        }
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    ag_threadpool_free(pools[1]);
+    print_message("matmul: %d outputs checked against float64\n", checks);
+}
+
+/* Many tokens (more than one token chunk) and many rows: the tiled result
+ * equals per-token single dots. */
+static void matmul_large_tiles(void **state) {
+    const uint32_t types[] = {AG_TYPE_Q4_0, AG_TYPE_Q6_K, AG_TYPE_F16};
+    ag_threadpool *pool;
+    ag_threadpool_params prm = {.n_threads = 2, .spin_us = 20};
+    assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
+    for (size_t ti = 0; ti < 3; ti++) {
+        uint32_t t = types[ti];
+        int64_t  n_in = 2048, n_out = 67, n_tok = 300;
+        uint8_t *w = random_weights(t, n_in * n_out, NULL);
+        float   *x = malloc((size_t)(n_tok * n_in) * 4), *y = malloc((size_t)(n_tok * n_out) * 4);
+        for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = nrand();
+        assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out, NULL, 0), AG_OK);
+        ag_act_format f;
+        ag_quant_act_format(t, &f);
+        size_t   rb = ag_act_row_bytes(f, n_in), wrb = ag_quant_row_bytes(t, n_in);
+        uint8_t *xq = malloc(rb);
+        for (int64_t tok = 0; tok < n_tok; tok += 7) {
+            ag_quantize_act_row(f, x + tok * n_in, xq, n_in);
+            for (int64_t o = 0; o < n_out; o++) {
+                float d;
+                assert_int_equal(ag_vec_dot(t, n_in, w + o * wrb, xq, &d), AG_OK);
+                float got = y[tok * n_out + o];
+                assert_true(fabsf(got - d) <= 1e-5f * (fabsf(d) + 1.0f));
+            }
+        }
+        free(xq);
+        free(w);
+        free(x);
+        free(y);
+    }
+    ag_threadpool_free(pool);
+}
+
+static void matmul_bad_input(void **state) {
+    float   x[64] = {0}, y[64];
+    uint8_t w[64] = {0}, q[64];
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_IQ2_XS, w, 1, 32, x, 32, 1, y, 1, NULL, 0), AG_ERR_UNSUPPORTED);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q8_K, w, 1, 256, x, 256, 1, y, 1, NULL, 0), AG_ERR_UNSUPPORTED);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 33, x, 33, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 32, x, 31, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 2, 32, x, 32, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, -1, 32, x, 32, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, NULL, 1, 32, x, 32, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 32, NULL, 32, 1, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 32, x, 32, INT64_MAX / 2, y, 1, NULL, 0), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 0, 32, x, 32, 1, y, 1, NULL, 0), AG_OK);
+    assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_0, w, 1, 32, x, 32, 0, y, 1, NULL, 0), AG_OK);
+    assert_int_equal(ag_matmul_quantize_x(NULL, AG_ACT_Q8A, x, 32, 2, 32, q, 40), AG_ERR_INVALID); /* too small */
+    assert_int_equal(ag_matmul_quantize_x(NULL, AG_ACT_Q8K, x, 32, 1, 32, q, 64), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul_xq(NULL, AG_TYPE_Q4_0, w, 1, 32, NULL, 1, y, 1), AG_ERR_INVALID);
+    assert_int_equal(ag_matmul_scratch_size(AG_TYPE_Q4_K, 512, 3), 3 * 584);
+    assert_int_equal(ag_matmul_scratch_size(AG_TYPE_F16, 512, 3), 0);
+    assert_int_equal(ag_matmul_scratch_size(AG_TYPE_Q4_K, 500, 3), 0);
+}
+
+static int setup(void **state) {
+    collect_isas();
+    print_message("ISA: best %s, active %s\n", ag_cpu_isa_name(ag_cpu_isa_best()),
+                  ag_cpu_isa_name(ag_cpu_isa_active()));
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(dequant_matches_gguf_py),
+        cmocka_unit_test(fp16_exhaustive),
+        cmocka_unit_test(bf16_rounding),
+        cmocka_unit_test(act_quant_bounds_and_isa_agreement),
+        cmocka_unit_test(dot_variants_agree),
+        cmocka_unit_test(dot_extremes),
+        cmocka_unit_test(bad_input_is_an_error),
+        cmocka_unit_test(matmul_matches_float64),
+        cmocka_unit_test(matmul_large_tiles),
+        cmocka_unit_test(matmul_bad_input),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
