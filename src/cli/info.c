@@ -116,10 +116,21 @@ static void put_value(FILE *f, const ag_gguf_value *v, uint64_t max_items) {
     }
 }
 
+/* Keys and tensor names are untrusted bytes: control characters (which
+ * would break the one-entry-per-line output) are printed as \xNN. */
+static void put_name(const char *s) {
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c < 0x20 || c == 0x7f || c == '\\') printf("\\x%02x", c);
+        else putchar(c);
+    }
+}
+
 static void print_kv(const ag_gguf *g, uint64_t max_items) {
     for (int64_t i = 0; i < ag_gguf_n_kv(g); i++) {
         const ag_gguf_value *v = ag_gguf_kv_value(g, i);
-        printf("%s\t%s\t", ag_gguf_key(g, i), type_name(v->type));
+        put_name(ag_gguf_key(g, i));
+        printf("\t%s\t", type_name(v->type));
         put_value(stdout, v, max_items);
         putchar('\n');
     }
@@ -128,7 +139,8 @@ static void print_kv(const ag_gguf *g, uint64_t max_items) {
 static void print_tensors(const ag_gguf *g) {
     for (int64_t i = 0; i < ag_gguf_n_tensors(g); i++) {
         const ag_gguf_tensor *t = ag_gguf_tensor_at(g, i);
-        printf("%s\t%s\t", t->name, ag_tensor_type_name(t->type));
+        put_name(t->name);
+        printf("\t%s\t", ag_tensor_type_name(t->type));
         for (uint32_t d = 0; d < t->n_dims; d++) printf("%s%" PRIu64, d ? "x" : "", t->ne[d]);
         printf("\t%" PRIu64 "\t%" PRIu64 "\n", t->offset, t->size);
     }
@@ -186,7 +198,9 @@ static void print_summary(const ag_gguf *g, const char *path) {
             if (strncmp(k, prefix, (size_t)alen + 1) != 0) continue;
             if (!any) puts("hyper-parameters:");
             any = true;
-            printf("  %-40s ", k + alen + 1);
+            printf("  ");
+            put_name(k + alen + 1);
+            printf("%*s ", (int)(strlen(k + alen + 1) < 40 ? 40 - strlen(k + alen + 1) : 0), "");
             put_value(stdout, ag_gguf_kv_value(g, i), 8);
             putchar('\n');
         }

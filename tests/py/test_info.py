@@ -390,6 +390,21 @@ def test_gguf_package_written_file_reads_identically(tmp_path):
     assert augur_tensors(path) == [("w", "F32", [4, 3], 0, 48)]
 
 
+def test_control_characters_in_names_stay_escaped(tmp_path):
+    path = str(tmp_path / "names.gguf")
+    w = GGUFWriter(path, "llama")
+    w.add_uint32("bad\nkey\x01", 5)
+    w.add_tensor("t\tab", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    kv = run_augur("info", "--kv", "-m", path, check=True).stdout.decode().splitlines()
+    assert "bad\\x0akey\\x01\tu32\t5" in kv
+    t = run_augur("info", "--tensors", "-m", path, check=True).stdout.decode().splitlines()
+    assert t == ["t\\x09ab\tF32\t4\t0\t16"]
+
+
 # ---- errors ----
 
 def test_truncated_file_is_a_clean_error(tmp_path):
