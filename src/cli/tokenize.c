@@ -7,6 +7,7 @@
 
 #include "base/buf.h"
 #include "base/file.h"
+#include "base/utf8.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
 #include "tok/tok.h"
@@ -27,6 +28,8 @@ static const char k_detok_usage[] =
     "  exactly as decoded, with no newline added\n"
     "  -m MODEL        GGUF model (default: $AUGUR_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
     "  --skip-special  leave control tokens (BOS, <|im_end|>, ...) out instead of printing their text\n";
+
+static int run_batch(const ag_tok *tok);
 
 static int load_tok(const char *path, ag_tok **tok) {
     ag_gguf  *g = NULL;
@@ -55,7 +58,8 @@ static int read_stream(FILE *f, ag_buf *b) {
 int ag_cli_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *text = NULL;
     bool        raw = false;
-    long        bench = 0; /* hidden: time N encodes of the text, print JSON */
+    long        bench = 0;   /* hidden: time N encodes of the text, print JSON */
+    bool        batch = false; /* hidden: the test interface below */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -69,6 +73,8 @@ int ag_cli_tokenize(int argc, char **argv) {
             file = argv[i];
         } else if (!strcmp(a, "--raw")) {
             raw = true;
+        } else if (!strcmp(a, "--batch")) {
+            batch = true;
         } else if (!strcmp(a, "--bench")) {
             char *end;
             if (++i >= argc || (bench = strtol(argv[i], &end, 10)) <= 0 || *end)
@@ -86,8 +92,15 @@ int ag_cli_tokenize(int argc, char **argv) {
             text = a;
         }
     }
-    if (!!text == !!file) return ag_cli_usage_error(k_tok_usage, "tokenize: give either TEXT or -f FILE");
     if (!model) model = ag_cli_default_model();
+    if (batch) {
+        ag_tok *tok = NULL;
+        int     rc = load_tok(model, &tok);
+        if (!rc) rc = run_batch(tok);
+        ag_tok_free(tok);
+        return rc;
+    }
+    if (!!text == !!file) return ag_cli_usage_error(k_tok_usage, "tokenize: give either TEXT or -f FILE");
 
     ag_buf in = {0};
     if (file) {
@@ -167,6 +180,140 @@ static int parse_ids(const char *s, ag_tok_ids *ids, const char **bad) {
         ids->data[ids->n++] = (int32_t)v;
         s = end;
     }
+    return 0;
+}
+
+/* ---- hidden test interface: `augur tokenize -m MODEL --batch` ----
+ * One request per stdin line, one answer line each, so tests can check
+ * thousands of texts against reference data in one process:
+ *   e r|d HEX        encode the text (hex bytes) raw (no BOS/EOS, special text as
+ *                    text) or default (add special, parse special) -> ids
+ *   d FLAGS IDS...   ag_tok_decode with FLAGS -> hex of the text
+ *   s FLAGS IDS...   the same through ag_detok, one push per id -> hex; every chunk
+ *                    is checked to be complete UTF-8
+ *   m                vocabulary facts as JSON (special ids, EOG ids, piece hashes)
+ * Errors answer "ERR message". */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= s[i];
+        h *= 0x100000001B3ull;
+    }
+    return h;
+}
+
+static void put_hex(ag_buf *o, const char *s, size_t n) {
+    static const char hx[] = "0123456789abcdef";
+    for (size_t i = 0; i < n; i++) {
+        ag_buf_append_char(o, hx[(unsigned char)s[i] >> 4]);
+        ag_buf_append_char(o, hx[(unsigned char)s[i] & 15]);
+    }
+}
+
+static int hexv(int c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static void batch_line(const ag_tok *tok, char *line, ag_buf *o) {
+    ag_tok_ids ids = {0};
+    ag_buf     text = {0};
+    const char *bad;
+    if (line[0] == 'e' && line[1] == ' ' && (line[2] == 'r' || line[2] == 'd') && (line[3] == ' ' || !line[3])) {
+        bool dflt = line[2] == 'd';
+        const char *h = line[3] ? line + 4 : "";
+        size_t hl = strlen(h);
+        for (size_t i = 0; i + 1 < hl; i += 2) {
+            int a = hexv(h[i]), b = hexv(h[i + 1]);
+            if (a < 0 || b < 0) {
+                ag_buf_append_str(o, "ERR bad hex");
+                goto out;
+            }
+            ag_buf_append_char(&text, (char)(a * 16 + b));
+        }
+        if (ag_tok_encode_append(tok, text.data, text.len, dflt, dflt, &ids)) {
+            ag_buf_printf(o, "ERR %s", ag_error_message());
+            goto out;
+        }
+        for (size_t i = 0; i < ids.n; i++) ag_buf_printf(o, i ? " %d" : "%d", ids.data[i]);
+    } else if ((line[0] == 'd' || line[0] == 's') && line[1] == ' ') {
+        char *end;
+        long  flags = strtol(line + 2, &end, 10);
+        if (parse_ids(end, &ids, &bad)) {
+            ag_buf_append_str(o, "ERR bad ids");
+            goto out;
+        }
+        if (line[0] == 'd') {
+            if (ag_tok_decode(tok, ids.data, ids.n, (unsigned)flags, &text)) {
+                ag_buf_printf(o, "ERR %s", ag_error_message());
+                goto out;
+            }
+        } else {
+            ag_detok *d = NULL;
+            ag_buf    chunk = {0};
+            ag_status st = ag_detok_new(tok, (unsigned)flags, &d);
+            for (size_t i = 0; !st && i <= ids.n; i++) {
+                ag_buf_clear(&chunk);
+                st = i < ids.n ? ag_detok_push(d, ids.data[i], &chunk) : ag_detok_flush(d, &chunk);
+                if (!st && !ag_utf8_valid(chunk.data ? chunk.data : "", chunk.len))
+                    st = ag_errorf(AG_ERR_INTERNAL, "chunk %zu is not valid UTF-8", i);
+                if (!st) ag_buf_append(&text, chunk.data ? chunk.data : "", chunk.len);
+            }
+            ag_buf_free(&chunk);
+            ag_detok_free(d);
+            if (st) {
+                ag_buf_printf(o, "ERR %s", ag_error_message());
+                goto out;
+            }
+        }
+        put_hex(o, text.data ? text.data : "", text.len);
+    } else if (line[0] == 'm') {
+        uint64_t hs = 0xCBF29CE484222325ull, hp = hs;
+        for (int32_t id = 0; id < ag_tok_n_vocab(tok); id++) {
+            size_t      n;
+            const char *p = ag_tok_piece(tok, id, &n);
+            hs = fnv1a(fnv1a(hs, p, n), "", 1);
+            /* the piece with special = false: control and unknown tokens are empty */
+            if (ag_tok_attr(tok, id) & (AG_TOK_ATTR_CONTROL | AG_TOK_ATTR_UNKNOWN)) n = 0;
+            hp = fnv1a(fnv1a(hp, p, n), "", 1);
+        }
+        size_t         ne;
+        const int32_t *eog = ag_tok_eog_ids(tok, &ne);
+        ag_buf_printf(o,
+                      "{\"n_vocab\": %d, \"bos\": %d, \"eos\": %d, \"eot\": %d, \"pad\": %d, \"add_bos\": %s, "
+                      "\"add_eos\": %s, \"piece_fnv_special\": \"%016llx\", \"piece_fnv_plain\": \"%016llx\", "
+                      "\"eog\": [",
+                      ag_tok_n_vocab(tok), ag_tok_bos(tok), ag_tok_eos(tok), ag_tok_eot(tok), ag_tok_pad(tok),
+                      ag_tok_add_bos(tok) ? "true" : "false", ag_tok_add_eos(tok) ? "true" : "false",
+                      (unsigned long long)hs, (unsigned long long)hp);
+        for (size_t i = 0; i < ne; i++) ag_buf_printf(o, i ? ", %d" : "%d", eog[i]);
+        ag_buf_append_str(o, "]}");
+    } else {
+        ag_buf_append_str(o, "ERR unknown request");
+    }
+out:
+    ag_tok_ids_free(&ids);
+    ag_buf_free(&text);
+}
+
+static int run_batch(const ag_tok *tok) {
+    char  *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    ag_buf o = {0};
+    while ((n = getline(&line, &cap, stdin)) > 0) {
+        while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r')) line[--n] = '\0';
+        ag_buf_clear(&o);
+        batch_line(tok, line, &o);
+        ag_buf_append_char(&o, '\n');
+        fwrite(o.data, 1, o.len, stdout);
+    }
+    fflush(stdout);
+    free(line);
+    ag_buf_free(&o);
     return 0;
 }
 
