@@ -60,6 +60,7 @@ int ag_cli_tokenize(int argc, char **argv) {
     bool        raw = false;
     long        bench = 0;   /* hidden: time N encodes of the text, print JSON */
     bool        batch = false; /* hidden: the test interface below */
+    long        chunk = 0;     /* hidden, with --bench: encode in pieces of about this size */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -75,6 +76,10 @@ int ag_cli_tokenize(int argc, char **argv) {
             raw = true;
         } else if (!strcmp(a, "--batch")) {
             batch = true;
+        } else if (!strcmp(a, "--bench-chunk")) {
+            char *end;
+            if (++i >= argc || (chunk = strtol(argv[i], &end, 10)) <= 0 || *end)
+                return ag_cli_usage_error(k_tok_usage, "tokenize: --bench-chunk needs a positive size");
         } else if (!strcmp(a, "--bench")) {
             char *end;
             if (++i >= argc || (bench = strtol(argv[i], &end, 10)) <= 0 || *end)
@@ -132,7 +137,18 @@ int ag_cli_tokenize(int argc, char **argv) {
     for (long r = 0; r < (bench ? bench : 1) && !st; r++) {
         ids.n = 0;
         double t0 = now_s();
-        st = ag_tok_encode_append(tok, in.data, in.len, !raw, !raw, &ids);
+        if (chunk && bench) {
+            /* pieces end at the first newline at least `chunk` bytes on (bench/tok_bench.py
+             * cuts the same pieces for llama.cpp) */
+            for (size_t s = 0; s < in.len && !st;) {
+                size_t e = s + (size_t)chunk < in.len ? s + (size_t)chunk : in.len;
+                while (e < in.len && in.data[e - 1] != '\n') e++;
+                st = ag_tok_encode_append(tok, in.data + s, e - s, !raw, !raw, &ids);
+                s = e;
+            }
+        } else {
+            st = ag_tok_encode_append(tok, in.data, in.len, !raw, !raw, &ids);
+        }
         double dt = now_s() - t0;
         if (dt < best) best = dt;
     }
