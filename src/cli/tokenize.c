@@ -31,11 +31,13 @@ static const char k_detok_usage[] =
 
 static int run_batch(const ag_tok *tok);
 
+static const char *g_pre_override; /* hidden --pre NAME (tests) */
+
 static int load_tok(const char *path, ag_tok **tok) {
     ag_gguf  *g = NULL;
     ag_status st = ag_gguf_open(path, &g);
     if (st) return ag_cli_fail("%s", ag_error_message());
-    st = ag_tok_from_gguf(g, tok);
+    st = ag_tok_from_gguf_pre(g, g_pre_override, tok);
     ag_gguf_free(g);
     if (st) return ag_cli_fail("%s: %s", path, ag_error_message());
     return 0;
@@ -74,6 +76,9 @@ int ag_cli_tokenize(int argc, char **argv) {
             file = argv[i];
         } else if (!strcmp(a, "--raw")) {
             raw = true;
+        } else if (!strcmp(a, "--pre")) {
+            if (++i >= argc) return ag_cli_usage_error(k_tok_usage, "tokenize: %s needs a value", a);
+            g_pre_override = argv[i];
         } else if (!strcmp(a, "--batch")) {
             batch = true;
         } else if (!strcmp(a, "--bench-chunk")) {

@@ -86,6 +86,11 @@ ag_status ag_tok_new(const ag_tok_spec *spec, ag_tok **out);
  * copies what it needs: the ag_gguf may be freed right after. */
 ag_status ag_tok_from_gguf(const ag_gguf *g, ag_tok **out);
 
+/* Same, with the pre-tokenizer forced to `pre` (a tokenizer.ggml.pre name)
+ * instead of the file's: for files converted without one, and for tests.
+ * NULL = the file's. */
+ag_status ag_tok_from_gguf_pre(const ag_gguf *g, const char *pre, ag_tok **out);
+
 void ag_tok_free(ag_tok *tok); /* NULL-safe */
 
 /* ---- vocabulary ---- */
