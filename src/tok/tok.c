@@ -283,7 +283,7 @@ static ag_status collect_special(ag_tok *tok) {
         eog_remove(tok, s_id);
         tok->entries[s_id].attr = AG_TOK_ATTR_NORMAL;
     }
-    qsort(tok->eog, tok->n_eog, sizeof *tok->eog, cmp_i32);
+    if (tok->n_eog) qsort(tok->eog, tok->n_eog, sizeof *tok->eog, cmp_i32);
     return AG_OK;
 }
 
