@@ -81,6 +81,13 @@ bool        ag_tensor_type_layout(uint32_t type, uint32_t *block_elems, uint32_t
 const char *ag_tensor_type_name(uint32_t type); /* "Q4_K", or "?" */
 
 #define AG_GGUF_MAX_DIMS 4
+/* Limits the reader enforces on untrusted files (and the writer on its
+ * input), far above anything real: array nesting depth, key length, tensor
+ * name length (ggml's own limit is 64). */
+#define AG_GGUF_MAX_DEPTH 8
+#define AG_GGUF_MAX_KEY_LEN 65535
+#define AG_GGUF_MAX_NAME_LEN 4096
+#define AG_GGUF_DEFAULT_ALIGNMENT 32
 
 typedef struct {
     const char    *name; /* borrowed, NUL-terminated copy owned by the ag_gguf */
@@ -95,7 +102,10 @@ typedef struct {
 
 typedef struct ag_gguf ag_gguf;
 
-/* Opens and validates a GGUF file (v2 or v3), mmapping it. */
+/* Opens and validates a GGUF file (v2 or v3), mmapping it. On failure *out
+ * is NULL and the status is AG_ERR_IO (cannot open/map), AG_ERR_FORMAT (bad
+ * file) or AG_ERR_NOMEM; the message does not repeat the path, so callers
+ * print "<path>: <message>". */
 ag_status ag_gguf_open(const char *path, ag_gguf **out);
 /* Same over caller-owned bytes (no copy: `data` must outlive the result).
  * Used by the fuzzer and by tests. */
@@ -108,6 +118,10 @@ uint64_t ag_gguf_alignment(const ag_gguf *g);
 uint64_t ag_gguf_data_offset(const ag_gguf *g); /* byte offset of the tensor data section */
 
 /* ---- metadata ---- */
+/* Keys keep their file order (index 0..n_kv-1); lookup is a hash probe.
+ * Keys are non-empty, unique, and hold no NUL byte; nothing else is
+ * promised about their bytes (print them with care). An index out of range
+ * gives NULL / (ag_gguf_type)-1. */
 int64_t      ag_gguf_n_kv(const ag_gguf *g);
 int64_t      ag_gguf_find_key(const ag_gguf *g, const char *key); /* index, or -1 */
 const char  *ag_gguf_key(const ag_gguf *g, int64_t i);            /* NUL-terminated */
@@ -121,7 +135,9 @@ bool ag_gguf_get_u32(const ag_gguf *g, const char *key, uint32_t *out);
 bool ag_gguf_get_i64(const ag_gguf *g, const char *key, int64_t *out);
 bool ag_gguf_get_f32(const ag_gguf *g, const char *key, float *out);
 bool ag_gguf_get_bool(const ag_gguf *g, const char *key, bool *out);
-/* A string value: pointer (not NUL-terminated) and length, or NULL. */
+/* A string value: pointer (not NUL-terminated) and length, or NULL when the
+ * key is missing or not a string. Strings are raw bytes: not checked for
+ * UTF-8 validity (some vocabularies hold partial sequences). */
 const char *ag_gguf_get_str(const ag_gguf *g, const char *key, uint64_t *len);
 
 /* A metadata value of any type, for generic walkers (augur info, tests). */
@@ -155,20 +171,37 @@ const ag_gguf_value *ag_gguf_get(const ag_gguf *g, const char *key);
 bool ag_gguf_arr_f64(const ag_gguf_value *arr, uint64_t i, double *out);
 bool ag_gguf_arr_i64(const ag_gguf_value *arr, uint64_t i, int64_t *out);
 
-/* ---- tensors ---- */
+/* ---- tensors ----
+ * Tensors keep their file order. Every tensor has 1..4 dimensions, each > 0,
+ * ne[0] a multiple of its type's block size, a byte size computed from the
+ * type layout, data aligned to ag_gguf_alignment() inside the file, and no
+ * two tensors overlap. Names are unique, non-empty, NUL-free. */
 int64_t               ag_gguf_n_tensors(const ag_gguf *g);
 const ag_gguf_tensor *ag_gguf_tensor_at(const ag_gguf *g, int64_t i);
 const ag_gguf_tensor *ag_gguf_find_tensor(const ag_gguf *g, const char *name); /* or NULL */
 
 /* ---- writer ----
  * Builds a GGUF v3 file in memory: add key/values and tensors in order, then
- * ag_gguf_writer_write() lays them out (alignment honoured) and writes the
- * file atomically. Values and tensor bytes are copied at add time. */
+ * ag_gguf_writer_write() lays them out and writes the file atomically.
+ * Values and tensor bytes are copied at add time, so the caller's buffers
+ * may go right after each call. The layout follows ggml's: tensors in the
+ * order added, each at an offset aligned to general.alignment (if added,
+ * a u32 power of two; else 32), padded to it, the data section aligned too;
+ * so a read-then-rewrite of a ggml-written file is byte-identical.
+ * The writer refuses (AG_ERR_INVALID / AG_ERR_RANGE, nothing added) what the
+ * reader would reject: duplicate or empty keys/names, a scalar that does not
+ * fit its type, bools other than 0/1, nesting deeper than
+ * AG_GGUF_MAX_DEPTH, array items whose type differs from the element type,
+ * unknown tensor types, bad dimensions, a `size` that differs from the
+ * type layout's. */
 typedef struct ag_gguf_writer ag_gguf_writer;
 
 ag_gguf_writer *ag_gguf_writer_new(void); /* NULL on OOM */
 void            ag_gguf_writer_free(ag_gguf_writer *w);
-/* Adds a key with a value; strings/arrays inside `v` are deep-copied. */
+/* Adds a key with a value; strings/arrays inside `v` are deep-copied. The
+ * value is read as the reader hands it out: .u for unsigned ints and bool,
+ * .i for signed, .f for floats, arrays through .raw (numbers) or .items
+ * (strings, arrays); so a value from ag_gguf_kv_value() can be passed on. */
 ag_status ag_gguf_writer_add(ag_gguf_writer *w, const char *key, const ag_gguf_value *v);
 ag_status ag_gguf_writer_add_u32(ag_gguf_writer *w, const char *key, uint32_t v);
 ag_status ag_gguf_writer_add_f32(ag_gguf_writer *w, const char *key, float v);
