@@ -69,7 +69,9 @@ typedef struct {
     /* Special ids as found in metadata (-1 = key absent: keep the default). */
     int64_t bos, eos, eot, eom, unk, sep, pad, mask;
     int64_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
-    int add_bos, add_eos, add_space_prefix, remove_extra_whitespaces; /* -1 = default */
+    /* -1 = default. remove_extra_whitespaces is kept but, as in llama.cpp,
+     * changes nothing. */
+    int add_bos, add_eos, add_space_prefix, remove_extra_whitespaces;
 } ag_tok_spec;
 
 /* Fills every id with -1 and every boolean with -1. */
