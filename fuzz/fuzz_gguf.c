@@ -75,6 +75,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         ag_gguf_free(g);
     } else if (s != AG_ERR_FORMAT && s != AG_ERR_NOMEM) {
         abort(); /* only a format error (or OOM) is a valid refusal */
+    } else if (!ag_error_message()[0] || strchr(ag_error_message(), '\n')) {
+        abort(); /* the message is one non-empty line */
     }
     free(copy);
     return 0;

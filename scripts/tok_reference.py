@@ -18,6 +18,9 @@ Outputs:
     "ddef": llama_detokenize(def, remove_special=True, unparse_special=True); same rules
   The meta holds bos/eos/eot/eom/pad ids, add_bos/add_eos, n_vocab, the EOG ids, and FNV-1a
   64 hashes over every token's piece (llama_token_to_piece, special true and false).
+  tests/data/tok/pre.jsonl      every pre-tokenizer llama.cpp knows, on GPT-2's vocabulary
+                                with tokenizer.ggml.pre set to that name: per text (every 3rd
+                                corpus text), FNV-1a 32 of the raw ids as "1 2 3".
 
 The corpus is built deterministically (fixed seed) from hand-written multilingual text,
 generated whitespace/number/punctuation/contraction/special-token cases, random Unicode,
@@ -370,10 +373,73 @@ def reference(name, path, texts, limit):
     print(f"{name}: {len(rows)} texts, {len(meta['eog'])} EOG ids", file=sys.stderr)
 
 
+# every tokenizer.ggml.pre name llama.cpp accepts for gpt2 vocabularies, except kimi-k2
+# (its own tokenizer, no merges) and whitespace (a separate tokenizer model)
+PRE_NAMES = """default llama3 llama-v3 llama-bpe falcon3 falcon-h1 pixtral midm-2.0 lfm2 jina-v5-nano
+deepseek-llm deepseek-coder deepseek-v3 spark2_5 youtu falcon mpt starcoder gpt-2 phi-2 jina-es jina-de
+gigachat jina-v2-es jina-v2-de a.x-4.0 mellum modern-bert jais-2 gemma4 granite-embed-multi-311m
+sarvam-moe jina-v1-en jina-v2-code roberta-bpe refact command-r qwen2 deepseek-r1-qwen kormo f2llmv2
+qwen35 stablelm2 olmo dbrx smaug-bpe poro-chat glm4 chatglm-bpe viking jais tekken smollm codeshell
+bloom gpt3-finnish exaone exaone4 exaone-moe chameleon minerva-7b megrez gpt-4o llama4 kanana2 talkie
+granite-embed-multi-97m tiny_aya cohere2moe superbpe trillion granite-docling bailingmoe bailingmoe2
+llada-moe seed-coder hunyuan hunyuan-dense hy_v4 joyai-llm ufakzeka grok-2 afmoe laguna minimax-m2
+solar-open mellum2 minicpm5""".split()
+
+
+def fnv1a32(data):
+    h = 0x811C9DC5
+    for x in data:
+        h = ((h ^ x) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+def with_pre(gguf_bytes, pre):
+    """The GGUF bytes with tokenizer.ggml.pre's string replaced (a vocab-only file has no
+    tensor data whose offsets could move)."""
+    import struct
+
+    key = b"tokenizer.ggml.pre"
+    at = gguf_bytes.index(struct.pack("<Q", len(key)) + key) + 8 + len(key)
+    (vtype,) = struct.unpack_from("<I", gguf_bytes, at)
+    assert vtype == 8
+    (n,) = struct.unpack_from("<Q", gguf_bytes, at + 4)
+    new = pre.encode()
+    return gguf_bytes[:at + 4] + struct.pack("<Q", len(new)) + new + gguf_bytes[at + 12 + n:]
+
+
+def pre_reference(texts):
+    import tempfile
+
+    import llama_cpp as L
+
+    base = open(TARGETS["gpt2"][0], "rb").read()
+    sample = texts[::3]
+    lines = [json.dumps({"vocab": "ggml-vocab-gpt-2.gguf", "texts": "corpus[::3]", "n": len(sample)})]
+    with tempfile.TemporaryDirectory() as tmp:
+        for pre in PRE_NAMES:
+            path = os.path.join(tmp, pre + ".gguf")
+            with open(path, "wb") as f:
+                f.write(with_pre(base, pre))
+            llm = L.Llama(path, vocab_only=True, verbose=False)
+            vocab = L.llama_model_get_vocab(llm._model.model)
+            hs = []
+            for text in sample:
+                n = len(text) + 16
+                buf = (L.llama_token * n)()
+                k = L.llama_tokenize(vocab, text, len(text), buf, n, False, False)
+                assert k >= 0
+                hs.append(f"{fnv1a32(' '.join(map(str, buf[:k])).encode()):08x}")
+            del llm
+            lines.append(json.dumps({"pre": pre, "h": " ".join(hs)}))
+            print(f"pre {pre}: {len(hs)} texts", file=sys.stderr)
+    with open(os.path.join(OUT, "pre.jsonl"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--corpus", action="store_true", help="only rebuild corpus.jsonl")
-    ap.add_argument("models", nargs="*", help=f"subset of {', '.join(TARGETS)}")
+    ap.add_argument("models", nargs="*", help=f"subset of {', '.join(TARGETS)}, pre")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     texts = build_corpus()
@@ -383,7 +449,9 @@ def main():
     print(f"corpus: {len(texts)} texts, {sum(map(len, texts))} bytes", file=sys.stderr)
     if args.corpus:
         return
-    for name in args.models or TARGETS:
+    if not args.models or "pre" in args.models:
+        pre_reference(texts)
+    for name in [m for m in args.models if m != "pre"] if args.models else TARGETS:
         path, limit = TARGETS[name]
         if not os.path.exists(path):
             print(f"{name}: {path} missing, skipped", file=sys.stderr)

@@ -31,11 +31,13 @@ static const char k_detok_usage[] =
 
 static int run_batch(const ag_tok *tok);
 
+static const char *g_pre_override; /* hidden --pre NAME (tests) */
+
 static int load_tok(const char *path, ag_tok **tok) {
     ag_gguf  *g = NULL;
     ag_status st = ag_gguf_open(path, &g);
-    if (st) return ag_cli_fail("%s", ag_error_message());
-    st = ag_tok_from_gguf(g, tok);
+    if (st) return ag_cli_fail("%s: %s", path, ag_error_message());
+    st = ag_tok_from_gguf_pre(g, g_pre_override, tok);
     ag_gguf_free(g);
     if (st) return ag_cli_fail("%s: %s", path, ag_error_message());
     return 0;
@@ -60,6 +62,7 @@ int ag_cli_tokenize(int argc, char **argv) {
     bool        raw = false;
     long        bench = 0;   /* hidden: time N encodes of the text, print JSON */
     bool        batch = false; /* hidden: the test interface below */
+    long        chunk = 0;     /* hidden, with --bench: encode in pieces of about this size */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -73,8 +76,15 @@ int ag_cli_tokenize(int argc, char **argv) {
             file = argv[i];
         } else if (!strcmp(a, "--raw")) {
             raw = true;
+        } else if (!strcmp(a, "--pre")) {
+            if (++i >= argc) return ag_cli_usage_error(k_tok_usage, "tokenize: %s needs a value", a);
+            g_pre_override = argv[i];
         } else if (!strcmp(a, "--batch")) {
             batch = true;
+        } else if (!strcmp(a, "--bench-chunk")) {
+            char *end;
+            if (++i >= argc || (chunk = strtol(argv[i], &end, 10)) <= 0 || *end)
+                return ag_cli_usage_error(k_tok_usage, "tokenize: --bench-chunk needs a positive size");
         } else if (!strcmp(a, "--bench")) {
             char *end;
             if (++i >= argc || (bench = strtol(argv[i], &end, 10)) <= 0 || *end)
@@ -132,7 +142,18 @@ int ag_cli_tokenize(int argc, char **argv) {
     for (long r = 0; r < (bench ? bench : 1) && !st; r++) {
         ids.n = 0;
         double t0 = now_s();
-        st = ag_tok_encode_append(tok, in.data, in.len, !raw, !raw, &ids);
+        if (chunk && bench) {
+            /* pieces end at the first newline at least `chunk` bytes on (bench/tok_bench.py
+             * cuts the same pieces for llama.cpp) */
+            for (size_t s = 0; s < in.len && !st;) {
+                size_t e = s + (size_t)chunk < in.len ? s + (size_t)chunk : in.len;
+                while (e < in.len && in.data[e - 1] != '\n') e++;
+                st = ag_tok_encode_append(tok, in.data + s, e - s, !raw, !raw, &ids);
+                s = e;
+            }
+        } else {
+            st = ag_tok_encode_append(tok, in.data, in.len, !raw, !raw, &ids);
+        }
         double dt = now_s() - t0;
         if (dt < best) best = dt;
     }

@@ -19,6 +19,7 @@
 #include "base/arena.h"
 #include "base/file.h"
 #include "base/hash.h"
+#include "base/utf8.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the GGUF reader assumes a little-endian host"
@@ -287,6 +288,28 @@ static ag_status parse_value(ag_gguf *g, cursor *c, uint32_t type, ag_gguf_value
     }
 }
 
+/* A name from the file made fit for a one-line message: control bytes and
+ * bytes that are not UTF-8 become \xNN, and long names are cut at ~64. */
+static const char *show(const char *s, char out[160]) {
+    size_t n = strlen(s), k = 0;
+    for (size_t i = 0; i < n && k < 64;) {
+        unsigned char c = (unsigned char)s[i];
+        uint32_t cp;
+        size_t len = c < 0x80 ? 1 : ag_utf8_decode(s + i, n - i, &cp);
+        if (c < 0x20 || c == 0x7f || len == 0) {
+            k += (size_t)snprintf(out + k, 160 - k, "\\x%02x", c);
+            i++;
+        } else {
+            memcpy(out + k, s + i, len);
+            k += len;
+            i += len;
+        }
+        if (i < n && k >= 64) k += (size_t)snprintf(out + k, 160 - k, "...");
+    }
+    out[k] = '\0';
+    return out;
+}
+
 /* Re-issues the current error message as "<what> '<name>': <message>". */
 static ag_status prefix_error(ag_status s, const char *what, const char *name) {
     char msg[512];
@@ -395,17 +418,19 @@ static ag_status parse(ag_gguf *g) {
         char *key;
         if ((s = take_name(g, kp, klen, AG_GGUF_MAX_KEY_LEN, at, "key", &key))) return s;
         g->keys[i] = key;
+        char kshow[160];
+        show(key, kshow);
         g->key_len[i] = (size_t)klen;
         int64_t dup = index_lookup(&g->kv_index, g->keys, g->key_len, key, (size_t)klen, (int64_t)i);
         if (dup >= 0)
-            return ag_errorf(AG_ERR_FORMAT, "at offset %zu: duplicate key '%s'", at, key);
+            return ag_errorf(AG_ERR_FORMAT, "at offset %zu: duplicate key '%s'", at, kshow);
         uint32_t type;
         size_t tat = c.pos;
         if ((s = rd_u32(&c, &type, "value type"))) return s;
         if (type > AG_GGUF_F64)
-            return ag_errorf(AG_ERR_FORMAT, "key '%s': at offset %zu: unknown value type %u", key,
+            return ag_errorf(AG_ERR_FORMAT, "key '%s': at offset %zu: unknown value type %u", kshow,
                              tat, type);
-        if ((s = parse_value(g, &c, type, &g->values[i], 0))) return prefix_error(s, "key", key);
+        if ((s = parse_value(g, &c, type, &g->values[i], 0))) return prefix_error(s, "key", kshow);
         if (!strcmp(key, "general.alignment")) {
             /* ggml requires a u32 power of two. */
             if (type != AG_GGUF_U32)
@@ -439,15 +464,17 @@ static ag_status parse(ag_gguf *g) {
         char *name;
         if ((s = take_name(g, np, nlen, AG_GGUF_MAX_NAME_LEN, at, "tensor name", &name))) return s;
         t->name = name;
+        char nshow[160];
+        show(name, nshow);
         names[i] = name;
         g->name_len[i] = (size_t)nlen;
         if (index_lookup(&g->tensor_index, names, g->name_len, name, (size_t)nlen, (int64_t)i) >= 0)
-            return ag_errorf(AG_ERR_FORMAT, "at offset %zu: duplicate tensor name '%s'", at, name);
+            return ag_errorf(AG_ERR_FORMAT, "at offset %zu: duplicate tensor name '%s'", at, nshow);
         size_t dat = c.pos;
         if ((s = rd_u32(&c, &t->n_dims, "tensor dimension count"))) return s;
         if (t->n_dims == 0 || t->n_dims > AG_GGUF_MAX_DIMS)
             return ag_errorf(AG_ERR_FORMAT, "tensor '%s': at offset %zu: %u dimensions (must be 1..%d)",
-                             name, dat, t->n_dims, AG_GGUF_MAX_DIMS);
+                             nshow, dat, t->n_dims, AG_GGUF_MAX_DIMS);
         uint64_t n_elems = 1;
         for (uint32_t d = 0; d < AG_GGUF_MAX_DIMS; d++) t->ne[d] = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) {
@@ -455,29 +482,29 @@ static ag_status parse(ag_gguf *g) {
             if ((s = rd_u64(&c, &t->ne[d], "tensor dimension"))) return s;
             if (t->ne[d] == 0 || t->ne[d] > (uint64_t)INT64_MAX)
                 return ag_errorf(AG_ERR_FORMAT, "tensor '%s': at offset %zu: dimension %u is %" PRIu64,
-                                 name, nat, d, t->ne[d]);
+                                 nshow, nat, d, t->ne[d]);
             if (__builtin_mul_overflow(n_elems, t->ne[d], &n_elems) || n_elems > (uint64_t)INT64_MAX)
                 return ag_errorf(AG_ERR_FORMAT, "tensor '%s': at offset %zu: element count overflows",
-                                 name, nat);
+                                 nshow, nat);
         }
         t->n_elems = n_elems;
         size_t tat = c.pos;
         if ((s = rd_u32(&c, &t->type, "tensor type"))) return s;
         uint32_t blck, bytes;
         if (!ag_tensor_type_layout(t->type, &blck, &bytes))
-            return ag_errorf(AG_ERR_FORMAT, "tensor '%s': at offset %zu: unknown tensor type %u", name,
+            return ag_errorf(AG_ERR_FORMAT, "tensor '%s': at offset %zu: unknown tensor type %u", nshow,
                              tat, t->type);
         if (t->ne[0] % blck != 0)
             return ag_errorf(AG_ERR_FORMAT,
                              "tensor '%s': row length %" PRIu64 " is not a multiple of the %s block size %u",
-                             name, t->ne[0], ag_tensor_type_name(t->type), blck);
+                             nshow, t->ne[0], ag_tensor_type_name(t->type), blck);
         /* size = (ne0 / blck) * bytes * ne1 * ne2 * ne3; n_elems fits in
          * int64, but bytes per block can exceed elements per block. */
         uint64_t size;
         bool ovf = __builtin_mul_overflow(t->ne[0] / blck, (uint64_t)bytes, &size);
         for (uint32_t d = 1; d < AG_GGUF_MAX_DIMS; d++) ovf |= __builtin_mul_overflow(size, t->ne[d], &size);
         if (ovf)
-            return ag_errorf(AG_ERR_FORMAT, "tensor '%s': byte size overflows", name);
+            return ag_errorf(AG_ERR_FORMAT, "tensor '%s': byte size overflows", nshow);
         t->size = size;
         size_t oat = c.pos;
         if ((s = rd_u64(&c, &t->offset, "tensor offset"))) return s;
@@ -485,7 +512,7 @@ static ag_status parse(ag_gguf *g) {
             return ag_errorf(AG_ERR_FORMAT,
                              "tensor '%s': at offset %zu: data offset %" PRIu64
                              " is not a multiple of the alignment %" PRIu64,
-                             name, oat, t->offset, g->alignment);
+                             nshow, oat, t->offset, g->alignment);
     }
 
     /* The data section starts at the next multiple of the alignment. */
@@ -501,12 +528,13 @@ static ag_status parse(ag_gguf *g) {
 
     for (uint64_t i = 0; i < n_tensors; i++) {
         ag_gguf_tensor *t = &g->tensors[i];
+        char nshow[160];
         uint64_t a, b;
         if (__builtin_add_overflow(data_off, t->offset, &a) || __builtin_add_overflow(a, t->size, &b) ||
             b > g->size)
             return ag_errorf(AG_ERR_FORMAT,
                              "tensor '%s': data [%" PRIu64 ", %" PRIu64 ") beyond end of file (size %zu)",
-                             t->name, data_off + t->offset, data_off + t->offset + t->size, g->size);
+                             show(t->name, nshow), data_off + t->offset, data_off + t->offset + t->size, g->size);
         t->data = g->data + a;
     }
 
@@ -540,11 +568,12 @@ static ag_status parse(ag_gguf *g) {
         ag_status st = AG_OK;
         for (uint64_t k = 1; k < n_tensors; k++) {
             const ag_gguf_tensor *p = &g->tensors[order[k - 1]], *q = &g->tensors[order[k]];
+            char ps[160], qs[160];
             if (p->offset + p->size > q->offset) {
                 st = ag_errorf(AG_ERR_FORMAT,
                                "tensor '%s': data [%" PRIu64 ", %" PRIu64 ") overlaps tensor '%s' [%" PRIu64
                                ", %" PRIu64 ")",
-                               q->name, data_off + q->offset, data_off + q->offset + q->size, p->name,
+                               show(q->name, qs), data_off + q->offset, data_off + q->offset + q->size, show(p->name, ps),
                                data_off + p->offset, data_off + p->offset + p->size);
                 break;
             }

@@ -283,7 +283,7 @@ static ag_status collect_special(ag_tok *tok) {
         eog_remove(tok, s_id);
         tok->entries[s_id].attr = AG_TOK_ATTR_NORMAL;
     }
-    qsort(tok->eog, tok->n_eog, sizeof *tok->eog, cmp_i32);
+    if (tok->n_eog) qsort(tok->eog, tok->n_eog, sizeof *tok->eog, cmp_i32);
     return AG_OK;
 }
 
@@ -508,7 +508,7 @@ void ag_tok_spec_init(ag_tok_spec *spec) {
 
 static void set_special(ag_tok *tok, int32_t *slot, int64_t given, const char *what) {
     if (*slot >= tok->n_vocab) *slot = -1; /* a default out of range is disabled */
-    if (given < 0) return;
+    if (given < 0 || given == 0xFFFFFFFFll) return; /* -1 stored as u32: "none" */
     if (given >= tok->n_vocab) {
         AG_LOGW("tokenizer: %s id %lld is out of the vocabulary, using %d", what, (long long)given, *slot);
         return;
@@ -781,7 +781,9 @@ static ag_status string_array(const ag_gguf *g, const char *key, bool required, 
     return AG_OK;
 }
 
-ag_status ag_tok_from_gguf(const ag_gguf *g, ag_tok **out) {
+ag_status ag_tok_from_gguf(const ag_gguf *g, ag_tok **out) { return ag_tok_from_gguf_pre(g, NULL, out); }
+
+ag_status ag_tok_from_gguf_pre(const ag_gguf *g, const char *pre_override, ag_tok **out) {
     *out = NULL;
     ag_tok_spec spec;
     ag_tok_spec_init(&spec);
@@ -799,7 +801,7 @@ ag_status ag_tok_from_gguf(const ag_gguf *g, ag_tok **out) {
         memcpy(pre, s, len);
         pre[len] = '\0';
     }
-    spec.pre = pre;
+    spec.pre = pre_override ? pre_override : pre;
     name[0] = '\0';
     if ((s = ag_gguf_get_str(g, "general.name", &len))) {
         if (len >= sizeof name) len = sizeof name - 1;

@@ -69,7 +69,9 @@ typedef struct {
     /* Special ids as found in metadata (-1 = key absent: keep the default). */
     int64_t bos, eos, eot, eom, unk, sep, pad, mask;
     int64_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
-    int add_bos, add_eos, add_space_prefix, remove_extra_whitespaces; /* -1 = default */
+    /* -1 = default. remove_extra_whitespaces is kept but, as in llama.cpp,
+     * changes nothing. */
+    int add_bos, add_eos, add_space_prefix, remove_extra_whitespaces;
 } ag_tok_spec;
 
 /* Fills every id with -1 and every boolean with -1. */
@@ -85,6 +87,11 @@ ag_status ag_tok_new(const ag_tok_spec *spec, ag_tok **out);
 /* Builds a tokenizer from a GGUF file's tokenizer.ggml.* metadata. The result
  * copies what it needs: the ag_gguf may be freed right after. */
 ag_status ag_tok_from_gguf(const ag_gguf *g, ag_tok **out);
+
+/* Same, with the pre-tokenizer forced to `pre` (a tokenizer.ggml.pre name)
+ * instead of the file's: for files converted without one, and for tests.
+ * NULL = the file's. */
+ag_status ag_tok_from_gguf_pre(const ag_gguf *g, const char *pre, ag_tok **out);
 
 void ag_tok_free(ag_tok *tok); /* NULL-safe */
 

@@ -500,7 +500,7 @@ static ag_status partition(enc_ctx *c, const char *text, size_t len, bool parse_
         }
         if (L == 1) break;
     }
-    qsort(acc, na, sizeof *acc, cmp_accepted);
+    if (na) qsort(acc, na, sizeof *acc, cmp_accepted);
     bool   after_special = true;
     size_t ai = 0;
     for (size_t p = 0; p < len;) {

@@ -229,6 +229,41 @@ def test_matches_llama_cpp(name, corpus):
         assert not bad, f"{name} {k}: {len(bad)}/{len(v)} differ from llama.cpp, first: {bad[0][:200]!r}"
 
 
+# ---- every pre-tokenizer, on GPT-2's vocabulary ----
+
+def load_pre_reference():
+    with open(os.path.join(DATA, "pre.jsonl"), encoding="utf-8") as f:
+        head = json.loads(f.readline())
+        return head, [json.loads(l) for l in f]
+
+
+def fnv1a32(data):
+    h = 0x811C9DC5
+    for x in data:
+        h = ((h ^ x) * 0x01000193) & 0xFFFFFFFF
+    return h
+
+
+PRE_HEAD, PRE_ROWS = load_pre_reference()
+
+
+@pytest.mark.parametrize("row", PRE_ROWS, ids=[r["pre"] for r in PRE_ROWS])
+def test_pre_tokenizer_matches_llama_cpp(row, corpus):
+    """llama.cpp's tokenizer on GPT-2's vocabulary with tokenizer.ggml.pre set to each name
+    it knows (scripts/tok_reference.py), against ours with the same pre-tokenizer forced."""
+    model = os.path.join(VOCAB, PRE_HEAD["vocab"])
+    texts = corpus[::3]
+    want = row["h"].split()
+    assert len(want) == len(texts) == PRE_HEAD["n"]
+    b = Batch.__new__(Batch)
+    b.p = subprocess.Popen([AUGUR, "tokenize", "-m", model, "--pre", row["pre"], "--batch"], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ans = b.ask_many(["e r " + t.hex() for t in texts])
+    got = [f"{fnv1a32(' '.join(map(str, ids_of(a))).encode()):08x}" for a in ans]
+    bad = [texts[i] for i in range(len(texts)) if got[i] != want[i]]
+    assert not bad, f"pre {row['pre']}: {len(bad)}/{len(texts)} differ, first: {bad[0][:120]!r}"
+
+
 # ---- round trips ----
 
 ROUND_TRIP = ["Hello world", "  leading and trailing  ", "tabs\tand\nnewlines\r\n", "数字 123456789 和中文",

@@ -784,6 +784,13 @@ static void crafted_bad_headers(void **state) {
     r_tensor(&r, "y", 1, ne1, AG_TYPE_F32, 0);
     r_pad(&r, 32, 256);
     assert_int_equal(open_copy(r.b, r.n), AG_OK);
+    /* names from the file are escaped in messages, which stay one line */
+    r_header(&r, 3, 2, 0);
+    r_tensor(&r, "a\nb\xff", 1, ne1, AG_TYPE_F32, 0);
+    r_tensor(&r, "a\nb\xff", 1, ne1, AG_TYPE_F32, 128);
+    r_pad(&r, 32, 512);
+    expect_format(&r, "duplicate tensor name 'a\\x0ab\\xff'");
+    assert_null(strchr(ag_error_message(), '\n'));
     /* the message of an out-of-file tensor names it, its range and the size */
     r_header(&r, 3, 1, 0);
     r_tensor(&r, "w", 1, ne1, AG_TYPE_F32, 0);
