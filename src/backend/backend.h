@@ -1,0 +1,98 @@
+/* The backend op table: what a device must provide to run a model.
+ *
+ * A model (src/model) is a description of ops; it never touches device memory
+ * directly. It asks its backend for activation buffers and calls the ops
+ * below on them. The CPU backend (src/backend/cpu) is the reference: every op
+ * of another backend is tested against it with a stated tolerance, and a
+ * backend may leave a member NULL to fall back to the CPU's.
+ *
+ * Buffers are float32 arrays in the backend's memory (host memory for the
+ * CPU). Row-major: "x[n][d]" means n rows of d floats. */
+#ifndef AG_BACKEND_H
+#define AG_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+
+typedef struct ag_kv ag_kv;
+
+/* A weight matrix or vector as stored in the model file: ne[0] elements per
+ * row (contiguous), ne[1] rows. `data` is borrowed (mmapped file). */
+typedef struct {
+    const char *name;
+    uint32_t    type; /* ag_tensor_type */
+    int64_t     ne[4];
+    size_t      row_bytes;
+    const void *data;
+} ag_tensor;
+
+/* Where each token of a batch sits, for the attention and KV ops. */
+typedef struct {
+    int            n;
+    const int32_t *pos; /* [n] */
+    const int32_t *seq; /* [n] */
+} ag_batch_layout;
+
+/* The shape of one attention layer. */
+typedef struct {
+    int   layer;
+    int   n_head, n_head_kv, head_dim_k, head_dim_v;
+    float scale;  /* multiplies q·k */
+    int   window; /* 0: attend to all earlier positions; w > 0: only to pos - w < p <= pos */
+    float softcap; /* 0: off */
+} ag_attn_shape;
+
+typedef struct ag_backend ag_backend;
+
+typedef struct {
+    const char *name;
+    /* y[n][w.ne[1]] = x[n][w.ne[0]] · Wᵀ, any supported weight type. */
+    ag_status (*matmul)(ag_backend *, const ag_tensor *w, const float *x, int n, float *y);
+    /* out[i][:] = row ids[i] of w, dequantized. Ids are checked by the caller. */
+    ag_status (*get_rows)(ag_backend *, const ag_tensor *w, const int32_t *ids, int n, float *out);
+    /* out[i] = x[i] / rms(x[i]) * w, per row of `dim`; w may be NULL (no gain). out may alias x. */
+    void (*rmsnorm)(ag_backend *, const float *x, const float *w, int n, int dim, float eps, float *out);
+    /* Rotary embedding in place on x[n][n_head][head_dim] over the first rope_dim
+     * dims of each head, at positions pos[n]. neox: rotate pairs (i, i + rope_dim/2);
+     * else adjacent pairs (2i, 2i + 1). */
+    void (*rope)(ag_backend *, float *x, int n, int n_head, int head_dim, int rope_dim,
+                 const int32_t *pos, float base, float freq_scale, bool neox);
+    /* x[i][j] += b[j] for n rows of dim. */
+    void (*add_bias)(ag_backend *, float *x, const float *b, int n, int dim);
+    /* y += x, n elements. */
+    void (*add)(ag_backend *, float *y, const float *x, size_t n);
+    /* x *= s, n elements. */
+    void (*scale)(ag_backend *, float *x, float s, size_t n);
+    /* gate[i] = act(gate[i]) * up[i], n elements; act is SiLU or GELU (tanh approx.). */
+    void (*silu_mul)(ag_backend *, float *gate, const float *up, size_t n);
+    void (*gelu_mul)(ag_backend *, float *gate, const float *up, size_t n);
+    /* Stores k[n][n_head_kv*hd_k], v[n][n_head_kv*hd_v] at each token's (seq, pos)
+     * in the layer's KV cache (the caller reserved the slots). */
+    ag_status (*kv_store)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,
+                          const float *k, const float *v);
+    /* out[n][n_head*hd_v] = softmax(scale · q·Kᵀ (causal, windowed)) · V, each
+     * token attending to its own sequence's positions <= its pos. */
+    ag_status (*attention)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,
+                           const float *q, float *out);
+} ag_backend_ops;
+
+struct ag_backend {
+    const ag_backend_ops *ops;
+    void                 *impl; /* backend-private state (thread pool, scratch, device) */
+};
+
+/* ---- the CPU backend ---- */
+typedef struct {
+    int n_threads; /* 0: all online cores */
+} ag_cpu_params;
+
+ag_cpu_params ag_cpu_default_params(void);
+/* Creates the CPU backend (thread pool and scratch). Free with ag_backend_free. */
+ag_status ag_cpu_backend_new(const ag_cpu_params *p, ag_backend **out);
+void      ag_backend_free(ag_backend *be); /* NULL-safe */
+int       ag_cpu_backend_threads(const ag_backend *be);
+
+#endif

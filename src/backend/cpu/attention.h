@@ -1,0 +1,21 @@
+/* CPU attention over the paged KV cache (see backend.h for the op
+ * contracts and kv.h for the storage layout). */
+#ifndef AG_BACKEND_CPU_ATTENTION_H
+#define AG_BACKEND_CPU_ATTENTION_H
+
+#include "backend/backend.h"
+
+/* Writes each token's K/V rows into its reserved KV slot (F16 or F32 storage). */
+ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *k,
+                          const float *v);
+
+/* Attention for one task = (token t, kv head g), task = t * n_head_kv + g:
+ * writes the outputs of the query heads of group g for token t. `scratch`
+ * holds ag_cpu_attention_scratch_floats() floats, private to the caller's
+ * thread. Tasks are independent and may run concurrently. */
+void   ag_cpu_attention_task(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *q,
+                             float *out, int task, float *scratch);
+/* Scratch for tasks whose tokens sit at positions <= max_pos. */
+size_t ag_cpu_attention_scratch_floats(const ag_kv *kv, const ag_attn_shape *s, int max_pos);
+
+#endif

@@ -1,0 +1,166 @@
+/* The CPU backend: the reference implementation of backend.h's op table,
+ * multi-threaded over a thread pool. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/attention.h"
+#include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quant.h"
+#include "base/threadpool.h"
+
+typedef struct {
+    ag_threadpool *pool;
+    int            n_threads;
+    void          *mm_scratch; /* quantized activations of one matmul */
+    size_t         mm_scratch_size;
+    float        **attn_scratch; /* per thread */
+    size_t         attn_scratch_floats;
+} cpu_state;
+
+static cpu_state *state_of(ag_backend *be) { return be->impl; }
+
+static ag_status cpu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, float *y) {
+    cpu_state *s = state_of(be);
+    size_t need = ag_matmul_scratch_size(w->type, w->ne[0], n);
+    if (need > s->mm_scratch_size) {
+        free(s->mm_scratch);
+        s->mm_scratch = aligned_alloc(64, (need + 63) & ~(size_t)63);
+        s->mm_scratch_size = s->mm_scratch ? need : 0;
+        if (!s->mm_scratch) return ag_errorf(AG_ERR_NOMEM, "out of memory for matmul scratch (%zu bytes)", need);
+    }
+    ag_status st = ag_matmul(s->pool, w->type, w->data, w->ne[1], w->ne[0], x, w->ne[0], n, y, w->ne[1],
+                             s->mm_scratch, s->mm_scratch_size);
+    if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
+    return AG_OK;
+}
+
+static ag_status cpu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t *ids, int n, float *out) {
+    for (int i = 0; i < n; i++) {
+        const uint8_t *row = (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes;
+        ag_status st = ag_dequant_row(w->type, row, out + (size_t)i * w->ne[0], w->ne[0]);
+        if (st) return st;
+    }
+    return AG_OK;
+}
+
+static void cpu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
+    ag_cpu_rmsnorm(x, w, n, dim, eps, out);
+}
+
+static void cpu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
+                     float base, float freq_scale, bool neox) {
+    ag_cpu_rope(x, n, n_head, head_dim, rope_dim, pos, base, freq_scale, neox);
+}
+
+static void cpu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) { ag_cpu_add_bias(x, b, n, dim); }
+static void cpu_add(ag_backend *be, float *y, const float *x, size_t n) { ag_cpu_add(y, x, n); }
+static void cpu_scale(ag_backend *be, float *x, float s, size_t n) { ag_cpu_scale(x, s, n); }
+static void cpu_silu_mul(ag_backend *be, float *g, const float *u, size_t n) { ag_cpu_silu_mul(g, u, n); }
+static void cpu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) { ag_cpu_gelu_mul(g, u, n); }
+
+static ag_status cpu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
+                              const float *k, const float *v) {
+    return ag_cpu_kv_store(kv, sh, b, k, v);
+}
+
+typedef struct {
+    cpu_state             *s;
+    ag_kv                 *kv;
+    const ag_attn_shape   *sh;
+    const ag_batch_layout *b;
+    const float           *q;
+    float                 *out;
+} attn_job;
+
+static void attn_task(void *ctx, int64_t task, int thread) {
+    attn_job *j = ctx;
+    ag_cpu_attention_task(j->kv, j->sh, j->b, j->q, j->out, (int)task, j->s->attn_scratch[thread]);
+}
+
+static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
+                               const float *q, float *out) {
+    cpu_state *s = state_of(be);
+    int max_pos = 0;
+    for (int i = 0; i < b->n; i++) max_pos = b->pos[i] > max_pos ? b->pos[i] : max_pos;
+    size_t need = ag_cpu_attention_scratch_floats(kv, sh, max_pos);
+    if (need > s->attn_scratch_floats) {
+        for (int t = 0; t < s->n_threads; t++) {
+            free(s->attn_scratch[t]);
+            s->attn_scratch[t] = aligned_alloc(64, ((need * sizeof(float)) + 63) & ~(size_t)63);
+            if (!s->attn_scratch[t]) {
+                s->attn_scratch_floats = 0;
+                return ag_errorf(AG_ERR_NOMEM, "out of memory for attention scratch");
+            }
+        }
+        s->attn_scratch_floats = need;
+    }
+    attn_job j = {s, kv, sh, b, q, out};
+    ag_threadpool_run(s->pool, (int64_t)b->n * sh->n_head_kv, attn_task, &j);
+    return AG_OK;
+}
+
+static const ag_backend_ops cpu_ops = {
+    .name = "cpu",
+    .matmul = cpu_matmul,
+    .get_rows = cpu_get_rows,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .add_bias = cpu_add_bias,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .silu_mul = cpu_silu_mul,
+    .gelu_mul = cpu_gelu_mul,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+};
+
+ag_cpu_params ag_cpu_default_params(void) {
+    ag_cpu_params p = {.n_threads = 0};
+    return p;
+}
+
+ag_status ag_cpu_backend_new(const ag_cpu_params *p, ag_backend **out) {
+    *out = NULL;
+    ag_backend *be = calloc(1, sizeof *be);
+    cpu_state *s = calloc(1, sizeof *s);
+    if (!be || !s) {
+        free(be);
+        free(s);
+        return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    }
+    be->ops = &cpu_ops;
+    be->impl = s;
+    ag_threadpool_params tp = ag_threadpool_default_params();
+    tp.n_threads = p ? p->n_threads : 0;
+    ag_status st = ag_threadpool_create(&tp, &s->pool);
+    if (st) {
+        ag_backend_free(be);
+        return st;
+    }
+    s->n_threads = ag_threadpool_size(s->pool);
+    s->attn_scratch = calloc((size_t)s->n_threads, sizeof *s->attn_scratch);
+    if (!s->attn_scratch) {
+        ag_backend_free(be);
+        return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    }
+    *out = be;
+    return AG_OK;
+}
+
+void ag_backend_free(ag_backend *be) {
+    if (!be) return;
+    cpu_state *s = be->impl;
+    if (s) {
+        ag_threadpool_free(s->pool);
+        if (s->attn_scratch)
+            for (int t = 0; t < s->n_threads; t++) free(s->attn_scratch[t]);
+        free(s->attn_scratch);
+        free(s->mm_scratch);
+        free(s);
+    }
+    free(be);
+}
+
+int ag_cpu_backend_threads(const ag_backend *be) { return ((const cpu_state *)be->impl)->n_threads; }

@@ -1,0 +1,93 @@
+/* CPU reference ops that are not matrix products: norms, rotary embedding,
+ * activations, elementwise arithmetic. Written as plain loops the compiler
+ * vectorises; they are a small share of a step next to the matmuls. */
+#include "backend/cpu/cpu_ops.h"
+
+#include <math.h>
+
+#include "backend/cpu/quant.h"
+
+void ag_cpu_rmsnorm(const float *x, const float *w, int n, int dim, float eps, float *out) {
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float *o = out + (size_t)r * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        float s = (float)(1.0 / sqrt(ss / dim + eps));
+        if (w)
+            for (int i = 0; i < dim; i++) o[i] = xr[i] * s * w[i];
+        else
+            for (int i = 0; i < dim; i++) o[i] = xr[i] * s;
+    }
+}
+
+void ag_cpu_rope(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
+                 float freq_scale, bool neox) {
+    const int half = rope_dim / 2;
+    float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 */
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < half; i++) {
+            /* theta_i = pos * freq_scale * base^(-2i/rope_dim) */
+            double theta = (double)pos[t] * freq_scale * pow((double)base, -2.0 * i / rope_dim);
+            cs[i] = (float)cos(theta);
+            sn[i] = (float)sin(theta);
+        }
+        for (int hd = 0; hd < n_head; hd++) {
+            float *v = x + ((size_t)t * n_head + hd) * head_dim;
+            if (neox) {
+                for (int i = 0; i < half; i++) {
+                    float a = v[i], b = v[i + half];
+                    v[i] = a * cs[i] - b * sn[i];
+                    v[i + half] = a * sn[i] + b * cs[i];
+                }
+            } else {
+                for (int i = 0; i < half; i++) {
+                    float a = v[2 * i], b = v[2 * i + 1];
+                    v[2 * i] = a * cs[i] - b * sn[i];
+                    v[2 * i + 1] = a * sn[i] + b * cs[i];
+                }
+            }
+        }
+    }
+}
+
+void ag_cpu_add_bias(float *x, const float *b, int n, int dim) {
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < dim; i++) x[(size_t)r * dim + i] += b[i];
+}
+
+void ag_cpu_add(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void ag_cpu_scale(float *x, float s, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+void ag_cpu_silu_mul(float *gate, const float *up, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* GELU (tanh form) as the reference computes it: llama.cpp's CPU backend
+ * looks GELU up in a table indexed by the fp16 value of x, holding fp16
+ * results, with exact limits beyond |x| >= 10. We follow it: the difference
+ * is ~1e-3 relative, and in a quantized model such perturbations flip int8
+ * roundings downstream and add up (see tests/py/test_parity.py). */
+void ag_cpu_gelu_mul(float *gate, const float *up, size_t n) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        if (g <= -10.0f) {
+            gate[i] = 0.0f;
+        } else if (g >= 10.0f) {
+            gate[i] = g * up[i];
+        } else {
+            g = ag_fp16_to_fp32(ag_fp32_to_fp16(g));
+            float y = 0.5f * g * (1.0f + tanhf(k * g * (1.0f + 0.044715f * g * g)));
+            gate[i] = ag_fp16_to_fp32(ag_fp32_to_fp16(y)) * up[i];
+        }
+    }
+}

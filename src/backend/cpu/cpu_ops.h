@@ -1,0 +1,20 @@
+/* CPU implementations of the elementwise and normalisation ops of
+ * backend.h (see there for the contracts). Single-threaded; pure functions
+ * of their arguments. */
+#ifndef AG_BACKEND_CPU_OPS_H
+#define AG_BACKEND_CPU_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+void ag_cpu_rmsnorm(const float *x, const float *w, int n, int dim, float eps, float *out);
+void ag_cpu_rope(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
+                 float freq_scale, bool neox);
+void ag_cpu_add_bias(float *x, const float *b, int n, int dim);
+void ag_cpu_add(float *y, const float *x, size_t n);
+void ag_cpu_scale(float *x, float s, size_t n);
+void ag_cpu_silu_mul(float *gate, const float *up, size_t n);
+void ag_cpu_gelu_mul(float *gate, const float *up, size_t n);
+
+#endif

@@ -1,0 +1,342 @@
+/* Model loading: configuration from GGUF metadata, tensor binding with shape
+ * checks, and the shared decoder forward pass. Architecture differences are
+ * data (ag_model_config flags and optional tensors), set in arch_config(). */
+#include "model/model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/arena.h"
+#include "base/log.h"
+
+struct ag_model {
+    ag_gguf         *gguf;
+    ag_model_config  cfg;
+    ag_tensor        tok_embd, output_norm, output;
+    ag_layer_weights layers[AG_MAX_LAYERS];
+    ag_backend      *be;
+    ag_arena         scratch;
+    uint64_t         weight_bytes;
+    char             path[512];
+};
+
+ag_model_params ag_model_default_params(void) {
+    ag_model_params p;
+    p.cpu = ag_cpu_default_params();
+    return p;
+}
+
+/* ---- metadata helpers ---- */
+
+static bool get_int(const ag_gguf *g, const char *arch, const char *suffix, int *out) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v;
+    if (!ag_gguf_get_i64(g, key, &v) || v < 0 || v > (1 << 30)) return false;
+    *out = (int)v;
+    return true;
+}
+
+static bool get_float(const ag_gguf *g, const char *arch, const char *suffix, float *out) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    return ag_gguf_get_f32(g, key, out);
+}
+
+static ag_status need_int(const ag_gguf *g, const char *arch, const char *suffix, int *out, int min) {
+    if (!get_int(g, arch, suffix, out))
+        return ag_errorf(AG_ERR_FORMAT, "missing or invalid metadata %s.%s", arch, suffix);
+    if (*out < min) return ag_errorf(AG_ERR_FORMAT, "metadata %s.%s = %d is out of range", arch, suffix, *out);
+    return AG_OK;
+}
+
+static ag_status read_config(const ag_gguf *g, ag_model_config *c) {
+    memset(c, 0, sizeof *c);
+    uint64_t len;
+    const char *arch = ag_gguf_get_str(g, "general.architecture", &len);
+    if (!arch) return ag_errorf(AG_ERR_FORMAT, "missing general.architecture");
+    if (len >= sizeof c->arch_name) len = sizeof c->arch_name - 1;
+    memcpy(c->arch_name, arch, len);
+    c->arch_name[len] = '\0';
+    const char *a = c->arch_name;
+    if (!strcmp(a, "llama")) c->arch = AG_ARCH_LLAMA;
+    else if (!strcmp(a, "qwen2")) c->arch = AG_ARCH_QWEN2;
+    else if (!strcmp(a, "gemma3")) c->arch = AG_ARCH_GEMMA3;
+    else return ag_errorf(AG_ERR_UNSUPPORTED, "unsupported architecture '%s' (supported: llama, qwen2, gemma3)", a);
+
+    ag_status st;
+    if ((st = need_int(g, a, "embedding_length", &c->n_embd, 1))) return st;
+    if ((st = need_int(g, a, "block_count", &c->n_layer, 1))) return st;
+    if ((st = need_int(g, a, "feed_forward_length", &c->n_ff, 1))) return st;
+    if ((st = need_int(g, a, "attention.head_count", &c->n_head, 1))) return st;
+    if (c->n_layer > AG_MAX_LAYERS)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "%d layers; at most %d are supported", c->n_layer, AG_MAX_LAYERS);
+    if (!get_int(g, a, "attention.head_count_kv", &c->n_head_kv)) c->n_head_kv = c->n_head;
+    if (c->n_head_kv < 1 || c->n_head % c->n_head_kv)
+        return ag_errorf(AG_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d", c->n_head, c->n_head_kv);
+    if (!get_int(g, a, "context_length", &c->n_ctx_train) || c->n_ctx_train < 1) c->n_ctx_train = 2048;
+    if (!get_int(g, a, "attention.key_length", &c->head_dim_k)) {
+        if (c->n_embd % c->n_head) return ag_errorf(AG_ERR_FORMAT, "embedding_length not a multiple of head_count");
+        c->head_dim_k = c->n_embd / c->n_head;
+    }
+    if (!get_int(g, a, "attention.value_length", &c->head_dim_v)) c->head_dim_v = c->head_dim_k;
+    if (c->head_dim_k < 2 || c->head_dim_k > 1024 || c->head_dim_v < 1 || c->head_dim_v > 1024)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "head dimension %d/%d out of range", c->head_dim_k, c->head_dim_v);
+    if (!get_int(g, a, "rope.dimension_count", &c->rope_dim)) c->rope_dim = c->head_dim_k;
+    if (c->rope_dim > c->head_dim_k || c->rope_dim % 2)
+        return ag_errorf(AG_ERR_FORMAT, "rope.dimension_count %d invalid for head dim %d", c->rope_dim, c->head_dim_k);
+    if (!get_float(g, a, "rope.freq_base", &c->rope_base)) c->rope_base = 10000.0f;
+    c->rope_base_swa = c->rope_base;
+    c->rope_freq_scale = 1.0f;
+    float factor;
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    uint64_t tlen;
+    const char *stype = ag_gguf_get_str(g, key, &tlen);
+    if (get_float(g, a, "rope.scaling.factor", &factor) && factor > 0 && factor != 1.0f) {
+        if (stype && !(tlen == 6 && !memcmp(stype, "linear", 6)) && !(tlen == 4 && !memcmp(stype, "none", 4)))
+            return ag_errorf(AG_ERR_UNSUPPORTED, "rope scaling type '%.*s' is not supported", (int)tlen, stype);
+        c->rope_freq_scale = 1.0f / factor;
+    }
+    if (!get_float(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps)) c->rms_eps = 1e-5f;
+    c->embd_scale = 1.0f;
+    c->attn_scale = 1.0f / sqrtf((float)c->head_dim_k);
+
+    switch (c->arch) {
+    case AG_ARCH_LLAMA: c->rope_neox = false; break;
+    case AG_ARCH_QWEN2: c->rope_neox = true; break;
+    case AG_ARCH_GEMMA3:
+        c->rope_neox = true;
+        c->gelu = true;
+        c->embd_scale = sqrtf((float)c->n_embd);
+        c->rope_base_swa = 10000.0f;
+        if (!get_int(g, a, "attention.sliding_window", &c->sliding_window)) c->sliding_window = 0;
+        /* Gemma 3: five sliding-window layers, then one global layer. */
+        for (int l = 0; l < c->n_layer; l++) c->layer_swa[l] = c->sliding_window > 0 && (l % 6) < 5;
+        break;
+    }
+    return AG_OK;
+}
+
+/* ---- tensor binding ---- */
+
+static ag_status bind(ag_model *m, ag_tensor *t, const char *name, int64_t ne0, int64_t ne1, bool required) {
+    memset(t, 0, sizeof *t);
+    const ag_gguf_tensor *gt = ag_gguf_find_tensor(m->gguf, name);
+    if (!gt) {
+        if (required) return ag_errorf(AG_ERR_FORMAT, "missing tensor '%s'", name);
+        return AG_OK;
+    }
+    int64_t want1 = ne1 ? ne1 : 1;
+    if ((int64_t)gt->ne[0] != ne0 || (int64_t)gt->ne[1] != want1 || gt->ne[2] != 1 || gt->ne[3] != 1)
+        return ag_errorf(AG_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
+                         name, (unsigned long long)gt->ne[0], (unsigned long long)gt->ne[1],
+                         (unsigned long long)gt->ne[2], (unsigned long long)gt->ne[3], (long long)ne0,
+                         (long long)want1);
+    uint32_t be, bb;
+    if (!ag_tensor_type_layout(gt->type, &be, &bb) || ne0 % be)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s': type %s unsupported here", name,
+                         ag_tensor_type_name(gt->type));
+    t->name = gt->name;
+    t->type = gt->type;
+    t->ne[0] = ne0;
+    t->ne[1] = want1;
+    t->ne[2] = t->ne[3] = 1;
+    t->row_bytes = (size_t)(ne0 / be) * bb;
+    t->data = gt->data;
+    return AG_OK;
+}
+
+static ag_status bind_layer(ag_model *m, int l) {
+    const ag_model_config *c = &m->cfg;
+    ag_layer_weights *w = &m->layers[l];
+    int64_t qd = (int64_t)c->n_head * c->head_dim_k, kd = (int64_t)c->n_head_kv * c->head_dim_k,
+            vd = (int64_t)c->n_head_kv * c->head_dim_v, od = (int64_t)c->n_head * c->head_dim_v;
+    bool gemma = c->arch == AG_ARCH_GEMMA3, qwen = c->arch == AG_ARCH_QWEN2;
+    char n[96];
+    ag_status st;
+#define B(field, suffix, a, b, req)                                  \
+    do {                                                             \
+        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);               \
+        if ((st = bind(m, &w->field, n, a, b, req))) return st;      \
+    } while (0)
+    B(attn_norm, "attn_norm.weight", c->n_embd, 0, true);
+    B(wq, "attn_q.weight", c->n_embd, qd, true);
+    B(wk, "attn_k.weight", c->n_embd, kd, true);
+    B(wv, "attn_v.weight", c->n_embd, vd, true);
+    B(wo, "attn_output.weight", od, c->n_embd, true);
+    B(bq, "attn_q.bias", qd, 0, qwen);
+    B(bk, "attn_k.bias", kd, 0, qwen);
+    B(bv, "attn_v.bias", vd, 0, qwen);
+    B(q_norm, "attn_q_norm.weight", c->head_dim_k, 0, gemma);
+    B(k_norm, "attn_k_norm.weight", c->head_dim_k, 0, gemma);
+    B(post_attn_norm, "post_attention_norm.weight", c->n_embd, 0, gemma);
+    B(ffn_norm, "ffn_norm.weight", c->n_embd, 0, true);
+    B(ffn_gate, "ffn_gate.weight", c->n_embd, c->n_ff, true);
+    B(ffn_up, "ffn_up.weight", c->n_embd, c->n_ff, true);
+    B(ffn_down, "ffn_down.weight", c->n_ff, c->n_embd, true);
+    B(post_ffn_norm, "post_ffw_norm.weight", c->n_embd, 0, gemma);
+#undef B
+    /* Norm gains and biases are read as plain floats. */
+    const ag_tensor *f32[] = {&w->attn_norm, &w->bq, &w->bk, &w->bv, &w->q_norm, &w->k_norm,
+                              &w->post_attn_norm, &w->ffn_norm, &w->post_ffn_norm};
+    for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
+        if (f32[i]->data && f32[i]->type != AG_TYPE_F32)
+            return ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s' must be F32, is %s", f32[i]->name,
+                             ag_tensor_type_name(f32[i]->type));
+    const ag_tensor *mats[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->ffn_gate, &w->ffn_up, &w->ffn_down};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        m->weight_bytes += mats[i]->row_bytes * (uint64_t)mats[i]->ne[1];
+    return AG_OK;
+}
+
+ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **out) {
+    *out = NULL;
+    ag_model_params defaults = ag_model_default_params();
+    if (!p) p = &defaults;
+    ag_model *m = calloc(1, sizeof *m);
+    if (!m) return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    snprintf(m->path, sizeof m->path, "%s", path);
+    ag_status st = ag_gguf_open(path, &m->gguf);
+    if (st) goto fail_named;
+    if ((st = read_config(m->gguf, &m->cfg))) goto fail_named;
+    ag_model_config *c = &m->cfg;
+    const ag_gguf_tensor *emb = ag_gguf_find_tensor(m->gguf, "token_embd.weight");
+    if (!emb) {
+        st = ag_errorf(AG_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+        goto fail_named;
+    }
+    c->n_vocab = (int)emb->ne[1];
+    if ((st = bind(m, &m->tok_embd, "token_embd.weight", c->n_embd, c->n_vocab, true))) goto fail_named;
+    if ((st = bind(m, &m->output_norm, "output_norm.weight", c->n_embd, 0, true))) goto fail_named;
+    if ((st = bind(m, &m->output, "output.weight", c->n_embd, c->n_vocab, false))) goto fail_named;
+    if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
+    if (m->output_norm.type != AG_TYPE_F32) {
+        st = ag_errorf(AG_ERR_UNSUPPORTED, "output_norm.weight must be F32");
+        goto fail_named;
+    }
+    m->weight_bytes = m->output.row_bytes * (uint64_t)c->n_vocab;
+    for (int l = 0; l < c->n_layer; l++)
+        if ((st = bind_layer(m, l))) goto fail_named;
+    if ((st = ag_cpu_backend_new(&p->cpu, &m->be))) goto fail_named;
+    m->scratch.min_chunk = (size_t)4 << 20;
+    *out = m;
+    return AG_OK;
+fail_named: {
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ag_error_message());
+    st = ag_errorf(st, "%s: %s", path, msg);
+}
+    ag_model_free(m);
+    return st;
+}
+
+void ag_model_free(ag_model *m) {
+    if (!m) return;
+    ag_backend_free(m->be);
+    ag_arena_free(&m->scratch);
+    ag_gguf_free(m->gguf);
+    free(m);
+}
+
+const ag_model_config *ag_model_config_of(const ag_model *m) { return &m->cfg; }
+const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
+ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
+uint64_t               ag_model_weight_bytes(const ag_model *m) { return m->weight_bytes; }
+
+void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v) {
+    *n_layer = m->cfg.n_layer;
+    *n_head_kv = m->cfg.n_head_kv;
+    *head_dim_k = m->cfg.head_dim_k;
+    *head_dim_v = m->cfg.head_dim_v;
+}
+
+/* ---- forward ---- */
+
+static float *scratch_floats(ag_model *m, size_t n) { return ag_arena_alloc(&m->scratch, n * sizeof(float)); }
+
+ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {
+    const ag_model_config *c = &m->cfg;
+    ag_backend *be = m->be;
+    const ag_backend_ops *op = be->ops;
+    const int n = b->n;
+    if (n <= 0) return ag_errorf(AG_ERR_INVALID, "empty batch");
+    for (int i = 0; i < n; i++) {
+        if (b->token[i] < 0 || b->token[i] >= c->n_vocab)
+            return ag_errorf(AG_ERR_INVALID, "token id %d out of range [0, %d)", b->token[i], c->n_vocab);
+        if (b->pos[i] < 0) return ag_errorf(AG_ERR_INVALID, "negative position %d", b->pos[i]);
+    }
+    ag_arena_reset(&m->scratch);
+    const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
+                 vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
+    float *x = scratch_floats(m, (size_t)n * c->n_embd);
+    float *h = scratch_floats(m, (size_t)n * c->n_embd);
+    float *q = scratch_floats(m, (size_t)n * qd);
+    float *k = scratch_floats(m, (size_t)n * kd);
+    float *v = scratch_floats(m, (size_t)n * vd);
+    float *att = scratch_floats(m, (size_t)n * od);
+    float *o = scratch_floats(m, (size_t)n * c->n_embd);
+    float *gate = scratch_floats(m, (size_t)n * c->n_ff);
+    float *up = scratch_floats(m, (size_t)n * c->n_ff);
+    if (!x || !h || !q || !k || !v || !att || !o || !gate || !up)
+        return ag_errorf(AG_ERR_NOMEM, "out of memory for a batch of %d tokens", n);
+
+    ag_status st;
+    if ((st = op->get_rows(be, &m->tok_embd, b->token, n, x))) return st;
+    if (c->embd_scale != 1.0f) op->scale(be, x, c->embd_scale, (size_t)n * c->n_embd);
+    ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq};
+
+    for (int l = 0; l < c->n_layer; l++) {
+        const ag_layer_weights *w = &m->layers[l];
+        op->rmsnorm(be, x, w->attn_norm.data, n, c->n_embd, c->rms_eps, h);
+        if ((st = op->matmul(be, &w->wq, h, n, q))) return st;
+        if ((st = op->matmul(be, &w->wk, h, n, k))) return st;
+        if ((st = op->matmul(be, &w->wv, h, n, v))) return st;
+        if (w->bq.data) op->add_bias(be, q, w->bq.data, n, (int)qd);
+        if (w->bk.data) op->add_bias(be, k, w->bk.data, n, (int)kd);
+        if (w->bv.data) op->add_bias(be, v, w->bv.data, n, (int)vd);
+        if (w->q_norm.data) op->rmsnorm(be, q, w->q_norm.data, n * c->n_head, c->head_dim_k, c->rms_eps, q);
+        if (w->k_norm.data) op->rmsnorm(be, k, w->k_norm.data, n * c->n_head_kv, c->head_dim_k, c->rms_eps, k);
+        bool swa = c->layer_swa[l];
+        float base = swa ? c->rope_base_swa : c->rope_base;
+        float fscale = swa ? 1.0f : c->rope_freq_scale;
+        op->rope(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox);
+        op->rope(be, k, n, c->n_head_kv, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox);
+        ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                               .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
+                               .scale = c->attn_scale, .window = swa ? c->sliding_window : 0};
+        if ((st = op->kv_store(be, kv, &shape, &lay, k, v))) return st;
+        if ((st = op->attention(be, kv, &shape, &lay, q, att))) return st;
+        if ((st = op->matmul(be, &w->wo, att, n, o))) return st;
+        if (w->post_attn_norm.data) op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o);
+        op->add(be, x, o, (size_t)n * c->n_embd);
+
+        op->rmsnorm(be, x, w->ffn_norm.data, n, c->n_embd, c->rms_eps, h);
+        if ((st = op->matmul(be, &w->ffn_gate, h, n, gate))) return st;
+        if ((st = op->matmul(be, &w->ffn_up, h, n, up))) return st;
+        if (c->gelu) op->gelu_mul(be, gate, up, (size_t)n * c->n_ff);
+        else op->silu_mul(be, gate, up, (size_t)n * c->n_ff);
+        if ((st = op->matmul(be, &w->ffn_down, gate, n, o))) return st;
+        if (w->post_ffn_norm.data) op->rmsnorm(be, o, w->post_ffn_norm.data, n, c->n_embd, c->rms_eps, o);
+        op->add(be, x, o, (size_t)n * c->n_embd);
+    }
+
+    /* Only the rows that want logits go through the (large) output matrix. */
+    int n_out = 0;
+    for (int i = 0; i < n; i++) {
+        bool want = b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
+        if (!want) continue;
+        if (n_out != i) memcpy(x + (size_t)n_out * c->n_embd, x + (size_t)i * c->n_embd, sizeof(float) * c->n_embd);
+        n_out++;
+    }
+    if (n_out == 0) return AG_OK;
+    op->rmsnorm(be, x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, x);
+    if ((st = op->matmul(be, &m->output, x, n_out, logits))) return st;
+    if (c->final_softcap > 0) {
+        for (size_t i = 0; i < (size_t)n_out * c->n_vocab; i++)
+            logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
+    }
+    return AG_OK;
+}

@@ -1,0 +1,95 @@
+/* Models: configuration and weights read from a GGUF file, and the forward
+ * pass over a ragged batch.
+ *
+ * Supported architectures: llama (Llama 2/3, SmolLM2, stories), qwen2 (QKV
+ * bias), gemma3 (sliding-window + global layers with their own RoPE bases,
+ * QK-norm, pre- and post-norms, GELU, scaled embeddings). Anything else is a
+ * clear AG_ERR_UNSUPPORTED at load.
+ *
+ * Threading: an ag_model is immutable after load except for its per-step
+ * scratch, so ag_model_forward() must be called from one thread at a time
+ * (the engine thread). */
+#ifndef AG_MODEL_H
+#define AG_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "base/status.h"
+#include "gguf/gguf.h"
+
+typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3 } ag_arch;
+
+#define AG_MAX_LAYERS 256
+
+typedef struct {
+    ag_arch arch;
+    char    arch_name[32];
+    int     n_vocab, n_ctx_train, n_embd, n_layer, n_ff;
+    int     n_head, n_head_kv, head_dim_k, head_dim_v;
+    int     rope_dim;
+    bool    rope_neox;         /* pairs (i, i+d/2) instead of (2i, 2i+1) */
+    float   rope_base;         /* global layers */
+    float   rope_base_swa;     /* sliding-window layers */
+    float   rope_freq_scale;   /* 1 / linear scaling factor */
+    float   rms_eps;
+    int     sliding_window;    /* 0: none */
+    uint8_t layer_swa[AG_MAX_LAYERS]; /* 1: layer uses the sliding window */
+    bool    gelu;              /* GELU(tanh) MLP instead of SiLU */
+    float   embd_scale;        /* 1, or sqrt(n_embd) for gemma */
+    float   attn_scale;        /* multiplies q·k */
+    float   final_softcap;     /* 0: off */
+} ag_model_config;
+
+typedef struct {
+    ag_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm;
+    ag_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffn_norm;
+} ag_layer_weights;
+
+typedef struct ag_model ag_model;
+
+typedef struct {
+    ag_cpu_params cpu;
+} ag_model_params;
+
+ag_model_params ag_model_default_params(void);
+
+/* Loads a model: opens and validates the GGUF (mmapped; weights stay in the
+ * mapping), reads the configuration, binds every tensor with its expected
+ * shape, and creates the backend. On error *out is NULL and the message names
+ * the file and the problem. */
+ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **out);
+void      ag_model_free(ag_model *m); /* NULL-safe */
+
+const ag_model_config *ag_model_config_of(const ag_model *m);
+/* The open GGUF (for the tokenizer and chat template). Borrowed, lives as long as m. */
+const ag_gguf *ag_model_gguf(const ag_model *m);
+ag_backend    *ag_model_backend(ag_model *m);
+/* Bytes of weights a decode step reads (every weight used per token). */
+uint64_t ag_model_weight_bytes(const ag_model *m);
+
+/* Per-sequence KV geometry for this model, to create a matching ag_kv. */
+void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v);
+
+/* One ragged batch: any mix of sequences and positions (prefill chunks,
+ * single decode tokens, speculative verify windows). */
+typedef struct {
+    int            n;           /* tokens in this batch */
+    const int32_t *token;       /* [n] */
+    const int32_t *pos;         /* [n] position within its sequence */
+    const int32_t *seq;         /* [n] sequence id (KV block table) */
+    const uint8_t *want_logits; /* [n] 1 where logits are needed; NULL: only the last token */
+} ag_batch;
+
+/* Runs the model over the batch. Contract:
+ * - every token's KV slot must already be reserved in `kv` (ag_kv_seq_reserve
+ *   for its sequence up to pos + 1), and a token at position p of sequence s
+ *   sees s's positions 0..p: earlier ones from the cache, later ones in this
+ *   batch only if they precede it;
+ * - logits receives one row of n_vocab floats per token with want_logits set,
+ *   in batch order (caller-allocated: count × n_vocab).
+ * Errors: bad token ids or positions (AG_ERR_INVALID), memory. */
+ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits);
+
+#endif
