@@ -1,0 +1,643 @@
+/* The engine thread: admission, continuous batching with chunked prefill,
+ * sampling and streaming of every running request. See engine.h. */
+#include "engine/engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/buf.h"
+#include "base/log.h"
+#include "sample/stop.h"
+
+typedef enum { CH_WAIT, CH_DECODE, CH_DONE } choice_state;
+
+typedef struct {
+    int          index;
+    int32_t      seq; /* -1 until it has one */
+    choice_state state;
+    int32_t      pending; /* sampled, not yet fed back through the model */
+    int          n_gen;
+    ag_sampler  *sampler;
+    ag_detok    *detok;
+    ag_stop     *stop;
+} choice;
+
+typedef struct request {
+    struct request  *next;
+    uint64_t         id;
+    int32_t         *prompt;
+    int              n_prompt, max_tokens, n_choices, n_stops;
+    ag_sample_params sp;
+    ag_logit_bias   *bias;
+    char           **stops;
+    size_t          *stop_lens;
+    bool             ignore_eos;
+    ag_gen_callback  cb;
+    void            *user;
+    /* engine-thread state */
+    int              n_prefilled; /* prompt tokens already in choice 0's KV */
+    int              in_batch;    /* prompt tokens in the current step's batch */
+    int              booked;      /* KV blocks reserved for the worst case */
+    int              n_done;
+    choice          *ch;
+    double           t_admit, t_first, t_last;
+    atomic_bool      cancel;
+} request;
+
+struct ag_engine {
+    ag_model        *model;
+    const ag_tok    *tok;
+    ag_kv           *kv;
+    ag_engine_params p;
+    int              n_vocab, block_size, n_blocks;
+
+    pthread_t       thread;
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;
+    bool            stopping, started;
+    request        *queue_head, *queue_tail; /* guarded by mu */
+    int             queue_len;
+    uint64_t        next_id;
+    request        *running; /* engine thread only (and mu for cancel lookups) */
+    int             running_choices, booked;
+    ag_engine_stats stats; /* guarded by mu */
+
+    /* per-step buffers */
+    int32_t *b_tok, *b_pos, *b_seq;
+    uint8_t *b_want;
+    float   *logits;
+    int      max_rows;
+    struct row_owner {
+        request *r;
+        choice  *c; /* NULL: the prompt's last token (all choices sample from it) */
+    } *rows;
+    ag_buf text, scratch;
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+ag_engine_params ag_engine_default_params(void) {
+    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 512, .max_queue = 64,
+                          .kv_bytes = 0, .kv_dtype = AG_KV_F16};
+    return p;
+}
+
+static int blocks_for(const ag_engine *e, int tokens) { return (tokens + e->block_size - 1) / e->block_size; }
+
+/* Worst-case KV blocks of a request: each choice may own all its blocks
+ * (after copy-on-write), plus nothing else. */
+static int request_blocks(const ag_engine *e, const request *r) {
+    return r->n_choices * blocks_for(e, r->n_prompt + r->max_tokens);
+}
+
+static void request_free(request *r) {
+    if (!r) return;
+    if (r->ch)
+        for (int i = 0; i < r->n_choices; i++) {
+            ag_sampler_free(r->ch[i].sampler);
+            ag_detok_free(r->ch[i].detok);
+            ag_stop_free(r->ch[i].stop);
+        }
+    for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
+    free(r->stops);
+    free(r->stop_lens);
+    free(r->ch);
+    free(r->bias);
+    free(r->prompt);
+    free(r);
+}
+
+static void fill_usage(const request *r, ag_gen_event *ev) {
+    int gen = 0;
+    for (int i = 0; i < r->n_choices; i++) gen += r->ch ? r->ch[i].n_gen : 0;
+    ev->n_prompt = r->n_prompt;
+    ev->n_cached = 0;
+    ev->n_generated = gen;
+    double first = r->t_first > 0 ? r->t_first : r->t_last;
+    ev->t_prefill_ms = r->t_admit > 0 && first > 0 ? first - r->t_admit : 0;
+    ev->t_decode_ms = r->t_first > 0 && r->t_last > r->t_first ? r->t_last - r->t_first : 0;
+}
+
+/* Ends one choice: frees its sequence and reports the final event with
+ * whatever text the detokenizer and stop matcher still held (unless the end
+ * is a stop string or a cancellation, which release nothing). */
+static void finish_choice(ag_engine *e, request *r, choice *c, ag_finish why, const char *error,
+                          int32_t token, const ag_sample_result *sr, const char *text, size_t len) {
+    ag_buf_clear(&e->text);
+    if (len) ag_buf_append(&e->text, text, len);
+    if (why == AG_FINISH_LENGTH || why == AG_FINISH_STOP) {
+        if (c->detok && c->stop) {
+            ag_buf_clear(&e->scratch);
+            ag_detok_flush(c->detok, &e->scratch);
+            ag_stop_result res;
+            if (e->scratch.len && ag_stop_feed(c->stop, e->scratch.data, e->scratch.len, &res) == AG_OK && res.len)
+                ag_buf_append(&e->text, res.text, res.len);
+            if (ag_stop_finish(c->stop, &res) == AG_OK && res.len) ag_buf_append(&e->text, res.text, res.len);
+        }
+    }
+    if (c->seq >= 0) {
+        ag_kv_seq_free(e->kv, c->seq);
+        c->seq = -1;
+    }
+    c->state = CH_DONE;
+    r->n_done++;
+    e->running_choices--;
+    r->t_last = now_ms();
+    ag_gen_event ev = {.choice = c->index, .token = token, .text = ag_buf_cstr(&e->text), .len = e->text.len,
+                       .sample = token >= 0 ? sr : NULL, .finish = why, .error = error};
+    fill_usage(r, &ev);
+    r->cb(r->user, &ev);
+}
+
+/* The running list is written only by the engine thread and only under mu
+ * (ag_engine_cancel reads it from other threads). */
+static void unlink_running(ag_engine *e, request *r) {
+    pthread_mutex_lock(&e->mu);
+    for (request **pp = &e->running; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    e->booked -= r->booked;
+    e->stats.requests_finished++;
+    e->stats.running = e->running_choices;
+    pthread_mutex_unlock(&e->mu);
+    request_free(r);
+}
+
+static void finish_request(ag_engine *e, request *r, ag_finish why, const char *error) {
+    for (int i = 0; i < r->n_choices; i++)
+        if (r->ch[i].state != CH_DONE) finish_choice(e, r, &r->ch[i], why, error, -1, NULL, NULL, 0);
+}
+
+/* Samples a choice's next token from one logits row and streams it. */
+static void advance_choice(ag_engine *e, request *r, choice *c, const float *row) {
+    ag_sample_result sr;
+    ag_status st = ag_sampler_sample(c->sampler, row, &sr);
+    if (st) {
+        finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), -1, NULL, NULL, 0);
+        return;
+    }
+    ag_sampler_accept(c->sampler, sr.token);
+    c->n_gen++;
+    double t = now_ms();
+    if (r->t_first == 0) r->t_first = t;
+    r->t_last = t;
+    pthread_mutex_lock(&e->mu);
+    e->stats.generated_tokens++;
+    pthread_mutex_unlock(&e->mu);
+
+    if (!r->ignore_eos && ag_tok_is_eog(e->tok, sr.token)) {
+        finish_choice(e, r, c, AG_FINISH_STOP, NULL, sr.token, &sr, NULL, 0);
+        return;
+    }
+    ag_buf_clear(&e->scratch);
+    ag_detok_push(c->detok, sr.token, &e->scratch);
+    ag_stop_result res = {0};
+    if ((st = ag_stop_feed(c->stop, ag_buf_cstr(&e->scratch), e->scratch.len, &res))) {
+        finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), sr.token, &sr, NULL, 0);
+        return;
+    }
+    if (res.stopped) {
+        /* The text before the stop string is the last piece; after a stop the
+         * matcher releases nothing more, so finishing adds nothing. */
+        finish_choice(e, r, c, AG_FINISH_STOP, NULL, sr.token, &sr, res.text, res.len);
+        return;
+    }
+    int len_now = r->n_prompt + c->n_gen; /* tokens the sequence would hold after feeding this one */
+    if (c->n_gen >= r->max_tokens || len_now >= e->p.n_ctx) {
+        finish_choice(e, r, c, AG_FINISH_LENGTH, NULL, sr.token, &sr, res.text, res.len);
+        return;
+    }
+    c->pending = sr.token;
+    c->state = CH_DECODE;
+    ag_gen_event ev = {.choice = c->index, .token = sr.token, .text = res.text, .len = res.len, .sample = &sr,
+                       .finish = AG_FINISH_NONE};
+    fill_usage(r, &ev);
+    r->cb(r->user, &ev);
+}
+
+/* Moves requests from the queue into the running set while they fit. */
+static void admit(ag_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    while (e->queue_head) {
+        request *r = e->queue_head;
+        int need = request_blocks(e, r);
+        if (e->running && (e->running_choices + r->n_choices > e->p.n_parallel || e->booked + need > e->n_blocks))
+            break;
+        e->queue_head = r->next;
+        if (!e->queue_head) e->queue_tail = NULL;
+        e->queue_len--;
+        r->next = NULL;
+        r->booked = need;
+        e->booked += need;
+        e->running_choices += r->n_choices;
+        e->stats.queue_depth = e->queue_len;
+        e->stats.running = e->running_choices;
+        pthread_mutex_unlock(&e->mu);
+
+        r->t_admit = now_ms();
+        ag_status st = AG_OK;
+        r->ch = calloc((size_t)r->n_choices, sizeof *r->ch);
+        if (!r->ch) st = ag_errorf(AG_ERR_NOMEM, "out of memory");
+        for (int i = 0; !st && i < r->n_choices; i++) {
+            choice *c = &r->ch[i];
+            c->index = i;
+            c->seq = -1;
+            c->state = CH_WAIT;
+            if ((st = ag_sampler_new(&r->sp, e->n_vocab, (uint64_t)i, &c->sampler))) break;
+            if ((st = ag_detok_new(e->tok, 0, &c->detok))) break;
+            st = ag_stop_new((const char *const *)r->stops, r->stop_lens, r->n_stops, &c->stop);
+        }
+        if (!st) st = ag_kv_seq_new(e->kv, &r->ch[0].seq);
+        /* link first so that finishing unlinks it cleanly */
+        pthread_mutex_lock(&e->mu);
+        r->next = e->running;
+        e->running = r;
+        pthread_mutex_unlock(&e->mu);
+        if (st) {
+            if (!r->ch) {
+                /* cannot report per choice without choices: fabricate one */
+                pthread_mutex_lock(&e->mu);
+                e->running = r->next;
+                e->booked -= r->booked;
+                e->running_choices -= r->n_choices;
+                pthread_mutex_unlock(&e->mu);
+                ag_gen_event ev = {.choice = 0, .token = -1, .text = "", .finish = AG_FINISH_ERROR,
+                                   .error = "out of memory"};
+                r->cb(r->user, &ev);
+                request_free(r);
+            } else {
+                finish_request(e, r, AG_FINISH_ERROR, ag_error_message());
+                unlink_running(e, r);
+            }
+        }
+        pthread_mutex_lock(&e->mu);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* After the prompt: give choices 1..n-1 the prompt's KV (shared blocks) and
+ * sample every choice's first token from the same logits row. */
+static void start_choices(ag_engine *e, request *r, const float *row) {
+    for (int i = 1; i < r->n_choices; i++) {
+        choice *c = &r->ch[i];
+        ag_status st = ag_kv_seq_new(e->kv, &c->seq);
+        if (!st) st = ag_kv_fork(e->kv, c->seq, r->ch[0].seq, r->n_prompt);
+        if (st) {
+            finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), -1, NULL, NULL, 0);
+            continue;
+        }
+    }
+    for (int i = 0; i < r->n_choices; i++)
+        if (r->ch[i].state == CH_WAIT) advance_choice(e, r, &r->ch[i], row);
+}
+
+/* One engine step. Returns false when there was nothing to do. */
+static bool step(ag_engine *e) {
+    /* cancellations */
+    for (request *r = e->running, *next; r; r = next) {
+        next = r->next;
+        if (atomic_load(&r->cancel)) {
+            finish_request(e, r, AG_FINISH_CANCELLED, NULL);
+            unlink_running(e, r);
+        }
+    }
+    admit(e);
+    if (!e->running) return false;
+
+    int n = 0, rows = 0, n_prefill = 0;
+    /* decode tokens first: one per running choice */
+    for (request *r = e->running; r; r = r->next)
+        for (int i = 0; i < r->n_choices; i++) {
+            choice *c = &r->ch[i];
+            if (c->state != CH_DECODE || n >= e->p.n_batch) continue;
+            int32_t pos = ag_kv_seq_len(e->kv, c->seq);
+            e->b_tok[n] = c->pending;
+            e->b_pos[n] = pos;
+            e->b_seq[n] = c->seq;
+            e->b_want[n] = 1;
+            e->rows[rows++] = (struct row_owner){r, c};
+            n++;
+        }
+    /* then prompt chunks, oldest request first (the list is newest first, so walk to the end) */
+    request *order[256];
+    int n_order = 0;
+    for (request *r = e->running; r && n_order < 256; r = r->next)
+        if (r->n_prefilled < r->n_prompt) order[n_order++] = r;
+    for (int oi = n_order - 1; oi >= 0 && n < e->p.n_batch; oi--) {
+        request *r = order[oi];
+        int k = r->n_prompt - r->n_prefilled;
+        if (k > e->p.n_batch - n) k = e->p.n_batch - n;
+        r->in_batch = k;
+        for (int j = 0; j < k; j++) {
+            int p = r->n_prefilled + j;
+            e->b_tok[n] = r->prompt[p];
+            e->b_pos[n] = p;
+            e->b_seq[n] = r->ch[0].seq;
+            e->b_want[n] = p == r->n_prompt - 1;
+            if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL};
+            n++;
+        }
+        n_prefill += k;
+    }
+    if (n == 0) return false;
+
+    /* reserve KV per sequence (tokens of one sequence are contiguous in the batch) */
+    ag_status st = AG_OK;
+    for (int i = 0; i < n && !st;) {
+        int j = i;
+        while (j < n && e->b_seq[j] == e->b_seq[i]) j++;
+        st = ag_kv_seq_reserve(e->kv, e->b_seq[i], j - i);
+        i = j;
+    }
+    double t0 = now_ms();
+    if (!st) {
+        ag_batch b = {.n = n, .token = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want};
+        st = ag_model_forward(e->model, e->kv, &b, e->logits);
+    }
+    double dt = now_ms() - t0;
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "forward pass failed: %s", ag_error_message());
+        AG_LOGE("%s", msg);
+        for (request *r = e->running, *next; r; r = next) {
+            next = r->next;
+            finish_request(e, r, AG_FINISH_ERROR, msg);
+            unlink_running(e, r);
+        }
+        return true;
+    }
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j < n && e->b_seq[j] == e->b_seq[i]) j++;
+        ag_kv_seq_commit(e->kv, e->b_seq[i], e->b_pos[j - 1] + 1);
+        i = j;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.prompt_tokens += (uint64_t)n_prefill;
+    if (n_prefill) e->stats.prefill_seconds += dt / 1e3;
+    else e->stats.decode_seconds += dt / 1e3;
+    pthread_mutex_unlock(&e->mu);
+
+    for (request *r = e->running; r; r = r->next) {
+        r->n_prefilled += r->in_batch;
+        r->in_batch = 0;
+    }
+    for (int k = 0; k < rows; k++) {
+        const float *row = e->logits + (size_t)k * e->n_vocab;
+        struct row_owner o = e->rows[k];
+        if (o.c) {
+            if (o.c->state == CH_DECODE) advance_choice(e, o.r, o.c, row);
+        } else {
+            start_choices(e, o.r, row);
+        }
+    }
+    for (request *r = e->running, *next; r; r = next) {
+        next = r->next;
+        if (r->n_done == r->n_choices) unlink_running(e, r);
+    }
+    pthread_mutex_lock(&e->mu);
+    ag_kv_stats ks;
+    ag_kv_get_stats(e->kv, &ks);
+    e->stats.kv_blocks_used = ks.blocks_used;
+    e->stats.kv_blocks_free = ks.blocks_free;
+    pthread_mutex_unlock(&e->mu);
+    return true;
+}
+
+static void *engine_main(void *arg) {
+    ag_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        bool stopping = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        if (stopping) break;
+        if (step(e)) continue;
+        pthread_mutex_lock(&e->mu);
+        while (!e->stopping && !e->queue_head && !e->running) pthread_cond_wait(&e->cv, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+    }
+    /* shutdown: cancel everything still running or queued */
+    for (request *r = e->running, *next; r; r = next) {
+        next = r->next;
+        finish_request(e, r, AG_FINISH_CANCELLED, NULL);
+        unlink_running(e, r);
+    }
+    pthread_mutex_lock(&e->mu);
+    request *q = e->queue_head;
+    e->queue_head = e->queue_tail = NULL;
+    e->queue_len = 0;
+    pthread_mutex_unlock(&e->mu);
+    while (q) {
+        request *next = q->next;
+        for (int i = 0; i < q->n_choices; i++) {
+            ag_gen_event ev = {.choice = i, .token = -1, .text = "", .finish = AG_FINISH_CANCELLED};
+            fill_usage(q, &ev);
+            q->cb(q->user, &ev);
+        }
+        request_free(q);
+        q = next;
+    }
+    return NULL;
+}
+
+ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *pp, ag_engine **out) {
+    *out = NULL;
+    ag_engine_params p = pp ? *pp : ag_engine_default_params();
+    const ag_model_config *cfg = ag_model_config_of(m);
+    if (p.n_parallel < 1 || p.n_parallel > 256) return ag_errorf(AG_ERR_RANGE, "n_parallel must be in [1, 256]");
+    if (p.n_batch < 1) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1");
+    if (p.max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
+    if (p.n_ctx <= 0) p.n_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
+    if (p.n_ctx < 2) return ag_errorf(AG_ERR_RANGE, "context must be at least 2 tokens");
+    if (ag_tok_n_vocab(tok) > cfg->n_vocab)
+        return ag_errorf(AG_ERR_FORMAT, "tokenizer has %d tokens but the model only %d", ag_tok_n_vocab(tok),
+                         cfg->n_vocab);
+
+    ag_engine *e = calloc(1, sizeof *e);
+    if (!e) return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    e->model = m;
+    e->tok = tok;
+    e->p = p;
+    e->n_vocab = cfg->n_vocab;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+
+    ag_kv_params kp = ag_kv_default_params();
+    ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
+    kp.dtype = p.kv_dtype;
+    kp.max_seqs = p.n_parallel + 1;
+    ag_status st;
+    {
+        ag_kv_params probe = kp;
+        probe.budget_bytes = (size_t)64 << 20;
+        ag_kv *tmp = NULL;
+        if ((st = ag_kv_init(&probe, &tmp))) goto fail;
+        const ag_kv_layout *L = ag_kv_get_layout(tmp);
+        e->block_size = L->block_size;
+        size_t per_block = L->block_bytes;
+        ag_kv_free(tmp);
+        if (!p.kv_bytes) {
+            size_t blocks = (size_t)p.n_parallel * (size_t)((p.n_ctx + e->block_size - 1) / e->block_size);
+            p.kv_bytes = blocks * per_block;
+            e->p.kv_bytes = p.kv_bytes;
+        }
+        kp.budget_bytes = p.kv_bytes;
+    }
+    if ((st = ag_kv_init(&kp, &e->kv))) goto fail;
+    {
+        ag_kv_stats ks;
+        ag_kv_get_stats(e->kv, &ks);
+        e->n_blocks = ks.n_blocks;
+    }
+    e->max_rows = 2 * p.n_parallel + 1;
+    e->b_tok = malloc(sizeof(int32_t) * p.n_batch);
+    e->b_pos = malloc(sizeof(int32_t) * p.n_batch);
+    e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
+    e->b_want = malloc((size_t)p.n_batch);
+    e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
+    e->logits = malloc(sizeof(float) * (size_t)e->n_vocab * (size_t)(p.n_batch < e->max_rows ? p.n_batch : e->max_rows));
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->rows || !e->logits) {
+        st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
+        goto fail;
+    }
+    e->stats.n_ctx = p.n_ctx;
+    e->stats.n_parallel = p.n_parallel;
+    e->stats.kv_blocks_free = e->n_blocks;
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        st = ag_errorf(AG_ERR_INTERNAL, "cannot start the engine thread");
+        goto fail;
+    }
+    e->started = true;
+    *out = e;
+    return AG_OK;
+fail:
+    ag_engine_free(e);
+    return st;
+}
+
+void ag_engine_free(ag_engine *e) {
+    if (!e) return;
+    if (e->started) {
+        pthread_mutex_lock(&e->mu);
+        e->stopping = true;
+        pthread_cond_broadcast(&e->cv);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    ag_kv_free(e->kv);
+    free(e->b_tok);
+    free(e->b_pos);
+    free(e->b_seq);
+    free(e->b_want);
+    free(e->rows);
+    free(e->logits);
+    ag_buf_free(&e->text);
+    ag_buf_free(&e->scratch);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    free(e);
+}
+
+ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id) {
+    if (!in->cb) return ag_errorf(AG_ERR_INVALID, "a request needs a callback");
+    if (in->n_prompt < 1) return ag_errorf(AG_ERR_INVALID, "the prompt is empty");
+    if (in->n_choices < 1 || in->n_choices > e->p.n_parallel)
+        return ag_errorf(AG_ERR_RANGE, "n must be between 1 and %d (the server's --parallel)", e->p.n_parallel);
+    if (in->n_stops < 0 || in->n_stops > 16) return ag_errorf(AG_ERR_RANGE, "at most 16 stop strings");
+    for (int i = 0; i < in->n_prompt; i++)
+        if (in->prompt[i] < 0 || in->prompt[i] >= e->n_vocab)
+            return ag_errorf(AG_ERR_INVALID, "prompt token %d is out of the vocabulary [0, %d)", in->prompt[i],
+                             e->n_vocab);
+    if (in->n_prompt >= e->p.n_ctx)
+        return ag_errorf(AG_ERR_RANGE,
+                         "context_length_exceeded: the prompt has %d tokens; the context holds %d (prompt and "
+                         "output together)",
+                         in->n_prompt, e->p.n_ctx);
+    ag_status st = ag_sample_params_check(&in->sample, e->n_vocab);
+    if (st) return st;
+
+    request *r = calloc(1, sizeof *r);
+    if (!r) return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    r->n_prompt = in->n_prompt;
+    r->n_choices = in->n_choices;
+    int room = e->p.n_ctx - in->n_prompt;
+    r->max_tokens = in->max_tokens > 0 && in->max_tokens < room ? in->max_tokens : room;
+    r->sp = in->sample;
+    r->ignore_eos = in->ignore_eos;
+    r->cb = in->cb;
+    r->user = in->user;
+    atomic_init(&r->cancel, false);
+    r->prompt = malloc(sizeof(int32_t) * (size_t)in->n_prompt);
+    if (!r->prompt) goto oom;
+    memcpy(r->prompt, in->prompt, sizeof(int32_t) * (size_t)in->n_prompt);
+    if (in->sample.n_logit_bias > 0) {
+        r->bias = malloc(sizeof *r->bias * (size_t)in->sample.n_logit_bias);
+        if (!r->bias) goto oom;
+        memcpy(r->bias, in->sample.logit_bias, sizeof *r->bias * (size_t)in->sample.n_logit_bias);
+        r->sp.logit_bias = r->bias;
+    }
+    if (in->n_stops > 0) {
+        r->stops = calloc((size_t)in->n_stops, sizeof *r->stops);
+        r->stop_lens = calloc((size_t)in->n_stops, sizeof *r->stop_lens);
+        if (!r->stops || !r->stop_lens) goto oom;
+        r->n_stops = in->n_stops;
+        for (int i = 0; i < in->n_stops; i++) {
+            if (!(r->stops[i] = strdup(in->stops[i]))) goto oom;
+            r->stop_lens[i] = strlen(r->stops[i]);
+        }
+    }
+    if (request_blocks(e, r) > e->n_blocks) {
+        request_free(r);
+        return ag_errorf(AG_ERR_NOMEM,
+                         "the request needs more KV cache than the server has (%d blocks of %d tokens; "
+                         "lower max_tokens or n)",
+                         e->n_blocks, e->block_size);
+    }
+    pthread_mutex_lock(&e->mu);
+    if (e->queue_len >= e->p.max_queue && (e->queue_len > 0 || e->running)) {
+        pthread_mutex_unlock(&e->mu);
+        request_free(r);
+        return ag_errorf(AG_ERR_NOMEM, "the server is busy: %d requests are queued", e->p.max_queue);
+    }
+    r->id = ++e->next_id;
+    if (e->queue_tail) e->queue_tail->next = r;
+    else e->queue_head = r;
+    e->queue_tail = r;
+    e->queue_len++;
+    e->stats.requests_total++;
+    e->stats.queue_depth = e->queue_len;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    if (id) *id = r->id;
+    return AG_OK;
+oom:
+    request_free(r);
+    return ag_errorf(AG_ERR_NOMEM, "out of memory");
+}
+
+void ag_engine_cancel(ag_engine *e, uint64_t id) {
+    pthread_mutex_lock(&e->mu);
+    for (request *r = e->queue_head; r; r = r->next)
+        if (r->id == id) atomic_store(&r->cancel, true);
+    for (request *r = e->running; r; r = r->next)
+        if (r->id == id) atomic_store(&r->cancel, true);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void ag_engine_get_stats(ag_engine *e, ag_engine_stats *out) {
+    pthread_mutex_lock(&e->mu);
+    *out = e->stats;
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,114 @@
+/* The engine: one thread that owns a model and its KV cache and runs every
+ * request through continuous batching.
+ *
+ * Each step the engine thread builds one ragged batch from all running
+ * sequences: one token for every sequence that is decoding, then prompt
+ * chunks of sequences still in prefill, up to n_batch tokens in all, so a
+ * long prompt never freezes the other streams. It runs the forward pass,
+ * samples, and reports each choice's new text through the request's
+ * callback.
+ *
+ * Admission books KV blocks for a request's worst case (prompt + max_tokens,
+ * for every choice) before it starts, so a running sequence never runs out
+ * of KV mid-generation; a request that does not fit waits in the queue, and
+ * a full queue is refused (AG_ERR_BUSY-style: AG_ERR_NOMEM with a message).
+ * n > 1 choices share the prompt's KV blocks by fork (copy-on-write).
+ *
+ * Threading: ag_engine_submit/cancel/stats are thread-safe and never block
+ * on the engine's work. Callbacks run on the engine thread and must return
+ * quickly (copy the event, signal a waiter). */
+#ifndef AG_ENGINE_H
+#define AG_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "sample/sample.h"
+#include "tok/tok.h"
+
+typedef struct ag_engine ag_engine;
+
+typedef struct {
+    int         n_parallel; /* sequences running at once (choices count); default 4 */
+    int         n_ctx;      /* tokens per sequence (prompt + output); default min(train ctx, 4096) */
+    int         n_batch;    /* tokens per forward step; default 512 */
+    int         max_queue;  /* requests waiting for admission; more are refused; default 64 */
+    size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts */
+    ag_kv_dtype kv_dtype;   /* default F16 */
+} ag_engine_params;
+
+ag_engine_params ag_engine_default_params(void);
+
+/* Starts the engine thread over a loaded model and its tokenizer (both
+ * borrowed: they must outlive the engine). */
+ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *p, ag_engine **out);
+/* Cancels every request (each gets its final event), stops and joins the
+ * thread. NULL-safe. */
+void ag_engine_free(ag_engine *e);
+
+typedef enum {
+    AG_FINISH_NONE = 0,  /* more events follow for this choice */
+    AG_FINISH_STOP,      /* end-of-generation token or a stop string */
+    AG_FINISH_LENGTH,    /* max_tokens or the context limit */
+    AG_FINISH_CANCELLED, /* ag_engine_cancel or engine shutdown */
+    AG_FINISH_ERROR,     /* see `error` */
+} ag_finish;
+
+typedef struct {
+    int                     choice;   /* 0 .. n_choices-1 */
+    int32_t                 token;    /* the token this event emits, or -1 */
+    const char             *text;     /* newly releasable text (stop strings held back / removed) */
+    size_t                  len;
+    const ag_sample_result *sample;   /* token, logprob and alternatives; NULL when token < 0 */
+    ag_finish               finish;   /* != NONE: the last event of this choice */
+    const char             *error;    /* with AG_FINISH_ERROR */
+    /* Usage so far (the request's, over all choices). */
+    int    n_prompt, n_cached, n_generated;
+    double t_prefill_ms, t_decode_ms; /* wall time in prefill / decode steps so far */
+} ag_gen_event;
+
+/* Called on the engine thread. Event pointers are valid only for the call. */
+typedef void (*ag_gen_callback)(void *user, const ag_gen_event *ev);
+
+typedef struct {
+    const int32_t     *prompt;    /* copied at submit */
+    int                n_prompt;
+    int                max_tokens; /* <= 0: until the context is full */
+    int                n_choices;  /* >= 1 */
+    ag_sample_params   sample;     /* copied (logit_bias too) */
+    const char *const *stops;      /* copied */
+    int                n_stops;
+    bool               ignore_eos;
+    ag_gen_callback    cb;
+    void              *user;
+} ag_gen_request;
+
+/* Queues a request. Errors (nothing was queued, no callback will come):
+ * AG_ERR_RANGE for a prompt that leaves no room in the context (message says
+ * "context_length_exceeded"), AG_ERR_INVALID for bad parameters, AG_ERR_NOMEM
+ * when the queue is full or the request can never fit the KV pool.
+ * On success *id names it for ag_engine_cancel; the callback receives a
+ * final event (finish != NONE) for every choice, after which the engine
+ * never touches `user` again. */
+ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *r, uint64_t *id);
+/* Asks the engine to stop a request; its choices finish with
+ * AG_FINISH_CANCELLED within one step and their KV blocks are freed. Unknown
+ * or finished ids are ignored. */
+void ag_engine_cancel(ag_engine *e, uint64_t id);
+
+typedef struct {
+    uint64_t requests_total, requests_finished;
+    uint64_t prompt_tokens, generated_tokens, cached_tokens;
+    double   prefill_seconds, decode_seconds; /* engine thread time in steps that prefilled / only decoded */
+    int      queue_depth, running;
+    int      kv_blocks_used, kv_blocks_free;
+    int      n_ctx, n_parallel;
+} ag_engine_stats;
+
+void ag_engine_get_stats(ag_engine *e, ag_engine_stats *out);
+
+#endif
