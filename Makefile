@@ -2,6 +2,7 @@
 #
 #   make            build/augur and build/libaugur.a
 #   make test       unit tests (cmocka) + end-to-end tests (pytest) on the fast models
+#   make test-models  the slow suites on the big models (fetches them first)
 #   make asan       the unit and e2e tests under ASan + UBSan (objects in build/asan)
 #   make fuzz       libFuzzer targets in build/fuzz (clang)
 #   make bench      benchmarks in build/bench (e.g. build/bench/quant_bench)
@@ -33,7 +34,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 PYTEST   ?= python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: all test unit e2e asan fuzz bench format clean
+.PHONY: all test test-models unit e2e asan fuzz bench format clean
 all: $(BIN) $(TEST_BIN)
 
 $(BUILD)/%.o: %.c
@@ -61,6 +62,11 @@ e2e: $(BIN)
 	AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) tests/py
 
 test: unit e2e
+
+# The slow suites: parity and tokenizer checks on the bigger models (fetched here).
+test-models: $(BIN)
+	python3 scripts/fetch_models.py all
+	AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) -m slow tests/py
 
 asan:
 	$(MAKE) BUILD=$(BUILD)/asan OPT="-O1 -g -fno-omit-frame-pointer" \

@@ -4,10 +4,22 @@
 #ifndef AG_CLI_H
 #define AG_CLI_H
 
+#include <stdbool.h>
+#include <stdint.h>
+
 int ag_cli_info(int argc, char **argv);
 int ag_cli_tokenize(int argc, char **argv);
 int ag_cli_detokenize(int argc, char **argv);
 int ag_cli_template(int argc, char **argv);
+int ag_cli_run(int argc, char **argv);
+int ag_cli_bench(int argc, char **argv);
+int ag_cli_logits(int argc, char **argv);
+
+/* Strict parsers for flag values: the whole string must be a number within
+ * [min, max]. */
+bool ag_cli_parse_long(const char *s, long min, long max, long *out);
+bool ag_cli_parse_float(const char *s, double min, double max, double *out);
+bool ag_cli_parse_u64(const char *s, uint64_t *out);
 
 /* Prints "augur: <message>" on stderr and returns 1. */
 int ag_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -16,6 +16,9 @@ static const struct {
     {"tokenize", ag_cli_tokenize, "print the token ids of a text"},
     {"detokenize", ag_cli_detokenize, "print the text of token ids"},
     {"template", ag_cli_template, "render a conversation through a chat template"},
+    {"run", ag_cli_run, "generate text from a prompt"},
+    {"bench", ag_cli_bench, "measure prefill and decode speed"},
+    {"logits", ag_cli_logits, "dump teacher-forced logits of token ids (parity tests)"},
 };
 
 static void usage(FILE *f) {

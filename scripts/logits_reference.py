@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Regenerate the forward-pass parity references with llama.cpp (llama-cpp-python).
+
+For each model: tokenize tests/data/parity/text.txt with llama.cpp's own
+tokenizer (BOS as the model's metadata says), teacher-force the tokens through
+llama.cpp on the same GGUF, and store, per position, the top-K token ids and
+their log-probabilities (log-softmax over the full vocab) in
+tests/data/parity/<name>.npz. The parity test feeds the SAME token ids to augur
+and compares (top-1 agreement, KL(llama.cpp || augur) over the top-K plus the
+tail mass). llama.cpp is the independent reference; CI reads the committed
+files and does not need llama-cpp-python.
+
+usage: scripts/logits_reference.py [NAME ...]   (default: every model present)
+needs: pip install llama-cpp-python numpy
+"""
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.environ.get("AUGUR_SHARED", os.path.join(os.path.dirname(ROOT), "shared"))
+OUT = os.path.join(ROOT, "tests", "data", "parity")
+TOP_K = 40
+
+# name -> (path, max tokens)
+MODELS = {
+    "stories260K": (os.path.join(SHARED, "models", "tiny", "stories260K.gguf"), 512),
+    "smollm2": (os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"), 1024),
+    "gemma3": (os.path.join(ROOT, "models", "gemma-3-270m-Q4_K_M.gguf"), 1024),
+    "qwen-0.5b": (os.path.join(ROOT, "models", "qwen2.5-0.5b-Q4.gguf"), 1024),
+    "qwen-1.5b": (os.path.join(ROOT, "models", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf"), 1024),
+}
+
+
+def log_softmax(logits):
+    logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    return logits - logz[:, None]
+
+
+def llama_logprobs(path, tokens, n_batch):
+    """llama.cpp's teacher-forced log-probabilities, n_batch tokens per decode call."""
+    from llama_cpp import Llama
+
+    llm = Llama(path, n_ctx=1024, n_batch=n_batch, n_ubatch=n_batch, logits_all=True,
+                n_threads=os.cpu_count(), verbose=False)
+    llm.eval(tokens)
+    out = log_softmax(np.array(llm.scores[: len(tokens)], dtype=np.float64))
+    del llm
+    return out
+
+
+def reference(name):
+    from llama_cpp import Llama
+
+    path, max_tokens = MODELS[name]
+    text = open(os.path.join(OUT, "text.txt"), "rb").read()
+    vocab = Llama(path, vocab_only=True, verbose=False)
+    tokens = vocab.tokenize(text, add_bos=True, special=False)[:max_tokens]
+    logp = llama_logprobs(path, tokens, 1024)
+    # llama.cpp against itself: the same tokens one at a time (its decode
+    # kernels) instead of one batch (its GEMM kernels). In a quantized model
+    # summation-order differences flip int8 roundings of activations, so this
+    # is the noise floor any second implementation is measured against.
+    logp1 = llama_logprobs(path, tokens, 1)
+    self_top1 = float(np.mean(logp.argmax(1) == logp1.argmax(1)))
+    self_kl = float((np.exp(logp) * (logp - logp1)).sum(1).mean())
+    logits = logp
+    top = np.argsort(-logp, axis=1, kind="stable")[:, :TOP_K].astype(np.int32)
+    top_logp = np.take_along_axis(logp, top, 1).astype(np.float32)
+    out = os.path.join(OUT, f"{name}.npz")
+    np.savez_compressed(out, tokens=np.array(tokens, dtype=np.int32), top_ids=top,
+                        top_logprobs=top_logp, n_vocab=np.int32(logits.shape[1]),
+                        self_top1=np.float64(self_top1), self_kl=np.float64(self_kl),
+                        llama_cpp_version=np.array(__import__("llama_cpp").__version__))
+    print(f"{name}: {len(tokens)} tokens, vocab {logits.shape[1]}, llama.cpp batch vs one-by-one: "
+          f"top-1 {self_top1:.4f}, KL {self_kl:.2e} -> {out}")
+
+
+def main(argv):
+    names = argv or [n for n, (p, _) in MODELS.items() if os.path.exists(p)]
+    for n in names:
+        reference(n)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

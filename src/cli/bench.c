@@ -1,0 +1,161 @@
+/* `augur bench`: prefill and decode throughput of the forward pass, in the
+ * spirit of llama-bench (pp = one prompt of P tokens, tg = G single-token
+ * decode steps from an empty context), median and spread over repetitions. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "kv/kv.h"
+#include "model/model.h"
+
+static const char usage[] =
+    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-t THREADS] [--json]\n"
+    "  -p N   prompt tokens processed in one batch (0 = skip)\n"
+    "  -n N   tokens decoded one at a time (0 = skip)\n"
+    "  -r N   repetitions (after one warm-up); the median and the range are reported\n"
+    "  --json one JSON object on stdout instead of the table\n";
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Runs one prefill of n tokens (chunks of at most 512) or n decode steps on
+ * a fresh sequence; returns tokens per second, or a negative value on error. */
+static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, float *logits) {
+    const ag_model_config *c = ag_model_config_of(m);
+    int32_t seq;
+    if (ag_kv_seq_new(kv, &seq)) return -1;
+    int chunk = decode ? 1 : 512;
+    int32_t *tok = malloc(sizeof(int32_t) * chunk), *pos = malloc(sizeof(int32_t) * chunk),
+            *seqs = malloc(sizeof(int32_t) * chunk);
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+    double t0 = now_s();
+    ag_status st = AG_OK;
+    for (int p0 = 0; p0 < n && !st; p0 += chunk) {
+        int k = n - p0 < chunk ? n - p0 : chunk;
+        for (int i = 0; i < k; i++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            tok[i] = (int32_t)(rng % (uint64_t)c->n_vocab);
+            pos[i] = p0 + i;
+            seqs[i] = seq;
+        }
+        ag_batch b = {.n = k, .token = tok, .pos = pos, .seq = seqs, .want_logits = NULL};
+        if (!(st = ag_kv_seq_reserve(kv, seq, k)) && !(st = ag_model_forward(m, kv, &b, logits)))
+            st = ag_kv_seq_commit(kv, seq, p0 + k);
+    }
+    double dt = now_s() - t0;
+    free(tok);
+    free(pos);
+    free(seqs);
+    ag_kv_seq_free(kv, seq);
+    if (st) {
+        ag_cli_fail("%s", ag_error_message());
+        return -1;
+    }
+    return n / dt;
+}
+
+int ag_cli_bench(int argc, char **argv) {
+    const char *model_path = NULL;
+    long pp = 512, tg = 128, reps = 5, threads = 0;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--json")) { json = true; continue; }
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (!strcmp(a, "-m")) model_path = v;
+        else if (!strcmp(a, "-p")) ok = ag_cli_parse_long(v, 0, 1 << 20, &pp);
+        else if (!strcmp(a, "-n")) ok = ag_cli_parse_long(v, 0, 1 << 20, &tg);
+        else if (!strcmp(a, "-r")) ok = ag_cli_parse_long(v, 1, 1000, &reps);
+        else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
+        else return ag_cli_usage_error(usage, "bench: unknown option '%s'", a);
+        if (!v) return ag_cli_usage_error(usage, "bench: %s needs a value", a);
+        if (!ok) return ag_cli_usage_error(usage, "bench: invalid value '%s' for %s", v, a);
+        i++;
+    }
+    if (!model_path) model_path = ag_cli_default_model();
+    ag_model_params mp = ag_model_default_params();
+    mp.cpu.n_threads = (int)threads;
+    ag_model *m;
+    if (ag_model_load(model_path, &mp, &m)) return ag_cli_fail("%s", ag_error_message());
+    const ag_model_config *c = ag_model_config_of(m);
+    long need = pp > tg ? pp : tg;
+    if (need > c->n_ctx_train)
+        fprintf(stderr, "augur: note: %ld tokens exceed the model's training context %d\n", need, c->n_ctx_train);
+    ag_kv_params kp = ag_kv_default_params();
+    ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
+    kp.max_seqs = 1;
+    kp.budget_bytes = (size_t)1 << 20; /* resized below */
+    ag_kv *kv = NULL;
+    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab);
+    int rc = 1;
+    if (ag_kv_init(&kp, &kv)) {
+        ag_cli_fail("%s", ag_error_message());
+        goto done;
+    }
+    {
+        const ag_kv_layout *L = ag_kv_get_layout(kv);
+        kp.budget_bytes = L->block_bytes * (size_t)((need + L->block_size - 1) / L->block_size + 1);
+        ag_kv_free(kv);
+        kv = NULL;
+        if (ag_kv_init(&kp, &kv)) {
+            ag_cli_fail("%s", ag_error_message());
+            goto done;
+        }
+    }
+    double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
+    for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
+        double a = pp ? run_once(m, kv, (int)pp, false, logits) : 0;
+        double b = tg ? run_once(m, kv, (int)tg, true, logits) : 0;
+        if (a < 0 || b < 0) goto done_free;
+        if (r >= 0) {
+            pps[r] = a;
+            tgs[r] = b;
+        }
+    }
+    qsort(pps, (size_t)reps, sizeof(double), cmp_double);
+    qsort(tgs, (size_t)reps, sizeof(double), cmp_double);
+    double pp_med = pps[reps / 2], tg_med = tgs[reps / 2];
+    if (reps % 2 == 0) {
+        pp_med = (pps[reps / 2 - 1] + pps[reps / 2]) / 2;
+        tg_med = (tgs[reps / 2 - 1] + tgs[reps / 2]) / 2;
+    }
+    int nthreads = ag_cpu_backend_threads(ag_model_backend(m));
+    double gb = ag_model_weight_bytes(m) / 1e9;
+    if (json) {
+        printf("{\"model\": \"%s\", \"threads\": %d, \"reps\": %ld, \"weight_gb\": %.4f", model_path, nthreads, reps, gb);
+        if (pp) printf(", \"pp\": %ld, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, pp_med, pps[0], pps[reps - 1]);
+        if (tg) printf(", \"tg\": %ld, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, tg_med, tgs[0], tgs[reps - 1]);
+        printf("}\n");
+    } else {
+        printf("model: %s (%s, %.1f MB of weights read per token), %d threads, %ld reps\n", model_path,
+               c->arch_name, gb * 1e3, nthreads, reps);
+        printf("%-8s %12s %12s %12s\n", "test", "tok/s", "min", "max");
+        if (pp) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
+        if (tg) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);
+        if (tg) printf("decode reads %.2f GB/s of weights\n", tg_med * gb);
+    }
+    rc = 0;
+done_free:
+    free(pps);
+    free(tgs);
+done:
+    free(logits);
+    ag_kv_free(kv);
+    ag_model_free(m);
+    return rc;
+}
