@@ -1,0 +1,224 @@
+/* The forward pass over the paged KV cache, on stories260K: batching,
+ * chunking, trim (speculative rollback) and fork must not change logits.
+ * The reference for each case is the same model run the plain way (one
+ * sequence, one batch) -- llama.cpp parity itself is in tests/py/test_parity.py. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kv/kv.h"
+#include "model/model.h"
+
+static ag_model *g_model;
+static int       g_vocab;
+
+static const int32_t k_tokens[] = {1,   403, 407, 261, 378, 418, 268, 300, 263, 432, 270, 315,
+                                   280, 260, 343, 443, 300, 362, 430, 272, 336, 279, 282, 316};
+#define N_TOK ((int)(sizeof k_tokens / sizeof k_tokens[0]))
+
+static int setup(void **state) {
+    const char *shared = getenv("AUGUR_SHARED");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/models/tiny/stories260K.gguf", shared ? shared : "../shared");
+    ag_model_params p = ag_model_default_params();
+    p.cpu.n_threads = 2;
+    if (ag_model_load(path, &p, &g_model)) {
+        fprintf(stderr, "%s\n", ag_error_message());
+        return -1;
+    }
+    g_vocab = ag_model_config_of(g_model)->n_vocab;
+    return 0;
+}
+
+static int teardown(void **state) {
+    ag_model_free(g_model);
+    return 0;
+}
+
+static ag_kv *new_kv(int max_seqs, int block_size) {
+    ag_kv_params kp = ag_kv_default_params();
+    ag_model_kv_shape(g_model, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
+    kp.max_seqs = max_seqs;
+    kp.block_size = block_size;
+    kp.budget_bytes = (size_t)8 << 20;
+    ag_kv *kv = NULL;
+    assert_int_equal(ag_kv_init(&kp, &kv), AG_OK);
+    return kv;
+}
+
+/* Forwards tokens[0..n) of one sequence starting at its current length, in
+ * chunks of `chunk`, writing every position's logits to out[n][vocab]. */
+static void run_seq(ag_kv *kv, int32_t seq, const int32_t *tokens, int n, int chunk, float *out) {
+    int32_t pos[64], seqs[64];
+    uint8_t want[64];
+    for (int p0 = 0; p0 < n; p0 += chunk) {
+        int k = n - p0 < chunk ? n - p0 : chunk;
+        int32_t len = ag_kv_seq_len(kv, seq);
+        for (int i = 0; i < k; i++) {
+            pos[i] = len + i;
+            seqs[i] = seq;
+            want[i] = 1;
+        }
+        ag_batch b = {.n = k, .token = tokens + p0, .pos = pos, .seq = seqs, .want_logits = want};
+        assert_int_equal(ag_kv_seq_reserve(kv, seq, k), AG_OK);
+        assert_int_equal(ag_model_forward(g_model, kv, &b, out + (size_t)p0 * g_vocab), AG_OK);
+        assert_int_equal(ag_kv_seq_commit(kv, seq, len + k), AG_OK);
+    }
+}
+
+/* Max |a - b| relative to max |b| over n floats. */
+static double rel_diff(const float *a, const float *b, size_t n) {
+    double md = 0, mb = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)a[i] - b[i]));
+        mb = fmax(mb, fabs((double)b[i]));
+    }
+    return md / mb;
+}
+
+static float *reference(void) {
+    float *ref = malloc(sizeof(float) * (size_t)N_TOK * g_vocab);
+    ag_kv *kv = new_kv(1, 16);
+    int32_t s;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    run_seq(kv, s, k_tokens, N_TOK, N_TOK, ref);
+    ag_kv_free(kv);
+    return ref;
+}
+
+static void chunking_and_block_size_do_not_change_logits(void **state) {
+    float *ref = reference();
+    float *out = malloc(sizeof(float) * (size_t)N_TOK * g_vocab);
+    const int chunks[] = {1, 3, 7, 16};
+    const int blocks[] = {8, 16, 32};
+    for (size_t c = 0; c < 4; c++)
+        for (size_t bsz = 0; bsz < 3; bsz++) {
+            ag_kv *kv = new_kv(1, blocks[bsz]);
+            int32_t s;
+            assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+            run_seq(kv, s, k_tokens, N_TOK, chunks[c], out);
+            /* 1e-5: only float summation order differs between batch shapes */
+            assert_true(rel_diff(out, ref, (size_t)N_TOK * g_vocab) < 1e-5);
+            ag_kv_free(kv);
+        }
+    free(out);
+    free(ref);
+}
+
+static void trim_then_reforward_equals_never_going_further(void **state) {
+    float *ref = reference();
+    float *out = malloc(sizeof(float) * (size_t)N_TOK * g_vocab);
+    ag_kv *kv = new_kv(1, 8);
+    int32_t s;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    const int keep = 13;
+    run_seq(kv, s, k_tokens, keep, keep, out);
+    /* a rejected speculative window of 6 wrong tokens, crossing a block boundary */
+    const int32_t wrong[6] = {5, 6, 7, 8, 9, 10};
+    float *junk = malloc(sizeof(float) * 6 * (size_t)g_vocab);
+    run_seq(kv, s, wrong, 6, 6, junk);
+    assert_true(ag_kv_trimmable(kv, s, 6));
+    assert_int_equal(ag_kv_trim(kv, s, 6), AG_OK);
+    assert_int_equal(ag_kv_seq_len(kv, s), keep);
+    run_seq(kv, s, k_tokens + keep, N_TOK - keep, N_TOK - keep, out + (size_t)keep * g_vocab);
+    assert_true(rel_diff(out, ref, (size_t)N_TOK * g_vocab) < 1e-5);
+    free(junk);
+    free(out);
+    free(ref);
+    ag_kv_free(kv);
+}
+
+static void forked_sequences_do_not_disturb_each_other(void **state) {
+    float *ref = reference();
+    const int split = 11; /* inside a block of 8: the partial block is shared, then copied on write */
+    ag_kv *kv = new_kv(2, 8);
+    int32_t a, b;
+    assert_int_equal(ag_kv_seq_new(kv, &a), AG_OK);
+    float *out = malloc(sizeof(float) * (size_t)N_TOK * g_vocab);
+    run_seq(kv, a, k_tokens, split, split, out);
+    assert_int_equal(ag_kv_seq_new(kv, &b), AG_OK);
+    assert_int_equal(ag_kv_fork(kv, b, a, split), AG_OK);
+    /* b continues with other tokens first, then a continues with the real ones */
+    const int32_t other[5] = {300, 301, 302, 303, 304};
+    float *ob = malloc(sizeof(float) * 5 * (size_t)g_vocab);
+    run_seq(kv, b, other, 5, 5, ob);
+    run_seq(kv, a, k_tokens + split, N_TOK - split, 4, out + (size_t)split * g_vocab);
+    assert_true(rel_diff(out, ref, (size_t)N_TOK * g_vocab) < 1e-5);
+    /* b's logits equal a fresh sequence fed prefix + other */
+    ag_kv *kv2 = new_kv(1, 16);
+    int32_t c;
+    assert_int_equal(ag_kv_seq_new(kv2, &c), AG_OK);
+    int32_t toks[64];
+    memcpy(toks, k_tokens, sizeof(int32_t) * split);
+    memcpy(toks + split, other, sizeof other);
+    float *oc = malloc(sizeof(float) * (size_t)(split + 5) * g_vocab);
+    run_seq(kv2, c, toks, split + 5, split + 5, oc);
+    assert_true(rel_diff(ob, oc + (size_t)split * g_vocab, 5 * (size_t)g_vocab) < 1e-5);
+    free(oc);
+    free(ob);
+    free(out);
+    free(ref);
+    ag_kv_free(kv2);
+    ag_kv_free(kv);
+}
+
+static void ragged_batch_of_two_sequences_equals_separate_runs(void **state) {
+    float *ref = reference();
+    ag_kv *kv = new_kv(2, 16);
+    int32_t a, b;
+    assert_int_equal(ag_kv_seq_new(kv, &a), AG_OK);
+    assert_int_equal(ag_kv_seq_new(kv, &b), AG_OK);
+    /* a gets the first 10 tokens; then one batch holds a's next 3 tokens and b's first 8 */
+    float *out = malloc(sizeof(float) * (size_t)N_TOK * g_vocab);
+    run_seq(kv, a, k_tokens, 10, 10, out);
+    int32_t tok[11], pos[11], seq[11];
+    for (int i = 0; i < 3; i++) tok[i] = k_tokens[10 + i], pos[i] = 10 + i, seq[i] = a;
+    for (int i = 0; i < 8; i++) tok[3 + i] = k_tokens[i], pos[3 + i] = i, seq[3 + i] = b;
+    uint8_t want[11];
+    memset(want, 1, sizeof want);
+    float *mixed = malloc(sizeof(float) * 11 * (size_t)g_vocab);
+    ag_batch bt = {.n = 11, .token = tok, .pos = pos, .seq = seq, .want_logits = want};
+    assert_int_equal(ag_kv_seq_reserve(kv, a, 3), AG_OK);
+    assert_int_equal(ag_kv_seq_reserve(kv, b, 8), AG_OK);
+    assert_int_equal(ag_model_forward(g_model, kv, &bt, mixed), AG_OK);
+    assert_true(rel_diff(mixed, ref + (size_t)10 * g_vocab, 3 * (size_t)g_vocab) < 1e-5);
+    assert_true(rel_diff(mixed + 3 * (size_t)g_vocab, ref, 8 * (size_t)g_vocab) < 1e-5);
+    free(mixed);
+    free(out);
+    free(ref);
+    ag_kv_free(kv);
+}
+
+static void bad_batches_are_errors(void **state) {
+    ag_kv *kv = new_kv(1, 16);
+    int32_t s;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    assert_int_equal(ag_kv_seq_reserve(kv, s, 1), AG_OK);
+    float *logits = malloc(sizeof(float) * (size_t)g_vocab);
+    int32_t tok = g_vocab, pos = 0;
+    ag_batch b = {.n = 1, .token = &tok, .pos = &pos, .seq = &s, .want_logits = NULL};
+    assert_int_equal(ag_model_forward(g_model, kv, &b, logits), AG_ERR_INVALID);
+    assert_non_null(strstr(ag_error_message(), "out of range"));
+    b.n = 0;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, logits), AG_ERR_INVALID);
+    free(logits);
+    ag_kv_free(kv);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(chunking_and_block_size_do_not_change_logits),
+        cmocka_unit_test(trim_then_reforward_equals_never_going_further),
+        cmocka_unit_test(forked_sequences_do_not_disturb_each_other),
+        cmocka_unit_test(ragged_batch_of_two_sequences_equals_separate_runs),
+        cmocka_unit_test(bad_batches_are_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
