@@ -187,8 +187,16 @@ const char *tv_type_name(tv v) {
     case TV_LIST:
         switch (TV_LK(v)) {
         case LK_TUPLE: return "tuple";
-        case LK_GEN: return "generator";
-        case LK_REVITER: return "list_reverseiterator";
+        case LK_RANGE: return "range";
+        case LK_REVITER:
+            switch (v.l->r_start) {
+            case 1: return "reversed";
+            case 2: return "dict_reversekeyiterator";
+            case 3: return "range_iterator";
+            case 4: return "dict_reverseitemiterator";
+            case 5: return "dict_reversevalueiterator";
+            default: return "list_reverseiterator";
+            }
         case LK_ITEMS: return "dict_items";
         case LK_KEYS: return "dict_keys";
         case LK_VALUES: return "dict_values";
@@ -198,9 +206,12 @@ const char *tv_type_name(tv v) {
     case TV_NS: return "Namespace";
     case TV_FUNC:
         if (v.fn->kind == FN_MACRO) return "Macro";
-        if (v.fn->kind == FN_METHOD || v.fn->kind == FN_LOOP_CYCLE || v.fn->kind == FN_LOOP_CHANGED) return "method";
-        return "function";
+        if (v.fn->kind == FN_METHOD) return "builtin_function_or_method";
+        if (v.fn->kind == FN_LOOP_CYCLE || v.fn->kind == FN_LOOP_CHANGED || v.fn->kind == FN_JOINER) return "method";
+        if (v.fn->kind == FN_GLOBAL && (v.fn->id == GL_RAISE_EXCEPTION || v.fn->id == GL_STRFTIME_NOW)) return "function";
+        return "type";
     case TV_LOOP: return "LoopContext";
+    case TV_GEN: return "generator";
     }
     return "object";
 }
@@ -273,7 +284,7 @@ bool tv_truthy(R *r, tv v) {
     case TV_FLOAT: return v.d != 0.0;
     case TV_STR: return v.s->len != 0;
     case TV_LIST:
-        if (TV_LK(v) == LK_GEN || TV_LK(v) == LK_REVITER) return true;
+        if (TV_LK(v) == LK_REVITER) return true;
         return v.l->n != 0;
     case TV_DICT: return v.m->n != 0;
     default: return true;
@@ -416,10 +427,23 @@ void tv_write_repr(R *r, ag_buf *b, tv v, int depth) {
             buf_addc(r, b, ')');
         } else write_str_repr(r, b, v.s);
         return;
+    case TV_GEN:
+        snprintf(tmp, sizeof tmp, "<generator object %s at %p>", gen_pyname(v.g->fid), (void *)v.g);
+        buf_adds(r, b, tmp);
+        return;
     case TV_LIST: {
         int k = TV_LK(v);
-        if (k == LK_GEN || k == LK_REVITER) {
-            snprintf(tmp, sizeof tmp, "<%s object>", tv_type_name(v));
+        if (k == LK_REVITER) {
+            snprintf(tmp, sizeof tmp, "<%s object at %p>", tv_type_name(v), (void *)v.l);
+            buf_adds(r, b, tmp);
+            return;
+        }
+        if (k == LK_RANGE) {
+            if (v.l->r_step == 1)
+                snprintf(tmp, sizeof tmp, "range(%lld, %lld)", (long long)v.l->r_start, (long long)v.l->r_stop);
+            else
+                snprintf(tmp, sizeof tmp, "range(%lld, %lld, %lld)", (long long)v.l->r_start, (long long)v.l->r_stop,
+                         (long long)v.l->r_step);
             buf_adds(r, b, tmp);
             return;
         }
@@ -475,6 +499,7 @@ void tv_write_str(R *r, ag_buf *b, tv v) {
     case TV_STR: buf_add(r, b, v.s->s, v.s->len); return;
     case TV_LIST:
     case TV_DICT:
+    case TV_GEN:
     case TV_NS: tv_write_repr(r, b, v, 0); return;
     case TV_FUNC:
         if (v.fn->kind == FN_MACRO) {
@@ -568,7 +593,7 @@ bool tv_eq(R *r, tv a, tv b, int depth) {
     case TV_STR: return b.t == TV_STR && a.s->len == b.s->len && memcmp(a.s->s, b.s->s, a.s->len) == 0;
     case TV_LIST:
         if (b.t != TV_LIST) return false;
-        if (is_seq_kind(a) && is_seq_kind(b)) {
+        if ((is_seq_kind(a) && is_seq_kind(b)) || (TV_LK(a) == LK_RANGE && TV_LK(b) == LK_RANGE)) {
             if (TV_LK(a) != TV_LK(b) || a.l->n != b.l->n) return false;
             for (size_t i = 0; i < a.l->n; i++)
                 if (!tv_eq(r, a.l->v[i], b.l->v[i], depth + 1)) return false;
@@ -594,6 +619,7 @@ bool tv_eq(R *r, tv a, tv b, int depth) {
     case TV_NS: return b.t == TV_NS && a.ns == b.ns;
     case TV_FUNC: return b.t == TV_FUNC && a.fn == b.fn;
     case TV_LOOP: return b.t == TV_LOOP && a.lp == b.lp;
+    case TV_GEN: return b.t == TV_GEN && a.g == b.g;
     default: return false;
     }
 }
@@ -653,7 +679,8 @@ uint64_t tv_hash(R *r, tv v, int depth) {
             for (size_t i = 0; i < v.l->n; i++) h = mix(h ^ tv_hash(r, v.l->v[i], depth + 1)) + i;
             return h;
         }
-        if (TV_LK(v) == LK_GEN || TV_LK(v) == LK_REVITER) return mix((uint64_t)(uintptr_t)v.l);
+        if (TV_LK(v) == LK_REVITER) return mix((uint64_t)(uintptr_t)v.l);
+        if (TV_LK(v) == LK_RANGE) return mix((uint64_t)v.l->r_start * 31 + (uint64_t)v.l->n);
         rfail(r, "unhashable type: '%s'", tv_type_name(v));
     case TV_DICT: rfail(r, "unhashable type: 'dict'");
     case TV_UNDEF: return 0x55;
@@ -764,12 +791,13 @@ tlist *tv_iterate(R *r, tv v) {
         while (i < v.s->len && k < l->n) {
             size_t st = i;
             tm_utf8_next(v.s->s, v.s->len, &i);
-            l->v[k++] = mkstr_safe(r, v.s->s + st, i - st, v.f & TVF_SAFE);
+            l->v[k++] = mkstr(r, v.s->s + st, i - st); /* iterating a Markup yields plain str */
         }
         l->n = k;
         return l;
     }
     case TV_LOOP: return v.lp->items;
+    case TV_GEN: return gen_force(r, v.g);
     default: rfail(r, "'%s' object is not iterable", tv_type_name(v));
     }
 }
@@ -779,8 +807,7 @@ int64_t tv_len(R *r, tv v) {
     case TV_UNDEF: return 0;
     case TV_STR: return (int64_t)v.s->ncp;
     case TV_LIST:
-        if (TV_LK(v) == LK_GEN || TV_LK(v) == LK_REVITER)
-            rfail(r, "object of type '%s' has no len()", tv_type_name(v));
+        if (TV_LK(v) == LK_REVITER) rfail(r, "object of type '%s' has no len()", tv_type_name(v));
         return (int64_t)v.l->n;
     case TV_DICT: return (int64_t)v.m->n;
     case TV_LOOP: return (int64_t)v.lp->items->n;
