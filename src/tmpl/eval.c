@@ -465,6 +465,8 @@ static void assign(R *r, const tnode *target, tv v, tframe *fr, bool by_name) {
     }
     /* tuple unpacking */
     if (v.t == TV_UNDEF) fail_undefined(r, v);
+    if (!(v.t == TV_LIST || v.t == TV_DICT || v.t == TV_STR || v.t == TV_GEN || v.t == TV_LOOP))
+        rfail(r, "cannot unpack non-iterable %s object", tv_type_name(v));
     tlist *items = tv_iterate(r, v);
     int    want = target->nitems;
     if ((int64_t)items->n < want)
