@@ -883,7 +883,7 @@ ag_status ag_tmpl_render(const ag_tmpl *t, const json_t *context, const ag_tmpl_
     ag_buf *b = buf_get(r);
     r->out = b;
     exec_body(r, t->body, t->nbody, root);
-    ag_status st = ag_buf_append(out, b->data ? b->data : "", b->len);
+    ag_status st = b->len ? ag_buf_append(out, b->data, b->len) : AG_OK;
     render_free(r);
     free(r);
     if (st != AG_OK) return ag_errorf(AG_ERR_NOMEM, "template: out of memory");

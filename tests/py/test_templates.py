@@ -13,7 +13,10 @@ import jinja_ref
 
 CONV_DIR = os.path.join(ROOT, "tests", "data", "conversations")
 CONVS = sorted(glob.glob(os.path.join(CONV_DIR, "*.json")))
-TEMPLATES = sorted(glob.glob(os.path.join(SHARED, "testdata", "templates", "*.jinja")))
+# the shared real-model templates, plus templates written for these tests
+# that exercise features the real ones do not (strftime_now, call blocks ...)
+TEMPLATES = sorted(glob.glob(os.path.join(SHARED, "testdata", "templates", "*.jinja"))) + sorted(
+    glob.glob(os.path.join(ROOT, "tests", "data", "templates", "*.jinja")))
 MODELS = [SMOLLM2, QWEN_05B]
 # a fixed clock for strftime_now(), in UTC, on both sides
 ENV = {"SOURCE_DATE_EPOCH": "1735689600", "TZ": "UTC"}

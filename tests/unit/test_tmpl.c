@@ -174,6 +174,7 @@ static void free_null_is_safe(void **state) {
     ag_buf out = {0};
     assert_int_equal(ag_tmpl_render(t, NULL, NULL, &out), AG_OK);
     assert_int_equal(out.len, 0);
+    ag_buf_free(&out);
     ag_tmpl_free(t);
 }
 
