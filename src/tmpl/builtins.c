@@ -1962,42 +1962,12 @@ static tv attr_path(R *r, tv item, tv attribute, tv dflt) {
 
 static tv lower_if_str(R *r, tv v) { return v.t == TV_STR ? str_case(r, v, CASE_LOWER) : v; }
 
-/* stable merge sort of values by precomputed keys */
-static void msort(R *r, tv *items, tv *keys, size_t n, bool reverse, tv *ti, tv *tk) {
-    if (n < 2) return;
-    size_t h = n / 2;
-    msort(r, items, keys, h, reverse, ti, tk);
-    msort(r, items + h, keys + h, n - h, reverse, ti, tk);
-    size_t i = 0, j = h, o = 0;
-    while (i < h && j < n) {
-        /* Python's sorted(reverse=True) keeps equal elements in order */
-        int  c = reverse ? tv_cmp(r, keys[i], keys[j], "<") : tv_cmp(r, keys[j], keys[i], "<");
-        bool take_right = c < 0 && c != 2;
-        if (take_right) {
-            ti[o] = items[j];
-            tk[o++] = keys[j++];
-        } else {
-            ti[o] = items[i];
-            tk[o++] = keys[i++];
-        }
-    }
-    while (i < h) {
-        ti[o] = items[i];
-        tk[o++] = keys[i++];
-    }
-    while (j < n) {
-        ti[o] = items[j];
-        tk[o++] = keys[j++];
-    }
-    memcpy(items, ti, sizeof(tv) * n);
-    memcpy(keys, tk, sizeof(tv) * n);
-}
-
 static tlist *sorted_list(R *r, tlist *src, tv *keys, bool reverse) {
+    size_t *idx = ralloc(r, sizeof(size_t) * (src->n + 1));
+    for (size_t i = 0; i < src->n; i++) idx[i] = i;
+    py_sort(r, keys, idx, src->n, reverse);
     tlist *l = mklist(r, src->n);
-    memcpy(l->v, src->v, sizeof(tv) * src->n);
-    tv *ti = ralloc(r, sizeof(tv) * (src->n + 1)), *tk = ralloc(r, sizeof(tv) * (src->n + 1));
-    msort(r, l->v, keys, l->n, reverse, ti, tk);
+    for (size_t i = 0; i < src->n; i++) l->v[i] = src->v[idx[i]];
     return l;
 }
 

@@ -123,6 +123,8 @@ void        write_html_escaped(R *r, ag_buf *b, const char *s, size_t n);
 bool     tv_eq(R *r, tv a, tv b, int depth);
 int      tv_cmp(R *r, tv a, tv b, const char *opname); /* <0, 0, >0; TypeError when unorderable */
 uint64_t tv_hash(R *r, tv v, int depth);
+/* sorts keys (and idx alongside) as Python's sorted(..., reverse=) does */
+void     py_sort(R *r, tv *keys, size_t *idx, size_t n, bool reverse);
 
 /* ---- dicts */
 tdict *dict_new(R *r, size_t cap);

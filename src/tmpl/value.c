@@ -13,6 +13,8 @@
 
 #define MAX_VALUE_DEPTH 2100
 
+static uint64_t str_hash(const char *s, size_t n);
+
 /* ---------------------------------------------------------------- errors */
 
 _Noreturn void tm_fail(tm_err *e, ag_status code, int line, const char *fmt, ...) {
@@ -668,11 +670,7 @@ uint64_t tv_hash(R *r, tv v, int depth) {
             memcpy(&u, &v.d, sizeof u);
             return mix(u ^ 0x1234567);
         }
-    case TV_STR: {
-        uint64_t h = 1469598103934665603ULL;
-        for (size_t i = 0; i < v.s->len; i++) h = (h ^ (unsigned char)v.s->s[i]) * 1099511628211ULL;
-        return h;
-    }
+    case TV_STR: return str_hash(v.s->s, v.s->len);
     case TV_LIST:
         if (TV_LK(v) == LK_TUPLE) {
             uint64_t h = 0x345678;
@@ -733,16 +731,26 @@ tv *dict_get(R *r, tdict *d, tv k) {
     return i < 0 ? NULL : &d->v[i];
 }
 
+static uint64_t str_hash(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    return h;
+}
+
 tv *dict_get_str(R *r, tdict *d, const char *s, size_t n) {
     if (d->n <= 8 && !d->idx) {
         for (size_t i = 0; i < d->n; i++)
             if (d->k[i].t == TV_STR && d->k[i].s->len == n && memcmp(d->k[i].s->s, s, n) == 0) return &d->v[i];
         return NULL;
     }
-    tstr tmp; /* hashing only needs s/len; build a transient key */
-    (void)tmp;
-    tv key = mkstr(r, s, n);
-    return dict_get(r, d, key);
+    if (!d->idx || d->icap < d->n * 2 + 2) dict_reindex(r, d);
+    size_t h = str_hash(s, n) & (d->icap - 1);
+    while (d->idx[h]) {
+        size_t i = d->idx[h] - 1;
+        if (d->k[i].t == TV_STR && d->k[i].s->len == n && memcmp(d->k[i].s->s, s, n) == 0) return &d->v[i];
+        h = (h + 1) & (d->icap - 1);
+    }
+    return NULL;
 }
 
 void dict_set(R *r, tdict *d, tv k, tv v) {
@@ -868,20 +876,90 @@ static void json_newline(R *r, ag_buf *b, const json_opts *o, int level) {
     for (int i = 0; i < level; i++) buf_add(r, b, o->indent, o->indent_len);
 }
 
-/* stable merge sort of indices by key, failing through rfail on TypeError */
-static void sort_idx(R *r, size_t *idx, size_t n, const tv *keys, size_t *tmp) {
+/* ---- sorting, as CPython's list.sort compares: the order of comparisons
+ * decides which TypeError a mixed list raises, so small lists (where CPython
+ * uses count_run + binary insertion) follow it exactly; longer ones use a
+ * stable merge sort (same result, comparison order may differ). */
+
+static bool py_lt(R *r, tv a, tv b) {
+    int c = tv_cmp(r, a, b, "<");
+    return c != 2 && c < 0;
+}
+
+static void swap_pair(tv *keys, size_t *idx, size_t i, size_t j) {
+    tv t = keys[i];
+    keys[i] = keys[j];
+    keys[j] = t;
+    size_t u = idx[i];
+    idx[i] = idx[j];
+    idx[j] = u;
+}
+
+static void merge_idx(R *r, tv *keys, size_t *idx, size_t n, tv *tk, size_t *ti) {
     if (n < 2) return;
     size_t h = n / 2;
-    sort_idx(r, idx, h, keys, tmp);
-    sort_idx(r, idx + h, n - h, keys, tmp);
+    merge_idx(r, keys, idx, h, tk, ti);
+    merge_idx(r, keys + h, idx + h, n - h, tk, ti);
     size_t i = 0, j = h, o = 0;
     while (i < h && j < n) {
-        if (tv_cmp(r, keys[idx[j]], keys[idx[i]], "<") < 0) tmp[o++] = idx[j++];
-        else tmp[o++] = idx[i++];
+        if (py_lt(r, keys[j], keys[i])) {
+            tk[o] = keys[j];
+            ti[o++] = idx[j++];
+        } else {
+            tk[o] = keys[i];
+            ti[o++] = idx[i++];
+        }
     }
-    while (i < h) tmp[o++] = idx[i++];
-    while (j < n) tmp[o++] = idx[j++];
-    memcpy(idx, tmp, n * sizeof *idx);
+    while (i < h) {
+        tk[o] = keys[i];
+        ti[o++] = idx[i++];
+    }
+    while (j < n) {
+        tk[o] = keys[j];
+        ti[o++] = idx[j++];
+    }
+    memcpy(keys, tk, sizeof(tv) * n);
+    memcpy(idx, ti, sizeof(size_t) * n);
+}
+
+void py_sort(R *r, tv *keys, size_t *idx, size_t n, bool reverse) {
+    if (reverse)
+        for (size_t i = 0; i < n / 2; i++) swap_pair(keys, idx, i, n - 1 - i);
+    if (n >= 2 && n < 64) {
+        /* count_run */
+        size_t run = 2;
+        bool   desc = false;
+        if (py_lt(r, keys[1], keys[0])) {
+            desc = true;
+            while (run < n && py_lt(r, keys[run], keys[run - 1])) run++;
+        } else {
+            while (run < n && !py_lt(r, keys[run], keys[run - 1])) run++;
+        }
+        if (desc)
+            for (size_t i = 0; i < run / 2; i++) swap_pair(keys, idx, i, run - 1 - i);
+        /* binarysort */
+        for (size_t start = run; start < n; start++) {
+            tv     pivot = keys[start];
+            size_t pidx = idx[start], l = 0, rr = start;
+            do {
+                size_t p = l + ((rr - l) >> 1);
+                if (py_lt(r, pivot, keys[p])) rr = p;
+                else l = p + 1;
+            } while (l < rr);
+            for (size_t k = start; k > l; k--) {
+                keys[k] = keys[k - 1];
+                idx[k] = idx[k - 1];
+            }
+            keys[l] = pivot;
+            idx[l] = pidx;
+        }
+    } else if (n >= 64) {
+        tv     *tk = ralloc(r, sizeof(tv) * n);
+        size_t *ti = ralloc(r, sizeof(size_t) * n);
+        merge_idx(r, keys, idx, n, tk, ti);
+    }
+    if (reverse)
+        for (size_t i = 0; i < n / 2; i++) swap_pair(keys, idx, i, n - 1 - i);
 }
 
 void tv_write_json(R *r, ag_buf *b, tv v, const json_opts *o, int level) {
@@ -922,8 +1000,9 @@ void tv_write_json(R *r, ag_buf *b, tv v, const json_opts *o, int level) {
         size_t *idx = ralloc(r, sizeof(size_t) * n);
         for (size_t i = 0; i < n; i++) idx[i] = i;
         if (o->sort_keys) {
-            size_t *t2 = ralloc(r, sizeof(size_t) * n);
-            sort_idx(r, idx, n, v.m->k, t2);
+            tv *keys = ralloc(r, sizeof(tv) * n);
+            memcpy(keys, v.m->k, sizeof(tv) * n);
+            py_sort(r, keys, idx, n, false);
         }
         buf_addc(r, b, '{');
         for (size_t k = 0; k < n; k++) {

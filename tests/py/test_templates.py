@@ -80,3 +80,62 @@ def test_model_without_template_is_an_error():
     p = run_augur("template", "-m", GEMMA3, "--messages", CONVS[0])
     assert p.returncode == 1
     assert p.stderr == b"augur: model has no chat template\n"
+
+
+# ---- the command line around the renderer
+
+def test_default_model_is_used_and_nothing_is_added(tmp_path):
+    conv = os.path.join(CONV_DIR, "basic.json")
+    src, bos, eos = jinja_ref.gguf_template(SMOLLM2)
+    _, ref = jinja_ref.render(src, _load(conv), bos, eos)
+    p = run_augur("template", "--messages", conv, check=True)
+    assert p.stdout.decode("utf-8") == ref  # no trailing newline or other additions
+    assert p.stderr == b""
+
+
+def test_messages_from_stdin():
+    conv = os.path.join(CONV_DIR, "single_user.json")
+    with open(conv, "rb") as f:
+        data = f.read()
+    p = run_augur("template", "-m", SMOLLM2, "--messages", "-", input=data, check=True)
+    assert p.stdout == run_augur("template", "-m", SMOLLM2, "--messages", conv, check=True).stdout
+
+
+def test_template_file_and_model_tokens_combine(tmp_path):
+    t = tmp_path / "t.jinja"
+    t.write_text("{{ bos_token }}|{{ eos_token }}|{{ messages|length }}")
+    conv = tmp_path / "c.json"
+    conv.write_text(json.dumps({"messages": [{"role": "user", "content": "x"}]}))
+    p = run_augur("template", "--template", str(t), "-m", SMOLLM2, "--messages", str(conv), check=True)
+    assert p.stdout == b"<|im_start|>|<|im_end|>|1"
+    # without a model, the tokens are whatever the conversation gives (here: undefined)
+    p = run_augur("template", "--template", str(t), "--messages", str(conv), check=True)
+    assert p.stdout == b"||1"
+
+
+def test_usage_errors_exit_2(tmp_path):
+    assert run_augur("template").returncode == 2
+    assert run_augur("template", "--messages").returncode == 2
+    assert run_augur("template", "--bogus", "x").returncode == 2
+    assert run_augur("template", "--help").returncode == 0
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("{not json", b"invalid JSON"),
+    ("[1, 2]", b"must be a JSON object"),
+    ('{"messages": 3}', b'"messages" must be an array'),
+])
+def test_bad_conversation_files_exit_1(tmp_path, content, needle):
+    conv = tmp_path / "c.json"
+    conv.write_text(content)
+    p = run_augur("template", "-m", SMOLLM2, "--messages", str(conv))
+    assert p.returncode == 1
+    assert needle in p.stderr and p.stderr.count(b"\n") == 1
+
+
+def test_template_syntax_error_names_the_line(tmp_path):
+    t = tmp_path / "t.jinja"
+    t.write_text("ok\n{% if x %}\nno end")
+    p = run_augur("template", "--template", str(t), "--messages", os.path.join(CONV_DIR, "basic.json"))
+    assert p.returncode == 1
+    assert p.stderr.startswith(b"augur: template line ") and b"'endif'" in p.stderr
