@@ -3,13 +3,14 @@
 Python's jinja2 (configured as transformers does, tests/py/jinja_ref.py) and by
 `augur template`; prints every disagreement.
 
-    scripts/tmpl_difftest.py [-n 2000] [--seed 1] [--augur build/augur]
+    scripts/tmpl_difftest.py [-n 2000] [--seed 1] [--augur build/augur] [--chat]
 
 A case agrees when both render the same bytes, or both fail and augur's
 message contains jinja2's. Cases where augur reports "unsupported" are
 counted separately (a construct it refuses on purpose)."""
 import argparse
 import copy
+import glob
 import json
 import os
 import random
@@ -126,7 +127,7 @@ def gen_stmt(rng, depth=0):
     return pad + tag(rng, "filter upper") + gen_stmt(rng, depth + 1) + tag(rng, "endfilter")
 
 
-GEN_ADDR = re.compile(r"(<[a-z_]+ object(?: [a-z_]+)?) at 0x[0-9a-f]+>", re.I)
+GEN_ADDR = re.compile(r"( object(?: [a-z_]+)?) at 0x[0-9a-f]+>", re.I)
 
 CTX = {"s": "a,b,c", "n": 3, "f": 2.5, "l": [3, 1, 2], "d": {"k": "v", "role": "sys", "n": 2},
        "msgs": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "x": None},
@@ -135,13 +136,100 @@ CTX = {"s": "a,b,c", "n": 3, "f": 2.5, "l": [3, 1, 2], "d": {"k": "v", "role": "
        "u": "Straße İ ǅ"}
 
 
+def ws_tag(rng, body, kind="%"):
+    """A tag with random whitespace control, preceded by random layout."""
+    pre = rng.choice(["", "\n", "\n    ", "    ", "\t", "\n\n  ", " ", "x\n  ", "\u00a0", "\n\t  "])
+    open_, close = ("{%", "%}") if kind == "%" else ("{{", "}}") if kind == "{" else ("{#", "#}")
+    l = rng.choice(["", "-", "+"]) if kind != "{" else rng.choice(["", "-"])
+    r = rng.choice(["", "-", "+"]) if kind != "{" else rng.choice(["", "-"])
+    if kind == "{" and r == "+":
+        r = ""
+    return pre + open_ + l + " " + body + " " + r + close
+
+
+def gen_chat_template(rng):
+    """A random template shaped like real chat templates."""
+    out = []
+    if rng.random() < 0.5:
+        out.append(ws_tag(rng, "bos_token", "{"))
+    if rng.random() < 0.4:
+        out.append(ws_tag(rng, "set ns = namespace(sys='', n=0)"))
+        out.append(ws_tag(rng, "for m in messages"))
+        out.append(ws_tag(rng, "if m.role == 'system'"))
+        out.append(ws_tag(rng, "set ns.sys = m.content"))
+        out.append(ws_tag(rng, "endif"))
+        out.append(ws_tag(rng, "set ns.n = ns.n + 1"))
+        out.append(ws_tag(rng, "endfor"))
+        out.append(ws_tag(rng, "ns.sys ~ '|' ~ ns.n", "{"))
+    if rng.random() < 0.3:
+        out.append(ws_tag(rng, "comment " + rng.choice(["", "x\ny"]), "#"))
+    if rng.random() < 0.5:
+        out.append(ws_tag(rng, "if tools"))
+        out.append(rng.choice(["<tools>", "\n# Tools\n", ""]))
+        out.append(ws_tag(rng, "for t in tools"))
+        out.append(ws_tag(rng, rng.choice(["t|tojson", "t.function.name", "t|tojson(indent=2)", "t.function.parameters.properties|list"]), "{"))
+        out.append(ws_tag(rng, "endfor"))
+        out.append(ws_tag(rng, "endif"))
+    out.append(ws_tag(rng, "for message in messages" + rng.choice(["", " if message.role != 'system'"])))
+    for role in rng.sample(["user", "assistant", "system", "tool"], rng.randint(1, 4)):
+        out.append(ws_tag(rng, ("if" if role == "user" or not out[-1].endswith("%}") else "if") + f" message.role == '{role}'"))
+        out.append(rng.choice(["<|" + role + "|>", "[" + role.upper() + "]", role + ":\n", ""]))
+        out.append(ws_tag(rng, rng.choice(["message.content", "message.content|trim", "(message.content or '')|trim",
+                                          "message['content'] if message.content is string else message.content|tojson",
+                                          "message.content|default('', true)", "loop.index", "message.tool_calls|length if message.tool_calls else ''"]), "{"))
+        out.append(rng.choice(["<|end|>", "\n", "", "</s>"]))
+        out.append(ws_tag(rng, "endif"))
+    if rng.random() < 0.4:
+        out.append(ws_tag(rng, "if not loop.last"))
+        out.append(rng.choice(["\n", " ", "---"]))
+        out.append(ws_tag(rng, "endif"))
+    out.append(ws_tag(rng, "endfor"))
+    out.append(ws_tag(rng, "if add_generation_prompt"))
+    out.append(rng.choice(["<|assistant|>\n", "\nASSISTANT:", ""]))
+    out.append(ws_tag(rng, "endif"))
+    out.append(rng.choice(["", "\n", "\n\n", "  \n"]))
+    return "".join(out)
+
+
+def main_chat(args):
+    rng = random.Random(args.seed)
+    convs = sorted(glob.glob(os.path.join(HERE, "..", "tests", "data", "conversations", "*.json")))
+    agree, bad = 0, []
+    with tempfile.TemporaryDirectory() as td:
+        tpath = os.path.join(td, "t.jinja")
+        for i in range(args.n):
+            src = gen_chat_template(rng)
+            conv = rng.choice(convs)
+            with open(conv, encoding="utf-8") as f:
+                c = json.load(f)
+            ok, ref = jinja_ref.render(src, c)
+            with open(tpath, "w") as f:
+                f.write(src)
+            p = subprocess.run([args.augur, "template", "--template", tpath, "--messages", conv], capture_output=True)
+            got, err = p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+            if (ok and p.returncode == 0 and got == ref) or (not ok and p.returncode == 1 and ref.split(": ", 1)[-1] in err):
+                agree += 1
+            else:
+                bad.append((src, ok, ref, got, err.strip()))
+    for src, ok, ref, got, err in bad[: args.show]:
+        print("=" * 70)
+        print("TEMPLATE:", repr(src))
+        print("jinja2  :", ("OK " if ok else "ERR ") + repr(ref)[:400])
+        print("augur   :", repr(got)[:400], err[:300])
+    print(f"chat mode: {agree}/{args.n} agree, {len(bad)} disagree")
+    return 1 if bad else 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-n", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--augur", default=os.path.join(HERE, "..", "build", "augur"))
     ap.add_argument("--show", type=int, default=20)
+    ap.add_argument("--chat", action="store_true", help="chat-template-shaped templates over the test conversations")
     args = ap.parse_args()
+    if args.chat:
+        return main_chat(args)
     rng = random.Random(args.seed)
     agree = unsupported = 0
     bad = []

@@ -1234,11 +1234,12 @@ static const struct {
     {"isprintable", M_STR_UNSUPPORTED}, {"maketrans", M_STR_UNSUPPORTED}, {"translate", M_STR_UNSUPPORTED},
 };
 
-static tv bound(R *r, tv self, int id) {
+static tv bound(R *r, tv self, int id, const char *mname) {
     tfunc *f = ralloc(r, sizeof *f);
     f->kind = FN_METHOD;
     f->id = id;
     f->self = self;
+    f->mname = mname;
     tv v = {.t = TV_FUNC};
     v.fn = f;
     return v;
@@ -1255,17 +1256,17 @@ bool method_lookup(R *r, tv obj, const tstr *name, tv *out) {
     if (obj.t == TV_STR) {
         for (size_t i = 0; i < sizeof str_methods / sizeof str_methods[0]; i++)
             if (!strcmp(s, str_methods[i].name)) {
-                *out = bound(r, obj, str_methods[i].id);
+                *out = bound(r, obj, str_methods[i].id, str_methods[i].name);
                 return true;
             }
         return false;
     }
     if (obj.t == TV_DICT) {
-        if (!strcmp(s, "get")) *out = bound(r, obj, M_GET);
-        else if (!strcmp(s, "items")) *out = bound(r, obj, M_ITEMS);
-        else if (!strcmp(s, "keys")) *out = bound(r, obj, M_KEYS);
-        else if (!strcmp(s, "values")) *out = bound(r, obj, M_VALUES);
-        else if (!strcmp(s, "copy")) *out = bound(r, obj, M_DICT_COPY);
+        if (!strcmp(s, "get")) *out = bound(r, obj, M_GET, s);
+        else if (!strcmp(s, "items")) *out = bound(r, obj, M_ITEMS, s);
+        else if (!strcmp(s, "keys")) *out = bound(r, obj, M_KEYS, s);
+        else if (!strcmp(s, "values")) *out = bound(r, obj, M_VALUES, s);
+        else if (!strcmp(s, "copy")) *out = bound(r, obj, M_DICT_COPY, s);
         else if (!strcmp(s, "update") || !strcmp(s, "pop") || !strcmp(s, "popitem") || !strcmp(s, "setdefault") ||
                  !strcmp(s, "clear"))
             *out = unsafe(r, obj, name);
@@ -1275,9 +1276,9 @@ bool method_lookup(R *r, tv obj, const tstr *name, tv *out) {
     if (obj.t == TV_LIST) {
         int k = TV_LK(obj);
         if (k != LK_LIST && k != LK_TUPLE) return false;
-        if (!strcmp(s, "index")) *out = bound(r, obj, M_LIST_INDEX);
-        else if (!strcmp(s, "count")) *out = bound(r, obj, M_LIST_COUNT);
-        else if (k == LK_LIST && !strcmp(s, "copy")) *out = bound(r, obj, M_LIST_COPY);
+        if (!strcmp(s, "index")) *out = bound(r, obj, M_LIST_INDEX, s);
+        else if (!strcmp(s, "count")) *out = bound(r, obj, M_LIST_COUNT, s);
+        else if (k == LK_LIST && !strcmp(s, "copy")) *out = bound(r, obj, M_LIST_COPY, s);
         else if (k == LK_LIST && (!strcmp(s, "append") || !strcmp(s, "extend") || !strcmp(s, "insert") ||
                                   !strcmp(s, "pop") || !strcmp(s, "remove") || !strcmp(s, "reverse") ||
                                   !strcmp(s, "sort") || !strcmp(s, "clear")))
@@ -2137,6 +2138,7 @@ static tv do_indent(R *r, tv v, tv vwidth, tv vfirst, tv vblank) {
     /* jinja2 does `s += "\n"` without converting s first */
     if (v.t == TV_UNDEF) fail_undefined(r, v);
     if (v.t == TV_LIST && TV_LK(v) == LK_LIST) rfail(r, "'list' object has no attribute 'splitlines'");
+    if (v.t == TV_LIST && TV_LK(v) == LK_TUPLE) rfail(r, "can only concatenate tuple (not \"str\") to tuple");
     if (v.t != TV_STR) rfail(r, "unsupported operand type(s) for +=: '%s' and 'str'", tv_type_name(v));
     tv s = v;
     const char *ind = "    ";

@@ -176,6 +176,7 @@ struct tfunc {
     tv             caller;     /* FN_MACRO caller passed from a call block (or undef) */
     tloop         *loop;       /* loop.cycle / loop.changed */
     tv            *state;      /* joiner/cycler state */
+    const char    *mname;      /* FN_METHOD: the Python method name (for repr) */
 };
 
 struct tloop {

@@ -209,7 +209,8 @@ const char *tv_type_name(tv v) {
     case TV_FUNC:
         if (v.fn->kind == FN_MACRO) return "Macro";
         if (v.fn->kind == FN_METHOD) return "builtin_function_or_method";
-        if (v.fn->kind == FN_LOOP_CYCLE || v.fn->kind == FN_LOOP_CHANGED || v.fn->kind == FN_JOINER) return "method";
+        if (v.fn->kind == FN_LOOP_CYCLE || v.fn->kind == FN_LOOP_CHANGED) return "method";
+        if (v.fn->kind == FN_JOINER) return "Joiner";
         if (v.fn->kind == FN_GLOBAL && (v.fn->id == GL_RAISE_EXCEPTION || v.fn->id == GL_STRFTIME_NOW)) return "function";
         return "type";
     case TV_LOOP: return "LoopContext";
@@ -488,7 +489,7 @@ void tv_write_repr(R *r, ag_buf *b, tv v, int depth) {
 }
 
 void tv_write_str(R *r, ag_buf *b, tv v) {
-    char tmp[64];
+    char tmp[160];
     switch (v.t) {
     case TV_UNDEF: return;
     case TV_NONE: buf_adds(r, b, "None"); return;
@@ -510,7 +511,34 @@ void tv_write_str(R *r, ag_buf *b, tv v) {
             const tstr  *nm = name_str(r, m->name);
             buf_add(r, b, nm->s, nm->len);
             buf_adds(r, b, "'>");
-        } else buf_adds(r, b, "<function>");
+        } else if (v.fn->kind == FN_METHOD) {
+            char self_t[64];
+            snprintf(self_t, sizeof self_t, "%s", tv_type_name(v.fn->self));
+            snprintf(tmp, sizeof tmp, "<built-in method %.20s of %.20s object at %p>", v.fn->mname ? v.fn->mname : "?",
+                     self_t, (void *)v.fn);
+            buf_adds(r, b, tmp);
+        } else if (v.fn->kind == FN_GLOBAL) {
+            static const char *names[] = {NULL, "<class 'jinja2.utils.Namespace'>", NULL, NULL,
+                                          "<class 'dict'>", "<class 'jinja2.utils.Joiner'>",
+                                          "<class 'jinja2.utils.Cycler'>"};
+            const char *nm = v.fn->id >= 0 && v.fn->id < 7 ? names[v.fn->id] : NULL;
+            if (nm) buf_adds(r, b, nm);
+            else {
+                snprintf(tmp, sizeof tmp, "<function %s at %p>",
+                         v.fn->id == GL_RAISE_EXCEPTION ? "raise_exception"
+                         : v.fn->id == GL_RANGE        ? "safe_range"
+                                                       : "strftime_now",
+                         (void *)v.fn);
+                buf_adds(r, b, tmp);
+            }
+        } else if (v.fn->kind == FN_JOINER) {
+            snprintf(tmp, sizeof tmp, "<jinja2.utils.Joiner object at %p>", (void *)v.fn);
+            buf_adds(r, b, tmp);
+        } else {
+            snprintf(tmp, sizeof tmp, "<bound method LoopContext.%s of <LoopContext %zu/%zu>>",
+                     v.fn->kind == FN_LOOP_CYCLE ? "cycle" : "changed", v.fn->loop->index0 + 1, v.fn->loop->items->n);
+            buf_adds(r, b, tmp);
+        }
         return;
     case TV_LOOP: {
         snprintf(tmp, sizeof tmp, "<LoopContext %zu/%zu>", v.lp->index0 + 1, v.lp->items->n);
