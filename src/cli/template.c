@@ -20,7 +20,8 @@ static const char usage_text[] =
     "                       {\"messages\": [...], \"tools\": [...], \"add_generation_prompt\": true,\n"
     "                        \"bos_token\": \"<s>\", \"eos_token\": \"</s>\", ...other template variables}\n"
     "  -h, --help           this help\n"
-    "Prints the rendering to stdout, nothing added.\n";
+    "Prints the rendering to stdout, nothing added. SOURCE_DATE_EPOCH, when set, is the time\n"
+    "strftime_now() formats.\n";
 
 /* The text of token `key` (an id into tokenizer.ggml.tokens), or NULL. */
 static char *special_token(const ag_gguf *g, const char *key) {
@@ -131,7 +132,19 @@ int ag_cli_template(int argc, char **argv) {
         if (bos && !json_object_get(conv, "bos_token")) json_object_set_new(conv, "bos_token", json_string(bos));
         if (eos && !json_object_get(conv, "eos_token")) json_object_set_new(conv, "eos_token", json_string(eos));
     }
-    if (ag_tmpl_render(t, conv, NULL, &out) != AG_OK) {
+    /* SOURCE_DATE_EPOCH pins strftime_now() (reproducible output, tests) */
+    ag_tmpl_params params = ag_tmpl_default_params();
+    const char    *epoch = getenv("SOURCE_DATE_EPOCH");
+    if (epoch && *epoch) {
+        char     *end;
+        long long v = strtoll(epoch, &end, 10);
+        if (*end || v < 0) {
+            rc = ag_cli_fail("SOURCE_DATE_EPOCH must be a non-negative integer");
+            goto done;
+        }
+        params.now = (int64_t)v;
+    }
+    if (ag_tmpl_render(t, conv, &params, &out) != AG_OK) {
         rc = ag_cli_fail("%s", ag_error_message());
         goto done;
     }

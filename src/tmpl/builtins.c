@@ -511,13 +511,14 @@ static double py_floordiv(double vx, double wx) {
 }
 
 static const char *op_sym(int op) {
-    static const char *s[] = {"+", "-", "*", "/", "//", "%", "**"};
+    static const char *s[] = {"+", "-", "*", "/", "//", "%", "** or pow()"};
     return s[op];
 }
 
 tv tv_binop(R *r, int op, tv a, tv b) {
     if (a.t == TV_UNDEF) fail_undefined(r, a);
-    if (b.t == TV_UNDEF) fail_undefined(r, b);
+    /* str % Undefined is str.__mod__'s business (Undefined is "mapping-like") */
+    if (b.t == TV_UNDEF && !(op == OP_MOD && a.t == TV_STR)) fail_undefined(r, b);
     if (is_num(a) && is_num(b)) {
         bool ints = is_intlike(a) && is_intlike(b);
         int64_t o;
@@ -614,13 +615,16 @@ tv tv_binop(R *r, int op, tv a, tv b) {
             rfail(r, "can only concatenate %s (not \"%s\") to %s", tv_type_name(a), tv_type_name(b), tv_type_name(a));
     }
     if (op == OP_MUL) {
+        /* CPython falls back to sequence repetition, which wants an int */
         bool seq_a = a.t == TV_STR || (a.t == TV_LIST && (TV_LK(a) == LK_LIST || TV_LK(a) == LK_TUPLE));
         bool seq_b = b.t == TV_STR || (b.t == TV_LIST && (TV_LK(b) == LK_LIST || TV_LK(b) == LK_TUPLE));
         if (seq_a && is_intlike(b)) return repeat(r, a, b.i);
         if (seq_b && is_intlike(a)) return repeat(r, b, a.i);
-        if (seq_a && !seq_b && b.t != TV_STR)
-            rfail(r, "can't multiply sequence by non-int of type '%s'", tv_type_name(b));
-        if (seq_b && !seq_a) rfail(r, "can't multiply sequence by non-int of type '%s'", tv_type_name(a));
+        /* Markup's __mul__ hands a non-int straight to str.__mul__ */
+        if (a.t == TV_STR && (a.f & TVF_SAFE)) rfail(r, "'%s' object cannot be interpreted as an integer", tv_type_name(b));
+        if (b.t == TV_STR && (b.f & TVF_SAFE)) rfail(r, "'%s' object cannot be interpreted as an integer", tv_type_name(a));
+        if (seq_a) rfail(r, "can't multiply sequence by non-int of type '%s'", tv_type_name(b));
+        if (seq_b) rfail(r, "can't multiply sequence by non-int of type '%s'", tv_type_name(a));
     }
     if (op == OP_MOD && a.t == TV_STR) {
         if (a.f & TVF_SAFE) {
@@ -644,7 +648,6 @@ bool tv_contains(R *r, tv c, tv x) {
     switch (c.t) {
     case TV_UNDEF: return false;
     case TV_STR:
-        if (x.t == TV_UNDEF) fail_undefined(r, x);
         if (x.t != TV_STR) rfail(r, "'in <string>' requires string as left operand, not %s", tv_type_name(x));
         return find_bytes(c.s->s, c.s->len, x.s->s, x.s->len) != NULL;
     case TV_LIST:
@@ -652,10 +655,18 @@ bool tv_contains(R *r, tv c, tv x) {
             if (tv_eq(r, c.l->v[i], x, 0)) return true;
         return false;
     case TV_DICT: return dict_get(r, c.m, x) != NULL;
-    case TV_LOOP:
-        for (size_t i = 0; i < c.lp->items->n; i++)
-            if (tv_eq(r, c.lp->items->v[i], x, 0)) return true;
+    case TV_GEN: {
+        tv y;
+        while (gen_next(r, c.g, &y))
+            if (tv_eq(r, y, x, 0)) return true;
         return false;
+    }
+    case TV_LOOP: {
+        tlist *items = tv_iterate(r, c);
+        for (size_t i = 0; i < items->n; i++)
+            if (tv_eq(r, items->v[i], x, 0)) return true;
+        return false;
+    }
     default: rfail(r, "argument of type '%s' is not iterable", tv_type_name(c));
     }
 }
@@ -720,6 +731,7 @@ tv str_percent_format(R *r, tv fmt, tv args) {
                 if (depth) i++;
             }
             if (i >= n) rfail(r, "incomplete format key");
+            if (args.t == TV_UNDEF) fail_undefined(r, args);
             if (args.t != TV_DICT) rfail(r, "format requires a mapping");
             tv *p = dict_get_str(r, args.m, s + st, i - st);
             if (!p) rfail(r, "'%.*s'", (int)(i - st), s + st);
@@ -778,6 +790,7 @@ tv str_percent_format(R *r, tv fmt, tv args) {
             arg = argv[ai++];
         }
         char numfmt[32], tmp[512];
+        if (arg.t == TV_UNDEF && conv != 's' && conv != 'r' && conv != 'a') fail_undefined(r, arg);
         switch (conv) {
         case 's':
         case 'r':
@@ -882,7 +895,12 @@ tv str_percent_format(R *r, tv fmt, tv args) {
         default: rfail(r, "unsupported format character '%c' (0x%x) at index %zu", conv, (unsigned char)conv, i - 1);
         }
     }
-    if (!used_mapping && ai < argc && !(args.t == TV_DICT && !is_tuple))
+    /* CPython skips this check when the argument is a "mapping" in the
+     * PyMapping_Check sense: anything subscriptable but a tuple or str */
+    bool mapping_like = !is_tuple && (args.t == TV_DICT || args.t == TV_UNDEF || (args.t == TV_LIST && TV_LK(args) != LK_REVITER &&
+                                                            TV_LK(args) != LK_ITEMS && TV_LK(args) != LK_KEYS &&
+                                                            TV_LK(args) != LK_VALUES));
+    if (!used_mapping && ai < argc && !mapping_like)
         rfail(r, "not all arguments converted during string formatting");
     return buf_finish(r, b, false);
 }
@@ -1216,11 +1234,12 @@ static const struct {
     {"isprintable", M_STR_UNSUPPORTED}, {"maketrans", M_STR_UNSUPPORTED}, {"translate", M_STR_UNSUPPORTED},
 };
 
-static tv bound(R *r, tv self, int id) {
+static tv bound(R *r, tv self, int id, const char *mname) {
     tfunc *f = ralloc(r, sizeof *f);
     f->kind = FN_METHOD;
     f->id = id;
     f->self = self;
+    f->mname = mname;
     tv v = {.t = TV_FUNC};
     v.fn = f;
     return v;
@@ -1237,17 +1256,17 @@ bool method_lookup(R *r, tv obj, const tstr *name, tv *out) {
     if (obj.t == TV_STR) {
         for (size_t i = 0; i < sizeof str_methods / sizeof str_methods[0]; i++)
             if (!strcmp(s, str_methods[i].name)) {
-                *out = bound(r, obj, str_methods[i].id);
+                *out = bound(r, obj, str_methods[i].id, str_methods[i].name);
                 return true;
             }
         return false;
     }
     if (obj.t == TV_DICT) {
-        if (!strcmp(s, "get")) *out = bound(r, obj, M_GET);
-        else if (!strcmp(s, "items")) *out = bound(r, obj, M_ITEMS);
-        else if (!strcmp(s, "keys")) *out = bound(r, obj, M_KEYS);
-        else if (!strcmp(s, "values")) *out = bound(r, obj, M_VALUES);
-        else if (!strcmp(s, "copy")) *out = bound(r, obj, M_DICT_COPY);
+        if (!strcmp(s, "get")) *out = bound(r, obj, M_GET, s);
+        else if (!strcmp(s, "items")) *out = bound(r, obj, M_ITEMS, s);
+        else if (!strcmp(s, "keys")) *out = bound(r, obj, M_KEYS, s);
+        else if (!strcmp(s, "values")) *out = bound(r, obj, M_VALUES, s);
+        else if (!strcmp(s, "copy")) *out = bound(r, obj, M_DICT_COPY, s);
         else if (!strcmp(s, "update") || !strcmp(s, "pop") || !strcmp(s, "popitem") || !strcmp(s, "setdefault") ||
                  !strcmp(s, "clear"))
             *out = unsafe(r, obj, name);
@@ -1257,9 +1276,9 @@ bool method_lookup(R *r, tv obj, const tstr *name, tv *out) {
     if (obj.t == TV_LIST) {
         int k = TV_LK(obj);
         if (k != LK_LIST && k != LK_TUPLE) return false;
-        if (!strcmp(s, "index")) *out = bound(r, obj, M_LIST_INDEX);
-        else if (!strcmp(s, "count")) *out = bound(r, obj, M_LIST_COUNT);
-        else if (k == LK_LIST && !strcmp(s, "copy")) *out = bound(r, obj, M_LIST_COPY);
+        if (!strcmp(s, "index")) *out = bound(r, obj, M_LIST_INDEX, s);
+        else if (!strcmp(s, "count")) *out = bound(r, obj, M_LIST_COUNT, s);
+        else if (k == LK_LIST && !strcmp(s, "copy")) *out = bound(r, obj, M_LIST_COPY, s);
         else if (k == LK_LIST && (!strcmp(s, "append") || !strcmp(s, "extend") || !strcmp(s, "insert") ||
                                   !strcmp(s, "pop") || !strcmp(s, "remove") || !strcmp(s, "reverse") ||
                                   !strcmp(s, "sort") || !strcmp(s, "clear")))
@@ -1399,7 +1418,21 @@ tv call_method(R *r, tfunc *f, targs *a) {
     }
     case M_UPPER: no_args(r, "upper", a); return str_case(r, self, CASE_UPPER);
     case M_LOWER: no_args(r, "lower", a); return str_case(r, self, CASE_LOWER);
-    case M_CASEFOLD: no_args(r, "casefold", a); return str_case(r, self, CASE_LOWER);
+    case M_CASEFOLD: {
+        no_args(r, "casefold", a);
+        ag_buf *b = buf_get(r);
+        size_t  i = 0;
+        while (i < self.s->len) {
+            uint32_t         c = tm_utf8_next(self.s->s, self.s->len, &i);
+            utf8proc_int32_t dst[8];
+            int              last;
+            utf8proc_ssize_t k = utf8proc_decompose_char((utf8proc_int32_t)c, dst, 8, UTF8PROC_CASEFOLD, &last);
+            if (k < 0 || k > 8) put_cp(r, b, c);
+            else
+                for (utf8proc_ssize_t j = 0; j < k; j++) put_cp(r, b, (uint32_t)dst[j]);
+        }
+        return buf_finish(r, b, safe);
+    }
     case M_TITLE: no_args(r, "title", a); return str_title_py(r, self);
     case M_CAPITALIZE: no_args(r, "capitalize", a); return str_capitalize(r, self);
     case M_SWAPCASE: no_args(r, "swapcase", a); return str_swapcase(r, self);
@@ -1646,7 +1679,10 @@ tv call_global(R *r, int id, targs *a) {
         size_t n = (size_t)cnt;
         tlist *l = mklist(r, n);
         for (size_t i = 0; i < n; i++) l->v[i] = tv_int(start + (int64_t)i * stp);
-        return tv_of_list(l, LK_LIST);
+        l->r_start = start;
+        l->r_stop = stop;
+        l->r_step = stp;
+        return tv_of_list(l, LK_RANGE);
     }
     case GL_NAMESPACE: {
         tv     d = ns_from(r, a, "namespace");
@@ -1752,8 +1788,41 @@ static bool test_arg(R *r, targs *a, const char *tname, tv *out) {
     return true;
 }
 
+static const char *test_pyname(int id) {
+    switch (id) {
+    case TT_ODD: return "test_odd";
+    case TT_EVEN: return "test_even";
+    case TT_DEFINED: return "test_defined";
+    case TT_UNDEFINED: return "test_undefined";
+    case TT_NONE: return "test_none";
+    case TT_BOOLEAN: return "test_boolean";
+    case TT_FALSE: return "test_false";
+    case TT_TRUE: return "test_true";
+    case TT_INTEGER: return "test_integer";
+    case TT_FLOAT: return "test_float";
+    case TT_LOWER: return "test_lower";
+    case TT_UPPER: return "test_upper";
+    case TT_STRING: return "test_string";
+    case TT_MAPPING: return "test_mapping";
+    case TT_NUMBER: return "test_number";
+    case TT_SEQUENCE: return "test_sequence";
+    case TT_ITERABLE: return "test_iterable";
+    case TT_ESCAPED: return "test_escaped";
+    case TT_FILTER: return "test_filter";
+    case TT_TEST: return "test_test";
+    default: return NULL;
+    }
+}
+
 bool call_test(R *r, int id, tv v, targs *a) {
     tv o;
+    const char *one = test_pyname(id);
+    if (one && (a->npos || a->nkw)) {
+        if (a->nkw) rfail(r, "%s() got an unexpected keyword argument '%s'", one, name_str(r, a->kwid[0])->s);
+        rfail(r, "%s() takes %d positional argument%s but %d were given", one, id == TT_FILTER || id == TT_TEST ? 2 : 1,
+              id == TT_FILTER || id == TT_TEST ? "s" : "", a->npos + (id == TT_FILTER || id == TT_TEST ? 2 : 1));
+    }
+    if (id == TT_CALLABLE && (a->npos || a->nkw)) rfail(r, "callable() takes exactly one argument (%d given)", a->npos + 1);
     switch (id) {
     case TT_ODD:
     case TT_EVEN: {
@@ -1786,9 +1855,10 @@ bool call_test(R *r, int id, tv v, targs *a) {
     case TT_NUMBER: return is_num(v);
     case TT_SEQUENCE:
         if (v.t == TV_STR || v.t == TV_DICT || v.t == TV_UNDEF) return true;
-        if (v.t == TV_LIST) return TV_LK(v) == LK_LIST || TV_LK(v) == LK_TUPLE;
+        if (v.t == TV_LIST) return TV_LK(v) == LK_LIST || TV_LK(v) == LK_TUPLE || TV_LK(v) == LK_RANGE;
         return false;
-    case TT_ITERABLE: return v.t == TV_STR || v.t == TV_DICT || v.t == TV_UNDEF || v.t == TV_LIST || v.t == TV_LOOP;
+    case TT_ITERABLE:
+        return v.t == TV_STR || v.t == TV_DICT || v.t == TV_UNDEF || v.t == TV_LIST || v.t == TV_LOOP || v.t == TV_GEN;
     case TT_CALLABLE: return v.t == TV_FUNC || v.t == TV_UNDEF;
     case TT_SAMEAS:
         test_arg(r, a, "test_sameas", &o);
@@ -1817,6 +1887,8 @@ bool call_test(R *r, int id, tv v, targs *a) {
 }
 
 /* ================================================================ filters */
+
+static tv filter_impl(R *r, int id, tv v, targs *a);
 
 enum {
     F_ABS, F_ATTR, F_BATCH, F_CAPITALIZE, F_CENTER, F_COUNT, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT,
@@ -1891,42 +1963,12 @@ static tv attr_path(R *r, tv item, tv attribute, tv dflt) {
 
 static tv lower_if_str(R *r, tv v) { return v.t == TV_STR ? str_case(r, v, CASE_LOWER) : v; }
 
-/* stable merge sort of values by precomputed keys */
-static void msort(R *r, tv *items, tv *keys, size_t n, bool reverse, tv *ti, tv *tk) {
-    if (n < 2) return;
-    size_t h = n / 2;
-    msort(r, items, keys, h, reverse, ti, tk);
-    msort(r, items + h, keys + h, n - h, reverse, ti, tk);
-    size_t i = 0, j = h, o = 0;
-    while (i < h && j < n) {
-        /* Python's sorted(reverse=True) keeps equal elements in order */
-        int  c = reverse ? tv_cmp(r, keys[i], keys[j], "<") : tv_cmp(r, keys[j], keys[i], "<");
-        bool take_right = c < 0 && c != 2;
-        if (take_right) {
-            ti[o] = items[j];
-            tk[o++] = keys[j++];
-        } else {
-            ti[o] = items[i];
-            tk[o++] = keys[i++];
-        }
-    }
-    while (i < h) {
-        ti[o] = items[i];
-        tk[o++] = keys[i++];
-    }
-    while (j < n) {
-        ti[o] = items[j];
-        tk[o++] = keys[j++];
-    }
-    memcpy(items, ti, sizeof(tv) * n);
-    memcpy(keys, tk, sizeof(tv) * n);
-}
-
 static tlist *sorted_list(R *r, tlist *src, tv *keys, bool reverse) {
+    size_t *idx = ralloc(r, sizeof(size_t) * (src->n + 1));
+    for (size_t i = 0; i < src->n; i++) idx[i] = i;
+    py_sort(r, keys, idx, src->n, reverse);
     tlist *l = mklist(r, src->n);
-    memcpy(l->v, src->v, sizeof(tv) * src->n);
-    tv *ti = ralloc(r, sizeof(tv) * (src->n + 1)), *tk = ralloc(r, sizeof(tv) * (src->n + 1));
-    msort(r, l->v, keys, l->n, reverse, ti, tk);
+    for (size_t i = 0; i < src->n; i++) l->v[i] = src->v[idx[i]];
     return l;
 }
 
@@ -1956,75 +1998,6 @@ static tlist *filter_list(R *r, tv v) {
     return tv_iterate(r, v);
 }
 
-static tv select_reject(R *r, tv v, targs *a, bool select, bool by_attr) {
-    tlist *out;
-    /* `if value:` guard in jinja2: a falsy value gives an empty generator */
-    if (!tv_truthy(r, v)) return tv_list_kind(mklist(r, 0), LK_GEN);
-    tlist *items = tv_iterate(r, v);
-    int    off = 0;
-    tv     attr = tv_missing();
-    if (by_attr) {
-        if (a->npos < 1) rfail(r, "Missing parameter for attribute name");
-        attr = a->pos[0];
-        off = 1;
-    }
-    int test = -1;
-    if (a->npos > off) {
-        tv tn = a->pos[off];
-        if (tn.t != TV_STR) rfail(r, "test name must be a string");
-        test = tm_test_id(tn.s->s, tn.s->len);
-        if (test < 0) rfail(r, "No test named '%s'.", tn.s->s);
-    }
-    targs ta = {.pos = a->pos + off + 1, .npos = a->npos > off + 1 ? a->npos - off - 1 : 0, .kwid = a->kwid, .kwv = a->kwv, .nkw = a->nkw};
-    out = mklist(r, items->n);
-    size_t k = 0;
-    for (size_t i = 0; i < items->n; i++) {
-        step(r);
-        tv   x = by_attr ? attr_path(r, items->v[i], attr, tv_missing()) : items->v[i];
-        bool t = test >= 0 ? call_test(r, test, x, &ta) : tv_truthy(r, x);
-        if (t == select) out->v[k++] = items->v[i];
-    }
-    out->n = k;
-    return tv_list_kind(out, LK_GEN);
-}
-
-static tv do_map(R *r, tv v, targs *a) {
-    if (!tv_truthy(r, v)) return tv_list_kind(mklist(r, 0), LK_GEN);
-    tlist *items = tv_iterate(r, v);
-    tlist *out = mklist(r, items->n);
-    if (a->npos == 0) {
-        tv attribute = tv_missing(), dflt = tv_missing();
-        bool have_attr = false;
-        for (int k = 0; k < a->nkw; k++) {
-            if (kwname_is(r, a->kwid[k], "attribute")) {
-                attribute = a->kwv[k];
-                have_attr = true;
-            } else if (kwname_is(r, a->kwid[k], "default")) dflt = a->kwv[k];
-            else rfail(r, "Unexpected keyword argument '%s'", name_str(r, a->kwid[k])->s);
-        }
-        if (!have_attr) rfail(r, "map requires a filter argument");
-        for (size_t i = 0; i < items->n; i++) {
-            step(r);
-            out->v[i] = attr_path(r, items->v[i], attribute, dflt);
-        }
-        return tv_list_kind(out, LK_GEN);
-    }
-    tv fname = a->pos[0];
-    if (fname.t != TV_STR) rfail(r, "filter name must be a string");
-    bool uns;
-    int  fid = tm_filter_id(fname.s->s, fname.s->len, &uns);
-    if (fid < 0) {
-        if (uns) rfail_code(r, AG_ERR_UNSUPPORTED, "unsupported: filter '%s'", fname.s->s);
-        rfail(r, "No filter named '%s'.", fname.s->s);
-    }
-    targs fa = {.pos = a->pos + 1, .npos = a->npos - 1, .kwid = a->kwid, .kwv = a->kwv, .nkw = a->nkw};
-    for (size_t i = 0; i < items->n; i++) {
-        step(r);
-        out->v[i] = call_filter(r, fid, items->v[i], &fa);
-    }
-    return tv_list_kind(out, LK_GEN);
-}
-
 static tv do_round(R *r, tv v, tv vprec, tv vmethod) {
     int64_t prec = is_missing(vprec) ? 0 : want_int(r, vprec, NULL);
     const char *method = "common";
@@ -2034,9 +2007,8 @@ static tv do_round(R *r, tv v, tv vprec, tv vmethod) {
     }
     if (strcmp(method, "common") && strcmp(method, "ceil") && strcmp(method, "floor"))
         rfail(r, "method must be common, ceil or floor");
-    if (v.t == TV_UNDEF) fail_undefined(r, v);
-    if (!is_num(v)) rfail(r, "type %s doesn't define __round__ method", tv_type_name(v));
     if (!strcmp(method, "common")) {
+        if (!is_num(v)) rfail(r, "type %s doesn't define __round__ method", tv_type_name(v));
         if (is_intlike(v)) {
             if (prec >= 0) return tv_int(v.i);
             /* round(int, negative): to a multiple of 10**-prec, half to even */
@@ -2066,6 +2038,13 @@ static tv do_round(R *r, tv v, tv vprec, tv vmethod) {
         double y = d / p, z = round(y);
         if (fabs(y - z) == 0.5) z = 2.0 * round(y / 2.0);
         return tv_float(z * p);
+    }
+    if (v.t == TV_UNDEF) fail_undefined(r, v);
+    if (!is_num(v)) {
+        /* value * 10**precision happens first: sequences repeat, others fail */
+        bool seq = v.t == TV_STR || (v.t == TV_LIST && (TV_LK(v) == LK_LIST || TV_LK(v) == LK_TUPLE));
+        if (!seq) rfail(r, "unsupported operand type(s) for *: '%s' and '%s'", tv_type_name(v), prec >= 0 ? "int" : "float");
+        rfail(r, "must be real number, not %s", tv_type_name(v));
     }
     double d = num_d(v);
     double p = pow(10.0, (double)prec);
@@ -2156,7 +2135,12 @@ static bool parse_py_float(const char *s, size_t n, double *out) {
 }
 
 static tv do_indent(R *r, tv v, tv vwidth, tv vfirst, tv vblank) {
-    tv s = tv_soft_str(r, v);
+    /* jinja2 does `s += "\n"` without converting s first */
+    if (v.t == TV_UNDEF) fail_undefined(r, v);
+    if (v.t == TV_LIST && TV_LK(v) == LK_LIST) rfail(r, "'list' object has no attribute 'splitlines'");
+    if (v.t == TV_LIST && TV_LK(v) == LK_TUPLE) rfail(r, "can only concatenate tuple (not \"str\") to tuple");
+    if (v.t != TV_STR) rfail(r, "unsupported operand type(s) for +=: '%s' and 'str'", tv_type_name(v));
+    tv s = v;
     const char *ind = "    ";
     size_t      indn = 4;
     if (!is_missing(vwidth)) {
@@ -2195,7 +2179,7 @@ static tv do_indent(R *r, tv v, tv vwidth, tv vfirst, tv vblank) {
 }
 
 static tv do_truncate(R *r, tv v, tv *p) {
-    tv      s = tv_soft_str(r, v);
+    tv s = v;
     int64_t length = is_missing(p[0]) ? 255 : want_int(r, p[0], NULL);
     bool    killwords = !is_missing(p[1]) && tv_truthy(r, p[1]);
     tv      end = is_missing(p[2]) ? mkcstr(r, "...") : p[2];
@@ -2203,6 +2187,14 @@ static tv do_truncate(R *r, tv v, tv *p) {
     if (end.t != TV_STR) rfail(r, "truncate end must be a string");
     if (length < (int64_t)end.s->ncp) rfail(r, "expected length >= %zu, got %lld", end.s->ncp, (long long)length);
     if (leeway < 0) rfail(r, "expected leeway >= 0, got %lld", (long long)leeway);
+    /* jinja2 does not convert: len(s) and slicing apply to the value as is */
+    if (s.t == TV_UNDEF) return s;
+    if (s.t != TV_STR) {
+        int64_t n = tv_len(r, s);
+        if (n <= length + leeway) return s;
+        if (killwords) rfail(r, "can only concatenate %s (not \"str\") to %s", tv_type_name(s), tv_type_name(s));
+        rfail(r, "'%s' object has no attribute 'rsplit'", tv_type_name(s));
+    }
     if ((int64_t)s.s->ncp <= length + leeway) return s;
     size_t cut = cp_offset(s.s, (size_t)(length - (int64_t)end.s->ncp));
     ag_buf *b = buf_get(r);
@@ -2215,12 +2207,11 @@ static tv do_truncate(R *r, tv v, tv *p) {
     return buf_finish(r, b, false);
 }
 
-tv call_filter(R *r, int id, tv v, targs *a) {
+static tv filter_impl(R *r, int id, tv v, targs *a) {
     tv p[5];
     switch (id) {
     case F_ABS:
         no_args(r, "abs", a);
-        if (v.t == TV_UNDEF) fail_undefined(r, v);
         if (v.t == TV_FLOAT) return tv_float(fabs(v.d));
         if (is_intlike(v)) {
             if (v.i == INT64_MIN) int_overflow(r);
@@ -2237,26 +2228,6 @@ tv call_filter(R *r, int id, tv v, targs *a) {
         if (v.t == TV_NS || v.t == TV_LOOP) return tv_getattr(r, v, p[0].s);
         if (method_lookup(r, v, p[0].s, &m)) return m;
         return make_undef(r, NULL, true, v, p[0]);
-    }
-    case F_BATCH: {
-        static const char *const names[] = {"linecount", "fill_with"};
-        bind(r, "do_batch", a, names, 2, p);
-        if (is_missing(p[0])) rfail(r, "do_batch() missing 1 required positional argument: 'linecount'");
-        int64_t n = want_int(r, p[0], NULL);
-        tlist  *items = filter_list(r, v);
-        if (n <= 0 && items->n) rfail_code(r, AG_ERR_UNSUPPORTED, "unsupported: batch size below 1");
-        size_t nb = n > 0 ? (items->n + (size_t)n - 1) / (size_t)n : 0;
-        tlist *out = mklist(r, nb);
-        for (size_t b = 0; b < nb; b++) {
-            size_t st = b * (size_t)n, cnt = items->n - st < (size_t)n ? items->n - st : (size_t)n;
-            bool   fill = cnt < (size_t)n && !is_missing(p[1]) && p[1].t != TV_NONE;
-            tlist *row = mklist(r, fill ? (size_t)n : cnt);
-            memcpy(row->v, items->v + st, sizeof(tv) * cnt);
-            if (fill)
-                for (size_t k = cnt; k < (size_t)n; k++) row->v[k] = p[1];
-            out->v[b] = tv_list_kind(row, LK_LIST);
-        }
-        return tv_list_kind(out, LK_GEN);
     }
     case F_CAPITALIZE: no_args(r, "capitalize", a); return str_capitalize(r, tv_soft_str(r, v));
     case F_CENTER: {
@@ -2307,7 +2278,10 @@ tv call_filter(R *r, int id, tv v, targs *a) {
     }
     case F_FIRST: {
         no_args(r, "first", a);
-        if (v.t == TV_LIST && TV_LK(v) == LK_REVITER) {
+        if (v.t == TV_GEN) {
+            tv x;
+            if (gen_next(r, v.g, &x)) return x;
+        } else if (v.t == TV_LIST && TV_LK(v) == LK_REVITER) {
             if (v.l->n) return v.l->v[0];
         } else {
             tlist *items = filter_list(r, v);
@@ -2317,11 +2291,8 @@ tv call_filter(R *r, int id, tv v, targs *a) {
     }
     case F_LAST: {
         no_args(r, "last", a);
-        if (v.t == TV_LIST && (TV_LK(v) == LK_GEN || TV_LK(v) == LK_REVITER || TV_LK(v) == LK_ITEMS ||
-                               TV_LK(v) == LK_KEYS || TV_LK(v) == LK_VALUES)) {
-            if (TV_LK(v) == LK_GEN || TV_LK(v) == LK_REVITER)
-                rfail(r, "'%s' object is not reversible", tv_type_name(v));
-        }
+        if (v.t == TV_GEN || (v.t == TV_LIST && TV_LK(v) == LK_REVITER))
+            rfail(r, "'%s' object is not reversible", tv_type_name(v));
         if (v.t != TV_UNDEF && v.t != TV_LIST && v.t != TV_STR && v.t != TV_DICT)
             rfail(r, "'%s' object is not reversible", tv_type_name(v));
         tlist *items = filter_list(r, v);
@@ -2408,20 +2379,6 @@ tv call_filter(R *r, int id, tv v, targs *a) {
     case F_LOWER: no_args(r, "lower", a); return str_case(r, tv_soft_str(r, v), CASE_LOWER);
     case F_UPPER: no_args(r, "upper", a); return str_case(r, tv_soft_str(r, v), CASE_UPPER);
     case F_TITLE: no_args(r, "title", a); return jinja_title(r, tv_soft_str(r, v));
-    case F_ITEMS: {
-        no_args(r, "items", a);
-        if (v.t == TV_UNDEF) return tv_list_kind(mklist(r, 0), LK_GEN);
-        if (v.t != TV_DICT) rfail(r, "Can only get item pairs from a mapping.");
-        tlist *l = mklist(r, v.m->n);
-        for (size_t i = 0; i < v.m->n; i++) {
-            tlist *pr = mklist(r, 2);
-            pr->v[0] = v.m->k[i];
-            pr->v[1] = v.m->v[i];
-            l->v[i] = tv_list_kind(pr, LK_TUPLE);
-        }
-        return tv_list_kind(l, LK_GEN);
-    }
-    case F_MAP: return do_map(r, v, a);
     case F_MIN:
     case F_MAX: {
         static const char *const names[] = {"case_sensitive", "attribute"};
@@ -2443,10 +2400,6 @@ tv call_filter(R *r, int id, tv v, targs *a) {
         }
         return items->v[best];
     }
-    case F_SELECT: return select_reject(r, v, a, true, false);
-    case F_REJECT: return select_reject(r, v, a, false, false);
-    case F_SELECTATTR: return select_reject(r, v, a, true, true);
-    case F_REJECTATTR: return select_reject(r, v, a, false, true);
     case F_REPLACE: {
         static const char *const names[] = {"old", "new", "count"};
         bind(r, "do_replace", a, names, 3, p);
@@ -2469,13 +2422,22 @@ tv call_filter(R *r, int id, tv v, targs *a) {
             }
             return buf_finish(r, b, v.f & TVF_SAFE);
         }
-        if (v.t == TV_UNDEF) fail_undefined(r, v);
+        /* reversed(Undefined) works: it has __len__ (0) and __getitem__ */
+        if (v.t == TV_UNDEF) return tv_list_kind(mklist(r, 0), LK_REVITER);
+        if (!(v.t == TV_LIST || v.t == TV_DICT || v.t == TV_GEN || v.t == TV_LOOP))
+            rfail(r, "argument must be iterable");
         tlist *items = filter_list(r, v);
         tlist *l = mklist(r, items->n);
         for (size_t i = 0; i < items->n; i++) l->v[i] = items->v[items->n - 1 - i];
         bool reversible = (v.t == TV_LIST && (TV_LK(v) == LK_LIST || TV_LK(v) == LK_TUPLE || TV_LK(v) == LK_KEYS ||
+                                              TV_LK(v) == LK_RANGE ||
                                               TV_LK(v) == LK_ITEMS || TV_LK(v) == LK_VALUES)) ||
                           v.t == TV_DICT;
+        /* remember what was reversed: Python names the iterator after it */
+        if (v.t == TV_DICT) l->r_start = 2;
+        else if (v.t == TV_LIST)
+            l->r_start = TV_LK(v) == LK_TUPLE ? 1 : TV_LK(v) == LK_KEYS ? 2 : TV_LK(v) == LK_RANGE ? 3
+                       : TV_LK(v) == LK_ITEMS ? 4 : TV_LK(v) == LK_VALUES ? 5 : 0;
         return tv_list_kind(l, reversible ? LK_REVITER : LK_LIST);
     }
     case F_ROUND: {
@@ -2489,37 +2451,11 @@ tv call_filter(R *r, int id, tv v, targs *a) {
         s.f |= TVF_SAFE;
         return s;
     }
-    case F_SLICE: {
-        static const char *const names[] = {"slices", "fill_with"};
-        bind(r, "sync_do_slice", a, names, 2, p);
-        if (is_missing(p[0])) rfail(r, "sync_do_slice() missing 1 required positional argument: 'slices'");
-        int64_t slices = want_int(r, p[0], NULL);
-        tlist  *seq = filter_list(r, v);
-        if (slices <= 0) {
-            if (slices == 0 && seq->n) rfail(r, "integer division or modulo by zero");
-            return tv_list_kind(mklist(r, 0), LK_GEN);
-        }
-        if (slices > 100000) rfail_code(r, AG_ERR_RANGE, "too many slices");
-        int64_t length = (int64_t)seq->n, per = length / slices, extra = length % slices, offset = 0;
-        tlist  *out = mklist(r, (size_t)slices);
-        for (int64_t sn = 0; sn < slices; sn++) {
-            int64_t start = offset + sn * per;
-            if (sn < extra) offset++;
-            int64_t end = offset + (sn + 1) * per;
-            bool    fill = !is_missing(p[1]) && p[1].t != TV_NONE && sn >= extra;
-            tlist  *row = mklist(r, (size_t)(end - start) + (fill ? 1 : 0));
-            for (int64_t k = start; k < end; k++) row->v[k - start] = seq->v[k];
-            if (fill) row->v[end - start] = p[1];
-            out->v[sn] = tv_list_kind(row, LK_LIST);
-        }
-        return tv_list_kind(out, LK_GEN);
-    }
     case F_SORT: {
         static const char *const names[] = {"reverse", "case_sensitive", "attribute"};
         bind(r, "do_sort", a, names, 3, p);
         bool   rev = !is_missing(p[0]) && tv_truthy(r, p[0]);
         bool   cs = !is_missing(p[1]) && tv_truthy(r, p[1]);
-        if (v.t == TV_UNDEF) fail_undefined(r, v);
         tlist *items = tv_iterate(r, v);
         tv    *keys = ralloc(r, sizeof(tv) * (items->n + 1));
         for (size_t i = 0; i < items->n; i++) {
@@ -2533,7 +2469,6 @@ tv call_filter(R *r, int id, tv v, targs *a) {
         static const char *const names[] = {"attribute", "start"};
         bind(r, "sync_do_sum", a, names, 2, p);
         tv     acc = is_missing(p[1]) ? tv_int(0) : p[1];
-        if (v.t == TV_UNDEF) fail_undefined(r, v);
         tlist *items = tv_iterate(r, v);
         for (size_t i = 0; i < items->n; i++) {
             step(r);
@@ -2552,26 +2487,6 @@ tv call_filter(R *r, int id, tv v, targs *a) {
         static const char *const names[] = {"length", "killwords", "end", "leeway"};
         bind(r, "do_truncate", a, names, 4, p);
         return do_truncate(r, v, p);
-    }
-    case F_UNIQUE: {
-        static const char *const names[] = {"case_sensitive", "attribute"};
-        bind(r, "do_unique", a, names, 2, p);
-        bool   cs = !is_missing(p[0]) && tv_truthy(r, p[0]);
-        if (v.t == TV_UNDEF) fail_undefined(r, v);
-        tlist *items = tv_iterate(r, v);
-        tlist *out = mklist(r, items->n);
-        tdict *seen = dict_new(r, items->n);
-        size_t k = 0;
-        for (size_t i = 0; i < items->n; i++) {
-            step(r);
-            tv key = attr_path(r, items->v[i], p[1], tv_missing());
-            if (!cs) key = lower_if_str(r, key);
-            if (dict_get(r, seen, key)) continue;
-            dict_set(r, seen, key, tv_none());
-            out->v[k++] = items->v[i];
-        }
-        out->n = k;
-        return tv_list_kind(out, LK_GEN);
     }
     case F_WORDCOUNT: {
         no_args(r, "wordcount", a);
@@ -2627,4 +2542,318 @@ tv call_filter(R *r, int id, tv v, targs *a) {
     }
     }
     rfail_code(r, AG_ERR_INTERNAL, "internal error: unknown filter %d", id);
+}
+
+/* ================================================================ generators */
+
+static bool is_gen_filter(int id) {
+    switch (id) {
+    case F_SELECT: case F_REJECT: case F_SELECTATTR: case F_REJECTATTR: case F_MAP: case F_ITEMS: case F_UNIQUE:
+    case F_BATCH: case F_SLICE: return true;
+    default: return false;
+    }
+}
+
+const char *gen_pyname(int fid) {
+    switch (fid) {
+    case F_SELECT: case F_REJECT: case F_SELECTATTR: case F_REJECTATTR: return "select_or_reject";
+    case F_MAP: return "sync_do_map";
+    case F_ITEMS: return "do_items";
+    case F_UNIQUE: return "sync_do_unique";
+    case F_BATCH: return "do_batch";
+    case F_SLICE: return "sync_do_slice";
+    default: return "generator";
+    }
+}
+
+tv make_gen(R *r, int fid, tv input, targs *a) {
+    tgen *g = ralloc(r, sizeof *g);
+    g->fid = fid;
+    g->input = input;
+    g->args = *a; /* the argument arrays live in the render arena */
+    g->line = r->line;
+    tv v = {.t = TV_GEN};
+    v.g = g;
+    return v;
+}
+
+static bool src_next(R *r, tgen *g, tv *out) {
+    if (g->srcgen) return gen_next(r, g->srcgen, out);
+    if (g->src && g->pos < g->src->n) {
+        *out = g->src->v[g->pos++];
+        return true;
+    }
+    return false;
+}
+
+static void src_open(R *r, tgen *g) {
+    if (g->input.t == TV_GEN) g->srcgen = g->input.g;
+    else g->src = tv_iterate(r, g->input);
+}
+
+static tv kwarg(R *r, targs *a, const char *name) {
+    for (int k = 0; k < a->nkw; k++)
+        if (kwname_is(r, a->kwid[k], name)) return a->kwv[k];
+    return tv_missing();
+}
+
+/* The first step of a generator: what jinja2 does before its first yield. */
+static void gen_start(R *r, tgen *g) {
+    targs *a = &g->args;
+    switch (g->fid) {
+    case F_SELECT:
+    case F_REJECT:
+    case F_SELECTATTR:
+    case F_REJECTATTR: {
+        if (!tv_truthy(r, g->input)) {
+            g->done = true;
+            return;
+        }
+        bool by_attr = g->fid == F_SELECTATTR || g->fid == F_REJECTATTR;
+        int  off = 0;
+        g->attr = tv_missing();
+        if (by_attr) {
+            if (a->npos < 1) rfail(r, "Missing parameter for attribute name");
+            g->attr = a->pos[0];
+            off = 1;
+        }
+        g->test = -1;
+        if (a->npos > off) {
+            tv tn = a->pos[off];
+            g->test = tn.t == TV_STR ? tm_test_id(tn.s->s, tn.s->len) : -2;
+            if (g->test < 0) g->test = -2;
+        }
+        g->rest = (targs){.pos = a->pos + off + 1, .npos = a->npos > off + 1 ? a->npos - off - 1 : 0,
+                          .kwid = a->kwid, .kwv = a->kwv, .nkw = a->nkw};
+        src_open(r, g);
+        return;
+    }
+    case F_MAP:
+        if (!tv_truthy(r, g->input)) {
+            g->done = true;
+            return;
+        }
+        if (a->npos == 0 && !is_missing(kwarg(r, a, "attribute"))) {
+            g->attr = kwarg(r, a, "attribute");
+            g->dflt = kwarg(r, a, "default");
+            for (int k = 0; k < a->nkw; k++)
+                if (!kwname_is(r, a->kwid[k], "attribute") && !kwname_is(r, a->kwid[k], "default"))
+                    rfail(r, "Unexpected keyword argument '%s'", name_str(r, a->kwid[k])->s);
+            g->mapfid = -1;
+        } else {
+            if (a->npos == 0) rfail(r, "map requires a filter argument");
+            tv   fname = a->pos[0];
+            bool uns = false;
+            g->mapfid = fname.t == TV_STR ? tm_filter_id(fname.s->s, fname.s->len, &uns) : -2;
+            if (g->mapfid < 0) {
+                if (uns) rfail_code(r, AG_ERR_UNSUPPORTED, "unsupported: filter '%s'", fname.s->s);
+                g->mapfid = -2;
+            }
+            g->rest = (targs){.pos = a->pos + 1, .npos = a->npos - 1, .kwid = a->kwid, .kwv = a->kwv, .nkw = a->nkw};
+        }
+        src_open(r, g);
+        return;
+    case F_ITEMS: {
+        if (a->npos || a->nkw) rfail(r, "do_items() takes 1 positional argument but %d were given", a->npos + 1);
+        tv v = g->input;
+        if (v.t == TV_UNDEF) {
+            g->done = true;
+            return;
+        }
+        if (v.t != TV_DICT) rfail(r, "Can only get item pairs from a mapping.");
+        g->out = mklist(r, v.m->n);
+        for (size_t i = 0; i < v.m->n; i++) {
+            tlist *pr = mklist(r, 2);
+            pr->v[0] = v.m->k[i];
+            pr->v[1] = v.m->v[i];
+            g->out->v[i] = tv_list_kind(pr, LK_TUPLE);
+        }
+        return;
+    }
+    case F_UNIQUE: {
+        static const char *const names[] = {"case_sensitive", "attribute"};
+        tv                       p[2];
+        bind(r, "do_unique", a, names, 2, p);
+        g->flag = !is_missing(p[0]) && tv_truthy(r, p[0]);
+        g->attr = p[1];
+        g->seen = dict_new(r, 8);
+        src_open(r, g);
+        return;
+    }
+    case F_BATCH: {
+        static const char *const names[] = {"linecount", "fill_with"};
+        tv                       p[2];
+        bind(r, "do_batch", a, names, 2, p);
+        if (is_missing(p[0])) rfail(r, "do_batch() missing 1 required positional argument: 'linecount'");
+        int64_t n = want_int(r, p[0], NULL);
+        if (n <= 0) rfail_code(r, AG_ERR_UNSUPPORTED, "unsupported: batch size below 1");
+        g->dflt = p[1];
+        g->attr = tv_int(n);
+        src_open(r, g);
+        return;
+    }
+    case F_SLICE: {
+        static const char *const names[] = {"slices", "fill_with"};
+        tv                       p[2];
+        bind(r, "sync_do_slice", a, names, 2, p);
+        if (is_missing(p[0])) rfail(r, "sync_do_slice() missing 1 required positional argument: 'slices'");
+        src_open(r, g);
+        tv    item;
+        size_t n = 0, cap = 16;
+        tv    *seq = ralloc(r, sizeof(tv) * cap);
+        while (src_next(r, g, &item)) {
+            if (n == cap) {
+                tv *ns = ralloc(r, sizeof(tv) * cap * 2);
+                memcpy(ns, seq, sizeof(tv) * n);
+                seq = ns;
+                cap *= 2;
+            }
+            seq[n++] = item;
+        }
+        int64_t slices = want_int(r, p[0], NULL);
+        if (slices <= 0) {
+            if (slices == 0 && n) rfail(r, "integer division or modulo by zero");
+            g->out = mklist(r, 0);
+            return;
+        }
+        if (slices > 100000) rfail(r, "Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+        int64_t length = (int64_t)n, per = length / slices, extra = length % slices, offset = 0;
+        g->out = mklist(r, (size_t)slices);
+        for (int64_t sn = 0; sn < slices; sn++) {
+            step(r);
+            int64_t start = offset + sn * per;
+            if (sn < extra) offset++;
+            int64_t end = offset + (sn + 1) * per;
+            bool    fill = !is_missing(p[1]) && p[1].t != TV_NONE && sn >= extra;
+            tlist  *row = mklist(r, (size_t)(end - start) + (fill ? 1 : 0));
+            for (int64_t k = start; k < end; k++) row->v[k - start] = seq[k];
+            if (fill) row->v[end - start] = p[1];
+            g->out->v[sn] = tv_list_kind(row, LK_LIST);
+        }
+        return;
+    }
+    }
+}
+
+bool gen_next(R *r, tgen *g, tv *out) {
+    if (g->done) return false;
+    int saved = r->line;
+    r->line = g->line;
+    if (!g->started) {
+        g->started = true;
+        gen_start(r, g);
+        if (g->done) {
+            r->line = saved;
+            return false;
+        }
+    }
+    bool got = false;
+    tv   item;
+    switch (g->fid) {
+    case F_SELECT:
+    case F_REJECT:
+    case F_SELECTATTR:
+    case F_REJECTATTR: {
+        bool select = g->fid == F_SELECT || g->fid == F_SELECTATTR;
+        bool by_attr = g->fid == F_SELECTATTR || g->fid == F_REJECTATTR;
+        while (src_next(r, g, &item)) {
+            step(r);
+            tv x = by_attr ? attr_path(r, item, g->attr, tv_missing()) : item;
+            if (g->test == -2) {
+                tv tn = g->args.pos[by_attr ? 1 : 0];
+                if (tn.t == TV_STR) rfail(r, "No test named '%s'.", tn.s->s);
+                rfail(r, "No test named %s.", tv_type_name(tn));
+            }
+            bool t = g->test >= 0 ? call_test(r, g->test, x, &g->rest) : tv_truthy(r, x);
+            if (t == select) {
+                *out = item;
+                got = true;
+                break;
+            }
+        }
+        break;
+    }
+    case F_MAP:
+        if (src_next(r, g, &item)) {
+            step(r);
+            if (g->mapfid == -1) *out = attr_path(r, item, g->attr, g->dflt);
+            else if (g->mapfid == -2) {
+                tv fname = g->args.pos[0];
+                if (fname.t == TV_STR) rfail(r, "No filter named '%s'.", fname.s->s);
+                rfail(r, "No filter named %s.", tv_type_name(fname));
+            } else *out = call_filter(r, g->mapfid, item, &g->rest);
+            got = true;
+        }
+        break;
+    case F_ITEMS:
+    case F_SLICE:
+        if (g->opos < g->out->n) {
+            *out = g->out->v[g->opos++];
+            got = true;
+        }
+        break;
+    case F_UNIQUE:
+        while (src_next(r, g, &item)) {
+            step(r);
+            tv key = attr_path(r, item, g->attr, tv_missing());
+            if (!g->flag) key = lower_if_str(r, key);
+            if (dict_get(r, g->seen, key)) continue;
+            dict_set(r, g->seen, key, tv_none());
+            *out = item;
+            got = true;
+            break;
+        }
+        break;
+    case F_BATCH: {
+        int64_t n = g->attr.i;
+        tlist  *row = mklist(r, (size_t)n);
+        size_t  k = 0;
+        while (k < (size_t)n && src_next(r, g, &item)) {
+            step(r);
+            row->v[k++] = item;
+        }
+        if (k == 0) break;
+        if (k < (size_t)n && !is_missing(g->dflt) && g->dflt.t != TV_NONE)
+            for (; k < (size_t)n; k++) row->v[k] = g->dflt;
+        row->n = k;
+        *out = tv_list_kind(row, LK_LIST);
+        got = true;
+        break;
+    }
+    }
+    if (!got) g->done = true;
+    r->line = saved;
+    return got;
+}
+
+tlist *gen_force(R *r, tgen *g) {
+    size_t n = 0, cap = 16;
+    tv    *items = ralloc(r, sizeof(tv) * cap), x;
+    while (gen_next(r, g, &x)) {
+        if (n == cap) {
+            tv *ni = ralloc(r, sizeof(tv) * cap * 2);
+            memcpy(ni, items, sizeof(tv) * n);
+            items = ni;
+            cap *= 2;
+        }
+        items[n++] = x;
+    }
+    tlist *l = mklist(r, n);
+    memcpy(l->v, items, sizeof(tv) * n);
+    return l;
+}
+
+tv call_filter(R *r, int id, tv v, targs *a) {
+    if (is_gen_filter(id)) {
+        if (id == F_BATCH || id == F_SLICE || id == F_UNIQUE) {
+            /* positional/keyword binding fails at call time in Python */
+            static const char *const bn[] = {"linecount", "fill_with"}, *const sn[] = {"slices", "fill_with"},
+                                     *const un[] = {"case_sensitive", "attribute"};
+            tv p[2];
+            bind(r, id == F_BATCH ? "do_batch" : id == F_SLICE ? "sync_do_slice" : "do_unique", a,
+                 id == F_BATCH ? bn : id == F_SLICE ? sn : un, 2, p);
+        }
+        return make_gen(r, id, v, a);
+    }
+    return filter_impl(r, id, v, a);
 }

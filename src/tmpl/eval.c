@@ -19,8 +19,8 @@
 
 enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE };
 
-static tv  eval(R *r, const tnode *n, tscope *sc);
-static int exec_body(R *r, tnode *const *body, int n, tscope *sc);
+static tv  eval(R *r, const tnode *n, tframe *fr);
+static int exec_body(R *r, tnode *const *body, int n, tframe *fr);
 
 const tstr *name_str(R *r, int id) { return r->T->names.names[id]; }
 
@@ -30,43 +30,7 @@ void step(R *r) {
                    (unsigned long long)r->max_steps);
 }
 
-/* ---------------------------------------------------------------- scopes */
-
-static tscope *scope_new(R *r, tscope *parent) {
-    tscope *s = ralloc(r, sizeof *s);
-    s->parent = parent;
-    return s;
-}
-
-static tv *scope_find(tscope *s, int id) {
-    for (; s; s = s->parent)
-        for (int i = s->n - 1; i >= 0; i--)
-            if (s->ids[i] == id) return &s->vals[i];
-    return NULL;
-}
-
-static void scope_set(R *r, tscope *s, int id, tv v) {
-    for (int i = 0; i < s->n; i++)
-        if (s->ids[i] == id) {
-            s->vals[i] = v;
-            return;
-        }
-    if (s->n == s->cap) {
-        int  nc = s->cap ? s->cap * 2 : 4;
-        int *ni = ralloc(r, sizeof(int) * (size_t)nc);
-        tv  *nv = ralloc(r, sizeof(tv) * (size_t)nc);
-        if (s->n) {
-            memcpy(ni, s->ids, sizeof(int) * (size_t)s->n);
-            memcpy(nv, s->vals, sizeof(tv) * (size_t)s->n);
-        }
-        s->ids = ni;
-        s->vals = nv;
-        s->cap = nc;
-    }
-    s->ids[s->n] = id;
-    s->vals[s->n] = v;
-    s->n++;
-}
+/* ---------------------------------------------------------------- frames */
 
 static tv global_fn(R *r, int gl) {
     tfunc *f = ralloc(r, sizeof *f);
@@ -77,9 +41,9 @@ static tv global_fn(R *r, int gl) {
     return v;
 }
 
-static tv lookup(R *r, tscope *sc, int id) {
-    tv *p = scope_find(sc, id);
-    if (p) return *p;
+/* jinja2's context.resolve_or_missing: render variables, then globals */
+static tv ctx_resolve(R *r, int id) {
+    if (id >= 0 && id < r->nctx && !is_missing(r->ctxv[id])) return r->ctxv[id];
     switch (id) {
     case NM_RANGE: return global_fn(r, GL_RANGE);
     case NM_NAMESPACE: return global_fn(r, GL_NAMESPACE);
@@ -89,10 +53,64 @@ static tv lookup(R *r, tscope *sc, int id) {
     case NM_JOINER: return global_fn(r, GL_JOINER);
     case NM_CYCLER: return global_fn(r, GL_CYCLER);
     }
-    const tstr *nm = name_str(r, id);
-    tv          name = {.t = TV_STR};
-    name.s = (tstr *)nm;
+    return tv_missing();
+}
+
+static tframe *frame_up(tframe *f, int hops) {
+    while (f && hops-- > 0) f = f->parent;
+    return f;
+}
+
+/* Enters a frame: every slot starts as its load instruction says. */
+static tframe *frame_enter(R *r, const tframe_info *fi, tframe *parent) {
+    tframe *f = ralloc(r, sizeof *f);
+    f->parent = parent;
+    f->fi = fi;
+    f->slots = ralloc(r, sizeof(tv) * (size_t)(fi->nslots + 1));
+    for (int i = 0; i < fi->nslots; i++) {
+        tv v = tv_missing();
+        if (fi->act[i] == ACT_RESOLVE) v = ctx_resolve(r, fi->names[i]);
+        else if (fi->act[i] == ACT_ALIAS) {
+            tframe *t = frame_up(parent, fi->alias_hops[i] - 1);
+            if (t && fi->alias_slot[i] < t->fi->nslots) v = t->slots[fi->alias_slot[i]];
+        }
+        f->slots[i] = v;
+    }
+    return f;
+}
+
+static tv undefined_name(R *r, int id) {
+    tv name = {.t = TV_STR};
+    name.s = (tstr *)name_str(r, id);
     return make_undef(r, NULL, false, tv_none(), name);
+}
+
+static tv load_name(R *r, const tnode *n, tframe *fr) {
+    tv v;
+    if (n->hops < 0) v = ctx_resolve(r, n->name);
+    else {
+        tframe *t = frame_up(fr, n->hops);
+        v = (t && n->slot >= 0 && n->slot < t->fi->nslots) ? t->slots[n->slot] : tv_missing();
+    }
+    if (is_missing(v)) return undefined_name(r, n->name);
+    return v;
+}
+
+static void store_slot(R *r, tframe *fr, int hops, int slot, tv v) {
+    tframe *t = frame_up(fr, hops < 0 ? 0 : hops);
+    if (!t || slot < 0 || slot >= t->fi->nslots) rfail_code(r, AG_ERR_INTERNAL, "internal error: unresolved store");
+    t->slots[slot] = v;
+}
+
+/* stores by name into a frame (the loop filter frame shares the target
+ * nodes with the loop body frame, whose slots they were resolved to) */
+static void store_by_name(R *r, tframe *fr, int name, tv v) {
+    for (int i = 0; i < fr->fi->nslots; i++)
+        if (fr->fi->names[i] == name) {
+            fr->slots[i] = v;
+            return;
+        }
+    rfail_code(r, AG_ERR_INTERNAL, "internal error: unresolved loop target");
 }
 
 /* ---------------------------------------------------------------- attribute / item access */
@@ -191,7 +209,7 @@ tv tv_getitem(R *r, tv obj, tv key) {
         }
         break;
     case TV_LIST:
-        if (TV_LK(obj) == LK_LIST || TV_LK(obj) == LK_TUPLE) {
+        if (TV_LK(obj) == LK_LIST || TV_LK(obj) == LK_TUPLE || TV_LK(obj) == LK_RANGE) {
             if (index_of(key, (int64_t)obj.l->n, &i)) return obj.l->v[i];
         }
         break;
@@ -227,10 +245,14 @@ static tv do_slice(R *r, tv obj, tv vstart, tv vstop, tv vstep) {
     int64_t start = slice_bound(r, vstart, &ns), stop = slice_bound(r, vstop, &ne), stp = slice_bound(r, vstep, &nst);
     if (nst) stp = 1;
     if (stp == 0) rfail(r, "slice step cannot be zero");
+    /* jinja2 compiles a slice to a plain Python subscription (not the
+     * sandbox's getitem), so errors surface as Python's */
     int64_t len;
     if (obj.t == TV_STR) len = (int64_t)obj.s->ncp;
-    else if (obj.t == TV_LIST && (TV_LK(obj) == LK_LIST || TV_LK(obj) == LK_TUPLE)) len = (int64_t)obj.l->n;
-    else return make_undef(r, "object is not subscriptable with a slice", false, tv_none(), tv_none());
+    else if (obj.t == TV_LIST && (TV_LK(obj) == LK_LIST || TV_LK(obj) == LK_TUPLE || TV_LK(obj) == LK_RANGE))
+        len = (int64_t)obj.l->n;
+    else if (obj.t == TV_DICT) rfail(r, "unhashable type: 'slice'");
+    else rfail(r, "'%s' object is not subscriptable", tv_type_name(obj));
     int64_t lower = stp < 0 ? -1 : 0, upper = stp < 0 ? len - 1 : len;
     if (ns) start = stp < 0 ? upper : lower;
     else {
@@ -252,6 +274,11 @@ static tv do_slice(R *r, tv obj, tv vstart, tv vstop, tv vstep) {
     if (obj.t == TV_LIST) {
         tlist *l = mklist(r, (size_t)count);
         for (int64_t k = 0; k < count; k++) l->v[k] = obj.l->v[start + k * stp];
+        if (TV_LK(obj) == LK_RANGE) { /* range(a, b, s)[i:j:k] is range(a+i*s, a+j*s, s*k) */
+            l->r_start = obj.l->r_start + start * obj.l->r_step;
+            l->r_stop = obj.l->r_start + stop * obj.l->r_step;
+            l->r_step = obj.l->r_step * stp;
+        }
         return tv_list_kind(l, TV_LK(obj));
     }
     ag_buf *b = buf_get(r);
@@ -270,10 +297,10 @@ static tv do_slice(R *r, tv obj, tv vstart, tv vstop, tv vstep) {
 
 /* ---------------------------------------------------------------- calls */
 
-static tv capture_body(R *r, tnode *const *body, int n, tscope *sc) {
+static tv capture_body(R *r, tnode *const *body, int n, tframe *fr) {
     ag_buf *saved = r->out, *b = buf_get(r);
     r->out = b;
-    exec_body(r, body, n, sc);
+    exec_body(r, body, n, fr);
     r->out = saved;
     return buf_finish(r, b, false);
 }
@@ -284,8 +311,9 @@ static tv call_macro(R *r, tfunc *f, targs *a) {
     if (++r->depth > r->max_depth)
         rfail_code(r, AG_ERR_RANGE, "macro calls nested too deeply (more than %d)", r->max_depth);
     step(r);
+    /* argument binding as jinja2's Macro.__call__ */
     int     np = m->nitems, nd = m->nitems2;
-    tscope *s = scope_new(r, f->closure);
+    tframe *mf = frame_enter(r, m->fr, f->closure);
     tv     *vals = ralloc(r, sizeof(tv) * (size_t)(np + 1));
     bool   *used_kw = ralloc(r, (size_t)a->nkw + 1);
     int     npos = a->npos < np ? a->npos : np;
@@ -303,21 +331,24 @@ static tv call_macro(R *r, tfunc *f, targs *a) {
                 }
             if (pid == NM_CALLER) found_caller = true;
         }
+    } else {
+        for (int i = 0; i < np; i++)
+            if (m->items[i]->name == NM_CALLER) found_caller = true;
     }
     tv caller = {.t = TV_UNDEF};
-    bool have_caller_kw = false;
-    if (m->uses_caller && !found_caller) {
+    if (m->caller_slot >= 0 && !found_caller) {
+        bool have = false;
         for (int k = 0; k < a->nkw; k++)
             if (!used_kw[k] && a->kwid[k] == NM_CALLER) {
                 caller = a->kwv[k];
                 used_kw[k] = true;
-                have_caller_kw = true;
+                have = true;
                 break;
             }
-        if (!have_caller_kw) caller = make_undef(r, "No caller defined", false, tv_none(), tv_none());
+        if (!have) caller = make_undef(r, "No caller defined", false, tv_none(), tv_none());
     }
     tdict *kwd = NULL;
-    if (m->uses_kwargs) {
+    if (m->kwargs_slot >= 0) {
         kwd = dict_new(r, 4);
         for (int k = 0; k < a->nkw; k++)
             if (!used_kw[k]) {
@@ -335,37 +366,36 @@ static tv call_macro(R *r, tfunc *f, targs *a) {
                 rfail(r, "macro '%s' takes no keyword argument '%s'", mname, name_str(r, a->kwid[k])->s);
             }
     }
-    if (a->npos > np && !m->uses_varargs)
-        rfail(r, "macro '%s' takes not more than %d argument(s)", mname, np);
-    /* bind in order; defaults see the earlier parameters */
-    for (int i = 0; i < np; i++) {
-        int pid = m->items[i]->name;
-        if (is_missing(vals[i])) {
-            int di = i - (np - nd);
-            if (di >= 0) vals[i] = eval(r, m->items2[di], s);
-            else {
-                const tstr *pn = name_str(r, pid);
-                char       *hint = ralloc(r, pn->len + 40);
-                snprintf(hint, pn->len + 40, "parameter '%s' was not provided", pn->s);
-                vals[i] = make_undef(r, hint, false, tv_none(), tv_none());
-            }
-        }
-        scope_set(r, s, pid, vals[i]);
-    }
-    if (m->uses_caller) scope_set(r, s, NM_CALLER, caller);
-    if (m->uses_kwargs) {
+    if (a->npos > np && m->varargs_slot < 0) rfail(r, "macro '%s' takes not more than %d argument(s)", mname, np);
+    for (int i = 0; i < np; i++) mf->slots[m->items[i]->slot] = vals[i];
+    if (m->caller_slot >= 0 && !found_caller) mf->slots[m->caller_slot] = caller;
+    if (m->kwargs_slot >= 0) {
         tv d = {.t = TV_DICT};
         d.m = kwd;
-        scope_set(r, s, NM_KWARGS, d);
+        mf->slots[m->kwargs_slot] = d;
     }
-    if (m->uses_varargs) {
+    if (m->varargs_slot >= 0) {
         int    extra = a->npos > np ? a->npos - np : 0;
         tlist *l = mklist(r, (size_t)extra);
         for (int i = 0; i < extra; i++) l->v[i] = a->pos[np + i];
-        scope_set(r, s, NM_VARARGS, tv_list_kind(l, LK_TUPLE));
+        mf->slots[m->varargs_slot] = tv_list_kind(l, LK_TUPLE);
+    }
+    /* missing parameters: defaults, evaluated in order inside the macro */
+    for (int i = 0; i < np; i++) {
+        if (!is_missing(vals[i])) continue;
+        int di = i - (np - nd);
+        tv  v;
+        if (di >= 0) v = eval(r, m->items2[di], mf);
+        else {
+            const tstr *pn = name_str(r, m->items[i]->name);
+            char       *hint = ralloc(r, pn->len + 40);
+            snprintf(hint, pn->len + 40, "parameter '%s' was not provided", pn->s);
+            v = make_undef(r, hint, false, tv_none(), tv_none());
+        }
+        mf->slots[m->items[i]->slot] = v;
     }
     int saved_line = r->line;
-    tv  out = capture_body(r, m->c->items, m->c->nitems, s);
+    tv  out = capture_body(r, m->c->items, m->c->nitems, mf);
     r->line = saved_line;
     r->depth--;
     return out;
@@ -405,50 +435,53 @@ tv tv_call(R *r, tv fn, targs *a) {
     }
 }
 
-static void eval_args(R *r, const tnode *n, tscope *sc, targs *a, int extra_kw) {
+static void eval_args(R *r, const tnode *n, tframe *fr, targs *a, int extra_kw) {
     a->npos = n->nitems;
     a->pos = ralloc(r, sizeof(tv) * (size_t)(n->nitems + 1));
-    for (int i = 0; i < n->nitems; i++) a->pos[i] = eval(r, n->items[i], sc);
+    for (int i = 0; i < n->nitems; i++) a->pos[i] = eval(r, n->items[i], fr);
     a->nkw = n->nitems2;
     a->kwv = ralloc(r, sizeof(tv) * (size_t)(n->nitems2 + extra_kw + 1));
     int *ids = ralloc(r, sizeof(int) * (size_t)(n->nitems2 + extra_kw + 1));
     for (int i = 0; i < n->nitems2; i++) {
         ids[i] = n->kwnames[i];
-        a->kwv[i] = eval(r, n->items2[i], sc);
+        a->kwv[i] = eval(r, n->items2[i], fr);
     }
     a->kwid = ids;
 }
 
 /* ---------------------------------------------------------------- assignment */
 
-static void assign(R *r, const tnode *target, tv v, tscope *sc) {
+static void assign(R *r, const tnode *target, tv v, tframe *fr, bool by_name) {
     if (target->kind == N_NAME) {
-        scope_set(r, sc, target->name, v);
+        if (by_name) store_by_name(r, fr, target->name, v);
+        else store_slot(r, fr, target->hops, target->slot, v);
         return;
     }
     if (target->kind == N_NSREF) {
-        tv *ns = scope_find(sc, target->name);
-        if (!ns || ns->t != TV_NS) rfail(r, "cannot assign attribute on non-namespace object");
-        dict_set(r, ns->ns->attrs, target->val, v);
+        tv ns = load_name(r, target, fr);
+        if (ns.t != TV_NS) rfail(r, "cannot assign attribute on non-namespace object");
+        dict_set(r, ns.ns->attrs, target->val, v);
         return;
     }
     /* tuple unpacking */
     if (v.t == TV_UNDEF) fail_undefined(r, v);
+    if (!(v.t == TV_LIST || v.t == TV_DICT || v.t == TV_STR || v.t == TV_GEN || v.t == TV_LOOP))
+        rfail(r, "cannot unpack non-iterable %s object", tv_type_name(v));
     tlist *items = tv_iterate(r, v);
     int    want = target->nitems;
     if ((int64_t)items->n < want)
         rfail(r, "not enough values to unpack (expected %d, got %zu)", want, items->n);
     if ((int64_t)items->n > want) rfail(r, "too many values to unpack (expected %d)", want);
-    for (int i = 0; i < want; i++) assign(r, target->items[i], items->v[i], sc);
+    for (int i = 0; i < want; i++) assign(r, target->items[i], items->v[i], fr, by_name);
 }
 
 /* ---------------------------------------------------------------- expressions */
 
-static tv apply_filters(R *r, const tnode *f, tv base, tscope *sc) {
+static tv apply_filters(R *r, const tnode *f, tv base, tframe *fr) {
     if (!f) return base;
-    tv    v = f->a ? apply_filters(r, f->a, base, sc) : base;
+    tv    v = f->a ? apply_filters(r, f->a, base, fr) : base;
     targs a;
-    eval_args(r, f, sc, &a, 0);
+    eval_args(r, f, fr, &a, 0);
     r->line = f->line;
     return call_filter(r, f->name, v, &a);
 }
@@ -472,62 +505,62 @@ static bool compare(R *r, int op, tv a, tv b) {
     }
 }
 
-static tv eval(R *r, const tnode *n, tscope *sc) {
+static tv eval(R *r, const tnode *n, tframe *fr) {
     if (++r->cdepth > r->max_cdepth) rfail_code(r, AG_ERR_RANGE, "template evaluation nested too deeply");
     tv v;
     switch (n->kind) {
     case N_CONST: v = n->val; break;
-    case N_NAME: v = lookup(r, sc, n->name); break;
+    case N_NAME: v = load_name(r, n, fr); break;
     case N_GETATTR: {
-        tv obj = eval(r, n->a, sc);
+        tv obj = eval(r, n->a, fr);
         r->line = n->line;
         v = tv_getattr(r, obj, n->val.s);
         break;
     }
     case N_GETITEM: {
-        tv obj = eval(r, n->a, sc);
+        tv obj = eval(r, n->a, fr);
         if (n->b->kind == N_SLICE) {
             const tnode *s = n->b;
-            tv           a = s->a ? eval(r, s->a, sc) : tv_missing();
-            tv           b = s->b ? eval(r, s->b, sc) : tv_missing();
-            tv           c = s->c ? eval(r, s->c, sc) : tv_missing();
+            tv           a = s->a ? eval(r, s->a, fr) : tv_missing();
+            tv           b = s->b ? eval(r, s->b, fr) : tv_missing();
+            tv           c = s->c ? eval(r, s->c, fr) : tv_missing();
             r->line = n->line;
             v = do_slice(r, obj, a, b, c);
         } else {
-            tv key = eval(r, n->b, sc);
+            tv key = eval(r, n->b, fr);
             r->line = n->line;
             v = tv_getitem(r, obj, key);
         }
         break;
     }
     case N_CALL: {
-        tv    fn = eval(r, n->a, sc);
+        tv    fn = eval(r, n->a, fr);
         targs a;
-        eval_args(r, n, sc, &a, 0);
+        eval_args(r, n, fr, &a, 0);
         r->line = n->line;
         v = tv_call(r, fn, &a);
         break;
     }
     case N_FILTER: {
-        tv    x = eval(r, n->a, sc);
+        tv    x = eval(r, n->a, fr);
         targs a;
-        eval_args(r, n, sc, &a, 0);
+        eval_args(r, n, fr, &a, 0);
         r->line = n->line;
         v = call_filter(r, n->name, x, &a);
         break;
     }
     case N_TEST: {
-        tv    x = eval(r, n->a, sc);
+        tv    x = eval(r, n->a, fr);
         targs a;
-        eval_args(r, n, sc, &a, 0);
+        eval_args(r, n, fr, &a, 0);
         r->line = n->line;
         v = tv_bool(call_test(r, n->name, x, &a));
         break;
     }
-    case N_NOT: v = tv_bool(!tv_truthy(r, eval(r, n->a, sc))); break;
+    case N_NOT: v = tv_bool(!tv_truthy(r, eval(r, n->a, fr))); break;
     case N_NEG:
     case N_POS: {
-        tv x = eval(r, n->a, sc);
+        tv x = eval(r, n->a, fr);
         r->line = n->line;
         if (x.t == TV_UNDEF) fail_undefined(r, x);
         if (x.t == TV_FLOAT) v = tv_float(n->kind == N_NEG ? -x.d : x.d);
@@ -538,27 +571,27 @@ static tv eval(R *r, const tnode *n, tscope *sc) {
         break;
     }
     case N_BINOP: {
-        tv a = eval(r, n->a, sc);
-        tv b = eval(r, n->b, sc);
+        tv a = eval(r, n->a, fr);
+        tv b = eval(r, n->b, fr);
         r->line = n->line;
         v = tv_binop(r, n->op, a, b);
         break;
     }
     case N_AND: {
-        tv a = eval(r, n->a, sc);
-        v = tv_truthy(r, a) ? eval(r, n->b, sc) : a;
+        tv a = eval(r, n->a, fr);
+        v = tv_truthy(r, a) ? eval(r, n->b, fr) : a;
         break;
     }
     case N_OR: {
-        tv a = eval(r, n->a, sc);
-        v = tv_truthy(r, a) ? a : eval(r, n->b, sc);
+        tv a = eval(r, n->a, fr);
+        v = tv_truthy(r, a) ? a : eval(r, n->b, fr);
         break;
     }
     case N_COMPARE: {
-        tv left = eval(r, n->a, sc);
+        tv left = eval(r, n->a, fr);
         v = tv_bool(true);
         for (int i = 0; i < n->nitems; i++) {
-            tv right = eval(r, n->items[i], sc);
+            tv right = eval(r, n->items[i], fr);
             r->line = n->line;
             if (!compare(r, n->ops[i], left, right)) {
                 v = tv_bool(false);
@@ -571,15 +604,15 @@ static tv eval(R *r, const tnode *n, tscope *sc) {
     case N_CONCAT: {
         ag_buf *b = buf_get(r);
         for (int i = 0; i < n->nitems; i++) {
-            tv x = eval(r, n->items[i], sc);
+            tv x = eval(r, n->items[i], fr);
             tv_write_str(r, b, x);
         }
         v = buf_finish(r, b, false);
         break;
     }
     case N_COND:
-        if (tv_truthy(r, eval(r, n->a, sc))) v = eval(r, n->b, sc);
-        else if (n->c) v = eval(r, n->c, sc);
+        if (tv_truthy(r, eval(r, n->a, fr))) v = eval(r, n->b, fr);
+        else if (n->c) v = eval(r, n->c, fr);
         else {
             char *hint = ralloc(r, 128);
             snprintf(hint, 128,
@@ -591,15 +624,15 @@ static tv eval(R *r, const tnode *n, tscope *sc) {
     case N_LIST:
     case N_TUPLE: {
         tlist *l = mklist(r, (size_t)n->nitems);
-        for (int i = 0; i < n->nitems; i++) l->v[i] = eval(r, n->items[i], sc);
+        for (int i = 0; i < n->nitems; i++) l->v[i] = eval(r, n->items[i], fr);
         v = tv_list_kind(l, n->kind == N_LIST ? LK_LIST : LK_TUPLE);
         break;
     }
     case N_DICT: {
         tdict *d = dict_new(r, (size_t)n->nitems);
         for (int i = 0; i < n->nitems; i++) {
-            tv k = eval(r, n->items[i], sc);
-            tv x = eval(r, n->items2[i], sc);
+            tv k = eval(r, n->items[i], fr);
+            tv x = eval(r, n->items2[i], fr);
             r->line = n->line;
             dict_set(r, d, k, x);
         }
@@ -616,19 +649,18 @@ static tv eval(R *r, const tnode *n, tscope *sc) {
 
 /* ---------------------------------------------------------------- statements */
 
-static int exec_for(R *r, const tnode *n, tscope *sc) {
-    tv it = eval(r, n->b, sc);
+static int exec_for(R *r, const tnode *n, tframe *fr) {
+    tv it = eval(r, n->b, fr);
     r->line = n->line;
     tlist *items = tv_iterate(r, it);
-    if (n->c) { /* loop filter: the test sees the target, not `loop` */
+    if (n->c) { /* loop filter: its own frame sees the target, not `loop` */
         tlist  *kept = mklist(r, items->n);
         size_t  k = 0;
-        tscope *fs = scope_new(r, sc);
+        tframe *tf = frame_enter(r, n->fr2, fr);
         for (size_t i = 0; i < items->n; i++) {
             step(r);
-            fs->n = 0;
-            assign(r, n->a, items->v[i], fs);
-            if (tv_truthy(r, eval(r, n->c, fs))) kept->v[k++] = items->v[i];
+            assign(r, n->a, items->v[i], tf, true);
+            if (tv_truthy(r, eval(r, n->c, tf))) kept->v[k++] = items->v[i];
         }
         kept->n = k;
         items = kept;
@@ -637,37 +669,34 @@ static int exec_for(R *r, const tnode *n, tscope *sc) {
     lp->items = items;
     tv loopv = {.t = TV_LOOP};
     loopv.lp = lp;
-    /* the loop variable of an enclosing loop, for depth */
-    tv *outer = scope_find(sc, NM_LOOP);
-    if (outer && outer->t == TV_LOOP) lp->depth0 = 0;
-    tscope *is = scope_new(r, sc);
     for (size_t i = 0; i < items->n; i++) {
         step(r);
-        is->n = 0;
         lp->index0 = i;
-        scope_set(r, is, NM_LOOP, loopv);
-        assign(r, n->a, items->v[i], is);
-        int fl = exec_body(r, n->items, n->nitems, is);
+        /* jinja2 re-enters the body frame on every iteration */
+        tframe *lf = frame_enter(r, n->fr, fr);
+        if (n->loop_slot >= 0) lf->slots[n->loop_slot] = loopv;
+        assign(r, n->a, items->v[i], lf, false);
+        int fl = exec_body(r, n->items, n->nitems, lf);
         if (fl == FLOW_BREAK) break;
     }
     if (items->n == 0 && n->nitems2) {
-        tscope *es = scope_new(r, sc);
-        exec_body(r, n->items2, n->nitems2, es);
+        tframe *ef = frame_enter(r, n->fr3, fr);
+        exec_body(r, n->items2, n->nitems2, ef);
     }
     return FLOW_NORMAL;
 }
 
-static tv make_macro(R *r, const tnode *n, tscope *sc) {
+static tv make_macro(R *r, const tnode *n, tframe *fr) {
     tfunc *f = ralloc(r, sizeof *f);
     f->kind = FN_MACRO;
     f->macro = n;
-    f->closure = sc;
+    f->closure = fr;
     tv v = {.t = TV_FUNC};
     v.fn = f;
     return v;
 }
 
-static int exec_stmt(R *r, const tnode *n, tscope *sc) {
+static int exec_stmt(R *r, const tnode *n, tframe *fr) {
     r->line = n->line;
     switch (n->kind) {
     case S_OUTPUT:
@@ -675,38 +704,39 @@ static int exec_stmt(R *r, const tnode *n, tscope *sc) {
             const tnode *x = n->items[i];
             if (x->kind == S_DATA) buf_add(r, r->out, x->val.s->s, x->val.s->len);
             else {
-                tv v = eval(r, x, sc);
+                tv v = eval(r, x, fr);
                 tv_write_str(r, r->out, v);
             }
         }
         return FLOW_NORMAL;
     case S_IF: {
-        tv t = eval(r, n->a, sc);
-        if (tv_truthy(r, t)) return exec_body(r, n->items, n->nitems, sc);
-        return exec_body(r, n->items2, n->nitems2, sc);
+        tv t = eval(r, n->a, fr);
+        if (tv_truthy(r, t)) return exec_body(r, n->items, n->nitems, fr);
+        return exec_body(r, n->items2, n->nitems2, fr);
     }
-    case S_FOR: return exec_for(r, n, sc);
+    case S_FOR: return exec_for(r, n, fr);
     case S_SET: {
-        tv v = eval(r, n->b, sc);
+        tv v = eval(r, n->b, fr);
         r->line = n->line;
-        assign(r, n->a, v, sc);
+        assign(r, n->a, v, fr, false);
         return FLOW_NORMAL;
     }
     case S_SETBLOCK: {
-        tv v = capture_body(r, n->items, n->nitems, sc);
-        v = apply_filters(r, n->b, v, sc);
+        tframe *bf = frame_enter(r, n->fr, fr);
+        tv      v = capture_body(r, n->items, n->nitems, bf);
+        v = apply_filters(r, n->b, v, bf);
         r->line = n->line;
-        assign(r, n->a, v, sc);
+        assign(r, n->a, v, fr, false);
         return FLOW_NORMAL;
     }
-    case S_MACRO: scope_set(r, sc, n->name, make_macro(r, n, sc)); return FLOW_NORMAL;
+    case S_MACRO: store_slot(r, fr, n->hops, n->slot, make_macro(r, n, fr)); return FLOW_NORMAL;
     case S_CALLBLOCK: {
         const tnode *call = n->a;
-        tv           fn = eval(r, call->a, sc);
+        tv           fn = eval(r, call->a, fr);
         targs        a;
-        eval_args(r, call, sc, &a, 1);
+        eval_args(r, call, fr, &a, 1);
         ((int *)a.kwid)[a.nkw] = NM_CALLER;
-        a.kwv[a.nkw] = make_macro(r, n, sc);
+        a.kwv[a.nkw] = make_macro(r, n, fr);
         a.nkw++;
         r->line = n->line;
         tv v = tv_call(r, fn, &a);
@@ -714,30 +744,37 @@ static int exec_stmt(R *r, const tnode *n, tscope *sc) {
         return FLOW_NORMAL;
     }
     case S_FILTERBLOCK: {
-        tv v = capture_body(r, n->items, n->nitems, sc);
-        v = apply_filters(r, n->b, v, sc);
+        tframe *ff = frame_enter(r, n->fr, fr);
+        tv      v = capture_body(r, n->items, n->nitems, ff);
+        v = apply_filters(r, n->b, v, ff);
         tv_write_str(r, r->out, v);
         return FLOW_NORMAL;
     }
     case S_WITH: {
-        tscope *ws = scope_new(r, sc);
-        tv     *vals = ralloc(r, sizeof(tv) * (size_t)(n->nitems + 1));
-        for (int i = 0; i < n->nitems; i++) vals[i] = eval(r, n->items2[i], sc);
-        for (int i = 0; i < n->nitems; i++) assign(r, n->items[i], vals[i], ws);
-        return exec_body(r, n->c->items, n->c->nitems, ws);
+        tv *vals = ralloc(r, sizeof(tv) * (size_t)(n->nitems + 1));
+        for (int i = 0; i < n->nitems; i++) vals[i] = eval(r, n->items2[i], fr);
+        tframe *wf = frame_enter(r, n->fr, fr);
+        for (int i = 0; i < n->nitems; i++) assign(r, n->items[i], vals[i], wf, false);
+        return exec_body(r, n->c->items, n->c->nitems, wf);
+    }
+    case S_GENERATION: {
+        /* a call block whose caller is rendered in place */
+        tframe *gf = frame_enter(r, n->fr, fr);
+        exec_body(r, n->items, n->nitems, gf);
+        return FLOW_NORMAL;
     }
     case S_BREAK: return FLOW_BREAK;
     case S_CONTINUE: return FLOW_CONTINUE;
-    case S_BODY: return exec_body(r, n->items, n->nitems, sc);
+    case S_BODY: return exec_body(r, n->items, n->nitems, fr);
     default: rfail_code(r, AG_ERR_INTERNAL, "internal error: unexpected node %d as a statement", n->kind);
     }
 }
 
-static int exec_body(R *r, tnode *const *body, int n, tscope *sc) {
+static int exec_body(R *r, tnode *const *body, int n, tframe *fr) {
     if (++r->cdepth > r->max_cdepth) rfail_code(r, AG_ERR_RANGE, "template evaluation nested too deeply");
     int fl = FLOW_NORMAL;
     for (int i = 0; i < n; i++) {
-        fl = exec_stmt(r, body[i], sc);
+        fl = exec_stmt(r, body[i], fr);
         if (fl != FLOW_NORMAL) break;
     }
     r->cdepth--;
@@ -830,21 +867,23 @@ ag_status ag_tmpl_render(const ag_tmpl *t, const json_t *context, const ag_tmpl_
         free(r);
         return code;
     }
-    r->ctx = scope_new(r, NULL);
+    r->nctx = t->names.n;
+    r->ctxv = ralloc(r, sizeof(tv) * (size_t)(r->nctx + 1));
+    for (int i = 0; i < r->nctx; i++) r->ctxv[i] = tv_missing();
     if (context) {
         const char *key;
         json_t     *val;
         json_object_foreach((json_t *)context, key, val) {
             int id = tm_names_find(&t->names, key, strlen(key));
             if (id < 0) continue; /* the template never names it */
-            scope_set(r, r->ctx, id, tv_from_json(r, val, 0));
+            r->ctxv[id] = tv_from_json(r, val, 0);
         }
     }
-    tscope *root = scope_new(r, r->ctx);
+    tframe *root = frame_enter(r, t->root, NULL);
     ag_buf *b = buf_get(r);
     r->out = b;
     exec_body(r, t->body, t->nbody, root);
-    ag_status st = ag_buf_append(out, b->data ? b->data : "", b->len);
+    ag_status st = b->len ? ag_buf_append(out, b->data, b->len) : AG_OK;
     render_free(r);
     free(r);
     if (st != AG_OK) return ag_errorf(AG_ERR_NOMEM, "template: out of memory");

@@ -65,6 +65,7 @@ typedef enum {
     TV_NS,   /* jinja2.utils.Namespace */
     TV_FUNC, /* macro, builtin global, bound method, loop.cycle ... */
     TV_LOOP, /* the `loop` variable */
+    TV_GEN,  /* a lazy generator (select, map, items, unique, batch, slice) */
 } tv_type;
 
 /* flags */
@@ -74,7 +75,7 @@ typedef enum {
 enum {
     LK_LIST = 0,
     LK_TUPLE,
-    LK_GEN,      /* a generator (select, map, ...): always truthy, no len */
+    LK_RANGE,    /* range(): a sequence printed as range(a, b[, s]) */
     LK_REVITER,  /* list_reverseiterator (reverse filter on a list) */
     LK_ITEMS,    /* dict_items view: len ok, not subscriptable */
     LK_KEYS,     /* dict_keys view */
@@ -95,6 +96,7 @@ typedef struct tfunc tfunc;
 typedef struct tundef tundef;
 typedef struct tloop tloop;
 typedef struct tns tns;
+typedef struct tgen tgen;
 
 struct tv {
     uint8_t t; /* tv_type */
@@ -109,12 +111,14 @@ struct tv {
         tfunc  *fn;
         tundef *u; /* NULL: anonymous undefined */
         tloop  *lp;
+        tgen   *g;
     };
 };
 
 struct tlist {
-    size_t n;
-    tv     v[];
+    size_t  n;
+    int64_t r_start, r_stop, r_step; /* LK_RANGE only */
+    tv      v[];
 };
 
 struct tdict {
@@ -137,7 +141,21 @@ struct tundef {
 };
 
 struct tnode;
-struct tscope;
+struct tframe;
+
+/* How a frame slot is initialised when the frame is entered (jinja2's
+ * idtracking load instructions). */
+enum { ACT_UNDEFINED = 0, ACT_PARAM, ACT_RESOLVE, ACT_ALIAS };
+
+/* The static layout of one jinja2 frame (template root, loop body, macro,
+ * ...): one slot per name it defines, and how each starts. */
+typedef struct tframe_info {
+    int      nslots, cap;
+    int     *names;      /* name id of each slot */
+    uint8_t *act;        /* ACT_* */
+    int     *alias_hops; /* ACT_ALIAS: frames up from this one (>= 1) */
+    int     *alias_slot;
+} tframe_info;
 
 typedef enum {
     FN_GLOBAL, /* id: GL_* */
@@ -154,10 +172,11 @@ struct tfunc {
     int            id;
     tv             self;
     const struct tnode *macro; /* FN_MACRO: the macro (or call-block caller) node */
-    struct tscope *closure;    /* FN_MACRO: scope it was defined in */
+    struct tframe *closure;    /* FN_MACRO: frame it was defined in */
     tv             caller;     /* FN_MACRO caller passed from a call block (or undef) */
     tloop         *loop;       /* loop.cycle / loop.changed */
     tv            *state;      /* joiner/cycler state */
+    const char    *mname;      /* FN_METHOD: the Python method name (for repr) */
 };
 
 struct tloop {
@@ -206,7 +225,8 @@ typedef enum {
     S_WITH,
     S_BREAK,
     S_CONTINUE,
-    S_BODY, /* a plain body (generation block) */
+    S_BODY,       /* a plain statement list (macro bodies) */
+    S_GENERATION, /* transformers' {% generation %}: a call block rendering its body */
 } node_kind;
 
 /* binary operators (N_BINOP op) and compare operators (N_COMPARE ops) */
@@ -228,7 +248,15 @@ struct tnode {
     int    *kwnames; /* N_CALL/N_FILTER/N_TEST: kwarg name ids (parallel to items2) */
     uint8_t *ops;    /* N_COMPARE: operator per operand (items) */
     tv      val;     /* N_CONST, S_DATA text, N_GETATTR/N_NSREF attribute name */
-    bool    uses_varargs, uses_kwargs, uses_caller; /* S_MACRO / S_CALLBLOCK */
+    /* variable resolution, filled by the scope pass (scope.c):
+     * N_NAME / N_NSREF: the slot `hops` frames up (hops -1: look the name
+     * up in the render context when used) */
+    int hops, slot;
+    /* frames this statement owns: S_FOR body/test/else, S_MACRO, S_CALLBLOCK,
+     * S_SETBLOCK, S_FILTERBLOCK, S_WITH, S_GENERATION (fr only) */
+    tframe_info *fr, *fr2, *fr3;
+    int loop_slot;                              /* S_FOR: slot of `loop`, or -1 */
+    int caller_slot, varargs_slot, kwargs_slot; /* S_MACRO / S_CALLBLOCK: -1 when unused */
 };
 
 /* ---------------------------------------------------------------- template */
@@ -247,7 +275,11 @@ struct ag_tmpl {
     tm_names names;
     tnode  **body;
     int      nbody;
+    tframe_info *root; /* the top-level frame */
 };
+
+/* The scope pass: jinja2's static symbol analysis over the parsed body. */
+void tm_scope_analyze(ag_tmpl *T);
 
 /* Names interned first, in this order, so their ids are constants. */
 enum {

@@ -187,6 +187,9 @@ static tnode *mk(parser *P, int kind, int line) {
     n->kind = (uint8_t)kind;
     n->line = line;
     n->name = -1;
+    n->hops = -1;
+    n->slot = -1;
+    n->loop_slot = n->caller_slot = n->varargs_slot = n->kwargs_slot = -1;
     return n;
 }
 
@@ -808,23 +811,6 @@ static tnode **parse_statements(parser *P, const char *const *end_tokens, bool d
     return body;
 }
 
-static bool walk_uses(const tnode *n, int id) {
-    if (!n) return false;
-    if (n->kind == N_NAME && n->name == id) return true;
-    if (walk_uses(n->a, id) || walk_uses(n->b, id) || walk_uses(n->c, id)) return true;
-    for (int i = 0; i < n->nitems; i++)
-        if (walk_uses(n->items[i], id)) return true;
-    for (int i = 0; i < n->nitems2; i++)
-        if (walk_uses(n->items2[i], id)) return true;
-    return false;
-}
-
-static bool body_uses(tnode **body, int n, int id) {
-    for (int i = 0; i < n; i++)
-        if (walk_uses(body[i], id)) return true;
-    return false;
-}
-
 /* Macro and caller signature: (a, b=default, ...) into items (N_NAME) and
  * items2 (defaults, aligned to the last params). */
 static void parse_signature(parser *P, tnode *node) {
@@ -871,6 +857,12 @@ static const char *const END_GENERATION[] = {"endgeneration", NULL};
 static tnode *parse_for(parser *P, int line) {
     tnode *n = mk(P, S_FOR, line);
     n->a = parse_assign_target(P, true, false, "in", false);
+    int loop_id = tm_names_find(&P->T->names, "loop", 4);
+    if (n->a->kind == N_NAME && n->a->name == loop_id)
+        tm_fail(P->e, AG_ERR_TEMPLATE, line, "Can't assign to special loop variable in for-loop target");
+    for (int k = 0; n->a->kind == N_TUPLE && k < n->a->nitems; k++)
+        if (n->a->items[k]->kind == N_NAME && n->a->items[k]->name == loop_id)
+            tm_fail(P->e, AG_ERR_TEMPLATE, line, "Can't assign to special loop variable in for-loop target");
     expect_name(P, "in");
     n->b = parse_tuple(P, 1, false, "recursive");
     if (is_name(cur(P), "if")) {
@@ -946,9 +938,6 @@ static tnode *parse_macro(parser *P, int line) {
     P->loop_depth = saved_loops;
     P->innermost = saved;
     n->c = wrap_body(P, body, nb, line);
-    n->uses_varargs = body_uses(body, nb, NM_VARARGS);
-    n->uses_kwargs = body_uses(body, nb, NM_KWARGS);
-    n->uses_caller = body_uses(body, nb, NM_CALLER);
     return n;
 }
 
@@ -968,9 +957,6 @@ static tnode *parse_call_block(parser *P, int line) {
     P->innermost = saved;
     n->c = wrap_body(P, body, nb, line);
     n->name = NM_CALLER;
-    n->uses_varargs = body_uses(body, nb, NM_VARARGS);
-    n->uses_kwargs = body_uses(body, nb, NM_KWARGS);
-    n->uses_caller = body_uses(body, nb, NM_CALLER);
     return n;
 }
 
@@ -1038,10 +1024,12 @@ static tnode *parse_statement(parser *P) {
         advance(P);
         const char *saved = P->innermost;
         P->innermost = "generation";
-        int     nb;
-        tnode **body = parse_statements(P, END_GENERATION, true, &nb);
+        int saved_loops = P->loop_depth;
+        P->loop_depth = 0; /* the body is a caller function in jinja2 */
+        r = mk(P, S_GENERATION, line);
+        r->items = parse_statements(P, END_GENERATION, true, &r->nitems);
+        P->loop_depth = saved_loops;
         P->innermost = saved;
-        r = wrap_body(P, body, nb, line);
     } else if (is_name(t, "print")) {
         advance(P);
         r = mk(P, S_OUTPUT, line);
@@ -1135,4 +1123,5 @@ void tm_parse_template(ag_tmpl *T, const char *src, size_t len) {
     P.nt = nt;
     P.T = T;
     T->body = subparse(&P, NULL, &T->nbody);
+    tm_scope_analyze(T);
 }

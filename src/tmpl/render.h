@@ -7,12 +7,13 @@
 #include "tmpl/internal.h"
 #include "tmpl/tmpl.h"
 
-typedef struct tscope tscope;
-struct tscope {
-    tscope *parent;
-    int     n, cap;
-    int    *ids;
-    tv     *vals;
+/* A frame instance: the slots of one tframe_info, chained to the frame
+ * instance it is nested in (lexically). */
+typedef struct tframe tframe;
+struct tframe {
+    tframe            *parent;
+    const tframe_info *fi;
+    tv                *slots;
 };
 
 typedef struct R {
@@ -30,7 +31,8 @@ typedef struct R {
     int             cdepth, max_cdepth; /* C recursion guard */
     int             line;
     int64_t         now;
-    tscope         *ctx; /* context variables */
+    tv             *ctxv; /* context variables by name id (missing when absent) */
+    int             nctx;
 } R;
 
 /* A value that was not passed (optional argument slots). */
@@ -57,6 +59,32 @@ typedef struct {
     tv        *kwv;
     int        nkw;
 } targs;
+
+/* A lazy generator: the filter runs (and may fail) only when consumed, once. */
+struct tgen {
+    int    fid;
+    tv     input;
+    targs  args;
+    int    line;
+    bool   started, done;
+    tlist *src; /* the input's items, or ... */
+    size_t pos;
+    tgen  *srcgen; /* ... the input generator, consumed lazily */
+    /* prepared on the first step, as jinja2 prepares inside the generator */
+    int    test;  /* select/reject: test id, -1: truthiness, -2: unknown name */
+    tv     attr;  /* selectattr/rejectattr, map(attribute=), unique(attribute=) */
+    tv     dflt;  /* map(default=) */
+    int    mapfid; /* map: filter id, -1: attribute mode, -2: unknown name */
+    targs  rest;  /* remaining arguments for the test / filter */
+    bool   flag;  /* unique: case_sensitive */
+    tdict *seen;
+    tlist *out;   /* items / slice: precomputed results */
+    size_t opos;
+};
+tlist *gen_force(R *r, tgen *g);
+bool   gen_next(R *r, tgen *g, tv *out);
+tv     make_gen(R *r, int fid, tv input, targs *a);
+const char *gen_pyname(int fid);
 
 /* ---- errors */
 _Noreturn void rfail(R *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -95,6 +123,8 @@ void        write_html_escaped(R *r, ag_buf *b, const char *s, size_t n);
 bool     tv_eq(R *r, tv a, tv b, int depth);
 int      tv_cmp(R *r, tv a, tv b, const char *opname); /* <0, 0, >0; TypeError when unorderable */
 uint64_t tv_hash(R *r, tv v, int depth);
+/* sorts keys (and idx alongside) as Python's sorted(..., reverse=) does */
+void     py_sort(R *r, tv *keys, size_t *idx, size_t n, bool reverse);
 
 /* ---- dicts */
 tdict *dict_new(R *r, size_t cap);

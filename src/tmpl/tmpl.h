@@ -17,10 +17,21 @@
  * variables, loop filtering, unpacking and else, set and block set,
  * namespaces, macro/call/caller, break/continue, filter blocks, with, raw,
  * comments, transformers' {% generation %}), the expression language with
- * Python value semantics, and jinja2's filters, tests and the Python
- * str/dict/list methods templates call. Not supported (fails with
- * "unsupported: ..."): extends/block/include/import, recursive loops,
- * star-args in calls, and a few rarely used filters (see tmpl.c). */
+ * Python value semantics (int/float/str/list/tuple/dict printing and errors as
+ * CPython, Markup, lazy generators), jinja2's static variable scoping, its
+ * filters and tests, and the Python str/dict/list methods templates call.
+ *
+ * Not supported (fails with "unsupported: ..."): extends/block/include/
+ * import/from, recursive loops, star-args in calls, the filters
+ * filesizeformat, groupby, pprint, random, striptags, urlencode, urlize,
+ * wordwrap and xmlattr, cycler(), \N{...} escapes, non-ASCII identifiers,
+ * integers beyond 64 bits. Approximations: Unicode case mapping uses
+ * utf8proc's tables (plus the common full mappings of ß and İ); a generator
+ * iterated by a for loop is consumed whole before the loop starts.
+ *
+ * Memory: every value made during a render lives until the render ends, so
+ * a template that grows a string or list in a loop uses memory quadratic in
+ * the iterations (bounded by ag_tmpl_params.max_memory). */
 #ifndef AG_TMPL_H
 #define AG_TMPL_H
 
@@ -80,8 +91,9 @@ ag_status ag_tmpl_render_json(const ag_tmpl *t, const char *context_json, size_t
 json_t *ag_tmpl_chat_context(const json_t *messages, const json_t *tools, bool add_generation_prompt,
                              const char *bos_token, const char *eos_token, const json_t *extra);
 
-/* Whether `name` is a variable the template reads anywhere (e.g. "tools",
- * "enable_thinking"), so callers can tell which options a template honours. */
+/* Whether `name` appears in the template as an identifier (a variable it reads
+ * or sets, a macro, a keyword argument), e.g. "tools" or "enable_thinking",
+ * so callers can tell which options a template may honour. */
 bool ag_tmpl_uses_variable(const ag_tmpl *t, const char *name);
 
 #endif

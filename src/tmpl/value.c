@@ -13,6 +13,8 @@
 
 #define MAX_VALUE_DEPTH 2100
 
+static uint64_t str_hash(const char *s, size_t n);
+
 /* ---------------------------------------------------------------- errors */
 
 _Noreturn void tm_fail(tm_err *e, ag_status code, int line, const char *fmt, ...) {
@@ -187,8 +189,16 @@ const char *tv_type_name(tv v) {
     case TV_LIST:
         switch (TV_LK(v)) {
         case LK_TUPLE: return "tuple";
-        case LK_GEN: return "generator";
-        case LK_REVITER: return "list_reverseiterator";
+        case LK_RANGE: return "range";
+        case LK_REVITER:
+            switch (v.l->r_start) {
+            case 1: return "reversed";
+            case 2: return "dict_reversekeyiterator";
+            case 3: return "range_iterator";
+            case 4: return "dict_reverseitemiterator";
+            case 5: return "dict_reversevalueiterator";
+            default: return "list_reverseiterator";
+            }
         case LK_ITEMS: return "dict_items";
         case LK_KEYS: return "dict_keys";
         case LK_VALUES: return "dict_values";
@@ -198,9 +208,13 @@ const char *tv_type_name(tv v) {
     case TV_NS: return "Namespace";
     case TV_FUNC:
         if (v.fn->kind == FN_MACRO) return "Macro";
-        if (v.fn->kind == FN_METHOD || v.fn->kind == FN_LOOP_CYCLE || v.fn->kind == FN_LOOP_CHANGED) return "method";
-        return "function";
+        if (v.fn->kind == FN_METHOD) return "builtin_function_or_method";
+        if (v.fn->kind == FN_LOOP_CYCLE || v.fn->kind == FN_LOOP_CHANGED) return "method";
+        if (v.fn->kind == FN_JOINER) return "Joiner";
+        if (v.fn->kind == FN_GLOBAL && (v.fn->id == GL_RAISE_EXCEPTION || v.fn->id == GL_STRFTIME_NOW)) return "function";
+        return "type";
     case TV_LOOP: return "LoopContext";
+    case TV_GEN: return "generator";
     }
     return "object";
 }
@@ -273,7 +287,7 @@ bool tv_truthy(R *r, tv v) {
     case TV_FLOAT: return v.d != 0.0;
     case TV_STR: return v.s->len != 0;
     case TV_LIST:
-        if (TV_LK(v) == LK_GEN || TV_LK(v) == LK_REVITER) return true;
+        if (TV_LK(v) == LK_REVITER) return true;
         return v.l->n != 0;
     case TV_DICT: return v.m->n != 0;
     default: return true;
@@ -416,10 +430,23 @@ void tv_write_repr(R *r, ag_buf *b, tv v, int depth) {
             buf_addc(r, b, ')');
         } else write_str_repr(r, b, v.s);
         return;
+    case TV_GEN:
+        snprintf(tmp, sizeof tmp, "<generator object %s at %p>", gen_pyname(v.g->fid), (void *)v.g);
+        buf_adds(r, b, tmp);
+        return;
     case TV_LIST: {
         int k = TV_LK(v);
-        if (k == LK_GEN || k == LK_REVITER) {
-            snprintf(tmp, sizeof tmp, "<%s object>", tv_type_name(v));
+        if (k == LK_REVITER) {
+            snprintf(tmp, sizeof tmp, "<%s object at %p>", tv_type_name(v), (void *)v.l);
+            buf_adds(r, b, tmp);
+            return;
+        }
+        if (k == LK_RANGE) {
+            if (v.l->r_step == 1)
+                snprintf(tmp, sizeof tmp, "range(%lld, %lld)", (long long)v.l->r_start, (long long)v.l->r_stop);
+            else
+                snprintf(tmp, sizeof tmp, "range(%lld, %lld, %lld)", (long long)v.l->r_start, (long long)v.l->r_stop,
+                         (long long)v.l->r_step);
             buf_adds(r, b, tmp);
             return;
         }
@@ -462,7 +489,7 @@ void tv_write_repr(R *r, ag_buf *b, tv v, int depth) {
 }
 
 void tv_write_str(R *r, ag_buf *b, tv v) {
-    char tmp[64];
+    char tmp[160];
     switch (v.t) {
     case TV_UNDEF: return;
     case TV_NONE: buf_adds(r, b, "None"); return;
@@ -475,6 +502,7 @@ void tv_write_str(R *r, ag_buf *b, tv v) {
     case TV_STR: buf_add(r, b, v.s->s, v.s->len); return;
     case TV_LIST:
     case TV_DICT:
+    case TV_GEN:
     case TV_NS: tv_write_repr(r, b, v, 0); return;
     case TV_FUNC:
         if (v.fn->kind == FN_MACRO) {
@@ -483,7 +511,34 @@ void tv_write_str(R *r, ag_buf *b, tv v) {
             const tstr  *nm = name_str(r, m->name);
             buf_add(r, b, nm->s, nm->len);
             buf_adds(r, b, "'>");
-        } else buf_adds(r, b, "<function>");
+        } else if (v.fn->kind == FN_METHOD) {
+            char self_t[64];
+            snprintf(self_t, sizeof self_t, "%s", tv_type_name(v.fn->self));
+            snprintf(tmp, sizeof tmp, "<built-in method %.20s of %.20s object at %p>", v.fn->mname ? v.fn->mname : "?",
+                     self_t, (void *)v.fn);
+            buf_adds(r, b, tmp);
+        } else if (v.fn->kind == FN_GLOBAL) {
+            static const char *names[] = {NULL, "<class 'jinja2.utils.Namespace'>", NULL, NULL,
+                                          "<class 'dict'>", "<class 'jinja2.utils.Joiner'>",
+                                          "<class 'jinja2.utils.Cycler'>"};
+            const char *nm = v.fn->id >= 0 && v.fn->id < 7 ? names[v.fn->id] : NULL;
+            if (nm) buf_adds(r, b, nm);
+            else {
+                snprintf(tmp, sizeof tmp, "<function %s at %p>",
+                         v.fn->id == GL_RAISE_EXCEPTION ? "raise_exception"
+                         : v.fn->id == GL_RANGE        ? "safe_range"
+                                                       : "strftime_now",
+                         (void *)v.fn);
+                buf_adds(r, b, tmp);
+            }
+        } else if (v.fn->kind == FN_JOINER) {
+            snprintf(tmp, sizeof tmp, "<jinja2.utils.Joiner object at %p>", (void *)v.fn);
+            buf_adds(r, b, tmp);
+        } else {
+            snprintf(tmp, sizeof tmp, "<bound method LoopContext.%s of <LoopContext %zu/%zu>>",
+                     v.fn->kind == FN_LOOP_CYCLE ? "cycle" : "changed", v.fn->loop->index0 + 1, v.fn->loop->items->n);
+            buf_adds(r, b, tmp);
+        }
         return;
     case TV_LOOP: {
         snprintf(tmp, sizeof tmp, "<LoopContext %zu/%zu>", v.lp->index0 + 1, v.lp->items->n);
@@ -568,7 +623,7 @@ bool tv_eq(R *r, tv a, tv b, int depth) {
     case TV_STR: return b.t == TV_STR && a.s->len == b.s->len && memcmp(a.s->s, b.s->s, a.s->len) == 0;
     case TV_LIST:
         if (b.t != TV_LIST) return false;
-        if (is_seq_kind(a) && is_seq_kind(b)) {
+        if ((is_seq_kind(a) && is_seq_kind(b)) || (TV_LK(a) == LK_RANGE && TV_LK(b) == LK_RANGE)) {
             if (TV_LK(a) != TV_LK(b) || a.l->n != b.l->n) return false;
             for (size_t i = 0; i < a.l->n; i++)
                 if (!tv_eq(r, a.l->v[i], b.l->v[i], depth + 1)) return false;
@@ -594,6 +649,7 @@ bool tv_eq(R *r, tv a, tv b, int depth) {
     case TV_NS: return b.t == TV_NS && a.ns == b.ns;
     case TV_FUNC: return b.t == TV_FUNC && a.fn == b.fn;
     case TV_LOOP: return b.t == TV_LOOP && a.lp == b.lp;
+    case TV_GEN: return b.t == TV_GEN && a.g == b.g;
     default: return false;
     }
 }
@@ -642,18 +698,15 @@ uint64_t tv_hash(R *r, tv v, int depth) {
             memcpy(&u, &v.d, sizeof u);
             return mix(u ^ 0x1234567);
         }
-    case TV_STR: {
-        uint64_t h = 1469598103934665603ULL;
-        for (size_t i = 0; i < v.s->len; i++) h = (h ^ (unsigned char)v.s->s[i]) * 1099511628211ULL;
-        return h;
-    }
+    case TV_STR: return str_hash(v.s->s, v.s->len);
     case TV_LIST:
         if (TV_LK(v) == LK_TUPLE) {
             uint64_t h = 0x345678;
             for (size_t i = 0; i < v.l->n; i++) h = mix(h ^ tv_hash(r, v.l->v[i], depth + 1)) + i;
             return h;
         }
-        if (TV_LK(v) == LK_GEN || TV_LK(v) == LK_REVITER) return mix((uint64_t)(uintptr_t)v.l);
+        if (TV_LK(v) == LK_REVITER) return mix((uint64_t)(uintptr_t)v.l);
+        if (TV_LK(v) == LK_RANGE) return mix((uint64_t)v.l->r_start * 31 + (uint64_t)v.l->n);
         rfail(r, "unhashable type: '%s'", tv_type_name(v));
     case TV_DICT: rfail(r, "unhashable type: 'dict'");
     case TV_UNDEF: return 0x55;
@@ -706,16 +759,26 @@ tv *dict_get(R *r, tdict *d, tv k) {
     return i < 0 ? NULL : &d->v[i];
 }
 
+static uint64_t str_hash(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    return h;
+}
+
 tv *dict_get_str(R *r, tdict *d, const char *s, size_t n) {
     if (d->n <= 8 && !d->idx) {
         for (size_t i = 0; i < d->n; i++)
             if (d->k[i].t == TV_STR && d->k[i].s->len == n && memcmp(d->k[i].s->s, s, n) == 0) return &d->v[i];
         return NULL;
     }
-    tstr tmp; /* hashing only needs s/len; build a transient key */
-    (void)tmp;
-    tv key = mkstr(r, s, n);
-    return dict_get(r, d, key);
+    if (!d->idx || d->icap < d->n * 2 + 2) dict_reindex(r, d);
+    size_t h = str_hash(s, n) & (d->icap - 1);
+    while (d->idx[h]) {
+        size_t i = d->idx[h] - 1;
+        if (d->k[i].t == TV_STR && d->k[i].s->len == n && memcmp(d->k[i].s->s, s, n) == 0) return &d->v[i];
+        h = (h + 1) & (d->icap - 1);
+    }
+    return NULL;
 }
 
 void dict_set(R *r, tdict *d, tv k, tv v) {
@@ -764,12 +827,13 @@ tlist *tv_iterate(R *r, tv v) {
         while (i < v.s->len && k < l->n) {
             size_t st = i;
             tm_utf8_next(v.s->s, v.s->len, &i);
-            l->v[k++] = mkstr_safe(r, v.s->s + st, i - st, v.f & TVF_SAFE);
+            l->v[k++] = mkstr(r, v.s->s + st, i - st); /* iterating a Markup yields plain str */
         }
         l->n = k;
         return l;
     }
     case TV_LOOP: return v.lp->items;
+    case TV_GEN: return gen_force(r, v.g);
     default: rfail(r, "'%s' object is not iterable", tv_type_name(v));
     }
 }
@@ -779,8 +843,7 @@ int64_t tv_len(R *r, tv v) {
     case TV_UNDEF: return 0;
     case TV_STR: return (int64_t)v.s->ncp;
     case TV_LIST:
-        if (TV_LK(v) == LK_GEN || TV_LK(v) == LK_REVITER)
-            rfail(r, "object of type '%s' has no len()", tv_type_name(v));
+        if (TV_LK(v) == LK_REVITER) rfail(r, "object of type '%s' has no len()", tv_type_name(v));
         return (int64_t)v.l->n;
     case TV_DICT: return (int64_t)v.m->n;
     case TV_LOOP: return (int64_t)v.lp->items->n;
@@ -841,20 +904,90 @@ static void json_newline(R *r, ag_buf *b, const json_opts *o, int level) {
     for (int i = 0; i < level; i++) buf_add(r, b, o->indent, o->indent_len);
 }
 
-/* stable merge sort of indices by key, failing through rfail on TypeError */
-static void sort_idx(R *r, size_t *idx, size_t n, const tv *keys, size_t *tmp) {
+/* ---- sorting, as CPython's list.sort compares: the order of comparisons
+ * decides which TypeError a mixed list raises, so small lists (where CPython
+ * uses count_run + binary insertion) follow it exactly; longer ones use a
+ * stable merge sort (same result, comparison order may differ). */
+
+static bool py_lt(R *r, tv a, tv b) {
+    int c = tv_cmp(r, a, b, "<");
+    return c != 2 && c < 0;
+}
+
+static void swap_pair(tv *keys, size_t *idx, size_t i, size_t j) {
+    tv t = keys[i];
+    keys[i] = keys[j];
+    keys[j] = t;
+    size_t u = idx[i];
+    idx[i] = idx[j];
+    idx[j] = u;
+}
+
+static void merge_idx(R *r, tv *keys, size_t *idx, size_t n, tv *tk, size_t *ti) {
     if (n < 2) return;
     size_t h = n / 2;
-    sort_idx(r, idx, h, keys, tmp);
-    sort_idx(r, idx + h, n - h, keys, tmp);
+    merge_idx(r, keys, idx, h, tk, ti);
+    merge_idx(r, keys + h, idx + h, n - h, tk, ti);
     size_t i = 0, j = h, o = 0;
     while (i < h && j < n) {
-        if (tv_cmp(r, keys[idx[j]], keys[idx[i]], "<") < 0) tmp[o++] = idx[j++];
-        else tmp[o++] = idx[i++];
+        if (py_lt(r, keys[j], keys[i])) {
+            tk[o] = keys[j];
+            ti[o++] = idx[j++];
+        } else {
+            tk[o] = keys[i];
+            ti[o++] = idx[i++];
+        }
     }
-    while (i < h) tmp[o++] = idx[i++];
-    while (j < n) tmp[o++] = idx[j++];
-    memcpy(idx, tmp, n * sizeof *idx);
+    while (i < h) {
+        tk[o] = keys[i];
+        ti[o++] = idx[i++];
+    }
+    while (j < n) {
+        tk[o] = keys[j];
+        ti[o++] = idx[j++];
+    }
+    memcpy(keys, tk, sizeof(tv) * n);
+    memcpy(idx, ti, sizeof(size_t) * n);
+}
+
+void py_sort(R *r, tv *keys, size_t *idx, size_t n, bool reverse) {
+    if (reverse)
+        for (size_t i = 0; i < n / 2; i++) swap_pair(keys, idx, i, n - 1 - i);
+    if (n >= 2 && n < 64) {
+        /* count_run */
+        size_t run = 2;
+        bool   desc = false;
+        if (py_lt(r, keys[1], keys[0])) {
+            desc = true;
+            while (run < n && py_lt(r, keys[run], keys[run - 1])) run++;
+        } else {
+            while (run < n && !py_lt(r, keys[run], keys[run - 1])) run++;
+        }
+        if (desc)
+            for (size_t i = 0; i < run / 2; i++) swap_pair(keys, idx, i, run - 1 - i);
+        /* binarysort */
+        for (size_t start = run; start < n; start++) {
+            tv     pivot = keys[start];
+            size_t pidx = idx[start], l = 0, rr = start;
+            do {
+                size_t p = l + ((rr - l) >> 1);
+                if (py_lt(r, pivot, keys[p])) rr = p;
+                else l = p + 1;
+            } while (l < rr);
+            for (size_t k = start; k > l; k--) {
+                keys[k] = keys[k - 1];
+                idx[k] = idx[k - 1];
+            }
+            keys[l] = pivot;
+            idx[l] = pidx;
+        }
+    } else if (n >= 64) {
+        tv     *tk = ralloc(r, sizeof(tv) * n);
+        size_t *ti = ralloc(r, sizeof(size_t) * n);
+        merge_idx(r, keys, idx, n, tk, ti);
+    }
+    if (reverse)
+        for (size_t i = 0; i < n / 2; i++) swap_pair(keys, idx, i, n - 1 - i);
 }
 
 void tv_write_json(R *r, ag_buf *b, tv v, const json_opts *o, int level) {
@@ -895,8 +1028,9 @@ void tv_write_json(R *r, ag_buf *b, tv v, const json_opts *o, int level) {
         size_t *idx = ralloc(r, sizeof(size_t) * n);
         for (size_t i = 0; i < n; i++) idx[i] = i;
         if (o->sort_keys) {
-            size_t *t2 = ralloc(r, sizeof(size_t) * n);
-            sort_idx(r, idx, n, v.m->k, t2);
+            tv *keys = ralloc(r, sizeof(tv) * n);
+            memcpy(keys, v.m->k, sizeof(tv) * n);
+            py_sort(r, keys, idx, n, false);
         }
         buf_addc(r, b, '{');
         for (size_t k = 0; k < n; k++) {
