@@ -397,16 +397,17 @@ static dot_ref reference_dot(uint32_t t, int64_t n, const uint8_t *w, const floa
 }
 
 static void dot_variants_agree(void **state) {
-    static const int64_t lens_q[] = {256, 512, 1024, 2304, 4096};
-    static const int64_t lens_f[] = {1, 7, 8, 15, 16, 33, 256, 1000, 4096};
+    static const int64_t lens_k[] = {256, 512, 1024, 2304, 4096};
+    static const int64_t lens_32[] = {32, 96, 160, 256, 1056, 4096}; /* odd block counts too */
+    static const int64_t lens_f[] = {1, 7, 8, 15, 16, 33, 47, 256, 1000, 4096};
     int                  checks = 0;
     for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
         uint32_t      t = k_dot_types[ti];
         ag_act_format f;
         assert_int_equal(ag_quant_act_format(t, &f), AG_OK);
         int            is_float = f == AG_ACT_F32;
-        const int64_t *lens = is_float ? lens_f : lens_q;
-        size_t         nl = is_float ? sizeof lens_f / 8 : sizeof lens_q / 8;
+        const int64_t *lens = is_float ? lens_f : f == AG_ACT_Q8A ? lens_32 : lens_k;
+        size_t         nl = is_float ? sizeof lens_f / 8 : f == AG_ACT_Q8A ? sizeof lens_32 / 8 : sizeof lens_k / 8;
         for (size_t li = 0; li < nl; li++) {
             int64_t n = lens[li];
             for (int rep = 0; rep < 3; rep++) {
