@@ -359,6 +359,26 @@ static void act_quant_bounds_and_isa_agreement(void **state) {
     free(back);
 }
 
+/* The word-parallel scale unpackers of the SIMD kernels against the
+ * per-element definitions (which dequantization checks against gguf-py). */
+static void scale_unpackers_match(void **state) {
+    for (int it = 0; it < 100000; it++) {
+        uint8_t q[12], out[16];
+        for (int i = 0; i < 12; i++) q[i] = (uint8_t)rnd();
+        ag_k4_scales_unpack(q, out);
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            ag_k4_scale_min(j, q, &sc, &m);
+            assert_int_equal(out[j], sc);
+            assert_int_equal(out[8 + j], m);
+        }
+        int8_t ref[16];
+        ag_q3k_scales(q, ref);
+        ag_q3k_scales_unpack(q, out);
+        for (int k = 0; k < 16; k++) assert_int_equal((int)out[k] - 32, ref[k]);
+    }
+}
+
 /* ---- dot products ---- */
 
 typedef struct {
@@ -712,6 +732,7 @@ int main(void) {
         cmocka_unit_test(fp16_exhaustive),
         cmocka_unit_test(bf16_rounding),
         cmocka_unit_test(act_quant_bounds_and_isa_agreement),
+        cmocka_unit_test(scale_unpackers_match),
         cmocka_unit_test(dot_variants_agree),
         cmocka_unit_test(dot_extremes),
         cmocka_unit_test(bad_input_is_an_error),

@@ -116,9 +116,10 @@ AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     }
     const __m256i m4 = _mm256_set1_epi8(0xF);
     for (int64_t i = 0; i < n / AG_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) ag_k4_scale_min(j, b[i].scales, &sc[j], &mn[j]);
-        const __m128i mins16 = _mm_setr_epi16(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]);
+        uint8_t sm[16]; /* 8 scales, 8 mins */
+        ag_k4_scales_unpack(b[i].scales, sm);
+        const uint8_t *sc = sm;
+        const __m128i  mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
         const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
         __m256i       sumi[AG_DOT_MAX_NX];
         UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
@@ -157,9 +158,10 @@ AI void dot_q5_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     }
     const __m256i m4 = _mm256_set1_epi8(0xF), m1 = _mm256_set1_epi8(1);
     for (int64_t i = 0; i < n / AG_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) ag_k4_scale_min(j, b[i].scales, &sc[j], &mn[j]);
-        const __m128i mins16 = _mm_setr_epi16(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]);
+        uint8_t sm[16]; /* 8 scales, 8 mins */
+        ag_k4_scales_unpack(b[i].scales, sm);
+        const uint8_t *sc = sm;
+        const __m128i  mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
         const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
         const __m256i hb = loadu256(b[i].qh);
         __m256i       sumi[AG_DOT_MAX_NX];
@@ -286,7 +288,11 @@ AI void dot_q3_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     const __m256i m3 = _mm256_set1_epi8(3), m1 = _mm256_set1_epi8(1);
     for (int64_t i = 0; i < n / AG_QK_K; i++) {
         int8_t sc[16];
-        ag_q3k_scales(b[i].scales, sc);
+        {
+            uint8_t u[16];
+            ag_q3k_scales_unpack(b[i].scales, u);
+            _mm_storeu_si128((__m128i *)sc, _mm_sub_epi8(loadu128(u), _mm_set1_epi8(32)));
+        }
         const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(sc));
         const __m256i hm = loadu256(b[i].hmask);
         const float   d = f16(b[i].d);

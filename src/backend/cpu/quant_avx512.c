@@ -1,13 +1,17 @@
-/* AVX-512 (F/BW/VL/VNNI) kernels for the hot weight types: the legacy
- * 32-element types, Q4_K, Q6_K, F32 and F16. Other types keep their AVX2
- * kernels (the table starts as the AVX2 one).
+/* AVX-512 (F/BW/VL/VNNI) kernels, only where they measured faster than the
+ * AVX2 ones (bench/quant_bench on a 16-core Xeon with AVX-512 VNNI); every
+ * other entry keeps its AVX2 kernel (the table starts as the AVX2 one).
  *
- * What the wider registers buy:
- *  - legacy types: two blocks per zmm and VNNI's vpdpbusd (u8*s8 summed
- *    straight into int32, no int16 stage); signed weights move their sign
- *    onto the activations with a masked subtract (AVX-512 has no vpsignb);
- *  - K-quants: 64 elements per maddubs+madd (scales applied as int16 madd
- *    weights, as in the AVX2 code), half the instructions per token.
+ *  - legacy types, 2..4 tokens: two blocks per zmm and VNNI's vpdpbusd (u8*s8
+ *    summed straight into int32, no int16 stage); signed weights move their
+ *    sign onto the activations with a masked subtract (AVX-512 has no
+ *    vpsignb). GEMM +10..50%. For one token the pair-building shuffles cost
+ *    more than they save, so nx == 1 goes to the AVX2 kernel;
+ *  - Q6_K: 64 elements per maddubs+madd: ~2x, decode and GEMM;
+ *  - F32/F16: 16 lanes: +15..30%.
+ * Not here: Q4_K (a zmm vpmaddubsw has the same element throughput as two
+ * ymm ones on these cores, and the 512-bit version only added shuffles: it
+ * was 20% slower), and the rarer K-quants.
  * The integer block sums stay exact; results match the scalar reference to
  * float summation order. */
 #include "backend/cpu/quant_impl.h"
@@ -24,6 +28,10 @@
 
 #include "backend/cpu/quant_x86.h"
 
+/* The AVX2 kernels, for the cases the AVX-512 ones leave to them; filled
+ * once by ag_quant_kernels_avx512 (under the dispatcher's pthread_once). */
+static ag_dot_fn avx2_dot[AG_TYPE_COUNT];
+
 AI __m512i loadu512(const void *p) { return _mm512_loadu_si512(p); }
 AI __m512i pair_si(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 /* [a x8 | b x8] */
@@ -35,7 +43,7 @@ AI __m512 pair_ps(float a, float b) {
 
 /* SIGNED = 1: int8 weights (sign moved onto y); 0: unsigned weights with an
  * offset m (Q4_1, Q5_1), whose m*s terms are summed separately. */
-#define LEGACY512(name, BT, WQ, SIGNED)                                                           \
+#define LEGACY512(name, TYPE, BT, WQ, SIGNED)                                                           \
     AI void name##_pair(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m512 *acc, \
                         float *sm) {                                                             \
         const __m512i q = pair_si(WQ(&b[i]), WQ(&b[i + 1]));                                     \
@@ -83,55 +91,24 @@ AI __m512 pair_ps(float a, float b) {
         if (i < nb) name##_one(b, y, i, NX, acc1, sm);                                           \
         UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) + hsum8(acc1[t]) + sm[t]; \
     }                                                                                            \
-    AG_DOT_DISPATCH(name)
+    static void name(int64_t n, const void *w, const void *x, size_t x_stride, int nx, float *out) { \
+        switch (nx) {                                                                            \
+        case 1: avx2_dot[TYPE](n, w, x, x_stride, 1, out); break;                                \
+        case 2: name##_k(n, w, x, x_stride, 2, out); break;                                      \
+        case 3: name##_k(n, w, x, x_stride, 3, out); break;                                      \
+        default: name##_k(n, w, x, x_stride, 4, out); break;                                     \
+        }                                                                                        \
+    }
 
 #define LEGACY_M(b, i) 0.0f
-LEGACY512(dot_q4_0, ag_block_q4_0, wq_q4_0, 1)
-LEGACY512(dot_q5_0, ag_block_q5_0, wq_q5_0, 1)
-LEGACY512(dot_q8_0, ag_block_q8_0, wq_q8_0, 1)
+LEGACY512(dot_q4_0, AG_TYPE_Q4_0, ag_block_q4_0, wq_q4_0, 1)
+LEGACY512(dot_q5_0, AG_TYPE_Q5_0, ag_block_q5_0, wq_q5_0, 1)
+LEGACY512(dot_q8_0, AG_TYPE_Q8_0, ag_block_q8_0, wq_q8_0, 1)
 #undef LEGACY_M
 #define LEGACY_M(b, i) f16((b)[i].m)
-LEGACY512(dot_q4_1, ag_block_q4_1, wq_q4_1, 0)
-LEGACY512(dot_q5_1, ag_block_q5_1, wq_q5_1, 0)
+LEGACY512(dot_q4_1, AG_TYPE_Q4_1, ag_block_q4_1, wq_q4_1, 0)
+LEGACY512(dot_q5_1, AG_TYPE_Q5_1, ag_block_q5_1, wq_q5_1, 0)
 #undef LEGACY_M
-
-/* ---- Q4_K: 64 elements per step ---- */
-
-AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
-    const ag_block_q4_K *b = w;
-    const ag_block_q8_K *y[AG_DOT_MAX_NX];
-    __m512               acc[AG_DOT_MAX_NX];
-    __m128               accm[AG_DOT_MAX_NX];
-    UNROLL for (int t = 0; t < NX; t++) {
-        y[t] = (const ag_block_q8_K *)YROW(t);
-        acc[t] = _mm512_setzero_ps();
-        accm[t] = _mm_setzero_ps();
-    }
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    for (int64_t i = 0; i < n / AG_QK_K; i++) {
-        uint8_t sc[8], mn[8];
-        for (int j = 0; j < 8; j++) ag_k4_scale_min(j, b[i].scales, &sc[j], &mn[j]);
-        const __m128i mins16 = _mm_setr_epi16(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]);
-        const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
-        __m512i       sumi[AG_DOT_MAX_NX];
-        UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm512_setzero_si512();
-        UNROLL for (int j = 0; j < 4; j++) {
-            /* elements 64j..64j+31 are the low nibbles of qs[32j..], the next 32 the high */
-            const __m256i qv = loadu256(b[i].qs + 32 * j);
-            const __m512i q = pair_si(_mm256_and_si256(qv, m4), _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4));
-            const __m512i s = pair_si(_mm256_set1_epi16(sc[2 * j]), _mm256_set1_epi16(sc[2 * j + 1]));
-            UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm512_add_epi32(
-                sumi[t], _mm512_madd_epi16(_mm512_maddubs_epi16(q, loadu512(y[t][i].qs + 64 * j)), s));
-        }
-        UNROLL for (int t = 0; t < NX; t++) {
-            const float dy = y[t][i].d;
-            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(dy * d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
-            accm[t] = _mm_fmadd_ps(_mm_set1_ps(dy * dmin), _mm_cvtepi32_ps(k4_min_dot(&y[t][i], mins16)), accm[t]);
-        }
-    }
-    UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum4(accm[t]);
-}
-AG_DOT_DISPATCH(dot_q4_K)
 
 /* ---- Q6_K: 64 elements per step ---- */
 
@@ -235,6 +212,7 @@ FLOAT512(dot_f16, 2, wload16_f16, wload_f16, wscalar_f16)
 
 /* Compiled for the baseline target: only stores function pointers. */
 void ag_quant_kernels_avx512(ag_quant_kernels *k) {
+    memcpy(avx2_dot, k->dot, sizeof avx2_dot);
     k->dot[AG_TYPE_F32] = dot_f32;
     k->dot[AG_TYPE_F16] = dot_f16;
     k->dot[AG_TYPE_Q4_0] = dot_q4_0;
@@ -242,7 +220,6 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_0] = dot_q5_0;
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
-    k->dot[AG_TYPE_Q4_K] = dot_q4_K;
     k->dot[AG_TYPE_Q6_K] = dot_q6_K;
 }
 
