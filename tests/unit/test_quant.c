@@ -359,6 +359,26 @@ static void act_quant_bounds_and_isa_agreement(void **state) {
     free(back);
 }
 
+/* The word-parallel scale unpackers of the SIMD kernels against the
+ * per-element definitions (which dequantization checks against gguf-py). */
+static void scale_unpackers_match(void **state) {
+    for (int it = 0; it < 100000; it++) {
+        uint8_t q[12], out[16];
+        for (int i = 0; i < 12; i++) q[i] = (uint8_t)rnd();
+        ag_k4_scales_unpack(q, out);
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            ag_k4_scale_min(j, q, &sc, &m);
+            assert_int_equal(out[j], sc);
+            assert_int_equal(out[8 + j], m);
+        }
+        int8_t ref[16];
+        ag_q3k_scales(q, ref);
+        ag_q3k_scales_unpack(q, out);
+        for (int k = 0; k < 16; k++) assert_int_equal((int)out[k] - 32, ref[k]);
+    }
+}
+
 /* ---- dot products ---- */
 
 typedef struct {
@@ -397,16 +417,17 @@ static dot_ref reference_dot(uint32_t t, int64_t n, const uint8_t *w, const floa
 }
 
 static void dot_variants_agree(void **state) {
-    static const int64_t lens_q[] = {256, 512, 1024, 2304, 4096};
-    static const int64_t lens_f[] = {1, 7, 8, 15, 16, 33, 256, 1000, 4096};
+    static const int64_t lens_k[] = {256, 512, 1024, 2304, 4096};
+    static const int64_t lens_32[] = {32, 96, 160, 256, 1056, 4096}; /* odd block counts too */
+    static const int64_t lens_f[] = {1, 7, 8, 15, 16, 33, 47, 256, 1000, 4096};
     int                  checks = 0;
     for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
         uint32_t      t = k_dot_types[ti];
         ag_act_format f;
         assert_int_equal(ag_quant_act_format(t, &f), AG_OK);
         int            is_float = f == AG_ACT_F32;
-        const int64_t *lens = is_float ? lens_f : lens_q;
-        size_t         nl = is_float ? sizeof lens_f / 8 : sizeof lens_q / 8;
+        const int64_t *lens = is_float ? lens_f : f == AG_ACT_Q8A ? lens_32 : lens_k;
+        size_t         nl = is_float ? sizeof lens_f / 8 : f == AG_ACT_Q8A ? sizeof lens_32 / 8 : sizeof lens_k / 8;
         for (size_t li = 0; li < nl; li++) {
             int64_t n = lens[li];
             for (int rep = 0; rep < 3; rep++) {
@@ -711,6 +732,7 @@ int main(void) {
         cmocka_unit_test(fp16_exhaustive),
         cmocka_unit_test(bf16_rounding),
         cmocka_unit_test(act_quant_bounds_and_isa_agreement),
+        cmocka_unit_test(scale_unpackers_match),
         cmocka_unit_test(dot_variants_agree),
         cmocka_unit_test(dot_extremes),
         cmocka_unit_test(bad_input_is_an_error),

@@ -38,13 +38,15 @@
 
 /* ---- fp16 / bf16 ---- */
 
-/* Exact fp16 -> fp32 (subnormals, inf, NaN kept). Uses F16C when the CPU
- * has it; the portable path gives identical results. */
+/* Exact fp16 -> fp32 (subnormals, inf, NaN kept). Portable C. */
 float ag_fp16_to_fp32(uint16_t h);
 /* fp32 -> fp16, round to nearest even; overflow gives inf, NaN stays NaN. */
 uint16_t ag_fp32_to_fp16(float f);
-void     ag_fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n);
-void     ag_fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n);
+/* Row versions (src and dst must not overlap): F16C when the active ISA is
+ * not scalar and the CPU has it, with results identical to the scalar ones
+ * (tested exhaustively for fp16 -> fp32). */
+void ag_fp16_to_fp32_row(const uint16_t *src, float *dst, int64_t n);
+void ag_fp32_to_fp16_row(const float *src, uint16_t *dst, int64_t n);
 
 /* bf16 is the top half of an fp32: widening is exact. Narrowing rounds to
  * nearest even and turns NaN into a quiet NaN (as ggml does). */

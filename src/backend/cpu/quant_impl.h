@@ -132,6 +132,40 @@ static inline void ag_q3k_scales(const uint8_t *s, int8_t out[16]) {
     }
 }
 
+/* The same unpacking done four bytes at a time, for the SIMD kernels:
+ * out[0..7] = scales 0..7, out[8..15] = mins 0..7. Scales 0..3 are the low 6
+ * bits of bytes 0..3; scales 4..7 take their low nibble from bytes 8..11 and
+ * bits 4..5 from the top 2 bits of bytes 0..3; the mins likewise with bytes
+ * 4..7 and the high nibbles of bytes 8..11. */
+static inline void ag_k4_scales_unpack(const uint8_t *q, uint8_t out[16]) {
+    const uint32_t M6 = 0x3F3F3F3Fu, M4 = 0x0F0F0F0Fu, M2 = 0x03030303u;
+    uint32_t       u0, u1, u2, w[4];
+    memcpy(&u0, q, 4);
+    memcpy(&u1, q + 4, 4);
+    memcpy(&u2, q + 8, 4);
+    w[0] = u0 & M6;
+    w[1] = (u2 & M4) | (((u0 >> 6) & M2) << 4);
+    w[2] = u1 & M6;
+    w[3] = ((u2 >> 4) & M4) | (((u1 >> 6) & M2) << 4);
+    memcpy(out, w, 16);
+}
+
+/* ag_q3k_scales four bytes at a time, without the -32 bias (0..63). Scale k
+ * takes its low nibble from byte k (k < 8, low) or k-8 (high nibble) and
+ * bits 4..5 from byte 8 + k%4, shifted by 2*(k/4). */
+static inline void ag_q3k_scales_unpack(const uint8_t *s, uint8_t out[16]) {
+    const uint32_t M4 = 0x0F0F0F0Fu, M2 = 0x03030303u;
+    uint32_t       u0, u1, u2, w[4];
+    memcpy(&u0, s, 4);
+    memcpy(&u1, s + 4, 4);
+    memcpy(&u2, s + 8, 4);
+    w[0] = (u0 & M4) | ((u2 & M2) << 4);
+    w[1] = (u1 & M4) | (((u2 >> 2) & M2) << 4);
+    w[2] = ((u0 >> 4) & M4) | (((u2 >> 4) & M2) << 4);
+    w[3] = ((u1 >> 4) & M4) | (((u2 >> 6) & M2) << 4);
+    memcpy(out, w, 16);
+}
+
 /* Portable fp16 -> fp32 (exact, incl. subnormals, inf and NaN payloads). */
 static inline float ag_fp16_to_fp32_portable(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
