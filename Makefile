@@ -73,7 +73,7 @@ asan:
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=all" unit e2e
 
 FUZZ_CFLAGS := -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter -Isrc -Iinclude \
-               -O1 -g -fsanitize=fuzzer,address,undefined -pthread
+               -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -pthread
 FUZZ_BIN := $(FUZZ_SRC:fuzz/%.c=$(BUILD)/fuzz/%)
 fuzz: $(FUZZ_BIN)
 $(BUILD)/fuzz/%: fuzz/%.c $(LIB_SRC)
