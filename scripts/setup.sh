@@ -3,6 +3,9 @@
 # Debian machine; idempotent. The one place that installs things.
 #
 #   scripts/setup.sh             system packages + Python test deps + the default model
+#   scripts/setup.sh --test      ... + the models the default test run uses (the default
+#                                model, Gemma 3 270M and Qwen2.5 0.5B: their tokenizers,
+#                                templates and metadata are tested against references)
 #   scripts/setup.sh --no-model  skip the model download
 #   AUGUR_MODELS="smollm2 gemma3" scripts/setup.sh   choose which models to fetch
 set -euo pipefail
@@ -33,7 +36,9 @@ if ! $PY -c "import pytest, jinja2, gguf, numpy" 2>/dev/null; then
     $PY -m pip install -q --disable-pip-version-check --break-system-packages "${PY_PACKAGES[@]}"
 fi
 
-if [ "${1:-}" != "--no-model" ]; then
-  $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2}
-fi
+case "${1:-}" in
+  --no-model) ;;
+  --test) $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2 gemma3 qwen-0.5b} ;;
+  *) $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2} ;;
+esac
 echo "setup: done"
