@@ -83,6 +83,7 @@ ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const flo
 
 typedef struct {
     ag_dot_fn      dot;
+    ag_gemm_fn     gemm; /* NULL: rows one at a time through dot */
     const uint8_t *w;
     size_t         w_row_bytes;
     int64_t        n_in, n_out, n_tok;
@@ -100,7 +101,17 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     int64_t       t0 = tt * j->tok_per_task, t1 = t0 + j->tok_per_task;
     if (r1 > j->n_out) r1 = j->n_out;
     if (t1 > j->n_tok) t1 = j->n_tok;
-    for (int64_t r = r0; r < r1; r++) {
+    int64_t r = r0;
+    if (j->gemm) /* whole tiles of AG_GEMM_RM rows; the rest through dot */
+        for (; r + AG_GEMM_RM <= r1; r += AG_GEMM_RM) {
+            const uint8_t *wr = j->w + (size_t)r * j->w_row_bytes;
+            for (int64_t t = t0; t < t1; t += AG_DOT_MAX_NX) {
+                int nx = (int)(t1 - t < AG_DOT_MAX_NX ? t1 - t : AG_DOT_MAX_NX);
+                j->gemm(j->n_in, wr, j->w_row_bytes, j->xa + (size_t)t * j->xa_stride, j->xa_stride, nx,
+                        j->y + t * j->ldy + r, j->ldy);
+            }
+        }
+    for (; r < r1; r++) {
         const uint8_t *wr = j->w + (size_t)r * j->w_row_bytes;
         for (int64_t t = t0; t < t1; t += AG_DOT_MAX_NX) {
             int   nx = (int)(t1 - t < AG_DOT_MAX_NX ? t1 - t : AG_DOT_MAX_NX);
@@ -115,6 +126,8 @@ static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int6
                        const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy) {
     mm_job j = {0};
     j.dot = ag_quant_kernels_active()->dot[w_type];
+    /* one token: the row-at-a-time kernels measured faster (decode) */
+    j.gemm = n_tok >= 2 ? ag_quant_kernels_active()->gemm[w_type] : NULL;
     j.w = w;
     j.w_row_bytes = ag_quant_row_bytes(w_type, n_in);
     j.n_in = n_in, j.n_out = n_out, j.n_tok = n_tok;
@@ -134,6 +147,7 @@ static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int6
     int64_t rows = (n_out + row_tasks - 1) / row_tasks;
     if (threads == 1) rows = n_out; /* one task: no scheduling at all */
     if (rows < 4) rows = 4;
+    rows = (rows + AG_GEMM_RM - 1) / AG_GEMM_RM * AG_GEMM_RM; /* whole tiles per task */
     if (rows > n_out) rows = n_out;
     j.rows_per_task = rows;
     j.n_row_tasks = (n_out + rows - 1) / rows;

@@ -110,6 +110,104 @@ LEGACY512(dot_q4_1, AG_TYPE_Q4_1, ag_block_q4_1, wq_q4_1, 0)
 LEGACY512(dot_q5_1, AG_TYPE_Q5_1, ag_block_q5_1, wq_q5_1, 0)
 #undef LEGACY_M
 
+
+/* ---- legacy types: AG_GEMM_RM rows x NX tokens tiles ----
+ *
+ * The weights enter vpdpbusd as unsigned bytes u = q + OFF (OFF = 8 for
+ * Q4_0, 16 for Q5_0, 128 for Q8_0: just the stored bits, or q ^ 0x80; 0 for
+ * the offset types, whose q is unsigned already), so no per-token sign
+ * moving is needed: Σ u*y = Σ q*y + OFF*Σy, and each token's int32
+ * accumulator starts at -OFF*Σy (one vpdpbusd per token and block pair,
+ * shared by the RM rows). All of it is exact int32 (|Σ| <= 4*255*128 per
+ * lane step). Per block pair a row costs one unpack, a token one load, and a
+ * (row, token) pair vpdpbusd + cvt + mul + fma. The offset types' m*s term
+ * goes into the same accumulator as (m/8)*s on each of the block's 8 lanes
+ * (scaling by 1/8 is exact), so it needs no scalar work. */
+AI __m256i wu_q4_0(const ag_block_q4_0 *b) { return unpack_nib16(b->qs); }
+AI __m256i wu_q5_0(const ag_block_q5_0 *b) {
+    return _mm256_or_si256(unpack_nib16(b->qs), _mm256_and_si256(bits_to_bytes(b->qh), _mm256_set1_epi8(0x10)));
+}
+AI __m256i wu_q8_0(const ag_block_q8_0 *b) { return _mm256_xor_si256(loadu256(b->qs), _mm256_set1_epi8((char)0x80)); }
+AI __m512i zext256(__m256i v) { return _mm512_inserti64x4(_mm512_setzero_si512(), v, 0); }
+
+#define GEMM512(name, BT, WU, OFF, HAS_M)                                                               \
+    AI void name##_gstep(const BT *const *b, const ag_block_q8a *const *y, int64_t i, const int NX,     \
+                         const int TWO, __m512 acc[AG_GEMM_RM][AG_DOT_MAX_NX]) {                       \
+        __m512i wu[AG_GEMM_RM];                                                                        \
+        __m512  wd[AG_GEMM_RM], wm[AG_GEMM_RM];                                                        \
+        UNROLL for (int r = 0; r < AG_GEMM_RM; r++) {                                                  \
+            wu[r] = TWO ? pair_si(WU(&b[r][i]), WU(&b[r][i + 1])) : zext256(WU(&b[r][i]));             \
+            wd[r] = pair_ps(f16(b[r][i].d), TWO ? f16(b[r][i + 1].d) : 0.0f);                          \
+            wm[r] = HAS_M ? pair_ps(GEMM_M(b[r], i) * 0.125f, TWO ? GEMM_M(b[r], i + 1) * 0.125f : 0.0f) \
+                          : _mm512_setzero_ps();                                                       \
+        }                                                                                              \
+        UNROLL for (int t = 0; t < NX; t++) {                                                          \
+            const __m512i yv = TWO ? pair_si(loadu256(y[t][i].qs), loadu256(y[t][i + 1].qs))           \
+                                   : zext256(loadu256(y[t][i].qs));                                    \
+            const __m512  yd = pair_ps(y[t][i].d, TWO ? y[t][i + 1].d : 0.0f);                          \
+            const __m512i c0 = OFF ? _mm512_sub_epi32(_mm512_setzero_si512(),                          \
+                                                      _mm512_dpbusd_epi32(_mm512_setzero_si512(),      \
+                                                                          _mm512_set1_epi8((char)OFF), yv)) \
+                                   : _mm512_setzero_si512();                                           \
+            const __m512 ys = HAS_M ? pair_ps(y[t][i].s, TWO ? y[t][i + 1].s : 0.0f) : _mm512_setzero_ps(); \
+            UNROLL for (int r = 0; r < AG_GEMM_RM; r++) {                                              \
+                __m512i p = _mm512_dpbusd_epi32(c0, wu[r], yv);                                        \
+                acc[r][t] = _mm512_fmadd_ps(_mm512_mul_ps(wd[r], yd), _mm512_cvtepi32_ps(p), acc[r][t]); \
+                if (HAS_M) acc[r][t] = _mm512_fmadd_ps(wm[r], ys, acc[r][t]);                          \
+            }                                                                                          \
+        }                                                                                              \
+    }                                                                                                  \
+    AI void name##_gk(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride,        \
+                      const int NX, float *out, int64_t ldy) {                                         \
+        const BT           *b[AG_GEMM_RM];                                                             \
+        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                          \
+        __m512              acc[AG_GEMM_RM][AG_DOT_MAX_NX];                                            \
+        UNROLL for (int r = 0; r < AG_GEMM_RM; r++) {                                                  \
+            b[r] = (const BT *)((const uint8_t *)w + (size_t)r * w_stride);                            \
+            UNROLL for (int t = 0; t < NX; t++) acc[r][t] = _mm512_setzero_ps();                       \
+        }                                                                                              \
+        UNROLL for (int t = 0; t < NX; t++) y[t] = (const ag_block_q8a *)YROW(t);                      \
+        const int64_t nb = n / AG_QK;                                                                  \
+        int64_t       i = 0;                                                                           \
+        for (; i + 2 <= nb; i += 2) name##_gstep(b, y, i, NX, 1, acc);                                 \
+        if (i < nb) name##_gstep(b, y, i, NX, 0, acc);                                                 \
+        UNROLL for (int r = 0; r < AG_GEMM_RM; r++) {                                                  \
+            __m128 s = hsum4x16(acc[r], NX);                                                           \
+            float  o[4];                                                                               \
+            _mm_storeu_ps(o, s);                                                                       \
+            UNROLL for (int t = 0; t < NX; t++) out[t * ldy + r] = o[t];                               \
+        }                                                                                              \
+    }                                                                                                  \
+    static void name##_gemm(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride,  \
+                            int nx, float *out, int64_t ldy) {                                         \
+        switch (nx) {                                                                                  \
+        case 1: name##_gk(n, w, w_stride, x, x_stride, 1, out, ldy); break;                            \
+        case 2: name##_gk(n, w, w_stride, x, x_stride, 2, out, ldy); break;                            \
+        case 3: name##_gk(n, w, w_stride, x, x_stride, 3, out, ldy); break;                            \
+        default: name##_gk(n, w, w_stride, x, x_stride, 4, out, ldy); break;                           \
+        }                                                                                              \
+    }
+
+/* The lane sums of up to four accumulators, as one vector (t-th lane: a[t]). */
+AI __m128 hsum4x16(const __m512 *a, const int NX) {
+    __m256 h[4];
+    UNROLL for (int t = 0; t < 4; t++)
+        h[t] = t < NX ? _mm256_add_ps(_mm512_castps512_ps256(a[t]), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[t]), 1)))
+                      : _mm256_setzero_ps();
+    __m256 s = _mm256_hadd_ps(_mm256_hadd_ps(h[0], h[1]), _mm256_hadd_ps(h[2], h[3]));
+    return _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+}
+
+#define GEMM_M(b, i) 0.0f
+GEMM512(dot_q4_0, ag_block_q4_0, wu_q4_0, 8, 0)
+GEMM512(dot_q5_0, ag_block_q5_0, wu_q5_0, 16, 0)
+GEMM512(dot_q8_0, ag_block_q8_0, wu_q8_0, 128, 0)
+#undef GEMM_M
+#define GEMM_M(b, i) f16((b)[i].m)
+GEMM512(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1)
+GEMM512(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1)
+#undef GEMM_M
+
 /* ---- Q6_K: 64 elements per step ---- */
 
 /* int16 lane l of a scale vector for 64 elements starting at sub-block k
@@ -221,6 +319,11 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
     k->dot[AG_TYPE_Q6_K] = dot_q6_K;
+    k->gemm[AG_TYPE_Q4_0] = dot_q4_0_gemm;
+    k->gemm[AG_TYPE_Q4_1] = dot_q4_1_gemm;
+    k->gemm[AG_TYPE_Q5_0] = dot_q5_0_gemm;
+    k->gemm[AG_TYPE_Q5_1] = dot_q5_1_gemm;
+    k->gemm[AG_TYPE_Q8_0] = dot_q8_0_gemm;
 }
 
 #else

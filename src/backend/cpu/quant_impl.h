@@ -192,11 +192,20 @@ static inline float ag_fp16_to_fp32_portable(uint16_t h) {
 #define AG_DOT_MAX_NX 4
 typedef void (*ag_dot_fn)(int64_t n, const void *w, const void *x, size_t x_stride, int nx,
                           float *out);
+/* A GEMM micro-kernel: AG_GEMM_RM weight rows lying w_stride bytes apart
+ * times nx (1..AG_DOT_MAX_NX) activation rows x_stride bytes apart;
+ * y[t*ldy + r] = Σ_i w_r[i] * x_t[i]. Each unpacked weight block is reused
+ * for all nx tokens and each activation block for all AG_GEMM_RM rows. NULL
+ * in the table where an ISA has none (matmul then uses the dot kernel). */
+#define AG_GEMM_RM 4
+typedef void (*ag_gemm_fn)(int64_t n, const void *w, size_t w_stride, const void *x, size_t x_stride, int nx,
+                           float *y, int64_t ldy);
 /* Converts n floats to an activation row (n a multiple of the block size). */
 typedef void (*ag_act_quant_fn)(const float *x, void *dst, int64_t n);
 
 typedef struct {
     ag_dot_fn       dot[AG_TYPE_COUNT];
+    ag_gemm_fn      gemm[AG_TYPE_COUNT];
     ag_act_quant_fn quant_q8a;
     ag_act_quant_fn quant_q8k;
 } ag_quant_kernels;
