@@ -492,6 +492,76 @@ static void dot_variants_agree(void **state) {
     print_message("dot: %d SIMD/scalar comparisons over %d ISAs\n", checks, n_isas);
 }
 
+
+/* The GEMM tile kernels (where an ISA has them): every (row, token) output
+ * of a tile equals the scalar dot of that pair, for weight rows and
+ * activation rows at odd addresses and padded strides, odd block counts,
+ * and every token count; outputs outside the tile stay untouched. */
+static void gemm_tiles_agree(void **state) {
+    static const int64_t lens_32[] = {32, 96, 640, 1056};
+    static const int64_t lens_k[] = {256, 768};
+    int                  checks = 0;
+    for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
+        uint32_t      t = k_dot_types[ti];
+        ag_act_format f;
+        assert_int_equal(ag_quant_act_format(t, &f), AG_OK);
+        if (f == AG_ACT_F32) continue;
+        const int64_t *lens = f == AG_ACT_Q8A ? lens_32 : lens_k;
+        size_t         nl = f == AG_ACT_Q8A ? 4 : 2;
+        for (size_t li = 0; li < nl; li++) {
+            int64_t  n = lens[li];
+            size_t   wrb = ag_quant_row_bytes(t, n), wstride = wrb + 5;
+            uint8_t *w = random_weights(t, n * AG_GEMM_RM, NULL);
+            uint8_t *wp = malloc(wstride * AG_GEMM_RM + 1); /* rows at odd addresses, padded */
+            for (int r = 0; r < AG_GEMM_RM; r++) memcpy(wp + 1 + r * wstride, w + r * wrb, wrb);
+            size_t   xrb = ag_act_row_bytes(f, n), xstride = xrb + 7;
+            float   *x = malloc((size_t)(4 * n) * 4);
+            uint8_t *xq = malloc(4 * xstride + 3);
+            for (int64_t i = 0; i < 4 * n; i++) x[i] = nrand() * (li & 1 ? 50.0f : 1.0f);
+            for (int k = 0; k < 4; k++)
+                assert_int_equal(ag_quantize_act_row(f, x + k * n, xq + 3 + k * xstride, n), AG_OK);
+            float  ref[AG_GEMM_RM][4];
+            double absw[AG_GEMM_RM][4];
+            assert_int_equal(ag_cpu_isa_set(AG_CPU_ISA_SCALAR), AG_OK);
+            for (int r = 0; r < AG_GEMM_RM; r++)
+                for (int k = 0; k < 4; k++) {
+                    assert_int_equal(ag_vec_dot(t, n, w + r * wrb, xq + 3 + k * xstride, &ref[r][k]), AG_OK);
+                    absw[r][k] = reference_dot(t, n, w + r * wrb, x + k * n, xq + 3 + k * xstride).abs;
+                }
+            for (int ik = 0; ik < n_isas; ik++) {
+                assert_int_equal(ag_cpu_isa_set(isas[ik]), AG_OK);
+                ag_gemm_fn g = ag_quant_kernels_active()->gemm[t];
+                if (!g) continue;
+                for (int nx = 1; nx <= 4; nx++) {
+                    const int64_t ldy = AG_GEMM_RM + 2;
+                    float         y[4 * (AG_GEMM_RM + 2)];
+                    for (int i = 0; i < 4 * ldy; i++) y[i] = -12345.0f;
+                    g(n, wp + 1, wstride, xq + 3, xstride, nx, y, ldy);
+                    for (int k = 0; k < 4; k++)
+                        for (int r = 0; r < ldy; r++) {
+                            float v = y[k * ldy + r];
+                            if (k >= nx || r >= AG_GEMM_RM) {
+                                assert_true(v == -12345.0f);
+                                continue;
+                            }
+                            double tol = 1e-5 * absw[r][k] + 1e-30;
+                            if (!(fabs(v - ref[r][k]) <= tol))
+                                fail_msg("%s %s gemm n=%lld nx=%d row %d tok %d: %.9g vs scalar %.9g",
+                                         ag_cpu_isa_name(isas[ik]), tname(t), (long long)n, nx, r, k, v, ref[r][k]);
+                            checks++;
+                        }
+                }
+            }
+            free(w);
+            free(wp);
+            free(x);
+            free(xq);
+        }
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    print_message("gemm: %d tile outputs checked against scalar dots\n", checks);
+}
+
 /* Extreme but valid blocks: all weight bits set, activations at ±127, to
  * exercise the int16 saturation limits of the SIMD paths. */
 static void dot_extremes(void **state) {
@@ -734,6 +804,7 @@ int main(void) {
         cmocka_unit_test(act_quant_bounds_and_isa_agreement),
         cmocka_unit_test(scale_unpackers_match),
         cmocka_unit_test(dot_variants_agree),
+        cmocka_unit_test(gemm_tiles_agree),
         cmocka_unit_test(dot_extremes),
         cmocka_unit_test(bad_input_is_an_error),
         cmocka_unit_test(matmul_matches_float64),
