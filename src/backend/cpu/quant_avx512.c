@@ -130,13 +130,40 @@ AI __m256i wu_q5_0(const ag_block_q5_0 *b) {
 AI __m256i wu_q8_0(const ag_block_q8_0 *b) { return _mm256_xor_si256(loadu256(b->qs), _mm256_set1_epi8((char)0x80)); }
 AI __m512i zext256(__m256i v) { return _mm512_inserti64x4(_mm512_setzero_si512(), v, 0); }
 
-#define GEMM512(name, BT, WU, OFF, HAS_M)                                                               \
+/* Two blocks' 16 nibble bytes -> 64 bytes [b0 lo, b0 hi, b1 lo, b1 hi] (the
+ * element order of pair_si of two unpack_nib16), with one shift for both. */
+AI __m512i nib_pair(const uint8_t *qs0, const uint8_t *qs1) {
+    __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_broadcastsi128_si256(loadu128(qs0))),
+                                   _mm256_broadcastsi128_si256(loadu128(qs1)), 1);
+    v = _mm512_srlv_epi64(v, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4));
+    return _mm512_and_si512(v, _mm512_set1_epi8(0xF));
+}
+/* Two blocks' 32-bit qh as a mask over the 64 bytes of a pair. */
+AI __mmask64 qh_pair(const uint8_t *qh0, const uint8_t *qh1) {
+    uint32_t a, b;
+    memcpy(&a, qh0, 4);
+    memcpy(&b, qh1, 4);
+    return _cvtu64_mask64((uint64_t)a | (uint64_t)b << 32);
+}
+AI __m512i wu2_q4_0(const ag_block_q4_0 *b0, const ag_block_q4_0 *b1) { return nib_pair(b0->qs, b1->qs); }
+AI __m512i wu2_q4_1(const ag_block_q4_1 *b0, const ag_block_q4_1 *b1) { return nib_pair(b0->qs, b1->qs); }
+AI __m512i wu2_q5_0(const ag_block_q5_0 *b0, const ag_block_q5_0 *b1) {
+    __m512i v = nib_pair(b0->qs, b1->qs);
+    return _mm512_mask_add_epi8(v, qh_pair(b0->qh, b1->qh), v, _mm512_set1_epi8(0x10));
+}
+AI __m512i wu2_q5_1(const ag_block_q5_1 *b0, const ag_block_q5_1 *b1) {
+    __m512i v = nib_pair(b0->qs, b1->qs);
+    return _mm512_mask_add_epi8(v, qh_pair(b0->qh, b1->qh), v, _mm512_set1_epi8(0x10));
+}
+AI __m512i wu2_q8_0(const ag_block_q8_0 *b0, const ag_block_q8_0 *b1) { return pair_si(wu_q8_0(b0), wu_q8_0(b1)); }
+
+#define GEMM512(name, BT, WU, WU2, OFF, HAS_M)                                                               \
     AI void name##_gstep(const BT *const *b, const ag_block_q8a *const *y, int64_t i, const int NX,     \
                          const int TWO, __m512 acc[AG_GEMM_RM][AG_DOT_MAX_NX]) {                       \
         __m512i wu[AG_GEMM_RM];                                                                        \
         __m512  wd[AG_GEMM_RM], wm[AG_GEMM_RM];                                                        \
         UNROLL for (int r = 0; r < AG_GEMM_RM; r++) {                                                  \
-            wu[r] = TWO ? pair_si(WU(&b[r][i]), WU(&b[r][i + 1])) : zext256(WU(&b[r][i]));             \
+            wu[r] = TWO ? WU2(&b[r][i], &b[r][i + 1]) : zext256(WU(&b[r][i]));                       \
             wd[r] = pair_ps(f16(b[r][i].d), TWO ? f16(b[r][i + 1].d) : 0.0f);                          \
             wm[r] = HAS_M ? pair_ps(GEMM_M(b[r], i) * 0.125f, TWO ? GEMM_M(b[r], i + 1) * 0.125f : 0.0f) \
                           : _mm512_setzero_ps();                                                       \
@@ -199,13 +226,13 @@ AI __m128 hsum4x16(const __m512 *a, const int NX) {
 }
 
 #define GEMM_M(b, i) 0.0f
-GEMM512(dot_q4_0, ag_block_q4_0, wu_q4_0, 8, 0)
-GEMM512(dot_q5_0, ag_block_q5_0, wu_q5_0, 16, 0)
-GEMM512(dot_q8_0, ag_block_q8_0, wu_q8_0, 128, 0)
+GEMM512(dot_q4_0, ag_block_q4_0, wu_q4_0, wu2_q4_0, 8, 0)
+GEMM512(dot_q5_0, ag_block_q5_0, wu_q5_0, wu2_q5_0, 16, 0)
+GEMM512(dot_q8_0, ag_block_q8_0, wu_q8_0, wu2_q8_0, 128, 0)
 #undef GEMM_M
 #define GEMM_M(b, i) f16((b)[i].m)
-GEMM512(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1)
-GEMM512(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1)
+GEMM512(dot_q4_1, ag_block_q4_1, wq_q4_1, wu2_q4_1, 0, 1)
+GEMM512(dot_q5_1, ag_block_q5_1, wq_q5_1, wu2_q5_1, 0, 1)
 #undef GEMM_M
 
 /* ---- Q6_K: 64 elements per step ---- */
