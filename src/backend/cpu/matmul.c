@@ -2,7 +2,10 @@
  *
  * Tiling: a task owns a range of weight rows and a chunk of tokens. Inside,
  * each weight row is read from memory once and multiplied with the chunk's
- * tokens four at a time (the kernels unpack a block once per 4 tokens). The
+ * tokens four at a time (the kernels unpack a block once per 4 tokens);
+ * where the ISA has a tile kernel (AVX-512 VNNI, legacy types) rows go four
+ * at a time too, so each activation block is also loaded once per 4 rows
+ * (prefill only: for one token the row kernels measured faster). The
  * token chunk is sized so its activations stay in L2 while the task walks
  * its rows; the row range is sized for about 8 tasks per thread so dynamic
  * scheduling absorbs uneven threads. */
