@@ -407,6 +407,13 @@ static json_t *chat_lp_entry(srv_job *j, const srv_event *e) {
     return ent;
 }
 
+/* text_offset counts characters (as Python and OpenAI do), not bytes. */
+static size_t n_chars(const char *p, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)p[i] & 0xC0) != 0x80;
+    return c;
+}
+
 static json_t *completion_lp_new(void) {
     json_t *lp = json_object();
     json_object_set_new(lp, "tokens", json_array());
@@ -439,12 +446,13 @@ static void completion_lp_add(srv_job *j, json_t *lp, choice_out *c, const srv_e
         json_array_append_new(json_object_get(lp, "top_logprobs"), json_null());
     }
     json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)c->offset));
-    c->offset += n;
+    c->offset += n_chars(p, n);
 }
 
 /* Echoed prompt tokens in completions logprobs: no logprob for them. */
 static void completion_lp_prompt(srv_job *j, json_t *lp, choice_out *c, const int32_t *ids, size_t n_ids,
-                                 bool skip_bos) {
+                                 bool skip_bos, const char *echo, size_t echo_len) {
+    bool first = true;
     for (size_t i = 0; i < n_ids; i++) {
         if (i == 0 && skip_bos && ids[0] == ag_tok_bos(j->s->tok)) continue;
         const char *p;
@@ -453,7 +461,11 @@ static void completion_lp_prompt(srv_job *j, json_t *lp, choice_out *c, const in
         json_array_append_new(json_object_get(lp, "token_logprobs"), json_null());
         json_array_append_new(json_object_get(lp, "top_logprobs"), json_null());
         json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)c->offset));
-        c->offset += n;
+        size_t adv = n_chars(p, n);
+        /* SentencePiece's inserted space is not in the echoed text */
+        if (first && n && p[0] == ' ' && !(echo_len && echo[0] == ' ')) adv--;
+        c->offset += adv;
+        first = false;
     }
 }
 
@@ -1344,11 +1356,12 @@ void srv_route_completions(srv_req *rq, srv_resp *out) {
     }
     for (int i = 0; i < j->n_choices; i++) {
         choice_out *c = &j->ch[i];
-        if (j->echo) c->offset = j->echo_len[c->prompt];
+        if (j->echo) c->offset = n_chars(j->echo[c->prompt], j->echo_len[c->prompt]);
         if (o.echo && o.logprobs && !o.stream) {
             c->offset = 0;
             c->lp = completion_lp_new();
-            completion_lp_prompt(j, c->lp, c, ids[c->prompt], n_ids[c->prompt], from_text[c->prompt]);
+            completion_lp_prompt(j, c->lp, c, ids[c->prompt], n_ids[c->prompt], from_text[c->prompt],
+                                 j->echo[c->prompt], j->echo_len[c->prompt]);
         }
     }
     srv_job *jj = j;
