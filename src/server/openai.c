@@ -719,19 +719,31 @@ static void collect_event(srv_job *j, srv_event *e) {
 
 /* Waits for every choice, watching for the client going away. Returns
  * false if it did (the request was cancelled). */
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
 static bool collect_all(srv_job *j) {
+    double next_check = mono_ms() + 200;
     for (;;) {
-        srv_event *e = srv_gen_next(j->gen, 250);
+        srv_event *e = srv_gen_next(j->gen, 200);
         if (e) {
             collect_event(j, e);
             free(e->error);
             free(e);
-            continue;
+        } else if (srv_gen_finished(j->gen)) {
+            return true;
         }
-        if (srv_gen_finished(j->gen)) return true;
-        if (srv_client_gone(j->conn)) {
-            srv_gen_cancel(j->gen);
-            return false;
+        /* events may flow without pause: look at the socket on a clock */
+        double now = mono_ms();
+        if (now >= next_check) {
+            next_check = now + 200;
+            if (srv_client_gone(j->conn)) {
+                srv_gen_cancel(j->gen);
+                return false;
+            }
         }
     }
 }
