@@ -314,6 +314,7 @@ typedef struct srv_job {
     bool                   chat, stream, include_usage, logprobs, tools;
     int                    top_logprobs;
     ag_tool_format         tf;
+    json_t                *tool_list; /* the request's tools (owned), when tools are active */
     int                    n_choices;
     choice_out            *ch;
     char                 **echo; /* per prompt (completions with echo) */
@@ -330,6 +331,7 @@ typedef struct srv_job {
 static void job_free(srv_job *j) {
     if (!j) return;
     srv_gen_release(j->gen);
+    json_decref(j->tool_list);
     for (int i = 0; i < j->n_choices; i++) {
         ag_buf_free(&j->ch[i].text);
         free(j->ch[i].error);
@@ -612,7 +614,7 @@ static void stream_event(srv_job *j, srv_event *e) {
     json_t *calls = NULL;
     if (j->tools) {
         ag_buf rest = {0};
-        if (ag_server_parse_tool_calls(j->tf, c->text.data, c->text.len, &calls, &rest)) {
+        if (ag_server_parse_tool_calls(j->tf, c->text.data, c->text.len, j->tool_list, &calls, &rest)) {
             if (e->finish == AG_FINISH_STOP) reason = "tool_calls";
         } else {
             /* not a call after all: release what was held back */
@@ -775,7 +777,7 @@ static void respond_collected(srv_job *j, srv_resp *out) {
             json_object_set_new(msg, "role", json_string("assistant"));
             json_t *calls = NULL;
             ag_buf content = {0};
-            if (j->tools && ag_server_parse_tool_calls(j->tf, text, c->text.len, &calls, &content)) {
+            if (j->tools && ag_server_parse_tool_calls(j->tf, text, c->text.len, j->tool_list, &calls, &content)) {
                 json_object_set_new(msg, "content", content.len ? srv_jstr(content.data, content.len) : json_null());
                 json_object_set_new(msg, "tool_calls", calls);
                 if (c->finish == AG_FINISH_STOP) reason = "tool_calls";
@@ -1234,6 +1236,7 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     }
     if (tools) {
         j->tools = true;
+        j->tool_list = json_incref(tools);
         j->tf = s->tmpl_has_tools ? s->tool_format : AG_TOOLS_HERMES;
     }
     if (ag_log_enabled(AG_LOG_DEBUG)) AG_LOGD("chat prompt (%zu tokens): %s", n_ids, ag_buf_cstr(&prompt));

@@ -88,6 +88,12 @@ typedef enum {
 ag_tool_format ag_server_tool_format(const char *template_src, size_t len);
 
 /* Parses tool calls out of a complete model output text[0..len).
+ * Conventions: <tool_call>{json}</tool_call> blocks (not for LLAMA3; when a
+ * tag is present, the tags decide), else the whole output as one or more
+ * bare JSON objects {"name", "arguments"|"parameters"}, optionally after
+ * <|python_tag|> and separated by ';' -- accepted only when every name is
+ * one of `tools` (the request's OpenAI tools array), so that a plain JSON
+ * answer stays content.
  * Returns true when the text holds at least one well-formed call: *calls
  * gets a new JSON array of OpenAI tool calls ({"id", "type": "function",
  * "function": {"name", "arguments": <JSON string>}}; the caller decrefs) and
@@ -95,10 +101,13 @@ ag_tool_format ag_server_tool_format(const char *template_src, size_t len);
  * (possibly empty). Returns false (nothing allocated, content untouched)
  * when there is no call or any call is malformed: the caller then treats the
  * whole text as plain content. */
-bool ag_server_parse_tool_calls(ag_tool_format f, const char *text, size_t len, json_t **calls, ag_buf *content);
+bool ag_server_parse_tool_calls(ag_tool_format f, const char *text, size_t len, const json_t *tools, json_t **calls,
+                                ag_buf *content);
 
 /* For streaming: how many bytes of the output so far, text[0..len), can be
- * sent as content because they cannot belong to a tool call. */
+ * sent as content because they cannot belong to a tool call (an output that
+ * starts like a bare JSON call is held whole; otherwise the text before a
+ * <tool_call> tag, or before a tail that could become one). */
 size_t ag_server_tool_safe_prefix(ag_tool_format f, const char *text, size_t len);
 
 #endif

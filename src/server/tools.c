@@ -149,11 +149,36 @@ fail:
     return false;
 }
 
-bool ag_server_parse_tool_calls(ag_tool_format f, const char *text, size_t len, json_t **calls, ag_buf *content) {
+static bool names_known(json_t *calls, const json_t *tools) {
+    size_t i;
+    json_t *call;
+    json_array_foreach(calls, i, call) {
+        const char *name = json_string_value(json_object_get(json_object_get(call, "function"), "name"));
+        bool found = false;
+        size_t k;
+        json_t *t;
+        json_array_foreach(tools, k, t) {
+            const char *tn = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+            if (tn && name && !strcmp(tn, name)) found = true;
+        }
+        if (!found) return false;
+    }
+    return true;
+}
+
+bool ag_server_parse_tool_calls(ag_tool_format f, const char *text, size_t len, const json_t *tools, json_t **calls,
+                                ag_buf *content) {
     *calls = NULL;
     if (!text) return false;
-    if (f != AG_TOOLS_LLAMA3 && parse_hermes(text, len, calls, content)) return true;
-    if (f != AG_TOOLS_HERMES && parse_llama3(text, len, calls)) return true;
+    /* Tagged calls are unambiguous: the tags decide. */
+    if (f != AG_TOOLS_LLAMA3 && find(text, len, k_open)) return parse_hermes(text, len, calls, content);
+    /* A bare JSON object is Llama 3.1's convention, and small Hermes-style
+     * models (Qwen2.5 0.5B) often drop the tags too. Plain JSON answers must
+     * stay content, so a bare call only counts when it names a given tool. */
+    if (!parse_llama3(text, len, calls)) return false;
+    if (tools && json_is_array(tools) && names_known(*calls, tools)) return true;
+    json_decref(*calls);
+    *calls = NULL;
     return false;
 }
 
@@ -167,21 +192,16 @@ static size_t partial_tag_suffix(const char *s, size_t len, const char *tag) {
 }
 
 size_t ag_server_tool_safe_prefix(ag_tool_format f, const char *text, size_t len) {
-    size_t safe = len;
-    if (f != AG_TOOLS_HERMES) {
-        /* a Llama-style call starts the output: hold everything while it
-         * could still be one */
-        size_t i = 0;
-        while (i < len && is_space(text[i])) i++;
-        if (i == len) return 0;
-        size_t rest = len - i, tlen = strlen(k_python_tag);
-        if (text[i] == '{') return 0;
-        if (!memcmp(text + i, k_python_tag, rest < tlen ? rest : tlen)) return 0;
-    }
-    if (f != AG_TOOLS_LLAMA3) {
-        const char *o = find(text, len, k_open);
-        if (o) safe = (size_t)(o - text);
-        else safe = len - partial_tag_suffix(text, len, k_open);
-    }
-    return safe;
+    /* a bare call starts the output: hold everything while it could still
+     * be one */
+    size_t i = 0;
+    while (i < len && is_space(text[i])) i++;
+    if (i == len) return 0;
+    size_t rest = len - i, tlen = strlen(k_python_tag);
+    if (text[i] == '{') return 0;
+    if (!memcmp(text + i, k_python_tag, rest < tlen ? rest : tlen)) return 0;
+    if (f == AG_TOOLS_LLAMA3) return len;
+    const char *o = find(text, len, k_open);
+    if (o) return (size_t)(o - text);
+    return len - partial_tag_suffix(text, len, k_open);
 }
