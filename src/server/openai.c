@@ -211,6 +211,12 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
         }
     }
 
+    for (int i = 0; i < o->n_stops; i++)
+        if (!o->stops[i]) {
+            srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
+            return false;
+        }
+
     /* logit_bias: {"token id": bias in [-100, 100]} */
     json_t *lb = json_object_get(b, "logit_bias");
     if (lb && !json_is_null(lb)) {
