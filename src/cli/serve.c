@@ -23,6 +23,7 @@ static const char usage[] =
     "  --parallel N        sequences generated at once (default 4)\n"
     "  --ctx N             context per sequence (default: the model's, at most 4096)\n"
     "  --max-queue N       requests waiting for a slot before 429s (default 64)\n"
+    "  --batch N           tokens per engine step; smaller prompt chunks keep streams smoother (default 512)\n"
     "  -t THREADS          CPU threads (default: all cores)\n"
     "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
     "  --max-body BYTES    request body limit (default 8388608)\n"
@@ -41,7 +42,7 @@ int ag_cli_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *api_key = getenv("AUGUR_API_KEY"), *cors = NULL,
                *alias = NULL;
     long port = 8080, parallel = 4, ctx = 0, max_queue = 64, threads = 0, max_body = 8L << 20, max_conn = 256,
-         timeout = 60;
+         timeout = 60, batch = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -59,6 +60,7 @@ int ag_cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "--parallel")) ok = ag_cli_parse_long(v, 1, 256, &parallel);
         else if (!strcmp(a, "--ctx")) ok = ag_cli_parse_long(v, 2, 1 << 24, &ctx);
         else if (!strcmp(a, "--max-queue")) ok = ag_cli_parse_long(v, 0, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--batch")) ok = ag_cli_parse_long(v, 1, 1 << 16, &batch);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
         else if (!strcmp(a, "--max-body")) ok = ag_cli_parse_long(v, 1, 1L << 30, &max_body);
         else if (!strcmp(a, "--max-connections")) ok = ag_cli_parse_long(v, 1, 65536, &max_conn);
@@ -107,6 +109,7 @@ int ag_cli_serve(int argc, char **argv) {
     ep.n_parallel = (int)parallel;
     ep.n_ctx = (int)ctx;
     ep.max_queue = (int)max_queue;
+    if (batch) ep.n_batch = (int)batch;
     if (ag_engine_new(m, tok, &ep, &eng)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;

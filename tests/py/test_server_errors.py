@@ -292,3 +292,17 @@ def test_tokenize_errors(tiny_server):
     assert_error(raw(tiny_server, "POST", "/detokenize", {"tokens": [1, "a"]}), 400, param="tokens")
     assert_error(raw(tiny_server, "POST", "/detokenize", {"tokens": [99999]}), 400, param="tokens")
     assert_error(raw(tiny_server, "POST", "/detokenize", {}), 400, param="tokens")
+
+
+def test_serve_cli_errors(tiny_server):
+    from conftest import run_augur
+    p = run_augur("serve", "-m", TINY_GGUF, "--port", "70000")
+    assert p.returncode == 2 and b"invalid value '70000' for --port" in p.stderr
+    p = run_augur("serve", "-m", TINY_GGUF, "--frobnicate", "1")
+    assert p.returncode == 2 and b"unknown option" in p.stderr
+    p = run_augur("serve", "-m", "/nonexistent.gguf")
+    assert p.returncode == 1 and b"/nonexistent.gguf" in p.stderr
+    # the port is taken (by the session's server)
+    p = run_augur("serve", "-m", TINY_GGUF, "--port", str(tiny_server.port))
+    assert p.returncode == 1 and b"cannot listen on 127.0.0.1:" in p.stderr and b"in use" in p.stderr
+    assert p.stdout == b""  # no ready line
