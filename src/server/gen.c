@@ -240,10 +240,7 @@ void srv_gen_release(srv_gen *g) {
     pthread_mutex_lock(&g->mu);
     bool open = g->choices_open > 0;
     pthread_mutex_unlock(&g->mu);
-    if (open) {
-        atomic_fetch_add(&g->s->client_cancels, 1);
-        srv_gen_cancel(g);
-    }
+    if (open) srv_gen_cancel(g);
     pthread_mutex_lock(&g->mu);
     g->released = true;
     for (srv_event *e = g->head, *n; e; e = n) {

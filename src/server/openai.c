@@ -336,6 +336,9 @@ typedef struct srv_job {
 
 static void job_free(srv_job *j) {
     if (!j) return;
+    /* a stream that never reached its end lost its client (a failed write
+     * or a closed socket) */
+    if (j->stream && !j->ended && j->gen) atomic_fetch_add(&j->s->client_cancels, 1);
     srv_gen_release(j->gen);
     json_decref(j->tool_list);
     for (int i = 0; i < j->n_choices; i++) {
@@ -749,6 +752,7 @@ static bool collect_all(srv_job *j) {
         if (now >= next_check) {
             next_check = now + 200;
             if (srv_client_gone(j->conn)) {
+                atomic_fetch_add(&j->s->client_cancels, 1);
                 srv_gen_cancel(j->gen);
                 return false;
             }
@@ -848,7 +852,8 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             submit_error(out, st, prompt_param);
-            job_free(j); /* cancels the prompts already submitted */
+            j->ended = true; /* nothing was streamed: not a client's loss */
+            job_free(j);     /* cancels the prompts already submitted */
             return;
         }
     }
@@ -1389,6 +1394,7 @@ void srv_route_completions(srv_req *rq, srv_resp *out) {
     j = NULL;
     run_job(jj, &o, ids, n_ids, "prompt", out);
 done:
+    if (j) j->ended = true;
     job_free(j);
     for (int p = 0; p < n_prompts; p++) free(ids[p]);
     opts_free(&o);
