@@ -14,6 +14,7 @@ int ag_cli_template(int argc, char **argv);
 int ag_cli_run(int argc, char **argv);
 int ag_cli_bench(int argc, char **argv);
 int ag_cli_logits(int argc, char **argv);
+int ag_cli_serve(int argc, char **argv);
 
 /* Strict parsers for flag values: the whole string must be a number within
  * [min, max]. */

@@ -305,12 +305,23 @@ static void start_choices(ag_engine *e, request *r, const float *row) {
 /* One engine step. Returns false when there was nothing to do. */
 static bool step(ag_engine *e) {
     /* cancellations */
+    bool cancelled = false;
     for (request *r = e->running, *next; r; r = next) {
         next = r->next;
         if (atomic_load(&r->cancel)) {
             finish_request(e, r, AG_FINISH_CANCELLED, NULL);
             unlink_running(e, r);
+            cancelled = true;
         }
+    }
+    if (cancelled) {
+        /* the freed blocks must show in the stats even if no step follows */
+        ag_kv_stats ks;
+        ag_kv_get_stats(e->kv, &ks);
+        pthread_mutex_lock(&e->mu);
+        e->stats.kv_blocks_used = ks.blocks_used;
+        e->stats.kv_blocks_free = ks.blocks_free;
+        pthread_mutex_unlock(&e->mu);
     }
     admit(e);
     if (!e->running) return false;
