@@ -106,6 +106,8 @@ typedef struct {
     double   prefill_seconds, decode_seconds; /* engine thread time in steps that prefilled / only decoded */
     int      queue_depth, running;
     int      kv_blocks_used, kv_blocks_free;
+    int      kv_blocks_cached;  /* of the used ones, those only finished conversations hold (reusable prefixes) */
+    int      cached_sequences;  /* finished conversations kept for prefix reuse */
     int      n_ctx, n_parallel;
 } ag_engine_stats;
 

@@ -84,6 +84,9 @@ void srv_route_metrics(srv_req *rq, srv_resp *out) {
     metric(b, "running_sequences", "gauge", "Sequences (choices) running.", st.running);
     metric(b, "kv_blocks_used", "gauge", "KV cache blocks in use.", st.kv_blocks_used);
     metric(b, "kv_blocks_free", "gauge", "KV cache blocks free.", st.kv_blocks_free);
+    metric(b, "kv_blocks_cached", "gauge", "KV cache blocks held only by finished conversations kept for prefix reuse.",
+           st.kv_blocks_cached);
+    metric(b, "cached_sequences", "gauge", "Finished conversations kept for prefix reuse.", st.cached_sequences);
     metric(b, "n_ctx", "gauge", "Context size per sequence.", st.n_ctx);
     metric(b, "n_parallel", "gauge", "Sequences run at once.", st.n_parallel);
     metric(b, "client_cancels_total", "counter", "Generations cancelled because the client went away.",
