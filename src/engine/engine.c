@@ -103,7 +103,7 @@ static double now_ms(void) {
 }
 
 ag_engine_params ag_engine_default_params(void) {
-    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 512, .max_queue = 64,
+    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 512, .n_prefill_decoding = 64, .max_queue = 64,
                           .kv_bytes = 0, .kv_dtype = AG_KV_F16};
     return p;
 }
@@ -460,15 +460,19 @@ static bool step(ag_engine *e) {
             e->rows[rows++] = (struct row_owner){r, c};
             n++;
         }
-    /* then prompt chunks, oldest request first (the list is newest first, so walk to the end) */
+    /* then prompt chunks, oldest request first (the list is newest first, so
+     * walk to the end). While streams are decoding, prompt tokens per step are
+     * capped: a step's time is every running stream's inter-token latency,
+     * and on a CPU a 512-token chunk costs seconds. */
+    const int limit = n > 0 && e->p.n_prefill_decoding < e->p.n_batch ? n + e->p.n_prefill_decoding : e->p.n_batch;
     request *order[256];
     int n_order = 0;
     for (request *r = e->running; r && n_order < 256; r = r->next)
         if (r->n_prefilled < r->n_prompt) order[n_order++] = r;
-    for (int oi = n_order - 1; oi >= 0 && n < e->p.n_batch; oi--) {
+    for (int oi = n_order - 1; oi >= 0 && n < limit; oi--) {
         request *r = order[oi];
         int k = r->n_prompt - r->n_prefilled;
-        if (k > e->p.n_batch - n) k = e->p.n_batch - n;
+        if (k > limit - n) k = limit - n;
         r->in_batch = k;
         for (int j = 0; j < k; j++) {
             int p = r->n_prefilled + j;
@@ -583,6 +587,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     const ag_model_config *cfg = ag_model_config_of(m);
     if (p.n_parallel < 1 || p.n_parallel > 256) return ag_errorf(AG_ERR_RANGE, "n_parallel must be in [1, 256]");
     if (p.n_batch < 1) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1");
+    if (p.n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
     if (p.max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
     if (p.n_ctx <= 0) p.n_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
     if (p.n_ctx < 2) return ag_errorf(AG_ERR_RANGE, "context must be at least 2 tokens");

@@ -36,6 +36,7 @@ typedef struct {
     int         n_parallel; /* sequences running at once (choices count); default 4 */
     int         n_ctx;      /* tokens per sequence (prompt + output); default min(train ctx, 4096) */
     int         n_batch;    /* tokens per forward step; default 512 */
+    int         n_prefill_decoding; /* prompt tokens per step while other streams decode; default 64 */
     int         max_queue;  /* requests waiting for admission; more are refused; default 64 */
     size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts */
     ag_kv_dtype kv_dtype;   /* default F16 */
