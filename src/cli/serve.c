@@ -90,16 +90,7 @@ int ag_cli_serve(int argc, char **argv) {
     ag_server *srv = NULL;
     char name[256];
     model_name(model_path, name, sizeof name);
-    ag_model_params mp = ag_model_default_params();
-    mp.cpu.n_threads = (int)threads;
-    if (ag_model_load(model_path, &mp, &m)) {
-        ag_cli_fail("%s", ag_error_message());
-        goto done;
-    }
-    if (ag_tok_from_gguf(ag_model_gguf(m), &tok)) {
-        ag_cli_fail("%s: %s", model_path, ag_error_message());
-        goto done;
-    }
+    if (ag_cli_load_model(model_path, (int)threads, &m, &tok)) goto done;
     if (ag_chat_from_gguf(ag_model_gguf(m), &chat)) {
         /* completions still work; chat requests answer 400 */
         AG_LOGW("%s: chat template unusable (%s); /v1/chat/completions is disabled", model_path, ag_error_message());
