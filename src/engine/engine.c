@@ -752,6 +752,9 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
         return ag_errorf(AG_ERR_NOMEM, "the server is busy: %d requests are queued", e->p.max_queue);
     }
     r->id = ++e->next_id;
+    /* Read the id now: once the lock is released the engine thread may run
+     * the request to completion and free it. */
+    if (id) *id = r->id;
     if (e->queue_tail) e->queue_tail->next = r;
     else e->queue_head = r;
     e->queue_tail = r;
@@ -760,7 +763,6 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     e->stats.queue_depth = e->queue_len;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    if (id) *id = r->id;
     return AG_OK;
 oom:
     request_free(r);

@@ -94,7 +94,8 @@ typedef struct {
  * when the queue is full or the request can never fit the KV pool.
  * On success *id names it for ag_engine_cancel; the callback receives a
  * final event (finish != NONE) for every choice, after which the engine
- * never touches `user` again. */
+ * never touches `user` again. Callbacks may start (and even finish) before
+ * ag_engine_submit returns. */
 ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *r, uint64_t *id);
 /* Asks the engine to stop a request; its choices finish with
  * AG_FINISH_CANCELLED within one step and their KV blocks are freed. Unknown
