@@ -5,6 +5,23 @@
 
 #include "cli/cli.h"
 
+#include <stdio.h>
+
+int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok) {
+    *m = NULL;
+    *tok = NULL;
+    ag_model_params mp = ag_model_default_params();
+    mp.cpu.n_threads = threads;
+    if (ag_model_load(path, &mp, m)) return ag_cli_fail("%s", ag_error_message());
+    if (ag_tok_from_gguf(ag_model_gguf(*m), tok)) {
+        ag_cli_fail("%s: %s", path, ag_error_message());
+        ag_model_free(*m);
+        *m = NULL;
+        return 1;
+    }
+    return 0;
+}
+
 bool ag_cli_parse_long(const char *s, long min, long max, long *out) {
     if (!s || !*s) return false;
     char *end;

@@ -7,6 +7,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/model.h"
+#include "tok/tok.h"
+
 int ag_cli_info(int argc, char **argv);
 int ag_cli_tokenize(int argc, char **argv);
 int ag_cli_detokenize(int argc, char **argv);
@@ -14,6 +17,11 @@ int ag_cli_template(int argc, char **argv);
 int ag_cli_run(int argc, char **argv);
 int ag_cli_bench(int argc, char **argv);
 int ag_cli_logits(int argc, char **argv);
+int ag_cli_serve(int argc, char **argv);
+
+/* Loads a model (threads: 0 = all cores) and its tokenizer; on failure
+ * prints the error, leaves both NULL and returns 1. */
+int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok);
 
 /* Strict parsers for flag values: the whole string must be a number within
  * [min, max]. */

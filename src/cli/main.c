@@ -19,6 +19,7 @@ static const struct {
     {"run", ag_cli_run, "generate text from a prompt"},
     {"bench", ag_cli_bench, "measure prefill and decode speed"},
     {"logits", ag_cli_logits, "dump teacher-forced logits of token ids (parity tests)"},
+    {"serve", ag_cli_serve, "serve the OpenAI-compatible HTTP API"},
 };
 
 static void usage(FILE *f) {

@@ -117,16 +117,7 @@ int ag_cli_run(int argc, char **argv) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     ag_buf rendered = {0};
-    ag_model_params mp = ag_model_default_params();
-    mp.cpu.n_threads = (int)threads;
-    if (ag_model_load(model_path, &mp, &m)) {
-        ag_cli_fail("%s", ag_error_message());
-        goto done;
-    }
-    if (ag_tok_from_gguf(ag_model_gguf(m), &tok)) {
-        ag_cli_fail("%s: %s", model_path, ag_error_message());
-        goto done;
-    }
+    if (ag_cli_load_model(model_path, (int)threads, &m, &tok)) goto done;
     const char *input = ag_buf_cstr(&text);
     size_t input_len = text.len;
     bool add_special = true;

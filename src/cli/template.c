@@ -8,6 +8,7 @@
 #include "base/file.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
+#include "tmpl/chat.h"
 #include "tmpl/tmpl.h"
 
 static const char usage_text[] =
@@ -22,18 +23,6 @@ static const char usage_text[] =
     "  -h, --help           this help\n"
     "Prints the rendering to stdout, nothing added. SOURCE_DATE_EPOCH, when set, is the time\n"
     "strftime_now() formats.\n";
-
-/* The text of token `key` (an id into tokenizer.ggml.tokens), or NULL. */
-static char *special_token(const ag_gguf *g, const char *key) {
-    uint32_t id;
-    if (!ag_gguf_get_u32(g, key, &id)) return NULL;
-    const ag_gguf_value *toks = ag_gguf_get(g, "tokenizer.ggml.tokens");
-    if (!toks || toks->type != AG_GGUF_ARRAY || toks->arr.elem_type != AG_GGUF_STRING || id >= toks->arr.n ||
-        !toks->arr.items)
-        return NULL;
-    const ag_gguf_value *t = &toks->arr.items[id];
-    return strndup(t->str.ptr, (size_t)t->str.len);
-}
 
 static json_t *load_json_file(const char *path, char *err, size_t errcap) {
     json_error_t je;
@@ -127,8 +116,8 @@ int ag_cli_template(int argc, char **argv) {
     if (!json_object_get(conv, "documents")) json_object_set_new(conv, "documents", json_null());
     if (!json_object_get(conv, "add_generation_prompt")) json_object_set_new(conv, "add_generation_prompt", json_false());
     if (g) {
-        bos = special_token(g, "tokenizer.ggml.bos_token_id");
-        eos = special_token(g, "tokenizer.ggml.eos_token_id");
+        bos = ag_chat_token_text(g, "tokenizer.ggml.bos_token_id");
+        eos = ag_chat_token_text(g, "tokenizer.ggml.eos_token_id");
         if (bos && !json_object_get(conv, "bos_token")) json_object_set_new(conv, "bos_token", json_string(bos));
         if (eos && !json_object_get(conv, "eos_token")) json_object_set_new(conv, "eos_token", json_string(eos));
     }

@@ -22,6 +22,8 @@ typedef struct {
     choice_state state;
     int32_t      pending; /* sampled, not yet fed back through the model */
     int          n_gen;
+    int32_t     *sampled; /* every sampled token, in order (n_gen of them) */
+    int          cap_sampled;
     ag_sampler  *sampler;
     ag_detok    *detok;
     ag_stop     *stop;
@@ -44,6 +46,7 @@ typedef struct request {
     int              in_batch;    /* prompt tokens in the current step's batch */
     int              booked;      /* KV blocks reserved for the worst case */
     int              n_done;
+    int              n_cached;    /* prompt tokens whose KV came from a retained sequence */
     choice          *ch;
     double           t_admit, t_first, t_last;
     atomic_bool      cancel;
@@ -67,6 +70,20 @@ struct ag_engine {
     int             running_choices, booked;
     ag_engine_stats stats; /* guarded by mu */
 
+    /* Finished conversations whose KV is kept so that a follow-up prompt that
+     * extends them (the next turn of a chat) skips their prefill. Engine
+     * thread only. Evicted least recently used, and whenever admission
+     * needs their blocks. */
+    struct retained {
+        int32_t  seq;
+        int32_t *tokens; /* the ids whose KV the sequence holds */
+        int      n;
+        uint64_t used;
+    } *retained;
+    int      n_retained, max_retained;
+    uint64_t clock;
+    uint8_t *block_mark; /* [n_blocks] scratch for counting retained blocks */
+
     /* per-step buffers */
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_want;
@@ -86,7 +103,7 @@ static double now_ms(void) {
 }
 
 ag_engine_params ag_engine_default_params(void) {
-    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 512, .max_queue = 64,
+    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 512, .n_prefill_decoding = 64, .max_queue = 64,
                           .kv_bytes = 0, .kv_dtype = AG_KV_F16};
     return p;
 }
@@ -106,6 +123,7 @@ static void request_free(request *r) {
             ag_sampler_free(r->ch[i].sampler);
             ag_detok_free(r->ch[i].detok);
             ag_stop_free(r->ch[i].stop);
+            free(r->ch[i].sampled);
         }
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
@@ -120,11 +138,109 @@ static void fill_usage(const request *r, ag_gen_event *ev) {
     int gen = 0;
     for (int i = 0; i < r->n_choices; i++) gen += r->ch ? r->ch[i].n_gen : 0;
     ev->n_prompt = r->n_prompt;
-    ev->n_cached = 0;
+    ev->n_cached = r->n_cached;
     ev->n_generated = gen;
     double first = r->t_first > 0 ? r->t_first : r->t_last;
     ev->t_prefill_ms = r->t_admit > 0 && first > 0 ? first - r->t_admit : 0;
     ev->t_decode_ms = r->t_first > 0 && r->t_last > r->t_first ? r->t_last - r->t_first : 0;
+}
+
+static int retained_blocks(const ag_engine *e) {
+    int b = 0;
+    for (int i = 0; i < e->n_retained; i++) b += blocks_for(e, e->retained[i].n);
+    return b;
+}
+
+/* Blocks held by retained sequences and by no running one (exact, shared
+ * blocks counted once), for the stats. */
+static int retained_only_blocks(ag_engine *e) {
+    if (!e->block_mark) return 0;
+    memset(e->block_mark, 0, (size_t)e->n_blocks);
+    for (int i = 0; i < e->n_retained; i++) {
+        int32_t nb;
+        const int32_t *t = ag_kv_seq_blocks(e->kv, e->retained[i].seq, &nb);
+        for (int j = 0; t && j < nb; j++)
+            if (t[j] >= 0 && t[j] < e->n_blocks) e->block_mark[t[j]] = 1;
+    }
+    for (request *r = e->running; r; r = r->next)
+        for (int c = 0; r->ch && c < r->n_choices; c++) {
+            if (r->ch[c].seq < 0) continue;
+            int32_t nb;
+            const int32_t *t = ag_kv_seq_blocks(e->kv, r->ch[c].seq, &nb);
+            for (int j = 0; t && j < nb; j++)
+                if (t[j] >= 0 && t[j] < e->n_blocks) e->block_mark[t[j]] = 0;
+        }
+    int n = 0;
+    for (int b = 0; b < e->n_blocks; b++) n += e->block_mark[b];
+    return n;
+}
+
+static void update_kv_stats(ag_engine *e) {
+    ag_kv_stats ks;
+    ag_kv_get_stats(e->kv, &ks);
+    int cached = retained_only_blocks(e);
+    pthread_mutex_lock(&e->mu);
+    e->stats.kv_blocks_used = ks.blocks_used;
+    e->stats.kv_blocks_free = ks.blocks_free;
+    e->stats.kv_blocks_cached = cached;
+    e->stats.cached_sequences = e->n_retained;
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void evict_retained(ag_engine *e, int i) {
+    ag_kv_seq_free(e->kv, e->retained[i].seq);
+    free(e->retained[i].tokens);
+    e->retained[i] = e->retained[--e->n_retained];
+}
+
+static void evict_lru(ag_engine *e) {
+    int lru = 0;
+    for (int i = 1; i < e->n_retained; i++)
+        if (e->retained[i].used < e->retained[lru].used) lru = i;
+    evict_retained(e, lru);
+}
+
+/* Gives up a finished choice's sequence: choice 0 of a request that ended
+ * normally is kept for prefix reuse; everything else is freed at once. */
+static void release_seq(ag_engine *e, request *r, choice *c, ag_finish why) {
+    if (c->seq < 0) return;
+    int32_t seq = c->seq;
+    c->seq = -1;
+    int32_t len = ag_kv_seq_len(e->kv, seq);
+    bool keep = e->max_retained > 0 && c->index == 0 && (why == AG_FINISH_STOP || why == AG_FINISH_LENGTH) &&
+                len > 0 && len <= r->n_prompt + c->n_gen;
+    int32_t *toks = keep ? malloc(sizeof(int32_t) * (size_t)len) : NULL;
+    if (!toks) {
+        ag_kv_seq_free(e->kv, seq);
+        return;
+    }
+    int from_prompt = len < r->n_prompt ? len : r->n_prompt;
+    memcpy(toks, r->prompt, sizeof(int32_t) * (size_t)from_prompt);
+    if (len > from_prompt) memcpy(toks + from_prompt, c->sampled, sizeof(int32_t) * (size_t)(len - from_prompt));
+    if (e->n_retained == e->max_retained) evict_lru(e);
+    e->retained[e->n_retained++] = (struct retained){.seq = seq, .tokens = toks, .n = len, .used = ++e->clock};
+}
+
+/* Starts r's first sequence from the retained sequence sharing the longest
+ * prefix with its prompt (at least one prompt token is left to compute, for
+ * the logits). */
+static void reuse_prefix(ag_engine *e, request *r) {
+    int best = -1, best_len = 0;
+    for (int i = 0; i < e->n_retained; i++) {
+        const struct retained *t = &e->retained[i];
+        int n = t->n < r->n_prompt - 1 ? t->n : r->n_prompt - 1, l = 0;
+        while (l < n && t->tokens[l] == r->prompt[l]) l++;
+        if (l > best_len) {
+            best_len = l;
+            best = i;
+        }
+    }
+    if (best < 0 || ag_kv_fork(e->kv, r->ch[0].seq, e->retained[best].seq, best_len) != AG_OK) return;
+    e->retained[best].used = ++e->clock;
+    r->n_prefilled = r->n_cached = best_len;
+    pthread_mutex_lock(&e->mu);
+    e->stats.cached_tokens += (uint64_t)best_len;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* Ends one choice: frees its sequence and reports the final event with
@@ -144,10 +260,7 @@ static void finish_choice(ag_engine *e, request *r, choice *c, ag_finish why, co
             if (ag_stop_finish(c->stop, &res) == AG_OK && res.len) ag_buf_append(&e->text, res.text, res.len);
         }
     }
-    if (c->seq >= 0) {
-        ag_kv_seq_free(e->kv, c->seq);
-        c->seq = -1;
-    }
+    release_seq(e, r, c, why);
     c->state = CH_DONE;
     r->n_done++;
     e->running_choices--;
@@ -188,6 +301,17 @@ static void advance_choice(ag_engine *e, request *r, choice *c, const float *row
         return;
     }
     ag_sampler_accept(c->sampler, sr.token);
+    if (c->n_gen == c->cap_sampled) {
+        int cap = c->cap_sampled ? 2 * c->cap_sampled : 64;
+        int32_t *p = realloc(c->sampled, sizeof *p * (size_t)cap);
+        if (!p) {
+            finish_choice(e, r, c, AG_FINISH_ERROR, "out of memory", -1, NULL, NULL, 0);
+            return;
+        }
+        c->sampled = p;
+        c->cap_sampled = cap;
+    }
+    c->sampled[c->n_gen] = sr.token;
     c->n_gen++;
     double t = now_ms();
     if (r->t_first == 0) r->t_first = t;
@@ -232,6 +356,8 @@ static void admit(ag_engine *e) {
     while (e->queue_head) {
         request *r = e->queue_head;
         int need = request_blocks(e, r);
+        /* retained conversations give way to new work */
+        while (e->n_retained && e->booked + need + retained_blocks(e) > e->n_blocks) evict_lru(e);
         if (e->running && (e->running_choices + r->n_choices > e->p.n_parallel || e->booked + need > e->n_blocks))
             break;
         e->queue_head = r->next;
@@ -259,6 +385,7 @@ static void admit(ag_engine *e) {
             st = ag_stop_new((const char *const *)r->stops, r->stop_lens, r->n_stops, &c->stop);
         }
         if (!st) st = ag_kv_seq_new(e->kv, &r->ch[0].seq);
+        if (!st) reuse_prefix(e, r);
         /* link first so that finishing unlinks it cleanly */
         pthread_mutex_lock(&e->mu);
         r->next = e->running;
@@ -305,13 +432,17 @@ static void start_choices(ag_engine *e, request *r, const float *row) {
 /* One engine step. Returns false when there was nothing to do. */
 static bool step(ag_engine *e) {
     /* cancellations */
+    bool cancelled = false;
     for (request *r = e->running, *next; r; r = next) {
         next = r->next;
         if (atomic_load(&r->cancel)) {
             finish_request(e, r, AG_FINISH_CANCELLED, NULL);
             unlink_running(e, r);
+            cancelled = true;
         }
     }
+    /* the freed blocks must show in the stats even if no step follows */
+    if (cancelled) update_kv_stats(e);
     admit(e);
     if (!e->running) return false;
 
@@ -329,15 +460,19 @@ static bool step(ag_engine *e) {
             e->rows[rows++] = (struct row_owner){r, c};
             n++;
         }
-    /* then prompt chunks, oldest request first (the list is newest first, so walk to the end) */
+    /* then prompt chunks, oldest request first (the list is newest first, so
+     * walk to the end). While streams are decoding, prompt tokens per step are
+     * capped: a step's time is every running stream's inter-token latency,
+     * and on a CPU a 512-token chunk costs seconds. */
+    const int limit = n > 0 && e->p.n_prefill_decoding < e->p.n_batch ? n + e->p.n_prefill_decoding : e->p.n_batch;
     request *order[256];
     int n_order = 0;
     for (request *r = e->running; r && n_order < 256; r = r->next)
         if (r->n_prefilled < r->n_prompt) order[n_order++] = r;
-    for (int oi = n_order - 1; oi >= 0 && n < e->p.n_batch; oi--) {
+    for (int oi = n_order - 1; oi >= 0 && n < limit; oi--) {
         request *r = order[oi];
         int k = r->n_prompt - r->n_prefilled;
-        if (k > e->p.n_batch - n) k = e->p.n_batch - n;
+        if (k > limit - n) k = limit - n;
         r->in_batch = k;
         for (int j = 0; j < k; j++) {
             int p = r->n_prefilled + j;
@@ -406,12 +541,7 @@ static bool step(ag_engine *e) {
         next = r->next;
         if (r->n_done == r->n_choices) unlink_running(e, r);
     }
-    pthread_mutex_lock(&e->mu);
-    ag_kv_stats ks;
-    ag_kv_get_stats(e->kv, &ks);
-    e->stats.kv_blocks_used = ks.blocks_used;
-    e->stats.kv_blocks_free = ks.blocks_free;
-    pthread_mutex_unlock(&e->mu);
+    update_kv_stats(e);
     return true;
 }
 
@@ -457,6 +587,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     const ag_model_config *cfg = ag_model_config_of(m);
     if (p.n_parallel < 1 || p.n_parallel > 256) return ag_errorf(AG_ERR_RANGE, "n_parallel must be in [1, 256]");
     if (p.n_batch < 1) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1");
+    if (p.n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
     if (p.max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
     if (p.n_ctx <= 0) p.n_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
     if (p.n_ctx < 2) return ag_errorf(AG_ERR_RANGE, "context must be at least 2 tokens");
@@ -476,7 +607,13 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     ag_kv_params kp = ag_kv_default_params();
     ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
     kp.dtype = p.kv_dtype;
-    kp.max_seqs = p.n_parallel + 1;
+    e->max_retained = p.n_parallel;
+    e->retained = calloc((size_t)e->max_retained, sizeof *e->retained);
+    if (!e->retained) {
+        ag_engine_free(e);
+        return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    }
+    kp.max_seqs = p.n_parallel + e->max_retained + 1;
     ag_status st;
     {
         ag_kv_params probe = kp;
@@ -499,6 +636,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         ag_kv_stats ks;
         ag_kv_get_stats(e->kv, &ks);
         e->n_blocks = ks.n_blocks;
+        e->block_mark = malloc((size_t)e->n_blocks + 1);
     }
     e->max_rows = 2 * p.n_parallel + 1;
     e->b_tok = malloc(sizeof(int32_t) * p.n_batch);
@@ -535,6 +673,9 @@ void ag_engine_free(ag_engine *e) {
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
+    for (int i = 0; i < e->n_retained; i++) free(e->retained[i].tokens);
+    free(e->retained);
+    free(e->block_mark);
     ag_kv_free(e->kv);
     free(e->b_tok);
     free(e->b_pos);
@@ -611,6 +752,9 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
         return ag_errorf(AG_ERR_NOMEM, "the server is busy: %d requests are queued", e->p.max_queue);
     }
     r->id = ++e->next_id;
+    /* Read the id now: once the lock is released the engine thread may run
+     * the request to completion and free it. */
+    if (id) *id = r->id;
     if (e->queue_tail) e->queue_tail->next = r;
     else e->queue_head = r;
     e->queue_tail = r;
@@ -619,7 +763,6 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     e->stats.queue_depth = e->queue_len;
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    if (id) *id = r->id;
     return AG_OK;
 oom:
     request_free(r);

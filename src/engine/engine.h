@@ -36,6 +36,7 @@ typedef struct {
     int         n_parallel; /* sequences running at once (choices count); default 4 */
     int         n_ctx;      /* tokens per sequence (prompt + output); default min(train ctx, 4096) */
     int         n_batch;    /* tokens per forward step; default 512 */
+    int         n_prefill_decoding; /* prompt tokens per step while other streams decode; default 64 */
     int         max_queue;  /* requests waiting for admission; more are refused; default 64 */
     size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts */
     ag_kv_dtype kv_dtype;   /* default F16 */
@@ -93,7 +94,8 @@ typedef struct {
  * when the queue is full or the request can never fit the KV pool.
  * On success *id names it for ag_engine_cancel; the callback receives a
  * final event (finish != NONE) for every choice, after which the engine
- * never touches `user` again. */
+ * never touches `user` again. Callbacks may start (and even finish) before
+ * ag_engine_submit returns. */
 ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *r, uint64_t *id);
 /* Asks the engine to stop a request; its choices finish with
  * AG_FINISH_CANCELLED within one step and their KV blocks are freed. Unknown
@@ -106,6 +108,8 @@ typedef struct {
     double   prefill_seconds, decode_seconds; /* engine thread time in steps that prefilled / only decoded */
     int      queue_depth, running;
     int      kv_blocks_used, kv_blocks_free;
+    int      kv_blocks_cached;  /* of the used ones, those only finished conversations hold (reusable prefixes) */
+    int      cached_sequences;  /* finished conversations kept for prefix reuse */
     int      n_ctx, n_parallel;
 } ag_engine_stats;
 

@@ -20,11 +20,12 @@ static const char k_chatml[] =
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
-static char *token_text(const ag_gguf *g, const char *id_key) {
+char *ag_chat_token_text(const ag_gguf *g, const char *id_key) {
     uint32_t id;
     if (!ag_gguf_get_u32(g, id_key, &id)) return NULL;
     const ag_gguf_value *toks = ag_gguf_get(g, "tokenizer.ggml.tokens");
-    if (!toks || toks->type != AG_GGUF_ARRAY || toks->arr.elem_type != AG_GGUF_STRING || id >= toks->arr.n)
+    if (!toks || toks->type != AG_GGUF_ARRAY || toks->arr.elem_type != AG_GGUF_STRING || id >= toks->arr.n ||
+        !toks->arr.items)
         return NULL;
     const ag_gguf_value *t = &toks->arr.items[id];
     return strndup(t->str.ptr, t->str.len);
@@ -54,8 +55,8 @@ ag_status ag_chat_from_gguf(const ag_gguf *g, ag_chat **out) {
         src = k_chatml;
         len = sizeof k_chatml - 1;
     }
-    char *bos = token_text(g, "tokenizer.ggml.bos_token_id");
-    char *eos = token_text(g, "tokenizer.ggml.eos_token_id");
+    char *bos = ag_chat_token_text(g, "tokenizer.ggml.bos_token_id");
+    char *eos = ag_chat_token_text(g, "tokenizer.ggml.eos_token_id");
     ag_status st = ag_chat_from_source(src, (size_t)len, bos, eos, out);
     free(bos);
     free(eos);

@@ -38,6 +38,11 @@ const char *ag_chat_bos_text(const ag_chat *c);
 ag_status ag_chat_render(const ag_chat *c, const json_t *messages, const json_t *tools, bool add_generation_prompt,
                          const json_t *extra, ag_buf *out);
 
+/* The text of the token whose id is the metadata value `id_key` (e.g.
+ * "tokenizer.ggml.bos_token_id"), as a heap string the caller frees; NULL
+ * when the key or the token is missing. */
+char *ag_chat_token_text(const ag_gguf *g, const char *id_key);
+
 /* Whether a rendered prompt already starts with the BOS text, in which case
  * the tokenizer must not add another BOS. */
 bool ag_chat_has_bos(const ag_chat *c, const char *text, size_t len);

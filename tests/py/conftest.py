@@ -31,3 +31,92 @@ def require_model(path):
             raise AssertionError(f"required model missing: {path} (run scripts/setup.sh)")
         pytest.skip(f"model not fetched: {path} (scripts/fetch_models.py)")
     return path
+
+
+# ---- augur serve (tests/py/test_server*.py) ----
+
+class AugurServer:
+    """The real `augur serve` on a free loopback port (--port 0; the port is
+    read from the one line it prints when ready). stderr goes to a file, never
+    a pipe, so a chatty server can never block on it."""
+
+    def __init__(self, model=None, *args, ready_timeout=120):
+        import select
+        import tempfile
+        self.log = tempfile.NamedTemporaryFile(prefix="augur-serve-", suffix=".log", delete=False)
+        cmd = [AUGUR, "serve", "--port", "0", *args]
+        if model:
+            cmd[2:2] = ["-m", model]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
+        r, _, _ = select.select([self.proc.stdout], [], [], ready_timeout)
+        line = self.proc.stdout.readline().decode() if r else ""
+        if not line.startswith("augur: serving "):
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"augur serve did not start: {line!r}\n{self.stderr()}")
+        self.ready_line = line.strip()
+        self.port = int(line.rsplit(":", 1)[1])
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.model_id = line.split()[2]
+
+    def stderr(self):
+        with open(self.log.name, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def client(self, api_key="none", **kw):
+        import openai
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=120, **kw)
+
+    def stop(self, sig=None, timeout=60):
+        """Signals the server (SIGTERM by default) and returns its exit code."""
+        import signal
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"augur serve did not stop within {timeout}s\n{self.stderr()[-4000:]}")
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        if os.path.exists(self.log.name):
+            self.final_stderr = self.stderr()
+            os.unlink(self.log.name)
+        return self.proc.returncode
+
+
+@pytest.fixture
+def augur_server():
+    """Factory: augur_server(model, *flags) starts a server that is stopped
+    (SIGTERM, must exit 0) after the test."""
+    started = []
+
+    def start(model, *args):
+        s = AugurServer(model, *args)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        rc = s.stop()
+        assert rc == 0, s.final_stderr[-4000:]
+
+
+@pytest.fixture(scope="session")
+def tiny_server():
+    """stories260K (no chat template: ChatML default), 8 sequences at once."""
+    s = AugurServer(TINY_GGUF, "--parallel", "8")
+    yield s
+    rc = s.stop()
+    assert rc == 0, s.final_stderr[-4000:]
+
+
+@pytest.fixture(scope="session")
+def smol_server():
+    """The default model (no -m), its own chat template."""
+    require_model(SMOLLM2)
+    s = AugurServer(None, "--parallel", "2")
+    yield s
+    rc = s.stop()
+    assert rc == 0, s.final_stderr[-4000:]

@@ -57,6 +57,64 @@ static const float *rows_f32(const ag_kv_layout *L, const uint8_t *base, size_t 
  * activations, and the two implementations then drift apart. */
 static inline float round_f16(float x) { return ag_fp16_to_fp32(ag_fp32_to_fp16(x)); }
 
+/* The two inner loops, vectorised: dot(a, b) and y += w * x over n floats.
+ * Plain C float reductions are not vectorised without -ffast-math, and
+ * attention is most of a long prefill, so both have an AVX2+FMA version
+ * picked once at run time. */
+static float dot_c(const float *a, const float *b, int n) {
+    float d = 0;
+    for (int i = 0; i < n; i++) d += a[i] * b[i];
+    return d;
+}
+
+static void axpy_c(float *y, float w, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += w * x[i];
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+__attribute__((target("avx2,fma"))) static float dot_avx2(const float *a, const float *b, int n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    float d = _mm_cvtss_f32(h);
+    for (; i < n; i++) d += a[i] * b[i];
+    return d;
+}
+
+__attribute__((target("avx2,fma"))) static void axpy_avx2(float *y, float w, const float *x, int n) {
+    __m256 wv = _mm256_set1_ps(w);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += w * x[i];
+}
+#endif
+
+static float (*dot_f32)(const float *, const float *, int) = dot_c;
+static void (*axpy_f32)(float *, float, const float *, int) = axpy_c;
+
+void ag_cpu_attention_init(void) {
+#if defined(__x86_64__)
+    if (ag_cpu_isa_active() != AG_CPU_ISA_SCALAR) {
+        dot_f32 = dot_avx2;
+        axpy_f32 = axpy_avx2;
+        return;
+    }
+#endif
+    dot_f32 = dot_c;
+    axpy_f32 = axpy_c;
+}
+
 void ag_cpu_attention_task(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *q,
                            float *out, int task, float *scratch) {
     const ag_kv_layout *L = ag_kv_get_layout(kv);
@@ -75,8 +133,10 @@ void ag_cpu_attention_task(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     float *sc = qh + (size_t)group * dk;
     float *acc = sc + (size_t)group * n_pos;
     const size_t qd = (size_t)s->n_head * dk;
-    for (int h = 0; h < group; h++)
-        for (int i = 0; i < dk; i++) qh[h * dk + i] = round_f16(q[t * qd + (size_t)(g * group + h) * dk + i]);
+    for (int h = 0; h < group; h++) {
+        const float *src = q + t * qd + (size_t)(g * group + h) * dk;
+        for (int i = 0; i < dk; i++) qh[h * dk + i] = round_f16(src[i]);
+    }
 
     /* pass 1: scores, block by block (each K block converted once for the group) */
     const int b0 = lo / bs, b1 = pos / bs < n_blocks ? pos / bs : n_blocks - 1;
@@ -89,10 +149,7 @@ void ag_cpu_attention_task(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             const float *qv = qh + (size_t)h * dk;
             float *row = sc + (size_t)h * n_pos + (bi * bs + o0 - lo);
             for (int j = 0; j < o1 - o0; j++) {
-                const float *kr = K + (size_t)j * dk;
-                float d = 0;
-                for (int i = 0; i < dk; i++) d += qv[i] * kr[i];
-                d *= s->scale;
+                float d = dot_f32(qv, K + (size_t)j * dk, dk) * s->scale;
                 if (s->softcap > 0) d = s->softcap * tanhf(d / s->softcap);
                 row[j] = d;
             }
@@ -109,7 +166,13 @@ void ag_cpu_attention_task(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             sum += row[j];
         }
         float inv = (float)(1.0 / sum);
-        for (int j = 0; j < n_pos; j++) row[j] = round_f16(row[j] * inv);
+        uint16_t h16[256];
+        for (int j0 = 0; j0 < n_pos; j0 += 256) {
+            int m = n_pos - j0 < 256 ? n_pos - j0 : 256;
+            for (int j = 0; j < m; j++) row[j0 + j] *= inv;
+            ag_fp32_to_fp16_row(row + j0, h16, m);
+            ag_fp16_to_fp32_row(h16, row + j0, m);
+        }
     }
     /* pass 2: weighted sum of V (each V block converted once for the group) */
     memset(acc, 0, sizeof(float) * (size_t)group * dv);
@@ -121,11 +184,7 @@ void ag_cpu_attention_task(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
         for (int h = 0; h < group; h++) {
             const float *p = sc + (size_t)h * n_pos + (bi * bs + o0 - lo);
             float *a = acc + (size_t)h * dv;
-            for (int j = 0; j < o1 - o0; j++) {
-                const float *vr = V + (size_t)j * dv;
-                const float w = p[j];
-                for (int i = 0; i < dv; i++) a[i] += w * vr[i];
-            }
+            for (int j = 0; j < o1 - o0; j++) axpy_f32(a, p[j], V + (size_t)j * dv, dv);
         }
     }
     const size_t od = (size_t)s->n_head * dv;

@@ -5,6 +5,10 @@
 
 #include "backend/backend.h"
 
+/* Picks the SIMD inner loops for the active ISA (ag_cpu_isa_active). Called
+ * when a CPU backend is created; idempotent. */
+void ag_cpu_attention_init(void);
+
 /* Writes each token's K/V rows into its reserved KV slot (F16 or F32 storage). */
 ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *k,
                           const float *v);

@@ -132,6 +132,7 @@ ag_status ag_cpu_backend_new(const ag_cpu_params *p, ag_backend **out) {
     }
     be->ops = &cpu_ops;
     be->impl = s;
+    ag_cpu_attention_init();
     ag_threadpool_params tp = ag_threadpool_default_params();
     tp.n_threads = p ? p->n_threads : 0;
     ag_status st = ag_threadpool_create(&tp, &s->pool);

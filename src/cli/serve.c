@@ -1,0 +1,147 @@
+/* `augur serve`: the OpenAI-compatible HTTP server. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "cli/cli.h"
+#include "engine/engine.h"
+#include "server/server.h"
+#include "tmpl/chat.h"
+
+static const char usage[] =
+    "usage: augur serve [-m MODEL] [options]\n"
+    "  serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) plus /health,\n"
+    "  /metrics, /tokenize and /detokenize; prints one line when ready; SIGINT/SIGTERM stop it\n"
+    "  -m MODEL            GGUF model (default: $AUGUR_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
+    "  --host HOST         address to bind (default 127.0.0.1)\n"
+    "  --port N            port (default 8080; 0 = any free port)\n"
+    "  --api-key KEY       require 'Authorization: Bearer KEY' (default: $AUGUR_API_KEY, else none)\n"
+    "  --alias NAME        the model name clients see (default: the file name without .gguf)\n"
+    "  --parallel N        sequences generated at once (default 4)\n"
+    "  --ctx N             context per sequence (default: the model's, at most 4096)\n"
+    "  --max-queue N       requests waiting for a slot before 429s (default 64)\n"
+    "  --batch N           tokens per engine step; smaller prompt chunks keep streams smoother (default 512)\n"
+    "  -t THREADS          CPU threads (default: all cores)\n"
+    "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
+    "  --max-body BYTES    request body limit (default 8388608)\n"
+    "  --max-connections N concurrent connections (default 256)\n"
+    "  --timeout S         idle connection timeout in seconds (default 60)\n";
+
+static void model_name(const char *path, char *out, size_t cap) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    snprintf(out, cap, "%s", base);
+    size_t n = strlen(out);
+    if (n > 5 && !strcmp(out + n - 5, ".gguf")) out[n - 5] = '\0';
+}
+
+int ag_cli_serve(int argc, char **argv) {
+    const char *model_path = NULL, *host = "127.0.0.1", *api_key = getenv("AUGUR_API_KEY"), *cors = NULL,
+               *alias = NULL;
+    long port = 8080, parallel = 4, ctx = 0, max_queue = 64, threads = 0, max_body = 8L << 20, max_conn = 256,
+         timeout = 60, batch = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        }
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (!strcmp(a, "-m")) model_path = v;
+        else if (!strcmp(a, "--host")) host = v;
+        else if (!strcmp(a, "--port")) ok = ag_cli_parse_long(v, 0, 65535, &port);
+        else if (!strcmp(a, "--api-key")) api_key = v;
+        else if (!strcmp(a, "--alias")) alias = v;
+        else if (!strcmp(a, "--cors-origin")) cors = v;
+        else if (!strcmp(a, "--parallel")) ok = ag_cli_parse_long(v, 1, 256, &parallel);
+        else if (!strcmp(a, "--ctx")) ok = ag_cli_parse_long(v, 2, 1 << 24, &ctx);
+        else if (!strcmp(a, "--max-queue")) ok = ag_cli_parse_long(v, 0, 1 << 20, &max_queue);
+        else if (!strcmp(a, "--batch")) ok = ag_cli_parse_long(v, 1, 1 << 16, &batch);
+        else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
+        else if (!strcmp(a, "--max-body")) ok = ag_cli_parse_long(v, 1, 1L << 30, &max_body);
+        else if (!strcmp(a, "--max-connections")) ok = ag_cli_parse_long(v, 1, 65536, &max_conn);
+        else if (!strcmp(a, "--timeout")) ok = ag_cli_parse_long(v, 1, 86400, &timeout);
+        else return ag_cli_usage_error(usage, "serve: unknown option '%s'", a);
+        if (!v) return ag_cli_usage_error(usage, "serve: %s needs a value", a);
+        if (!ok) return ag_cli_usage_error(usage, "serve: invalid value '%s' for %s", v, a);
+        i++;
+    }
+    if (!model_path) model_path = ag_cli_default_model();
+    if (!getenv("AUGUR_LOG")) ag_log_set_level(AG_LOG_INFO);
+
+    /* Every thread created from here on (engine, CPU pool, HTTP) inherits
+     * this mask, so the signals reach only sigwait below. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int rc = 1;
+    ag_model *m = NULL;
+    ag_tok *tok = NULL;
+    ag_chat *chat = NULL;
+    ag_engine *eng = NULL;
+    ag_server *srv = NULL;
+    char name[256];
+    model_name(model_path, name, sizeof name);
+    if (ag_cli_load_model(model_path, (int)threads, &m, &tok)) goto done;
+    if (ag_chat_from_gguf(ag_model_gguf(m), &chat)) {
+        /* completions still work; chat requests answer 400 */
+        AG_LOGW("%s: chat template unusable (%s); /v1/chat/completions is disabled", model_path, ag_error_message());
+        chat = NULL;
+    }
+    ag_engine_params ep = ag_engine_default_params();
+    ep.n_parallel = (int)parallel;
+    ep.n_ctx = (int)ctx;
+    ep.max_queue = (int)max_queue;
+    if (batch) ep.n_batch = (int)batch;
+    if (ag_engine_new(m, tok, &ep, &eng)) {
+        ag_cli_fail("%s", ag_error_message());
+        goto done;
+    }
+    ag_server_params sp = ag_server_default_params();
+    sp.host = host;
+    sp.port = (int)port;
+    sp.api_key = api_key && *api_key ? api_key : NULL;
+    sp.cors_origin = cors;
+    sp.model_id = alias ? alias : name;
+    sp.max_body = (size_t)max_body;
+    sp.max_connections = (unsigned)max_conn;
+    sp.timeout_s = (unsigned)timeout;
+    if (ag_server_new(&sp, eng, m, tok, chat, &srv)) {
+        ag_cli_fail("%s", ag_error_message());
+        goto done;
+    }
+    {
+        ag_engine_stats st;
+        ag_engine_get_stats(eng, &st);
+        bool v6 = strchr(host, ':') != NULL;
+        AG_LOGI("model %s: context %d per sequence, %d sequences at once, queue %ld%s", name, st.n_ctx,
+                st.n_parallel, max_queue, sp.api_key ? ", API key required" : "");
+        if (strcmp(host, "127.0.0.1") && strcmp(host, "localhost") && strcmp(host, "::1") && !sp.api_key)
+            AG_LOGW("listening on %s without --api-key: anyone who can reach it can use it", host);
+        printf("augur: serving %s on http://%s%s%s:%d\n", sp.model_id, v6 ? "[" : "", host, v6 ? "]" : "",
+               ag_server_port(srv));
+        fflush(stdout);
+    }
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    AG_LOGI("%s: shutting down", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    ag_server_stop(srv);
+    rc = 0;
+done:
+    /* engine before server: its shutdown delivers the final events that
+     * waiting connections need (server.h) */
+    ag_engine_free(eng);
+    ag_server_free(srv);
+    ag_chat_free(chat);
+    ag_tok_free(tok);
+    ag_model_free(m);
+    return rc;
+}

@@ -1,0 +1,1402 @@
+/* The OpenAI routes: /v1/chat/completions and /v1/completions.
+ *
+ * A request is validated completely before anything reaches the engine:
+ * every known field with a wrong type or an out-of-range value is a 400
+ * naming the field; unknown fields are ignored. The prompt is rendered
+ * (chat template) and tokenized on the connection's thread. Output is then
+ * collected from the generation's event queue, either into one JSON
+ * response or as SSE chunks, one per engine event. */
+#include <math.h>
+#include <microhttpd.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "server/server_impl.h"
+
+#define MAX_PROMPTS 64
+#define MAX_STOPS 16
+#define LOGPROB_FLOOR (-9999.0)
+
+/* ---- field readers: absent or null keeps the default ---- */
+
+static const char *type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    default: return "null";
+    }
+}
+
+static bool get_bool(json_t *o, const char *key, bool *v, srv_resp *out) {
+    json_t *x = json_object_get(o, key);
+    if (!x || json_is_null(x)) return true;
+    if (!json_is_boolean(x)) {
+        srv_error(out, 400, "invalid_request_error", key, "invalid_type", "'%s' must be a boolean, got %s", key,
+                  type_name(x));
+        return false;
+    }
+    *v = json_is_true(x);
+    return true;
+}
+
+static bool get_num(json_t *o, const char *key, double lo, double hi, double *v, srv_resp *out) {
+    json_t *x = json_object_get(o, key);
+    if (!x || json_is_null(x)) return true;
+    if (!json_is_number(x)) {
+        srv_error(out, 400, "invalid_request_error", key, "invalid_type", "'%s' must be a number, got %s", key,
+                  type_name(x));
+        return false;
+    }
+    double d = json_number_value(x);
+    if (!(d >= lo && d <= hi)) {
+        srv_error(out, 400, "invalid_request_error", key, "invalid_value", "'%s' must be between %g and %g, got %g",
+                  key, lo, hi, d);
+        return false;
+    }
+    *v = d;
+    return true;
+}
+
+static bool get_int(json_t *o, const char *key, long long lo, long long hi, long long *v, bool *present,
+                    srv_resp *out) {
+    json_t *x = json_object_get(o, key);
+    if (!x || json_is_null(x)) return true;
+    long long n;
+    if (json_is_integer(x)) {
+        n = json_integer_value(x);
+    } else if (json_is_real(x) && json_real_value(x) == floor(json_real_value(x)) &&
+               fabs(json_real_value(x)) < 9e15) {
+        n = (long long)json_real_value(x);
+    } else {
+        srv_error(out, 400, "invalid_request_error", key, "invalid_type", "'%s' must be an integer, got %s", key,
+                  type_name(x));
+        return false;
+    }
+    if (n < lo || n > hi) {
+        srv_error(out, 400, "invalid_request_error", key, "invalid_value", "'%s' must be between %lld and %lld, got %lld",
+                  key, lo, hi, n);
+        return false;
+    }
+    *v = n;
+    if (present) *present = true;
+    return true;
+}
+
+/* ---- options common to both endpoints ---- */
+
+typedef struct {
+    ag_sample_params sp;
+    ag_logit_bias   *bias;
+    int              max_tokens; /* 0: until the context is full */
+    int              n;
+    char            *stops[MAX_STOPS];
+    int              n_stops;
+    bool             stream, include_usage, ignore_eos, echo;
+    bool             logprobs;
+    int              top_logprobs;
+} gen_opts;
+
+static void opts_free(gen_opts *o) {
+    free(o->bias);
+    for (int i = 0; i < o->n_stops; i++) free(o->stops[i]);
+}
+
+static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_resp *out) {
+    memset(o, 0, sizeof *o);
+    o->sp = ag_sample_default_params();
+    o->sp.penalty_last_n = -1;
+    o->n = 1;
+    o->max_tokens = chat ? 0 : 16; /* OpenAI's defaults */
+    json_t *model = json_object_get(b, "model");
+    if (model && !json_is_null(model) && !json_is_string(model)) {
+        srv_error(out, 400, "invalid_request_error", "model", "invalid_type", "'model' must be a string, got %s",
+                  type_name(model));
+        return false;
+    }
+    double d;
+    long long n;
+    bool present = false;
+    d = 1.0;
+    if (!get_num(b, "temperature", 0, 2, &d, out)) return false;
+    o->sp.temperature = (float)d;
+    d = 1.0;
+    if (!get_num(b, "top_p", 0, 1, &d, out)) return false;
+    o->sp.top_p = (float)d;
+    d = 0.0;
+    if (!get_num(b, "min_p", 0, 1, &d, out)) return false;
+    o->sp.min_p = (float)d;
+    n = 0;
+    if (!get_int(b, "top_k", -1, 1 << 24, &n, NULL, out)) return false;
+    o->sp.top_k = n < 0 ? 0 : (int32_t)n; /* -1: off, as llama.cpp */
+    d = 0.0;
+    if (!get_num(b, "presence_penalty", -2, 2, &d, out)) return false;
+    o->sp.presence_penalty = (float)d;
+    d = 0.0;
+    if (!get_num(b, "frequency_penalty", -2, 2, &d, out)) return false;
+    o->sp.frequency_penalty = (float)d;
+    d = 1.0;
+    if (!get_num(b, "repetition_penalty", 0.01, 10, &d, out)) return false;
+    o->sp.repetition_penalty = (float)d;
+
+    /* seed: any 64-bit integer; without one every request gets its own */
+    json_t *seed = json_object_get(b, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) {
+            srv_error(out, 400, "invalid_request_error", "seed", "invalid_type", "'seed' must be an integer, got %s",
+                      type_name(seed));
+            return false;
+        }
+        o->sp.seed = (uint64_t)json_integer_value(seed);
+    } else {
+        uint64_t r = 0;
+        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint64_t)time(NULL) ^ (uint64_t)clock() << 20;
+        o->sp.seed = r;
+    }
+
+    n = 0;
+    present = false;
+    if (!get_int(b, "max_tokens", 1, 1 << 24, &n, &present, out)) return false;
+    if (present) o->max_tokens = (int)n;
+    if (chat) {
+        present = false;
+        if (!get_int(b, "max_completion_tokens", 1, 1 << 24, &n, &present, out)) return false;
+        if (present) o->max_tokens = (int)n;
+    }
+    n = 1;
+    json_t *nv = json_object_get(b, "n");
+    if (nv && !json_is_null(nv) && json_is_integer(nv) && json_integer_value(nv) > s->n_parallel &&
+        json_integer_value(nv) <= 128) {
+        srv_error(out, 400, "invalid_request_error", "n", "invalid_value",
+                  "'n' = %lld is more than this server runs at once (%d, its --parallel)",
+                  (long long)json_integer_value(nv), s->n_parallel);
+        return false;
+    }
+    if (!get_int(b, "n", 1, s->n_parallel < 128 ? s->n_parallel : 128, &n, NULL, out)) return false;
+    o->n = (int)n;
+
+    /* stop: a string or a list of strings */
+    json_t *stop = json_object_get(b, "stop");
+    if (stop && !json_is_null(stop)) {
+        if (json_is_string(stop)) {
+            if (json_string_length(stop)) o->stops[o->n_stops++] = strdup(json_string_value(stop));
+        } else if (json_is_array(stop)) {
+            if (json_array_size(stop) > MAX_STOPS) {
+                srv_error(out, 400, "invalid_request_error", "stop", "invalid_value",
+                          "'stop' may hold at most %d strings", MAX_STOPS);
+                return false;
+            }
+            size_t i;
+            json_t *x;
+            json_array_foreach(stop, i, x) {
+                if (!json_is_string(x)) {
+                    srv_error(out, 400, "invalid_request_error", "stop", "invalid_type",
+                              "'stop' must be a string or a list of strings; item %zu is %s", i, type_name(x));
+                    return false;
+                }
+                if (json_string_length(x)) o->stops[o->n_stops++] = strdup(json_string_value(x));
+            }
+        } else {
+            srv_error(out, 400, "invalid_request_error", "stop", "invalid_type",
+                      "'stop' must be a string or a list of strings, got %s", type_name(stop));
+            return false;
+        }
+    }
+
+    for (int i = 0; i < o->n_stops; i++)
+        if (!o->stops[i]) {
+            srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
+            return false;
+        }
+
+    /* logit_bias: {"token id": bias in [-100, 100]} */
+    json_t *lb = json_object_get(b, "logit_bias");
+    if (lb && !json_is_null(lb)) {
+        if (!json_is_object(lb)) {
+            srv_error(out, 400, "invalid_request_error", "logit_bias", "invalid_type",
+                      "'logit_bias' must be an object mapping token ids to biases, got %s", type_name(lb));
+            return false;
+        }
+        size_t cnt = json_object_size(lb);
+        o->bias = calloc(cnt ? cnt : 1, sizeof *o->bias);
+        if (!o->bias) {
+            srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
+            return false;
+        }
+        const char *k;
+        json_t *x;
+        json_object_foreach(lb, k, x) {
+            char *end;
+            long id = strtol(k, &end, 10);
+            if (!*k || *end || id < 0 || id >= s->n_vocab) {
+                srv_error(out, 400, "invalid_request_error", "logit_bias", "invalid_value",
+                          "'logit_bias' key '%s' is not a token id in [0, %d)", k, s->n_vocab);
+                return false;
+            }
+            if (!json_is_number(x) || json_number_value(x) < -100 || json_number_value(x) > 100) {
+                srv_error(out, 400, "invalid_request_error", "logit_bias", "invalid_value",
+                          "'logit_bias' values must be numbers between -100 and 100 (token %ld)", id);
+                return false;
+            }
+            o->bias[o->sp.n_logit_bias++] = (ag_logit_bias){(int32_t)id, (float)json_number_value(x)};
+        }
+        o->sp.logit_bias = o->bias;
+    }
+
+    if (!get_bool(b, "stream", &o->stream, out)) return false;
+    json_t *so = json_object_get(b, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) {
+            srv_error(out, 400, "invalid_request_error", "stream_options", "invalid_type",
+                      "'stream_options' must be an object, got %s", type_name(so));
+            return false;
+        }
+        json_t *iu = json_object_get(so, "include_usage");
+        if (iu && !json_is_null(iu) && !json_is_boolean(iu)) {
+            srv_error(out, 400, "invalid_request_error", "stream_options.include_usage", "invalid_type",
+                      "'stream_options.include_usage' must be a boolean, got %s", type_name(iu));
+            return false;
+        }
+        o->include_usage = json_is_true(iu);
+    }
+    if (!get_bool(b, "ignore_eos", &o->ignore_eos, out)) return false;
+
+    if (chat) {
+        if (!get_bool(b, "logprobs", &o->logprobs, out)) return false;
+        n = 0;
+        present = false;
+        if (!get_int(b, "top_logprobs", 0, AG_SAMPLE_MAX_LOGPROBS, &n, &present, out)) return false;
+        if (present && !o->logprobs) {
+            srv_error(out, 400, "invalid_request_error", "top_logprobs", "invalid_value",
+                      "'top_logprobs' needs 'logprobs' set to true");
+            return false;
+        }
+        o->top_logprobs = (int)n;
+    } else {
+        n = 0;
+        present = false;
+        if (!get_int(b, "logprobs", 0, AG_SAMPLE_MAX_LOGPROBS, &n, &present, out)) return false;
+        o->logprobs = present;
+        o->top_logprobs = (int)n;
+        if (!get_bool(b, "echo", &o->echo, out)) return false;
+        n = 1;
+        present = false;
+        if (!get_int(b, "best_of", 1, 128, &n, &present, out)) return false;
+        if (present && n != o->n) {
+            srv_error(out, 400, "invalid_request_error", "best_of", "unsupported_value",
+                      "'best_of' other than 'n' is not supported");
+            return false;
+        }
+    }
+    o->sp.logprobs = o->logprobs;
+    o->sp.n_logprobs = o->logprobs ? o->top_logprobs : 0;
+    return true;
+}
+
+/* ---- output state ---- */
+
+typedef struct {
+    ag_buf    text;   /* everything generated (stop strings removed) */
+    size_t    sent;   /* bytes of text already streamed as content */
+    ag_finish finish;
+    bool      done;
+    char     *error;
+    json_t   *lp;     /* chat: content entries; completions: {tokens,...} (non-stream) */
+    size_t    offset; /* completions text_offset of the next token */
+    int       prompt; /* index of its prompt (completions) */
+} choice_out;
+
+typedef struct srv_job {
+    ag_server             *s;
+    struct MHD_Connection *conn;
+    bool                   chat, stream, include_usage, logprobs, tools;
+    int                    top_logprobs;
+    ag_tool_format         tf;
+    json_t                *tool_list; /* the request's tools (owned), when tools are active */
+    int                    n_choices;
+    choice_out            *ch;
+    char                 **echo; /* per prompt (completions with echo) */
+    size_t                *echo_len;
+    int                    n_prompts;
+    char                   id[48];
+    time_t                 created;
+    srv_gen               *gen;
+    ag_buf                 out; /* SSE bytes not yet handed to MHD */
+    size_t                 out_off;
+    bool                   ended;
+} srv_job;
+
+static void job_free(srv_job *j) {
+    if (!j) return;
+    /* a stream that never reached its end lost its client (a failed write
+     * or a closed socket) */
+    if (j->stream && !j->ended && j->gen) atomic_fetch_add(&j->s->client_cancels, 1);
+    srv_gen_release(j->gen);
+    json_decref(j->tool_list);
+    for (int i = 0; i < j->n_choices; i++) {
+        ag_buf_free(&j->ch[i].text);
+        free(j->ch[i].error);
+        json_decref(j->ch[i].lp);
+    }
+    free(j->ch);
+    for (int i = 0; i < j->n_prompts; i++)
+        if (j->echo) free(j->echo[i]);
+    free(j->echo);
+    free(j->echo_len);
+    ag_buf_free(&j->out);
+    free(j);
+}
+
+static srv_job *job_new(srv_req *rq, bool chat, const gen_opts *o, int n_prompts) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    j->s = rq->s;
+    j->conn = rq->conn;
+    j->chat = chat;
+    j->stream = o->stream;
+    j->include_usage = o->include_usage;
+    j->logprobs = o->logprobs;
+    j->top_logprobs = o->top_logprobs;
+    j->n_prompts = n_prompts;
+    j->n_choices = o->n * n_prompts;
+    j->created = time(NULL);
+    char rnd[25];
+    srv_random_id(rnd, 24);
+    snprintf(j->id, sizeof j->id, "%s-%s", chat ? "chatcmpl" : "cmpl", rnd);
+    j->ch = calloc((size_t)j->n_choices, sizeof *j->ch);
+    j->gen = srv_gen_new(rq->s, n_prompts);
+    if (!j->ch || !j->gen) {
+        job_free(j);
+        return NULL;
+    }
+    for (int i = 0; i < j->n_choices; i++) j->ch[i].prompt = i / o->n;
+    return j;
+}
+
+static double clamp_lp(float lp) { return isfinite(lp) && lp > LOGPROB_FLOOR ? (double)lp : LOGPROB_FLOOR; }
+
+static json_t *bytes_of(const char *p, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer((unsigned char)p[i]));
+    return a;
+}
+
+static json_t *piece_str(ag_server *s, int32_t tok, const char **p, size_t *n) {
+    *p = ag_tok_piece(s->tok, tok, n);
+    if (!*p) {
+        *p = "";
+        *n = 0;
+    }
+    return srv_jstr(*p, *n);
+}
+
+/* One chat logprobs entry {token, logprob, bytes, top_logprobs}. */
+static json_t *chat_lp_entry(srv_job *j, const srv_event *e) {
+    const char *p;
+    size_t n;
+    json_t *ent = json_object();
+    json_object_set_new(ent, "token", piece_str(j->s, e->token, &p, &n));
+    json_object_set_new(ent, "logprob", json_real(clamp_lp(e->logprob)));
+    json_object_set_new(ent, "bytes", bytes_of(p, n));
+    json_t *tops = json_array();
+    for (int k = 0; k < e->n_top && k < j->top_logprobs; k++) {
+        json_t *t = json_object();
+        json_object_set_new(t, "token", piece_str(j->s, e->top[k].token, &p, &n));
+        json_object_set_new(t, "logprob", json_real(clamp_lp(e->top[k].logprob)));
+        json_object_set_new(t, "bytes", bytes_of(p, n));
+        json_array_append_new(tops, t);
+    }
+    json_object_set_new(ent, "top_logprobs", tops);
+    return ent;
+}
+
+/* text_offset counts characters (as Python and OpenAI do), not bytes. */
+static size_t n_chars(const char *p, size_t n) {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)p[i] & 0xC0) != 0x80;
+    return c;
+}
+
+static json_t *completion_lp_new(void) {
+    json_t *lp = json_object();
+    json_object_set_new(lp, "tokens", json_array());
+    json_object_set_new(lp, "token_logprobs", json_array());
+    json_object_set_new(lp, "top_logprobs", json_array());
+    json_object_set_new(lp, "text_offset", json_array());
+    return lp;
+}
+
+/* Appends one token to a completions logprobs object; token < 0 with
+ * `prompt_piece` records an echoed prompt token (no logprob known). */
+static void completion_lp_add(srv_job *j, json_t *lp, choice_out *c, const srv_event *e) {
+    const char *p;
+    size_t n;
+    json_array_append_new(json_object_get(lp, "tokens"), piece_str(j->s, e->token, &p, &n));
+    json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(clamp_lp(e->logprob)));
+    if (j->top_logprobs > 0) {
+        json_t *tops = json_object();
+        for (int k = 0; k < e->n_top && k < j->top_logprobs; k++) {
+            const char *tp;
+            size_t tn;
+            tp = ag_tok_piece(j->s->tok, e->top[k].token, &tn);
+            json_t *key = srv_jstr(tp ? tp : "", tp ? tn : 0);
+            const char *ks = json_string_value(key);
+            if (ks && !json_object_get(tops, ks)) json_object_set_new(tops, ks, json_real(clamp_lp(e->top[k].logprob)));
+            json_decref(key);
+        }
+        json_array_append_new(json_object_get(lp, "top_logprobs"), tops);
+    } else {
+        json_array_append_new(json_object_get(lp, "top_logprobs"), json_null());
+    }
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)c->offset));
+    c->offset += n_chars(p, n);
+}
+
+/* Echoed prompt tokens in completions logprobs: no logprob for them. */
+static void completion_lp_prompt(srv_job *j, json_t *lp, choice_out *c, const int32_t *ids, size_t n_ids,
+                                 bool skip_bos, const char *echo, size_t echo_len) {
+    bool first = true;
+    for (size_t i = 0; i < n_ids; i++) {
+        if (i == 0 && skip_bos && ids[0] == ag_tok_bos(j->s->tok)) continue;
+        const char *p;
+        size_t n;
+        json_array_append_new(json_object_get(lp, "tokens"), piece_str(j->s, ids[i], &p, &n));
+        json_array_append_new(json_object_get(lp, "token_logprobs"), json_null());
+        json_array_append_new(json_object_get(lp, "top_logprobs"), json_null());
+        json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)c->offset));
+        size_t adv = n_chars(p, n);
+        /* SentencePiece's inserted space is not in the echoed text */
+        if (first && n && p[0] == ' ' && !(echo_len && echo[0] == ' ')) adv--;
+        c->offset += adv;
+        first = false;
+    }
+}
+
+static bool event_has_lp(srv_job *j, const srv_event *e) {
+    if (!j->logprobs || !e->has_sample || e->token < 0) return false;
+    /* the end-of-generation token is not part of the output */
+    return !(e->finish == AG_FINISH_STOP && ag_tok_is_eog(j->s->tok, e->token));
+}
+
+static const char *finish_name(ag_finish f) {
+    return f == AG_FINISH_LENGTH ? "length" : f == AG_FINISH_STOP ? "stop" : NULL;
+}
+
+static json_t *usage_json(srv_job *j) {
+    int p, c, g;
+    srv_gen_usage(j->gen, &p, &c, &g);
+    json_t *u = json_object();
+    json_object_set_new(u, "prompt_tokens", json_integer(p));
+    json_object_set_new(u, "completion_tokens", json_integer(g));
+    json_object_set_new(u, "total_tokens", json_integer(p + g));
+    json_t *d = json_object();
+    json_object_set_new(d, "cached_tokens", json_integer(c));
+    json_object_set_new(u, "prompt_tokens_details", d);
+    return u;
+}
+
+static json_t *envelope(srv_job *j, const char *object) {
+    json_t *r = json_object();
+    json_object_set_new(r, "id", json_string(j->id));
+    json_object_set_new(r, "object", json_string(object));
+    json_object_set_new(r, "created", json_integer((json_int_t)j->created));
+    json_object_set_new(r, "model", json_string(j->s->model_id));
+    json_object_set_new(r, "system_fingerprint", json_string(j->s->fingerprint));
+    return r;
+}
+
+/* ---- streaming ---- */
+
+static void sse_emit(srv_job *j, json_t *v) {
+    char *t = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(v);
+    if (!t) return;
+    ag_buf_append_str(&j->out, "data: ");
+    ag_buf_append_str(&j->out, t);
+    ag_buf_append_str(&j->out, "\n\n");
+    free(t);
+}
+
+static json_t *chunk_new(srv_job *j) {
+    json_t *c = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion");
+    json_object_set_new(c, "choices", json_array());
+    if (j->include_usage) json_object_set_new(c, "usage", json_null());
+    return c;
+}
+
+/* A chat chunk for one choice: delta (stolen), logprobs entries (stolen,
+ * may be NULL), finish reason (may be NULL). */
+static void emit_chat_chunk(srv_job *j, int idx, json_t *delta, json_t *lp_entries, const char *finish) {
+    json_t *c = chunk_new(j);
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(idx));
+    json_object_set_new(ch, "delta", delta);
+    if (lp_entries) {
+        json_t *lp = json_object();
+        json_object_set_new(lp, "content", lp_entries);
+        json_object_set_new(ch, "logprobs", lp);
+    } else {
+        json_object_set_new(ch, "logprobs", json_null());
+    }
+    json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
+    json_array_append_new(json_object_get(c, "choices"), ch);
+    sse_emit(j, c);
+}
+
+static void emit_text_chunk(srv_job *j, int idx, const char *text, size_t len, json_t *lp, const char *finish) {
+    json_t *c = chunk_new(j);
+    json_t *ch = json_object();
+    json_object_set_new(ch, "index", json_integer(idx));
+    json_object_set_new(ch, "text", srv_jstr(text, len));
+    json_object_set_new(ch, "logprobs", lp ? lp : json_null());
+    json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
+    json_array_append_new(json_object_get(c, "choices"), ch);
+    sse_emit(j, c);
+}
+
+static void emit_stream_error(srv_job *j, int status, const char *type, const char *code, const char *msg) {
+    json_t *e = json_object();
+    json_object_set_new(e, "message", srv_jstr(msg, strlen(msg)));
+    json_object_set_new(e, "type", json_string(type));
+    json_object_set_new(e, "param", json_null());
+    json_object_set_new(e, "code", code ? json_string(code) : json_integer(status));
+    json_t *root = json_object();
+    json_object_set_new(root, "error", e);
+    sse_emit(j, root);
+    j->ended = true;
+}
+
+static json_t *content_delta(const char *text, size_t len) {
+    json_t *d = json_object();
+    json_object_set_new(d, "content", srv_jstr(text, len));
+    return d;
+}
+
+static void stream_event(srv_job *j, srv_event *e) {
+    if (j->ended || e->choice < 0 || e->choice >= j->n_choices) return;
+    choice_out *c = &j->ch[e->choice];
+    if (c->done) return;
+    json_t *lp = NULL;
+    if (event_has_lp(j, e)) {
+        if (j->chat) {
+            lp = json_array();
+            json_array_append_new(lp, chat_lp_entry(j, e));
+        } else {
+            lp = completion_lp_new();
+            completion_lp_add(j, lp, c, e);
+        }
+    }
+    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    if (e->finish == AG_FINISH_ERROR || e->finish == AG_FINISH_CANCELLED) {
+        json_decref(lp);
+        c->done = true;
+        if (e->finish == AG_FINISH_ERROR)
+            emit_stream_error(j, 500, "server_error", NULL, e->error ? e->error : "generation failed");
+        else emit_stream_error(j, 503, "server_error", "shutting_down", "the request was cancelled: the server is shutting down");
+        return;
+    }
+    /* how much can go out as content now */
+    size_t safe = c->text.len;
+    if (j->tools) safe = ag_server_tool_safe_prefix(j->tf, c->text.data ? c->text.data : "", c->text.len);
+    if (safe < c->sent) safe = c->sent;
+    const char *fresh = c->text.data ? c->text.data + c->sent : "";
+    size_t fresh_len = safe - c->sent;
+    c->sent = safe;
+    if (e->finish == AG_FINISH_NONE) {
+        if (!fresh_len && !lp) return;
+        if (j->chat) emit_chat_chunk(j, e->choice, content_delta(fresh, fresh_len), lp, NULL);
+        else emit_text_chunk(j, e->choice, fresh, fresh_len, lp, NULL);
+        return;
+    }
+    /* the choice's last event */
+    c->done = true;
+    c->finish = e->finish;
+    const char *reason = finish_name(e->finish);
+    json_t *calls = NULL;
+    if (j->tools) {
+        ag_buf rest = {0};
+        if (ag_server_parse_tool_calls(j->tf, c->text.data, c->text.len, j->tool_list, &calls, &rest)) {
+            if (e->finish == AG_FINISH_STOP) reason = "tool_calls";
+        } else {
+            /* not a call after all: release what was held back */
+            fresh = c->text.data ? c->text.data + (c->sent - fresh_len) : "";
+            fresh_len = c->text.len - (c->sent - fresh_len);
+            c->sent = c->text.len;
+        }
+        ag_buf_free(&rest);
+    }
+    if (j->chat) {
+        if (fresh_len || lp) emit_chat_chunk(j, e->choice, content_delta(fresh, fresh_len), lp, NULL);
+        if (calls) {
+            size_t k;
+            json_t *call;
+            json_array_foreach(calls, k, call) {
+                json_t *tc = json_deep_copy(call);
+                json_object_set_new(tc, "index", json_integer((json_int_t)k));
+                json_t *arr = json_array();
+                json_array_append_new(arr, tc);
+                json_t *d = json_object();
+                json_object_set_new(d, "tool_calls", arr);
+                emit_chat_chunk(j, e->choice, d, NULL, NULL);
+            }
+            json_decref(calls);
+        }
+        emit_chat_chunk(j, e->choice, json_object(), NULL, reason);
+    } else {
+        emit_text_chunk(j, e->choice, fresh, fresh_len, lp, reason);
+    }
+}
+
+static void stream_end(srv_job *j) {
+    if (j->ended) return;
+    if (j->include_usage) {
+        json_t *c = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion");
+        json_object_set_new(c, "choices", json_array());
+        json_object_set_new(c, "usage", usage_json(j));
+        sse_emit(j, c);
+    }
+    ag_buf_append_str(&j->out, "data: [DONE]\n\n");
+    j->ended = true;
+    atomic_fetch_add(&j->s->completions_ok, 1);
+}
+
+ssize_t srv_job_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    srv_job *j = cls;
+    for (;;) {
+        if (j->out_off < j->out.len) {
+            size_t n = j->out.len - j->out_off;
+            if (n > max) n = max;
+            memcpy(buf, j->out.data + j->out_off, n);
+            j->out_off += n;
+            if (j->out_off == j->out.len) {
+                ag_buf_clear(&j->out);
+                j->out_off = 0;
+            }
+            return (ssize_t)n;
+        }
+        if (j->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        /* wait for one event, then take whatever else is already queued so
+         * that a burst goes out in one write; never wait while holding
+         * output */
+        srv_event *e = srv_gen_next(j->gen, 200);
+        while (e) {
+            stream_event(j, e);
+            free(e->error);
+            free(e);
+            if (j->out.len > 8192) break;
+            e = srv_gen_next(j->gen, 0);
+        }
+        if (j->out.len) continue;
+        if (srv_gen_finished(j->gen)) {
+            stream_end(j);
+            continue;
+        }
+        if (srv_client_gone(j->conn)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+void srv_job_free(void *cls) { job_free(cls); }
+
+/* ---- non-streaming ---- */
+
+static void collect_event(srv_job *j, srv_event *e) {
+    if (e->choice < 0 || e->choice >= j->n_choices) return;
+    choice_out *c = &j->ch[e->choice];
+    if (c->done) return;
+    if (event_has_lp(j, e)) {
+        if (j->chat) {
+            if (!c->lp) c->lp = json_array();
+            json_array_append_new(c->lp, chat_lp_entry(j, e));
+        } else {
+            if (!c->lp) c->lp = completion_lp_new();
+            completion_lp_add(j, c->lp, c, e);
+        }
+    }
+    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    if (e->finish != AG_FINISH_NONE) {
+        c->done = true;
+        c->finish = e->finish;
+        if (e->error) c->error = strdup(e->error);
+    }
+}
+
+/* Waits for every choice, watching for the client going away. Returns
+ * false if it did (the request was cancelled). */
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static bool collect_all(srv_job *j) {
+    double next_check = mono_ms() + 200;
+    for (;;) {
+        srv_event *e = srv_gen_next(j->gen, 200);
+        if (e) {
+            collect_event(j, e);
+            free(e->error);
+            free(e);
+        } else if (srv_gen_finished(j->gen)) {
+            return true;
+        }
+        /* events may flow without pause: look at the socket on a clock */
+        double now = mono_ms();
+        if (now >= next_check) {
+            next_check = now + 200;
+            if (srv_client_gone(j->conn)) {
+                atomic_fetch_add(&j->s->client_cancels, 1);
+                srv_gen_cancel(j->gen);
+                return false;
+            }
+        }
+    }
+}
+
+static void respond_collected(srv_job *j, srv_resp *out) {
+    for (int i = 0; i < j->n_choices; i++) {
+        choice_out *c = &j->ch[i];
+        if (c->finish == AG_FINISH_ERROR) {
+            srv_error(out, 500, "server_error", NULL, NULL, "generation failed: %s",
+                      c->error ? c->error : "unknown error");
+            return;
+        }
+        if (c->finish == AG_FINISH_CANCELLED || !c->done) {
+            srv_error(out, 503, "server_error", NULL, "shutting_down",
+                      "the request was cancelled: the server is shutting down");
+            return;
+        }
+    }
+    json_t *r = envelope(j, j->chat ? "chat.completion" : "text_completion");
+    json_t *choices = json_array();
+    for (int i = 0; i < j->n_choices; i++) {
+        choice_out *c = &j->ch[i];
+        const char *reason = finish_name(c->finish);
+        json_t *ch = json_object();
+        json_object_set_new(ch, "index", json_integer(i));
+        const char *text = c->text.data ? c->text.data : "";
+        if (j->chat) {
+            json_t *msg = json_object();
+            json_object_set_new(msg, "role", json_string("assistant"));
+            json_t *calls = NULL;
+            ag_buf content = {0};
+            if (j->tools && ag_server_parse_tool_calls(j->tf, text, c->text.len, j->tool_list, &calls, &content)) {
+                json_object_set_new(msg, "content", content.len ? srv_jstr(content.data, content.len) : json_null());
+                json_object_set_new(msg, "tool_calls", calls);
+                if (c->finish == AG_FINISH_STOP) reason = "tool_calls";
+            } else {
+                json_object_set_new(msg, "content", srv_jstr(text, c->text.len));
+            }
+            ag_buf_free(&content);
+            json_object_set_new(msg, "refusal", json_null());
+            json_object_set_new(ch, "message", msg);
+            if (c->lp) {
+                json_t *lp = json_object();
+                json_object_set_new(lp, "content", json_incref(c->lp));
+                json_object_set_new(ch, "logprobs", lp);
+            } else {
+                json_object_set_new(ch, "logprobs", j->logprobs ? json_pack("{s:[]}", "content") : json_null());
+            }
+        } else {
+            ag_buf full = {0};
+            if (j->echo) ag_buf_append(&full, j->echo[c->prompt], j->echo_len[c->prompt]);
+            ag_buf_append(&full, text, c->text.len);
+            json_object_set_new(ch, "text", srv_jstr(full.data, full.len));
+            ag_buf_free(&full);
+            json_object_set_new(ch, "logprobs", c->lp ? json_incref(c->lp) : json_null());
+        }
+        json_object_set_new(ch, "finish_reason", json_string(reason ? reason : "stop"));
+        json_array_append_new(choices, ch);
+    }
+    json_object_set_new(r, "choices", choices);
+    json_object_set_new(r, "usage", usage_json(j));
+    atomic_fetch_add(&j->s->completions_ok, 1);
+    srv_json(out, 200, r);
+}
+
+/* ---- submission ---- */
+
+static void submit_error(srv_resp *out, ag_status st, const char *prompt_param) {
+    const char *msg = ag_error_message();
+    if (st == AG_ERR_UNSUPPORTED) {
+        srv_error(out, 503, "server_error", NULL, "shutting_down", "%s", msg);
+    } else if (st == AG_ERR_RANGE && strstr(msg, "context_length_exceeded")) {
+        srv_error(out, 400, "invalid_request_error", prompt_param, "context_length_exceeded", "%s", msg);
+    } else if (st == AG_ERR_NOMEM && strstr(msg, "busy")) {
+        srv_error(out, 429, "rate_limit_error", NULL, "server_busy", "%s; retry later", msg);
+        snprintf(out->retry_after, sizeof out->retry_after, "1");
+    } else if (st == AG_ERR_NOMEM && strstr(msg, "KV cache")) {
+        srv_error(out, 400, "invalid_request_error", "max_tokens", "invalid_value", "%s", msg);
+    } else if (st == AG_ERR_RANGE || st == AG_ERR_INVALID) {
+        srv_error(out, 400, "invalid_request_error", NULL, "invalid_value", "%s", msg);
+    } else {
+        srv_error(out, 500, "server_error", NULL, NULL, "%s", msg);
+    }
+}
+
+/* Submits every prompt and produces the response (or hands the stream to
+ * `out`). Takes ownership of j. */
+static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *n_ids, const char *prompt_param,
+                    srv_resp *out) {
+    for (int p = 0; p < j->n_prompts; p++) {
+        ag_gen_request r = {.prompt = ids[p], .n_prompt = (int)n_ids[p], .max_tokens = o->max_tokens,
+                            .n_choices = o->n, .sample = o->sp, .stops = (const char *const *)o->stops,
+                            .n_stops = o->n_stops, .ignore_eos = o->ignore_eos};
+        ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
+        if (st) {
+            submit_error(out, st, prompt_param);
+            j->ended = true; /* nothing was streamed: not a client's loss */
+            job_free(j);     /* cancels the prompts already submitted */
+            return;
+        }
+    }
+    if (j->stream) {
+        out->status = 200;
+        out->stream = j;
+        if (j->chat) {
+            for (int i = 0; i < j->n_choices; i++) {
+                json_t *d = json_object();
+                json_object_set_new(d, "role", json_string("assistant"));
+                json_object_set_new(d, "content", json_string(""));
+                emit_chat_chunk(j, i, d, NULL, NULL);
+            }
+        } else if (j->echo) {
+            for (int i = 0; i < j->n_choices; i++) {
+                int p = j->ch[i].prompt;
+                emit_text_chunk(j, i, j->echo[p], j->echo_len[p], NULL, NULL);
+            }
+        }
+        return;
+    }
+    if (!collect_all(j)) {
+        srv_error(out, 400, "invalid_request_error", NULL, "client_closed", "the client closed the connection");
+        job_free(j);
+        return;
+    }
+    respond_collected(j, out);
+    job_free(j);
+}
+
+/* ---- /v1/chat/completions ---- */
+
+static bool is_role(const char *r) {
+    return !strcmp(r, "system") || !strcmp(r, "user") || !strcmp(r, "assistant") || !strcmp(r, "tool") ||
+           !strcmp(r, "developer");
+}
+
+/* content: string, list of text parts, or null; into a string. */
+static bool content_text(json_t *content, size_t i, bool may_be_null, ag_buf *out_text, srv_resp *out) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu].content", i);
+    if (!content || json_is_null(content)) {
+        if (may_be_null) return true;
+        srv_error(out, 400, "invalid_request_error", param, "invalid_value", "'%s' is required", param);
+        return false;
+    }
+    if (json_is_string(content)) {
+        ag_buf_append(out_text, json_string_value(content), json_string_length(content));
+        return true;
+    }
+    if (!json_is_array(content)) {
+        srv_error(out, 400, "invalid_request_error", param, "invalid_type",
+                  "'%s' must be a string or a list of content parts, got %s", param, type_name(content));
+        return false;
+    }
+    size_t k;
+    json_t *part;
+    json_array_foreach(content, k, part) {
+        json_t *type = json_object_get(part, "type");
+        json_t *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type)) {
+            srv_error(out, 400, "invalid_request_error", param, "invalid_type",
+                      "'%s[%zu]' must be a content part object with a 'type'", param, k);
+            return false;
+        }
+        if (strcmp(json_string_value(type), "text") != 0) {
+            srv_error(out, 400, "invalid_request_error", param, "unsupported_value",
+                      "content part type '%s' is not supported (this model reads text only)", json_string_value(type));
+            return false;
+        }
+        if (!json_is_string(text)) {
+            srv_error(out, 400, "invalid_request_error", param, "invalid_type",
+                      "'%s[%zu].text' must be a string", param, k);
+            return false;
+        }
+        if (k) ag_buf_append_char(out_text, '\n');
+        ag_buf_append(out_text, json_string_value(text), json_string_length(text));
+    }
+    return true;
+}
+
+/* Checks an assistant message's tool_calls and gives the template what it
+ * expects: arguments as an object where they parse as one. */
+static json_t *convert_tool_calls(json_t *calls, size_t i, srv_resp *out) {
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
+    if (!json_is_array(calls)) {
+        srv_error(out, 400, "invalid_request_error", param, "invalid_type", "'%s' must be a list", param);
+        return NULL;
+    }
+    json_t *res = json_array();
+    size_t k;
+    json_t *tc;
+    json_array_foreach(calls, k, tc) {
+        json_t *fn = json_object_get(tc, "function");
+        json_t *name = json_object_get(fn, "name");
+        json_t *args = json_object_get(fn, "arguments");
+        if (!json_is_object(tc) || !json_is_object(fn) || !json_is_string(name) ||
+            (args && !json_is_null(args) && !json_is_string(args) && !json_is_object(args))) {
+            json_decref(res);
+            srv_error(out, 400, "invalid_request_error", param, "invalid_value",
+                      "'%s[%zu]' must be {\"type\": \"function\", \"function\": {\"name\": string, \"arguments\": "
+                      "string}}",
+                      param, k);
+            return NULL;
+        }
+        json_t *nfn = json_object();
+        json_object_set(nfn, "name", name);
+        json_t *a = NULL;
+        if (json_is_string(args)) {
+            json_error_t err;
+            a = json_loads(json_string_value(args), 0, &err);
+            if (a && !json_is_object(a)) {
+                json_decref(a);
+                a = NULL;
+            }
+            if (!a) a = json_incref(args);
+        } else {
+            a = args ? json_incref(args) : json_object();
+            if (json_is_null(a)) {
+                json_decref(a);
+                a = json_object();
+            }
+        }
+        json_object_set_new(nfn, "arguments", a);
+        json_t *ntc = json_object();
+        json_t *id = json_object_get(tc, "id");
+        if (json_is_string(id)) json_object_set(ntc, "id", id);
+        json_object_set_new(ntc, "type", json_string("function"));
+        json_object_set_new(ntc, "function", nfn);
+        json_array_append_new(res, ntc);
+    }
+    return res;
+}
+
+/* The system text that teaches tool calling to a model whose template does
+ * not render tools: Hermes' convention, the one we then parse. */
+static void generic_tools_text(json_t *tools, ag_buf *b) {
+    ag_buf_append_str(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                         "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        char *s = json_dumps(t, JSON_COMPACT | JSON_PRESERVE_ORDER);
+        if (s) {
+            ag_buf_append_char(b, '\n');
+            ag_buf_append_str(b, s);
+            free(s);
+        }
+    }
+    ag_buf_append_str(b, "\n</tools>\n\nFor each function call, return a json object with function name and "
+                         "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+                         "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
+}
+
+/* Validates messages and builds the list the template sees. */
+static json_t *build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *out) {
+    if (!msgs) {
+        srv_error(out, 400, "invalid_request_error", "messages", "missing_required_parameter", "'messages' is required");
+        return NULL;
+    }
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        srv_error(out, 400, "invalid_request_error", "messages", json_is_array(msgs) ? "invalid_value" : "invalid_type",
+                  "'messages' must be a non-empty list of messages");
+        return NULL;
+    }
+    bool generic = tools && !s->tmpl_has_tools;
+    json_t *res = json_array();
+    size_t i;
+    json_t *m;
+    ag_buf text = {0};
+    json_array_foreach(msgs, i, m) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m)) {
+            srv_error(out, 400, "invalid_request_error", param, "invalid_type", "'%s' must be an object, got %s", param,
+                      type_name(m));
+            goto fail;
+        }
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role) || !is_role(json_string_value(role))) {
+            snprintf(param, sizeof param, "messages[%zu].role", i);
+            srv_error(out, 400, "invalid_request_error", param, "invalid_value",
+                      "'%s' must be one of system, developer, user, assistant, tool", param);
+            goto fail;
+        }
+        const char *r = json_string_value(role);
+        if (!strcmp(r, "developer")) r = "system";
+        bool assistant = !strcmp(r, "assistant");
+        json_t *calls_in = json_object_get(m, "tool_calls");
+        bool has_calls = assistant && calls_in && !json_is_null(calls_in);
+        ag_buf_clear(&text);
+        if (!content_text(json_object_get(m, "content"), i, assistant, &text, out)) goto fail;
+        json_t *nm = json_object();
+        json_t *calls = NULL;
+        if (has_calls && !(calls = convert_tool_calls(calls_in, i, out))) {
+            json_decref(nm);
+            goto fail;
+        }
+        if (generic && calls) {
+            /* spell the calls out the way the tools text taught */
+            size_t k;
+            json_t *tc;
+            json_array_foreach(calls, k, tc) {
+                json_t *fn = json_object_get(tc, "function");
+                json_t *o = json_pack("{s:O, s:O}", "name", json_object_get(fn, "name"), "arguments",
+                                      json_object_get(fn, "arguments"));
+                char *js = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+                json_decref(o);
+                if (text.len) ag_buf_append_char(&text, '\n');
+                ag_buf_printf(&text, "<tool_call>\n%s\n</tool_call>", js ? js : "{}");
+                free(js);
+            }
+            json_decref(calls);
+            calls = NULL;
+        }
+        if (generic && !strcmp(r, "tool")) {
+            ag_buf wrapped = {0};
+            ag_buf_printf(&wrapped, "<tool_response>\n%s\n</tool_response>", ag_buf_cstr(&text));
+            ag_buf_free(&text);
+            text = wrapped;
+            r = "user";
+        }
+        json_object_set_new(nm, "role", json_string(r));
+        json_object_set_new(nm, "content", srv_jstr(text.data, text.len));
+        if (calls) json_object_set_new(nm, "tool_calls", calls);
+        json_t *name = json_object_get(m, "name");
+        if (json_is_string(name)) json_object_set(nm, "name", name);
+        json_t *tcid = json_object_get(m, "tool_call_id");
+        if (json_is_string(tcid)) json_object_set(nm, "tool_call_id", tcid);
+        json_array_append_new(res, nm);
+    }
+    if (generic) {
+        ag_buf_clear(&text);
+        generic_tools_text(tools, &text);
+        json_t *first = json_array_get(res, 0);
+        if (!strcmp(json_string_value(json_object_get(first, "role")), "system")) {
+            ag_buf merged = {0};
+            ag_buf_printf(&merged, "%s\n\n%s", json_string_value(json_object_get(first, "content")),
+                          ag_buf_cstr(&text));
+            json_object_set_new(first, "content", srv_jstr(merged.data, merged.len));
+            ag_buf_free(&merged);
+        } else {
+            json_array_insert_new(res, 0, json_pack("{s:s, s:s%}", "role", "system", "content", ag_buf_cstr(&text),
+                                                    text.len));
+        }
+    }
+    ag_buf_free(&text);
+    return res;
+fail:
+    ag_buf_free(&text);
+    json_decref(res);
+    return NULL;
+}
+
+/* tools + tool_choice: the tools array to use, NULL for none (or on error,
+ * with *failed). */
+static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed) {
+    *failed = false;
+    json_t *tools = json_object_get(b, "tools");
+    json_t *choice = json_object_get(b, "tool_choice");
+    if (tools && !json_is_null(tools)) {
+        if (!json_is_array(tools)) {
+            srv_error(out, 400, "invalid_request_error", "tools", "invalid_type", "'tools' must be a list, got %s",
+                      type_name(tools));
+            goto fail;
+        }
+        size_t i;
+        json_t *t;
+        json_array_foreach(tools, i, t) {
+            json_t *fn = json_object_get(t, "function");
+            json_t *type = json_object_get(t, "type");
+            json_t *name = json_object_get(fn, "name");
+            json_t *params = json_object_get(fn, "parameters");
+            json_t *desc = json_object_get(fn, "description");
+            if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") ||
+                !json_is_object(fn) || !json_is_string(name) || !json_string_length(name) ||
+                (params && !json_is_null(params) && !json_is_object(params)) ||
+                (desc && !json_is_null(desc) && !json_is_string(desc))) {
+                char param[32];
+                snprintf(param, sizeof param, "tools[%zu]", i);
+                srv_error(out, 400, "invalid_request_error", param, "invalid_value",
+                          "'%s' must be {\"type\": \"function\", \"function\": {\"name\": string, \"description\": "
+                          "string, \"parameters\": object}}",
+                          param);
+                goto fail;
+            }
+        }
+        if (json_array_size(tools) == 0) tools = NULL;
+    } else {
+        tools = NULL;
+    }
+    if (choice && !json_is_null(choice)) {
+        if (json_is_string(choice)) {
+            const char *c = json_string_value(choice);
+            if (!strcmp(c, "none")) return NULL;
+            if (strcmp(c, "auto") && strcmp(c, "required")) {
+                srv_error(out, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                          "'tool_choice' must be \"none\", \"auto\", \"required\" or a named function");
+                goto fail;
+            }
+            if (!strcmp(c, "required") && !tools) {
+                srv_error(out, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                          "'tool_choice' is \"required\" but no tools were given");
+                goto fail;
+            }
+        } else if (json_is_object(choice)) {
+            const char *want = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+            if (!want) {
+                srv_error(out, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                          "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": string}}");
+                goto fail;
+            }
+            size_t i;
+            json_t *t;
+            json_array_foreach(tools, i, t) {
+                const char *nm = json_string_value(json_object_get(json_object_get(t, "function"), "name"));
+                if (nm && !strcmp(nm, want)) {
+                    json_t *one = json_array();
+                    json_array_append(one, t);
+                    return one;
+                }
+            }
+            srv_error(out, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                      "'tool_choice' names function '%s', which is not in 'tools'", want);
+            goto fail;
+        } else {
+            srv_error(out, 400, "invalid_request_error", "tool_choice", "invalid_type",
+                      "'tool_choice' must be a string or an object, got %s", type_name(choice));
+            goto fail;
+        }
+    }
+    return tools ? json_incref(tools) : NULL;
+fail:
+    *failed = true;
+    return NULL;
+}
+
+void srv_route_chat(srv_req *rq, srv_resp *out) {
+    ag_server *s = rq->s;
+    json_t *b = srv_parse_body(rq, out);
+    if (!b) return;
+    gen_opts o;
+    json_t *tools = NULL, *msgs = NULL;
+    ag_buf prompt = {0};
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (!parse_common(s, b, true, &o, out)) goto done;
+    json_t *rf = json_object_get(b, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *type = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(type)) {
+            srv_error(out, 400, "invalid_request_error", "response_format", "invalid_type",
+                      "'response_format' must be an object with a 'type'");
+            goto done;
+        }
+        if (strcmp(json_string_value(type), "text") != 0) {
+            srv_error(out, 400, "invalid_request_error", "response_format", "unsupported_value",
+                      "response_format type '%s' is not supported (only \"text\")", json_string_value(type));
+            goto done;
+        }
+    }
+    bool failed;
+    tools = parse_tools(b, out, &failed);
+    if (failed) goto done;
+    if (!(msgs = build_messages(s, json_object_get(b, "messages"), tools, out))) goto done;
+    if (!s->chat) {
+        srv_error(out, 400, "invalid_request_error", NULL, "unsupported", "this model has no chat format");
+        goto done;
+    }
+    ag_status st = ag_chat_render(s->chat, msgs, s->tmpl_has_tools ? tools : NULL, true, NULL, &prompt);
+    if (st) {
+        srv_error(out, 400, "invalid_request_error", "messages", "template_error",
+                  "the model's chat template rejected the messages: %s", ag_error_message());
+        goto done;
+    }
+    bool add_special = !ag_chat_has_bos(s->chat, ag_buf_cstr(&prompt), prompt.len);
+    if ((st = ag_tok_encode(s->tok, ag_buf_cstr(&prompt), prompt.len, add_special, true, &ids, &n_ids))) {
+        srv_error(out, 400, "invalid_request_error", "messages", "invalid_value", "cannot tokenize the prompt: %s",
+                  ag_error_message());
+        goto done;
+    }
+    if (n_ids == 0) {
+        srv_error(out, 400, "invalid_request_error", "messages", "invalid_value", "the prompt is empty");
+        goto done;
+    }
+    srv_job *j = job_new(rq, true, &o, 1);
+    if (!j) {
+        srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    if (tools) {
+        j->tools = true;
+        j->tool_list = json_incref(tools);
+        j->tf = s->tmpl_has_tools ? s->tool_format : AG_TOOLS_HERMES;
+    }
+    if (ag_log_enabled(AG_LOG_DEBUG)) AG_LOGD("chat prompt (%zu tokens): %s", n_ids, ag_buf_cstr(&prompt));
+    run_job(j, &o, &ids, &n_ids, "messages", out);
+done:
+    free(ids);
+    ag_buf_free(&prompt);
+    json_decref(msgs);
+    json_decref(tools);
+    opts_free(&o);
+    json_decref(b);
+}
+
+/* ---- /v1/completions ---- */
+
+static bool token_list(ag_server *s, json_t *arr, int32_t **ids, size_t *n, srv_resp *out) {
+    size_t cnt = json_array_size(arr);
+    *ids = malloc(sizeof **ids * (cnt ? cnt : 1));
+    *n = 0;
+    if (!*ids) {
+        srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
+        return false;
+    }
+    size_t i;
+    json_t *x;
+    json_array_foreach(arr, i, x) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= s->n_vocab) {
+            srv_error(out, 400, "invalid_request_error", "prompt", "invalid_value",
+                      "prompt token ids must be integers in [0, %d)", s->n_vocab);
+            return false;
+        }
+        (*ids)[(*n)++] = (int32_t)json_integer_value(x);
+    }
+    return true;
+}
+
+void srv_route_completions(srv_req *rq, srv_resp *out) {
+    ag_server *s = rq->s;
+    json_t *b = srv_parse_body(rq, out);
+    if (!b) return;
+    gen_opts o;
+    int32_t *ids[MAX_PROMPTS] = {0};
+    size_t n_ids[MAX_PROMPTS] = {0};
+    bool from_text[MAX_PROMPTS] = {0};
+    json_t *texts[MAX_PROMPTS] = {0};
+    int n_prompts = 0;
+    srv_job *j = NULL;
+    if (!parse_common(s, b, false, &o, out)) goto done;
+    json_t *prompt = json_object_get(b, "prompt");
+    if (!prompt || json_is_null(prompt)) {
+        srv_error(out, 400, "invalid_request_error", "prompt", "missing_required_parameter", "'prompt' is required");
+        goto done;
+    }
+    if (json_is_string(prompt)) {
+        texts[n_prompts++] = prompt;
+    } else if (json_is_array(prompt) && json_array_size(prompt) > 0) {
+        json_t *first = json_array_get(prompt, 0);
+        size_t i;
+        json_t *x;
+        if (json_is_integer(first)) {
+            if (!token_list(s, prompt, &ids[0], &n_ids[0], out)) {
+                n_prompts = 1;
+                goto done;
+            }
+            n_prompts = 1;
+        } else {
+            if (json_array_size(prompt) > MAX_PROMPTS) {
+                srv_error(out, 400, "invalid_request_error", "prompt", "invalid_value",
+                          "at most %d prompts per request", MAX_PROMPTS);
+                goto done;
+            }
+            json_array_foreach(prompt, i, x) {
+                if (json_is_string(x)) {
+                    texts[n_prompts++] = x;
+                } else if (json_is_array(x) && json_array_size(x) > 0) {
+                    int k = n_prompts++;
+                    if (!token_list(s, x, &ids[k], &n_ids[k], out)) goto done;
+                } else {
+                    srv_error(out, 400, "invalid_request_error", "prompt", "invalid_type",
+                              "'prompt' must be a string, a list of strings, a list of token ids or a list of such "
+                              "lists (item %zu is %s)",
+                              i, type_name(x));
+                    goto done;
+                }
+            }
+        }
+    } else {
+        srv_error(out, 400, "invalid_request_error", "prompt", "invalid_type",
+                  "'prompt' must be a non-empty string, list of strings, list of token ids or list of such lists");
+        goto done;
+    }
+    if (n_prompts * o.n > 256) {
+        srv_error(out, 400, "invalid_request_error", "n", "invalid_value", "too many choices (prompts x n > 256)");
+        goto done;
+    }
+    for (int p = 0; p < n_prompts; p++) {
+        if (!texts[p]) continue;
+        from_text[p] = true;
+        /* BOS as the model's metadata says; special-token text is parsed
+         * (as llama.cpp's server does) so raw templated prompts work */
+        if (ag_tok_encode(s->tok, json_string_value(texts[p]), json_string_length(texts[p]), true, true, &ids[p],
+                          &n_ids[p])) {
+            srv_error(out, 400, "invalid_request_error", "prompt", "invalid_value", "cannot tokenize the prompt: %s",
+                      ag_error_message());
+            goto done;
+        }
+    }
+    for (int p = 0; p < n_prompts; p++)
+        if (n_ids[p] == 0) {
+            srv_error(out, 400, "invalid_request_error", "prompt", "invalid_value", "the prompt is empty");
+            goto done;
+        }
+    j = job_new(rq, false, &o, n_prompts);
+    if (!j) {
+        srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
+        goto done;
+    }
+    if (o.echo) {
+        j->echo = calloc((size_t)n_prompts, sizeof *j->echo);
+        j->echo_len = calloc((size_t)n_prompts, sizeof *j->echo_len);
+        if (!j->echo || !j->echo_len) {
+            srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
+            goto done;
+        }
+        for (int p = 0; p < n_prompts; p++) {
+            ag_buf t = {0};
+            if (from_text[p]) ag_buf_append(&t, json_string_value(texts[p]), json_string_length(texts[p]));
+            else ag_tok_decode(s->tok, ids[p], n_ids[p], AG_DECODE_SPECIAL, &t);
+            j->echo_len[p] = t.len;
+            j->echo[p] = t.data ? ag_buf_take(&t) : strdup("");
+        }
+    }
+    for (int i = 0; i < j->n_choices; i++) {
+        choice_out *c = &j->ch[i];
+        if (j->echo) c->offset = n_chars(j->echo[c->prompt], j->echo_len[c->prompt]);
+        if (o.echo && o.logprobs && !o.stream) {
+            c->offset = 0;
+            c->lp = completion_lp_new();
+            completion_lp_prompt(j, c->lp, c, ids[c->prompt], n_ids[c->prompt], from_text[c->prompt],
+                                 j->echo[c->prompt], j->echo_len[c->prompt]);
+        }
+    }
+    srv_job *jj = j;
+    j = NULL;
+    run_job(jj, &o, ids, n_ids, "prompt", out);
+done:
+    if (j) j->ended = true;
+    job_free(j);
+    for (int p = 0; p < n_prompts; p++) free(ids[p]);
+    opts_free(&o);
+    json_decref(b);
+}

@@ -1,0 +1,184 @@
+/* The small routes: /v1/models, /health, /metrics, /tokenize, /detokenize. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/server_impl.h"
+
+static json_t *model_obj(ag_server *s) {
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(s->model_id));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer((json_int_t)s->started));
+    json_object_set_new(m, "owned_by", json_string("augur"));
+    const ag_model_config *cfg = ag_model_config_of(s->model);
+    json_t *meta = json_object();
+    json_object_set_new(meta, "architecture", json_string(cfg->arch_name));
+    json_object_set_new(meta, "n_vocab", json_integer(cfg->n_vocab));
+    json_object_set_new(meta, "n_ctx_train", json_integer(cfg->n_ctx_train));
+    json_object_set_new(meta, "n_ctx", json_integer(s->n_ctx));
+    json_object_set_new(meta, "n_parallel", json_integer(s->n_parallel));
+    json_object_set_new(meta, "chat_template", json_string(s->chat && ag_chat_is_default(s->chat) ? "chatml (default)" : "model"));
+    json_object_set_new(m, "meta", meta);
+    return m;
+}
+
+void srv_route_models(srv_req *rq, srv_resp *out, const char *id) {
+    ag_server *s = rq->s;
+    if (id) {
+        if (strcmp(id, s->model_id) != 0) {
+            srv_error(out, 404, "invalid_request_error", "model", "model_not_found", "the model '%s' does not exist",
+                      id);
+            return;
+        }
+        srv_json(out, 200, model_obj(s));
+        return;
+    }
+    json_t *r = json_object();
+    json_object_set_new(r, "object", json_string("list"));
+    json_t *data = json_array();
+    json_array_append_new(data, model_obj(s));
+    json_object_set_new(r, "data", data);
+    srv_json(out, 200, r);
+}
+
+void srv_route_health(srv_req *rq, srv_resp *out) {
+    ag_server *s = rq->s;
+    ag_engine_stats st;
+    if (atomic_load(&s->stopping) || !srv_engine_stats(s, &st)) {
+        srv_json(out, 503, json_pack("{s:s}", "status", "shutting down"));
+        return;
+    }
+    srv_json(out, 200, json_pack("{s:s, s:i, s:i}", "status", "ok", "running", st.running, "queued", st.queue_depth));
+}
+
+static void metric(ag_buf *b, const char *name, const char *type, const char *help, double v) {
+    ag_buf_printf(b, "# HELP augur_%s %s\n# TYPE augur_%s %s\naugur_%s %.17g\n", name, help, name, type, name, v);
+}
+
+void srv_route_metrics(srv_req *rq, srv_resp *out) {
+    ag_server *s = rq->s;
+    ag_engine_stats st;
+    if (!srv_engine_stats(s, &st)) {
+        srv_error(out, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
+        return;
+    }
+    ag_buf *b = &out->body;
+    ag_buf_clear(b);
+    metric(b, "requests_total", "counter", "Generation requests accepted by the engine.", (double)st.requests_total);
+    metric(b, "requests_finished_total", "counter", "Generation requests the engine finished (any reason).",
+           (double)st.requests_finished);
+    metric(b, "prompt_tokens_total", "counter", "Prompt tokens prefilled.", (double)st.prompt_tokens);
+    metric(b, "generation_tokens_total", "counter", "Tokens generated.", (double)st.generated_tokens);
+    metric(b, "cached_tokens_total", "counter", "Prompt tokens reused from the KV cache.", (double)st.cached_tokens);
+    metric(b, "prefill_seconds_total", "counter", "Engine time in steps that prefilled.", st.prefill_seconds);
+    metric(b, "decode_seconds_total", "counter", "Engine time in decode-only steps.", st.decode_seconds);
+    metric(b, "prefill_tokens_per_second", "gauge", "Prompt tokens per second of prefill time (since start).",
+           st.prefill_seconds > 0 ? (double)st.prompt_tokens / st.prefill_seconds : 0);
+    metric(b, "decode_tokens_per_second", "gauge",
+           "Generated tokens per second of engine stepping time (since start).",
+           st.decode_seconds + st.prefill_seconds > 0
+               ? (double)st.generated_tokens / (st.decode_seconds + st.prefill_seconds)
+               : 0);
+    metric(b, "queue_depth", "gauge", "Requests waiting for admission.", st.queue_depth);
+    metric(b, "running_sequences", "gauge", "Sequences (choices) running.", st.running);
+    metric(b, "kv_blocks_used", "gauge", "KV cache blocks in use.", st.kv_blocks_used);
+    metric(b, "kv_blocks_free", "gauge", "KV cache blocks free.", st.kv_blocks_free);
+    metric(b, "kv_blocks_cached", "gauge", "KV cache blocks held only by finished conversations kept for prefix reuse.",
+           st.kv_blocks_cached);
+    metric(b, "cached_sequences", "gauge", "Finished conversations kept for prefix reuse.", st.cached_sequences);
+    metric(b, "n_ctx", "gauge", "Context size per sequence.", st.n_ctx);
+    metric(b, "n_parallel", "gauge", "Sequences run at once.", st.n_parallel);
+    metric(b, "client_cancels_total", "counter", "Generations cancelled because the client went away.",
+           (double)atomic_load(&s->client_cancels));
+    ag_buf_printf(b, "# HELP augur_http_requests_total HTTP responses by status code.\n"
+                     "# TYPE augur_http_requests_total counter\n");
+    for (int i = 0; i < SRV_CODE_SLOTS; i++)
+        ag_buf_printf(b, "augur_http_requests_total{code=\"%d\"} %llu\n", srv_codes[i],
+                      (unsigned long long)atomic_load(&s->http_count[i]));
+    ag_buf_printf(b, "augur_http_requests_total{code=\"other\"} %llu\n",
+                  (unsigned long long)atomic_load(&s->http_count[SRV_CODE_SLOTS]));
+    out->status = 200;
+    out->content_type = "text/plain; version=0.0.4; charset=utf-8";
+}
+
+void srv_route_tokenize(srv_req *rq, srv_resp *out) {
+    ag_server *s = rq->s;
+    json_t *b = srv_parse_body(rq, out);
+    if (!b) return;
+    json_t *content = json_object_get(b, "content");
+    if (!content) content = json_object_get(b, "text");
+    json_t *as = json_object_get(b, "add_special");
+    json_t *ps = json_object_get(b, "parse_special");
+    json_t *wp = json_object_get(b, "with_pieces");
+    if (!json_is_string(content)) {
+        srv_error(out, 400, "invalid_request_error", "content", content ? "invalid_type" : "missing_required_parameter",
+                  "'content' must be a string");
+    } else if ((as && !json_is_boolean(as)) || (ps && !json_is_boolean(ps)) || (wp && !json_is_boolean(wp))) {
+        const char *p = as && !json_is_boolean(as) ? "add_special" : ps && !json_is_boolean(ps) ? "parse_special"
+                                                                                                 : "with_pieces";
+        srv_error(out, 400, "invalid_request_error", p, "invalid_type", "'%s' must be a boolean", p);
+    } else {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        bool add_special = as ? json_is_true(as) : false;
+        bool parse_special = ps ? json_is_true(ps) : true;
+        if (ag_tok_encode(s->tok, json_string_value(content), json_string_length(content), add_special, parse_special,
+                          &ids, &n)) {
+            srv_error(out, 400, "invalid_request_error", "content", "invalid_value", "%s", ag_error_message());
+        } else {
+            json_t *arr = json_array();
+            for (size_t i = 0; i < n; i++) {
+                if (json_is_true(wp)) {
+                    size_t len;
+                    const char *p = ag_tok_piece(s->tok, ids[i], &len);
+                    json_array_append_new(arr, json_pack("{s:i, s:o}", "id", ids[i], "piece", srv_jstr(p, p ? len : 0)));
+                } else {
+                    json_array_append_new(arr, json_integer(ids[i]));
+                }
+            }
+            free(ids);
+            srv_json(out, 200, json_pack("{s:o}", "tokens", arr));
+        }
+    }
+    json_decref(b);
+}
+
+void srv_route_detokenize(srv_req *rq, srv_resp *out) {
+    ag_server *s = rq->s;
+    json_t *b = srv_parse_body(rq, out);
+    if (!b) return;
+    json_t *toks = json_object_get(b, "tokens");
+    if (!json_is_array(toks)) {
+        srv_error(out, 400, "invalid_request_error", "tokens", toks ? "invalid_type" : "missing_required_parameter",
+                  "'tokens' must be a list of token ids");
+        json_decref(b);
+        return;
+    }
+    size_t n = json_array_size(toks);
+    int32_t *ids = malloc(sizeof *ids * (n ? n : 1));
+    size_t i;
+    json_t *x;
+    bool ok = ids != NULL;
+    json_array_foreach(toks, i, x) {
+        if (!ok) break;
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= s->n_vocab) {
+            srv_error(out, 400, "invalid_request_error", "tokens", "invalid_value",
+                      "token ids must be integers in [0, %d); item %zu is not", s->n_vocab, i);
+            free(ids);
+            json_decref(b);
+            return;
+        }
+        ids[i] = (int32_t)json_integer_value(x);
+    }
+    ag_buf text = {0};
+    if (!ok || ag_tok_decode(s->tok, ids, n, AG_DECODE_SPECIAL, &text)) {
+        srv_error(out, 400, "invalid_request_error", "tokens", "invalid_value", "%s",
+                  ok ? ag_error_message() : "out of memory");
+    } else {
+        srv_json(out, 200, json_pack("{s:o}", "content", srv_jstr(text.data, text.len)));
+    }
+    ag_buf_free(&text);
+    free(ids);
+    json_decref(b);
+}

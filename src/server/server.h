@@ -1,0 +1,113 @@
+/* server/: the OpenAI-compatible HTTP server (libmicrohttpd).
+ *
+ * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models
+ * (and /v1/models/{id}), GET /health, GET /metrics (Prometheus text),
+ * POST /tokenize, POST /detokenize. Errors use OpenAI's shape
+ * {"error": {"message", "type", "param", "code"}}: 400 for malformed JSON
+ * (with its position), wrong types, out-of-range values and prompts over
+ * the context (code "context_length_exceeded"), 401 without the API key,
+ * 404 unknown route, 405 wrong method, 413 body too large, 429 when the
+ * engine's queue is full, 503 while shutting down. A client fault never
+ * gets a 5xx.
+ *
+ * Threading: one thread per connection (libmicrohttpd's
+ * MHD_USE_THREAD_PER_CONNECTION). A generating connection submits to the
+ * engine and then waits on its own event queue; the engine callback only
+ * copies the event into that queue and signals, so it never blocks on a
+ * client. A client that goes away (failed write, or a closed socket seen
+ * while it waits) cancels its request.
+ *
+ * Lifetime: the server borrows the engine, model, tokenizer and chat format.
+ * Shutdown order: ag_server_stop() (no new connections; in-flight requests
+ * are cancelled; afterwards the server never touches the engine again), then
+ * ag_engine_free() (it must come before ag_server_free: it delivers the
+ * cancelled requests' final events, which the waiting connections need),
+ * then ag_server_free() (closes connections and joins their threads), then
+ * model/tokenizer/chat. */
+#ifndef AG_SERVER_H
+#define AG_SERVER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "base/buf.h"
+#include "base/status.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "tmpl/chat.h"
+#include "tok/tok.h"
+
+typedef struct ag_server ag_server;
+
+typedef struct {
+    const char *host;            /* numeric address or name to bind; default "127.0.0.1" */
+    int         port;            /* 0: any free port (see ag_server_port) */
+    const char *api_key;         /* NULL/"": no authentication */
+    const char *cors_origin;     /* NULL: no CORS headers; else Access-Control-Allow-Origin */
+    const char *model_id;        /* the name /v1/models reports and responses echo */
+    size_t      max_body;        /* request body limit in bytes (413 past it); default 8 MiB */
+    unsigned    max_connections; /* concurrent connections; default 256 */
+    unsigned    timeout_s;       /* idle connection timeout; default 60 */
+} ag_server_params;
+
+ag_server_params ag_server_default_params(void);
+
+/* Starts listening. Everything passed in is borrowed (strings in the params
+ * too) and must outlive the server. chat may be NULL (chat completions then
+ * answer 400). Errors: the address does not resolve or cannot be bound
+ * (AG_ERR_IO, message names it). */
+ag_status ag_server_new(const ag_server_params *p, ag_engine *eng, ag_model *model, const ag_tok *tok,
+                        const ag_chat *chat, ag_server **out);
+
+/* The port actually bound (useful with port 0). */
+int ag_server_port(const ag_server *s);
+
+/* Stops accepting connections, makes new requests on open connections
+ * answer 503, cancels every in-flight generation and detaches the engine:
+ * once this returns the server makes no further engine call (final events
+ * of cancelled requests may still arrive through the callbacks, which stay
+ * valid). Idempotent. */
+void ag_server_stop(ag_server *s);
+
+/* Stops (if not yet), closes every connection and joins their threads.
+ * NULL-safe. */
+void ag_server_free(ag_server *s);
+
+/* ---- tool calls (exposed for tests) ---- */
+
+/* How a model writes tool calls, decided from its chat template. */
+typedef enum {
+    AG_TOOLS_HERMES,  /* <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen, Hermes, default) */
+    AG_TOOLS_LLAMA3,  /* [<|python_tag|>]{"name": ..., "parameters": {...}} (Llama 3.1+) */
+    AG_TOOLS_GENERIC, /* either */
+} ag_tool_format;
+
+/* The format a template source implies (NULL source: the ChatML default,
+ * which gets the Hermes convention). */
+ag_tool_format ag_server_tool_format(const char *template_src, size_t len);
+
+/* Parses tool calls out of a complete model output text[0..len).
+ * Conventions: <tool_call>{json}</tool_call> blocks (not for LLAMA3; when a
+ * tag is present, the tags decide), else the whole output as one or more
+ * bare JSON objects {"name", "arguments"|"parameters"}, optionally after
+ * <|python_tag|> and separated by ';' -- accepted only when every name is
+ * one of `tools` (the request's OpenAI tools array), so that a plain JSON
+ * answer stays content.
+ * Returns true when the text holds at least one well-formed call: *calls
+ * gets a new JSON array of OpenAI tool calls ({"id", "type": "function",
+ * "function": {"name", "arguments": <JSON string>}}; the caller decrefs) and
+ * `content` receives the text outside the calls, whitespace-trimmed
+ * (possibly empty). Returns false (nothing allocated, content untouched)
+ * when there is no call or any call is malformed: the caller then treats the
+ * whole text as plain content. */
+bool ag_server_parse_tool_calls(ag_tool_format f, const char *text, size_t len, const json_t *tools, json_t **calls,
+                                ag_buf *content);
+
+/* For streaming: how many bytes of the output so far, text[0..len), can be
+ * sent as content because they cannot belong to a tool call (an output that
+ * starts like a bare JSON call is held whole; otherwise the text before a
+ * <tool_call> tag, or before a tail that could become one). */
+size_t ag_server_tool_safe_prefix(ag_tool_format f, const char *text, size_t len);
+
+#endif

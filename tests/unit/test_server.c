@@ -1,0 +1,240 @@
+/* Unit tests for src/server: tool-call parsing and streaming hold-back on
+ * fixed model outputs. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "server/server.h"
+
+static json_t *tools_fixture(void) {
+    json_error_t err;
+    return json_loads("[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{}}},"
+                      "{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}}]",
+                      0, &err);
+}
+
+/* Parses and checks call k: its name and its arguments (as JSON, compared
+ * structurally with `args_json`). */
+static void check_call(json_t *calls, size_t k, const char *name, const char *args_json) {
+    json_t *call = json_array_get(calls, k);
+    assert_non_null(call);
+    assert_string_equal(json_string_value(json_object_get(call, "type")), "function");
+    const char *id = json_string_value(json_object_get(call, "id"));
+    assert_non_null(id);
+    assert_int_equal(strncmp(id, "call_", 5), 0);
+    assert_int_equal(strlen(id), 5 + 24);
+    json_t *fn = json_object_get(call, "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), name);
+    const char *args = json_string_value(json_object_get(fn, "arguments"));
+    assert_non_null(args);
+    json_error_t err;
+    json_t *got = json_loads(args, 0, &err);
+    json_t *want = json_loads(args_json, 0, &err);
+    assert_non_null(got);
+    assert_non_null(want);
+    assert_true(json_equal(got, want));
+    json_decref(got);
+    json_decref(want);
+}
+
+static bool parse(ag_tool_format f, const char *text, const json_t *tools, json_t **calls, ag_buf *content) {
+    return ag_server_parse_tool_calls(f, text, strlen(text), tools, calls, content);
+}
+
+static void hermes_single_call(void **state) {
+    json_t *calls;
+    ag_buf content = {0};
+    const char *out = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    assert_true(parse(AG_TOOLS_HERMES, out, NULL, &calls, &content));
+    assert_int_equal(json_array_size(calls), 1);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Paris\"}");
+    assert_int_equal(content.len, 0);
+    json_decref(calls);
+    ag_buf_free(&content);
+}
+
+static void hermes_content_and_two_calls(void **state) {
+    json_t *calls;
+    ag_buf content = {0};
+    const char *out = "Let me check both.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+                      "\"Oslo\", \"days\": [1, 2]}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_time\", "
+                      "\"arguments\": {}}\n</tool_call>";
+    assert_true(parse(AG_TOOLS_GENERIC, out, NULL, &calls, &content));
+    assert_int_equal(json_array_size(calls), 2);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Oslo\", \"days\": [1, 2]}");
+    check_call(calls, 1, "get_time", "{}");
+    assert_string_equal(ag_buf_cstr(&content), "Let me check both.");
+    /* ids differ */
+    assert_string_not_equal(json_string_value(json_object_get(json_array_get(calls, 0), "id")),
+                            json_string_value(json_object_get(json_array_get(calls, 1), "id")));
+    json_decref(calls);
+    ag_buf_free(&content);
+}
+
+static void hermes_unterminated_and_string_args(void **state) {
+    json_t *calls;
+    ag_buf content = {0};
+    /* cut at end of output before </tool_call>: the JSON is complete */
+    assert_true(parse(AG_TOOLS_HERMES, "<tool_call>{\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"UTC\\\"}\"}",
+                      NULL, &calls, &content));
+    check_call(calls, 0, "get_time", "{\"tz\": \"UTC\"}");
+    json_decref(calls);
+    /* no arguments at all: {} */
+    assert_true(parse(AG_TOOLS_HERMES, "<tool_call>{\"name\": \"get_time\"}</tool_call>", NULL, &calls, &content));
+    check_call(calls, 0, "get_time", "{}");
+    json_decref(calls);
+    ag_buf_free(&content);
+}
+
+static void hermes_malformed_falls_back(void **state) {
+    const char *bad[] = {
+        "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": </tool_call>",
+        "<tool_call>{\"arguments\": {}}</tool_call>",
+        "<tool_call>{\"name\": 5}</tool_call>",
+        "<tool_call>{\"name\": \"\"}</tool_call>",
+        "<tool_call>[1, 2]</tool_call>",
+        "<tool_call>{\"name\": \"get_time\", \"arguments\": [1]}</tool_call>",
+        "<tool_call></tool_call>",
+        "<tool_call>{\"name\": \"a\"}</tool_call><tool_call>nope</tool_call>",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *calls = (json_t *)1;
+        ag_buf content = {0};
+        ag_buf_append_str(&content, "keep");
+        assert_false(parse(AG_TOOLS_HERMES, bad[i], NULL, &calls, &content));
+        assert_null(calls);
+        assert_string_equal(ag_buf_cstr(&content), "keep");
+        ag_buf_free(&content);
+    }
+}
+
+static void bare_json_needs_a_known_tool(void **state) {
+    json_t *tools = tools_fixture();
+    json_t *calls;
+    ag_buf content = {0};
+    /* Qwen2.5 0.5B writes the call without tags */
+    const char *out = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}";
+    assert_true(parse(AG_TOOLS_HERMES, out, tools, &calls, &content));
+    check_call(calls, 0, "get_weather", "{\"city\": \"Paris\"}");
+    json_decref(calls);
+    /* a JSON answer that is not a call of ours stays content */
+    assert_false(parse(AG_TOOLS_HERMES, "{\"name\": \"Alice\", \"arguments\": {}}", tools, &calls, &content));
+    assert_false(parse(AG_TOOLS_HERMES, out, NULL, &calls, &content));
+    /* trailing prose: not a call */
+    assert_false(parse(AG_TOOLS_GENERIC, "{\"name\": \"get_time\"} and then", tools, &calls, &content));
+    json_decref(tools);
+    ag_buf_free(&content);
+}
+
+static void llama3_python_tag_and_parameters(void **state) {
+    json_t *tools = tools_fixture();
+    json_t *calls;
+    ag_buf content = {0};
+    const char *out = "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}; "
+                      "{\"name\": \"get_time\", \"parameters\": {\"tz\": \"CET\"}}";
+    assert_true(parse(AG_TOOLS_LLAMA3, out, tools, &calls, &content));
+    assert_int_equal(json_array_size(calls), 2);
+    check_call(calls, 0, "get_weather", "{\"city\": \"Rome\"}");
+    check_call(calls, 1, "get_time", "{\"tz\": \"CET\"}");
+    assert_int_equal(content.len, 0);
+    json_decref(calls);
+    /* Llama 3 format ignores <tool_call> tags: such text is content */
+    assert_false(parse(AG_TOOLS_LLAMA3, "<tool_call>{\"name\": \"get_time\"}</tool_call>", tools, &calls, &content));
+    json_decref(tools);
+    ag_buf_free(&content);
+}
+
+static void plain_text_is_not_a_call(void **state) {
+    json_t *tools = tools_fixture();
+    json_t *calls;
+    ag_buf content = {0};
+    const char *texts[] = {"", "   ", "The weather in Paris is sunny.", "Use <tool_call to call", "{", "{}",
+                           "null"};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        assert_false(parse(AG_TOOLS_GENERIC, texts[i], tools, &calls, &content));
+    assert_false(ag_server_parse_tool_calls(AG_TOOLS_GENERIC, NULL, 0, tools, &calls, &content));
+    json_decref(tools);
+    ag_buf_free(&content);
+}
+
+static size_t safe(ag_tool_format f, const char *s) { return ag_server_tool_safe_prefix(f, s, strlen(s)); }
+
+static void safe_prefix_holds_back_calls(void **state) {
+    assert_int_equal(safe(AG_TOOLS_HERMES, "Hello"), 5);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "Hello <"), 6);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "Hello <tool_c"), 6);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "Hello <tool_call>{\"name\""), 6);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "Hello <b>"), 9);
+    assert_int_equal(safe(AG_TOOLS_HERMES, ""), 0);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "  "), 0);
+    assert_int_equal(safe(AG_TOOLS_HERMES, " {\"na"), 0);
+    assert_int_equal(safe(AG_TOOLS_GENERIC, "<|python"), 0);
+    assert_int_equal(safe(AG_TOOLS_LLAMA3, "<|python_tag|>{"), 0);
+    assert_int_equal(safe(AG_TOOLS_LLAMA3, "Sure <tool_c"), 12);
+    assert_int_equal(safe(AG_TOOLS_LLAMA3, "x {"), 3);
+}
+
+static void format_from_template(void **state) {
+    assert_int_equal(ag_server_tool_format(NULL, 0), AG_TOOLS_HERMES);
+    const char *qwen = "{%- if tools %}... <tool_call>\\n{\"name\": ...";
+    assert_int_equal(ag_server_tool_format(qwen, strlen(qwen)), AG_TOOLS_HERMES);
+    const char *llama = "{{- '<|start_header_id|>ipython<|end_header_id|>' }} <|python_tag|>";
+    assert_int_equal(ag_server_tool_format(llama, strlen(llama)), AG_TOOLS_LLAMA3);
+    const char *other = "{% for m in messages %}[INST]{{ m.content }}{% endfor %}";
+    assert_int_equal(ag_server_tool_format(other, strlen(other)), AG_TOOLS_GENERIC);
+}
+
+/* Arbitrary bytes never crash the parser or the hold-back. */
+static void random_outputs_are_safe(void **state) {
+    json_t *tools = tools_fixture();
+    const char *atoms[] = {"<tool_call>", "</tool_call>", "{", "}", "\"name\"", ":", "\"get_time\"", ",",
+                           "\"arguments\"", "[", "]", ";", " ", "\n", "<|python_tag|>", "\"", "\\", "\xff", "x"};
+    uint64_t rng = 88172645463325252ull;
+    for (int it = 0; it < 3000; it++) {
+        char buf[512];
+        size_t n = 0;
+        rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+        int parts = (int)(rng % 24);
+        for (int p = 0; p < parts; p++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            const char *a = atoms[rng % (sizeof atoms / sizeof atoms[0])];
+            size_t l = strlen(a);
+            if (n + l >= sizeof buf) break;
+            memcpy(buf + n, a, l);
+            n += l;
+        }
+        for (int f = 0; f < 3; f++) {
+            json_t *calls = NULL;
+            ag_buf content = {0};
+            if (ag_server_parse_tool_calls((ag_tool_format)f, buf, n, tools, &calls, &content)) {
+                assert_true(json_array_size(calls) >= 1);
+                json_decref(calls);
+            }
+            ag_buf_free(&content);
+            assert_true(ag_server_tool_safe_prefix((ag_tool_format)f, buf, n) <= n);
+        }
+    }
+    json_decref(tools);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(hermes_single_call),
+        cmocka_unit_test(hermes_content_and_two_calls),
+        cmocka_unit_test(hermes_unterminated_and_string_args),
+        cmocka_unit_test(hermes_malformed_falls_back),
+        cmocka_unit_test(bare_json_needs_a_known_tool),
+        cmocka_unit_test(llama3_python_tag_and_parameters),
+        cmocka_unit_test(plain_text_is_not_a_call),
+        cmocka_unit_test(safe_prefix_holds_back_calls),
+        cmocka_unit_test(format_from_template),
+        cmocka_unit_test(random_outputs_are_safe),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
