@@ -5,7 +5,8 @@
  * tokens four at a time (the kernels unpack a block once per 4 tokens);
  * where the ISA has a tile kernel (AVX-512 VNNI, legacy types) rows go four
  * at a time too, so each activation block is also loaded once per 4 rows
- * (prefill only: for one token the row kernels measured faster). The
+ * (prefill only: for one token the row kernels measured faster; opt-in with
+ * AUGUR_GEMM_TILES=1, see matmul_run). The
  * token chunk is sized so its activations stay in L2 while the task walks
  * its rows; the row range is sized for about 8 tasks per thread so dynamic
  * scheduling absorbs uneven threads. */
@@ -84,6 +85,15 @@ ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const flo
 
 /* ---- the product ---- */
 
+static int gemm_tiles_enabled(void) {
+    static int enabled = -1;
+    if (enabled < 0) {
+        const char *v = getenv("AUGUR_GEMM_TILES");
+        enabled = v && *v == '1';
+    }
+    return enabled;
+}
+
 typedef struct {
     ag_dot_fn      dot;
     ag_gemm_fn     gemm; /* NULL: rows one at a time through dot */
@@ -129,8 +139,11 @@ static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int6
                        const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy) {
     mm_job j = {0};
     j.dot = ag_quant_kernels_active()->dot[w_type];
-    /* one token: the row-at-a-time kernels measured faster (decode) */
-    j.gemm = n_tok >= 2 ? ag_quant_kernels_active()->gemm[w_type] : NULL;
+    /* Tile kernels are opt-in (AUGUR_GEMM_TILES=1) until they are batch-
+     * invariant: a token's result must not depend on whether it lands in a
+     * tile (several tokens) or goes through the row kernel (one token), or a
+     * request's greedy output changes with what else is in the batch. */
+    j.gemm = n_tok >= 2 && gemm_tiles_enabled() ? ag_quant_kernels_active()->gemm[w_type] : NULL;
     j.w = w;
     j.w_row_bytes = ag_quant_row_bytes(w_type, n_in);
     j.n_in = n_in, j.n_out = n_out, j.n_tok = n_tok;
