@@ -49,8 +49,11 @@ typedef struct ag_backend ag_backend;
 
 typedef struct {
     const char *name;
-    /* y[n][w.ne[1]] = x[n][w.ne[0]] · Wᵀ, any supported weight type. */
-    ag_status (*matmul)(ag_backend *, const ag_tensor *w, const float *x, int n, float *y);
+    /* y[n][w.ne[1]] = x[n][w.ne[0]] · Wᵀ, any supported weight type. Rows
+     * [0, n_decode) are decode/verify rows, rows [n_decode, n) prompt rows:
+     * each kind has its own kernels (see ag_batch.n_prompt); a row's result
+     * depends only on its own x and its kind. */
+    ag_status (*matmul)(ag_backend *, const ag_tensor *w, const float *x, int n, int n_decode, float *y);
     /* out[i][:] = row ids[i] of w, dequantized. Ids are checked by the caller. */
     ag_status (*get_rows)(ag_backend *, const ag_tensor *w, const int32_t *ids, int n, float *out);
     /* out[i] = x[i] / rms(x[i]) * w, per row of `dim`; w may be NULL (no gain). out may alias x. */

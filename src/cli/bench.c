@@ -48,7 +48,7 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, float *logits
             pos[i] = p0 + i;
             seqs[i] = seq;
         }
-        ag_batch b = {.n = k, .token = tok, .pos = pos, .seq = seqs, .want_logits = NULL};
+        ag_batch b = {.n = k, .token = tok, .pos = pos, .seq = seqs, .want_logits = NULL, .n_prompt = decode ? 0 : k};
         if (!(st = ag_kv_seq_reserve(kv, seq, k)) && !(st = ag_model_forward(m, kv, &b, logits)))
             st = ag_kv_seq_commit(kv, seq, p0 + k);
     }

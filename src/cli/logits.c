@@ -134,7 +134,7 @@ int ag_cli_logits(int argc, char **argv) {
     for (int p0 = 0; p0 < n; p0 += chunk) {
         int k = n - p0 < chunk ? n - p0 : chunk;
         for (int i = 0; i < k; i++) pos[i] = p0 + i;
-        ag_batch b = {.n = k, .token = ids + p0, .pos = pos, .seq = seqs, .want_logits = want};
+        ag_batch b = {.n = k, .token = ids + p0, .pos = pos, .seq = seqs, .want_logits = want, .n_prompt = k};
         if ((st = ag_kv_seq_reserve(kv, seq, k)) || (st = ag_model_forward(m, kv, &b, logits)) ||
             (st = ag_kv_seq_commit(kv, seq, p0 + k))) {
             ag_cli_fail("%s", ag_error_message());

@@ -209,6 +209,12 @@ static void release_seq(ag_engine *e, request *r, choice *c, ag_finish why) {
     int32_t len = ag_kv_seq_len(e->kv, seq);
     bool keep = e->max_retained > 0 && c->index == 0 && (why == AG_FINISH_STOP || why == AG_FINISH_LENGTH) &&
                 len > 0 && len <= r->n_prompt + c->n_gen;
+    /* Only the prompt's KV is kept: the generated tokens' KV came from the
+     * decode kernels, whose rounding differs from the prompt kernels' (see
+     * ag_batch.n_prompt), so reusing it would make a follow-up request's
+     * output depend on whether its history was cached. */
+    if (keep && len > r->n_prompt) keep = ag_kv_trim(e->kv, seq, len - r->n_prompt) == AG_OK;
+    if (keep) len = ag_kv_seq_len(e->kv, seq);
     int32_t *toks = keep ? malloc(sizeof(int32_t) * (size_t)len) : NULL;
     if (!toks) {
         ag_kv_seq_free(e->kv, seq);
@@ -497,7 +503,9 @@ static bool step(ag_engine *e) {
     }
     double t0 = now_ms();
     if (!st) {
-        ag_batch b = {.n = n, .token = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want};
+        /* decode rows first, then prompt chunks: the layout ag_batch.n_prompt names */
+        ag_batch b = {.n = n, .token = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
+                      .n_prompt = n_prefill};
         st = ag_model_forward(e->model, e->kv, &b, e->logits);
     }
     double dt = now_ms() - t0;

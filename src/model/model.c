@@ -268,6 +268,9 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
             return ag_errorf(AG_ERR_INVALID, "token id %d out of range [0, %d)", b->token[i], c->n_vocab);
         if (b->pos[i] < 0) return ag_errorf(AG_ERR_INVALID, "negative position %d", b->pos[i]);
     }
+    if (b->n_prompt < 0 || b->n_prompt > n)
+        return ag_errorf(AG_ERR_INVALID, "n_prompt %d outside [0, %d]", b->n_prompt, n);
+    const int n_dec = n - b->n_prompt;
     ag_arena_reset(&m->scratch);
     const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
                  vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
@@ -291,9 +294,9 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     for (int l = 0; l < c->n_layer; l++) {
         const ag_layer_weights *w = &m->layers[l];
         op->rmsnorm(be, x, w->attn_norm.data, n, c->n_embd, c->rms_eps, h);
-        if ((st = op->matmul(be, &w->wq, h, n, q))) return st;
-        if ((st = op->matmul(be, &w->wk, h, n, k))) return st;
-        if ((st = op->matmul(be, &w->wv, h, n, v))) return st;
+        if ((st = op->matmul(be, &w->wq, h, n, n_dec, q))) return st;
+        if ((st = op->matmul(be, &w->wk, h, n, n_dec, k))) return st;
+        if ((st = op->matmul(be, &w->wv, h, n, n_dec, v))) return st;
         if (w->bq.data) op->add_bias(be, q, w->bq.data, n, (int)qd);
         if (w->bk.data) op->add_bias(be, k, w->bk.data, n, (int)kd);
         if (w->bv.data) op->add_bias(be, v, w->bv.data, n, (int)vd);
@@ -309,31 +312,32 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
                                .scale = c->attn_scale, .window = swa ? c->sliding_window : 0};
         if ((st = op->kv_store(be, kv, &shape, &lay, k, v))) return st;
         if ((st = op->attention(be, kv, &shape, &lay, q, att))) return st;
-        if ((st = op->matmul(be, &w->wo, att, n, o))) return st;
+        if ((st = op->matmul(be, &w->wo, att, n, n_dec, o))) return st;
         if (w->post_attn_norm.data) op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o);
         op->add(be, x, o, (size_t)n * c->n_embd);
 
         op->rmsnorm(be, x, w->ffn_norm.data, n, c->n_embd, c->rms_eps, h);
-        if ((st = op->matmul(be, &w->ffn_gate, h, n, gate))) return st;
-        if ((st = op->matmul(be, &w->ffn_up, h, n, up))) return st;
+        if ((st = op->matmul(be, &w->ffn_gate, h, n, n_dec, gate))) return st;
+        if ((st = op->matmul(be, &w->ffn_up, h, n, n_dec, up))) return st;
         if (c->gelu) op->gelu_mul(be, gate, up, (size_t)n * c->n_ff);
         else op->silu_mul(be, gate, up, (size_t)n * c->n_ff);
-        if ((st = op->matmul(be, &w->ffn_down, gate, n, o))) return st;
+        if ((st = op->matmul(be, &w->ffn_down, gate, n, n_dec, o))) return st;
         if (w->post_ffn_norm.data) op->rmsnorm(be, o, w->post_ffn_norm.data, n, c->n_embd, c->rms_eps, o);
         op->add(be, x, o, (size_t)n * c->n_embd);
     }
 
     /* Only the rows that want logits go through the (large) output matrix. */
-    int n_out = 0;
+    int n_out = 0, n_out_dec = 0;
     for (int i = 0; i < n; i++) {
         bool want = b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
         if (!want) continue;
+        if (i < n_dec) n_out_dec++;
         if (n_out != i) memcpy(x + (size_t)n_out * c->n_embd, x + (size_t)i * c->n_embd, sizeof(float) * c->n_embd);
         n_out++;
     }
     if (n_out == 0) return AG_OK;
     op->rmsnorm(be, x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, x);
-    if ((st = op->matmul(be, &m->output, x, n_out, logits))) return st;
+    if ((st = op->matmul(be, &m->output, x, n_out, n_out_dec, logits))) return st;
     if (c->final_softcap > 0) {
         for (size_t i = 0; i < (size_t)n_out * c->n_vocab; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);

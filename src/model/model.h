@@ -80,6 +80,16 @@ typedef struct {
     const int32_t *pos;         /* [n] position within its sequence */
     const int32_t *seq;         /* [n] sequence id (KV block table) */
     const uint8_t *want_logits; /* [n] 1 where logits are needed; NULL: only the last token */
+    /* The last n_prompt tokens are prompt tokens, the others decode or
+     * verify tokens (0: all decode). The two kinds go through different
+     * matmul kernels (prompt: batched tiles; decode: row kernels), whose
+     * float summation orders differ; within a kind a token's results never
+     * depend on the rest of the batch. So a prompt's KV and logits are the
+     * same however it is chunked, and a decoded token's the same whatever
+     * else decodes with it; but KV written by decode is not bit-identical to
+     * the same tokens' KV written as prompt: a cached prefix must be reused
+     * only as far as it was computed as prompt (see the engine). */
+    int n_prompt;
 } ag_batch;
 
 /* Runs the model over the batch. Contract:

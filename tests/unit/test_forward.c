@@ -66,7 +66,7 @@ static void run_seq(ag_kv *kv, int32_t seq, const int32_t *tokens, int n, int ch
             seqs[i] = seq;
             want[i] = 1;
         }
-        ag_batch b = {.n = k, .token = tokens + p0, .pos = pos, .seq = seqs, .want_logits = want};
+        ag_batch b = {.n = k, .token = tokens + p0, .pos = pos, .seq = seqs, .want_logits = want, .n_prompt = k};
         assert_int_equal(ag_kv_seq_reserve(kv, seq, k), AG_OK);
         assert_int_equal(ag_model_forward(g_model, kv, &b, out + (size_t)p0 * g_vocab), AG_OK);
         assert_int_equal(ag_kv_seq_commit(kv, seq, len + k), AG_OK);
@@ -184,7 +184,7 @@ static void ragged_batch_of_two_sequences_equals_separate_runs(void **state) {
     uint8_t want[11];
     memset(want, 1, sizeof want);
     float *mixed = malloc(sizeof(float) * 11 * (size_t)g_vocab);
-    ag_batch bt = {.n = 11, .token = tok, .pos = pos, .seq = seq, .want_logits = want};
+    ag_batch bt = {.n = 11, .token = tok, .pos = pos, .seq = seq, .want_logits = want, .n_prompt = 11};
     assert_int_equal(ag_kv_seq_reserve(kv, a, 3), AG_OK);
     assert_int_equal(ag_kv_seq_reserve(kv, b, 8), AG_OK);
     assert_int_equal(ag_model_forward(g_model, kv, &bt, mixed), AG_OK);

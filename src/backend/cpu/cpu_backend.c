@@ -21,17 +21,28 @@ typedef struct {
 
 static cpu_state *state_of(ag_backend *be) { return be->impl; }
 
-static ag_status cpu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, float *y) {
+static ag_status grow_mm_scratch(cpu_state *s, size_t need) {
+    if (need <= s->mm_scratch_size) return AG_OK;
+    free(s->mm_scratch);
+    s->mm_scratch = aligned_alloc(64, (need + 63) & ~(size_t)63);
+    s->mm_scratch_size = s->mm_scratch ? need : 0;
+    if (!s->mm_scratch) return ag_errorf(AG_ERR_NOMEM, "out of memory for matmul scratch (%zu bytes)", need);
+    return AG_OK;
+}
+
+static ag_status cpu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
     cpu_state *s = state_of(be);
-    size_t need = ag_matmul_scratch_size(w->type, w->ne[0], n);
-    if (need > s->mm_scratch_size) {
-        free(s->mm_scratch);
-        s->mm_scratch = aligned_alloc(64, (need + 63) & ~(size_t)63);
-        s->mm_scratch_size = s->mm_scratch ? need : 0;
-        if (!s->mm_scratch) return ag_errorf(AG_ERR_NOMEM, "out of memory for matmul scratch (%zu bytes)", need);
-    }
-    ag_status st = ag_matmul(s->pool, w->type, w->data, w->ne[1], w->ne[0], x, w->ne[0], n, y, w->ne[1],
-                             s->mm_scratch, s->mm_scratch_size);
+    const int64_t n_in = w->ne[0], n_out = w->ne[1];
+    if (n_decode < 0 || n_decode > n) n_decode = n;
+    ag_status st = AG_OK;
+    if (n_decode > 0 && !(st = grow_mm_scratch(s, ag_matmul_scratch_size(w->type, n_in, n_decode))))
+        st = ag_matmul(s->pool, w->type, w->data, n_out, n_in, x, n_in, n_decode, y, n_out, s->mm_scratch,
+                       s->mm_scratch_size);
+    const int n_prompt = n - n_decode;
+    if (!st && n_prompt > 0 &&
+        !(st = grow_mm_scratch(s, ag_matmul_prompt_scratch_size(s->pool, w->type, n_in, n_prompt))))
+        st = ag_matmul_prompt(s->pool, w->type, w->data, n_out, n_in, x + (size_t)n_decode * n_in, n_in, n_prompt,
+                              y + (size_t)n_decode * n_out, n_out, s->mm_scratch, s->mm_scratch_size);
     if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
     return AG_OK;
 }

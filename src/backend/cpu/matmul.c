@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/matmul_amx.h"
 #include "backend/cpu/quant_impl.h"
 
 #define L2_ACT_BUDGET (512 * 1024) /* bytes of activations a task keeps hot */
@@ -85,15 +86,6 @@ ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const flo
 
 /* ---- the product ---- */
 
-static int gemm_tiles_enabled(void) {
-    static int enabled = -1;
-    if (enabled < 0) {
-        const char *v = getenv("AUGUR_GEMM_TILES");
-        enabled = v && *v == '1';
-    }
-    return enabled;
-}
-
 typedef struct {
     ag_dot_fn      dot;
     ag_gemm_fn     gemm; /* NULL: rows one at a time through dot */
@@ -135,15 +127,14 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     }
 }
 
+/* tiles: use the GEMM tile kernels (prompt rows only: their summation order
+ * differs from the dot kernels', see ag_matmul_prompt). Which rows go
+ * through a tile depends only on the row index, never on n_tok. */
 static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
-                       const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy) {
+                       const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles) {
     mm_job j = {0};
     j.dot = ag_quant_kernels_active()->dot[w_type];
-    /* Tile kernels are opt-in (AUGUR_GEMM_TILES=1) until they are batch-
-     * invariant: a token's result must not depend on whether it lands in a
-     * tile (several tokens) or goes through the row kernel (one token), or a
-     * request's greedy output changes with what else is in the batch. */
-    j.gemm = n_tok >= 2 && gemm_tiles_enabled() ? ag_quant_kernels_active()->gemm[w_type] : NULL;
+    j.gemm = tiles ? ag_quant_kernels_active()->gemm[w_type] : NULL;
     j.w = w;
     j.w_row_bytes = ag_quant_row_bytes(w_type, n_in);
     j.n_in = n_in, j.n_out = n_out, j.n_tok = n_tok;
@@ -177,13 +168,13 @@ ag_status ag_matmul_xq(ag_threadpool *pool, uint32_t w_type, const void *w, int6
     if (st != AG_OK) return st;
     if (n_out == 0 || n_tok == 0) return AG_OK;
     if (!xq) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
-    matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy);
+    matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, false);
     return AG_OK;
 }
 
-ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
                     const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
-                    size_t scratch_size) {
+                    size_t scratch_size, bool tiles) {
     ag_act_format fmt;
     ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
     if (st != AG_OK) return st;
@@ -195,7 +186,7 @@ ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t
         return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
 
     if (fmt == AG_ACT_F32) { /* float weights read X in place */
-        matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy);
+        matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles);
         return AG_OK;
     }
     size_t need = ag_matmul_scratch_size(w_type, n_in, n_tok);
@@ -206,7 +197,45 @@ ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t
         if (!owned) return ag_errorf(AG_ERR_NOMEM, "matmul: cannot allocate %zu bytes of activations", need);
     }
     st = ag_matmul_quantize_x(pool, fmt, x, ldx, n_tok, n_in, xq, need);
-    if (st == AG_OK) matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy);
+    if (st == AG_OK) matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, tiles);
+    free(owned);
+    return st;
+}
+
+ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                    const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
+                    size_t scratch_size) {
+    return matmul_any(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size, false);
+}
+
+static bool use_amx(uint32_t w_type) { return ag_amx_supports(w_type) && ag_amx_available(); }
+
+size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64_t n_in, int64_t n_tok) {
+    if (use_amx(w_type)) return ag_amx_scratch_size(ag_threadpool_size(pool), n_in, n_tok);
+    return ag_matmul_scratch_size(w_type, n_in, n_tok);
+}
+
+ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                           const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
+                           size_t scratch_size) {
+    if (!use_amx(w_type))
+        return matmul_any(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size, true);
+    ag_act_format fmt;
+    ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
+    if (st != AG_OK) return st;
+    if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
+    if (n_out == 0 || n_tok == 0) return AG_OK;
+    if (!x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
+    size_t need = ag_amx_scratch_size(ag_threadpool_size(pool), n_in, n_tok), tmp;
+    if (need == 0 || __builtin_mul_overflow((size_t)n_tok, (size_t)ldx * sizeof(float), &tmp))
+        return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    void *buf = scratch, *owned = NULL;
+    if (!buf || scratch_size < need) {
+        owned = buf = malloc(need);
+        if (!owned) return ag_errorf(AG_ERR_NOMEM, "matmul: cannot allocate %zu bytes of activations", need);
+        scratch_size = need;
+    }
+    st = ag_matmul_amx(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, buf, scratch_size);
     free(owned);
     return st;
 }

@@ -54,6 +54,19 @@ ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t
  * form is a plain copy, and ag_matmul() is the cheaper call. */
 ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const float *x, int64_t ldx,
                                int64_t n_tok, int64_t n_in, void *xq, size_t xq_size);
+/* Prompt rows: the same product through the batched kernels (AMX tiles
+ * where the CPU has them, else AVX-512 VNNI tiles, else the dot kernels).
+ * A token's result depends only on its own X row, never on n_tok or its
+ * place in the batch; but it differs (float summation order, activation
+ * blocking) from ag_matmul()'s, which decode and verify rows use. The model
+ * keeps the two apart so that the KV of a prompt is the same however the
+ * prompt was chunked, and a decoded token's logits the same whatever else
+ * was decoding (see ag_batch.n_prompt). Errors as ag_matmul(). */
+size_t    ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64_t n_in, int64_t n_tok);
+ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                           const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
+                           size_t scratch_size);
+
 ag_status ag_matmul_xq(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
                        const void *xq, int64_t n_tok, float *y, int64_t ldy);
 

@@ -1,0 +1,476 @@
+/* Prompt GEMM on Intel AMX (AMX-INT8 tiles), for the weight types whose
+ * blocks hold int8-able values: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
+ *
+ * Arithmetic. Activations are quantized per 32 elements (Q8A: float d,
+ * s = d*Σq). A weight "group" is 32 elements (16 for Q6_K) sharing one float
+ * scale ws (d; for the K-quants d*sc, exact in fp32) and, for the offset
+ * types, one offset mw (Q4_1: m; Q4_K: -dmin*m). For each (row r, token t)
+ * and group g, in group order:
+ *
+ *     acc = fma(ws[g][r] * xd[g][t], (float)isum[g][r][t], acc)
+ *     acc = fma(mw[g][r], xs[g][t], acc)            (offset types)
+ *
+ * where isum is the exact int32 dot of the group's int8 weights and int8
+ * activations (one TDPBSSD). A token's result depends only on its own
+ * activations, never on which other tokens share the call or where it sits
+ * in the batch: the model relies on that (prompt KV must not depend on how a
+ * prompt was chunked). The summation order differs from the decode (dot)
+ * kernels', so prompt and decode rows are kept apart (see ag_batch).
+ *
+ * Layout. C = A·B with A = 16 weight rows × K bytes (a panel, unpacked once
+ * per task into [group block][row][32] int8, so a tile load has stride 32)
+ * and B = activations in the VNNI layout (K/4 rows × 16 tokens × 4 bytes),
+ * repacked once per call. C[r][t] lands in int32 tile rows = weight rows;
+ * the float accumulators hold one weight row × 16 tokens each and are
+ * transposed once per (panel, token tile) on the way out.
+ *
+ * AMX needs the OS's permission (arch_prctl ARCH_REQ_XCOMP_PERM) and a tile
+ * configuration per thread; every task loads its configuration and releases
+ * the tiles at its end. AUGUR_AMX=0 turns the path off (A/B, tests). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/matmul_amx.h"
+#include "backend/cpu/quant_impl.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#include <cpuid.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA  18
+
+static int             amx_ok;
+static pthread_once_t  amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_probe(void) {
+    const char *env = getenv("AUGUR_AMX");
+    if (env && *env == '0') return;
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
+    /* EDX bit 24: AMX-TILE, bit 25: AMX-INT8; AVX-512 BW/VL for the rest */
+    if (!(d & (1u << 24)) || !(d & (1u << 25))) return;
+    if (!(b & (1u << 30)) || !(b & (1u << 31)) || !(b & (1u << 16))) return;
+    if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return;
+    amx_ok = 1;
+}
+
+bool ag_amx_available(void) {
+    pthread_once(&amx_once, amx_probe);
+    return amx_ok;
+}
+
+#else
+
+bool ag_amx_available(void) { return false; }
+
+#endif
+
+bool ag_amx_supports(uint32_t w_type) {
+    switch (w_type) {
+    case AG_TYPE_Q4_0:
+    case AG_TYPE_Q4_1:
+    case AG_TYPE_Q5_0:
+    case AG_TYPE_Q8_0:
+    case AG_TYPE_Q4_K:
+    case AG_TYPE_Q6_K: return true;
+    default: return false;
+    }
+}
+
+#define TILE     16  /* weight rows per panel, tokens per tile */
+#define BLK      32  /* elements per activation block */
+#define BT_BYTES 512 /* one block of 16 tokens in VNNI layout: 8 rows x 64 bytes */
+
+/* Activations of one token tile: nb blocks of BT_BYTES, then xd[nb][16], xs[nb][16]. */
+static size_t act_tile_bytes(int64_t n_in) {
+    int64_t nb = n_in / BLK;
+    return (size_t)nb * (BT_BYTES + 2 * TILE * sizeof(float));
+}
+/* A weight panel: nb blocks of 16 rows x 32 int8, then ws[ng][16], mw[ng][16]
+ * (ng = groups: nb, or 2*nb for Q6_K). */
+static size_t panel_bytes(int64_t n_in) {
+    int64_t nb = n_in / BLK;
+    return (size_t)nb * (TILE * BLK) + (size_t)(2 * nb) * 2 * TILE * sizeof(float);
+}
+
+/* One token's activations before the relayout: Q8A, or Q8_K (292 bytes per
+ * 256 elements vs 40 per 32) where n_in allows. */
+static size_t act_row_bytes(int64_t n_in) {
+    size_t a = (size_t)(n_in / BLK) * sizeof(ag_block_q8a), k = (size_t)(n_in / 256) * sizeof(ag_block_q8_K);
+    return a > k ? a : k;
+}
+
+size_t ag_amx_scratch_size(int n_threads, int64_t n_in, int64_t n_tok) {
+    if (n_in <= 0 || n_in % BLK || n_tok < 0 || n_threads < 1) return 0;
+    int64_t tiles = (n_tok + TILE - 1) / TILE;
+    return (size_t)tiles * act_tile_bytes(n_in) + (size_t)n_threads * (panel_bytes(n_in) + act_row_bytes(n_in)) + 64 * 4;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#endif
+
+#include <immintrin.h>
+
+#define AI static inline __attribute__((always_inline))
+
+typedef struct __attribute__((packed, aligned(64))) {
+    uint8_t  palette, start_row;
+    uint8_t  reserved[14];
+    uint16_t colsb[16];
+    uint8_t  rows[16];
+} tile_config;
+
+/* Tiles: 0,1 = C (16x16 int32); 2,4 = A (16 weight rows x K bytes);
+ * 3,5 = B (K/4 rows x 64 bytes). K = 32, or 16 for Q6_K's groups. */
+static void load_tiles(int k) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 2; t++) c.colsb[t] = 64, c.rows[t] = 16;
+    c.colsb[2] = c.colsb[4] = (uint16_t)k, c.rows[2] = c.rows[4] = 16;
+    c.colsb[3] = c.colsb[5] = 64, c.rows[3] = c.rows[5] = (uint8_t)(k / 4);
+    _tile_loadconfig(&c);
+}
+
+AI float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 16 nibble bytes -> 32 bytes: low nibbles (elements 0..15), then high. */
+AI __m256i nib32(const uint8_t *qs) {
+    __m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0xF);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+}
+/* 32 bits -> 32 bytes, 0x10 where the bit is set. */
+AI __m256i bit4_32(const uint8_t *qh) {
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    return _mm256_maskz_mov_epi8((__mmask32)h, _mm256_set1_epi8(0x10));
+}
+AI void store32(int8_t *dst, __m256i v) { _mm256_storeu_si256((__m256i *)dst, v); }
+
+/* Unpacks weight row r (0..15) of a panel: groups' int8 values into
+ * q[b][r][32], scales into ws[g*16 + r], offsets into mw[g*16 + r]. */
+static void unpack_row(uint32_t type, const uint8_t *row, int64_t n_in, int r, int8_t *q, float *ws, float *mw) {
+    const int64_t nb = n_in / BLK;
+#define QDST(b) (q + ((size_t)(b) * TILE + r) * BLK)
+    switch (type) {
+    case AG_TYPE_Q4_0: {
+        const ag_block_q4_0 *x = (const ag_block_q4_0 *)row;
+        for (int64_t b = 0; b < nb; b++) {
+            store32(QDST(b), _mm256_sub_epi8(nib32(x[b].qs), _mm256_set1_epi8(8)));
+            ws[b * TILE + r] = f16(x[b].d);
+        }
+        break;
+    }
+    case AG_TYPE_Q4_1: {
+        const ag_block_q4_1 *x = (const ag_block_q4_1 *)row;
+        for (int64_t b = 0; b < nb; b++) {
+            store32(QDST(b), nib32(x[b].qs));
+            ws[b * TILE + r] = f16(x[b].d);
+            mw[b * TILE + r] = f16(x[b].m);
+        }
+        break;
+    }
+    case AG_TYPE_Q5_0: {
+        const ag_block_q5_0 *x = (const ag_block_q5_0 *)row;
+        for (int64_t b = 0; b < nb; b++) {
+            __m256i v = _mm256_or_si256(nib32(x[b].qs), bit4_32(x[b].qh));
+            store32(QDST(b), _mm256_sub_epi8(v, _mm256_set1_epi8(16)));
+            ws[b * TILE + r] = f16(x[b].d);
+        }
+        break;
+    }
+    case AG_TYPE_Q8_0: {
+        const ag_block_q8_0 *x = (const ag_block_q8_0 *)row;
+        for (int64_t b = 0; b < nb; b++) {
+            store32(QDST(b), _mm256_loadu_si256((const __m256i *)x[b].qs));
+            ws[b * TILE + r] = f16(x[b].d);
+        }
+        break;
+    }
+    case AG_TYPE_Q4_K: {
+        const ag_block_q4_K *x = (const ag_block_q4_K *)row;
+        const __m256i        m4 = _mm256_set1_epi8(0xF);
+        for (int64_t s = 0; s < nb / 8; s++) {
+            uint8_t sm[16];
+            ag_k4_scales_unpack(x[s].scales, sm);
+            const float d = f16(x[s].d), dmin = f16(x[s].dmin);
+            for (int c = 0; c < 4; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(x[s].qs + 32 * c));
+                int64_t b = 8 * s + 2 * c;
+                store32(QDST(b), _mm256_and_si256(v, m4));
+                store32(QDST(b + 1), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                ws[b * TILE + r] = d * (float)sm[2 * c];
+                ws[(b + 1) * TILE + r] = d * (float)sm[2 * c + 1];
+                mw[b * TILE + r] = -dmin * (float)sm[8 + 2 * c];
+                mw[(b + 1) * TILE + r] = -dmin * (float)sm[8 + 2 * c + 1];
+            }
+        }
+        break;
+    }
+    case AG_TYPE_Q6_K: {
+        const ag_block_q6_K *x = (const ag_block_q6_K *)row;
+        const __m256i        m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3), o = _mm256_set1_epi8(32);
+        for (int64_t s = 0; s < nb / 8; s++) {
+            const float d = f16(x[s].d);
+            for (int h = 0; h < 2; h++) {
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(x[s].ql + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(x[s].ql + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(x[s].qh + 32 * h));
+                __m256i v[4];
+                v[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
+                v[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
+                v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
+                v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+                for (int k = 0; k < 4; k++) store32(QDST(8 * s + 4 * h + k), _mm256_sub_epi8(v[k], o));
+            }
+            /* group g (16 elements) of the super-block has scale g */
+            for (int g = 0; g < 16; g++) ws[(16 * s + g) * TILE + r] = d * (float)x[s].scales[g];
+        }
+        break;
+    }
+    }
+#undef QDST
+}
+
+/* Zeroes row r of a panel (rows past n_out). */
+static void zero_row(int64_t ng, int64_t nb, int r, int8_t *q, float *ws, float *mw) {
+    for (int64_t b = 0; b < nb; b++) memset(q + ((size_t)b * TILE + r) * BLK, 0, BLK);
+    for (int64_t g = 0; g < ng; g++) ws[g * TILE + r] = mw[g * TILE + r] = 0.0f;
+}
+
+/* 16x16 float transpose in registers. */
+AI void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_shuffle_ps(t[i], t[i + 2], 0x44);
+        r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], 0xEE);
+        r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xDD);
+        t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xDD);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xDD);
+        r[i + 4] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_f32x4(t[i + 4], t[i + 12], 0xDD);
+    }
+}
+
+/* acc[r] += (ws[r] * xd) * c[r] (+ mw[r] * xs) for the 16 rows of a C tile. */
+AI void post_group(__m512 acc[16], const int32_t c[16][16], const float *ws, const float *mw, __m512 xd, __m512 xs,
+                   const int has_min) {
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        __m512 p = _mm512_cvtepi32_ps(_mm512_load_si512(c[r]));
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(ws[r]), xd), p, acc[r]);
+        if (has_min) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(mw[r]), xs, acc[r]);
+    }
+}
+
+/* One token tile against the panel: acc[r] = row r's results for the tile's
+ * 16 tokens. Groups go through the AMX unit one TDPBSSD each, alternating
+ * between two sets of tiles (A2/B3 -> C0, A4/B5 -> C1) so that the next
+ * group's product runs while the vector units convert and scale this one's. */
+AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float *mw, const uint8_t *tile,
+                   const int64_t nb, const int Q6, const int HAS_MIN) {
+    const int64_t ng = Q6 ? 2 * nb : nb;
+    const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
+    _Alignas(64) int32_t c[2][16][16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
+#define QA(g) (Q6 ? q + (size_t)((g) >> 1) * TILE * BLK + ((g) & 1) * 16 : q + (size_t)(g) * TILE * BLK)
+#define BB(g) (Q6 ? tile + (size_t)((g) >> 1) * BT_BYTES + ((g) & 1) * 256 : tile + (size_t)(g) * BT_BYTES)
+#define XB(g) (Q6 ? ((g) >> 1) : (g))
+#define ISSUE(g, A, B, C)               \
+    do {                                \
+        _tile_loadd(A, QA(g), BLK);     \
+        _tile_loadd(B, BB(g), 64);      \
+        _tile_zero(C);                  \
+        _tile_dpbssd(C, A, B);          \
+    } while (0)
+#define DRAIN(g, C, buf)                                                                                     \
+    do {                                                                                                     \
+        _tile_stored(C, buf, 64);                                                                            \
+        post_group(acc, buf, ws + (g) * TILE, mw + (g) * TILE, _mm512_loadu_ps(xd + XB(g) * TILE),           \
+                   HAS_MIN ? _mm512_loadu_ps(xs + XB(g) * TILE) : _mm512_setzero_ps(), HAS_MIN);              \
+    } while (0)
+    ISSUE(0, 2, 3, 0);
+    for (int64_t g = 0; g < ng; g += 2) {
+        if (g + 1 < ng) ISSUE(g + 1, 4, 5, 1);
+        DRAIN(g, 0, c[0]);
+        if (g + 1 >= ng) break;
+        if (g + 2 < ng) ISSUE(g + 2, 2, 3, 0);
+        DRAIN(g + 1, 1, c[1]);
+    }
+#undef QA
+#undef BB
+#undef XB
+#undef ISSUE
+#undef DRAIN
+}
+
+typedef struct {
+    uint32_t       type;
+    const uint8_t *w;
+    size_t         w_row_bytes;
+    int64_t        n_out, n_in, n_tok;
+    const float   *x;
+    int64_t        ldx;
+    float         *y;
+    int64_t        ldy;
+    uint8_t       *act;       /* token tiles, act_tile_bytes each */
+    uint8_t       *per_thread; /* panel + one Q8A row, per thread */
+    size_t         per_thread_bytes;
+    int64_t        n_panels, tiles_per_task, n_tiles;
+} amx_job;
+
+/* Quantizes token tile `task` and lays it out for the B tiles. The
+ * K-quants take Q8_K activations (one scale per 256), the others Q8A (one
+ * per 32), as the dot kernels and llama.cpp do: a finer blocking would be
+ * more accurate, but on a Qwen2.5 attention-sink token (a few channels
+ * ~1e3 times the rest) it moved the logits far from llama.cpp's (KL 4 at
+ * position 0) while matching exact arithmetic better. */
+static void act_task(void *ctx, int64_t task, int thread) {
+    const amx_job *j = ctx;
+    const int64_t  nb = j->n_in / BLK;
+    const int      kq = j->type == AG_TYPE_Q4_K || j->type == AG_TYPE_Q6_K;
+    uint8_t       *tile = j->act + (size_t)task * act_tile_bytes(j->n_in);
+    float         *xd = (float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
+    void          *row = j->per_thread + (size_t)thread * j->per_thread_bytes + panel_bytes(j->n_in);
+    memset(tile, 0, act_tile_bytes(j->n_in));
+    for (int t = 0; t < TILE; t++) {
+        int64_t tok = task * TILE + t;
+        if (tok >= j->n_tok) break;
+        ag_quantize_act_row(kq ? AG_ACT_Q8K : AG_ACT_Q8A, j->x + tok * j->ldx, row, j->n_in);
+        for (int64_t b = 0; b < nb; b++) {
+            const int8_t *qs;
+            if (kq) {
+                const ag_block_q8_K *k = (const ag_block_q8_K *)row + b / 8;
+                int                  sub = (int)(b % 8);
+                qs = k->qs + 32 * sub;
+                xd[b * TILE + t] = k->d;
+                xs[b * TILE + t] = k->d * (float)(k->bsums[2 * sub] + k->bsums[2 * sub + 1]);
+            } else {
+                const ag_block_q8a *a = (const ag_block_q8a *)row + b;
+                qs = a->qs;
+                xd[b * TILE + t] = a->d;
+                xs[b * TILE + t] = a->s;
+            }
+            uint8_t *bt = tile + (size_t)b * BT_BYTES + 4 * t;
+            for (int k = 0; k < 8; k++) memcpy(bt + 64 * k, qs + 4 * k, 4);
+        }
+    }
+}
+
+static void mm_task(void *ctx, int64_t task, int thread) {
+    const amx_job *j = ctx;
+    const int64_t  nb = j->n_in / BLK, p = task % j->n_panels, tt0 = task / j->n_panels * j->tiles_per_task;
+    const int      q6 = j->type == AG_TYPE_Q6_K;
+    const int      has_min = j->type == AG_TYPE_Q4_1 || j->type == AG_TYPE_Q4_K;
+    const int64_t  ng = q6 ? 2 * nb : nb;
+    uint8_t       *buf = j->per_thread + (size_t)thread * j->per_thread_bytes;
+    int8_t        *q = (int8_t *)buf;
+    float         *ws = (float *)(buf + (size_t)nb * TILE * BLK), *mw = ws + ng * TILE;
+    const int64_t  row0 = p * TILE;
+    const int      rows = (int)(j->n_out - row0 < TILE ? j->n_out - row0 : TILE);
+
+    for (int r = 0; r < TILE; r++) {
+        if (r < rows) unpack_row(j->type, j->w + (size_t)(row0 + r) * j->w_row_bytes, j->n_in, r, q, ws, mw);
+        else zero_row(ng, nb, r, q, ws, mw);
+    }
+    if (!has_min) memset(mw, 0, sizeof(float) * (size_t)ng * TILE);
+
+    load_tiles(q6 ? 16 : 32);
+    int64_t tt1 = tt0 + j->tiles_per_task;
+    if (tt1 > j->n_tiles) tt1 = j->n_tiles;
+    for (int64_t tt = tt0; tt < tt1; tt++) {
+        const uint8_t *tile = j->act + (size_t)tt * act_tile_bytes(j->n_in);
+        __m512         acc[16];
+        if (q6) token_tile(acc, q, ws, mw, tile, nb, 1, 0);
+        else if (has_min) token_tile(acc, q, ws, mw, tile, nb, 0, 1);
+        else token_tile(acc, q, ws, mw, tile, nb, 0, 0);
+        /* acc[r] holds row r for 16 tokens; write token rows */
+        transpose16(acc);
+        const __mmask16 rm = (__mmask16)((1u << rows) - 1);
+        for (int t = 0; t < TILE; t++) {
+            int64_t tok = tt * TILE + t;
+            if (tok >= j->n_tok) break;
+            _mm512_mask_storeu_ps(j->y + tok * j->ldy + row0, rm, acc[t]);
+        }
+    }
+    _tile_release();
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                        const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
+                        size_t scratch_size) {
+    if (!ag_amx_available() || !ag_amx_supports(w_type))
+        return ag_errorf(AG_ERR_UNSUPPORTED, "matmul: no AMX kernel for this type or CPU");
+    if (n_out <= 0 || n_tok <= 0) return AG_OK;
+    int     threads = ag_threadpool_size(pool);
+    size_t  need = ag_amx_scratch_size(threads, n_in, n_tok);
+    if (need == 0 || !scratch || scratch_size < need)
+        return ag_errorf(AG_ERR_INVALID, "matmul: AMX scratch of %zu bytes is too small", scratch_size);
+    amx_job j = {0};
+    j.type = w_type;
+    j.w = w;
+    j.w_row_bytes = ag_quant_row_bytes(w_type, n_in);
+    j.n_out = n_out, j.n_in = n_in, j.n_tok = n_tok;
+    j.x = x, j.ldx = ldx, j.y = y, j.ldy = ldy;
+    uint8_t *base = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+    j.n_tiles = (n_tok + TILE - 1) / TILE;
+    j.act = base;
+    j.per_thread_bytes = (panel_bytes(n_in) + act_row_bytes(n_in) + 63) & ~(size_t)63;
+    j.per_thread = base + (((size_t)j.n_tiles * act_tile_bytes(n_in) + 63) & ~(size_t)63);
+    ag_threadpool_run(pool, j.n_tiles, act_task, &j);
+
+    j.n_panels = (n_out + TILE - 1) / TILE;
+    /* tokens per task: enough tiles to amortize unpacking the panel, few
+     * enough that the tasks still spread over the threads */
+    j.tiles_per_task = j.n_tiles;
+    while (j.tiles_per_task > 4 && j.n_panels * ((j.n_tiles + j.tiles_per_task - 1) / j.tiles_per_task) < 4 * threads)
+        j.tiles_per_task = (j.tiles_per_task + 1) / 2;
+    if (j.tiles_per_task > 16) j.tiles_per_task = 16;
+    int64_t n_chunks = (j.n_tiles + j.tiles_per_task - 1) / j.tiles_per_task;
+    ag_threadpool_run(pool, j.n_panels * n_chunks, mm_task, &j);
+    return AG_OK;
+}
+
+#else
+
+ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                        const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
+                        size_t scratch_size) {
+    return ag_errorf(AG_ERR_UNSUPPORTED, "matmul: AMX is not available on this platform");
+}
+
+#endif

@@ -1,0 +1,32 @@
+/* Prompt GEMM on Intel AMX tiles (see matmul_amx.c for the arithmetic).
+ *
+ * Y[n_tok][n_out] = X[n_tok][n_in] · W[n_out][n_in]^T for the weight types
+ * ag_amx_supports(), on CPUs where ag_amx_available(). A token's result is
+ * bit-identical whatever else is in the call; it differs from ag_matmul()'s
+ * (the decode kernels') in float summation order and activation blocking. */
+#ifndef AG_BACKEND_CPU_MATMUL_AMX_H
+#define AG_BACKEND_CPU_MATMUL_AMX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/cpu/quant.h"
+#include "base/status.h"
+#include "base/threadpool.h"
+
+/* CPU has AMX-INT8 + AVX-512BW/VL and the OS granted tile state; false when
+ * the environment sets AUGUR_AMX=0. Thread-safe, probes once. */
+bool ag_amx_available(void);
+/* An AMX kernel exists for this weight type. */
+bool ag_amx_supports(uint32_t w_type);
+/* Scratch bytes ag_matmul_amx needs (0 for invalid sizes). */
+size_t ag_amx_scratch_size(int n_threads, int64_t n_in, int64_t n_tok);
+/* The product; scratch from ag_amx_scratch_size(ag_threadpool_size(pool), ...).
+ * Arguments are assumed checked by the caller (matmul.c); returns
+ * AG_ERR_UNSUPPORTED without AMX or for other types. */
+ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                        const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
+                        size_t scratch_size);
+
+#endif
