@@ -131,13 +131,13 @@ typedef struct __attribute__((packed, aligned(64))) {
     uint8_t  rows[16];
 } tile_config;
 
-/* Tiles: 0,1 = C (16x16 int32); 2,4 = A (16 weight rows x K bytes);
+/* Tiles: 0,1,6 = C (16x16 int32); 2,4 = A (16 weight rows x K bytes);
  * 3,5 = B (K/4 rows x 64 bytes). K = 32, or 16 for Q6_K's groups. */
 static void load_tiles(int k) {
     tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int t = 0; t < 2; t++) c.colsb[t] = 64, c.rows[t] = 16;
+    c.colsb[0] = c.colsb[1] = c.colsb[6] = 64, c.rows[0] = c.rows[1] = c.rows[6] = 16;
     c.colsb[2] = c.colsb[4] = (uint16_t)k, c.rows[2] = c.rows[4] = 16;
     c.colsb[3] = c.colsb[5] = 64, c.rows[3] = c.rows[5] = (uint8_t)(k / 4);
     _tile_loadconfig(&c);
@@ -291,9 +291,11 @@ AI void post_group(__m512 acc[16], const int32_t c[16][16], const float *ws, con
 }
 
 /* One token tile against the panel: acc[r] = row r's results for the tile's
- * 16 tokens. Groups go through the AMX unit one TDPBSSD each, alternating
- * between two sets of tiles (A2/B3 -> C0, A4/B5 -> C1) so that the next
- * group's product runs while the vector units convert and scale this one's. */
+ * 16 tokens. Each group is one TDPBSSD. Three groups are in flight: when
+ * group g's C tile is stored, its A/B tiles are free and group g+2 is
+ * loaded and issued into them, so every product has two groups' vector
+ * work (convert, scale, accumulate) to finish in. Tiles: C 0,1,6 in turn;
+ * A/B 2,3 for even groups and 4,5 for odd ones. */
 AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float *mw, const uint8_t *tile,
                    const int64_t nb, const int Q6, const int HAS_MIN) {
     const int64_t ng = Q6 ? 2 * nb : nb;
@@ -304,32 +306,41 @@ AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float
 #define QA(g) (Q6 ? q + (size_t)((g) >> 1) * TILE * BLK + ((g) & 1) * 16 : q + (size_t)(g) * TILE * BLK)
 #define BB(g) (Q6 ? tile + (size_t)((g) >> 1) * BT_BYTES + ((g) & 1) * 256 : tile + (size_t)(g) * BT_BYTES)
 #define XB(g) (Q6 ? ((g) >> 1) : (g))
-#define ISSUE(g, A, B, C)               \
-    do {                                \
-        _tile_loadd(A, QA(g), BLK);     \
-        _tile_loadd(B, BB(g), 64);      \
-        _tile_zero(C);                  \
-        _tile_dpbssd(C, A, B);          \
+#define ISSUE(g, A, B, C)           \
+    do {                            \
+        _tile_loadd(A, QA(g), BLK); \
+        _tile_loadd(B, BB(g), 64);  \
+        _tile_zero(C);              \
+        _tile_dpbssd(C, A, B);      \
     } while (0)
-#define DRAIN(g, C, buf)                                                                                     \
-    do {                                                                                                     \
-        _tile_stored(C, buf, 64);                                                                            \
-        post_group(acc, buf, ws + (g) * TILE, mw + (g) * TILE, _mm512_loadu_ps(xd + XB(g) * TILE),           \
-                   HAS_MIN ? _mm512_loadu_ps(xs + XB(g) * TILE) : _mm512_setzero_ps(), HAS_MIN);              \
+    /* drain group g from tile C, then reuse its A/B tiles for group g+2 into CN */
+#define STEP(g, C, A, B, CN)                                                                               \
+    do {                                                                                                   \
+        _tile_stored(C, c[(g) & 1], 64);                                                                   \
+        if ((g) + 2 < ng) ISSUE((g) + 2, A, B, CN);                                                        \
+        post_group(acc, c[(g) & 1], ws + (g) * TILE, mw + (g) * TILE, _mm512_loadu_ps(xd + XB(g) * TILE),  \
+                   HAS_MIN ? _mm512_loadu_ps(xs + XB(g) * TILE) : _mm512_setzero_ps(), HAS_MIN);            \
     } while (0)
     ISSUE(0, 2, 3, 0);
-    for (int64_t g = 0; g < ng; g += 2) {
-        if (g + 1 < ng) ISSUE(g + 1, 4, 5, 1);
-        DRAIN(g, 0, c[0]);
+    if (ng > 1) ISSUE(1, 4, 5, 1);
+    for (int64_t g = 0; g < ng; g += 6) {
+        STEP(g, 0, 2, 3, 6);
         if (g + 1 >= ng) break;
-        if (g + 2 < ng) ISSUE(g + 2, 2, 3, 0);
-        DRAIN(g + 1, 1, c[1]);
+        STEP(g + 1, 1, 4, 5, 0);
+        if (g + 2 >= ng) break;
+        STEP(g + 2, 6, 2, 3, 1);
+        if (g + 3 >= ng) break;
+        STEP(g + 3, 0, 4, 5, 6);
+        if (g + 4 >= ng) break;
+        STEP(g + 4, 1, 2, 3, 0);
+        if (g + 5 >= ng) break;
+        STEP(g + 5, 6, 4, 5, 1);
     }
 #undef QA
 #undef BB
 #undef XB
 #undef ISSUE
-#undef DRAIN
+#undef STEP
 }
 
 typedef struct {
