@@ -54,6 +54,10 @@ typedef struct {
      * each kind has its own kernels (see ag_batch.n_prompt); a row's result
      * depends only on its own x and its kind. */
     ag_status (*matmul)(ag_backend *, const ag_tensor *w, const float *x, int n, int n_decode, float *y);
+    /* The same for n_w (1..4) weights with one x and ne[0] (Q/K/V, gate/up):
+     * y[i] = x · w[i]ᵀ, bit-identical to n_w matmul calls, cheaper. */
+    ag_status (*matmul_multi)(ag_backend *, const ag_tensor *const *w, int n_w, const float *x, int n, int n_decode,
+                              float *const *y);
     /* out[i][:] = row ids[i] of w, dequantized. Ids are checked by the caller. */
     ag_status (*get_rows)(ag_backend *, const ag_tensor *w, const int32_t *ids, int n, float *out);
     /* out[i] = x[i] / rms(x[i]) * w, per row of `dim`; w may be NULL (no gain). out may alias x. */

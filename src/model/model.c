@@ -294,9 +294,9 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     for (int l = 0; l < c->n_layer; l++) {
         const ag_layer_weights *w = &m->layers[l];
         op->rmsnorm(be, x, w->attn_norm.data, n, c->n_embd, c->rms_eps, h);
-        if ((st = op->matmul(be, &w->wq, h, n, n_dec, q))) return st;
-        if ((st = op->matmul(be, &w->wk, h, n, n_dec, k))) return st;
-        if ((st = op->matmul(be, &w->wv, h, n, n_dec, v))) return st;
+        const ag_tensor *qkv_w[3] = {&w->wq, &w->wk, &w->wv};
+        float *const     qkv[3] = {q, k, v};
+        if ((st = op->matmul_multi(be, qkv_w, 3, h, n, n_dec, qkv))) return st;
         if (w->bq.data) op->add_bias(be, q, w->bq.data, n, (int)qd);
         if (w->bk.data) op->add_bias(be, k, w->bk.data, n, (int)kd);
         if (w->bv.data) op->add_bias(be, v, w->bv.data, n, (int)vd);
@@ -317,8 +317,9 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         op->add(be, x, o, (size_t)n * c->n_embd);
 
         op->rmsnorm(be, x, w->ffn_norm.data, n, c->n_embd, c->rms_eps, h);
-        if ((st = op->matmul(be, &w->ffn_gate, h, n, n_dec, gate))) return st;
-        if ((st = op->matmul(be, &w->ffn_up, h, n, n_dec, up))) return st;
+        const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
+        float *const     gu[2] = {gate, up};
+        if ((st = op->matmul_multi(be, gu_w, 2, h, n, n_dec, gu))) return st;
         if (c->gelu) op->gelu_mul(be, gate, up, (size_t)n * c->n_ff);
         else op->silu_mul(be, gate, up, (size_t)n * c->n_ff);
         if ((st = op->matmul(be, &w->ffn_down, gate, n, n_dec, o))) return st;

@@ -177,10 +177,47 @@ static void prompt_token_invariance(void **state) {
     ag_threadpool_free(pool);
 }
 
+/* ag_matmul_multi: each part bit-identical to its own ag_matmul (decode rows). */
+static void multi_equals_separate(void **state) {
+    ag_threadpool       *pool;
+    ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
+    assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
+    const uint32_t types[4] = {AG_TYPE_Q4_K, AG_TYPE_Q5_0, AG_TYPE_Q6_K, AG_TYPE_F32};
+    const int64_t  outs[4] = {40, 9, 23, 5}, n_in = 512;
+    static const int64_t toks[] = {1, 3, 9};
+    for (size_t ti = 0; ti < 3; ti++) {
+        int64_t        n_tok = toks[ti];
+        float         *x = malloc(sizeof(float) * (size_t)(n_tok * n_in));
+        uint8_t       *w[4];
+        float         *y[4], *ref[4];
+        ag_matmul_part parts[4];
+        for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = nrand();
+        for (int p = 0; p < 4; p++) {
+            w[p] = random_matrix(types[p], outs[p], n_in);
+            y[p] = malloc(sizeof(float) * (size_t)(n_tok * outs[p]));
+            ref[p] = malloc(sizeof(float) * (size_t)(n_tok * outs[p]));
+            parts[p] = (ag_matmul_part){types[p], w[p], outs[p], y[p], outs[p]};
+            assert_int_equal(ag_matmul(pool, types[p], w[p], outs[p], n_in, x, n_in, n_tok, ref[p], outs[p], NULL, 0),
+                             AG_OK);
+        }
+        for (int k = 1; k <= 4; k++) {
+            for (int p = 0; p < k; p++) memset(y[p], 0xFF, sizeof(float) * (size_t)(n_tok * outs[p]));
+            assert_int_equal(ag_matmul_multi(k & 1 ? pool : NULL, parts, k, n_in, x, n_in, n_tok, NULL, 0), AG_OK);
+            for (int p = 0; p < k; p++) assert_memory_equal(y[p], ref[p], sizeof(float) * (size_t)(n_tok * outs[p]));
+        }
+        assert_int_equal(ag_matmul_multi(pool, parts, 0, n_in, x, n_in, n_tok, NULL, 0), AG_ERR_INVALID);
+        assert_int_equal(ag_matmul_multi(pool, parts, 5, n_in, x, n_in, n_tok, NULL, 0), AG_ERR_INVALID);
+        for (int p = 0; p < 4; p++) free(w[p]), free(y[p]), free(ref[p]);
+        free(x);
+    }
+    ag_threadpool_free(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(prompt_matches_float64),
         cmocka_unit_test(prompt_token_invariance),
+        cmocka_unit_test(multi_equals_separate),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,6 +47,36 @@ static ag_status cpu_matmul(ag_backend *be, const ag_tensor *w, const float *x, 
     return AG_OK;
 }
 
+static ag_status cpu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
+                                  int n_decode, float *const *y) {
+    cpu_state *s = state_of(be);
+    if (n_w < 1 || n_w > AG_MATMUL_MAX_PARTS) return ag_errorf(AG_ERR_INVALID, "matmul_multi: %d weights", n_w);
+    const int64_t n_in = w[0]->ne[0];
+    for (int i = 1; i < n_w; i++)
+        if (w[i]->ne[0] != n_in) return ag_errorf(AG_ERR_INVALID, "matmul_multi: weights of different widths");
+    if (n_decode < 0 || n_decode > n) n_decode = n;
+    ag_status st = AG_OK;
+    if (n_decode > 0) {
+        ag_matmul_part parts[AG_MATMUL_MAX_PARTS];
+        for (int i = 0; i < n_w; i++)
+            parts[i] = (ag_matmul_part){w[i]->type, w[i]->data, w[i]->ne[1], y[i], w[i]->ne[1]};
+        if (!(st = grow_mm_scratch(s, ag_matmul_multi_scratch_size(parts, n_w, n_in, n_decode))))
+            st = ag_matmul_multi(s->pool, parts, n_w, n_in, x, n_in, n_decode, s->mm_scratch, s->mm_scratch_size);
+        if (st) return ag_errorf(st, "matmul with '%s': %s", w[0]->name ? w[0]->name : "?", ag_error_message());
+    }
+    if (n_decode == n) return AG_OK;
+    /* prompt rows: one call per weight (the AMX path quantizes per call) */
+    for (int i = 0; i < n_w && !st; i++) {
+        const float *xp = x + (size_t)n_decode * n_in;
+        float       *yp = y[i] + (size_t)n_decode * w[i]->ne[1];
+        if (!(st = grow_mm_scratch(s, ag_matmul_prompt_scratch_size(s->pool, w[i]->type, n_in, n - n_decode))))
+            st = ag_matmul_prompt(s->pool, w[i]->type, w[i]->data, w[i]->ne[1], n_in, xp, n_in, n - n_decode, yp,
+                                  w[i]->ne[1], s->mm_scratch, s->mm_scratch_size);
+        if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());
+    }
+    return AG_OK;
+}
+
 static ag_status cpu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t *ids, int n, float *out) {
     for (int i = 0; i < n; i++) {
         const uint8_t *row = (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes;
@@ -115,6 +145,7 @@ static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *s
 static const ag_backend_ops cpu_ops = {
     .name = "cpu",
     .matmul = cpu_matmul,
+    .matmul_multi = cpu_matmul_multi,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

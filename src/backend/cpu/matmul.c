@@ -127,38 +127,149 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     }
 }
 
-/* tiles: use the GEMM tile kernels (prompt rows only: their summation order
- * differs from the dot kernels', see ag_matmul_prompt). Which rows go
- * through a tile depends only on the row index, never on n_tok. */
-static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
-                       const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles) {
-    mm_job j = {0};
-    j.dot = ag_quant_kernels_active()->dot[w_type];
-    j.gemm = tiles ? ag_quant_kernels_active()->gemm[w_type] : NULL;
-    j.w = w;
-    j.w_row_bytes = ag_quant_row_bytes(w_type, n_in);
-    j.n_in = n_in, j.n_out = n_out, j.n_tok = n_tok;
-    j.xa = xa, j.xa_stride = xa_stride;
-    j.y = y, j.ldy = ldy;
+/* Fills j for W·X and returns its task count. tiles: use the GEMM tile
+ * kernels (prompt rows only: their summation order differs from the dot
+ * kernels', see ag_matmul_prompt). Which rows go through a tile depends
+ * only on the row index, never on n_tok; the split into tasks never changes
+ * a result. want: tasks to aim for (dynamic scheduling absorbs uneven
+ * threads). */
+static int64_t mm_plan(mm_job *j, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, const void *xa,
+                       size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles, int64_t want) {
+    memset(j, 0, sizeof *j);
+    j->dot = ag_quant_kernels_active()->dot[w_type];
+    j->gemm = tiles ? ag_quant_kernels_active()->gemm[w_type] : NULL;
+    j->w = w;
+    j->w_row_bytes = ag_quant_row_bytes(w_type, n_in);
+    j->n_in = n_in, j->n_out = n_out, j->n_tok = n_tok;
+    j->xa = xa, j->xa_stride = xa_stride;
+    j->y = y, j->ldy = ldy;
 
     int64_t tc = (int64_t)(L2_ACT_BUDGET / (xa_stride ? xa_stride : 1));
     tc = tc / AG_DOT_MAX_NX * AG_DOT_MAX_NX;
     if (tc < AG_DOT_MAX_NX) tc = AG_DOT_MAX_NX;
     if (tc > n_tok) tc = n_tok;
-    j.tok_per_task = tc;
+    j->tok_per_task = tc;
     int64_t n_tok_tasks = (n_tok + tc - 1) / tc;
 
-    int     threads = ag_threadpool_size(pool);
-    int64_t want = (int64_t)threads * 8; /* tasks in total */
     int64_t row_tasks = (want + n_tok_tasks - 1) / n_tok_tasks;
     int64_t rows = (n_out + row_tasks - 1) / row_tasks;
-    if (threads == 1) rows = n_out; /* one task: no scheduling at all */
     if (rows < 4) rows = 4;
     rows = (rows + AG_GEMM_RM - 1) / AG_GEMM_RM * AG_GEMM_RM; /* whole tiles per task */
     if (rows > n_out) rows = n_out;
-    j.rows_per_task = rows;
-    j.n_row_tasks = (n_out + rows - 1) / rows;
-    ag_threadpool_run(pool, j.n_row_tasks * n_tok_tasks, mm_task, &j);
+    j->rows_per_task = rows;
+    j->n_row_tasks = (n_out + rows - 1) / rows;
+    return j->n_row_tasks * n_tok_tasks;
+}
+
+static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
+                       const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles) {
+    mm_job  j;
+    int     threads = ag_threadpool_size(pool);
+    /* one thread: one task, no scheduling at all */
+    int64_t n = mm_plan(&j, w_type, w, n_out, n_in, xa, xa_stride, n_tok, y, ldy, tiles, threads == 1 ? 1 : threads * 8);
+    ag_threadpool_run(pool, n, mm_task, &j);
+}
+
+/* ---- several matrices, one X ---- */
+
+typedef struct {
+    mm_job  jobs[AG_MATMUL_MAX_PARTS];
+    int64_t first[AG_MATMUL_MAX_PARTS + 1]; /* jobs[p] owns tasks [first[p], first[p+1]) */
+    int     n;
+} mm_multi;
+
+static void mm_multi_task(void *ctx, int64_t task, int thread) {
+    const mm_multi *m = ctx;
+    int             p = 0;
+    while (task >= m->first[p + 1]) p++;
+    mm_task((void *)&m->jobs[p], task - m->first[p], thread);
+}
+
+/* The distinct activation formats of the parts, in a fixed order. */
+static int multi_formats(const ag_matmul_part *parts, int n_parts, ag_act_format fmts[AG_MATMUL_MAX_PARTS]) {
+    int n = 0;
+    for (int p = 0; p < n_parts; p++) {
+        ag_act_format f;
+        if (ag_quant_act_format(parts[p].w_type, &f) != AG_OK) return -1;
+        int k = 0;
+        while (k < n && fmts[k] != f) k++;
+        if (k == n) fmts[n++] = f;
+    }
+    return n;
+}
+
+size_t ag_matmul_multi_scratch_size(const ag_matmul_part *parts, int n_parts, int64_t n_in, int64_t n_tok) {
+    ag_act_format fmts[AG_MATMUL_MAX_PARTS];
+    if (n_parts < 1 || n_parts > AG_MATMUL_MAX_PARTS || n_tok < 0) return 0;
+    int    nf = multi_formats(parts, n_parts, fmts);
+    size_t total = 64;
+    for (int k = 0; k < nf; k++) {
+        if (fmts[k] == AG_ACT_F32) continue;
+        size_t rb = ag_act_row_bytes(fmts[k], n_in), b;
+        if (rb == 0 || __builtin_mul_overflow(rb, (size_t)n_tok, &b)) return 0;
+        total += (b + 63) & ~(size_t)63;
+    }
+    return total;
+}
+
+ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int n_parts, int64_t n_in,
+                          const float *x, int64_t ldx, int64_t n_tok, void *scratch, size_t scratch_size) {
+    if (n_parts < 1 || n_parts > AG_MATMUL_MAX_PARTS)
+        return ag_errorf(AG_ERR_INVALID, "matmul: %d parts (1..%d)", n_parts, AG_MATMUL_MAX_PARTS);
+    for (int p = 0; p < n_parts; p++) {
+        ag_act_format f;
+        ag_status st = check_common(parts[p].w_type, parts[p].w, parts[p].n_out, n_in, n_tok, parts[p].y,
+                                    parts[p].ldy, &f);
+        if (st != AG_OK) return st;
+    }
+    if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
+    if (n_tok == 0) return AG_OK;
+    if (!x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
+    size_t need = ag_matmul_multi_scratch_size(parts, n_parts, n_in, n_tok), tmp;
+    if (need == 0 || __builtin_mul_overflow((size_t)n_tok, (size_t)ldx * sizeof(float), &tmp))
+        return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    void *buf = scratch, *owned = NULL;
+    if (!buf || scratch_size < need) {
+        owned = buf = malloc(need);
+        if (!owned) return ag_errorf(AG_ERR_NOMEM, "matmul: cannot allocate %zu bytes of activations", need);
+    }
+    /* X once per activation format */
+    ag_act_format fmts[AG_MATMUL_MAX_PARTS];
+    const void   *xa[AG_MATMUL_MAX_PARTS];
+    size_t        stride[AG_MATMUL_MAX_PARTS];
+    int           nf = multi_formats(parts, n_parts, fmts);
+    uint8_t      *at = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    ag_status     st = AG_OK;
+    for (int k = 0; k < nf && st == AG_OK; k++) {
+        if (fmts[k] == AG_ACT_F32) {
+            xa[k] = x, stride[k] = (size_t)ldx * sizeof(float);
+            continue;
+        }
+        size_t rb = ag_act_row_bytes(fmts[k], n_in), bytes = rb * (size_t)n_tok;
+        st = ag_matmul_quantize_x(pool, fmts[k], x, ldx, n_tok, n_in, at, bytes);
+        xa[k] = at, stride[k] = rb;
+        at += (bytes + 63) & ~(size_t)63;
+    }
+    if (st == AG_OK) {
+        mm_multi m = {.n = n_parts};
+        int64_t  rows = 0;
+        for (int p = 0; p < n_parts; p++) rows += parts[p].n_out;
+        int threads = ag_threadpool_size(pool);
+        for (int p = 0; p < n_parts; p++) {
+            ag_act_format f;
+            ag_quant_act_format(parts[p].w_type, &f);
+            int k = 0;
+            while (fmts[k] != f) k++;
+            int64_t want = threads == 1 ? 1 : (threads * 8 * parts[p].n_out + rows - 1) / (rows ? rows : 1);
+            m.first[p + 1] = m.first[p] + (parts[p].n_out == 0 ? 0
+                                           : mm_plan(&m.jobs[p], parts[p].w_type, parts[p].w, parts[p].n_out, n_in,
+                                                     xa[k], stride[k], n_tok, parts[p].y, parts[p].ldy, false,
+                                                     want < 1 ? 1 : want));
+        }
+        ag_threadpool_run(pool, m.first[n_parts], mm_multi_task, &m);
+    }
+    free(owned);
+    return st;
 }
 
 ag_status ag_matmul_xq(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,

@@ -67,6 +67,24 @@ ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, 
                            const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
                            size_t scratch_size);
 
+/* Decode rows against several weight matrices that read the same X (Q/K/V,
+ * gate/up): X is quantized once per activation format and all the rows go
+ * through one pool run, saving dispatches that dominate small decode
+ * steps. Each part's Y is bit-identical to ag_matmul(part). At most
+ * AG_MATMUL_MAX_PARTS parts; scratch as ag_matmul (sized by
+ * ag_matmul_multi_scratch_size; allocated if short). Errors as ag_matmul. */
+#define AG_MATMUL_MAX_PARTS 4
+typedef struct {
+    uint32_t    w_type;
+    const void *w;
+    int64_t     n_out;
+    float      *y;
+    int64_t     ldy;
+} ag_matmul_part;
+size_t    ag_matmul_multi_scratch_size(const ag_matmul_part *parts, int n_parts, int64_t n_in, int64_t n_tok);
+ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int n_parts, int64_t n_in,
+                          const float *x, int64_t ldx, int64_t n_tok, void *scratch, size_t scratch_size);
+
 ag_status ag_matmul_xq(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
                        const void *xq, int64_t n_tok, float *y, int64_t ldy);
 
