@@ -1,13 +1,16 @@
 /* CPU attention over the paged KV cache, and the KV store op.
  *
- * One task is one (token, kv head) pair: the query heads that share that kv
- * head (grouped-query attention) are processed together, so each K/V block
- * is converted to float once per group and read from memory once. Two
- * passes per task: scores for every visible position, then the softmax-
- * weighted sum of V (the reference's order of rounding, see round_f16). */
+ * One task is a few consecutive batch rows of one sequence (a prompt
+ * chunk's tokens) and one kv head: the rows and the query heads that share
+ * the kv head (grouped-query attention) are processed together, so each K/V
+ * block is converted to float once per task and read from memory once. Two
+ * passes: scores for every visible position, then the softmax-weighted sum
+ * of V (the reference's order of rounding, see round_f16). Each row's
+ * arithmetic is the same whatever rows share its task. */
 #include "backend/cpu/attention.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/quant.h"
@@ -115,81 +118,103 @@ void ag_cpu_attention_init(void) {
     axpy_f32 = axpy_c;
 }
 
-void ag_cpu_attention_task(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *q,
-                           float *out, int task, float *scratch) {
+void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *q,
+                           float *out, int t0, int t1, int g, float *scratch) {
     const ag_kv_layout *L = ag_kv_get_layout(kv);
-    const int t = task / s->n_head_kv, g = task % s->n_head_kv;
     const int group = s->n_head / s->n_head_kv;
     const int dk = s->head_dim_k, dv = s->head_dim_v, bs = L->block_size;
-    const int pos = b->pos[t];
-    const int lo = s->window > 0 && pos - s->window + 1 > 0 ? pos - s->window + 1 : 0;
-    const int n_pos = pos - lo + 1;
+    const int nt = t1 - t0;
     int32_t n_blocks;
-    const int32_t *table = ag_kv_seq_blocks(kv, b->seq[t], &n_blocks);
+    const int32_t *table = ag_kv_seq_blocks(kv, b->seq[t0], &n_blocks);
 
-    /* scratch: kvbuf[bs * max(dk, dv)], qh[group * dk], sc[group * n_pos], acc[group * dv] */
-    float *kvbuf = scratch;
-    float *qh = kvbuf + (size_t)bs * (dk > dv ? dk : dv);
-    float *sc = qh + (size_t)group * dk;
-    float *acc = sc + (size_t)group * n_pos;
-    const size_t qd = (size_t)s->n_head * dk;
-    for (int h = 0; h < group; h++) {
-        const float *src = q + t * qd + (size_t)(g * group + h) * dk;
-        for (int i = 0; i < dk; i++) qh[h * dk + i] = round_f16(src[i]);
+    /* the visible range [lo_t, pos_t] of each row, and their union [lo_min, pos_max] */
+    int lo[AG_ATTN_MAX_ROWS], lo_min = INT32_MAX, pos_max = 0, stride = 0;
+    for (int i = 0; i < nt; i++) {
+        const int pos = b->pos[t0 + i];
+        lo[i] = s->window > 0 && pos - s->window + 1 > 0 ? pos - s->window + 1 : 0;
+        lo_min = lo[i] < lo_min ? lo[i] : lo_min;
+        pos_max = pos > pos_max ? pos : pos_max;
+        stride = pos - lo[i] + 1 > stride ? pos - lo[i] + 1 : stride;
     }
 
-    /* pass 1: scores, block by block (each K block converted once for the group) */
-    const int b0 = lo / bs, b1 = pos / bs < n_blocks ? pos / bs : n_blocks - 1;
-    for (int bi = b0; bi <= b1; bi++) {
-        const int o0 = bi * bs < lo ? lo - bi * bs : 0;
-        const int o1 = (bi + 1) * bs - 1 > pos ? pos - bi * bs + 1 : bs;
-        const uint8_t *kb = (const uint8_t *)ag_kv_block_k(kv, s->layer, table[bi]) + g * L->head_stride_k;
-        const float *K = rows_f32(L, kb, L->row_bytes_k, dk, o0, o1, kvbuf);
+    /* scratch: kvbuf[bs * max(dk, dv)], qh[nt * group * dk], sc[nt * group * stride], acc[nt * group * dv] */
+    float *kvbuf = scratch;
+    float *qh = kvbuf + (size_t)bs * (dk > dv ? dk : dv);
+    float *sc = qh + (size_t)nt * group * dk;
+    float *acc = sc + (size_t)nt * group * stride;
+    const size_t qd = (size_t)s->n_head * dk;
+    for (int i = 0; i < nt; i++)
         for (int h = 0; h < group; h++) {
-            const float *qv = qh + (size_t)h * dk;
-            float *row = sc + (size_t)h * n_pos + (bi * bs + o0 - lo);
-            for (int j = 0; j < o1 - o0; j++) {
-                float d = dot_f32(qv, K + (size_t)j * dk, dk) * s->scale;
-                if (s->softcap > 0) d = s->softcap * tanhf(d / s->softcap);
-                row[j] = d;
+            const float *src = q + (t0 + i) * qd + (size_t)(g * group + h) * dk;
+            for (int e = 0; e < dk; e++) qh[((size_t)i * group + h) * dk + e] = round_f16(src[e]);
+        }
+
+    /* pass 1: scores, block by block (each K block converted once for all rows and heads) */
+    const int b0 = lo_min / bs, b1 = pos_max / bs < n_blocks ? pos_max / bs : n_blocks - 1;
+    for (int bi = b0; bi <= b1; bi++) {
+        const int o0 = bi * bs < lo_min ? lo_min - bi * bs : 0;
+        const int o1 = (bi + 1) * bs - 1 > pos_max ? pos_max - bi * bs + 1 : bs;
+        const uint8_t *kb = (const uint8_t *)ag_kv_block_k(kv, s->layer, table[bi]) + g * L->head_stride_k;
+        const float *K = rows_f32(L, kb, L->row_bytes_k, dk, o0, o1, kvbuf) - (size_t)o0 * dk;
+        for (int i = 0; i < nt; i++) {
+            const int pos = b->pos[t0 + i];
+            const int j0 = bi * bs + o0 < lo[i] ? lo[i] - bi * bs : o0;
+            const int j1 = bi * bs + o1 - 1 > pos ? pos - bi * bs + 1 : o1;
+            for (int h = 0; h < group; h++) {
+                const float *qv = qh + ((size_t)i * group + h) * dk;
+                float *row = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
+                for (int j = j0; j < j1; j++) {
+                    float d = dot_f32(qv, K + (size_t)j * dk, dk) * s->scale;
+                    if (s->softcap > 0) d = s->softcap * tanhf(d / s->softcap);
+                    row[j] = d;
+                }
             }
         }
     }
-    /* softmax per head; the weights rounded to fp16 as the reference does */
-    for (int h = 0; h < group; h++) {
-        float *row = sc + (size_t)h * n_pos;
-        float mx = -INFINITY;
-        for (int j = 0; j < n_pos; j++) mx = row[j] > mx ? row[j] : mx;
-        double sum = 0;
-        for (int j = 0; j < n_pos; j++) {
-            row[j] = expf(row[j] - mx);
-            sum += row[j];
-        }
-        float inv = (float)(1.0 / sum);
-        uint16_t h16[256];
-        for (int j0 = 0; j0 < n_pos; j0 += 256) {
-            int m = n_pos - j0 < 256 ? n_pos - j0 : 256;
-            for (int j = 0; j < m; j++) row[j0 + j] *= inv;
-            ag_fp32_to_fp16_row(row + j0, h16, m);
-            ag_fp16_to_fp32_row(h16, row + j0, m);
-        }
-    }
-    /* pass 2: weighted sum of V (each V block converted once for the group) */
-    memset(acc, 0, sizeof(float) * (size_t)group * dv);
-    for (int bi = b0; bi <= b1; bi++) {
-        const int o0 = bi * bs < lo ? lo - bi * bs : 0;
-        const int o1 = (bi + 1) * bs - 1 > pos ? pos - bi * bs + 1 : bs;
-        const uint8_t *vb = (const uint8_t *)ag_kv_block_v(kv, s->layer, table[bi]) + g * L->head_stride_v;
-        const float *V = rows_f32(L, vb, L->row_bytes_v, dv, o0, o1, kvbuf);
+    /* softmax per (row, head); the weights rounded to fp16 as the reference does */
+    for (int i = 0; i < nt; i++)
         for (int h = 0; h < group; h++) {
-            const float *p = sc + (size_t)h * n_pos + (bi * bs + o0 - lo);
-            float *a = acc + (size_t)h * dv;
-            for (int j = 0; j < o1 - o0; j++) axpy_f32(a, p[j], V + (size_t)j * dv, dv);
+            const int n_pos = b->pos[t0 + i] - lo[i] + 1;
+            float *row = sc + ((size_t)i * group + h) * stride;
+            float mx = -INFINITY;
+            for (int j = 0; j < n_pos; j++) mx = row[j] > mx ? row[j] : mx;
+            double sum = 0;
+            for (int j = 0; j < n_pos; j++) {
+                row[j] = expf(row[j] - mx);
+                sum += row[j];
+            }
+            float inv = (float)(1.0 / sum);
+            uint16_t h16[256];
+            for (int j0 = 0; j0 < n_pos; j0 += 256) {
+                int m = n_pos - j0 < 256 ? n_pos - j0 : 256;
+                for (int j = 0; j < m; j++) row[j0 + j] *= inv;
+                ag_fp32_to_fp16_row(row + j0, h16, m);
+                ag_fp16_to_fp32_row(h16, row + j0, m);
+            }
+        }
+    /* pass 2: weighted sum of V (each V block converted once for all rows and heads) */
+    memset(acc, 0, sizeof(float) * (size_t)nt * group * dv);
+    for (int bi = b0; bi <= b1; bi++) {
+        const int o0 = bi * bs < lo_min ? lo_min - bi * bs : 0;
+        const int o1 = (bi + 1) * bs - 1 > pos_max ? pos_max - bi * bs + 1 : bs;
+        const uint8_t *vb = (const uint8_t *)ag_kv_block_v(kv, s->layer, table[bi]) + g * L->head_stride_v;
+        const float *V = rows_f32(L, vb, L->row_bytes_v, dv, o0, o1, kvbuf) - (size_t)o0 * dv;
+        for (int i = 0; i < nt; i++) {
+            const int pos = b->pos[t0 + i];
+            const int j0 = bi * bs + o0 < lo[i] ? lo[i] - bi * bs : o0;
+            const int j1 = bi * bs + o1 - 1 > pos ? pos - bi * bs + 1 : o1;
+            for (int h = 0; h < group; h++) {
+                const float *p = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
+                float *a = acc + ((size_t)i * group + h) * dv;
+                for (int j = j0; j < j1; j++) axpy_f32(a, p[j], V + (size_t)j * dv, dv);
+            }
         }
     }
     const size_t od = (size_t)s->n_head * dv;
-    for (int h = 0; h < group; h++) memcpy(out + t * od + (size_t)(g * group + h) * dv, acc + (size_t)h * dv,
-                                          sizeof(float) * dv);
+    for (int i = 0; i < nt; i++)
+        for (int h = 0; h < group; h++)
+            memcpy(out + (t0 + i) * od + (size_t)(g * group + h) * dv, acc + ((size_t)i * group + h) * dv,
+                   sizeof(float) * dv);
 }
 
 size_t ag_cpu_attention_scratch_floats(const ag_kv *kv, const ag_attn_shape *s, int max_pos) {
@@ -198,5 +223,6 @@ size_t ag_cpu_attention_scratch_floats(const ag_kv *kv, const ag_attn_shape *s, 
     const size_t dmax = (size_t)(s->head_dim_k > s->head_dim_v ? s->head_dim_k : s->head_dim_v);
     size_t n_pos = (size_t)max_pos + 1;
     if (s->window > 0 && n_pos > (size_t)s->window) n_pos = (size_t)s->window;
-    return (size_t)L->block_size * dmax + group * ((size_t)s->head_dim_k + n_pos + (size_t)s->head_dim_v);
+    return (size_t)L->block_size * dmax +
+           AG_ATTN_MAX_ROWS * group * ((size_t)s->head_dim_k + n_pos + (size_t)s->head_dim_v);
 }

@@ -13,13 +13,16 @@ void ag_cpu_attention_init(void);
 ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *k,
                           const float *v);
 
-/* Attention for one task = (token t, kv head g), task = t * n_head_kv + g:
- * writes the outputs of the query heads of group g for token t. `scratch`
- * holds ag_cpu_attention_scratch_floats() floats, private to the caller's
- * thread. Tasks are independent and may run concurrently. */
-void   ag_cpu_attention_task(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *q,
-                             float *out, int task, float *scratch);
-/* Scratch for tasks whose tokens sit at positions <= max_pos. */
+/* Attention for batch rows [t0, t1) (1..AG_ATTN_MAX_ROWS rows of one
+ * sequence) and kv head g: writes the outputs of the query heads of group g
+ * for those rows. A row's result does not depend on which rows share the
+ * call. `scratch` holds ag_cpu_attention_scratch_floats() floats, private to
+ * the caller's thread. Calls on disjoint (rows, head) are independent and
+ * may run concurrently. */
+#define AG_ATTN_MAX_ROWS 8
+void   ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *q,
+                             float *out, int t0, int t1, int g, float *scratch);
+/* Scratch for calls whose rows sit at positions <= max_pos. */
 size_t ag_cpu_attention_scratch_floats(const ag_kv *kv, const ag_attn_shape *s, int max_pos);
 
 #endif

@@ -143,11 +143,15 @@ typedef struct {
     const ag_batch_layout *b;
     const float           *q;
     float                 *out;
+    const int32_t         *tile_start; /* [n_tiles + 1]: runs of rows of one sequence */
+    int                    n_tiles;
 } attn_job;
 
 static void attn_task(void *ctx, int64_t task, int thread) {
     attn_job *j = ctx;
-    ag_cpu_attention_task(j->kv, j->sh, j->b, j->q, j->out, (int)task, j->s->attn_scratch[thread]);
+    int tile = (int)(task / j->sh->n_head_kv), g = (int)(task % j->sh->n_head_kv);
+    ag_cpu_attention_rows(j->kv, j->sh, j->b, j->q, j->out, j->tile_start[tile], j->tile_start[tile + 1], g,
+                          j->s->attn_scratch[thread]);
 }
 
 static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
@@ -167,8 +171,21 @@ static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *s
         }
         s->attn_scratch_floats = need;
     }
-    attn_job j = {s, kv, sh, b, q, out};
-    ag_threadpool_run(s->pool, (int64_t)b->n * sh->n_head_kv, attn_task, &j);
+    /* tiles: consecutive rows of one sequence, at most AG_ATTN_MAX_ROWS; a
+     * decode step (one row per sequence) gets one tile per row */
+    int32_t *tile_start = malloc(sizeof(int32_t) * ((size_t)b->n + 1));
+    if (!tile_start) return ag_errorf(AG_ERR_NOMEM, "out of memory for attention tiles");
+    int n_tiles = 0;
+    for (int i = 0; i < b->n; n_tiles++) {
+        tile_start[n_tiles] = i;
+        int k = i + 1;
+        while (k < b->n && k - i < AG_ATTN_MAX_ROWS && b->seq[k] == b->seq[i]) k++;
+        i = k;
+    }
+    tile_start[n_tiles] = b->n;
+    attn_job j = {s, kv, sh, b, q, out, tile_start, n_tiles};
+    ag_threadpool_run(s->pool, (int64_t)n_tiles * sh->n_head_kv, attn_task, &j);
+    free(tile_start);
     return AG_OK;
 }
 
