@@ -93,7 +93,7 @@ AI __m512 pair_ps(float a, float b) {
     }                                                                                            \
     static void name(int64_t n, const void *w, const void *x, size_t x_stride, int nx, float *out) { \
         switch (nx) {                                                                            \
-        case 1: avx2_dot[TYPE](n, w, x, x_stride, 1, out); break;                                \
+        case 1: name##_k(n, w, x, x_stride, 1, out); break;                                      \
         case 2: name##_k(n, w, x, x_stride, 2, out); break;                                      \
         case 3: name##_k(n, w, x, x_stride, 3, out); break;                                      \
         default: name##_k(n, w, x, x_stride, 4, out); break;                                     \
