@@ -28,10 +28,6 @@
 
 #include "backend/cpu/quant_x86.h"
 
-/* The AVX2 kernels, for the cases the AVX-512 ones leave to them; filled
- * once by ag_quant_kernels_avx512 (under the dispatcher's pthread_once). */
-static ag_dot_fn avx2_dot[AG_TYPE_COUNT];
-
 AI __m512i loadu512(const void *p) { return _mm512_loadu_si512(p); }
 AI __m512i pair_si(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 /* [a x8 | b x8] */
@@ -39,76 +35,104 @@ AI __m512 pair_ps(float a, float b) {
     return _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-/* ---- legacy types: two blocks per step ---- */
+/* ---- legacy types: dot kernels, 8 blocks per group ----
+ *
+ * Every nx runs the same per-token arithmetic (a token's result must not
+ * depend on the batch it shares a call with; test_quant checks it bit for
+ * bit). Per group of 8 blocks the fp16 weight scales (and minimums) and the
+ * activations' d (and s) are gathered and converted 8 at a time, so the
+ * per-block work is the unpack, one vpdpbusd (exact int32), one cvt, one
+ * vpermps of the block's scale and one FMA into one of two accumulators
+ * (even/odd block). The offset types' m*s terms are one vector FMA per
+ * group. The last group is partial: masked gathers (lanes past the row are
+ * not read) and a shorter block loop. */
 
-/* SIGNED = 1: int8 weights (sign moved onto y); 0: unsigned weights with an
- * offset m (Q4_1, Q5_1), whose m*s terms are summed separately. */
-#define LEGACY512(name, TYPE, BT, WQ, SIGNED)                                                           \
-    AI void name##_pair(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m512 *acc, \
-                        float *sm) {                                                             \
-        const __m512i q = pair_si(WQ(&b[i]), WQ(&b[i + 1]));                                     \
-        const __m512i aq = SIGNED ? _mm512_abs_epi8(q) : q;                                      \
-        const __mmask64 neg = SIGNED ? _mm512_movepi8_mask(q) : 0;                               \
-        const __m512  wd = pair_ps(f16(b[i].d), f16(b[i + 1].d));                                \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            __m512i yv = pair_si(loadu256(y[t][i].qs), loadu256(y[t][i + 1].qs));                \
-            if (SIGNED) yv = _mm512_mask_sub_epi8(yv, neg, _mm512_setzero_si512(), yv);          \
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq, yv);                      \
-            __m512  sc = _mm512_mul_ps(wd, pair_ps(y[t][i].d, y[t][i + 1].d));                   \
-            acc[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[t]);                         \
-            if (!SIGNED) sm[t] += LEGACY_M(b, i) * y[t][i].s + LEGACY_M(b, i + 1) * y[t][i + 1].s; \
-        }                                                                                        \
-    }                                                                                            \
-    AI void name##_one(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc, \
-                       float *sm) {                                                              \
-        const __m256i q = WQ(&b[i]);                                                             \
-        const __m256i aq = SIGNED ? _mm256_sign_epi8(q, q) : q;                                  \
-        const float   dw = f16(b[i].d);                                                          \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            __m256i yv = loadu256(y[t][i].qs);                                                   \
-            if (SIGNED) yv = _mm256_sign_epi8(yv, q);                                            \
-            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, yv);                      \
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
-            if (!SIGNED) sm[t] += LEGACY_M(b, i) * y[t][i].s;                                    \
-        }                                                                                        \
-    }                                                                                            \
-    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
-                     float *out) {                                                               \
-        const BT           *b = w;                                                               \
-        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                    \
-        __m512              acc[AG_DOT_MAX_NX];                                                  \
-        __m256              acc1[AG_DOT_MAX_NX];                                                 \
-        float               sm[AG_DOT_MAX_NX];                                                   \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            y[t] = (const ag_block_q8a *)YROW(t);                                                \
-            acc[t] = _mm512_setzero_ps();                                                        \
-            acc1[t] = _mm256_setzero_ps();                                                       \
-            sm[t] = 0.0f;                                                                        \
-        }                                                                                        \
-        const int64_t nb = n / AG_QK;                                                            \
-        int64_t       i = 0;                                                                     \
-        for (; i + 2 <= nb; i += 2) name##_pair(b, y, i, NX, acc, sm);                           \
-        if (i < nb) name##_one(b, y, i, NX, acc1, sm);                                           \
-        UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) + hsum8(acc1[t]) + sm[t]; \
-    }                                                                                            \
-    static void name(int64_t n, const void *w, const void *x, size_t x_stride, int nx, float *out) { \
-        switch (nx) {                                                                            \
-        case 1: name##_k(n, w, x, x_stride, 1, out); break;                                      \
-        case 2: name##_k(n, w, x, x_stride, 2, out); break;                                      \
-        case 3: name##_k(n, w, x, x_stride, 3, out); break;                                      \
-        default: name##_k(n, w, x, x_stride, 4, out); break;                                     \
-        }                                                                                        \
-    }
+/* Byte offsets of 8 consecutive blocks of size BS. */
+AI __m256i blk_offsets(int bs) { return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bs)); }
+/* The fp16 at byte offset 0 (hi = 0) or 2 (hi = 1) of kn (1..8) blocks, as floats. */
+AI __m256 gather_f16(const void *b, __m256i off, __mmask8 km, const int HI) {
+    __m256i v = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), km, off, b, 1);
+    if (HI) v = _mm256_srli_epi32(v, 16);
+    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v));
+}
+AI __m256 gather_f32(const void *p, __m256i off, __mmask8 km) {
+    return _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), km, off, p, 1);
+}
 
-#define LEGACY_M(b, i) 0.0f
-LEGACY512(dot_q4_0, AG_TYPE_Q4_0, ag_block_q4_0, wq_q4_0, 1)
-LEGACY512(dot_q5_0, AG_TYPE_Q5_0, ag_block_q5_0, wq_q5_0, 1)
-LEGACY512(dot_q8_0, AG_TYPE_Q8_0, ag_block_q8_0, wq_q8_0, 1)
-#undef LEGACY_M
-#define LEGACY_M(b, i) f16((b)[i].m)
-LEGACY512(dot_q4_1, AG_TYPE_Q4_1, ag_block_q4_1, wq_q4_1, 0)
-LEGACY512(dot_q5_1, AG_TYPE_Q5_1, ag_block_q5_1, wq_q5_1, 0)
-#undef LEGACY_M
+/* The weights of one block as 32 bytes: unsigned u (offset types) or signed
+ * q (SIGNED types). */
+AI __m256i nib16(const uint8_t *qs) {
+    __m256i v = _mm256_broadcastsi128_si256(loadu128(qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
+}
+AI __m256i w8_q4_0(const ag_block_q4_0 *b) { return _mm256_sub_epi8(nib16(b->qs), _mm256_set1_epi8(8)); }
+AI __m256i w8_q4_1(const ag_block_q4_1 *b) { return nib16(b->qs); }
+AI __m256i w8_q5_0(const ag_block_q5_0 *b) {
+    /* ql - 16 where the high bit is clear */
+    uint32_t h;
+    memcpy(&h, b->qh, 4);
+    __m256i v = nib16(b->qs);
+    return _mm256_mask_sub_epi8(v, _cvtu32_mask32(~h), v, _mm256_set1_epi8(16));
+}
+AI __m256i w8_q5_1(const ag_block_q5_1 *b) {
+    uint32_t h;
+    memcpy(&h, b->qh, 4);
+    __m256i v = nib16(b->qs);
+    return _mm256_mask_add_epi8(v, _cvtu32_mask32(h), v, _mm256_set1_epi8(16));
+}
+AI __m256i w8_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
+
+#define LEGACY512(name, BT, W8, SIGNED, HAS_M)                                                          \
+    AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
+                       const int NX, __m256 (*acc)[2], __m256 *accm) {                                   \
+        const __mmask8 km = (__mmask8)((1u << kn) - 1);                                                 \
+        const __m256i  woff = blk_offsets(sizeof(BT)), yoff = blk_offsets(sizeof(ag_block_q8a));       \
+        const __m256   dw = gather_f16(&b[i0], woff, km, 0);                                            \
+        __m256         sc[AG_DOT_MAX_NX];                                                               \
+        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, gather_f32(&y[t][i0].d, yoff, km)); \
+        if (HAS_M) {                                                                                    \
+            const __m256 mw = gather_f16(&b[i0], woff, km, 1);                                          \
+            UNROLL for (int t = 0; t < NX; t++)                                                         \
+                accm[t] = _mm256_fmadd_ps(mw, gather_f32(&y[t][i0].s, yoff, km), accm[t]);              \
+        }                                                                                               \
+        UNROLL for (int k = 0; k < KN; k++) {                                                           \
+            if (k >= kn) break;                                                                         \
+            const __m256i q = W8(&b[i0 + k]);                                                           \
+            const __m256i u = SIGNED ? _mm256_sign_epi8(q, q) : q;                                      \
+            const __m256i kk = _mm256_set1_epi32(k);                                                    \
+            UNROLL for (int t = 0; t < NX; t++) {                                                       \
+                __m256i yv = loadu256(y[t][i0 + k].qs);                                                 \
+                if (SIGNED) yv = _mm256_sign_epi8(yv, q);                                               \
+                __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, yv);                          \
+                acc[t][k & 1] = _mm256_fmadd_ps(_mm256_permutexvar_ps(kk, sc[t]), _mm256_cvtepi32_ps(p), \
+                                                acc[t][k & 1]);                                         \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) { \
+        const BT           *b = w;                                                                      \
+        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                           \
+        __m256              acc[AG_DOT_MAX_NX][2], accm[AG_DOT_MAX_NX];                                 \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            y[t] = (const ag_block_q8a *)YROW(t);                                                       \
+            acc[t][0] = acc[t][1] = accm[t] = _mm256_setzero_ps();                                      \
+        }                                                                                               \
+        const int64_t nb = n / AG_QK;                                                                   \
+        int64_t       i = 0;                                                                            \
+        for (; i + 8 <= nb; i += 8) name##_grp(b, y, i, 8, 8, NX, acc, accm);                           \
+        if (i < nb) name##_grp(b, y, i, 7, (int)(nb - i), NX, acc, accm);                              \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            __m256 s = _mm256_add_ps(acc[t][0], acc[t][1]);                                             \
+            out[t] = HAS_M ? hsum8(s) + hsum8(accm[t]) : hsum8(s);                                      \
+        }                                                                                               \
+    }                                                                                                   \
+    AG_DOT_DISPATCH(name)
+
+LEGACY512(dot_q4_0, ag_block_q4_0, w8_q4_0, 1, 0)
+LEGACY512(dot_q5_0, ag_block_q5_0, w8_q5_0, 1, 0)
+LEGACY512(dot_q8_0, ag_block_q8_0, w8_q8_0, 1, 0)
+LEGACY512(dot_q4_1, ag_block_q4_1, w8_q4_1, 0, 1)
+LEGACY512(dot_q5_1, ag_block_q5_1, w8_q5_1, 0, 1)
 
 
 /* ---- legacy types: AG_GEMM_RM rows x NX tokens tiles ----
@@ -337,7 +361,6 @@ FLOAT512(dot_f16, 2, wload16_f16, wload_f16, wscalar_f16)
 
 /* Compiled for the baseline target: only stores function pointers. */
 void ag_quant_kernels_avx512(ag_quant_kernels *k) {
-    memcpy(avx2_dot, k->dot, sizeof avx2_dot);
     k->dot[AG_TYPE_F32] = dot_f32;
     k->dot[AG_TYPE_F16] = dot_f16;
     k->dot[AG_TYPE_Q4_0] = dot_q4_0;
