@@ -47,6 +47,14 @@ AI __m512 pair_ps(float a, float b) {
  * group. The last group is partial: masked gathers (lanes past the row are
  * not read) and a shorter block loop. */
 
+/* How far ahead (bytes) the weight stream is prefetched: a decode matvec
+ * streams its weights from DRAM, and the group's first touch (the scale
+ * gather) otherwise waits for each line; prefetch does not fault, so reading
+ * past the row (into the next one, usually) is harmless. */
+#ifndef AG_PF_DIST
+#define AG_PF_DIST 2048
+#endif
+
 /* Byte offsets of 8 consecutive blocks of size BS. */
 AI __m256i blk_offsets(int bs) { return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bs)); }
 /* The fp16 at byte offset 0 (hi = 0) or 2 (hi = 1) of kn (1..8) blocks, as floats. */
@@ -87,6 +95,8 @@ AI __m256i w8_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
                        const int NX, __m256 (*acc)[2], __m256 *accm) {                                   \
         const __mmask8 km = (__mmask8)((1u << kn) - 1);                                                 \
         const __m256i  woff = blk_offsets(sizeof(BT)), yoff = blk_offsets(sizeof(ag_block_q8a));       \
+        UNROLL for (int o = 0; o < (int)(8 * sizeof(BT)); o += 64)                                      \
+            _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
         const __m256   dw = gather_f16(&b[i0], woff, km, 0);                                            \
         __m256         sc[AG_DOT_MAX_NX];                                                               \
         UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, gather_f32(&y[t][i0].d, yoff, km)); \
