@@ -269,6 +269,57 @@ GEMM512(dot_q4_1, ag_block_q4_1, wq_q4_1, wu2_q4_1, 0, 1)
 GEMM512(dot_q5_1, ag_block_q5_1, wq_q5_1, wu2_q5_1, 0, 1)
 #undef GEMM_M
 
+/* ---- Q4_K: 64 elements per step ----
+ *
+ * qs[32j .. 32j+31] holds sub-block 2j (low nibbles) and 2j+1 (high), whose
+ * 64 activations are contiguous: one zmm [low | high] per j, from one
+ * broadcast load and a per-half shift. maddubs (q <= 15: pairs <= 3840) then
+ * VNNI vpdpwssd multiplies the int16 pairs by the sub-block's scale and adds
+ * into int32 (<= 4*2*3840*63 per lane), exact; two chains (even/odd j). */
+AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
+    const ag_block_q4_K *b = w;
+    const ag_block_q8_K *y[AG_DOT_MAX_NX];
+    __m512               acc[AG_DOT_MAX_NX];
+    __m128               accm[AG_DOT_MAX_NX];
+    UNROLL for (int t = 0; t < NX; t++) {
+        y[t] = (const ag_block_q8_K *)YROW(t);
+        acc[t] = _mm512_setzero_ps();
+        accm[t] = _mm_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0xF), shr = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        _mm_prefetch((const char *)&b[i] + AG_PF_DIST, _MM_HINT_T0);
+        _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 128, _MM_HINT_T0);
+        uint8_t sm[16]; /* 8 scales, 8 mins */
+        ag_k4_scales_unpack(b[i].scales, sm);
+        const __m128i sm16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm));
+        const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
+        const __m512i sc16z = _mm512_castsi128_si512(sm16);
+        const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
+        __m512i       sumi[AG_DOT_MAX_NX][2];
+        UNROLL for (int t = 0; t < NX; t++) sumi[t][0] = sumi[t][1] = _mm512_setzero_si512();
+        UNROLL for (int j = 0; j < 4; j++) {
+            const __m512i qv = _mm512_broadcast_i64x4(loadu256(b[i].qs + 32 * j));
+            const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(qv, shr), m4);
+            /* int16 lanes 0..15: scale 2j, 16..31: scale 2j+1 */
+            const __m512i s = _mm512_permutexvar_epi16(
+                _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * j)), _mm512_set1_epi16((short)(2 * j + 1))),
+                sc16z);
+            UNROLL for (int t = 0; t < NX; t++)
+                sumi[t][j & 1] = _mm512_dpwssd_epi32(sumi[t][j & 1], _mm512_maddubs_epi16(q, loadu512(y[t][i].qs + 64 * j)), s);
+        }
+        UNROLL for (int t = 0; t < NX; t++) {
+            float dy = y[t][i].d;
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(dy * d), _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[t][0], sumi[t][1])),
+                                     acc[t]);
+            accm[t] = _mm_fmadd_ps(_mm_set1_ps(dy * dmin), _mm_cvtepi32_ps(k4_min_dot(&y[t][i], mins16)), accm[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum4(accm[t]);
+}
+AG_DOT_DISPATCH(dot_q4_K)
+
 /* ---- Q6_K: 64 elements per step ---- */
 
 /* int16 lane l of a scale vector for 64 elements starting at sub-block k
@@ -378,6 +429,7 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_0] = dot_q5_0;
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
+    k->dot[AG_TYPE_Q4_K] = dot_q4_K;
     k->dot[AG_TYPE_Q6_K] = dot_q6_K;
     k->gemm[AG_TYPE_Q4_0] = dot_q4_0_gemm;
     k->gemm[AG_TYPE_Q4_1] = dot_q4_1_gemm;
