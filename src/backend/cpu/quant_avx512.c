@@ -343,6 +343,8 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     }
     const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
     for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        UNROLL for (int o = 0; o < (int)sizeof(ag_block_q6_K); o += 64)
+            _mm_prefetch((const char *)&b[i] + AG_PF_DIST + o, _MM_HINT_T0);
         const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(b[i].scales));
         const __m512i sc16z = _mm512_inserti64x4(_mm512_setzero_si512(), sc16, 0);
         const float   d = f16(b[i].d);
@@ -363,8 +365,8 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
                                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qhz, 4), m3), 4));
             UNROLL for (int k = 0; k < 2; k++) {
                 const __m512i s = _mm512_permutexvar_epi16(loadu512(q6_scale_idx[2 * h + k]), sc16z);
-                UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm512_add_epi32(
-                    sumi[t], _mm512_madd_epi16(_mm512_maddubs_epi16(g[k], loadu512(y[t][i].qs + 128 * h + 64 * k)), s));
+                UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm512_dpwssd_epi32(
+                    sumi[t], _mm512_maddubs_epi16(g[k], loadu512(y[t][i].qs + 128 * h + 64 * k)), s);
             }
         }
         UNROLL for (int t = 0; t < NX; t++)
