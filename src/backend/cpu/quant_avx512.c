@@ -1,17 +1,20 @@
 /* AVX-512 (F/BW/VL/VNNI) kernels, only where they measured faster than the
- * AVX2 ones (bench/quant_bench on a 16-core Xeon with AVX-512 VNNI); every
- * other entry keeps its AVX2 kernel (the table starts as the AVX2 one).
+ * AVX2 ones; every other entry keeps its AVX2 kernel (the table starts as
+ * the AVX2 one).
  *
- *  - legacy types, 2..4 tokens: two blocks per zmm and VNNI's vpdpbusd (u8*s8
- *    summed straight into int32, no int16 stage); signed weights move their
- *    sign onto the activations with a masked subtract (AVX-512 has no
- *    vpsignb). GEMM +10..50%. For one token the pair-building shuffles cost
- *    more than they save, so nx == 1 goes to the AVX2 kernel;
- *  - Q6_K: 64 elements per maddubs+madd: ~2x, decode and GEMM;
- *  - F32/F16: 16 lanes: +15..30%.
- * Not here: Q4_K (a zmm vpmaddubsw has the same element throughput as two
- * ymm ones on these cores, and the 512-bit version only added shuffles: it
- * was 20% slower), and the rarer K-quants.
+ * Every dot kernel runs the same per-token arithmetic for every nx, so that
+ * a token's result is bit-identical whether it is alone in the call or one
+ * lane of a 2..4-token call (test_quant: dot_batch_invariant); a request's
+ * greedy output then does not depend on the batch it decodes in.
+ *
+ *  - legacy types: groups of 8 blocks, scales gathered and converted 8 at a
+ *    time, one 256-bit VNNI vpdpbusd per block and token, weight stream
+ *    prefetched (bench/quant_bench --ab on a 2-core AVX-512 VNNI VM, nx = 1:
+ *    Q4_1 hot 6.2 -> ~10-11 GB/s, cold ~4.8 -> ~8, at the machine's read
+ *    bandwidth). Two blocks per zmm measured slower (Q8_0 hot -25%);
+ *  - Q4_K, Q6_K: 64 elements per zmm step, maddubs + VNNI vpdpwssd, prefetch;
+ *  - F32/F16: 16 lanes.
+ * The VNNI GEMM tiles (*_gemm) are separate, opt-in in matmul.c.
  * The integer block sums stay exact; results match the scalar reference to
  * float summation order. */
 #include "backend/cpu/quant_impl.h"
@@ -269,6 +272,21 @@ GEMM512(dot_q4_1, ag_block_q4_1, wq_q4_1, wu2_q4_1, 0, 1)
 GEMM512(dot_q5_1, ag_block_q5_1, wq_q5_1, wu2_q5_1, 0, 1)
 #undef GEMM_M
 
+/* ag_k4_scales_unpack in registers: bytes 0..7 the scales, 8..15 the mins.
+ * With u0..u2 the three dwords: [u0 & M6, (u2 & M4) | top2(u0) << 4,
+ * u1 & M6, (u2 >> 4 & M4) | top2(u1) << 4], where top2(u) << 4 per byte is
+ * (u >> 2) & 0x30 (the bits shifted in from the next byte are masked off).
+ * Reads 16 bytes from q (the 12 scale bytes and 4 of qs). */
+AI __m128i k4_scales_unpack_x(const uint8_t *q) {
+    const __m128i v = loadu128(q);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
+    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* u0 u0 u1 u1 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
 /* ---- Q4_K: 64 elements per step ----
  *
  * qs[32j .. 32j+31] holds sub-block 2j (low nibbles) and 2j+1 (high), whose
@@ -280,22 +298,22 @@ AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     const ag_block_q4_K *b = w;
     const ag_block_q8_K *y[AG_DOT_MAX_NX];
     __m512               acc[AG_DOT_MAX_NX];
-    __m128               accm[AG_DOT_MAX_NX];
+    __m256               accm[AG_DOT_MAX_NX];
     UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
         acc[t] = _mm512_setzero_ps();
-        accm[t] = _mm_setzero_ps();
+        accm[t] = _mm256_setzero_ps();
     }
     const __m512i m4 = _mm512_set1_epi8(0xF), shr = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
     for (int64_t i = 0; i < n / AG_QK_K; i++) {
         _mm_prefetch((const char *)&b[i] + AG_PF_DIST, _MM_HINT_T0);
         _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 64, _MM_HINT_T0);
         _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 128, _MM_HINT_T0);
-        uint8_t sm[16]; /* 8 scales, 8 mins */
-        ag_k4_scales_unpack(b[i].scales, sm);
-        const __m128i sm16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sm));
-        const __m128i mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
-        const __m512i sc16z = _mm512_castsi128_si512(sm16);
+        const __m128i sm = k4_scales_unpack_x(b[i].scales);
+        const __m512i sc16z = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm));
+        /* min j twice (int16), against the 16 bsums: lane j = m_j*(bsum 2j + 2j+1) */
+        const __m256i mins2 = _mm256_cvtepu8_epi16(
+            _mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
         const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
         __m512i       sumi[AG_DOT_MAX_NX][2];
         UNROLL for (int t = 0; t < NX; t++) sumi[t][0] = sumi[t][1] = _mm512_setzero_si512();
@@ -313,10 +331,11 @@ AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
             float dy = y[t][i].d;
             acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(dy * d), _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[t][0], sumi[t][1])),
                                      acc[t]);
-            accm[t] = _mm_fmadd_ps(_mm_set1_ps(dy * dmin), _mm_cvtepi32_ps(k4_min_dot(&y[t][i], mins16)), accm[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * dmin),
+                                      _mm256_cvtepi32_ps(_mm256_madd_epi16(loadu256(y[t][i].bsums), mins2)), accm[t]);
         }
     }
-    UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum4(accm[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum8(accm[t]);
 }
 AG_DOT_DISPATCH(dot_q4_K)
 
