@@ -2,6 +2,7 @@
  *
  *   build/bench/quant_bench [--types Q4_0,Q6_K,...] [--threads 1,2] [--isa scalar|avx2|avx512]
  *                           [--reps N] [--no-gemm] [--no-cold]
+ *   build/bench/quant_bench --ab [--types ...] [--reps N]
  *
  * Reports, per weight type:
  *   - decode matvec (n_tok = 1) in GB/s of weight bytes, for 2048x2048 and
@@ -10,7 +11,12 @@
  *     call streams from DRAM, as a decode step over a large model does;
  *   - a 512-token GEMM (2048x2048) in GFLOP/s (2*n_tok*n_in*n_out flops);
  * plus the machine's read bandwidth (STREAM-like sum over 1 GiB) for scale.
- * Every figure is the median of --reps timed calls. */
+ * Every figure is the median of --reps timed calls.
+ *
+ * --ab: the dot kernels alone (one thread, no threadpool), every ISA level in
+ * turn within each rep so that a shared machine's noise hits them alike;
+ * weight GB/s for nx = 1 and 4, 2048x2048, hot (same matrix) and cold
+ * (rotating over ~512 MiB of copies); median and best of the reps. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +25,7 @@
 
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quant.h"
+#include "backend/cpu/quant_impl.h"
 #include "base/threadpool.h"
 
 static double now_s(void) {
@@ -162,9 +169,74 @@ static int parse_list(const char *s, char out[][16], int max) {
     return n;
 }
 
+/* ---- --ab: dot kernels per ISA, interleaved ---- */
+
+static int run_ab(char type_names[][16], int n_sel, int reps) {
+    const int64_t n_out = 2048, n_in = 2048;
+    float        *x = malloc(sizeof(float) * 4 * n_in);
+    for (int64_t i = 0; i < 4 * n_in; i++) x[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 1e-3f;
+    int n_isa = (int)ag_cpu_isa_best() + 1;
+    printf("%-5s %-3s %-6s %-5s %12s %12s\n", "type", "nx", "isa", "", "median GB/s", "best GB/s");
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int sel = n_sel == 0;
+        for (int k = 0; k < n_sel; k++) sel |= !strcmp(type_names[k], TYPES[ti].name);
+        if (!sel) continue;
+        uint32_t      t = TYPES[ti].type;
+        ag_act_format f;
+        if (ag_quant_act_format(t, &f) != AG_OK) continue;
+        size_t   bytes = 0;
+        uint8_t *w0 = make_weights(ti, n_out, n_in, &bytes);
+        int      n_copies = (int)(((size_t)512 << 20) / bytes + 1);
+        uint8_t **ws = calloc(n_copies, sizeof *ws);
+        ws[0] = w0;
+        for (int c = 1; c < n_copies; c++) {
+            ws[c] = aligned_alloc(64, (bytes + 63) / 64 * 64);
+            memcpy(ws[c], w0, bytes);
+        }
+        size_t   xrb = ag_act_row_bytes(f, n_in), wrb = ag_quant_row_bytes(t, n_in);
+        uint8_t *xq = malloc(4 * xrb);
+        for (int r = 0; r < 4; r++) ag_quantize_act_row(f, x + r * n_in, xq + r * xrb, n_in);
+        static const int nxs[2] = {1, 4};
+        for (int cold = 0; cold < 2; cold++)
+            for (int ni = 0; ni < 2; ni++) {
+                int     nx = nxs[ni];
+                double  tm[3][256];
+                int     nr = reps > 256 ? 256 : reps;
+                float   out[4];
+                volatile float sink = 0;
+                for (int r = 0; r < nr; r++)
+                    for (int k = 0; k < n_isa; k++) {
+                        ag_cpu_isa_set((ag_cpu_isa)k);
+                        ag_dot_fn dot = ag_quant_kernels_active()->dot[t];
+                        uint8_t  *w = cold ? ws[(r * n_isa + k) % n_copies] : w0;
+                        double    a = now_s();
+                        for (int64_t o = 0; o < n_out; o++) {
+                            dot(n_in, w + o * wrb, xq, xrb, nx, out);
+                            sink += out[0];
+                        }
+                        tm[k][r] = now_s() - a;
+                    }
+                (void)sink;
+                for (int k = 0; k < n_isa; k++) {
+                    double best = tm[k][0];
+                    for (int r = 1; r < nr; r++) best = tm[k][r] < best ? tm[k][r] : best;
+                    printf("%-5s %-3d %-6s %-5s %12.1f %12.1f\n", TYPES[ti].name, nx, ag_cpu_isa_name((ag_cpu_isa)k),
+                           cold ? "cold" : "hot", bytes / median(tm[k], nr) / 1e9, bytes / best / 1e9);
+                }
+            }
+        for (int c = 0; c < n_copies; c++) free(ws[c]);
+        free(ws);
+        free(xq);
+        fflush(stdout);
+    }
+    free(x);
+    ag_cpu_isa_set(ag_cpu_isa_best());
+    return 0;
+}
+
 int main(int argc, char **argv) {
     char type_names[N_TYPES][16];
-    int  n_sel = 0, threads[8] = {1, 2}, n_threads = 2, reps = 15, do_gemm = 1, do_cold = 1;
+    int  n_sel = 0, threads[8] = {1, 2}, n_threads = 2, reps = 15, do_gemm = 1, do_cold = 1, do_ab = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--types") && i + 1 < argc) n_sel = parse_list(argv[++i], type_names, N_TYPES);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -181,11 +253,13 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]) > 0 ? atoi(argv[i]) : 1;
         else if (!strcmp(argv[i], "--no-gemm")) do_gemm = 0;
         else if (!strcmp(argv[i], "--no-cold")) do_cold = 0;
+        else if (!strcmp(argv[i], "--ab")) do_ab = 1;
         else {
-            fprintf(stderr, "usage: %s [--types A,B] [--threads 1,2] [--isa scalar|avx2|avx512] [--reps N] [--no-gemm] [--no-cold]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--types A,B] [--threads 1,2] [--isa scalar|avx2|avx512] [--reps N] [--no-gemm] [--no-cold] [--ab]\n", argv[0]);
             return 2;
         }
     }
+    if (do_ab) return run_ab(type_names, n_sel, reps);
     printf("ISA %s (best %s), median of %d calls\n", ag_cpu_isa_name(ag_cpu_isa_active()),
            ag_cpu_isa_name(ag_cpu_isa_best()), reps);
 

@@ -493,6 +493,74 @@ static void dot_variants_agree(void **state) {
 }
 
 
+/* Per-token bit-invariance: a token's result must not depend on how many
+ * other tokens share the dot call (nx) nor on which lane it occupies, or a
+ * request's greedy output would depend on the batch it decodes in. Rows
+ * 0..3 are laid out cyclically (0,1,2,3,0,1,2) so that a call of nx rows
+ * starting at row s puts every row in every lane; each result must be
+ * memcmp-equal to that row's nx == 1 result, for every type and ISA. */
+static void dot_batch_invariant(void **state) {
+    static const int64_t lens_k[] = {256, 512, 768, 2304};
+    static const int64_t lens_32[] = {32, 64, 96, 160, 1056, 2048};
+    static const int64_t lens_f[] = {1, 7, 8, 15, 16, 33, 47, 256, 1000};
+    int                  checks = 0;
+    for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
+        uint32_t      t = k_dot_types[ti];
+        ag_act_format f;
+        assert_int_equal(ag_quant_act_format(t, &f), AG_OK);
+        int            is_float = f == AG_ACT_F32;
+        const int64_t *lens = is_float ? lens_f : f == AG_ACT_Q8A ? lens_32 : lens_k;
+        size_t         nl = is_float ? sizeof lens_f / 8 : f == AG_ACT_Q8A ? sizeof lens_32 / 8 : sizeof lens_k / 8;
+        for (size_t li = 0; li < nl; li++) {
+            int64_t n = lens[li];
+            for (int rep = 0; rep < 2; rep++) {
+                uint8_t *w = random_weights(t, n, NULL);
+                size_t   rb = ag_act_row_bytes(f, n), stride = rb + 4;
+                float   *x = malloc(4 * n * 4);
+                uint8_t *xq = malloc(7 * stride);
+                /* rows of very different magnitudes, so that lanes differ */
+                for (int r = 0; r < 4; r++)
+                    for (int64_t i = 0; i < n; i++) x[r * n + i] = nrand() * (rep ? (r == 2 ? 1000.0f : 0.01f) : 1.0f);
+                for (int r = 0; r < 7; r++)
+                    assert_int_equal(ag_quantize_act_row(f, x + (r % 4) * n, xq + r * stride, n), AG_OK);
+                float prev_one[4];
+                for (int k = 0; k < n_isas; k++) {
+                    assert_int_equal(ag_cpu_isa_set(isas[k]), AG_OK);
+                    const ag_quant_kernels *kk = ag_quant_kernels_active();
+                    float                   one[4];
+                    for (int r = 0; r < 4; r++) kk->dot[t](n, w, xq + r * stride, stride, 1, &one[r]);
+                    /* the 32-element types' AVX-512 kernels do the AVX2 kernels' exact float
+                     * arithmetic (quant_avx512.c), so outputs do not change with the ISA level */
+                    if (isas[k] == AG_CPU_ISA_AVX512 && f == AG_ACT_Q8A)
+                        for (int r = 0; r < 4; r++)
+                            if (memcmp(&one[r], &prev_one[r], sizeof(float)) != 0)
+                                fail_msg("%s n=%lld row %d: avx512 %.9g vs avx2 %.9g", tname(t), (long long)n, r,
+                                         one[r], prev_one[r]);
+                    memcpy(prev_one, one, sizeof one);
+                    for (int nx = 2; nx <= 4; nx++)
+                        for (int s = 0; s < 4; s++) {
+                            float out[4] = {NAN, NAN, NAN, NAN};
+                            kk->dot[t](n, w, xq + s * stride, stride, nx, out);
+                            for (int l = 0; l < nx; l++) {
+                                int r = (s + l) % 4;
+                                if (memcmp(&out[l], &one[r], sizeof(float)) != 0)
+                                    fail_msg("%s %s n=%lld nx=%d lane %d (row %d): %.9g (0x%08x) vs nx=1 %.9g (0x%08x)",
+                                             ag_cpu_isa_name(isas[k]), tname(t), (long long)n, nx, l, r, out[l],
+                                             f2u(out[l]), one[r], f2u(one[r]));
+                                checks++;
+                            }
+                        }
+                }
+                free(w);
+                free(x);
+                free(xq);
+            }
+        }
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    print_message("dot batch invariance: %d lane results checked over %d ISAs\n", checks, n_isas);
+}
+
 /* The GEMM tile kernels (where an ISA has them): every (row, token) output
  * of a tile equals the scalar dot of that pair, for weight rows and
  * activation rows at odd addresses and padded strides, odd block counts,
@@ -804,6 +872,7 @@ int main(void) {
         cmocka_unit_test(act_quant_bounds_and_isa_agreement),
         cmocka_unit_test(scale_unpackers_match),
         cmocka_unit_test(dot_variants_agree),
+        cmocka_unit_test(dot_batch_invariant),
         cmocka_unit_test(gemm_tiles_agree),
         cmocka_unit_test(dot_extremes),
         cmocka_unit_test(bad_input_is_an_error),

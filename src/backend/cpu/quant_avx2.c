@@ -63,7 +63,11 @@ SIGNED_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0)
 SIGNED_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0)
 
 /* Offset types (Q4_1, Q5_1): x = d*q + m with q unsigned, so
- * Σ x*y = d*dy*Σq*y + m*(dy*Σy), the second term from the block's s. */
+ * Σ x*y = d*dy*Σq*y + m*(dy*Σy), the second term from the block's s. The
+ * m*s product is rounded before it is added (never fused, whatever the
+ * compiler's -ffp-contract): the AVX-512 kernels reproduce this exactly. */
+AI float mul_nofma(float a, float b) { return _mm_cvtss_f32(_mm_mul_ss(_mm_set_ss(a), _mm_set_ss(b))); }
+
 #define OFFSET_KERNEL(name, BT, WQ)                                                               \
     AI void name##_blk(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc, \
                        float *sm) {                                                              \
@@ -72,7 +76,7 @@ SIGNED_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0)
         UNROLL for (int t = 0; t < NX; t++) {                                                    \
             __m256i p = dot_u8s8(q, loadu256(y[t][i].qs));                                       \
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
-            sm[t] += m * y[t][i].s;                                                              \
+            sm[t] += mul_nofma(m, y[t][i].s);                                                    \
         }                                                                                        \
     }                                                                                            \
     AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \

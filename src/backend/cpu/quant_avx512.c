@@ -1,17 +1,20 @@
 /* AVX-512 (F/BW/VL/VNNI) kernels, only where they measured faster than the
- * AVX2 ones (bench/quant_bench on a 16-core Xeon with AVX-512 VNNI); every
- * other entry keeps its AVX2 kernel (the table starts as the AVX2 one).
+ * AVX2 ones; every other entry keeps its AVX2 kernel (the table starts as
+ * the AVX2 one).
  *
- *  - legacy types, 2..4 tokens: two blocks per zmm and VNNI's vpdpbusd (u8*s8
- *    summed straight into int32, no int16 stage); signed weights move their
- *    sign onto the activations with a masked subtract (AVX-512 has no
- *    vpsignb). GEMM +10..50%. For one token the pair-building shuffles cost
- *    more than they save, so nx == 1 goes to the AVX2 kernel;
- *  - Q6_K: 64 elements per maddubs+madd: ~2x, decode and GEMM;
- *  - F32/F16: 16 lanes: +15..30%.
- * Not here: Q4_K (a zmm vpmaddubsw has the same element throughput as two
- * ymm ones on these cores, and the 512-bit version only added shuffles: it
- * was 20% slower), and the rarer K-quants.
+ * Every dot kernel runs the same per-token arithmetic for every nx, so that
+ * a token's result is bit-identical whether it is alone in the call or one
+ * lane of a 2..4-token call (test_quant: dot_batch_invariant); a request's
+ * greedy output then does not depend on the batch it decodes in.
+ *
+ *  - legacy types: groups of 8 blocks, scales gathered and converted 8 at a
+ *    time, one 256-bit VNNI vpdpbusd per block and token, weight stream
+ *    prefetched (bench/quant_bench --ab on a 2-core AVX-512 VNNI VM, nx = 1:
+ *    Q4_1 hot 6.2 -> ~10-11 GB/s, cold ~4.8 -> ~8, at the machine's read
+ *    bandwidth). Two blocks per zmm measured slower (Q8_0 hot -25%);
+ *  - Q4_K, Q6_K: 64 elements per zmm step, maddubs + VNNI vpdpwssd, prefetch;
+ *  - F32/F16: 16 lanes.
+ * The VNNI GEMM tiles (*_gemm) are separate, opt-in in matmul.c.
  * The integer block sums stay exact; results match the scalar reference to
  * float summation order. */
 #include "backend/cpu/quant_impl.h"
@@ -28,10 +31,6 @@
 
 #include "backend/cpu/quant_x86.h"
 
-/* The AVX2 kernels, for the cases the AVX-512 ones leave to them; filled
- * once by ag_quant_kernels_avx512 (under the dispatcher's pthread_once). */
-static ag_dot_fn avx2_dot[AG_TYPE_COUNT];
-
 AI __m512i loadu512(const void *p) { return _mm512_loadu_si512(p); }
 AI __m512i pair_si(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 /* [a x8 | b x8] */
@@ -39,76 +38,127 @@ AI __m512 pair_ps(float a, float b) {
     return _mm512_mask_blend_ps((__mmask16)0xFF00, _mm512_set1_ps(a), _mm512_set1_ps(b));
 }
 
-/* ---- legacy types: two blocks per step ---- */
+/* ---- legacy types: dot kernels, 8 blocks per group ----
+ *
+ * Every nx runs the same per-token arithmetic (a token's result must not
+ * depend on the batch it shares a call with; test_quant checks it bit for
+ * bit). Per group of 8 blocks the fp16 weight scales (and minimums) and the
+ * activations' d (and s) are gathered and converted 8 at a time, so the
+ * per-block work is the unpack, one vpdpbusd (exact int32), one cvt, one
+ * vpermps of the block's scale and one FMA into one of two accumulators
+ * (even/odd block). The offset types' m*s terms are one vector FMA per
+ * group. The last group is partial: masked gathers (lanes past the row are
+ * not read) and a shorter block loop.
+ *
+ * The float arithmetic is exactly the AVX2 kernels' (quant_avx2.c): the same
+ * int32 lanes, scale products, even/odd accumulators and final sums, and the
+ * offset types' m*s products (rounded, not fused) added one block at a time
+ * in block order. So the two ISA levels give bit-identical results for these
+ * types. It matters more than it looks: summing m*s in 8 lanes with FMAs
+ * moved SmolLM2-135M's top-2 logit margin on a chat prompt by ~0.4 and
+ * flipped its greedy answer. */
 
-/* SIGNED = 1: int8 weights (sign moved onto y); 0: unsigned weights with an
- * offset m (Q4_1, Q5_1), whose m*s terms are summed separately. */
-#define LEGACY512(name, TYPE, BT, WQ, SIGNED)                                                           \
-    AI void name##_pair(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m512 *acc, \
-                        float *sm) {                                                             \
-        const __m512i q = pair_si(WQ(&b[i]), WQ(&b[i + 1]));                                     \
-        const __m512i aq = SIGNED ? _mm512_abs_epi8(q) : q;                                      \
-        const __mmask64 neg = SIGNED ? _mm512_movepi8_mask(q) : 0;                               \
-        const __m512  wd = pair_ps(f16(b[i].d), f16(b[i + 1].d));                                \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            __m512i yv = pair_si(loadu256(y[t][i].qs), loadu256(y[t][i + 1].qs));                \
-            if (SIGNED) yv = _mm512_mask_sub_epi8(yv, neg, _mm512_setzero_si512(), yv);          \
-            __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq, yv);                      \
-            __m512  sc = _mm512_mul_ps(wd, pair_ps(y[t][i].d, y[t][i + 1].d));                   \
-            acc[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(p), acc[t]);                         \
-            if (!SIGNED) sm[t] += LEGACY_M(b, i) * y[t][i].s + LEGACY_M(b, i + 1) * y[t][i + 1].s; \
-        }                                                                                        \
-    }                                                                                            \
-    AI void name##_one(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc, \
-                       float *sm) {                                                              \
-        const __m256i q = WQ(&b[i]);                                                             \
-        const __m256i aq = SIGNED ? _mm256_sign_epi8(q, q) : q;                                  \
-        const float   dw = f16(b[i].d);                                                          \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            __m256i yv = loadu256(y[t][i].qs);                                                   \
-            if (SIGNED) yv = _mm256_sign_epi8(yv, q);                                            \
-            __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aq, yv);                      \
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
-            if (!SIGNED) sm[t] += LEGACY_M(b, i) * y[t][i].s;                                    \
-        }                                                                                        \
-    }                                                                                            \
-    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
-                     float *out) {                                                               \
-        const BT           *b = w;                                                               \
-        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                    \
-        __m512              acc[AG_DOT_MAX_NX];                                                  \
-        __m256              acc1[AG_DOT_MAX_NX];                                                 \
-        float               sm[AG_DOT_MAX_NX];                                                   \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            y[t] = (const ag_block_q8a *)YROW(t);                                                \
-            acc[t] = _mm512_setzero_ps();                                                        \
-            acc1[t] = _mm256_setzero_ps();                                                       \
-            sm[t] = 0.0f;                                                                        \
-        }                                                                                        \
-        const int64_t nb = n / AG_QK;                                                            \
-        int64_t       i = 0;                                                                     \
-        for (; i + 2 <= nb; i += 2) name##_pair(b, y, i, NX, acc, sm);                           \
-        if (i < nb) name##_one(b, y, i, NX, acc1, sm);                                           \
-        UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) + hsum8(acc1[t]) + sm[t]; \
-    }                                                                                            \
-    static void name(int64_t n, const void *w, const void *x, size_t x_stride, int nx, float *out) { \
-        switch (nx) {                                                                            \
-        case 1: avx2_dot[TYPE](n, w, x, x_stride, 1, out); break;                                \
-        case 2: name##_k(n, w, x, x_stride, 2, out); break;                                      \
-        case 3: name##_k(n, w, x, x_stride, 3, out); break;                                      \
-        default: name##_k(n, w, x, x_stride, 4, out); break;                                     \
-        }                                                                                        \
-    }
+/* How far ahead (bytes) the weight stream is prefetched: a decode matvec
+ * streams its weights from DRAM, and the group's first touch (the scale
+ * gather) otherwise waits for each line; prefetch does not fault, so reading
+ * past the row (into the next one, usually) is harmless. */
+#ifndef AG_PF_DIST
+#define AG_PF_DIST 2048
+#endif
 
-#define LEGACY_M(b, i) 0.0f
-LEGACY512(dot_q4_0, AG_TYPE_Q4_0, ag_block_q4_0, wq_q4_0, 1)
-LEGACY512(dot_q5_0, AG_TYPE_Q5_0, ag_block_q5_0, wq_q5_0, 1)
-LEGACY512(dot_q8_0, AG_TYPE_Q8_0, ag_block_q8_0, wq_q8_0, 1)
-#undef LEGACY_M
-#define LEGACY_M(b, i) f16((b)[i].m)
-LEGACY512(dot_q4_1, AG_TYPE_Q4_1, ag_block_q4_1, wq_q4_1, 0)
-LEGACY512(dot_q5_1, AG_TYPE_Q5_1, ag_block_q5_1, wq_q5_1, 0)
-#undef LEGACY_M
+/* Byte offsets of 8 consecutive blocks of size BS. */
+AI __m256i blk_offsets(int bs) { return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bs)); }
+/* The fp16 at byte offset 0 (hi = 0) or 2 (hi = 1) of kn (1..8) blocks, as floats. */
+AI __m256 gather_f16(const void *b, __m256i off, __mmask8 km, const int HI) {
+    __m256i v = _mm256_mmask_i32gather_epi32(_mm256_setzero_si256(), km, off, b, 1);
+    if (HI) v = _mm256_srli_epi32(v, 16);
+    return _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v));
+}
+AI __m256 gather_f32(const void *p, __m256i off, __mmask8 km) {
+    return _mm256_mmask_i32gather_ps(_mm256_setzero_ps(), km, off, p, 1);
+}
+
+/* The weights of one block as 32 bytes: unsigned u (offset types) or signed
+ * q (SIGNED types). */
+AI __m256i nib16(const uint8_t *qs) {
+    __m256i v = _mm256_broadcastsi128_si256(loadu128(qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xF));
+}
+AI __m256i w8_q4_0(const ag_block_q4_0 *b) { return _mm256_sub_epi8(nib16(b->qs), _mm256_set1_epi8(8)); }
+AI __m256i w8_q4_1(const ag_block_q4_1 *b) { return nib16(b->qs); }
+AI __m256i w8_q5_0(const ag_block_q5_0 *b) {
+    /* ql - 16 where the high bit is clear */
+    uint32_t h;
+    memcpy(&h, b->qh, 4);
+    __m256i v = nib16(b->qs);
+    return _mm256_mask_sub_epi8(v, _cvtu32_mask32(~h), v, _mm256_set1_epi8(16));
+}
+AI __m256i w8_q5_1(const ag_block_q5_1 *b) {
+    uint32_t h;
+    memcpy(&h, b->qh, 4);
+    __m256i v = nib16(b->qs);
+    return _mm256_mask_add_epi8(v, _cvtu32_mask32(h), v, _mm256_set1_epi8(16));
+}
+AI __m256i w8_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
+
+#define LEGACY512(name, BT, W8, SIGNED, HAS_M)                                                          \
+    AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
+                       const int NX, __m256 (*acc)[2], float *sm) {                                   \
+        const __mmask8 km = (__mmask8)((1u << kn) - 1);                                                 \
+        const __m256i  woff = blk_offsets(sizeof(BT)), yoff = blk_offsets(sizeof(ag_block_q8a));       \
+        UNROLL for (int o = 0; o < (int)(8 * sizeof(BT)); o += 64)                                      \
+            _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
+        const __m256   dw = gather_f16(&b[i0], woff, km, 0);                                            \
+        __m256         sc[AG_DOT_MAX_NX];                                                               \
+        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, gather_f32(&y[t][i0].d, yoff, km)); \
+        if (HAS_M) {                                                                                    \
+            const __m256 mw = gather_f16(&b[i0], woff, km, 1);                                          \
+            UNROLL for (int t = 0; t < NX; t++) {                                                       \
+                float ms[8];                                                                            \
+                _mm256_storeu_ps(ms, _mm256_mul_ps(mw, gather_f32(&y[t][i0].s, yoff, km)));             \
+                for (int k = 0; k < kn; k++) sm[t] += ms[k];                                            \
+            }                                                                                           \
+        }                                                                                               \
+        UNROLL for (int k = 0; k < KN; k++) {                                                           \
+            if (k >= kn) break;                                                                         \
+            const __m256i q = W8(&b[i0 + k]);                                                           \
+            const __m256i u = SIGNED ? _mm256_sign_epi8(q, q) : q;                                      \
+            const __m256i kk = _mm256_set1_epi32(k);                                                    \
+            UNROLL for (int t = 0; t < NX; t++) {                                                       \
+                __m256i yv = loadu256(y[t][i0 + k].qs);                                                 \
+                if (SIGNED) yv = _mm256_sign_epi8(yv, q);                                               \
+                __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, yv);                          \
+                acc[t][k & 1] = _mm256_fmadd_ps(_mm256_permutexvar_ps(kk, sc[t]), _mm256_cvtepi32_ps(p), \
+                                                acc[t][k & 1]);                                         \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) { \
+        const BT           *b = w;                                                                      \
+        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                           \
+        __m256              acc[AG_DOT_MAX_NX][2];                                                      \
+        float               sm[AG_DOT_MAX_NX];                                                          \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            y[t] = (const ag_block_q8a *)YROW(t);                                                       \
+            acc[t][0] = acc[t][1] = _mm256_setzero_ps();                                                \
+            sm[t] = 0.0f;                                                                               \
+        }                                                                                               \
+        const int64_t nb = n / AG_QK;                                                                   \
+        int64_t       i = 0;                                                                            \
+        for (; i + 8 <= nb; i += 8) name##_grp(b, y, i, 8, 8, NX, acc, sm);                           \
+        if (i < nb) name##_grp(b, y, i, 7, (int)(nb - i), NX, acc, sm);                              \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            __m256 s = _mm256_add_ps(acc[t][0], acc[t][1]);                                             \
+            out[t] = HAS_M ? hsum8(s) + sm[t] : hsum8(s);                                      \
+        }                                                                                               \
+    }                                                                                                   \
+    AG_DOT_DISPATCH(name)
+
+LEGACY512(dot_q4_0, ag_block_q4_0, w8_q4_0, 1, 0)
+LEGACY512(dot_q5_0, ag_block_q5_0, w8_q5_0, 1, 0)
+LEGACY512(dot_q8_0, ag_block_q8_0, w8_q8_0, 1, 0)
+LEGACY512(dot_q4_1, ag_block_q4_1, w8_q4_1, 0, 1)
+LEGACY512(dot_q5_1, ag_block_q5_1, w8_q5_1, 0, 1)
 
 
 /* ---- legacy types: AG_GEMM_RM rows x NX tokens tiles ----
@@ -235,6 +285,73 @@ GEMM512(dot_q4_1, ag_block_q4_1, wq_q4_1, wu2_q4_1, 0, 1)
 GEMM512(dot_q5_1, ag_block_q5_1, wq_q5_1, wu2_q5_1, 0, 1)
 #undef GEMM_M
 
+/* ag_k4_scales_unpack in registers: bytes 0..7 the scales, 8..15 the mins.
+ * With u0..u2 the three dwords: [u0 & M6, (u2 & M4) | top2(u0) << 4,
+ * u1 & M6, (u2 >> 4 & M4) | top2(u1) << 4], where top2(u) << 4 per byte is
+ * (u >> 2) & 0x30 (the bits shifted in from the next byte are masked off).
+ * Reads 16 bytes from q (the 12 scale bytes and 4 of qs). */
+AI __m128i k4_scales_unpack_x(const uint8_t *q) {
+    const __m128i v = loadu128(q);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
+    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* u0 u0 u1 u1 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/* ---- Q4_K: 64 elements per step ----
+ *
+ * qs[32j .. 32j+31] holds sub-block 2j (low nibbles) and 2j+1 (high), whose
+ * 64 activations are contiguous: one zmm [low | high] per j, from one
+ * broadcast load and a per-half shift. maddubs (q <= 15: pairs <= 3840) then
+ * VNNI vpdpwssd multiplies the int16 pairs by the sub-block's scale and adds
+ * into int32 (<= 4*2*3840*63 per lane), exact; two chains (even/odd j). */
+AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
+    const ag_block_q4_K *b = w;
+    const ag_block_q8_K *y[AG_DOT_MAX_NX];
+    __m512               acc[AG_DOT_MAX_NX];
+    __m256               accm[AG_DOT_MAX_NX];
+    UNROLL for (int t = 0; t < NX; t++) {
+        y[t] = (const ag_block_q8_K *)YROW(t);
+        acc[t] = _mm512_setzero_ps();
+        accm[t] = _mm256_setzero_ps();
+    }
+    const __m512i m4 = _mm512_set1_epi8(0xF), shr = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        _mm_prefetch((const char *)&b[i] + AG_PF_DIST, _MM_HINT_T0);
+        _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 64, _MM_HINT_T0);
+        _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 128, _MM_HINT_T0);
+        const __m128i sm = k4_scales_unpack_x(b[i].scales);
+        const __m512i sc16z = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm));
+        /* min j twice (int16), against the 16 bsums: lane j = m_j*(bsum 2j + 2j+1) */
+        const __m256i mins2 = _mm256_cvtepu8_epi16(
+            _mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+        const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
+        __m512i       sumi[AG_DOT_MAX_NX][2];
+        UNROLL for (int t = 0; t < NX; t++) sumi[t][0] = sumi[t][1] = _mm512_setzero_si512();
+        UNROLL for (int j = 0; j < 4; j++) {
+            const __m512i qv = _mm512_broadcast_i64x4(loadu256(b[i].qs + 32 * j));
+            const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(qv, shr), m4);
+            /* int16 lanes 0..15: scale 2j, 16..31: scale 2j+1 */
+            const __m512i s = _mm512_permutexvar_epi16(
+                _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * j)), _mm512_set1_epi16((short)(2 * j + 1))),
+                sc16z);
+            UNROLL for (int t = 0; t < NX; t++)
+                sumi[t][j & 1] = _mm512_dpwssd_epi32(sumi[t][j & 1], _mm512_maddubs_epi16(q, loadu512(y[t][i].qs + 64 * j)), s);
+        }
+        UNROLL for (int t = 0; t < NX; t++) {
+            float dy = y[t][i].d;
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(dy * d), _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[t][0], sumi[t][1])),
+                                     acc[t]);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * dmin),
+                                      _mm256_cvtepi32_ps(_mm256_madd_epi16(loadu256(y[t][i].bsums), mins2)), accm[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum8(accm[t]);
+}
+AG_DOT_DISPATCH(dot_q4_K)
+
 /* ---- Q6_K: 64 elements per step ---- */
 
 /* int16 lane l of a scale vector for 64 elements starting at sub-block k
@@ -258,6 +375,8 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
     }
     const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
     for (int64_t i = 0; i < n / AG_QK_K; i++) {
+        UNROLL for (int o = 0; o < (int)sizeof(ag_block_q6_K); o += 64)
+            _mm_prefetch((const char *)&b[i] + AG_PF_DIST + o, _MM_HINT_T0);
         const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(b[i].scales));
         const __m512i sc16z = _mm512_inserti64x4(_mm512_setzero_si512(), sc16, 0);
         const float   d = f16(b[i].d);
@@ -278,8 +397,8 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
                                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qhz, 4), m3), 4));
             UNROLL for (int k = 0; k < 2; k++) {
                 const __m512i s = _mm512_permutexvar_epi16(loadu512(q6_scale_idx[2 * h + k]), sc16z);
-                UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm512_add_epi32(
-                    sumi[t], _mm512_madd_epi16(_mm512_maddubs_epi16(g[k], loadu512(y[t][i].qs + 128 * h + 64 * k)), s));
+                UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm512_dpwssd_epi32(
+                    sumi[t], _mm512_maddubs_epi16(g[k], loadu512(y[t][i].qs + 128 * h + 64 * k)), s);
             }
         }
         UNROLL for (int t = 0; t < NX; t++)
@@ -337,7 +456,6 @@ FLOAT512(dot_f16, 2, wload16_f16, wload_f16, wscalar_f16)
 
 /* Compiled for the baseline target: only stores function pointers. */
 void ag_quant_kernels_avx512(ag_quant_kernels *k) {
-    memcpy(avx2_dot, k->dot, sizeof avx2_dot);
     k->dot[AG_TYPE_F32] = dot_f32;
     k->dot[AG_TYPE_F16] = dot_f16;
     k->dot[AG_TYPE_Q4_0] = dot_q4_0;
@@ -345,6 +463,7 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_0] = dot_q5_0;
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
+    k->dot[AG_TYPE_Q4_K] = dot_q4_K;
     k->dot[AG_TYPE_Q6_K] = dot_q6_K;
     k->gemm[AG_TYPE_Q4_0] = dot_q4_0_gemm;
     k->gemm[AG_TYPE_Q4_1] = dot_q4_1_gemm;
