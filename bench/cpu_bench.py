@@ -11,7 +11,15 @@ Prints a table with the ratios augur / llama.cpp and the decode bandwidth
 
 usage: bench/cpu_bench.py [-t THREADS] [-p 512] [-n 128] [-r 5] [MODEL ...]
        (default models: smollm2 gemma3 qwen-1.5b, those fetched)
-needs: pip install llama-cpp-python
+needs: pip install llama-cpp-python (0.3.36 here). On CPUs with AMX (Sapphire
+Rapids and later) its default native build crashes in
+ggml_backend_amx_mul_mat (SIGSEGV in an OpenMP worker, seen 2026-12-02), so
+build it without AMX but with everything else this CPU has:
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+    -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON
+    -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
+    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+    pip install --no-cache-dir llama-cpp-python==0.3.36
 """
 import argparse
 import json
