@@ -1,15 +1,19 @@
 /* Matmul driver: quantize X, then tile (rows × token chunks) over the pool.
  *
+ * Two kinds of rows (see ag_batch.n_prompt): decode rows go through the dot
+ * kernels (ag_matmul, ag_matmul_multi); prompt rows through AMX tiles where
+ * the CPU has them (matmul_amx.c), else through the same driver with the
+ * AVX-512 VNNI tile kernels (ag_matmul_prompt). A token's result depends
+ * only on its own row and its kind, never on the rest of the batch.
+ *
  * Tiling: a task owns a range of weight rows and a chunk of tokens. Inside,
  * each weight row is read from memory once and multiplied with the chunk's
  * tokens four at a time (the kernels unpack a block once per 4 tokens);
- * where the ISA has a tile kernel (AVX-512 VNNI, legacy types) rows go four
- * at a time too, so each activation block is also loaded once per 4 rows
- * (prefill only: for one token the row kernels measured faster; opt-in with
- * AUGUR_GEMM_TILES=1, see matmul_run). The
- * token chunk is sized so its activations stay in L2 while the task walks
- * its rows; the row range is sized for about 8 tasks per thread so dynamic
- * scheduling absorbs uneven threads. */
+ * for prompt rows, where the ISA has a tile kernel (AVX-512 VNNI, legacy
+ * types), rows go four at a time too, so each activation block is also
+ * loaded once per 4 rows. The token chunk is sized so its activations stay
+ * in L2 while the task walks its rows; the row range is sized for about 8
+ * tasks per thread so dynamic scheduling absorbs uneven threads. */
 #include <stdlib.h>
 #include <string.h>
 
