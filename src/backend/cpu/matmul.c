@@ -43,6 +43,26 @@ static ag_status check_common(uint32_t w_type, const void *w, int64_t n_out, int
     return AG_OK;
 }
 
+/* X's own checks, once the weights' passed: ldx, NULL, n_tok * ldx overflow. */
+static ag_status check_x(const float *x, int64_t ldx, int64_t n_in, int64_t n_tok) {
+    size_t tmp;
+    if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
+    if (n_tok > 0 && !x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
+    if (__builtin_mul_overflow((size_t)n_tok, (size_t)ldx * sizeof(float), &tmp))
+        return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    return AG_OK;
+}
+
+/* The caller's scratch if it holds `need` bytes, else a fresh allocation
+ * returned in *owned too (the caller frees it); NULL when out of memory. */
+static void *scratch_or_alloc(void *scratch, size_t scratch_size, size_t need, void **owned) {
+    *owned = NULL;
+    if (scratch && scratch_size >= need) return scratch;
+    *owned = malloc(need);
+    if (!*owned) ag_errorf(AG_ERR_NOMEM, "matmul: cannot allocate %zu bytes of activations", need);
+    return *owned;
+}
+
 size_t ag_matmul_scratch_size(uint32_t w_type, int64_t n_in, int64_t n_tok) {
     ag_act_format f;
     if (ag_quant_act_format(w_type, &f) != AG_OK || n_tok < 0) return 0;
@@ -226,17 +246,13 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
                                     parts[p].ldy, &f);
         if (st != AG_OK) return st;
     }
-    if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
+    ag_status xst = check_x(x, ldx, n_in, n_tok);
+    if (xst != AG_OK) return xst;
     if (n_tok == 0) return AG_OK;
-    if (!x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
-    size_t need = ag_matmul_multi_scratch_size(parts, n_parts, n_in, n_tok), tmp;
-    if (need == 0 || __builtin_mul_overflow((size_t)n_tok, (size_t)ldx * sizeof(float), &tmp))
-        return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
-    void *buf = scratch, *owned = NULL;
-    if (!buf || scratch_size < need) {
-        owned = buf = malloc(need);
-        if (!owned) return ag_errorf(AG_ERR_NOMEM, "matmul: cannot allocate %zu bytes of activations", need);
-    }
+    size_t need = ag_matmul_multi_scratch_size(parts, n_parts, n_in, n_tok);
+    if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);
+    if (!buf) return AG_ERR_NOMEM;
     /* X once per activation format */
     ag_act_format fmts[AG_MATMUL_MAX_PARTS];
     const void   *xa[AG_MATMUL_MAX_PARTS];
@@ -295,10 +311,7 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     if (st != AG_OK) return st;
     if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
     if (n_out == 0 || n_tok == 0) return AG_OK;
-    if (!x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
-    size_t tmp;
-    if (__builtin_mul_overflow((size_t)n_tok, (size_t)ldx * sizeof(float), &tmp))
-        return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    if ((st = check_x(x, ldx, n_in, n_tok)) != AG_OK) return st;
 
     if (fmt == AG_ACT_F32) { /* float weights read X in place */
         matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles);
@@ -306,11 +319,8 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     }
     size_t need = ag_matmul_scratch_size(w_type, n_in, n_tok);
     if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
-    void *xq = scratch, *owned = NULL;
-    if (!xq || scratch_size < need) {
-        owned = xq = malloc(need);
-        if (!owned) return ag_errorf(AG_ERR_NOMEM, "matmul: cannot allocate %zu bytes of activations", need);
-    }
+    void *owned, *xq = scratch_or_alloc(scratch, scratch_size, need, &owned);
+    if (!xq) return AG_ERR_NOMEM;
     st = ag_matmul_quantize_x(pool, fmt, x, ldx, n_tok, n_in, xq, need);
     if (st == AG_OK) matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, tiles);
     free(owned);
@@ -340,17 +350,12 @@ ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, 
     if (st != AG_OK) return st;
     if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
     if (n_out == 0 || n_tok == 0) return AG_OK;
-    if (!x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
-    size_t need = ag_amx_scratch_size(ag_threadpool_size(pool), n_in, n_tok), tmp;
-    if (need == 0 || __builtin_mul_overflow((size_t)n_tok, (size_t)ldx * sizeof(float), &tmp))
-        return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
-    void *buf = scratch, *owned = NULL;
-    if (!buf || scratch_size < need) {
-        owned = buf = malloc(need);
-        if (!owned) return ag_errorf(AG_ERR_NOMEM, "matmul: cannot allocate %zu bytes of activations", need);
-        scratch_size = need;
-    }
-    st = ag_matmul_amx(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, buf, scratch_size);
+    if ((st = check_x(x, ldx, n_in, n_tok)) != AG_OK) return st;
+    size_t need = ag_amx_scratch_size(ag_threadpool_size(pool), n_in, n_tok);
+    if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);
+    if (!buf) return AG_ERR_NOMEM;
+    st = ag_matmul_amx(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, buf, owned ? need : scratch_size);
     free(owned);
     return st;
 }
