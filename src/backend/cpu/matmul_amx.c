@@ -1,8 +1,10 @@
 /* Prompt GEMM on Intel AMX (AMX-INT8 tiles), for the weight types whose
  * blocks hold int8-able values: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K.
  *
- * Arithmetic. Activations are quantized per 32 elements (Q8A: float d,
- * s = d*Σq). A weight "group" is 32 elements (16 for Q6_K) sharing one float
+ * Arithmetic. Activations are quantized as the dot kernels do: per 32
+ * elements for the legacy types (Q8A: float d, s = d*Σq), per 256 for the
+ * K-quants (Q8_K; xd is then the super-block's d and xs = d * the 32-element
+ * block's Σq, see act_task). A weight "group" is 32 elements (16 for Q6_K) sharing one float
  * scale ws (d; for the K-quants d*sc, exact in fp32) and, for the offset
  * types, one offset mw (Q4_1: m; Q4_K: -dmin*m). For each (row r, token t)
  * and group g, in group order:
