@@ -19,59 +19,14 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_amx.h"
 #include "backend/cpu/quant.h"
-
-static uint64_t rng = 0x243F6A8885A308D3ull;
-static uint64_t rnd(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-static float urand(void) { return (float)((rnd() >> 40) * 0x1p-24); }
-static float nrand(void) { return (urand() + urand() + urand() - 1.5f) * 2.0f; }
+#include "quant_testutil.h"
 
 static const uint32_t k_types[] = {AG_TYPE_Q4_0, AG_TYPE_Q4_1, AG_TYPE_Q5_0, AG_TYPE_Q8_0,
                                    AG_TYPE_Q4_K, AG_TYPE_Q6_K, AG_TYPE_F16,  AG_TYPE_F32, AG_TYPE_Q5_1};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
-/* Byte offsets of a block's fp16 scale fields (random bits there would give
- * huge or non-finite scales). */
-static int scale_fields(uint32_t t, int off[2]) {
-    switch (t) {
-    case AG_TYPE_Q4_0: case AG_TYPE_Q5_0: case AG_TYPE_Q8_0: off[0] = 0; return 1;
-    case AG_TYPE_Q4_1: case AG_TYPE_Q5_1: case AG_TYPE_Q4_K: off[0] = 0, off[1] = 2; return 2;
-    case AG_TYPE_Q6_K: off[0] = 208; return 1;
-    }
-    return 0;
-}
-
-/* n_out random rows of n_in elements: random quant bits, scales of either sign. */
-static uint8_t *random_matrix(uint32_t t, int64_t n_out, int64_t n_in) {
-    size_t   bytes = ag_quant_row_bytes(t, n_in) * (size_t)n_out;
-    uint8_t *w = malloc(bytes);
-    assert_non_null(w);
-    if (t == AG_TYPE_F32 || t == AG_TYPE_F16) {
-        for (int64_t i = 0; i < n_out * n_in; i++) {
-            float f = nrand() * 0.1f;
-            if (t == AG_TYPE_F32) memcpy(w + 4 * i, &f, 4);
-            else {
-                uint16_t h = ag_fp32_to_fp16(f);
-                memcpy(w + 2 * i, &h, 2);
-            }
-        }
-        return w;
-    }
-    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)rnd();
-    uint32_t be, bb;
-    ag_quant_block(t, &be, &bb);
-    int off[2], k = scale_fields(t, off);
-    for (size_t b = 0; b < bytes / bb; b++)
-        for (int j = 0; j < k; j++) {
-            uint16_t h = ag_fp32_to_fp16((0.001f + 0.05f * urand()) * (rnd() & 1 ? -1.0f : 1.0f));
-            memcpy(w + b * bb + off[j], &h, 2);
-        }
-    return w;
-}
+/* n_out random rows of n_in elements, back to back. */
+static uint8_t *random_matrix(uint32_t t, int64_t n_out, int64_t n_in) { return random_weights(t, n_out * n_in, NULL); }
 
 static const char *path_name(uint32_t t) {
     return ag_amx_available() && ag_amx_supports(t) ? "amx" : "tiles/dot";
