@@ -157,6 +157,13 @@ void ag_cpu_attention_init(void) {
     axpy_f32 = axpy_c;
 }
 
+/* The rows [*j0, *j1) of the block starting at position `base` (bs rows)
+ * that fall in positions [lo, hi]; empty when *j0 >= *j1. */
+static inline void block_span(int base, int bs, int lo, int hi, int *j0, int *j1) {
+    *j0 = lo > base ? lo - base : 0;
+    *j1 = hi - base + 1 < bs ? hi - base + 1 : bs;
+}
+
 void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *q,
                            float *out, int t0, int t1, int g, float *scratch) {
     const ag_kv_layout *L = ag_kv_get_layout(kv);
@@ -194,15 +201,14 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     /* pass 1: scores, block by block (each K block converted once for all rows and heads) */
     const int b0 = lo_min / bs, b1 = pos_max / bs < n_blocks ? pos_max / bs : n_blocks - 1;
     for (int bi = b0; bi <= b1; bi++) {
-        const int o0 = bi * bs < lo_min ? lo_min - bi * bs : 0;
-        const int o1 = (bi + 1) * bs - 1 > pos_max ? pos_max - bi * bs + 1 : bs;
+        int o0, o1;
+        block_span(bi * bs, bs, lo_min, pos_max, &o0, &o1);
         const uint8_t *kb = (const uint8_t *)ag_kv_block_k(kv, s->layer, table[bi]) + g * L->head_stride_k;
         const float *K = in_place ? NULL : rows_f32(L, kb, L->row_bytes_k, dk, o0, o1, kvbuf) - (size_t)o0 * dk;
         const uint16_t *K16 = (const uint16_t *)kb;
         for (int i = 0; i < nt; i++) {
-            const int pos = b->pos[t0 + i];
-            const int j0 = bi * bs + o0 < lo[i] ? lo[i] - bi * bs : o0;
-            const int j1 = bi * bs + o1 - 1 > pos ? pos - bi * bs + 1 : o1;
+            int j0, j1;
+            block_span(bi * bs, bs, lo[i], b->pos[t0 + i], &j0, &j1);
             for (int h = 0; h < group; h++) {
                 const float *qv = qh + ((size_t)i * group + h) * dk;
                 float *row = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
@@ -239,15 +245,14 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     /* pass 2: weighted sum of V (each V block converted once for all rows and heads) */
     memset(acc, 0, sizeof(float) * (size_t)nt * group * dv);
     for (int bi = b0; bi <= b1; bi++) {
-        const int o0 = bi * bs < lo_min ? lo_min - bi * bs : 0;
-        const int o1 = (bi + 1) * bs - 1 > pos_max ? pos_max - bi * bs + 1 : bs;
+        int o0, o1;
+        block_span(bi * bs, bs, lo_min, pos_max, &o0, &o1);
         const uint8_t *vb = (const uint8_t *)ag_kv_block_v(kv, s->layer, table[bi]) + g * L->head_stride_v;
         const float *V = in_place ? NULL : rows_f32(L, vb, L->row_bytes_v, dv, o0, o1, kvbuf) - (size_t)o0 * dv;
         const uint16_t *V16 = (const uint16_t *)vb;
         for (int i = 0; i < nt; i++) {
-            const int pos = b->pos[t0 + i];
-            const int j0 = bi * bs + o0 < lo[i] ? lo[i] - bi * bs : o0;
-            const int j1 = bi * bs + o1 - 1 > pos ? pos - bi * bs + 1 : o1;
+            int j0, j1;
+            block_span(bi * bs, bs, lo[i], b->pos[t0 + i], &j0, &j1);
             for (int h = 0; h < group; h++) {
                 const float *p = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
                 float *a = acc + ((size_t)i * group + h) * dv;
