@@ -17,6 +17,8 @@ typedef struct {
     size_t         mm_scratch_size;
     float        **attn_scratch; /* per thread */
     size_t         attn_scratch_floats;
+    int32_t       *attn_tiles; /* [attn_tiles_cap]: tile starts of the current batch */
+    size_t         attn_tiles_cap;
 } cpu_state;
 
 static cpu_state *state_of(ag_backend *be) { return be->impl; }
@@ -173,8 +175,13 @@ static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *s
     }
     /* tiles: consecutive rows of one sequence, at most AG_ATTN_MAX_ROWS; a
      * decode step (one row per sequence) gets one tile per row */
-    int32_t *tile_start = malloc(sizeof(int32_t) * ((size_t)b->n + 1));
-    if (!tile_start) return ag_errorf(AG_ERR_NOMEM, "out of memory for attention tiles");
+    if ((size_t)b->n + 1 > s->attn_tiles_cap) {
+        int32_t *t = realloc(s->attn_tiles, sizeof(int32_t) * ((size_t)b->n + 1));
+        if (!t) return ag_errorf(AG_ERR_NOMEM, "out of memory for attention tiles");
+        s->attn_tiles = t;
+        s->attn_tiles_cap = (size_t)b->n + 1;
+    }
+    int32_t *tile_start = s->attn_tiles;
     int n_tiles = 0;
     for (int i = 0; i < b->n; n_tiles++) {
         tile_start[n_tiles] = i;
@@ -185,7 +192,6 @@ static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *s
     tile_start[n_tiles] = b->n;
     attn_job j = {s, kv, sh, b, q, out, tile_start, n_tiles};
     ag_threadpool_run(s->pool, (int64_t)n_tiles * sh->n_head_kv, attn_task, &j);
-    free(tile_start);
     return AG_OK;
 }
 
@@ -247,6 +253,7 @@ void ag_backend_free(ag_backend *be) {
         if (s->attn_scratch)
             for (int t = 0; t < s->n_threads; t++) free(s->attn_scratch[t]);
         free(s->attn_scratch);
+        free(s->attn_tiles);
         free(s->mm_scratch);
         free(s);
     }
