@@ -43,11 +43,13 @@ static ag_status check_common(uint32_t w_type, const void *w, int64_t n_out, int
     return AG_OK;
 }
 
-/* X's own checks, once the weights' passed: ldx, NULL, n_tok * ldx overflow. */
-static ag_status check_x(const float *x, int64_t ldx, int64_t n_in, int64_t n_tok) {
+/* X's own checks, once the weights' passed: ldx always; NULL and n_tok * ldx
+ * overflow only when there is a product to compute (n_out, n_tok > 0). */
+static ag_status check_x(const float *x, int64_t ldx, int64_t n_in, int64_t n_out, int64_t n_tok) {
     size_t tmp;
     if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
-    if (n_tok > 0 && !x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
+    if (n_out == 0 || n_tok == 0) return AG_OK;
+    if (!x) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
     if (__builtin_mul_overflow((size_t)n_tok, (size_t)ldx * sizeof(float), &tmp))
         return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
     return AG_OK;
@@ -246,7 +248,7 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
                                     parts[p].ldy, &f);
         if (st != AG_OK) return st;
     }
-    ag_status xst = check_x(x, ldx, n_in, n_tok);
+    ag_status xst = check_x(x, ldx, n_in, 1, n_tok);
     if (xst != AG_OK) return xst;
     if (n_tok == 0) return AG_OK;
     size_t need = ag_matmul_multi_scratch_size(parts, n_parts, n_in, n_tok);
@@ -309,9 +311,8 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     ag_act_format fmt;
     ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
     if (st != AG_OK) return st;
-    if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
+    if ((st = check_x(x, ldx, n_in, n_out, n_tok)) != AG_OK) return st;
     if (n_out == 0 || n_tok == 0) return AG_OK;
-    if ((st = check_x(x, ldx, n_in, n_tok)) != AG_OK) return st;
 
     if (fmt == AG_ACT_F32) { /* float weights read X in place */
         matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles);
@@ -348,9 +349,8 @@ ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, 
     ag_act_format fmt;
     ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
     if (st != AG_OK) return st;
-    if (ldx < n_in) return ag_errorf(AG_ERR_INVALID, "matmul: ldx %lld < n_in %lld", (long long)ldx, (long long)n_in);
+    if ((st = check_x(x, ldx, n_in, n_out, n_tok)) != AG_OK) return st;
     if (n_out == 0 || n_tok == 0) return AG_OK;
-    if ((st = check_x(x, ldx, n_in, n_tok)) != AG_OK) return st;
     size_t need = ag_amx_scratch_size(ag_threadpool_size(pool), n_in, n_tok);
     if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
     void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);

@@ -122,9 +122,7 @@ size_t ag_amx_scratch_size(int n_threads, int64_t n_in, int64_t n_tok) {
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c")
 #endif
 
-#include <immintrin.h>
-
-#define AI static inline __attribute__((always_inline))
+#include "backend/cpu/quant_x86.h"
 
 typedef struct __attribute__((packed, aligned(64))) {
     uint8_t  palette, start_row;
@@ -144,8 +142,6 @@ static void load_tiles(int k) {
     c.colsb[3] = c.colsb[5] = 64, c.rows[3] = c.rows[5] = (uint8_t)(k / 4);
     _tile_loadconfig(&c);
 }
-
-AI float f16(uint16_t h) { return _cvtsh_ss(h); }
 
 /* 16 nibble bytes -> 32 bytes: low nibbles (elements 0..15), then high. */
 AI __m256i nib32(const uint8_t *qs) {
@@ -222,21 +218,12 @@ static void unpack_row(uint32_t type, const uint8_t *row, int64_t n_in, int r, i
     }
     case AG_TYPE_Q6_K: {
         const ag_block_q6_K *x = (const ag_block_q6_K *)row;
-        const __m256i        m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3), o = _mm256_set1_epi8(32);
+        const __m256i        o = _mm256_set1_epi8(32);
         for (int64_t s = 0; s < nb / 8; s++) {
             const float d = f16(x[s].d);
             for (int h = 0; h < 2; h++) {
-                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(x[s].ql + 64 * h));
-                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(x[s].ql + 64 * h + 32));
-                __m256i qh = _mm256_loadu_si256((const __m256i *)(x[s].qh + 32 * h));
                 __m256i v[4];
-                v[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-                v[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-                v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-                v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+                q6k_unpack_half(x[s].ql + 64 * h, x[s].qh + 32 * h, v);
                 for (int k = 0; k < 4; k++) store32(QDST(8 * s + 4 * h + k), _mm256_sub_epi8(v[k], o));
             }
             /* group g (16 elements) of the super-block has scale g */

@@ -204,7 +204,6 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         y[t] = (const ag_block_q8_K *)YROW(t);
         acc[t] = _mm256_setzero_ps();
     }
-    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
     for (int64_t i = 0; i < n / AG_QK_K; i++) {
         const int8_t *sc = b[i].scales;
         const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(sc));
@@ -214,16 +213,8 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
             sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), /* the -32 offset: -32*Σ sc*bsum */
                                        _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 5));
         UNROLL for (int h = 0; h < 2; h++) {
-            __m256i ql0 = loadu256(b[i].ql + 64 * h), ql1 = loadu256(b[i].ql + 64 * h + 32);
-            __m256i qh = loadu256(b[i].qh + 32 * h);
             __m256i g[4];
-            g[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(qh, m3), 4));
-            g[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), m3), 4));
-            g[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), m3), 4));
-            g[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), m3), 4));
+            q6k_unpack_half(b[i].ql + 64 * h, b[i].qh + 32 * h, g);
             UNROLL for (int k = 0; k < 4; k++) {
                 const int     s = 8 * h + 2 * k;
                 const __m256i sv = scale_pair(sc[s], sc[s + 1]);

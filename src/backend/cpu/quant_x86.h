@@ -89,6 +89,20 @@ AI __m256i bits_to_bytes(const uint8_t *qh) {
 
 /* ---- weight blocks as 32 int8 / uint8 ---- */
 
+/* Q6_K: the six-bit values (0..63, before the -32 offset) of one half (128
+ * elements) of a block, from ql[64h..64h+63] and qh[32h..32h+31]: g[k] holds
+ * elements 128h + 32k .. 128h + 32k + 31 (llama.cpp's q1..q4 order). */
+AI void q6k_unpack_half(const uint8_t *ql, const uint8_t *qh, __m256i g[4]) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+    const __m256i ql0 = loadu256(ql), ql1 = loadu256(ql + 32), h = loadu256(qh);
+    g[0] = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
+    g[1] = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
+    g[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
+    g[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+}
+
 AI __m256i wq_q4_0(const ag_block_q4_0 *b) { return _mm256_sub_epi8(unpack_nib16(b->qs), _mm256_set1_epi8(8)); }
 AI __m256i wq_q5_0(const ag_block_q5_0 *b) {
     /* ql - 16 where the high bit is clear is ql | 0xF0 in two's complement */
