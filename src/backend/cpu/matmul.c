@@ -201,7 +201,6 @@ static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int6
 typedef struct {
     mm_job  jobs[AG_MATMUL_MAX_PARTS];
     int64_t first[AG_MATMUL_MAX_PARTS + 1]; /* jobs[p] owns tasks [first[p], first[p+1]) */
-    int     n;
 } mm_multi;
 
 static void mm_multi_task(void *ctx, int64_t task, int thread) {
@@ -273,7 +272,7 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
         at += (bytes + 63) & ~(size_t)63;
     }
     if (st == AG_OK) {
-        mm_multi m = {.n = n_parts};
+        mm_multi m = {0};
         int64_t  rows = 0;
         for (int p = 0; p < n_parts; p++) rows += parts[p].n_out;
         int threads = ag_threadpool_size(pool);
