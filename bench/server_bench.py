@@ -12,7 +12,7 @@ rate on the same model (the server's overhead; goal <= 3%).
 usage:
   bench/server_bench.py [-m MODEL] [--levels 1,4,16,32] [--tokens 128]
                         [--prompt-tokens 64] [--parallel 32] [--url URL]
-                        [--markdown]
+                        [--markdown] [--repeat R]
 Without --url it starts build/augur serve itself (--parallel = the largest
 level unless given) and stops it afterwards. Loopback only.
 """
@@ -34,9 +34,11 @@ PROMPT_WORDS = ("the quick brown fox jumps over the lazy dog while a small cat w
                 "fence and thinks about dinner ").split()
 
 
-def prompt_of(n_words, salt):
+def prompt_of(n_words, salt, tag=""):
+    """A prompt of n_words words; tag (e.g. the round) goes first so that a
+    later round's prompts do not hit the server's prefix cache."""
     words = [PROMPT_WORDS[(i * 7 + salt) % len(PROMPT_WORDS)] for i in range(n_words)]
-    return " ".join(words)
+    return (tag + " " if tag else "") + " ".join(words)
 
 
 def one_client(host, port, body, out):
@@ -77,11 +79,11 @@ def pct(xs, p):
     return xs[k]
 
 
-def run_level(host, port, n, args):
+def run_level(host, port, n, args, tag=""):
     results = []
     threads = []
     for i in range(n):
-        body = {"prompt": prompt_of(args.prompt_words, i), "max_tokens": args.tokens, "temperature": 0,
+        body = {"prompt": prompt_of(args.prompt_words, i, tag), "max_tokens": args.tokens, "temperature": 0,
                 "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         threads.append(threading.Thread(target=one_client, args=(host, port, body, results)))
     t_start = time.perf_counter()
@@ -105,8 +107,8 @@ def run_level(host, port, n, args):
             "prompt_tokens": results[0]["usage"]["prompt_tokens"]}
 
 
-def augur_bench(model, prompt_tokens, tokens, threads):
-    cmd = [AUGUR, "bench", "-m", model, "-p", str(prompt_tokens), "-n", str(tokens), "-r", "3", "--json"]
+def augur_bench(model, prompt_tokens, tokens, threads, reps=3):
+    cmd = [AUGUR, "bench", "-m", model, "-p", str(prompt_tokens), "-n", str(tokens), "-r", str(reps), "--json"]
     if threads:
         cmd += ["-t", str(threads)]
     p = subprocess.run(cmd, capture_output=True, timeout=1800)
@@ -127,6 +129,9 @@ def main():
     ap.add_argument("--url", help="use a running server instead of starting one")
     ap.add_argument("--no-bench", action="store_true", help="skip the `augur bench` comparison")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds; each runs every level once (and, with level 1, one `augur bench`), "
+                         "so that noise hits all of them alike; medians and per-round ratios are reported")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
 
@@ -146,18 +151,34 @@ def main():
         if not line.startswith("augur: serving"):
             raise SystemExit(f"server did not start: {line!r}")
         host, port = "127.0.0.1", int(line.rsplit(":", 1)[1])
+    rounds, refs = [], []
     try:
-        run_level(host, port, 1, argparse.Namespace(prompt_words=8, tokens=8))  # warm-up
-        rows = [run_level(host, port, n, args) for n in levels]
+        run_level(host, port, 1, argparse.Namespace(prompt_words=8, tokens=8), "warm-up")
+        for k in range(args.repeat):
+            tag = f"round {k}:" if args.repeat > 1 else ""
+            rounds.append([run_level(host, port, n, args, tag) for n in levels])
+            if 1 in levels and not args.no_bench and not args.url:
+                # the server is idle now; one bench run in the same round
+                ref = augur_bench(args.model, rounds[-1][0]["prompt_tokens"], args.tokens, args.threads,
+                                  reps=1 if args.repeat > 1 else 3)
+                refs.append(ref)
+            if args.repeat > 1:
+                print(f"round {k}: " + ", ".join(f"{r['clients']}: {r['agg_tok_s']:.2f} tok/s" for r in rounds[-1])
+                      + (f", bench tg {refs[-1]['tg_tok_s']:.2f}" if refs and refs[-1] else ""), flush=True)
     finally:
         if proc:
             proc.terminate()
             proc.wait(timeout=60)
 
+    # one row per level: each figure the median over the rounds
+    rows = []
+    for i, n in enumerate(levels):
+        per = [rd[i] for rd in rounds]
+        rows.append({key: (statistics.median(r[key] for r in per) if isinstance(per[0][key], float) else per[0][key])
+                     for key in per[0]})
     single = next((r for r in rows if r["clients"] == 1), None)
-    ref = None
-    if single and not args.no_bench and not args.url:
-        ref = augur_bench(args.model, single["prompt_tokens"], args.tokens, args.threads)
+    refs = [r for r in refs if r]
+    ref = {"tg_tok_s": statistics.median(r["tg_tok_s"] for r in refs)} if refs else None
 
     model = os.path.basename(args.model)
     if args.markdown:
@@ -173,14 +194,19 @@ def main():
         for r in rows:
             print(json.dumps(r))
     if single:
-        base = single["agg_tok_s"]
-        for r in rows:
-            if r["clients"] > 1:
-                print(f"{r['clients']} clients: {r['agg_tok_s'] / base:.2f}x the single-client aggregate")
+        i1 = levels.index(1)
+        for i, n in enumerate(levels):
+            if n > 1:
+                ratios = sorted(rd[i]["agg_tok_s"] / rd[i1]["agg_tok_s"] for rd in rounds)
+                print(f"{n} clients: {statistics.median(ratios):.2f}x the single-client aggregate"
+                      + (f" (median of {len(ratios)} rounds, range {ratios[0]:.2f}-{ratios[-1]:.2f})"
+                         if len(ratios) > 1 else ""))
     if ref and single:
-        over = 1 - single["client_tok_s"] / ref["tg_tok_s"]
+        overs = sorted(1 - rd[levels.index(1)]["client_tok_s"] / rf["tg_tok_s"] for rd, rf in zip(rounds, refs))
         print(f"single client decode {single['client_tok_s']:.1f} tok/s vs augur bench tg {ref['tg_tok_s']:.1f} "
-              f"tok/s: overhead {over * 100:.1f}%")
+              f"tok/s: overhead {statistics.median(overs) * 100:.1f}%"
+              + (f" (median of {len(overs)} rounds, range {overs[0] * 100:.1f}% to {overs[-1] * 100:.1f}%)"
+                 if len(overs) > 1 else ""))
     return 0
 
 

@@ -11,11 +11,15 @@
 #include "model/model.h"
 
 static const char usage[] =
-    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-r 5] [-t THREADS] [--json]\n"
+    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-b 1] [-r 5] [-t THREADS] [--json]\n"
     "  -p N   prompt tokens processed in one batch (0 = skip)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
+    "  -b N   decode N sequences in lockstep (one token of each per step, as the\n"
+    "         server's continuous batching does); tg is then the aggregate tok/s\n"
     "  -r N   repetitions (after one warm-up); the median and the range are reported\n"
     "  --json one JSON object on stdout instead of the table\n";
+
+#define AG_BENCH_MAX_SEQ 256
 
 static double now_s(void) {
     struct timespec ts;
@@ -28,45 +32,56 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Runs one prefill of n tokens (chunks of at most 512) or n decode steps on
- * a fresh sequence; returns tokens per second, or a negative value on error. */
-static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, float *logits) {
+/* Runs one prefill of n tokens (chunks of at most 512) on a fresh sequence,
+ * or n decode steps on each of n_seq fresh sequences (one batch of n_seq
+ * decode rows per step); returns tokens per second over all sequences, or a
+ * negative value on error. logits: room for n_seq rows. */
+static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, float *logits) {
     const ag_model_config *c = ag_model_config_of(m);
-    int32_t seq;
-    if (ag_kv_seq_new(kv, &seq)) return -1;
-    int chunk = decode ? 1 : 512;
+    if (!decode) n_seq = 1;
+    int32_t seq_ids[AG_BENCH_MAX_SEQ];
+    int     made = 0;
+    ag_status st = AG_OK;
+    while (made < n_seq && !(st = ag_kv_seq_new(kv, &seq_ids[made]))) made++;
+    int chunk = decode ? n_seq : 512;
     int32_t *tok = malloc(sizeof(int32_t) * chunk), *pos = malloc(sizeof(int32_t) * chunk),
             *seqs = malloc(sizeof(int32_t) * chunk);
+    uint8_t *want = malloc((size_t)chunk); /* decode: every sequence samples, so every row needs logits */
+    memset(want, 1, (size_t)chunk);
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     double t0 = now_s();
-    ag_status st = AG_OK;
-    for (int p0 = 0; p0 < n && !st; p0 += chunk) {
-        int k = n - p0 < chunk ? n - p0 : chunk;
+    int    step = decode ? 1 : 512; /* positions per forward and sequence */
+    for (int p0 = 0; p0 < n && !st; p0 += step) {
+        int k = decode ? n_seq : (n - p0 < chunk ? n - p0 : chunk);
         for (int i = 0; i < k; i++) {
             rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
             tok[i] = (int32_t)(rng % (uint64_t)c->n_vocab);
-            pos[i] = p0 + i;
-            seqs[i] = seq;
+            pos[i] = decode ? p0 : p0 + i;
+            seqs[i] = seq_ids[decode ? i : 0];
         }
-        ag_batch b = {.n = k, .token = tok, .pos = pos, .seq = seqs, .want_logits = NULL, .n_prompt = decode ? 0 : k};
-        if (!(st = ag_kv_seq_reserve(kv, seq, k)) && !(st = ag_model_forward(m, kv, &b, logits)))
-            st = ag_kv_seq_commit(kv, seq, p0 + k);
+        ag_batch b = {.n = k, .token = tok, .pos = pos, .seq = seqs, .want_logits = decode ? want : NULL,
+                     .n_prompt = decode ? 0 : k};
+        int per_seq = decode ? 1 : k;
+        for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_reserve(kv, seq_ids[s], per_seq);
+        if (!st) st = ag_model_forward(m, kv, &b, logits);
+        for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_commit(kv, seq_ids[s], p0 + per_seq);
     }
     double dt = now_s() - t0;
     free(tok);
     free(pos);
     free(seqs);
-    ag_kv_seq_free(kv, seq);
+    free(want);
+    for (int s = 0; s < made; s++) ag_kv_seq_free(kv, seq_ids[s]);
     if (st) {
         ag_cli_fail("%s", ag_error_message());
         return -1;
     }
-    return n / dt;
+    return (double)n * n_seq / dt;
 }
 
 int ag_cli_bench(int argc, char **argv) {
     const char *model_path = NULL;
-    long pp = 512, tg = 128, reps = 5, threads = 0;
+    long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -80,6 +95,7 @@ int ag_cli_bench(int argc, char **argv) {
         if (!strcmp(a, "-m")) model_path = v;
         else if (!strcmp(a, "-p")) ok = ag_cli_parse_long(v, 0, 1 << 20, &pp);
         else if (!strcmp(a, "-n")) ok = ag_cli_parse_long(v, 0, 1 << 20, &tg);
+        else if (!strcmp(a, "-b")) ok = ag_cli_parse_long(v, 1, AG_BENCH_MAX_SEQ, &n_seq);
         else if (!strcmp(a, "-r")) ok = ag_cli_parse_long(v, 1, 1000, &reps);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
         else return ag_cli_usage_error(usage, "bench: unknown option '%s'", a);
@@ -98,10 +114,10 @@ int ag_cli_bench(int argc, char **argv) {
         fprintf(stderr, "augur: note: %ld tokens exceed the model's training context %d\n", need, c->n_ctx_train);
     ag_kv_params kp = ag_kv_default_params();
     ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
-    kp.max_seqs = 1;
+    kp.max_seqs = (int)n_seq;
     kp.budget_bytes = (size_t)1 << 20; /* resized below */
     ag_kv *kv = NULL;
-    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab);
+    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * (size_t)n_seq);
     int rc = 1;
     if (ag_kv_init(&kp, &kv)) {
         ag_cli_fail("%s", ag_error_message());
@@ -109,7 +125,7 @@ int ag_cli_bench(int argc, char **argv) {
     }
     {
         const ag_kv_layout *L = ag_kv_get_layout(kv);
-        kp.budget_bytes = L->block_bytes * (size_t)((need + L->block_size - 1) / L->block_size + 1);
+        kp.budget_bytes = L->block_bytes * (size_t)n_seq * (size_t)((need + L->block_size - 1) / L->block_size + 1);
         ag_kv_free(kv);
         kv = NULL;
         if (ag_kv_init(&kp, &kv)) {
@@ -119,8 +135,8 @@ int ag_cli_bench(int argc, char **argv) {
     }
     double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
-        double a = pp ? run_once(m, kv, (int)pp, false, logits) : 0;
-        double b = tg ? run_once(m, kv, (int)tg, true, logits) : 0;
+        double a = pp ? run_once(m, kv, (int)pp, false, 1, logits) : 0;
+        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, logits) : 0;
         if (a < 0 || b < 0) goto done_free;
         if (r >= 0) {
             pps[r] = a;
@@ -139,15 +155,16 @@ int ag_cli_bench(int argc, char **argv) {
     if (json) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"reps\": %ld, \"weight_gb\": %.4f", model_path, nthreads, reps, gb);
         if (pp) printf(", \"pp\": %ld, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, pp_med, pps[0], pps[reps - 1]);
-        if (tg) printf(", \"tg\": %ld, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, tg_med, tgs[0], tgs[reps - 1]);
+        if (tg) printf(", \"tg\": %ld, \"batch\": %ld, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, n_seq, tg_med, tgs[0], tgs[reps - 1]);
         printf("}\n");
     } else {
         printf("model: %s (%s, %.1f MB of weights read per token), %d threads, %ld reps\n", model_path,
                c->arch_name, gb * 1e3, nthreads, reps);
         printf("%-8s %12s %12s %12s\n", "test", "tok/s", "min", "max");
         if (pp) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
-        if (tg) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);
-        if (tg) printf("decode reads %.2f GB/s of weights\n", tg_med * gb);
+        if (tg && n_seq == 1) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);
+        if (tg && n_seq > 1) printf("tg%ldx%-3ld %12.2f %12.2f %12.2f  (aggregate over %ld sequences)\n", tg, n_seq, tg_med, tgs[0], tgs[reps - 1], n_seq);
+        if (tg && n_seq == 1) printf("decode reads %.2f GB/s of weights\n", tg_med * gb);
     }
     rc = 0;
 done_free:

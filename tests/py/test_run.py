@@ -41,7 +41,14 @@ def test_chat_renders_the_models_template():
 def test_bench_reports_prefill_and_decode():
     p = run_augur("bench", "-m", TINY_GGUF, "-p", "64", "-n", "16", "-r", "2", "--json", check=True)
     r = json.loads(p.stdout)
-    assert r["pp_tok_s"] > 0 and r["tg_tok_s"] > 0 and r["pp"] == 64 and r["tg"] == 16
+    assert r["pp_tok_s"] > 0 and r["tg_tok_s"] > 0 and r["pp"] == 64 and r["tg"] == 16 and r["batch"] == 1
+
+
+def test_bench_batched_decode():
+    # -b N: N sequences decode in lockstep; tg is their aggregate rate
+    p = run_augur("bench", "-m", TINY_GGUF, "-p", "0", "-n", "8", "-b", "5", "-r", "1", "--json", check=True)
+    r = json.loads(p.stdout)
+    assert r["batch"] == 5 and r["tg"] == 8 and r["tg_tok_s"] > 0 and "pp_tok_s" not in r
 
 
 def test_bad_inputs_fail_cleanly(tmp_path):
@@ -53,6 +60,7 @@ def test_bad_inputs_fail_cleanly(tmp_path):
         (("run", "-m", TINY_GGUF, "-p", "Once upon a time there was a big dog " * 20, "--ctx", "16"), 1,
          b"context_length_exceeded"),
         (("bench", "-m", TINY_GGUF, "-r", "0"), 2, b"invalid value"),
+        (("bench", "-m", TINY_GGUF, "-b", "0"), 2, b"invalid value '0' for -b"),
     ]
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(open(TINY_GGUF, "rb").read()[:5000])
