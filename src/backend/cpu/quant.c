@@ -648,7 +648,7 @@ static void dot_q4_K(int64_t n, const void *w, const void *x, size_t x_stride, i
     const ag_block_q4_K *b = w;
     for (int t = 0; t < nx; t++) {
         const ag_block_q8_K *y = (const ag_block_q8_K *)XROW(t);
-        float                s = 0.0f;
+        float                acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* canonical: ag_kquant_fold */
         for (int64_t i = 0; i < n / AG_QK_K; i++) {
             int sumi = 0, summ = 0;
             for (int j = 0; j < 8; j++) {
@@ -660,9 +660,9 @@ static void dot_q4_K(int64_t n, const void *w, const void *x, size_t x_stride, i
                 sumi += sc * isum;
                 summ += m * (y[i].bsums[2 * j] + y[i].bsums[2 * j + 1]);
             }
-            s += (y[i].d * F16(b[i].d)) * (float)sumi - (y[i].d * F16(b[i].dmin)) * (float)summ;
+            ag_kquant_fold(acc, i, y[i].d, F16(b[i].d), F16(b[i].dmin), sumi, summ);
         }
-        out[t] = s;
+        out[t] = ag_kquant_total(acc);
     }
 }
 
@@ -695,7 +695,7 @@ static void dot_q6_K(int64_t n, const void *w, const void *x, size_t x_stride, i
     const ag_block_q6_K *b = w;
     for (int t = 0; t < nx; t++) {
         const ag_block_q8_K *y = (const ag_block_q8_K *)XROW(t);
-        float                s = 0.0f;
+        float                acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* canonical: ag_kquant_fold */
         for (int64_t i = 0; i < n / AG_QK_K; i++) {
             int sumi = 0;
             for (int k = 0; k < 16; k++) {
@@ -703,9 +703,9 @@ static void dot_q6_K(int64_t n, const void *w, const void *x, size_t x_stride, i
                 for (int l = 0; l < 16; l++) isum += (q6k_value(&b[i], 16 * k + l) - 32) * y[i].qs[16 * k + l];
                 sumi += b[i].scales[k] * isum;
             }
-            s += (y[i].d * F16(b[i].d)) * (float)sumi;
+            ag_kquant_fold(acc, i, y[i].d, F16(b[i].d), 0.0f, sumi, 0);
         }
-        out[t] = s;
+        out[t] = ag_kquant_total(acc);
     }
 }
 

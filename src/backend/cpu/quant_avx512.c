@@ -300,55 +300,134 @@ AI __m128i k4_scales_unpack_x(const uint8_t *q) {
     return _mm_or_si128(lo, hi);
 }
 
+/* ---- K-quants: the canonical super-block arithmetic ----
+ *
+ * Q4_K and Q6_K results are defined by ag_kquant_* in quant_impl.h: per
+ * super-block s the exact integers isum (and msum), folded into accumulator
+ * s % 4 with fmas, the four summed as (a0 + a2) + (a1 + a3). The AMX tiles
+ * (matmul_amx.c) compute the same bits, which is what lets a decode batch
+ * of 16+ sequences move there without changing any output.
+ *
+ * Here a super-block's integer sums come out as vectors of partial sums;
+ * four super-blocks' vectors are reduced together (a transpose-and-add,
+ * cheaper than four horizontal sums), and the float fold runs on the four
+ * lanes [s0 s1 s2 s3] at once: lane k is accumulator k. A last group of
+ * fewer than four super-blocks has zero sums and zero scales in the
+ * missing lanes, which leaves those accumulators unchanged. */
+
+/* [A0+A2, A1+A3, B0+B2, B1+B3] (128-bit chunks of a and b). */
+AI __m512i fold_pair(__m512i a, __m512i b) {
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+/* [P0+P1, P2+P3, Q0+Q1, Q2+Q3]. */
+AI __m512i fold_quad(__m512i p, __m512i q) {
+    return _mm512_add_epi32(_mm512_shuffle_i32x4(p, q, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(p, q, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+/* Each 128-bit chunk's lane sum, in every lane of the chunk. */
+AI __m512i chunk_sums(__m512i r) {
+    r = _mm512_add_epi32(r, _mm512_shuffle_epi32(r, (_MM_PERM_ENUM)0x4E));
+    return _mm512_add_epi32(r, _mm512_shuffle_epi32(r, (_MM_PERM_ENUM)0xB1));
+}
+/* Lane 0 of each chunk of a (lanes 0..3) and of b (lanes 4..7), as floats. */
+AI __m256 chunk_heads(__m512i a, __m512i b) {
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm256_cvtepi32_ps(_mm512_castsi512_si256(_mm512_permutex2var_epi32(a, idx, b)));
+}
+/* The activations' d of super-blocks i..i+3 (kn of them), zero past kn. */
+AI __m128 q8k_d4(const ag_block_q8_K *y, int64_t i, int kn) {
+    const __m128i off = _mm_setr_epi32(0, (int)sizeof(ag_block_q8_K), 2 * (int)sizeof(ag_block_q8_K),
+                                       3 * (int)sizeof(ag_block_q8_K));
+    return _mm_mmask_i32gather_ps(_mm_setzero_ps(), (__mmask8)((1u << kn) - 1), off, &y[i].d, 1);
+}
+/* The weights' fp16 pair at the start of blocks i..i+3 of size BS (d, and
+ * dmin for Q4_K), zero past kn. */
+AI __m128i w_head4(const void *b, int bs, int kn) {
+    const __m128i off = _mm_setr_epi32(0, bs, 2 * bs, 3 * bs);
+    return _mm_mmask_i32gather_epi32(_mm_setzero_si128(), (__mmask8)((1u << kn) - 1), off, b, 1);
+}
+AI __m128 f16_lo4(__m128i v) { return _mm_cvtph_ps(_mm_cvtepi32_epi16(v)); }
+AI __m128 f16_hi4(__m128i v) { return _mm_cvtph_ps(_mm_cvtepi32_epi16(_mm_srli_epi32(v, 16))); }
+/* (a0 + a2) + (a1 + a3) */
+AI float acc4_total(__m128 a) {
+    __m128 t = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
 /* ---- Q4_K: 64 elements per step ----
  *
  * qs[32j .. 32j+31] holds sub-block 2j (low nibbles) and 2j+1 (high), whose
  * 64 activations are contiguous: one zmm [low | high] per j, from one
  * broadcast load and a per-half shift. maddubs (q <= 15: pairs <= 3840) then
  * VNNI vpdpwssd multiplies the int16 pairs by the sub-block's scale and adds
- * into int32 (<= 4*2*3840*63 per lane), exact; two chains (even/odd j). */
+ * into int32 (<= 4*2*3840*63 per lane), exact; two chains (even/odd j).
+ * The mins' term: madd of the 16 bsums with the mins (each twice), exact. */
+AI void q4k_sums(const ag_block_q4_K *b, const ag_block_q8_K *const *y, int64_t i, const int NX, __m512i *isum,
+                 __m256i *msum) {
+    const __m512i m4 = _mm512_set1_epi8(0xF), shr = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
+    _mm_prefetch((const char *)&b[i] + AG_PF_DIST, _MM_HINT_T0);
+    _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 64, _MM_HINT_T0);
+    _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 128, _MM_HINT_T0);
+    const __m128i sm = k4_scales_unpack_x(b[i].scales);
+    const __m512i sc16z = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm));
+    const __m256i mins2 = _mm256_cvtepu8_epi16(
+        _mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
+    __m512i sumi[AG_DOT_MAX_NX][2];
+    UNROLL for (int t = 0; t < NX; t++) sumi[t][0] = sumi[t][1] = _mm512_setzero_si512();
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m512i qv = _mm512_broadcast_i64x4(loadu256(b[i].qs + 32 * j));
+        const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(qv, shr), m4);
+        /* int16 lanes 0..15: scale 2j, 16..31: scale 2j+1 */
+        const __m512i s = _mm512_permutexvar_epi16(
+            _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * j)), _mm512_set1_epi16((short)(2 * j + 1))),
+            sc16z);
+        UNROLL for (int t = 0; t < NX; t++)
+            sumi[t][j & 1] = _mm512_dpwssd_epi32(sumi[t][j & 1], _mm512_maddubs_epi16(q, loadu512(y[t][i].qs + 64 * j)), s);
+    }
+    UNROLL for (int t = 0; t < NX; t++) {
+        isum[t] = _mm512_add_epi32(sumi[t][0], sumi[t][1]);
+        msum[t] = _mm256_madd_epi16(loadu256(y[t][i].bsums), mins2);
+    }
+}
+
 AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
     const ag_block_q4_K *b = w;
     const ag_block_q8_K *y[AG_DOT_MAX_NX];
-    __m512               acc[AG_DOT_MAX_NX];
-    __m256               accm[AG_DOT_MAX_NX];
+    __m128               acc[AG_DOT_MAX_NX];
     UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
-        acc[t] = _mm512_setzero_ps();
-        accm[t] = _mm256_setzero_ps();
+        acc[t] = _mm_setzero_ps();
     }
-    const __m512i m4 = _mm512_set1_epi8(0xF), shr = _mm512_setr_epi64(0, 0, 0, 0, 4, 4, 4, 4);
-    for (int64_t i = 0; i < n / AG_QK_K; i++) {
-        _mm_prefetch((const char *)&b[i] + AG_PF_DIST, _MM_HINT_T0);
-        _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 64, _MM_HINT_T0);
-        _mm_prefetch((const char *)&b[i] + AG_PF_DIST + 128, _MM_HINT_T0);
-        const __m128i sm = k4_scales_unpack_x(b[i].scales);
-        const __m512i sc16z = _mm512_castsi128_si512(_mm_cvtepu8_epi16(sm));
-        /* min j twice (int16), against the 16 bsums: lane j = m_j*(bsum 2j + 2j+1) */
-        const __m256i mins2 = _mm256_cvtepu8_epi16(
-            _mm_shuffle_epi8(sm, _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15)));
-        const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
-        __m512i       sumi[AG_DOT_MAX_NX][2];
-        UNROLL for (int t = 0; t < NX; t++) sumi[t][0] = sumi[t][1] = _mm512_setzero_si512();
-        UNROLL for (int j = 0; j < 4; j++) {
-            const __m512i qv = _mm512_broadcast_i64x4(loadu256(b[i].qs + 32 * j));
-            const __m512i q = _mm512_and_si512(_mm512_srlv_epi64(qv, shr), m4);
-            /* int16 lanes 0..15: scale 2j, 16..31: scale 2j+1 */
-            const __m512i s = _mm512_permutexvar_epi16(
-                _mm512_mask_blend_epi16(0xFFFF0000u, _mm512_set1_epi16((short)(2 * j)), _mm512_set1_epi16((short)(2 * j + 1))),
-                sc16z);
-            UNROLL for (int t = 0; t < NX; t++)
-                sumi[t][j & 1] = _mm512_dpwssd_epi32(sumi[t][j & 1], _mm512_maddubs_epi16(q, loadu512(y[t][i].qs + 64 * j)), s);
+    const int64_t nsb = n / AG_QK_K;
+    for (int64_t i = 0; i < nsb; i += 4) {
+        const int kn = nsb - i < 4 ? (int)(nsb - i) : 4;
+        /* pi[t][h]: super-blocks 2h, 2h+1 folded; pm[t][h]: their mins' sums side by side */
+        __m512i pi[AG_DOT_MAX_NX][2], pm[AG_DOT_MAX_NX][2];
+        UNROLL for (int h = 0; h < 2; h++) {
+            __m512i is[2][AG_DOT_MAX_NX];
+            __m256i ms[2][AG_DOT_MAX_NX];
+            UNROLL for (int k = 0; k < 2; k++) {
+                if (2 * h + k < kn) q4k_sums(b, y, i + 2 * h + k, NX, is[k], ms[k]);
+                else
+                    UNROLL for (int t = 0; t < NX; t++) is[k][t] = _mm512_setzero_si512(), ms[k][t] = _mm256_setzero_si256();
+            }
+            UNROLL for (int t = 0; t < NX; t++) {
+                pi[t][h] = fold_pair(is[0][t], is[1][t]);
+                pm[t][h] = _mm512_inserti64x4(_mm512_castsi256_si512(ms[0][t]), ms[1][t], 1);
+            }
         }
+        const __m128i hd = w_head4(&b[i], (int)sizeof(ag_block_q4_K), kn);
+        const __m128  d = f16_lo4(hd), dmin = f16_hi4(hd);
         UNROLL for (int t = 0; t < NX; t++) {
-            float dy = y[t][i].d;
-            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(dy * d), _mm512_cvtepi32_ps(_mm512_add_epi32(sumi[t][0], sumi[t][1])),
-                                     acc[t]);
-            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * dmin),
-                                      _mm256_cvtepi32_ps(_mm256_madd_epi16(loadu256(y[t][i].bsums), mins2)), accm[t]);
+            const __m256 sums = chunk_heads(chunk_sums(fold_quad(pi[t][0], pi[t][1])),
+                                            chunk_sums(fold_quad(pm[t][0], pm[t][1])));
+            const __m128 dy = q8k_d4(y[t], i, kn);
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(dy, d), _mm256_castps256_ps128(sums), acc[t]);
+            acc[t] = _mm_fnmadd_ps(_mm_mul_ps(dy, dmin), _mm256_extractf128_ps(sums, 1), acc[t]);
         }
     }
-    UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]) - hsum8(accm[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = acc4_total(acc[t]);
 }
 AG_DOT_DISPATCH(dot_q4_K)
 
@@ -365,46 +444,65 @@ static const int16_t q6_scale_idx[4][32] = {
      14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
 };
 
+/* Super-block i's exact sum Σ sc_k (q - 32)·y over its 256 elements, as
+ * int32 partial sums (the -32 offset: -32 Σ_k sc_k bsum_k in lanes 0..7). */
+AI void q6k_sums(const ag_block_q6_K *b, const ag_block_q8_K *const *y, int64_t i, const int NX, __m512i *sumi) {
+    const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
+    UNROLL for (int o = 0; o < (int)sizeof(ag_block_q6_K); o += 64)
+        _mm_prefetch((const char *)&b[i] + AG_PF_DIST + o, _MM_HINT_T0);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(b[i].scales));
+    const __m512i sc16z = _mm512_inserti64x4(_mm512_setzero_si512(), sc16, 0);
+    UNROLL for (int t = 0; t < NX; t++) {
+        __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 5);
+        sumi[t] = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_sub_epi32(_mm256_setzero_si256(), corr), 0);
+    }
+    UNROLL for (int h = 0; h < 2; h++) {
+        const __m512i ql = loadu512(b[i].ql + 64 * h);
+        const __m256i qh = loadu256(b[i].qh + 32 * h);
+        const __m512i qhz = pair_si(qh, _mm256_srli_epi16(qh, 2));
+        /* g[0]: elements 128h + 0..63, g[1]: 128h + 64..127 */
+        __m512i g[2];
+        g[0] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qhz, m3), 4));
+        g[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qhz, 4), m3), 4));
+        UNROLL for (int k = 0; k < 2; k++) {
+            const __m512i s = _mm512_permutexvar_epi16(loadu512(q6_scale_idx[2 * h + k]), sc16z);
+            UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm512_dpwssd_epi32(
+                sumi[t], _mm512_maddubs_epi16(g[k], loadu512(y[t][i].qs + 128 * h + 64 * k)), s);
+        }
+    }
+}
+
 AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
     const ag_block_q6_K *b = w;
     const ag_block_q8_K *y[AG_DOT_MAX_NX];
-    __m512               acc[AG_DOT_MAX_NX];
+    __m128               acc[AG_DOT_MAX_NX];
     UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
-        acc[t] = _mm512_setzero_ps();
+        acc[t] = _mm_setzero_ps();
     }
-    const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
-    for (int64_t i = 0; i < n / AG_QK_K; i++) {
-        UNROLL for (int o = 0; o < (int)sizeof(ag_block_q6_K); o += 64)
-            _mm_prefetch((const char *)&b[i] + AG_PF_DIST + o, _MM_HINT_T0);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(b[i].scales));
-        const __m512i sc16z = _mm512_inserti64x4(_mm512_setzero_si512(), sc16, 0);
-        const float   d = f16(b[i].d);
-        __m512i       sumi[AG_DOT_MAX_NX];
-        UNROLL for (int t = 0; t < NX; t++) {
-            /* the -32 offset: -32 * Σ_k scale_k * bsums_k, in the low 8 lanes */
-            __m256i corr = _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 5);
-            sumi[t] = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_sub_epi32(_mm256_setzero_si256(), corr), 0);
-        }
+    const int64_t nsb = n / AG_QK_K;
+    for (int64_t i = 0; i < nsb; i += 4) {
+        const int kn = nsb - i < 4 ? (int)(nsb - i) : 4;
+        __m512i   pi[AG_DOT_MAX_NX][2];
         UNROLL for (int h = 0; h < 2; h++) {
-            const __m512i ql = loadu512(b[i].ql + 64 * h);
-            const __m256i qh = loadu256(b[i].qh + 32 * h);
-            const __m512i qhz = pair_si(qh, _mm256_srli_epi16(qh, 2));
-            /* g[0]: elements 128h + 0..63, g[1]: 128h + 64..127 */
-            __m512i g[2];
-            g[0] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qhz, m3), 4));
-            g[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                                   _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qhz, 4), m3), 4));
+            __m512i is[2][AG_DOT_MAX_NX];
             UNROLL for (int k = 0; k < 2; k++) {
-                const __m512i s = _mm512_permutexvar_epi16(loadu512(q6_scale_idx[2 * h + k]), sc16z);
-                UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm512_dpwssd_epi32(
-                    sumi[t], _mm512_maddubs_epi16(g[k], loadu512(y[t][i].qs + 128 * h + 64 * k)), s);
+                if (2 * h + k < kn) q6k_sums(b, y, i + 2 * h + k, NX, is[k]);
+                else UNROLL for (int t = 0; t < NX; t++) is[k][t] = _mm512_setzero_si512();
             }
+            UNROLL for (int t = 0; t < NX; t++) pi[t][h] = fold_pair(is[0][t], is[1][t]);
         }
-        UNROLL for (int t = 0; t < NX; t++)
-            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(y[t][i].d * d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+        /* Q6_K's d is its last two bytes: read the dword ending there (the
+         * last two scales, then d), never past the block */
+        const __m128 d = f16_hi4(w_head4((const uint8_t *)&b[i].d - 2, (int)sizeof(ag_block_q6_K), kn));
+        UNROLL for (int t = 0; t < NX; t++) {
+            const __m512i r = chunk_sums(fold_quad(pi[t][0], pi[t][1]));
+            const __m128  sums = _mm256_castps256_ps128(chunk_heads(r, r));
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(q8k_d4(y[t], i, kn), d), sums, acc[t]);
+        }
     }
-    UNROLL for (int t = 0; t < NX; t++) out[t] = _mm512_reduce_add_ps(acc[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = acc4_total(acc[t]);
 }
 AG_DOT_DISPATCH(dot_q6_K)
 

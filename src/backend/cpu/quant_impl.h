@@ -166,6 +166,24 @@ static inline void ag_q3k_scales_unpack(const uint8_t *s, uint8_t out[16]) {
     memcpy(out, w, 16);
 }
 
+/* The K-quant result (Q4_K, Q6_K). The scalar and AVX-512 dot kernels and
+ * the AMX tiles (matmul_amx.c) all compute exactly this, bit for bit, so a
+ * token's logits do not depend on which of them ran it: a decode batch of
+ * 16+ sequences can then go to the AMX tiles (far less work per token) and
+ * a request's greedy output stays the one it has alone. Per super-block s
+ * the kernel finds the exact integers isum = Σ_j sc_j (q_j · x_j) and (Q4_K)
+ * msum = Σ_j m_j Σx_j, then folds them into accumulator s % 4 with two
+ * fmas; the row's result is (a0 + a2) + (a1 + a3). Four accumulators, not
+ * one, so that the vector kernels fold four super-blocks at once. dy = the
+ * activations' scale, d/dmin = the block's (Q6_K: dmin = msum = 0, which
+ * leaves the accumulator unchanged). fmaf is exactly rounded everywhere. */
+static inline void ag_kquant_fold(float acc[4], int64_t s, float dy, float d, float dmin, int32_t isum,
+                                  int32_t msum) {
+    float a = __builtin_fmaf(dy * d, (float)isum, acc[s & 3]);
+    acc[s & 3] = __builtin_fmaf(-(dy * dmin), (float)msum, a);
+}
+static inline float ag_kquant_total(const float acc[4]) { return (acc[0] + acc[2]) + (acc[1] + acc[3]); }
+
 /* Portable fp16 -> fp32 (exact, incl. subnormals, inf and NaN payloads). */
 static inline float ag_fp16_to_fp32_portable(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
