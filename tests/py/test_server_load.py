@@ -180,3 +180,39 @@ def test_sigint_idle_exits_0(augur_server):
     s = augur_server(TINY_GGUF)
     assert s.client().completions.create(model="x", prompt="Once", max_tokens=2).choices
     assert s.stop(signal.SIGINT) == 0
+
+
+def test_kquant_batch_on_amx_equals_solo():
+    """Gemma 3 (Q4_K / Q6_K weights): 20 greedy streams at once decode in
+    batches of 16+ rows, which go to the AMX tiles where the CPU has them
+    (ag_matmul_decode_on_amx), 1..3 rows through the dot kernels; every
+    output must equal the request's solo output. Elsewhere it checks the
+    dot kernels' batch invariance on a K-quant model."""
+    from conftest import GEMMA3, AugurServer, require_model
+    require_model(GEMMA3)
+    s = AugurServer(GEMMA3, "--parallel", "20", "--ctx", "256")
+    try:
+        c = s.client()
+        prompts = [f"Write one sentence about a {ANIMALS[i % 8]} called {'ABC'[i // 8]}." for i in range(20)]
+
+        def run(i):
+            r = c.completions.create(model="x", prompt=prompts[i], max_tokens=12 + (i % 3) * 4, temperature=0,
+                                     extra_body={"ignore_eos": True})
+            return r.choices[0].text
+
+        solo = [run(i) for i in range(20)]
+        assert len(set(solo)) > 10
+        together = [None] * 20
+
+        def worker(i):
+            together[i] = run(i)
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        for i in range(20):
+            assert together[i] == solo[i], (i, prompts[i], together[i], solo[i])
+    finally:
+        assert s.stop() == 0

@@ -36,7 +36,7 @@ static void prompt(ag_threadpool *pool, uint32_t t, const uint8_t *w, int64_t n_
                    int64_t ldx, int64_t n_tok, float *y, int64_t ldy) {
     size_t need = ag_matmul_prompt_scratch_size(pool, t, n_in, n_tok);
     void  *scratch = malloc(need + 1);
-    assert_int_equal(ag_matmul_prompt(pool, t, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, need + 1), AG_OK);
+    assert_int_equal(ag_matmul_prompt(pool, t, w, NULL, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, need + 1), AG_OK);
     free(scratch);
 }
 
@@ -168,11 +168,69 @@ static void multi_equals_separate(void **state) {
     ag_threadpool_free(pool);
 }
 
+/* Q4_K and Q6_K: the dot kernels (scalar and AVX-512), the AMX tiles
+ * unpacking per call and the AMX tiles on a packed copy give the same bits
+ * (ag_kquant_fold), which is what lets the server's decode batches of 16+
+ * sequences move to AMX without changing any output. Partial panels (37
+ * rows), super-block counts off a multiple of 4 (1280 = 5), outliers. */
+static void kquant_paths_bit_identical(void **state) {
+    const uint32_t       types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K};
+    static const int64_t ins[] = {768, 1280};
+    static const int64_t toks[] = {1, 5, 16, 37};
+    ag_threadpool       *pool;
+    ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
+    assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
+    int checks = 0;
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t ii = 0; ii < 2; ii++)
+            for (size_t ki = 0; ki < 4; ki++) {
+                const uint32_t t = types[ti];
+                const int64_t  n_out = 37, n_in = ins[ii], n_tok = toks[ki];
+                uint8_t       *w = random_matrix(t, n_out, n_in);
+                const size_t   ny = (size_t)(n_tok * n_out) * sizeof(float);
+                float         *x = malloc(sizeof(float) * (size_t)(n_tok * n_in)), *ref = malloc(ny), *y = malloc(ny);
+                for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = nrand();
+                if (n_tok > 3) x[3 * n_in + 100] = 2.5e4f; /* an outlier channel */
+                assert_int_equal(ag_cpu_isa_set(AG_CPU_ISA_SCALAR), AG_OK);
+                assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, ref, n_out, NULL, 0), AG_OK);
+                assert_false(ag_cpu_isa_set(AG_CPU_ISA_AVX2) == AG_OK && ag_matmul_decode_on_amx(t, 64));
+                assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+                assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out, NULL, 0), AG_OK);
+                if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: dot kernels differ from scalar", t,
+                                                 (long long)n_in, (long long)n_tok);
+                checks++;
+                if (!ag_amx_available()) goto next;
+                prompt(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out);
+                if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: AMX (unpacking) differs from the dot kernels",
+                                                 t, (long long)n_in, (long long)n_tok);
+                size_t pb = ag_amx_packed_size(t, n_out, n_in);
+                assert_true(pb > 0);
+                void *packed = malloc(pb), *scratch = NULL;
+                assert_int_equal(ag_amx_pack(pool, t, w, n_out, n_in, packed), AG_OK);
+                size_t need = ag_matmul_prompt_scratch_size(pool, t, n_in, n_tok);
+                scratch = malloc(need);
+                memset(y, 0, ny);
+                /* w is not read when a packed copy is given: pass garbage */
+                uint8_t *junk = random_matrix(t, n_out, n_in);
+                assert_int_equal(ag_matmul_prompt(pool, t, junk, packed, n_out, n_in, x, n_in, n_tok, y, n_out, scratch, need),
+                                 AG_OK);
+                if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: AMX (packed) differs from the dot kernels",
+                                                 t, (long long)n_in, (long long)n_tok);
+                checks += 2;
+                free(junk), free(packed), free(scratch);
+            next:
+                free(w), free(x), free(ref), free(y);
+            }
+    print_message("kquant: %d bit-identity checks (%s)\n", checks, ag_amx_available() ? "dot, AMX, AMX packed" : "dot only, no AMX");
+    ag_threadpool_free(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(prompt_matches_float64),
         cmocka_unit_test(prompt_token_invariance),
         cmocka_unit_test(multi_equals_separate),
+        cmocka_unit_test(kquant_paths_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

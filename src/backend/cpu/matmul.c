@@ -340,9 +340,15 @@ size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64
     return ag_matmul_scratch_size(w_type, n_in, n_tok);
 }
 
-ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
-                           const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
-                           size_t scratch_size) {
+bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode) {
+    /* the AVX2 kernels do not share the K-quants' canonical arithmetic */
+    return n_decode >= AG_MATMUL_AMX_MIN_TOK && (w_type == AG_TYPE_Q4_K || w_type == AG_TYPE_Q6_K) &&
+           ag_cpu_isa_active() != AG_CPU_ISA_AVX2 && use_amx(w_type);
+}
+
+ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
+                           int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
+                           void *scratch, size_t scratch_size) {
     if (!use_amx(w_type))
         return matmul_any(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size, true);
     ag_act_format fmt;
@@ -354,7 +360,7 @@ ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, 
     if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
     void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);
     if (!buf) return AG_ERR_NOMEM;
-    st = ag_matmul_amx(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, buf, owned ? need : scratch_size);
+    st = ag_matmul_amx(pool, w_type, w, packed, n_out, n_in, x, ldx, n_tok, y, ldy, buf, owned ? need : scratch_size);
     free(owned);
     return st;
 }

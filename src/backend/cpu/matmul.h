@@ -20,6 +20,7 @@
 #ifndef AG_BACKEND_CPU_MATMUL_H
 #define AG_BACKEND_CPU_MATMUL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -63,9 +64,20 @@ ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const flo
  * prompt was chunked, and a decoded token's logits the same whatever else
  * was decoding (see ag_batch.n_prompt). Errors as ag_matmul(). */
 size_t    ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64_t n_in, int64_t n_tok);
-ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
-                           const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
-                           size_t scratch_size);
+/* packed: NULL, or the weight's ag_amx_pack copy (matmul_amx.h), used by
+ * the AMX path for Q4_K / Q6_K instead of unpacking w per call. */
+ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
+                           int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
+                           void *scratch, size_t scratch_size);
+
+/* Q4_K and Q6_K are the exception to the split above: their AMX tiles
+ * compute the dot kernels' arithmetic bit for bit (ag_kquant_fold), so
+ * decode rows of these types may take ag_matmul_prompt's AMX path too, and
+ * do from this many rows on, where it is much cheaper per token (the
+ * server's continuous batching). True when n_decode rows of w_type should:
+ * AMX present and the active dot kernels canonical (not AVX2). */
+#define AG_MATMUL_AMX_MIN_TOK 16
+bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode);
 
 /* Decode rows against several weight matrices that read the same X (Q/K/V,
  * gate/up): X is quantized once per activation format and all the rows go

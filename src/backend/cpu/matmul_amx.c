@@ -13,7 +13,10 @@
  *     acc = fma(mw[g][r], xs[g][t], acc)            (offset types)
  *
  * where isum is the exact int32 dot of the group's int8 weights and int8
- * activations (one TDPBSSD). A token's result depends only on its own
+ * activations (one TDPBSSD). The K-quants (Q4_K, Q6_K) instead compute the
+ * canonical arithmetic of ag_kquant_fold (quant_impl.h), bit for bit what
+ * the scalar and AVX-512 dot kernels compute (kquant_tile below), so decode
+ * batches of these types may run here too. A token's result depends only on its own
  * activations, never on which other tokens share the call or where it sits
  * in the batch: the model relies on that (prompt KV must not depend on how a
  * prompt was chunked). The summation order differs from the decode (dot)
@@ -98,6 +101,38 @@ static size_t panel_bytes(int64_t n_in) {
     int64_t nb = n_in / BLK;
     return (size_t)nb * (TILE * BLK) + (size_t)(2 * nb) * 2 * TILE * sizeof(float);
 }
+
+/* The K-quant panel (see kquant_tile): q as above, then the sub-block
+ * scales sc[ng][16] (int32), for Q4_K the mins mn[nb][16] (float), then the
+ * super-blocks' d dd[nsb][16] and, for Q4_K, dmin dm[nsb][16] (float). */
+typedef struct {
+    const int8_t  *q;
+    const int32_t *sc;
+    const float   *mn, *dd, *dm;
+} kpanel;
+static size_t kpanel_bytes(uint32_t type, int64_t n_in) {
+    const int64_t nb = n_in / BLK, nsb = n_in / 256;
+    if (type == AG_TYPE_Q6_K) return (size_t)nb * TILE * BLK + (size_t)(2 * nb + nsb) * TILE * 4;
+    return (size_t)nb * TILE * BLK + (size_t)(2 * nb + 2 * nsb) * TILE * 4;
+}
+static kpanel kpanel_at(uint32_t type, const uint8_t *base, int64_t n_in) {
+    const int64_t nb = n_in / BLK, nsb = n_in / 256, ng = type == AG_TYPE_Q6_K ? 2 * nb : nb;
+    kpanel k;
+    k.q = (const int8_t *)base;
+    k.sc = (const int32_t *)(base + (size_t)nb * TILE * BLK);
+    const float *f = (const float *)(k.sc + ng * TILE);
+    if (type == AG_TYPE_Q6_K) {
+        k.mn = k.dm = NULL;
+        k.dd = f;
+    } else {
+        k.mn = f;
+        k.dd = f + nb * TILE;
+        k.dm = k.dd + nsb * TILE;
+    }
+    (void)nsb;
+    return k;
+}
+static bool is_kquant(uint32_t type) { return type == AG_TYPE_Q4_K || type == AG_TYPE_Q6_K; }
 
 /* One token's activations before the relayout: Q8A, or Q8_K (292 bytes per
  * 256 elements vs 40 per 32) where n_in allows. */
@@ -196,41 +231,61 @@ static void unpack_row(uint32_t type, const uint8_t *row, int64_t n_in, int r, i
         }
         break;
     }
-    case AG_TYPE_Q4_K: {
+    }
+#undef QDST
+}
+
+/* Unpacks weight row r (0..15, or a zero row past n_out when row is NULL)
+ * of a K-quant panel at base (layout: kpanel_at). */
+static void unpack_kquant_row(uint32_t type, const uint8_t *row, int64_t n_in, int r, uint8_t *base) {
+    const int64_t nb = n_in / BLK, nsb = n_in / 256;
+    const kpanel  k = kpanel_at(type, base, n_in);
+    int8_t       *q = (int8_t *)k.q;
+    int32_t      *sc = (int32_t *)k.sc;
+    float        *mn = (float *)k.mn, *dd = (float *)k.dd, *dm = (float *)k.dm;
+#define QDST(b) (q + ((size_t)(b) * TILE + r) * BLK)
+    if (!row) {
+        for (int64_t b = 0; b < nb; b++) memset(QDST(b), 0, BLK);
+        for (int64_t g = 0; g < (type == AG_TYPE_Q6_K ? 2 * nb : nb); g++) sc[g * TILE + r] = 0;
+        for (int64_t b = 0; mn && b < nb; b++) mn[b * TILE + r] = 0.0f;
+        for (int64_t s = 0; s < nsb; s++) {
+            dd[s * TILE + r] = 0.0f;
+            if (dm) dm[s * TILE + r] = 0.0f;
+        }
+        return;
+    }
+    if (type == AG_TYPE_Q4_K) {
         const ag_block_q4_K *x = (const ag_block_q4_K *)row;
         const __m256i        m4 = _mm256_set1_epi8(0xF);
-        for (int64_t s = 0; s < nb / 8; s++) {
+        for (int64_t s = 0; s < nsb; s++) {
             uint8_t sm[16];
             ag_k4_scales_unpack(x[s].scales, sm);
-            const float d = f16(x[s].d), dmin = f16(x[s].dmin);
             for (int c = 0; c < 4; c++) {
                 __m256i v = _mm256_loadu_si256((const __m256i *)(x[s].qs + 32 * c));
                 int64_t b = 8 * s + 2 * c;
                 store32(QDST(b), _mm256_and_si256(v, m4));
                 store32(QDST(b + 1), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-                ws[b * TILE + r] = d * (float)sm[2 * c];
-                ws[(b + 1) * TILE + r] = d * (float)sm[2 * c + 1];
-                mw[b * TILE + r] = -dmin * (float)sm[8 + 2 * c];
-                mw[(b + 1) * TILE + r] = -dmin * (float)sm[8 + 2 * c + 1];
             }
+            for (int j = 0; j < 8; j++) {
+                sc[(8 * s + j) * TILE + r] = sm[j];
+                mn[(8 * s + j) * TILE + r] = (float)sm[8 + j];
+            }
+            dd[s * TILE + r] = f16(x[s].d);
+            dm[s * TILE + r] = f16(x[s].dmin);
         }
-        break;
-    }
-    case AG_TYPE_Q6_K: {
+    } else {
         const ag_block_q6_K *x = (const ag_block_q6_K *)row;
         const __m256i        o = _mm256_set1_epi8(32);
-        for (int64_t s = 0; s < nb / 8; s++) {
-            const float d = f16(x[s].d);
+        for (int64_t s = 0; s < nsb; s++) {
             for (int h = 0; h < 2; h++) {
                 __m256i v[4];
                 q6k_unpack_half(x[s].ql + 64 * h, x[s].qh + 32 * h, v);
-                for (int k = 0; k < 4; k++) store32(QDST(8 * s + 4 * h + k), _mm256_sub_epi8(v[k], o));
+                for (int c = 0; c < 4; c++) store32(QDST(8 * s + 4 * h + c), _mm256_sub_epi8(v[c], o));
             }
             /* group g (16 elements) of the super-block has scale g */
-            for (int g = 0; g < 16; g++) ws[(16 * s + g) * TILE + r] = d * (float)x[s].scales[g];
+            for (int g = 0; g < 16; g++) sc[(16 * s + g) * TILE + r] = x[s].scales[g];
+            dd[s * TILE + r] = f16(x[s].d);
         }
-        break;
-    }
     }
 #undef QDST
 }
@@ -332,6 +387,101 @@ AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float
 #undef STEP
 }
 
+/* One token tile against a K-quant panel, in ag_kquant_fold's arithmetic:
+ * per super-block the exact integers isum = Σ_g sc_g · C_g (int32 multiply
+ * and add of the groups' C tiles) and, for Q4_K, msum = Σ_g m_g · bsum_g
+ * (float, exact: integers below 2^24), folded with two fmas per (row,
+ * token) into accumulator s % 4; out[r] = (a0 + a2) + (a1 + a3). Bit for
+ * bit the dot kernels' result. Activations: xd = the super-block's d (per
+ * 32-block), xs = the 32-block's Σx (exact). Tiles as in token_tile, two
+ * groups in flight. */
+#ifndef AMX_PF_GROUPS
+#define AMX_PF_GROUPS 4
+#endif
+AI void kquant_tile(__m512 out[16], const kpanel *k, const uint8_t *tile, const int64_t nb, const int Q6) {
+    const int8_t *q = k->q;
+    const int64_t ng = Q6 ? 2 * nb : nb, gps = Q6 ? 16 : 8; /* groups per super-block */
+    const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
+    _Alignas(64) int32_t c[2][16][16];
+    __m512i              isum[16];
+    __m512               msum[16], acc[4][16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        acc[0][r] = acc[1][r] = acc[2][r] = acc[3][r] = msum[r] = _mm512_setzero_ps();
+        isum[r] = _mm512_setzero_si512();
+    }
+#define QA(g) (Q6 ? q + (size_t)((g) >> 1) * TILE * BLK + ((g) & 1) * 16 : q + (size_t)(g) * TILE * BLK)
+#define BB(g) (Q6 ? tile + (size_t)((g) >> 1) * BT_BYTES + ((g) & 1) * 256 : tile + (size_t)(g) * BT_BYTES)
+#define ISSUE(g, A, B, C)           \
+    do {                            \
+        _tile_loadd(A, QA(g), BLK); \
+        _tile_loadd(B, BB(g), 64);  \
+        _tile_zero(C);              \
+        _tile_dpbssd(C, A, B);      \
+    } while (0)
+    ISSUE(0, 2, 3, 0);
+    if (ng > 1) ISSUE(1, 4, 5, 1);
+    for (int64_t g = 0; g < ng; g++) {
+        const int64_t gs = g % gps;
+        int32_t (*cb)[16] = c[g & 1];
+        /* drain C(g), then reuse its A/B and C tiles for group g+2 */
+        if (g & 1) {
+            _tile_stored(1, cb, 64);
+            if (g + 2 < ng) ISSUE(g + 2, 4, 5, 1);
+        } else {
+            _tile_stored(0, cb, 64);
+            if (g + 2 < ng) ISSUE(g + 2, 2, 3, 0);
+        }
+        /* the panel streams from memory once per call when there is one
+         * token tile (a decode batch): prefetch a few groups ahead, or every
+         * tile load waits for DRAM */
+        if (g + AMX_PF_GROUPS < ng) {
+            const char *pa = (const char *)QA(g + AMX_PF_GROUPS);
+            for (int l = 0; l < (Q6 ? 256 : 512); l += 64) _mm_prefetch(pa + l, _MM_HINT_T0);
+            _mm_prefetch((const char *)(k->sc + (g + AMX_PF_GROUPS) * TILE), _MM_HINT_T0);
+            if (!Q6) _mm_prefetch((const char *)(k->mn + (g + AMX_PF_GROUPS) * TILE), _MM_HINT_T0);
+        }
+        const int32_t *scg = k->sc + g * TILE;
+        if (gs == 0) {
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) isum[r] = _mm512_mullo_epi32(_mm512_load_si512(cb[r]), _mm512_set1_epi32(scg[r]));
+        } else {
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++)
+                isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_load_si512(cb[r]), _mm512_set1_epi32(scg[r])));
+        }
+        if (!Q6) {
+            const __m512 bs = _mm512_loadu_ps(xs + g * TILE);
+            const float *mng = k->mn + g * TILE;
+            if (gs == 0) {
+#pragma GCC unroll 16
+                for (int r = 0; r < 16; r++) msum[r] = _mm512_mul_ps(_mm512_set1_ps(mng[r]), bs);
+            } else {
+#pragma GCC unroll 16
+                for (int r = 0; r < 16; r++) msum[r] = _mm512_fmadd_ps(_mm512_set1_ps(mng[r]), bs, msum[r]);
+            }
+        }
+        if (gs == gps - 1) {
+            const int64_t s = g / gps;
+            const int     a = (int)(s & 3);
+            const __m512  dy = _mm512_loadu_ps(xd + s * 8 * TILE); /* any 32-block of the super-block */
+            const float  *dds = k->dd + s * TILE;
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++) {
+                acc[a][r] = _mm512_fmadd_ps(_mm512_mul_ps(dy, _mm512_set1_ps(dds[r])), _mm512_cvtepi32_ps(isum[r]), acc[a][r]);
+                if (!Q6)
+                    acc[a][r] = _mm512_fnmadd_ps(_mm512_mul_ps(dy, _mm512_set1_ps(k->dm[s * TILE + r])), msum[r], acc[a][r]);
+            }
+        }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++)
+        out[r] = _mm512_add_ps(_mm512_add_ps(acc[0][r], acc[2][r]), _mm512_add_ps(acc[1][r], acc[3][r]));
+#undef QA
+#undef BB
+#undef ISSUE
+}
+
 typedef struct {
     uint32_t       type;
     const uint8_t *w;
@@ -342,6 +492,7 @@ typedef struct {
     float         *y;
     int64_t        ldy;
     uint8_t       *act;       /* token tiles, act_tile_bytes each */
+    const uint8_t *packed;    /* K-quants: the weights as panels (ag_amx_pack), or NULL */
     uint8_t       *per_thread; /* panel + one Q8A row, per thread */
     size_t         per_thread_bytes;
     int64_t        n_panels, tiles_per_task, n_tiles;
@@ -372,7 +523,7 @@ static void act_task(void *ctx, int64_t task, int thread) {
                 int                  sub = (int)(b % 8);
                 qs = k->qs + 32 * sub;
                 xd[b * TILE + t] = k->d;
-                xs[b * TILE + t] = k->d * (float)(k->bsums[2 * sub] + k->bsums[2 * sub + 1]);
+                xs[b * TILE + t] = (float)(k->bsums[2 * sub] + k->bsums[2 * sub + 1]); /* exact */
             } else {
                 const ag_block_q8a *a = (const ag_block_q8a *)row + b;
                 qs = a->qs;
@@ -397,11 +548,21 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     const int64_t  row0 = p * TILE;
     const int      rows = (int)(j->n_out - row0 < TILE ? j->n_out - row0 : TILE);
 
-    for (int r = 0; r < TILE; r++) {
-        if (r < rows) unpack_row(j->type, j->w + (size_t)(row0 + r) * j->w_row_bytes, j->n_in, r, q, ws, mw);
-        else zero_row(ng, nb, r, q, ws, mw);
+    const int kq = is_kquant(j->type);
+    kpanel    kp = {0};
+    if (kq && j->packed) {
+        kp = kpanel_at(j->type, j->packed + (size_t)p * kpanel_bytes(j->type, j->n_in), j->n_in);
+    } else if (kq) {
+        for (int r = 0; r < TILE; r++)
+            unpack_kquant_row(j->type, r < rows ? j->w + (size_t)(row0 + r) * j->w_row_bytes : NULL, j->n_in, r, buf);
+        kp = kpanel_at(j->type, buf, j->n_in);
+    } else {
+        for (int r = 0; r < TILE; r++) {
+            if (r < rows) unpack_row(j->type, j->w + (size_t)(row0 + r) * j->w_row_bytes, j->n_in, r, q, ws, mw);
+            else zero_row(ng, nb, r, q, ws, mw);
+        }
+        if (!has_min) memset(mw, 0, sizeof(float) * (size_t)ng * TILE);
     }
-    if (!has_min) memset(mw, 0, sizeof(float) * (size_t)ng * TILE);
 
     load_tiles(q6 ? 16 : 32);
     int64_t tt1 = tt0 + j->tiles_per_task;
@@ -409,7 +570,8 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     for (int64_t tt = tt0; tt < tt1; tt++) {
         const uint8_t *tile = j->act + (size_t)tt * act_tile_bytes(j->n_in);
         __m512         acc[16];
-        if (q6) token_tile(acc, q, ws, mw, tile, nb, 1, 0);
+        if (q6) kquant_tile(acc, &kp, tile, nb, 1);
+        else if (kq) kquant_tile(acc, &kp, tile, nb, 0);
         else if (has_min) token_tile(acc, q, ws, mw, tile, nb, 0, 1);
         else token_tile(acc, q, ws, mw, tile, nb, 0, 0);
         /* acc[r] holds row r for 16 tokens; write token rows */
@@ -424,15 +586,45 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     _tile_release();
 }
 
+typedef struct {
+    uint32_t       type;
+    const uint8_t *w;
+    size_t         w_row_bytes;
+    int64_t        n_out, n_in;
+    uint8_t       *dst;
+} pack_job;
+
+static void pack_task(void *ctx, int64_t p, int thread) {
+    const pack_job *j = ctx;
+    uint8_t        *base = j->dst + (size_t)p * kpanel_bytes(j->type, j->n_in);
+    for (int r = 0; r < TILE; r++) {
+        int64_t row = p * TILE + r;
+        unpack_kquant_row(j->type, row < j->n_out ? j->w + (size_t)row * j->w_row_bytes : NULL, j->n_in, r, base);
+    }
+}
+
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
 #pragma GCC pop_options
 #endif
 
-ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
-                        const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
-                        size_t scratch_size) {
+size_t ag_amx_packed_size(uint32_t w_type, int64_t n_out, int64_t n_in) {
+    if (!is_kquant(w_type) || n_out <= 0 || n_in <= 0 || n_in % 256) return 0;
+    return (size_t)((n_out + TILE - 1) / TILE) * kpanel_bytes(w_type, n_in);
+}
+
+ag_status ag_amx_pack(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, void *dst) {
+    if (!ag_amx_available() || !ag_amx_packed_size(w_type, n_out, n_in) || !w || !dst)
+        return ag_errorf(AG_ERR_INVALID, "matmul: cannot pack this weight for AMX");
+    pack_job j = {w_type, w, ag_quant_row_bytes(w_type, n_in), n_out, n_in, dst};
+    ag_threadpool_run(pool, (n_out + TILE - 1) / TILE, pack_task, &j);
+    return AG_OK;
+}
+
+ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
+                        int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
+                        void *scratch, size_t scratch_size) {
     if (!ag_amx_available() || !ag_amx_supports(w_type))
         return ag_errorf(AG_ERR_UNSUPPORTED, "matmul: no AMX kernel for this type or CPU");
     if (n_out <= 0 || n_tok <= 0) return AG_OK;
@@ -443,6 +635,7 @@ ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, int
     amx_job j = {0};
     j.type = w_type;
     j.w = w;
+    j.packed = is_kquant(w_type) ? packed : NULL;
     j.w_row_bytes = ag_quant_row_bytes(w_type, n_in);
     j.n_out = n_out, j.n_in = n_in, j.n_tok = n_tok;
     j.x = x, j.ldx = ldx, j.y = y, j.ldy = ldy;
@@ -467,9 +660,15 @@ ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, int
 
 #else
 
-ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
-                        const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
-                        size_t scratch_size) {
+size_t ag_amx_packed_size(uint32_t w_type, int64_t n_out, int64_t n_in) { return 0; }
+
+ag_status ag_amx_pack(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, void *dst) {
+    return ag_errorf(AG_ERR_UNSUPPORTED, "matmul: AMX is not available on this platform");
+}
+
+ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
+                        int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
+                        void *scratch, size_t scratch_size) {
     return ag_errorf(AG_ERR_UNSUPPORTED, "matmul: AMX is not available on this platform");
 }
 

@@ -2,8 +2,10 @@
  *
  * Y[n_tok][n_out] = X[n_tok][n_in] · W[n_out][n_in]^T for the weight types
  * ag_amx_supports(), on CPUs where ag_amx_available(). A token's result is
- * bit-identical whatever else is in the call; it differs from ag_matmul()'s
- * (the decode kernels') in float summation order and activation blocking. */
+ * bit-identical whatever else is in the call. For Q4_K and Q6_K it is also
+ * bit-identical to ag_matmul()'s (the dot kernels', scalar or AVX-512); for
+ * the other types it differs in float summation order and activation
+ * blocking. */
 #ifndef AG_BACKEND_CPU_MATMUL_AMX_H
 #define AG_BACKEND_CPU_MATMUL_AMX_H
 
@@ -23,10 +25,20 @@ bool ag_amx_supports(uint32_t w_type);
 /* Scratch bytes ag_matmul_amx needs (0 for invalid sizes). */
 size_t ag_amx_scratch_size(int n_threads, int64_t n_in, int64_t n_tok);
 /* The product; scratch from ag_amx_scratch_size(ag_threadpool_size(pool), ...).
+ * packed: NULL, or for the K-quants the weights laid out by ag_amx_pack
+ * (then w is not read and no panel is unpacked per call: a decode batch
+ * of 16 tokens otherwise spends more time unpacking than multiplying).
  * Arguments are assumed checked by the caller (matmul.c); returns
  * AG_ERR_UNSUPPORTED without AMX or for other types. */
-ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
-                        const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy, void *scratch,
-                        size_t scratch_size);
+ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
+                        int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
+                        void *scratch, size_t scratch_size);
+
+/* Bytes of the AMX-ready copy of an n_out x n_in weight (int8 values and
+ * integer scales, ~1.3 bytes per weight); 0 where the type has none (only
+ * Q4_K and Q6_K do). */
+size_t ag_amx_packed_size(uint32_t w_type, int64_t n_out, int64_t n_in);
+/* Writes that copy to dst (ag_amx_packed_size bytes), on the pool. */
+ag_status ag_amx_pack(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, void *dst);
 
 #endif
