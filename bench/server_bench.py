@@ -154,14 +154,17 @@ def main():
     rounds, refs = [], []
     try:
         run_level(host, port, 1, argparse.Namespace(prompt_words=8, tokens=8), "warm-up")
+        prompt_tokens = run_level(host, port, 1, argparse.Namespace(prompt_words=args.prompt_words, tokens=1),
+                                  "round 0:")["prompt_tokens"]
         for k in range(args.repeat):
             tag = f"round {k}:" if args.repeat > 1 else ""
-            rounds.append([run_level(host, port, n, args, tag) for n in levels])
             if 1 in levels and not args.no_bench and not args.url:
-                # the server is idle now; one bench run in the same round
-                ref = augur_bench(args.model, rounds[-1][0]["prompt_tokens"], args.tokens, args.threads,
-                                  reps=1 if args.repeat > 1 else 3)
-                refs.append(ref)
+                # the server is idle now: one bench run right before the
+                # single-client level, so that the machine's drift between
+                # the two is small
+                refs.append(augur_bench(args.model, prompt_tokens, args.tokens, args.threads,
+                                        reps=1 if args.repeat > 1 else 3))
+            rounds.append([run_level(host, port, n, args, tag) for n in levels])
             if args.repeat > 1:
                 print(f"round {k}: " + ", ".join(f"{r['clients']}: {r['agg_tok_s']:.2f} tok/s" for r in rounds[-1])
                       + (f", bench tg {refs[-1]['tg_tok_s']:.2f}" if refs and refs[-1] else ""), flush=True)

@@ -3,24 +3,23 @@
  *
  * Arithmetic. Activations are quantized as the dot kernels do: per 32
  * elements for the legacy types (Q8A: float d, s = d*Σq), per 256 for the
- * K-quants (Q8_K; xd is then the super-block's d and xs = d * the 32-element
- * block's Σq, see act_task). A weight "group" is 32 elements (16 for Q6_K) sharing one float
- * scale ws (d; for the K-quants d*sc, exact in fp32) and, for the offset
- * types, one offset mw (Q4_1: m; Q4_K: -dmin*m). For each (row r, token t)
- * and group g, in group order:
+ * K-quants (Q8_K). The legacy types: a weight "group" is 32 elements sharing
+ * one float scale ws (d) and, for Q4_1, one offset mw (m). For each (row r,
+ * token t) and group g, in group order:
  *
  *     acc = fma(ws[g][r] * xd[g][t], (float)isum[g][r][t], acc)
- *     acc = fma(mw[g][r], xs[g][t], acc)            (offset types)
+ *     acc = fma(mw[g][r], xs[g][t], acc)            (Q4_1)
  *
  * where isum is the exact int32 dot of the group's int8 weights and int8
- * activations (one TDPBSSD). The K-quants (Q4_K, Q6_K) instead compute the
- * canonical arithmetic of ag_kquant_fold (quant_impl.h), bit for bit what
- * the scalar and AVX-512 dot kernels compute (kquant_tile below), so decode
- * batches of these types may run here too. A token's result depends only on its own
- * activations, never on which other tokens share the call or where it sits
- * in the batch: the model relies on that (prompt KV must not depend on how a
- * prompt was chunked). The summation order differs from the decode (dot)
- * kernels', so prompt and decode rows are kept apart (see ag_batch).
+ * activations (one TDPBSSD). That order differs from the dot kernels', so
+ * for these types prompt and decode rows are kept apart (see ag_batch).
+ * The K-quants (Q4_K, Q6_K; groups of 32 / 16) compute the canonical
+ * arithmetic of ag_kquant_fold (quant_impl.h) in kquant_tile: bit for bit
+ * what the scalar and AVX-512 dot kernels compute, so decode batches of
+ * these types run here too (ag_matmul_decode_on_amx). Either way a token's
+ * result depends only on its own activations, never on which other tokens
+ * share the call or where it sits in the batch: the model relies on that
+ * (prompt KV must not depend on how a prompt was chunked).
  *
  * Layout. C = A·B with A = 16 weight rows × K bytes (a panel, unpacked once
  * per task into [group block][row][32] int8, so a tile load has stride 32)
@@ -95,8 +94,9 @@ static size_t act_tile_bytes(int64_t n_in) {
     int64_t nb = n_in / BLK;
     return (size_t)nb * (BT_BYTES + 2 * TILE * sizeof(float));
 }
-/* A weight panel: nb blocks of 16 rows x 32 int8, then ws[ng][16], mw[ng][16]
- * (ng = groups: nb, or 2*nb for Q6_K). */
+/* A legacy-type weight panel: nb blocks of 16 rows x 32 int8, then
+ * ws[nb][16], mw[nb][16]; sized for up to 2*nb groups, which also covers a
+ * K-quant panel (kpanel_bytes) in the per-thread buffer. */
 static size_t panel_bytes(int64_t n_in) {
     int64_t nb = n_in / BLK;
     return (size_t)nb * (TILE * BLK) + (size_t)(2 * nb) * 2 * TILE * sizeof(float);
@@ -341,15 +341,15 @@ AI void post_group(__m512 acc[16], const int32_t c[16][16], const float *ws, con
  * work (convert, scale, accumulate) to finish in. Tiles: C 0,1,6 in turn;
  * A/B 2,3 for even groups and 4,5 for odd ones. */
 AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float *mw, const uint8_t *tile,
-                   const int64_t nb, const int Q6, const int HAS_MIN) {
-    const int64_t ng = Q6 ? 2 * nb : nb;
+                   const int64_t nb, const int HAS_MIN) {
+    const int64_t ng = nb;
     const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
     _Alignas(64) int32_t c[2][16][16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
-#define QA(g) (Q6 ? q + (size_t)((g) >> 1) * TILE * BLK + ((g) & 1) * 16 : q + (size_t)(g) * TILE * BLK)
-#define BB(g) (Q6 ? tile + (size_t)((g) >> 1) * BT_BYTES + ((g) & 1) * 256 : tile + (size_t)(g) * BT_BYTES)
-#define XB(g) (Q6 ? ((g) >> 1) : (g))
+#define QA(g) (q + (size_t)(g) * TILE * BLK)
+#define BB(g) (tile + (size_t)(g) * BT_BYTES)
+#define XB(g) (g)
 #define ISSUE(g, A, B, C)           \
     do {                            \
         _tile_loadd(A, QA(g), BLK); \
@@ -398,7 +398,7 @@ AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float
 #ifndef AMX_PF_GROUPS
 #define AMX_PF_GROUPS 4
 #endif
-AI void kquant_tile(__m512 out[16], const kpanel *k, const uint8_t *tile, const int64_t nb, const int Q6) {
+AI void kquant_tile(__m512 out[16], const kpanel *k, const uint8_t *tile, const int64_t nb, const int Q6, int pf) {
     const int8_t *q = k->q;
     const int64_t ng = Q6 ? 2 * nb : nb, gps = Q6 ? 16 : 8; /* groups per super-block */
     const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
@@ -434,10 +434,13 @@ AI void kquant_tile(__m512 out[16], const kpanel *k, const uint8_t *tile, const 
         }
         /* the panel streams from memory once per call when there is one
          * token tile (a decode batch): prefetch a few groups ahead, or every
-         * tile load waits for DRAM */
-        if (g + AMX_PF_GROUPS < ng) {
-            const char *pa = (const char *)QA(g + AMX_PF_GROUPS);
-            for (int l = 0; l < (Q6 ? 256 : 512); l += 64) _mm_prefetch(pa + l, _MM_HINT_T0);
+         * tile load waits for DRAM. pf: only for a task's first token tile
+         * (the panel is then in cache for the others) */
+        if (pf && g + AMX_PF_GROUPS < ng) {
+            /* the 32-byte rows of block (g+PF) (Q6_K: two groups per block) */
+            const char *pa = (const char *)(q + (size_t)((g + AMX_PF_GROUPS) >> (Q6 ? 1 : 0)) * TILE * BLK);
+            if (!Q6 || !(g & 1))
+                for (int l = 0; l < TILE * BLK; l += 64) _mm_prefetch(pa + l, _MM_HINT_T0);
             _mm_prefetch((const char *)(k->sc + (g + AMX_PF_GROUPS) * TILE), _MM_HINT_T0);
             if (!Q6) _mm_prefetch((const char *)(k->mn + (g + AMX_PF_GROUPS) * TILE), _MM_HINT_T0);
         }
@@ -570,10 +573,10 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     for (int64_t tt = tt0; tt < tt1; tt++) {
         const uint8_t *tile = j->act + (size_t)tt * act_tile_bytes(j->n_in);
         __m512         acc[16];
-        if (q6) kquant_tile(acc, &kp, tile, nb, 1);
-        else if (kq) kquant_tile(acc, &kp, tile, nb, 0);
-        else if (has_min) token_tile(acc, q, ws, mw, tile, nb, 0, 1);
-        else token_tile(acc, q, ws, mw, tile, nb, 0, 0);
+        if (q6) kquant_tile(acc, &kp, tile, nb, 1, tt == tt0);
+        else if (kq) kquant_tile(acc, &kp, tile, nb, 0, tt == tt0);
+        else if (has_min) token_tile(acc, q, ws, mw, tile, nb, 1);
+        else token_tile(acc, q, ws, mw, tile, nb, 0);
         /* acc[r] holds row r for 16 tokens; write token rows */
         transpose16(acc);
         const __mmask16 rm = (__mmask16)((1u << rows) - 1);
