@@ -334,6 +334,16 @@ AI void post_group(__m512 acc[16], const int32_t c[16][16], const float *ws, con
     }
 }
 
+/* Loads group g's weight (A) and activation (B) tiles and issues its
+ * product into C; QA(g) / BB(g) are defined by the function using it. */
+#define ISSUE(g, A, B, C)           \
+    do {                            \
+        _tile_loadd(A, QA(g), BLK); \
+        _tile_loadd(B, BB(g), 64);  \
+        _tile_zero(C);              \
+        _tile_dpbssd(C, A, B);      \
+    } while (0)
+
 /* One token tile against the panel: acc[r] = row r's results for the tile's
  * 16 tokens. Each group is one TDPBSSD. Three groups are in flight: when
  * group g's C tile is stored, its A/B tiles are free and group g+2 is
@@ -350,13 +360,6 @@ AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float
 #define QA(g) (q + (size_t)(g) * TILE * BLK)
 #define BB(g) (tile + (size_t)(g) * BT_BYTES)
 #define XB(g) (g)
-#define ISSUE(g, A, B, C)           \
-    do {                            \
-        _tile_loadd(A, QA(g), BLK); \
-        _tile_loadd(B, BB(g), 64);  \
-        _tile_zero(C);              \
-        _tile_dpbssd(C, A, B);      \
-    } while (0)
     /* drain group g from tile C, then reuse its A/B tiles for group g+2 into CN */
 #define STEP(g, C, A, B, CN)                                                                               \
     do {                                                                                                   \
@@ -383,7 +386,6 @@ AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float
 #undef QA
 #undef BB
 #undef XB
-#undef ISSUE
 #undef STEP
 }
 
@@ -412,13 +414,6 @@ AI void kquant_tile(__m512 out[16], const kpanel *k, const uint8_t *tile, const 
     }
 #define QA(g) (Q6 ? q + (size_t)((g) >> 1) * TILE * BLK + ((g) & 1) * 16 : q + (size_t)(g) * TILE * BLK)
 #define BB(g) (Q6 ? tile + (size_t)((g) >> 1) * BT_BYTES + ((g) & 1) * 256 : tile + (size_t)(g) * BT_BYTES)
-#define ISSUE(g, A, B, C)           \
-    do {                            \
-        _tile_loadd(A, QA(g), BLK); \
-        _tile_loadd(B, BB(g), 64);  \
-        _tile_zero(C);              \
-        _tile_dpbssd(C, A, B);      \
-    } while (0)
     ISSUE(0, 2, 3, 0);
     if (ng > 1) ISSUE(1, 4, 5, 1);
     for (int64_t g = 0; g < ng; g++) {
@@ -482,7 +477,6 @@ AI void kquant_tile(__m512 out[16], const kpanel *k, const uint8_t *tile, const 
         out[r] = _mm512_add_ps(_mm512_add_ps(acc[0][r], acc[2][r]), _mm512_add_ps(acc[1][r], acc[3][r]));
 #undef QA
 #undef BB
-#undef ISSUE
 }
 
 typedef struct {
