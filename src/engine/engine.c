@@ -14,6 +14,11 @@
 #include "base/log.h"
 #include "sample/stop.h"
 
+/* Logits rows beyond the decode rows and prompt ends, for the rows of a
+ * scored prompt (ag_gen_request.prompt_logprobs): such a prompt is prefilled
+ * at most this many tokens per step. */
+#define AG_ENGINE_SCORE_ROWS 64
+
 typedef enum { CH_WAIT, CH_DECODE, CH_DONE } choice_state;
 
 typedef struct {
@@ -41,6 +46,8 @@ typedef struct request {
     bool             ignore_eos;
     ag_gen_callback  cb;
     void            *user;
+    ag_sampler      *scorer; /* prompt_logprobs: raw distribution, n_logprobs alternatives; else NULL */
+    bool             prompt_logprobs;
     /* engine-thread state */
     int              n_prefilled; /* prompt tokens already in choice 0's KV */
     int              in_batch;    /* prompt tokens in the current step's batch */
@@ -89,9 +96,11 @@ struct ag_engine {
     uint8_t *b_want;
     float   *logits;
     int      max_rows;
+    int      logit_rows; /* rows e->logits holds */
     struct row_owner {
         request *r;
-        choice  *c; /* NULL: the prompt's last token (all choices sample from it) */
+        choice  *c;     /* NULL: a prompt row */
+        int      p_pos; /* prompt rows: the position; the last one starts the choices, the others score p_pos+1 */
     } *rows;
     ag_buf text, scratch;
 };
@@ -131,6 +140,7 @@ static void request_free(request *r) {
     free(r->ch);
     free(r->bias);
     free(r->prompt);
+    ag_sampler_free(r->scorer);
     free(r);
 }
 
@@ -231,6 +241,7 @@ static void release_seq(ag_engine *e, request *r, choice *c, ag_finish why) {
  * prefix with its prompt (at least one prompt token is left to compute, for
  * the logits). */
 static void reuse_prefix(ag_engine *e, request *r) {
+    if (r->prompt_logprobs) return; /* every position's logits are wanted */
     int best = -1, best_len = 0;
     for (int i = 0; i < e->n_retained; i++) {
         const struct retained *t = &e->retained[i];
@@ -435,6 +446,17 @@ static void start_choices(ag_engine *e, request *r, const float *row) {
         if (r->ch[i].state == CH_WAIT) advance_choice(e, r, &r->ch[i], row);
 }
 
+/* Reports the logprob of prompt token pos given the row of logits before
+ * it (ag_gen_request.prompt_logprobs). */
+static void score_prompt_token(ag_engine *e, request *r, int pos, const float *row) {
+    if (r->n_done == r->n_choices) return; /* finished (cancelled, failed) */
+    ag_sample_result sr;
+    if (ag_sampler_logprobs(r->scorer, row, r->prompt[pos], &sr) != AG_OK) return;
+    ag_gen_event ev = {.choice = 0, .token = r->prompt[pos], .sample = &sr, .prompt_pos = pos};
+    fill_usage(r, &ev);
+    r->cb(r->user, &ev);
+}
+
 /* One engine step. Returns false when there was nothing to do. */
 static bool step(ag_engine *e) {
     /* cancellations */
@@ -463,7 +485,7 @@ static bool step(ag_engine *e) {
             e->b_pos[n] = pos;
             e->b_seq[n] = c->seq;
             e->b_want[n] = 1;
-            e->rows[rows++] = (struct row_owner){r, c};
+            e->rows[rows++] = (struct row_owner){r, c, -1};
             n++;
         }
     /* then prompt chunks, oldest request first (the list is newest first, so
@@ -479,14 +501,17 @@ static bool step(ag_engine *e) {
         request *r = order[oi];
         int k = r->n_prompt - r->n_prefilled;
         if (k > limit - n) k = limit - n;
+        /* a scored prompt wants logits for every row: as many as fit */
+        if (r->prompt_logprobs && k > e->logit_rows - rows) k = e->logit_rows - rows;
+        if (k <= 0) continue;
         r->in_batch = k;
         for (int j = 0; j < k; j++) {
             int p = r->n_prefilled + j;
             e->b_tok[n] = r->prompt[p];
             e->b_pos[n] = p;
             e->b_seq[n] = r->ch[0].seq;
-            e->b_want[n] = p == r->n_prompt - 1;
-            if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL};
+            e->b_want[n] = p == r->n_prompt - 1 || r->prompt_logprobs;
+            if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p};
             n++;
         }
         n_prefill += k;
@@ -541,6 +566,8 @@ static bool step(ag_engine *e) {
         struct row_owner o = e->rows[k];
         if (o.c) {
             if (o.c->state == CH_DECODE) advance_choice(e, o.r, o.c, row);
+        } else if (o.p_pos < o.r->n_prompt - 1) {
+            score_prompt_token(e, o.r, o.p_pos + 1, row);
         } else {
             start_choices(e, o.r, row);
         }
@@ -652,7 +679,9 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
     e->b_want = malloc((size_t)p.n_batch);
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
-    e->logits = malloc(sizeof(float) * (size_t)e->n_vocab * (size_t)(p.n_batch < e->max_rows ? p.n_batch : e->max_rows));
+    /* decode rows and prompt ends, plus room for scored prompt rows */
+    e->logit_rows = e->max_rows + AG_ENGINE_SCORE_ROWS < p.n_batch ? e->max_rows + AG_ENGINE_SCORE_ROWS : p.n_batch;
+    e->logits = malloc(sizeof(float) * (size_t)e->n_vocab * (size_t)e->logit_rows);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->rows || !e->logits) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
         goto fail;
@@ -724,12 +753,19 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     r->max_tokens = in->max_tokens > 0 && in->max_tokens < room ? in->max_tokens : room;
     r->sp = in->sample;
     r->ignore_eos = in->ignore_eos;
+    r->prompt_logprobs = in->prompt_logprobs && in->n_prompt > 1;
     r->cb = in->cb;
     r->user = in->user;
     atomic_init(&r->cancel, false);
     r->prompt = malloc(sizeof(int32_t) * (size_t)in->n_prompt);
     if (!r->prompt) goto oom;
     memcpy(r->prompt, in->prompt, sizeof(int32_t) * (size_t)in->n_prompt);
+    if (r->prompt_logprobs) {
+        ag_sample_params sp = ag_sample_default_params(); /* the raw distribution */
+        sp.logprobs = 1;
+        sp.n_logprobs = in->sample.n_logprobs;
+        if (ag_sampler_new(&sp, e->n_vocab, 0, &r->scorer)) goto oom;
+    }
     if (in->sample.n_logit_bias > 0) {
         r->bias = malloc(sizeof *r->bias * (size_t)in->sample.n_logit_bias);
         if (!r->bias) goto oom;

@@ -67,6 +67,10 @@ typedef struct {
     const ag_sample_result *sample;   /* token, logprob and alternatives; NULL when token < 0 */
     ag_finish               finish;   /* != NONE: the last event of this choice */
     const char             *error;    /* with AG_FINISH_ERROR */
+    /* > 0: a prompt token's score, not an output: `sample` holds the
+     * logprob (and alternatives) of prompt token prompt_pos given the ones
+     * before it (ag_gen_request.prompt_logprobs); choice 0, no text. */
+    int prompt_pos;
     /* Usage so far (the request's, over all choices). */
     int    n_prompt, n_cached, n_generated;
     double t_prefill_ms, t_decode_ms; /* wall time in prefill / decode steps so far */
@@ -84,6 +88,13 @@ typedef struct {
     const char *const *stops;      /* copied */
     int                n_stops;
     bool               ignore_eos;
+    /* Also score the prompt: one event per prompt token after the first
+     * (prompt_pos = 1 .. n_prompt-1, in order, before any output) with its
+     * logprob under the model's raw distribution and sample.n_logprobs
+     * alternatives; what OpenAI's completions return for echo + logprobs.
+     * Such a request does not reuse a cached prefix (every position's
+     * logits are needed). */
+    bool               prompt_logprobs;
     ag_gen_callback    cb;
     void              *user;
 } ag_gen_request;

@@ -88,6 +88,7 @@ static void on_event(void *user, const ag_gen_event *ev) {
     if (e) {
         memset(e, 0, sizeof *e);
         e->choice = sub->choice_base + ev->choice;
+        e->prompt_pos = ev->prompt_pos;
         e->token = ev->token;
         e->finish = ev->finish;
         if (ev->sample) {

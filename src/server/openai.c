@@ -312,6 +312,7 @@ typedef struct {
     json_t   *lp;     /* chat: content entries; completions: {tokens,...} (non-stream) */
     size_t    offset; /* completions text_offset of the next token */
     int       prompt; /* index of its prompt (completions) */
+    int       lp_first; /* echo + logprobs: prompt position of lp's first entry (1 when BOS is not echoed) */
 } choice_out;
 
 typedef struct srv_job {
@@ -434,6 +435,23 @@ static json_t *completion_lp_new(void) {
     return lp;
 }
 
+/* A completions top_logprobs entry: {piece: logprob} for the event's
+ * alternatives, or null when none were asked for. */
+static json_t *completion_tops(srv_job *j, const srv_event *e) {
+    if (j->top_logprobs <= 0) return json_null();
+    json_t *tops = json_object();
+    for (int k = 0; k < e->n_top && k < j->top_logprobs; k++) {
+        const char *tp;
+        size_t tn;
+        tp = ag_tok_piece(j->s->tok, e->top[k].token, &tn);
+        json_t *key = srv_jstr(tp ? tp : "", tp ? tn : 0);
+        const char *ks = json_string_value(key);
+        if (ks && !json_object_get(tops, ks)) json_object_set_new(tops, ks, json_real(clamp_lp(e->top[k].logprob)));
+        json_decref(key);
+    }
+    return tops;
+}
+
 /* Appends one token to a completions logprobs object; token < 0 with
  * `prompt_piece` records an echoed prompt token (no logprob known). */
 static void completion_lp_add(srv_job *j, json_t *lp, choice_out *c, const srv_event *e) {
@@ -441,31 +459,23 @@ static void completion_lp_add(srv_job *j, json_t *lp, choice_out *c, const srv_e
     size_t n;
     json_array_append_new(json_object_get(lp, "tokens"), piece_str(j->s, e->token, &p, &n));
     json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(clamp_lp(e->logprob)));
-    if (j->top_logprobs > 0) {
-        json_t *tops = json_object();
-        for (int k = 0; k < e->n_top && k < j->top_logprobs; k++) {
-            const char *tp;
-            size_t tn;
-            tp = ag_tok_piece(j->s->tok, e->top[k].token, &tn);
-            json_t *key = srv_jstr(tp ? tp : "", tp ? tn : 0);
-            const char *ks = json_string_value(key);
-            if (ks && !json_object_get(tops, ks)) json_object_set_new(tops, ks, json_real(clamp_lp(e->top[k].logprob)));
-            json_decref(key);
-        }
-        json_array_append_new(json_object_get(lp, "top_logprobs"), tops);
-    } else {
-        json_array_append_new(json_object_get(lp, "top_logprobs"), json_null());
-    }
+    json_array_append_new(json_object_get(lp, "top_logprobs"), completion_tops(j, e));
     json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)c->offset));
     c->offset += n_chars(p, n);
 }
 
-/* Echoed prompt tokens in completions logprobs: no logprob for them. */
+/* Echoed prompt tokens in completions logprobs, with null logprobs: the
+ * engine's prompt scores (prompt_pos events) fill them in; the first
+ * echoed token has none, as in OpenAI's API. */
 static void completion_lp_prompt(srv_job *j, json_t *lp, choice_out *c, const int32_t *ids, size_t n_ids,
                                  bool skip_bos, const char *echo, size_t echo_len) {
     bool first = true;
+    c->lp_first = 0;
     for (size_t i = 0; i < n_ids; i++) {
-        if (i == 0 && skip_bos && ids[0] == ag_tok_bos(j->s->tok)) continue;
+        if (i == 0 && skip_bos && ids[0] == ag_tok_bos(j->s->tok)) {
+            c->lp_first = 1;
+            continue;
+        }
         const char *p;
         size_t n;
         json_array_append_new(json_object_get(lp, "tokens"), piece_str(j->s, ids[i], &p, &n));
@@ -581,7 +591,7 @@ static json_t *content_delta(const char *text, size_t len) {
 }
 
 static void stream_event(srv_job *j, srv_event *e) {
-    if (j->ended || e->choice < 0 || e->choice >= j->n_choices) return;
+    if (j->ended || e->choice < 0 || e->choice >= j->n_choices || e->prompt_pos > 0) return;
     choice_out *c = &j->ch[e->choice];
     if (c->done) return;
     json_t *lp = NULL;
@@ -707,8 +717,27 @@ void srv_job_free(void *cls) { job_free(cls); }
 
 /* ---- non-streaming ---- */
 
+/* A prompt token's score: into every choice of that prompt that echoes
+ * with logprobs (all choices share the prompt). */
+static void collect_prompt_score(srv_job *j, const srv_event *e) {
+    const int prompt = j->ch[e->choice].prompt;
+    for (int i = 0; i < j->n_choices; i++) {
+        choice_out *c = &j->ch[i];
+        if (c->prompt != prompt || !c->lp || j->chat || !e->has_sample) continue;
+        json_t *lps = json_object_get(c->lp, "token_logprobs"), *tops = json_object_get(c->lp, "top_logprobs");
+        size_t  k = (size_t)(e->prompt_pos - c->lp_first);
+        if (e->prompt_pos < c->lp_first || k >= json_array_size(lps)) continue;
+        json_array_set_new(lps, k, json_real(clamp_lp(e->logprob)));
+        json_array_set_new(tops, k, completion_tops(j, e));
+    }
+}
+
 static void collect_event(srv_job *j, srv_event *e) {
     if (e->choice < 0 || e->choice >= j->n_choices) return;
+    if (e->prompt_pos > 0) {
+        collect_prompt_score(j, e);
+        return;
+    }
     choice_out *c = &j->ch[e->choice];
     if (c->done) return;
     if (event_has_lp(j, e)) {
@@ -848,7 +877,9 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
     for (int p = 0; p < j->n_prompts; p++) {
         ag_gen_request r = {.prompt = ids[p], .n_prompt = (int)n_ids[p], .max_tokens = o->max_tokens,
                             .n_choices = o->n, .sample = o->sp, .stops = (const char *const *)o->stops,
-                            .n_stops = o->n_stops, .ignore_eos = o->ignore_eos};
+                            .n_stops = o->n_stops, .ignore_eos = o->ignore_eos,
+                            /* completions with echo + logprobs (not streamed): score the prompt */
+                            .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             submit_error(out, st, prompt_param);

@@ -109,6 +109,7 @@ void    srv_job_free(void *job);
 typedef struct srv_event {
     struct srv_event *next;
     int               choice; /* absolute choice index within the HTTP request */
+    int               prompt_pos; /* > 0: the score of this prompt token (ag_gen_event.prompt_pos) */
     int32_t           token;
     bool              has_sample;
     float             logprob;

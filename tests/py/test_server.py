@@ -162,14 +162,43 @@ def test_echo_logprobs_shape(tiny_server):
     lp = r.choices[0].logprobs
     n_prompt = len(GREEDY["prompt_tokens"]) - 1  # BOS is not echoed
     assert len(lp.tokens) == n_prompt + 5
-    assert lp.token_logprobs[:n_prompt] == [None] * n_prompt
-    assert all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs[n_prompt:])
+    # every echoed prompt token is scored given the ones before it (BOS included)
+    assert all(isinstance(x, float) and x <= 0 for x in lp.token_logprobs)
+    assert all(isinstance(t, dict) and 1 <= len(t) <= 2 for t in lp.top_logprobs)
     text = r.choices[0].text
     # text_offset indexes the returned text
     for i, (tok, off) in enumerate(zip(lp.tokens, lp.text_offset)):
         if i == 0:
             tok = tok.lstrip(" ")  # SentencePiece's inserted space is not echoed
         assert text[off:off + len(tok)] == tok
+
+
+def test_echo_logprobs_score_the_prompt_like_llama_cpp(tiny_server):
+    """echo + logprobs scores every prompt token (what lm-eval's loglikelihood
+    requests use): position i's logprob must be llama.cpp's logprob of
+    token i after tokens[:i], for every choice, also when the prompt's KV is
+    cached from an earlier request."""
+    ref = np.load(os.path.join(PARITY, "stories260K.npz"))
+    toks, top_ids, top_lp = ref["tokens"].tolist(), ref["top_ids"], ref["top_logprobs"]
+    k = 60
+    c = tiny_server.client()
+    for rep in range(2):  # the second time the prompt's prefix sits in the cache
+        r = c.completions.create(model="x", prompt=toks[:k], max_tokens=1, temperature=0, logprobs=3, echo=True, n=2)
+        for ch in r.choices:
+            lp = ch.logprobs
+            assert len(lp.token_logprobs) == k + 1
+            assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing before the first token
+            checked = 0
+            for i in range(1, k):
+                ids = top_ids[i - 1].tolist()
+                if toks[i] not in ids:
+                    continue
+                want = float(top_lp[i - 1][ids.index(toks[i])])
+                assert abs(lp.token_logprobs[i] - want) < 0.02, (rep, i, lp.token_logprobs[i], want)
+                got = sorted(lp.top_logprobs[i].values(), reverse=True)
+                assert abs(got[0] - float(top_lp[i - 1][0])) < 0.02
+                checked += 1
+            assert checked >= k // 2
 
 
 # ---- chat ----
