@@ -12,6 +12,7 @@
 
 #include "base/buf.h"
 #include "base/log.h"
+#include "sample/json.h"
 #include "sample/stop.h"
 
 /* Logits rows beyond the decode rows and prompt ends, for the rows of a
@@ -32,6 +33,7 @@ typedef struct {
     ag_sampler  *sampler;
     ag_detok    *detok;
     ag_stop     *stop;
+    ag_json_state *json; /* JSON mode, else NULL */
 } choice;
 
 typedef struct request {
@@ -47,7 +49,7 @@ typedef struct request {
     ag_gen_callback  cb;
     void            *user;
     ag_sampler      *scorer; /* prompt_logprobs: raw distribution, n_logprobs alternatives; else NULL */
-    bool             prompt_logprobs;
+    bool             prompt_logprobs, json_object;
     /* engine-thread state */
     int              n_prefilled; /* prompt tokens already in choice 0's KV */
     int              in_batch;    /* prompt tokens in the current step's batch */
@@ -95,6 +97,7 @@ struct ag_engine {
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_want;
     float   *logits;
+    float   *masked; /* [n_vocab]: a row with JSON mode's mask applied */
     int      max_rows;
     int      logit_rows; /* rows e->logits holds */
     struct row_owner {
@@ -133,6 +136,7 @@ static void request_free(request *r) {
             ag_detok_free(r->ch[i].detok);
             ag_stop_free(r->ch[i].stop);
             free(r->ch[i].sampled);
+            free(r->ch[i].json);
         }
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
@@ -312,6 +316,11 @@ static void finish_request(ag_engine *e, request *r, ag_finish why, const char *
 /* Samples a choice's next token from one logits row and streams it. */
 static void advance_choice(ag_engine *e, request *r, choice *c, const float *row) {
     ag_sample_result sr;
+    if (c->json) { /* JSON mode: only tokens that continue the object */
+        memcpy(e->masked, row, sizeof(float) * (size_t)e->n_vocab);
+        ag_json_mask(c->json, e->tok, e->masked);
+        row = e->masked;
+    }
     ag_status st = ag_sampler_sample(c->sampler, row, &sr);
     if (st) {
         finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), -1, NULL, NULL, 0);
@@ -353,6 +362,20 @@ static void advance_choice(ag_engine *e, request *r, choice *c, const float *row
          * matcher releases nothing more, so finishing adds nothing. */
         finish_choice(e, r, c, AG_FINISH_STOP, NULL, sr.token, &sr, res.text, res.len);
         return;
+    }
+    if (c->json) {
+        size_t      plen;
+        const char *piece = ag_tok_piece(e->tok, sr.token, &plen);
+        /* the mask let only continuing tokens through, so this cannot fail */
+        if (!piece || !ag_json_feed(c->json, piece, plen)) {
+            finish_choice(e, r, c, AG_FINISH_ERROR, "JSON mode: the output left the JSON grammar", sr.token, &sr,
+                          res.text, res.len);
+            return;
+        }
+        if (ag_json_done(c->json)) { /* the object is closed: nothing may follow */
+            finish_choice(e, r, c, AG_FINISH_STOP, NULL, sr.token, &sr, res.text, res.len);
+            return;
+        }
     }
     int len_now = r->n_prompt + c->n_gen; /* tokens the sequence would hold after feeding this one */
     if (c->n_gen >= r->max_tokens || len_now >= e->p.n_ctx) {
@@ -400,6 +423,10 @@ static void admit(ag_engine *e) {
             if ((st = ag_sampler_new(&r->sp, e->n_vocab, (uint64_t)i, &c->sampler))) break;
             if ((st = ag_detok_new(e->tok, 0, &c->detok))) break;
             st = ag_stop_new((const char *const *)r->stops, r->stop_lens, r->n_stops, &c->stop);
+            if (!st && r->json_object) {
+                if (!(c->json = malloc(sizeof *c->json))) st = ag_errorf(AG_ERR_NOMEM, "out of memory");
+                else ag_json_init(c->json);
+            }
         }
         if (!st) st = ag_kv_seq_new(e->kv, &r->ch[0].seq);
         if (!st) reuse_prefix(e, r);
@@ -682,7 +709,8 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     /* decode rows and prompt ends, plus room for scored prompt rows */
     e->logit_rows = e->max_rows + AG_ENGINE_SCORE_ROWS < p.n_batch ? e->max_rows + AG_ENGINE_SCORE_ROWS : p.n_batch;
     e->logits = malloc(sizeof(float) * (size_t)e->n_vocab * (size_t)e->logit_rows);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->rows || !e->logits) {
+    e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->rows || !e->logits || !e->masked) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
         goto fail;
     }
@@ -720,6 +748,7 @@ void ag_engine_free(ag_engine *e) {
     free(e->b_want);
     free(e->rows);
     free(e->logits);
+    free(e->masked);
     ag_buf_free(&e->text);
     ag_buf_free(&e->scratch);
     pthread_mutex_destroy(&e->mu);
@@ -754,6 +783,7 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     r->sp = in->sample;
     r->ignore_eos = in->ignore_eos;
     r->prompt_logprobs = in->prompt_logprobs && in->n_prompt > 1;
+    r->json_object = in->json_object;
     r->cb = in->cb;
     r->user = in->user;
     atomic_init(&r->cancel, false);

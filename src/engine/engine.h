@@ -95,6 +95,9 @@ typedef struct {
      * Such a request does not reuse a cached prefix (every position's
      * logits are needed). */
     bool               prompt_logprobs;
+    /* JSON mode: every choice's output is one JSON object (sample/json.h
+     * masks the logits each step; the choice stops when the object closes). */
+    bool               json_object;
     ag_gen_callback    cb;
     void              *user;
 } ag_gen_request;

@@ -103,6 +103,7 @@ typedef struct {
     bool             stream, include_usage, ignore_eos, echo;
     bool             logprobs;
     int              top_logprobs;
+    bool             json_object; /* response_format {"type": "json_object"} (chat) */
 } gen_opts;
 
 static void opts_free(gen_opts *o) {
@@ -879,7 +880,8 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
                             .n_choices = o->n, .sample = o->sp, .stops = (const char *const *)o->stops,
                             .n_stops = o->n_stops, .ignore_eos = o->ignore_eos,
                             /* completions with echo + logprobs (not streamed): score the prompt */
-                            .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs};
+                            .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
+                            .json_object = o->json_object};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             submit_error(out, st, prompt_param);
@@ -1241,9 +1243,12 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
                       "'response_format' must be an object with a 'type'");
             goto done;
         }
-        if (strcmp(json_string_value(type), "text") != 0) {
+        if (!strcmp(json_string_value(type), "json_object")) {
+            o.json_object = true;
+        } else if (strcmp(json_string_value(type), "text") != 0) {
             srv_error(out, 400, "invalid_request_error", "response_format", "unsupported_value",
-                      "response_format type '%s' is not supported (only \"text\")", json_string_value(type));
+                      "response_format type '%s' is not supported (only \"text\" and \"json_object\")",
+                      json_string_value(type));
             goto done;
         }
     }
