@@ -50,6 +50,9 @@ typedef struct request {
     void            *user;
     ag_sampler      *scorer; /* prompt_logprobs: raw distribution, n_logprobs alternatives; else NULL */
     bool             prompt_logprobs, json_object;
+    char           **json_pre; /* JSON mode's wrapper (ag_json_init_wrapped), owned */
+    int              n_json_pre;
+    char            *json_suf;
     /* engine-thread state */
     int              n_prefilled; /* prompt tokens already in choice 0's KV */
     int              in_batch;    /* prompt tokens in the current step's batch */
@@ -145,6 +148,9 @@ static void request_free(request *r) {
     free(r->bias);
     free(r->prompt);
     ag_sampler_free(r->scorer);
+    for (int i = 0; i < r->n_json_pre; i++) free(r->json_pre[i]);
+    free(r->json_pre);
+    free(r->json_suf);
     free(r);
 }
 
@@ -425,6 +431,8 @@ static void admit(ag_engine *e) {
             st = ag_stop_new((const char *const *)r->stops, r->stop_lens, r->n_stops, &c->stop);
             if (!st && r->json_object) {
                 if (!(c->json = malloc(sizeof *c->json))) st = ag_errorf(AG_ERR_NOMEM, "out of memory");
+                else if (r->n_json_pre)
+                    ag_json_init_wrapped(c->json, (const char *const *)r->json_pre, r->n_json_pre, r->json_suf);
                 else ag_json_init(c->json);
             }
         }
@@ -790,6 +798,18 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     r->prompt = malloc(sizeof(int32_t) * (size_t)in->n_prompt);
     if (!r->prompt) goto oom;
     memcpy(r->prompt, in->prompt, sizeof(int32_t) * (size_t)in->n_prompt);
+    if (r->json_object && in->n_json_prefixes > 0) {
+        if (in->n_json_prefixes > AG_JSON_MAX_PREFIXES) {
+            request_free(r);
+            return ag_errorf(AG_ERR_INVALID, "JSON mode: more than %d prefixes", AG_JSON_MAX_PREFIXES);
+        }
+        r->json_pre = calloc((size_t)in->n_json_prefixes, sizeof *r->json_pre);
+        if (!r->json_pre) goto oom;
+        r->n_json_pre = in->n_json_prefixes;
+        for (int i = 0; i < r->n_json_pre; i++)
+            if (!(r->json_pre[i] = strdup(in->json_prefixes[i] ? in->json_prefixes[i] : ""))) goto oom;
+        if (in->json_suffix && !(r->json_suf = strdup(in->json_suffix))) goto oom;
+    }
     if (r->prompt_logprobs) {
         ag_sample_params sp = ag_sample_default_params(); /* the raw distribution */
         sp.logprobs = 1;

@@ -96,8 +96,13 @@ typedef struct {
      * logits are needed). */
     bool               prompt_logprobs;
     /* JSON mode: every choice's output is one JSON object (sample/json.h
-     * masks the logits each step; the choice stops when the object closes). */
+     * masks the logits each step; the choice stops when the object closes),
+     * or, with json_prefixes, one of those prefixes + an object + json_suffix
+     * (a forced tool call; see ag_json_init_wrapped). Copied. */
     bool               json_object;
+    const char *const *json_prefixes;
+    int                n_json_prefixes;
+    const char        *json_suffix;
     ag_gen_callback    cb;
     void              *user;
 } ag_gen_request;

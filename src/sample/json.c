@@ -32,9 +32,20 @@ static const char *const k_words[3] = {"true", "false", "null"};
 void ag_json_init(ag_json_state *s) {
     memset(s, 0, sizeof *s);
     s->mode = M_START;
+    s->in_object = 1; /* no prefix */
 }
 
-bool ag_json_done(const ag_json_state *s) { return s->mode == M_DONE; }
+void ag_json_init_wrapped(ag_json_state *s, const char *const *pre, int n_pre, const char *suf) {
+    ag_json_init(s);
+    s->pre = pre;
+    s->n_pre = (uint16_t)(n_pre < 0 ? 0 : n_pre > AG_JSON_MAX_PREFIXES ? AG_JSON_MAX_PREFIXES : n_pre);
+    s->pre_alive = s->n_pre == 32 ? 0xFFFFFFFFu : (1u << s->n_pre) - 1;
+    s->in_object = s->n_pre == 0;
+    s->suf = suf;
+    s->suf_len = (uint16_t)(suf ? strlen(suf) : 0);
+}
+
+bool ag_json_done(const ag_json_state *s) { return s->mode == M_DONE && s->in_object && s->suf_pos == s->suf_len; }
 
 static bool is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static bool is_digit(unsigned c) { return c >= '0' && c <= '9'; }
@@ -201,9 +212,31 @@ static bool step(ag_json_state *s, unsigned c) {
     return false;
 }
 
+/* A byte of the wrapper's prefix: keeps the prefixes that still match;
+ * when one of them is complete the object starts. */
+static bool prefix_byte(ag_json_state *s, unsigned c) {
+    uint32_t alive = 0;
+    bool     complete = false;
+    for (int i = 0; i < s->n_pre; i++) {
+        if (!(s->pre_alive >> i & 1) || (unsigned char)s->pre[i][s->pos] != c) continue;
+        alive |= 1u << i;
+        complete = complete || !s->pre[i][s->pos + 1];
+    }
+    s->pre_alive = alive;
+    s->pos++;
+    if (complete) s->in_object = 1;
+    return alive != 0;
+}
+
 bool ag_json_feed(ag_json_state *s, const char *bytes, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (!step(s, (unsigned char)bytes[i])) return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned c = (unsigned char)bytes[i];
+        bool     ok;
+        if (!s->in_object) ok = prefix_byte(s, c);
+        else if (s->mode == M_DONE && s->suf) ok = s->suf_pos < s->suf_len && (unsigned char)s->suf[s->suf_pos++] == c;
+        else ok = step(s, c);
+        if (!ok) return false;
+    }
     return true;
 }
 

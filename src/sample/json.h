@@ -31,14 +31,30 @@ typedef struct {
     uint8_t word;      /* which literal: 0 true, 1 false, 2 null */
     uint8_t key;       /* the open string is an object key */
     uint8_t stack[AG_JSON_MAX_DEPTH]; /* '{' or '[' */
+    /* Optional literal text around the object (ag_json_init_wrapped):
+     * one of n_pre prefixes, then the object, then the suffix. Borrowed. */
+    const char *const *pre;
+    const char        *suf;
+    uint32_t           pre_alive; /* bit i: prefix i still matches */
+    uint16_t           n_pre, pos, suf_len, suf_pos;
+    uint8_t            in_object; /* past the prefix */
 } ag_json_state;
+
+#define AG_JSON_MAX_PREFIXES 32
 
 /* A recognizer at the start of the output. */
 void ag_json_init(ag_json_state *s);
+/* One of the n_pre (1..AG_JSON_MAX_PREFIXES, none a prefix of another)
+ * NUL-terminated prefixes, a JSON object, then suf exactly (no whitespace
+ * of its own around the object): a forced tool call such as
+ * `<tool_call>\n{"name": "f", "arguments": ` + object + `}\n</tool_call>`.
+ * The strings must outlive s and its copies. */
+void ag_json_init_wrapped(ag_json_state *s, const char *const *pre, int n_pre, const char *suf);
 /* Feeds n bytes; false (and s is then unusable) if they cannot continue a
  * JSON object. */
 bool ag_json_feed(ag_json_state *s, const char *bytes, size_t n);
-/* A whole object has been read (only whitespace may follow). */
+/* A whole object has been read (and the suffix, when wrapped; a bare
+ * object may be followed by whitespace only). */
 bool ag_json_done(const ag_json_state *s);
 
 /* Sets logits[id] = -inf for every token that cannot come next: tokens whose

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "base/log.h"
+#include "sample/json.h"
 #include "server/server_impl.h"
 
 #define MAX_PROMPTS 64
@@ -103,12 +104,17 @@ typedef struct {
     bool             stream, include_usage, ignore_eos, echo;
     bool             logprobs;
     int              top_logprobs;
-    bool             json_object; /* response_format {"type": "json_object"} (chat) */
+    bool             json_object; /* response_format {"type": "json_object"} (chat), or a forced tool call */
+    char            *json_pre[AG_JSON_MAX_PREFIXES]; /* forced tool call: one prefix per allowed function */
+    int              n_json_pre;
+    char            *json_suf;
 } gen_opts;
 
 static void opts_free(gen_opts *o) {
     free(o->bias);
     for (int i = 0; i < o->n_stops; i++) free(o->stops[i]);
+    for (int i = 0; i < o->n_json_pre; i++) free(o->json_pre[i]);
+    free(o->json_suf);
 }
 
 static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_resp *out) {
@@ -881,7 +887,9 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
                             .n_stops = o->n_stops, .ignore_eos = o->ignore_eos,
                             /* completions with echo + logprobs (not streamed): score the prompt */
                             .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
-                            .json_object = o->json_object};
+                            .json_object = o->json_object,
+                            .json_prefixes = (const char *const *)o->json_pre, .n_json_prefixes = o->n_json_pre,
+                            .json_suffix = o->json_suf};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             submit_error(out, st, prompt_param);
@@ -1144,8 +1152,9 @@ fail:
 
 /* tools + tool_choice: the tools array to use, NULL for none (or on error,
  * with *failed). */
-static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed) {
+static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed, bool *forced) {
     *failed = false;
+    *forced = false;
     json_t *tools = json_object_get(b, "tools");
     json_t *choice = json_object_get(b, "tool_choice");
     if (tools && !json_is_null(tools)) {
@@ -1193,6 +1202,7 @@ static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed) {
                           "'tool_choice' is \"required\" but no tools were given");
                 goto fail;
             }
+            *forced = !strcmp(c, "required");
         } else if (json_is_object(choice)) {
             const char *want = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
             if (!want) {
@@ -1207,6 +1217,7 @@ static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed) {
                 if (nm && !strcmp(nm, want)) {
                     json_t *one = json_array();
                     json_array_append(one, t);
+                    *forced = true;
                     return one;
                 }
             }
@@ -1223,6 +1234,33 @@ static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed) {
 fail:
     *failed = true;
     return NULL;
+}
+
+/* tool_choice "required" or a named function: the output is made to be one
+ * call, in the template family's syntax, of one of `tools` (JSON mode with
+ * one prefix per function: the call's start up to its arguments object).
+ * More tools than the prefixes JSON mode takes: not enforced, left to the
+ * model. */
+static void force_tool_call(gen_opts *o, json_t *tools, ag_tool_format tf) {
+    size_t  n = json_array_size(tools), i;
+    json_t *t;
+    if (n == 0 || n > AG_JSON_MAX_PREFIXES) return;
+    const bool llama3 = tf == AG_TOOLS_LLAMA3;
+    json_array_foreach(tools, i, t) {
+        json_t *name = json_object_get(json_object_get(t, "function"), "name");
+        char   *quoted = json_dumps(name, JSON_ENCODE_ANY);
+        ag_buf  p = {0};
+        if (quoted) {
+            ag_buf_append_str(&p, llama3 ? "{\"name\": " : "<tool_call>\n{\"name\": ");
+            ag_buf_append_str(&p, quoted);
+            ag_buf_append_str(&p, llama3 ? ", \"parameters\": " : ", \"arguments\": ");
+        }
+        free(quoted);
+        if (!p.data) return; /* out of memory: not enforced */
+        o->json_pre[o->n_json_pre++] = ag_buf_take(&p);
+    }
+    o->json_suf = strdup(llama3 ? "}" : "}\n</tool_call>");
+    o->json_object = o->json_suf != NULL;
 }
 
 void srv_route_chat(srv_req *rq, srv_resp *out) {
@@ -1252,8 +1290,8 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
             goto done;
         }
     }
-    bool failed;
-    tools = parse_tools(b, out, &failed);
+    bool failed, forced;
+    tools = parse_tools(b, out, &failed, &forced);
     if (failed) goto done;
     if (!(msgs = build_messages(s, json_object_get(b, "messages"), tools, out))) goto done;
     if (!s->chat) {
@@ -1285,6 +1323,7 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
         j->tools = true;
         j->tool_list = json_incref(tools);
         j->tf = s->tmpl_has_tools ? s->tool_format : AG_TOOLS_HERMES;
+        if (forced) force_tool_call(&o, tools, j->tf);
     }
     if (ag_log_enabled(AG_LOG_DEBUG)) AG_LOGD("chat prompt (%zu tokens): %s", n_ids, ag_buf_cstr(&prompt));
     run_job(j, &o, &ids, &n_ids, "messages", out);

@@ -359,3 +359,33 @@ def test_json_mode_gives_json_objects(smol_server):
             assert isinstance(json.loads(ch.message.content), dict)
         else:  # cut by max_tokens: still a JSON prefix, starting with the object
             assert ch.message.content.lstrip().startswith("{")
+
+
+def test_tool_choice_required_and_named_are_enforced(smol_server):
+    """tool_choice "required" / a named function: the output is made to be one
+    call of an allowed function (SmolLM2 has no tool template: the Hermes
+    <tool_call> syntax), so the response always carries tool_calls whose
+    arguments are a JSON object; "auto" leaves the model free (this one
+    answers in prose)."""
+    c = smol_server.client()
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                              "required": ["city"]}}},
+             {"type": "function", "function": {"name": "get_time", "description": "Get the local time in a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    msgs = [{"role": "user", "content": "What's the weather in Paris?"}]
+    for choice, names in (("required", {"get_weather", "get_time"}),
+                          ({"type": "function", "function": {"name": "get_time"}}, {"get_time"})):
+        for temp in (0, 1.0):
+            r = c.chat.completions.create(model=smol_server.model_id, messages=msgs, tools=tools, tool_choice=choice,
+                                          max_tokens=120, temperature=temp, seed=3)
+            ch = r.choices[0]
+            assert ch.finish_reason == "tool_calls", ch.message.content
+            assert len(ch.message.tool_calls) == 1
+            call = ch.message.tool_calls[0]
+            assert call.function.name in names
+            assert isinstance(json.loads(call.function.arguments), dict)
+    r = c.chat.completions.create(model=smol_server.model_id, messages=msgs, tools=tools, tool_choice="required",
+                                  max_tokens=120, temperature=0)
+    assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Paris"}

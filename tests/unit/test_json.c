@@ -110,11 +110,45 @@ static void limits(void **state) {
     assert_true(ag_json_done(&s));
 }
 
+/* A forced tool call: one of several prefixes, an object, a suffix. */
+static void wrapped(void **state) {
+    static const char *const pre[] = {"<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ",
+                                      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": "};
+    const char              *suf = "}\n</tool_call>";
+    static const char *const ok[] = {
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>",
+    };
+    static const char *const bad[] = {
+        "<tool_call>\n{\"name\": \"get_date\", \"arguments\": {}}\n</tool_call>", /* not a given function */
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": []}\n</tool_call>", /* arguments not an object */
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {} }\n</tool_call>", /* not the suffix */
+        "{\"name\": \"get_time\", \"arguments\": {}}",                               /* no prefix */
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>x",
+    };
+    for (size_t i = 0; i < 2; i++) {
+        ag_json_state s;
+        ag_json_init_wrapped(&s, pre, 2, suf);
+        size_t n = strlen(ok[i]);
+        for (size_t k = 0; k < n; k++) {
+            assert_false(ag_json_done(&s));
+            assert_true(ag_json_feed(&s, ok[i] + k, 1));
+        }
+        assert_true(ag_json_done(&s));
+    }
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ag_json_state s;
+        ag_json_init_wrapped(&s, pre, 2, suf);
+        if (ag_json_feed(&s, bad[i], strlen(bad[i])) && ag_json_done(&s)) fail_msg("accepted: %s", bad[i]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(valid_documents_and_their_prefixes),
         cmocka_unit_test(invalid_documents),
         cmocka_unit_test(limits),
+        cmocka_unit_test(wrapped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
