@@ -174,8 +174,22 @@ bool ag_server_parse_tool_calls(ag_tool_format f, const char *text, size_t len, 
     if (f != AG_TOOLS_LLAMA3 && find(text, len, k_open)) return parse_hermes(text, len, calls, content);
     /* A bare JSON object is Llama 3.1's convention, and small Hermes-style
      * models (Qwen2.5 0.5B) often drop the tags too. Plain JSON answers must
-     * stay content, so a bare call only counts when it names a given tool. */
-    if (!parse_llama3(text, len, calls)) return false;
+     * stay content, so a bare call only counts when it names a given tool
+     * and is the whole output. */
+    const char *body = text;
+    size_t      blen = len;
+    /* ... and often wrap it in a Markdown fence: ```json\n{...}\n``` */
+    size_t i = 0;
+    while (i < len && is_space(text[i])) i++;
+    if (len - i >= 3 && !memcmp(text + i, "```", 3)) {
+        const char *nl = memchr(text + i, '\n', len - i);
+        const char *close = nl ? find(nl, (size_t)(text + len - nl), "```") : NULL;
+        if (!close) return false;
+        for (const char *q = close + 3; q < text + len; q++)
+            if (!is_space(*q)) return false; /* more after the fence: an answer, not a call */
+        body = nl, blen = (size_t)(close - nl);
+    }
+    if (!parse_llama3(body, blen, calls)) return false;
     if (tools && json_is_array(tools) && names_known(*calls, tools)) return true;
     json_decref(*calls);
     *calls = NULL;
@@ -199,6 +213,14 @@ size_t ag_server_tool_safe_prefix(ag_tool_format f, const char *text, size_t len
     if (i == len) return 0;
     size_t rest = len - i, tlen = strlen(k_python_tag);
     if (text[i] == '{') return 0;
+    if (!memcmp(text + i, "```", rest < 3 ? rest : 3)) {
+        /* a fence: held while its body could still be a bare call */
+        const char *nl = memchr(text + i, '\n', rest);
+        if (!nl) return 0;
+        const char *b = nl;
+        while (b < text + len && is_space(*b)) b++;
+        if (b == text + len || *b == '{') return 0;
+    }
     if (!memcmp(text + i, k_python_tag, rest < tlen ? rest : tlen)) return 0;
     if (f == AG_TOOLS_LLAMA3) return len;
     const char *o = find(text, len, k_open);

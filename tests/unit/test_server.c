@@ -163,6 +163,28 @@ static void plain_text_is_not_a_call(void **state) {
     ag_buf_free(&content);
 }
 
+/* Small models fence a bare call in Markdown; it counts only as the whole
+ * output and with a known name (Qwen2.5-0.5B under tool_choice auto). */
+static void fenced_bare_call(void **state) {
+    json_t *tools = tools_fixture();
+    json_t *calls;
+    ag_buf content = {0};
+    const char *out = "```json\n{\n  \"name\": \"get_weather\",\n  \"arguments\": {\"city\": \"Paris\"}\n}\n```";
+    assert_true(parse(AG_TOOLS_HERMES, out, tools, &calls, &content));
+    check_call(calls, 0, "get_weather", "{\"city\": \"Paris\"}");
+    json_decref(calls);
+    const char *not_calls[] = {
+        "```json\n{\"name\": \"get_date\", \"arguments\": {}}\n```",          /* unknown function */
+        "```json\n{\"name\": \"get_weather\", \"arguments\": {}}\n``` and then", /* more text */
+        "```json\n{\"name\": \"get_weather\", \"arguments\": {}}",               /* unclosed */
+        "```python\nprint(1)\n```",
+    };
+    for (size_t i = 0; i < sizeof not_calls / sizeof *not_calls; i++)
+        assert_false(parse(AG_TOOLS_HERMES, not_calls[i], tools, &calls, &content));
+    json_decref(tools);
+    ag_buf_free(&content);
+}
+
 static size_t safe(ag_tool_format f, const char *s) { return ag_server_tool_safe_prefix(f, s, strlen(s)); }
 
 static void safe_prefix_holds_back_calls(void **state) {
@@ -178,6 +200,12 @@ static void safe_prefix_holds_back_calls(void **state) {
     assert_int_equal(safe(AG_TOOLS_LLAMA3, "<|python_tag|>{"), 0);
     assert_int_equal(safe(AG_TOOLS_LLAMA3, "Sure <tool_c"), 12);
     assert_int_equal(safe(AG_TOOLS_LLAMA3, "x {"), 3);
+    /* a fence whose body could be a call is held; any other is released */
+    assert_int_equal(safe(AG_TOOLS_HERMES, "``"), 0);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "```js"), 0);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "```json\n  "), 0);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "```json\n{\"na"), 0);
+    assert_int_equal(safe(AG_TOOLS_HERMES, "```python\nprint"), 15);
 }
 
 static void format_from_template(void **state) {
@@ -229,6 +257,7 @@ int main(void) {
         cmocka_unit_test(hermes_content_and_two_calls),
         cmocka_unit_test(hermes_unterminated_and_string_args),
         cmocka_unit_test(hermes_malformed_falls_back),
+        cmocka_unit_test(fenced_bare_call),
         cmocka_unit_test(bare_json_needs_a_known_tool),
         cmocka_unit_test(llama3_python_tag_and_parameters),
         cmocka_unit_test(plain_text_is_not_a_call),
