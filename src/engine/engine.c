@@ -49,7 +49,7 @@ typedef struct request {
     ag_gen_callback  cb;
     void            *user;
     ag_sampler      *scorer; /* prompt_logprobs: raw distribution, n_logprobs alternatives; else NULL */
-    bool             prompt_logprobs, json_object;
+    bool             prompt_logprobs, json_object, no_output;
     char           **json_pre; /* JSON mode's wrapper (ag_json_init_wrapped), owned */
     int              n_json_pre;
     char            *json_suf;
@@ -468,6 +468,11 @@ static void admit(ag_engine *e) {
 /* After the prompt: give choices 1..n-1 the prompt's KV (shared blocks) and
  * sample every choice's first token from the same logits row. */
 static void start_choices(ag_engine *e, request *r, const float *row) {
+    if (r->no_output) {
+        for (int i = 0; i < r->n_choices; i++)
+            if (r->ch[i].state == CH_WAIT) finish_choice(e, r, &r->ch[i], AG_FINISH_LENGTH, NULL, -1, NULL, NULL, 0);
+        return;
+    }
     for (int i = 1; i < r->n_choices; i++) {
         choice *c = &r->ch[i];
         ag_status st = ag_kv_seq_new(e->kv, &c->seq);
@@ -792,6 +797,7 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     r->ignore_eos = in->ignore_eos;
     r->prompt_logprobs = in->prompt_logprobs && in->n_prompt > 1;
     r->json_object = in->json_object;
+    r->no_output = in->no_output;
     r->cb = in->cb;
     r->user = in->user;
     atomic_init(&r->cancel, false);

@@ -95,6 +95,9 @@ typedef struct {
      * Such a request does not reuse a cached prefix (every position's
      * logits are needed). */
     bool               prompt_logprobs;
+    /* Only read (and score) the prompt: every choice then finishes with
+     * AG_FINISH_LENGTH and no token (OpenAI's max_tokens 0 with echo). */
+    bool               no_output;
     /* JSON mode: every choice's output is one JSON object (sample/json.h
      * masks the logits each step; the choice stops when the object closes),
      * or, with json_prefixes, one of those prefixes + an object + json_suffix

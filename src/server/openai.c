@@ -104,6 +104,7 @@ typedef struct {
     bool             stream, include_usage, ignore_eos, echo;
     bool             logprobs;
     int              top_logprobs;
+    bool             no_output;   /* completions: max_tokens 0 with echo */
     bool             json_object; /* response_format {"type": "json_object"} (chat), or a forced tool call */
     char            *json_pre[AG_JSON_MAX_PREFIXES]; /* forced tool call: one prefix per allowed function */
     int              n_json_pre;
@@ -171,8 +172,10 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
 
     n = 0;
     present = false;
-    if (!get_int(b, "max_tokens", 1, 1 << 24, &n, &present, out)) return false;
+    /* completions: 0 with echo scores the prompt and generates nothing */
+    if (!get_int(b, "max_tokens", chat ? 1 : 0, 1 << 24, &n, &present, out)) return false;
     if (present) o->max_tokens = (int)n;
+    o->no_output = present && n == 0;
     if (chat) {
         present = false;
         if (!get_int(b, "max_completion_tokens", 1, 1 << 24, &n, &present, out)) return false;
@@ -294,6 +297,11 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
         o->logprobs = present;
         o->top_logprobs = (int)n;
         if (!get_bool(b, "echo", &o->echo, out)) return false;
+        if (o->no_output && !o->echo) {
+            srv_error(out, 400, "invalid_request_error", "max_tokens", "invalid_value",
+                      "'max_tokens' must be at least 1 (0 only with 'echo', to score the prompt)");
+            return false;
+        }
         n = 1;
         present = false;
         if (!get_int(b, "best_of", 1, 128, &n, &present, out)) return false;
@@ -889,7 +897,7 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
                             .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
                             .json_object = o->json_object,
                             .json_prefixes = (const char *const *)o->json_pre, .n_json_prefixes = o->n_json_pre,
-                            .json_suffix = o->json_suf};
+                            .json_suffix = o->json_suf, .no_output = o->no_output};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             submit_error(out, st, prompt_param);

@@ -199,6 +199,12 @@ def test_echo_logprobs_score_the_prompt_like_llama_cpp(tiny_server):
                 assert abs(got[0] - float(top_lp[i - 1][0])) < 0.02
                 checked += 1
             assert checked >= k // 2
+    # max_tokens 0 with echo: the prompt scored, nothing generated
+    r = c.completions.create(model="x", prompt=toks[:k], max_tokens=0, logprobs=1, echo=True)
+    lp = r.choices[0].logprobs
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 0
+    assert len(lp.token_logprobs) == k and lp.token_logprobs[0] is None
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
 
 
 # ---- chat ----
