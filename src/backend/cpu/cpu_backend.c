@@ -27,7 +27,7 @@ typedef struct {
         const void *w;
         void       *packed; /* NULL: packing failed or is off; unpack per call */
     }     *packs;
-    size_t n_packs, packs_cap, packed_bytes;
+    size_t n_packs, packs_cap;
 } cpu_state;
 
 static cpu_state *state_of(ag_backend *be) { return be->impl; }
@@ -74,10 +74,7 @@ static const void *amx_packed(cpu_state *s, const ag_tensor *w) {
         free(p);
         p = NULL;
     }
-    if (p) {
-        if (!s->packed_bytes) AG_LOGI("AMX: keeping tile-ready copies of the Q4_K/Q6_K weights (made on first use)");
-        s->packed_bytes += bytes;
-    }
+    if (p && s->n_packs == 0) AG_LOGI("AMX: keeping tile-ready copies of the Q4_K/Q6_K weights (made on first use)");
     size_t k = pack_slot(w->data, s->packs_cap);
     while (s->packs[k].w) k = (k + 1) & (s->packs_cap - 1);
     s->packs[k] = (struct amx_pack){w->data, p};

@@ -129,7 +129,6 @@ static kpanel kpanel_at(uint32_t type, const uint8_t *base, int64_t n_in) {
         k.dd = f + nb * TILE;
         k.dm = k.dd + nsb * TILE;
     }
-    (void)nsb;
     return k;
 }
 static bool is_kquant(uint32_t type) { return type == AG_TYPE_Q4_K || type == AG_TYPE_Q6_K; }
@@ -290,10 +289,12 @@ static void unpack_kquant_row(uint32_t type, const uint8_t *row, int64_t n_in, i
 #undef QDST
 }
 
-/* Zeroes row r of a panel (rows past n_out). */
-static void zero_row(int64_t ng, int64_t nb, int r, int8_t *q, float *ws, float *mw) {
-    for (int64_t b = 0; b < nb; b++) memset(q + ((size_t)b * TILE + r) * BLK, 0, BLK);
-    for (int64_t g = 0; g < ng; g++) ws[g * TILE + r] = mw[g * TILE + r] = 0.0f;
+/* Zeroes row r of a legacy-type panel (rows past n_out). */
+static void zero_row(int64_t nb, int r, int8_t *q, float *ws, float *mw) {
+    for (int64_t b = 0; b < nb; b++) {
+        memset(q + ((size_t)b * TILE + r) * BLK, 0, BLK);
+        ws[b * TILE + r] = mw[b * TILE + r] = 0.0f;
+    }
 }
 
 /* 16x16 float transpose in registers. */
@@ -352,40 +353,37 @@ AI void post_group(__m512 acc[16], const int32_t c[16][16], const float *ws, con
  * A/B 2,3 for even groups and 4,5 for odd ones. */
 AI void token_tile(__m512 acc[16], const int8_t *q, const float *ws, const float *mw, const uint8_t *tile,
                    const int64_t nb, const int HAS_MIN) {
-    const int64_t ng = nb;
     const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
     _Alignas(64) int32_t c[2][16][16];
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) acc[r] = _mm512_setzero_ps();
 #define QA(g) (q + (size_t)(g) * TILE * BLK)
 #define BB(g) (tile + (size_t)(g) * BT_BYTES)
-#define XB(g) (g)
     /* drain group g from tile C, then reuse its A/B tiles for group g+2 into CN */
 #define STEP(g, C, A, B, CN)                                                                               \
     do {                                                                                                   \
         _tile_stored(C, c[(g) & 1], 64);                                                                   \
-        if ((g) + 2 < ng) ISSUE((g) + 2, A, B, CN);                                                        \
-        post_group(acc, c[(g) & 1], ws + (g) * TILE, mw + (g) * TILE, _mm512_loadu_ps(xd + XB(g) * TILE),  \
-                   HAS_MIN ? _mm512_loadu_ps(xs + XB(g) * TILE) : _mm512_setzero_ps(), HAS_MIN);            \
+        if ((g) + 2 < nb) ISSUE((g) + 2, A, B, CN);                                                        \
+        post_group(acc, c[(g) & 1], ws + (g) * TILE, mw + (g) * TILE, _mm512_loadu_ps(xd + (g) * TILE),    \
+                   HAS_MIN ? _mm512_loadu_ps(xs + (g) * TILE) : _mm512_setzero_ps(), HAS_MIN);              \
     } while (0)
     ISSUE(0, 2, 3, 0);
-    if (ng > 1) ISSUE(1, 4, 5, 1);
-    for (int64_t g = 0; g < ng; g += 6) {
+    if (nb > 1) ISSUE(1, 4, 5, 1);
+    for (int64_t g = 0; g < nb; g += 6) {
         STEP(g, 0, 2, 3, 6);
-        if (g + 1 >= ng) break;
+        if (g + 1 >= nb) break;
         STEP(g + 1, 1, 4, 5, 0);
-        if (g + 2 >= ng) break;
+        if (g + 2 >= nb) break;
         STEP(g + 2, 6, 2, 3, 1);
-        if (g + 3 >= ng) break;
+        if (g + 3 >= nb) break;
         STEP(g + 3, 0, 4, 5, 6);
-        if (g + 4 >= ng) break;
+        if (g + 4 >= nb) break;
         STEP(g + 4, 1, 2, 3, 0);
-        if (g + 5 >= ng) break;
+        if (g + 5 >= nb) break;
         STEP(g + 5, 6, 4, 5, 1);
     }
 #undef QA
 #undef BB
-#undef XB
 #undef STEP
 }
 
@@ -537,11 +535,10 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     const amx_job *j = ctx;
     const int64_t  nb = j->n_in / BLK, p = task % j->n_panels, tt0 = task / j->n_panels * j->tiles_per_task;
     const int      q6 = j->type == AG_TYPE_Q6_K;
-    const int      has_min = j->type == AG_TYPE_Q4_1 || j->type == AG_TYPE_Q4_K;
-    const int64_t  ng = q6 ? 2 * nb : nb;
+    const int      has_min = j->type == AG_TYPE_Q4_1; /* legacy types; Q4_K's mins are kquant_tile's */
     uint8_t       *buf = j->per_thread + (size_t)thread * j->per_thread_bytes;
-    int8_t        *q = (int8_t *)buf;
-    float         *ws = (float *)(buf + (size_t)nb * TILE * BLK), *mw = ws + ng * TILE;
+    int8_t        *q = (int8_t *)buf; /* legacy types' panel: q, ws[nb][16], mw[nb][16] */
+    float         *ws = (float *)(buf + (size_t)nb * TILE * BLK), *mw = ws + nb * TILE;
     const int64_t  row0 = p * TILE;
     const int      rows = (int)(j->n_out - row0 < TILE ? j->n_out - row0 : TILE);
 
@@ -556,9 +553,9 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     } else {
         for (int r = 0; r < TILE; r++) {
             if (r < rows) unpack_row(j->type, j->w + (size_t)(row0 + r) * j->w_row_bytes, j->n_in, r, q, ws, mw);
-            else zero_row(ng, nb, r, q, ws, mw);
+            else zero_row(nb, r, q, ws, mw);
         }
-        if (!has_min) memset(mw, 0, sizeof(float) * (size_t)ng * TILE);
+        if (!has_min) memset(mw, 0, sizeof(float) * (size_t)nb * TILE);
     }
 
     load_tiles(q6 ? 16 : 32);
