@@ -34,6 +34,8 @@ typedef struct {
     ag_detok    *detok;
     ag_stop     *stop;
     ag_json_state *json; /* JSON mode, else NULL */
+    ag_spec_seq *spec;   /* speculative decoding, else NULL */
+    int          d;      /* drafts in the current step's window */
 } choice;
 
 typedef struct request {
@@ -53,6 +55,8 @@ typedef struct request {
     char           **json_pre; /* JSON mode's wrapper (ag_json_init_wrapped), owned */
     int              n_json_pre;
     char            *json_suf;
+    int              spec_max;    /* ag_gen_request.spec_max */
+    ag_spec_stats    spec;        /* rounds of finished choices */
     /* engine-thread state */
     int              n_prefilled; /* prompt tokens already in choice 0's KV */
     int              in_batch;    /* prompt tokens in the current step's batch */
@@ -95,6 +99,7 @@ struct ag_engine {
     int      n_retained, max_retained;
     uint64_t clock;
     uint8_t *block_mark; /* [n_blocks] scratch for counting retained blocks */
+    bool     spec_warned; /* a draft source could not be made: said once */
 
     /* per-step buffers */
     int32_t *b_tok, *b_pos, *b_seq;
@@ -105,8 +110,9 @@ struct ag_engine {
     int      logit_rows; /* rows e->logits holds */
     struct row_owner {
         request *r;
-        choice  *c;     /* NULL: a prompt row */
+        choice  *c;     /* NULL: a prompt row; else the first of n_rows rows of its window */
         int      p_pos; /* prompt rows: the position; the last one starts the choices, the others score p_pos+1 */
+        int      n_rows;
     } *rows;
     ag_buf text, scratch;
 };
@@ -119,7 +125,8 @@ static double now_ms(void) {
 
 ag_engine_params ag_engine_default_params(void) {
     ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 512, .n_prefill_decoding = 64, .max_queue = 64,
-                          .kv_bytes = 0, .kv_dtype = AG_KV_F16};
+                          .kv_bytes = 0, .kv_dtype = AG_KV_F16, .draft = NULL, .spec = ag_spec_default_params(),
+                          .spec_max_rows = 16};
     return p;
 }
 
@@ -140,6 +147,7 @@ static void request_free(request *r) {
             ag_stop_free(r->ch[i].stop);
             free(r->ch[i].sampled);
             free(r->ch[i].json);
+            ag_spec_seq_free(r->ch[i].spec);
         }
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     free(r->stops);
@@ -156,7 +164,13 @@ static void request_free(request *r) {
 
 static void fill_usage(const request *r, ag_gen_event *ev) {
     int gen = 0;
-    for (int i = 0; i < r->n_choices; i++) gen += r->ch ? r->ch[i].n_gen : 0;
+    ag_spec_stats sp = r->spec;
+    for (int i = 0; i < r->n_choices; i++) {
+        gen += r->ch ? r->ch[i].n_gen : 0;
+        if (r->ch && r->ch[i].spec) ag_spec_stats_add(&sp, ag_spec_get_stats(r->ch[i].spec));
+    }
+    ev->n_drafted = (int)sp.drafted;
+    ev->n_accepted = (int)sp.accepted;
     ev->n_prompt = r->n_prompt;
     ev->n_cached = r->n_cached;
     ev->n_generated = gen;
@@ -227,8 +241,10 @@ static void release_seq(ag_engine *e, request *r, choice *c, ag_finish why) {
     int32_t seq = c->seq;
     c->seq = -1;
     int32_t len = ag_kv_seq_len(e->kv, seq);
+    /* (A choice that ends inside a verify window still holds that window's
+     * KV; only the prompt part is kept below, so it does not matter.) */
     bool keep = e->max_retained > 0 && c->index == 0 && (why == AG_FINISH_STOP || why == AG_FINISH_LENGTH) &&
-                len > 0 && len <= r->n_prompt + c->n_gen;
+                len > 0;
     /* Only the prompt's KV is kept: the generated tokens' KV came from the
      * decode kernels, whose rounding differs from the prompt kernels' (see
      * ag_batch.n_prompt), so reusing it would make a follow-up request's
@@ -288,6 +304,11 @@ static void finish_choice(ag_engine *e, request *r, choice *c, ag_finish why, co
         }
     }
     release_seq(e, r, c, why);
+    if (c->spec) { /* its counters stay in the request's usage; its memory goes now */
+        ag_spec_stats_add(&r->spec, ag_spec_get_stats(c->spec));
+        ag_spec_seq_free(c->spec);
+        c->spec = NULL;
+    }
     c->state = CH_DONE;
     r->n_done++;
     e->running_choices--;
@@ -319,31 +340,26 @@ static void finish_request(ag_engine *e, request *r, ag_finish why, const char *
         if (r->ch[i].state != CH_DONE) finish_choice(e, r, &r->ch[i], why, error, -1, NULL, NULL, 0);
 }
 
-/* Samples a choice's next token from one logits row and streams it. */
-static void advance_choice(ag_engine *e, request *r, choice *c, const float *row) {
-    ag_sample_result sr;
-    if (c->json) { /* JSON mode: only tokens that continue the object */
-        memcpy(e->masked, row, sizeof(float) * (size_t)e->n_vocab);
-        ag_json_mask(c->json, e->tok, e->masked);
-        row = e->masked;
-    }
-    ag_status st = ag_sampler_sample(c->sampler, row, &sr);
-    if (st) {
-        finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), -1, NULL, NULL, 0);
-        return;
-    }
-    ag_sampler_accept(c->sampler, sr.token);
+/* Emits one decided token of a choice (already accepted into its sampler):
+ * records it, then ends the choice on an end-of-generation token, a stop
+ * string, the end of a JSON object or the length limit, or streams its
+ * text. This is the only place output tokens leave the engine, whether they
+ * come from plain decoding or from a verify window. Returns whether the
+ * choice goes on. */
+static bool emit_token(ag_engine *e, request *r, choice *c, int32_t token, const ag_sample_result *srp) {
+    ag_sample_result sr = *srp;
+    ag_status        st;
     if (c->n_gen == c->cap_sampled) {
         int cap = c->cap_sampled ? 2 * c->cap_sampled : 64;
         int32_t *p = realloc(c->sampled, sizeof *p * (size_t)cap);
         if (!p) {
             finish_choice(e, r, c, AG_FINISH_ERROR, "out of memory", -1, NULL, NULL, 0);
-            return;
+            return false;
         }
         c->sampled = p;
         c->cap_sampled = cap;
     }
-    c->sampled[c->n_gen] = sr.token;
+    c->sampled[c->n_gen] = token;
     c->n_gen++;
     double t = now_ms();
     if (r->t_first == 0) r->t_first = t;
@@ -352,48 +368,108 @@ static void advance_choice(ag_engine *e, request *r, choice *c, const float *row
     e->stats.generated_tokens++;
     pthread_mutex_unlock(&e->mu);
 
-    if (!r->ignore_eos && ag_tok_is_eog(e->tok, sr.token)) {
-        finish_choice(e, r, c, AG_FINISH_STOP, NULL, sr.token, &sr, NULL, 0);
-        return;
+    if (!r->ignore_eos && ag_tok_is_eog(e->tok, token)) {
+        finish_choice(e, r, c, AG_FINISH_STOP, NULL, token, &sr, NULL, 0);
+        return false;
     }
     ag_buf_clear(&e->scratch);
-    ag_detok_push(c->detok, sr.token, &e->scratch);
+    ag_detok_push(c->detok, token, &e->scratch);
     ag_stop_result res = {0};
     if ((st = ag_stop_feed(c->stop, ag_buf_cstr(&e->scratch), e->scratch.len, &res))) {
-        finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), sr.token, &sr, NULL, 0);
-        return;
+        finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), token, &sr, NULL, 0);
+        return false;
     }
     if (res.stopped) {
         /* The text before the stop string is the last piece; after a stop the
          * matcher releases nothing more, so finishing adds nothing. */
-        finish_choice(e, r, c, AG_FINISH_STOP, NULL, sr.token, &sr, res.text, res.len);
-        return;
+        finish_choice(e, r, c, AG_FINISH_STOP, NULL, token, &sr, res.text, res.len);
+        return false;
     }
     if (c->json) {
         size_t      plen;
-        const char *piece = ag_tok_piece(e->tok, sr.token, &plen);
+        const char *piece = ag_tok_piece(e->tok, token, &plen);
         /* the mask let only continuing tokens through, so this cannot fail */
         if (!piece || !ag_json_feed(c->json, piece, plen)) {
-            finish_choice(e, r, c, AG_FINISH_ERROR, "JSON mode: the output left the JSON grammar", sr.token, &sr,
+            finish_choice(e, r, c, AG_FINISH_ERROR, "JSON mode: the output left the JSON grammar", token, &sr,
                           res.text, res.len);
-            return;
+            return false;
         }
         if (ag_json_done(c->json)) { /* the object is closed: nothing may follow */
-            finish_choice(e, r, c, AG_FINISH_STOP, NULL, sr.token, &sr, res.text, res.len);
-            return;
+            finish_choice(e, r, c, AG_FINISH_STOP, NULL, token, &sr, res.text, res.len);
+            return false;
         }
     }
     int len_now = r->n_prompt + c->n_gen; /* tokens the sequence would hold after feeding this one */
     if (c->n_gen >= r->max_tokens || len_now >= e->p.n_ctx) {
-        finish_choice(e, r, c, AG_FINISH_LENGTH, NULL, sr.token, &sr, res.text, res.len);
-        return;
+        finish_choice(e, r, c, AG_FINISH_LENGTH, NULL, token, &sr, res.text, res.len);
+        return false;
     }
-    c->pending = sr.token;
+    c->pending = token;
     c->state = CH_DECODE;
-    ag_gen_event ev = {.choice = c->index, .token = sr.token, .text = res.text, .len = res.len, .sample = &sr,
+    ag_gen_event ev = {.choice = c->index, .token = token, .text = res.text, .len = res.len, .sample = &sr,
                        .finish = AG_FINISH_NONE};
     fill_usage(r, &ev);
     r->cb(r->user, &ev);
+    return true;
+}
+
+/* The verify executor's view of a choice (ag_spec_sink). */
+typedef struct {
+    ag_engine *e;
+    request   *r;
+    choice    *c;
+} choice_sink;
+
+static const float *sink_prepare(void *user, const float *row) {
+    choice_sink *x = user;
+    if (!x->c->json) return row;
+    /* JSON mode: only tokens that continue the object */
+    memcpy(x->e->masked, row, sizeof(float) * (size_t)x->e->n_vocab);
+    ag_json_mask(x->c->json, x->e->tok, x->e->masked);
+    return x->e->masked;
+}
+
+static bool sink_emit(void *user, int32_t token, const ag_sample_result *sr) {
+    choice_sink *x = user;
+    return emit_token(x->e, x->r, x->c, token, sr);
+}
+
+/* Decides and emits a choice's next token(s) from its window of logits
+ * rows: [pending, c->d drafts] (c->d = 0: plain decoding, one row). */
+static void advance_choice(ag_engine *e, request *r, choice *c, const float *rows) {
+    choice_sink   x = {e, r, c};
+    ag_spec_sink  sink = {sink_prepare, sink_emit, &x};
+    ag_spec_round rd;
+    int           d = c->d;
+    c->d = 0;
+    ag_status st = ag_spec_verify(c->spec, c->sampler, r->sp.logprobs || r->sp.n_logprobs > 0, rows,
+                                  (size_t)e->n_vocab, d, e->kv, c->seq, &sink, &rd);
+    pthread_mutex_lock(&e->mu);
+    ag_spec_stats_add_round(&e->stats.spec, &rd);
+    e->stats.decode_forwards++;
+    pthread_mutex_unlock(&e->mu);
+    if (st && c->state != CH_DONE) finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), -1, NULL, NULL, 0);
+}
+
+/* Gives a choice its draft source, told the prompt. Failing that, the
+ * choice decodes plainly (warned once per engine). */
+static void start_speculation(ag_engine *e, request *r, choice *c) {
+    if (!e->p.draft || r->spec_max < 0 || r->no_output) return;
+    ag_spec_params sp = e->p.spec;
+    if (r->spec_max > 0 && r->spec_max < sp.draft_max) {
+        sp.draft_max = r->spec_max;
+        if (sp.draft_min > sp.draft_max) sp.draft_min = sp.draft_max;
+    }
+    ag_draft_source *src = NULL;
+    ag_status st = e->p.draft->make(e->p.draft->ctx, &r->sp, (uint64_t)c->index, &src);
+    if (!st) st = ag_spec_seq_new(src, &sp, e->n_vocab, &c->spec);
+    if (!st) st = ag_spec_prefill(c->spec, r->prompt, r->n_prompt);
+    if (st) {
+        if (!e->spec_warned) AG_LOGW("speculative decoding off for a request: %s", ag_error_message());
+        e->spec_warned = true;
+        ag_spec_seq_free(c->spec);
+        c->spec = NULL;
+    }
 }
 
 /* Moves requests from the queue into the running set while they fit. */
@@ -483,7 +559,10 @@ static void start_choices(ag_engine *e, request *r, const float *row) {
         }
     }
     for (int i = 0; i < r->n_choices; i++)
-        if (r->ch[i].state == CH_WAIT) advance_choice(e, r, &r->ch[i], row);
+        if (r->ch[i].state == CH_WAIT) {
+            start_speculation(e, r, &r->ch[i]);
+            advance_choice(e, r, &r->ch[i], row);
+        }
 }
 
 /* Reports the logprob of prompt token pos given the row of logits before
@@ -515,18 +594,43 @@ static bool step(ag_engine *e) {
     if (!e->running) return false;
 
     int n = 0, rows = 0, n_prefill = 0;
-    /* decode tokens first: one per running choice */
+    /* Decode windows first: each decoding choice's pending token, followed by
+     * the tokens its draft source proposes (speculative decoding), all as
+     * decode rows. Drafts get the rows left under spec_max_rows once every
+     * decoding choice has its one row: past that the step is compute-bound
+     * and verify rows would cost what they save. */
+    int spare = e->p.spec_max_rows;
+    for (request *r = e->running; r; r = r->next)
+        for (int i = 0; i < r->n_choices; i++) spare -= r->ch[i].state == CH_DECODE;
     for (request *r = e->running; r; r = r->next)
         for (int i = 0; i < r->n_choices; i++) {
             choice *c = &r->ch[i];
             if (c->state != CH_DECODE || n >= e->p.n_batch) continue;
             int32_t pos = ag_kv_seq_len(e->kv, c->seq);
+            c->d = 0;
+            if (c->spec && spare > 0) {
+                /* at most the tokens still allowed after the bonus, and what the batch holds */
+                int cap = r->max_tokens - c->n_gen - 1;
+                if (cap > spare) cap = spare;
+                if (cap > e->p.n_batch - n - 1) cap = e->p.n_batch - n - 1;
+                if (cap > 0) c->d = ag_spec_propose(c->spec, c->sampled, c->n_gen, cap);
+                spare -= c->d;
+            }
             e->b_tok[n] = c->pending;
             e->b_pos[n] = pos;
             e->b_seq[n] = c->seq;
             e->b_want[n] = 1;
-            e->rows[rows++] = (struct row_owner){r, c, -1};
+            e->rows[rows++] = (struct row_owner){r, c, -1, c->d + 1};
             n++;
+            const int32_t *x = c->d ? ag_spec_drafts(c->spec) : NULL;
+            for (int j = 0; j < c->d; j++) {
+                e->b_tok[n] = x[j];
+                e->b_pos[n] = pos + 1 + j;
+                e->b_seq[n] = c->seq;
+                e->b_want[n] = 1;
+                e->rows[rows++] = (struct row_owner){r, c, -1, 0};
+                n++;
+            }
         }
     /* then prompt chunks, oldest request first (the list is newest first, so
      * walk to the end). While streams are decoding, prompt tokens per step are
@@ -551,7 +655,7 @@ static bool step(ag_engine *e) {
             e->b_pos[n] = p;
             e->b_seq[n] = r->ch[0].seq;
             e->b_want[n] = p == r->n_prompt - 1 || r->prompt_logprobs;
-            if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p};
+            if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p, 1};
             n++;
         }
         n_prefill += k;
@@ -601,7 +705,7 @@ static bool step(ag_engine *e) {
         r->n_prefilled += r->in_batch;
         r->in_batch = 0;
     }
-    for (int k = 0; k < rows; k++) {
+    for (int k = 0; k < rows; k += e->rows[k].n_rows > 0 ? e->rows[k].n_rows : 1) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
         struct row_owner o = e->rows[k];
         if (o.c) {
@@ -664,6 +768,11 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     if (p.n_batch < 1) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1");
     if (p.n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
     if (p.max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
+    if (p.spec_max_rows < 0 || p.spec_max_rows > 1024) return ag_errorf(AG_ERR_RANGE, "spec_max_rows must be in [0, 1024]");
+    if (p.draft) {
+        ag_status sst = ag_spec_params_check(&p.spec);
+        if (sst) return sst;
+    }
     if (p.n_ctx <= 0) p.n_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
     if (p.n_ctx < 2) return ag_errorf(AG_ERR_RANGE, "context must be at least 2 tokens");
     if (ag_tok_n_vocab(tok) > cfg->n_vocab)
@@ -713,7 +822,8 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         e->n_blocks = ks.n_blocks;
         e->block_mark = malloc((size_t)e->n_blocks + 1);
     }
-    e->max_rows = 2 * p.n_parallel + 1;
+    /* decode rows and prompt ends (one each per choice), plus verify rows */
+    e->max_rows = 2 * p.n_parallel + 1 + (p.draft ? p.spec_max_rows : 0);
     e->b_tok = malloc(sizeof(int32_t) * p.n_batch);
     e->b_pos = malloc(sizeof(int32_t) * p.n_batch);
     e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
@@ -729,6 +839,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     }
     e->stats.n_ctx = p.n_ctx;
     e->stats.n_parallel = p.n_parallel;
+    e->stats.draft_bytes = p.draft ? p.draft->shared_bytes : 0;
     e->stats.kv_blocks_free = e->n_blocks;
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         st = ag_errorf(AG_ERR_INTERNAL, "cannot start the engine thread");
@@ -798,6 +909,7 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     r->prompt_logprobs = in->prompt_logprobs && in->n_prompt > 1;
     r->json_object = in->json_object;
     r->no_output = in->no_output;
+    r->spec_max = in->spec_max;
     r->cb = in->cb;
     r->user = in->user;
     atomic_init(&r->cancel, false);

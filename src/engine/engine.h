@@ -28,6 +28,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
+#include "spec/spec.h"
 #include "tok/tok.h"
 
 typedef struct ag_engine ag_engine;
@@ -40,6 +41,15 @@ typedef struct {
     int         max_queue;  /* requests waiting for admission; more are refused; default 64 */
     size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts */
     ag_kv_dtype kv_dtype;   /* default F16 */
+    /* Speculative decoding (spec/spec.h): NULL = off. The factory is
+     * borrowed and must outlive the engine; each choice gets its own source
+     * from it. */
+    const ag_draft_factory *draft;
+    ag_spec_params          spec;
+    /* Decode + verify rows per step beyond which no sequence drafts: a step
+     * of that many rows is already compute-bound on this machine, so more
+     * verify rows would cost about what they save. Default 16. */
+    int spec_max_rows;
 } ag_engine_params;
 
 ag_engine_params ag_engine_default_params(void);
@@ -73,6 +83,7 @@ typedef struct {
     int prompt_pos;
     /* Usage so far (the request's, over all choices). */
     int    n_prompt, n_cached, n_generated;
+    int    n_drafted, n_accepted; /* speculative decoding: draft tokens verified / accepted */
     double t_prefill_ms, t_decode_ms; /* wall time in prefill / decode steps so far */
 } ag_gen_event;
 
@@ -106,6 +117,9 @@ typedef struct {
     const char *const *json_prefixes;
     int                n_json_prefixes;
     const char        *json_suffix;
+    /* Speculative decoding for this request: 0 the engine's setting,
+     * < 0 off, n > 0 at most n draft tokens per round. */
+    int                spec_max;
     ag_gen_callback    cb;
     void              *user;
 } ag_gen_request;
@@ -133,6 +147,9 @@ typedef struct {
     int      kv_blocks_cached;  /* of the used ones, those only finished conversations hold (reusable prefixes) */
     int      cached_sequences;  /* finished conversations kept for prefix reuse */
     int      n_ctx, n_parallel;
+    ag_spec_stats spec;        /* speculative decoding, over finished and running choices' past rounds */
+    uint64_t decode_forwards;  /* target forwards that decoded (each choice's row window counts once) */
+    size_t   draft_bytes;      /* memory of the draft factory (a draft model's weights and KV pool) */
 } ag_engine_stats;
 
 void ag_engine_get_stats(ag_engine *e, ag_engine_stats *out);

@@ -1,0 +1,266 @@
+/* The verify executor and the adaptive draft length. See spec.h. */
+#include "spec/spec.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+
+/* Weight of the newest observation in the acceptance average: about the
+ * last 16 verified positions matter. */
+#define ACCEPT_EMA 0.0625
+/* Where a new sequence's acceptance estimate starts: optimistic enough that
+ * the first rounds draft, so the estimate can learn from them. */
+#define ACCEPT_PRIOR 0.6
+
+struct ag_spec_seq {
+    ag_draft_source *src;
+    ag_spec_params   p;
+    int32_t          n_vocab;
+    bool             active;
+    int              n_seen;  /* output tokens the source has been told */
+    int              d;       /* drafted in the current round (until verify) */
+    int32_t          drafts[AG_SPEC_MAX_DRAFT];
+    float           *q;       /* [draft_max][n_vocab] when the source is stochastic */
+    float           *p_row;   /* [n_vocab]: the target's distribution at one position */
+    double           accept;  /* per-position acceptance average */
+    int              idle;    /* rounds since the last draft while the length is 0 */
+    ag_spec_stats    stats;
+};
+
+ag_spec_params ag_spec_default_params(void) {
+    return (ag_spec_params){.draft_max = 8, .draft_min = 0, .verify_row_cost = 0.1f, .probe_every = 8,
+                            .adaptive = true};
+}
+
+ag_status ag_spec_params_check(const ag_spec_params *p) {
+    if (p->draft_max < 1 || p->draft_max > AG_SPEC_MAX_DRAFT)
+        return ag_errorf(AG_ERR_RANGE, "draft_max must be in [1, %d]", AG_SPEC_MAX_DRAFT);
+    if (p->draft_min < 0 || p->draft_min > p->draft_max)
+        return ag_errorf(AG_ERR_RANGE, "draft_min must be in [0, draft_max = %d]", p->draft_max);
+    if (!(p->verify_row_cost >= 0.0f && p->verify_row_cost <= 10.0f))
+        return ag_errorf(AG_ERR_RANGE, "verify_row_cost must be in [0, 10]");
+    if (p->probe_every < 1) return ag_errorf(AG_ERR_RANGE, "probe_every must be >= 1");
+    return AG_OK;
+}
+
+void ag_spec_stats_add(ag_spec_stats *a, const ag_spec_stats *b) {
+    a->rounds += b->rounds;
+    a->drafted += b->drafted;
+    a->accepted += b->accepted;
+    a->emitted += b->emitted;
+    for (int i = 0; i < AG_SPEC_MAX_DRAFT; i++) {
+        a->drafted_at[i] += b->drafted_at[i];
+        a->accepted_at[i] += b->accepted_at[i];
+    }
+}
+
+ag_status ag_spec_seq_new(ag_draft_source *src, const ag_spec_params *p, int32_t n_vocab, ag_spec_seq **out) {
+    *out = NULL;
+    ag_status st = ag_spec_params_check(p);
+    if (st || n_vocab < 1) {
+        ag_draft_free(src);
+        return st ? st : ag_errorf(AG_ERR_INVALID, "ag_spec_seq_new: n_vocab must be >= 1");
+    }
+    ag_spec_seq *s = calloc(1, sizeof *s);
+    if (s) s->p_row = malloc(sizeof(float) * (size_t)n_vocab);
+    if (s && src->stochastic) s->q = malloc(sizeof(float) * (size_t)n_vocab * (size_t)p->draft_max);
+    if (!s || !s->p_row || (src->stochastic && !s->q)) {
+        if (s) {
+            free(s->p_row);
+            free(s->q);
+            free(s);
+        }
+        ag_draft_free(src);
+        return ag_errorf(AG_ERR_NOMEM, "out of memory for speculative decoding state");
+    }
+    s->src = src;
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->active = true;
+    s->accept = ACCEPT_PRIOR;
+    *out = s;
+    return AG_OK;
+}
+
+void ag_spec_seq_free(ag_spec_seq *s) {
+    if (!s) return;
+    ag_draft_free(s->src);
+    free(s->q);
+    free(s->p_row);
+    free(s);
+}
+
+ag_status ag_spec_prefill(ag_spec_seq *s, const int32_t *prompt, int n) {
+    ag_status st = s->src->ops->prefill(s->src, prompt, n);
+    if (st) s->active = false;
+    return st;
+}
+
+const int32_t       *ag_spec_drafts(const ag_spec_seq *s) { return s->drafts; }
+const ag_spec_stats *ag_spec_get_stats(const ag_spec_seq *s) { return &s->stats; }
+bool                 ag_spec_active(const ag_spec_seq *s) { return s && s->active; }
+
+size_t ag_spec_resident_bytes(const ag_spec_seq *s) {
+    size_t b = sizeof *s + sizeof(float) * (size_t)s->n_vocab;
+    if (s->q) b += sizeof(float) * (size_t)s->n_vocab * (size_t)s->p.draft_max;
+    return b + s->src->ops->resident_bytes(s->src);
+}
+
+/* The draft length that maximises expected tokens per unit of cost, given
+ * the acceptance estimate a: E(d) = 1 + a + ... + a^d tokens for
+ * 1 + d * c decode steps. */
+static int best_length(const ag_spec_seq *s, int cap) {
+    double a = s->accept, c = (double)s->p.verify_row_cost + (double)s->src->cost_per_token;
+    double best = 1.0, e = 1.0, ak = 1.0;
+    int    best_d = 0;
+    for (int d = 1; d <= cap; d++) {
+        ak *= a;
+        e += ak;
+        double v = e / (1.0 + d * c);
+        if (v > best * 1.02) { /* a longer draft must pay clearly */
+            best = v;
+            best_d = d;
+        }
+    }
+    return best_d;
+}
+
+int ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap) {
+    s->d = 0;
+    if (!s->active) return 0;
+    if (cap > s->p.draft_max) cap = s->p.draft_max;
+    if (cap < 0) cap = 0;
+    int want = cap;
+    if (s->p.adaptive && cap > 0) {
+        want = best_length(s, cap);
+        if (want == 0 && ++s->idle >= s->p.probe_every) {
+            /* probe: a short draft keeps the estimate alive */
+            want = cap < 2 ? cap : 2;
+            s->idle = 0;
+        }
+        if (want > 0 && want < s->p.draft_min) want = s->p.draft_min <= cap ? s->p.draft_min : 0;
+    }
+    /* Rounds that do not draft do not call the source: the output it has
+     * not seen is fed at its next draft. */
+    if (want == 0) return 0;
+    int n_feed = n_output - s->n_seen;
+    int d = s->src->ops->draft(s->src, output + s->n_seen, n_feed, want, s->drafts, s->q);
+    s->n_seen = n_output;
+    if (d < 0) {
+        AG_LOGW("speculative decoding off for a sequence: draft source '%s' failed: %s", s->src->name,
+                ag_error_message());
+        s->active = false;
+        return 0;
+    }
+    if (d > want) d = want; /* a misbehaving source cannot overrun the buffers */
+    bool usable = d >= s->p.draft_min;
+    for (int i = 0; usable && i < d; i++)
+        if (s->drafts[i] < 0 || s->drafts[i] >= s->n_vocab) usable = false; /* never verify an impossible id */
+    if (d == 0 || !usable) {
+        s->src->ops->commit(s->src, d, 0); /* nothing to verify: the round ends here */
+        d = 0;
+    }
+    s->d = d;
+    return d;
+}
+
+void ag_spec_stats_add_round(ag_spec_stats *a, const ag_spec_round *r) {
+    if (r->drafted <= 0) return;
+    int observed = r->accepted < r->drafted ? r->accepted + 1 : r->drafted;
+    for (int i = 0; i < observed && i < AG_SPEC_MAX_DRAFT; i++) {
+        a->drafted_at[i]++;
+        if (i < r->accepted) a->accepted_at[i]++;
+    }
+    a->rounds++;
+    a->drafted += (uint64_t)r->drafted;
+    a->accepted += (uint64_t)r->accepted;
+    a->emitted += (uint64_t)r->emitted;
+}
+
+/* Records a verified round: counters and the acceptance average (the
+ * positions up to and including the first rejection were observed). */
+static void learn(ag_spec_seq *s, int d, int k, int emitted) {
+    if (d == 0) return;
+    int observed = k < d ? k + 1 : d;
+    for (int i = 0; i < observed; i++) s->accept += ACCEPT_EMA * ((i < k ? 1.0 : 0.0) - s->accept);
+    ag_spec_round r = {.drafted = d, .accepted = k, .emitted = emitted};
+    ag_spec_stats_add_round(&s->stats, &r);
+}
+
+/* Decides the token that follows one row, accepting it into the sampler. */
+static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *row, int i, int d,
+                        ag_sample_result *sr, bool *accepted) {
+    ag_status st;
+    *accepted = false;
+    if (i == d || ag_sampler_greedy(sampler)) {
+        /* The bonus token, and every greedy decision: the very call plain
+         * decoding makes, so the token (and its logprob) are plain's. */
+        if ((st = ag_sampler_sample(sampler, row, sr))) return st;
+        if (i < d) *accepted = sr->token == spec->drafts[i];
+    } else {
+        ag_verify_result v;
+        const float *q = spec->src->stochastic && spec->q ? spec->q + (size_t)i * (size_t)spec->n_vocab : NULL;
+        if ((st = ag_sampler_probs(sampler, row, spec->p_row))) return st;
+        if ((st = ag_sampler_verify(sampler, spec->p_row, q, spec->drafts[i], &v))) return st;
+        *accepted = v.accepted != 0;
+        if (want_logprobs) {
+            if ((st = ag_sampler_logprobs(sampler, row, v.token, sr))) return st;
+        } else {
+            memset(sr, 0, sizeof *sr);
+            sr->token = v.token;
+            sr->logprob = NAN;
+        }
+    }
+    return ag_sampler_accept(sampler, sr->token);
+}
+
+ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *logits,
+                         size_t row_stride, int d, ag_kv *kv, int32_t kv_seq, const ag_spec_sink *sink,
+                         ag_spec_round *out) {
+    memset(out, 0, sizeof *out);
+    if (d > 0 && (!spec || d != spec->d))
+        return ag_errorf(AG_ERR_INVALID, "ag_spec_verify: %d rows of drafts but %d were proposed", d,
+                         spec ? spec->d : 0);
+    out->drafted = d;
+    for (int i = 0; i <= d; i++) {
+        const float *row = sink->prepare(sink->user, logits + (size_t)i * row_stride);
+        if (!row) return ag_errorf(AG_ERR_INTERNAL, "ag_spec_verify: the row could not be prepared");
+        ag_sample_result sr;
+        bool             accepted;
+        ag_status        st = decide(spec, sampler, want_logprobs, row, i, d, &sr, &accepted);
+        if (st) return st;
+        if (i < d && !accepted) {
+            /* The correction ends the round. Trim and commit before handing
+             * it over: the sink may end the choice and free the sequence. */
+            out->accepted = i;
+            learn(spec, d, i, i + 1);
+            if ((st = ag_kv_trim(kv, kv_seq, d - i))) return st;
+            spec->src->ops->commit(spec->src, d, i);
+            spec->n_seen += i; /* the source has the accepted drafts already */
+            spec->d = 0;
+            out->emitted++;
+            out->ended = !sink->emit(sink->user, sr.token, &sr);
+            return AG_OK;
+        }
+        if (i == d && spec && d > 0) { /* every draft stood; this is the bonus */
+            out->accepted = d;
+            learn(spec, d, d, d + 1);
+            spec->src->ops->commit(spec->src, d, d);
+            spec->n_seen += d;
+            spec->d = 0;
+        }
+        out->emitted++;
+        if (!sink->emit(sink->user, sr.token, &sr)) {
+            out->ended = true;
+            if (i < d) { /* ended on an accepted draft: the source's round is over too */
+                out->accepted = i + 1;
+                learn(spec, d, i + 1, i + 1);
+                spec->d = 0;
+            }
+            return AG_OK;
+        }
+    }
+    return AG_OK;
+}
