@@ -24,18 +24,27 @@
  *
  * Cost. An incremental index (per n, a hash table from n-gram to its latest
  * occurrence plus a chain to the previous one) makes appending a token
- * O(n_max - n_min + 1) hash updates, and a draft O((n_max - n_min + 1) + 
- * max_candidates log max_candidates + max), independent of the history
- * length. Memory is about (4 + 4 * n_grams + 16 * n_grams) bytes per history
- * token, where n_grams = n_max - n_min + 1 (see resident_bytes).
+ * O(n_max - n_min + 1) hash updates, and a draft
+ * O(n_max - n_min + 1 + max_candidates log max_candidates + max), independent
+ * of the history length. Memory is about 4 + 20..36 * (n_max - n_min + 1)
+ * bytes per history token (a history slot, a chain link and 2..4 hash slots
+ * per distinct n-gram): 1.8 to 3.3 MB per 8k tokens with the defaults, small
+ * next to any model's KV for those tokens. resident_bytes reports it.
+ *
+ * Ownership. prefill() copies the prompt and draft() the feed; neither is
+ * read after the call. draft() writes the proposal into the caller's out
+ * and keeps its own copy for commit(), so out need not outlive the call.
  *
  * Errors. draft() and prefill() reserve everything the following commit()
- * may need, so commit() never allocates and cannot fail. On an allocation
- * failure draft() returns -1 with the history unchanged (the feed is NOT
- * appended); prefill() fails with AG_ERR_NOMEM and leaves an empty history.
- * A commit() whose d does not match the last draft's count is a caller bug:
- * k is clamped to what was proposed, so the history stays a true prefix of
- * what the executor knows (never tokens that were not proposed). */
+ * may need, so commit() never allocates and cannot fail. draft() returns -1
+ * (with a message) on bad arguments (n_feed < 0, max < 0, a NULL feed or out
+ * where tokens are due), on an allocation failure and past 2^28 tokens, with the
+ * history unchanged (the feed is NOT appended) and nothing to commit.
+ * prefill() always drops the old history first; on AG_ERR_INVALID (bad
+ * arguments), AG_ERR_NOMEM or AG_ERR_RANGE (more than 2^28 tokens) the
+ * history is left empty. A commit() whose d does not match the last draft's
+ * count is a caller bug: k is clamped to what was proposed, so only tokens
+ * that were proposed can ever enter the history. */
 #ifndef AG_SPEC_NGRAM_H
 #define AG_SPEC_NGRAM_H
 
@@ -49,8 +58,8 @@ typedef struct {
 
 enum { AG_NGRAM_N_LIMIT = 64, AG_NGRAM_CANDIDATES_LIMIT = 4096 };
 
-/* Defaults: n_min 1, n_max 4, max_candidates 8 (the reasons are in ngram.c
- * beside the function). Pure; no allocation. */
+/* Defaults: n_min 2, n_max 12, max_candidates 8 (measurements behind them
+ * are in ngram.c beside the function). Pure; no allocation. */
 ag_ngram_params ag_ngram_default_params(void);
 
 /* Creates a prompt-lookup source with an empty history. `p` is read during

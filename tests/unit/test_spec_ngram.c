@@ -102,8 +102,8 @@ static void identity_fields(void **st) {
     ag_draft_free(NULL); /* NULL-safe */
 
     ag_ngram_params d = ag_ngram_default_params();
-    assert_int_equal(d.n_min, 1);
-    assert_int_equal(d.n_max, 4);
+    assert_int_equal(d.n_min, 2);
+    assert_int_equal(d.n_max, 12);
     assert_int_equal(d.max_candidates, 8);
     s = NULL;
     assert_int_equal(ag_draft_ngram_new(NULL, &s), AG_OK); /* NULL = defaults */
@@ -357,7 +357,7 @@ static void hist_push(hist *h, int32_t t) {
  * mostly a continuation that agrees with the history, as real output often
  * does, so long matches and long chains occur. */
 static void one_stream(int vocab, int rounds) {
-    int n_min = 1 + trng_int(3), n_max = n_min + trng_int(5), cand = 1 + trng_int(12);
+    int n_min = 1 + trng_int(3), n_max = n_min + trng_int(12), cand = 1 + trng_int(12);
     ag_draft_source *s = make(n_min, n_max, cand);
     hist h = {0};
     int32_t out[32], ref[32];
@@ -397,7 +397,15 @@ static void one_stream(int vocab, int rounds) {
         }
         /* Accept a random prefix; bias toward full or none as in practice. */
         int k = trng_int(4) == 0 ? d : trng_int(d + 1);
-        s->ops->commit(s, d, k);
+        if (trng_int(20) == 0) {
+            /* A buggy caller claiming more than was proposed: only the
+             * proposal can enter the history. */
+            int e = 1 + trng_int(3);
+            s->ops->commit(s, d + e, d + e);
+            k = d;
+        } else {
+            s->ops->commit(s, d, k);
+        }
         for (int i = 0; i < k; i++) hist_push(&h, out[i]);
     }
     free(h.h);
@@ -409,16 +417,12 @@ static void matches_reference_random(void **st) {
     for (int stream = 0; stream < 60; stream++) one_stream(2 + stream % 5, 400);
 }
 
-/* A 20000-token history, then hundreds of rounds: must simply complete
- * (with the index this is milliseconds; a rescan per round would show). */
-static void long_history(void **st) {
-    (void)st;
+static void long_history_with(ag_draft_source *s) {
     enum { N = 20000 };
     int32_t *prompt = malloc(N * sizeof *prompt);
     assert_non_null(prompt);
     /* A few hundred-token "paragraphs" repeated with edits, over a big vocab. */
     for (int i = 0; i < N; i++) prompt[i] = (i % 997 < 500) ? (int32_t)(i % 997) : trng_int(32000);
-    ag_draft_source *s = make(1, 4, 8);
     size_t empty = s->ops->resident_bytes(s);
     prefill(s, prompt, N);
     assert_true(s->ops->resident_bytes(s) > empty + N * sizeof(int32_t));
@@ -436,6 +440,16 @@ static void long_history(void **st) {
     assert_true(hits > 400);
     free(prompt);
     ag_draft_free(s);
+}
+
+/* A 20000-token history, then hundreds of rounds: must simply complete
+ * (with the index this is milliseconds; a rescan per round would show). */
+static void long_history(void **st) {
+    (void)st;
+    long_history_with(make(1, 4, 8));
+    ag_draft_source *s = NULL;
+    assert_int_equal(ag_draft_ngram_new(NULL, &s), AG_OK); /* the defaults */
+    long_history_with(s);
 }
 
 int main(void) {
