@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cli/cli.h"
 
@@ -19,6 +20,34 @@ int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok)
         *m = NULL;
         return 1;
     }
+    return 0;
+}
+
+void ag_cli_draft_defaults(ag_cli_draft_opts *o) {
+    ag_spec_params sp = ag_spec_default_params();
+    *o = (ag_cli_draft_opts){.draft = NULL, .draft_max = sp.draft_max, .draft_min = sp.draft_min};
+}
+
+int ag_cli_draft_flag(const char *flag, const char *value, ag_cli_draft_opts *o) {
+    if (!strcmp(flag, "--draft")) {
+        o->draft = value;
+        return value && *value ? 1 : -1;
+    }
+    if (!strcmp(flag, "--draft-max")) return ag_cli_parse_long(value, 1, AG_SPEC_MAX_DRAFT, &o->draft_max) ? 1 : -1;
+    if (!strcmp(flag, "--draft-min")) return ag_cli_parse_long(value, 0, AG_SPEC_MAX_DRAFT, &o->draft_min) ? 1 : -1;
+    return 0;
+}
+
+int ag_cli_draft_open(const ag_cli_draft_opts *o, ag_model *m, const ag_tok *tok, int threads,
+                      ag_engine_params *ep, ag_draft_setup **setup) {
+    *setup = NULL;
+    if (!o->draft) return 0;
+    if (o->draft_min > o->draft_max) return ag_cli_fail("--draft-min %ld is above --draft-max %ld", o->draft_min, o->draft_max);
+    ag_draft_setup_params dp = {.draft = o->draft, .n_parallel = ep->n_parallel, .n_ctx = ep->n_ctx, .n_threads = threads};
+    if (ag_draft_setup_open(&dp, m, tok, setup)) return ag_cli_fail("draft: %s", ag_error_message());
+    ep->draft = ag_draft_setup_factory(*setup);
+    ep->spec.draft_max = (int)o->draft_max;
+    ep->spec.draft_min = (int)o->draft_min;
     return 0;
 }
 

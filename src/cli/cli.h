@@ -7,7 +7,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/engine.h"
 #include "model/model.h"
+#include "spec/sources.h"
 #include "tok/tok.h"
 
 int ag_cli_info(int argc, char **argv);
@@ -28,6 +30,29 @@ int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok)
 bool ag_cli_parse_long(const char *s, long min, long max, long *out);
 bool ag_cli_parse_float(const char *s, double min, double max, double *out);
 bool ag_cli_parse_u64(const char *s, uint64_t *out);
+
+/* Speculative decoding flags, shared by run, serve and bench:
+ * --draft ngram|MODEL.gguf, --draft-max N, --draft-min N. */
+typedef struct {
+    const char *draft; /* NULL: off */
+    long        draft_max, draft_min;
+} ag_cli_draft_opts;
+
+#define AG_CLI_DRAFT_USAGE                                                                              \
+    "  --draft ngram|MODEL.gguf  speculative decoding: prompt lookup, or a smaller draft model with the\n" \
+    "                  target's vocabulary (same output, faster when drafts are accepted)\n"             \
+    "  --draft-max N   most tokens drafted per step (default 8; the length adapts to acceptance)\n"     \
+    "  --draft-min N   do not verify drafts shorter than N (default 0)\n"
+
+void ag_cli_draft_defaults(ag_cli_draft_opts *o);
+/* If `flag` is one of the draft flags: parses `value` into *o and returns
+ * 1 (ok) or -1 (bad value); returns 0 for any other flag. */
+int ag_cli_draft_flag(const char *flag, const char *value, ag_cli_draft_opts *o);
+/* Opens the draft source named in *o (if any) and fills ep->draft and
+ * ep->spec; *setup owns it and is freed after the engine. On failure prints
+ * the error and returns 1. */
+int ag_cli_draft_open(const ag_cli_draft_opts *o, ag_model *m, const ag_tok *tok, int threads,
+                      ag_engine_params *ep, ag_draft_setup **setup);
 
 /* Prints "augur: <message>" on stderr and returns 1. */
 int ag_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -25,7 +25,7 @@ static const char usage[] =
     "  --seed S        sampling seed (default: random)\n"
     "  --ctx N         context size (default: the model's, at most 4096)\n"
     "  -t THREADS      CPU threads (default: all cores)\n"
-    "  --ignore-eos    keep generating past end-of-text tokens\n";
+    "  --ignore-eos    keep generating past end-of-text tokens\n" AG_CLI_DRAFT_USAGE;
 
 typedef struct {
     pthread_mutex_t mu;
@@ -62,6 +62,8 @@ int ag_cli_run(int argc, char **argv) {
     double temp = 0.8, top_p = 0.95, min_p = 0.05, rep = 1.0;
     uint64_t seed = 0;
     bool have_seed = false, chat = false, ignore_eos = false;
+    ag_cli_draft_opts dopt;
+    ag_cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -72,7 +74,9 @@ int ag_cli_run(int argc, char **argv) {
         if (!strcmp(a, "--ignore-eos")) { ignore_eos = true; continue; }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
-        if (!strcmp(a, "-m")) model_path = v;
+        int  df = ag_cli_draft_flag(a, v, &dopt);
+        if (df) ok = df > 0;
+        else if (!strcmp(a, "-m")) model_path = v;
         else if (!strcmp(a, "-p")) prompt = v;
         else if (!strcmp(a, "-f")) file = v;
         else if (!strcmp(a, "--system")) system = v;
@@ -114,6 +118,7 @@ int ag_cli_run(int argc, char **argv) {
     ag_model *m = NULL;
     ag_tok *tok = NULL;
     ag_engine *eng = NULL;
+    ag_draft_setup *draft = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     ag_buf rendered = {0};
@@ -156,6 +161,7 @@ int ag_cli_run(int argc, char **argv) {
     ep.n_parallel = 1;
     ep.n_ctx = (int)ctx;
     ep.max_queue = 1;
+    if (ag_cli_draft_open(&dopt, m, tok, (int)threads, &ep, &draft)) goto done;
     if (ag_engine_new(m, tok, &ep, &eng)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
@@ -194,6 +200,14 @@ int ag_cli_run(int argc, char **argv) {
         fprintf(stderr, "augur: prompt %d tokens, prefill %.1f tok/s (%.1f ms); generated %d tokens, decode %.1f tok/s; %s\n",
                 u->n_prompt, pf, u->t_prefill_ms, u->n_generated, dc,
                 rs.finish == AG_FINISH_STOP ? "stopped" : rs.finish == AG_FINISH_LENGTH ? "length limit" : "cancelled");
+        if (draft) {
+            ag_engine_stats es;
+            ag_engine_get_stats(eng, &es);
+            fprintf(stderr, "augur: draft %s: drafted %d, accepted %d (%.1f%%), %.2f tokens per verify step\n",
+                    ag_draft_setup_factory(draft)->name, u->n_drafted, u->n_accepted,
+                    u->n_drafted ? 100.0 * u->n_accepted / u->n_drafted : 0.0,
+                    es.spec.rounds ? (double)es.spec.emitted / (double)es.spec.rounds : 0.0);
+        }
     }
     rc = 0;
 done_state:
@@ -201,6 +215,7 @@ done_state:
     pthread_cond_destroy(&rs.cv);
 done:
     ag_engine_free(eng);
+    ag_draft_setup_close(draft);
     free(ids);
     ag_tok_free(tok);
     ag_model_free(m);

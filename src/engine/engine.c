@@ -20,6 +20,9 @@
  * at most this many tokens per step. */
 #define AG_ENGINE_SCORE_ROWS 64
 
+/* Decode-only steps of up to this many rows are timed (verify_row_cost). */
+#define COST_ROWS 64
+
 typedef enum { CH_WAIT, CH_DECODE, CH_DONE } choice_state;
 
 typedef struct {
@@ -100,6 +103,11 @@ struct ag_engine {
     uint64_t clock;
     uint8_t *block_mark; /* [n_blocks] scratch for counting retained blocks */
     bool     spec_warned; /* a draft source could not be made: said once */
+    /* Measured time of decode-only steps by their row count (exponential
+     * averages), from which the cost of one more verify row on this machine
+     * and model follows (verify_row_cost). */
+    double   step_ms[COST_ROWS + 1];
+    int      step_seen[COST_ROWS + 1];
 
     /* per-step buffers */
     int32_t *b_tok, *b_pos, *b_seq;
@@ -451,6 +459,29 @@ static void advance_choice(ag_engine *e, request *r, choice *c, const float *row
     if (st && c->state != CH_DONE) finish_choice(e, r, c, AG_FINISH_ERROR, ag_error_message(), -1, NULL, NULL, 0);
 }
 
+/* Records a decode-only step of `rows` rows that took ms. */
+static void note_step_time(ag_engine *e, int rows, double ms) {
+    if (rows < 1 || rows > COST_ROWS) return;
+    double *t = &e->step_ms[rows];
+    *t = e->step_seen[rows]++ ? *t + 0.2 * (ms - *t) : ms;
+}
+
+/* One more verify row as a fraction of a one-row decode step, from the
+ * measured step times (< 0 while there is too little to say). Averaged over
+ * the row counts seen, since the curve is not linear (SIMD kernels handle
+ * several rows at the price of one up to their width). */
+static float verify_row_cost(const ag_engine *e) {
+    if (e->step_seen[1] < 3 || e->step_ms[1] <= 0) return -1.0f;
+    double sum = 0, w = 0;
+    for (int r = 2; r <= COST_ROWS; r++) {
+        if (e->step_seen[r] < 2) continue;
+        double c = (e->step_ms[r] / e->step_ms[1] - 1.0) / (r - 1), wr = e->step_seen[r] < 20 ? e->step_seen[r] : 20;
+        sum += wr * (c > 0 ? c : 0);
+        w += wr;
+    }
+    return w > 0 ? (float)(sum / w) : -1.0f;
+}
+
 /* Gives a choice its draft source, told the prompt. Failing that, the
  * choice decodes plainly (warned once per engine). */
 static void start_speculation(ag_engine *e, request *r, choice *c) {
@@ -599,7 +630,8 @@ static bool step(ag_engine *e) {
      * decode rows. Drafts get the rows left under spec_max_rows once every
      * decoding choice has its one row: past that the step is compute-bound
      * and verify rows would cost what they save. */
-    int spare = e->p.spec_max_rows;
+    int   spare = e->p.spec_max_rows;
+    float row_cost = verify_row_cost(e);
     for (request *r = e->running; r; r = r->next)
         for (int i = 0; i < r->n_choices; i++) spare -= r->ch[i].state == CH_DECODE;
     for (request *r = e->running; r; r = r->next)
@@ -613,7 +645,7 @@ static bool step(ag_engine *e) {
                 int cap = r->max_tokens - c->n_gen - 1;
                 if (cap > spare) cap = spare;
                 if (cap > e->p.n_batch - n - 1) cap = e->p.n_batch - n - 1;
-                if (cap > 0) c->d = ag_spec_propose(c->spec, c->sampled, c->n_gen, cap);
+                if (cap > 0) c->d = ag_spec_propose(c->spec, c->sampled, c->n_gen, cap, row_cost);
                 spare -= c->d;
             }
             e->b_tok[n] = c->pending;
@@ -700,6 +732,7 @@ static bool step(ag_engine *e) {
     if (n_prefill) e->stats.prefill_seconds += dt / 1e3;
     else e->stats.decode_seconds += dt / 1e3;
     pthread_mutex_unlock(&e->mu);
+    if (!n_prefill) note_step_time(e, n, dt);
 
     for (request *r = e->running; r; r = r->next) {
         r->n_prefilled += r->in_batch;

@@ -111,8 +111,8 @@ size_t ag_spec_resident_bytes(const ag_spec_seq *s) {
 /* The draft length that maximises expected tokens per unit of cost, given
  * the acceptance estimate a: E(d) = 1 + a + ... + a^d tokens for
  * 1 + d * c decode steps. */
-static int best_length(const ag_spec_seq *s, int cap) {
-    double a = s->accept, c = (double)s->p.verify_row_cost + (double)s->src->cost_per_token;
+static int best_length(const ag_spec_seq *s, int cap, float row_cost) {
+    double a = s->accept, c = (double)(row_cost >= 0 ? row_cost : s->p.verify_row_cost) + (double)s->src->cost_per_token;
     double best = 1.0, e = 1.0, ak = 1.0;
     int    best_d = 0;
     for (int d = 1; d <= cap; d++) {
@@ -127,14 +127,14 @@ static int best_length(const ag_spec_seq *s, int cap) {
     return best_d;
 }
 
-int ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap) {
+int ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap, float row_cost) {
     s->d = 0;
     if (!s->active) return 0;
     if (cap > s->p.draft_max) cap = s->p.draft_max;
     if (cap < 0) cap = 0;
     int want = cap;
     if (s->p.adaptive && cap > 0) {
-        want = best_length(s, cap);
+        want = best_length(s, cap, row_cost);
         if (want == 0 && ++s->idle >= s->p.probe_every) {
             /* probe: a short draft keeps the estimate alive */
             want = cap < 2 ? cap : 2;

@@ -106,9 +106,11 @@ ag_status ag_spec_prefill(ag_spec_seq *s, const int32_t *prompt, int n);
  * the source what it has not seen. cap: the most tokens this round may
  * draft (room in the batch, max_tokens, context), further limited by the
  * adaptive length and draft_max. Returns d; the drafts are then at
- * ag_spec_drafts(s). A source error drops speculation for this sequence
- * (logged once) and returns 0. */
-int            ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap);
+ * ag_spec_drafts(s). row_cost: what one more verify row costs as a
+ * fraction of a decode step, as measured by the caller on this machine
+ * (< 0: the params' verify_row_cost). A source error drops speculation for
+ * this sequence (logged once) and returns 0. */
+int            ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap, float row_cost);
 const int32_t *ag_spec_drafts(const ag_spec_seq *s);
 /* The source's per-token cost (for the engine's accounting). */
 const ag_spec_stats *ag_spec_get_stats(const ag_spec_seq *s);
