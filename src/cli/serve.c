@@ -28,7 +28,8 @@ static const char usage[] =
     "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
     "  --max-body BYTES    request body limit (default 8388608)\n"
     "  --max-connections N concurrent connections (default 256)\n"
-    "  --timeout S         idle connection timeout in seconds (default 60)\n";
+    "  --timeout S         idle connection timeout in seconds (default 60)\n" AG_CLI_DRAFT_USAGE
+    "  a draft that cannot be loaded is reported and the server runs without speculation\n";
 
 static void model_name(const char *path, char *out, size_t cap) {
     const char *base = strrchr(path, '/');
@@ -43,6 +44,8 @@ int ag_cli_serve(int argc, char **argv) {
                *alias = NULL;
     long port = 8080, parallel = 4, ctx = 0, max_queue = 64, threads = 0, max_body = 8L << 20, max_conn = 256,
          timeout = 60, batch = 0;
+    ag_cli_draft_opts dopt;
+    ag_cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -51,7 +54,9 @@ int ag_cli_serve(int argc, char **argv) {
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
-        if (!strcmp(a, "-m")) model_path = v;
+        int  df = ag_cli_draft_flag(a, v, &dopt);
+        if (df) ok = df > 0;
+        else if (!strcmp(a, "-m")) model_path = v;
         else if (!strcmp(a, "--host")) host = v;
         else if (!strcmp(a, "--port")) ok = ag_cli_parse_long(v, 0, 65535, &port);
         else if (!strcmp(a, "--api-key")) api_key = v;
@@ -88,6 +93,7 @@ int ag_cli_serve(int argc, char **argv) {
     ag_chat *chat = NULL;
     ag_engine *eng = NULL;
     ag_server *srv = NULL;
+    ag_draft_setup *draft = NULL;
     char name[256];
     model_name(model_path, name, sizeof name);
     if (ag_cli_load_model(model_path, (int)threads, &m, &tok)) goto done;
@@ -101,6 +107,11 @@ int ag_cli_serve(int argc, char **argv) {
     ep.n_ctx = (int)ctx;
     ep.max_queue = (int)max_queue;
     if (batch) ep.n_batch = (int)batch;
+    /* A draft that fails to load costs speed, not service. */
+    if (dopt.draft && ag_cli_draft_open(&dopt, m, tok, (int)threads, &ep, &draft)) {
+        AG_LOGW("serving without speculative decoding (the draft above could not be used)");
+        ep.draft = NULL;
+    }
     if (ag_engine_new(m, tok, &ep, &eng)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
@@ -124,6 +135,9 @@ int ag_cli_serve(int argc, char **argv) {
         bool v6 = strchr(host, ':') != NULL;
         AG_LOGI("model %s: context %d per sequence, %d sequences at once, queue %ld%s", name, st.n_ctx,
                 st.n_parallel, max_queue, sp.api_key ? ", API key required" : "");
+        if (draft)
+            AG_LOGI("speculative decoding: draft %s, up to %ld tokens per step (%.1f MiB for the draft)",
+                    ag_draft_setup_factory(draft)->name, dopt.draft_max, (double)st.draft_bytes / (1 << 20));
         if (strcmp(host, "127.0.0.1") && strcmp(host, "localhost") && strcmp(host, "::1") && !sp.api_key)
             AG_LOGW("listening on %s without --api-key: anyone who can reach it can use it", host);
         printf("augur: serving %s on http://%s%s%s:%d\n", sp.model_id, v6 ? "[" : "", host, v6 ? "]" : "",
@@ -139,6 +153,7 @@ done:
     /* engine before server: its shutdown delivers the final events that
      * waiting connections need (server.h) */
     ag_engine_free(eng);
+    ag_draft_setup_close(draft);
     ag_server_free(srv);
     ag_chat_free(chat);
     ag_tok_free(tok);

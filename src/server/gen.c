@@ -19,6 +19,7 @@ typedef struct {
     bool     submitted;
     int      choice_base, n_choices, finals;
     int      n_prompt, n_cached, n_generated;
+    int      n_drafted, n_accepted;
 } gen_sub;
 
 struct srv_gen {
@@ -109,6 +110,8 @@ static void on_event(void *user, const ag_gen_event *ev) {
     sub->n_prompt = ev->n_prompt;
     sub->n_cached = ev->n_cached;
     if (ev->n_generated > sub->n_generated) sub->n_generated = ev->n_generated;
+    if (ev->n_drafted > sub->n_drafted) sub->n_drafted = ev->n_drafted;
+    if (ev->n_accepted > sub->n_accepted) sub->n_accepted = ev->n_accepted;
     if (e && !g->released) {
         if (g->tail) g->tail->next = e;
         else g->head = e;
@@ -234,6 +237,18 @@ void srv_gen_usage(srv_gen *g, int *n_prompt, int *n_cached, int *n_generated) {
     *n_prompt = p;
     *n_cached = c;
     *n_generated = n;
+}
+
+void srv_gen_spec_usage(srv_gen *g, int *n_drafted, int *n_accepted) {
+    int d = 0, a = 0;
+    pthread_mutex_lock(&g->mu);
+    for (int i = 0; i < g->n_subs; i++) {
+        d += g->subs[i].n_drafted;
+        a += g->subs[i].n_accepted;
+    }
+    pthread_mutex_unlock(&g->mu);
+    *n_drafted = d;
+    *n_accepted = a;
 }
 
 void srv_gen_release(srv_gen *g) {

@@ -109,6 +109,7 @@ typedef struct {
     char            *json_pre[AG_JSON_MAX_PREFIXES]; /* forced tool call: one prefix per allowed function */
     int              n_json_pre;
     char            *json_suf;
+    int              spec_max;    /* "speculative": 0 the server's setting, -1 off, n > 0 at most n drafts */
 } gen_opts;
 
 static void opts_free(gen_opts *o) {
@@ -180,6 +181,24 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
         present = false;
         if (!get_int(b, "max_completion_tokens", 1, 1 << 24, &n, &present, out)) return false;
         if (present) o->max_tokens = (int)n;
+    }
+    /* "speculative": true (the server's setting), false (off), or
+     * {"max": N} (at most N draft tokens per step; 0 = off). An augur
+     * extension: the output is the same either way. */
+    json_t *spec = json_object_get(b, "speculative");
+    if (spec && !json_is_null(spec)) {
+        if (json_is_boolean(spec)) {
+            o->spec_max = json_is_true(spec) ? 0 : -1;
+        } else if (json_is_object(spec)) {
+            present = false;
+            n = 0;
+            if (!get_int(spec, "max", 0, AG_SPEC_MAX_DRAFT, &n, &present, out)) return false;
+            o->spec_max = present ? (n == 0 ? -1 : (int)n) : 0;
+        } else {
+            srv_error(out, 400, "invalid_request_error", "speculative", "invalid_type",
+                      "'speculative' must be a boolean or an object like {\"max\": 4}, got %s", type_name(spec));
+            return false;
+        }
     }
     n = 1;
     json_t *nv = json_object_get(b, "n");
@@ -525,6 +544,16 @@ static json_t *usage_json(srv_job *j) {
     json_t *d = json_object();
     json_object_set_new(d, "cached_tokens", json_integer(c));
     json_object_set_new(u, "prompt_tokens_details", d);
+    int drafted, accepted;
+    srv_gen_spec_usage(j->gen, &drafted, &accepted);
+    /* Speculative decoding: draft tokens verified, accepted and rejected
+     * (OpenAI's names for predicted-output tokens, plus augur's drafted). */
+    json_t *cd = json_object();
+    json_object_set_new(cd, "reasoning_tokens", json_integer(0));
+    json_object_set_new(cd, "accepted_prediction_tokens", json_integer(accepted));
+    json_object_set_new(cd, "rejected_prediction_tokens", json_integer(drafted - accepted));
+    json_object_set_new(cd, "drafted_tokens", json_integer(drafted));
+    json_object_set_new(u, "completion_tokens_details", cd);
     return u;
 }
 
@@ -897,7 +926,7 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
                             .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
                             .json_object = o->json_object,
                             .json_prefixes = (const char *const *)o->json_pre, .n_json_prefixes = o->n_json_pre,
-                            .json_suffix = o->json_suf, .no_output = o->no_output};
+                            .json_suffix = o->json_suf, .no_output = o->no_output, .spec_max = o->spec_max};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             submit_error(out, st, prompt_param);

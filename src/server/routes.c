@@ -80,6 +80,23 @@ void srv_route_metrics(srv_req *rq, srv_resp *out) {
            st.decode_seconds + st.prefill_seconds > 0
                ? (double)st.generated_tokens / (st.decode_seconds + st.prefill_seconds)
                : 0);
+    metric(b, "spec_draft_tokens_total", "counter", "Speculative decoding: draft tokens verified.",
+           (double)st.spec.drafted);
+    metric(b, "spec_accepted_tokens_total", "counter", "Speculative decoding: draft tokens accepted.",
+           (double)st.spec.accepted);
+    metric(b, "spec_verify_steps_total", "counter", "Speculative decoding: target forwards that verified drafts.",
+           (double)st.spec.rounds);
+    metric(b, "spec_mean_accepted_length", "gauge",
+           "Speculative decoding: tokens emitted per verifying forward (accepted drafts + 1), since start.",
+           st.spec.rounds ? (double)st.spec.emitted / (double)st.spec.rounds : 0);
+    metric(b, "decode_forwards_total", "counter", "Per-sequence decode windows run (plain or verifying).",
+           (double)st.decode_forwards);
+    ag_buf_printf(b, "# HELP augur_spec_acceptance_by_position Speculative decoding: share of rounds that "
+                     "verified draft position i (0-based) and accepted it.\n"
+                     "# TYPE augur_spec_acceptance_by_position gauge\n");
+    for (int i = 0; i < AG_SPEC_MAX_DRAFT && st.spec.drafted_at[i]; i++)
+        ag_buf_printf(b, "augur_spec_acceptance_by_position{position=\"%d\"} %.6f\n", i,
+                      (double)st.spec.accepted_at[i] / (double)st.spec.drafted_at[i]);
     metric(b, "queue_depth", "gauge", "Requests waiting for admission.", st.queue_depth);
     metric(b, "running_sequences", "gauge", "Sequences (choices) running.", st.running);
     metric(b, "kv_blocks_used", "gauge", "KV cache blocks in use.", st.kv_blocks_used);

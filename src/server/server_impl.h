@@ -138,6 +138,8 @@ bool       srv_gen_finished(srv_gen *g); /* all finals seen and queue empty */
 void       srv_gen_cancel(srv_gen *g);
 /* Usage over all sub-requests (from their latest events). */
 void srv_gen_usage(srv_gen *g, int *n_prompt, int *n_cached, int *n_generated);
+/* Speculative decoding over all prompts and choices: draft tokens verified and accepted. */
+void srv_gen_spec_usage(srv_gen *g, int *n_drafted, int *n_accepted);
 /* Drops the connection's reference; cancels whatever still runs. */
 void srv_gen_release(srv_gen *g);
 /* Cancels every live generation (shutdown). */
