@@ -17,7 +17,11 @@ static const char usage[] =
     "  -b N   decode N sequences in lockstep (one token of each per step, as the\n"
     "         server's continuous batching does); tg is then the aggregate tok/s\n"
     "  -r N   repetitions (after one warm-up); the median and the range are reported\n"
-    "  --json one JSON object on stdout instead of the table\n";
+    "  --json one JSON object on stdout instead of the table\n"
+    "  --draft ngram|MODEL.gguf [--draft-max N] [--draft-min N] [-f PROMPT_FILE]\n"
+    "         speculative decoding instead: the same greedy request (default: a built-in code\n"
+    "         edit, through the chat template) with speculation off and on, -n tokens each;\n"
+    "         reports both decode speeds, the speedup, acceptance, and checks the outputs match\n";
 
 #define AG_BENCH_MAX_SEQ 256
 
@@ -80,8 +84,10 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, fl
 }
 
 int ag_cli_bench(int argc, char **argv) {
-    const char *model_path = NULL;
+    const char *model_path = NULL, *prompt_file = NULL;
     long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1;
+    ag_cli_draft_opts dopt;
+    ag_cli_draft_defaults(&dopt);
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -92,7 +98,10 @@ int ag_cli_bench(int argc, char **argv) {
         if (!strcmp(a, "--json")) { json = true; continue; }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
-        if (!strcmp(a, "-m")) model_path = v;
+        int  df = ag_cli_draft_flag(a, v, &dopt);
+        if (df) ok = df > 0;
+        else if (!strcmp(a, "-m")) model_path = v;
+        else if (!strcmp(a, "-f")) prompt_file = v;
         else if (!strcmp(a, "-p")) ok = ag_cli_parse_long(v, 0, 1 << 20, &pp);
         else if (!strcmp(a, "-n")) ok = ag_cli_parse_long(v, 0, 1 << 20, &tg);
         else if (!strcmp(a, "-b")) ok = ag_cli_parse_long(v, 1, AG_BENCH_MAX_SEQ, &n_seq);
@@ -104,6 +113,9 @@ int ag_cli_bench(int argc, char **argv) {
         i++;
     }
     if (!model_path) model_path = ag_cli_default_model();
+    if (dopt.draft) return ag_cli_bench_spec(model_path, prompt_file, &dopt, tg > 0 ? (int)tg : 128, (int)reps,
+                                             (int)threads, json);
+    if (prompt_file) return ag_cli_usage_error(usage, "bench: -f goes with --draft");
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = (int)threads;
     ag_model *m;

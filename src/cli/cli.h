@@ -54,6 +54,11 @@ int ag_cli_draft_flag(const char *flag, const char *value, ag_cli_draft_opts *o)
 int ag_cli_draft_open(const ag_cli_draft_opts *o, ag_model *m, const ag_tok *tok, int threads,
                       ag_engine_params *ep, ag_draft_setup **setup);
 
+/* `augur bench --draft`: speculative vs plain greedy decoding on one prompt
+ * (prompt_file, or a built-in code edit when NULL). Exit code. */
+int ag_cli_bench_spec(const char *model_path, const char *prompt_file, const ag_cli_draft_opts *dopt, int n_gen,
+                      int reps, int threads, bool json);
+
 /* Prints "augur: <message>" on stderr and returns 1. */
 int ag_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prints "augur <cmd>: <message>\n<usage>" on stderr and returns 2. */
