@@ -482,6 +482,20 @@ static float verify_row_cost(const ag_engine *e) {
     return w > 0 ? (float)(sum / w) : -1.0f;
 }
 
+/* What one draft row costs a sequence that decodes among m: a verify row
+ * slows the whole step, so its cost is weighed against m sequences'
+ * progress, not one: c * m / (T_m / T_1), with T_m the step time of m rows
+ * (measured, else the linear estimate). Drafting therefore thins out as the
+ * batch grows towards being compute-bound. */
+static float draft_row_cost(const ag_engine *e, int m) {
+    float c = verify_row_cost(e);
+    if (c < 0) c = e->p.spec.verify_row_cost;
+    if (m <= 1) return c;
+    double tm = m <= COST_ROWS && e->step_seen[m] >= 2 && e->step_ms[1] > 0 ? e->step_ms[m] / e->step_ms[1]
+                                                                             : 1.0 + (m - 1) * (double)c;
+    return (float)((double)c * m / (tm > 1.0 ? tm : 1.0));
+}
+
 /* Gives a choice its draft source, told the prompt. Failing that, the
  * choice decodes plainly (warned once per engine). */
 static void start_speculation(ag_engine *e, request *r, choice *c) {
@@ -630,10 +644,11 @@ static bool step(ag_engine *e) {
      * decode rows. Drafts get the rows left under spec_max_rows once every
      * decoding choice has its one row: past that the step is compute-bound
      * and verify rows would cost what they save. */
-    int   spare = e->p.spec_max_rows;
-    float row_cost = verify_row_cost(e);
+    int spare = e->p.spec_max_rows, m = 0;
     for (request *r = e->running; r; r = r->next)
-        for (int i = 0; i < r->n_choices; i++) spare -= r->ch[i].state == CH_DECODE;
+        for (int i = 0; i < r->n_choices; i++) m += r->ch[i].state == CH_DECODE;
+    spare -= m;
+    float row_cost = draft_row_cost(e, m);
     for (request *r = e->running; r; r = r->next)
         for (int i = 0; i < r->n_choices; i++) {
             choice *c = &r->ch[i];
