@@ -140,15 +140,27 @@ def forward(cfg, w, cache, token, pos):
     return w["wcls"] @ x
 
 
-def main(argv):
-    prompt = argv[0] if argv else "Once upon a time"
-    steps = int(argv[1]) if len(argv) > 1 else 200
+def decode_piece(vocab, prev, token):
+    """run.c's decode(): the space after BOS is dropped, <0xNN> is the raw byte."""
+    piece = vocab[token]
+    if prev == 1 and piece.startswith(b" "):
+        piece = piece[1:]
+    if len(piece) == 6 and piece.startswith(b"<0x") and piece.endswith(b">"):
+        piece = bytes([int(piece[3:5], 16)])
+    return piece
+
+
+def generate(prompt, steps):
+    """run.c's generate() with greedy sampling over `steps` positions (prompt included).
+    Returns the prompt and generated ids, the generated text and, as `printed`, all
+    that run.c writes to stdout (the prompt's pieces from the first one on, then the
+    generated ones) -- both from their first byte."""
     cfg, w = load_checkpoint(os.path.join(TINY, "stories260K.bin"))
     vocab, scores = load_tokenizer(os.path.join(TINY, "tok512.bin"), cfg["vocab"])
     prompt_tokens = encode(prompt, vocab, scores)
     cache = {"k": np.zeros((cfg["n_layers"], cfg["seq_len"], cfg["kv_dim"]), np.float32),
              "v": np.zeros((cfg["n_layers"], cfg["seq_len"], cfg["kv_dim"]), np.float32)}
-    token, generated, pieces = prompt_tokens[0], [], []
+    token, generated, pieces, printed = prompt_tokens[0], [], [], []
     for pos in range(steps):
         logits = forward(cfg, w, cache, token, pos)
         if pos < len(prompt_tokens) - 1:
@@ -158,19 +170,23 @@ def main(argv):
             if nxt == 1:  # run.c stops at BOS
                 break
             generated.append(nxt)
-            piece = vocab[nxt]
-            if token == 1 and piece.startswith(b" "):
-                piece = piece[1:]
-            if len(piece) == 6 and piece.startswith(b"<0x") and piece.endswith(b">"):
-                piece = bytes([int(piece[3:5], 16)])  # run.c decode(): raw byte tokens
-            pieces.append(piece)
+            pieces.append(decode_piece(vocab, token, nxt))
+        printed.append(decode_piece(vocab, token, nxt))
         token = nxt
-    text = b"".join(pieces).decode("utf-8", errors="replace")
+    return {"prompt": prompt, "steps": steps, "prompt_tokens": prompt_tokens, "generated": generated,
+            "text": b"".join(pieces).decode("utf-8", errors="replace"),
+            "printed": b"".join(printed).decode("utf-8", errors="replace")}
+
+
+def main(argv):
+    prompt = argv[0] if argv else "Once upon a time"
+    steps = int(argv[1]) if len(argv) > 1 else 200
+    ref = generate(prompt, steps)
+    del ref["printed"]
     out = os.path.join(ROOT, "tests", "data", "parity", "stories260K_greedy.json")
     with open(out, "w") as f:
-        json.dump({"prompt": prompt, "steps": steps, "prompt_tokens": prompt_tokens,
-                   "generated": generated, "text": text}, f, indent=1)
-    print(text)
+        json.dump(ref, f, indent=1)
+    print(ref["text"])
 
 
 if __name__ == "__main__":

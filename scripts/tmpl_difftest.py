@@ -38,7 +38,9 @@ FILTERS = [("trim", []), ("length", []), ("upper", []), ("lower", []), ("title",
            ("reverse", []), ("count", []), ("safe", []), ("e", []), ("indent", []), ("indent", ["2", "true"]),
            ("wordcount", []), ("center", ["9"]), ("batch", ["2"]), ("slice", ["2"]), ("dictsort", []),
            ("sum", []), ("min", []), ("max", []), ("truncate", ["5"]), ("format", ["1", "2"]), ("string", []),
-           ("attr", ["'keys'"])]
+           ("attr", ["'keys'"]), ("groupby", ["'role'"]), ("groupby", ["0"]), ("striptags", []), ("wordwrap", ["5"]),
+           ("wordwrap", ["3", "false"]), ("urlencode", []), ("xmlattr", []), ("filesizeformat", []),
+           ("filesizeformat", ["true"]), ("pprint", [])]
 TESTS = ["defined", "undefined", "none", "string", "number", "integer", "float", "mapping", "iterable", "sequence",
          "boolean", "true", "false", "odd", "even", "divisibleby 3", "equalto 1", "eq 'a'", "in ['a', 1]",
          "callable", "lower", "upper", "sameas none", "escaped", "gt 1", "lt 2"]

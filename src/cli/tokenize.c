@@ -212,6 +212,10 @@ static int parse_ids(const char *s, ag_tok_ids *ids, const char **bad) {
  *   d FLAGS IDS...   ag_tok_decode with FLAGS -> hex of the text
  *   s FLAGS IDS...   the same through ag_detok, one push per id -> hex; every chunk
  *                    is checked to be complete UTF-8
+ *   c FLAGS K IDS... as s, for the ids after the first K, through an ag_detok that
+ *                    continues those K (ag_detok_new_after) -> hex of the stream
+ *   p                every token's piece (special tokens as their text), hex,
+ *                    space-separated, in id order
  *   m                vocabulary facts as JSON (special ids, EOG ids, piece hashes)
  * Errors answer "ERR message". */
 
@@ -260,10 +264,11 @@ static void batch_line(const ag_tok *tok, char *line, ag_buf *o) {
             goto out;
         }
         for (size_t i = 0; i < ids.n; i++) ag_buf_printf(o, i ? " %d" : "%d", ids.data[i]);
-    } else if ((line[0] == 'd' || line[0] == 's') && line[1] == ' ') {
+    } else if ((line[0] == 'd' || line[0] == 's' || line[0] == 'c') && line[1] == ' ') {
         char *end;
-        long  flags = strtol(line + 2, &end, 10);
-        if (parse_ids(end, &ids, &bad)) {
+        long  flags = strtol(line + 2, &end, 10), n_ctx = 0;
+        if (line[0] == 'c') n_ctx = strtol(end, &end, 10);
+        if (parse_ids(end, &ids, &bad) || n_ctx < 0 || (size_t)n_ctx > ids.n) {
             ag_buf_append_str(o, "ERR bad ids");
             goto out;
         }
@@ -275,8 +280,8 @@ static void batch_line(const ag_tok *tok, char *line, ag_buf *o) {
         } else {
             ag_detok *d = NULL;
             ag_buf    chunk = {0};
-            ag_status st = ag_detok_new(tok, (unsigned)flags, &d);
-            for (size_t i = 0; !st && i <= ids.n; i++) {
+            ag_status st = ag_detok_new_after(tok, (unsigned)flags, ids.data, (size_t)n_ctx, &d);
+            for (size_t i = (size_t)n_ctx; !st && i <= ids.n; i++) {
                 ag_buf_clear(&chunk);
                 st = i < ids.n ? ag_detok_push(d, ids.data[i], &chunk) : ag_detok_flush(d, &chunk);
                 if (!st && !ag_utf8_valid(chunk.data ? chunk.data : "", chunk.len))
@@ -312,6 +317,13 @@ static void batch_line(const ag_tok *tok, char *line, ag_buf *o) {
                       (unsigned long long)hs, (unsigned long long)hp);
         for (size_t i = 0; i < ne; i++) ag_buf_printf(o, i ? ", %d" : "%d", eog[i]);
         ag_buf_append_str(o, "]}");
+    } else if (line[0] == 'p' && !line[1]) {
+        for (int32_t id = 0; id < ag_tok_n_vocab(tok); id++) {
+            size_t      n;
+            const char *p = ag_tok_piece(tok, id, &n);
+            if (id) ag_buf_append_char(o, ' ');
+            put_hex(o, p, n);
+        }
     } else {
         ag_buf_append_str(o, "ERR unknown request");
     }

@@ -500,10 +500,18 @@ static void completion_lp_add(srv_job *j, json_t *lp, choice_out *c, const srv_e
 
 /* Echoed prompt tokens in completions logprobs, with null logprobs: the
  * engine's prompt scores (prompt_pos events) fill them in; the first
- * echoed token has none, as in OpenAI's API. */
+ * echoed token has none, as in OpenAI's API.
+ * text_offset places each token in the echoed text by walking its pieces
+ * along it: a piece that does not match there but does without its leading
+ * space carries a space the text does not have (SentencePiece's
+ * add_space_prefix puts one in front of the text, also when the text starts
+ * with a space, and after every special token), so it covers one character
+ * less. The generated tokens start right after the echoed text whatever the
+ * walk found (an echo decoded from ids has the same pieces, so it walks
+ * exactly). */
 static void completion_lp_prompt(srv_job *j, json_t *lp, choice_out *c, const int32_t *ids, size_t n_ids,
                                  bool skip_bos, const char *echo, size_t echo_len) {
-    bool first = true;
+    size_t pos = 0, chars = 0; /* bytes and characters of echo walked so far */
     c->lp_first = 0;
     for (size_t i = 0; i < n_ids; i++) {
         if (i == 0 && skip_bos && ids[0] == ag_tok_bos(j->s->tok)) {
@@ -515,13 +523,16 @@ static void completion_lp_prompt(srv_job *j, json_t *lp, choice_out *c, const in
         json_array_append_new(json_object_get(lp, "tokens"), piece_str(j->s, ids[i], &p, &n));
         json_array_append_new(json_object_get(lp, "token_logprobs"), json_null());
         json_array_append_new(json_object_get(lp, "top_logprobs"), json_null());
-        json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)c->offset));
-        size_t adv = n_chars(p, n);
-        /* SentencePiece's inserted space is not in the echoed text */
-        if (first && n && p[0] == ' ' && !(echo_len && echo[0] == ' ')) adv--;
-        c->offset += adv;
-        first = false;
+        json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)(c->offset + chars)));
+        const char *at = echo + pos;
+        size_t left = echo_len - pos, adv;
+        if (n <= left && !memcmp(at, p, n)) adv = n;
+        else if (n && p[0] == ' ' && n - 1 <= left && !memcmp(at, p + 1, n - 1)) adv = n - 1;
+        else adv = n < left ? n : left; /* the text differs from the pieces: keep going */
+        chars += n_chars(at, adv);
+        pos += adv;
     }
+    c->offset += n_chars(echo, echo_len);
 }
 
 static bool event_has_lp(srv_job *j, const srv_event *e) {

@@ -2,6 +2,7 @@
  * call, the globals (range, namespace, dict, joiner, raise_exception,
  * strftime_now), binary operators and %-formatting, each following the
  * CPython / jinja2 behaviour they stand for (messages included). */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1894,7 +1895,11 @@ enum {
     F_ABS, F_ATTR, F_BATCH, F_CAPITALIZE, F_CENTER, F_COUNT, F_DEFAULT, F_DICTSORT, F_ESCAPE, F_FIRST, F_FLOAT,
     F_FORCEESCAPE, F_FORMAT, F_INDENT, F_INT, F_JOIN, F_LAST, F_LENGTH, F_LIST, F_LOWER, F_ITEMS, F_MAP, F_MIN,
     F_MAX, F_REJECT, F_REJECTATTR, F_REPLACE, F_REVERSE, F_ROUND, F_SAFE, F_SELECT, F_SELECTATTR, F_SLICE, F_SORT,
-    F_STRING, F_SUM, F_TITLE, F_TRIM, F_TRUNCATE, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_TOJSON
+    F_STRING, F_SUM, F_TITLE, F_TRIM, F_TRUNCATE, F_UNIQUE, F_UPPER, F_WORDCOUNT, F_TOJSON, F_GROUPBY,
+    F_STRIPTAGS, F_WORDWRAP, F_URLENCODE, F_XMLATTR, F_FILESIZEFORMAT, F_PPRINT,
+    /* jinja2 filters this interpreter does not implement: known (a template
+     * may name them where they never run), unsupported when called */
+    F_RANDOM, F_URLIZE
 };
 
 static const struct {
@@ -1912,19 +1917,20 @@ static const struct {
     {"select", F_SELECT},   {"selectattr", F_SELECTATTR}, {"slice", F_SLICE},   {"sort", F_SORT},
     {"string", F_STRING},   {"sum", F_SUM},           {"title", F_TITLE},       {"trim", F_TRIM},
     {"truncate", F_TRUNCATE}, {"unique", F_UNIQUE},   {"upper", F_UPPER},       {"wordcount", F_WORDCOUNT},
-    {"tojson", F_TOJSON},
+    {"tojson", F_TOJSON},   {"groupby", F_GROUPBY},   {"striptags", F_STRIPTAGS}, {"wordwrap", F_WORDWRAP},
+    {"urlencode", F_URLENCODE}, {"xmlattr", F_XMLATTR}, {"filesizeformat", F_FILESIZEFORMAT},
+    {"pprint", F_PPRINT},   {"random", F_RANDOM},     {"urlize", F_URLIZE},
 };
 
-/* jinja2 filters this interpreter does not implement */
-static const char *const unsupported_filters[] = {"filesizeformat", "groupby", "pprint",    "random", "striptags",
-                                                  "urlencode",      "urlize",  "wordwrap", "xmlattr"};
-
+/* Every jinja2 builtin filter has an id; *unsupported says it is one this
+ * interpreter does not implement (it fails when called). -1: no such filter. */
 int tm_filter_id(const char *s, size_t n, bool *unsupported) {
     *unsupported = false;
     for (size_t i = 0; i < sizeof filter_names / sizeof filter_names[0]; i++)
-        if (strlen(filter_names[i].name) == n && !memcmp(filter_names[i].name, s, n)) return filter_names[i].id;
-    for (size_t i = 0; i < sizeof unsupported_filters / sizeof unsupported_filters[0]; i++)
-        if (strlen(unsupported_filters[i]) == n && !memcmp(unsupported_filters[i], s, n)) *unsupported = true;
+        if (strlen(filter_names[i].name) == n && !memcmp(filter_names[i].name, s, n)) {
+            *unsupported = filter_names[i].id == F_RANDOM || filter_names[i].id == F_URLIZE;
+            return filter_names[i].id;
+        }
     return -1;
 }
 
@@ -2204,6 +2210,484 @@ static tv do_truncate(R *r, tv v, tv *p) {
         buf_add(r, b, s.s->s, q ? (size_t)(q - s.s->s) : cut);
     }
     buf_add(r, b, end.s->s, end.s->len);
+    return buf_finish(r, b, false);
+}
+
+/* ---- groupby, striptags, urlencode, xmlattr, filesizeformat, pprint */
+
+/* groupby: sorted by the attribute (lower-cased unless case_sensitive),
+ * runs of equal keys become _GroupTuple(grouper, list): a tuple whose
+ * .grouper / .list are its items (tv_getattr). Without case_sensitive the
+ * grouper is the first item's value as is. */
+static tv do_groupby(R *r, tv v, tv attribute, tv dflt, bool cs) {
+    tlist  *items = filter_list(r, v);
+    size_t  n = items->n;
+    tv     *keys = ralloc(r, sizeof(tv) * (n + 1)), *sk = ralloc(r, sizeof(tv) * (n + 1));
+    size_t *idx = ralloc(r, sizeof(size_t) * (n + 1));
+    for (size_t i = 0; i < n; i++) {
+        step(r);
+        keys[i] = attr_path(r, items->v[i], attribute, dflt);
+        if (!cs) keys[i] = lower_if_str(r, keys[i]);
+        sk[i] = keys[i];
+        idx[i] = i;
+    }
+    py_sort(r, sk, idx, n, false);
+    tv    *groups = ralloc(r, sizeof(tv) * (n + 1));
+    size_t ng = 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && tv_eq(r, keys[idx[j]], keys[idx[i]], 0)) j++;
+        tlist *members = mklist(r, j - i);
+        for (size_t k = i; k < j; k++) members->v[k - i] = items->v[idx[k]];
+        tlist *pair = mklist(r, 2);
+        pair->v[0] = cs ? keys[idx[i]] : attr_path(r, members->v[0], attribute, dflt);
+        pair->v[1] = tv_list_kind(members, LK_LIST);
+        pair->r_start = TL_GROUP_TUPLE;
+        groups[ng++] = tv_list_kind(pair, LK_TUPLE);
+        i = j;
+    }
+    tlist *l = mklist(r, ng);
+    memcpy(l->v, groups, sizeof(tv) * ng);
+    return tv_list_kind(l, LK_LIST);
+}
+
+/* html.unescape over striptags' output, as Python does it: numeric
+ * references with HTML5's replacements, named ones from the full HTML5 table
+ * (exact name, else the longest name without ";" it starts with). */
+#include "tmpl/html_entities.h"
+
+static const char *html5_lookup(const char *s, size_t n) {
+    size_t lo = 0, hi = sizeof k_html5 / sizeof k_html5[0];
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        const char *m = k_html5[mid].name;
+        size_t      mn = strlen(m);
+        int         c = memcmp(m, s, mn < n ? mn : n);
+        if (c == 0) c = mn < n ? -1 : mn > n ? 1 : 0;
+        if (c == 0) return k_html5[mid].text;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+/* html._invalid_charrefs 0x80..0x9F: Windows-1252 (five map to themselves) */
+static const uint16_t k_cp1252[32] = {0x20AC, 0x81,   0x201A, 0x0192, 0x201E, 0x2026, 0x2020, 0x2021,
+                                      0x02C6, 0x2030, 0x0160, 0x2039, 0x0152, 0x8D,   0x017D, 0x8F,
+                                      0x90,   0x2018, 0x2019, 0x201C, 0x201D, 0x2022, 0x2013, 0x2014,
+                                      0x02DC, 0x2122, 0x0161, 0x203A, 0x0153, 0x9D,   0x017E, 0x0178};
+
+static void html_unescape(R *r, ag_buf *b, const char *s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        if (s[i] != '&' || i + 1 >= n) {
+            buf_addc(r, b, s[i++]);
+            continue;
+        }
+        const char *p = s + i + 1;
+        size_t      left = n - i - 1;
+        if (p[0] == '#') {
+            bool   hex = left > 1 && (p[1] == 'x' || p[1] == 'X');
+            size_t k = hex ? 2 : 1, d0 = k;
+            uint64_t num = 0;
+            while (k < left && (hex ? isxdigit((unsigned char)p[k]) : isdigit((unsigned char)p[k]))) {
+                int dv = isdigit((unsigned char)p[k]) ? p[k] - '0' : (p[k] | 0x20) - 'a' + 10;
+                if (num <= 0x10FFFF) num = num * (hex ? 16 : 10) + (uint64_t)dv;
+                k++;
+            }
+            if (k == d0) { /* "&#" without digits: no reference */
+                buf_addc(r, b, s[i++]);
+                continue;
+            }
+            if (k < left && p[k] == ';') k++;
+            i += 1 + k;
+            if (num == 0) put_cp(r, b, 0xFFFD);
+            else if (num == 13) buf_addc(r, b, '\r');
+            else if (num >= 0x80 && num <= 0x9F) put_cp(r, b, k_cp1252[num - 0x80]);
+            else if ((num >= 0xD800 && num <= 0xDFFF) || num > 0x10FFFF) put_cp(r, b, 0xFFFD);
+            else if ((num >= 1 && num <= 8) || num == 11 || (num >= 14 && num <= 31) || num == 127 ||
+                     (num >= 0xFDD0 && num <= 0xFDEF) || (num & 0xFFFE) == 0xFFFE)
+                continue; /* html._invalid_codepoints: dropped */
+            else put_cp(r, b, (uint32_t)num);
+            continue;
+        }
+        /* a name: [^\t\n\f <&#;]{1,32};? */
+        size_t k = 0;
+        while (k < left && k < 32 && !(p[k] && strchr("\t\n\f <&#;", p[k]))) k++;
+        if (k == 0) {
+            buf_addc(r, b, s[i++]);
+            continue;
+        }
+        if (k < left && p[k] == ';') k++;
+        const char *text = html5_lookup(p, k);
+        size_t      used = k;
+        for (size_t x = k - 1; !text && x >= 2; x--) /* Python: range(len(s) - 1, 1, -1) */
+            if ((text = html5_lookup(p, x))) used = x;
+        if (text) {
+            buf_adds(r, b, text);
+            buf_add(r, b, p + used, k - used);
+        } else {
+            buf_addc(r, b, '&');
+            buf_add(r, b, p, k);
+        }
+        i += 1 + k;
+    }
+}
+
+static size_t find_from(const char *s, size_t n, size_t from, const char *needle) {
+    size_t m = strlen(needle);
+    for (size_t i = from; i + m <= n; i++)
+        if (!memcmp(s + i, needle, m)) return i;
+    return SIZE_MAX;
+}
+
+/* markupsafe's Markup.striptags: drop <!-- comments -->, then <tags>, then
+ * collapse whitespace runs (str.split()) to single spaces and unescape. */
+static tv do_striptags(R *r, tv v) {
+    tv     sv = tv_str(r, v);
+    size_t n = sv.s->len;
+    char  *s = ralloc(r, n + 1);
+    memcpy(s, sv.s->s, n + 1);
+    for (size_t from = 0;;) {
+        size_t st = find_from(s, n, from, "<!--");
+        if (st == SIZE_MAX) break;
+        size_t en = find_from(s, n, st, "-->");
+        if (en == SIZE_MAX) break;
+        memmove(s + st, s + en + 3, n - en - 3);
+        n -= en + 3 - st;
+        from = st >= 3 ? st - 3 : 0; /* the cut may have joined a new "<!--" */
+    }
+    for (size_t from = 0;;) {
+        size_t st = find_from(s, n, from, "<");
+        if (st == SIZE_MAX) break;
+        size_t en = find_from(s, n, st, ">");
+        if (en == SIZE_MAX) break;
+        memmove(s + st, s + en + 1, n - en - 1);
+        n -= en + 1 - st;
+        from = st;
+    }
+    ag_buf *w = buf_get(r);
+    for (size_t i = 0; i < n;) {
+        size_t   k = i;
+        uint32_t c = tm_utf8_next(s, n, &k);
+        if (tm_py_isspace(c)) {
+            i = k;
+            continue;
+        }
+        if (w->len) buf_addc(r, w, ' ');
+        while (i < n) {
+            k = i;
+            if (tm_py_isspace(tm_utf8_next(s, n, &k))) break;
+            buf_add(r, w, s + i, k - i);
+            i = k;
+        }
+    }
+    ag_buf *b = buf_get(r);
+    html_unescape(r, b, w->data ? w->data : "", w->len);
+    buf_put(r, w);
+    return buf_finish(r, b, false);
+}
+
+/* jinja2's url_quote: UTF-8, %XX for all but ASCII letters, digits and
+ * "_.-~" ("/" too outside query strings, where a space is "+"). */
+static void url_quote(R *r, ag_buf *b, tv x, bool for_qs) {
+    tv s = x.t == TV_STR ? x : tv_str(r, x);
+    for (size_t i = 0; i < s.s->len; i++) {
+        unsigned char c = (unsigned char)s.s->s[i];
+        if (isalnum(c) || c == '_' || c == '.' || c == '-' || c == '~' || (!for_qs && c == '/')) buf_addc(r, b, (char)c);
+        else if (for_qs && c == ' ') buf_addc(r, b, '+');
+        else {
+            char h[4];
+            snprintf(h, sizeof h, "%%%02X", c);
+            buf_add(r, b, h, 3);
+        }
+    }
+}
+
+static tv do_urlencode(R *r, tv v) {
+    ag_buf *b = buf_get(r);
+    bool    iterable = v.t == TV_LIST || v.t == TV_DICT || v.t == TV_GEN || v.t == TV_UNDEF || v.t == TV_LOOP;
+    if (v.t == TV_STR || !iterable) {
+        url_quote(r, b, v, false);
+        return buf_finish(r, b, false);
+    }
+    tlist *items;
+    if (v.t == TV_DICT) {
+        items = mklist(r, v.m->n);
+        for (size_t i = 0; i < v.m->n; i++) {
+            tlist *pr = mklist(r, 2);
+            pr->v[0] = v.m->k[i];
+            pr->v[1] = v.m->v[i];
+            items->v[i] = tv_list_kind(pr, LK_TUPLE);
+        }
+    } else items = filter_list(r, v);
+    for (size_t i = 0; i < items->n; i++) {
+        step(r);
+        tv it = items->v[i];
+        if (!(it.t == TV_LIST || it.t == TV_DICT || it.t == TV_STR || it.t == TV_GEN || it.t == TV_UNDEF))
+            rfail(r, "cannot unpack non-iterable %s object", tv_type_name(it));
+        tlist *kv = tv_iterate(r, it);
+        if (kv->n < 2) rfail(r, "not enough values to unpack (expected 2, got %zu)", kv->n);
+        if (kv->n > 2) rfail(r, "too many values to unpack (expected 2)");
+        if (i) buf_addc(r, b, '&');
+        url_quote(r, b, kv->v[0], true);
+        buf_addc(r, b, '=');
+        url_quote(r, b, kv->v[1], true);
+    }
+    return buf_finish(r, b, false);
+}
+
+/* markupsafe's escape: Markup passes through, anything else is str()-ed */
+static void add_escaped(R *r, ag_buf *b, tv x) {
+    if (x.t == TV_STR && (x.f & TVF_SAFE)) {
+        buf_add(r, b, x.s->s, x.s->len);
+        return;
+    }
+    tv s = tv_str(r, x);
+    write_html_escaped(r, b, s.s->s, s.s->len);
+}
+
+static tv do_xmlattr(R *r, tv d, bool autospace) {
+    if (d.t == TV_UNDEF) fail_undefined(r, d);
+    if (d.t != TV_DICT) rfail(r, "'%s' object has no attribute 'items'", tv_type_name(d));
+    ag_buf *b = buf_get(r);
+    for (size_t i = 0; i < d.m->n; i++) {
+        tv k = d.m->k[i], x = d.m->v[i];
+        if (x.t == TV_NONE || x.t == TV_UNDEF) continue;
+        if (k.t != TV_STR) rfail(r, "expected string or bytes-like object, got '%s'", tv_type_name(k));
+        for (size_t j = 0; j < k.s->len; j++)
+            if (strchr(" \t\n\r\f\v/>=", k.s->s[j])) {
+                ag_buf *m = buf_get(r);
+                tv_write_repr(r, m, k, 0);
+                rfail(r, "Invalid character in attribute name: %.*s", (int)m->len, m->data);
+            }
+        if (b->len || autospace) buf_addc(r, b, ' ');
+        add_escaped(r, b, k);
+        buf_adds(r, b, "=\"");
+        add_escaped(r, b, x);
+        buf_addc(r, b, '"');
+    }
+    return buf_finish(r, b, false);
+}
+
+static tv do_filesizeformat(R *r, tv v, bool binary) {
+    double x;
+    if (v.t == TV_UNDEF) fail_undefined(r, v);
+    if (is_num(v)) x = num_d(v);
+    else if (v.t == TV_STR) {
+        if (!parse_py_float(v.s->s, v.s->len, &x)) {
+            ag_buf *m = buf_get(r);
+            tv_write_repr(r, m, v, 0);
+            rfail(r, "could not convert string to float: %.*s", (int)m->len, m->data);
+        }
+    } else rfail(r, "float() argument must be a string or a real number, not '%s'", tv_type_name(v));
+    static const char *const dec[] = {"kB", "MB", "GB", "TB", "PB", "EB", "ZB", "YB"};
+    static const char *const bin[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+    double base = binary ? 1024 : 1000;
+    char   out[96];
+    if (x == 1) snprintf(out, sizeof out, "1 Byte");
+    else if (x < base) {
+        if (isinf(x)) rfail(r, "cannot convert float infinity to integer");
+        if (x <= -9.2e18) int_overflow(r);
+        snprintf(out, sizeof out, "%lld Bytes", (long long)x); /* int(): toward zero */
+    }
+    else {
+        double unit = base;
+        int    i;
+        for (i = 0; i < 8; i++) {
+            unit *= base; /* base ** (i + 2) */
+            if (x < unit) break;
+        }
+        if (i == 8) i = 7;
+        snprintf(out, sizeof out, "%.1f %s", base * x / unit, binary ? bin[i] : dec[i]);
+    }
+    return mkcstr(r, out);
+}
+
+/* pprint.pformat's one-line form: repr with dict keys sorted at every level
+ * of dicts, lists and tuples. Longer than 80 characters, pformat breaks
+ * lines: unsupported. */
+static void pp_repr(R *r, ag_buf *b, tv v, int depth) {
+    if (depth > 100) rfail_code(r, AG_ERR_RANGE, "value nested too deeply");
+    bool list = v.t == TV_LIST && TV_LK(v) == LK_LIST;
+    bool tuple = v.t == TV_LIST && TV_LK(v) == LK_TUPLE && v.l->r_start != TL_GROUP_TUPLE;
+    if (list || tuple) {
+        buf_addc(r, b, list ? '[' : '(');
+        for (size_t i = 0; i < v.l->n; i++) {
+            if (i) buf_adds(r, b, ", ");
+            pp_repr(r, b, v.l->v[i], depth + 1);
+        }
+        if (tuple && v.l->n == 1) buf_addc(r, b, ',');
+        buf_addc(r, b, list ? ']' : ')');
+        return;
+    }
+    if (v.t != TV_DICT) {
+        tv_write_repr(r, b, v, depth);
+        return;
+    }
+    size_t n = v.m->n;
+    bool   strs = true, nums = true;
+    for (size_t i = 0; i < n; i++) {
+        strs &= v.m->k[i].t == TV_STR;
+        nums &= is_num(v.m->k[i]);
+    }
+    /* pprint orders keys of different types by type name and id() */
+    if (!strs && !nums) rfail_code(r, AG_ERR_UNSUPPORTED, "unsupported: pprint of a dict with keys of mixed types");
+    tv     *keys = ralloc(r, sizeof(tv) * (n + 1));
+    size_t *idx = ralloc(r, sizeof(size_t) * (n + 1));
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = v.m->k[i];
+        idx[i] = i;
+    }
+    py_sort(r, keys, idx, n, false);
+    buf_addc(r, b, '{');
+    for (size_t i = 0; i < n; i++) {
+        if (i) buf_adds(r, b, ", ");
+        pp_repr(r, b, v.m->k[idx[i]], depth + 1);
+        buf_adds(r, b, ": ");
+        pp_repr(r, b, v.m->v[idx[i]], depth + 1);
+    }
+    buf_addc(r, b, '}');
+}
+
+static tv do_pprint(R *r, tv v) {
+    ag_buf *b = buf_get(r);
+    pp_repr(r, b, v, 0);
+    tv     s = buf_finish(r, b, false);
+    bool   multi = v.t == TV_DICT || (v.t == TV_STR && !(v.f & TVF_SAFE)) ||
+                 (v.t == TV_LIST && TV_LK(v) != LK_RANGE && TV_LK(v) != LK_REVITER && v.l->r_start != TL_GROUP_TUPLE);
+    if (multi && s.s->ncp > 80) rfail_code(r, AG_ERR_UNSUPPORTED, "unsupported: pprint of a value longer than a line");
+    return s;
+}
+
+/* ---- wordwrap: textwrap.wrap(width, expand_tabs=False,
+ * replace_whitespace=False, break_long_words, break_on_hyphens) per line */
+
+static bool ww_ws(uint32_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); } /* textwrap's ASCII set */
+static bool ww_word(uint32_t c) { return is_word(c); }                         /* re's \w */
+static bool ww_letter(uint32_t c) { return is_word(c) && !is_decimal(c); }     /* [^\d\W] */
+static bool ww_punct(uint32_t c) { return is_word(c) || (c < 128 && strchr("!\"'&.,?", (int)c) && c); }
+
+/* "--" (or more) at cp[j..] followed by a word character */
+static bool ww_emdash_at(const uint32_t *cp, size_t n, size_t j) {
+    size_t d = j;
+    while (d < n && cp[d] == '-') d++;
+    return d - j >= 2 && d < n && ww_word(cp[d]);
+}
+
+/* textwrap's wordsep_re (or, without hyphen breaking, wordsep_simple_re)
+ * over code points: chunk boundaries into ends[] */
+static size_t ww_split(const uint32_t *cp, size_t n, bool hyphens, size_t *ends) {
+    size_t nc = 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        if (ww_ws(cp[i])) {
+            while (j < n && ww_ws(cp[j])) j++;
+        } else if (!hyphens) {
+            while (j < n && !ww_ws(cp[j])) j++;
+        } else if (cp[i] == '-' && i > 0 && ww_punct(cp[i - 1]) && ww_emdash_at(cp, n, i)) {
+            while (j < n && cp[j] == '-') j++; /* an em-dash between words */
+        } else {
+            for (;; j++) { /* the shortest word that ends at one of these */
+                if (j < n && cp[j] == '-' &&
+                    ((j >= 2 && ww_letter(cp[j - 2]) && ww_letter(cp[j - 1])) ||
+                     (j >= 3 && ww_letter(cp[j - 3]) && cp[j - 2] == '-' && ww_letter(cp[j - 1]))) &&
+                    j + 1 < n && ww_letter(cp[j + 1]) &&
+                    (j + 2 < n && (ww_letter(cp[j + 2]) || (cp[j + 2] == '-' && j + 3 < n && ww_letter(cp[j + 3]))))) {
+                    j++; /* a hyphenated word: break after the hyphen */
+                    break;
+                }
+                if (j == n || ww_ws(cp[j])) break;
+                if (ww_punct(cp[j - 1]) && ww_emdash_at(cp, n, j)) break;
+            }
+        }
+        ends[nc++] = j;
+        i = j;
+    }
+    return nc;
+}
+
+static bool ww_blank(const uint32_t *cp, size_t a, size_t b) {
+    for (size_t k = a; k < b; k++)
+        if (!tm_py_isspace(cp[k])) return false;
+    return true;
+}
+
+static void ww_put(R *r, ag_buf *b, const uint32_t *cp, size_t a, size_t e) {
+    for (size_t k = a; k < e; k++) put_cp(r, b, cp[k]);
+}
+
+/* One paragraph: textwrap's _wrap_chunks (no indents, drop_whitespace),
+ * its lines joined by wrapstr onto b; *first says whether b has no line yet
+ * from this paragraph (for the join). */
+static void ww_wrap(R *r, ag_buf *b, const tstr *line, int64_t width, bool long_words, bool hyphens,
+                    const tstr *wrapstr) {
+    size_t    n = 0, i = 0;
+    uint32_t *cp = ralloc(r, sizeof(uint32_t) * (line->ncp + 1));
+    while (i < line->len) cp[n++] = tm_utf8_next(line->s, line->len, &i);
+    size_t *ends = ralloc(r, sizeof(size_t) * (n + 1));
+    size_t  nc = ww_split(cp, n, hyphens, ends);
+    size_t *cs = ralloc(r, sizeof(size_t) * (nc + 1)), *ce = ralloc(r, sizeof(size_t) * (nc + 1));
+    for (size_t k = 0; k < nc; k++) {
+        cs[k] = k ? ends[k - 1] : 0;
+        ce[k] = ends[k];
+    }
+    /* a line is a run of spans; spans of one line are contiguous in cp
+     * except that a line may end with a cut-off head of a long word */
+    size_t *ps = ralloc(r, sizeof(size_t) * (nc + 2)), *pe = ralloc(r, sizeof(size_t) * (nc + 2));
+    size_t  next = 0, nlines = 0;
+    while (next < nc) {
+        step(r);
+        size_t np = 0, cur = 0;
+        if (nlines && ww_blank(cp, cs[next], ce[next])) next++;
+        while (next < nc && cur + (ce[next] - cs[next]) <= (size_t)width) {
+            ps[np] = cs[next];
+            pe[np++] = ce[next];
+            cur += ce[next] - cs[next];
+            next++;
+        }
+        if (next < nc && ce[next] - cs[next] > (size_t)width) {
+            size_t space_left = (size_t)width - cur;
+            if (long_words) {
+                size_t end = space_left, len = ce[next] - cs[next];
+                if (hyphens && len > space_left) {
+                    size_t h = SIZE_MAX;
+                    for (size_t k = 0; k < space_left; k++)
+                        if (cp[cs[next] + k] == '-') h = k;
+                    bool other = false;
+                    for (size_t k = 0; h != SIZE_MAX && k < h; k++) other |= cp[cs[next] + k] != '-';
+                    if (h != SIZE_MAX && h > 0 && other) end = h + 1;
+                }
+                ps[np] = cs[next];
+                pe[np++] = cs[next] + end;
+                cs[next] += end;
+            } else if (!np) {
+                ps[np] = cs[next];
+                pe[np++] = ce[next];
+                next++;
+            }
+        }
+        if (np && ww_blank(cp, ps[np - 1], pe[np - 1])) np--;
+        if (!np) continue;
+        if (nlines++) buf_add(r, b, wrapstr->s, wrapstr->len);
+        for (size_t k = 0; k < np; k++) ww_put(r, b, cp, ps[k], pe[k]);
+    }
+}
+
+static tv do_wordwrap(R *r, tv s, tv *p) {
+    int64_t width = is_missing(p[0]) ? 79 : want_int(r, p[0], NULL);
+    bool    long_words = is_missing(p[1]) || tv_truthy(r, p[1]);
+    bool    hyphens = is_missing(p[3]) || tv_truthy(r, p[3]);
+    tv      wrapstr = is_missing(p[2]) || p[2].t == TV_NONE ? mkcstr(r, "\n") : p[2];
+    if (s.t == TV_UNDEF) fail_undefined(r, s);
+    if (s.t != TV_STR) rfail(r, "'%s' object has no attribute 'splitlines'", tv_type_name(s));
+    if (wrapstr.t != TV_STR) rfail(r, "'%s' object has no attribute 'join'", tv_type_name(wrapstr));
+    tlist *lines = str_splitlines(r, s.s, false);
+    if (lines->n && width <= 0) rfail(r, "invalid width %lld (must be > 0)", (long long)width);
+    ag_buf *b = buf_get(r);
+    for (size_t k = 0; k < lines->n; k++) {
+        if (k) buf_add(r, b, wrapstr.s->s, wrapstr.s->len);
+        ww_wrap(r, b, lines->v[k].s, width, long_words, hyphens, wrapstr.s);
+    }
     return buf_finish(r, b, false);
 }
 
@@ -2540,6 +3024,32 @@ static tv filter_impl(R *r, int id, tv v, targs *a) {
         tv_write_json(r, b, v, &o, 0);
         return buf_finish(r, b, false);
     }
+    case F_GROUPBY: {
+        static const char *const names[] = {"attribute", "default", "case_sensitive"};
+        bind(r, "sync_do_groupby", a, names, 3, p);
+        if (is_missing(p[0])) rfail(r, "sync_do_groupby() missing 1 required positional argument: 'attribute'");
+        return do_groupby(r, v, p[0], p[1], !is_missing(p[2]) && tv_truthy(r, p[2]));
+    }
+    case F_STRIPTAGS: no_args(r, "do_striptags", a); return do_striptags(r, v);
+    case F_WORDWRAP: {
+        static const char *const names[] = {"width", "break_long_words", "wrapstring", "break_on_hyphens"};
+        bind(r, "do_wordwrap", a, names, 4, p);
+        return do_wordwrap(r, v, p);
+    }
+    case F_URLENCODE: no_args(r, "do_urlencode", a); return do_urlencode(r, v);
+    case F_XMLATTR: {
+        static const char *const names[] = {"autospace"};
+        bind(r, "do_xmlattr", a, names, 1, p);
+        return do_xmlattr(r, v, is_missing(p[0]) || tv_truthy(r, p[0]));
+    }
+    case F_FILESIZEFORMAT: {
+        static const char *const names[] = {"binary"};
+        bind(r, "do_filesizeformat", a, names, 1, p);
+        return do_filesizeformat(r, v, !is_missing(p[0]) && tv_truthy(r, p[0]));
+    }
+    case F_PPRINT: no_args(r, "do_pprint", a); return do_pprint(r, v);
+    case F_RANDOM:
+    case F_URLIZE: rfail_code(r, AG_ERR_UNSUPPORTED, "unsupported: filter '%s'", tm_filter_name(id));
     }
     rfail_code(r, AG_ERR_INTERNAL, "internal error: unknown filter %d", id);
 }
@@ -2645,10 +3155,7 @@ static void gen_start(R *r, tgen *g) {
             tv   fname = a->pos[0];
             bool uns = false;
             g->mapfid = fname.t == TV_STR ? tm_filter_id(fname.s->s, fname.s->len, &uns) : -2;
-            if (g->mapfid < 0) {
-                if (uns) rfail_code(r, AG_ERR_UNSUPPORTED, "unsupported: filter '%s'", fname.s->s);
-                g->mapfid = -2;
-            }
+            if (g->mapfid < 0) g->mapfid = -2;
             g->rest = (targs){.pos = a->pos + 1, .npos = a->npos - 1, .kwid = a->kwid, .kwv = a->kwv, .nkw = a->nkw};
         }
         src_open(r, g);

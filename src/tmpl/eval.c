@@ -183,6 +183,10 @@ tv tv_getattr(R *r, tv obj, const tstr *name) {
     case TV_STR:
     case TV_LIST:
         if (method_lookup(r, obj, name, &m)) return m;
+        if (obj.t == TV_LIST && TV_LK(obj) == LK_TUPLE && obj.l->r_start == TL_GROUP_TUPLE && obj.l->n == 2) {
+            if (!strcmp(name->s, "grouper")) return obj.l->v[0];
+            if (!strcmp(name->s, "list")) return obj.l->v[1];
+        }
         break;
     default: break;
     }
@@ -483,6 +487,7 @@ static tv apply_filters(R *r, const tnode *f, tv base, tframe *fr) {
     targs a;
     eval_args(r, f, fr, &a, 0);
     r->line = f->line;
+    if (f->name < 0) rfail(r, "No filter named '%s' found.", f->val.s->s); /* the parser refuses these */
     return call_filter(r, f->name, v, &a);
 }
 
@@ -546,6 +551,9 @@ static tv eval(R *r, const tnode *n, tframe *fr) {
         targs a;
         eval_args(r, n, fr, &a, 0);
         r->line = n->line;
+        /* an unknown name the parser let through (inside an if): jinja2's
+         * stand-in raises once its arguments are evaluated */
+        if (n->name < 0) rfail(r, "No filter named '%s' found.", n->val.s->s);
         v = call_filter(r, n->name, x, &a);
         break;
     }
@@ -554,6 +562,7 @@ static tv eval(R *r, const tnode *n, tframe *fr) {
         targs a;
         eval_args(r, n, fr, &a, 0);
         r->line = n->line;
+        if (n->name < 0) rfail(r, "No test named '%s' found.", n->val.s->s);
         v = tv_bool(call_test(r, n->name, x, &a));
         break;
     }

@@ -117,9 +117,12 @@ struct tv {
 
 struct tlist {
     size_t  n;
-    int64_t r_start, r_stop, r_step; /* LK_RANGE only */
+    int64_t r_start, r_stop, r_step; /* LK_RANGE only; see also TL_GROUP_TUPLE */
     tv      v[];
 };
+/* r_start of an LK_TUPLE pair made by the groupby filter: a _GroupTuple,
+ * whose items are also its attributes .grouper and .list */
+#define TL_GROUP_TUPLE 0x6772707475706cLL
 
 struct tdict {
     size_t    n, cap;

@@ -1,8 +1,11 @@
 /* The parser: jinja2's recursive-descent grammar (jinja2/parser.py), built
  * into tnode trees in the template's arena. Unknown filters and tests fail
- * here, as they fail at compile time in jinja2; constructs we do not
- * implement (template inheritance, includes, imports, recursive loops,
- * *args in calls) fail with "unsupported: ..." naming the construct. */
+ * after the whole template has parsed, where jinja2's compiler fails on
+ * them, except inside an if statement or a conditional expression, where
+ * jinja2 3.x fails only when one is evaluated (check_names below); jinja2
+ * filters we do not implement fail when evaluated. Constructs we do not
+ * implement (template inheritance, includes, imports, recursive loops, *args
+ * in calls) fail with "unsupported: ..." naming the construct. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -448,15 +451,11 @@ static tnode *parse_filter(parser *P, tnode *node, bool start_inline) {
         char name[128];
         int  line;
         dotted_name(P, name, sizeof name, &line);
-        bool unsupported = false;
-        int  id = tm_filter_id(name, strlen(name), &unsupported);
-        if (id < 0) {
-            if (unsupported) tm_fail(P->e, AG_ERR_UNSUPPORTED, line, "unsupported: filter '%s'", name);
-            tm_fail(P->e, AG_ERR_TEMPLATE, line, "No filter named '%s'.", name);
-        }
+        bool   unsupported = false;
         tnode *f = mk(P, N_FILTER, line);
         f->a = node;
-        f->name = id;
+        f->name = tm_filter_id(name, strlen(name), &unsupported);
+        if (f->name < 0) f->val = const_str(P, name, strlen(name)); /* unknown: see check_names */
         if (is_op(cur(P), TO_LPAREN)) parse_call_args(P, f);
         node = f;
         start_inline = false;
@@ -474,11 +473,10 @@ static tnode *parse_test(parser *P, tnode *node) {
     char name[128];
     int  line;
     dotted_name(P, name, sizeof name, &line);
-    int id = tm_test_id(name, strlen(name));
-    if (id < 0) tm_fail(P->e, AG_ERR_TEMPLATE, line, "No test named '%s'.", name);
     tnode *t = mk(P, N_TEST, is->line);
     t->a = node;
-    t->name = id;
+    t->name = tm_test_id(name, strlen(name));
+    if (t->name < 0) t->val = const_str(P, name, strlen(name)); /* unknown: see check_names */
     tm_tok *c = cur(P);
     if (is_op(c, TO_LPAREN)) {
         parse_call_args(P, t);
@@ -1105,6 +1103,77 @@ static tnode **subparse(parser *P, const char *const *end_tokens, int *nout) {
     return body.v;
 }
 
+/* ---------------------------------------------------------------- unknown filters and tests */
+
+/* jinja2 3.x checks that a filter or test exists when it compiles the
+ * template, except in a "soft" frame: the test and branches of an if
+ * statement and all of a conditional expression. There an unknown name
+ * compiles to a function that raises when called, so a branch that never
+ * runs may use filters the environment lacks (templates write
+ * `{% if args is string %}{{ args|from_json }}...`). Frames jinja2 makes
+ * anew are hard again, even inside an if: for-loop bodies, else and
+ * filters, macro and call-block bodies and defaults, set blocks, filter
+ * blocks, with bodies. Finds the first unknown name in a hard frame. */
+static void check_names(const tnode *n, bool soft, const tnode **bad);
+
+static void check_list(tnode *const *v, int n, bool soft, const tnode **bad) {
+    for (int i = 0; i < n && !*bad; i++) check_names(v[i], soft, bad);
+}
+
+static void check_names(const tnode *n, bool soft, const tnode **bad) {
+    if (!n || *bad) return;
+    switch (n->kind) {
+    case S_IF:
+        check_names(n->a, true, bad);
+        check_list(n->items, n->nitems, true, bad);
+        check_list(n->items2, n->nitems2, true, bad); /* else, or the elif S_IF */
+        return;
+    case N_COND:
+        check_names(n->b, true, bad);
+        check_names(n->a, true, bad);
+        check_names(n->c, true, bad);
+        return;
+    case S_FOR:
+        check_names(n->b, soft, bad); /* the iterable: in the enclosing frame */
+        check_names(n->c, false, bad);
+        check_list(n->items, n->nitems, false, bad);
+        check_list(n->items2, n->nitems2, false, bad);
+        return;
+    case S_MACRO:
+        check_list(n->items2, n->nitems2, false, bad);
+        check_names(n->c, false, bad);
+        return;
+    case S_CALLBLOCK:
+        check_list(n->items2, n->nitems2, false, bad);
+        check_names(n->c, false, bad);
+        check_names(n->a, soft, bad); /* the call: in the enclosing frame */
+        return;
+    case S_SETBLOCK:
+    case S_FILTERBLOCK:
+        check_names(n->b, false, bad);
+        check_list(n->items, n->nitems, false, bad);
+        return;
+    case S_WITH:
+        check_list(n->items2, n->nitems2, soft, bad); /* the values: in the enclosing frame */
+        check_names(n->c, false, bad);
+        return;
+    case S_GENERATION: check_list(n->items, n->nitems, false, bad); return;
+    case N_FILTER:
+    case N_TEST:
+        if (n->name < 0 && !soft) {
+            *bad = n;
+            return;
+        }
+        break;
+    default: break;
+    }
+    check_names(n->a, soft, bad);
+    check_names(n->b, soft, bad);
+    check_names(n->c, soft, bad);
+    check_list(n->items, n->nitems, soft, bad);
+    check_list(n->items2, n->nitems2, soft, bad);
+}
+
 /* ---------------------------------------------------------------- entry */
 
 void tm_parse_template(ag_tmpl *T, const char *src, size_t len);
@@ -1123,5 +1192,10 @@ void tm_parse_template(ag_tmpl *T, const char *src, size_t len) {
     P.nt = nt;
     P.T = T;
     T->body = subparse(&P, NULL, &T->nbody);
+    const tnode *bad = NULL;
+    check_list(T->body, T->nbody, false, &bad);
+    if (bad)
+        tm_fail(P.e, AG_ERR_TEMPLATE, bad->line, "No %s named '%s'.", bad->kind == N_FILTER ? "filter" : "test",
+                bad->val.s->s);
     tm_scope_analyze(T);
 }

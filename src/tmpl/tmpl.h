@@ -21,13 +21,21 @@
  * CPython, Markup, lazy generators), jinja2's static variable scoping, its
  * filters and tests, and the Python str/dict/list methods templates call.
  *
+ * Unknown filters and tests fail as in jinja2 3.x: when the template is
+ * parsed, except inside an if statement (its tests and branches) or a
+ * conditional expression, where they fail only if evaluated ("No filter named
+ * 'from_json' found."), so a branch that never runs may use filters the
+ * environment lacks.
+ *
  * Not supported (fails with "unsupported: ..."): extends/block/include/
- * import/from, recursive loops, star-args in calls, the filters
- * filesizeformat, groupby, pprint, random, striptags, urlencode, urlize,
- * wordwrap and xmlattr, cycler(), \N{...} escapes, non-ASCII identifiers,
- * integers beyond 64 bits. Approximations: Unicode case mapping uses
- * utf8proc's tables (plus the common full mappings of ß and İ); a generator
- * iterated by a for loop is consumed whole before the loop starts.
+ * import/from, recursive loops, star-args in calls, cycler(), \N{...}
+ * escapes, non-ASCII identifiers, integers beyond 64 bits; when called (like
+ * any filter, they may appear where they never run): the filters random and
+ * urlize, pprint of a value whose repr is longer than pprint's 80-column
+ * line. Approximations: Unicode case mapping uses utf8proc's tables (plus the
+ * common full mappings of ß and İ), as do \w and \d in wordwrap's word
+ * splitting; a generator iterated by a for loop is consumed whole before the
+ * loop starts.
  *
  * Memory: every value made during a render lives until the render ends, so
  * a template that grows a string or list in a loop uses memory quadratic in
@@ -48,7 +56,8 @@ typedef struct ag_tmpl ag_tmpl;
 /* Compiles a template from `len` bytes of UTF-8 source. On success *out owns
  * everything it needs (the source is not referenced afterwards); free it with
  * ag_tmpl_free(). Failure: AG_ERR_TEMPLATE (syntax error, unknown filter or
- * test: the message names the line, like "template line 3: ...") or
+ * test outside an if / conditional expression: the message names the line,
+ * like "template line 3: ...") or
  * AG_ERR_UNSUPPORTED (a construct this interpreter does not implement, named
  * in the message); *out is left NULL. */
 ag_status ag_tmpl_parse(const char *src, size_t len, ag_tmpl **out);

@@ -185,6 +185,22 @@ ag_status ag_tok_decode(const ag_tok *tok, const int32_t *ids, size_t n, unsigne
  * The detok borrows tok, which must outlive it. */
 typedef struct ag_detok ag_detok;
 ag_status ag_detok_new(const ag_tok *tok, unsigned flags, ag_detok **out);
+/* A detokenizer for the text that continues the text of ctx[0..n_ctx) (a
+ * prompt): what a reply streams after its prompt. The start-of-text rules
+ * belong to the context, not to the reply: the first pushed token keeps the
+ * leading space that a new text loses to add_space_prefix (" named", not
+ * "named", after "Once upon a time, a little dog"), and a BOS pushed first
+ * is not the text's leading BOS (AG_DECODE_REMOVE_SPECIAL keeps it). A
+ * character the context leaves unfinished (ids given by the caller can end
+ * inside one) is completed by the first pushed bytes and released whole.
+ * So the pushes and the flush give ag_tok_decode(ctx + ids) less
+ * ag_tok_decode(ctx) (less that unfinished character), replacement-decoded
+ * as above; the one exception is a clean_spaces deletion of a space that
+ * ends the context, which cannot be taken back from text already released.
+ * n_ctx == 0 is a new text, as ag_detok_new. Reads ctx only during the call;
+ * AG_ERR_RANGE for an id outside the vocabulary. ag_detok_reset and the
+ * reset in ag_detok_flush forget the context: what follows is a new text. */
+ag_status ag_detok_new_after(const ag_tok *tok, unsigned flags, const int32_t *ctx, size_t n_ctx, ag_detok **out);
 /* Appends the newly completed text (possibly nothing) to *out. */
 ag_status ag_detok_push(ag_detok *d, int32_t id, ag_buf *out);
 /* Appends everything still held back and resets the stream. */

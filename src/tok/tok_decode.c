@@ -229,6 +229,65 @@ static ag_status emit_token(ag_detok *d, int32_t id, ag_buf *out) {
     return emit_text(d, p, n, false, out);
 }
 
+/* The bytes of an incomplete UTF-8 character at the end of s[0..n) (which
+ * the stream would still hold), as a length 0..3. */
+static size_t utf8_incomplete_tail(const unsigned char *s, size_t n) {
+    for (size_t k = 1; k <= 3 && k <= n; k++) {
+        unsigned char c = s[n - k];
+        if (c >= 0x80 && c <= 0xBF) continue; /* a continuation byte: look further back */
+        return c >= 0xC2 && c <= 0xF4 && utf8_step(s + n - k, k) == 0 ? k : 0;
+    }
+    return 0;
+}
+
+ag_status ag_detok_new_after(const ag_tok *tok, unsigned flags, const int32_t *ctx, size_t n_ctx, ag_detok **out) {
+    *out = NULL;
+    for (size_t i = 0; i < n_ctx; i++)
+        if (ctx[i] < 0 || ctx[i] >= tok->n_vocab)
+            return ag_errorf(AG_ERR_RANGE, "context token id %d is outside the vocabulary (0..%d)", ctx[i],
+                             tok->n_vocab - 1);
+    ag_detok *d;
+    ag_status st = ag_detok_new(tok, flags, &d);
+    if (st) return st;
+    if (n_ctx == 0) {
+        *out = d;
+        return AG_OK;
+    }
+    /* The state ag_detok_push would be in after the context, less the text
+     * it released. Only the last few bytes of that text matter, and they
+     * only for a character the context leaves unfinished: clean_spaces
+     * never deletes the first character of what follows, so it needs no
+     * context (what it would delete across the boundary lies in the
+     * context's text, which is not ours to change). */
+    bool   remove_special = flags & AG_DECODE_REMOVE_SPECIAL;
+    size_t start = 0, end = n_ctx;
+    if (remove_special && tok->add_bos && ctx[0] == tok->bos) start = 1;
+    if (remove_special && tok->add_eos && end > start && ctx[end - 1] == tok->eos) {
+        d->held_eos = true;
+        end--;
+    }
+    d->started = true;
+    d->remove_space = false; /* the text began in the context */
+    unsigned char tail[3];
+    size_t        have = 0;
+    for (size_t i = end; i > start && have < sizeof tail; i--) {
+        const char *p;
+        size_t      n;
+        piece(tok, ctx[i - 1], flags & AG_DECODE_SPECIAL, i - 1 == 0 && tok->add_space_prefix, &p, &n);
+        size_t take = n < sizeof tail - have ? n : sizeof tail - have;
+        memmove(tail + take, tail, have);
+        memcpy(tail, p + n - take, take);
+        have += take;
+    }
+    size_t k = utf8_incomplete_tail(tail, have);
+    if (k && (st = ag_buf_append(&d->u8, tail + have - k, k))) {
+        ag_detok_free(d);
+        return st;
+    }
+    *out = d;
+    return AG_OK;
+}
+
 ag_status ag_detok_push(ag_detok *d, int32_t id, ag_buf *out) {
     const ag_tok *tok = d->tok;
     if (id < 0 || id >= tok->n_vocab)

@@ -438,6 +438,78 @@ static void detok_holds_partial_utf8(void **state) {
     ag_tok_free(tok);
 }
 
+static char *push_all(ag_detok *d, const int32_t *ids, size_t n, bool flush) {
+    ag_buf out = {0};
+    for (size_t i = 0; i < n; i++) assert_int_equal(ag_detok_push(d, ids[i], &out), AG_OK);
+    if (flush) assert_int_equal(ag_detok_flush(d, &out), AG_OK);
+    return out.data ? ag_buf_take(&out) : strdup("");
+}
+
+#define EXPECT_AFTER(tok, flags, ctx, n_ctx, ids, n, want)                                          \
+    do {                                                                                           \
+        ag_detok *d_;                                                                              \
+        assert_int_equal(ag_detok_new_after(tok, flags, ctx, n_ctx, &d_), AG_OK);                  \
+        char *s_ = push_all(d_, ids, n, true);                                                     \
+        assert_string_equal(s_, want);                                                             \
+        free(s_);                                                                                  \
+        ag_detok_free(d_);                                                                         \
+    } while (0)
+
+/* A reply continues its prompt's text: the start-of-text rules (the
+ * add_space_prefix strip, the leading BOS of remove_special) are the
+ * prompt's, and a character the prompt leaves unfinished completes. */
+static void detok_after_context_continues_the_text(void **state) {
+    ag_tok *tok = spm_tok();
+    const int32_t bos_a[] = {S_BOS, S_SPA}, a[] = {S_SPA}, spab[] = {S_SPAB}, bos[] = {S_BOS};
+    /* "▁a" then "▁ab": decode gives " a ab" with BOS kept, "a ab" without */
+    const int32_t all1[] = {S_BOS, S_SPA, S_SPAB}, all2[] = {S_SPA, S_SPAB};
+    char *full = decode(tok, all1, 3, 0), *head = decode(tok, all1, 2, 0);
+    assert_string_equal(full, " a ab");
+    assert_string_equal(head, " a");
+    free(full);
+    free(head);
+    full = decode(tok, all2, 2, 0);
+    assert_string_equal(full, "a ab");
+    free(full);
+    EXPECT_AFTER(tok, 0, bos_a, 2, spab, 1, " ab");
+    EXPECT_AFTER(tok, 0, a, 1, spab, 1, " ab");
+    EXPECT_AFTER(tok, 0, bos, 1, spab, 1, " ab"); /* after BOS too: decode keeps it there */
+    EXPECT_AFTER(tok, 3, bos_a, 2, spab, 1, " ab");
+    EXPECT_AFTER(tok, 3, bos, 1, spab, 1, " ab");
+    /* no context: a new text, as ag_detok_new (which strips) */
+    EXPECT_AFTER(tok, 0, NULL, 0, spab, 1, "ab");
+    char *fresh = stream(tok, spab, 1, 0, NULL);
+    assert_string_equal(fresh, "ab");
+    free(fresh);
+    /* a BOS that follows a context is no leading BOS: remove_special keeps it */
+    EXPECT_AFTER(tok, AG_DECODE_SPECIAL | AG_DECODE_REMOVE_SPECIAL, a, 1, bos, 1, "<s>");
+    EXPECT_AFTER(tok, AG_DECODE_SPECIAL | AG_DECODE_REMOVE_SPECIAL, NULL, 0, bos, 1, "");
+    /* € = E2 82 AC: the context ends inside it; the reply releases it whole */
+    const int32_t e2_82[] = {S_BOS, S_SPA, S_B0 + 0xE2, S_B0 + 0x82}, ac_x[] = {S_B0 + 0xAC, S_X};
+    EXPECT_AFTER(tok, 0, e2_82, 4, ac_x, 2, "\xE2\x82\xAC" "x");
+    EXPECT_AFTER(tok, 0, e2_82, 3, ac_x, 1, "\xEF\xBF\xBD"); /* E2 then AC: not one character */
+    const int32_t x[] = {S_X};
+    EXPECT_AFTER(tok, 0, e2_82, 4, x, 1, "\xEF\xBF\xBD" "x");
+    EXPECT_AFTER(tok, 0, e2_82, 4, NULL, 0, "\xEF\xBF\xBD"); /* flushed unfinished */
+    /* a complete character before the end is the context's, not held */
+    const int32_t euro[] = {S_B0 + 0xE2, S_B0 + 0x82, S_B0 + 0xAC};
+    EXPECT_AFTER(tok, 0, euro, 3, x, 1, "x");
+    /* the flush resets: what follows is a new text */
+    ag_detok *d;
+    assert_int_equal(ag_detok_new_after(tok, 0, bos_a, 2, &d), AG_OK);
+    char *s1 = push_all(d, spab, 1, true), *s2 = push_all(d, spab, 1, true);
+    assert_string_equal(s1, " ab");
+    assert_string_equal(s2, "ab");
+    free(s1);
+    free(s2);
+    ag_detok_free(d);
+    const int32_t bad[] = {S_SPA, 100000};
+    d = (ag_detok *)1;
+    assert_int_equal(ag_detok_new_after(tok, 0, bad, 2, &d), AG_ERR_RANGE);
+    assert_null(d);
+    ag_tok_free(tok);
+}
+
 /* The stream equals the full decode for random id sequences, also with
  * clean_spaces (which looks around characters) and remove_special. */
 static void detok_stream_equals_decode(void **state) {
@@ -631,6 +703,7 @@ int main(void) {
         cmocka_unit_test(unicode_classes_and_lenient_utf8),
         cmocka_unit_test(detok_holds_partial_utf8),
         cmocka_unit_test(detok_stream_equals_decode),
+        cmocka_unit_test(detok_after_context_continues_the_text),
         cmocka_unit_test(stories260k_from_gguf),
         cmocka_unit_test(concurrent_encodes_agree),
         cmocka_unit_test(random_bytes_round_trip_spm),
