@@ -61,6 +61,8 @@ typedef struct {
     int              d_open;  /* drafts of the last draft() awaiting commit, -1: none */
     int              fed;     /* of those, how many ran through the KV */
     int32_t         *drafts;  /* [cap] the last round's drafts */
+    float           *confs;   /* [cap] their confidences */
+    int              n_last;  /* drafts of the last draft() */
     int              cap;
     float           *row;     /* [n_vocab_target] draft logits mapped to the target vocab */
     float           *proc;    /* [n_vocab_target] processed logits, or q when probs is NULL */
@@ -298,6 +300,7 @@ static ag_status src_prefill(ag_draft_source *base, const int32_t *prompt, int n
     s->pending = false;
     s->dead = false;
     s->d_open = -1;
+    s->n_last = 0;
     if (n < 0 || (n > 0 && !prompt)) return ag_errorf(AG_ERR_INVALID, "draft-model: prefill: bad prompt (%d tokens)", n);
     for (int i = 0; i < n; i++)
         if (prompt[i] < 0 || prompt[i] >= dm->n_valid) {
@@ -330,6 +333,7 @@ static int fail(dm_source *s, ag_status st, const char *what) {
     s->dead = true;
     s->d_open = 0;
     s->fed = 0;
+    s->n_last = 0;
     ag_errorf(st, "draft-model: %s: %s", what, inner);
     return -1;
 }
@@ -371,6 +375,7 @@ static bool pick(dm_source *s, float *q, int32_t *tok, float *conf) {
 static int src_draft(ag_draft_source *base, const int32_t *feed, int n_feed, int max, int32_t *out, float *probs) {
     dm_source      *s = (dm_source *)base;
     ag_draft_model *dm = s->dm;
+    s->n_last = 0;
     if (s->dead) {
         s->d_open = 0;
         s->fed = 0;
@@ -418,11 +423,13 @@ static int src_draft(ag_draft_source *base, const int32_t *feed, int n_feed, int
     if (max_d > dm->n_ctx - h_new) max_d = (int)(dm->n_ctx - h_new); /* draft i sits at position h_new + i */
     if (max_d > s->cap) {
         int32_t *nd = realloc(s->drafts, sizeof(int32_t) * (size_t)max_d);
-        if (!nd) {
+        if (nd) s->drafts = nd;
+        float *nc = nd ? realloc(s->confs, sizeof(float) * (size_t)max_d) : NULL;
+        if (nc) s->confs = nc;
+        if (!nd || !nc) {
             ag_errorf(AG_ERR_NOMEM, "out of memory for %d drafts", max_d);
             return fail(s, AG_ERR_NOMEM, "draft");
         }
-        s->drafts = nd;
         s->cap = max_d;
     }
     int d = 0;
@@ -433,12 +440,14 @@ static int src_draft(ag_draft_source *base, const int32_t *feed, int n_feed, int
         if (!pick(s, q, &tok, &conf) || conf < dm->p_min || tok < 0) break;
         if (ag_sampler_accept(s->sampler, tok)) break;
         out[d] = tok;
+        s->confs[d] = conf;
         s->drafts[d++] = tok;
         if (d == max_d) break;
         if ((st = run_tokens(s, -1, &tok, 1, false, true))) return fail(s, st, "forward");
         s->fed = d;
     }
     s->d_open = d;
+    s->n_last = d;
     return d;
 }
 
@@ -471,7 +480,7 @@ static size_t src_resident_bytes(const ag_draft_source *base) {
     /* sampler: 8 bytes per vocab entry + 16 KiB + 4 per accepted token */
     size_t sampler = 8 * (size_t)dm->n_vocab_target + (16u << 10) + 4 * ag_sampler_n_accepted(s->sampler);
     return sizeof *s + sampler + sizeof(float) * (2 * (size_t)dm->n_vocab_target + (size_t)dm->n_vocab_draft) +
-           sizeof(int32_t) * (size_t)s->cap;
+           (sizeof(int32_t) + sizeof(float)) * (size_t)s->cap;
 }
 
 static void src_free(ag_draft_source *base) {
@@ -483,6 +492,7 @@ static void src_free(ag_draft_source *base) {
     }
     ag_sampler_free(s->sampler);
     free(s->drafts);
+    free(s->confs);
     free(s->row);
     free(s->proc);
     free(s->logits);
@@ -534,4 +544,11 @@ ag_status ag_draft_model_source_new(ag_draft_model *dm, const ag_sample_params *
     }
     *out = &s->base;
     return AG_OK;
+}
+
+int ag_draft_model_source_confidence(const ag_draft_source *base, float *conf, int n) {
+    if (!base || base->ops != &k_ops) return 0;
+    const dm_source *s = (const dm_source *)base;
+    for (int i = 0; i < n && i < s->n_last; i++) conf[i] = s->confs[i];
+    return s->n_last;
 }

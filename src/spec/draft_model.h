@@ -106,4 +106,10 @@ void ag_draft_model_set_p_min(ag_draft_model *dm, float p_min);
 ag_status ag_draft_model_source_new(ag_draft_model *dm, const ag_sample_params *sp, uint64_t stream,
                                     float cost_per_token, ag_draft_source **out);
 
+/* The confidence (top probability, as p_min sees it) of each token the last
+ * draft() of `s` proposed, into conf[0..min(n, d)); returns d (0 before any
+ * draft, after an error, or when s is not a draft-model source). For stats
+ * and for tuning p_min. */
+int ag_draft_model_source_confidence(const ag_draft_source *s, float *conf, int n);
+
 #endif

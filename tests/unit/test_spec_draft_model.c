@@ -306,6 +306,9 @@ static void p_min_stops_at_low_confidence(void **state) {
         while (want < 16 && conf[want] >= ths[t]) want++;
         assert_int_equal(d, want);
         assert_memory_equal(out, ref, sizeof(int32_t) * (size_t)d);
+        float got[16];
+        assert_int_equal(ag_draft_model_source_confidence(s, got, 16), d);
+        for (int i = 0; i < d; i++) assert_true(fabsf(got[i] - conf[i]) < 1e-6f);
         seen_short += d < 16;
         s->ops->commit(s, d, d);
     }
