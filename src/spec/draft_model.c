@@ -316,8 +316,10 @@ static ag_status src_prefill(ag_draft_source *base, const int32_t *prompt, int n
     }
     ag_status st = run_tokens(s, -1, prompt, n - 1, true, false);
     if (st) {
+        char inner[1024];
+        snprintf(inner, sizeof inner, "%s", ag_error_message());
         s->dead = true;
-        return ag_errorf(st, "draft-model: prefill of %d tokens: %s", n, ag_error_message());
+        return ag_errorf(st, "draft-model: prefill of %d tokens: %s", n, inner);
     }
     s->hist = n;
     s->last = prompt[n - 1];
