@@ -337,6 +337,39 @@ static void long_prompt_prefills_in_chunks(void **state) {
     ag_draft_model_close(dm);
 }
 
+/* A long feed (after many rounds without drafting) runs as prompt rows:
+ * the proposals are the greedy continuation of the history computed that
+ * way (all of it prompt rows, then decode rows). */
+static void long_feed_then_drafts(void **state) {
+    ag_draft_model *dm = open_self(1, 512);
+    ag_draft_model_set_p_min(dm, 0);
+    ag_draft_source *s = greedy_source(dm);
+    enum { NF = 40 };
+    int32_t hist[N_PROMPT + NF], out[8], ref[8];
+    memcpy(hist, k_prompt, sizeof k_prompt);
+    for (int i = 0; i < NF; i++) hist[N_PROMPT + i] = k_prompt[1 + (i * 7) % (N_PROMPT - 1)];
+    assert_int_equal(s->ops->prefill(s, k_prompt, N_PROMPT), AG_OK);
+    int d = s->ops->draft(s, hist + N_PROMPT, NF, 8, out, NULL);
+    assert_int_equal(d, 8);
+    int32_t seq;
+    float  *logits = malloc(sizeof(float) * (size_t)g_vocab);
+    assert_int_equal(ag_kv_seq_new(g_kv, &seq), AG_OK);
+    target_run(seq, hist, N_PROMPT + NF, 1, logits);
+    for (int i = 0; i < 8; i++) {
+        int32_t am = 0;
+        for (int v = 1; v < g_vocab; v++)
+            if (logits[v] > logits[am]) am = v;
+        ref[i] = am;
+        if (i + 1 < 8) target_run(seq, &am, 1, 0, logits);
+    }
+    ag_kv_seq_free(g_kv, seq);
+    free(logits);
+    assert_memory_equal(out, ref, sizeof ref);
+    s->ops->commit(s, d, 2);
+    ag_draft_free(s);
+    ag_draft_model_close(dm);
+}
+
 /* Drafts never reach past the draft's n_ctx: a drafted token's position is
  * at most n_ctx - 1, and a full source proposes nothing. */
 static void n_ctx_bounds_drafts(void **state) {
@@ -623,6 +656,7 @@ int main(void) {
         cmocka_unit_test(penalties_follow_the_history),
         cmocka_unit_test(p_min_stops_at_low_confidence),
         cmocka_unit_test(long_prompt_prefills_in_chunks),
+        cmocka_unit_test(long_feed_then_drafts),
         cmocka_unit_test(n_ctx_bounds_drafts),
         cmocka_unit_test(sampled_drafts_carry_q),
         cmocka_unit_test(vocab_check_derived),
