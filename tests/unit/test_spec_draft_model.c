@@ -197,8 +197,11 @@ static void rewind_keeps_proposals_exact(void **state) {
         int d = s->ops->draft(s, n_feed ? feed : NULL, n_feed, max, out, NULL);
         assert_int_equal(d, max);
         if (d > 0) {
-            ref_greedy(hist, h, N_PROMPT, d, ref, NULL);
+            float rc[8], got[8];
+            ref_greedy(hist, h, N_PROMPT, d, ref, rc);
             assert_memory_equal(out, ref, sizeof(int32_t) * (size_t)d);
+            assert_int_equal(ag_draft_model_source_confidence(s, got, 8), d);
+            for (int i = 0; i < d; i++) assert_true(fabsf(got[i] - rc[i]) < 1e-5f);
         }
         /* the other source runs a round in between */
         int od = other->ops->draft(other, &hist[h - 1], 1, 3, oo, NULL);
@@ -346,6 +349,7 @@ static void long_feed_then_drafts(void **state) {
     ag_draft_source *s = greedy_source(dm);
     enum { NF = 40 };
     int32_t hist[N_PROMPT + NF], out[8], ref[8];
+    float   conf[8], got[8];
     memcpy(hist, k_prompt, sizeof k_prompt);
     for (int i = 0; i < NF; i++) hist[N_PROMPT + i] = k_prompt[1 + (i * 7) % (N_PROMPT - 1)];
     assert_int_equal(s->ops->prefill(s, k_prompt, N_PROMPT), AG_OK);
@@ -359,12 +363,18 @@ static void long_feed_then_drafts(void **state) {
         int32_t am = 0;
         for (int v = 1; v < g_vocab; v++)
             if (logits[v] > logits[am]) am = v;
+        double z = 0;
+        for (int v = 0; v < g_vocab; v++) z += exp((double)logits[v] - logits[am]);
         ref[i] = am;
+        conf[i] = (float)(1.0 / z);
         if (i + 1 < 8) target_run(seq, &am, 1, 0, logits);
     }
     ag_kv_seq_free(g_kv, seq);
     free(logits);
     assert_memory_equal(out, ref, sizeof ref);
+    /* the same logits, not just the same argmax: the confidences agree */
+    assert_int_equal(ag_draft_model_source_confidence(s, got, 8), 8);
+    for (int i = 0; i < 8; i++) assert_true(fabsf(got[i] - conf[i]) < 1e-5f);
     s->ops->commit(s, d, 2);
     ag_draft_free(s);
     ag_draft_model_close(dm);
