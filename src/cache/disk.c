@@ -505,6 +505,7 @@ void disk_open(ag_cache *c) {
                  "serving continues", c->dir, strerror(err));
     struct statvfs vfs;
     if (fstatvfs(c->dirfd, &vfs) == 0) c->free_at_start = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    else c->free_at_start = (uint64_t)320 << 30; /* unknown: the 32 GiB default applies */
     c->cap_explicit = c->p.disk_max_bytes > 0;
     uint64_t def = (uint64_t)32 << 30;
     if (c->free_at_start / 10 < def) def = c->free_at_start / 10;
