@@ -234,7 +234,7 @@ static int do_stats(const char *dir, const entries *es, bool json) {
         g[k].bytes += x->bytes;
         g[k].starts += x->rec.block_index == 0;
     }
-    qsort(ns, nns, sizeof *ns, cmp_u64);
+    if (nns > 1) qsort(ns, nns, sizeof *ns, cmp_u64);
     size_t distinct = 0;
     for (size_t i = 0; i < nns; i++) distinct += i == 0 || ns[i] != ns[i - 1];
     char o[32] = "-", n[32] = "-";
@@ -345,7 +345,7 @@ int ag_cli_cache(int argc, char **argv) {
         entries_free(&es);
         return ag_cli_fail("cache %s: out of memory", verb);
     }
-    qsort(es.v, es.n, sizeof *es.v, by_recent);
+    if (es.n > 1) qsort(es.v, es.n, sizeof *es.v, by_recent);
     int rc = !strcmp(verb, "ls") ? do_ls(&es, json, tokens) : do_stats(dir, &es, json);
     entries_free(&es);
     return rc;
