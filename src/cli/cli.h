@@ -20,6 +20,7 @@ int ag_cli_run(int argc, char **argv);
 int ag_cli_bench(int argc, char **argv);
 int ag_cli_logits(int argc, char **argv);
 int ag_cli_serve(int argc, char **argv);
+int ag_cli_cache(int argc, char **argv);
 
 /* Loads a model (threads: 0 = all cores) and its tokenizer; on failure
  * prints the error, leaves both NULL and returns 1. */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/arena.h"
+#include "base/hash.h"
 #include "base/log.h"
 
 struct ag_model {
@@ -245,6 +246,75 @@ const ag_model_config *ag_model_config_of(const ag_model *m) { return &m->cfg; }
 const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
 ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
 uint64_t               ag_model_weight_bytes(const ag_model *m) { return m->weight_bytes; }
+
+/* Serialises values in a fixed little-endian form, so the fingerprint does
+ * not depend on struct padding. */
+typedef struct {
+    uint8_t  buf[512];
+    size_t   n;
+    uint64_t h;
+} fp_state;
+
+static void fp_flush(fp_state *s) {
+    if (s->n) s->h = ag_hash64_seed(s->buf, s->n, s->h);
+    s->n = 0;
+}
+static void fp_bytes(fp_state *s, const void *p, size_t len) {
+    if (len > sizeof s->buf - s->n) {
+        fp_flush(s);
+        if (len > sizeof s->buf) {
+            s->h = ag_hash64_seed(p, len, s->h);
+            return;
+        }
+    }
+    memcpy(s->buf + s->n, p, len);
+    s->n += len;
+}
+static void fp_u64(fp_state *s, uint64_t v) {
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    fp_bytes(s, b, 8);
+}
+static void fp_f32(fp_state *s, float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    fp_u64(s, u);
+}
+
+uint64_t ag_model_fingerprint(const ag_model *m) {
+    fp_state s = {.n = 0, .h = 0x6d6f64656c667031ull}; /* "modelfp1" */
+    const ag_model_config *c = &m->cfg;
+    fp_bytes(&s, c->arch_name, strlen(c->arch_name) + 1);
+    const int ints[] = {c->arch, c->n_vocab, c->n_ctx_train, c->n_embd, c->n_layer, c->n_ff, c->n_head,
+                        c->n_head_kv, c->head_dim_k, c->head_dim_v, c->rope_dim, c->rope_neox,
+                        c->sliding_window, c->gelu};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) fp_u64(&s, (uint64_t)(int64_t)ints[i]);
+    const float floats[] = {c->rope_base, c->rope_base_swa, c->rope_freq_scale, c->rms_eps,
+                            c->embd_scale, c->attn_scale, c->final_softcap};
+    for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) fp_f32(&s, floats[i]);
+    fp_bytes(&s, c->layer_swa, (size_t)c->n_layer);
+    int64_t nt = ag_gguf_n_tensors(m->gguf);
+    fp_u64(&s, (uint64_t)nt);
+    for (int64_t i = 0; i < nt; i++) {
+        const ag_gguf_tensor *t = ag_gguf_tensor_at(m->gguf, i);
+        fp_bytes(&s, t->name, strlen(t->name) + 1);
+        fp_u64(&s, t->type);
+        fp_u64(&s, t->n_dims);
+        for (int d = 0; d < AG_GGUF_MAX_DIMS; d++) fp_u64(&s, t->ne[d]);
+        fp_u64(&s, t->offset);
+        fp_u64(&s, t->size);
+        const uint64_t k = 64;
+        if (t->size <= 3 * k) {
+            fp_bytes(&s, t->data, (size_t)t->size);
+        } else {
+            fp_bytes(&s, t->data, k);
+            fp_bytes(&s, t->data + (t->size / 2 - k / 2), k);
+            fp_bytes(&s, t->data + (t->size - k), k);
+        }
+    }
+    fp_flush(&s);
+    return s.h;
+}
 
 void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v) {
     *n_layer = m->cfg.n_layer;

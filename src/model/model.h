@@ -69,6 +69,18 @@ ag_backend    *ag_model_backend(ag_model *m);
 /* Bytes of weights a decode step reads (every weight used per token). */
 uint64_t ag_model_weight_bytes(const ag_model *m);
 
+/* A 64-bit fingerprint of what decides this model's KV for given tokens,
+ * for keying persisted KV (the prefix cache's disk tier): the architecture
+ * and every hyper-parameter of the configuration; every tensor's metadata
+ * (name, type, shape, offset, size); and a SAMPLE of the weight bytes (64
+ * bytes at the start, middle and end of each tensor). Not a hash of all
+ * the weights: that would read gigabytes at every start. The sample is
+ * there because fine-tunes of one base model share all the metadata; any
+ * real fine-tune changes the sampled bytes too. A few hundred page reads of
+ * the mapping (pages the first forward pass reads anyway); computed on
+ * each call, well under a millisecond once they are resident. */
+uint64_t ag_model_fingerprint(const ag_model *m);
+
 /* Per-sequence KV geometry for this model, to create a matching ag_kv. */
 void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v);
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -212,6 +213,50 @@ static void bad_batches_are_errors(void **state) {
     ag_kv_free(kv);
 }
 
+/* The fingerprint that keys persisted KV: stable across loads, changed by
+ * a change of the weights where it samples them (the start, middle and end
+ * of each tensor), blind elsewhere (it does not hash every weight). */
+static void fingerprint_is_stable_and_sees_sampled_weights(void **state) {
+    const char *shared = getenv("AUGUR_SHARED");
+    char        path[4096];
+    snprintf(path, sizeof path, "%s/models/tiny/stories260K.gguf", shared ? shared : "../shared");
+    uint64_t  fp = ag_model_fingerprint(g_model);
+    ag_model *m = NULL;
+    assert_int_equal(ag_model_load(path, NULL, &m), AG_OK);
+    assert_int_equal(ag_model_fingerprint(m), fp);
+    const ag_gguf_tensor *t = ag_gguf_find_tensor(ag_model_gguf(m), "blk.0.ffn_up.weight");
+    assert_non_null(t);
+    assert_true(t->size > 1000);
+    uint64_t base = ag_gguf_data_offset(ag_model_gguf(m)) + t->offset;
+    ag_model_free(m);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    size_t n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(n);
+    assert_int_equal(fread(b, 1, n, f), n);
+    fclose(f);
+    char tmp[] = "/tmp/augur-fp-XXXXXX";
+    int  fd = mkstemp(tmp);
+    assert_true(fd >= 0);
+    close(fd);
+    const uint64_t offs[2] = {base + 1, base + 100}; /* sampled; not sampled */
+    for (int i = 0; i < 2; i++) {
+        b[offs[i]] ^= 0x10;
+        f = fopen(tmp, "wb");
+        assert_int_equal(fwrite(b, 1, n, f), n);
+        fclose(f);
+        b[offs[i]] ^= 0x10;
+        assert_int_equal(ag_model_load(tmp, NULL, &m), AG_OK);
+        if (i == 0) assert_true(ag_model_fingerprint(m) != fp);
+        else assert_int_equal(ag_model_fingerprint(m), fp);
+        ag_model_free(m);
+    }
+    unlink(tmp);
+    free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(chunking_and_block_size_do_not_change_logits),
@@ -219,6 +264,7 @@ int main(void) {
         cmocka_unit_test(forked_sequences_do_not_disturb_each_other),
         cmocka_unit_test(ragged_batch_of_two_sequences_equals_separate_runs),
         cmocka_unit_test(bad_batches_are_errors),
+        cmocka_unit_test(fingerprint_is_stable_and_sees_sampled_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,569 @@
+/* Prefix cache: the index over both tiers and the memory tier (lookup,
+ * publish, evict). The disk tier (records, scan, writer, restore) is in
+ * disk.c. See cache.h for the model. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <xxhash.h>
+
+#include "base/hash.h"
+#include "base/log.h"
+#include "cache/cache_impl.h"
+
+ag_cache_params ag_cache_default_params(void) {
+    ag_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.write_queue_bytes = (size_t)64 << 20;
+    p.disk_sync = true;
+    p.background_scan = true;
+    return p;
+}
+
+uint64_t ag_cache_namespace(const void *data, size_t len) {
+    if (!data || !len) return 0;
+    uint64_t h = ag_hash64_seed(data, len, 0x6e616d6573706163ull); /* "namespac" */
+    return h ? h : 1;
+}
+
+int64_t cache_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- keys ---- */
+
+uint64_t cache_identity(uint64_t model_fp, uint64_t tok_fp, uint64_t compute_fp, ag_kv_dtype dtype, int32_t bs,
+                        int32_t nl, int32_t nh, int32_t dk, int32_t dv, int32_t key_bits) {
+    uint8_t b[80];
+    uint64_t v[10] = {model_fp, tok_fp, compute_fp, (uint64_t)dtype, (uint64_t)bs, (uint64_t)nl,
+                      (uint64_t)nh, (uint64_t)dk, (uint64_t)dv, (uint64_t)key_bits};
+    for (int i = 0; i < 10; i++)
+        for (int j = 0; j < 8; j++) b[i * 8 + j] = (uint8_t)(v[i] >> (8 * j)); /* little-endian, portable */
+    return ag_hash64_seed(b, sizeof b, 0x61756775726b7631ull); /* "augurkv1" */
+}
+
+ag_cache_key cache_key_compute(uint64_t identity, int32_t key_bits, ag_cache_key parent, uint64_t ns,
+                               const int32_t *tokens, int32_t n) {
+    uint8_t buf[24 + 4 * AG_CACHE_MAX_BLOCK];
+    uint64_t head[3] = {parent.lo, parent.hi, ns};
+    size_t   o = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 8; j++) buf[o++] = (uint8_t)(head[i] >> (8 * j));
+    if (n > AG_CACHE_MAX_BLOCK) n = AG_CACHE_MAX_BLOCK;
+    for (int32_t i = 0; i < n; i++) {
+        uint32_t t = (uint32_t)tokens[i];
+        buf[o++] = (uint8_t)t;
+        buf[o++] = (uint8_t)(t >> 8);
+        buf[o++] = (uint8_t)(t >> 16);
+        buf[o++] = (uint8_t)(t >> 24);
+    }
+    XXH128_hash_t h = XXH3_128bits_withSeed(buf, o, identity);
+    ag_cache_key  k = {h.low64, h.high64};
+    if (key_bits > 0 && key_bits < 128) {
+        if (key_bits <= 64) {
+            k.hi = 0;
+            if (key_bits < 64) k.lo &= ((uint64_t)1 << key_bits) - 1;
+        } else if (key_bits < 128) {
+            k.hi &= ((uint64_t)1 << (key_bits - 64)) - 1;
+        }
+    }
+    return k;
+}
+
+ag_cache_key cache_chain_key(const ag_cache *c, ag_cache_key parent, uint64_t ns, const int32_t *tokens) {
+    return cache_key_compute(c->identity, c->p.key_bits ? c->p.key_bits : 128, parent, ns, tokens, c->bs);
+}
+
+static bool key_eq(ag_cache_key a, ag_cache_key b) { return a.lo == b.lo && a.hi == b.hi; }
+
+/* ---- index: nodes, hash table, lists ---- */
+
+static uint32_t bucket_of(const ag_cache *c, ag_cache_key k) {
+    uint64_t h = k.lo ^ (k.hi * 0x9E3779B97F4A7C15ull);
+    h ^= h >> 29;
+    return (uint32_t)h & c->bucket_mask;
+}
+
+int32_t cache_find(const ag_cache *c, ag_cache_key key) {
+    for (int32_t id = c->buckets[bucket_of(c, key)]; id >= 0; id = c->nodes[id].hnext)
+        if (key_eq(c->nodes[id].key, key)) return id;
+    return -1;
+}
+
+static bool rehash(ag_cache *c, uint32_t n_buckets) {
+    int32_t *b = malloc(sizeof(int32_t) * n_buckets);
+    if (!b) return false;
+    for (uint32_t i = 0; i < n_buckets; i++) b[i] = -1;
+    free(c->buckets);
+    c->buckets = b;
+    c->bucket_mask = n_buckets - 1;
+    for (int32_t id = 0; id < c->cap; id++) {
+        cache_node *n = &c->nodes[id];
+        if (!n->used) continue;
+        uint32_t h = bucket_of(c, n->key);
+        n->hnext = b[h];
+        b[h] = id;
+    }
+    return true;
+}
+
+static bool grow(ag_cache *c) {
+    int32_t     ncap = c->cap ? c->cap * 2 : 64;
+    cache_node *nn = realloc(c->nodes, sizeof *nn * (size_t)ncap);
+    if (!nn) return false;
+    c->nodes = nn;
+    int32_t *nt = realloc(c->tokens, sizeof(int32_t) * (size_t)ncap * (size_t)c->bs);
+    if (!nt) return false;
+    c->tokens = nt;
+    for (int32_t id = ncap - 1; id >= c->cap; id--) {
+        memset(&nn[id], 0, sizeof nn[id]);
+        nn[id].hnext = c->free_head;
+        c->free_head = id;
+    }
+    c->cap = ncap;
+    return true;
+}
+
+int32_t cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint64_t ns, const int32_t *tokens) {
+    if (c->free_head < 0 && !grow(c)) return -1;
+    if ((uint32_t)c->n_used + 1 > c->bucket_mask + 1 && c->bucket_mask < (1u << 30))
+        rehash(c, (c->bucket_mask + 1) * 2); /* on failure the chains just get longer */
+    int32_t     id = c->free_head;
+    cache_node *n = &c->nodes[id];
+    c->free_head = n->hnext;
+    uint32_t gen = n->gen + 1;
+    memset(n, 0, sizeof *n);
+    n->gen = gen;
+    n->used = 1;
+    n->key = key;
+    n->parent = parent;
+    n->ns = ns;
+    n->block = -1;
+    n->parent_id = -1;
+    for (int l = 0; l < L_COUNT; l++) n->link[l].prev = n->link[l].next = -1;
+    memcpy(cache_node_tokens(c, id), tokens, sizeof(int32_t) * (size_t)c->bs);
+    uint32_t h = bucket_of(c, key);
+    n->hnext = c->buckets[h];
+    c->buckets[h] = id;
+    c->n_used++;
+    return id;
+}
+
+void cache_list_remove(ag_cache *c, int which, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    if (!n->on_list[which]) return;
+    cache_list *L = &c->list[which];
+    cache_link *k = &n->link[which];
+    if (k->prev >= 0) c->nodes[k->prev].link[which].next = k->next;
+    else L->head = k->next;
+    if (k->next >= 0) c->nodes[k->next].link[which].prev = k->prev;
+    else L->tail = k->prev;
+    k->prev = k->next = -1;
+    n->on_list[which] = 0;
+    L->n--;
+}
+
+void cache_list_push_head(ag_cache *c, int which, int32_t id) {
+    cache_list_remove(c, which, id);
+    cache_list *L = &c->list[which];
+    cache_link *k = &c->nodes[id].link[which];
+    k->prev = -1;
+    k->next = L->head;
+    if (L->head >= 0) c->nodes[L->head].link[which].prev = id;
+    else L->tail = id;
+    L->head = id;
+    c->nodes[id].on_list[which] = 1;
+    L->n++;
+}
+
+void cache_list_push_tail(ag_cache *c, int which, int32_t id) {
+    cache_list_remove(c, which, id);
+    cache_list *L = &c->list[which];
+    cache_link *k = &c->nodes[id].link[which];
+    k->next = -1;
+    k->prev = L->tail;
+    if (L->tail >= 0) c->nodes[L->tail].link[which].next = id;
+    else L->head = id;
+    L->tail = id;
+    c->nodes[id].on_list[which] = 1;
+    L->n++;
+}
+
+void cache_list_insert_behind(ag_cache *c, int which, int32_t after, int32_t id) {
+    if (after < 0 || after == id || !c->nodes[after].on_list[which]) {
+        cache_list_push_head(c, which, id);
+        return;
+    }
+    cache_list_remove(c, which, id);
+    cache_list *L = &c->list[which];
+    cache_link *a = &c->nodes[after].link[which];
+    cache_link *k = &c->nodes[id].link[which];
+    k->prev = after;
+    k->next = a->next;
+    if (a->next >= 0) c->nodes[a->next].link[which].prev = id;
+    else L->tail = id;
+    a->next = id;
+    c->nodes[id].on_list[which] = 1;
+    L->n++;
+}
+
+int32_t cache_parent(const ag_cache *c, int32_t id) {
+    const cache_node *n = &c->nodes[id];
+    if (n->parent_id < 0) return -1;
+    const cache_node *p = &c->nodes[n->parent_id];
+    return p->used && p->gen == n->parent_gen ? n->parent_id : -1;
+}
+
+/* Makes `parent` (or -1) id's parent, moving id's contributions to the
+ * children counts from the old parent (if still valid) to the new one. */
+void cache_parent_link(ag_cache *c, int32_t id, int32_t parent) {
+    cache_node *n = &c->nodes[id];
+    int32_t     old = cache_parent(c, id);
+    if (old == parent && (parent >= 0 || n->parent_id < 0)) return;
+    if (old >= 0) {
+        if (n->block >= 0) c->nodes[old].n_mem_children--;
+        if (n->disk == D_ON) c->nodes[old].n_disk_children--;
+    }
+    n->parent_id = parent;
+    n->parent_gen = parent >= 0 ? c->nodes[parent].gen : 0;
+    if (parent >= 0) {
+        if (n->block >= 0) c->nodes[parent].n_mem_children++;
+        if (n->disk == D_ON) c->nodes[parent].n_disk_children++;
+    }
+}
+
+/* A node that neither tier holds any more leaves the index. */
+void cache_node_maybe_remove(ag_cache *c, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    if (!n->used || n->block >= 0 || n->disk != D_NONE) return;
+    for (int l = 0; l < L_COUNT; l++) cache_list_remove(c, l, id);
+    int32_t *pp = &c->buckets[bucket_of(c, n->key)];
+    while (*pp != id) pp = &c->nodes[*pp].hnext;
+    *pp = n->hnext;
+    n->used = 0;
+    n->hnext = c->free_head;
+    c->free_head = id;
+    c->n_used--;
+}
+
+static void refresh_stats(ag_cache *c) {
+    pthread_mutex_lock(&c->mu);
+    c->st.memory_blocks = c->list[L_MEM].n;
+    c->st.index_nodes = c->n_used;
+    c->st.records_on_disk = (uint64_t)c->n_on_disk;
+    c->st.disk_bytes = (uint64_t)c->n_on_disk * c->record_bytes;
+    c->st.disk_max_bytes = c->disk_max;
+    c->st.index_bytes = (size_t)c->cap * (sizeof(cache_node) + sizeof(int32_t) * (size_t)c->bs) +
+                        sizeof(int32_t) * ((size_t)c->bucket_mask + 1) + sizeof(int32_t) * 2 * (size_t)c->path_cap;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static bool path_reserve(ag_cache *c, int32_t n) {
+    if (n <= c->path_cap) return true;
+    int32_t *a = realloc(c->path, sizeof(int32_t) * (size_t)n);
+    if (!a) return false;
+    c->path = a;
+    int32_t *b = realloc(c->path_blocks, sizeof(int32_t) * (size_t)n);
+    if (!b) return false;
+    c->path_blocks = b;
+    c->path_cap = n;
+    return true;
+}
+
+/* Whether node id is block `depth` of a prompt, following node `prev` (-1
+ * for the first block) whose key is `parent`, with these tokens and
+ * namespace. A node whose recorded parent is gone or unknown (restored from
+ * disk, where parents are linked by key) is re-linked to prev here. */
+static bool node_matches(ag_cache *c, int32_t id, ag_cache_key parent, int32_t prev, int32_t depth, uint64_t ns,
+                         const int32_t *tokens) {
+    cache_node *n = &c->nodes[id];
+    if (n->ns != ns || n->depth != depth || !key_eq(n->parent, parent)) return false;
+    if (memcmp(cache_node_tokens(c, id), tokens, sizeof(int32_t) * (size_t)c->bs) != 0) return false;
+    if (prev < 0) return n->parent_id < 0;
+    int32_t p = cache_parent(c, id);
+    if (p >= 0) return p == prev;
+    cache_parent_link(c, id, prev);
+    return true;
+}
+
+/* Most recently used first, and each node ahead of its own ancestors'
+ * predecessors: touching a path from its last block back to its first
+ * leaves every parent more recent than its children, so the LRU end of the
+ * list is made of leaves. */
+static void touch_path(ag_cache *c, int32_t n) {
+    for (int32_t i = n - 1; i >= 0; i--) {
+        int32_t id = c->path[i];
+        if (c->nodes[id].block >= 0) cache_list_push_head(c, L_MEM, id);
+        if (c->nodes[id].disk == D_ON) cache_list_push_head(c, L_DISK, id);
+    }
+}
+
+static void attach_block(ag_cache *c, int32_t id, int32_t block) {
+    cache_node *n = &c->nodes[id];
+    n->block = block;
+    int32_t p = cache_parent(c, id);
+    if (p >= 0) c->nodes[p].n_mem_children++;
+    cache_list_push_head(c, L_MEM, id);
+}
+
+static void evict_memory(ag_cache *c, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    ag_kv_block_unref(c->kv, n->block);
+    n->block = -1;
+    int32_t p = cache_parent(c, id);
+    if (p >= 0) c->nodes[p].n_mem_children--;
+    cache_list_remove(c, L_MEM, id);
+    cache_list_remove(c, L_DIRTY, id); /* not written yet: that copy is lost */
+    cache_node_maybe_remove(c, id);
+}
+
+/* ---- public ---- */
+
+ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
+    *out = NULL;
+    if (!kv) return ag_errorf(AG_ERR_INVALID, "cache: no kv");
+    ag_cache_params p = pp ? *pp : ag_cache_default_params();
+    if (p.key_bits < 0 || p.key_bits > 128)
+        return ag_errorf(AG_ERR_INVALID, "cache: key_bits %d outside [0, 128]", p.key_bits);
+    if (!p.write_queue_bytes) p.write_queue_bytes = (size_t)64 << 20;
+    const ag_kv_layout *lay = ag_kv_get_layout(kv);
+    if (lay->block_size > AG_CACHE_MAX_BLOCK)
+        return ag_errorf(AG_ERR_INVALID, "cache: block size %d above %d", lay->block_size, AG_CACHE_MAX_BLOCK);
+    ag_cache *c = calloc(1, sizeof *c);
+    if (!c) return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    c->kv = kv;
+    c->p = p;
+    c->p.disk_dir = NULL;
+    c->lay = lay;
+    c->bs = lay->block_size;
+    c->identity = cache_identity(p.model_fingerprint, p.tok_fingerprint, p.compute_fingerprint, lay->dtype, lay->block_size,
+                                 lay->n_layers, lay->n_kv_heads, lay->head_dim_k, lay->head_dim_v,
+                                 p.key_bits ? p.key_bits : 128);
+    c->block_payload = (size_t)lay->n_layers * lay->copy_bytes;
+    c->header_bytes = 136 + 4 * (size_t)c->bs;
+    c->record_bytes = c->header_bytes + c->block_payload;
+    c->free_head = -1;
+    c->dirfd = -1;
+    atomic_init(&c->write_on, false);
+    for (int l = 0; l < L_COUNT; l++) c->list[l].head = c->list[l].tail = -1;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    pthread_cond_init(&c->cv_done, NULL);
+    if (!rehash(c, 256) || !grow(c) || !path_reserve(c, 64)) {
+        ag_cache_free(c);
+        return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    }
+    if (p.disk_dir && *p.disk_dir) {
+        c->dir = strdup(p.disk_dir);
+        if (!c->dir) {
+            ag_cache_free(c);
+            return ag_errorf(AG_ERR_NOMEM, "out of memory");
+        }
+        disk_open(c);
+    }
+    refresh_stats(c);
+    *out = c;
+    return AG_OK;
+}
+
+void ag_cache_free(ag_cache *c) {
+    if (!c) return;
+    disk_close(c);
+    for (int32_t id = 0; id < c->cap && c->nodes; id++)
+        if (c->nodes[id].used && c->nodes[id].block >= 0) ag_kv_block_unref(c->kv, c->nodes[id].block);
+    free(c->nodes);
+    free(c->tokens);
+    free(c->buckets);
+    free(c->path);
+    free(c->path_blocks);
+    free(c->dir);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    pthread_cond_destroy(&c->cv_done);
+    free(c);
+}
+
+/* A block for a restore: from the pool, or else from the memory tier's
+ * reclaimable blocks (the path being looked up is held, so it is safe). */
+static int32_t take_block(ag_cache *c) {
+    int32_t b;
+    if (ag_kv_block_alloc(c->kv, &b) == AG_OK) return b;
+    if (ag_cache_evict(c, 1) == 1 && ag_kv_block_alloc(c->kv, &b) == AG_OK) return b;
+    return -1;
+}
+
+int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens, int32_t max_len,
+                        uint64_t ns) {
+    disk_drain(c);
+    if (!ag_kv_seq_live(c->kv, seq)) return 0;
+    const int32_t bs = c->bs;
+    int32_t       lim = n_tokens < max_len ? n_tokens : max_len;
+    int32_t       nb = lim > 0 && tokens ? lim / bs : 0;
+    if (!path_reserve(c, nb)) nb = 0;
+    ag_cache_key parent = {0, 0};
+    int32_t      prev = -1, i = 0, from_disk = 0;
+    int64_t      t_disk = 0;
+    for (; i < nb; i++) {
+        const int32_t *t = tokens + (size_t)i * bs;
+        ag_cache_key   key = cache_chain_key(c, parent, ns, t);
+        int32_t        id = cache_find(c, key);
+        if (id < 0 || !node_matches(c, id, parent, prev, i, ns, t)) break;
+        cache_node *n = &c->nodes[id];
+        if (n->block >= 0) {
+            ag_kv_block_ref(c->kv, n->block); /* held while we look on */
+        } else if (n->disk == D_ON && c->disk_on) {
+            int64_t t0 = cache_now_ns();
+            int32_t b = take_block(c);
+            if (b < 0) {
+                AG_LOGW("kv cache: no free block to restore into; prefilling from position %d", i * bs);
+                break;
+            }
+            bool ok = disk_restore(c, id, b);
+            t_disk += cache_now_ns() - t0;
+            n = &c->nodes[id]; /* (no realloc happens, but stay safe) */
+            if (!ok) {
+                ag_kv_block_unref(c->kv, b);
+                break;
+            }
+            attach_block(c, id, b); /* the alloc's reference becomes the cache's */
+            ag_kv_block_ref(c->kv, b);
+            from_disk++;
+        } else {
+            break;
+        }
+        c->path[i] = id;
+        c->path_blocks[i] = c->nodes[id].block;
+        parent = key;
+        prev = id;
+    }
+    int32_t len = i * bs;
+    if (len > 0) {
+        ag_status st = ag_kv_seq_adopt(c->kv, seq, c->path_blocks, i, len);
+        if (st) {
+            AG_LOGW("kv cache: adopting %d cached tokens failed: %s", len, ag_error_message());
+            len = 0;
+        }
+    } else {
+        ag_kv_seq_clear(c->kv, seq);
+    }
+    for (int32_t j = 0; j < i; j++) ag_kv_block_unref(c->kv, c->path_blocks[j]);
+    if (len > 0) touch_path(c, i);
+    pthread_mutex_lock(&c->mu);
+    c->st.lookups++;
+    if (len > 0) c->st.hits++;
+    else c->st.misses++;
+    if (len > 0) {
+        c->st.tokens_from_disk += (uint64_t)from_disk * bs;
+        c->st.tokens_from_memory += (uint64_t)(i - from_disk) * bs;
+    }
+    c->st.restore_ns += (uint64_t)t_disk;
+    pthread_mutex_unlock(&c->mu);
+    refresh_stats(c);
+    return len;
+}
+
+int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens, uint64_t ns) {
+    disk_drain(c);
+    int32_t len = ag_kv_seq_len(c->kv, seq);
+    if (len <= 0 || !tokens || n_tokens <= 0) return 0;
+    int32_t        n = n_tokens < len ? n_tokens : len, nt = 0;
+    const int32_t *table = ag_kv_seq_blocks(c->kv, seq, &nt);
+    int32_t        nb = n / c->bs;
+    if (nb > nt) nb = nt;
+    if (!path_reserve(c, nb)) return 0;
+    const bool   dirty_ok = c->disk_on && atomic_load(&c->write_on);
+    ag_cache_key parent = {0, 0};
+    int32_t      prev = -1, i = 0, added = 0;
+    for (; i < nb; i++) {
+        const int32_t *t = tokens + (size_t)i * c->bs;
+        ag_cache_key   key = cache_chain_key(c, parent, ns, t);
+        int32_t        id = cache_find(c, key);
+        if (id >= 0) {
+            if (!node_matches(c, id, parent, prev, i, ns, t)) break; /* a key collision: stop indexing */
+            if (c->nodes[id].block < 0) {
+                ag_kv_block_ref(c->kv, table[i]);
+                attach_block(c, id, table[i]);
+            }
+        } else {
+            id = cache_node_new(c, key, parent, ns, t);
+            if (id < 0) break;
+            c->nodes[id].depth = i;
+            cache_parent_link(c, id, prev);
+            ag_kv_block_ref(c->kv, table[i]);
+            attach_block(c, id, table[i]);
+            if (dirty_ok) cache_list_push_tail(c, L_DIRTY, id);
+            added++;
+        }
+        c->path[i] = id;
+        parent = key;
+        prev = id;
+    }
+    touch_path(c, i);
+    pthread_mutex_lock(&c->mu);
+    c->st.publishes++;
+    c->st.blocks_published += (uint64_t)added;
+    pthread_mutex_unlock(&c->mu);
+    refresh_stats(c);
+    return i * c->bs;
+}
+
+int32_t ag_cache_evict(ag_cache *c, int32_t n_blocks) {
+    int32_t freed = 0;
+    /* Leaves first, from the least recently used end. Evicting a leaf can
+     * make its parent a leaf; parents are more recent than their children
+     * (see touch_path), so one pass usually finds it; loop while passes
+     * make progress in case the order was disturbed. */
+    bool progress = true;
+    while (freed < n_blocks && progress) {
+        progress = false;
+        for (int32_t id = c->list[L_MEM].tail; id >= 0 && freed < n_blocks;) {
+            int32_t     next = c->nodes[id].link[L_MEM].prev;
+            cache_node *n = &c->nodes[id];
+            if (n->n_mem_children == 0 && ag_kv_block_refcount(c->kv, n->block) == 1) {
+                evict_memory(c, id);
+                freed++;
+                progress = true;
+            }
+            id = next;
+        }
+    }
+    if (freed) {
+        pthread_mutex_lock(&c->mu);
+        c->st.evictions_memory += (uint64_t)freed;
+        pthread_mutex_unlock(&c->mu);
+        refresh_stats(c);
+    }
+    return freed;
+}
+
+int32_t ag_cache_reclaimable(const ag_cache *c) {
+    int32_t n = 0;
+    for (int32_t id = c->list[L_MEM].head; id >= 0; id = c->nodes[id].link[L_MEM].next)
+        n += ag_kv_block_refcount(c->kv, c->nodes[id].block) == 1;
+    return n;
+}
+
+bool ag_cache_idle(ag_cache *c, size_t max_bytes) {
+    disk_drain(c);
+    disk_enforce_cap(c);
+    bool more = disk_queue_writes(c, max_bytes);
+    refresh_stats(c);
+    return more;
+}
+
+void ag_cache_flush(ag_cache *c) {
+    disk_flush_wait(c);
+    refresh_stats(c);
+}
+
+void ag_cache_get_stats(const ag_cache *c, ag_cache_stats *out) {
+    ag_cache *m = (ag_cache *)c; /* the mutex only */
+    pthread_mutex_lock(&m->mu);
+    *out = c->st;
+    out->disk_enabled = c->disk_on;
+    out->disk_writable = c->disk_on && atomic_load(&m->write_on);
+    out->scan_done = c->scan_finished || !c->disk_on;
+    pthread_mutex_unlock(&m->mu);
+}

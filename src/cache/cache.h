@@ -1,0 +1,332 @@
+/* Prefix cache: KV blocks of finished (or fully prefilled) prompts, kept in
+ * memory and written behind to disk, so that any later prompt that starts
+ * with the same tokens, in any conversation, before or after a restart,
+ * adopts them instead of recomputing them (DESIGN.md, "The disk tier, in
+ * behaviour"; issue 10).
+ *
+ * UNIT AND KEY. The unit is one FULL kv block of PROMPT-written KV (see
+ * ag_batch.n_prompt: decode-written KV rounds differently, so it is never
+ * shared). Block i of a prompt is keyed by a 128-bit chain hash
+ *     key(i) = XXH3-128(seed = identity, key(i-1) | namespace | tokens of block i)
+ * where key(-1) = 0 and `identity` hashes the model and tokenizer
+ * fingerprints, the compute fingerprint and the KV layout (so records of
+ * different models never even share a file name). Every match compares the
+ * block's actual token ids, namespace and position, never the hash alone.
+ * Its parent is the block matched just before: the index maps a key to one
+ * block and each block records its parent's key, so a lookup verifies the
+ * whole prefix token by token, up to the uniqueness of 128-bit keys (XXH3 is
+ * not a cryptographic hash: a tenant able to craft collisions could poison
+ * its own namespace, not another's). Prompts that share a system prompt
+ * share its blocks, in memory and on disk, with no bookkeeping of which
+ * prompt superseded which.
+ *
+ * MEMORY TIER. An index over kv blocks: the cache holds one reference
+ * (ag_kv_block_ref) on every block it indexes; sequences that adopt a prefix
+ * (ag_kv_seq_adopt) hold their own. A block held by no sequence (refcount ==
+ * the cache's 1) is "reclaimable": ag_cache_evict frees such blocks, least
+ * recently used LEAF first (a block whose continuation is still cached is
+ * kept as long as the continuation: the continuation is useless without it),
+ * and never a block some sequence still holds.
+ *
+ * DISK TIER (optional: params.disk_dir). A directory of content-addressed
+ * record files, one per block, named <32 hex digits of the key>.agkv. The
+ * files are the database: there is no index file; a scan of the headers at
+ * start (on the background thread, so startup does not wait for it) rebuilds
+ * the index. Record = header (magic, format version, model / tokenizer /
+ * compute fingerprints, KV layout, namespace, parent key, key, the block's
+ * token ids, payload checksum, header checksum) + payload (the block's
+ * n_layers x ag_kv_block_bytes in ag_kv_block_copy_out's format).
+ * Why one record per block and not per run of blocks: the block is the
+ * unit of sharing, so a system prompt shared by a thousand conversations is
+ * stored once and evicted once, and a damaged file costs one block; a record
+ * of a real model is 0.1-1 MiB, large enough that the per-file cost is
+ * small; and a scan reads one small header per file: 1.3 s per 100,000
+ * records (page cache warm, a shared 2-core machine, bench/cache_scan_bench),
+ * on the background thread, so a server starts serving at once and disk
+ * hits begin when the scan is merged.
+ *  - Writes are write-behind: ag_cache_idle copies blocks not yet on disk
+ *    (memcpy, bounded per call) on the engine thread and hands them to ONE
+ *    background writer thread that does all file I/O: temp file in the same
+ *    directory (<key>.<pid>-<n>.tmp), write, fsync, rename; the directory is
+ *    fsynced once per drained batch. A crash leaves either the whole record
+ *    or a .tmp leftover, which the next scan deletes. A block already on disk
+ *    (by this or another process) is never written twice.
+ *  - Two processes on one directory never corrupt each other: names are
+ *    content addresses and every record appears by an atomic rename, so a
+ *    name holds either nothing or a complete record of exactly that content;
+ *    a reader that has the file open keeps its inode even if the other
+ *    process replaces or deletes the name. No lock is taken. A scan only
+ *    deletes .tmp files whose writer process is gone (or that are older than
+ *    an hour). Each process keeps its own byte accounting.
+ *  - Records of another model, tokenizer, compute fingerprint or KV layout,
+ *    corrupt (bad magic/version/header checksum/name) or truncated ones are
+ *    deleted at the scan, with one log line each, and counted (dropped).
+ *    A DIRECTORY SHOULD THEREFORE BELONG TO ONE MODEL: servers of different
+ *    models on one directory delete each other's records at start; give
+ *    each model its own subdirectory (e.g. DIR/<model fingerprint hex>).
+ *  - Restore reads a record straight into a fresh kv block (one preadv,
+ *    no staging copy) and verifies header, tokens and payload checksum
+ *    before the block is used. A failed restore (bad checksum, short read,
+ *    mismatching header) deletes the record, logs a warning, and stops the
+ *    restore there: the rest of the prompt is prefilled.
+ *  - A write that fails (full disk, read-only directory, quota, I/O error)
+ *    turns WRITING off with one warning; serving goes on, and records
+ *    already on disk are still restored (a read-only directory is a valid
+ *    pre-filled cache). A directory that cannot be created or opened turns
+ *    the disk tier off entirely, with one warning. No error reaches the
+ *    caller in either case.
+ *  - Byte cap (params.disk_max_bytes; default min(32 GiB, 10% of the free
+ *    space plus what the records already use)): least recently used records
+ *    are deleted, leaf first, when the cap is exceeded (checked in
+ *    ag_cache_idle). The file mtime is the clock across restarts: a disk hit
+ *    bumps it; memory hits reorder this process's list only.
+ *
+ * THREADING. Every function is called from the one thread that owns the kv
+ * (the engine thread), except ag_cache_get_stats, which any thread may call.
+ * The cache starts one background thread when the disk tier is on; it never
+ * touches the kv.
+ *
+ * HOW THE ENGINE USES IT (ns = ag_cache_namespace(cache_salt or API key)):
+ *  - Creation: after ag_kv_init, ag_cache_new(kv, &params) with the model's
+ *    ag_model_fingerprint, the tokenizer's ag_tok_fingerprint, and a notify
+ *    callback that wakes the engine thread (see below). The kv must outlive
+ *    the cache: ag_cache_free before ag_kv_free.
+ *  - Admission, memory: before booking a request's blocks, make room:
+ *        int over = booked + need + ag_cache_reclaimable(c) - n_blocks;
+ *        if (over > 0) ag_cache_evict(c, over);
+ *    (blocks only the cache holds are free space to the engine; blocks it
+ *    shares with running sequences are already in those sequences' booking).
+ *  - Admission, lookup: right after ag_kv_seq_new for choice 0, unless the
+ *    request wants prompt logprobs (every prompt position's logits):
+ *        int32_t n = ag_cache_lookup(c, seq, prompt, n_prompt, n_prompt - 1, ns);
+ *        r->n_prefilled = r->n_cached = n;   // prefill starts at position n
+ *    max_len = n_prompt - 1 leaves at least one prompt token to compute, for
+ *    the logits that sample the first output token. The adopted length is a
+ *    whole number of blocks, so the next write starts a fresh block: no
+ *    copy-on-write, and the engine's worst-case booking stays exact. Blocks
+ *    restored from disk are taken from the pool, inside that booking.
+ *  - Publish: when the prompt is fully prefilled (so that requests admitted
+ *    meanwhile already share it), and/or when choice 0 finishes normally:
+ *        ag_cache_publish(c, seq, prompt, n_prompt, ns);
+ *    Only positions [0, n_prompt) are looked at, and only full blocks of
+ *    them: KV the sequence wrote while decoding is never published, so no
+ *    trim is needed first. Publishing twice is harmless. Then the engine
+ *    frees the sequence as usual (ag_kv_seq_free); the cache keeps its refs.
+ *    (This replaces the engine's `struct retained`.)
+ *  - Memory pressure: on AG_ERR_NOMEM from ag_kv_seq_reserve (should not
+ *    happen with exact booking) ag_cache_evict(c, blocks needed) and retry.
+ *  - Idle: in the engine loop, when a step had nothing to do:
+ *        if (ag_cache_idle(c, 8u << 20)) continue;   // re-check the queue
+ *        ... then wait on the condition variable, waking also when the
+ *        notify callback fired (set a flag under the engine mutex; signal).
+ *    notify is called from the background thread (never with a cache lock
+ *    held) when it finished the start-up scan or drained its write queue,
+ *    i.e. when another ag_cache_idle call would do something.
+ *  - Shutdown: ag_cache_flush(c) (writes every block not yet on disk, waits
+ *    for the writer: a restarted server then finds them), then
+ *    ag_cache_free(c), then ag_kv_free.
+ *  - Metrics: ag_cache_get_stats (thread-safe) for /metrics. */
+#ifndef AG_CACHE_H
+#define AG_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/status.h"
+#include "kv/kv.h"
+
+typedef struct ag_cache ag_cache;
+
+/* A 128-bit chain key. */
+typedef struct {
+    uint64_t lo, hi;
+} ag_cache_key;
+
+typedef struct {
+    /* What decides the KV bits, stamped into every record; a record whose
+     * values differ is not used (and is dropped at the scan). */
+    uint64_t model_fingerprint;   /* ag_model_fingerprint */
+    uint64_t tok_fingerprint;     /* ag_tok_fingerprint */
+    uint64_t compute_fingerprint; /* backend / kernel choice when it changes
+                                     KV rounding (CPU vs CUDA); 0 if one */
+    /* Disk tier directory (created if missing, one level), or NULL/"" for
+     * the memory tier only. Copied. */
+    const char *disk_dir;
+    uint64_t    disk_max_bytes; /* byte cap; 0 = default (see above) */
+    /* Most bytes copied out and waiting for the writer at once; default
+     * 64 MiB. Bounds the heap the write-behind uses. */
+    size_t write_queue_bytes;
+    /* fsync each record before its rename (default true). false only for
+     * tests and throwaway directories. */
+    bool disk_sync;
+    /* Scan the directory on the background thread (default true). false:
+     * ag_cache_new returns after the scan (tests, the CLI). */
+    bool background_scan;
+    /* Called from the background thread when an ag_cache_idle call would
+     * now make progress (scan finished, write queue drained). May be NULL.
+     * Must not call into the cache. */
+    void (*notify)(void *user);
+    void *notify_user;
+    /* Bits of the chain key kept: 0 = 128 (default). Lower only in tests, to
+     * force hash collisions and exercise the token comparisons. */
+    int key_bits;
+} ag_cache_params;
+
+ag_cache_params ag_cache_default_params(void);
+
+/* Creates a cache over `kv` (borrowed: it must outlive the cache). With a
+ * disk directory, opens it, checks that it is writable, and starts the
+ * background thread, which scans it first. Disk trouble is never an error
+ * here: the tier turns itself off (or read-only) with one warning, see
+ * ag_cache_get_stats. Errors: AG_ERR_INVALID (no kv, bad key_bits),
+ * AG_ERR_NOMEM. */
+ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *p, ag_cache **out);
+
+/* Stops the background thread (it finishes the writes already queued; it
+ * does not copy more: call ag_cache_flush first for that) and drops the
+ * cache's reference on every block. NULL-safe. Call before ag_kv_free. */
+void ag_cache_free(ag_cache *c);
+
+/* The namespace of a tenant or adapter (e.g. a request's cache_salt or its
+ * API key): a 64-bit hash of the bytes, so the secret itself is never
+ * written to disk. 0 (the default namespace) for len 0. Prompts of
+ * different namespaces never share blocks. */
+uint64_t ag_cache_namespace(const void *data, size_t len);
+
+/* Finds the longest cached prefix of tokens[0..n_tokens) made of full blocks
+ * whose length does not exceed max_len, and makes `seq` (live; whatever it
+ * held is released) a sequence of that length over those blocks
+ * (ag_kv_seq_adopt: shared, copy-on-write). Blocks are taken from the
+ * memory tier first; where the chain continues only on disk, records are
+ * restored into fresh pool blocks (which then join the memory tier), until
+ * the first block that is not cached, fails to restore, or finds the pool
+ * empty (after evicting reclaimable blocks not on this path). Returns the
+ * adopted length: a multiple of the block size, 0 on a miss. Never fails:
+ * trouble is logged and ends the prefix early. tokens are read during the
+ * call only. */
+int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                        int32_t max_len, uint64_t ns);
+
+/* Indexes the full blocks of `seq` (live) that hold positions [0, n_tokens)
+ * computed AS PROMPT from tokens[0..n_tokens): block i is published when
+ * (i+1) * block_size <= min(n_tokens, len(seq)). The caller promises that
+ * those positions were written by prompt batches (ag_batch.n_prompt), i.e.
+ * n_tokens <= the request's prompt length. The cache takes one reference on
+ * each newly indexed block (the sequence keeps its own). Where a block with
+ * the same content is already cached (e.g. the prefix was adopted, or a
+ * concurrent request computed it too), the cached one is kept. New blocks
+ * are queued for the disk writer. Returns the number of tokens now covered
+ * by the index along this prompt (<= n_tokens). tokens are read during the
+ * call only. */
+int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                         uint64_t ns);
+
+/* Frees up to n_blocks reclaimable blocks (held by the cache alone),
+ * least recently used leaf first; blocks on disk stay restorable. Returns
+ * the number of blocks returned to the pool. */
+int32_t ag_cache_evict(ag_cache *c, int32_t n_blocks);
+
+/* Blocks held by the cache alone (refcount 1): what ag_cache_evict can
+ * return to the pool right now. O(blocks in the memory tier). */
+int32_t ag_cache_reclaimable(const ag_cache *c);
+
+/* Write-behind step, for the engine's idle branch: picks up what the
+ * background thread finished (scan results, written records), enforces the
+ * disk byte cap, and copies out blocks not yet on disk, at most max_bytes of
+ * them (at least one block if the writer is idle), handing them to the
+ * writer. Cost on the calling thread: about max_bytes of memcpy. Returns
+ * true when calling again right away would copy more (false: nothing left,
+ * or the writer's queue is full; notify fires when that changes). */
+bool ag_cache_idle(ag_cache *c, size_t max_bytes);
+
+/* Blocks until the background scan is merged and every indexed block that
+ * is not on disk has been written (or the tier is off). For shutdown and
+ * tests. */
+void ag_cache_flush(ag_cache *c);
+
+typedef struct {
+    uint64_t lookups, hits, misses; /* hit: at least one block adopted */
+    uint64_t tokens_from_memory, tokens_from_disk;
+    uint64_t publishes, blocks_published; /* blocks newly indexed */
+    uint64_t bytes_read, bytes_written;   /* record bytes (header + payload) */
+    uint64_t restore_ns;                  /* time spent restoring disk records */
+    uint64_t records_written;
+    uint64_t evictions_memory, evictions_disk;
+    uint64_t dropped_records; /* deleted at the scan or after a failed restore */
+    uint64_t restore_failures;
+    uint64_t write_failures;
+    uint64_t records_on_disk, disk_bytes, disk_max_bytes;
+    uint64_t scan_ns;       /* duration of the start-up scan */
+    int32_t  memory_blocks; /* blocks the memory tier holds a reference on */
+    int32_t  index_nodes;   /* blocks known to either tier */
+    size_t   index_bytes;   /* heap the index uses */
+    bool     disk_enabled;  /* a directory is in use (reads) */
+    bool     disk_writable; /* and records are being written */
+    bool     scan_done;
+} ag_cache_stats;
+
+/* Thread-safe snapshot. (memory_blocks/index_nodes/index_bytes are as of the
+ * last call on the engine thread.) */
+void ag_cache_get_stats(const ag_cache *c, ag_cache_stats *out);
+
+/* ---- records, for tools and the fuzzer (no cache or model needed) ---- */
+
+#define AG_CACHE_RECORD_VERSION 1
+#define AG_CACHE_MAX_BLOCK 256 /* largest kv block size */
+#define AG_CACHE_RECORD_EXT ".agkv"
+
+/* A record header, parsed and checked. */
+typedef struct {
+    uint32_t     version;
+    uint32_t     header_bytes; /* payload starts here */
+    uint64_t     model_fingerprint, tok_fingerprint, compute_fingerprint;
+    ag_kv_dtype  dtype;
+    int32_t      block_size, n_layers, n_kv_heads, head_dim_k, head_dim_v;
+    int32_t      key_bits;
+    uint32_t     block_index;   /* the block's place in its prompt: positions
+                                   [block_index * block_size, + block_size) */
+    uint64_t     payload_bytes; /* n_layers * per-layer block bytes */
+    uint64_t     ns;
+    ag_cache_key parent, key;
+    uint64_t     payload_hash; /* XXH3-64 of the payload */
+    int32_t      tokens[AG_CACHE_MAX_BLOCK]; /* block_size of them */
+} ag_cache_record;
+
+/* Parses and validates a record header from the first `len` bytes of a
+ * record file (it needs at most AG_CACHE_RECORD_MAX_HEADER bytes):
+ * magic, version, field ranges, layout consistency (payload size), header
+ * checksum, and that `key` is the chain hash of the header's own parent,
+ * namespace and tokens. Does not look at the payload. AG_ERR_FORMAT with a
+ * message on any problem. Reads only buf[0..len). */
+#define AG_CACHE_RECORD_MAX_HEADER (136 + 4 * AG_CACHE_MAX_BLOCK)
+ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *out);
+
+/* XXH3-64 of a payload, as stored in payload_hash. */
+uint64_t ag_cache_payload_hash(const void *payload, size_t len);
+
+/* The file name of a key: 32 lowercase hex digits + AG_CACHE_RECORD_EXT. */
+void ag_cache_key_name(ag_cache_key key, char out[40]);
+
+/* One directory entry, for ag_cache_dir_list. */
+typedef struct {
+    const char            *name;   /* file name within the directory */
+    const ag_cache_record *record; /* parsed header, or NULL (see problem) */
+    const char            *problem; /* NULL for a valid record; else why not
+                                       ("truncated", "corrupt header: ...",
+                                       "temporary file", ...) */
+    uint64_t file_bytes;
+    int64_t  mtime_ns;
+} ag_cache_dir_entry;
+
+/* Lists the record files (and .tmp leftovers) of a directory, reading
+ * headers only, in directory order; other files are skipped. fn returns
+ * false to stop. AG_ERR_IO if the directory cannot be read. */
+ag_status ag_cache_dir_list(const char *dir, bool (*fn)(void *user, const ag_cache_dir_entry *e),
+                            void *user);
+
+/* Deletes every record file and .tmp leftover of a directory (other files
+ * are left alone). Counts what it removed (either pointer may be NULL). */
+ag_status ag_cache_dir_clear(const char *dir, uint64_t *n_files, uint64_t *n_bytes);
+
+#endif

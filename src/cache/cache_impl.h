@@ -1,0 +1,162 @@
+/* Internals of src/cache shared by cache.c (index, memory tier) and disk.c
+ * (records, scan, writer thread, restore). Not a public API. */
+#ifndef AG_CACHE_IMPL_H
+#define AG_CACHE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cache/cache.h"
+
+/* Where a block's record stands on disk. */
+enum { D_NONE = 0, D_QUEUED, D_ON };
+
+/* The three intrusive lists a node can be on. */
+enum { L_MEM = 0, L_DISK, L_DIRTY, L_COUNT };
+
+typedef struct {
+    int32_t prev, next;
+} cache_link;
+
+typedef struct {
+    int32_t head, tail; /* head: most recently used / first queued */
+    int32_t n;
+} cache_list;
+
+/* One block known to either tier. Ids index c->nodes; `gen` changes each
+ * time an id is reused, so (parent_id, parent_gen) names the parent node
+ * exactly: in memory a prefix is verified by identity, not only by key. */
+typedef struct {
+    ag_cache_key key, parent;
+    uint64_t     ns;
+    int64_t      mtime_ns; /* disk record's mtime (scan order) */
+    uint32_t     gen;
+    int32_t      depth;     /* block index within the prompt */
+    int32_t      parent_id; /* -1: root block, or parent unknown */
+    uint32_t     parent_gen;
+    int32_t      hnext;     /* hash chain; free list when unused */
+    int32_t      block;     /* kv block held by the cache, -1 none */
+    cache_link   link[L_COUNT];
+    int32_t      n_mem_children, n_disk_children;
+    uint8_t      disk;       /* D_* */
+    uint8_t      on_list[L_COUNT];
+    uint8_t      no_write;   /* do not (re)write: failed, or evicted by the cap */
+    uint8_t      used;       /* slot in use */
+} cache_node;
+
+/* A record the scan found valid. */
+typedef struct {
+    ag_cache_key key, parent;
+    uint64_t     ns;
+    int64_t      mtime_ns;
+    int32_t      depth;
+    size_t       tok_off; /* block_size ids at c->scan_tokens + tok_off */
+} scan_item;
+
+/* A copied-out block waiting for the writer. */
+typedef struct write_job {
+    struct write_job *next;
+    int32_t           node;
+    int32_t           depth;
+    ag_cache_key      key;
+    uint8_t          *buf; /* header + payload */
+    size_t            size;
+} write_job;
+
+enum { W_WRITTEN = 0, W_EXISTS, W_FAILED };
+
+typedef struct {
+    int32_t node;
+    int32_t result; /* W_* */
+} write_done;
+
+struct ag_cache {
+    ag_kv              *kv;
+    ag_cache_params     p;
+    const ag_kv_layout *lay;
+    int32_t             bs;
+    uint64_t            identity; /* seed of the chain hash */
+    size_t              block_payload; /* n_layers * copy_bytes */
+    size_t              header_bytes, record_bytes;
+
+    /* index (engine thread) */
+    cache_node *nodes;
+    int32_t    *tokens; /* [cap * bs] */
+    int32_t     cap, n_used, free_head;
+    int32_t    *buckets;
+    uint32_t    bucket_mask;
+    cache_list  list[L_COUNT];
+    int32_t    *path; /* scratch: [path_cap] node ids / blocks */
+    int32_t    *path_blocks;
+    int32_t     path_cap;
+
+    /* disk tier */
+    char       *dir;
+    int         dirfd;   /* -1: tier off */
+    bool        disk_on; /* reads */
+    atomic_bool write_on;
+    uint64_t    disk_max;
+    int64_t     n_on_disk;  /* records this process knows are on disk */
+    void       *hash_state; /* XXH3 state for restores (engine thread) */
+    uint64_t    free_at_start; /* bytes free when the tier opened */
+    bool        cap_explicit;
+    bool        scan_merged;
+
+    /* shared with the background thread, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t  cv;      /* the writer waits for jobs */
+    pthread_cond_t  cv_done; /* flush waits for progress */
+    pthread_t       thread;
+    bool            thread_started, stop, writer_busy;
+    write_job      *q_head, *q_tail;
+    size_t          q_bytes;
+    write_done     *done;
+    int32_t         n_done, cap_done;
+    write_done     *done2; /* the engine thread's half of the double buffer */
+    int32_t         cap_done2;
+    bool            scan_ready;    /* scan results waiting to be merged */
+    bool            scan_finished; /* the scan ran (never reset) */
+    bool            dir_dirty;     /* renames since the last directory fsync (writer only) */
+    scan_item      *scan;
+    int32_t         n_scan;
+    int32_t        *scan_tokens;
+    ag_cache_stats  st; /* counters; the node counts are refreshed on the engine thread */
+};
+
+/* cache.c */
+ag_cache_key cache_chain_key(const ag_cache *c, ag_cache_key parent, uint64_t ns, const int32_t *tokens);
+uint64_t     cache_identity(uint64_t model_fp, uint64_t tok_fp, uint64_t compute_fp, ag_kv_dtype dtype,
+                            int32_t bs, int32_t nl, int32_t nh, int32_t dk, int32_t dv, int32_t key_bits);
+ag_cache_key cache_key_compute(uint64_t identity, int32_t key_bits, ag_cache_key parent, uint64_t ns,
+                               const int32_t *tokens, int32_t n);
+int32_t      cache_find(const ag_cache *c, ag_cache_key key);
+int32_t      cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint64_t ns, const int32_t *tokens);
+void         cache_node_maybe_remove(ag_cache *c, int32_t id);
+void         cache_list_push_head(ag_cache *c, int which, int32_t id);
+void         cache_list_push_tail(ag_cache *c, int which, int32_t id);
+/* Puts id right behind `after` (on the tail side), or at the head if after < 0. */
+void         cache_list_insert_behind(ag_cache *c, int which, int32_t after, int32_t id);
+void         cache_list_remove(ag_cache *c, int which, int32_t id);
+static inline int32_t *cache_node_tokens(const ag_cache *c, int32_t id) { return c->tokens + (size_t)id * c->bs; }
+void         cache_parent_link(ag_cache *c, int32_t id, int32_t parent); /* sets parent_id/gen */
+int32_t      cache_parent(const ag_cache *c, int32_t id); /* valid parent id or -1 */
+int64_t      cache_now_ns(void);
+
+/* disk.c */
+void    disk_open(ag_cache *c);   /* from ag_cache_new */
+void    disk_close(ag_cache *c);  /* from ag_cache_free: stops the thread */
+void    disk_drain(ag_cache *c);  /* merge scan results and finished writes */
+void    disk_enforce_cap(ag_cache *c);
+bool    disk_queue_writes(ag_cache *c, size_t max_bytes);
+/* Reads node `id`'s record into `block` (refcount 1, the caller's) and
+ * verifies it. On failure logs, deletes the record and updates the node (it
+ * may leave the index); the block's contents are then garbage. */
+bool    disk_restore(ag_cache *c, int32_t id, int32_t block);
+
+/* The node's record left the disk (evicted, gone, dropped): accounting. */
+void    disk_forget(ag_cache *c, int32_t id);
+void    disk_flush_wait(ag_cache *c);
+
+#endif

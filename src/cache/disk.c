@@ -1,0 +1,996 @@
+/* Prefix cache, disk tier: the record format, the start-up scan, the one
+ * background writer thread, restores, the byte cap, and the directory tools
+ * behind `augur cache`. See cache.h for the behaviour and its reasons.
+ *
+ * Record (all integers little-endian):
+ *     0   8  magic "AUGURKV\x1a"
+ *     8   4  format version (AG_CACHE_RECORD_VERSION)
+ *    12   4  header bytes = 136 + 4 * block_size (the payload starts there)
+ *    16   8  model fingerprint
+ *    24   8  tokenizer fingerprint
+ *    32   8  compute fingerprint
+ *    40   4  KV dtype (ag_kv_dtype)
+ *    44   4  block size
+ *    48   4  layers
+ *    52   4  kv heads
+ *    56   4  head dim K
+ *    60   4  head dim V
+ *    64   4  key bits
+ *    68   4  block index in its prompt
+ *    72   8  payload bytes
+ *    80   8  namespace
+ *    88  16  parent key (lo, hi)
+ *   104  16  key (lo, hi)
+ *   120   8  payload checksum (XXH3-64)
+ *   128  4n  the block's token ids
+ * 128+4n  8  header checksum (XXH3-64 of the bytes before it)
+ *   then the payload: per layer, K then V as ag_kv_block_copy_out writes it
+ *   (native element bytes: F16/F32 of a little-endian machine). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "base/log.h"
+#include "cache/cache_impl.h"
+
+static const uint8_t k_magic[8] = {'A', 'U', 'G', 'U', 'R', 'K', 'V', 0x1a};
+
+/* ---- little-endian fields ---- */
+
+static void put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get32(const uint8_t *p) {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+static uint64_t get64(const uint8_t *p) {
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static bool key_eq(ag_cache_key a, ag_cache_key b) { return a.lo == b.lo && a.hi == b.hi; }
+
+uint64_t ag_cache_payload_hash(const void *payload, size_t len) { return XXH3_64bits(payload, len); }
+
+void ag_cache_key_name(ag_cache_key key, char out[40]) {
+    snprintf(out, 40, "%016llx%016llx" AG_CACHE_RECORD_EXT, (unsigned long long)key.hi, (unsigned long long)key.lo);
+}
+
+static size_t elem_size(uint32_t dtype) { return dtype == AG_KV_F32 ? 4 : 2; }
+
+/* Everything but the two checksums (the writer thread seals). */
+static void header_build(const ag_cache *c, int32_t id, uint8_t *h) {
+    const cache_node   *n = &c->nodes[id];
+    const ag_kv_layout *L = c->lay;
+    memset(h, 0, c->header_bytes);
+    memcpy(h, k_magic, 8);
+    put32(h + 8, AG_CACHE_RECORD_VERSION);
+    put32(h + 12, (uint32_t)c->header_bytes);
+    put64(h + 16, c->p.model_fingerprint);
+    put64(h + 24, c->p.tok_fingerprint);
+    put64(h + 32, c->p.compute_fingerprint);
+    put32(h + 40, (uint32_t)L->dtype);
+    put32(h + 44, (uint32_t)L->block_size);
+    put32(h + 48, (uint32_t)L->n_layers);
+    put32(h + 52, (uint32_t)L->n_kv_heads);
+    put32(h + 56, (uint32_t)L->head_dim_k);
+    put32(h + 60, (uint32_t)L->head_dim_v);
+    put32(h + 64, (uint32_t)(c->p.key_bits ? c->p.key_bits : 128));
+    put32(h + 68, (uint32_t)n->depth);
+    put64(h + 72, c->block_payload);
+    put64(h + 80, n->ns);
+    put64(h + 88, n->parent.lo);
+    put64(h + 96, n->parent.hi);
+    put64(h + 104, n->key.lo);
+    put64(h + 112, n->key.hi);
+    const int32_t *t = cache_node_tokens(c, id);
+    for (int32_t i = 0; i < c->bs; i++) put32(h + 128 + 4 * i, (uint32_t)t[i]);
+}
+
+static void record_seal(uint8_t *buf, size_t header_bytes, size_t payload_bytes) {
+    put64(buf + 120, XXH3_64bits(buf + header_bytes, payload_bytes));
+    put64(buf + header_bytes - 8, XXH3_64bits(buf, header_bytes - 8));
+}
+
+ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *r) {
+    const uint8_t *h = buf;
+    memset(r, 0, sizeof *r);
+    if (!buf || len < 136) return ag_errorf(AG_ERR_FORMAT, "truncated header (%zu bytes)", len);
+    if (memcmp(h, k_magic, 8) != 0) return ag_errorf(AG_ERR_FORMAT, "not a KV record (bad magic)");
+    r->version = get32(h + 8);
+    if (r->version != AG_CACHE_RECORD_VERSION)
+        return ag_errorf(AG_ERR_FORMAT, "format version %u, expected %d", r->version, AG_CACHE_RECORD_VERSION);
+    r->header_bytes = get32(h + 12);
+    uint32_t bs = get32(h + 44);
+    if (bs < 8 || bs > AG_CACHE_MAX_BLOCK || (bs & (bs - 1)))
+        return ag_errorf(AG_ERR_FORMAT, "block size %u is not a power of two in [8, %d]", bs, AG_CACHE_MAX_BLOCK);
+    if (r->header_bytes != 136 + 4 * bs)
+        return ag_errorf(AG_ERR_FORMAT, "header size %u does not match block size %u", r->header_bytes, bs);
+    if (len < r->header_bytes) return ag_errorf(AG_ERR_FORMAT, "truncated header (%zu of %u bytes)", len, r->header_bytes);
+    uint64_t hsum = get64(h + r->header_bytes - 8);
+    if (hsum != XXH3_64bits(h, r->header_bytes - 8)) return ag_errorf(AG_ERR_FORMAT, "header checksum mismatch");
+    r->model_fingerprint = get64(h + 16);
+    r->tok_fingerprint = get64(h + 24);
+    r->compute_fingerprint = get64(h + 32);
+    uint32_t dtype = get32(h + 40);
+    if (dtype != AG_KV_F32 && dtype != AG_KV_F16) return ag_errorf(AG_ERR_FORMAT, "unknown KV dtype %u", dtype);
+    r->dtype = (ag_kv_dtype)dtype;
+    r->block_size = (int32_t)bs;
+    uint32_t nl = get32(h + 48), nh = get32(h + 52), dk = get32(h + 56), dv = get32(h + 60);
+    if (nl < 1 || nl > 4096 || nh < 1 || nh > 4096 || dk < 1 || dk > 4096 || dv < 1 || dv > 4096)
+        return ag_errorf(AG_ERR_FORMAT, "KV shape %u layers x %u heads x %u/%u dims out of range", nl, nh, dk, dv);
+    r->n_layers = (int32_t)nl;
+    r->n_kv_heads = (int32_t)nh;
+    r->head_dim_k = (int32_t)dk;
+    r->head_dim_v = (int32_t)dv;
+    uint32_t kb = get32(h + 64);
+    if (kb < 1 || kb > 128) return ag_errorf(AG_ERR_FORMAT, "key bits %u out of range", kb);
+    r->key_bits = (int32_t)kb;
+    r->block_index = get32(h + 68);
+    r->payload_bytes = get64(h + 72);
+    /* at most 4096 * 4096 * 256 * 8192 * 4 bytes: no overflow in 64 bits */
+    uint64_t want = (uint64_t)nl * nh * bs * ((uint64_t)dk + dv) * elem_size(dtype);
+    if (r->payload_bytes != want)
+        return ag_errorf(AG_ERR_FORMAT, "payload size %llu does not match the KV layout (%llu)",
+                         (unsigned long long)r->payload_bytes, (unsigned long long)want);
+    r->ns = get64(h + 80);
+    r->parent.lo = get64(h + 88);
+    r->parent.hi = get64(h + 96);
+    r->key.lo = get64(h + 104);
+    r->key.hi = get64(h + 112);
+    r->payload_hash = get64(h + 120);
+    for (uint32_t i = 0; i < bs; i++) {
+        r->tokens[i] = (int32_t)get32(h + 128 + 4 * i);
+        if (r->tokens[i] < 0) return ag_errorf(AG_ERR_FORMAT, "negative token id %d", r->tokens[i]);
+    }
+    uint64_t     id = cache_identity(r->model_fingerprint, r->tok_fingerprint, r->compute_fingerprint, r->dtype,
+                                     r->block_size, r->n_layers, r->n_kv_heads, r->head_dim_k, r->head_dim_v,
+                                     r->key_bits);
+    ag_cache_key k = cache_key_compute(id, r->key_bits, r->parent, r->ns, r->tokens, r->block_size);
+    if (!key_eq(k, r->key)) return ag_errorf(AG_ERR_FORMAT, "key is not the hash of the header's contents");
+    return AG_OK;
+}
+
+/* "<key hex>.agkv" */
+static bool is_record_name(const char *name) {
+    for (int i = 0; i < 32; i++)
+        if (!((name[i] >= '0' && name[i] <= '9') || (name[i] >= 'a' && name[i] <= 'f'))) return false;
+    return strcmp(name + 32, AG_CACHE_RECORD_EXT) == 0;
+}
+
+/* "<anything>.<pid>-<anything>.tmp": *pid = the writer's process id (0 if
+ * it cannot be read). */
+static bool is_tmp_name(const char *name, long *pid) {
+    size_t n = strlen(name);
+    if (n < 5 || strcmp(name + n - 4, ".tmp") != 0) return false;
+    *pid = 0;
+    const char *dot = NULL;
+    for (const char *p = name; p < name + n - 4; p++)
+        if (*p == '.') dot = p;
+    if (dot) {
+        char *end;
+        long  v = strtol(dot + 1, &end, 10);
+        if (end != dot + 1 && *end == '-' && v > 0) *pid = v;
+    }
+    return true;
+}
+
+/* Reads and checks a record file's header; NULL when it is a valid record
+ * (of any identity), else why not (in why). */
+static const char *examine(int dirfd, const char *name, ag_cache_record *rec, struct stat *st, char *why,
+                           size_t why_len) {
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        snprintf(why, why_len, "cannot open: %s", strerror(errno));
+        return why;
+    }
+    uint8_t h[AG_CACHE_RECORD_MAX_HEADER];
+    ssize_t got = -1;
+    if (fstat(fd, st) != 0) snprintf(why, why_len, "cannot stat: %s", strerror(errno));
+    else if (!S_ISREG(st->st_mode)) snprintf(why, why_len, "not a regular file");
+    else if ((got = pread(fd, h, sizeof h, 0)) < 0) snprintf(why, why_len, "read error: %s", strerror(errno));
+    close(fd);
+    if (got < 0) return why;
+    if (ag_cache_record_parse(h, (size_t)got, rec) != AG_OK) {
+        snprintf(why, why_len, "corrupt: %s", ag_error_message());
+        return why;
+    }
+    uint64_t want = rec->header_bytes + rec->payload_bytes;
+    if ((uint64_t)st->st_size < want) {
+        snprintf(why, why_len, "truncated (%llu of %llu bytes)", (unsigned long long)st->st_size,
+                 (unsigned long long)want);
+        return why;
+    }
+    if ((uint64_t)st->st_size > want) {
+        snprintf(why, why_len, "wrong size (%llu bytes, expected %llu)", (unsigned long long)st->st_size,
+                 (unsigned long long)want);
+        return why;
+    }
+    char expect[40];
+    ag_cache_key_name(rec->key, expect);
+    if (strcmp(expect, name) != 0) {
+        snprintf(why, why_len, "file name does not match its key (%s)", expect);
+        return why;
+    }
+    return NULL;
+}
+
+/* Why a valid record cannot serve this cache, or NULL. */
+static const char *foreign(const ag_cache *c, const ag_cache_record *r) {
+    const ag_kv_layout *L = c->lay;
+    if (r->model_fingerprint != c->p.model_fingerprint) return "another model";
+    if (r->tok_fingerprint != c->p.tok_fingerprint) return "another tokenizer";
+    if (r->compute_fingerprint != c->p.compute_fingerprint) return "another compute fingerprint";
+    if (r->dtype != L->dtype || r->block_size != L->block_size || r->n_layers != L->n_layers ||
+        r->n_kv_heads != L->n_kv_heads || r->head_dim_k != L->head_dim_k || r->head_dim_v != L->head_dim_v)
+        return "another KV layout";
+    if (r->key_bits != (c->p.key_bits ? c->p.key_bits : 128)) return "another key width";
+    return NULL;
+}
+
+static int64_t mtime_ns(const struct stat *st) {
+    return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
+}
+
+static int64_t real_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* The mtime of a record: now, minus its block index in nanoseconds, so a
+ * parent always looks more recently used than its continuations and the
+ * least recently used end of the order holds leaves. */
+static void set_mtime(int fd, int32_t depth) {
+    int64_t         t = real_now_ns() - depth;
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {t / 1000000000, t % 1000000000}};
+    futimens(fd, ts);
+}
+
+/* ---- the start-up scan (background thread, or ag_cache_new) ---- */
+
+static void scan_dir(ag_cache *c) {
+    int64_t    t0 = cache_now_ns();
+    scan_item *items = NULL;
+    int32_t   *toks = NULL;
+    size_t     n = 0, cap = 0;
+    uint64_t   dropped = 0;
+    int        fd = openat(c->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR       *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0) close(fd);
+        AG_LOGW("kv disk cache: cannot read %s: %s; starting with an empty disk index", c->dir, strerror(errno));
+    }
+    struct dirent *e;
+    char           why[300];
+    int64_t        now = real_now_ns();
+    while (d && (e = readdir(d))) {
+        const char *name = e->d_name;
+        long        pid;
+        struct stat st;
+        if (is_tmp_name(name, &pid)) {
+            if (fstatat(c->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+            bool gone = pid <= 0 || pid == (long)getpid() || (kill((pid_t)pid, 0) != 0 && errno == ESRCH);
+            bool old = now - mtime_ns(&st) > (int64_t)3600 * 1000000000;
+            if (!gone && !old) continue; /* another live process is writing it */
+            unlinkat(c->dirfd, name, 0);
+            AG_LOGW("kv disk cache: dropped %s/%s: leftover temporary file", c->dir, name);
+            dropped++;
+            continue;
+        }
+        if (!is_record_name(name)) continue;
+        ag_cache_record rec;
+        const char     *problem = examine(c->dirfd, name, &rec, &st, why, sizeof why);
+        if (!problem) problem = foreign(c, &rec);
+        if (problem) {
+            bool del = unlinkat(c->dirfd, name, 0) == 0 || errno == ENOENT;
+            AG_LOGW("kv disk cache: dropped %s/%s: %s%s", c->dir, name, problem, del ? "" : " (could not delete it)");
+            dropped++;
+            continue;
+        }
+        if (n == cap) {
+            size_t     ncap = cap ? cap * 2 : 1024;
+            scan_item *ni = realloc(items, sizeof *ni * ncap);
+            if (ni) items = ni;
+            int32_t *nt = ni ? realloc(toks, sizeof(int32_t) * ncap * (size_t)c->bs) : NULL;
+            if (nt) toks = nt;
+            if (!ni || !nt) {
+                AG_LOGW("kv disk cache: out of memory while scanning %s; %zu records indexed", c->dir, n);
+                break;
+            }
+            cap = ncap;
+        }
+        scan_item *it = &items[n];
+        it->key = rec.key;
+        it->parent = rec.parent;
+        it->ns = rec.ns;
+        it->mtime_ns = mtime_ns(&st);
+        it->depth = (int32_t)rec.block_index;
+        it->tok_off = n * (size_t)c->bs;
+        memcpy(toks + it->tok_off, rec.tokens, sizeof(int32_t) * (size_t)c->bs);
+        n++;
+    }
+    if (d) closedir(d);
+    int64_t dt = cache_now_ns() - t0;
+    AG_LOGI("kv disk cache: %s: %zu records indexed, %llu dropped, in %.1f ms", c->dir, n,
+            (unsigned long long)dropped, dt / 1e6);
+    pthread_mutex_lock(&c->mu);
+    c->scan = items;
+    c->n_scan = (int32_t)n;
+    c->scan_tokens = toks;
+    c->scan_ready = true;
+    c->scan_finished = true;
+    c->st.dropped_records += dropped;
+    c->st.scan_ns = (uint64_t)dt;
+    pthread_cond_broadcast(&c->cv_done);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* ---- the writer thread ---- */
+
+static void notify(ag_cache *c) {
+    if (c->p.notify) c->p.notify(c->p.notify_user);
+}
+
+static void writes_off(ag_cache *c, const char *what, int err) {
+    if (atomic_exchange(&c->write_on, false))
+        AG_LOGW("kv disk cache: %s in %s failed: %s; writing to the disk tier is off from now on (records "
+                "already there are still restored); serving continues",
+                what, c->dir, strerror(err));
+}
+
+static atomic_ullong g_tmp_counter;
+
+static int write_record(ag_cache *c, write_job *job) {
+    if (!atomic_load(&c->write_on)) return W_FAILED;
+    char        name[40];
+    struct stat st;
+    ag_cache_key_name(job->key, name);
+    if (fstatat(c->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0) return W_EXISTS; /* e.g. another process */
+    record_seal(job->buf, c->header_bytes, job->size - c->header_bytes);
+    /* Unique among this process's caches (one counter) and, by the pid,
+     * among processes; EEXIST (a pid reused in another pid namespace on a
+     * shared directory) just tries another name. */
+    char        tmp[96];
+    const char *what = "creating a record";
+    int         fd = -1, err = 0;
+    for (int attempt = 0; fd < 0 && attempt < 8; attempt++) {
+        snprintf(tmp, sizeof tmp, "%.32s.%ld-%llu.tmp", name, (long)getpid(),
+                 (unsigned long long)atomic_fetch_add(&g_tmp_counter, 1));
+        fd = openat(c->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        writes_off(c, what, errno);
+        return W_FAILED;
+    }
+    what = "writing a record";
+    for (size_t off = 0; !err && off < job->size;) {
+        ssize_t w = write(fd, job->buf + off, job->size - off);
+        if (w < 0 && errno != EINTR) err = errno;
+        else if (w > 0) off += (size_t)w;
+    }
+    if (!err && c->p.disk_sync && fsync(fd) != 0) {
+        what = "syncing a record";
+        err = errno;
+    }
+    if (!err) set_mtime(fd, job->depth);
+    if (close(fd) != 0 && !err) {
+        what = "closing a record";
+        err = errno;
+    }
+    if (!err && renameat(c->dirfd, tmp, c->dirfd, name) != 0) {
+        if (errno == ENOENT) { /* another process's scan took our temp file for a leftover */
+            AG_LOGI("kv disk cache: %s/%s vanished before its rename; record skipped", c->dir, tmp);
+            return W_FAILED;
+        }
+        what = "renaming a record";
+        err = errno;
+    }
+    if (err) {
+        unlinkat(c->dirfd, tmp, 0);
+        writes_off(c, what, err);
+        return W_FAILED;
+    }
+    c->dir_dirty = true;
+    return W_WRITTEN;
+}
+
+static void push_done(ag_cache *c, int32_t node, int result) {
+    if (c->n_done == c->cap_done) {
+        int32_t     ncap = c->cap_done ? c->cap_done * 2 : 64;
+        write_done *d = realloc(c->done, sizeof *d * (size_t)ncap);
+        if (!d) return; /* the node stays "queued": never written again, never wrong */
+        c->done = d;
+        c->cap_done = ncap;
+    }
+    c->done[c->n_done++] = (write_done){node, result};
+}
+
+static void *writer_main(void *arg) {
+    ag_cache *c = arg;
+    if (!c->scan_finished) {
+        scan_dir(c);
+        notify(c);
+    }
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->q_head && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
+        if (!c->q_head) break;
+        write_job *job = c->q_head;
+        c->q_head = job->next;
+        if (!c->q_head) c->q_tail = NULL;
+        c->writer_busy = true;
+        pthread_mutex_unlock(&c->mu);
+
+        int res = write_record(c, job);
+
+        pthread_mutex_lock(&c->mu);
+        c->q_bytes -= job->size;
+        push_done(c, job->node, res);
+        if (res == W_WRITTEN) {
+            c->st.records_written++;
+            c->st.bytes_written += job->size;
+        } else if (res == W_FAILED) {
+            c->st.write_failures++;
+        }
+        c->writer_busy = false;
+        bool drained = !c->q_head;
+        pthread_cond_broadcast(&c->cv_done);
+        free(job);
+        if (drained) {
+            pthread_mutex_unlock(&c->mu);
+            if (c->dir_dirty && c->p.disk_sync) fsync(c->dirfd); /* the renames, once per batch */
+            c->dir_dirty = false;
+            notify(c);
+            pthread_mutex_lock(&c->mu);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* ---- engine-thread side ---- */
+
+void disk_open(ag_cache *c) {
+    if (mkdir(c->dir, 0755) != 0 && errno != EEXIST) {
+        AG_LOGW("kv disk cache off: cannot create %s: %s", c->dir, strerror(errno));
+        return;
+    }
+    c->dirfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (c->dirfd < 0) {
+        AG_LOGW("kv disk cache off: cannot open %s: %s", c->dir, strerror(errno));
+        return;
+    }
+    c->hash_state = XXH3_createState();
+    if (!c->hash_state) {
+        AG_LOGW("kv disk cache off: out of memory");
+        close(c->dirfd);
+        c->dirfd = -1;
+        return;
+    }
+    c->disk_on = true;
+    /* Writable? A read-only directory (or file system) still serves its
+     * records; say so once, here, rather than at the first write. */
+    char probe[64];
+    snprintf(probe, sizeof probe, "writable-probe.%ld-0.tmp", (long)getpid());
+    int     pfd = openat(c->dirfd, probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int     err = errno;
+    ssize_t w = -1;
+    if (pfd >= 0) {
+        w = write(pfd, "x", 1);
+        err = errno;
+        close(pfd);
+        unlinkat(c->dirfd, probe, 0);
+    }
+    if (w == 1) atomic_store(&c->write_on, true);
+    else AG_LOGW("kv disk cache: %s is not writable (%s): its records are restored, nothing new is written; "
+                 "serving continues", c->dir, strerror(err));
+    struct statvfs vfs;
+    if (fstatvfs(c->dirfd, &vfs) == 0) c->free_at_start = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    else c->free_at_start = (uint64_t)320 << 30; /* unknown: the 32 GiB default applies */
+    c->cap_explicit = c->p.disk_max_bytes > 0;
+    uint64_t def = (uint64_t)32 << 30;
+    if (c->free_at_start / 10 < def) def = c->free_at_start / 10;
+    c->disk_max = c->cap_explicit ? c->p.disk_max_bytes : def;
+    if (!c->p.background_scan) {
+        scan_dir(c);
+        disk_drain(c);
+    }
+    if (pthread_create(&c->thread, NULL, writer_main, c) != 0) {
+        AG_LOGW("kv disk cache: cannot start its thread; nothing will be written");
+        atomic_store(&c->write_on, false);
+        if (!c->scan_finished) {
+            scan_dir(c);
+            disk_drain(c);
+        }
+        return;
+    }
+    c->thread_started = true;
+}
+
+void disk_close(ag_cache *c) {
+    if (c->thread_started) {
+        pthread_mutex_lock(&c->mu);
+        c->stop = true;
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+        pthread_join(c->thread, NULL);
+        c->thread_started = false;
+    }
+    while (c->q_head) {
+        write_job *j = c->q_head;
+        c->q_head = j->next;
+        free(j);
+    }
+    free(c->done);
+    free(c->done2);
+    free(c->scan);
+    free(c->scan_tokens);
+    c->done = c->done2 = NULL;
+    c->scan = NULL;
+    c->scan_tokens = NULL;
+    if (c->hash_state) XXH3_freeState(c->hash_state);
+    c->hash_state = NULL;
+    if (c->dirfd >= 0) close(c->dirfd);
+    c->dirfd = -1;
+}
+
+/* The record of node id is on disk now (written, found, or scanned). */
+static void set_on_disk(ag_cache *c, int32_t id, int64_t mtime) {
+    cache_node *n = &c->nodes[id];
+    n->disk = D_ON;
+    n->mtime_ns = mtime;
+    cache_list_remove(c, L_DIRTY, id);
+    int32_t p = cache_parent(c, id);
+    if (p >= 0) c->nodes[p].n_disk_children++;
+    /* behind its parent: still more recent than the rest, never ahead of it */
+    cache_list_insert_behind(c, L_DISK, p >= 0 && c->nodes[p].disk == D_ON ? p : -1, id);
+    c->n_on_disk++;
+}
+
+void disk_forget(ag_cache *c, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    if (n->disk != D_ON) return;
+    int32_t p = cache_parent(c, id);
+    if (p >= 0) c->nodes[p].n_disk_children--;
+    cache_list_remove(c, L_DISK, id);
+    n->disk = D_NONE;
+    c->n_on_disk--;
+}
+
+/* qsort has no context argument (qsort_r is not C11). */
+static _Thread_local const ag_cache *qsort_ctx;
+
+static int cmp_depth_desc(const void *a, const void *b) {
+    int32_t x = qsort_ctx->nodes[*(const int32_t *)a].depth, y = qsort_ctx->nodes[*(const int32_t *)b].depth;
+    return x > y ? -1 : x < y;
+}
+
+static int cmp_recency(const void *a, const void *b) {
+    const cache_node *x = &qsort_ctx->nodes[*(const int32_t *)a], *y = &qsort_ctx->nodes[*(const int32_t *)b];
+    if (x->mtime_ns != y->mtime_ns) return x->mtime_ns < y->mtime_ns ? -1 : 1;
+    return x->depth > y->depth ? -1 : x->depth < y->depth; /* deeper is older */
+}
+
+static void merge_scan(ag_cache *c, scan_item *items, int32_t n, const int32_t *toks) {
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+    for (int32_t k = 0; k < n; k++) {
+        const scan_item *it = &items[k];
+        const int32_t   *t = toks + it->tok_off;
+        int32_t          id = cache_find(c, it->key);
+        if (ids) ids[k] = -1;
+        if (id >= 0) {
+            cache_node *nd = &c->nodes[id];
+            bool same = nd->ns == it->ns && nd->depth == it->depth && nd->parent.lo == it->parent.lo &&
+                        nd->parent.hi == it->parent.hi &&
+                        memcmp(cache_node_tokens(c, id), t, sizeof(int32_t) * (size_t)c->bs) == 0;
+            /* published while the scan ran: now known to be on disk (a
+             * queued write will find the file and skip) */
+            if (same && nd->disk == D_NONE) set_on_disk(c, id, it->mtime_ns);
+            continue;
+        }
+        id = cache_node_new(c, it->key, it->parent, it->ns, t);
+        if (id < 0) break;
+        c->nodes[id].depth = it->depth;
+        set_on_disk(c, id, it->mtime_ns); /* (its place in the order is set below) */
+        if (ids) ids[k] = id;
+    }
+    /* link parents by key, now that every record is in */
+    int32_t m = 0;
+    for (int32_t k = 0; ids && k < n; k++) {
+        int32_t id = ids[k];
+        if (id < 0) continue;
+        ids[m++] = id;
+        if (c->nodes[id].depth == 0) continue;
+        int32_t p = cache_find(c, c->nodes[id].parent);
+        if (p >= 0 && c->nodes[p].depth == c->nodes[id].depth - 1) cache_parent_link(c, id, p);
+    }
+    /* The LRU order: a record counts as used as recently as anything that
+     * continues it (a parent is written before its children, so its own
+     * mtime is older), then deeper first. Then the least recently used end
+     * holds leaves, and the cap evicts without searching. */
+    if (ids && m > 1) {
+        qsort_ctx = c;
+        qsort(ids, (size_t)m, sizeof *ids, cmp_depth_desc);
+        for (int32_t k = 0; k < m; k++) {
+            int32_t p = cache_parent(c, ids[k]);
+            if (p >= 0 && c->nodes[p].mtime_ns < c->nodes[ids[k]].mtime_ns)
+                c->nodes[p].mtime_ns = c->nodes[ids[k]].mtime_ns;
+        }
+        qsort(ids, (size_t)m, sizeof *ids, cmp_recency);
+        for (int32_t k = 0; k < m; k++) cache_list_push_head(c, L_DISK, ids[k]); /* oldest first in */
+        qsort_ctx = NULL;
+    }
+    free(ids);
+    c->scan_merged = true;
+    if (!c->cap_explicit) {
+        uint64_t def = (uint64_t)32 << 30, tenth = (c->free_at_start + (uint64_t)c->n_on_disk * c->record_bytes) / 10;
+        c->disk_max = tenth < def ? tenth : def;
+    }
+}
+
+void disk_drain(ag_cache *c) {
+    if (!c->disk_on) return;
+    pthread_mutex_lock(&c->mu);
+    bool       have_scan = c->scan_ready;
+    scan_item *scan = c->scan;
+    int32_t   *stoks = c->scan_tokens;
+    int32_t    n_scan = c->n_scan;
+    if (have_scan) {
+        c->scan = NULL;
+        c->scan_tokens = NULL;
+        c->n_scan = 0;
+        c->scan_ready = false;
+    }
+    write_done *d = c->done;
+    int32_t     nd = c->n_done, capd = c->cap_done;
+    c->done = c->done2;
+    c->cap_done = c->cap_done2;
+    c->n_done = 0;
+    c->done2 = d;
+    c->cap_done2 = capd;
+    pthread_mutex_unlock(&c->mu);
+
+    if (have_scan) {
+        merge_scan(c, scan, n_scan, stoks);
+        free(scan);
+        free(stoks);
+    }
+    for (int32_t i = 0; i < nd; i++) {
+        int32_t     id = d[i].node;
+        cache_node *n = &c->nodes[id];
+        if (!n->used || n->disk != D_QUEUED) continue;
+        if (d[i].result == W_FAILED) {
+            n->disk = D_NONE;
+            n->no_write = 1;
+            cache_node_maybe_remove(c, id);
+        } else {
+            set_on_disk(c, id, real_now_ns());
+        }
+    }
+    if (!atomic_load(&c->write_on))
+        while (c->list[L_DIRTY].head >= 0) cache_list_remove(c, L_DIRTY, c->list[L_DIRTY].head);
+}
+
+void disk_enforce_cap(ag_cache *c) {
+    if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on)) return;
+    uint64_t evicted = 0;
+    while ((uint64_t)c->n_on_disk * c->record_bytes > c->disk_max && c->list[L_DISK].n > 0) {
+        int32_t victim = -1;
+        for (int32_t id = c->list[L_DISK].tail; id >= 0; id = c->nodes[id].link[L_DISK].prev)
+            if (c->nodes[id].n_disk_children == 0) {
+                victim = id;
+                break;
+            }
+        if (victim < 0) victim = c->list[L_DISK].tail; /* a cycle of colliding keys: cannot happen at 128 bits */
+        char name[40];
+        ag_cache_key_name(c->nodes[victim].key, name);
+        if (unlinkat(c->dirfd, name, 0) != 0 && errno != ENOENT) {
+            writes_off(c, "deleting a record (byte cap)", errno);
+            break;
+        }
+        disk_forget(c, victim);
+        c->nodes[victim].no_write = 1; /* the cap chose it: do not write it back */
+        cache_list_remove(c, L_DIRTY, victim);
+        cache_node_maybe_remove(c, victim);
+        evicted++;
+    }
+    if (evicted) {
+        pthread_mutex_lock(&c->mu);
+        c->st.evictions_disk += evicted;
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
+    if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on) || c->list[L_DIRTY].n == 0) return false;
+    pthread_mutex_lock(&c->mu);
+    size_t q = c->q_bytes;
+    bool   idle = !c->q_head && !c->writer_busy;
+    pthread_mutex_unlock(&c->mu);
+    size_t room = c->p.write_queue_bytes > q ? c->p.write_queue_bytes - q : 0;
+    size_t budget = max_bytes < room ? max_bytes : room;
+    if (idle && budget < c->record_bytes) budget = c->record_bytes;
+    write_job *head = NULL, **tail = &head;
+    size_t     used = 0;
+    const size_t cb = c->lay->copy_bytes;
+    while (c->list[L_DIRTY].head >= 0 && used + c->record_bytes <= budget) {
+        int32_t id = c->list[L_DIRTY].head;
+        cache_list_remove(c, L_DIRTY, id);
+        cache_node *n = &c->nodes[id];
+        if (n->block < 0 || n->disk != D_NONE || n->no_write) continue;
+        write_job *job = malloc(sizeof *job + c->record_bytes);
+        if (!job) {
+            cache_list_push_head(c, L_DIRTY, id);
+            break;
+        }
+        job->buf = (uint8_t *)(job + 1);
+        header_build(c, id, job->buf);
+        ag_status st = AG_OK;
+        for (int32_t l = 0; !st && l < c->lay->n_layers; l++)
+            st = ag_kv_block_copy_out(c->kv, n->block, l, job->buf + c->header_bytes + (size_t)l * cb, cb);
+        if (st) {
+            AG_LOGW("kv disk cache: copying block %d out failed: %s", n->block, ag_error_message());
+            free(job);
+            n->no_write = 1;
+            continue;
+        }
+        job->next = NULL;
+        job->node = id;
+        job->depth = n->depth;
+        job->key = n->key;
+        job->size = c->record_bytes;
+        n->disk = D_QUEUED;
+        *tail = job;
+        tail = &job->next;
+        used += c->record_bytes;
+    }
+    pthread_mutex_lock(&c->mu);
+    if (head) {
+        if (c->q_tail) c->q_tail->next = head;
+        else c->q_head = head;
+        c->q_tail = (write_job *)((char *)tail - offsetof(write_job, next));
+        c->q_bytes += used;
+        pthread_cond_signal(&c->cv);
+    }
+    q = c->q_bytes;
+    pthread_mutex_unlock(&c->mu);
+    return c->list[L_DIRTY].n > 0 && q + c->record_bytes <= c->p.write_queue_bytes && used > 0;
+}
+
+/* preadv until everything is read or EOF; advances (modifies) iov. */
+static ssize_t preadv_full(int fd, struct iovec *iov, int n, off_t off) {
+    size_t total = 0;
+    while (n > 0) {
+        int     cnt = n > IOV_MAX ? IOV_MAX : n;
+        ssize_t r = preadv(fd, iov, cnt, off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) break;
+        total += (size_t)r;
+        off += r;
+        size_t left = (size_t)r;
+        while (left && n > 0) {
+            if (left >= iov->iov_len) {
+                left -= iov->iov_len;
+                iov++;
+                n--;
+            } else {
+                iov->iov_base = (char *)iov->iov_base + left;
+                iov->iov_len -= left;
+                left = 0;
+            }
+        }
+        while (n > 0 && iov->iov_len == 0) {
+            iov++;
+            n--;
+        }
+    }
+    return (ssize_t)total;
+}
+
+bool disk_restore(ag_cache *c, int32_t id, int32_t block) {
+    cache_node         *n = &c->nodes[id];
+    const ag_kv_layout *L = c->lay;
+    const int32_t       depth = n->depth;
+    char                name[40], why[300];
+    ag_cache_key_name(n->key, name);
+    why[0] = '\0';
+    int fd = openat(c->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            AG_LOGI("kv disk cache: %s/%s is gone (evicted by another process?); prefilling from position %d",
+                    c->dir, name, depth * c->bs);
+            disk_forget(c, id);
+            cache_node_maybe_remove(c, id);
+            pthread_mutex_lock(&c->mu);
+            c->st.restore_failures++;
+            pthread_mutex_unlock(&c->mu);
+            return false;
+        }
+        snprintf(why, sizeof why, "cannot open: %s", strerror(errno));
+        goto drop;
+    }
+    {
+        uint8_t      h[AG_CACHE_RECORD_MAX_HEADER];
+        const size_t kb = (size_t)L->n_kv_heads * L->head_stride_k, vb = L->copy_bytes - kb;
+        int          niov = 1 + 2 * L->n_layers;
+        struct iovec stack_iov[1 + 2 * 64];
+        struct iovec *iov = niov <= (int)(sizeof stack_iov / sizeof stack_iov[0]) ? stack_iov
+                                                                                  : malloc(sizeof *iov * (size_t)niov);
+        if (!iov) {
+            snprintf(why, sizeof why, "out of memory");
+            close(fd);
+            return false; /* not the record's fault: keep it */
+        }
+        iov[0] = (struct iovec){h, c->header_bytes};
+        for (int32_t l = 0; l < L->n_layers; l++) {
+            iov[1 + 2 * l] = (struct iovec){ag_kv_block_k(c->kv, l, block), kb};
+            iov[2 + 2 * l] = (struct iovec){ag_kv_block_v(c->kv, l, block), vb};
+        }
+        ssize_t         got = preadv_full(fd, iov, niov, 0);
+        ag_cache_record rec;
+        const char     *bad = NULL;
+        if (got < 0) snprintf(why, sizeof why, "read error: %s", strerror(errno));
+        else if ((size_t)got != c->record_bytes)
+            snprintf(why, sizeof why, "truncated (read %zd of %zu bytes)", got, c->record_bytes);
+        else if (ag_cache_record_parse(h, c->header_bytes, &rec) != AG_OK)
+            snprintf(why, sizeof why, "corrupt: %s", ag_error_message());
+        else if ((bad = foreign(c, &rec)) != NULL)
+            snprintf(why, sizeof why, "%s", bad);
+        else if (!key_eq(rec.key, n->key) || !key_eq(rec.parent, n->parent) || rec.ns != n->ns ||
+                 (int32_t)rec.block_index != depth ||
+                 memcmp(rec.tokens, cache_node_tokens(c, id), sizeof(int32_t) * (size_t)c->bs) != 0)
+            snprintf(why, sizeof why, "header does not match the index (tokens, parent or namespace)");
+        else {
+            XXH3_state_t *s = c->hash_state;
+            XXH3_64bits_reset(s);
+            for (int32_t l = 0; l < L->n_layers; l++) {
+                XXH3_64bits_update(s, ag_kv_block_k(c->kv, l, block), kb);
+                XXH3_64bits_update(s, ag_kv_block_v(c->kv, l, block), vb);
+            }
+            if (XXH3_64bits_digest(s) != rec.payload_hash) snprintf(why, sizeof why, "payload checksum mismatch");
+        }
+        if (iov != stack_iov) free(iov);
+        if (why[0]) {
+            close(fd);
+            fd = -1;
+            goto drop;
+        }
+    }
+    set_mtime(fd, depth); /* a hit bumps the clock */
+    close(fd);
+    pthread_mutex_lock(&c->mu);
+    c->st.bytes_read += c->record_bytes;
+    pthread_mutex_unlock(&c->mu);
+    return true;
+drop: {
+    bool del = unlinkat(c->dirfd, name, 0) == 0 || errno == ENOENT;
+    AG_LOGW("kv disk cache: restoring %s/%s failed: %s; record %s, prefilling from position %d", c->dir, name, why,
+            del ? "deleted" : "could not be deleted", depth * c->bs);
+    disk_forget(c, id);
+    c->nodes[id].no_write = 1;
+    cache_node_maybe_remove(c, id);
+    pthread_mutex_lock(&c->mu);
+    c->st.dropped_records++;
+    c->st.restore_failures++;
+    pthread_mutex_unlock(&c->mu);
+    return false;
+}
+}
+
+void disk_flush_wait(ag_cache *c) {
+    if (!c->disk_on) return;
+    for (;;) {
+        disk_drain(c);
+        if (!c->scan_merged) {
+            pthread_mutex_lock(&c->mu);
+            while (!c->scan_finished) pthread_cond_wait(&c->cv_done, &c->mu);
+            pthread_mutex_unlock(&c->mu);
+            continue;
+        }
+        bool queued = disk_queue_writes(c, SIZE_MAX);
+        pthread_mutex_lock(&c->mu);
+        while (c->thread_started && (c->q_head || c->writer_busy)) pthread_cond_wait(&c->cv_done, &c->mu);
+        pthread_mutex_unlock(&c->mu);
+        disk_drain(c);
+        (void)queued;
+        if (c->list[L_DIRTY].n == 0 || !atomic_load(&c->write_on) || !c->thread_started) break;
+    }
+    disk_enforce_cap(c);
+}
+
+/* ---- directory tools ---- */
+
+ag_status ag_cache_dir_list(const char *dir, bool (*fn)(void *user, const ag_cache_dir_entry *e), void *user) {
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(errno));
+    int  lfd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+    if (!d) {
+        int e = errno;
+        if (lfd >= 0) close(lfd);
+        close(dfd);
+        return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(e));
+    }
+    struct dirent  *e;
+    ag_cache_record rec;
+    char            why[300];
+    while ((e = readdir(d))) {
+        long               pid;
+        struct stat        st;
+        ag_cache_dir_entry ent = {.name = e->d_name};
+        if (is_tmp_name(e->d_name, &pid)) {
+            if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+            ent.problem = "temporary file";
+        } else if (is_record_name(e->d_name)) {
+            memset(&st, 0, sizeof st);
+            ent.problem = examine(dfd, e->d_name, &rec, &st, why, sizeof why);
+            ent.record = ent.problem ? NULL : &rec;
+        } else {
+            continue;
+        }
+        ent.file_bytes = (uint64_t)st.st_size;
+        ent.mtime_ns = mtime_ns(&st);
+        if (!fn(user, &ent)) break;
+    }
+    closedir(d);
+    close(dfd);
+    return AG_OK;
+}
+
+ag_status ag_cache_dir_clear(const char *dir, uint64_t *n_files, uint64_t *n_bytes) {
+    uint64_t nf = 0, nb = 0;
+    if (n_files) *n_files = 0;
+    if (n_bytes) *n_bytes = 0;
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(errno));
+    int  lfd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+    if (!d) {
+        int e = errno;
+        if (lfd >= 0) close(lfd);
+        close(dfd);
+        return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(e));
+    }
+    struct dirent *e;
+    ag_status      st = AG_OK;
+    while ((e = readdir(d))) {
+        long        pid;
+        struct stat s;
+        if (!is_record_name(e->d_name) && !is_tmp_name(e->d_name, &pid)) continue;
+        if (fstatat(dfd, e->d_name, &s, AT_SYMLINK_NOFOLLOW) != 0 || S_ISDIR(s.st_mode)) continue;
+        if (unlinkat(dfd, e->d_name, 0) != 0) {
+            if (errno == ENOENT) continue;
+            st = ag_errorf(AG_ERR_IO, "%s/%s: %s", dir, e->d_name, strerror(errno));
+            break;
+        }
+        nf++;
+        nb += (uint64_t)s.st_size;
+    }
+    closedir(d);
+    close(dfd);
+    if (n_files) *n_files = nf;
+    if (n_bytes) *n_bytes = nb;
+    return st;
+}

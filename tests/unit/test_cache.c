@@ -1,0 +1,1211 @@
+/* Unit tests for src/cache: the prefix cache (memory tier and disk tier).
+ *
+ * The "model" here is a stand-in that makes wrong reuse visible: the KV of
+ * position p is a known function of ALL the tokens 0..p (a hash of the
+ * prefix), written as F16-exact integers. So a sequence that adopted a block
+ * computed after a different prefix, or restored the wrong record, reads
+ * back values that differ from what a full "prefill" of its own tokens
+ * writes. Every check compares against that function, never against earlier
+ * output of the cache. The last test runs the real forward pass of
+ * stories260K and compares logits bit for bit. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "base/log.h"
+#include "cache/cache.h"
+#include "kv/kv.h"
+#include "model/model.h"
+
+enum { NL = 2, NH = 2, DK = 3, DV = 5, BS = 8 };
+
+static ag_kv *make_kv_shape(int32_t n_blocks, int32_t dv) {
+    ag_kv_params p = ag_kv_default_params();
+    p.n_layers = NL;
+    p.n_kv_heads = NH;
+    p.head_dim_k = DK;
+    p.head_dim_v = dv;
+    p.block_size = BS;
+    p.dtype = AG_KV_F16;
+    p.max_seqs = 16;
+    size_t kr = ((size_t)NH * BS * DK * 2 + 63) / 64 * 64;
+    size_t vr = ((size_t)NH * BS * dv * 2 + 63) / 64 * 64;
+    p.budget_bytes = (size_t)n_blocks * NL * (kr + vr);
+    ag_kv *kv = NULL;
+    assert_int_equal(ag_kv_init(&p, &kv), AG_OK);
+    ag_kv_stats st;
+    ag_kv_get_stats(kv, &st);
+    assert_int_equal(st.n_blocks, n_blocks);
+    return kv;
+}
+
+static ag_kv *make_kv(int32_t n_blocks) { return make_kv_shape(n_blocks, DV); }
+
+/* The stand-in model: position p's stamp hashes tokens[0..p]. */
+static uint32_t stamp_of(const int32_t *tokens, int32_t p) {
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i <= p; i++) h = (h ^ (uint32_t)tokens[i]) * 1099511628211ull;
+    return (uint32_t)(h ^ (h >> 32));
+}
+
+static float val(uint32_t stamp, int layer, int kvsel, int head, int d) {
+    uint64_t x = (uint64_t)stamp * 7919u + (uint64_t)layer * 131u + (uint64_t)kvsel * 37u + (uint64_t)head * 11u +
+                 (uint64_t)d * 3u;
+    return (float)(int64_t)(x % 2039u) - 1019.0f;
+}
+
+static void fill(uint32_t stamp, int layer, float *k, float *v) {
+    for (int h = 0; h < NH; h++) {
+        for (int d = 0; d < DK; d++) k[h * DK + d] = val(stamp, layer, 0, h, d);
+        for (int d = 0; d < DV; d++) v[h * DV + d] = val(stamp, layer, 1, h, d);
+    }
+}
+
+/* "Prefills" positions [len, n) of seq from tokens. */
+static void prefill(ag_kv *kv, int32_t seq, const int32_t *tokens, int32_t n) {
+    int32_t len = ag_kv_seq_len(kv, seq);
+    assert_true(len >= 0 && len <= n);
+    if (len == n) return;
+    assert_int_equal(ag_kv_seq_reserve(kv, seq, n - len), AG_OK);
+    float k[NH * DK], v[NH * DV];
+    for (int32_t p = len; p < n; p++)
+        for (int l = 0; l < NL; l++) {
+            fill(stamp_of(tokens, p), l, k, v);
+            assert_int_equal(ag_kv_write(kv, l, seq, p, k, v), AG_OK);
+        }
+    assert_int_equal(ag_kv_seq_commit(kv, seq, n), AG_OK);
+}
+
+/* seq's positions [0, n) hold exactly what a prefill of tokens writes. */
+static void check_seq(const ag_kv *kv, int32_t seq, const int32_t *tokens, int32_t n) {
+    float k[NH * DK], v[NH * DV], ek[NH * DK], ev[NH * DV];
+    for (int32_t p = 0; p < n; p++)
+        for (int l = 0; l < NL; l++) {
+            fill(stamp_of(tokens, p), l, ek, ev);
+            assert_int_equal(ag_kv_read(kv, l, seq, p, k, v), AG_OK);
+            assert_memory_equal(k, ek, sizeof k);
+            assert_memory_equal(v, ev, sizeof v);
+        }
+}
+
+static int32_t new_seq(ag_kv *kv) {
+    int32_t s;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    return s;
+}
+
+/* Prefills tokens in a fresh sequence, publishes them, frees the sequence. */
+static void serve_prompt(ag_cache *c, ag_kv *kv, const int32_t *tokens, int32_t n, uint64_t ns) {
+    int32_t s = new_seq(kv);
+    int32_t got = ag_cache_lookup(c, s, tokens, n, n - 1, ns);
+    assert_int_equal(got % BS, 0);
+    check_seq(kv, s, tokens, got);
+    prefill(kv, s, tokens, n);
+    check_seq(kv, s, tokens, n);
+    ag_cache_publish(c, s, tokens, n, ns);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+}
+
+static void make_tokens(int32_t *t, int32_t n, uint32_t seed) {
+    for (int32_t i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        t[i] = (int32_t)(seed >> 8) % 5000;
+    }
+}
+
+static int32_t kv_used(const ag_kv *kv) {
+    ag_kv_stats st;
+    ag_kv_get_stats(kv, &st);
+    return st.blocks_used;
+}
+
+static ag_cache *mem_cache(ag_kv *kv) {
+    ag_cache_params p = ag_cache_default_params();
+    p.model_fingerprint = 11;
+    p.tok_fingerprint = 22;
+    ag_cache *c = NULL;
+    assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+    return c;
+}
+
+static ag_cache_stats stats(const ag_cache *c) {
+    ag_cache_stats s;
+    ag_cache_get_stats(c, &s);
+    return s;
+}
+
+/* ---- memory tier -------------------------------------------------------- */
+
+static void publish_then_lookup_shares_the_bytes(void **state) {
+    ag_kv    *kv = make_kv(32);
+    ag_cache *c = mem_cache(kv);
+    int32_t   t[40];
+    make_tokens(t, 40, 1);
+    int32_t a = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, a, t, 40, 39, 0), 0); /* cold */
+    prefill(kv, a, t, 40);
+    assert_int_equal(ag_cache_publish(c, a, t, 40, 0), 40);
+    assert_int_equal(ag_cache_publish(c, a, t, 40, 0), 40); /* twice: harmless */
+    assert_int_equal(stats(c).blocks_published, 5);
+    assert_int_equal(stats(c).memory_blocks, 5);
+    assert_int_equal(ag_cache_reclaimable(c), 0); /* a still holds them */
+
+    /* another sequence adopts 4 whole blocks: max_len 39 leaves one to compute */
+    int32_t b = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, b, t, 40, 39, 0), 32);
+    assert_int_equal(ag_kv_seq_len(kv, b), 32);
+    int32_t        na, nb;
+    const int32_t *ta = ag_kv_seq_blocks(kv, a, &na);
+    int32_t        a_blocks[5];
+    memcpy(a_blocks, ta, sizeof a_blocks);
+    const int32_t *tb = ag_kv_seq_blocks(kv, b, &nb);
+    assert_int_equal(nb, 4);
+    assert_memory_equal(tb, a_blocks, 4 * sizeof(int32_t)); /* shared, not copied */
+    check_seq(kv, b, t, 32);
+    /* the rest is prefilled into a fresh block: no copy-on-write of a shared one */
+    ag_kv_stats ks0, ks1;
+    ag_kv_get_stats(kv, &ks0);
+    prefill(kv, b, t, 40);
+    ag_kv_get_stats(kv, &ks1);
+    assert_int_equal(ks1.cow_copies, ks0.cow_copies);
+    check_seq(kv, b, t, 40);
+    /* max_len = the whole prompt: all 5 */
+    int32_t d = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, d, t, 40, 40, 0), 40);
+    check_seq(kv, d, t, 40);
+    /* a prompt that is shorter than a block, or diverges in block 0 */
+    assert_int_equal(ag_cache_lookup(c, d, t, 7, 7, 0), 0);
+    assert_int_equal(ag_kv_seq_len(kv, d), 0);
+    int32_t u[40];
+    memcpy(u, t, sizeof u);
+    u[3] ^= 1;
+    assert_int_equal(ag_cache_lookup(c, d, u, 40, 39, 0), 0);
+    u[3] ^= 1;
+    u[20] ^= 1; /* diverges in block 2 */
+    assert_int_equal(ag_cache_lookup(c, d, u, 40, 39, 0), 16);
+    check_seq(kv, d, u, 16);
+
+    ag_cache_stats s = stats(c);
+    assert_int_equal(s.lookups, 6);
+    assert_int_equal(s.hits, 3);
+    assert_int_equal(s.misses, 3);
+    assert_int_equal(s.tokens_from_memory, 32 + 40 + 16);
+    assert_int_equal(s.tokens_from_disk, 0);
+
+    /* the sequences go; the cache keeps the blocks, and they are reclaimable */
+    ag_kv_seq_free(kv, a);
+    ag_kv_seq_free(kv, b);
+    ag_kv_seq_free(kv, d);
+    assert_int_equal(kv_used(kv), 5);
+    assert_int_equal(ag_cache_reclaimable(c), 5);
+    ag_cache_free(c);
+    assert_int_equal(kv_used(kv), 0);
+    ag_kv_free(kv);
+}
+
+/* Only positions [0, n_tokens) and only full blocks are published; a
+ * sequence that decoded past its prompt publishes its prompt's blocks. */
+static void publish_only_full_prompt_blocks(void **state) {
+    ag_kv    *kv = make_kv(32);
+    ag_cache *c = mem_cache(kv);
+    int32_t   t[40];
+    make_tokens(t, 40, 2);
+    int32_t a = new_seq(kv);
+    prefill(kv, a, t, 40);                               /* 21 prompt tokens + 19 "decoded" */
+    assert_int_equal(ag_cache_publish(c, a, t, 21, 0), 16); /* blocks 0, 1 */
+    int32_t b = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, b, t, 40, 40, 0), 16);
+    /* a sequence shorter than the tokens given */
+    int32_t e = new_seq(kv);
+    prefill(kv, e, t, 30);
+    assert_int_equal(ag_cache_publish(c, e, t, 40, 0), 24);
+    assert_int_equal(ag_cache_lookup(c, b, t, 40, 40, 0), 24);
+    assert_int_equal(ag_cache_publish(c, e, t, 0, 0), 0);
+    assert_int_equal(ag_cache_publish(c, 15, t, 40, 0), 0); /* not live */
+    assert_int_equal(ag_cache_lookup(c, 15, t, 40, 40, 0), 0);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+static void shared_system_prompt_across_conversations(void **state) {
+    ag_kv    *kv = make_kv(32);
+    ag_cache *c = mem_cache(kv);
+    int32_t   c1[45], c2[45];
+    make_tokens(c1, 45, 3);
+    memcpy(c2, c1, sizeof c2);
+    make_tokens(c2 + 24, 21, 4); /* same 24-token system prompt, then different */
+    serve_prompt(c, kv, c1, 45, 0);
+    assert_int_equal(stats(c).blocks_published, 5);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, c2, 45, 44, 0), 24); /* the system prompt's 3 blocks */
+    int32_t n;
+    const int32_t *t2 = ag_kv_seq_blocks(kv, s, &n);
+    int32_t        shared[3];
+    memcpy(shared, t2, sizeof shared);
+    prefill(kv, s, c2, 45);
+    check_seq(kv, s, c2, 45);
+    ag_cache_publish(c, s, c2, 45, 0);
+    ag_kv_seq_free(kv, s);
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.blocks_published, 5 + 2);
+    assert_int_equal(st.memory_blocks, 7);
+    assert_int_equal(kv_used(kv), 7); /* the 3 system blocks exist once */
+    /* the first conversation's next turn finds all of it */
+    int32_t next[60];
+    memcpy(next, c1, sizeof c1);
+    make_tokens(next + 45, 15, 5);
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, next, 60, 59, 0), 40);
+    const int32_t *t1 = ag_kv_seq_blocks(kv, s, &n);
+    assert_memory_equal(t1, shared, sizeof shared);
+    check_seq(kv, s, next, 40);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+static void namespaces_isolate(void **state) {
+    ag_kv    *kv = make_kv(32);
+    ag_cache *c = mem_cache(kv);
+    uint64_t  ns1 = ag_cache_namespace("tenant-1", 8), ns2 = ag_cache_namespace("tenant-2", 8);
+    assert_int_equal(ag_cache_namespace("", 0), 0);
+    assert_true(ns1 != 0 && ns2 != 0 && ns1 != ns2);
+    int32_t t[33];
+    make_tokens(t, 33, 6);
+    serve_prompt(c, kv, t, 33, ns1);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 33, 32, ns2), 0);
+    assert_int_equal(ag_cache_lookup(c, s, t, 33, 32, 0), 0);
+    assert_int_equal(ag_cache_lookup(c, s, t, 33, 32, ns1), 32);
+    /* the same tokens in another namespace are separate blocks */
+    ag_kv_seq_free(kv, s);
+    serve_prompt(c, kv, t, 33, ns2);
+    assert_int_equal(stats(c).memory_blocks, 8);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* With 4-bit keys most blocks collide with some other block; every match
+ * must still be exact, because tokens, namespace and parent are compared. */
+static void colliding_keys_never_give_wrong_kv(void **state) {
+    enum { NP = 40, LEN = 4 * BS + 1 };
+    ag_kv          *kv = make_kv(NP * 5 + 8);
+    ag_cache_params p = ag_cache_default_params();
+    p.key_bits = 4;
+    ag_cache *c = NULL;
+    assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+    static int32_t t[NP][LEN];
+    for (int i = 0; i < NP; i++) {
+        make_tokens(t[i], LEN, 100 + (uint32_t)i);
+        if (i % 3 == 1) memcpy(t[i], t[i - 1], 2 * BS * sizeof(int32_t)); /* shared prefixes too */
+        t[i][0] = i % 4;                                                   /* few distinct first blocks */
+        if (i % 3 == 1) t[i][0] = t[i - 1][0];
+    }
+    int short_publishes = 0;
+    for (int i = 0; i < NP; i++) {
+        int32_t s = new_seq(kv);
+        int32_t got = ag_cache_lookup(c, s, t[i], LEN, LEN - 1, 0);
+        check_seq(kv, s, t[i], got); /* whatever was adopted is this prompt's KV */
+        prefill(kv, s, t[i], LEN);
+        short_publishes += ag_cache_publish(c, s, t[i], LEN, 0) < 4 * BS;
+        ag_kv_seq_free(kv, s);
+    }
+    assert_true(short_publishes > 0); /* collisions did happen */
+    int full = 0;
+    for (int i = 0; i < NP; i++) {
+        int32_t s = new_seq(kv);
+        int32_t got = ag_cache_lookup(c, s, t[i], LEN, LEN - 1, 0);
+        check_seq(kv, s, t[i], got);
+        full += got == 4 * BS;
+        ag_kv_seq_free(kv, s);
+    }
+    assert_true(full > 0);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+static void eviction_is_lru_by_leaf_and_spares_held_blocks(void **state) {
+    ag_kv    *kv = make_kv(32);
+    ag_cache *c = mem_cache(kv);
+    int32_t   a[17], b[17], x[25];
+    make_tokens(a, 17, 10);
+    make_tokens(b, 17, 11);
+    make_tokens(x, 25, 12);
+    serve_prompt(c, kv, a, 17, 0); /* 2 blocks each */
+    serve_prompt(c, kv, b, 17, 0);
+    serve_prompt(c, kv, x, 25, 0); /* 3 blocks */
+    assert_int_equal(ag_cache_reclaimable(c), 7);
+    /* a is used again: b is now the least recently used prompt */
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, a, 17, 16, 0), 16);
+    ag_kv_seq_free(kv, s);
+    /* x is held by a running sequence */
+    int32_t hold = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, hold, x, 25, 24, 0), 24);
+    assert_int_equal(ag_cache_reclaimable(c), 4);
+    int32_t used = kv_used(kv);
+    assert_int_equal(ag_cache_evict(c, 1), 1); /* b's leaf */
+    assert_int_equal(kv_used(kv), used - 1);
+    assert_int_equal(stats(c).evictions_memory, 1);
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, b, 17, 16, 0), 8); /* b's first block stayed */
+    assert_int_equal(ag_cache_lookup(c, s, a, 17, 16, 0), 16);
+    ag_kv_seq_free(kv, s);
+    /* now b (touched before a) goes first again, then a; x never */
+    assert_int_equal(ag_cache_evict(c, 1), 1);
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, b, 17, 16, 0), 0);
+    assert_int_equal(ag_cache_lookup(c, s, a, 17, 16, 0), 16);
+    ag_kv_seq_free(kv, s);
+    assert_int_equal(ag_cache_evict(c, 100), 2); /* a's two blocks, leaf first; x is held */
+    assert_int_equal(ag_cache_reclaimable(c), 0);
+    assert_int_equal(stats(c).memory_blocks, 3);
+    check_seq(kv, hold, x, 24);
+    /* once x's holder is gone, x goes leaf first */
+    ag_kv_seq_free(kv, hold);
+    assert_int_equal(ag_cache_reclaimable(c), 3);
+    assert_int_equal(ag_cache_evict(c, 1), 1);
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, x, 25, 24, 0), 16);
+    ag_kv_seq_free(kv, s);
+    assert_int_equal(ag_cache_evict(c, 5), 2);
+    assert_int_equal(kv_used(kv), 0);
+    assert_int_equal(stats(c).index_nodes, 0);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* ---- disk tier ---------------------------------------------------------- */
+
+static char g_tmp[256];
+
+static int disk_setup(void **state) {
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/augur-test-cache-XXXXXX");
+    if (!mkdtemp(g_tmp)) return -1;
+    return 0;
+}
+
+static void rm_rf(const char *path) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", path);
+}
+
+static int disk_teardown(void **state) {
+    rm_rf(g_tmp);
+    return 0;
+}
+
+static void subdir(char *out, size_t n, const char *name) {
+    snprintf(out, n, "%s/%s", g_tmp, name);
+    rm_rf(out);
+}
+
+static atomic_int g_notified;
+static void       on_notify(void *user) { atomic_fetch_add(&g_notified, 1); }
+
+static ag_cache *disk_cache_fp(ag_kv *kv, const char *dir, uint64_t cap, uint64_t model_fp, uint64_t tok_fp) {
+    ag_cache_params p = ag_cache_default_params();
+    p.model_fingerprint = model_fp;
+    p.tok_fingerprint = tok_fp;
+    p.disk_dir = dir;
+    p.disk_max_bytes = cap;
+    p.disk_sync = false; /* tmpfs or not, the tests do not need durability */
+    p.notify = on_notify;
+    ag_cache *c = NULL;
+    assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+    return c;
+}
+
+static ag_cache *disk_cache(ag_kv *kv, const char *dir, uint64_t cap) {
+    return disk_cache_fp(kv, dir, cap, 11, 22);
+}
+
+static int count_files(const char *dir, const char *suffix) {
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int            n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name), sl = strlen(suffix);
+        if (e->d_name[0] != '.' && l >= sl && strcmp(e->d_name + l - sl, suffix) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* The record file of block i of a prompt, found by its header. */
+typedef struct {
+    const int32_t *tokens;
+    uint32_t       index;
+    char           name[64];
+} find_ctx;
+
+static bool find_fn(void *user, const ag_cache_dir_entry *e) {
+    find_ctx *f = user;
+    if (!e->record || e->record->block_index != f->index) return true;
+    if (memcmp(e->record->tokens, f->tokens + (size_t)f->index * BS, BS * sizeof(int32_t)) != 0) return true;
+    snprintf(f->name, sizeof f->name, "%s", e->name);
+    return false;
+}
+
+static void record_path(const char *dir, const int32_t *tokens, uint32_t index, char *out, size_t n) {
+    find_ctx f = {tokens, index, ""};
+    assert_int_equal(ag_cache_dir_list(dir, find_fn, &f), AG_OK);
+    assert_true(f.name[0] != '\0');
+    snprintf(out, n, "%s/%s", dir, f.name);
+}
+
+static void copy_out_block(const ag_kv *kv, int32_t block, uint8_t *out) {
+    size_t cb = ag_kv_block_bytes(kv);
+    for (int l = 0; l < NL; l++) assert_int_equal(ag_kv_block_copy_out(kv, block, l, out + l * cb, cb), AG_OK);
+}
+
+static void disk_restart_restores_identical_bytes(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "restart");
+    int32_t t[41];
+    make_tokens(t, 41, 20);
+    size_t   cb = 0;
+    uint8_t *before = NULL;
+    {
+        ag_kv    *kv = make_kv(32);
+        ag_cache *c = disk_cache(kv, dir, 0);
+        int32_t   s = new_seq(kv);
+        prefill(kv, s, t, 41);
+        assert_int_equal(ag_cache_publish(c, s, t, 41, 7), 40);
+        cb = ag_kv_block_bytes(kv);
+        before = malloc(5 * NL * cb);
+        int32_t        n;
+        const int32_t *tb = ag_kv_seq_blocks(kv, s, &n);
+        for (int i = 0; i < 5; i++) copy_out_block(kv, tb[i], before + (size_t)i * NL * cb);
+        ag_kv_seq_free(kv, s);
+        atomic_store(&g_notified, 0);
+        while (ag_cache_idle(c, 1)) { /* one record per call */
+        }
+        ag_cache_flush(c);
+        ag_cache_stats st = stats(c);
+        assert_true(st.disk_enabled && st.disk_writable && st.scan_done);
+        assert_int_equal(st.records_written, 5);
+        assert_int_equal(st.records_on_disk, 5);
+        assert_true(st.bytes_written > 5 * NL * cb);
+        assert_int_equal(st.disk_bytes, st.bytes_written);
+        assert_true(atomic_load(&g_notified) >= 1);
+        assert_int_equal(count_files(dir, ".agkv"), 5);
+        assert_int_equal(count_files(dir, ".tmp"), 0);
+        /* idle again: nothing is written twice */
+        assert_false(ag_cache_idle(c, SIZE_MAX));
+        ag_cache_flush(c);
+        assert_int_equal(stats(c).records_written, 5);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    /* a new process: a new kv and cache over the same directory */
+    ag_kv    *kv = make_kv(32);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c); /* waits for the background scan */
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.records_on_disk, 5);
+    assert_int_equal(st.dropped_records, 0);
+    assert_int_equal(st.memory_blocks, 0);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 41, 40, 0), 0); /* another namespace */
+    assert_int_equal(ag_cache_lookup(c, s, t, 41, 40, 7), 40);
+    check_seq(kv, s, t, 40);
+    int32_t        n;
+    const int32_t *tb = ag_kv_seq_blocks(kv, s, &n);
+    uint8_t       *after = malloc(NL * cb);
+    for (int i = 0; i < 5; i++) {
+        copy_out_block(kv, tb[i], after);
+        assert_memory_equal(after, before + (size_t)i * NL * cb, NL * cb);
+    }
+    st = stats(c);
+    assert_int_equal(st.tokens_from_disk, 40);
+    assert_int_equal(st.bytes_read, 5 * (136 + 4 * BS + NL * cb));
+    assert_int_equal(st.memory_blocks, 5);
+    ag_kv_seq_free(kv, s);
+    /* now from memory */
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 41, 40, 7), 40);
+    assert_int_equal(stats(c).tokens_from_memory, 40);
+    ag_kv_seq_free(kv, s);
+    /* evicted from memory, still restorable from disk; never rewritten */
+    assert_int_equal(ag_cache_evict(c, 100), 5);
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 41, 40, 7), 40);
+    check_seq(kv, s, t, 40);
+    ag_kv_seq_free(kv, s);
+    ag_cache_flush(c);
+    assert_int_equal(stats(c).records_written, 0);
+    assert_int_equal(stats(c).tokens_from_disk, 80);
+    free(before);
+    free(after);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* A lookup that needs more blocks than the pool has free takes reclaimable
+ * ones, and stops where none are left. */
+static void disk_restore_under_pool_pressure(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "pressure");
+    int32_t t[49];
+    make_tokens(t, 49, 21);
+    {
+        ag_kv    *kv = make_kv(16);
+        ag_cache *c = disk_cache(kv, dir, 0);
+        serve_prompt(c, kv, t, 49, 0); /* 6 blocks */
+        ag_cache_flush(c);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    ag_kv    *kv = make_kv(8);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    int32_t other[17];
+    make_tokens(other, 17, 22);
+    serve_prompt(c, kv, other, 17, 0); /* 2 reclaimable blocks */
+    int32_t hog = new_seq(kv);
+    assert_int_equal(ag_kv_seq_reserve(kv, hog, 2 * BS), AG_OK); /* 2 blocks held; 4 free */
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 49, 48, 0), 48); /* 4 free + 2 evicted */
+    check_seq(kv, s, t, 48);
+    assert_int_equal(stats(c).evictions_memory, 2);
+    ag_kv_seq_free(kv, s);
+    ag_cache_evict(c, 100);
+    assert_int_equal(ag_kv_seq_reserve(kv, hog, 5 * BS), AG_OK); /* 5 held, 3 free */
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 49, 48, 0), 24); /* stops when the pool is empty */
+    check_seq(kv, s, t, 24);
+    ag_kv_seq_free(kv, s);
+    ag_kv_seq_free(kv, hog);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+static void write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+static uint8_t *read_file(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+static void flip_byte(const char *path, size_t off) {
+    size_t   n;
+    uint8_t *b = read_file(path, &n);
+    assert_true(off < n);
+    b[off] ^= 0x40;
+    write_file(path, b, n);
+    free(b);
+}
+
+static bool exists(const char *path) { return access(path, F_OK) == 0; }
+
+/* Writes one prompt's records with the given identity / layout into dir. */
+static void write_prompt(const char *dir, const int32_t *t, int32_t n, uint64_t model_fp, uint64_t tok_fp, int32_t dv) {
+    ag_kv    *kv = make_kv_shape(16, dv);
+    ag_cache *c = disk_cache_fp(kv, dir, 0, model_fp, tok_fp);
+    int32_t   s = new_seq(kv);
+    /* (values do not matter here; a dv other than DV cannot use prefill) */
+    assert_int_equal(ag_kv_seq_reserve(kv, s, n), AG_OK);
+    assert_int_equal(ag_kv_seq_commit(kv, s, n), AG_OK);
+    ag_cache_publish(c, s, t, n, 0);
+    ag_kv_seq_free(kv, s);
+    ag_cache_flush(c);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+static void move_all(const char *from, const char *to) {
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "mv '%s'/*.agkv '%s'/", from, to);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void disk_scan_drops_bad_records(void **state) {
+    char dir[300], other[300];
+    subdir(dir, sizeof dir, "scan");
+    subdir(other, sizeof other, "scan-other");
+    int32_t t[65];
+    make_tokens(t, 65, 30);
+    {
+        ag_kv    *kv = make_kv(16);
+        ag_cache *c = disk_cache(kv, dir, 0);
+        serve_prompt(c, kv, t, 65, 0); /* 8 records */
+        ag_cache_flush(c);
+        assert_int_equal(stats(c).records_on_disk, 8);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    char p[400];
+    /* block 7: corrupt header (a token id) */
+    record_path(dir, t, 7, p, sizeof p);
+    flip_byte(p, 128 + 4 * 3);
+    char corrupt[400];
+    snprintf(corrupt, sizeof corrupt, "%s", p);
+    /* block 6: truncated */
+    record_path(dir, t, 6, p, sizeof p);
+    char truncated[400];
+    snprintf(truncated, sizeof truncated, "%s", p);
+    assert_int_equal(truncate(p, 300), 0);
+    /* block 5: renamed to another key's name */
+    record_path(dir, t, 5, p, sizeof p);
+    char misnamed[400];
+    snprintf(misnamed, sizeof misnamed, "%s/0123456789abcdef0123456789abcdef.agkv", dir);
+    assert_int_equal(rename(p, misnamed), 0);
+    /* records of another model, another tokenizer, another layout */
+    int32_t u[17];
+    make_tokens(u, 17, 31);
+    write_prompt(other, u, 17, 99, 22, DV);
+    move_all(other, dir);
+    make_tokens(u, 17, 32);
+    write_prompt(other, u, 17, 11, 98, DV);
+    move_all(other, dir);
+    make_tokens(u, 17, 33);
+    write_prompt(other, u, 17, 11, 22, DV + 1);
+    move_all(other, dir);
+    /* leftovers: a temp file of a dead writer and a stray file that is not ours */
+    char tmp[400], keep[400], live[400];
+    snprintf(tmp, sizeof tmp, "%s/0123456789abcdef0123456789abcdef.999999999-3.tmp", dir);
+    write_file(tmp, "partial", 7);
+    snprintf(live, sizeof live, "%s/0123456789abcdef0123456789abcdef.%ld-4.tmp", dir, (long)getppid());
+    write_file(live, "in progress", 11);
+    snprintf(keep, sizeof keep, "%s/notes.txt", dir);
+    write_file(keep, "mine", 4);
+    assert_int_equal(count_files(dir, ".agkv"), 8 + 6);
+
+    ag_kv    *kv = make_kv(16);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    ag_cache_stats st = stats(c);
+    /* corrupt, truncated, misnamed, 2 + 2 + 2 foreign, 1 temp file */
+    assert_int_equal(st.dropped_records, 3 + 6 + 1);
+    assert_int_equal(st.records_on_disk, 5);
+    assert_false(exists(corrupt));
+    assert_false(exists(truncated));
+    assert_false(exists(misnamed));
+    assert_false(exists(tmp));
+    assert_true(exists(live)); /* its writer (our parent process) is alive */
+    assert_true(exists(keep));
+    assert_int_equal(count_files(dir, ".agkv"), 5);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 65, 64, 0), 40); /* blocks 0..4 */
+    check_seq(kv, s, t, 40);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    /* an hour-old temp file goes even if its pid is alive */
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {time(NULL) - 7200, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, live, ts, 0), 0);
+    c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    assert_false(exists(live));
+    assert_int_equal(stats(c).dropped_records, 1);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+static void disk_failed_restore_deletes_and_falls_back(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "badrestore");
+    int32_t t[33];
+    make_tokens(t, 33, 40);
+    {
+        ag_kv    *kv = make_kv(16);
+        ag_cache *c = disk_cache(kv, dir, 0);
+        serve_prompt(c, kv, t, 33, 0);
+        ag_cache_flush(c);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    char p1[400], p2[400];
+    record_path(dir, t, 1, p1, sizeof p1);
+    record_path(dir, t, 2, p2, sizeof p2);
+    size_t n;
+    free(read_file(p1, &n));
+    flip_byte(p1, n - 5); /* payload: the scan cannot see it */
+    ag_kv    *kv = make_kv(16);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    assert_int_equal(stats(c).records_on_disk, 4);
+    int32_t used = kv_used(kv);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 33, 32, 0), 8); /* block 0, then the bad one stops it */
+    check_seq(kv, s, t, 8);
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.restore_failures, 1);
+    assert_int_equal(st.dropped_records, 1);
+    assert_int_equal(st.records_on_disk, 3);
+    assert_false(exists(p1));
+    assert_true(exists(p2));
+    assert_int_equal(kv_used(kv), used + 1); /* the failed block went back to the pool */
+    /* the engine prefills the rest and publishes: the record comes back */
+    prefill(kv, s, t, 33);
+    ag_cache_publish(c, s, t, 33, 0);
+    ag_kv_seq_free(kv, s);
+    ag_cache_flush(c);
+    assert_true(exists(p1));
+    assert_int_equal(stats(c).records_written, 1); /* only the missing one */
+    ag_cache_free(c);
+    /* a record that vanished (another process evicted it) is a quiet miss;
+     * a truncated one (cut after the scan) is dropped like a corrupt one */
+    {
+        ag_kv    *kv2 = make_kv(16);
+        ag_cache *c2 = disk_cache(kv2, dir, 0);
+        ag_cache_flush(c2);
+        assert_int_equal(stats(c2).records_on_disk, 4);
+        assert_int_equal(unlink(p2), 0);
+        int32_t s2 = new_seq(kv2);
+        assert_int_equal(ag_cache_lookup(c2, s2, t, 33, 32, 0), 16);
+        check_seq(kv2, s2, t, 16);
+        st = stats(c2);
+        assert_int_equal(st.dropped_records, 0);
+        assert_int_equal(st.restore_failures, 1);
+        assert_int_equal(st.records_on_disk, 3);
+        ag_kv_seq_free(kv2, s2);
+        assert_int_equal(ag_cache_evict(c2, 100), 2);
+        record_path(dir, t, 0, p1, sizeof p1);
+        assert_int_equal(truncate(p1, 500), 0);
+        s2 = new_seq(kv2);
+        assert_int_equal(ag_cache_lookup(c2, s2, t, 33, 32, 0), 0);
+        assert_false(exists(p1));
+        st = stats(c2);
+        assert_int_equal(st.dropped_records, 1);
+        assert_int_equal(st.restore_failures, 2);
+        ag_kv_seq_free(kv2, s2);
+        ag_cache_free(c2);
+        ag_kv_free(kv2);
+    }
+    ag_kv_free(kv);
+}
+
+static void disk_byte_cap_evicts_lru_leaves(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "cap");
+    int32_t a[25], b[25];
+    make_tokens(a, 25, 50);
+    make_tokens(b, 25, 51);
+    size_t rec = 0;
+    {
+        ag_kv *kv = make_kv(16);
+        rec = 136 + 4 * BS + NL * ag_kv_block_bytes(kv);
+        ag_cache *c = disk_cache(kv, dir, 3 * rec + 10);
+        serve_prompt(c, kv, a, 25, 0); /* 3 blocks */
+        serve_prompt(c, kv, b, 25, 0); /* 3 more */
+        ag_cache_flush(c);
+        ag_cache_stats st = stats(c);
+        assert_int_equal(st.disk_max_bytes, 3 * rec + 10);
+        assert_int_equal(st.records_written, 6);
+        assert_int_equal(st.records_on_disk, 3);
+        assert_int_equal(st.evictions_disk, 3);
+        assert_true(st.disk_bytes <= 3 * rec + 10);
+        assert_int_equal(count_files(dir, ".agkv"), 3);
+        /* the cap chose them: they are not written back */
+        assert_false(ag_cache_idle(c, SIZE_MAX));
+        ag_cache_flush(c);
+        assert_int_equal(stats(c).records_written, 6);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    /* what stayed is b, the most recently used; a restart with a smaller
+     * cap drops b's leaf first */
+    ag_kv    *kv = make_kv(16);
+    ag_cache *c = disk_cache(kv, dir, 2 * rec);
+    ag_cache_flush(c);
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.records_on_disk, 2);
+    assert_int_equal(st.evictions_disk, 1);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, a, 25, 24, 0), 0);
+    assert_int_equal(ag_cache_lookup(c, s, b, 25, 24, 0), 16);
+    check_seq(kv, s, b, 16);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+static void disk_two_caches_share_a_directory(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "shared");
+    int32_t a[33], b[33];
+    make_tokens(a, 33, 60);
+    memcpy(b, a, 16 * sizeof(int32_t));
+    make_tokens(b + 16, 17, 61);
+    ag_kv    *kv1 = make_kv(16), *kv2 = make_kv(16);
+    ag_cache *c1 = disk_cache(kv1, dir, 0), *c2 = disk_cache(kv2, dir, 0);
+    ag_cache_flush(c1);
+    ag_cache_flush(c2);
+    serve_prompt(c1, kv1, a, 33, 0);
+    serve_prompt(c2, kv2, b, 33, 0);
+    /* both write at once; the shared blocks land once */
+    while (ag_cache_idle(c1, 1) | ag_cache_idle(c2, 1)) {
+    }
+    ag_cache_flush(c1);
+    ag_cache_flush(c2);
+    ag_cache_stats s1 = stats(c1), s2 = stats(c2);
+    /* (both may write a shared block at the same moment: the second rename
+     * replaces the first with identical content) */
+    assert_true(s1.records_written + s2.records_written >= 6 && s1.records_written + s2.records_written <= 8);
+    assert_int_equal(count_files(dir, ".agkv"), 6);
+    assert_int_equal(count_files(dir, ".tmp"), 0);
+    ag_cache_free(c1);
+    ag_cache_free(c2);
+    ag_kv_free(kv1);
+    ag_kv_free(kv2);
+    ag_kv    *kv = make_kv(16);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    assert_int_equal(stats(c).dropped_records, 0);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, a, 33, 32, 0), 32);
+    check_seq(kv, s, a, 32);
+    assert_int_equal(ag_cache_lookup(c, s, b, 33, 32, 0), 32);
+    check_seq(kv, s, b, 32);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* A directory that cannot exist (a file sits where its parent should be):
+ * the disk tier is off, the memory tier serves, nothing fails. */
+static void disk_dir_impossible_turns_tier_off(void **state) {
+    char file[300], dir[400];
+    subdir(file, sizeof file, "a-file");
+    write_file(file, "x", 1);
+    snprintf(dir, sizeof dir, "%s/kv", file);
+    ag_kv    *kv = make_kv(16);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_stats st = stats(c);
+    assert_false(st.disk_enabled);
+    assert_false(st.disk_writable);
+    int32_t t[17];
+    make_tokens(t, 17, 70);
+    serve_prompt(c, kv, t, 17, 0);
+    assert_false(ag_cache_idle(c, SIZE_MAX));
+    ag_cache_flush(c);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 17, 16, 0), 16);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* In a child process, so that the file size limit (and its signal) stay
+ * there: every write fails with EFBIG, as on a full disk. The tier turns
+ * writing off once; serving goes on from memory and from what is already on
+ * disk. Exit status 0 = pass. */
+static int full_disk_child(const char *dir, const int32_t *t, int32_t n) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {100, 100};
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) return 10;
+    ag_kv    *kv = make_kv(16);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    ag_cache_stats st = stats(c);
+    if (!st.disk_enabled || !st.disk_writable || st.records_on_disk != 2) return 11;
+    int32_t u[25];
+    make_tokens(u, 25, 81);
+    serve_prompt(c, kv, u, 25, 0);
+    ag_cache_flush(c);
+    st = stats(c);
+    if (st.disk_writable || st.records_written != 0 || st.write_failures < 1) return 12;
+    if (count_files(dir, ".tmp") != 0) return 13;
+    /* still serving: u from memory, t from disk */
+    int32_t s = new_seq(kv);
+    if (ag_cache_lookup(c, s, u, 25, 24, 0) != 24) return 14;
+    if (ag_cache_lookup(c, s, t, n, n - 1, 0) != 16) return 15;
+    ag_kv_seq_free(kv, s);
+    serve_prompt(c, kv, u, 25, 0);
+    if (ag_cache_idle(c, SIZE_MAX)) return 16;
+    ag_cache_free(c);
+    ag_kv_free(kv);
+    return 0;
+}
+
+static int run_child(int (*fn)(const char *, const int32_t *, int32_t), const char *dir, const int32_t *t,
+                     int32_t n) {
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(fn(dir, t, n));
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static void disk_full_turns_writing_off(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "full");
+    int32_t t[17];
+    make_tokens(t, 17, 80);
+    {
+        ag_kv    *kv = make_kv(16);
+        ag_cache *c = disk_cache(kv, dir, 0);
+        serve_prompt(c, kv, t, 17, 0);
+        ag_cache_flush(c);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    assert_int_equal(run_child(full_disk_child, dir, t, 17), 0);
+    assert_int_equal(count_files(dir, ".agkv"), 2);
+}
+
+/* Real read-only and really full file systems: a private mount namespace
+ * with a tmpfs. Needs CAP_SYS_ADMIN (root in most CI containers); skipped
+ * where unshare is refused. */
+static int ns_child(const char *dir, const int32_t *t, int32_t n) {
+    if (unshare(CLONE_NEWNS) != 0) return 77;
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return 77;
+    if (mount("augur-test", dir, "tmpfs", 0, "size=64k") != 0) return 77;
+    /* 1. full: a 64 KiB tmpfs holds a few records, then ENOSPC */
+    ag_kv    *kv = make_kv(64);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    int32_t big[401];
+    make_tokens(big, 401, 90);
+    serve_prompt(c, kv, big, 401, 0); /* 50 blocks */
+    ag_cache_flush(c);
+    ag_cache_stats st = stats(c);
+    if (st.disk_writable || st.write_failures < 1 || st.records_written < 1 || st.records_written >= 50) return 20;
+    if (count_files(dir, ".tmp") != 0) return 21;
+    int32_t s = new_seq(kv);
+    if (ag_cache_lookup(c, s, big, 401, 400, 0) != 400) return 22; /* memory */
+    ag_kv_seq_free(kv, s);
+    uint64_t on_disk = st.records_on_disk;
+    ag_cache_free(c);
+    /* 2. read-only: the records are restored, nothing is written */
+    if (mount(NULL, dir, NULL, MS_REMOUNT | MS_RDONLY, NULL) != 0) return 23;
+    c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    st = stats(c);
+    if (!st.disk_enabled || st.disk_writable || st.records_on_disk != on_disk) return 24;
+    s = new_seq(kv);
+    if (ag_cache_lookup(c, s, big, 401, 400, 0) != (int32_t)on_disk * BS) return 25;
+    check_seq(kv, s, big, (int32_t)on_disk * BS);
+    ag_kv_seq_free(kv, s);
+    serve_prompt(c, kv, t, n, 0);
+    ag_cache_flush(c);
+    if (stats(c).records_written != 0) return 26;
+    ag_cache_free(c);
+    ag_kv_free(kv);
+    return 0;
+}
+
+static void disk_real_full_and_read_only_filesystems(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "tmpfs");
+    assert_int_equal(mkdir(dir, 0755), 0);
+    int32_t t[17];
+    make_tokens(t, 17, 91);
+    int rc = run_child(ns_child, dir, t, 17);
+    if (rc == 77) skip();
+    assert_int_equal(rc, 0);
+}
+
+/* ---- records -------------------------------------------------------------- */
+
+static void record_parse_checks_everything(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "parse");
+    int32_t t[9];
+    make_tokens(t, 9, 100);
+    ag_kv    *kv = make_kv(16);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    serve_prompt(c, kv, t, 9, 3);
+    ag_cache_flush(c);
+    ag_cache_free(c);
+    char p[400];
+    record_path(dir, t, 0, p, sizeof p);
+    size_t   n;
+    uint8_t *b = read_file(p, &n);
+    ag_cache_record r;
+    assert_int_equal(ag_cache_record_parse(b, n, &r), AG_OK);
+    assert_int_equal(r.version, AG_CACHE_RECORD_VERSION);
+    assert_int_equal(r.block_size, BS);
+    assert_int_equal(r.n_layers, NL);
+    assert_int_equal(r.n_kv_heads, NH);
+    assert_int_equal(r.head_dim_k, DK);
+    assert_int_equal(r.head_dim_v, DV);
+    assert_int_equal(r.dtype, AG_KV_F16);
+    assert_int_equal(r.model_fingerprint, 11);
+    assert_int_equal(r.tok_fingerprint, 22);
+    assert_int_equal(r.ns, 3);
+    assert_int_equal(r.block_index, 0);
+    assert_true(r.parent.lo == 0 && r.parent.hi == 0);
+    assert_memory_equal(r.tokens, t, BS * sizeof(int32_t));
+    assert_int_equal(r.payload_bytes, NL * ag_kv_block_bytes(kv));
+    assert_int_equal(n, r.header_bytes + r.payload_bytes);
+    assert_int_equal(ag_cache_payload_hash(b + r.header_bytes, r.payload_bytes), r.payload_hash);
+    char name[40];
+    ag_cache_key_name(r.key, name);
+    assert_non_null(strstr(p, name));
+    /* every header byte matters; a short buffer is refused */
+    for (size_t i = 0; i < r.header_bytes; i++) {
+        b[i] ^= 1;
+        assert_int_equal(ag_cache_record_parse(b, n, &r), AG_ERR_FORMAT);
+        b[i] ^= 1;
+    }
+    for (size_t k = 0; k < 136 + 4 * BS; k++) assert_int_equal(ag_cache_record_parse(b, k, &r), AG_ERR_FORMAT);
+    assert_int_equal(ag_cache_record_parse(NULL, 0, &r), AG_ERR_FORMAT);
+    free(b);
+    ag_kv_free(kv);
+}
+
+/* Write-behind is bounded per call, and the writer says when to call again. */
+static void write_behind_is_bounded(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "bounded");
+    ag_kv          *kv = make_kv(32);
+    ag_cache_params p = ag_cache_default_params();
+    p.disk_dir = dir;
+    p.disk_sync = false;
+    p.background_scan = false;
+    size_t rec = 136 + 4 * BS + NL * ag_kv_block_bytes(kv);
+    p.write_queue_bytes = 3 * rec;
+    p.notify = on_notify;
+    ag_cache *c = NULL;
+    assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+    assert_true(stats(c).scan_done);
+    int32_t t[81];
+    make_tokens(t, 81, 110);
+    serve_prompt(c, kv, t, 81, 0); /* 10 blocks */
+    atomic_store(&g_notified, 0);
+    int calls = 0;
+    for (int guard = 0; guard < 100000 && stats(c).records_written < 10; guard++) {
+        ag_cache_idle(c, 2 * rec); /* at most 2 per call, 3 waiting at most */
+        calls++;
+        if (calls > 50) usleep(1000);
+    }
+    assert_int_equal(stats(c).records_written, 10);
+    assert_true(calls >= 4);
+    assert_true(atomic_load(&g_notified) >= 1);
+    ag_cache_flush(c);
+    assert_int_equal(stats(c).records_on_disk, 10);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* ---- a real model -------------------------------------------------------- */
+
+static void model_prefix_reuse_gives_identical_logits(void **state) {
+    const char *shared = getenv("AUGUR_SHARED");
+    char        path[4096];
+    snprintf(path, sizeof path, "%s/models/tiny/stories260K.gguf", shared ? shared : "../shared");
+    ag_model_params mp = ag_model_default_params();
+    mp.cpu.n_threads = 2;
+    ag_model *m = NULL, *m2 = NULL;
+    if (ag_model_load(path, &mp, &m) != AG_OK) {
+        fprintf(stderr, "%s\n", ag_error_message());
+        skip();
+    }
+    assert_int_equal(ag_model_load(path, &mp, &m2), AG_OK);
+    uint64_t fp = ag_model_fingerprint(m);
+    assert_true(fp != 0);
+    assert_int_equal(fp, ag_model_fingerprint(m2)); /* stable across loads */
+    ag_model_free(m2);
+    const int nv = ag_model_config_of(m)->n_vocab;
+    static const int32_t toks[] = {1,   403, 407, 261, 378, 418, 268, 300, 263, 432, 270, 315, 280, 260, 343,
+                                   443, 300, 362, 430, 272, 336, 279, 282, 316, 300, 263, 432, 270, 315, 280,
+                                   260, 343, 443, 300, 362, 430, 272, 336, 279, 282, 316};
+    const int n = (int)(sizeof toks / sizeof toks[0]);
+    char      dir[300];
+    subdir(dir, sizeof dir, "model");
+    float *cold = malloc(sizeof(float) * nv), *warm = malloc(sizeof(float) * nv);
+    for (int round = 0; round < 2; round++) { /* 0: memory tier, 1: after a "restart" (disk) */
+        ag_kv_params kp = ag_kv_default_params();
+        ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
+        kp.block_size = 8;
+        kp.max_seqs = 4;
+        kp.budget_bytes = (size_t)4 << 20;
+        ag_kv *kv = NULL;
+        assert_int_equal(ag_kv_init(&kp, &kv), AG_OK);
+        ag_cache_params cp = ag_cache_default_params();
+        cp.model_fingerprint = fp;
+        cp.disk_dir = dir;
+        cp.disk_sync = false;
+        ag_cache *c = NULL;
+        assert_int_equal(ag_cache_new(kv, &cp, &c), AG_OK);
+        ag_cache_flush(c);
+        int32_t pos[64], seqs[64];
+        for (int pass = round; pass < 2; pass++) { /* pass 0 cold, pass 1 warm */
+            int32_t s;
+            assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+            int32_t from = ag_cache_lookup(c, s, toks, n, n - 1, 0);
+            assert_int_equal(from, pass == 0 ? 0 : 40);
+            int k = n - from;
+            for (int i = 0; i < k; i++) {
+                pos[i] = from + i;
+                seqs[i] = s;
+            }
+            ag_batch b = {.n = k, .token = toks + from, .pos = pos, .seq = seqs, .want_logits = NULL, .n_prompt = k};
+            assert_int_equal(ag_kv_seq_reserve(kv, s, k), AG_OK);
+            assert_int_equal(ag_model_forward(m, kv, &b, pass == 0 ? cold : warm), AG_OK);
+            assert_int_equal(ag_kv_seq_commit(kv, s, n), AG_OK);
+            ag_cache_publish(c, s, toks, n, 0);
+            ag_kv_seq_free(kv, s);
+        }
+        assert_memory_equal(warm, cold, sizeof(float) * nv); /* bit for bit */
+        if (round == 1) assert_int_equal(stats(c).tokens_from_disk, 40);
+        ag_cache_flush(c);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    free(cold);
+    free(warm);
+    ag_model_free(m);
+}
+
+int main(void) {
+    ag_log_set_level(AG_LOG_ERROR); /* the drops and failures below are meant to warn */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(publish_then_lookup_shares_the_bytes),
+        cmocka_unit_test(publish_only_full_prompt_blocks),
+        cmocka_unit_test(shared_system_prompt_across_conversations),
+        cmocka_unit_test(namespaces_isolate),
+        cmocka_unit_test(colliding_keys_never_give_wrong_kv),
+        cmocka_unit_test(eviction_is_lru_by_leaf_and_spares_held_blocks),
+        cmocka_unit_test(disk_restart_restores_identical_bytes),
+        cmocka_unit_test(disk_restore_under_pool_pressure),
+        cmocka_unit_test(disk_scan_drops_bad_records),
+        cmocka_unit_test(disk_failed_restore_deletes_and_falls_back),
+        cmocka_unit_test(disk_byte_cap_evicts_lru_leaves),
+        cmocka_unit_test(disk_two_caches_share_a_directory),
+        cmocka_unit_test(disk_dir_impossible_turns_tier_off),
+        cmocka_unit_test(disk_full_turns_writing_off),
+        cmocka_unit_test(disk_real_full_and_read_only_filesystems),
+        cmocka_unit_test(record_parse_checks_everything),
+        cmocka_unit_test(write_behind_is_bounded),
+        cmocka_unit_test(model_prefix_reuse_gives_identical_logits),
+    };
+    return cmocka_run_group_tests(tests, disk_setup, disk_teardown);
+}
