@@ -548,7 +548,8 @@ static void admit(ag_engine *e) {
             c->seq = -1;
             c->state = CH_WAIT;
             if ((st = ag_sampler_new(&r->sp, e->n_vocab, (uint64_t)i, &c->sampler))) break;
-            if ((st = ag_detok_new(e->tok, 0, &c->detok))) break;
+            /* the reply continues the prompt's text (SentencePiece keeps its first space) */
+            if ((st = ag_detok_new_after(e->tok, 0, r->prompt, (size_t)r->n_prompt, &c->detok))) break;
             st = ag_stop_new((const char *const *)r->stops, r->stop_lens, r->n_stops, &c->stop);
             if (!st && r->json_object) {
                 if (!(c->json = malloc(sizeof *c->json))) st = ag_errorf(AG_ERR_NOMEM, "out of memory");

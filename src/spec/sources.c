@@ -4,12 +4,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "spec/draft_model.h"
 #include "spec/ngram.h"
 
 struct ag_draft_setup {
     ag_draft_factory factory;
     ag_ngram_params  ngram;
+    ag_draft_model  *dm;   /* a draft model, else NULL */
+    float            cost; /* its decode cost relative to the target's */
 };
+
+static ag_status make_model_source(void *ctx, const ag_sample_params *sp, uint64_t stream, ag_draft_source **out) {
+    const ag_draft_setup *s = ctx;
+    return ag_draft_model_source_new(s->dm, sp, stream, s->cost, out);
+}
 
 static ag_status make_ngram(void *ctx, const ag_sample_params *sp, uint64_t stream, ag_draft_source **out) {
     (void)sp, (void)stream;
@@ -19,7 +27,6 @@ static ag_status make_ngram(void *ctx, const ag_sample_params *sp, uint64_t stre
 
 ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, const ag_tok *target_tok,
                               ag_draft_setup **out) {
-    (void)target, (void)target_tok;
     *out = NULL;
     if (!p->draft || !*p->draft) return ag_errorf(AG_ERR_INVALID, "--draft needs 'ngram' or a draft model's path");
     ag_draft_setup *s = calloc(1, sizeof *s);
@@ -30,10 +37,33 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
         *out = s;
         return AG_OK;
     }
-    free(s);
-    return ag_errorf(AG_ERR_UNSUPPORTED, "draft models are not supported yet ('%s')", p->draft);
+    ag_model_params mp = ag_model_default_params();
+    mp.cpu.n_threads = p->n_threads;
+    /* the engine's default context when none is given (engine.h) */
+    int train = ag_model_config_of(target)->n_ctx_train;
+    int n_ctx = p->n_ctx > 0 ? p->n_ctx : train < 4096 ? train : 4096;
+    ag_status st = ag_draft_model_open(p->draft, &mp, target_tok, p->n_parallel > 0 ? p->n_parallel : 1, n_ctx, &s->dm);
+    if (!st && ag_draft_model_n_vocab(s->dm) != ag_model_config_of(target)->n_vocab)
+        /* the verify rule reads q rows of the target's logits width */
+        st = ag_errorf(AG_ERR_FORMAT,
+                       "draft model %s: the target has %d logits per token but its tokenizer %d tokens; a draft "
+                       "model needs them equal",
+                       p->draft, ag_model_config_of(target)->n_vocab, ag_draft_model_n_vocab(s->dm));
+    if (st) {
+        ag_draft_setup_close(s);
+        return st;
+    }
+    s->cost = ag_draft_model_cost(s->dm, target);
+    s->factory = (ag_draft_factory){.name = "draft-model", .make = make_model_source, .ctx = s,
+                                    .shared_bytes = ag_draft_model_resident_bytes(s->dm)};
+    *out = s;
+    return AG_OK;
 }
 
 const ag_draft_factory *ag_draft_setup_factory(const ag_draft_setup *s) { return &s->factory; }
 
-void ag_draft_setup_close(ag_draft_setup *s) { free(s); }
+void ag_draft_setup_close(ag_draft_setup *s) {
+    if (!s) return;
+    ag_draft_model_close(s->dm);
+    free(s);
+}
