@@ -6,6 +6,8 @@
 #   make asan       the unit and e2e tests under ASan + UBSan (objects in build/asan)
 #   make fuzz       libFuzzer targets in build/fuzz (clang)
 #   make bench      benchmarks in build/bench (e.g. build/bench/quant_bench)
+#   make bench-peer llama-cpp-python built for this CPU (the benchmarks' peer; bench/build_peer.sh)
+#   make bench-spec speculative decoding vs llama.cpp prompt lookup (bench/spec_bench.py $(SPEC_ARGS))
 #   make format     clang-format over the sources
 #
 # Sources are discovered: every .c under src/ except src/cli goes into the
@@ -34,7 +36,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 PYTEST   ?= python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: all test test-models unit e2e asan fuzz bench format clean
+.PHONY: all test test-models unit e2e asan fuzz bench bench-peer bench-spec format clean
 all: $(BIN) $(TEST_BIN)
 
 $(BUILD)/%.o: %.c
@@ -85,6 +87,16 @@ bench: $(BENCH_BIN)
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
+# The llama.cpp peer of bench/*.py, built for the CPU it runs on (skipped when
+# the installed one already is); the flags used go to build/peer-build.txt.
+bench-peer:
+	bench/build_peer.sh
+
+# e.g. make bench-spec SPEC_ARGS="-m models/SmolLM2-135M-Instruct.Q4_1.gguf -r 1 --sets chat"
+SPEC_ARGS ?=
+bench-spec: $(BIN)
+	python3 bench/spec_bench.py $(SPEC_ARGS)
 
 format:
 	clang-format -i $$(find src tests/unit fuzz bench include -name '*.[ch]')

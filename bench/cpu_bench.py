@@ -11,21 +11,21 @@ Prints a table with the ratios augur / llama.cpp and the decode bandwidth
 
 usage: bench/cpu_bench.py [-t THREADS] [-p 512] [-n 128] [-r 5] [MODEL ...]
        (default models: smollm2 gemma3 qwen-1.5b, those fetched)
-needs: pip install llama-cpp-python (0.3.36 here). On CPUs with AMX (Sapphire
-Rapids and later) its default native build crashes in
-ggml_backend_amx_mul_mat (SIGSEGV in an OpenMP worker, seen 2026-12-02), so
-build it without AMX but with everything else this CPU has:
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
-    -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON
-    -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON
-    -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-    pip install --no-cache-dir llama-cpp-python==0.3.36
+needs: llama-cpp-python built for THIS CPU: `make bench-peer` (bench/build_peer.sh)
+builds 0.3.36 from the sdist with CMake flags read from /proc/cpuinfo (native,
+or, on CPUs with AMX, every ISA flag the CPU has but AMX, whose path crashes
+in ggml_backend_amx_mul_mat) and records them in build/peer-build.txt. A wheel
+built elsewhere with forced flags (e.g. -DGGML_AVX512_BF16=ON) dies with
+SIGILL on a CPU without them. The benchmark prints the CPU, its ISA flags and
+that record, runs llama.cpp in a child process, and refuses with a clear
+message when `import llama_cpp` fails or the peer crashes.
 """
 import argparse
 import json
 import os
 import platform
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -81,6 +81,88 @@ def cpu_name():
     return platform.processor()
 
 
+def cpu_isa_flags():
+    """The SIMD flags that matter to augur's and llama.cpp's kernels."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return [f for f in flags if f in ("avx", "avx2", "fma", "f16c", "avx_vnni") or
+                        f.startswith("avx512") or f.startswith("amx")]
+    except OSError:
+        pass
+    return []
+
+
+def cpu_report():
+    """CPU model, ISA flags and what augur is told about kernels (it does not
+    report the ones it picks; AUGUR_CPU_ISA / AUGUR_AMX override them)."""
+    env = ", ".join(f"{k}={os.environ[k]}" for k in ("AUGUR_CPU_ISA", "AUGUR_AMX", "AUGUR_AMX_PACK") if k in os.environ)
+    return (f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs; ISA flags: {' '.join(cpu_isa_flags()) or 'none'}\n"
+            f"augur kernels: not reported by augur (chosen at run time from the flags above"
+            f"{'; environment: ' + env if env else ''})")
+
+
+def peer_build_report():
+    """What bench/build_peer.sh recorded: the copy inside the installed
+    llama_cpp package (found without importing it) describes what is
+    installed; build/peer-build.txt alone may be stale."""
+    local = os.path.join(ROOT, "build", "peer-build.txt")
+    pkg = None
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("llama_cpp")
+        if spec and spec.origin:
+            pkg = os.path.join(os.path.dirname(spec.origin), "augur-peer-build.txt")
+    except (ImportError, ValueError):
+        pass
+    if pkg and os.path.exists(pkg):
+        path, note = pkg, ""
+    elif os.path.exists(local):
+        path, note = local, (" (warning: the installed llama_cpp does not carry this record: it was installed by other "
+                             "means since; make bench-peer)" if pkg else " (warning: llama_cpp is not installed)")
+    else:
+        return ("llama.cpp peer build: no record (llama-cpp-python " +
+                ("was not built by `make bench-peer`)" if pkg else "is not installed: make bench-peer)"))
+    text = open(path).read().strip()
+    return f"llama.cpp peer build ({path}){note}:\n" + "\n".join("  " + line for line in text.splitlines())
+
+
+def peer_check():
+    """None when llama_cpp imports and runs in a child process, else why not."""
+    r = subprocess.run([sys.executable, "-c", "import llama_cpp; llama_cpp.llama_backend_init(); "
+                        "print(llama_cpp.__version__)"], capture_output=True, text=True)
+    if r.returncode == 0:
+        return None
+    return peer_failure(r.returncode, r.stderr)
+
+
+def peer_failure(rc, stderr):
+    if rc < 0:
+        try:
+            name = signal.Signals(-rc).name
+        except ValueError:
+            name = f"signal {-rc}"
+        why = f"llama.cpp (llama-cpp-python) crashed with {name}"
+        if -rc == signal.SIGILL:
+            why += ": it was built for instructions this CPU does not have"
+        return why + "; rebuild it for this CPU: make bench-peer"
+    last = (stderr or "").strip().splitlines()[-1:] or ["?"]
+    if "No module named 'llama_cpp'" in (stderr or ""):
+        return "llama-cpp-python is not installed; build it for this CPU: make bench-peer"
+    return f"llama.cpp (llama-cpp-python) failed (exit status {rc}: {last[0]}); rebuild it: make bench-peer"
+
+
+def bench_llama_child(path, threads, pp, tg, reps):
+    """bench_llama in a child process, so that a SIGILL or SIGSEGV is reported, not fatal."""
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--peer-child", path, str(threads), str(pp), str(tg),
+                        str(reps)], capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"cpu_bench: {peer_failure(r.returncode, r.stderr)}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-t", type=int, default=os.cpu_count())
@@ -91,16 +173,25 @@ def main():
     a = ap.parse_args()
     names = a.models or [n for n in ("smollm2", "gemma3", "qwen-1.5b") if os.path.exists(os.path.join(ROOT, MODELS[n]))]
     print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()}, {a.t} threads, pp{a.p} / tg{a.n}, median of {a.r}")
+    print(cpu_report())
+    print(peer_build_report())
+    why = peer_check()
+    if why:
+        sys.exit(f"cpu_bench: {why}")
     print("| model | augur pp tok/s | llama.cpp pp tok/s | pp ratio | augur tg tok/s | llama.cpp tg tok/s | tg ratio | augur decode GB/s |")
     print("|---|---|---|---|---|---|---|---|")
     for n in names:
         path = os.path.join(ROOT, MODELS[n])
         ours = bench_augur(path, a.t, a.p, a.n, a.r)
-        ref = bench_llama(path, a.t, a.p, a.n, a.r)
+        ref = bench_llama_child(path, a.t, a.p, a.n, a.r)
         print(f"| {n} | {ours['pp_tok_s']:.1f} | {ref['pp_tok_s']:.1f} | {ours['pp_tok_s'] / ref['pp_tok_s']:.2f} | "
               f"{ours['tg_tok_s']:.1f} | {ref['tg_tok_s']:.1f} | {ours['tg_tok_s'] / ref['tg_tok_s']:.2f} | "
               f"{ours['tg_tok_s'] * ours['weight_gb']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--peer-child":
+        m, t, p, g, r = sys.argv[2:7]
+        print(json.dumps(bench_llama(m, int(t), int(p), int(g), int(r))))
+        sys.exit(0)
     sys.exit(main())
