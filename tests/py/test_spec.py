@@ -232,3 +232,48 @@ def test_sampled_output_with_speculation_is_valid(smol_pair):
     b = chat(spec.base, COPY_PROMPTS[0], temperature=0.8, top_p=0.95, seed=7, speculative=False)
     c = chat(spec.base, COPY_PROMPTS[0], temperature=0.8, top_p=0.95, seed=7, speculative=False)
     assert b["choices"][0]["message"]["content"] == c["choices"][0]["message"]["content"]
+
+
+def test_draft_model_self_draft_equals_plain(augur_server):
+    """A draft model through the server: stories260K drafting for itself must
+    be accepted (nearly) always and change nothing."""
+    plain = augur_server(TINY_GGUF, "--parallel", "4")
+    spec = augur_server(TINY_GGUF, "--parallel", "4", "--draft", TINY_GGUF, "--draft-max", "5")
+    for prompt in ("Once upon a time", "The little dog ran", "Tom and Sue went to the park. They"):
+        body = {"prompt": prompt, "max_tokens": 80, "temperature": 0}
+        _, a = post(plain.base, "/v1/completions", body)
+        _, b = post(spec.base, "/v1/completions", body)
+        assert b["choices"][0]["text"] == a["choices"][0]["text"]
+        d = b["usage"]["completion_tokens_details"]
+        assert d["drafted_tokens"] > 0
+        assert d["accepted_prediction_tokens"] >= 0.9 * d["drafted_tokens"]
+    assert "speculative decoding: draft draft-model" in spec.stderr()
+
+
+def test_incompatible_draft_vocab_is_refused(augur_server):
+    require_model(SMOLLM2)
+    p = run_augur("run", "-m", TINY_GGUF, "-p", "Once", "-n", "4", "--draft", SMOLLM2)
+    assert p.returncode == 1
+    assert b"incompatible with the target" in p.stderr and b"token 0" in p.stderr
+    s = augur_server(TINY_GGUF, "--draft", SMOLLM2)
+    assert "incompatible with the target" in s.stderr()
+    status, r = post(s.base, "/v1/completions", {"prompt": "Once", "max_tokens": 4, "temperature": 0})
+    assert status == 200 and r["usage"]["completion_tokens_details"]["drafted_tokens"] == 0
+
+
+@pytest.mark.slow
+def test_qwen_draft_model_pair_equals_plain():
+    """Qwen2.5-0.5B drafting for Qwen2.5-Coder-1.5B (make test-models)."""
+    from conftest import QWEN_15B
+    require_model(QWEN_15B)
+    require_model(QWEN_05B)
+    for prompt in COPY_PROMPTS[:2] + CHAT_PROMPTS[:1]:
+        plain = run_augur("run", "-m", QWEN_15B, "--chat", "-p", prompt, "-n", "64", "--temp", "0", check=True,
+                          timeout=900)
+        spec = run_augur("run", "-m", QWEN_15B, "--chat", "-p", prompt, "-n", "64", "--temp", "0", "--draft",
+                         QWEN_05B, check=True, timeout=900)
+        assert spec.stdout == plain.stdout
+        assert b"augur: draft draft-model: drafted" in spec.stderr
+        ngram = run_augur("run", "-m", QWEN_15B, "--chat", "-p", prompt, "-n", "64", "--temp", "0", "--draft",
+                          "ngram", check=True, timeout=900)
+        assert ngram.stdout == plain.stdout
