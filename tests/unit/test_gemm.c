@@ -168,7 +168,7 @@ static void multi_equals_separate(void **state) {
     ag_threadpool_free(pool);
 }
 
-/* Q4_K and Q6_K: the dot kernels (scalar and AVX-512), the AMX tiles
+/* Q4_K and Q6_K: the dot kernels (scalar, AVX2, AVX-512), the AMX tiles
  * unpacking per call and the AMX tiles on a packed copy give the same bits
  * (ag_kquant_fold), which is what lets the server's decode batches of 16+
  * sequences move to AMX without changing any output. Partial panels (37
