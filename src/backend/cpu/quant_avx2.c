@@ -137,8 +137,13 @@ AI __m128i w_head4(const void *b, size_t bs, size_t off, int kn) {
     UNROLL for (int k = 0; k < 4; k++) if (k < kn) memcpy(&v[k], p + k * bs, 4);
     return _mm_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
 }
-AI __m128 f16_lo4(__m128i v) { return _mm_cvtph_ps(_mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1))); }
-AI __m128 f16_hi4(__m128i v) { return _mm_cvtph_ps(_mm_shuffle_epi8(v, _mm_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1))); }
+/* The low / high fp16 of each dword, as floats. */
+AI __m128 f16_lo4(__m128i v) {
+    return _mm_cvtph_ps(_mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1)));
+}
+AI __m128 f16_hi4(__m128i v) {
+    return _mm_cvtph_ps(_mm_shuffle_epi8(v, _mm_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)));
+}
 
 /* (a0 + a2) + (a1 + a3), ag_kquant_total. */
 AI float acc4_total(__m128 a) {
@@ -287,7 +292,8 @@ AI void q6k_sums(const ag_block_q6_K *b, const ag_block_q8_K *const *y, int64_t 
         /* scales 8h..8h+7 as int16 in both 128-bit lanes; the pair for
          * elements 128h + 32k.. (scale 8h+2k on the first 16, 8h+2k+1 on the
          * next 16) is then one in-lane vpshufb */
-        const __m256i sch = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(b[i].scales + 8 * h))));
+        const __m256i sch =
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(b[i].scales + 8 * h))));
         __m256i g[4];
         q6k_unpack_half(b[i].ql + 64 * h, b[i].qh + 32 * h, g);
         UNROLL for (int k = 0; k < 4; k++) {
