@@ -168,7 +168,7 @@ static void multi_equals_separate(void **state) {
     ag_threadpool_free(pool);
 }
 
-/* Q4_K and Q6_K: the dot kernels (scalar and AVX-512), the AMX tiles
+/* Q4_K and Q6_K: the dot kernels (scalar, AVX2, AVX-512), the AMX tiles
  * unpacking per call and the AMX tiles on a packed copy give the same bits
  * (ag_kquant_fold), which is what lets the server's decode batches of 16+
  * sequences move to AMX without changing any output. Partial panels (37
@@ -193,12 +193,16 @@ static void kquant_paths_bit_identical(void **state) {
                 if (n_tok > 3) x[3 * n_in + 100] = 2.5e4f; /* an outlier channel */
                 assert_int_equal(ag_cpu_isa_set(AG_CPU_ISA_SCALAR), AG_OK);
                 assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, ref, n_out, NULL, 0), AG_OK);
-                assert_false(ag_cpu_isa_set(AG_CPU_ISA_AVX2) == AG_OK && ag_matmul_decode_on_amx(t, 64));
+                /* every SIMD level, ending at the best (which the AMX checks below run with) */
+                for (int isa = AG_CPU_ISA_AVX2; isa <= (int)ag_cpu_isa_best(); isa++) {
+                    assert_int_equal(ag_cpu_isa_set((ag_cpu_isa)isa), AG_OK);
+                    memset(y, 0, ny);
+                    assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out, NULL, 0), AG_OK);
+                    if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: %s dot kernels differ from scalar", t,
+                                                     (long long)n_in, (long long)n_tok, ag_cpu_isa_name((ag_cpu_isa)isa));
+                    checks++;
+                }
                 assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
-                assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out, NULL, 0), AG_OK);
-                if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: dot kernels differ from scalar", t,
-                                                 (long long)n_in, (long long)n_tok);
-                checks++;
                 if (!ag_amx_available()) goto next;
                 prompt(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out);
                 if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: AMX (unpacking) differs from the dot kernels",

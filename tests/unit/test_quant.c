@@ -478,14 +478,14 @@ static void dot_batch_invariant(void **state) {
                             if (memcmp(&one[r], &prev_one[r], sizeof(float)) != 0)
                                 fail_msg("%s n=%lld row %d: avx512 %.9g vs avx2 %.9g", tname(t), (long long)n, r,
                                          one[r], prev_one[r]);
-                    /* Q4_K / Q6_K: the AVX-512 kernels compute the scalar kernels' canonical
-                     * arithmetic (ag_kquant_fold), bit for bit, as the AMX tiles do */
+                    /* Q4_K / Q6_K: the AVX2 and AVX-512 kernels compute the scalar kernels'
+                     * canonical arithmetic (ag_kquant_fold), bit for bit, as the AMX tiles do */
                     if (isas[k] == AG_CPU_ISA_SCALAR) memcpy(scalar_one, one, sizeof one);
-                    if (isas[k] == AG_CPU_ISA_AVX512 && (t == AG_TYPE_Q4_K || t == AG_TYPE_Q6_K))
+                    if (isas[k] != AG_CPU_ISA_SCALAR && (t == AG_TYPE_Q4_K || t == AG_TYPE_Q6_K))
                         for (int r = 0; r < 4; r++)
                             if (memcmp(&one[r], &scalar_one[r], sizeof(float)) != 0)
-                                fail_msg("%s n=%lld row %d: avx512 %.9g vs scalar %.9g", tname(t), (long long)n, r,
-                                         one[r], scalar_one[r]);
+                                fail_msg("%s n=%lld row %d: %s %.9g vs scalar %.9g", tname(t), (long long)n, r,
+                                         ag_cpu_isa_name(isas[k]), one[r], scalar_one[r]);
                     memcpy(prev_one, one, sizeof one);
                     for (int nx = 2; nx <= 4; nx++)
                         for (int s = 0; s < 4; s++) {

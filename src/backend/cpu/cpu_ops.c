@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "backend/cpu/quant.h"
 
@@ -88,24 +89,39 @@ __attribute__((target("avx2,fma"))) static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 
-__attribute__((target("avx2,fma"))) static size_t silu_mul_avx2(float *gate, const float *up, size_t n) {
+__attribute__((target("avx2,fma"))) static inline __m256 silu_mul8(__m256 g, __m256 u) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+/* Every element, the last n % 8 included, goes through the same lane-wise
+ * arithmetic: an element's result must not depend on where it sits in the
+ * array. The array is n_tok rows of n_ff, so a scalar (expf) tail would
+ * round a token's last few elements differently depending on how many
+ * tokens share the call (e.g. stories260K, n_ff 172), and a prompt's logits
+ * would change with its chunking. */
+__attribute__((target("avx2,fma"))) static void silu_mul_avx2(float *gate, const float *up, size_t n) {
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 g = _mm256_loadu_ps(gate + i);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
-        __m256 s = _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-        _mm256_storeu_ps(gate + i, _mm256_mul_ps(s, _mm256_loadu_ps(up + i)));
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(gate + i, silu_mul8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    if (i < n) {
+        float g[8] = {0}, u[8] = {0};
+        memcpy(g, gate + i, sizeof(float) * (n - i));
+        memcpy(u, up + i, sizeof(float) * (n - i));
+        _mm256_storeu_ps(g, silu_mul8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+        memcpy(gate + i, g, sizeof(float) * (n - i));
     }
-    return i;
 }
 #endif
 
 void ag_cpu_silu_mul(float *gate, const float *up, size_t n) {
-    size_t i = 0;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (ag_cpu_isa_active() >= AG_CPU_ISA_AVX2) i = silu_mul_avx2(gate, up, n);
+    if (ag_cpu_isa_active() >= AG_CPU_ISA_AVX2) {
+        silu_mul_avx2(gate, up, n);
+        return;
+    }
 #endif
-    for (; i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         float g = gate[i];
         gate[i] = g / (1.0f + expf(-g)) * up[i];
     }

@@ -341,9 +341,10 @@ size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64
 }
 
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode) {
-    /* the AVX2 kernels do not share the K-quants' canonical arithmetic */
+    /* every ISA level's dot kernels compute the K-quants' canonical
+     * arithmetic (scalar, AVX2, AVX-512: test_gemm, test_quant) */
     return n_decode >= AG_MATMUL_AMX_MIN_TOK && (w_type == AG_TYPE_Q4_K || w_type == AG_TYPE_Q6_K) &&
-           ag_cpu_isa_active() != AG_CPU_ISA_AVX2 && use_amx(w_type);
+           use_amx(w_type);
 }
 
 ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,

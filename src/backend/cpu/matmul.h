@@ -75,7 +75,7 @@ ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, 
  * decode rows of these types may take ag_matmul_prompt's AMX path too, and
  * do from this many rows on, where it is much cheaper per token (the
  * server's continuous batching). True when n_decode rows of w_type should:
- * AMX present and the active dot kernels canonical (not AVX2). */
+ * AMX present (the dot kernels of every ISA level are canonical). */
 #define AG_MATMUL_AMX_MIN_TOK 16
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode);
 

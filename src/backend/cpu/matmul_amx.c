@@ -15,7 +15,7 @@
  * for these types prompt and decode rows are kept apart (see ag_batch).
  * The K-quants (Q4_K, Q6_K; groups of 32 / 16) compute the canonical
  * arithmetic of ag_kquant_fold (quant_impl.h) in kquant_tile: bit for bit
- * what the scalar and AVX-512 dot kernels compute, so decode batches of
+ * what the scalar, AVX2 and AVX-512 dot kernels compute, so decode batches of
  * these types run here too (ag_matmul_decode_on_amx). Either way a token's
  * result depends only on its own activations, never on which other tokens
  * share the call or where it sits in the batch: the model relies on that

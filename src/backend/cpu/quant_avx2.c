@@ -10,6 +10,8 @@
  * products are exact int32 (maddubs pairs and madd sums cannot overflow for
  * these value ranges, noted per kernel); only the float scaling and the
  * final sums round. */
+#include <stddef.h>
+
 #include "backend/cpu/quant_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -106,45 +108,136 @@ OFFSET_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1)
 
 /* ---- K-quants, Q8_K activations ---- */
 
-/* Q4_K: q 0..15, 6-bit scales applied as int16 madd weights per 32 elements:
- * a sub-block's lane sum is at most 15*127*2*63*... < 2^31. */
+/* Q4_K and Q6_K follow the canonical K-quant arithmetic (ag_kquant_fold in
+ * quant_impl.h), bit for bit with the scalar and AVX-512 kernels and the AMX
+ * tiles: per super-block s the exact integers isum (and Q4_K's msum), folded
+ * into accumulator s % 4 with two fmas, the result (a0 + a2) + (a1 + a3).
+ * So a token's result does not depend on the ISA level that ran it.
+ *
+ * A super-block's integer sums come out as int32 partial sums in one ymm;
+ * four super-blocks' vectors are reduced together (two rounds of hadd: a
+ * transpose-and-add, exact in int32), and the float fold runs on the four
+ * lanes [s0 s1 s2 s3] of an xmm at once: lane k is accumulator k. A last
+ * group of fewer than four super-blocks has zero sums and zero scales in the
+ * missing lanes, which leaves those accumulators unchanged (an accumulator
+ * is never -0: it starts at +0, and an exact-zero fma result is +0). */
+
+/* An empty asm that claims to change v: ends the integer sum chain there.
+ * Without it GCC reorders a super-block's sum (integer adds associate)
+ * into "all products first, then add them up", and with 2..4 tokens the
+ * products spill to the stack (Q6_K, nx = 4: ~15% slower). */
+#define CHAIN(v) __asm__("" : "+x"(v))
+
+/* The d of super-blocks i..i+3 of activation row y (zero past kn). Built
+ * in registers: four scalar stores and a vector load would stall on store
+ * forwarding. */
+AI __m128 q8k_d4(const ag_block_q8_K *y, int64_t i, int kn) {
+    if (kn == 4) return _mm_setr_ps(y[i].d, y[i + 1].d, y[i + 2].d, y[i + 3].d);
+    return _mm_setr_ps(y[i].d, kn > 1 ? y[i + 1].d : 0.0f, kn > 2 ? y[i + 2].d : 0.0f, 0.0f);
+}
+/* The dword at byte offset `off` of blocks i..i+3 of size BS (zero past kn):
+ * the fp16 pair (d, dmin) of Q4_K, or (last two scales, d) of Q6_K. */
+AI __m128i w_head4(const void *b, size_t bs, size_t off, int kn) {
+    const uint8_t *p = (const uint8_t *)b + off;
+    uint32_t       v[4] = {0, 0, 0, 0};
+    UNROLL for (int k = 0; k < 4; k++) if (k < kn) memcpy(&v[k], p + k * bs, 4);
+    return _mm_setr_epi32((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+}
+/* The low / high fp16 of each dword, as floats. */
+AI __m128 f16_lo4(__m128i v) {
+    return _mm_cvtph_ps(_mm_shuffle_epi8(v, _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1)));
+}
+AI __m128 f16_hi4(__m128i v) {
+    return _mm_cvtph_ps(_mm_shuffle_epi8(v, _mm_setr_epi8(2, 3, 6, 7, 10, 11, 14, 15, -1, -1, -1, -1, -1, -1, -1, -1)));
+}
+
+/* (a0 + a2) + (a1 + a3), ag_kquant_total. */
+AI float acc4_total(__m128 a) {
+    __m128 t = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* ag_k4_scales_unpack in registers: bytes 0..7 the scales, 8..15 the mins.
+ * With u0..u2 the three dwords: [u0 & M6, (u2 & M4) | top2(u0) << 4,
+ * u1 & M6, (u2 >> 4 & M4) | top2(u1) << 4], where top2(u) << 4 per byte is
+ * (u >> 2) & 0x30. Reads 16 bytes from q (the 12 scale bytes and 4 of qs). */
+AI __m128i k4_scales_x(const uint8_t *q) {
+    const __m128i v = loadu128(q);
+    const __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)); /* u0 u2 u1 u2 */
+    const __m128i c = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0)); /* u0 u0 u1 u1 */
+    const __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                                     _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi32(c, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+    return _mm_or_si128(lo, hi);
+}
+
+/* Q4_K: q 0..15, 6-bit scales applied as int16 madd weights per 32
+ * elements (maddubs pairs <= 2*15*127, a sub-block's lane sum <= 63 * 32 *
+ * 15 * 127 and the block's <= 8 times that: exact int32). Super-block i's
+ * sums as one ymm: lanes 0..3 partial sums of isum, lanes 4..7 of msum
+ * (Σ_j mins[j] * (bsums[2j] + bsums[2j+1])). */
+AI void q4k_sums(const ag_block_q4_K *b, const ag_block_q8_K *const *y, int64_t i, const int NX, __m256i *out) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m128i sm = k4_scales_x(b[i].scales); /* bytes 0..7 scales, 8..15 mins */
+    /* the 8 scales as int16 in both 128-bit lanes: one vpshufb per scale vector below */
+    const __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
+    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8));
+    __m256i       sumi[AG_DOT_MAX_NX];
+    UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
+    UNROLL for (int j = 0; j < 4; j++) {
+        __m256i qv = loadu256(b[i].qs + 32 * j);
+        __m256i lo = _mm256_and_si256(qv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
+        __m256i slo = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j))));
+        __m256i shi = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0202 * (2 * j + 1))));
+        UNROLL for (int t = 0; t < NX; t++) {
+            __m256i p0 = dot_u8s8_scaled(lo, loadu256(y[t][i].qs + 64 * j), slo);
+            __m256i p1 = dot_u8s8_scaled(hi, loadu256(y[t][i].qs + 64 * j + 32), shi);
+            sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
+            CHAIN(sumi[t]);
+        }
+    }
+    UNROLL for (int t = 0; t < NX; t++)
+        out[t] = _mm256_set_m128i(k4_min_dot(&y[t][i], mins16),
+                                  _mm_add_epi32(_mm256_castsi256_si128(sumi[t]), _mm256_extracti128_si256(sumi[t], 1)));
+}
+
 AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
-    const ag_block_q4_K  *b = w;
-    const ag_block_q8_K  *y[AG_DOT_MAX_NX];
-    __m256                acc[AG_DOT_MAX_NX];
-    __m128                accm[AG_DOT_MAX_NX];
+    const ag_block_q4_K *b = w;
+    const ag_block_q8_K *y[AG_DOT_MAX_NX];
+    __m128               acc[AG_DOT_MAX_NX];
     UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
-        acc[t] = _mm256_setzero_ps();
-        accm[t] = _mm_setzero_ps();
+        acc[t] = _mm_setzero_ps();
     }
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    for (int64_t i = 0; i < n / AG_QK_K; i++) {
-        uint8_t sm[16]; /* 8 scales, 8 mins */
-        ag_k4_scales_unpack(b[i].scales, sm);
-        const uint8_t *sc = sm;
-        const __m128i  mins16 = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(sm + 8)));
-        const float   d = f16(b[i].d), dmin = f16(b[i].dmin);
-        __m256i       sumi[AG_DOT_MAX_NX];
-        UNROLL for (int t = 0; t < NX; t++) sumi[t] = _mm256_setzero_si256();
-        UNROLL for (int j = 0; j < 4; j++) {
-            __m256i qv = loadu256(b[i].qs + 32 * j);
-            __m256i lo = _mm256_and_si256(qv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4);
-            __m256i slo = _mm256_set1_epi16(sc[2 * j]), shi = _mm256_set1_epi16(sc[2 * j + 1]);
-            UNROLL for (int t = 0; t < NX; t++) {
-                __m256i p0 = dot_u8s8_scaled(lo, loadu256(y[t][i].qs + 64 * j), slo);
-                __m256i p1 = dot_u8s8_scaled(hi, loadu256(y[t][i].qs + 64 * j + 32), shi);
-                sumi[t] = _mm256_add_epi32(sumi[t], _mm256_add_epi32(p0, p1));
-            }
+    const int64_t nsb = n / AG_QK_K;
+    for (int64_t i = 0; i < nsb; i += 4) {
+        const int kn = nsb - i < 4 ? (int)(nsb - i) : 4;
+        /* the group's per-block sums go through memory: held in registers
+         * across the four blocks they would crowd out the accumulators */
+        _Alignas(32) int32_t sb[4][AG_DOT_MAX_NX][8];
+        for (int k = 0; k < kn; k++) {
+            __m256i sk[AG_DOT_MAX_NX];
+            q4k_sums(b, y, i + k, NX, sk);
+            UNROLL for (int t = 0; t < NX; t++) _mm256_store_si256((__m256i *)sb[k][t], sk[t]);
         }
+        for (int k = kn; k < 4; k++)
+            UNROLL for (int t = 0; t < NX; t++) _mm256_store_si256((__m256i *)sb[k][t], _mm256_setzero_si256());
+        __m256i p[2][AG_DOT_MAX_NX]; /* p[h]: super-blocks 2h, 2h+1 half-reduced */
+        UNROLL for (int h = 0; h < 2; h++)
+            UNROLL for (int t = 0; t < NX; t++)
+                p[h][t] = _mm256_hadd_epi32(_mm256_load_si256((const __m256i *)sb[2 * h][t]),
+                                            _mm256_load_si256((const __m256i *)sb[2 * h + 1][t]));
+        const __m128i hd = w_head4(&b[i], sizeof(ag_block_q4_K), offsetof(ag_block_q4_K, d), kn);
+        const __m128  d = f16_lo4(hd), dmin = f16_hi4(hd);
         UNROLL for (int t = 0; t < NX; t++) {
-            float dy = y[t][i].d;
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dy * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
-            accm[t] = _mm_fmadd_ps(_mm_set1_ps(dy * dmin), _mm_cvtepi32_ps(k4_min_dot(&y[t][i], mins16)),
-                                   accm[t]);
+            /* lanes 0..3: isum of super-blocks i..i+3, lanes 4..7: their msum */
+            const __m256 sums = _mm256_cvtepi32_ps(_mm256_hadd_epi32(p[0][t], p[1][t]));
+            const __m128 dy = q8k_d4(y[t], i, kn);
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(dy, d), _mm256_castps256_ps128(sums), acc[t]);
+            acc[t] = _mm_fnmadd_ps(_mm_mul_ps(dy, dmin), _mm256_extractf128_ps(sums, 1), acc[t]);
         }
     }
-    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]) - hsum4(accm[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = acc4_total(acc[t]);
 }
 AG_DOT_DISPATCH(dot_q4_K)
 
@@ -194,39 +287,70 @@ AI void dot_q5_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
 }
 AG_DOT_DISPATCH(dot_q5_K)
 
-/* Q6_K: q 0..63 as unsigned, scale per 16 elements; the -32 offset comes
- * out as 32 * Σ_k scale_k * bsums_k. maddubs pairs <= 2*63*127 < 32767. */
+/* Q6_K (canonical, see Q4_K): q 0..63 as unsigned, scale per 16 elements;
+ * the -32 offset comes out as 32 * Σ_k scale_k * bsums_k. maddubs pairs <=
+ * 2*63*127 < 32767. Super-block i's exact sum as 8 int32 partial sums. */
+AI void q6k_sums(const ag_block_q6_K *b, const ag_block_q8_K *const *y, int64_t i, const int NX, __m256i *sumi) {
+    const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(b[i].scales));
+    UNROLL for (int t = 0; t < NX; t++)
+        sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), /* the -32 offset: -32*Σ sc*bsum */
+                                   _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 5));
+    UNROLL for (int h = 0; h < 2; h++) {
+        /* scales 8h..8h+7 as int16 in both 128-bit lanes; the pair for
+         * elements 128h + 32k.. (scale 8h+2k on the first 16, 8h+2k+1 on the
+         * next 16) is then one in-lane vpshufb */
+        const __m256i sch =
+            _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(b[i].scales + 8 * h))));
+        __m256i g[4];
+        q6k_unpack_half(b[i].ql + 64 * h, b[i].qh + 32 * h, g);
+        UNROLL for (int k = 0; k < 4; k++) {
+            const __m256i sv = _mm256_shuffle_epi8(
+                sch, _mm256_set_m128i(_mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k + 1))),
+                                      _mm_set1_epi16((short)(0x0100 + 0x0202 * (2 * k)))));
+            UNROLL for (int t = 0; t < NX; t++) {
+                sumi[t] = _mm256_add_epi32(sumi[t],
+                                           dot_u8s8_scaled(g[k], loadu256(y[t][i].qs + 128 * h + 32 * k), sv));
+                CHAIN(sumi[t]);
+            }
+        }
+    }
+}
+
 AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) {
     const ag_block_q6_K *b = w;
     const ag_block_q8_K *y[AG_DOT_MAX_NX];
-    __m256               acc[AG_DOT_MAX_NX];
+    __m128               acc[AG_DOT_MAX_NX];
     UNROLL for (int t = 0; t < NX; t++) {
         y[t] = (const ag_block_q8_K *)YROW(t);
-        acc[t] = _mm256_setzero_ps();
+        acc[t] = _mm_setzero_ps();
     }
-    for (int64_t i = 0; i < n / AG_QK_K; i++) {
-        const int8_t *sc = b[i].scales;
-        const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(sc));
-        const float   d = f16(b[i].d);
-        __m256i       sumi[AG_DOT_MAX_NX];
-        UNROLL for (int t = 0; t < NX; t++)
-            sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), /* the -32 offset: -32*Σ sc*bsum */
-                                       _mm256_slli_epi32(_mm256_madd_epi16(sc16, loadu256(y[t][i].bsums)), 5));
-        UNROLL for (int h = 0; h < 2; h++) {
-            __m256i g[4];
-            q6k_unpack_half(b[i].ql + 64 * h, b[i].qh + 32 * h, g);
-            UNROLL for (int k = 0; k < 4; k++) {
-                const int     s = 8 * h + 2 * k;
-                const __m256i sv = scale_pair(sc[s], sc[s + 1]);
-                UNROLL for (int t = 0; t < NX; t++)
-                    sumi[t] = _mm256_add_epi32(
-                        sumi[t], dot_u8s8_scaled(g[k], loadu256(y[t][i].qs + 128 * h + 32 * k), sv));
-            }
+    const int64_t nsb = n / AG_QK_K;
+    for (int64_t i = 0; i < nsb; i += 4) {
+        const int kn = nsb - i < 4 ? (int)(nsb - i) : 4;
+        _Alignas(32) int32_t sb[4][AG_DOT_MAX_NX][8]; /* as in Q4_K */
+        for (int k = 0; k < kn; k++) {
+            __m256i sk[AG_DOT_MAX_NX];
+            q6k_sums(b, y, i + k, NX, sk);
+            UNROLL for (int t = 0; t < NX; t++) _mm256_store_si256((__m256i *)sb[k][t], sk[t]);
         }
-        UNROLL for (int t = 0; t < NX; t++)
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(y[t][i].d * d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+        for (int k = kn; k < 4; k++)
+            UNROLL for (int t = 0; t < NX; t++) _mm256_store_si256((__m256i *)sb[k][t], _mm256_setzero_si256());
+        __m256i p[2][AG_DOT_MAX_NX];
+        UNROLL for (int h = 0; h < 2; h++)
+            UNROLL for (int t = 0; t < NX; t++)
+                p[h][t] = _mm256_hadd_epi32(_mm256_load_si256((const __m256i *)sb[2 * h][t]),
+                                            _mm256_load_si256((const __m256i *)sb[2 * h + 1][t]));
+        /* d is the block's last two bytes: the dword ending there, high half */
+        const __m128 d = f16_hi4(w_head4(&b[i], sizeof(ag_block_q6_K), offsetof(ag_block_q6_K, d) - 2, kn));
+        UNROLL for (int t = 0; t < NX; t++) {
+            /* lane k: the low and the high half of super-block i+k's partial sums */
+            const __m256i r = _mm256_hadd_epi32(p[0][t], p[1][t]);
+            const __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+            /* Q6_K folds with dmin = msum = 0, which leaves the accumulator as it is */
+            acc[t] = _mm_fmadd_ps(_mm_mul_ps(q8k_d4(y[t], i, kn), d), _mm_cvtepi32_ps(isum), acc[t]);
+        }
     }
-    UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(acc[t]);
+    UNROLL for (int t = 0; t < NX; t++) out[t] = acc4_total(acc[t]);
 }
 AG_DOT_DISPATCH(dot_q6_K)
 

@@ -166,8 +166,8 @@ static inline void ag_q3k_scales_unpack(const uint8_t *s, uint8_t out[16]) {
     memcpy(out, w, 16);
 }
 
-/* The K-quant result (Q4_K, Q6_K). The scalar and AVX-512 dot kernels and
- * the AMX tiles (matmul_amx.c) all compute exactly this, bit for bit, so a
+/* The K-quant result (Q4_K, Q6_K). The scalar, AVX2 and AVX-512 dot kernels
+ * and the AMX tiles (matmul_amx.c) all compute exactly this, bit for bit, so a
  * token's logits do not depend on which of them ran it: a decode batch of
  * 16+ sequences can then go to the AMX tiles (far less work per token) and
  * a request's greedy output stays the one it has alone. Per super-block s
