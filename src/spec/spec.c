@@ -179,14 +179,16 @@ void ag_spec_stats_add_round(ag_spec_stats *a, const ag_spec_round *r) {
     a->emitted += (uint64_t)r->emitted;
 }
 
-/* Records a verified round: counters and the acceptance average (the
- * positions up to and including the first rejection were observed). */
-static void learn(ag_spec_seq *s, int d, int k, int emitted) {
-    if (d == 0) return;
-    int observed = k < d ? k + 1 : d;
-    for (int i = 0; i < observed; i++) s->accept += ACCEPT_EMA * ((i < k ? 1.0 : 0.0) - s->accept);
-    ag_spec_round r = {.drafted = d, .accepted = k, .emitted = emitted};
-    ag_spec_stats_add_round(&s->stats, &r);
+/* Records one verified position i of a round (accepted or not) in the
+ * counters and the acceptance average, at once: the sink may end the choice
+ * (and free this state) with the next token it is handed. */
+static void observe(ag_spec_seq *s, int i, bool hit) {
+    s->accept += ACCEPT_EMA * ((hit ? 1.0 : 0.0) - s->accept);
+    if (i < AG_SPEC_MAX_DRAFT) {
+        s->stats.drafted_at[i]++;
+        if (hit) s->stats.accepted_at[i]++;
+    }
+    if (hit) s->stats.accepted++;
 }
 
 /* Decides the token that follows one row, accepting it into the sampler. */
@@ -224,6 +226,12 @@ ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpr
         return ag_errorf(AG_ERR_INVALID, "ag_spec_verify: %d rows of drafts but %d were proposed", d,
                          spec ? spec->d : 0);
     out->drafted = d;
+    if (d > 0) {
+        spec->stats.rounds++;
+        spec->stats.drafted += (uint64_t)d;
+    }
+    /* Everything that touches `spec` happens before each emit: an emit that
+     * ends the choice frees the sequence's speculative state. */
     for (int i = 0; i <= d; i++) {
         const float *row = sink->prepare(sink->user, logits + (size_t)i * row_stride);
         if (!row) return ag_errorf(AG_ERR_INTERNAL, "ag_spec_verify: the row could not be prepared");
@@ -231,34 +239,30 @@ ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpr
         bool             accepted;
         ag_status        st = decide(spec, sampler, want_logprobs, row, i, d, &sr, &accepted);
         if (st) return st;
+        if (i < d) observe(spec, i, accepted);
+        out->emitted++;
+        if (d > 0) spec->stats.emitted++;
         if (i < d && !accepted) {
-            /* The correction ends the round. Trim and commit before handing
-             * it over: the sink may end the choice and free the sequence. */
+            /* The correction ends the round: trim and commit first. */
             out->accepted = i;
-            learn(spec, d, i, i + 1);
             if ((st = ag_kv_trim(kv, kv_seq, d - i))) return st;
             spec->src->ops->commit(spec->src, d, i);
             spec->n_seen += i; /* the source has the accepted drafts already */
             spec->d = 0;
-            out->emitted++;
             out->ended = !sink->emit(sink->user, sr.token, &sr);
             return AG_OK;
         }
-        if (i == d && spec && d > 0) { /* every draft stood; this is the bonus */
-            out->accepted = d;
-            learn(spec, d, d, d + 1);
+        if (i < d) {
+            out->accepted = i + 1;
+        } else if (d > 0) { /* every draft stood; this is the bonus */
             spec->src->ops->commit(spec->src, d, d);
             spec->n_seen += d;
             spec->d = 0;
         }
-        out->emitted++;
         if (!sink->emit(sink->user, sr.token, &sr)) {
+            /* Ended (possibly on an accepted draft, with the window's KV and
+             * the source's round left as they are: both go with the choice). */
             out->ended = true;
-            if (i < d) { /* ended on an accepted draft: the source's round is over too */
-                out->accepted = i + 1;
-                learn(spec, d, i + 1, i + 1);
-                spec->d = 0;
-            }
             return AG_OK;
         }
     }
