@@ -44,6 +44,11 @@ class AugurServer:
         import select
         import tempfile
         self.log = tempfile.NamedTemporaryFile(prefix="augur-serve-", suffix=".log", delete=False)
+        # The disk tier is on by default (in ~/.cache): tests must not write
+        # there, nor depend on each other through it. A test that wants it
+        # passes its own --kv-disk (a tmp dir).
+        if "--kv-disk" not in args and "--no-kv-disk" not in args:
+            args = (*args, "--no-kv-disk")
         cmd = [AUGUR, "serve", "--port", "0", *args]
         if model:
             cmd[2:2] = ["-m", model]
