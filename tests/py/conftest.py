@@ -40,7 +40,7 @@ class AugurServer:
     read from the one line it prints when ready). stderr goes to a file, never
     a pipe, so a chatty server can never block on it."""
 
-    def __init__(self, model=None, *args, ready_timeout=120):
+    def __init__(self, model=None, *args, ready_timeout=120, prefix=()):
         import select
         import tempfile
         self.log = tempfile.NamedTemporaryFile(prefix="augur-serve-", suffix=".log", delete=False)
@@ -49,9 +49,10 @@ class AugurServer:
         # passes its own --kv-disk (a tmp dir).
         if "--kv-disk" not in args and "--no-kv-disk" not in args:
             args = (*args, "--no-kv-disk")
-        cmd = [AUGUR, "serve", "--port", "0", *args]
+        # prefix: a wrapper command the server runs under (e.g. unshare)
+        cmd = [*prefix, AUGUR, "serve", "--port", "0", *args]
         if model:
-            cmd[2:2] = ["-m", model]
+            cmd[len(prefix) + 2:len(prefix) + 2] = ["-m", model]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
         r, _, _ = select.select([self.proc.stdout], [], [], ready_timeout)
         line = self.proc.stdout.readline().decode() if r else ""
