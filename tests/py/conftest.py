@@ -40,20 +40,21 @@ class AugurServer:
     read from the one line it prints when ready). stderr goes to a file, never
     a pipe, so a chatty server can never block on it."""
 
-    def __init__(self, model=None, *args, ready_timeout=120, prefix=()):
+    def __init__(self, model=None, *args, ready_timeout=120, prefix=(), env=None, default_disk=False):
         import select
         import tempfile
         self.log = tempfile.NamedTemporaryFile(prefix="augur-serve-", suffix=".log", delete=False)
         # The disk tier is on by default (in ~/.cache): tests must not write
         # there, nor depend on each other through it. A test that wants it
         # passes its own --kv-disk (a tmp dir).
-        if "--kv-disk" not in args and "--no-kv-disk" not in args:
+        if "--kv-disk" not in args and "--no-kv-disk" not in args and not default_disk:
             args = (*args, "--no-kv-disk")
         # prefix: a wrapper command the server runs under (e.g. unshare)
         cmd = [*prefix, AUGUR, "serve", "--port", "0", *args]
         if model:
             cmd[len(prefix) + 2:len(prefix) + 2] = ["-m", model]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL,
+                                     env=env)
         r, _, _ = select.select([self.proc.stdout], [], [], ready_timeout)
         line = self.proc.stdout.readline().decode() if r else ""
         if not line.startswith("augur: serving "):

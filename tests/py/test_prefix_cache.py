@@ -359,3 +359,51 @@ def test_full_disk_turns_writing_off_and_serving_goes_on(servers, tmp_path, tiny
         assert text == cold(tiny_server, p)
     assert s.stderr().count("writing to the disk tier is off") == 1
     stop_ok(s)
+
+
+# ---- the default directory ----
+
+def test_disk_tier_is_on_by_default_in_a_per_user_directory(servers, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env["HOME"] = str(tmp_path / "home")
+    os.mkdir(env["HOME"])
+    s = servers(TINY_GGUF, env=env, default_disk=True)
+    complete(s, P, n=2)
+    stop_ok(s)
+    kv = os.path.join(env["HOME"], ".cache", "augur", "kv")
+    subdirs = os.listdir(kv)
+    assert len(subdirs) == 1 and len(subdirs[0]) == 16  # the model fingerprint in hex
+    assert records(os.path.join(kv, subdirs[0]))
+
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    s = servers(TINY_GGUF, env=env, default_disk=True)
+    wait_scan(s)
+    complete(s, P, n=2)
+    stop_ok(s)
+    assert records(os.path.join(env["XDG_CACHE_HOME"], "augur", "kv", subdirs[0]))
+
+
+def test_an_unusable_directory_is_one_warning(servers, tmp_path):
+    bad = tmp_path / "file"
+    bad.write_text("not a directory")
+    s = servers(TINY_GGUF, "--kv-disk", str(bad / "kv"))
+    text, n, _ = complete(s, P)
+    _, _, cached = complete(s, P)
+    assert cached == full_blocks(n - 1)  # the memory tier still works
+    assert metrics(s)["augur_prefix_cache_disk_enabled"] == 0
+    log = s.stderr()
+    assert log.count("kv disk cache off") == 1, log
+    stop_ok(s)
+
+
+def test_kv_disk_flags_are_checked(servers, tmp_path):
+    from conftest import run_augur
+    for i, (flag, want) in enumerate([("512M", 512 << 20), ("32G", 32 << 30), ("1.5GiB", 3 << 29), ("100000", 100000)]):
+        s = servers(TINY_GGUF, "--kv-disk", str(tmp_path / str(i)), "--kv-disk-max", flag)
+        assert wait_scan(s)["augur_prefix_cache_disk_max_bytes"] == want
+        stop_ok(s)
+    for bad in (["--kv-disk-max", "12Q"], ["--kv-disk-max", "-1G"], ["--kv-disk-max", "0"], ["--kv-disk", ""]):
+        p = run_augur("serve", "-m", TINY_GGUF, "--port", "0", *bad, timeout=30)
+        assert p.returncode == 2, (bad, p.stderr)
+    p = run_augur("serve", "--help")
+    assert b"--kv-disk DIR" in p.stdout and b"--kv-disk-max SIZE" in p.stdout and b"--no-kv-disk" in p.stdout
