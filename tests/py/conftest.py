@@ -9,6 +9,16 @@ AUGUR = os.environ.get("AUGUR_BIN", os.path.join(ROOT, "build", "augur"))
 SHARED = os.environ.get("AUGUR_SHARED", os.path.join(os.path.dirname(ROOT), "shared"))
 MODELS = os.environ.get("AUGUR_MODELS_DIR", os.path.join(ROOT, "models"))
 
+# `augur serve` keeps a disk cache in $XDG_CACHE_HOME (else ~/.cache) by
+# default: no test may write into the machine's real one (servers started
+# through AugurServer also get --no-kv-disk, see there).
+if not os.environ.get("AUGUR_TEST_KEEP_XDG"):
+    import tempfile as _tempfile
+    os.environ["XDG_CACHE_HOME"] = _tempfile.mkdtemp(prefix="augur-test-xdg-")
+    import atexit as _atexit
+    import shutil as _shutil
+    _atexit.register(_shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+
 TINY_GGUF = os.path.join(SHARED, "models", "tiny", "stories260K.gguf")
 SMOLLM2 = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA3 = os.path.join(MODELS, "gemma-3-270m-Q4_K_M.gguf")
