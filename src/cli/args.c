@@ -1,4 +1,5 @@
 /* Strict number parsing for the CLI's flags. */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -68,6 +69,33 @@ bool ag_cli_parse_float(const char *s, double min, double max, double *out) {
     double v = strtod(s, &end);
     if (errno || *end || !isfinite(v) || v < min || v > max) return false;
     *out = v;
+    return true;
+}
+
+bool ag_cli_parse_size(const char *s, uint64_t *out) {
+    if (!s || !*s || *s == '-' || *s == '+' || isspace((unsigned char)*s)) return false;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || !isfinite(v) || v < 0) return false;
+    double mul = 1;
+    if (*end) {
+        switch (tolower((unsigned char)*end)) {
+        case 'k': mul = 1024.0; break;
+        case 'm': mul = 1024.0 * 1024; break;
+        case 'g': mul = 1024.0 * 1024 * 1024; break;
+        case 't': mul = 1024.0 * 1024 * 1024 * 1024; break;
+        case 'b': mul = 1; end--; break; /* "100B" */
+        default: return false;
+        }
+        end++;
+        if ((*end == 'i' || *end == 'I') && mul > 1) end++;
+        if (*end == 'b' || *end == 'B') end++;
+        if (*end) return false;
+    }
+    double b = v * mul;
+    if (b >= 18446744073709551616.0) return false;
+    *out = (uint64_t)b;
     return true;
 }
 

@@ -31,6 +31,10 @@ int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok)
 bool ag_cli_parse_long(const char *s, long min, long max, long *out);
 bool ag_cli_parse_float(const char *s, double min, double max, double *out);
 bool ag_cli_parse_u64(const char *s, uint64_t *out);
+/* A byte size: plain bytes, or a number (decimals allowed) with a binary
+ * suffix K, M, G or T (optionally followed by "B" or "iB"; any case):
+ * "512M", "32G", "1.5GiB", "1048576". */
+bool ag_cli_parse_size(const char *s, uint64_t *out);
 
 /* Speculative decoding flags, shared by run, serve and bench:
  * --draft ngram|MODEL.gguf, --draft-max N, --draft-min N. */

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/log.h"
 #include "cli/cli.h"
@@ -28,8 +29,38 @@ static const char usage[] =
     "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
     "  --max-body BYTES    request body limit (default 8388608)\n"
     "  --max-connections N concurrent connections (default 256)\n"
-    "  --timeout S         idle connection timeout in seconds (default 60)\n" AG_CLI_DRAFT_USAGE
+    "  --timeout S         idle connection timeout in seconds (default 60)\n"
+    "  --kv-disk DIR       keep the prefix cache's KV blocks in DIR too, so that prompts seen before a\n"
+    "                      restart are restored instead of recomputed (DIR is created; give each model\n"
+    "                      its own DIR: records of another model found there are deleted). Default:\n"
+    "                      $XDG_CACHE_HOME/augur/kv/<model fingerprint>, else\n"
+    "                      ~/.cache/augur/kv/<model fingerprint>\n"
+    "  --kv-disk-max SIZE  byte cap of the disk cache, least recently used records go first (e.g. 512M,\n"
+    "                      32G, or bytes; default: 32G or 10% of the free space, whichever is less)\n"
+    "  --no-kv-disk        no disk cache (prompt prefixes are still shared in memory)\n"
+    "  a disk cache directory that cannot be used is reported once and the server runs without it\n"
+    AG_CLI_DRAFT_USAGE
     "  a draft that cannot be loaded is reported and the server runs without speculation\n";
+
+/* The default disk cache directory of a model:
+ * $XDG_CACHE_HOME/augur/kv/<fingerprint>, else ~/.cache/augur/kv/<fingerprint>.
+ * Creates the parents (the cache creates the last level). false when there
+ * is no per-user cache directory. */
+static bool default_kv_dir(uint64_t fingerprint, char *out, size_t cap) {
+    const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char base[4096];
+    if (xdg && *xdg == '/') snprintf(base, sizeof base, "%s", xdg);
+    else if (home && *home) snprintf(base, sizeof base, "%s/.cache", home);
+    else return false;
+    const char *parts[] = {"", "/augur", "/augur/kv"};
+    for (int i = 0; i < 3; i++) {
+        char d[4200];
+        snprintf(d, sizeof d, "%s%s", base, parts[i]);
+        mkdir(d, 0700); /* best effort: the cache reports a directory it cannot use */
+    }
+    int n = snprintf(out, cap, "%s/augur/kv/%016llx", base, (unsigned long long)fingerprint);
+    return n > 0 && (size_t)n < cap;
+}
 
 static void model_name(const char *path, char *out, size_t cap) {
     const char *base = strrchr(path, '/');
@@ -44,6 +75,9 @@ int ag_cli_serve(int argc, char **argv) {
                *alias = NULL;
     long port = 8080, parallel = 4, ctx = 0, max_queue = 64, threads = 0, max_body = 8L << 20, max_conn = 256,
          timeout = 60, batch = 0;
+    const char *kv_disk = NULL;
+    bool        no_kv_disk = false;
+    uint64_t    kv_disk_max = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
@@ -51,6 +85,10 @@ int ag_cli_serve(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (!strcmp(a, "--no-kv-disk")) {
+            no_kv_disk = true;
+            continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
@@ -70,6 +108,11 @@ int ag_cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body")) ok = ag_cli_parse_long(v, 1, 1L << 30, &max_body);
         else if (!strcmp(a, "--max-connections")) ok = ag_cli_parse_long(v, 1, 65536, &max_conn);
         else if (!strcmp(a, "--timeout")) ok = ag_cli_parse_long(v, 1, 86400, &timeout);
+        else if (!strcmp(a, "--kv-disk")) {
+            kv_disk = v;
+            ok = v && *v;
+        }
+        else if (!strcmp(a, "--kv-disk-max")) ok = ag_cli_parse_size(v, &kv_disk_max) && kv_disk_max > 0;
         else return ag_cli_usage_error(usage, "serve: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "serve: %s needs a value", a);
         if (!ok) return ag_cli_usage_error(usage, "serve: invalid value '%s' for %s", v, a);
@@ -107,6 +150,17 @@ int ag_cli_serve(int argc, char **argv) {
     ep.n_ctx = (int)ctx;
     ep.max_queue = (int)max_queue;
     if (batch) ep.n_batch = (int)batch;
+    char kv_dir[4300];
+    if (!no_kv_disk) {
+        if (kv_disk) snprintf(kv_dir, sizeof kv_dir, "%s", kv_disk);
+        else if (!default_kv_dir(ag_model_fingerprint(m), kv_dir, sizeof kv_dir)) {
+            AG_LOGW("no per-user cache directory ($XDG_CACHE_HOME and $HOME unset): serving without the disk "
+                    "cache (--kv-disk DIR gives one)");
+            no_kv_disk = true;
+        }
+    }
+    ep.cache_dir = no_kv_disk ? NULL : kv_dir;
+    ep.cache_disk_max = kv_disk_max;
     /* A draft that fails to load costs speed, not service. */
     if (dopt.draft && ag_cli_draft_open(&dopt, m, tok, (int)threads, &ep, &draft)) {
         AG_LOGW("serving without speculative decoding (the draft above could not be used)");
@@ -135,6 +189,10 @@ int ag_cli_serve(int argc, char **argv) {
         bool v6 = strchr(host, ':') != NULL;
         AG_LOGI("model %s: context %d per sequence, %d sequences at once, queue %ld%s", name, st.n_ctx,
                 st.n_parallel, max_queue, sp.api_key ? ", API key required" : "");
+        if (st.cache.disk_enabled)
+            AG_LOGI("prefix cache: memory and disk (%s, %s)", kv_dir,
+                    st.cache.disk_writable ? "write-behind" : "read-only");
+        else AG_LOGI("prefix cache: memory only");
         if (draft)
             AG_LOGI("speculative decoding: draft %s, up to %ld tokens per step (%.1f MiB for the draft)",
                     ag_draft_setup_factory(draft)->name, dopt.draft_max, (double)st.draft_bytes / (1 << 20));

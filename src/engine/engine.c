@@ -59,13 +59,15 @@ typedef struct request {
     int              n_json_pre;
     char            *json_suf;
     int              spec_max;    /* ag_gen_request.spec_max */
+    uint64_t         cache_ns;    /* ag_gen_request.cache_ns */
+    bool             published;   /* the prompt's full blocks went to the prefix cache */
     ag_spec_stats    spec;        /* rounds of finished choices */
     /* engine-thread state */
     int              n_prefilled; /* prompt tokens already in choice 0's KV */
     int              in_batch;    /* prompt tokens in the current step's batch */
     int              booked;      /* KV blocks reserved for the worst case */
     int              n_done;
-    int              n_cached;    /* prompt tokens whose KV came from a retained sequence */
+    int              n_cached;    /* prompt tokens whose KV came from the prefix cache */
     choice          *ch;
     double           t_admit, t_first, t_last;
     atomic_bool      cancel;
@@ -89,19 +91,10 @@ struct ag_engine {
     int             running_choices, booked;
     ag_engine_stats stats; /* guarded by mu */
 
-    /* Finished conversations whose KV is kept so that a follow-up prompt that
-     * extends them (the next turn of a chat) skips their prefill. Engine
-     * thread only. Evicted least recently used, and whenever admission
-     * needs their blocks. */
-    struct retained {
-        int32_t  seq;
-        int32_t *tokens; /* the ids whose KV the sequence holds */
-        int      n;
-        uint64_t used;
-    } *retained;
-    int      n_retained, max_retained;
-    uint64_t clock;
-    uint8_t *block_mark; /* [n_blocks] scratch for counting retained blocks */
+    /* The prefix cache (NULL: off). Called only from the engine thread,
+     * never with mu held; its notify callback sets cache_wake under mu. */
+    ag_cache *cache;
+    bool      cache_wake; /* guarded by mu */
     bool     spec_warned; /* a draft source could not be made: said once */
     /* Measured time of decode-only steps by their row count (exponential
      * averages), from which the cost of one more verify row on this machine
@@ -134,7 +127,7 @@ static double now_ms(void) {
 ag_engine_params ag_engine_default_params(void) {
     ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 512, .n_prefill_decoding = 64, .max_queue = 64,
                           .kv_bytes = 0, .kv_dtype = AG_KV_F16, .draft = NULL, .spec = ag_spec_default_params(),
-                          .spec_max_rows = 16};
+                          .spec_max_rows = 16, .prefix_cache = true, .cache_dir = NULL, .cache_disk_max = 0};
     return p;
 }
 
@@ -187,110 +180,52 @@ static void fill_usage(const request *r, ag_gen_event *ev) {
     ev->t_decode_ms = r->t_first > 0 && r->t_last > r->t_first ? r->t_last - r->t_first : 0;
 }
 
-static int retained_blocks(const ag_engine *e) {
-    int b = 0;
-    for (int i = 0; i < e->n_retained; i++) b += blocks_for(e, e->retained[i].n);
-    return b;
-}
-
-/* Blocks held by retained sequences and by no running one (exact, shared
- * blocks counted once), for the stats. */
-static int retained_only_blocks(ag_engine *e) {
-    if (!e->block_mark) return 0;
-    memset(e->block_mark, 0, (size_t)e->n_blocks);
-    for (int i = 0; i < e->n_retained; i++) {
-        int32_t nb;
-        const int32_t *t = ag_kv_seq_blocks(e->kv, e->retained[i].seq, &nb);
-        for (int j = 0; t && j < nb; j++)
-            if (t[j] >= 0 && t[j] < e->n_blocks) e->block_mark[t[j]] = 1;
-    }
-    for (request *r = e->running; r; r = r->next)
-        for (int c = 0; r->ch && c < r->n_choices; c++) {
-            if (r->ch[c].seq < 0) continue;
-            int32_t nb;
-            const int32_t *t = ag_kv_seq_blocks(e->kv, r->ch[c].seq, &nb);
-            for (int j = 0; t && j < nb; j++)
-                if (t[j] >= 0 && t[j] < e->n_blocks) e->block_mark[t[j]] = 0;
-        }
-    int n = 0;
-    for (int b = 0; b < e->n_blocks; b++) n += e->block_mark[b];
-    return n;
-}
-
 static void update_kv_stats(ag_engine *e) {
     ag_kv_stats ks;
     ag_kv_get_stats(e->kv, &ks);
-    int cached = retained_only_blocks(e);
+    int cached = e->cache ? ag_cache_reclaimable(e->cache) : 0;
     pthread_mutex_lock(&e->mu);
     e->stats.kv_blocks_used = ks.blocks_used;
     e->stats.kv_blocks_free = ks.blocks_free;
     e->stats.kv_blocks_cached = cached;
-    e->stats.cached_sequences = e->n_retained;
     pthread_mutex_unlock(&e->mu);
 }
 
-static void evict_retained(ag_engine *e, int i) {
-    ag_kv_seq_free(e->kv, e->retained[i].seq);
-    free(e->retained[i].tokens);
-    e->retained[i] = e->retained[--e->n_retained];
+/* Gives r's prompt KV to the prefix cache: the full blocks of the
+ * positions computed as prompt so far ([0, n_prefilled), all of the prompt
+ * once it is prefilled). Only choice 0 computed the prompt; once published
+ * in full, a request does not publish again. */
+static void publish_prompt(ag_engine *e, request *r) {
+    if (!e->cache || r->published || !r->ch || r->ch[0].seq < 0) return;
+    int n = r->n_prefilled < r->n_prompt ? r->n_prefilled : r->n_prompt;
+    if (n < e->block_size) return;
+    ag_cache_publish(e->cache, r->ch[0].seq, r->prompt, n, r->cache_ns);
+    if (n == r->n_prompt) r->published = true;
 }
 
-static void evict_lru(ag_engine *e) {
-    int lru = 0;
-    for (int i = 1; i < e->n_retained; i++)
-        if (e->retained[i].used < e->retained[lru].used) lru = i;
-    evict_retained(e, lru);
-}
-
-/* Gives up a finished choice's sequence: choice 0 of a request that ended
- * normally is kept for prefix reuse; everything else is freed at once. */
+/* Gives up a finished choice's sequence. Choice 0 of a request that did not
+ * fail first publishes what it prefilled (a request cancelled mid-prefill
+ * still leaves its computed blocks for the next try); only prompt-written
+ * KV is ever published: the generated tokens' KV came from the decode
+ * kernels, whose rounding differs from the prompt kernels' (see
+ * ag_batch.n_prompt), so reusing it would make a follow-up request's output
+ * depend on whether its history was cached. */
 static void release_seq(ag_engine *e, request *r, choice *c, ag_finish why) {
     if (c->seq < 0) return;
-    int32_t seq = c->seq;
+    if (c->index == 0 && why != AG_FINISH_ERROR) publish_prompt(e, r);
+    ag_kv_seq_free(e->kv, c->seq);
     c->seq = -1;
-    int32_t len = ag_kv_seq_len(e->kv, seq);
-    /* (A choice that ends inside a verify window still holds that window's
-     * KV; only the prompt part is kept below, so it does not matter.) */
-    bool keep = e->max_retained > 0 && c->index == 0 && (why == AG_FINISH_STOP || why == AG_FINISH_LENGTH) &&
-                len > 0;
-    /* Only the prompt's KV is kept: the generated tokens' KV came from the
-     * decode kernels, whose rounding differs from the prompt kernels' (see
-     * ag_batch.n_prompt), so reusing it would make a follow-up request's
-     * output depend on whether its history was cached. */
-    if (keep && len > r->n_prompt) keep = ag_kv_trim(e->kv, seq, len - r->n_prompt) == AG_OK;
-    if (keep) len = ag_kv_seq_len(e->kv, seq);
-    int32_t *toks = keep ? malloc(sizeof(int32_t) * (size_t)len) : NULL;
-    if (!toks) {
-        ag_kv_seq_free(e->kv, seq);
-        return;
-    }
-    int from_prompt = len < r->n_prompt ? len : r->n_prompt;
-    memcpy(toks, r->prompt, sizeof(int32_t) * (size_t)from_prompt);
-    if (len > from_prompt) memcpy(toks + from_prompt, c->sampled, sizeof(int32_t) * (size_t)(len - from_prompt));
-    if (e->n_retained == e->max_retained) evict_lru(e);
-    e->retained[e->n_retained++] = (struct retained){.seq = seq, .tokens = toks, .n = len, .used = ++e->clock};
 }
 
-/* Starts r's first sequence from the retained sequence sharing the longest
- * prefix with its prompt (at least one prompt token is left to compute, for
- * the logits). */
+/* Starts r's first sequence from the longest cached prefix of its prompt
+ * (at least one prompt token is left to compute, for the logits). */
 static void reuse_prefix(ag_engine *e, request *r) {
-    if (r->prompt_logprobs) return; /* every position's logits are wanted */
-    int best = -1, best_len = 0;
-    for (int i = 0; i < e->n_retained; i++) {
-        const struct retained *t = &e->retained[i];
-        int n = t->n < r->n_prompt - 1 ? t->n : r->n_prompt - 1, l = 0;
-        while (l < n && t->tokens[l] == r->prompt[l]) l++;
-        if (l > best_len) {
-            best_len = l;
-            best = i;
-        }
-    }
-    if (best < 0 || ag_kv_fork(e->kv, r->ch[0].seq, e->retained[best].seq, best_len) != AG_OK) return;
-    e->retained[best].used = ++e->clock;
-    r->n_prefilled = r->n_cached = best_len;
+    if (!e->cache || r->prompt_logprobs) return; /* every position's logits are wanted */
+    int32_t n = ag_cache_lookup(e->cache, r->ch[0].seq, r->prompt, r->n_prompt, r->n_prompt - 1, r->cache_ns);
+    if (n <= 0) return;
+    r->n_prefilled = r->n_cached = n;
     pthread_mutex_lock(&e->mu);
-    e->stats.cached_tokens += (uint64_t)best_len;
+    e->stats.cached_tokens += (uint64_t)n;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -523,8 +458,19 @@ static void admit(ag_engine *e) {
     while (e->queue_head) {
         request *r = e->queue_head;
         int need = request_blocks(e, r);
-        /* retained conversations give way to new work */
-        while (e->n_retained && e->booked + need + retained_blocks(e) > e->n_blocks) evict_lru(e);
+        if (e->running && e->running_choices + r->n_choices > e->p.n_parallel) break;
+        if (e->cache && e->booked + need <= e->n_blocks) {
+            /* Blocks only the cache holds are free space to the engine
+             * (blocks it shares with running sequences are in their
+             * booking): give way to new work. The cache is not called with
+             * mu held; only this thread pops the queue and changes the
+             * booking, so r stays the head and the sum stays valid. */
+            int booked = e->booked;
+            pthread_mutex_unlock(&e->mu);
+            int over = booked + need + ag_cache_reclaimable(e->cache) - e->n_blocks;
+            if (over > 0) ag_cache_evict(e->cache, over);
+            pthread_mutex_lock(&e->mu);
+        }
         if (e->running && (e->running_choices + r->n_choices > e->p.n_parallel || e->booked + need > e->n_blocks))
             break;
         e->queue_head = r->next;
@@ -716,6 +662,11 @@ static bool step(ag_engine *e) {
         int j = i;
         while (j < n && e->b_seq[j] == e->b_seq[i]) j++;
         st = ag_kv_seq_reserve(e->kv, e->b_seq[i], j - i);
+        if (st == AG_ERR_NOMEM && e->cache) {
+            /* exact booking should prevent this; blocks only the cache holds can go */
+            if (ag_cache_evict(e->cache, blocks_for(e, j - i) + 1) > 0)
+                st = ag_kv_seq_reserve(e->kv, e->b_seq[i], j - i);
+        }
         i = j;
     }
     double t0 = now_ms();
@@ -753,6 +704,9 @@ static bool step(ag_engine *e) {
     for (request *r = e->running; r; r = r->next) {
         r->n_prefilled += r->in_batch;
         r->in_batch = 0;
+        /* a fully prefilled prompt is shared at once with requests admitted
+         * while this one still decodes */
+        if (r->n_prefilled == r->n_prompt && r->n_done < r->n_choices) publish_prompt(e, r);
     }
     for (int k = 0; k < rows; k += e->rows[k].n_rows > 0 ? e->rows[k].n_rows : 1) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
@@ -781,8 +735,12 @@ static void *engine_main(void *arg) {
         pthread_mutex_unlock(&e->mu);
         if (stopping) break;
         if (step(e)) continue;
+        /* idle: write-behind for the disk tier, a bounded slice at a time so
+         * that a new request waits at most for one slice */
+        if (e->cache && ag_cache_idle(e->cache, 8u << 20)) continue;
         pthread_mutex_lock(&e->mu);
-        while (!e->stopping && !e->queue_head && !e->running) pthread_cond_wait(&e->cv, &e->mu);
+        while (!e->stopping && !e->queue_head && !e->running && !e->cache_wake) pthread_cond_wait(&e->cv, &e->mu);
+        e->cache_wake = false;
         pthread_mutex_unlock(&e->mu);
     }
     /* shutdown: cancel everything still running or queued */
@@ -806,7 +764,19 @@ static void *engine_main(void *arg) {
         request_free(q);
         q = next;
     }
+    /* pending blocks go to disk now, so that a restarted server finds them */
+    if (e->cache) ag_cache_flush(e->cache);
+    update_kv_stats(e);
     return NULL;
+}
+
+/* The cache's background thread: an ag_cache_idle call would now progress. */
+static void cache_notify(void *user) {
+    ag_engine *e = user;
+    pthread_mutex_lock(&e->mu);
+    e->cache_wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
 }
 
 ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *pp, ag_engine **out) {
@@ -840,13 +810,8 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     ag_kv_params kp = ag_kv_default_params();
     ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
     kp.dtype = p.kv_dtype;
-    e->max_retained = p.n_parallel;
-    e->retained = calloc((size_t)e->max_retained, sizeof *e->retained);
-    if (!e->retained) {
-        ag_engine_free(e);
-        return ag_errorf(AG_ERR_NOMEM, "out of memory");
-    }
-    kp.max_seqs = p.n_parallel + e->max_retained + 1;
+    /* the choices' sequences; the prefix cache holds blocks, not sequences */
+    kp.max_seqs = p.n_parallel + 1;
     ag_status st;
     {
         ag_kv_params probe = kp;
@@ -869,8 +834,18 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         ag_kv_stats ks;
         ag_kv_get_stats(e->kv, &ks);
         e->n_blocks = ks.n_blocks;
-        e->block_mark = malloc((size_t)e->n_blocks + 1);
     }
+    if (p.prefix_cache) {
+        ag_cache_params cp = ag_cache_default_params();
+        cp.model_fingerprint = ag_model_fingerprint(m);
+        cp.tok_fingerprint = ag_tok_fingerprint(tok);
+        cp.disk_dir = p.cache_dir && *p.cache_dir ? p.cache_dir : NULL;
+        cp.disk_max_bytes = p.cache_disk_max;
+        cp.notify = cache_notify;
+        cp.notify_user = e;
+        if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
+    }
+    e->p.cache_dir = NULL; /* borrowed for the call only */
     /* decode rows and prompt ends (one each per choice), plus verify rows */
     e->max_rows = 2 * p.n_parallel + 1 + (p.draft ? p.spec_max_rows : 0);
     e->b_tok = malloc(sizeof(int32_t) * p.n_batch);
@@ -890,6 +865,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->stats.n_parallel = p.n_parallel;
     e->stats.draft_bytes = p.draft ? p.draft->shared_bytes : 0;
     e->stats.kv_blocks_free = e->n_blocks;
+    e->stats.prefix_cache = e->cache != NULL;
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         st = ag_errorf(AG_ERR_INTERNAL, "cannot start the engine thread");
         goto fail;
@@ -911,9 +887,8 @@ void ag_engine_free(ag_engine *e) {
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
-    for (int i = 0; i < e->n_retained; i++) free(e->retained[i].tokens);
-    free(e->retained);
-    free(e->block_mark);
+    /* the engine thread flushed the disk tier on its way out */
+    ag_cache_free(e->cache);
     ag_kv_free(e->kv);
     free(e->b_tok);
     free(e->b_pos);
@@ -959,6 +934,7 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     r->json_object = in->json_object;
     r->no_output = in->no_output;
     r->spec_max = in->spec_max;
+    r->cache_ns = in->cache_ns;
     r->cb = in->cb;
     r->user = in->user;
     atomic_init(&r->cancel, false);
@@ -1044,4 +1020,5 @@ void ag_engine_get_stats(ag_engine *e, ag_engine_stats *out) {
     pthread_mutex_lock(&e->mu);
     *out = e->stats;
     pthread_mutex_unlock(&e->mu);
+    if (e->cache) ag_cache_get_stats(e->cache, &out->cache);
 }

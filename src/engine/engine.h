@@ -14,6 +14,13 @@
  * a full queue is refused (AG_ERR_BUSY-style: AG_ERR_NOMEM with a message).
  * n > 1 choices share the prompt's KV blocks by fork (copy-on-write).
  *
+ * Prefix cache (cache/cache.h): at admission a request adopts the longest
+ * cached run of full prompt blocks (memory, else disk) and prefills only
+ * the rest; when its prompt is fully prefilled its full blocks are
+ * published for later requests. Blocks only the cache holds are free space
+ * to admission (evicted least recently used when needed). Disk writes
+ * happen behind, only while the engine has nothing to step.
+ *
  * Threading: ag_engine_submit/cancel/stats are thread-safe and never block
  * on the engine's work. Callbacks run on the engine thread and must return
  * quickly (copy the event, signal a waiter). */
@@ -25,6 +32,7 @@
 #include <stdint.h>
 
 #include "base/status.h"
+#include "cache/cache.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
@@ -50,6 +58,16 @@ typedef struct {
      * of that many rows is already compute-bound on this machine, so more
      * verify rows would cost about what they save. Default 16. */
     int spec_max_rows;
+    /* Prefix cache (cache/cache.h): full blocks of prompt KV are kept after
+     * their request and adopted by any later prompt that starts with the
+     * same tokens (same namespace). Default true. */
+    bool        prefix_cache;
+    /* Its disk tier: a directory (created if missing, one level) where those
+     * blocks are written behind while the engine is idle and restored from
+     * after a restart; NULL/"" = memory only. Borrowed for the call. A
+     * directory that cannot be used turns the tier off with one warning. */
+    const char *cache_dir;
+    uint64_t    cache_disk_max; /* byte cap; 0 = min(32 GiB, 10% of the free space) */
 } ag_engine_params;
 
 ag_engine_params ag_engine_default_params(void);
@@ -120,6 +138,10 @@ typedef struct {
     /* Speculative decoding for this request: 0 the engine's setting,
      * < 0 off, n > 0 at most n draft tokens per round. */
     int                spec_max;
+    /* Prefix cache namespace (ag_cache_namespace of a cache_salt and/or an
+     * API key): prompts of different namespaces never share cached KV.
+     * 0 = the default namespace. */
+    uint64_t           cache_ns;
     ag_gen_callback    cb;
     void              *user;
 } ag_gen_request;
@@ -144,12 +166,13 @@ typedef struct {
     double   prefill_seconds, decode_seconds; /* engine thread time in steps that prefilled / only decoded */
     int      queue_depth, running;
     int      kv_blocks_used, kv_blocks_free;
-    int      kv_blocks_cached;  /* of the used ones, those only finished conversations hold (reusable prefixes) */
-    int      cached_sequences;  /* finished conversations kept for prefix reuse */
+    int      kv_blocks_cached;  /* of the used ones, those only the prefix cache holds (reclaimable) */
     int      n_ctx, n_parallel;
     ag_spec_stats spec;        /* speculative decoding, over finished and running choices' past rounds */
     uint64_t decode_forwards;  /* target forwards that decoded (each choice's row window counts once) */
     size_t   draft_bytes;      /* memory of the draft factory (a draft model's weights and KV pool) */
+    bool           prefix_cache; /* the prefix cache is on (ag_engine_params.prefix_cache) */
+    ag_cache_stats cache;        /* its counters (zero when off); taken at ag_engine_get_stats */
 } ag_engine_stats;
 
 void ag_engine_get_stats(ag_engine *e, ag_engine_stats *out);

@@ -110,6 +110,7 @@ typedef struct {
     int              n_json_pre;
     char            *json_suf;
     int              spec_max;    /* "speculative": 0 the server's setting, -1 off, n > 0 at most n drafts */
+    uint64_t         cache_ns;    /* prefix cache namespace: the API key and "cache_salt" */
 } gen_opts;
 
 static void opts_free(gen_opts *o) {
@@ -198,6 +199,28 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
             srv_error(out, 400, "invalid_request_error", "speculative", "invalid_type",
                       "'speculative' must be a boolean or an object like {\"max\": 4}, got %s", type_name(spec));
             return false;
+        }
+    }
+    /* "cache_salt": prompts with different salts never share cached KV
+     * (vLLM's field). With an API key, the key is part of the namespace
+     * too, so a directory shared by servers with different keys keeps
+     * their tenants apart. Hashed: neither is ever written to disk. */
+    json_t *salt = json_object_get(b, "cache_salt");
+    if (salt && !json_is_null(salt) && !json_is_string(salt)) {
+        srv_error(out, 400, "invalid_request_error", "cache_salt", "invalid_type",
+                  "'cache_salt' must be a string, got %s", type_name(salt));
+        return false;
+    }
+    {
+        const char *key = s->p.api_key && *s->p.api_key ? s->p.api_key : "";
+        size_t klen = strlen(key), slen = salt && json_is_string(salt) ? json_string_length(salt) : 0;
+        if (klen || slen) {
+            ag_buf nsb = {0};
+            ag_buf_append(&nsb, key, klen);
+            ag_buf_append(&nsb, "", 1); /* key "ab" + salt "c" != key "a" + salt "bc" */
+            if (slen) ag_buf_append(&nsb, json_string_value(salt), slen);
+            o->cache_ns = ag_cache_namespace(nsb.data, nsb.len);
+            ag_buf_free(&nsb);
         }
     }
     n = 1;
@@ -937,7 +960,8 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
                             .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
                             .json_object = o->json_object,
                             .json_prefixes = (const char *const *)o->json_pre, .n_json_prefixes = o->n_json_pre,
-                            .json_suffix = o->json_suf, .no_output = o->no_output, .spec_max = o->spec_max};
+                            .json_suffix = o->json_suf, .no_output = o->no_output, .spec_max = o->spec_max,
+                            .cache_ns = o->cache_ns};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             submit_error(out, st, prompt_param);

@@ -56,6 +56,51 @@ static void metric(ag_buf *b, const char *name, const char *type, const char *he
     ag_buf_printf(b, "# HELP augur_%s %s\n# TYPE augur_%s %s\naugur_%s %.17g\n", name, help, name, type, name, v);
 }
 
+/* The prefix cache's counters (cache/cache.h), memory and disk tiers. */
+static void cache_metrics(ag_buf *b, const ag_cache_stats *c) {
+    metric(b, "prefix_cache_lookups_total", "counter", "Prefix cache lookups (admitted requests).", (double)c->lookups);
+    metric(b, "prefix_cache_hits_total", "counter", "Prefix cache lookups that adopted at least one block.",
+           (double)c->hits);
+    metric(b, "prefix_cache_misses_total", "counter", "Prefix cache lookups that adopted nothing.", (double)c->misses);
+    metric(b, "prefix_cache_tokens_restored_memory_total", "counter",
+           "Prompt tokens whose KV was adopted from the memory tier.", (double)c->tokens_from_memory);
+    metric(b, "prefix_cache_tokens_restored_disk_total", "counter",
+           "Prompt tokens whose KV was restored from the disk tier.", (double)c->tokens_from_disk);
+    metric(b, "prefix_cache_blocks_published_total", "counter", "KV blocks newly indexed by the prefix cache.",
+           (double)c->blocks_published);
+    metric(b, "prefix_cache_memory_blocks", "gauge", "KV blocks the prefix cache holds a reference on.",
+           c->memory_blocks);
+    metric(b, "prefix_cache_evictions_memory_total", "counter", "KV blocks the memory tier gave back to the pool.",
+           (double)c->evictions_memory);
+    metric(b, "prefix_cache_disk_enabled", "gauge", "1 when the disk tier is in use (restores).", c->disk_enabled);
+    metric(b, "prefix_cache_disk_writable", "gauge", "1 when the disk tier is writing records.", c->disk_writable);
+    metric(b, "prefix_cache_disk_scan_done", "gauge", "1 once the start-up scan of the disk tier is merged.",
+           c->scan_done);
+    metric(b, "prefix_cache_disk_bytes_read_total", "counter", "Record bytes read from the disk tier.",
+           (double)c->bytes_read);
+    metric(b, "prefix_cache_disk_bytes_written_total", "counter", "Record bytes written to the disk tier.",
+           (double)c->bytes_written);
+    metric(b, "prefix_cache_disk_records_written_total", "counter", "Records written to the disk tier.",
+           (double)c->records_written);
+    metric(b, "prefix_cache_disk_restore_seconds_total", "counter", "Time spent restoring disk records.",
+           (double)c->restore_ns / 1e9);
+    metric(b, "prefix_cache_disk_evictions_total", "counter", "Records deleted to keep the disk byte cap.",
+           (double)c->evictions_disk);
+    metric(b, "prefix_cache_disk_dropped_records_total", "counter",
+           "Records deleted as unusable (other model/tokenizer/layout, corrupt, truncated, .tmp leftovers, failed "
+           "restores).",
+           (double)c->dropped_records);
+    metric(b, "prefix_cache_disk_restore_failures_total", "counter", "Disk restores that failed (then prefilled).",
+           (double)c->restore_failures);
+    metric(b, "prefix_cache_disk_write_failures_total", "counter", "Disk writes that failed (writing then stops).",
+           (double)c->write_failures);
+    metric(b, "prefix_cache_disk_records", "gauge", "Records in the disk tier.", (double)c->records_on_disk);
+    metric(b, "prefix_cache_disk_bytes", "gauge", "Bytes of records in the disk tier.", (double)c->disk_bytes);
+    metric(b, "prefix_cache_disk_max_bytes", "gauge", "The disk tier's byte cap.", (double)c->disk_max_bytes);
+    metric(b, "prefix_cache_disk_scan_seconds", "gauge", "Duration of the disk tier's start-up scan.",
+           (double)c->scan_ns / 1e9);
+}
+
 void srv_route_metrics(srv_req *rq, srv_resp *out) {
     ag_server *s = rq->s;
     ag_engine_stats st;
@@ -101,9 +146,9 @@ void srv_route_metrics(srv_req *rq, srv_resp *out) {
     metric(b, "running_sequences", "gauge", "Sequences (choices) running.", st.running);
     metric(b, "kv_blocks_used", "gauge", "KV cache blocks in use.", st.kv_blocks_used);
     metric(b, "kv_blocks_free", "gauge", "KV cache blocks free.", st.kv_blocks_free);
-    metric(b, "kv_blocks_cached", "gauge", "KV cache blocks held only by finished conversations kept for prefix reuse.",
-           st.kv_blocks_cached);
-    metric(b, "cached_sequences", "gauge", "Finished conversations kept for prefix reuse.", st.cached_sequences);
+    metric(b, "kv_blocks_cached", "gauge",
+           "KV cache blocks held only by the prefix cache (reusable prefixes, reclaimable).", st.kv_blocks_cached);
+    if (st.prefix_cache) cache_metrics(b, &st.cache);
     metric(b, "n_ctx", "gauge", "Context size per sequence.", st.n_ctx);
     metric(b, "n_parallel", "gauge", "Sequences run at once.", st.n_parallel);
     metric(b, "client_cancels_total", "counter", "Generations cancelled because the client went away.",

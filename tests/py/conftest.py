@@ -9,6 +9,16 @@ AUGUR = os.environ.get("AUGUR_BIN", os.path.join(ROOT, "build", "augur"))
 SHARED = os.environ.get("AUGUR_SHARED", os.path.join(os.path.dirname(ROOT), "shared"))
 MODELS = os.environ.get("AUGUR_MODELS_DIR", os.path.join(ROOT, "models"))
 
+# `augur serve` keeps a disk cache in $XDG_CACHE_HOME (else ~/.cache) by
+# default: no test may write into the machine's real one (servers started
+# through AugurServer also get --no-kv-disk, see there).
+if not os.environ.get("AUGUR_TEST_KEEP_XDG"):
+    import tempfile as _tempfile
+    os.environ["XDG_CACHE_HOME"] = _tempfile.mkdtemp(prefix="augur-test-xdg-")
+    import atexit as _atexit
+    import shutil as _shutil
+    _atexit.register(_shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+
 TINY_GGUF = os.path.join(SHARED, "models", "tiny", "stories260K.gguf")
 SMOLLM2 = os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf")
 GEMMA3 = os.path.join(MODELS, "gemma-3-270m-Q4_K_M.gguf")
@@ -40,14 +50,21 @@ class AugurServer:
     read from the one line it prints when ready). stderr goes to a file, never
     a pipe, so a chatty server can never block on it."""
 
-    def __init__(self, model=None, *args, ready_timeout=120):
+    def __init__(self, model=None, *args, ready_timeout=120, prefix=(), env=None, default_disk=False):
         import select
         import tempfile
         self.log = tempfile.NamedTemporaryFile(prefix="augur-serve-", suffix=".log", delete=False)
-        cmd = [AUGUR, "serve", "--port", "0", *args]
+        # The disk tier is on by default (in ~/.cache): tests must not write
+        # there, nor depend on each other through it. A test that wants it
+        # passes its own --kv-disk (a tmp dir).
+        if "--kv-disk" not in args and "--no-kv-disk" not in args and not default_disk:
+            args = (*args, "--no-kv-disk")
+        # prefix: a wrapper command the server runs under (e.g. unshare)
+        cmd = [*prefix, AUGUR, "serve", "--port", "0", *args]
         if model:
-            cmd[2:2] = ["-m", model]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL)
+            cmd[len(prefix) + 2:len(prefix) + 2] = ["-m", model]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, stdin=subprocess.DEVNULL,
+                                     env=env)
         r, _, _ = select.select([self.proc.stdout], [], [], ready_timeout)
         line = self.proc.stdout.readline().decode() if r else ""
         if not line.startswith("augur: serving "):

@@ -1,0 +1,409 @@
+"""The prefix cache in the server (issue 10): KV blocks of earlier prompts
+are reused across conversations (memory tier) and across restarts (disk
+tier, --kv-disk), and whatever happens to the directory (corrupt,
+truncated, foreign or half-written records, two servers, a full disk, a
+byte cap), the output at temperature 0 is the one a cold server gives.
+
+"Cold" answers come from the session servers of conftest (no disk tier)
+with a fresh cache_salt per request, so nothing cached can be shared."""
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
+
+import pytest
+
+from conftest import AUGUR, SMOLLM2, TINY_GGUF, AugurServer, require_model
+
+BLOCK = 16  # the KV block size (kv.h default)
+RECORD_EXT = ".agkv"
+
+
+def full_blocks(n):
+    return n // BLOCK * BLOCK
+
+
+def story(seed, n=12):
+    """A prompt of roughly 30 tokens per sentence for stories260K."""
+    rnd = random.Random(seed)
+    names = ["Tim", "Lily", "Max", "Sue", "Ben", "Mia", "Sam", "Ann"]
+    things = ["a red ball", "a big tree", "a small dog", "a blue car", "a happy bird", "a funny hat"]
+    return " ".join(f"{rnd.choice(names)} went to the park and saw {rnd.choice(things)} number {rnd.randrange(1000)}."
+                    for _ in range(n))
+
+
+P = story(1)
+
+
+def post(server, path, body, timeout=120):
+    req = urllib.request.Request(server.base + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def complete(server, prompt, salt=None, n=16):
+    """(text, prompt_tokens, cached_tokens) of a greedy completion."""
+    body = {"model": "x", "prompt": prompt, "max_tokens": n, "temperature": 0}
+    if salt is not None:
+        body["cache_salt"] = salt
+    r = post(server, "/v1/completions", body)
+    u = r["usage"]
+    return r["choices"][0]["text"], u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"]
+
+
+def cold(server, prompt, n=16):
+    text, _, cached = complete(server, prompt, salt=uuid.uuid4().hex, n=n)
+    assert cached == 0
+    return text
+
+
+def metrics(server):
+    with urllib.request.urlopen(server.base + "/metrics", timeout=30) as r:
+        out = {}
+        for line in r.read().decode().splitlines():
+            if line and not line.startswith("#") and "{" not in line:
+                k, v = line.split()
+                out[k] = float(v)
+        return out
+
+
+def wait_for(server, cond, what, timeout=20):
+    deadline = time.time() + timeout
+    while True:
+        m = metrics(server)
+        if cond(m):
+            return m
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {m}\n{server.stderr()[-3000:]}")
+        time.sleep(0.05)
+
+
+def wait_scan(server):
+    return wait_for(server, lambda m: m["augur_prefix_cache_disk_scan_done"] == 1, "the disk scan")
+
+
+def records(d):
+    return sorted(f for f in os.listdir(d) if f.endswith(RECORD_EXT))
+
+
+def disk_bytes(d):
+    return sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+
+
+def listing(d):
+    """`augur cache ls --json`: one dict per file (valid or not)."""
+    p = subprocess.run([AUGUR, "cache", "ls", "--kv-disk", d, "--json"], capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr.decode()
+    return [json.loads(l) for l in p.stdout.decode().splitlines() if l.strip()]
+
+
+@pytest.fixture
+def servers():
+    """Factory for servers this test stops itself (or that are killed);
+    whatever is still running at the end is stopped."""
+    started = []
+
+    def start(model, *args, **kw):
+        s = AugurServer(model, *args, **kw)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        if s.proc.poll() is None:
+            s.stop()
+
+
+def stop_ok(s):
+    rc = s.stop()
+    assert rc == 0, s.final_stderr[-4000:]
+
+
+# ---- restart: the disk tier ----
+
+@pytest.mark.parametrize("model", [TINY_GGUF, SMOLLM2], ids=["stories260K", "SmolLM2"])
+def test_restart_restores_the_prompt_from_disk(servers, tmp_path, tiny_server, smol_server, model):
+    require_model(model)
+    ref = tiny_server if model == TINY_GGUF else smol_server
+    d = str(tmp_path / "kv")
+    a = servers(model, "--kv-disk", d)
+    text_a, n_prompt, cached = complete(a, P)
+    assert cached == 0
+    assert n_prompt > 150
+    stop_ok(a)  # SIGTERM: the flush at shutdown writes what was not written yet
+    assert len(records(d)) == n_prompt // BLOCK
+
+    b = servers(model, "--kv-disk", d)
+    wait_scan(b)
+    text_b, _, cached = complete(b, P)
+    # every full block of P but the one holding the last token (it is computed for the logits)
+    assert cached == full_blocks(n_prompt - 1) >= full_blocks(n_prompt) - BLOCK
+    m = metrics(b)
+    assert m["augur_prefix_cache_tokens_restored_disk_total"] == cached
+    assert m["augur_prefix_cache_disk_bytes_read_total"] > 0
+    assert m["augur_prefix_cache_disk_restore_seconds_total"] > 0
+    assert m["augur_prefix_cache_hits_total"] == 1
+    stop_ok(b)
+
+    assert text_a == text_b == cold(ref, P)
+
+
+# ---- the memory tier ----
+
+def test_second_conversation_shares_a_long_system_prompt(smol_server, servers):
+    require_model(SMOLLM2)
+    s = servers(None, "--no-kv-disk", "--parallel", "2")
+    system = ("You are a careful assistant for a small bakery. " + story(7, 6) +
+              " Always answer in one short sentence and never use lists.")
+
+    def chat(server, question, salt=None):
+        body = {"model": "x", "max_tokens": 12, "temperature": 0,
+                "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}]}
+        if salt:
+            body["cache_salt"] = salt
+        r = post(server, "/v1/chat/completions", body)
+        return r["choices"][0]["message"]["content"], r["usage"]
+
+    _, u1 = chat(s, "When do you open on Sundays?")
+    assert u1["prompt_tokens_details"]["cached_tokens"] == 0
+    text, u2 = chat(s, "Do you sell rye bread?")
+    cached = u2["prompt_tokens_details"]["cached_tokens"]
+    assert 100 <= cached < u2["prompt_tokens"] and cached % BLOCK == 0
+    m = metrics(s)
+    assert m["augur_prefix_cache_tokens_restored_memory_total"] == cached
+    assert m["augur_prefix_cache_disk_enabled"] == 0
+    text_cold, u3 = chat(smol_server, "Do you sell rye bread?", salt=uuid.uuid4().hex)
+    assert u3["prompt_tokens_details"]["cached_tokens"] == 0
+    assert text == text_cold
+    stop_ok(s)
+
+
+def test_cache_salt_separates_namespaces(tiny_server):
+    s = tiny_server
+    p = story(11)
+    salt = uuid.uuid4().hex
+    t1, n, c1 = complete(s, p, salt=salt)
+    t2, _, c2 = complete(s, p, salt=salt)
+    t3, _, c3 = complete(s, p, salt=salt + "x")
+    t4, _, c4 = complete(s, p)
+    t5, _, c5 = complete(s, p)
+    assert (c1, c3, c4) == (0, 0, 0)
+    assert c2 == c5 == full_blocks(n - 1) > 0
+    assert t1 == t2 == t3 == t4 == t5
+
+
+def test_cache_salt_must_be_a_string(tiny_server):
+    req = urllib.request.Request(tiny_server.base + "/v1/completions",
+                                 data=json.dumps({"model": "x", "prompt": "hi", "cache_salt": 3}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 400
+    assert json.loads(e.value.read())["error"]["param"] == "cache_salt"
+
+
+# ---- damaged directories ----
+
+def test_bad_records_are_dropped_and_prefilled(servers, tmp_path, tiny_server):
+    require_model(SMOLLM2)
+    d = str(tmp_path / "kv")
+    a = servers(TINY_GGUF, "--kv-disk", d)
+    _, n_prompt, _ = complete(a, P)
+    stop_ok(a)
+    by_block = {e["block"]: e["file"] for e in listing(d)}
+    assert len(by_block) == n_prompt // BLOCK >= 12
+
+    # a flipped payload byte in block 5 (found at restore: the header is fine)
+    path = os.path.join(d, by_block[5])
+    with open(path, "r+b") as f:
+        f.seek(-100, os.SEEK_END)
+        byte = f.read(1)
+        f.seek(-100, os.SEEK_END)
+        f.write(bytes([byte[0] ^ 0x40]))
+    # block 9 truncated (found at the scan)
+    path = os.path.join(d, by_block[9])
+    os.truncate(path, os.path.getsize(path) // 2)
+    # a leftover of a writer that is gone (no process has this pid)
+    with open(os.path.join(d, by_block[11]), "rb") as f:
+        data = f.read()
+    with open(os.path.join(d, by_block[11][:32] + ".4194999-7.tmp"), "wb") as f:
+        f.write(data[: len(data) // 3])
+    # records of another model in the same directory
+    d2 = str(tmp_path / "smol")
+    o = servers(SMOLLM2, "--kv-disk", d2)
+    complete(o, "The quick brown fox jumps over the lazy dog. " * 4, n=2)
+    stop_ok(o)
+    foreign = records(d2)
+    assert foreign
+    for f in foreign:
+        os.rename(os.path.join(d2, f), os.path.join(d, f))
+
+    b = servers(TINY_GGUF, "--kv-disk", d)
+    m = wait_scan(b)
+    assert m["augur_prefix_cache_disk_dropped_records_total"] == len(foreign) + 2
+    assert m["augur_prefix_cache_disk_records"] == n_prompt // BLOCK - 1
+    text, _, cached = complete(b, P)
+    assert cached == 5 * BLOCK  # blocks 0-4; block 5 fails its checksum and is prefilled from there
+    m = metrics(b)
+    assert m["augur_prefix_cache_disk_restore_failures_total"] == 1
+    assert m["augur_prefix_cache_disk_dropped_records_total"] == len(foreign) + 3
+    log = b.stderr()
+    assert "truncated" in log and "temporary" in log
+    stop_ok(b)
+    assert text == cold(tiny_server, P)
+    # nothing unusable is left: the damaged files were deleted, the prompt written again
+    left = listing(d)
+    assert all(e.get("problem") is None for e in left), left
+    assert len({e["model"] for e in left}) == 1  # the foreign records are gone
+    assert len(left) == n_prompt // BLOCK
+
+
+def test_kill_9_during_write_behind_never_restores_a_partial_record(servers, tmp_path, tiny_server):
+    d = str(tmp_path / "kv")
+    rnd = random.Random(1234)
+    deadline = time.time() + 25
+    prev, kills = None, 0
+    while kills < 20 and time.time() < deadline:
+        s = servers(TINY_GGUF, "--kv-disk", d)
+        wait_scan(s)
+        if prev is not None:
+            text, _, _ = complete(s, prev)
+            assert text == cold(tiny_server, prev), f"after kill {kills}"
+            m = metrics(s)
+            assert m["augur_prefix_cache_disk_restore_failures_total"] == 0, s.stderr()[-3000:]
+        prev = story(100 + kills, 14)
+        complete(s, prev)
+        time.sleep(rnd.uniform(0, 0.03))  # write-behind runs now
+        s.proc.send_signal(signal.SIGKILL)
+        s.proc.wait()
+        s.stop()
+        kills += 1
+    assert kills >= 5
+    s = servers(TINY_GGUF, "--kv-disk", d)
+    wait_scan(s)
+    text, n, cached = complete(s, prev)
+    assert text == cold(tiny_server, prev)
+    assert metrics(s)["augur_prefix_cache_disk_restore_failures_total"] == 0
+    stop_ok(s)
+    assert all(e.get("problem") is None for e in listing(d))
+
+
+def test_two_servers_on_one_directory(servers, tmp_path, tiny_server):
+    d = str(tmp_path / "kv")
+    a = servers(TINY_GGUF, "--kv-disk", d)
+    b = servers(TINY_GGUF, "--kv-disk", d)
+    p1, p2 = story(21), story(22)
+    # the same prompt on both (same record names), and one of its own each
+    for s in (a, b, a, b):
+        complete(s, P)
+    complete(a, p1)
+    complete(b, p2)
+    for s in (a, b):
+        s.proc.send_signal(signal.SIGTERM)
+    stop_ok(a)
+    stop_ok(b)
+    assert all(e.get("problem") is None for e in listing(d))
+
+    c = servers(TINY_GGUF, "--kv-disk", d)
+    wait_scan(c)
+    assert metrics(c)["augur_prefix_cache_disk_dropped_records_total"] == 0
+    for p in (P, p1, p2):
+        text, n, cached = complete(c, p)
+        assert cached == full_blocks(n - 1)
+        assert text == cold(tiny_server, p)
+    assert metrics(c)["augur_prefix_cache_disk_restore_failures_total"] == 0
+    stop_ok(c)
+
+
+def test_disk_cap_is_kept(servers, tmp_path):
+    d = str(tmp_path / "kv")
+    cap = 64 * 1024
+    s = servers(TINY_GGUF, "--kv-disk", d, "--kv-disk-max", "64K")
+    wait_scan(s)
+    for i in range(4):
+        complete(s, story(30 + i, 8), n=4)
+    m = wait_for(s, lambda m: m["augur_prefix_cache_disk_records_written_total"] >= 12 and
+                 m["augur_prefix_cache_disk_bytes"] <= cap and m["augur_prefix_cache_disk_evictions_total"] > 0,
+                 "records written and the cap enforced")
+    assert m["augur_prefix_cache_disk_max_bytes"] == cap
+    stop_ok(s)
+    assert 0 < disk_bytes(d) <= cap
+
+
+def test_full_disk_turns_writing_off_and_serving_goes_on(servers, tmp_path, tiny_server):
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k augur-probe /mnt"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("cannot mount a tmpfs in a private mount namespace here (unshare -m needs CAP_SYS_ADMIN): "
+                    + probe.stderr.decode(errors="replace").strip())
+    d = str(tmp_path / "tiny-fs")
+    os.mkdir(d)
+    # a 64 KiB tmpfs over d, seen only by the server (it holds about 5 records)
+    wrap = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64k augur-test "$0" && exec "$@"', d]
+    s = servers(TINY_GGUF, "--kv-disk", d, "--kv-disk-max", "1G", prefix=wrap)
+    wait_scan(s)
+    prompts = [story(40 + i, 8) for i in range(4)]
+    for p in prompts:
+        complete(s, p, n=4)
+    m = wait_for(s, lambda m: m["augur_prefix_cache_disk_writable"] == 0, "writing to turn off")
+    assert m["augur_prefix_cache_disk_write_failures_total"] >= 1
+    assert m["augur_prefix_cache_disk_enabled"] == 1
+    for p in prompts:  # still serving, from memory
+        text, n, cached = complete(s, p)
+        assert cached == full_blocks(n - 1)
+        assert text == cold(tiny_server, p)
+    assert s.stderr().count("writing to the disk tier is off") == 1
+    stop_ok(s)
+
+
+# ---- the default directory ----
+
+def test_disk_tier_is_on_by_default_in_a_per_user_directory(servers, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "XDG_CACHE_HOME"}
+    env["HOME"] = str(tmp_path / "home")
+    os.mkdir(env["HOME"])
+    s = servers(TINY_GGUF, env=env, default_disk=True)
+    complete(s, P, n=2)
+    stop_ok(s)
+    kv = os.path.join(env["HOME"], ".cache", "augur", "kv")
+    subdirs = os.listdir(kv)
+    assert len(subdirs) == 1 and len(subdirs[0]) == 16  # the model fingerprint in hex
+    assert records(os.path.join(kv, subdirs[0]))
+
+    env["XDG_CACHE_HOME"] = str(tmp_path / "xdg")
+    s = servers(TINY_GGUF, env=env, default_disk=True)
+    wait_scan(s)
+    complete(s, P, n=2)
+    stop_ok(s)
+    assert records(os.path.join(env["XDG_CACHE_HOME"], "augur", "kv", subdirs[0]))
+
+
+def test_an_unusable_directory_is_one_warning(servers, tmp_path):
+    bad = tmp_path / "file"
+    bad.write_text("not a directory")
+    s = servers(TINY_GGUF, "--kv-disk", str(bad / "kv"))
+    text, n, _ = complete(s, P)
+    _, _, cached = complete(s, P)
+    assert cached == full_blocks(n - 1)  # the memory tier still works
+    assert metrics(s)["augur_prefix_cache_disk_enabled"] == 0
+    log = s.stderr()
+    assert log.count("kv disk cache off") == 1, log
+    stop_ok(s)
+
+
+def test_kv_disk_flags_are_checked(servers, tmp_path):
+    from conftest import run_augur
+    for i, (flag, want) in enumerate([("512M", 512 << 20), ("32G", 32 << 30), ("1.5GiB", 3 << 29), ("100000", 100000)]):
+        s = servers(TINY_GGUF, "--kv-disk", str(tmp_path / str(i)), "--kv-disk-max", flag)
+        assert wait_scan(s)["augur_prefix_cache_disk_max_bytes"] == want
+        stop_ok(s)
+    for bad in (["--kv-disk-max", "12Q"], ["--kv-disk-max", "-1G"], ["--kv-disk-max", "0"], ["--kv-disk", ""]):
+        p = run_augur("serve", "-m", TINY_GGUF, "--port", "0", *bad, timeout=30)
+        assert p.returncode == 2, (bad, p.stderr)
+    p = run_augur("serve", "--help")
+    assert b"--kv-disk DIR" in p.stdout and b"--kv-disk-max SIZE" in p.stdout and b"--no-kv-disk" in p.stdout
