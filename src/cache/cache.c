@@ -564,6 +564,10 @@ void ag_cache_get_stats(const ag_cache *c, ag_cache_stats *out) {
     *out = c->st;
     out->disk_enabled = c->disk_on;
     out->disk_writable = c->disk_on && atomic_load(&m->write_on);
-    out->scan_done = c->scan_finished || !c->disk_on;
+    /* done = merged into the index (what lookups and the record counts
+     * see), not merely read by the background thread */
+    out->scan_done = c->scan_merged || !c->disk_on;
+    out->records_on_disk = (uint64_t)c->n_on_disk;
+    out->disk_bytes = (uint64_t)c->n_on_disk * c->record_bytes;
     pthread_mutex_unlock(&m->mu);
 }

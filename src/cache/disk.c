@@ -640,7 +640,9 @@ static void merge_scan(ag_cache *c, scan_item *items, int32_t n, const int32_t *
         qsort_ctx = NULL;
     }
     free(ids);
+    pthread_mutex_lock(&c->mu); /* read by ag_cache_get_stats from other threads */
     c->scan_merged = true;
+    pthread_mutex_unlock(&c->mu);
     if (!c->cap_explicit) {
         uint64_t def = (uint64_t)32 << 30, tenth = (c->free_at_start + (uint64_t)c->n_on_disk * c->record_bytes) / 10;
         c->disk_max = tenth < def ? tenth : def;

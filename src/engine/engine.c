@@ -459,18 +459,6 @@ static void admit(ag_engine *e) {
         request *r = e->queue_head;
         int need = request_blocks(e, r);
         if (e->running && e->running_choices + r->n_choices > e->p.n_parallel) break;
-        if (e->cache && e->booked + need <= e->n_blocks) {
-            /* Blocks only the cache holds are free space to the engine
-             * (blocks it shares with running sequences are in their
-             * booking): give way to new work. The cache is not called with
-             * mu held; only this thread pops the queue and changes the
-             * booking, so r stays the head and the sum stays valid. */
-            int booked = e->booked;
-            pthread_mutex_unlock(&e->mu);
-            int over = booked + need + ag_cache_reclaimable(e->cache) - e->n_blocks;
-            if (over > 0) ag_cache_evict(e->cache, over);
-            pthread_mutex_lock(&e->mu);
-        }
         if (e->running && (e->running_choices + r->n_choices > e->p.n_parallel || e->booked + need > e->n_blocks))
             break;
         e->queue_head = r->next;
@@ -506,6 +494,19 @@ static void admit(ag_engine *e) {
         }
         if (!st) st = ag_kv_seq_new(e->kv, &r->ch[0].seq);
         if (!st) reuse_prefix(e, r);
+        if (e->cache) {
+            /* Blocks only the cache holds are free space to the engine:
+             * give way to the new work, but only after its own prefix was
+             * adopted (least-recently-used eviction would otherwise take
+             * the very blocks it is about to reuse, e.g. a long prompt
+             * asked again when the pool holds just one such prompt). The
+             * cache is not called with mu held. */
+            pthread_mutex_lock(&e->mu);
+            int booked = e->booked;
+            pthread_mutex_unlock(&e->mu);
+            int over = booked + ag_cache_reclaimable(e->cache) - e->n_blocks;
+            if (over > 0) ag_cache_evict(e->cache, over);
+        }
         /* link first so that finishing unlinks it cleanly */
         pthread_mutex_lock(&e->mu);
         r->next = e->running;
