@@ -13,6 +13,22 @@
 /* Where a new sequence's acceptance estimate starts: optimistic enough that
  * the first rounds draft, so the estimate can learn from them. */
 #define ACCEPT_PRIOR 0.6
+/* How much more a longer draft must promise (expected tokens per unit of
+ * cost) to be chosen: the model is rough (acceptance falls along a draft;
+ * step times are noisy), and on open chat a predicted 2-10% gain measured
+ * as a 7-16% loss on an AVX2 CPU (bench/RESULTS.md). Overridable for
+ * experiments with AUGUR_SPEC_MARGIN. */
+#define AG_SPEC_MARGIN spec_margin()
+
+static double spec_margin(void) {
+    static double m = 0;
+    if (m == 0) {
+        const char *v = getenv("AUGUR_SPEC_MARGIN");
+        double      x = v ? atof(v) : 0;
+        m = x >= 1.0 && x <= 3.0 ? x : 1.15;
+    }
+    return m;
+}
 
 struct ag_spec_seq {
     ag_draft_source *src;
@@ -119,7 +135,7 @@ static int best_length(const ag_spec_seq *s, int cap, float row_cost) {
         ak *= a;
         e += ak;
         double v = e / (1.0 + d * c);
-        if (v > best * 1.02) { /* a longer draft must pay clearly */
+        if (v > best * AG_SPEC_MARGIN) { /* a longer draft must pay clearly */
             best = v;
             best_d = d;
         }
