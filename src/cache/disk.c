@@ -924,17 +924,27 @@ void disk_flush_wait(ag_cache *c) {
 
 /* ---- directory tools ---- */
 
-ag_status ag_cache_dir_list(const char *dir, bool (*fn)(void *user, const ag_cache_dir_entry *e), void *user) {
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(errno));
-    int  lfd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
-    if (!d) {
+/* Opens dir twice: *dfd for the *at() calls on its entries, *d (over a
+ * second descriptor, which closedir owns) to list them. */
+static ag_status open_dir_for_listing(const char *dir, int *dfd, DIR **d) {
+    *dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*dfd < 0) return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(errno));
+    int lfd = openat(*dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+    if (!*d) {
         int e = errno;
         if (lfd >= 0) close(lfd);
-        close(dfd);
+        close(*dfd);
         return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(e));
     }
+    return AG_OK;
+}
+
+ag_status ag_cache_dir_list(const char *dir, bool (*fn)(void *user, const ag_cache_dir_entry *e), void *user) {
+    int       dfd;
+    DIR      *d;
+    ag_status ost = open_dir_for_listing(dir, &dfd, &d);
+    if (ost) return ost;
     struct dirent  *e;
     ag_cache_record rec;
     char            why[300];
@@ -965,16 +975,10 @@ ag_status ag_cache_dir_clear(const char *dir, uint64_t *n_files, uint64_t *n_byt
     uint64_t nf = 0, nb = 0;
     if (n_files) *n_files = 0;
     if (n_bytes) *n_bytes = 0;
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd < 0) return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(errno));
-    int  lfd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
-    if (!d) {
-        int e = errno;
-        if (lfd >= 0) close(lfd);
-        close(dfd);
-        return ag_errorf(AG_ERR_IO, "%s: %s", dir, strerror(e));
-    }
+    int       dfd;
+    DIR      *d;
+    ag_status ost = open_dir_for_listing(dir, &dfd, &d);
+    if (ost) return ost;
     struct dirent *e;
     ag_status      st = AG_OK;
     while ((e = readdir(d))) {
