@@ -36,6 +36,11 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+double ag_cli_sorted_median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* Runs one prefill of n tokens (chunks of at most 512) on a fresh sequence,
  * or n decode steps on each of n_seq fresh sequences (one batch of n_seq
  * decode rows per step); returns tokens per second over all sequences, or a
@@ -155,13 +160,7 @@ int ag_cli_bench(int argc, char **argv) {
             tgs[r] = b;
         }
     }
-    qsort(pps, (size_t)reps, sizeof(double), cmp_double);
-    qsort(tgs, (size_t)reps, sizeof(double), cmp_double);
-    double pp_med = pps[reps / 2], tg_med = tgs[reps / 2];
-    if (reps % 2 == 0) {
-        pp_med = (pps[reps / 2 - 1] + pps[reps / 2]) / 2;
-        tg_med = (tgs[reps / 2 - 1] + tgs[reps / 2]) / 2;
-    }
+    double pp_med = ag_cli_sorted_median(pps, (int)reps), tg_med = ag_cli_sorted_median(tgs, (int)reps);
     int nthreads = ag_cpu_backend_threads(ag_model_backend(m));
     double gb = ag_model_weight_bytes(m) / 1e9;
     if (json) {

@@ -78,16 +78,6 @@ static bool generate(ag_engine *e, const int32_t *ids, int n_ids, int n_gen, int
     return true;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 int ag_cli_bench_spec(const char *model_path, const char *prompt_file, const ag_cli_draft_opts *dopt, int n_gen,
                       int reps, int threads, bool json) {
     int             rc = 1;
@@ -164,7 +154,7 @@ int ag_cli_bench_spec(const char *model_path, const char *prompt_file, const ag_
     }
     ag_engine_stats st;
     ag_engine_get_stats(eng, &st);
-    double mp = median(t_plain, reps), ms = median(t_spec, reps);
+    double mp = ag_cli_sorted_median(t_plain, reps), ms = ag_cli_sorted_median(t_spec, reps);
     double acc = st.spec.drafted ? (double)st.spec.accepted / (double)st.spec.drafted : 0;
     double per_step = st.spec.rounds ? (double)st.spec.emitted / (double)st.spec.rounds : 0;
     if (json) {

@@ -59,6 +59,10 @@ int ag_cli_draft_flag(const char *flag, const char *value, ag_cli_draft_opts *o)
 int ag_cli_draft_open(const ag_cli_draft_opts *o, ag_model *m, const ag_tok *tok, int threads,
                       ag_engine_params *ep, ag_draft_setup **setup);
 
+/* Sorts v[0..n) ascending (so v[0] and v[n-1] are the range) and returns
+ * its median (the mean of the middle two for even n). n >= 1. */
+double ag_cli_sorted_median(double *v, int n);
+
 /* `augur bench --draft`: speculative vs plain greedy decoding on one prompt
  * (prompt_file, or a built-in code edit when NULL). Exit code. */
 int ag_cli_bench_spec(const char *model_path, const char *prompt_file, const ag_cli_draft_opts *dopt, int n_gen,

@@ -18,8 +18,6 @@
  * step times are noisy), and on open chat a predicted 2-10% gain measured
  * as a 7-16% loss on an AVX2 CPU (bench/RESULTS.md). Overridable for
  * experiments with AUGUR_SPEC_MARGIN. */
-#define AG_SPEC_MARGIN spec_margin()
-
 static double spec_margin(void) {
     static double m = 0;
     if (m == 0) {
@@ -135,7 +133,7 @@ static int best_length(const ag_spec_seq *s, int cap, float row_cost) {
         ak *= a;
         e += ak;
         double v = e / (1.0 + d * c);
-        if (v > best * AG_SPEC_MARGIN) { /* a longer draft must pay clearly */
+        if (v > best * spec_margin()) { /* a longer draft must pay clearly */
             best = v;
             best_d = d;
         }

@@ -112,7 +112,7 @@ ag_status ag_spec_prefill(ag_spec_seq *s, const int32_t *prompt, int n);
  * this sequence (logged once) and returns 0. */
 int            ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap, float row_cost);
 const int32_t *ag_spec_drafts(const ag_spec_seq *s);
-/* The source's per-token cost (for the engine's accounting). */
+/* The sequence's counters so far (borrowed; valid until ag_spec_seq_free). */
 const ag_spec_stats *ag_spec_get_stats(const ag_spec_seq *s);
 /* Resident bytes of the sequence's source and its draft buffers. */
 size_t ag_spec_resident_bytes(const ag_spec_seq *s);
