@@ -8,6 +8,8 @@
 #   make bench      benchmarks in build/bench (e.g. build/bench/quant_bench)
 #   make bench-peer llama-cpp-python built for this CPU (the benchmarks' peer; bench/build_peer.sh)
 #   make bench-spec speculative decoding vs llama.cpp prompt lookup (bench/spec_bench.py $(SPEC_ARGS))
+#   make CUDA=1     ... with the CUDA backend (nvcc; --device cuda)
+#   make gpu-test   on a GPU machine: build with CUDA=1 and run scripts/gpu_test.sh
 #   make format     clang-format over the sources
 #
 # Sources are discovered: every .c under src/ except src/cli goes into the
@@ -28,6 +30,29 @@ FUZZ_SRC := $(sort $(wildcard fuzz/fuzz_*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# The CUDA backend (src/backend/cuda/*.cu): `make CUDA=1`, with nvcc on the
+# PATH or under CUDA_HOME. Without it the backend is not built and
+# --device cuda is a clear error.
+comma     := ,
+CUDA      ?= 0
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null))
+NVCC      ?= $(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc,nvcc)
+CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90
+CU_SRC    := $(sort $(shell find src -name '*.cu'))
+NVCCFLAGS := -std=c++17 -O3 $(CUDA_ARCH) -Isrc -Iinclude -DAUGUR_CUDA -Xcompiler -Wall,-fno-strict-aliasing \
+             -lineinfo -MMD -MP
+ifeq ($(CUDA),1)
+CFLAGS_ALL += -DAUGUR_CUDA
+LIB_OBJ    += $(CU_SRC:%.cu=$(BUILD)/%.o)
+LDLIBS_ALL += $(if $(CUDA_HOME),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64) -lcublas -lcudart -lstdc++
+endif
+
+# Objects depend on the configuration, so switching CUDA=0/1 (or flags)
+# rebuilds what it changes.
+CONFIG_STAMP := $(BUILD)/config.stamp
+CONFIG_LINE  := $(CFLAGS_ALL) CUDA=$(CUDA) $(CUDA_ARCH)
+$(shell mkdir -p $(BUILD) && (echo '$(CONFIG_LINE)' | cmp -s - $(CONFIG_STAMP) || echo '$(CONFIG_LINE)' > $(CONFIG_STAMP)))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libaugur.a
 BIN      := $(BUILD)/augur
@@ -36,12 +61,21 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 PYTEST   ?= python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: all test test-models unit e2e asan fuzz bench bench-peer bench-spec format clean
+.PHONY: cuda-check gpu-test all test test-models unit e2e asan fuzz bench bench-peer bench-spec format clean
 all: $(BIN) $(TEST_BIN)
 
-$(BUILD)/%.o: %.c
+$(BUILD)/%.o: %.c $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/%.o: %.cu $(CONFIG_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# Compiles the CUDA sources without linking (`make test` does this when nvcc
+# is installed, so they never rot on machines without a GPU).
+cuda-check:
+	@set -e; for f in $(CU_SRC); do echo "nvcc -c $$f"; $(NVCC) $(NVCCFLAGS) -c $$f -o /dev/null; done
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -63,7 +97,7 @@ unit: $(TEST_BIN)
 e2e: $(BIN)
 	AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) tests/py
 
-test: unit e2e
+test: unit e2e $(if $(shell command -v nvcc 2>/dev/null),cuda-check)
 
 # The slow suites: parity and tokenizer checks on the bigger models (fetched here).
 test-models: $(BIN)

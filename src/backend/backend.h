@@ -1,13 +1,25 @@
 /* The backend op table: what a device must provide to run a model.
  *
  * A model (src/model) is a description of ops; it never touches device memory
- * directly. It asks its backend for activation buffers and calls the ops
- * below on them. The CPU backend (src/backend/cpu) is the reference: every op
- * of another backend is tested against it with a stated tolerance, and a
- * backend may leave a member NULL to fall back to the CPU's.
+ * directly. It asks its backend for buffers (alloc), hands it the weights
+ * once at load (prepare_weight), calls the ops below on backend buffers, and
+ * copies only what the host needs (the logits rows) back with download. The
+ * CPU backend (src/backend/cpu) is the reference: every op of another backend
+ * is tested against it with a stated tolerance (tests/unit/test_backend_ops.c).
+ * Every backend implements every op: there is no per-op fallback to the CPU
+ * (a device op that fell back would need its inputs copied back and forth
+ * inside a step, which is never what a user of a GPU wants; a backend that
+ * cannot run a model says so at load).
  *
  * Buffers are float32 arrays in the backend's memory (host memory for the
- * CPU). Row-major: "x[n][d]" means n rows of d floats. */
+ * CPU, device memory for CUDA). Row-major: "x[n][d]" means n rows of d
+ * floats. Host-side arguments (ids, positions, the batch layout, the KV
+ * cache's bookkeeping) are plain host pointers; a device backend copies what
+ * its kernels need.
+ *
+ * Ordering and errors: ops are issued in order on the backend's one stream
+ * and may run asynchronously; a failure may surface at a later op or at
+ * download/sync, as an ag_status (never an abort). */
 #ifndef AG_BACKEND_H
 #define AG_BACKEND_H
 
@@ -18,15 +30,19 @@
 #include "base/status.h"
 
 typedef struct ag_kv ag_kv;
+struct ag_kv_mem;
 
 /* A weight matrix or vector as stored in the model file: ne[0] elements per
- * row (contiguous), ne[1] rows. `data` is borrowed (mmapped file). */
+ * row (contiguous), ne[1] rows. `data` is borrowed (mmapped file); after the
+ * backend's prepare_weight it is the backend's copy (device memory for a GPU),
+ * and `host` keeps the file's bytes for whoever needs them on the host. */
 typedef struct {
     const char *name;
     uint32_t    type; /* ag_tensor_type */
     int64_t     ne[4];
     size_t      row_bytes;
     const void *data;
+    const void *host; /* the mapped file's bytes (== data on the CPU) */
 } ag_tensor;
 
 /* Where each token of a batch sits, for the attention and KV ops. */
@@ -49,6 +65,39 @@ typedef struct ag_backend ag_backend;
 
 typedef struct {
     const char *name;
+    /* true: buffers are plain host memory (the CPU); download/upload are
+     * memcpy and the model may hand host arrays straight to ops. */
+    bool host_memory;
+
+    /* ---- memory ---- */
+    /* A buffer of `bytes` in backend memory, 256-byte aligned, contents
+     * unspecified; NULL when out of memory. */
+    void *(*alloc)(ag_backend *, size_t bytes);
+    void (*free)(ag_backend *, void *p); /* NULL-safe */
+    ag_status (*upload)(ag_backend *, void *dst, const void *host_src, size_t bytes);
+    /* Waits for every op issued before it, then copies. */
+    ag_status (*download)(ag_backend *, void *host_dst, const void *src, size_t bytes);
+    ag_status (*copy)(ag_backend *, void *dst, const void *src, size_t bytes); /* backend -> backend */
+    /* Called once per weight tensor at load, before any op uses it: a device
+     * backend copies t->data into its memory and points t->data there
+     * (t->host keeps the file bytes). Tensors sharing host bytes (tied
+     * embeddings) share one copy. NULL: nothing to do. */
+    ag_status (*prepare_weight)(ag_backend *, ag_tensor *t);
+    /* The memory the KV pool lives in (kv/kv.h ag_kv_mem), NULL for host
+     * memory. Valid as long as the backend. */
+    const struct ag_kv_mem *(*kv_mem)(ag_backend *);
+    /* Waits for all issued ops; returns the first error any of them hit. */
+    ag_status (*sync)(ag_backend *);
+    void (*destroy)(ag_backend *);
+
+    /* ---- ops ---- */
+    /* Called once at the start of each forward pass, before any op, with
+     * the arrays the pass's ops will receive (lay->pos is rope's pos, tokens
+     * get_rows' ids) and the KV cache after the pass's slots are reserved;
+     * they stay unchanged until the pass ends. A device backend copies them
+     * (and the sequences' block tables) to the device once here. NULL:
+     * nothing to do. */
+    ag_status (*begin)(ag_backend *, ag_kv *kv, const ag_batch_layout *lay, const int32_t *tokens);
     /* y[n][w.ne[1]] = x[n][w.ne[0]] · Wᵀ, any supported weight type. Rows
      * [0, n_decode) are decode/verify rows, rows [n_decode, n) prompt rows:
      * each kind has its own kernels (see ag_batch.n_prompt); a row's result
@@ -61,21 +110,21 @@ typedef struct {
     /* out[i][:] = row ids[i] of w, dequantized. Ids are checked by the caller. */
     ag_status (*get_rows)(ag_backend *, const ag_tensor *w, const int32_t *ids, int n, float *out);
     /* out[i] = x[i] / rms(x[i]) * w, per row of `dim`; w may be NULL (no gain). out may alias x. */
-    void (*rmsnorm)(ag_backend *, const float *x, const float *w, int n, int dim, float eps, float *out);
+    ag_status (*rmsnorm)(ag_backend *, const float *x, const float *w, int n, int dim, float eps, float *out);
     /* Rotary embedding in place on x[n][n_head][head_dim] over the first rope_dim
      * dims of each head, at positions pos[n]. neox: rotate pairs (i, i + rope_dim/2);
      * else adjacent pairs (2i, 2i + 1). */
-    void (*rope)(ag_backend *, float *x, int n, int n_head, int head_dim, int rope_dim,
+    ag_status (*rope)(ag_backend *, float *x, int n, int n_head, int head_dim, int rope_dim,
                  const int32_t *pos, float base, float freq_scale, bool neox);
     /* x[i][j] += b[j] for n rows of dim. */
-    void (*add_bias)(ag_backend *, float *x, const float *b, int n, int dim);
+    ag_status (*add_bias)(ag_backend *, float *x, const float *b, int n, int dim);
     /* y += x, n elements. */
-    void (*add)(ag_backend *, float *y, const float *x, size_t n);
+    ag_status (*add)(ag_backend *, float *y, const float *x, size_t n);
     /* x *= s, n elements. */
-    void (*scale)(ag_backend *, float *x, float s, size_t n);
+    ag_status (*scale)(ag_backend *, float *x, float s, size_t n);
     /* gate[i] = act(gate[i]) * up[i], n elements; act is SiLU or GELU (tanh approx.). */
-    void (*silu_mul)(ag_backend *, float *gate, const float *up, size_t n);
-    void (*gelu_mul)(ag_backend *, float *gate, const float *up, size_t n);
+    ag_status (*silu_mul)(ag_backend *, float *gate, const float *up, size_t n);
+    ag_status (*gelu_mul)(ag_backend *, float *gate, const float *up, size_t n);
     /* Stores k[n][n_head_kv*hd_k], v[n][n_head_kv*hd_v] at each token's (seq, pos)
      * in the layer's KV cache (the caller reserved the slots). */
     ag_status (*kv_store)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,
@@ -91,6 +140,20 @@ struct ag_backend {
     void                 *impl; /* backend-private state (thread pool, scratch, device) */
 };
 
+/* ---- choosing a backend ---- */
+typedef enum {
+    AG_DEVICE_AUTO = 0, /* CUDA when the build has it and a GPU is present, else the CPU */
+    AG_DEVICE_CPU,
+    AG_DEVICE_CUDA,
+} ag_device;
+
+/* Parses "auto", "cpu", "cuda"; false for anything else. */
+bool        ag_device_parse(const char *s, ag_device *out);
+const char *ag_device_name(ag_device d);
+/* Whether this build has the CUDA backend and a usable GPU is present
+ * (false in a build without it, never an error). */
+bool ag_cuda_available(void);
+
 /* ---- the CPU backend ---- */
 typedef struct {
     int n_threads; /* 0: all online cores */
@@ -99,7 +162,13 @@ typedef struct {
 ag_cpu_params ag_cpu_default_params(void);
 /* Creates the CPU backend (thread pool and scratch). Free with ag_backend_free. */
 ag_status ag_cpu_backend_new(const ag_cpu_params *p, ag_backend **out);
-void      ag_backend_free(ag_backend *be); /* NULL-safe */
+void      ag_backend_free(ag_backend *be); /* any backend; NULL-safe */
+/* The CPU backend's thread count; 0 for another backend. */
 int       ag_cpu_backend_threads(const ag_backend *be);
+
+/* Creates the backend for `dev` (AUTO resolved as above); the CPU params
+ * apply to the CPU backend (and its host-side helpers). AG_ERR_UNSUPPORTED
+ * when CUDA is asked for in a build without it or with no GPU present. */
+ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, ag_backend **out);
 
 #endif

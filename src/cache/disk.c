@@ -845,10 +845,21 @@ bool disk_restore(ag_cache *c, int32_t id, int32_t block) {
             close(fd);
             return false; /* not the record's fault: keep it */
         }
+        /* A host pool is read straight into the block; a device pool
+         * (GPU backend) through a host staging buffer in the portable
+         * copy format, moved in with ag_kv_block_copy_in once verified. */
+        uint8_t *staging = NULL;
+        if (!ag_kv_host_visible(c->kv) && !(staging = malloc(L->copy_bytes * (size_t)L->n_layers))) {
+            if (iov != stack_iov) free(iov);
+            close(fd);
+            return false; /* not the record's fault: keep it */
+        }
         iov[0] = (struct iovec){h, c->header_bytes};
         for (int32_t l = 0; l < L->n_layers; l++) {
-            iov[1 + 2 * l] = (struct iovec){ag_kv_block_k(c->kv, l, block), kb};
-            iov[2 + 2 * l] = (struct iovec){ag_kv_block_v(c->kv, l, block), vb};
+            uint8_t *k = staging ? staging + (size_t)l * L->copy_bytes : ag_kv_block_k(c->kv, l, block);
+            uint8_t *v = staging ? k + kb : ag_kv_block_v(c->kv, l, block);
+            iov[1 + 2 * l] = (struct iovec){k, kb};
+            iov[2 + 2 * l] = (struct iovec){v, vb};
         }
         ssize_t         got = preadv_full(fd, iov, niov, 0);
         ag_cache_record rec;
@@ -868,11 +879,17 @@ bool disk_restore(ag_cache *c, int32_t id, int32_t block) {
             XXH3_state_t *s = c->hash_state;
             XXH3_64bits_reset(s);
             for (int32_t l = 0; l < L->n_layers; l++) {
-                XXH3_64bits_update(s, ag_kv_block_k(c->kv, l, block), kb);
-                XXH3_64bits_update(s, ag_kv_block_v(c->kv, l, block), vb);
+                /* (preadv_full advanced iov: the regions are named again) */
+                const uint8_t *k = staging ? staging + (size_t)l * L->copy_bytes : ag_kv_block_k(c->kv, l, block);
+                XXH3_64bits_update(s, k, kb);
+                XXH3_64bits_update(s, staging ? k + kb : ag_kv_block_v(c->kv, l, block), vb);
             }
             if (XXH3_64bits_digest(s) != rec.payload_hash) snprintf(why, sizeof why, "payload checksum mismatch");
         }
+        for (int32_t l = 0; staging && !why[0] && l < L->n_layers; l++)
+            if (ag_kv_block_copy_in(c->kv, block, l, staging + (size_t)l * L->copy_bytes, L->copy_bytes) != AG_OK)
+                snprintf(why, sizeof why, "copy to the device failed: %s", ag_error_message());
+        free(staging);
         if (iov != stack_iov) free(iov);
         if (why[0]) {
             close(fd);

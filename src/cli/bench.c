@@ -123,6 +123,7 @@ int ag_cli_bench(int argc, char **argv) {
     if (prompt_file) return ag_cli_usage_error(usage, "bench: -f goes with --draft");
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = (int)threads;
+    mp.device = ag_cli_device;
     ag_model *m;
     if (ag_model_load(model_path, &mp, &m)) return ag_cli_fail("%s", ag_error_message());
     const ag_model_config *c = ag_model_config_of(m);
@@ -132,6 +133,7 @@ int ag_cli_bench(int argc, char **argv) {
     ag_kv_params kp = ag_kv_default_params();
     ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
     kp.max_seqs = (int)n_seq;
+    kp.mem = ag_model_kv_mem(m);
     kp.budget_bytes = (size_t)1 << 20; /* resized below */
     ag_kv *kv = NULL;
     float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * (size_t)n_seq);

@@ -24,6 +24,8 @@ int ag_cli_cache(int argc, char **argv);
 
 /* Loads a model (threads: 0 = all cores) and its tokenizer; on failure
  * prints the error, leaves both NULL and returns 1. */
+/* The --device every command's model loads use (main.c takes the flag out of argv). */
+extern ag_device ag_cli_device;
 int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok);
 
 /* Strict parsers for flag values: the whole string must be a number within

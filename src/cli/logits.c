@@ -12,9 +12,11 @@
 #include "model/model.h"
 
 static const char usage[] =
-    "usage: augur logits [-m MODEL] --tokens FILE -o OUT [--chunk N] [-t THREADS] [--kv f16|f32]\n"
+    "usage: augur logits [-m MODEL] --tokens FILE -o OUT [--chunk N] [--decode] [-t THREADS] [--kv f16|f32]\n"
     "  FILE: whitespace-separated token ids. OUT: float32 logits, one row of n_vocab per token.\n"
-    "  --chunk N: tokens per forward pass (default 64; 1 = token-by-token decode).\n";
+    "  --chunk N: tokens per forward pass (default 64; 1 = token-by-token).\n"
+    "  --decode: run each chunk as decode rows (the kernels of decoding and speculative verify)\n"
+    "            instead of prompt rows.\n";
 
 static int read_ids(const char *path, int32_t **ids, int *n) {
     FILE *f = fopen(path, "r");
@@ -49,7 +51,9 @@ static int read_ids(const char *path, int32_t **ids, int *n) {
 int ag_cli_logits(int argc, char **argv) {
     const char *model_path = NULL, *tokens_path = NULL, *out_path = NULL;
     int chunk = 64;
+    bool as_decode = false;
     ag_model_params mp = ag_model_default_params();
+    mp.device = ag_cli_device;
     ag_kv_dtype dtype = AG_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -57,6 +61,10 @@ int ag_cli_logits(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             fputs(usage, stdout);
             return 0;
+        }
+        if (!strcmp(a, "--decode")) {
+            as_decode = true;
+            continue;
         }
         if (!val) return ag_cli_usage_error(usage, "option %s needs a value (or is unknown)", a);
         if (!strcmp(a, "-m")) model_path = val;
@@ -93,6 +101,7 @@ int ag_cli_logits(int argc, char **argv) {
     ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
     kp.dtype = dtype;
     kp.max_seqs = 1;
+    kp.mem = ag_model_kv_mem(m);
     const ag_kv_layout *L;
     {
         /* Size the pool for exactly this sequence. */
@@ -134,7 +143,8 @@ int ag_cli_logits(int argc, char **argv) {
     for (int p0 = 0; p0 < n; p0 += chunk) {
         int k = n - p0 < chunk ? n - p0 : chunk;
         for (int i = 0; i < k; i++) pos[i] = p0 + i;
-        ag_batch b = {.n = k, .token = ids + p0, .pos = pos, .seq = seqs, .want_logits = want, .n_prompt = k};
+        ag_batch b = {.n = k, .token = ids + p0, .pos = pos, .seq = seqs, .want_logits = want,
+                     .n_prompt = as_decode ? 0 : k};
         if ((st = ag_kv_seq_reserve(kv, seq, k)) || (st = ag_model_forward(m, kv, &b, logits)) ||
             (st = ag_kv_seq_commit(kv, seq, p0 + k))) {
             ag_cli_fail("%s", ag_error_message());

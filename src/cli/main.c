@@ -27,7 +27,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: augur <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n'augur <command> --help' shows a command's options.\n");
+    fprintf(f, "\n'augur <command> --help' shows a command's options. Every command that loads a model\n"
+               "takes --device cpu|cuda|auto (default auto: cuda when built in and a GPU is present).\n");
 }
 
 int ag_cli_fail(const char *fmt, ...) {
@@ -74,7 +75,38 @@ const char *ag_cli_default_model(void) {
     return rel;
 }
 
+ag_device ag_cli_device = AG_DEVICE_AUTO;
+
+/* Takes `--device cpu|cuda|auto` (or --device=X) out of argv wherever it
+ * appears, so every command that loads a model honours it without parsing
+ * it itself. Returns false (after a message) for a bad value. */
+static bool take_device_flag(int *argc, char **argv) {
+    const char *env = getenv("AUGUR_DEVICE");
+    if (env && *env && !ag_device_parse(env, &ag_cli_device)) {
+        ag_cli_fail("AUGUR_DEVICE=%s: expected cpu, cuda or auto", env);
+        return false;
+    }
+    int w = 0;
+    for (int r = 0; r < *argc; r++) {
+        const char *v = NULL;
+        if (!strcmp(argv[r], "--device")) {
+            if (r + 1 >= *argc) return ag_cli_fail("--device needs a value: cpu, cuda or auto") == 0;
+            v = argv[++r];
+        } else if (!strncmp(argv[r], "--device=", 9)) {
+            v = argv[r] + 9;
+        } else {
+            argv[w++] = argv[r];
+            continue;
+        }
+        if (!ag_device_parse(v, &ag_cli_device)) return ag_cli_fail("--device %s: expected cpu, cuda or auto", v) == 0;
+    }
+    *argc = w;
+    argv[w] = NULL;
+    return true;
+}
+
 int main(int argc, char **argv) {
+    if (!take_device_flag(&argc, argv)) return 2;
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -811,6 +811,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     ag_kv_params kp = ag_kv_default_params();
     ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
     kp.dtype = p.kv_dtype;
+    kp.mem = ag_model_kv_mem(m);
     /* the choices' sequences; the prefix cache holds blocks, not sequences */
     kp.max_seqs = p.n_parallel + 1;
     ag_status st;

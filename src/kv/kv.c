@@ -41,7 +41,26 @@ struct ag_kv {
     size_t       meta_bytes;
     uint64_t     cow_copies;
     uint64_t     nomem_errors;
+    const ag_kv_mem *mem; /* NULL: host pool */
 };
+
+/* Block-byte moves, through the device hooks when the pool is not host
+ * memory. A failed device copy is reported by the caller as AG_ERR_IO. */
+static int pool_copy(const ag_kv *kv, void *dst, const void *src, size_t n) {
+    if (kv->mem) return kv->mem->copy(kv->mem->ctx, dst, src, n);
+    memcpy(dst, src, n);
+    return 0;
+}
+static int pool_to_host(const ag_kv *kv, void *host, const void *src, size_t n) {
+    if (kv->mem) return kv->mem->to_host(kv->mem->ctx, host, src, n);
+    memcpy(host, src, n);
+    return 0;
+}
+static int pool_from_host(const ag_kv *kv, void *dst, const void *host, size_t n) {
+    if (kv->mem) return kv->mem->from_host(kv->mem->ctx, dst, host, n);
+    memcpy(dst, host, n);
+    return 0;
+}
 
 static size_t align_up(size_t x) { return (x + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1); }
 
@@ -207,8 +226,10 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
     kv->v_offset = align_up(k_bytes);
     kv->pool_bytes = nb * lay.block_bytes;
     /* calloc: positions never written read as zeros (deterministic bytes for
-     * persistence), and large callocs are fresh, lazily committed pages. */
-    kv->pool_raw = calloc(1, kv->pool_bytes + KV_ALIGN);
+     * persistence), and large callocs are fresh, lazily committed pages. A
+     * device pool is zero-filled by its allocator for the same reason. */
+    kv->mem = p->mem;
+    kv->pool_raw = kv->mem ? kv->mem->alloc(kv->mem->ctx, kv->pool_bytes + KV_ALIGN) : calloc(1, kv->pool_bytes + KV_ALIGN);
     kv->window = calloc((size_t)p->n_layers, sizeof *kv->window);
     kv->ref = calloc(nb, sizeof *kv->ref);
     kv->stack = malloc(nb * sizeof *kv->stack);
@@ -239,7 +260,11 @@ void ag_kv_free(ag_kv *kv) {
     free(kv->stack);
     free(kv->ref);
     free(kv->window);
-    free(kv->pool_raw);
+    if (kv->mem) {
+        if (kv->pool_raw) kv->mem->free(kv->mem->ctx, kv->pool_raw);
+    } else {
+        free(kv->pool_raw);
+    }
     free(kv);
 }
 
@@ -383,7 +408,10 @@ ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new) {
         int32_t old = s->blocks[i];
         if (kv->ref[old] == 1) continue;
         int32_t nb = block_take(kv);
-        memcpy(block_base(kv, nb), block_base(kv, old), kv->lay.block_bytes);
+        if (pool_copy(kv, block_base(kv, nb), block_base(kv, old), kv->lay.block_bytes)) {
+            block_drop(kv, nb);
+            return ag_errorf(AG_ERR_IO, "kv: copying a shared block on the device failed");
+        }
         block_drop(kv, old);
         s->blocks[i] = nb;
         kv->cow_copies++;
@@ -565,8 +593,8 @@ ag_status ag_kv_block_copy_out(const ag_kv *kv, int32_t block, int32_t layer, vo
     if (st != AG_OK) return st;
     const uint8_t *base = block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;
     size_t         kb = (size_t)kv->lay.n_kv_heads * kv->lay.head_stride_k;
-    memcpy(dst, base, kb);
-    memcpy((uint8_t *)dst + kb, base + kv->v_offset, size - kb);
+    if (pool_to_host(kv, dst, base, kb) || pool_to_host(kv, (uint8_t *)dst + kb, base + kv->v_offset, size - kb))
+        return ag_errorf(AG_ERR_IO, "kv: copy_out: device copy failed");
     return AG_OK;
 }
 
@@ -579,12 +607,14 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
                          kv->ref[block]);
     uint8_t *base = block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;
     size_t   kb = (size_t)kv->lay.n_kv_heads * kv->lay.head_stride_k;
-    memcpy(base, src, kb);
-    memcpy(base + kv->v_offset, (const uint8_t *)src + kb, size - kb);
+    if (pool_from_host(kv, base, src, kb) || pool_from_host(kv, base + kv->v_offset, (const uint8_t *)src + kb, size - kb))
+        return ag_errorf(AG_ERR_IO, "kv: copy_in: device copy failed");
     return AG_OK;
 }
 
 /* ---- data access -------------------------------------------------------- */
+
+bool ag_kv_host_visible(const ag_kv *kv) { return kv->mem == NULL; }
 
 void *ag_kv_block_k(ag_kv *kv, int32_t layer, int32_t block) {
     if (layer < 0 || layer >= kv->lay.n_layers || block < 0 || block >= kv->n_blocks) return NULL;
@@ -606,15 +636,22 @@ ag_status ag_kv_write(ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, const 
     if (st != AG_OK) return st;
     const ag_kv_layout *L = &kv->lay;
     uint8_t            *kb = ag_kv_block_k(kv, layer, b), *vb = ag_kv_block_v(kv, layer, b);
-    for (int32_t h = 0; h < L->n_kv_heads; h++) {
-        if (k)
-            store_row(L->dtype, kb + h * L->head_stride_k + (size_t)off * L->row_bytes_k,
-                      k + (size_t)h * L->head_dim_k, L->head_dim_k);
-        if (v)
-            store_row(L->dtype, vb + h * L->head_stride_v + (size_t)off * L->row_bytes_v,
-                      v + (size_t)h * L->head_dim_v, L->head_dim_v);
+    /* rows are converted on the host, then moved (a plain store for a host pool) */
+    uint8_t *row = malloc(L->row_bytes_k > L->row_bytes_v ? L->row_bytes_k : L->row_bytes_v);
+    if (!row) return ag_errorf(AG_ERR_NOMEM, "kv: write: out of memory");
+    int bad = 0;
+    for (int32_t h = 0; h < L->n_kv_heads && !bad; h++) {
+        if (k) {
+            store_row(L->dtype, row, k + (size_t)h * L->head_dim_k, L->head_dim_k);
+            bad |= pool_from_host(kv, kb + h * L->head_stride_k + (size_t)off * L->row_bytes_k, row, L->row_bytes_k);
+        }
+        if (v) {
+            store_row(L->dtype, row, v + (size_t)h * L->head_dim_v, L->head_dim_v);
+            bad |= pool_from_host(kv, vb + h * L->head_stride_v + (size_t)off * L->row_bytes_v, row, L->row_bytes_v);
+        }
     }
-    return AG_OK;
+    free(row);
+    return bad ? ag_errorf(AG_ERR_IO, "kv: write: device copy failed") : AG_OK;
 }
 
 ag_status ag_kv_read(const ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, float *k, float *v) {
@@ -630,14 +667,16 @@ ag_status ag_kv_read(const ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, f
     int32_t             b = s->blocks[pos >> L->block_shift];
     size_t              off = (size_t)(pos & (L->block_size - 1));
     const uint8_t      *base = block_base(kv, b) + (size_t)layer * L->layer_stride;
-    for (int32_t h = 0; h < L->n_kv_heads; h++) {
-        if (k)
-            load_row(L->dtype, k + (size_t)h * L->head_dim_k,
-                     base + h * L->head_stride_k + off * L->row_bytes_k, L->head_dim_k);
-        if (v)
-            load_row(L->dtype, v + (size_t)h * L->head_dim_v,
-                     base + kv->v_offset + h * L->head_stride_v + off * L->row_bytes_v,
-                     L->head_dim_v);
+    uint8_t            *row = malloc(L->row_bytes_k > L->row_bytes_v ? L->row_bytes_k : L->row_bytes_v);
+    if (!row) return ag_errorf(AG_ERR_NOMEM, "kv: read: out of memory");
+    int bad = 0;
+    for (int32_t h = 0; h < L->n_kv_heads && !bad; h++) {
+        if (k && !(bad |= pool_to_host(kv, row, base + h * L->head_stride_k + off * L->row_bytes_k, L->row_bytes_k)))
+            load_row(L->dtype, k + (size_t)h * L->head_dim_k, row, L->head_dim_k);
+        if (v && !(bad |= pool_to_host(kv, row, base + kv->v_offset + h * L->head_stride_v + off * L->row_bytes_v,
+                                       L->row_bytes_v)))
+            load_row(L->dtype, v + (size_t)h * L->head_dim_v, row, L->head_dim_v);
     }
-    return AG_OK;
+    free(row);
+    return bad ? ag_errorf(AG_ERR_IO, "kv: read: device copy failed") : AG_OK;
 }

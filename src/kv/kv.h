@@ -77,6 +77,18 @@ typedef enum {
     AG_KV_Q8_0 = 2, /* reserved: rows of 32-element blocks; init refuses it for now */
 } ag_kv_dtype;
 
+/* Where the block pool lives when it is not host memory (a GPU backend's
+ * device memory; backend.h kv_mem). kv keeps all bookkeeping on the host and
+ * moves block bytes only through these. Each returns 0 on success. */
+typedef struct ag_kv_mem {
+    void *ctx;
+    void *(*alloc)(void *ctx, size_t bytes); /* zero-filled; NULL when out of memory */
+    void (*free)(void *ctx, void *p);
+    int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);      /* device -> device */
+    int (*to_host)(void *ctx, void *host, const void *src, size_t bytes);  /* device -> host, synchronous */
+    int (*from_host)(void *ctx, void *dst, const void *host, size_t bytes); /* host -> device */
+} ag_kv_mem;
+
 typedef struct {
     int32_t        n_layers;
     int32_t        n_kv_heads;
@@ -89,6 +101,11 @@ typedef struct {
     /* Optional [n_layers] sliding-window sizes (0 = global attention), or NULL
      * for all global. Copied at init. */
     const int32_t *layer_window;
+    /* NULL: the pool is host memory. Otherwise the pool is allocated with
+     * mem->alloc and ag_kv_block_k/_v return device addresses, which only
+     * the backend's kernels may touch (see ag_kv_host_visible). Borrowed:
+     * must outlive the cache. */
+    const ag_kv_mem *mem;
 } ag_kv_params;
 
 /* Stride facts of the pool, all in bytes unless named otherwise. */
@@ -141,6 +158,11 @@ void ag_kv_free(ag_kv *kv);
 
 /* The layout; borrowed, valid until ag_kv_free. */
 const ag_kv_layout *ag_kv_get_layout(const ag_kv *kv);
+
+/* Whether block memory is host memory (ag_kv_block_k/_v may be read and
+ * written by host code). False for a pool in device memory: use
+ * ag_kv_block_copy_in/_out, which go through the ag_kv_mem hooks. */
+bool ag_kv_host_visible(const ag_kv *kv);
 
 /* Fills *out with counters; O(n_blocks) (scans refcounts for `shared`). */
 void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out);
@@ -272,7 +294,8 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
 /* Base of the K (resp. V) region of (layer, block): [n_kv_heads][block_size]
  * [head_dim] elements of dtype, strides in ag_kv_layout. Borrowed, valid
  * until ag_kv_free (the pool never moves). NULL for an out-of-range layer or
- * block id. Write only into slots given by ag_kv_slot. */
+ * block id. Write only into slots given by ag_kv_slot. A device address when
+ * the pool is in device memory (!ag_kv_host_visible). */
 void *ag_kv_block_k(ag_kv *kv, int32_t layer, int32_t block);
 void *ag_kv_block_v(ag_kv *kv, int32_t layer, int32_t block);
 

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/arena.h"
 #include "base/hash.h"
 #include "base/log.h"
 
@@ -18,7 +17,8 @@ struct ag_model {
     ag_tensor        tok_embd, output_norm, output;
     ag_layer_weights layers[AG_MAX_LAYERS];
     ag_backend      *be;
-    ag_arena         scratch;
+    void            *act;       /* activations of one forward pass, in backend memory */
+    size_t           act_bytes; /* its size (grown on demand) */
     uint64_t         weight_bytes;
     char             path[512];
 };
@@ -26,6 +26,7 @@ struct ag_model {
 ag_model_params ag_model_default_params(void) {
     ag_model_params p;
     p.cpu = ag_cpu_default_params();
+    p.device = AG_DEVICE_AUTO;
     return p;
 }
 
@@ -147,6 +148,7 @@ static ag_status bind(ag_model *m, ag_tensor *t, const char *name, int64_t ne0, 
     t->ne[2] = t->ne[3] = 1;
     t->row_bytes = (size_t)(ne0 / be) * bb;
     t->data = gt->data;
+    t->host = gt->data;
     return AG_OK;
 }
 
@@ -193,6 +195,29 @@ static ag_status bind_layer(ag_model *m, int l) {
     return AG_OK;
 }
 
+/* Hands every tensor to the backend once (a GPU backend uploads it and
+ * repoints data; tied embeddings share one copy). Progress on stderr for a
+ * device upload, which takes seconds for a large model. */
+static ag_status prepare_weights(ag_model *m) {
+    ag_backend *be = m->be;
+    if (!be->ops->prepare_weight) return AG_OK;
+    ag_tensor *top[] = {&m->tok_embd, &m->output_norm, &m->output};
+    ag_status  st;
+    for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
+        if (top[i]->data && (st = be->ops->prepare_weight(be, top[i]))) return st;
+    AG_LOGI("%s: uploading %d layers to %s", m->path, m->cfg.n_layer, be->ops->name);
+    for (int l = 0; l < m->cfg.n_layer; l++) {
+        ag_layer_weights *w = &m->layers[l];
+        ag_tensor *all[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk, &w->bv,
+                            &w->q_norm, &w->k_norm, &w->post_attn_norm, &w->ffn_norm, &w->ffn_gate,
+                            &w->ffn_up, &w->ffn_down, &w->post_ffn_norm};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+            if (all[i]->data && (st = be->ops->prepare_weight(be, all[i]))) return st;
+        if ((l + 1) % 8 == 0 || l + 1 == m->cfg.n_layer) AG_LOGI("  %d/%d layers", l + 1, m->cfg.n_layer);
+    }
+    return be->ops->sync(be);
+}
+
 ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **out) {
     *out = NULL;
     ag_model_params defaults = ag_model_default_params();
@@ -221,8 +246,8 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     m->weight_bytes = m->output.row_bytes * (uint64_t)c->n_vocab;
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(m, l))) goto fail_named;
-    if ((st = ag_cpu_backend_new(&p->cpu, &m->be))) goto fail_named;
-    m->scratch.min_chunk = (size_t)4 << 20;
+    if ((st = ag_backend_new(p->device, &p->cpu, &m->be))) goto fail_named;
+    if ((st = prepare_weights(m))) goto fail_named;
     *out = m;
     return AG_OK;
 fail_named: {
@@ -236,8 +261,8 @@ fail_named: {
 
 void ag_model_free(ag_model *m) {
     if (!m) return;
+    if (m->be && m->act) m->be->ops->free(m->be, m->act);
     ag_backend_free(m->be);
-    ag_arena_free(&m->scratch);
     ag_gguf_free(m->gguf);
     free(m);
 }
@@ -245,6 +270,8 @@ void ag_model_free(ag_model *m) {
 const ag_model_config *ag_model_config_of(const ag_model *m) { return &m->cfg; }
 const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
 ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
+ag_device ag_model_device(const ag_model *m) { return m->be->ops->host_memory ? AG_DEVICE_CPU : AG_DEVICE_CUDA; }
+const struct ag_kv_mem *ag_model_kv_mem(ag_model *m) { return m->be->ops->kv_mem ? m->be->ops->kv_mem(m->be) : NULL; }
 uint64_t               ag_model_weight_bytes(const ag_model *m) { return m->weight_bytes; }
 
 /* Serialises values in a fixed little-endian form, so the fingerprint does
@@ -325,7 +352,103 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
 
 /* ---- forward ---- */
 
-static float *scratch_floats(ag_model *m, size_t n) { return ag_arena_alloc(&m->scratch, n * sizeof(float)); }
+/* The activation buffers of one forward pass, carved from one backend
+ * buffer (grown on demand, never shrunk: a step's size repeats). */
+typedef struct {
+    float *x, *h, *q, *k, *v, *att, *o, *gate, *up, *logits;
+} fwd_bufs;
+
+static size_t carve(size_t *off, size_t floats) {
+    size_t at = *off;
+    *off += (floats * sizeof(float) + 255) & ~(size_t)255;
+    return at;
+}
+
+static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
+    const ag_model_config *c = &m->cfg;
+    const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
+                 vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
+    size_t off = 0, at[10];
+    at[0] = carve(&off, (size_t)n * c->n_embd);
+    at[1] = carve(&off, (size_t)n * c->n_embd);
+    at[2] = carve(&off, (size_t)n * qd);
+    at[3] = carve(&off, (size_t)n * kd);
+    at[4] = carve(&off, (size_t)n * vd);
+    at[5] = carve(&off, (size_t)n * od);
+    at[6] = carve(&off, (size_t)n * c->n_embd);
+    at[7] = carve(&off, (size_t)n * c->n_ff);
+    at[8] = carve(&off, (size_t)n * c->n_ff);
+    /* logits: written by the backend, downloaded; the CPU writes the caller's array directly */
+    at[9] = carve(&off, m->be->ops->host_memory ? 0 : (size_t)n_out * c->n_vocab);
+    if (off > m->act_bytes) {
+        if (m->act) m->be->ops->free(m->be, m->act);
+        m->act_bytes = 0;
+        if (!(m->act = m->be->ops->alloc(m->be, off)))
+            return ag_errorf(AG_ERR_NOMEM, "out of %s memory for a batch of %d tokens (%zu bytes)", m->be->ops->name,
+                             n, off);
+        m->act_bytes = off;
+    }
+    float **dst[10] = {&f->x, &f->h, &f->q, &f->k, &f->v, &f->att, &f->o, &f->gate, &f->up, &f->logits};
+    for (int i = 0; i < 10; i++) *dst[i] = (float *)((char *)m->act + at[i]);
+    return AG_OK;
+}
+
+/* The decoder layers over the batch: x (embedded tokens) in, x (final
+ * residual stream) out. Every op goes to the backend; the first error ends
+ * the pass. */
+static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
+                            const fwd_bufs *f) {
+    const ag_model_config *c = &m->cfg;
+    ag_backend *be = m->be;
+    const ag_backend_ops *op = be->ops;
+    const int n = b->n;
+    const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
+                 vd = (size_t)c->n_head_kv * c->head_dim_v;
+    float *x = f->x, *h = f->h, *q = f->q, *k = f->k, *v = f->v, *att = f->att, *o = f->o, *gate = f->gate,
+          *up = f->up;
+    ag_status st;
+#define TRY(call)                      \
+    do {                               \
+        if ((st = (call))) return st;  \
+    } while (0)
+    for (int l = 0; l < c->n_layer; l++) {
+        const ag_layer_weights *w = &m->layers[l];
+        TRY(op->rmsnorm(be, x, w->attn_norm.data, n, c->n_embd, c->rms_eps, h));
+        const ag_tensor *qkv_w[3] = {&w->wq, &w->wk, &w->wv};
+        float *const     qkv[3] = {q, k, v};
+        TRY(op->matmul_multi(be, qkv_w, 3, h, n, n_dec, qkv));
+        if (w->bq.data) TRY(op->add_bias(be, q, w->bq.data, n, (int)qd));
+        if (w->bk.data) TRY(op->add_bias(be, k, w->bk.data, n, (int)kd));
+        if (w->bv.data) TRY(op->add_bias(be, v, w->bv.data, n, (int)vd));
+        if (w->q_norm.data) TRY(op->rmsnorm(be, q, w->q_norm.data, n * c->n_head, c->head_dim_k, c->rms_eps, q));
+        if (w->k_norm.data) TRY(op->rmsnorm(be, k, w->k_norm.data, n * c->n_head_kv, c->head_dim_k, c->rms_eps, k));
+        bool swa = c->layer_swa[l];
+        float base = swa ? c->rope_base_swa : c->rope_base;
+        float fscale = swa ? 1.0f : c->rope_freq_scale;
+        TRY(op->rope(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox));
+        TRY(op->rope(be, k, n, c->n_head_kv, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox));
+        ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                               .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
+                               .scale = c->attn_scale, .window = swa ? c->sliding_window : 0};
+        TRY(op->kv_store(be, kv, &shape, lay, k, v));
+        TRY(op->attention(be, kv, &shape, lay, q, att));
+        TRY(op->matmul(be, &w->wo, att, n, n_dec, o));
+        if (w->post_attn_norm.data) TRY(op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o));
+        TRY(op->add(be, x, o, (size_t)n * c->n_embd));
+
+        TRY(op->rmsnorm(be, x, w->ffn_norm.data, n, c->n_embd, c->rms_eps, h));
+        const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
+        float *const     gu[2] = {gate, up};
+        TRY(op->matmul_multi(be, gu_w, 2, h, n, n_dec, gu));
+        if (c->gelu) TRY(op->gelu_mul(be, gate, up, (size_t)n * c->n_ff));
+        else TRY(op->silu_mul(be, gate, up, (size_t)n * c->n_ff));
+        TRY(op->matmul(be, &w->ffn_down, gate, n, n_dec, o));
+        if (w->post_ffn_norm.data) TRY(op->rmsnorm(be, o, w->post_ffn_norm.data, n, c->n_embd, c->rms_eps, o));
+        TRY(op->add(be, x, o, (size_t)n * c->n_embd));
+    }
+#undef TRY
+    return AG_OK;
+}
 
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {
     const ag_model_config *c = &m->cfg;
@@ -341,74 +464,35 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     if (b->n_prompt < 0 || b->n_prompt > n)
         return ag_errorf(AG_ERR_INVALID, "n_prompt %d outside [0, %d]", b->n_prompt, n);
     const int n_dec = n - b->n_prompt;
-    ag_arena_reset(&m->scratch);
-    const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
-                 vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
-    float *x = scratch_floats(m, (size_t)n * c->n_embd);
-    float *h = scratch_floats(m, (size_t)n * c->n_embd);
-    float *q = scratch_floats(m, (size_t)n * qd);
-    float *k = scratch_floats(m, (size_t)n * kd);
-    float *v = scratch_floats(m, (size_t)n * vd);
-    float *att = scratch_floats(m, (size_t)n * od);
-    float *o = scratch_floats(m, (size_t)n * c->n_embd);
-    float *gate = scratch_floats(m, (size_t)n * c->n_ff);
-    float *up = scratch_floats(m, (size_t)n * c->n_ff);
-    if (!x || !h || !q || !k || !v || !att || !o || !gate || !up)
-        return ag_errorf(AG_ERR_NOMEM, "out of memory for a batch of %d tokens", n);
+    int n_out = 0;
+    for (int i = 0; i < n; i++) n_out += b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
+    fwd_bufs f;
+    ag_status st = fwd_buffers(m, n, n_out, &f);
+    if (st) return st;
 
-    ag_status st;
-    if ((st = op->get_rows(be, &m->tok_embd, b->token, n, x))) return st;
-    if (c->embd_scale != 1.0f) op->scale(be, x, c->embd_scale, (size_t)n * c->n_embd);
     ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq};
-
-    for (int l = 0; l < c->n_layer; l++) {
-        const ag_layer_weights *w = &m->layers[l];
-        op->rmsnorm(be, x, w->attn_norm.data, n, c->n_embd, c->rms_eps, h);
-        const ag_tensor *qkv_w[3] = {&w->wq, &w->wk, &w->wv};
-        float *const     qkv[3] = {q, k, v};
-        if ((st = op->matmul_multi(be, qkv_w, 3, h, n, n_dec, qkv))) return st;
-        if (w->bq.data) op->add_bias(be, q, w->bq.data, n, (int)qd);
-        if (w->bk.data) op->add_bias(be, k, w->bk.data, n, (int)kd);
-        if (w->bv.data) op->add_bias(be, v, w->bv.data, n, (int)vd);
-        if (w->q_norm.data) op->rmsnorm(be, q, w->q_norm.data, n * c->n_head, c->head_dim_k, c->rms_eps, q);
-        if (w->k_norm.data) op->rmsnorm(be, k, w->k_norm.data, n * c->n_head_kv, c->head_dim_k, c->rms_eps, k);
-        bool swa = c->layer_swa[l];
-        float base = swa ? c->rope_base_swa : c->rope_base;
-        float fscale = swa ? 1.0f : c->rope_freq_scale;
-        op->rope(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox);
-        op->rope(be, k, n, c->n_head_kv, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox);
-        ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
-                               .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
-                               .scale = c->attn_scale, .window = swa ? c->sliding_window : 0};
-        if ((st = op->kv_store(be, kv, &shape, &lay, k, v))) return st;
-        if ((st = op->attention(be, kv, &shape, &lay, q, att))) return st;
-        if ((st = op->matmul(be, &w->wo, att, n, n_dec, o))) return st;
-        if (w->post_attn_norm.data) op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o);
-        op->add(be, x, o, (size_t)n * c->n_embd);
-
-        op->rmsnorm(be, x, w->ffn_norm.data, n, c->n_embd, c->rms_eps, h);
-        const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
-        float *const     gu[2] = {gate, up};
-        if ((st = op->matmul_multi(be, gu_w, 2, h, n, n_dec, gu))) return st;
-        if (c->gelu) op->gelu_mul(be, gate, up, (size_t)n * c->n_ff);
-        else op->silu_mul(be, gate, up, (size_t)n * c->n_ff);
-        if ((st = op->matmul(be, &w->ffn_down, gate, n, n_dec, o))) return st;
-        if (w->post_ffn_norm.data) op->rmsnorm(be, o, w->post_ffn_norm.data, n, c->n_embd, c->rms_eps, o);
-        op->add(be, x, o, (size_t)n * c->n_embd);
-    }
+    if (op->begin && (st = op->begin(be, kv, &lay, b->token))) return st;
+    if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f.x))) return st;
+    if (c->embd_scale != 1.0f && (st = op->scale(be, f.x, c->embd_scale, (size_t)n * c->n_embd))) return st;
+    if ((st = run_layers(m, kv, b, &lay, n_dec, &f))) return st;
 
     /* Only the rows that want logits go through the (large) output matrix. */
-    int n_out = 0, n_out_dec = 0;
+    int n_out_dec = 0, k = 0;
+    const size_t row = sizeof(float) * c->n_embd;
     for (int i = 0; i < n; i++) {
         bool want = b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
         if (!want) continue;
         if (i < n_dec) n_out_dec++;
-        if (n_out != i) memcpy(x + (size_t)n_out * c->n_embd, x + (size_t)i * c->n_embd, sizeof(float) * c->n_embd);
-        n_out++;
+        if (k != i && (st = op->copy(be, (char *)f.x + (size_t)k * row, (char *)f.x + (size_t)i * row, row))) return st;
+        k++;
     }
-    if (n_out == 0) return AG_OK;
-    op->rmsnorm(be, x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, x);
-    if ((st = op->matmul(be, &m->output, x, n_out, n_out_dec, logits))) return st;
+    if (n_out == 0) return op->sync(be);
+    if ((st = op->rmsnorm(be, f.x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f.x))) return st;
+    float *out = op->host_memory ? logits : f.logits;
+    if ((st = op->matmul(be, &m->output, f.x, n_out, n_out_dec, out))) return st;
+    if (!op->host_memory &&
+        (st = op->download(be, logits, out, sizeof(float) * (size_t)n_out * c->n_vocab)))
+        return st;
     if (c->final_softcap > 0) {
         for (size_t i = 0; i < (size_t)n_out * c->n_vocab; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);

@@ -51,6 +51,7 @@ typedef struct ag_model ag_model;
 
 typedef struct {
     ag_cpu_params cpu;
+    ag_device     device; /* AG_DEVICE_AUTO: CUDA when built in and a GPU is present */
 } ag_model_params;
 
 ag_model_params ag_model_default_params(void);
@@ -66,6 +67,11 @@ const ag_model_config *ag_model_config_of(const ag_model *m);
 /* The open GGUF (for the tokenizer and chat template). Borrowed, lives as long as m. */
 const ag_gguf *ag_model_gguf(const ag_model *m);
 ag_backend    *ag_model_backend(ag_model *m);
+/* Where a KV cache for this model must keep its blocks: pass it as
+ * ag_kv_params.mem (NULL for the CPU backend's host memory). */
+const struct ag_kv_mem *ag_model_kv_mem(ag_model *m);
+/* The device the model runs on (AUTO resolved at load). */
+ag_device ag_model_device(const ag_model *m);
 /* Bytes of weights a decode step reads (every weight used per token). */
 uint64_t ag_model_weight_bytes(const ag_model *m);
 

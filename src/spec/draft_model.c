@@ -195,6 +195,7 @@ ag_status ag_draft_model_open(const char *path, const ag_model_params *mp, const
     ag_kv_params kp = ag_kv_default_params();
     ag_model_kv_shape(dm->model, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
     kp.max_seqs = max_seqs;
+    kp.mem = ag_model_kv_mem(dm->model);
     {
         /* the block size in bytes comes from the layout: probe it */
         ag_kv_params probe = kp;

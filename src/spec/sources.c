@@ -39,6 +39,7 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
     }
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = p->n_threads;
+    mp.device = ag_model_device(target); /* the draft runs where the target does */
     /* the engine's default context when none is given (engine.h) */
     int train = ag_model_config_of(target)->n_ctx_train;
     int n_ctx = p->n_ctx > 0 ? p->n_ctx : train < 4096 ? train : 4096;

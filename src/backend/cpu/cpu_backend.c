@@ -147,18 +147,29 @@ static ag_status cpu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t 
     return AG_OK;
 }
 
-static void cpu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
+static ag_status cpu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
     ag_cpu_rmsnorm(x, w, n, dim, eps, out);
+    return AG_OK;
 }
 
-static void cpu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
+static ag_status cpu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
                      float base, float freq_scale, bool neox) {
     ag_cpu_rope(x, n, n_head, head_dim, rope_dim, pos, base, freq_scale, neox);
+    return AG_OK;
 }
 
-static void cpu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) { ag_cpu_add_bias(x, b, n, dim); }
-static void cpu_add(ag_backend *be, float *y, const float *x, size_t n) { ag_cpu_add(y, x, n); }
-static void cpu_scale(ag_backend *be, float *x, float s, size_t n) { ag_cpu_scale(x, s, n); }
+static ag_status cpu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
+    ag_cpu_add_bias(x, b, n, dim);
+    return AG_OK;
+}
+static ag_status cpu_add(ag_backend *be, float *y, const float *x, size_t n) {
+    ag_cpu_add(y, x, n);
+    return AG_OK;
+}
+static ag_status cpu_scale(ag_backend *be, float *x, float s, size_t n) {
+    ag_cpu_scale(x, s, n);
+    return AG_OK;
+}
 /* The gated activations over the pool: a prompt's gate is n_tok x n_ff
  * floats (4.6M for 512 tokens of Qwen2.5-1.5B), worth splitting; a decode
  * step's is not. */
@@ -185,11 +196,13 @@ static void act_run(cpu_state *s, void (*fn)(float *, const float *, size_t), fl
     ag_threadpool_run(s->pool, (int64_t)((n + per - 1) / per), act_task, &j);
 }
 
-static void cpu_silu_mul(ag_backend *be, float *g, const float *u, size_t n) {
+static ag_status cpu_silu_mul(ag_backend *be, float *g, const float *u, size_t n) {
     act_run(state_of(be), ag_cpu_silu_mul, g, u, n);
+    return AG_OK;
 }
-static void cpu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
+static ag_status cpu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
     act_run(state_of(be), ag_cpu_gelu_mul, g, u, n);
+    return AG_OK;
 }
 
 static ag_status cpu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
@@ -254,8 +267,28 @@ static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *s
     return AG_OK;
 }
 
+/* ---- memory: plain host memory ---- */
+static void *cpu_alloc(ag_backend *be, size_t bytes) { return aligned_alloc(256, (bytes + 255) & ~(size_t)255); }
+static void  cpu_free(ag_backend *be, void *p) { free(p); }
+static ag_status cpu_copy(ag_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) memmove(dst, src, bytes);
+    return AG_OK;
+}
+static ag_status cpu_sync(ag_backend *be) { return AG_OK; }
+static void      cpu_destroy(ag_backend *be);
+
 static const ag_backend_ops cpu_ops = {
     .name = "cpu",
+    .host_memory = true,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .copy = cpu_copy,
+    .prepare_weight = NULL, /* weights stay in the mapping */
+    .kv_mem = NULL,         /* the KV pool is host memory */
+    .sync = cpu_sync,
+    .destroy = cpu_destroy,
     .matmul = cpu_matmul,
     .matmul_multi = cpu_matmul_multi,
     .get_rows = cpu_get_rows,
@@ -305,7 +338,10 @@ ag_status ag_cpu_backend_new(const ag_cpu_params *p, ag_backend **out) {
 }
 
 void ag_backend_free(ag_backend *be) {
-    if (!be) return;
+    if (be) be->ops->destroy(be);
+}
+
+static void cpu_destroy(ag_backend *be) {
     cpu_state *s = be->impl;
     if (s) {
         ag_threadpool_free(s->pool);
@@ -321,4 +357,6 @@ void ag_backend_free(ag_backend *be) {
     free(be);
 }
 
-int ag_cpu_backend_threads(const ag_backend *be) { return ((const cpu_state *)be->impl)->n_threads; }
+int ag_cpu_backend_threads(const ag_backend *be) {
+    return be && be->ops == &cpu_ops ? ((const cpu_state *)be->impl)->n_threads : 0;
+}

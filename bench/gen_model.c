@@ -1,0 +1,228 @@
+/* gen_model: writes a GGUF model of a real architecture's shape with random
+ * (but valid) weights, through our GGUF writer. Speed does not depend on
+ * weight values, so this is how benchmarks get an 8B model where only 64 MiB
+ * can be carried (the GPU machine), and how the CPU and GPU backends are
+ * compared on every weight type and architecture feature.
+ *
+ *   gen_model OUT.gguf PRESET [--type T] [--layers N] [--seed S]
+ *
+ * PRESET: llama8b (Llama-3.1-8B: 32 layers, 4096/14336, 32/8 heads, vocab
+ * 128256), smollm2 (SmolLM2-135M), qwen05b (Qwen2.5-0.5B, QKV bias),
+ * gemma270m (Gemma 3 270M: sliding window, QK-norm, GELU).
+ * --type: the matrices' type (F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K;
+ * "Q4_K_M" = Q4_K with Q6_K for attn_v, ffn_down and the output, as
+ * llama.cpp's Q4_K_M mostly is). Norm gains are F32 near 1.
+ *
+ * Quantized blocks get random quants and scales chosen so a weight's
+ * spread is about 1/sqrt(fan-in): activations stay finite through the
+ * layers, so logits are meaningful numbers to compare. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/quant.h"
+#include "gguf/gguf.h"
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static uint64_t rnd(void) {
+    uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float urand(void) { return (float)(rnd() >> 40) * 0x1p-24f; }
+
+typedef struct {
+    const char *name, *arch;
+    int layers, embd, ff, heads, kv_heads, head_dim, vocab, ctx;
+    float rope_base;
+} preset;
+
+static const preset k_presets[] = {
+    {"llama8b", "llama", 32, 4096, 14336, 32, 8, 128, 128256, 131072, 500000.0f},
+    {"smollm2", "llama", 30, 576, 1536, 9, 3, 64, 49152, 8192, 100000.0f},
+    {"qwen05b", "qwen2", 24, 896, 4864, 14, 2, 64, 151936, 32768, 1000000.0f},
+    {"gemma270m", "gemma3", 18, 640, 2048, 4, 1, 256, 262144, 32768, 1000000.0f},
+};
+
+/* Sets the fp16 at byte offset `off` of every block to `v` (times a random factor in [0.5, 1.5)). */
+static void set_scales(uint8_t *data, size_t n_blocks, size_t block_bytes, int off, float v) {
+    for (size_t b = 0; b < n_blocks; b++) {
+        uint16_t h = ag_fp32_to_fp16(v * (0.5f + urand()));
+        memcpy(data + b * block_bytes + off, &h, 2);
+    }
+}
+
+/* A random matrix of n_out rows of n_in elements. */
+static uint8_t *random_matrix(uint32_t type, int64_t n_in, int64_t n_out, size_t *bytes) {
+    size_t   row = ag_quant_row_bytes(type, n_in), total = row * (size_t)n_out;
+    uint8_t *d = malloc(total);
+    if (!d) return NULL;
+    const float sd = 1.0f / sqrtf((float)n_in); /* target spread of a weight */
+    if (type == AG_TYPE_F16 || type == AG_TYPE_BF16 || type == AG_TYPE_F32) {
+        size_t n = (size_t)n_in * n_out;
+        for (size_t i = 0; i < n; i++) {
+            float f = (urand() * 2 - 1) * 1.7f * sd; /* uniform with std sd */
+            if (type == AG_TYPE_F32) memcpy(d + 4 * i, &f, 4);
+            else {
+                uint16_t h = type == AG_TYPE_F16 ? ag_fp32_to_fp16(f) : ag_fp32_to_bf16(f);
+                memcpy(d + 2 * i, &h, 2);
+            }
+        }
+        *bytes = total;
+        return d;
+    }
+    for (size_t i = 0; i + 8 <= total; i += 8) {
+        uint64_t r = rnd();
+        memcpy(d + i, &r, 8);
+    }
+    for (size_t i = total & ~(size_t)7; i < total; i++) d[i] = (uint8_t)rnd();
+    uint32_t be, bb;
+    ag_quant_block(type, &be, &bb);
+    size_t nb = total / bb;
+    switch (type) { /* quants spread ~4.6 steps (4-bit) or ~74 (8-bit) around their centre */
+    case AG_TYPE_Q4_0: set_scales(d, nb, bb, 0, sd / 4.6f); break;
+    case AG_TYPE_Q5_0: set_scales(d, nb, bb, 0, sd / 9.2f); break;
+    case AG_TYPE_Q8_0: set_scales(d, nb, bb, 0, sd / 74.0f); break;
+    case AG_TYPE_Q4_1:
+        set_scales(d, nb, bb, 0, sd / 4.6f);
+        for (size_t b = 0; b < nb; b++) { /* min = -8 d: centred */
+            uint16_t h;
+            memcpy(&h, d + b * bb, 2);
+            uint16_t m = ag_fp32_to_fp16(-8.0f * ag_fp16_to_fp32(h));
+            memcpy(d + b * bb + 2, &m, 2);
+        }
+        break;
+    case AG_TYPE_Q4_K: /* x = d*sc*q - dmin*m, sc and m 6-bit: keep it small and roughly centred */
+        set_scales(d, nb, bb, 0, sd / (4.6f * 31.0f));
+        set_scales(d, nb, bb, 2, sd * 7.5f / 31.0f / 4.6f);
+        break;
+    case AG_TYPE_Q6_K: set_scales(d, nb, bb, 208, sd / (18.5f * 64.0f)); break;
+    default:
+        free(d);
+        return NULL;
+    }
+    *bytes = total;
+    return d;
+}
+
+static int add_matrix(ag_gguf_writer *w, const char *name, uint32_t type, int64_t n_in, int64_t n_out) {
+    /* rows that do not fill the type's blocks fall back as llama.cpp's quantizer does */
+    if (!ag_quant_row_bytes(type, n_in)) type = ag_quant_row_bytes(AG_TYPE_Q8_0, n_in) ? AG_TYPE_Q8_0 : AG_TYPE_F16;
+    size_t   bytes;
+    uint8_t *d = random_matrix(type, n_in, n_out, &bytes);
+    if (!d) return fprintf(stderr, "gen_model: cannot make %s (%s)\n", name, ag_tensor_type_name(type)), 1;
+    uint64_t  ne[2] = {(uint64_t)n_in, (uint64_t)n_out};
+    ag_status st = ag_gguf_writer_add_tensor(w, name, type, 2, ne, d, bytes);
+    free(d);
+    if (st) return fprintf(stderr, "gen_model: %s: %s\n", name, ag_error_message()), 1;
+    return 0;
+}
+
+static int add_vector(ag_gguf_writer *w, const char *name, int64_t n, float centre, float spread) {
+    float *v = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) v[i] = centre + (urand() * 2 - 1) * spread;
+    uint64_t  ne[1] = {(uint64_t)n};
+    ag_status st = ag_gguf_writer_add_tensor(w, name, AG_TYPE_F32, 1, ne, v, sizeof(float) * (size_t)n);
+    free(v);
+    if (st) return fprintf(stderr, "gen_model: %s: %s\n", name, ag_error_message()), 1;
+    return 0;
+}
+
+static bool parse_type(const char *s, uint32_t *t, bool *k_m) {
+    static const struct { const char *n; uint32_t t; } k[] = {
+        {"F32", AG_TYPE_F32}, {"F16", AG_TYPE_F16}, {"BF16", AG_TYPE_BF16}, {"Q4_0", AG_TYPE_Q4_0},
+        {"Q4_1", AG_TYPE_Q4_1}, {"Q5_0", AG_TYPE_Q5_0}, {"Q8_0", AG_TYPE_Q8_0}, {"Q4_K", AG_TYPE_Q4_K},
+        {"Q6_K", AG_TYPE_Q6_K}, {"Q4_K_M", AG_TYPE_Q4_K}};
+    for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
+        if (!strcmp(s, k[i].n)) {
+            *t = k[i].t;
+            *k_m = !strcmp(s, "Q4_K_M");
+            return true;
+        }
+    return false;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: gen_model OUT.gguf llama8b|smollm2|qwen05b|gemma270m [--type T] [--layers N] [--seed S]\n");
+        return 2;
+    }
+    const preset *p = NULL;
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (!strcmp(argv[2], k_presets[i].name)) p = &k_presets[i];
+    if (!p) return fprintf(stderr, "gen_model: unknown preset '%s'\n", argv[2]), 2;
+    preset   c = *p;
+    uint32_t type = AG_TYPE_Q4_K;
+    bool     k_m = false;
+    for (int i = 3; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--type")) {
+            if (!parse_type(argv[i + 1], &type, &k_m)) return fprintf(stderr, "gen_model: bad type %s\n", argv[i + 1]), 2;
+        } else if (!strcmp(argv[i], "--layers")) {
+            c.layers = atoi(argv[i + 1]);
+        } else if (!strcmp(argv[i], "--seed")) {
+            g_rng ^= strtoull(argv[i + 1], NULL, 10) * 0x9E3779B97F4A7C15ull;
+        } else {
+            return fprintf(stderr, "gen_model: unknown option %s\n", argv[i]), 2;
+        }
+    }
+    const bool   gemma = !strcmp(c.arch, "gemma3"), qwen = !strcmp(c.arch, "qwen2");
+    const uint32_t t_big = k_m ? AG_TYPE_Q6_K : type; /* Q4_K_M's Q6_K tensors */
+    ag_gguf_writer *w = ag_gguf_writer_new();
+    char            key[128];
+    int             bad = 0;
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", c.arch, suffix), key)
+    bad |= ag_gguf_writer_add_str(w, "general.architecture", c.arch) != AG_OK;
+    bad |= ag_gguf_writer_add_str(w, "general.name", "augur random weights") != AG_OK;
+    bad |= ag_gguf_writer_add_u32(w, KEY("block_count"), (uint32_t)c.layers) != AG_OK;
+    bad |= ag_gguf_writer_add_u32(w, KEY("context_length"), (uint32_t)c.ctx) != AG_OK;
+    bad |= ag_gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)c.embd) != AG_OK;
+    bad |= ag_gguf_writer_add_u32(w, KEY("feed_forward_length"), (uint32_t)c.ff) != AG_OK;
+    bad |= ag_gguf_writer_add_u32(w, KEY("attention.head_count"), (uint32_t)c.heads) != AG_OK;
+    bad |= ag_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)c.kv_heads) != AG_OK;
+    bad |= ag_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-6f) != AG_OK;
+    bad |= ag_gguf_writer_add_f32(w, KEY("rope.freq_base"), c.rope_base) != AG_OK;
+    if (gemma) {
+        bad |= ag_gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)c.head_dim) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)c.head_dim) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("attention.sliding_window"), 512) != AG_OK;
+    }
+    if (bad) return fprintf(stderr, "gen_model: metadata: %s\n", ag_error_message()), 1;
+    const int64_t qd = (int64_t)c.heads * c.head_dim, kd = (int64_t)c.kv_heads * c.head_dim;
+    bad |= add_matrix(w, "token_embd.weight", k_m ? AG_TYPE_Q4_K : type, c.embd, c.vocab);
+    bad |= add_vector(w, "output_norm.weight", c.embd, 1.0f, 0.1f);
+    if (!gemma) bad |= add_matrix(w, "output.weight", t_big, c.embd, c.vocab);
+    for (int l = 0; l < c.layers && !bad; l++) {
+        char n[96];
+#define T(suffix) (snprintf(n, sizeof n, "blk.%d.%s", l, suffix), n)
+        bad |= add_vector(w, T("attn_norm.weight"), c.embd, 1.0f, 0.1f);
+        bad |= add_matrix(w, T("attn_q.weight"), type, c.embd, qd);
+        bad |= add_matrix(w, T("attn_k.weight"), type, c.embd, kd);
+        bad |= add_matrix(w, T("attn_v.weight"), t_big, c.embd, kd);
+        bad |= add_matrix(w, T("attn_output.weight"), type, qd, c.embd);
+        if (qwen) {
+            bad |= add_vector(w, T("attn_q.bias"), qd, 0.0f, 0.1f);
+            bad |= add_vector(w, T("attn_k.bias"), kd, 0.0f, 0.1f);
+            bad |= add_vector(w, T("attn_v.bias"), kd, 0.0f, 0.1f);
+        }
+        if (gemma) {
+            bad |= add_vector(w, T("attn_q_norm.weight"), c.head_dim, 1.0f, 0.1f);
+            bad |= add_vector(w, T("attn_k_norm.weight"), c.head_dim, 1.0f, 0.1f);
+            bad |= add_vector(w, T("post_attention_norm.weight"), c.embd, 1.0f, 0.1f);
+            bad |= add_vector(w, T("post_ffw_norm.weight"), c.embd, 1.0f, 0.1f);
+        }
+        bad |= add_vector(w, T("ffn_norm.weight"), c.embd, 1.0f, 0.1f);
+        bad |= add_matrix(w, T("ffn_gate.weight"), type, c.embd, c.ff);
+        bad |= add_matrix(w, T("ffn_up.weight"), type, c.embd, c.ff);
+        bad |= add_matrix(w, T("ffn_down.weight"), t_big, c.ff, c.embd);
+#undef T
+    }
+    if (!bad && ag_gguf_writer_write(w, argv[1]) != AG_OK) {
+        fprintf(stderr, "gen_model: %s: %s\n", argv[1], ag_error_message());
+        bad = 1;
+    }
+    ag_gguf_writer_free(w);
+    if (!bad) fprintf(stderr, "gen_model: wrote %s (%s, %d layers, %s)\n", argv[1], c.name, c.layers, ag_tensor_type_name(type));
+    return bad;
+}

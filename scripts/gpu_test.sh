@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The CUDA backend's tests, on a machine with an NVIDIA GPU and nvcc:
+#   1. builds augur with CUDA=1 (in build/cuda);
+#   2. runs the op harness (tests/unit/test_backend_ops.c) on the GPU: every
+#      op against double-precision references and the CPU backend;
+#   3. compares whole-model logits of the GPU with the CPU
+#      (scripts/compare_backends.py): stories260K and the real models found
+#      in models/, plus random-weight models of each architecture and weight
+#      type made here by bench/gen_model (our GGUF writer).
+# Build dependencies: the system's (scripts/setup.sh installs them where apt
+# works); on a machine without a package registry, the .deb files in
+# .gpudeps/ (fetch them with `scripts/gpu_deps.sh` where apt works) are
+# unpacked into build/deps and used from there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=$(nproc)
+
+if ! echo '#include <jansson.h>' | cc -E -x c - >/dev/null 2>&1; then
+  [ -d .gpudeps ] || { echo "gpu_test: jansson & co. are missing and there is no .gpudeps/ (run scripts/gpu_deps.sh)"; exit 1; }
+  D=$PWD/build/deps
+  mkdir -p "$D"
+  for f in .gpudeps/*.deb; do dpkg -x "$f" "$D"; done
+  export CFLAGS="-I$D/usr/include" LDLIBS="-L$D/usr/lib/x86_64-linux-gnu -Wl,-rpath,$D/usr/lib/x86_64-linux-gnu"
+fi
+make -j"$JOBS" CUDA=1 BUILD=build/cuda all build/cuda/bench/gen_model >/dev/null
+echo "gpu_test: built build/cuda/augur ($(nvcc --version | tail -1))"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+echo "== op harness on the GPU"
+AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+
+echo "== whole models, GPU vs CPU"
+models=()
+for m in "${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf" .devmodels/*.gguf models/*.gguf; do
+  [ -f "$m" ] && models+=("$m")
+done
+R=build/cuda/random
+mkdir -p $R
+build/cuda/bench/gen_model $R/smollm2-q4_1.gguf smollm2 --type Q4_1 --layers 6
+build/cuda/bench/gen_model $R/qwen05b-q4_k_m.gguf qwen05b --type Q4_K_M --layers 6
+build/cuda/bench/gen_model $R/gemma270m-q4_k_m.gguf gemma270m --type Q4_K_M --layers 6
+build/cuda/bench/gen_model $R/llama8b-bf16.gguf llama8b --type BF16 --layers 2
+build/cuda/bench/gen_model $R/qwen05b-q8_0.gguf qwen05b --type Q8_0 --layers 4
+models+=($R/*.gguf)
+python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}"
+echo "gpu_test: all passed"

@@ -1,0 +1,46 @@
+/* Choosing a backend (backend.h): the one place that knows which backends
+ * this build has. The CUDA backend exists only in `make CUDA=1` builds
+ * (AUGUR_CUDA defined); elsewhere asking for it is a clear error. */
+#include <string.h>
+
+#include "backend/backend.h"
+#ifdef AUGUR_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+bool ag_device_parse(const char *s, ag_device *out) {
+    if (!s) return false;
+    if (!strcmp(s, "auto")) *out = AG_DEVICE_AUTO;
+    else if (!strcmp(s, "cpu")) *out = AG_DEVICE_CPU;
+    else if (!strcmp(s, "cuda") || !strcmp(s, "gpu")) *out = AG_DEVICE_CUDA;
+    else return false;
+    return true;
+}
+
+const char *ag_device_name(ag_device d) {
+    switch (d) {
+    case AG_DEVICE_CPU: return "cpu";
+    case AG_DEVICE_CUDA: return "cuda";
+    default: return "auto";
+    }
+}
+
+bool ag_cuda_available(void) {
+#ifdef AUGUR_CUDA
+    return ag_cuda_device_count() > 0;
+#else
+    return false;
+#endif
+}
+
+ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, ag_backend **out) {
+    *out = NULL;
+    if (dev == AG_DEVICE_AUTO) dev = ag_cuda_available() ? AG_DEVICE_CUDA : AG_DEVICE_CPU;
+    if (dev == AG_DEVICE_CPU) return ag_cpu_backend_new(cpu, out);
+#ifdef AUGUR_CUDA
+    if (!ag_cuda_available()) return ag_errorf(AG_ERR_UNSUPPORTED, "--device cuda: no CUDA GPU is visible");
+    return ag_cuda_backend_new(0, out);
+#else
+    return ag_errorf(AG_ERR_UNSUPPORTED, "--device cuda: this build has no CUDA backend (build with `make CUDA=1`)");
+#endif
+}

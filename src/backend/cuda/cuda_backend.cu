@@ -1,0 +1,927 @@
+/* The CUDA backend: backend.h's op table on one NVIDIA GPU (cuda_backend.h).
+ *
+ * Memory: weights are copied to the device once at load, in their GGUF
+ * types (prepare_weight); activations are the model's one device buffer;
+ * the KV pool is device memory handed to kv.c through ag_kv_mem, so kv keeps
+ * its bookkeeping on the host and the kernels read blocks in place.
+ *
+ * Kernels, and why:
+ *  - decode rows (matmul rows [0, n_decode)): a GEMV per weight row, one warp
+ *    per row, dequantizing 32-element units in registers. Each token's sum
+ *    is formed in the same order whatever else is in the batch, so a
+ *    verify window gives plain decoding's bits (the batch-invariance
+ *    speculative decoding relies on);
+ *  - prompt rows: dequantize the weight to BF16 (BF16 weights are used as
+ *    they are), round the activations to BF16, and multiply on the tensor
+ *    cores with cuBLAS (FP32 accumulation). Dequantize-then-GEMM rather than
+ *    a fused quantized GEMM: prefill is compute-bound, the dequantization is
+ *    one extra pass over the weight per matmul (a few % of a 512-token
+ *    GEMM), and cuBLAS's Hopper kernels are hard to beat;
+ *  - attention: one thread block per (token, head) over the paged KV: a pass
+ *    for the softmax's max and sum, a pass that turns a chunk of scores
+ *    into fp16-rounded weights (as the CPU and llama.cpp round) and sums V;
+ *    the same kernel for prompt and decode rows (so far);
+ *  - norms, RoPE, activations, residual adds: one small kernel each.
+ *
+ * Every CUDA call goes through CUDA_TRY (file:line, the call, the error
+ * string) and becomes an ag_status; nothing aborts. Ops are issued on one
+ * stream; download and sync wait for it. */
+extern "C" {
+#include "backend/backend.h"
+#include "base/log.h"
+#include "kv/kv.h"
+}
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_quant.cuh"
+
+/* ---- errors ---- */
+
+static ag_status cuda_fail(const char *file, int line, const char *what, cudaError_t e) {
+    return ag_errorf(e == cudaErrorMemoryAllocation ? AG_ERR_NOMEM : AG_ERR_IO, "CUDA error at %s:%d (%s): %s", file,
+                     line, what, cudaGetErrorString(e));
+}
+static ag_status blas_fail(const char *file, int line, const char *what, cublasStatus_t e) {
+    return ag_errorf(e == CUBLAS_STATUS_ALLOC_FAILED ? AG_ERR_NOMEM : AG_ERR_IO, "cuBLAS error at %s:%d (%s): status %d",
+                     file, line, what, (int)e);
+}
+#define CUDA_TRY(call)                                                            \
+    do {                                                                          \
+        cudaError_t e_ = (call);                                                  \
+        if (e_ != cudaSuccess) return cuda_fail(__FILE__, __LINE__, #call, e_);   \
+    } while (0)
+#define BLAS_TRY(call)                                                                     \
+    do {                                                                                   \
+        cublasStatus_t e_ = (call);                                                        \
+        if (e_ != CUBLAS_STATUS_SUCCESS) return blas_fail(__FILE__, __LINE__, #call, e_);  \
+    } while (0)
+/* after a kernel launch: a bad configuration shows here, a fault at the next sync */
+#define LAUNCHED() CUDA_TRY(cudaGetLastError())
+
+/* ---- state ---- */
+
+typedef struct {
+    const void *host;
+    size_t      bytes;
+    void       *dev;
+} weight_copy;
+
+typedef struct {
+    int            device;
+    int            sm_count;
+    cudaStream_t   stream;
+    cublasHandle_t blas;
+    weight_copy   *w; /* one device copy per distinct host tensor (tied embeddings share) */
+    size_t         n_w, cap_w;
+    size_t         weight_bytes;
+
+    /* the current forward pass (begin): device copies of its host arrays */
+    int            n;
+    const int32_t *h_tokens, *h_pos;
+    int32_t       *d_ints;    /* tokens[n] pos[n] slot[n] tok_table[n] tables[...] */
+    size_t         cap_ints;  /* int32 elements */
+    int32_t       *h_pinned;  /* staging for the upload */
+    size_t         cap_pinned;
+    int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
+
+    /* prompt-row GEMM scratch: the weight and the activations in BF16 */
+    __nv_bfloat16 *d_wbf, *d_xbf;
+    size_t         cap_wbf, cap_xbf; /* elements */
+
+    ag_kv_mem kvmem;
+} cuda_state;
+
+static cuda_state *st_of(ag_backend *be) { return (cuda_state *)be->impl; }
+
+static ag_status grow(void **p, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return AG_OK;
+    size_t n = need + need / 4;
+    if (*p) cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    CUDA_TRY(cudaMalloc(p, n * elem));
+    *cap = n;
+    return AG_OK;
+}
+
+/* ---- memory ---- */
+
+static void *cu_alloc(ag_backend *be, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* clear it: an allocation failure is not sticky */
+        return NULL;
+    }
+    return p;
+}
+static void cu_free(ag_backend *be, void *p) {
+    if (p) cudaFree(p);
+}
+static ag_status cu_upload(ag_backend *be, void *dst, const void *src, size_t bytes) {
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream));
+    CUDA_TRY(cudaStreamSynchronize(st_of(be)->stream)); /* src may be reused at once */
+    return AG_OK;
+}
+static ag_status cu_download(ag_backend *be, void *dst, const void *src, size_t bytes) {
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st_of(be)->stream));
+    CUDA_TRY(cudaStreamSynchronize(st_of(be)->stream));
+    return AG_OK;
+}
+static ag_status cu_copy(ag_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_of(be)->stream));
+    return AG_OK;
+}
+static ag_status cu_sync(ag_backend *be) {
+    CUDA_TRY(cudaStreamSynchronize(st_of(be)->stream));
+    CUDA_TRY(cudaGetLastError());
+    return AG_OK;
+}
+
+static bool type_supported(uint32_t t) {
+    int u, b;
+    cq_geometry((int)t, &u, &b);
+    return u > 0 || cq_is_float((int)t);
+}
+
+static ag_status cu_prepare_weight(ag_backend *be, ag_tensor *t) {
+    cuda_state *s = st_of(be);
+    if (!type_supported(t->type))
+        return ag_errorf(AG_ERR_UNSUPPORTED,
+                         "tensor '%s' has type %u, which the CUDA backend does not run (it runs F32, F16, BF16, Q4_0, "
+                         "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K)",
+                         t->name ? t->name : "?", t->type);
+    const size_t bytes = t->row_bytes * (size_t)t->ne[1];
+    for (size_t i = 0; i < s->n_w; i++)
+        if (s->w[i].host == t->host && s->w[i].bytes == bytes) {
+            t->data = s->w[i].dev;
+            return AG_OK;
+        }
+    if (s->n_w == s->cap_w) {
+        size_t       cap = s->cap_w ? 2 * s->cap_w : 256;
+        weight_copy *w = (weight_copy *)realloc(s->w, cap * sizeof *w);
+        if (!w) return ag_errorf(AG_ERR_NOMEM, "out of memory");
+        s->w = w, s->cap_w = cap;
+    }
+    void *dev = NULL;
+    CUDA_TRY(cudaMalloc(&dev, bytes));
+    cudaError_t e = cudaMemcpy(dev, t->host, bytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+        cudaFree(dev);
+        return cuda_fail(__FILE__, __LINE__, "uploading a weight", e);
+    }
+    s->w[s->n_w].host = t->host;
+    s->w[s->n_w].bytes = bytes;
+    s->w[s->n_w++].dev = dev;
+    s->weight_bytes += bytes;
+    t->data = dev;
+    return AG_OK;
+}
+
+/* KV pool memory (kv.h ag_kv_mem): 0 on success */
+static void *kv_alloc(void *ctx, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        if (p) cudaFree(p);
+        return NULL;
+    }
+    return p;
+}
+static void kv_free(void *ctx, void *p) { cudaFree(p); }
+static int  kv_copy(void *ctx, void *dst, const void *src, size_t n) {
+    return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, ((cuda_state *)ctx)->stream) != cudaSuccess;
+}
+static int kv_to_host(void *ctx, void *host, const void *src, size_t n) {
+    cudaStream_t s = ((cuda_state *)ctx)->stream;
+    return cudaMemcpyAsync(host, src, n, cudaMemcpyDeviceToHost, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess;
+}
+static int kv_from_host(void *ctx, void *dst, const void *host, size_t n) {
+    cudaStream_t s = ((cuda_state *)ctx)->stream;
+    return cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess;
+}
+static const ag_kv_mem *cu_kv_mem(ag_backend *be) { return &st_of(be)->kvmem; }
+
+/* ---- begin: the pass's host arrays, once ---- */
+
+static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay, const int32_t *tokens) {
+    cuda_state *s = st_of(be);
+    const int   n = lay->n;
+    /* tables of the distinct sequences, concatenated; tok_table[i] = where
+     * token i's starts. A sequence's tokens are contiguous in the engine's
+     * batches, so "seen" is usually the previous token. */
+    size_t n_table = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = i > 0 && lay->seq[i - 1] == lay->seq[i];
+        for (int k = 0; k < i && !seen; k++) seen = lay->seq[k] == lay->seq[i];
+        if (seen) continue;
+        int32_t nb = 0;
+        ag_kv_seq_blocks(kv, lay->seq[i], &nb);
+        n_table += (size_t)nb;
+    }
+    size_t need = 4 * (size_t)n + n_table;
+    if (need > s->cap_pinned) {
+        if (s->h_pinned) cudaFreeHost(s->h_pinned);
+        s->h_pinned = NULL;
+        s->cap_pinned = 0;
+        CUDA_TRY(cudaMallocHost((void **)&s->h_pinned, (need + need / 4) * sizeof(int32_t)));
+        s->cap_pinned = need + need / 4;
+    }
+    ag_status st = grow((void **)&s->d_ints, &s->cap_ints, need, sizeof(int32_t));
+    if (st) return st;
+    int32_t *h = s->h_pinned;
+    int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tab = h + 4 * n;
+    const ag_kv_layout *L = ag_kv_get_layout(kv);
+    size_t used = 0;
+    for (int i = 0; i < n; i++) {
+        h_tok[i] = tokens[i];
+        h_pos[i] = lay->pos[i];
+        int32_t block, off;
+        if ((st = ag_kv_slot(kv, lay->seq[i], lay->pos[i], &block, &off))) return st;
+        h_slot[i] = block * L->block_size + off;
+        int first = i > 0 && lay->seq[i - 1] == lay->seq[i] ? i - 1 : i;
+        for (int k = 0; k < i && first == i; k++)
+            if (lay->seq[k] == lay->seq[i]) first = k;
+        if (first != i) {
+            h_tt[i] = h_tt[first];
+            continue;
+        }
+        int32_t        nb = 0;
+        const int32_t *t = ag_kv_seq_blocks(kv, lay->seq[i], &nb);
+        h_tt[i] = (int32_t)used;
+        memcpy(h_tab + used, t, sizeof(int32_t) * (size_t)nb);
+        used += (size_t)nb;
+    }
+    CUDA_TRY(cudaMemcpyAsync(s->d_ints, h, need * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
+    s->n = n;
+    s->h_tokens = tokens;
+    s->h_pos = lay->pos;
+    s->d_tokens = s->d_ints;
+    s->d_pos = s->d_ints + n;
+    s->d_slot = s->d_ints + 2 * n;
+    s->d_tok_table = s->d_ints + 3 * n;
+    s->d_tables = s->d_ints + 4 * n;
+    return AG_OK;
+}
+
+/* The device copy of a host int array given to an op of this pass. */
+static const int32_t *pass_ints(cuda_state *s, const int32_t *host, int n) {
+    if (n == s->n && host == s->h_tokens) return s->d_tokens;
+    if (n == s->n && host == s->h_pos) return s->d_pos;
+    return NULL;
+}
+
+/* ---- matmul: decode rows (GEMV) ---- */
+
+#define MMV_WARPS 4 /* rows per thread block */
+#define MMV_TOK 8   /* tokens per thread block */
+
+static __device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* y[t][row] = Σ_k W[row][k] x[t][k] for the block's rows and tokens. One warp
+ * per row; lane l takes units l, l+32, ... Each token's sum is built in the
+ * same order whatever the other tokens are (batch invariance). */
+template <int TYPE>
+__global__ void mmv_quant(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                          const float *__restrict__ x, int n_tok, float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * MMV_TOK;
+    if (row >= n_out) return;
+    const int      nt = min(MMV_TOK, n_tok - tok0);
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    float          acc[MMV_TOK];
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) acc[t] = 0.0f;
+    const int units = K / 32;
+    for (int u = lane; u < units; u += 32) {
+        float w[32];
+        decode_unit<TYPE>(wr, u, w);
+#pragma unroll
+        for (int t = 0; t < MMV_TOK; t++) {
+            if (t >= nt) break;
+            const float4 *xp = (const float4 *)(x + (size_t)(tok0 + t) * K + (size_t)u * 32);
+            float         p = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                float4 v = __ldg(xp + i);
+                p = fmaf(w[4 * i], v.x, p);
+                p = fmaf(w[4 * i + 1], v.y, p);
+                p = fmaf(w[4 * i + 2], v.z, p);
+                p = fmaf(w[4 * i + 3], v.w, p);
+            }
+            acc[t] += p;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) {
+        if (t >= nt) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
+    }
+}
+
+/* The same for the float types, element by element (any K). */
+template <int TYPE>
+__global__ void mmv_float(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                          const float *__restrict__ x, int n_tok, float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * MMV_TOK;
+    if (row >= n_out) return;
+    const int      nt = min(MMV_TOK, n_tok - tok0);
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    float          acc[MMV_TOK];
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) acc[t] = 0.0f;
+    if (TYPE != CQ_F32 && K % 8 == 0) {
+        /* 16-byte loads: 8 halves per lane, a warp reads 512 contiguous bytes */
+        for (int k8 = lane; k8 < K / 8; k8 += 32) {
+            const uint4 raw = __ldg((const uint4 *)wr + k8);
+            float       w[8];
+            const uint32_t r[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float2 f;
+                if (TYPE == CQ_F16) f = __half22float2(*(const __half2 *)&r[i]);
+                else f = __bfloat1622float2(*(const __nv_bfloat162 *)&r[i]);
+                w[2 * i] = f.x, w[2 * i + 1] = f.y;
+            }
+#pragma unroll
+            for (int t = 0; t < MMV_TOK; t++) {
+                if (t >= nt) break;
+                const float4 *xp = (const float4 *)(x + (size_t)(tok0 + t) * K) + 2 * k8;
+                const float4  a = __ldg(xp), b = __ldg(xp + 1);
+                float         p = 0.0f;
+                p = fmaf(w[0], a.x, p), p = fmaf(w[1], a.y, p), p = fmaf(w[2], a.z, p), p = fmaf(w[3], a.w, p);
+                p = fmaf(w[4], b.x, p), p = fmaf(w[5], b.y, p), p = fmaf(w[6], b.z, p), p = fmaf(w[7], b.w, p);
+                acc[t] += p;
+            }
+        }
+    } else {
+        for (int k = lane; k < K; k += 32) {
+            float w = cq_load<TYPE>(wr, k);
+#pragma unroll
+            for (int t = 0; t < MMV_TOK; t++) {
+                if (t >= nt) break;
+                acc[t] = fmaf(w, __ldg(x + (size_t)(tok0 + t) * K + k), acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) {
+        if (t >= nt) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
+    }
+}
+
+typedef void (*mmv_kernel)(const uint8_t *, size_t, int, int, const float *, int, float *);
+
+static mmv_kernel mmv_for(uint32_t type) {
+    switch (type) {
+    case CQ_F32: return mmv_float<CQ_F32>;
+    case CQ_F16: return mmv_float<CQ_F16>;
+    case CQ_BF16: return mmv_float<CQ_BF16>;
+    case CQ_Q4_0: return mmv_quant<CQ_Q4_0>;
+    case CQ_Q4_1: return mmv_quant<CQ_Q4_1>;
+    case CQ_Q5_0: return mmv_quant<CQ_Q5_0>;
+    case CQ_Q5_1: return mmv_quant<CQ_Q5_1>;
+    case CQ_Q8_0: return mmv_quant<CQ_Q8_0>;
+    case CQ_Q4_K: return mmv_quant<CQ_Q4_K>;
+    case CQ_Q6_K: return mmv_quant<CQ_Q6_K>;
+    default: return NULL;
+    }
+}
+
+/* ---- dequantization (get_rows, prompt GEMM) ---- */
+
+/* out[r][k] for rows ids[r] (or r when ids is NULL), as float or bf16. One
+ * thread per unit (quantized) or per element (float types). */
+template <int TYPE, typename OUT>
+__global__ void dequant_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, const int32_t *__restrict__ ids,
+                             int n_rows, OUT *__restrict__ out) {
+    const int r = blockIdx.y;
+    if (r >= n_rows) return;
+    const uint8_t *wr = W + (size_t)(ids ? ids[r] : r) * row_bytes;
+    OUT           *o = out + (size_t)r * K;
+    if (cq_is_float(TYPE)) {
+        for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < K; k += gridDim.x * blockDim.x)
+            o[k] = (OUT)cq_load<TYPE>(wr, k);
+    } else {
+        for (int u = blockIdx.x * blockDim.x + threadIdx.x; u < K / 32; u += gridDim.x * blockDim.x) {
+            float w[32];
+            decode_unit<TYPE>(wr, u, w);
+#pragma unroll
+            for (int i = 0; i < 32; i++) o[(size_t)u * 32 + i] = (OUT)w[i];
+        }
+    }
+}
+
+template <typename OUT>
+static ag_status launch_dequant(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int K,
+                                const int32_t *ids, int n_rows, OUT *out) {
+    if (n_rows <= 0) return AG_OK;
+    const int per_row = cq_is_float((int)type) ? K : K / 32;
+    dim3      grid((unsigned)((per_row + 127) / 128 < 64 ? (per_row + 127) / 128 : 64), (unsigned)n_rows);
+    const uint8_t *w = (const uint8_t *)W;
+#define DQ(T) dequant_rows<T, OUT><<<grid, 128, 0, st>>>(w, row_bytes, K, ids, n_rows, out)
+    switch (type) {
+    case CQ_F32: DQ(CQ_F32); break;
+    case CQ_F16: DQ(CQ_F16); break;
+    case CQ_BF16: DQ(CQ_BF16); break;
+    case CQ_Q4_0: DQ(CQ_Q4_0); break;
+    case CQ_Q4_1: DQ(CQ_Q4_1); break;
+    case CQ_Q5_0: DQ(CQ_Q5_0); break;
+    case CQ_Q5_1: DQ(CQ_Q5_1); break;
+    case CQ_Q8_0: DQ(CQ_Q8_0); break;
+    case CQ_Q4_K: DQ(CQ_Q4_K); break;
+    case CQ_Q6_K: DQ(CQ_Q6_K); break;
+    default: return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", type);
+    }
+#undef DQ
+    LAUNCHED();
+    return AG_OK;
+}
+
+__global__ void f32_to_bf16(const float *__restrict__ x, size_t n, __nv_bfloat16 *__restrict__ o) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        o[i] = __float2bfloat16_rn(x[i]);
+}
+
+static unsigned grid_for(size_t n, unsigned threads) {
+    size_t g = (n + threads - 1) / threads;
+    return (unsigned)(g < 1 ? 1 : g > 65535 ? 65535 : g);
+}
+
+/* ---- matmul ---- */
+
+static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y) {
+    if (n <= 0) return AG_OK;
+    mmv_kernel k = mmv_for(w->type);
+    if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
+    const int K = (int)w->ne[0], n_out = (int)w->ne[1];
+    dim3      grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + MMV_TOK - 1) / MMV_TOK));
+    k<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
+    LAUNCHED();
+    return AG_OK;
+}
+
+static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y) {
+    if (n <= 0) return AG_OK;
+    const int K = (int)w->ne[0], n_out = (int)w->ne[1];
+    ag_status st;
+    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w->data;
+    if (w->type != CQ_BF16) {
+        if ((st = grow((void **)&s->d_wbf, &s->cap_wbf, (size_t)K * n_out, sizeof(__nv_bfloat16)))) return st;
+        if ((st = launch_dequant(s->stream, w->type, w->data, w->row_bytes, K, (const int32_t *)NULL, n_out, s->d_wbf)))
+            return st;
+        wb = s->d_wbf;
+    }
+    if ((st = grow((void **)&s->d_xbf, &s->cap_xbf, (size_t)K * n, sizeof(__nv_bfloat16)))) return st;
+    f32_to_bf16<<<grid_for((size_t)K * n, 256), 256, 0, s->stream>>>(x, (size_t)K * n, s->d_xbf);
+    LAUNCHED();
+    /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
+    const float one = 1.0f, zero = 0.0f;
+    BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, s->d_xbf,
+                          CUDA_R_16BF, K, &zero, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return AG_OK;
+}
+
+static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
+    cuda_state *s = st_of(be);
+    if (n_decode < 0 || n_decode > n) n_decode = n;
+    ag_status st = matmul_decode(s, w, x, n_decode, y);
+    if (!st)
+        st = matmul_prompt(s, w, x + (size_t)n_decode * w->ne[0], n - n_decode, y + (size_t)n_decode * w->ne[1]);
+    if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
+    return AG_OK;
+}
+
+static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
+                                 int n_decode, float *const *y) {
+    for (int i = 0; i < n_w; i++) {
+        ag_status st = cu_matmul(be, w[i], x, n, n_decode, y[i]);
+        if (st) return st;
+    }
+    return AG_OK;
+}
+
+static ag_status cu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t *ids, int n, float *out) {
+    cuda_state    *s = st_of(be);
+    const int32_t *d_ids = pass_ints(s, ids, n);
+    if (!d_ids) return ag_errorf(AG_ERR_INVALID, "CUDA get_rows: ids must be the pass's tokens (see begin)");
+    return launch_dequant(s->stream, w->type, w->data, w->row_bytes, (int)w->ne[0], d_ids, n, out);
+}
+
+/* ---- small ops ---- */
+
+static __device__ float block_sum(float v, float *red) {
+    v = warp_sum(v);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < n_warps; i++) t += red[i];
+    return t;
+}
+
+static __device__ float block_max(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = -INFINITY;
+    for (int i = 0; i < n_warps; i++) t = fmaxf(t, red[i]);
+    return t;
+}
+
+__global__ void rmsnorm_k(const float *__restrict__ x, const float *__restrict__ w, int dim, float eps,
+                          float *__restrict__ out) {
+    __shared__ float red[32];
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float       *o = out + (size_t)blockIdx.x * dim;
+    float        ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    ss = block_sum(ss, red);
+    const float sc = rsqrtf(ss / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
+}
+
+static ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
+    if (n <= 0) return AG_OK;
+    rmsnorm_k<<<(unsigned)n, dim >= 1024 ? 256 : 128, 0, st_of(be)->stream>>>(x, w, dim, eps, out);
+    LAUNCHED();
+    return AG_OK;
+}
+
+__global__ void rope_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
+                       float freq_scale, int neox) {
+    const int half = rope_dim / 2;
+    const size_t total = (size_t)n * n_head * half;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const int    i = (int)(e % half);
+        const size_t th = e / half; /* token * n_head + head */
+        const int    t = (int)(th / n_head);
+        /* theta_i = pos * freq_scale * base^(-2i/rope_dim), in double as on the CPU */
+        const double theta = (double)pos[t] * freq_scale * pow((double)base, -2.0 * i / rope_dim);
+        const float  c = (float)cos(theta), s = (float)sin(theta);
+        float       *v = x + th * head_dim;
+        const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const float  a = v[i0], b = v[i1];
+        v[i0] = a * c - b * s;
+        v[i1] = a * s + b * c;
+    }
+}
+
+static ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
+                         float base, float freq_scale, bool neox) {
+    cuda_state    *s = st_of(be);
+    const int32_t *d_pos = pass_ints(s, pos, n);
+    if (!d_pos) return ag_errorf(AG_ERR_INVALID, "CUDA rope: pos must be the pass's positions (see begin)");
+    if (n <= 0) return AG_OK;
+    rope_k<<<grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, s->stream>>>(x, n, n_head, head_dim, rope_dim,
+                                                                                      d_pos, base, freq_scale, neox);
+    LAUNCHED();
+    return AG_OK;
+}
+
+__global__ void add_bias_k(float *x, const float *b, int n, int dim) {
+    const size_t total = (size_t)n * dim;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        x[i] += b[i % dim];
+}
+__global__ void add_k(float *y, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] += x[i];
+}
+__global__ void scale_k(float *x, float s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= s;
+}
+__global__ void silu_mul_k(float *g, const float *u, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float v = g[i];
+        g[i] = v / (1.0f + expf(-v)) * u[i];
+    }
+}
+/* GELU (tanh form) the way the CPU backend (and llama.cpp's) computes it:
+ * of x rounded to fp16, rounded to fp16, exact limits beyond |x| >= 10. */
+__global__ void gelu_mul_k(float *g, const float *u, size_t n) {
+    const float k = 0.7978845608028654f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float v = g[i];
+        float       y;
+        if (v <= -10.0f) y = 0.0f;
+        else if (v >= 10.0f) y = v;
+        else {
+            const float h = __half2float(__float2half_rn(v));
+            y = __half2float(__float2half_rn(0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)))));
+        }
+        g[i] = y * u[i];
+    }
+}
+
+static ag_status cu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
+    if (n <= 0) return AG_OK;
+    add_bias_k<<<grid_for((size_t)n * dim, 256), 256, 0, st_of(be)->stream>>>(x, b, n, dim);
+    LAUNCHED();
+    return AG_OK;
+}
+static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
+    if (!n) return AG_OK;
+    add_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(y, x, n);
+    LAUNCHED();
+    return AG_OK;
+}
+static ag_status cu_scale(ag_backend *be, float *x, float s, size_t n) {
+    if (!n) return AG_OK;
+    scale_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(x, s, n);
+    LAUNCHED();
+    return AG_OK;
+}
+static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n) {
+    if (!n) return AG_OK;
+    silu_mul_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(g, u, n);
+    LAUNCHED();
+    return AG_OK;
+}
+static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
+    if (!n) return AG_OK;
+    gelu_mul_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(g, u, n);
+    LAUNCHED();
+    return AG_OK;
+}
+
+/* ---- KV store and attention over the paged pool ---- */
+
+/* Where one layer's blocks are: kv.h's layout, in bytes. */
+typedef struct {
+    uint8_t *k0;          /* K region of block 0 of this layer */
+    size_t   v_off;       /* V region - K region within a block's layer */
+    size_t   block_bytes; /* block stride */
+    size_t   head_stride_k, head_stride_v, row_bytes_k, row_bytes_v;
+    int      block_shift, block_mask;
+} kv_geom;
+
+static kv_geom geom_of(ag_kv *kv, int layer) {
+    const ag_kv_layout *L = ag_kv_get_layout(kv);
+    kv_geom             g;
+    g.k0 = (uint8_t *)ag_kv_block_k(kv, layer, 0);
+    g.v_off = (size_t)((uint8_t *)ag_kv_block_v(kv, layer, 0) - g.k0);
+    g.block_bytes = L->block_bytes;
+    g.head_stride_k = L->head_stride_k;
+    g.head_stride_v = L->head_stride_v;
+    g.row_bytes_k = L->row_bytes_k;
+    g.row_bytes_v = L->row_bytes_v;
+    g.block_shift = L->block_shift;
+    g.block_mask = L->block_size - 1;
+    return g;
+}
+
+template <bool F16>
+static __device__ __forceinline__ void kv_put(uint8_t *p, int d, float v) {
+    if (F16) ((__half *)p)[d] = __float2half_rn(v);
+    else ((float *)p)[d] = v;
+}
+template <bool F16>
+static __device__ __forceinline__ float kv_get(const uint8_t *p, int d) {
+    if (F16) return __half2float(((const __half *)p)[d]);
+    return ((const float *)p)[d];
+}
+
+template <bool F16>
+__global__ void kv_store_k(kv_geom g, const int32_t *__restrict__ slot, int n_kv, int hd_k, int hd_v,
+                           const float *__restrict__ k, const float *__restrict__ v) {
+    const int      t = blockIdx.x;
+    const int      sl = slot[t];
+    uint8_t *const base = g.k0 + (size_t)(sl >> g.block_shift) * g.block_bytes;
+    const int      off = sl & g.block_mask;
+    for (int e = threadIdx.x; e < n_kv * hd_k; e += blockDim.x) {
+        const int h = e / hd_k, d = e % hd_k;
+        kv_put<F16>(base + h * g.head_stride_k + off * g.row_bytes_k, d, k[(size_t)t * n_kv * hd_k + e]);
+    }
+    for (int e = threadIdx.x; e < n_kv * hd_v; e += blockDim.x) {
+        const int h = e / hd_v, d = e % hd_v;
+        kv_put<F16>(base + g.v_off + h * g.head_stride_v + off * g.row_bytes_v, d, v[(size_t)t * n_kv * hd_v + e]);
+    }
+}
+
+static ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
+                             const float *k, const float *v) {
+    cuda_state *s = st_of(be);
+    if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA kv_store: batch differs from the pass (see begin)");
+    if (b->n <= 0) return AG_OK;
+    kv_geom g = geom_of(kv, sh->layer);
+    if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
+        kv_store_k<true><<<(unsigned)b->n, 128, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
+                                                                sh->head_dim_v, k, v);
+    else
+        kv_store_k<false><<<(unsigned)b->n, 128, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
+                                                                 sh->head_dim_v, k, v);
+    LAUNCHED();
+    return AG_OK;
+}
+
+#define ATT_THREADS 128
+#define ATT_CHUNK 512
+#define ATT_MAX_DV 256 /* head_dim_v up to 2 * ATT_THREADS */
+
+/* out[t][head] = softmax(scale q·K)·V over the token's visible positions,
+ * rounded as the CPU backend (and llama.cpp) rounds: q and the normalized
+ * softmax weights pass through fp16. One block per (token, head). Pass 1
+ * finds the max and the sum (each thread online over its positions, then
+ * combined); pass 2 recomputes a chunk's scores into shared memory as
+ * normalized fp16-rounded weights and accumulates V (threads own dims). */
+template <bool F16>
+__global__ void attention_k(kv_geom g, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
+                            const int32_t *__restrict__ tables, int n_head, int n_kv, int hd_k, int hd_v, float scale,
+                            int window, float softcap, const float *__restrict__ q, float *__restrict__ out) {
+    extern __shared__ float sm[]; /* q[hd_k], w[ATT_CHUNK], red[32] */
+    float *qs = sm, *wt = sm + hd_k, *red = wt + ATT_CHUNK;
+    const int t = blockIdx.x, h = blockIdx.y, kvh = h / (n_head / n_kv);
+    const int p_hi = pos[t], p_lo = window > 0 ? max(0, p_hi - window + 1) : 0;
+    const int32_t *table = tables + tok_table[t];
+    for (int d = threadIdx.x; d < hd_k; d += blockDim.x)
+        qs[d] = __half2float(__float2half_rn(q[((size_t)t * n_head + h) * hd_k + d]));
+    __syncthreads();
+    auto score = [&](int p) {
+        const uint8_t *kr = g.k0 + (size_t)table[p >> g.block_shift] * g.block_bytes + kvh * g.head_stride_k +
+                            (size_t)(p & g.block_mask) * g.row_bytes_k;
+        float dot = 0.0f;
+        for (int d = 0; d < hd_k; d++) dot = fmaf(qs[d], kv_get<F16>(kr, d), dot);
+        dot *= scale;
+        if (softcap > 0.0f) dot = softcap * tanhf(dot / softcap);
+        return dot;
+    };
+    float m = -INFINITY, l = 0.0f;
+    for (int p = p_lo + threadIdx.x; p <= p_hi; p += blockDim.x) {
+        const float s = score(p);
+        if (s > m) {
+            l = l * expf(m - s) + 1.0f;
+            m = s;
+        } else {
+            l += expf(s - m);
+        }
+    }
+    const float M = block_max(m, red);
+    const float L = block_sum(m == -INFINITY ? 0.0f : l * expf(m - M), red);
+    const float inv = 1.0f / L;
+    float       acc[ATT_MAX_DV / ATT_THREADS] = {0.0f, 0.0f};
+    for (int c0 = p_lo; c0 <= p_hi; c0 += ATT_CHUNK) {
+        const int cn = min(ATT_CHUNK, p_hi - c0 + 1);
+        __syncthreads(); /* the previous chunk's weights are consumed */
+        for (int j = threadIdx.x; j < cn; j += blockDim.x)
+            wt[j] = __half2float(__float2half_rn(expf(score(c0 + j) - M) * inv));
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < ATT_MAX_DV / ATT_THREADS; i++) {
+            const int d = threadIdx.x + i * ATT_THREADS;
+            if (d >= hd_v) break;
+            float a = acc[i];
+            for (int j = 0; j < cn; j++) {
+                const int      p = c0 + j;
+                const uint8_t *vr = g.k0 + (size_t)table[p >> g.block_shift] * g.block_bytes + g.v_off +
+                                    kvh * g.head_stride_v + (size_t)(p & g.block_mask) * g.row_bytes_v;
+                a = fmaf(wt[j], kv_get<F16>(vr, d), a);
+            }
+            acc[i] = a;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAX_DV / ATT_THREADS; i++) {
+        const int d = threadIdx.x + i * ATT_THREADS;
+        if (d < hd_v) out[((size_t)t * n_head + h) * hd_v + d] = acc[i];
+    }
+}
+
+static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
+                              const float *q, float *out) {
+    cuda_state *s = st_of(be);
+    if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA attention: batch differs from the pass (see begin)");
+    if (sh->head_dim_v > ATT_MAX_DV || sh->n_head % sh->n_head_kv)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA attention: head_dim_v %d (max %d), %d heads over %d kv heads",
+                         sh->head_dim_v, ATT_MAX_DV, sh->n_head, sh->n_head_kv);
+    if (b->n <= 0) return AG_OK;
+    kv_geom g = geom_of(kv, sh->layer);
+    dim3    grid((unsigned)b->n, (unsigned)sh->n_head);
+    size_t  shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
+    if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
+        attention_k<true><<<grid, ATT_THREADS, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head,
+                                                                 sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
+                                                                 sh->scale, sh->window, sh->softcap, q, out);
+    else
+        attention_k<false><<<grid, ATT_THREADS, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head,
+                                                                  sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
+                                                                  sh->scale, sh->window, sh->softcap, q, out);
+    LAUNCHED();
+    return AG_OK;
+}
+
+/* ---- lifetime ---- */
+
+static void cu_destroy(ag_backend *be) {
+    cuda_state *s = st_of(be);
+    if (s) {
+        cudaSetDevice(s->device);
+        if (s->stream) cudaStreamSynchronize(s->stream);
+        for (size_t i = 0; i < s->n_w; i++) cudaFree(s->w[i].dev);
+        free(s->w);
+        cudaFree(s->d_ints);
+        if (s->h_pinned) cudaFreeHost(s->h_pinned);
+        cudaFree(s->d_wbf);
+        cudaFree(s->d_xbf);
+        if (s->blas) cublasDestroy(s->blas);
+        if (s->stream) cudaStreamDestroy(s->stream);
+        free(s);
+    }
+    free(be);
+}
+
+static ag_backend_ops make_ops(void) {
+    ag_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.host_memory = false;
+    o.alloc = cu_alloc;
+    o.free = cu_free;
+    o.upload = cu_upload;
+    o.download = cu_download;
+    o.copy = cu_copy;
+    o.prepare_weight = cu_prepare_weight;
+    o.kv_mem = cu_kv_mem;
+    o.sync = cu_sync;
+    o.destroy = cu_destroy;
+    o.begin = cu_begin;
+    o.matmul = cu_matmul;
+    o.matmul_multi = cu_matmul_multi;
+    o.get_rows = cu_get_rows;
+    o.rmsnorm = cu_rmsnorm;
+    o.rope = cu_rope;
+    o.add_bias = cu_add_bias;
+    o.add = cu_add;
+    o.scale = cu_scale;
+    o.silu_mul = cu_silu_mul;
+    o.gelu_mul = cu_gelu_mul;
+    o.kv_store = cu_kv_store;
+    o.attention = cu_attention;
+    return o;
+}
+static const ag_backend_ops cuda_ops = make_ops();
+
+extern "C" int ag_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" ag_status ag_cuda_backend_new(int index, ag_backend **out) {
+    *out = NULL;
+    ag_backend *be = (ag_backend *)calloc(1, sizeof *be);
+    cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
+    if (!be || !s) {
+        free(be);
+        free(s);
+        return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    }
+    be->ops = &cuda_ops;
+    be->impl = s;
+    s->device = index;
+    s->kvmem.ctx = s;
+    s->kvmem.alloc = kv_alloc;
+    s->kvmem.free = kv_free;
+    s->kvmem.copy = kv_copy;
+    s->kvmem.to_host = kv_to_host;
+    s->kvmem.from_host = kv_from_host;
+    ag_status      st = AG_OK;
+    cudaDeviceProp prop;
+    cudaError_t    e = cudaSetDevice(index);
+    if (e == cudaSuccess) e = cudaGetDeviceProperties(&prop, index);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) st = cuda_fail(__FILE__, __LINE__, "opening the GPU", e);
+    if (!st) {
+        cublasStatus_t b = cublasCreate(&s->blas);
+        if (b == CUBLAS_STATUS_SUCCESS) b = cublasSetStream(s->blas, s->stream);
+        if (b != CUBLAS_STATUS_SUCCESS) st = blas_fail(__FILE__, __LINE__, "cublasCreate", b);
+    }
+    if (st) {
+        cu_destroy(be);
+        return st;
+    }
+    s->sm_count = prop.multiProcessorCount;
+    AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
+            prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
+    *out = be;
+    return AG_OK;
+}

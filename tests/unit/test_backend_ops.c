@@ -1,0 +1,487 @@
+/* The backend op harness (like llama.cpp's test-backend-ops): every op of a
+ * backend against a double-precision reference computed here, and, for a
+ * backend other than the CPU, against the CPU backend's op, each with a
+ * stated tolerance; plus the batch-invariance speculative decoding relies
+ * on (a decode row's result does not depend on the rest of the batch).
+ *
+ * The backend under test is AUGUR_TEST_DEVICE (cpu or cuda; default: cuda
+ * when this build has it and a GPU is visible, else cpu). In a CPU-only
+ * build this checks the CPU backend against the references; on a GPU
+ * machine scripts/gpu_test.sh runs it with AUGUR_TEST_DEVICE=cuda.
+ *
+ * Tolerances are relative L2 errors ||out - ref|| / ||ref||:
+ *   matmul, decode rows:  CPU 2e-2 for quantized weights (activations go
+ *                         through int8 as in llama.cpp), 1e-5 for float
+ *                         weights; CUDA 1e-5 (fp32 activations)
+ *   matmul, prompt rows:  CPU as above; CUDA 1e-2 (BF16 tensor cores)
+ *   get_rows:             exact (== ag_dequant_row)
+ *   norms, RoPE, adds,
+ *   SiLU:                 1e-5
+ *   attention:            1e-3 (q and the softmax weights pass through fp16,
+ *                         as in llama.cpp; the fp16 KV is read back exactly);
+ *                         a device backend within 5e-4 of the CPU's
+ *   GELU:                 2e-3 (fp16-rounded like llama.cpp's table) */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "backend/backend.h"
+#include "backend/cpu/quant.h"
+#include "kv/kv.h"
+#include "quant_testutil.h"
+
+static ag_backend *g_be;  /* under test */
+static ag_backend *g_cpu; /* the reference backend (== g_be when testing the CPU) */
+static bool        g_is_cpu;
+/* Host copies of test weights live until teardown: a device backend keys
+ * its weight copies by host address (a model's mapping never moves), so a
+ * freed and reused address must not come back as another weight. */
+static void  *g_weights[64];
+static size_t g_n_weights;
+
+static int setup(void **state) {
+    ag_device   dev = ag_cuda_available() ? AG_DEVICE_CUDA : AG_DEVICE_CPU;
+    const char *env = getenv("AUGUR_TEST_DEVICE");
+    if (env && *env && !ag_device_parse(env, &dev)) return -1;
+    ag_cpu_params cp = ag_cpu_default_params();
+    if (ag_backend_new(AG_DEVICE_CPU, &cp, &g_cpu)) return -1;
+    if (dev == AG_DEVICE_CPU) {
+        g_be = g_cpu;
+    } else if (ag_backend_new(dev, &cp, &g_be)) {
+        fprintf(stderr, "cannot open %s: %s\n", ag_device_name(dev), ag_error_message());
+        return -1;
+    }
+    g_is_cpu = g_be == g_cpu;
+    fprintf(stderr, "backend under test: %s\n", g_be->ops->name);
+    return 0;
+}
+
+static int teardown(void **state) {
+    for (size_t i = 0; i < g_n_weights; i++) free(g_weights[i]);
+    if (g_be != g_cpu) ag_backend_free(g_be);
+    ag_backend_free(g_cpu);
+    return 0;
+}
+
+/* ---- buffers on a backend ---- */
+
+static void *dev_put(ag_backend *be, const void *host, size_t bytes) {
+    void *d = be->ops->alloc(be, bytes);
+    assert_non_null(d);
+    assert_int_equal(be->ops->upload(be, d, host, bytes), AG_OK);
+    return d;
+}
+static void *dev_floats(ag_backend *be, size_t n) {
+    void *d = be->ops->alloc(be, n * sizeof(float) + 1);
+    assert_non_null(d);
+    return d;
+}
+static float *host_get(ag_backend *be, const void *dev, size_t n) {
+    float *h = malloc(n * sizeof(float) + 1);
+    assert_non_null(h);
+    assert_int_equal(be->ops->download(be, h, dev, n * sizeof(float)), AG_OK);
+    return h;
+}
+
+static double rel_err(const float *out, const double *ref, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(out[i])) return INFINITY;
+        num += (out[i] - ref[i]) * (out[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return sqrt(num / (den > 0 ? den : 1e-300));
+}
+static double rel_err_f(const float *out, const float *ref, size_t n) {
+    double *r = malloc(n * sizeof *r);
+    for (size_t i = 0; i < n; i++) r[i] = ref[i];
+    double e = rel_err(out, r, n);
+    free(r);
+    return e;
+}
+
+static float *randn(size_t n, float scale) {
+    float *x = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) x[i] = nrand() * scale;
+    return x;
+}
+
+/* A weight tensor of `type`, ne = [K, n_out], random valid blocks; the host
+ * copy stays in t->host and its dequantized floats in *deq. */
+static ag_tensor make_weight(ag_backend *be, uint32_t type, int K, int n_out, float **deq) {
+    size_t   rb = ag_quant_row_bytes(type, K);
+    uint8_t *all = malloc(rb * n_out);
+    *deq = malloc(sizeof(float) * (size_t)K * n_out);
+    for (int r = 0; r < n_out; r++) {
+        size_t   b;
+        uint8_t *row = random_weights(type, K, &b);
+        memcpy(all + rb * r, row, rb);
+        free(row);
+        assert_int_equal(ag_dequant_row(type, all + rb * r, *deq + (size_t)K * r, K), AG_OK);
+    }
+    ag_tensor t = {.name = "w", .type = type, .ne = {K, n_out, 1, 1}, .row_bytes = rb, .data = all, .host = all};
+    assert_true(g_n_weights < sizeof g_weights / sizeof g_weights[0]);
+    g_weights[g_n_weights++] = all;
+    if (be->ops->prepare_weight) assert_int_equal(be->ops->prepare_weight(be, &t), AG_OK);
+    return t;
+}
+
+/* ---- matmul ---- */
+
+typedef struct {
+    uint32_t type;
+    int      K;
+} mm_case;
+
+static const mm_case k_mm_cases[] = {
+    {AG_TYPE_F32, 172}, {AG_TYPE_F16, 200}, {AG_TYPE_BF16, 96}, {AG_TYPE_Q4_0, 512}, {AG_TYPE_Q4_1, 576},
+    {AG_TYPE_Q5_0, 512}, {AG_TYPE_Q5_1, 256}, {AG_TYPE_Q8_0, 896}, {AG_TYPE_Q4_K, 512}, {AG_TYPE_Q6_K, 768},
+};
+
+static bool is_float_type(uint32_t t) { return t == AG_TYPE_F32 || t == AG_TYPE_F16 || t == AG_TYPE_BF16; }
+
+static double tol_matmul(bool cpu, uint32_t type, bool prompt) {
+    if (cpu) return is_float_type(type) ? 1e-5 : 2e-2;
+    return prompt ? 1e-2 : 1e-5;
+}
+
+/* Rows [0, n_dec) decode, the rest prompt: each against the exact product
+ * of the dequantized weight; decode rows bit-identical alone and in the
+ * batch; for a device backend, within tolerance of the CPU backend. */
+static void matmul_all_types(void **state) {
+    enum { N = 13, N_DEC = 5, N_OUT = 67 };
+    for (size_t c = 0; c < sizeof k_mm_cases / sizeof k_mm_cases[0]; c++) {
+        const uint32_t type = k_mm_cases[c].type;
+        const int      K = k_mm_cases[c].K;
+        float         *deq;
+        ag_tensor      w = make_weight(g_be, type, K, N_OUT, &deq);
+        float         *x = randn((size_t)N * K, 1.0f);
+        double        *ref = malloc(sizeof(double) * N * N_OUT);
+        for (int t = 0; t < N; t++)
+            for (int o = 0; o < N_OUT; o++) {
+                double s = 0;
+                for (int k = 0; k < K; k++) s += (double)deq[(size_t)o * K + k] * x[(size_t)t * K + k];
+                ref[t * N_OUT + o] = s;
+            }
+        float *dx = dev_put(g_be, x, sizeof(float) * N * K), *dy = dev_floats(g_be, (size_t)N * N_OUT);
+        assert_int_equal(g_be->ops->matmul(g_be, &w, dx, N, N_DEC, dy), AG_OK);
+        float *y = host_get(g_be, dy, (size_t)N * N_OUT);
+        double e_dec = rel_err(y, ref, (size_t)N_DEC * N_OUT);
+        double e_pr = rel_err(y + N_DEC * N_OUT, ref + N_DEC * N_OUT, (size_t)(N - N_DEC) * N_OUT);
+        if (e_dec > tol_matmul(g_is_cpu, type, false) || e_pr > tol_matmul(g_is_cpu, type, true))
+            fail_msg("%s matmul %s K=%d: decode rows err %.3g, prompt rows err %.3g", g_be->ops->name,
+                     ag_tensor_type_name(type), K, e_dec, e_pr);
+        /* batch invariance of decode rows: each alone == in the batch */
+        for (int t = 0; t < N_DEC; t++) {
+            float *d1 = dev_floats(g_be, N_OUT);
+            assert_int_equal(g_be->ops->matmul(g_be, &w, dx + (size_t)t * K, 1, 1, d1), AG_OK);
+            float *y1 = host_get(g_be, d1, N_OUT);
+            if (memcmp(y1, y + t * N_OUT, sizeof(float) * N_OUT))
+                fail_msg("%s matmul %s: decode row %d alone differs from the same row in a batch of %d",
+                         g_be->ops->name, ag_tensor_type_name(type), t, N_DEC);
+            free(y1);
+            g_be->ops->free(g_be, d1);
+        }
+        /* matmul_multi == separate matmuls */
+        const ag_tensor *ws[2] = {&w, &w};
+        float           *dm0 = dev_floats(g_be, (size_t)N * N_OUT), *dm1 = dev_floats(g_be, (size_t)N * N_OUT);
+        float *const     ys[2] = {dm0, dm1};
+        assert_int_equal(g_be->ops->matmul_multi(g_be, ws, 2, dx, N, N_DEC, ys), AG_OK);
+        float *m0 = host_get(g_be, dm0, (size_t)N * N_OUT), *m1 = host_get(g_be, dm1, (size_t)N * N_OUT);
+        assert_memory_equal(m0, y, sizeof(float) * N * N_OUT);
+        assert_memory_equal(m1, y, sizeof(float) * N * N_OUT);
+        if (!g_is_cpu) { /* against the CPU backend's own result */
+            ag_tensor wc = w;
+            wc.data = wc.host;
+            float *yc = malloc(sizeof(float) * N * N_OUT);
+            assert_int_equal(g_cpu->ops->matmul(g_cpu, &wc, x, N, N_DEC, yc), AG_OK);
+            double e = rel_err_f(y, yc, (size_t)N * N_OUT);
+            if (e > 3e-2) fail_msg("cuda vs cpu matmul %s: err %.3g", ag_tensor_type_name(type), e);
+            free(yc);
+        }
+        free(m0), free(m1), free(y), free(ref), free(x), free(deq);
+        g_be->ops->free(g_be, dm0), g_be->ops->free(g_be, dm1);
+        g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dy);
+    }
+}
+
+/* ---- a KV cache and a pass for the ops that need `begin` ---- */
+
+typedef struct {
+    ag_kv  *kv;
+    int32_t seq[2];
+} kv_fixture;
+
+static kv_fixture make_kv(ag_backend *be, int n_kv, int hd, const int32_t *window) {
+    kv_fixture   f;
+    ag_kv_params p = ag_kv_default_params();
+    p.n_layers = 2;
+    p.n_kv_heads = n_kv;
+    p.head_dim_k = p.head_dim_v = hd;
+    p.budget_bytes = (size_t)8 << 20;
+    p.max_seqs = 4;
+    p.layer_window = window;
+    p.mem = be->ops->kv_mem ? be->ops->kv_mem(be) : NULL;
+    assert_int_equal(ag_kv_init(&p, &f.kv), AG_OK);
+    assert_int_equal(ag_kv_seq_new(f.kv, &f.seq[0]), AG_OK);
+    assert_int_equal(ag_kv_seq_new(f.kv, &f.seq[1]), AG_OK);
+    return f;
+}
+
+/* Reserves the batch's positions (each sequence's tokens continue its
+ * committed length) and calls begin. */
+static void begin_pass(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay, const int32_t *tokens) {
+    for (int i = 0; i < lay->n; i++)
+        if (i == 0 || lay->seq[i] != lay->seq[i - 1]) {
+            int k = 0;
+            while (i + k < lay->n && lay->seq[i + k] == lay->seq[i]) k++;
+            assert_int_equal(ag_kv_seq_len(kv, lay->seq[i]), lay->pos[i]);
+            assert_int_equal(ag_kv_seq_reserve(kv, lay->seq[i], k), AG_OK);
+        }
+    if (be->ops->begin) assert_int_equal(be->ops->begin(be, kv, lay, tokens), AG_OK);
+}
+
+static void commit_pass(ag_kv *kv, const ag_batch_layout *lay) {
+    for (int i = 0; i < lay->n; i++)
+        if (i + 1 == lay->n || lay->seq[i + 1] != lay->seq[i])
+            assert_int_equal(ag_kv_seq_commit(kv, lay->seq[i], lay->pos[i] + 1), AG_OK);
+}
+
+/* ---- get_rows ---- */
+
+static void get_rows_exact(void **state) {
+    enum { N = 6, ROWS = 40 };
+    kv_fixture f = make_kv(g_be, 1, 32, NULL);
+    for (size_t c = 0; c < sizeof k_mm_cases / sizeof k_mm_cases[0]; c++) {
+        const uint32_t type = k_mm_cases[c].type;
+        const int      K = k_mm_cases[c].K;
+        float         *deq;
+        ag_tensor      w = make_weight(g_be, type, K, ROWS, &deq);
+        int32_t        ids[N] = {3, 0, 39, 3, 17, 8}, pos[N], seq[N];
+        for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
+        ag_batch_layout lay = {N, pos, seq};
+        begin_pass(g_be, f.kv, &lay, ids);
+        float *d = dev_floats(g_be, (size_t)N * K);
+        assert_int_equal(g_be->ops->get_rows(g_be, &w, ids, N, d), AG_OK);
+        float *out = host_get(g_be, d, (size_t)N * K);
+        commit_pass(f.kv, &lay);
+        for (int i = 0; i < N; i++)
+            if (memcmp(out + (size_t)i * K, deq + (size_t)ids[i] * K, sizeof(float) * K))
+                fail_msg("%s get_rows %s: row %d differs from ag_dequant_row", g_be->ops->name,
+                         ag_tensor_type_name(type), ids[i]);
+        free(out), free(deq);
+        g_be->ops->free(g_be, d);
+    }
+    ag_kv_free(f.kv);
+}
+
+/* ---- elementwise ops, RoPE, norms ---- */
+
+static void check(const char *what, const float *out, const double *ref, size_t n, double tol) {
+    double e = rel_err(out, ref, n);
+    if (!(e <= tol)) fail_msg("%s %s: rel err %.3g > %.3g", g_be->ops->name, what, e, tol);
+}
+
+static void small_ops(void **state) {
+    enum { N = 7, DIM = 160, N_HEAD = 5, HD = 32 };
+    const size_t n = (size_t)N * DIM;
+    float *x = randn(n, 2.0f), *u = randn(n, 1.0f), *w = randn(DIM, 1.0f);
+    double *ref = malloc(sizeof(double) * n);
+    float  *dx = dev_put(g_be, x, n * 4), *du = dev_put(g_be, u, n * 4), *dw = dev_put(g_be, w, DIM * 4);
+    float  *dout = dev_floats(g_be, n), *out;
+
+    /* rmsnorm, with and without gain, and in place */
+    for (int gain = 0; gain < 2; gain++) {
+        assert_int_equal(g_be->ops->rmsnorm(g_be, dx, gain ? dw : NULL, N, DIM, 1e-6f, dout), AG_OK);
+        out = host_get(g_be, dout, n);
+        for (int r = 0; r < N; r++) {
+            double ss = 0;
+            for (int i = 0; i < DIM; i++) ss += (double)x[r * DIM + i] * x[r * DIM + i];
+            double s = 1.0 / sqrt(ss / DIM + 1e-6);
+            for (int i = 0; i < DIM; i++) ref[r * DIM + i] = x[r * DIM + i] * s * (gain ? w[i] : 1.0);
+        }
+        check("rmsnorm", out, ref, n, 1e-5);
+        free(out);
+    }
+    /* add_bias, add, scale */
+    assert_int_equal(g_be->ops->copy(g_be, dout, dx, n * 4), AG_OK);
+    assert_int_equal(g_be->ops->add_bias(g_be, dout, dw, N, DIM), AG_OK);
+    out = host_get(g_be, dout, n);
+    for (size_t i = 0; i < n; i++) ref[i] = (double)x[i] + w[i % DIM];
+    check("add_bias", out, ref, n, 1e-6);
+    free(out);
+    assert_int_equal(g_be->ops->copy(g_be, dout, dx, n * 4), AG_OK);
+    assert_int_equal(g_be->ops->add(g_be, dout, du, n), AG_OK);
+    assert_int_equal(g_be->ops->scale(g_be, dout, 0.37f, n), AG_OK);
+    out = host_get(g_be, dout, n);
+    for (size_t i = 0; i < n; i++) ref[i] = ((double)x[i] + u[i]) * 0.37;
+    check("add+scale", out, ref, n, 1e-6);
+    free(out);
+    /* silu_mul, gelu_mul */
+    assert_int_equal(g_be->ops->copy(g_be, dout, dx, n * 4), AG_OK);
+    assert_int_equal(g_be->ops->silu_mul(g_be, dout, du, n), AG_OK);
+    out = host_get(g_be, dout, n);
+    for (size_t i = 0; i < n; i++) ref[i] = (double)x[i] / (1.0 + exp(-(double)x[i])) * u[i];
+    check("silu_mul", out, ref, n, 1e-5);
+    free(out);
+    assert_int_equal(g_be->ops->copy(g_be, dout, dx, n * 4), AG_OK);
+    assert_int_equal(g_be->ops->gelu_mul(g_be, dout, du, n), AG_OK);
+    out = host_get(g_be, dout, n);
+    for (size_t i = 0; i < n; i++) {
+        double v = x[i];
+        ref[i] = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))) * u[i];
+    }
+    check("gelu_mul", out, ref, n, 2e-3);
+    free(out);
+
+    /* RoPE: both pair layouts, partial rotary dims, positions up to 40k */
+    kv_fixture f = make_kv(g_be, 1, 32, NULL);
+    int32_t    pos[N], seq[N], toks[N] = {0};
+    for (int i = 0; i < N; i++) seq[i] = f.seq[0];
+    for (int neox = 0; neox < 2; neox++) {
+        const int rope_dim = neox ? 24 : HD;
+        int       base_pos = ag_kv_seq_len(f.kv, f.seq[0]);
+        for (int i = 0; i < N; i++) pos[i] = base_pos + i;
+        ag_batch_layout lay = {N, pos, seq};
+        begin_pass(g_be, f.kv, &lay, toks);
+        assert_int_equal(g_be->ops->copy(g_be, dout, dx, (size_t)N * N_HEAD * HD * 4), AG_OK);
+        assert_int_equal(g_be->ops->rope(g_be, dout, N, N_HEAD, HD, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
+        out = host_get(g_be, dout, (size_t)N * N_HEAD * HD);
+        commit_pass(f.kv, &lay);
+        const int half = rope_dim / 2;
+        for (int t = 0; t < N; t++)
+            for (int h = 0; h < N_HEAD; h++) {
+                const float *v = x + ((size_t)t * N_HEAD + h) * HD;
+                double      *r = ref + ((size_t)t * N_HEAD + h) * HD;
+                for (int i = 0; i < HD; i++) r[i] = v[i];
+                for (int i = 0; i < half; i++) {
+                    double th = pos[t] * 0.5 * pow(10000.0, -2.0 * i / rope_dim);
+                    int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                    r[i0] = v[i0] * cos(th) - v[i1] * sin(th);
+                    r[i1] = v[i0] * sin(th) + v[i1] * cos(th);
+                }
+            }
+        check(neox ? "rope (neox)" : "rope", out, ref, (size_t)N * N_HEAD * HD, 1e-5);
+        free(out);
+    }
+    ag_kv_free(f.kv);
+    g_be->ops->free(g_be, dx), g_be->ops->free(g_be, du), g_be->ops->free(g_be, dw), g_be->ops->free(g_be, dout);
+    free(x), free(u), free(w), free(ref);
+}
+
+/* ---- KV store + attention ---- */
+
+/* dst (a host cache with the same sequences) gets src's rows of every
+ * position up to the current pass's end, read back through ag_kv_read. */
+static void copy_kv(ag_kv *src, ag_kv *dst, const ag_batch_layout *lay, int pass) {
+    const ag_kv_layout *L = ag_kv_get_layout(src);
+    float *k = malloc(sizeof(float) * L->n_kv_heads * L->head_dim_k), *v = malloc(sizeof(float) * L->n_kv_heads * L->head_dim_v);
+    for (int32_t s = 0; s < 2; s++) {
+        int32_t end = ag_kv_seq_len(src, s);
+        for (int i = 0; i < lay->n; i++)
+            if (lay->seq[i] == s && lay->pos[i] + 1 > end) end = lay->pos[i] + 1;
+        assert_int_equal(ag_kv_seq_reserve(dst, s, end), AG_OK);
+        for (int32_t p = 0; p < end; p++)
+            for (int32_t l = 0; l < L->n_layers; l++) {
+                assert_int_equal(ag_kv_read(src, l, s, p, k, v), AG_OK);
+                assert_int_equal(ag_kv_write(dst, l, s, p, k, v), AG_OK);
+            }
+    }
+    free(k), free(v);
+}
+
+/* Two sequences, GQA (6 heads over 2 kv heads), a global layer and a
+ * sliding-window layer; a first pass stores a prompt, a second mixes decode
+ * rows of one sequence with prompt rows of the other. Reference: softmax
+ * attention in double over the KV rows read back (as stored, fp16). */
+static void attention_paged(void **state) {
+    enum { N_HEAD = 6, N_KV = 2, HD = 64, P1 = 37 };
+    const int32_t windows[2] = {0, 9};
+    kv_fixture    f = make_kv(g_be, N_KV, HD, windows);
+    int32_t       toks[64] = {0};
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t pos[64], seq[64];
+        int     n = 0;
+        if (pass == 0) {
+            for (int i = 0; i < P1; i++) pos[n] = i, seq[n++] = f.seq[0];
+            for (int i = 0; i < 5; i++) pos[n] = i, seq[n++] = f.seq[1];
+        } else {
+            for (int i = 0; i < 3; i++) pos[n] = P1 + i, seq[n++] = f.seq[0];
+            for (int i = 0; i < 20; i++) pos[n] = 5 + i, seq[n++] = f.seq[1];
+        }
+        ag_batch_layout lay = {n, pos, seq};
+        begin_pass(g_be, f.kv, &lay, toks);
+        float *q = randn((size_t)n * N_HEAD * HD, 1.0f), *k = randn((size_t)n * N_KV * HD, 1.0f),
+              *v = randn((size_t)n * N_KV * HD, 1.0f);
+        float *dq = dev_put(g_be, q, (size_t)n * N_HEAD * HD * 4), *dk = dev_put(g_be, k, (size_t)n * N_KV * HD * 4),
+              *dv = dev_put(g_be, v, (size_t)n * N_KV * HD * 4), *dout = dev_floats(g_be, (size_t)n * N_HEAD * HD);
+        for (int layer = 0; layer < 2; layer++) {
+            ag_attn_shape sh = {.layer = layer, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD,
+                                .head_dim_v = HD, .scale = 0.125f, .window = windows[layer]};
+            assert_int_equal(g_be->ops->kv_store(g_be, f.kv, &sh, &lay, dk, dv), AG_OK);
+            assert_int_equal(g_be->ops->attention(g_be, f.kv, &sh, &lay, dq, dout), AG_OK);
+            float  *out = host_get(g_be, dout, (size_t)n * N_HEAD * HD);
+            double *ref = calloc((size_t)n * N_HEAD * HD, sizeof(double));
+            float   kr[N_KV * HD], vr[N_KV * HD];
+            for (int t = 0; t < n; t++) {
+                int lo = windows[layer] ? pos[t] - windows[layer] + 1 : 0;
+                if (lo < 0) lo = 0;
+                int     cnt = pos[t] - lo + 1;
+                double *sc = malloc(sizeof(double) * cnt);
+                for (int h = 0; h < N_HEAD; h++) {
+                    const int g = h / (N_HEAD / N_KV);
+                    double    mx = -INFINITY, sum = 0;
+                    for (int p = lo; p <= pos[t]; p++) {
+                        assert_int_equal(ag_kv_read(f.kv, layer, seq[t], p, kr, NULL), AG_OK);
+                        double d = 0;
+                        for (int i = 0; i < HD; i++) d += (double)q[((size_t)t * N_HEAD + h) * HD + i] * kr[g * HD + i];
+                        sc[p - lo] = d * 0.125;
+                        if (sc[p - lo] > mx) mx = sc[p - lo];
+                    }
+                    for (int j = 0; j < cnt; j++) sum += sc[j] = exp(sc[j] - mx);
+                    double *r = ref + ((size_t)t * N_HEAD + h) * HD;
+                    for (int p = lo; p <= pos[t]; p++) {
+                        assert_int_equal(ag_kv_read(f.kv, layer, seq[t], p, NULL, vr), AG_OK);
+                        for (int i = 0; i < HD; i++) r[i] += sc[p - lo] / sum * vr[g * HD + i];
+                    }
+                }
+                free(sc);
+            }
+            char what[64];
+            snprintf(what, sizeof what, "attention pass %d layer %d", pass, layer);
+            check(what, out, ref, (size_t)n * N_HEAD * HD, 1e-3);
+            if (!g_is_cpu) { /* the CPU backend over the same cache contents (read back to a host cache) */
+                float *hq = q, *hout = malloc(sizeof(float) * n * N_HEAD * HD);
+                kv_fixture hc = make_kv(g_cpu, N_KV, HD, windows);
+                copy_kv(f.kv, hc.kv, &lay, pass);
+                assert_int_equal(g_cpu->ops->attention(g_cpu, hc.kv, &sh, &lay, hq, hout), AG_OK);
+                double e = rel_err_f(out, hout, (size_t)n * N_HEAD * HD);
+                if (e > 5e-4) fail_msg("cuda vs cpu %s: err %.3g", what, e);
+                free(hout);
+                ag_kv_free(hc.kv);
+            }
+            free(out), free(ref);
+        }
+        commit_pass(f.kv, &lay);
+        g_be->ops->free(g_be, dq), g_be->ops->free(g_be, dk), g_be->ops->free(g_be, dv), g_be->ops->free(g_be, dout);
+        free(q), free(k), free(v);
+    }
+    ag_kv_free(f.kv);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(matmul_all_types),
+        cmocka_unit_test(get_rows_exact),
+        cmocka_unit_test(small_ops),
+        cmocka_unit_test(attention_paged),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
