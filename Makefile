@@ -43,6 +43,9 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
+# webui.c embeds the files of webui/ with .incbin, which -MMD cannot see.
+$(BUILD)/src/server/webui.o: $(wildcard webui/*)
+
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@
