@@ -15,10 +15,13 @@
  * loose), block quotes, thematic breaks, GFM tables, [links](url "title"),
  * <autolinks> and bare http(s) URLs, backslash escapes. An unclosed fence
  * runs to the end, so a half-streamed code block already shows as code.
+ * Not covered: raw HTML (shown as text), character references (&amp; shows
+ * as written), indented code blocks, reference-style links, and emphasis
+ * corner cases such as **a* (left as written).
  *
- * Input of any size and shape renders in time linear in its length per
- * nesting level, and nesting is capped (MAX_DEPTH) so that hostile input
- * cannot exhaust the stack. */
+ * Hostile input can make it neither slow nor deep: a delimiter or backtick
+ * run that found no closer is not searched for again in the same text, and
+ * nesting is capped (MAX_DEPTH). */
 (function (global) {
   const MAX_DEPTH = 12;
   const PUNCT = /[!-/:-@[-`{-~]/; /* ASCII punctuation: what a backslash escapes */
@@ -447,8 +450,8 @@
           else if (run === 1) outer = inner = el("em");
           else if (run === 2) outer = inner = el("strong");
           else {
-            outer = el("strong");
-            inner = el("em");
+            outer = el("em");
+            inner = el("strong");
             outer.appendChild(inner);
           }
           renderInline(s.slice(i + run, j), inner, depth + 1, ctx.inLink ? { inLink: true } : {});

@@ -164,7 +164,7 @@ static enum MHD_Result send_resp(ag_server *s, struct MHD_Connection *c, const c
             ag_buf_free(&r->body);
             return MHD_NO;
         }
-        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     } else {
