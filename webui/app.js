@@ -351,12 +351,11 @@
 
   /* fetch() that asks for the key on a 401 and tries again with it. */
   async function apiFetch(path, init) {
-    let reason = "This server needs an API key.";
     for (;;) {
       const resp = await fetch(path, { ...init, headers: headers() });
       if (resp.status !== 401) return resp;
-      if (!(await askForKey(apiKey() ? "The server did not accept that key." : reason))) return resp;
-      reason = "The server did not accept that key.";
+      const reason = apiKey() ? "The server did not accept that key." : "This server needs an API key.";
+      if (!(await askForKey(reason))) return resp;
     }
   }
 
