@@ -3,6 +3,8 @@
 #   make            build/augur and build/libaugur.a
 #   make test       unit tests (cmocka) + end-to-end tests (pytest) on the fast models
 #   make test-models  the slow suites on the big models (fetches them first)
+#   make test-webui the chat page in headless Chromium (installs Chromium and Playwright first);
+#                   its screenshot goes to build/test-artifacts/webui.png
 #   make asan       the unit and e2e tests under ASan + UBSan (objects in build/asan)
 #   make fuzz       libFuzzer targets in build/fuzz (clang)
 #   make bench      benchmarks in build/bench (e.g. build/bench/quant_bench)
@@ -61,7 +63,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 PYTEST   ?= python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: cuda-check gpu-test all test test-models unit e2e asan fuzz bench bench-peer bench-spec format clean
+.PHONY: cuda-check gpu-test all test test-models test-webui unit e2e asan fuzz bench bench-peer bench-spec format clean
 all: $(BIN) $(TEST_BIN)
 
 $(BUILD)/%.o: %.c $(CONFIG_STAMP)
@@ -76,6 +78,13 @@ $(BUILD)/%.o: %.cu $(CONFIG_STAMP)
 # is installed, so they never rot on machines without a GPU).
 cuda-check:
 	@set -e; for f in $(CU_SRC); do echo "nvcc -c $$f"; $(NVCC) $(NVCCFLAGS) -c $$f -o /dev/null; done
+
+# On a GPU machine: build with CUDA=1 (build/cuda) and run the GPU tests.
+gpu-test:
+	scripts/gpu_test.sh
+
+# webui.c embeds the files of webui/ with .incbin, which -MMD cannot see.
+$(BUILD)/src/server/webui.o: $(wildcard webui/*)
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -103,6 +112,12 @@ test: unit e2e $(if $(shell command -v nvcc 2>/dev/null),cuda-check)
 test-models: $(BIN)
 	python3 scripts/fetch_models.py all
 	AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) -m slow tests/py
+
+# The chat page (webui/) in Debian's Chromium through Playwright; missing
+# tools fail here instead of skipping.
+test-webui: $(BIN)
+	scripts/setup.sh --webui
+	AUGUR_WEBUI_REQUIRED=1 AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) -m slow tests/py/test_webui_browser.py
 
 asan:
 	$(MAKE) BUILD=$(BUILD)/asan OPT="-O1 -g -fno-omit-frame-pointer" \

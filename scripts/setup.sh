@@ -7,6 +7,9 @@
 #                                model, Gemma 3 270M and Qwen2.5 0.5B: their tokenizers,
 #                                templates and metadata are tested against references)
 #   scripts/setup.sh --no-model  skip the model download
+#   scripts/setup.sh --webui     ... + Debian's Chromium, Playwright and markdown-it-py for the
+#                                chat page's browser test (make test-webui); Playwright drives
+#                                the system Chromium, it downloads no browser of its own
 #   AUGUR_MODELS="smollm2 gemma3" scripts/setup.sh   choose which models to fetch
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,26 +21,44 @@ APT_PACKAGES=(
 )
 PY_PACKAGES=(pytest jinja2 gguf numpy openai)
 
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
+WEBUI_APT_PACKAGES=(chromium fonts-dejavu-core)
+WEBUI_PY_PACKAGES=(playwright markdown-it-py)
+
+# apt_install PKG...: installs those not installed yet
+apt_install() {
+  local missing=() p
+  for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  fi
+}
 
 PY=python3
-if ! $PY -c "import pytest, jinja2, gguf, numpy, openai" 2>/dev/null; then
-  echo "setup: installing Python packages ${PY_PACKAGES[*]}"
-  $PY -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}" 2>/dev/null ||
-    $PY -m pip install -q --disable-pip-version-check --break-system-packages "${PY_PACKAGES[@]}"
-fi
+# pip_install "IMPORTS" PKG...: installs the packages unless `import IMPORTS` already works
+pip_install() {
+  local imports=$1
+  shift
+  if ! $PY -c "import $imports" 2>/dev/null; then
+    echo "setup: installing Python packages $*"
+    $PY -m pip install -q --disable-pip-version-check "$@" 2>/dev/null ||
+      $PY -m pip install -q --disable-pip-version-check --break-system-packages "$@"
+  fi
+}
+
+apt_install "${APT_PACKAGES[@]}"
+pip_install "pytest, jinja2, gguf, numpy, openai" "${PY_PACKAGES[@]}"
 
 case "${1:-}" in
   --no-model) ;;
+  --webui)
+    apt_install "${WEBUI_APT_PACKAGES[@]}"
+    pip_install "playwright, markdown_it" "${WEBUI_PY_PACKAGES[@]}"
+    $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2} ;;
   --test) $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2 gemma3 qwen-0.5b} ;;
   *) $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2} ;;
 esac

@@ -15,7 +15,8 @@
 static const char usage[] =
     "usage: augur serve [-m MODEL] [options]\n"
     "  serves the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models) plus /health,\n"
-    "  /metrics, /tokenize and /detokenize; prints one line when ready; SIGINT/SIGTERM stop it\n"
+    "  /metrics, /tokenize, /detokenize and a chat page at /; prints one line when ready;\n"
+    "  SIGINT/SIGTERM stop it\n"
     "  -m MODEL            GGUF model (default: $AUGUR_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
     "  --host HOST         address to bind (default 127.0.0.1)\n"
     "  --port N            port (default 8080; 0 = any free port)\n"
@@ -30,6 +31,7 @@ static const char usage[] =
     "  --max-body BYTES    request body limit (default 8388608)\n"
     "  --max-connections N concurrent connections (default 256)\n"
     "  --timeout S         idle connection timeout in seconds (default 60)\n"
+    "  --no-webui          no chat page at / (GET / answers 404)\n"
     "  --kv-disk DIR       keep the prefix cache's KV blocks in DIR too, so that prompts seen before a\n"
     "                      restart are restored instead of recomputed (DIR is created; give each model\n"
     "                      its own DIR: records of another model found there are deleted). Default:\n"
@@ -76,7 +78,7 @@ int ag_cli_serve(int argc, char **argv) {
     long port = 8080, parallel = 4, ctx = 0, max_queue = 64, threads = 0, max_body = 8L << 20, max_conn = 256,
          timeout = 60, batch = 0;
     const char *kv_disk = NULL;
-    bool        no_kv_disk = false;
+    bool        no_kv_disk = false, no_webui = false;
     uint64_t    kv_disk_max = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
@@ -88,6 +90,10 @@ int ag_cli_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-kv-disk")) {
             no_kv_disk = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-webui")) {
+            no_webui = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -179,6 +185,7 @@ int ag_cli_serve(int argc, char **argv) {
     sp.max_body = (size_t)max_body;
     sp.max_connections = (unsigned)max_conn;
     sp.timeout_s = (unsigned)timeout;
+    sp.webui = !no_webui;
     if (ag_server_new(&sp, eng, m, tok, chat, &srv)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;

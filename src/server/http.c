@@ -17,12 +17,12 @@
 #include "base/utf8.h"
 #include "server/server_impl.h"
 
-const int srv_codes[SRV_CODE_SLOTS] = {200, 204, 400, 401, 404, 405, 413, 429, 431, 500, 503, 408};
+const int srv_codes[SRV_CODE_SLOTS] = {200, 204, 400, 401, 404, 405, 413, 429, 431, 500, 503, 408, 304};
 
 ag_server_params ag_server_default_params(void) {
     ag_server_params p = {.host = "127.0.0.1", .port = 8080, .api_key = NULL, .cors_origin = NULL,
                           .model_id = "model", .max_body = (size_t)8 << 20, .max_connections = 256,
-                          .timeout_s = 60};
+                          .timeout_s = 60, .webui = true};
     return p;
 }
 
@@ -164,18 +164,23 @@ static enum MHD_Result send_resp(ag_server *s, struct MHD_Connection *c, const c
             ag_buf_free(&r->body);
             return MHD_NO;
         }
-        MHD_add_response_header(resp, "Content-Type", "text/event-stream");
+        MHD_add_response_header(resp, "Content-Type", "text/event-stream; charset=utf-8");
         MHD_add_response_header(resp, "Cache-Control", "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     } else {
-        resp = MHD_create_response_from_buffer(r->body.len, r->body.data ? r->body.data : (void *)"",
-                                               MHD_RESPMEM_MUST_COPY);
+        if (r->static_body)
+            resp = MHD_create_response_from_buffer(r->static_len, (void *)r->static_body, MHD_RESPMEM_PERSISTENT);
+        else
+            resp = MHD_create_response_from_buffer(r->body.len, r->body.data ? r->body.data : (void *)"",
+                                                   MHD_RESPMEM_MUST_COPY);
         if (!resp) {
             ag_buf_free(&r->body);
             return MHD_NO;
         }
         if (r->content_type) MHD_add_response_header(resp, "Content-Type", r->content_type);
     }
+    if (r->etag) MHD_add_response_header(resp, "ETag", r->etag);
+    for (const char *const *h = r->headers; h && h[0]; h += 2) MHD_add_response_header(resp, h[0], h[1]);
     if (s->p.cors_origin && *s->p.cors_origin) {
         MHD_add_response_header(resp, "Access-Control-Allow-Origin", s->p.cors_origin);
         MHD_add_response_header(resp, "Vary", "Origin");
@@ -269,6 +274,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     bool is_post = !strcmp(method, "POST");
     int found = -1;
     const char *model_id = NULL;
+    /* The chat page needs no key: it has to load before it can ask for one. */
+    const srv_asset *asset = s->p.webui ? srv_webui_find(url) : NULL;
+    if (asset) {
+        if (!is_get) {
+            srv_error(&r, 405, "invalid_request_error", NULL, "method_not_allowed", "%s %s is not allowed; use GET",
+                      method, url);
+            return send_resp(s, c, method, url, &r, "GET, HEAD");
+        }
+        srv_req rq = {.s = s, .conn = c, .method = method, .url = url};
+        srv_route_webui(&rq, &r, asset);
+        return send_resp(s, c, method, url, &r, NULL);
+    }
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(url, routes[i].path)) found = (int)i;
     if (found < 0 && !strncmp(url, "/v1/models/", 11) && url[11]) {

@@ -2,7 +2,9 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models
  * (and /v1/models/{id}), GET /health, GET /metrics (Prometheus text),
- * POST /tokenize, POST /detokenize. Errors use OpenAI's shape
+ * POST /tokenize, POST /detokenize, and the chat page: GET / and its files
+ * under /webui/ (webui.c; embedded in the binary, served without the API
+ * key so that the page can load and ask for it). Errors use OpenAI's shape
  * {"error": {"message", "type", "param", "code"}}: 400 for malformed JSON
  * (with its position), wrong types, out-of-range values and prompts over
  * the context (code "context_length_exceeded"), 401 without the API key,
@@ -49,6 +51,7 @@ typedef struct {
     size_t      max_body;        /* request body limit in bytes (413 past it); default 8 MiB */
     unsigned    max_connections; /* concurrent connections; default 256 */
     unsigned    timeout_s;       /* idle connection timeout; default 60 */
+    bool        webui;           /* serve the chat page at / (default true) */
 } ag_server_params;
 
 ag_server_params ag_server_default_params(void);

@@ -18,7 +18,7 @@ struct MHD_Connection;
 typedef struct srv_gen srv_gen;
 
 /* Status codes counted for /metrics. */
-enum { SRV_CODE_SLOTS = 12 };
+enum { SRV_CODE_SLOTS = 13 };
 extern const int srv_codes[SRV_CODE_SLOTS];
 
 struct ag_server {
@@ -60,6 +60,14 @@ typedef struct {
     const char *content_type;
     char     retry_after[8]; /* "" or seconds */
     void    *stream;         /* a srv_job for SSE, owned by the response once set */
+    /* A body that outlives the response (an embedded file), sent without a
+     * copy instead of `body` when static_body is set. */
+    const void *static_body;
+    size_t      static_len;
+    const char *etag; /* NULL, or the ETag header's value (outlives the response) */
+    /* NULL, or name/value pairs of extra headers ending at a NULL name;
+     * the strings must outlive the response. */
+    const char *const *headers;
 } srv_resp;
 
 typedef struct {
@@ -93,6 +101,21 @@ void srv_route_health(srv_req *rq, srv_resp *out);
 void srv_route_metrics(srv_req *rq, srv_resp *out);
 void srv_route_tokenize(srv_req *rq, srv_resp *out);
 void srv_route_detokenize(srv_req *rq, srv_resp *out);
+
+/* ---- the chat page (webui.c) ---- */
+
+/* An embedded file of webui/, served at `url`. */
+typedef struct srv_asset srv_asset;
+
+/* The file served at `url` ("/" is the page; its CSS, JS and icon live
+ * under /webui/), or NULL when `url` is none of them. */
+const srv_asset *srv_webui_find(const char *url);
+
+/* Fills `out` with the file: 200 with the bytes (static, not copied), or
+ * 304 without a body when the request's If-None-Match names its ETag.
+ * Either way with Content-Type, ETag and Cache-Control (revalidate every
+ * time: the binary, and so the files, may change under the same URL). */
+void srv_route_webui(srv_req *rq, srv_resp *out, const srv_asset *a);
 
 /* Parses the request body as a JSON object; on failure fills `out` with the
  * 400 and returns NULL. */

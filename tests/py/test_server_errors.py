@@ -166,7 +166,7 @@ def test_context_length_exceeded(tiny_server):
 
 def test_404_405(tiny_server):
     assert_error(raw(tiny_server, "GET", "/v1/nothing"), 404, code="not_found")
-    assert_error(raw(tiny_server, "POST", "/"), 404)
+    assert_error(raw(tiny_server, "POST", "/nothing"), 404)
     st, headers, body = raw(tiny_server, "GET", CHAT)
     assert_error((st, headers, body), 405)
     assert "POST" in headers["Allow"]
