@@ -116,6 +116,7 @@ typedef struct srv_event {
     int               n_top;
     ag_token_logprob  top[AG_SAMPLE_MAX_LOGPROBS];
     ag_finish         finish;
+    int               stop_index; /* ag_gen_event.stop_index */
     char             *error;
     size_t            len;
     char              text[]; /* len bytes + NUL */
