@@ -27,6 +27,7 @@
 /* ---- field readers: absent or null keeps the default ---- */
 
 const char *srv_type_name(const json_t *v) {
+    if (!v) return "nothing"; /* an absent field */
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";

@@ -20,7 +20,7 @@ typedef struct srv_gen srv_gen;
 typedef struct srv_event srv_event;
 
 /* Status codes counted for /metrics. */
-enum { SRV_CODE_SLOTS = 12 };
+enum { SRV_CODE_SLOTS = 13 };
 extern const int srv_codes[SRV_CODE_SLOTS];
 
 struct ag_server {
@@ -100,9 +100,18 @@ void srv_route_detokenize(srv_req *rq, srv_resp *out);
  * 400 and returns NULL. */
 json_t *srv_parse_body(srv_req *rq, srv_resp *out);
 
+void srv_route_messages(srv_req *rq, srv_resp *out);              /* anthropic.c */
+void srv_route_messages_count_tokens(srv_req *rq, srv_resp *out); /* anthropic.c */
+
+/* Rewrites an error response (OpenAI's shape, as srv_error makes it) into
+ * Anthropic's {"type": "error", "error": {"type", "message"}}, with the
+ * error type and, for a full queue, the status (529) Anthropic's clients
+ * expect. Routes under /v1/messages answer through it. */
+void srv_anthropic_error(srv_resp *r);
+
 /* ---- request parsing shared by the protocols (openai.c) ---- */
 
-/* "a string", "an object", ...: for error messages. */
+/* "a string", "an object", ... ("nothing" for NULL): for error messages. */
 const char *srv_type_name(const json_t *v);
 /* Field readers: an absent or null field keeps *v; a wrong type or a value
  * out of [lo, hi] fills `out` with a 400 naming `key` and returns false.
