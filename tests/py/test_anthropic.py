@@ -11,12 +11,13 @@ temperature goes in extra_body (the API field is unchanged)."""
 import http.client
 import json
 import socket
+import threading
 
 import anthropic
 import pytest
 from anthropic.types import Message
 
-from conftest import SMOLLM2, AugurServer, require_model
+from conftest import SMOLLM2, TINY_GGUF, AugurServer, require_model
 from test_server import post
 from test_server_load import metrics, wait_idle
 from test_server_tools import generic_tools_system, gguf_template, hf_render
@@ -404,3 +405,32 @@ def test_bad_requests_are_clear_400s(smol_server):
     for body in BAD_OPTIONS:  # the prompt is fine
         assert send(json.dumps(body), both[1])[0] == 200
     assert client(smol_server).messages.create(model="x", max_tokens=2, messages=ASK).content
+
+
+def test_queue_full_is_529_overloaded(augur_server):
+    """One sequence at a time, one waiting: the overflow of a burst gets
+    Anthropic's 529 overloaded_error with Retry-After, the rest 200s."""
+    s = augur_server(TINY_GGUF, "--parallel", "1", "--max-queue", "1", "--ctx", "256")
+    results = []
+
+    def one():
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/v1/messages", headers={"Content-Type": "application/json"},
+                     body=json.dumps({"model": "x", "max_tokens": 200, "messages": [u("Once upon a time")]}))
+        r = conn.getresponse()
+        results.append((r.status, r.headers.get("Retry-After"), json.loads(r.read())))
+        conn.close()
+
+    threads = [threading.Thread(target=one) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    codes = sorted(r[0] for r in results)
+    assert set(codes) <= {200, 529} and codes.count(200) >= 1 and codes.count(529) >= 1, codes
+    for status, retry_after, body in results:
+        if status == 529:
+            assert retry_after == "1" and body["type"] == "error"
+            assert body["error"]["type"] == "overloaded_error", body
+        else:
+            assert body["type"] == "message"
