@@ -71,7 +71,7 @@ bool srv_get_num(json_t *o, const char *key, double lo, double hi, double *v, sr
 }
 
 bool srv_get_int(json_t *o, const char *key, long long lo, long long hi, long long *v, bool *present,
-                    srv_resp *out) {
+                 srv_resp *out) {
     json_t *x = json_object_get(o, key);
     if (!x || json_is_null(x)) return true;
     long long n;
