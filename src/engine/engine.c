@@ -39,6 +39,7 @@ typedef struct {
     ag_json_state *json; /* JSON mode, else NULL */
     ag_spec_seq *spec;   /* speculative decoding, else NULL */
     int          d;      /* drafts in the current step's window */
+    int32_t      stop_index; /* the stop string that ended it, or -1 */
 } choice;
 
 typedef struct request {
@@ -257,7 +258,8 @@ static void finish_choice(ag_engine *e, request *r, choice *c, ag_finish why, co
     e->running_choices--;
     r->t_last = now_ms();
     ag_gen_event ev = {.choice = c->index, .token = token, .text = ag_buf_cstr(&e->text), .len = e->text.len,
-                       .sample = token >= 0 ? sr : NULL, .finish = why, .error = error};
+                       .sample = token >= 0 ? sr : NULL, .finish = why, .error = error,
+                       .stop_index = why == AG_FINISH_STOP ? c->stop_index : -1};
     fill_usage(r, &ev);
     r->cb(r->user, &ev);
 }
@@ -325,6 +327,7 @@ static bool emit_token(ag_engine *e, request *r, choice *c, int32_t token, const
     if (res.stopped) {
         /* The text before the stop string is the last piece; after a stop the
          * matcher releases nothing more, so finishing adds nothing. */
+        c->stop_index = res.stop_index;
         finish_choice(e, r, c, AG_FINISH_STOP, NULL, token, &sr, res.text, res.len);
         return false;
     }
@@ -350,7 +353,7 @@ static bool emit_token(ag_engine *e, request *r, choice *c, int32_t token, const
     c->pending = token;
     c->state = CH_DECODE;
     ag_gen_event ev = {.choice = c->index, .token = token, .text = res.text, .len = res.len, .sample = &sr,
-                       .finish = AG_FINISH_NONE};
+                       .finish = AG_FINISH_NONE, .stop_index = -1};
     fill_usage(r, &ev);
     r->cb(r->user, &ev);
     return true;
@@ -480,6 +483,7 @@ static void admit(ag_engine *e) {
             choice *c = &r->ch[i];
             c->index = i;
             c->seq = -1;
+            c->stop_index = -1;
             c->state = CH_WAIT;
             if ((st = ag_sampler_new(&r->sp, e->n_vocab, (uint64_t)i, &c->sampler))) break;
             /* the reply continues the prompt's text (SentencePiece keeps its first space) */
@@ -520,7 +524,7 @@ static void admit(ag_engine *e) {
                 e->booked -= r->booked;
                 e->running_choices -= r->n_choices;
                 pthread_mutex_unlock(&e->mu);
-                ag_gen_event ev = {.choice = 0, .token = -1, .text = "", .finish = AG_FINISH_ERROR,
+                ag_gen_event ev = {.choice = 0, .token = -1, .text = "", .finish = AG_FINISH_ERROR, .stop_index = -1,
                                    .error = "out of memory"};
                 r->cb(r->user, &ev);
                 request_free(r);
@@ -564,7 +568,7 @@ static void score_prompt_token(ag_engine *e, request *r, int pos, const float *r
     if (r->n_done == r->n_choices) return; /* finished (cancelled, failed) */
     ag_sample_result sr;
     if (ag_sampler_logprobs(r->scorer, row, r->prompt[pos], &sr) != AG_OK) return;
-    ag_gen_event ev = {.choice = 0, .token = r->prompt[pos], .sample = &sr, .prompt_pos = pos};
+    ag_gen_event ev = {.choice = 0, .token = r->prompt[pos], .sample = &sr, .prompt_pos = pos, .stop_index = -1};
     fill_usage(r, &ev);
     r->cb(r->user, &ev);
 }
@@ -758,7 +762,7 @@ static void *engine_main(void *arg) {
     while (q) {
         request *next = q->next;
         for (int i = 0; i < q->n_choices; i++) {
-            ag_gen_event ev = {.choice = i, .token = -1, .text = "", .finish = AG_FINISH_CANCELLED};
+            ag_gen_event ev = {.choice = i, .token = -1, .text = "", .finish = AG_FINISH_CANCELLED, .stop_index = -1};
             fill_usage(q, &ev);
             q->cb(q->user, &ev);
         }

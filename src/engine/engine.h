@@ -95,6 +95,11 @@ typedef struct {
     const ag_sample_result *sample;   /* token, logprob and alternatives; NULL when token < 0 */
     ag_finish               finish;   /* != NONE: the last event of this choice */
     const char             *error;    /* with AG_FINISH_ERROR */
+    /* With AG_FINISH_STOP: the index in ag_gen_request.stops of the stop
+     * string that ended the choice (what Anthropic's API reports as
+     * stop_sequence); -1 otherwise (end-of-generation token, JSON object
+     * closed, other finishes, non-final events). */
+    int                     stop_index;
     /* > 0: a prompt token's score, not an output: `sample` holds the
      * logprob (and alternatives) of prompt token prompt_pos given the ones
      * before it (ag_gen_request.prompt_logprobs); choice 0, no text. */

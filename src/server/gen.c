@@ -92,6 +92,7 @@ static void on_event(void *user, const ag_gen_event *ev) {
         e->prompt_pos = ev->prompt_pos;
         e->token = ev->token;
         e->finish = ev->finish;
+        e->stop_index = ev->stop_index;
         if (ev->sample) {
             e->has_sample = true;
             e->logprob = ev->sample->logprob;

@@ -17,7 +17,7 @@
 #include "base/utf8.h"
 #include "server/server_impl.h"
 
-const int srv_codes[SRV_CODE_SLOTS] = {200, 204, 400, 401, 404, 405, 413, 429, 431, 500, 503, 408, 304};
+const int srv_codes[SRV_CODE_SLOTS] = {200, 204, 400, 401, 404, 405, 413, 429, 431, 500, 503, 408, 304, 529};
 
 ag_server_params ag_server_default_params(void) {
     ag_server_params p = {.host = "127.0.0.1", .port = 8080, .api_key = NULL, .cors_origin = NULL,
@@ -154,9 +154,15 @@ static void count_status(ag_server *s, int status) {
     atomic_fetch_add(&s->http_count[SRV_CODE_SLOTS], 1);
 }
 
+/* Anthropic's API (anthropic.c): its routes answer errors in its shape. */
+static bool is_anthropic_url(const char *url) {
+    return !strncmp(url, "/v1/messages", 12) && (url[12] == '\0' || url[12] == '/');
+}
+
 static enum MHD_Result send_resp(ag_server *s, struct MHD_Connection *c, const char *method, const char *url,
                                  srv_resp *r, const char *allow) {
     struct MHD_Response *resp;
+    if (!r->stream && r->status >= 400 && is_anthropic_url(url)) srv_anthropic_error(r);
     if (r->stream) {
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, srv_job_read, r->stream, srv_job_free);
         if (!resp) {
@@ -198,7 +204,9 @@ static enum MHD_Result send_resp(ag_server *s, struct MHD_Connection *c, const c
 
 /* ---- routing ---- */
 
-typedef enum { R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE } route_id;
+typedef enum {
+    R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS
+} route_id;
 
 static const struct {
     const char *path;
@@ -213,18 +221,29 @@ static const struct {
     {"/metrics", R_METRICS, false, true},
     {"/tokenize", R_TOKENIZE, true, true},
     {"/detokenize", R_DETOKENIZE, true, true},
+    {"/v1/messages", R_MESSAGES, true, true},
+    {"/v1/messages/count_tokens", R_COUNT_TOKENS, true, true},
 };
 
-/* Constant-time comparison of the presented key with ours. */
-static bool key_ok(const ag_server *s, struct MHD_Connection *c) {
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    const char *got = h + 7;
-    while (*got == ' ') got++;
+/* Constant-time comparison of a presented key with ours. */
+static bool key_matches(const ag_server *s, const char *got) {
     size_t glen = strlen(got), klen = strlen(s->p.api_key);
     unsigned char diff = (unsigned char)(glen != klen);
     for (size_t i = 0; i < klen; i++) diff |= (unsigned char)(s->p.api_key[i] ^ (i < glen ? got[i] : 0));
     return diff == 0;
+}
+
+/* The key comes as "Authorization: Bearer <key>" (OpenAI's clients) or
+ * "x-api-key: <key>" (Anthropic's). */
+static bool key_ok(const ag_server *s, struct MHD_Connection *c) {
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (h && strncasecmp(h, "Bearer ", 7) == 0) {
+        const char *got = h + 7;
+        while (*got == ' ') got++;
+        if (key_matches(s, got)) return true;
+    }
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    return x && key_matches(s, x);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -328,7 +347,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (routes[found].auth && s->p.api_key && *s->p.api_key && !key_ok(s, c)) {
         srv_error(&r, 401, "invalid_request_error", NULL, "invalid_api_key",
-                  "missing or incorrect API key: send 'Authorization: Bearer <key>'");
+                  "missing or incorrect API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'");
         return send_resp(s, c, method, url, &r, NULL);
     }
     srv_req rq = {.s = s, .conn = c, .method = method, .url = url, .body = cr->body.data ? cr->body.data : "",
@@ -340,6 +359,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     switch (routes[found].id) {
     case R_CHAT: srv_route_chat(&rq, &r); break;
     case R_COMPLETIONS: srv_route_completions(&rq, &r); break;
+    case R_MESSAGES: srv_route_messages(&rq, &r); break;
+    case R_COUNT_TOKENS: srv_route_messages_count_tokens(&rq, &r); break;
     case R_MODELS:
     case R_MODEL: srv_route_models(&rq, &r, model_id); break;
     case R_HEALTH: srv_route_health(&rq, &r); break;

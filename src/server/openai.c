@@ -1,4 +1,7 @@
-/* The OpenAI routes: /v1/chat/completions and /v1/completions.
+/* The OpenAI routes: /v1/chat/completions and /v1/completions, and the
+ * machinery other protocols reuse (server_impl.h): option and message
+ * parsing, prompt rendering, and jobs, which submit prompts and collect or
+ * stream their output through a protocol's srv_protocol callbacks.
  *
  * A request is validated completely before anything reaches the engine:
  * every known field with a wrong type or an out-of-range value is a 400
@@ -19,12 +22,12 @@
 #include "server/server_impl.h"
 
 #define MAX_PROMPTS 64
-#define MAX_STOPS 16
 #define LOGPROB_FLOOR (-9999.0)
 
 /* ---- field readers: absent or null keeps the default ---- */
 
-static const char *type_name(const json_t *v) {
+const char *srv_type_name(const json_t *v) {
+    if (!v) return "nothing"; /* an absent field */
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -37,24 +40,24 @@ static const char *type_name(const json_t *v) {
     }
 }
 
-static bool get_bool(json_t *o, const char *key, bool *v, srv_resp *out) {
+bool srv_get_bool(json_t *o, const char *key, bool *v, srv_resp *out) {
     json_t *x = json_object_get(o, key);
     if (!x || json_is_null(x)) return true;
     if (!json_is_boolean(x)) {
         srv_error(out, 400, "invalid_request_error", key, "invalid_type", "'%s' must be a boolean, got %s", key,
-                  type_name(x));
+                  srv_type_name(x));
         return false;
     }
     *v = json_is_true(x);
     return true;
 }
 
-static bool get_num(json_t *o, const char *key, double lo, double hi, double *v, srv_resp *out) {
+bool srv_get_num(json_t *o, const char *key, double lo, double hi, double *v, srv_resp *out) {
     json_t *x = json_object_get(o, key);
     if (!x || json_is_null(x)) return true;
     if (!json_is_number(x)) {
         srv_error(out, 400, "invalid_request_error", key, "invalid_type", "'%s' must be a number, got %s", key,
-                  type_name(x));
+                  srv_type_name(x));
         return false;
     }
     double d = json_number_value(x);
@@ -67,8 +70,8 @@ static bool get_num(json_t *o, const char *key, double lo, double hi, double *v,
     return true;
 }
 
-static bool get_int(json_t *o, const char *key, long long lo, long long hi, long long *v, bool *present,
-                    srv_resp *out) {
+bool srv_get_int(json_t *o, const char *key, long long lo, long long hi, long long *v, bool *present,
+                 srv_resp *out) {
     json_t *x = json_object_get(o, key);
     if (!x || json_is_null(x)) return true;
     long long n;
@@ -79,7 +82,7 @@ static bool get_int(json_t *o, const char *key, long long lo, long long hi, long
         n = (long long)json_real_value(x);
     } else {
         srv_error(out, 400, "invalid_request_error", key, "invalid_type", "'%s' must be an integer, got %s", key,
-                  type_name(x));
+                  srv_type_name(x));
         return false;
     }
     if (n < lo || n > hi) {
@@ -92,97 +95,67 @@ static bool get_int(json_t *o, const char *key, long long lo, long long hi, long
     return true;
 }
 
-/* ---- options common to both endpoints ---- */
+/* ---- options common to the endpoints ---- */
 
-typedef struct {
-    ag_sample_params sp;
-    ag_logit_bias   *bias;
-    int              max_tokens; /* 0: until the context is full */
-    int              n;
-    char            *stops[MAX_STOPS];
-    int              n_stops;
-    bool             stream, include_usage, ignore_eos, echo;
-    bool             logprobs;
-    int              top_logprobs;
-    bool             no_output;   /* completions: max_tokens 0 with echo */
-    bool             json_object; /* response_format {"type": "json_object"} (chat), or a forced tool call */
-    char            *json_pre[AG_JSON_MAX_PREFIXES]; /* forced tool call: one prefix per allowed function */
-    int              n_json_pre;
-    char            *json_suf;
-    int              spec_max;    /* "speculative": 0 the server's setting, -1 off, n > 0 at most n drafts */
-    uint64_t         cache_ns;    /* prefix cache namespace: the API key and "cache_salt" */
-} gen_opts;
+void srv_opts_init(srv_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->sp = ag_sample_default_params();
+    o->sp.penalty_last_n = -1;
+    o->n = 1;
+    /* without a "seed" every request gets its own */
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint64_t)time(NULL) ^ (uint64_t)clock() << 20;
+    o->sp.seed = r;
+}
 
-static void opts_free(gen_opts *o) {
+void srv_opts_free(srv_opts *o) {
     free(o->bias);
     for (int i = 0; i < o->n_stops; i++) free(o->stops[i]);
     for (int i = 0; i < o->n_json_pre; i++) free(o->json_pre[i]);
     free(o->json_suf);
 }
 
-static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_resp *out) {
-    memset(o, 0, sizeof *o);
-    o->sp = ag_sample_default_params();
-    o->sp.penalty_last_n = -1;
-    o->n = 1;
-    o->max_tokens = chat ? 0 : 16; /* OpenAI's defaults */
-    json_t *model = json_object_get(b, "model");
-    if (model && !json_is_null(model) && !json_is_string(model)) {
-        srv_error(out, 400, "invalid_request_error", "model", "invalid_type", "'model' must be a string, got %s",
-                  type_name(model));
-        return false;
-    }
+bool srv_parse_sampling(json_t *b, double max_temperature, srv_opts *o, srv_resp *out) {
     double d;
     long long n;
-    bool present = false;
     d = 1.0;
-    if (!get_num(b, "temperature", 0, 2, &d, out)) return false;
+    if (!srv_get_num(b, "temperature", 0, max_temperature, &d, out)) return false;
     o->sp.temperature = (float)d;
     d = 1.0;
-    if (!get_num(b, "top_p", 0, 1, &d, out)) return false;
+    if (!srv_get_num(b, "top_p", 0, 1, &d, out)) return false;
     o->sp.top_p = (float)d;
     d = 0.0;
-    if (!get_num(b, "min_p", 0, 1, &d, out)) return false;
+    if (!srv_get_num(b, "min_p", 0, 1, &d, out)) return false;
     o->sp.min_p = (float)d;
     n = 0;
-    if (!get_int(b, "top_k", -1, 1 << 24, &n, NULL, out)) return false;
+    if (!srv_get_int(b, "top_k", -1, 1 << 24, &n, NULL, out)) return false;
     o->sp.top_k = n < 0 ? 0 : (int32_t)n; /* -1: off, as llama.cpp */
     d = 0.0;
-    if (!get_num(b, "presence_penalty", -2, 2, &d, out)) return false;
+    if (!srv_get_num(b, "presence_penalty", -2, 2, &d, out)) return false;
     o->sp.presence_penalty = (float)d;
     d = 0.0;
-    if (!get_num(b, "frequency_penalty", -2, 2, &d, out)) return false;
+    if (!srv_get_num(b, "frequency_penalty", -2, 2, &d, out)) return false;
     o->sp.frequency_penalty = (float)d;
     d = 1.0;
-    if (!get_num(b, "repetition_penalty", 0.01, 10, &d, out)) return false;
+    if (!srv_get_num(b, "repetition_penalty", 0.01, 10, &d, out)) return false;
     o->sp.repetition_penalty = (float)d;
 
-    /* seed: any 64-bit integer; without one every request gets its own */
+    /* seed: any 64-bit integer (srv_opts_init drew one) */
     json_t *seed = json_object_get(b, "seed");
     if (seed && !json_is_null(seed)) {
         if (!json_is_integer(seed)) {
             srv_error(out, 400, "invalid_request_error", "seed", "invalid_type", "'seed' must be an integer, got %s",
-                      type_name(seed));
+                      srv_type_name(seed));
             return false;
         }
         o->sp.seed = (uint64_t)json_integer_value(seed);
-    } else {
-        uint64_t r = 0;
-        if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint64_t)time(NULL) ^ (uint64_t)clock() << 20;
-        o->sp.seed = r;
     }
+    return true;
+}
 
-    n = 0;
-    present = false;
-    /* completions: 0 with echo scores the prompt and generates nothing */
-    if (!get_int(b, "max_tokens", chat ? 1 : 0, 1 << 24, &n, &present, out)) return false;
-    if (present) o->max_tokens = (int)n;
-    o->no_output = present && n == 0;
-    if (chat) {
-        present = false;
-        if (!get_int(b, "max_completion_tokens", 1, 1 << 24, &n, &present, out)) return false;
-        if (present) o->max_tokens = (int)n;
-    }
+bool srv_parse_extensions(ag_server *s, json_t *b, srv_opts *o, srv_resp *out) {
+    long long n;
+    bool present;
     /* "speculative": true (the server's setting), false (off), or
      * {"max": N} (at most N draft tokens per step; 0 = off). An augur
      * extension: the output is the same either way. */
@@ -193,11 +166,11 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
         } else if (json_is_object(spec)) {
             present = false;
             n = 0;
-            if (!get_int(spec, "max", 0, AG_SPEC_MAX_DRAFT, &n, &present, out)) return false;
+            if (!srv_get_int(spec, "max", 0, AG_SPEC_MAX_DRAFT, &n, &present, out)) return false;
             o->spec_max = present ? (n == 0 ? -1 : (int)n) : 0;
         } else {
             srv_error(out, 400, "invalid_request_error", "speculative", "invalid_type",
-                      "'speculative' must be a boolean or an object like {\"max\": 4}, got %s", type_name(spec));
+                      "'speculative' must be a boolean or an object like {\"max\": 4}, got %s", srv_type_name(spec));
             return false;
         }
     }
@@ -208,7 +181,7 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
     json_t *salt = json_object_get(b, "cache_salt");
     if (salt && !json_is_null(salt) && !json_is_string(salt)) {
         srv_error(out, 400, "invalid_request_error", "cache_salt", "invalid_type",
-                  "'cache_salt' must be a string, got %s", type_name(salt));
+                  "'cache_salt' must be a string, got %s", srv_type_name(salt));
         return false;
     }
     {
@@ -223,6 +196,64 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
             ag_buf_free(&nsb);
         }
     }
+    return true;
+}
+
+bool srv_parse_stops(json_t *stop, const char *param, srv_opts *o, srv_resp *out) {
+    if (!stop || json_is_null(stop)) return true;
+    if (json_is_string(stop)) {
+        if (json_string_length(stop)) o->stops[o->n_stops++] = strdup(json_string_value(stop));
+    } else if (json_is_array(stop)) {
+        if (json_array_size(stop) > SRV_MAX_STOPS) {
+            srv_error(out, 400, "invalid_request_error", param, "invalid_value", "'%s' may hold at most %d strings",
+                      param, SRV_MAX_STOPS);
+            return false;
+        }
+        size_t i;
+        json_t *x;
+        json_array_foreach(stop, i, x) {
+            if (!json_is_string(x)) {
+                srv_error(out, 400, "invalid_request_error", param, "invalid_type",
+                          "'%s' must be a string or a list of strings; item %zu is %s", param, i, srv_type_name(x));
+                return false;
+            }
+            if (json_string_length(x)) o->stops[o->n_stops++] = strdup(json_string_value(x));
+        }
+    } else {
+        srv_error(out, 400, "invalid_request_error", param, "invalid_type",
+                  "'%s' must be a string or a list of strings, got %s", param, srv_type_name(stop));
+        return false;
+    }
+    for (int i = 0; i < o->n_stops; i++)
+        if (!o->stops[i]) {
+            srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
+            return false;
+        }
+    return true;
+}
+
+static bool parse_common(ag_server *s, json_t *b, bool chat, srv_opts *o, srv_resp *out) {
+    srv_opts_init(o);
+    o->max_tokens = chat ? 0 : 16; /* OpenAI's defaults */
+    json_t *model = json_object_get(b, "model");
+    if (model && !json_is_null(model) && !json_is_string(model)) {
+        srv_error(out, 400, "invalid_request_error", "model", "invalid_type", "'model' must be a string, got %s",
+                  srv_type_name(model));
+        return false;
+    }
+    if (!srv_parse_sampling(b, 2.0, o, out)) return false;
+    long long n = 0;
+    bool present = false;
+    /* completions: 0 with echo scores the prompt and generates nothing */
+    if (!srv_get_int(b, "max_tokens", chat ? 1 : 0, 1 << 24, &n, &present, out)) return false;
+    if (present) o->max_tokens = (int)n;
+    o->no_output = present && n == 0;
+    if (chat) {
+        present = false;
+        if (!srv_get_int(b, "max_completion_tokens", 1, 1 << 24, &n, &present, out)) return false;
+        if (present) o->max_tokens = (int)n;
+    }
+    if (!srv_parse_extensions(s, b, o, out)) return false;
     n = 1;
     json_t *nv = json_object_get(b, "n");
     if (nv && !json_is_null(nv) && json_is_integer(nv) && json_integer_value(nv) > s->n_parallel &&
@@ -232,49 +263,18 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
                   (long long)json_integer_value(nv), s->n_parallel);
         return false;
     }
-    if (!get_int(b, "n", 1, s->n_parallel < 128 ? s->n_parallel : 128, &n, NULL, out)) return false;
+    if (!srv_get_int(b, "n", 1, s->n_parallel < 128 ? s->n_parallel : 128, &n, NULL, out)) return false;
     o->n = (int)n;
 
     /* stop: a string or a list of strings */
-    json_t *stop = json_object_get(b, "stop");
-    if (stop && !json_is_null(stop)) {
-        if (json_is_string(stop)) {
-            if (json_string_length(stop)) o->stops[o->n_stops++] = strdup(json_string_value(stop));
-        } else if (json_is_array(stop)) {
-            if (json_array_size(stop) > MAX_STOPS) {
-                srv_error(out, 400, "invalid_request_error", "stop", "invalid_value",
-                          "'stop' may hold at most %d strings", MAX_STOPS);
-                return false;
-            }
-            size_t i;
-            json_t *x;
-            json_array_foreach(stop, i, x) {
-                if (!json_is_string(x)) {
-                    srv_error(out, 400, "invalid_request_error", "stop", "invalid_type",
-                              "'stop' must be a string or a list of strings; item %zu is %s", i, type_name(x));
-                    return false;
-                }
-                if (json_string_length(x)) o->stops[o->n_stops++] = strdup(json_string_value(x));
-            }
-        } else {
-            srv_error(out, 400, "invalid_request_error", "stop", "invalid_type",
-                      "'stop' must be a string or a list of strings, got %s", type_name(stop));
-            return false;
-        }
-    }
-
-    for (int i = 0; i < o->n_stops; i++)
-        if (!o->stops[i]) {
-            srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
-            return false;
-        }
+    if (!srv_parse_stops(json_object_get(b, "stop"), "stop", o, out)) return false;
 
     /* logit_bias: {"token id": bias in [-100, 100]} */
     json_t *lb = json_object_get(b, "logit_bias");
     if (lb && !json_is_null(lb)) {
         if (!json_is_object(lb)) {
             srv_error(out, 400, "invalid_request_error", "logit_bias", "invalid_type",
-                      "'logit_bias' must be an object mapping token ids to biases, got %s", type_name(lb));
+                      "'logit_bias' must be an object mapping token ids to biases, got %s", srv_type_name(lb));
             return false;
         }
         size_t cnt = json_object_size(lb);
@@ -303,29 +303,29 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
         o->sp.logit_bias = o->bias;
     }
 
-    if (!get_bool(b, "stream", &o->stream, out)) return false;
+    if (!srv_get_bool(b, "stream", &o->stream, out)) return false;
     json_t *so = json_object_get(b, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) {
             srv_error(out, 400, "invalid_request_error", "stream_options", "invalid_type",
-                      "'stream_options' must be an object, got %s", type_name(so));
+                      "'stream_options' must be an object, got %s", srv_type_name(so));
             return false;
         }
         json_t *iu = json_object_get(so, "include_usage");
         if (iu && !json_is_null(iu) && !json_is_boolean(iu)) {
             srv_error(out, 400, "invalid_request_error", "stream_options.include_usage", "invalid_type",
-                      "'stream_options.include_usage' must be a boolean, got %s", type_name(iu));
+                      "'stream_options.include_usage' must be a boolean, got %s", srv_type_name(iu));
             return false;
         }
         o->include_usage = json_is_true(iu);
     }
-    if (!get_bool(b, "ignore_eos", &o->ignore_eos, out)) return false;
+    if (!srv_get_bool(b, "ignore_eos", &o->ignore_eos, out)) return false;
 
     if (chat) {
-        if (!get_bool(b, "logprobs", &o->logprobs, out)) return false;
+        if (!srv_get_bool(b, "logprobs", &o->logprobs, out)) return false;
         n = 0;
         present = false;
-        if (!get_int(b, "top_logprobs", 0, AG_SAMPLE_MAX_LOGPROBS, &n, &present, out)) return false;
+        if (!srv_get_int(b, "top_logprobs", 0, AG_SAMPLE_MAX_LOGPROBS, &n, &present, out)) return false;
         if (present && !o->logprobs) {
             srv_error(out, 400, "invalid_request_error", "top_logprobs", "invalid_value",
                       "'top_logprobs' needs 'logprobs' set to true");
@@ -335,10 +335,10 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
     } else {
         n = 0;
         present = false;
-        if (!get_int(b, "logprobs", 0, AG_SAMPLE_MAX_LOGPROBS, &n, &present, out)) return false;
+        if (!srv_get_int(b, "logprobs", 0, AG_SAMPLE_MAX_LOGPROBS, &n, &present, out)) return false;
         o->logprobs = present;
         o->top_logprobs = (int)n;
-        if (!get_bool(b, "echo", &o->echo, out)) return false;
+        if (!srv_get_bool(b, "echo", &o->echo, out)) return false;
         if (o->no_output && !o->echo) {
             srv_error(out, 400, "invalid_request_error", "max_tokens", "invalid_value",
                       "'max_tokens' must be at least 1 (0 only with 'echo', to score the prompt)");
@@ -346,7 +346,7 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
         }
         n = 1;
         present = false;
-        if (!get_int(b, "best_of", 1, 128, &n, &present, out)) return false;
+        if (!srv_get_int(b, "best_of", 1, 128, &n, &present, out)) return false;
         if (present && n != o->n) {
             srv_error(out, 400, "invalid_request_error", "best_of", "unsupported_value",
                       "'best_of' other than 'n' is not supported");
@@ -358,39 +358,7 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, gen_opts *o, srv_re
     return true;
 }
 
-/* ---- output state ---- */
-
-typedef struct {
-    ag_buf    text;   /* everything generated (stop strings removed) */
-    size_t    sent;   /* bytes of text already streamed as content */
-    ag_finish finish;
-    bool      done;
-    char     *error;
-    json_t   *lp;     /* chat: content entries; completions: {tokens,...} (non-stream) */
-    size_t    offset; /* completions text_offset of the next token */
-    int       prompt; /* index of its prompt (completions) */
-    int       lp_first; /* echo + logprobs: prompt position of lp's first entry (1 when BOS is not echoed) */
-} choice_out;
-
-typedef struct srv_job {
-    ag_server             *s;
-    struct MHD_Connection *conn;
-    bool                   chat, stream, include_usage, logprobs, tools;
-    int                    top_logprobs;
-    ag_tool_format         tf;
-    json_t                *tool_list; /* the request's tools (owned), when tools are active */
-    int                    n_choices;
-    choice_out            *ch;
-    char                 **echo; /* per prompt (completions with echo) */
-    size_t                *echo_len;
-    int                    n_prompts;
-    char                   id[48];
-    time_t                 created;
-    srv_gen               *gen;
-    ag_buf                 out; /* SSE bytes not yet handed to MHD */
-    size_t                 out_off;
-    bool                   ended;
-} srv_job;
+/* ---- jobs ---- */
 
 static void job_free(srv_job *j) {
     if (!j) return;
@@ -409,16 +377,18 @@ static void job_free(srv_job *j) {
         if (j->echo) free(j->echo[i]);
     free(j->echo);
     free(j->echo_len);
+    for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     ag_buf_free(&j->out);
+    free(j->proto_state);
     free(j);
 }
 
-static srv_job *job_new(srv_req *rq, bool chat, const gen_opts *o, int n_prompts) {
+srv_job *srv_job_new(srv_req *rq, const srv_protocol *proto, const srv_opts *o, int n_prompts) {
     srv_job *j = calloc(1, sizeof *j);
     if (!j) return NULL;
     j->s = rq->s;
     j->conn = rq->conn;
-    j->chat = chat;
+    j->proto = proto;
     j->stream = o->stream;
     j->include_usage = o->include_usage;
     j->logprobs = o->logprobs;
@@ -428,14 +398,24 @@ static srv_job *job_new(srv_req *rq, bool chat, const gen_opts *o, int n_prompts
     j->created = time(NULL);
     char rnd[25];
     srv_random_id(rnd, 24);
-    snprintf(j->id, sizeof j->id, "%s-%s", chat ? "chatcmpl" : "cmpl", rnd);
+    snprintf(j->id, sizeof j->id, "%s%s", proto->id_prefix, rnd);
     j->ch = calloc((size_t)j->n_choices, sizeof *j->ch);
     j->gen = srv_gen_new(rq->s, n_prompts);
-    if (!j->ch || !j->gen) {
+    bool ok = j->ch && j->gen;
+    for (int i = 0; ok && i < o->n_stops; i++, j->n_stops++) ok = (j->stops[i] = strdup(o->stops[i])) != NULL;
+    if (!ok) {
         job_free(j);
         return NULL;
     }
     for (int i = 0; i < j->n_choices; i++) j->ch[i].prompt = i / o->n;
+    return j;
+}
+
+static const srv_protocol k_chat_proto, k_completions_proto;
+
+static srv_job *job_new(srv_req *rq, bool chat, const srv_opts *o, int n_prompts) {
+    srv_job *j = srv_job_new(rq, chat ? &k_chat_proto : &k_completions_proto, o, n_prompts);
+    if (j) j->chat = chat;
     return j;
 }
 
@@ -511,7 +491,7 @@ static json_t *completion_tops(srv_job *j, const srv_event *e) {
 
 /* Appends one token to a completions logprobs object; token < 0 with
  * `prompt_piece` records an echoed prompt token (no logprob known). */
-static void completion_lp_add(srv_job *j, json_t *lp, choice_out *c, const srv_event *e) {
+static void completion_lp_add(srv_job *j, json_t *lp, srv_choice *c, const srv_event *e) {
     const char *p;
     size_t n;
     json_array_append_new(json_object_get(lp, "tokens"), piece_str(j->s, e->token, &p, &n));
@@ -532,7 +512,7 @@ static void completion_lp_add(srv_job *j, json_t *lp, choice_out *c, const srv_e
  * less. The generated tokens start right after the echoed text whatever the
  * walk found (an echo decoded from ids has the same pieces, so it walks
  * exactly). */
-static void completion_lp_prompt(srv_job *j, json_t *lp, choice_out *c, const int32_t *ids, size_t n_ids,
+static void completion_lp_prompt(srv_job *j, json_t *lp, srv_choice *c, const int32_t *ids, size_t n_ids,
                                  bool skip_bos, const char *echo, size_t echo_len) {
     size_t pos = 0, chars = 0; /* bytes and characters of echo walked so far */
     c->lp_first = 0;
@@ -668,9 +648,20 @@ static json_t *content_delta(const char *text, size_t len) {
     return d;
 }
 
+size_t srv_stream_fresh(srv_job *j, srv_choice *c, bool release_all, const char **fresh) {
+    size_t safe = c->text.len;
+    if (j->tools && !release_all)
+        safe = ag_server_tool_safe_prefix(j->tf, c->text.data ? c->text.data : "", c->text.len);
+    if (safe < c->sent) safe = c->sent;
+    *fresh = c->text.data ? c->text.data + c->sent : "";
+    size_t n = safe - c->sent;
+    c->sent = safe;
+    return n;
+}
+
 static void stream_event(srv_job *j, srv_event *e) {
     if (j->ended || e->choice < 0 || e->choice >= j->n_choices || e->prompt_pos > 0) return;
-    choice_out *c = &j->ch[e->choice];
+    srv_choice *c = &j->ch[e->choice];
     if (c->done) return;
     json_t *lp = NULL;
     if (event_has_lp(j, e)) {
@@ -691,14 +682,9 @@ static void stream_event(srv_job *j, srv_event *e) {
         else emit_stream_error(j, 503, "server_error", "shutting_down", "the request was cancelled: the server is shutting down");
         return;
     }
-    /* how much can go out as content now */
-    size_t safe = c->text.len;
-    if (j->tools) safe = ag_server_tool_safe_prefix(j->tf, c->text.data ? c->text.data : "", c->text.len);
-    if (safe < c->sent) safe = c->sent;
-    const char *fresh = c->text.data ? c->text.data + c->sent : "";
-    size_t fresh_len = safe - c->sent;
-    c->sent = safe;
+    const char *fresh;
     if (e->finish == AG_FINISH_NONE) {
+        size_t fresh_len = srv_stream_fresh(j, c, false, &fresh);
         if (!fresh_len && !lp) return;
         if (j->chat) emit_chat_chunk(j, e->choice, content_delta(fresh, fresh_len), lp, NULL);
         else emit_text_chunk(j, e->choice, fresh, fresh_len, lp, NULL);
@@ -711,16 +697,13 @@ static void stream_event(srv_job *j, srv_event *e) {
     json_t *calls = NULL;
     if (j->tools) {
         ag_buf rest = {0};
-        if (ag_server_parse_tool_calls(j->tf, c->text.data, c->text.len, j->tool_list, &calls, &rest)) {
-            if (e->finish == AG_FINISH_STOP) reason = "tool_calls";
-        } else {
-            /* not a call after all: release what was held back */
-            fresh = c->text.data ? c->text.data + (c->sent - fresh_len) : "";
-            fresh_len = c->text.len - (c->sent - fresh_len);
-            c->sent = c->text.len;
-        }
+        if (ag_server_parse_tool_calls(j->tf, c->text.data, c->text.len, j->tool_list, &calls, &rest) &&
+            e->finish == AG_FINISH_STOP)
+            reason = "tool_calls";
         ag_buf_free(&rest);
     }
+    /* not a call after all: release what was held back */
+    size_t fresh_len = srv_stream_fresh(j, c, calls == NULL, &fresh);
     if (j->chat) {
         if (fresh_len || lp) emit_chat_chunk(j, e->choice, content_delta(fresh, fresh_len), lp, NULL);
         if (calls) {
@@ -744,7 +727,6 @@ static void stream_event(srv_job *j, srv_event *e) {
 }
 
 static void stream_end(srv_job *j) {
-    if (j->ended) return;
     if (j->include_usage) {
         json_t *c = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion");
         json_object_set_new(c, "choices", json_array());
@@ -752,8 +734,24 @@ static void stream_end(srv_job *j) {
         sse_emit(j, c);
     }
     ag_buf_append_str(&j->out, "data: [DONE]\n\n");
-    j->ended = true;
-    atomic_fetch_add(&j->s->completions_ok, 1);
+}
+
+/* The first chunks: the assistant role (chat), the echoed prompts
+ * (completions with echo). */
+static void stream_start(srv_job *j) {
+    if (j->chat) {
+        for (int i = 0; i < j->n_choices; i++) {
+            json_t *d = json_object();
+            json_object_set_new(d, "role", json_string("assistant"));
+            json_object_set_new(d, "content", json_string(""));
+            emit_chat_chunk(j, i, d, NULL, NULL);
+        }
+    } else if (j->echo) {
+        for (int i = 0; i < j->n_choices; i++) {
+            int p = j->ch[i].prompt;
+            emit_text_chunk(j, i, j->echo[p], j->echo_len[p], NULL, NULL);
+        }
+    }
 }
 
 ssize_t srv_job_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -776,7 +774,7 @@ ssize_t srv_job_read(void *cls, uint64_t pos, char *buf, size_t max) {
          * output */
         srv_event *e = srv_gen_next(j->gen, 200);
         while (e) {
-            stream_event(j, e);
+            j->proto->stream_event(j, e);
             free(e->error);
             free(e);
             if (j->out.len > 8192) break;
@@ -784,7 +782,9 @@ ssize_t srv_job_read(void *cls, uint64_t pos, char *buf, size_t max) {
         }
         if (j->out.len) continue;
         if (srv_gen_finished(j->gen)) {
-            stream_end(j);
+            j->proto->stream_end(j);
+            j->ended = true;
+            atomic_fetch_add(&j->s->completions_ok, 1);
             continue;
         }
         if (srv_client_gone(j->conn)) return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -800,7 +800,7 @@ void srv_job_free(void *cls) { job_free(cls); }
 static void collect_prompt_score(srv_job *j, const srv_event *e) {
     const int prompt = j->ch[e->choice].prompt;
     for (int i = 0; i < j->n_choices; i++) {
-        choice_out *c = &j->ch[i];
+        srv_choice *c = &j->ch[i];
         if (c->prompt != prompt || !c->lp || j->chat || !e->has_sample) continue;
         json_t *lps = json_object_get(c->lp, "token_logprobs"), *tops = json_object_get(c->lp, "top_logprobs");
         size_t  k = (size_t)(e->prompt_pos - c->lp_first);
@@ -816,7 +816,7 @@ static void collect_event(srv_job *j, srv_event *e) {
         collect_prompt_score(j, e);
         return;
     }
-    choice_out *c = &j->ch[e->choice];
+    srv_choice *c = &j->ch[e->choice];
     if (c->done) return;
     if (event_has_lp(j, e)) {
         if (j->chat) {
@@ -831,6 +831,7 @@ static void collect_event(srv_job *j, srv_event *e) {
     if (e->finish != AG_FINISH_NONE) {
         c->done = true;
         c->finish = e->finish;
+        c->stop_index = e->stop_index;
         if (e->error) c->error = strdup(e->error);
     }
 }
@@ -867,24 +868,29 @@ static bool collect_all(srv_job *j) {
     }
 }
 
-static void respond_collected(srv_job *j, srv_resp *out) {
+bool srv_job_choices_ok(srv_job *j, srv_resp *out) {
     for (int i = 0; i < j->n_choices; i++) {
-        choice_out *c = &j->ch[i];
+        srv_choice *c = &j->ch[i];
         if (c->finish == AG_FINISH_ERROR) {
             srv_error(out, 500, "server_error", NULL, NULL, "generation failed: %s",
                       c->error ? c->error : "unknown error");
-            return;
+            return false;
         }
         if (c->finish == AG_FINISH_CANCELLED || !c->done) {
             srv_error(out, 503, "server_error", NULL, "shutting_down",
                       "the request was cancelled: the server is shutting down");
-            return;
+            return false;
         }
     }
+    return true;
+}
+
+static void respond_collected(srv_job *j, srv_resp *out) {
+    if (!srv_job_choices_ok(j, out)) return;
     json_t *r = envelope(j, j->chat ? "chat.completion" : "text_completion");
     json_t *choices = json_array();
     for (int i = 0; i < j->n_choices; i++) {
-        choice_out *c = &j->ch[i];
+        srv_choice *c = &j->ch[i];
         const char *reason = finish_name(c->finish);
         json_t *ch = json_object();
         json_object_set_new(ch, "index", json_integer(i));
@@ -924,9 +930,15 @@ static void respond_collected(srv_job *j, srv_resp *out) {
     }
     json_object_set_new(r, "choices", choices);
     json_object_set_new(r, "usage", usage_json(j));
-    atomic_fetch_add(&j->s->completions_ok, 1);
     srv_json(out, 200, r);
 }
+
+static const srv_protocol k_chat_proto = {.id_prefix = "chatcmpl-", .stream_start = stream_start,
+                                          .stream_event = stream_event, .stream_end = stream_end,
+                                          .respond = respond_collected};
+static const srv_protocol k_completions_proto = {.id_prefix = "cmpl-", .stream_start = stream_start,
+                                                 .stream_event = stream_event, .stream_end = stream_end,
+                                                 .respond = respond_collected};
 
 /* ---- submission ---- */
 
@@ -948,10 +960,8 @@ static void submit_error(srv_resp *out, ag_status st, const char *prompt_param) 
     }
 }
 
-/* Submits every prompt and produces the response (or hands the stream to
- * `out`). Takes ownership of j. */
-static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *n_ids, const char *prompt_param,
-                    srv_resp *out) {
+void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_ids, const char *prompt_param,
+                 srv_resp *out) {
     for (int p = 0; p < j->n_prompts; p++) {
         ag_gen_request r = {.prompt = ids[p], .n_prompt = (int)n_ids[p], .max_tokens = o->max_tokens,
                             .n_choices = o->n, .sample = o->sp, .stops = (const char *const *)o->stops,
@@ -973,19 +983,7 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
     if (j->stream) {
         out->status = 200;
         out->stream = j;
-        if (j->chat) {
-            for (int i = 0; i < j->n_choices; i++) {
-                json_t *d = json_object();
-                json_object_set_new(d, "role", json_string("assistant"));
-                json_object_set_new(d, "content", json_string(""));
-                emit_chat_chunk(j, i, d, NULL, NULL);
-            }
-        } else if (j->echo) {
-            for (int i = 0; i < j->n_choices; i++) {
-                int p = j->ch[i].prompt;
-                emit_text_chunk(j, i, j->echo[p], j->echo_len[p], NULL, NULL);
-            }
-        }
+        if (j->proto->stream_start) j->proto->stream_start(j);
         return;
     }
     if (!collect_all(j)) {
@@ -993,7 +991,8 @@ static void run_job(srv_job *j, const gen_opts *o, int32_t **ids, const size_t *
         job_free(j);
         return;
     }
-    respond_collected(j, out);
+    j->proto->respond(j, out);
+    if (out->status == 200) atomic_fetch_add(&j->s->completions_ok, 1);
     job_free(j);
 }
 
@@ -1019,7 +1018,7 @@ static bool content_text(json_t *content, size_t i, bool may_be_null, ag_buf *ou
     }
     if (!json_is_array(content)) {
         srv_error(out, 400, "invalid_request_error", param, "invalid_type",
-                  "'%s' must be a string or a list of content parts, got %s", param, type_name(content));
+                  "'%s' must be a string or a list of content parts, got %s", param, srv_type_name(content));
         return false;
     }
     size_t k;
@@ -1122,8 +1121,7 @@ static void generic_tools_text(json_t *tools, ag_buf *b) {
                          "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
 }
 
-/* Validates messages and builds the list the template sees. */
-static json_t *build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *out) {
+json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *out) {
     if (!msgs) {
         srv_error(out, 400, "invalid_request_error", "messages", "missing_required_parameter", "'messages' is required");
         return NULL;
@@ -1143,7 +1141,7 @@ static json_t *build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_res
         snprintf(param, sizeof param, "messages[%zu]", i);
         if (!json_is_object(m)) {
             srv_error(out, 400, "invalid_request_error", param, "invalid_type", "'%s' must be an object, got %s", param,
-                      type_name(m));
+                      srv_type_name(m));
             goto fail;
         }
         json_t *role = json_object_get(m, "role");
@@ -1222,9 +1220,7 @@ fail:
     return NULL;
 }
 
-/* tools + tool_choice: the tools array to use, NULL for none (or on error,
- * with *failed). */
-static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed, bool *forced) {
+json_t *srv_parse_tools(json_t *b, srv_resp *out, bool *failed, bool *forced) {
     *failed = false;
     *forced = false;
     json_t *tools = json_object_get(b, "tools");
@@ -1232,7 +1228,7 @@ static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed, bool *forced)
     if (tools && !json_is_null(tools)) {
         if (!json_is_array(tools)) {
             srv_error(out, 400, "invalid_request_error", "tools", "invalid_type", "'tools' must be a list, got %s",
-                      type_name(tools));
+                      srv_type_name(tools));
             goto fail;
         }
         size_t i;
@@ -1298,7 +1294,7 @@ static json_t *parse_tools(json_t *b, srv_resp *out, bool *failed, bool *forced)
             goto fail;
         } else {
             srv_error(out, 400, "invalid_request_error", "tool_choice", "invalid_type",
-                      "'tool_choice' must be a string or an object, got %s", type_name(choice));
+                      "'tool_choice' must be a string or an object, got %s", srv_type_name(choice));
             goto fail;
         }
     }
@@ -1313,7 +1309,7 @@ fail:
  * one prefix per function: the call's start up to its arguments object).
  * More tools than the prefixes JSON mode takes: not enforced, left to the
  * model. */
-static void force_tool_call(gen_opts *o, json_t *tools, ag_tool_format tf) {
+static void force_tool_call(srv_opts *o, json_t *tools, ag_tool_format tf) {
     size_t  n = json_array_size(tools), i;
     json_t *t;
     if (n == 0 || n > AG_JSON_MAX_PREFIXES) return;
@@ -1335,13 +1331,51 @@ static void force_tool_call(gen_opts *o, json_t *tools, ag_tool_format tf) {
     o->json_object = o->json_suf != NULL;
 }
 
+bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
+                     const char *param, int32_t **ids, size_t *n_ids, srv_resp *out) {
+    if (!s->chat) {
+        srv_error(out, 400, "invalid_request_error", NULL, "unsupported", "this model has no chat format");
+        return false;
+    }
+    ag_buf prompt = {0};
+    bool ok = false;
+    ag_status st = ag_chat_render(s->chat, msgs, s->tmpl_has_tools ? tools : NULL, true, NULL, &prompt);
+    if (st) {
+        srv_error(out, 400, "invalid_request_error", param, "template_error",
+                  "the model's chat template rejected the messages: %s", ag_error_message());
+        goto done;
+    }
+    if (prefill_len) ag_buf_append(&prompt, prefill, prefill_len);
+    bool add_special = !ag_chat_has_bos(s->chat, ag_buf_cstr(&prompt), prompt.len);
+    if ((st = ag_tok_encode(s->tok, ag_buf_cstr(&prompt), prompt.len, add_special, true, ids, n_ids))) {
+        srv_error(out, 400, "invalid_request_error", param, "invalid_value", "cannot tokenize the prompt: %s",
+                  ag_error_message());
+        goto done;
+    }
+    if (*n_ids == 0) {
+        srv_error(out, 400, "invalid_request_error", param, "invalid_value", "the prompt is empty");
+        goto done;
+    }
+    if (ag_log_enabled(AG_LOG_DEBUG)) AG_LOGD("chat prompt (%zu tokens): %s", *n_ids, ag_buf_cstr(&prompt));
+    ok = true;
+done:
+    ag_buf_free(&prompt);
+    return ok;
+}
+
+void srv_job_use_tools(srv_job *j, srv_opts *o, json_t *tools, bool forced) {
+    j->tools = true;
+    j->tool_list = json_incref(tools);
+    j->tf = j->s->tmpl_has_tools ? j->s->tool_format : AG_TOOLS_HERMES;
+    if (forced) force_tool_call(o, tools, j->tf);
+}
+
 void srv_route_chat(srv_req *rq, srv_resp *out) {
     ag_server *s = rq->s;
     json_t *b = srv_parse_body(rq, out);
     if (!b) return;
-    gen_opts o;
+    srv_opts o;
     json_t *tools = NULL, *msgs = NULL;
-    ag_buf prompt = {0};
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (!parse_common(s, b, true, &o, out)) goto done;
@@ -1363,48 +1397,22 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
         }
     }
     bool failed, forced;
-    tools = parse_tools(b, out, &failed, &forced);
+    tools = srv_parse_tools(b, out, &failed, &forced);
     if (failed) goto done;
-    if (!(msgs = build_messages(s, json_object_get(b, "messages"), tools, out))) goto done;
-    if (!s->chat) {
-        srv_error(out, 400, "invalid_request_error", NULL, "unsupported", "this model has no chat format");
-        goto done;
-    }
-    ag_status st = ag_chat_render(s->chat, msgs, s->tmpl_has_tools ? tools : NULL, true, NULL, &prompt);
-    if (st) {
-        srv_error(out, 400, "invalid_request_error", "messages", "template_error",
-                  "the model's chat template rejected the messages: %s", ag_error_message());
-        goto done;
-    }
-    bool add_special = !ag_chat_has_bos(s->chat, ag_buf_cstr(&prompt), prompt.len);
-    if ((st = ag_tok_encode(s->tok, ag_buf_cstr(&prompt), prompt.len, add_special, true, &ids, &n_ids))) {
-        srv_error(out, 400, "invalid_request_error", "messages", "invalid_value", "cannot tokenize the prompt: %s",
-                  ag_error_message());
-        goto done;
-    }
-    if (n_ids == 0) {
-        srv_error(out, 400, "invalid_request_error", "messages", "invalid_value", "the prompt is empty");
-        goto done;
-    }
+    if (!(msgs = srv_build_messages(s, json_object_get(b, "messages"), tools, out))) goto done;
+    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "messages", &ids, &n_ids, out)) goto done;
     srv_job *j = job_new(rq, true, &o, 1);
     if (!j) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
-    if (tools) {
-        j->tools = true;
-        j->tool_list = json_incref(tools);
-        j->tf = s->tmpl_has_tools ? s->tool_format : AG_TOOLS_HERMES;
-        if (forced) force_tool_call(&o, tools, j->tf);
-    }
-    if (ag_log_enabled(AG_LOG_DEBUG)) AG_LOGD("chat prompt (%zu tokens): %s", n_ids, ag_buf_cstr(&prompt));
-    run_job(j, &o, &ids, &n_ids, "messages", out);
+    if (tools) srv_job_use_tools(j, &o, tools, forced);
+    srv_job_run(j, &o, &ids, &n_ids, "messages", out);
 done:
     free(ids);
-    ag_buf_free(&prompt);
     json_decref(msgs);
     json_decref(tools);
-    opts_free(&o);
+    srv_opts_free(&o);
     json_decref(b);
 }
 
@@ -1435,7 +1443,7 @@ void srv_route_completions(srv_req *rq, srv_resp *out) {
     ag_server *s = rq->s;
     json_t *b = srv_parse_body(rq, out);
     if (!b) return;
-    gen_opts o;
+    srv_opts o;
     int32_t *ids[MAX_PROMPTS] = {0};
     size_t n_ids[MAX_PROMPTS] = {0};
     bool from_text[MAX_PROMPTS] = {0};
@@ -1476,7 +1484,7 @@ void srv_route_completions(srv_req *rq, srv_resp *out) {
                     srv_error(out, 400, "invalid_request_error", "prompt", "invalid_type",
                               "'prompt' must be a string, a list of strings, a list of token ids or a list of such "
                               "lists (item %zu is %s)",
-                              i, type_name(x));
+                              i, srv_type_name(x));
                     goto done;
                 }
             }
@@ -1528,7 +1536,7 @@ void srv_route_completions(srv_req *rq, srv_resp *out) {
         }
     }
     for (int i = 0; i < j->n_choices; i++) {
-        choice_out *c = &j->ch[i];
+        srv_choice *c = &j->ch[i];
         if (j->echo) c->offset = n_chars(j->echo[c->prompt], j->echo_len[c->prompt]);
         if (o.echo && o.logprobs && !o.stream) {
             c->offset = 0;
@@ -1539,11 +1547,11 @@ void srv_route_completions(srv_req *rq, srv_resp *out) {
     }
     srv_job *jj = j;
     j = NULL;
-    run_job(jj, &o, ids, n_ids, "prompt", out);
+    srv_job_run(jj, &o, ids, n_ids, "prompt", out);
 done:
     if (j) j->ended = true;
     job_free(j);
     for (int p = 0; p < n_prompts; p++) free(ids[p]);
-    opts_free(&o);
+    srv_opts_free(&o);
     json_decref(b);
 }

@@ -2,10 +2,13 @@
  *
  * Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models
  * (and /v1/models/{id}), GET /health, GET /metrics (Prometheus text),
- * POST /tokenize, POST /detokenize, and the chat page: GET / and its files
- * under /webui/ (webui.c; embedded in the binary, served without the API
- * key so that the page can load and ask for it). Errors use OpenAI's shape
- * {"error": {"message", "type", "param", "code"}}: 400 for malformed JSON
+ * POST /tokenize, POST /detokenize, Anthropic's POST /v1/messages and
+ * POST /v1/messages/count_tokens (anthropic.c), and the chat page: GET / and
+ * its files under /webui/ (webui.c; embedded in the binary, served without
+ * the API key so that the page can load and ask for it). The API key is
+ * accepted as "Authorization: Bearer" or "x-api-key". Errors use OpenAI's shape
+ * {"error": {"message", "type", "param", "code"}} (Anthropic's routes:
+ * {"type": "error", "error": {"type", "message"}}): 400 for malformed JSON
  * (with its position), wrong types, out-of-range values and prompts over
  * the context (code "context_length_exceeded"), 401 without the API key,
  * 404 unknown route, 405 wrong method, 413 body too large, 429 when the

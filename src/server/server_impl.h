@@ -11,14 +11,16 @@
 #include <time.h>
 
 #include "base/buf.h"
+#include "sample/json.h"
 #include "server/server.h"
 
 struct MHD_Daemon;
 struct MHD_Connection;
 typedef struct srv_gen srv_gen;
+typedef struct srv_event srv_event;
 
 /* Status codes counted for /metrics. */
-enum { SRV_CODE_SLOTS = 13 };
+enum { SRV_CODE_SLOTS = 14 };
 extern const int srv_codes[SRV_CODE_SLOTS];
 
 struct ag_server {
@@ -121,8 +123,158 @@ void srv_route_webui(srv_req *rq, srv_resp *out, const srv_asset *a);
  * 400 and returns NULL. */
 json_t *srv_parse_body(srv_req *rq, srv_resp *out);
 
-/* ---- streaming jobs (openai.c) ---- */
-/* The MHD content-reader and its free callback for an SSE stream. */
+void srv_route_messages(srv_req *rq, srv_resp *out);              /* anthropic.c */
+void srv_route_messages_count_tokens(srv_req *rq, srv_resp *out); /* anthropic.c */
+
+/* Rewrites an error response (OpenAI's shape, as srv_error makes it) into
+ * Anthropic's {"type": "error", "error": {"type", "message"}}, with the
+ * error type and, for a full queue, the status (529) Anthropic's clients
+ * expect. Routes under /v1/messages answer through it. */
+void srv_anthropic_error(srv_resp *r);
+
+/* ---- request parsing shared by the protocols (openai.c) ---- */
+
+/* "a string", "an object", ... ("nothing" for NULL): for error messages. */
+const char *srv_type_name(const json_t *v);
+/* Field readers: an absent or null field keeps *v; a wrong type or a value
+ * out of [lo, hi] fills `out` with a 400 naming `key` and returns false.
+ * srv_get_int also takes integral reals and sets *present (may be NULL)
+ * when it read a value. */
+bool srv_get_bool(json_t *o, const char *key, bool *v, srv_resp *out);
+bool srv_get_num(json_t *o, const char *key, double lo, double hi, double *v, srv_resp *out);
+bool srv_get_int(json_t *o, const char *key, long long lo, long long hi, long long *v, bool *present,
+                 srv_resp *out);
+
+#define SRV_MAX_STOPS 16
+
+/* What a request asks of a generation, whatever its protocol. Strings and
+ * arrays are owned (srv_opts_free). */
+typedef struct {
+    ag_sample_params sp;
+    ag_logit_bias   *bias;
+    int              max_tokens; /* 0: until the context is full */
+    int              n;
+    char            *stops[SRV_MAX_STOPS];
+    int              n_stops;
+    bool             stream, include_usage, ignore_eos, echo;
+    bool             logprobs;
+    int              top_logprobs;
+    bool             no_output;   /* completions: max_tokens 0 with echo */
+    bool             json_object; /* response_format {"type": "json_object"} (chat), or a forced tool call */
+    char            *json_pre[AG_JSON_MAX_PREFIXES]; /* forced tool call: one prefix per allowed function */
+    int              n_json_pre;
+    char            *json_suf;
+    int              spec_max;    /* "speculative": 0 the server's setting, -1 off, n > 0 at most n drafts */
+    uint64_t         cache_ns;    /* prefix cache namespace: the API key and "cache_salt" */
+} srv_opts;
+
+/* Defaults: the sampler's, one choice, no limit, a fresh random seed. */
+void srv_opts_init(srv_opts *o);
+void srv_opts_free(srv_opts *o);
+/* temperature (0..max_temperature), top_p, min_p, top_k, the penalties and
+ * seed of body b into o->sp. False with `out` filled on a bad field. */
+bool srv_parse_sampling(json_t *b, double max_temperature, srv_opts *o, srv_resp *out);
+/* augur's extensions any protocol accepts: "speculative" and "cache_salt"
+ * (with the server's API key, the prefix cache namespace). */
+bool srv_parse_extensions(ag_server *s, json_t *b, srv_opts *o, srv_resp *out);
+/* Stop strings from `stop` (a string or a list of at most SRV_MAX_STOPS
+ * strings; NULL/null: none), named `param` in errors. */
+bool srv_parse_stops(json_t *stop, const char *param, srv_opts *o, srv_resp *out);
+
+/* OpenAI tools + tool_choice of body b: the tools the prompt gets (a new
+ * reference; NULL for none, or on error with *failed and `out` filled).
+ * *forced: tool_choice "required" or a named function (then the result
+ * holds just that one). */
+json_t *srv_parse_tools(json_t *b, srv_resp *out, bool *failed, bool *forced);
+/* Validates OpenAI chat messages and builds the list the template sees
+ * (tool calls as objects; for a template that does not render tools, the
+ * Hermes instructions in the system message and calls/results spelled out
+ * as text). A new reference, or NULL with `out` filled. */
+json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *out);
+/* Renders srv_build_messages' list with the chat template (tools when the
+ * template renders them), appends `prefill` (prefill_len bytes: the start
+ * of the assistant's reply, which the output continues; NULL for none) and
+ * tokenizes it into *ids (the caller frees). False with a 400 in `out`
+ * (errors name `param`). */
+bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
+                     const char *param, int32_t **ids, size_t *n_ids, srv_resp *out);
+
+/* ---- generation jobs (openai.c): one request's output, JSON or SSE ---- */
+
+typedef struct {
+    ag_buf    text;   /* everything generated (stop strings removed) */
+    size_t    sent;   /* bytes of text already streamed as content */
+    ag_finish finish;
+    int       stop_index; /* with AG_FINISH_STOP: the srv_job.stops entry that ended it, or -1 */
+    bool      done;
+    char     *error;
+    json_t   *lp;     /* chat: content entries; completions: {tokens,...} (non-stream) */
+    size_t    offset; /* completions text_offset of the next token */
+    int       prompt; /* index of its prompt (completions) */
+    int       lp_first; /* echo + logprobs: prompt position of lp's first entry (1 when BOS is not echoed) */
+} srv_choice;
+
+typedef struct srv_job srv_job;
+
+/* What differs between the protocols that share the job machinery. */
+typedef struct {
+    const char *id_prefix; /* of the response id: "chatcmpl-", "msg_" */
+    /* Streaming: the first bytes once every prompt is submitted (may be
+     * NULL), one engine event, and the end once every choice finished
+     * (j->ended is set afterwards). They append SSE bytes to j->out; an
+     * error that ends the stream sets j->ended. */
+    void (*stream_start)(srv_job *j);
+    void (*stream_event)(srv_job *j, srv_event *e);
+    void (*stream_end)(srv_job *j);
+    /* Not streaming: the whole response, every choice being done. */
+    void (*respond)(srv_job *j, srv_resp *out);
+} srv_protocol;
+
+struct srv_job {
+    ag_server             *s;
+    struct MHD_Connection *conn;
+    const srv_protocol    *proto;
+    bool                   chat, stream, include_usage, logprobs, tools;
+    int                    top_logprobs;
+    ag_tool_format         tf;
+    json_t                *tool_list; /* the request's tools (owned), when tools are active */
+    int                    n_choices;
+    srv_choice            *ch;
+    char                 **echo; /* per prompt (completions with echo) */
+    size_t                *echo_len;
+    int                    n_prompts;
+    char                  *stops[SRV_MAX_STOPS]; /* the request's stop strings (owned) */
+    int                    n_stops;
+    char                   id[48];
+    time_t                 created;
+    srv_gen               *gen;
+    ag_buf                 out; /* SSE bytes not yet handed to MHD */
+    size_t                 out_off;
+    bool                   ended;
+    void                  *proto_state; /* the protocol's streaming state (malloc'd, freed with the job) */
+};
+
+/* A job for n_prompts prompts of o->n choices each (copies what it needs
+ * of o); NULL when out of memory. */
+srv_job *srv_job_new(srv_req *rq, const srv_protocol *proto, const srv_opts *o, int n_prompts);
+/* The request's tools (borrowed; the job keeps a reference) are active:
+ * output is parsed for calls in the template's format, and with `forced`
+ * o is set up so that the output is one call. */
+void srv_job_use_tools(srv_job *j, srv_opts *o, json_t *tools, bool forced);
+/* Submits every prompt and produces the response, or hands the stream to
+ * `out`. Takes ownership of j. Errors name `prompt_param`. */
+void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_ids, const char *prompt_param,
+                 srv_resp *out);
+/* Not streaming: false (with a 500 or 503 in `out`) when a choice failed
+ * or was cancelled. */
+bool srv_job_choices_ok(srv_job *j, srv_resp *out);
+/* Streaming: the bytes of c's text that may go out now (*fresh, the return
+ * value), marked as sent. With tools, text that may still become a tool
+ * call is held back unless release_all. */
+size_t srv_stream_fresh(srv_job *j, srv_choice *c, bool release_all, const char **fresh);
+
+/* The MHD content-reader and its free callback for an SSE stream
+ * (srv_job_free also frees a job that never ran). */
 ssize_t srv_job_read(void *job, uint64_t pos, char *buf, size_t max);
 void    srv_job_free(void *job);
 
@@ -139,6 +291,7 @@ typedef struct srv_event {
     int               n_top;
     ag_token_logprob  top[AG_SAMPLE_MAX_LOGPROBS];
     ag_finish         finish;
+    int               stop_index; /* ag_gen_event.stop_index */
     char             *error;
     size_t            len;
     char              text[]; /* len bytes + NUL */
