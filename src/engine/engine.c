@@ -131,6 +131,12 @@ ag_engine_params ag_engine_default_params(void) {
     return p;
 }
 
+int ag_engine_resolve_ctx(const ag_model *m, int n_ctx) {
+    if (n_ctx > 0) return n_ctx;
+    int train = ag_model_config_of(m)->n_ctx_train;
+    return train < 4096 ? train : 4096;
+}
+
 static int blocks_for(const ag_engine *e, int tokens) { return (tokens + e->block_size - 1) / e->block_size; }
 
 /* Worst-case KV blocks of a request: each choice may own all its blocks
@@ -172,6 +178,8 @@ static void fill_usage(const request *r, ag_gen_event *ev) {
     }
     ev->n_drafted = (int)sp.drafted;
     ev->n_accepted = (int)sp.accepted;
+    ev->n_spec_rounds = (int)sp.rounds;
+    ev->n_spec_emitted = (int)sp.emitted;
     ev->n_prompt = r->n_prompt;
     ev->n_cached = r->n_cached;
     ev->n_generated = gen;
@@ -793,7 +801,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         ag_status sst = ag_spec_params_check(&p.spec);
         if (sst) return sst;
     }
-    if (p.n_ctx <= 0) p.n_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
+    p.n_ctx = ag_engine_resolve_ctx(m, p.n_ctx);
     if (p.n_ctx < 2) return ag_errorf(AG_ERR_RANGE, "context must be at least 2 tokens");
     if (ag_tok_n_vocab(tok) > cfg->n_vocab)
         return ag_errorf(AG_ERR_FORMAT, "tokenizer has %d tokens but the model only %d", ag_tok_n_vocab(tok),

@@ -72,6 +72,12 @@ typedef struct {
 
 ag_engine_params ag_engine_default_params(void);
 
+/* The context per sequence an engine over m runs for a requested n_ctx:
+ * n_ctx itself when > 0, else the default (the model's training context, at
+ * most 4096). Everything sized for an engine (a draft model's KV, `augur
+ * fit`) asks this, so they agree with the engine. */
+int ag_engine_resolve_ctx(const ag_model *m, int n_ctx);
+
 /* Starts the engine thread over a loaded model and its tokenizer (both
  * borrowed: they must outlive the engine). */
 ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *p, ag_engine **out);
@@ -102,6 +108,7 @@ typedef struct {
     /* Usage so far (the request's, over all choices). */
     int    n_prompt, n_cached, n_generated;
     int    n_drafted, n_accepted; /* speculative decoding: draft tokens verified / accepted */
+    int    n_spec_rounds, n_spec_emitted; /* forwards that verified drafts / tokens they emitted */
     double t_prefill_ms, t_decode_ms; /* wall time in prefill / decode steps so far */
 } ag_gen_event;
 

@@ -39,10 +39,7 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
     }
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = p->n_threads;
-    /* the engine's default context when none is given (engine.h) */
-    int train = ag_model_config_of(target)->n_ctx_train;
-    int n_ctx = p->n_ctx > 0 ? p->n_ctx : train < 4096 ? train : 4096;
-    ag_status st = ag_draft_model_open(p->draft, &mp, target_tok, p->n_parallel > 0 ? p->n_parallel : 1, n_ctx, &s->dm);
+    ag_status st = ag_draft_model_open(p->draft, &mp, target_tok, p->n_parallel > 0 ? p->n_parallel : 1, p->n_ctx, &s->dm);
     if (!st && ag_draft_model_n_vocab(s->dm) != ag_model_config_of(target)->n_vocab)
         /* the verify rule reads q rows of the target's logits width */
         st = ag_errorf(AG_ERR_FORMAT,
