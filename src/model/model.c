@@ -11,6 +11,7 @@
 #include "base/arena.h"
 #include "base/hash.h"
 #include "base/log.h"
+#include "kv/kv.h"
 
 struct ag_model {
     ag_gguf         *gguf;
@@ -247,6 +248,12 @@ const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
 ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
 uint64_t               ag_model_weight_bytes(const ag_model *m) { return m->weight_bytes; }
 
+void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t *row_bytes) {
+    bool tied = m->output.data == m->tok_embd.data;
+    *table_bytes = tied ? 0 : m->tok_embd.row_bytes * (uint64_t)m->tok_embd.ne[1];
+    *row_bytes = tied ? 0 : m->tok_embd.row_bytes;
+}
+
 /* Serialises values in a fixed little-endian form, so the fingerprint does
  * not depend on struct padding. */
 typedef struct {
@@ -327,6 +334,64 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
 
 static float *scratch_floats(ag_model *m, size_t n) { return ag_arena_alloc(&m->scratch, n * sizeof(float)); }
 
+/* The activations of a batch of n tokens, in floats, in the order
+ * ag_model_forward takes them from the arena: x, h, q, k, v, att, o, gate,
+ * up. One list, so that the reservation and the plan match the forward. */
+#define N_ACTIVATIONS 9
+static void activation_floats(const ag_model_config *c, size_t n, size_t out[N_ACTIVATIONS]) {
+    const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
+                 vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
+    const size_t sizes[N_ACTIVATIONS] = {n * c->n_embd, n * c->n_embd, n * qd, n * kd, n * vd,
+                                         n * od,        n * c->n_embd, n * c->n_ff, n * c->n_ff};
+    memcpy(out, sizes, sizeof sizes);
+}
+
+/* Arena bytes of a batch of n tokens (each allocation rounded as the arena does). */
+static size_t activation_bytes(const ag_model_config *c, size_t n) {
+    size_t f[N_ACTIVATIONS], total = 0;
+    activation_floats(c, n, f);
+    for (int i = 0; i < N_ACTIVATIONS; i++) total += (f[i] * sizeof(float) + 63) & ~(size_t)63;
+    return total;
+}
+
+ag_status ag_model_reserve_scratch(ag_model *m, int n_tokens) {
+    ag_arena_reset(&m->scratch);
+    if (n_tokens < 1 || ag_arena_reserve(&m->scratch, activation_bytes(&m->cfg, (size_t)n_tokens))) return AG_OK;
+    return ag_errorf(AG_ERR_NOMEM, "out of memory for the activations of %d tokens", n_tokens);
+}
+
+uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
+    const ag_model_config *c = &m->cfg;
+    ag_backend *be = m->be;
+    int block_size = ag_kv_default_params().block_size;
+    /* one chunk (ag_model_reserve_scratch), whose header the arena adds */
+    uint64_t arena = activation_bytes(c, (size_t)n_tokens) + 64;
+    /* the backend's matmul buffer is grown to the largest call: the groups
+     * and singles ag_model_forward makes */
+    size_t mm = 0, copies = 0, attn = 0;
+    const ag_tensor *out[1] = {&m->output};
+    size_t need = ag_backend_matmul_scratch_bytes(be, out, 1, n_tokens);
+    mm = need;
+    copies += ag_backend_weight_copy_bytes(be, &m->output);
+    for (int l = 0; l < c->n_layer; l++) {
+        const ag_layer_weights *w = &m->layers[l];
+        const ag_tensor *groups[4][3] = {{&w->wq, &w->wk, &w->wv}, {&w->wo}, {&w->ffn_gate, &w->ffn_up},
+                                         {&w->ffn_down}};
+        const int        sizes[4] = {3, 1, 2, 1};
+        for (int g = 0; g < 4; g++) {
+            need = ag_backend_matmul_scratch_bytes(be, groups[g], sizes[g], n_tokens);
+            if (need > mm) mm = need;
+            for (int i = 0; i < sizes[g]; i++) copies += ag_backend_weight_copy_bytes(be, groups[g][i]);
+        }
+        ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                               .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
+                               .window = c->layer_swa[l] ? c->sliding_window : 0};
+        need = ag_backend_attention_scratch_bytes(be, &shape, block_size, n_tokens, n_ctx);
+        if (need > attn) attn = need;
+    }
+    return arena + mm + copies + attn;
+}
+
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {
     const ag_model_config *c = &m->cfg;
     ag_backend *be = m->be;
@@ -343,18 +408,14 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     const int n_dec = n - b->n_prompt;
     ag_arena_reset(&m->scratch);
     const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
-                 vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
-    float *x = scratch_floats(m, (size_t)n * c->n_embd);
-    float *h = scratch_floats(m, (size_t)n * c->n_embd);
-    float *q = scratch_floats(m, (size_t)n * qd);
-    float *k = scratch_floats(m, (size_t)n * kd);
-    float *v = scratch_floats(m, (size_t)n * vd);
-    float *att = scratch_floats(m, (size_t)n * od);
-    float *o = scratch_floats(m, (size_t)n * c->n_embd);
-    float *gate = scratch_floats(m, (size_t)n * c->n_ff);
-    float *up = scratch_floats(m, (size_t)n * c->n_ff);
-    if (!x || !h || !q || !k || !v || !att || !o || !gate || !up)
-        return ag_errorf(AG_ERR_NOMEM, "out of memory for a batch of %d tokens", n);
+                 vd = (size_t)c->n_head_kv * c->head_dim_v;
+    size_t f[N_ACTIVATIONS];
+    float *act[N_ACTIVATIONS];
+    activation_floats(c, (size_t)n, f);
+    for (int i = 0; i < N_ACTIVATIONS; i++)
+        if (!(act[i] = scratch_floats(m, f[i]))) return ag_errorf(AG_ERR_NOMEM, "out of memory for a batch of %d tokens", n);
+    float *x = act[0], *h = act[1], *q = act[2], *k = act[3], *v = act[4], *att = act[5], *o = act[6], *gate = act[7],
+          *up = act[8];
 
     ag_status st;
     if ((st = op->get_rows(be, &m->tok_embd, b->token, n, x))) return st;

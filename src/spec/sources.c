@@ -19,6 +19,16 @@ static ag_status make_model_source(void *ctx, const ag_sample_params *sp, uint64
     return ag_draft_model_source_new(s->dm, sp, stream, s->cost, out);
 }
 
+static size_t plan_model(void *ctx, int n_parallel, int n_ctx) {
+    const ag_draft_setup *s = ctx;
+    return ag_draft_model_plan_bytes(s->dm, n_parallel, n_ctx);
+}
+
+static size_t plan_ngram(void *ctx, int n_parallel, int n_ctx) {
+    const ag_draft_setup *s = ctx;
+    return (size_t)n_parallel * ag_ngram_plan_bytes(&s->ngram, n_ctx, AG_SPEC_MAX_DRAFT);
+}
+
 static ag_status make_ngram(void *ctx, const ag_sample_params *sp, uint64_t stream, ag_draft_source **out) {
     (void)sp, (void)stream;
     const ag_draft_setup *s = ctx;
@@ -33,7 +43,8 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
     if (!s) return ag_errorf(AG_ERR_NOMEM, "out of memory");
     if (!strcmp(p->draft, "ngram")) {
         s->ngram = ag_ngram_default_params();
-        s->factory = (ag_draft_factory){.name = "ngram", .make = make_ngram, .ctx = s, .shared_bytes = 0};
+        s->factory = (ag_draft_factory){.name = "ngram", .make = make_ngram, .ctx = s, .shared_bytes = 0,
+                                        .plan_bytes = plan_ngram};
         *out = s;
         return AG_OK;
     }
@@ -52,7 +63,7 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
     }
     s->cost = ag_draft_model_cost(s->dm, target);
     s->factory = (ag_draft_factory){.name = "draft-model", .make = make_model_source, .ctx = s,
-                                    .shared_bytes = ag_draft_model_resident_bytes(s->dm)};
+                                    .shared_bytes = ag_draft_model_resident_bytes(s->dm), .plan_bytes = plan_model};
     *out = s;
     return AG_OK;
 }
