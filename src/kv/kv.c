@@ -221,7 +221,7 @@ ag_status ag_kv_memory_bytes(const ag_kv_params *p, int32_t max_len, size_t *byt
         table = 8;
         while (table < need) table *= 2;
     }
-    *bytes = (size_t)nb * lay.block_bytes + KV_ALIGN + fixed_meta_bytes(p, (size_t)nb) +
+    *bytes = (size_t)nb * lay.block_bytes + fixed_meta_bytes(p, (size_t)nb) +
              (size_t)p->max_seqs * table * sizeof(int32_t);
     return AG_OK;
 }
