@@ -97,7 +97,6 @@ def test_draft_model_prediction_within_10_percent():
     assert f["parts"]["buffers"] > plain["parts"]["buffers"]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("ctx,parallel", [(512, 2), (256, 4)])
 def test_qwen_prediction_within_10_percent(ctx, parallel):
     require_model(QWEN_05B)
