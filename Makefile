@@ -1,6 +1,8 @@
 # augur — one Makefile (see ../shared/DESIGN.md, "Conventions").
 #
-#   make            build/augur and build/libaugur.a
+#   make            build/augur, build/libaugur.a, build/libaugur.so and the examples
+#   make examples   examples/*.c built against include/augur.h only, twice:
+#                   build/examples/NAME (static) and build/examples/NAME-shared
 #   make test       unit tests (cmocka) + end-to-end tests (pytest) on the fast models
 #   make test-models  the slow suites on the big models (fetches them first)
 #   make test-webui the chat page in headless Chromium (installs Chromium and Playwright first);
@@ -57,14 +59,29 @@ CONFIG_LINE  := $(CFLAGS_ALL) CUDA=$(CUDA) $(CUDA_ARCH)
 $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_LINE)' | cmp -s - $(CONFIG_STAMP) || echo '$(CONFIG_LINE)' > $(CONFIG_STAMP)))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libaugur.a
+
+# The shared library: the same sources compiled again as position-independent
+# code (the static library and the binary keep the faster non-PIC code), with
+# only the augur_* API exported (src/api/augur.map). Its version is
+# include/augur.h's AUGUR_VERSION; the soname carries the major version.
+SO_VERSION := $(shell sed -n 's/^\#define AUGUR_VERSION "\(.*\)"/\1/p' include/augur.h)
+SO_MAJOR := $(firstword $(subst ., ,$(SO_VERSION)))
+PIC_OBJ  := $(LIB_SRC:%.c=$(BUILD)/pic/%.o) $(if $(filter 1,$(CUDA)),$(CU_SRC:%.cu=$(BUILD)/pic/%.o))
+SO       := $(BUILD)/libaugur.so
+SO_REAL  := $(BUILD)/libaugur.so.$(SO_VERSION)
+
+EXAMPLE_SRC := $(sort $(wildcard examples/*.c))
+EXAMPLES := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%) $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%-shared)
+# Examples see include/ only: they prove the public header is enough.
+EXAMPLE_CFLAGS := -std=c11 -Wall -Wextra -Werror -pedantic -Iinclude $(OPT) $(SAN)
 BIN      := $(BUILD)/augur
 TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
 PYTEST   ?= python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: cuda-check gpu-test all test test-models test-webui unit e2e asan fuzz bench bench-peer bench-spec format clean
-all: $(BIN) $(TEST_BIN)
+.PHONY: cuda-check gpu-test all test test-models test-webui unit e2e asan fuzz bench bench-peer bench-spec format clean examples
+all: $(BIN) $(TEST_BIN) $(SO) examples
 
 $(BUILD)/%.o: %.c $(CONFIG_STAMP)
 	@mkdir -p $(dir $@)
@@ -91,6 +108,30 @@ $(LIB): $(LIB_OBJ)
 	rm -f $@
 	ar rcs $@ $^
 
+$(BUILD)/pic/%.o: %.cu $(CONFIG_STAMP)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fPIC -c $< -o $@
+
+$(BUILD)/pic/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -fPIC -c $< -o $@
+
+$(SO_REAL): $(PIC_OBJ) src/api/augur.map
+	$(CC) $(CFLAGS_ALL) -shared -Wl,-soname,libaugur.so.$(SO_MAJOR) -Wl,--version-script=src/api/augur.map \
+	    -Wl,--no-undefined -o $@ $(PIC_OBJ) $(LDLIBS_ALL)
+
+$(SO): $(SO_REAL)
+	ln -sf $(notdir $(SO_REAL)) $(BUILD)/libaugur.so.$(SO_MAJOR)
+	ln -sf $(notdir $(SO_REAL)) $@
+
+examples: $(EXAMPLES)
+$(BUILD)/examples/%-shared: examples/%.c include/augur.h $(SO)
+	@mkdir -p $(dir $@)
+	$(CC) $(EXAMPLE_CFLAGS) -o $@ $< -L$(BUILD) -laugur -Wl,-rpath,'$$ORIGIN/..'
+$(BUILD)/examples/%: examples/%.c include/augur.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(EXAMPLE_CFLAGS) -o $@ $< $(LIB) $(LDLIBS_ALL)
+
 $(BIN): $(CLI_OBJ) $(LIB)
 	$(CC) $(CFLAGS_ALL) -o $@ $(CLI_OBJ) $(LIB) $(LDLIBS_ALL)
 
@@ -103,7 +144,7 @@ $(BUILD)/tests/%: tests/unit/%.c $(LIB)
 unit: $(TEST_BIN)
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
 
-e2e: $(BIN)
+e2e: $(BIN) $(SO) examples
 	AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) tests/py
 
 test: unit e2e $(if $(shell command -v nvcc 2>/dev/null),cuda-check)

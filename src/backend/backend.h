@@ -171,4 +171,19 @@ int       ag_cpu_backend_threads(const ag_backend *be);
  * when CUDA is asked for in a build without it or with no GPU present. */
 ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, ag_backend **out);
 
+/* Memory planning: what the backend keeps (it grows its buffers to the
+ * largest call so far and keeps them) once it has run these calls. */
+/* Activation scratch of one matmul call over w[0..n_w) (n_w > 1: the
+ * matmul_multi group the model passes) with n_tokens rows, all decode or all
+ * prompt, whichever needs more. The backend keeps one such buffer, grown to
+ * the largest call. */
+size_t ag_backend_matmul_scratch_bytes(ag_backend *be, const ag_tensor *const *w, int n_w, int n_tokens);
+/* A copy of w the backend makes for its kernels on first use (e.g. AMX tile
+ * layout), or 0. */
+size_t ag_backend_weight_copy_bytes(ag_backend *be, const ag_tensor *w);
+/* Attention scratch for batches of up to n_tokens rows at positions below
+ * n_ctx over a KV of block_size positions per block, for every thread. */
+size_t ag_backend_attention_scratch_bytes(ag_backend *be, const ag_attn_shape *sh, int block_size, int n_tokens,
+                                          int n_ctx);
+
 #endif

@@ -30,6 +30,18 @@ void *ag_arena_alloc(ag_arena *a, size_t size) {
     return p;
 }
 
+bool ag_arena_reserve(ag_arena *a, size_t size) {
+    size = (size + 63) & ~(size_t)63;
+    if (a->head && a->head->size - a->head->off >= size) return true;
+    ag_arena_chunk *c = aligned_alloc(64, (sizeof *c + size + 63) & ~(size_t)63);
+    if (!c) return false;
+    c->size = size;
+    c->off = 0;
+    c->next = a->head;
+    a->head = c;
+    return true;
+}
+
 void ag_arena_reset(ag_arena *a) {
     /* Keep only the newest (largest) chunk. */
     ag_arena_chunk *c = a->head;

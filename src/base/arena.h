@@ -6,6 +6,7 @@
 #ifndef AG_BASE_ARENA_H
 #define AG_BASE_ARENA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct ag_arena_chunk ag_arena_chunk;
@@ -18,6 +19,11 @@ typedef struct {
 
 /* Returns NULL when memory runs out. Contents are uninitialised. */
 void *ag_arena_alloc(ag_arena *a, size_t size);
+/* Makes the newest chunk hold at least `size` bytes (allocating one chunk of
+ * exactly that size if it does not), so that steps that allocate up to
+ * `size` bytes between resets never add chunks. Returns false when memory
+ * runs out. Call right after a reset (or before any allocation). */
+bool  ag_arena_reserve(ag_arena *a, size_t size);
 void  ag_arena_reset(ag_arena *a);
 void  ag_arena_free(ag_arena *a);
 

@@ -248,6 +248,17 @@ void cache_node_maybe_remove(ag_cache *c, int32_t id) {
     c->n_used--;
 }
 
+/* Node storage grows by doubling from 64 (grow), the buckets from 256 to at
+ * least one per node (cache_node_new), the path buffers to the longest
+ * prompt in blocks (at most every node). */
+size_t ag_cache_index_bytes(int32_t n_nodes, int32_t block_size) {
+    size_t cap = 64, buckets = 256;
+    while (cap < (size_t)n_nodes) cap *= 2;
+    while (buckets < (size_t)n_nodes) buckets *= 2;
+    return cap * (sizeof(cache_node) + sizeof(int32_t) * (size_t)block_size) + sizeof(int32_t) * buckets +
+           sizeof(int32_t) * 2 * (cap > 64 ? cap : 64);
+}
+
 static void refresh_stats(ag_cache *c) {
     pthread_mutex_lock(&c->mu);
     c->st.memory_blocks = c->list[L_MEM].n;

@@ -266,6 +266,11 @@ typedef struct {
     bool     scan_done;
 } ag_cache_stats;
 
+/* The index's heap (index_bytes) when it knows n_nodes blocks of
+ * block_size tokens (e.g. every block of the kv pool, for the memory tier
+ * alone): for memory planning. */
+size_t ag_cache_index_bytes(int32_t n_nodes, int32_t block_size);
+
 /* Thread-safe snapshot. (memory_blocks/index_nodes/index_bytes are as of the
  * last call on the engine thread.) */
 void ag_cache_get_stats(const ag_cache *c, ag_cache_stats *out);

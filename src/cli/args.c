@@ -45,7 +45,8 @@ int ag_cli_draft_open(const ag_cli_draft_opts *o, ag_model *m, const ag_tok *tok
     *setup = NULL;
     if (!o->draft) return 0;
     if (o->draft_min > o->draft_max) return ag_cli_fail("--draft-min %ld is above --draft-max %ld", o->draft_min, o->draft_max);
-    ag_draft_setup_params dp = {.draft = o->draft, .n_parallel = ep->n_parallel, .n_ctx = ep->n_ctx, .n_threads = threads};
+    ag_draft_setup_params dp = {.draft = o->draft, .n_parallel = ep->n_parallel,
+                              .n_ctx = ag_engine_resolve_ctx(m, ep->n_ctx), .n_threads = threads};
     if (ag_draft_setup_open(&dp, m, tok, setup)) return ag_cli_fail("draft: %s", ag_error_message());
     ep->draft = ag_draft_setup_factory(*setup);
     ep->spec.draft_max = (int)o->draft_max;

@@ -21,6 +21,10 @@ int ag_cli_bench(int argc, char **argv);
 int ag_cli_logits(int argc, char **argv);
 int ag_cli_serve(int argc, char **argv);
 int ag_cli_cache(int argc, char **argv);
+int ag_cli_fit(int argc, char **argv);
+
+/* The most sequences `augur serve --parallel` (and `augur fit`) accept. */
+#define AG_CLI_MAX_PARALLEL 256
 
 /* Loads a model (threads: 0 = all cores) and its tokenizer; on failure
  * prints the error, leaves both NULL and returns 1. */

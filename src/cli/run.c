@@ -1,15 +1,13 @@
-/* `augur run`: generate a continuation of a prompt, streamed to stdout. */
-#include <pthread.h>
+/* `augur run`: generate a continuation of a prompt, streamed to stdout.
+ * A client of the public C API (include/augur.h), like any embedding program. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "augur.h"
 #include "base/buf.h"
 #include "base/file.h"
 #include "cli/cli.h"
-#include "engine/engine.h"
-#include "tmpl/chat.h"
 
 static const char usage[] =
     "usage: augur run [-m MODEL] (-p PROMPT | -f FILE) [options]\n"
@@ -27,33 +25,11 @@ static const char usage[] =
     "  -t THREADS      CPU threads (default: all cores)\n"
     "  --ignore-eos    keep generating past end-of-text tokens\n" AG_CLI_DRAFT_USAGE;
 
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t  cv;
-    bool            done;
-    ag_finish       finish;
-    char            error[512];
-    ag_gen_event    last;
-} run_state;
-
-static void on_event(void *user, const ag_gen_event *ev) {
-    run_state *rs = user;
-    if (ev->len) {
-        fwrite(ev->text, 1, ev->len, stdout);
-        fflush(stdout);
-    }
-    if (ev->finish != AG_FINISH_NONE) {
-        pthread_mutex_lock(&rs->mu);
-        rs->done = true;
-        rs->finish = ev->finish;
-        rs->last = *ev;
-        rs->last.text = NULL;
-        rs->last.sample = NULL;
-        rs->last.error = NULL;
-        if (ev->error) snprintf(rs->error, sizeof rs->error, "%s", ev->error);
-        pthread_cond_signal(&rs->cv);
-        pthread_mutex_unlock(&rs->mu);
-    }
+static int print_piece(const char *piece, size_t len, void *user) {
+    (void)user;
+    fwrite(piece, 1, len, stdout);
+    fflush(stdout);
+    return 0;
 }
 
 int ag_cli_run(int argc, char **argv) {
@@ -114,112 +90,71 @@ int ag_cli_run(int argc, char **argv) {
         ag_buf_append_str(&text, prompt);
     }
 
+    /* the flag's own message (the library's would name the field, not the flag) */
+    if (dopt.draft && dopt.draft_min > dopt.draft_max)
+        return ag_cli_fail("--draft-min %ld is above --draft-max %ld", dopt.draft_min, dopt.draft_max);
     int rc = 1;
-    ag_model *m = NULL;
-    ag_tok *tok = NULL;
-    ag_engine *eng = NULL;
-    ag_draft_setup *draft = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    ag_buf rendered = {0};
-    if (ag_cli_load_model(model_path, (int)threads, &m, &tok)) goto done;
+    augur_model *m = NULL;
+    char *rendered = NULL;
+    augur_model_params mp = augur_model_default_params();
+    mp.n_threads = (int)threads;
+    mp.n_ctx = (int)ctx;
+    mp.draft = dopt.draft;
+    mp.draft_max = (int)dopt.draft_max;
+    mp.draft_min = (int)dopt.draft_min;
+    augur_gen_params gp = augur_gen_default_params();
+    gp.max_tokens = (int)n_predict;
+    gp.temperature = (float)temp;
+    gp.top_k = (int)top_k;
+    gp.top_p = (float)top_p;
+    gp.min_p = (float)min_p;
+    gp.repeat_penalty = (float)rep;
+    if (have_seed) gp.seed = seed == AUGUR_SEED_RANDOM ? seed - 1 : seed; /* the sentinel is not a seed */
+    gp.ignore_eos = ignore_eos;
     const char *input = ag_buf_cstr(&text);
     size_t input_len = text.len;
-    bool add_special = true;
+    if (augur_model_load(model_path, &mp, &m)) {
+        ag_cli_fail("%s", augur_last_error());
+        goto done;
+    }
     if (chat) {
-        ag_chat *fmt = NULL;
-        if (ag_chat_from_gguf(ag_model_gguf(m), &fmt)) {
-            ag_cli_fail("%s: chat template: %s", model_path, ag_error_message());
+        if (memchr(input, 0, input_len)) {
+            ag_cli_fail("the prompt contains a NUL byte");
             goto done;
         }
-        json_t *msgs = json_array();
-        if (system) json_array_append_new(msgs, json_pack("{s:s, s:s}", "role", "system", "content", system));
-        json_array_append_new(msgs, json_pack("{s:s, s:s%}", "role", "user", "content", input, input_len));
-        ag_status st = ag_chat_render(fmt, msgs, NULL, true, NULL, &rendered);
-        json_decref(msgs);
-        /* A template that writes BOS itself must not get a second one. */
-        add_special = !ag_chat_has_bos(fmt, ag_buf_cstr(&rendered), rendered.len);
-        ag_chat_free(fmt);
-        if (st) {
-            ag_cli_fail("%s: chat template: %s", model_path, ag_error_message());
+        augur_message msgs[2] = {{"system", system}, {"user", input}};
+        if (augur_chat_render(m, system ? msgs : msgs + 1, system ? 2 : 1, true, &rendered, &input_len)) {
+            ag_cli_fail("%s", augur_last_error());
             goto done;
         }
-        input = ag_buf_cstr(&rendered);
-        input_len = rendered.len;
+        input = rendered;
+        gp.prompt_kind = AUGUR_PROMPT_CHAT;
     }
-    /* BOS exactly as the model's metadata says; special-token text is only
-     * parsed in a chat-rendered prompt (where the template put it). */
-    if (ag_tok_encode(tok, input, input_len, add_special, chat, &ids, &n_ids)) {
-        ag_cli_fail("%s", ag_error_message());
+    augur_usage u;
+    augur_status st = augur_generate(m, input, input_len, &gp, print_piece, NULL, &u);
+    if (st == AUGUR_OK || st == AUGUR_ERR_INTERNAL) { /* output may have started */
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
+    if (st) {
+        ag_cli_fail("%s", augur_last_error());
         goto done;
     }
-    if (n_ids == 0) {
-        ag_cli_fail("the prompt is empty");
-        goto done;
-    }
-    ag_engine_params ep = ag_engine_default_params();
-    ep.n_parallel = 1;
-    ep.n_ctx = (int)ctx;
-    ep.max_queue = 1;
-    if (ag_cli_draft_open(&dopt, m, tok, (int)threads, &ep, &draft)) goto done;
-    if (ag_engine_new(m, tok, &ep, &eng)) {
-        ag_cli_fail("%s", ag_error_message());
-        goto done;
-    }
-    if (!have_seed) seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 32);
-    run_state rs = {.done = false};
-    pthread_mutex_init(&rs.mu, NULL);
-    pthread_cond_init(&rs.cv, NULL);
-    ag_gen_request req = {.prompt = ids, .n_prompt = (int)n_ids, .max_tokens = (int)n_predict, .n_choices = 1,
-                          .sample = ag_sample_default_params(), .ignore_eos = ignore_eos, .cb = on_event,
-                          .user = &rs};
-    req.sample.temperature = (float)temp;
-    req.sample.top_k = (int32_t)top_k;
-    req.sample.top_p = (float)top_p;
-    req.sample.min_p = (float)min_p;
-    req.sample.repetition_penalty = (float)rep;
-    req.sample.penalty_last_n = 64;
-    req.sample.seed = seed;
-    if (ag_engine_submit(eng, &req, NULL)) {
-        ag_cli_fail("%s", ag_error_message());
-        goto done_state;
-    }
-    pthread_mutex_lock(&rs.mu);
-    while (!rs.done) pthread_cond_wait(&rs.cv, &rs.mu);
-    pthread_mutex_unlock(&rs.mu);
-    fputc('\n', stdout);
-    fflush(stdout);
-    if (rs.finish == AG_FINISH_ERROR) {
-        ag_cli_fail("%s", rs.error);
-        goto done_state;
-    }
-    {
-        const ag_gen_event *u = &rs.last;
-        double pf = u->t_prefill_ms > 0 ? u->n_prompt / (u->t_prefill_ms / 1e3) : 0;
-        double dc = u->t_decode_ms > 0 && u->n_generated > 1 ? (u->n_generated - 1) / (u->t_decode_ms / 1e3) : 0;
-        fprintf(stderr, "augur: prompt %d tokens, prefill %.1f tok/s (%.1f ms); generated %d tokens, decode %.1f tok/s; %s\n",
-                u->n_prompt, pf, u->t_prefill_ms, u->n_generated, dc,
-                rs.finish == AG_FINISH_STOP ? "stopped" : rs.finish == AG_FINISH_LENGTH ? "length limit" : "cancelled");
-        if (draft) {
-            ag_engine_stats es;
-            ag_engine_get_stats(eng, &es);
-            fprintf(stderr, "augur: draft %s: drafted %d, accepted %d (%.1f%%), %.2f tokens per verify step\n",
-                    ag_draft_setup_factory(draft)->name, u->n_drafted, u->n_accepted,
-                    u->n_drafted ? 100.0 * u->n_accepted / u->n_drafted : 0.0,
-                    es.spec.rounds ? (double)es.spec.emitted / (double)es.spec.rounds : 0.0);
-        }
-    }
+    double pf = u.prefill_ms > 0 ? u.prompt_tokens / (u.prefill_ms / 1e3) : 0;
+    double dc = u.decode_ms > 0 && u.generated_tokens > 1 ? (u.generated_tokens - 1) / (u.decode_ms / 1e3) : 0;
+    fprintf(stderr, "augur: prompt %d tokens, prefill %.1f tok/s (%.1f ms); generated %d tokens, decode %.1f tok/s; %s\n",
+            u.prompt_tokens, pf, u.prefill_ms, u.generated_tokens, dc,
+            u.finish == AUGUR_FINISH_STOP ? "stopped" : u.finish == AUGUR_FINISH_LENGTH ? "length limit" : "cancelled");
+    augur_model_info info;
+    if (dopt.draft && !augur_model_get_info(m, &info))
+        fprintf(stderr, "augur: draft %s: drafted %d, accepted %d (%.1f%%), %.2f tokens per verify step\n",
+                info.draft, u.drafted_tokens, u.accepted_tokens,
+                u.drafted_tokens ? 100.0 * u.accepted_tokens / u.drafted_tokens : 0.0,
+                u.verify_steps ? (double)u.verify_tokens / u.verify_steps : 0.0);
     rc = 0;
-done_state:
-    pthread_mutex_destroy(&rs.mu);
-    pthread_cond_destroy(&rs.cv);
 done:
-    ag_engine_free(eng);
-    ag_draft_setup_close(draft);
-    free(ids);
-    ag_tok_free(tok);
-    ag_model_free(m);
+    augur_free(rendered);
+    augur_model_free(m);
     ag_buf_free(&text);
-    ag_buf_free(&rendered);
     return rc;
 }

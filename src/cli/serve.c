@@ -75,8 +75,10 @@ static void model_name(const char *path, char *out, size_t cap) {
 int ag_cli_serve(int argc, char **argv) {
     const char *model_path = NULL, *host = "127.0.0.1", *api_key = getenv("AUGUR_API_KEY"), *cors = NULL,
                *alias = NULL;
-    long port = 8080, parallel = 4, ctx = 0, max_queue = 64, threads = 0, max_body = 8L << 20, max_conn = 256,
-         timeout = 60, batch = 0;
+    /* the engine's defaults, which `augur fit` plans with too */
+    const ag_engine_params defaults = ag_engine_default_params();
+    long port = 8080, parallel = defaults.n_parallel, ctx = 0, max_queue = defaults.max_queue, threads = 0,
+         max_body = 8L << 20, max_conn = 256, timeout = 60, batch = 0;
     const char *kv_disk = NULL;
     bool        no_kv_disk = false, no_webui = false;
     uint64_t    kv_disk_max = 0;
@@ -106,7 +108,7 @@ int ag_cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "--api-key")) api_key = v;
         else if (!strcmp(a, "--alias")) alias = v;
         else if (!strcmp(a, "--cors-origin")) cors = v;
-        else if (!strcmp(a, "--parallel")) ok = ag_cli_parse_long(v, 1, 256, &parallel);
+        else if (!strcmp(a, "--parallel")) ok = ag_cli_parse_long(v, 1, AG_CLI_MAX_PARALLEL, &parallel);
         else if (!strcmp(a, "--ctx")) ok = ag_cli_parse_long(v, 2, 1 << 24, &ctx);
         else if (!strcmp(a, "--max-queue")) ok = ag_cli_parse_long(v, 0, 1 << 20, &max_queue);
         else if (!strcmp(a, "--batch")) ok = ag_cli_parse_long(v, 1, 1 << 16, &batch);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "base/buf.h"
 #include "base/log.h"
@@ -132,6 +133,12 @@ ag_engine_params ag_engine_default_params(void) {
     return p;
 }
 
+int ag_engine_resolve_ctx(const ag_model *m, int n_ctx) {
+    if (n_ctx > 0) return n_ctx;
+    int train = ag_model_config_of(m)->n_ctx_train;
+    return train < 4096 ? train : 4096;
+}
+
 static int blocks_for(const ag_engine *e, int tokens) { return (tokens + e->block_size - 1) / e->block_size; }
 
 /* Worst-case KV blocks of a request: each choice may own all its blocks
@@ -173,6 +180,8 @@ static void fill_usage(const request *r, ag_gen_event *ev) {
     }
     ev->n_drafted = (int)sp.drafted;
     ev->n_accepted = (int)sp.accepted;
+    ev->n_spec_rounds = (int)sp.rounds;
+    ev->n_spec_emitted = (int)sp.emitted;
     ev->n_prompt = r->n_prompt;
     ev->n_cached = r->n_cached;
     ev->n_generated = gen;
@@ -784,57 +793,116 @@ static void cache_notify(void *user) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Checks p and fills in what its zeros mean (n_ctx): the one resolution
+ * ag_engine_new and ag_engine_plan_memory share. */
+static ag_status resolve_params(ag_model *m, const ag_tok *tok, ag_engine_params *p) {
+    const ag_model_config *cfg = ag_model_config_of(m);
+    if (p->n_parallel < 1 || p->n_parallel > 256) return ag_errorf(AG_ERR_RANGE, "n_parallel must be in [1, 256]");
+    if (p->n_batch < 1) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1");
+    if (p->n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
+    if (p->max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
+    if (p->spec_max_rows < 0 || p->spec_max_rows > 1024)
+        return ag_errorf(AG_ERR_RANGE, "spec_max_rows must be in [0, 1024]");
+    if (p->draft) {
+        ag_status sst = ag_spec_params_check(&p->spec);
+        if (sst) return sst;
+    }
+    p->n_ctx = ag_engine_resolve_ctx(m, p->n_ctx);
+    if (p->n_ctx < 2) return ag_errorf(AG_ERR_RANGE, "context must be at least 2 tokens");
+    if (ag_tok_n_vocab(tok) > cfg->n_vocab)
+        return ag_errorf(AG_ERR_FORMAT, "tokenizer has %d tokens but the model only %d", ag_tok_n_vocab(tok),
+                         cfg->n_vocab);
+    return AG_OK;
+}
+
+/* The KV pool of an engine with resolved params p; p->kv_bytes 0 becomes
+ * n_parallel full contexts. */
+static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp, ag_kv_layout *lay) {
+    *kp = ag_kv_default_params();
+    ag_model_kv_shape(m, &kp->n_layers, &kp->n_kv_heads, &kp->head_dim_k, &kp->head_dim_v);
+    kp->dtype = p->kv_dtype;
+    kp->mem = ag_model_kv_mem(m);
+    /* the choices' sequences; the prefix cache holds blocks, not sequences */
+    kp->max_seqs = p->n_parallel + 1;
+    ag_status st = ag_kv_layout_for(kp, lay, NULL);
+    if (st) return st;
+    if (!p->kv_bytes) p->kv_bytes = ag_kv_budget_for(lay, p->n_parallel, p->n_ctx);
+    kp->budget_bytes = p->kv_bytes;
+    return AG_OK;
+}
+
+/* Rows of the per-step buffers: decode rows and prompt ends (one each per
+ * choice), plus verify rows; logits for those plus room for scored prompt
+ * rows, at most one per batch token. */
+static void step_rows(const ag_engine_params *p, int *max_rows, int *logit_rows) {
+    *max_rows = 2 * p->n_parallel + 1 + (p->draft ? p->spec_max_rows : 0);
+    *logit_rows = *max_rows + AG_ENGINE_SCORE_ROWS < p->n_batch ? *max_rows + AG_ENGINE_SCORE_ROWS : p->n_batch;
+}
+
+ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_params *pp, ag_engine_memory *out) {
+    memset(out, 0, sizeof *out);
+    ag_engine_params p = pp ? *pp : ag_engine_default_params();
+    ag_kv_params     kp;
+    ag_kv_layout     lay;
+    ag_status        st;
+    if ((st = resolve_params(m, tok, &p)) || (st = pool_params(m, &p, &kp, &lay))) return st;
+    int32_t n_blocks;
+    size_t  kv;
+    if ((st = ag_kv_layout_for(&kp, &lay, &n_blocks)) || (st = ag_kv_memory_bytes(&kp, p.n_ctx, &kv))) return st;
+    const size_t n_vocab = (size_t)ag_model_config_of(m)->n_vocab, ctx = (size_t)p.n_ctx;
+    int max_rows, logit_rows;
+    step_rows(&p, &max_rows, &logit_rows);
+    out->n_ctx = p.n_ctx;
+    out->n_parallel = p.n_parallel;
+    out->n_blocks = n_blocks;
+    out->block_size = lay.block_size;
+    out->weights_max = ag_gguf_file_size(ag_model_gguf(m));
+    uint64_t table;
+    size_t   row;
+    ag_model_gathered_weights(m, &table, &row);
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), pages_per_row = (row + page - 1) / page;
+    uint64_t       seen = (uint64_t)p.n_parallel * ctx * pages_per_row * page;
+    out->weights = out->weights_max - table + (seen < table ? seen : table);
+    out->kv = kv;
+    out->scratch = ag_model_scratch_bytes(m, p.n_batch, p.n_ctx);
+    /* ag_engine_new's buffers, then per running choice its sampler, the
+     * tokens it sampled and its request's copy of the prompt (both doubling
+     * from 64 / exact: ctx tokens at most) */
+    out->buffers = (size_t)p.n_batch * (3 * sizeof(int32_t) + 1) +
+                   sizeof(struct row_owner) * (size_t)(p.n_batch + max_rows) +
+                   sizeof(float) * n_vocab * ((size_t)logit_rows + 1) +
+                   (size_t)p.n_parallel * (ag_sampler_bytes((int32_t)n_vocab, ctx) + 2 * sizeof(int32_t) * ctx);
+    if (p.prefix_cache) {
+        out->cache_index = ag_cache_index_bytes(n_blocks, lay.block_size);
+        if (p.cache_dir && *p.cache_dir) out->cache_write_queue = ag_cache_default_params().write_queue_bytes;
+    }
+    if (p.draft)
+        out->draft = p.draft->plan_bytes ? p.draft->plan_bytes(p.draft->ctx, p.n_parallel, p.n_ctx) : p.draft->shared_bytes;
+    out->total = out->weights + out->kv + out->scratch + out->buffers + out->cache_index + out->cache_write_queue +
+                 out->draft;
+    return AG_OK;
+}
+
 ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *pp, ag_engine **out) {
     *out = NULL;
     ag_engine_params p = pp ? *pp : ag_engine_default_params();
     const ag_model_config *cfg = ag_model_config_of(m);
-    if (p.n_parallel < 1 || p.n_parallel > 256) return ag_errorf(AG_ERR_RANGE, "n_parallel must be in [1, 256]");
-    if (p.n_batch < 1) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1");
-    if (p.n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
-    if (p.max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
-    if (p.spec_max_rows < 0 || p.spec_max_rows > 1024) return ag_errorf(AG_ERR_RANGE, "spec_max_rows must be in [0, 1024]");
-    if (p.draft) {
-        ag_status sst = ag_spec_params_check(&p.spec);
-        if (sst) return sst;
-    }
-    if (p.n_ctx <= 0) p.n_ctx = cfg->n_ctx_train < 4096 ? cfg->n_ctx_train : 4096;
-    if (p.n_ctx < 2) return ag_errorf(AG_ERR_RANGE, "context must be at least 2 tokens");
-    if (ag_tok_n_vocab(tok) > cfg->n_vocab)
-        return ag_errorf(AG_ERR_FORMAT, "tokenizer has %d tokens but the model only %d", ag_tok_n_vocab(tok),
-                         cfg->n_vocab);
+    ag_status st = resolve_params(m, tok, &p);
+    if (st) return st;
 
     ag_engine *e = calloc(1, sizeof *e);
     if (!e) return ag_errorf(AG_ERR_NOMEM, "out of memory");
     e->model = m;
     e->tok = tok;
-    e->p = p;
     e->n_vocab = cfg->n_vocab;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
 
-    ag_kv_params kp = ag_kv_default_params();
-    ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
-    kp.dtype = p.kv_dtype;
-    kp.mem = ag_model_kv_mem(m);
-    /* the choices' sequences; the prefix cache holds blocks, not sequences */
-    kp.max_seqs = p.n_parallel + 1;
-    ag_status st;
-    {
-        ag_kv_params probe = kp;
-        probe.budget_bytes = (size_t)64 << 20;
-        ag_kv *tmp = NULL;
-        if ((st = ag_kv_init(&probe, &tmp))) goto fail;
-        const ag_kv_layout *L = ag_kv_get_layout(tmp);
-        e->block_size = L->block_size;
-        size_t per_block = L->block_bytes;
-        ag_kv_free(tmp);
-        if (!p.kv_bytes) {
-            size_t blocks = (size_t)p.n_parallel * (size_t)((p.n_ctx + e->block_size - 1) / e->block_size);
-            p.kv_bytes = blocks * per_block;
-            e->p.kv_bytes = p.kv_bytes;
-        }
-        kp.budget_bytes = p.kv_bytes;
-    }
+    ag_kv_params kp;
+    ag_kv_layout L;
+    if ((st = pool_params(m, &p, &kp, &L))) goto fail;
+    e->p = p;
+    e->block_size = L.block_size;
     if ((st = ag_kv_init(&kp, &e->kv))) goto fail;
     {
         ag_kv_stats ks;
@@ -852,15 +920,14 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
-    /* decode rows and prompt ends (one each per choice), plus verify rows */
-    e->max_rows = 2 * p.n_parallel + 1 + (p.draft ? p.spec_max_rows : 0);
+    step_rows(&p, &e->max_rows, &e->logit_rows);
+    /* activations for a full batch in one piece, as ag_engine_plan_memory counts them */
+    if ((st = ag_model_reserve_scratch(m, p.n_batch))) goto fail;
     e->b_tok = malloc(sizeof(int32_t) * p.n_batch);
     e->b_pos = malloc(sizeof(int32_t) * p.n_batch);
     e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
     e->b_want = malloc((size_t)p.n_batch);
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
-    /* decode rows and prompt ends, plus room for scored prompt rows */
-    e->logit_rows = e->max_rows + AG_ENGINE_SCORE_ROWS < p.n_batch ? e->max_rows + AG_ENGINE_SCORE_ROWS : p.n_batch;
     e->logits = malloc(sizeof(float) * (size_t)e->n_vocab * (size_t)e->logit_rows);
     e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->rows || !e->logits || !e->masked) {

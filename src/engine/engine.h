@@ -72,6 +72,39 @@ typedef struct {
 
 ag_engine_params ag_engine_default_params(void);
 
+/* The context per sequence an engine over m runs for a requested n_ctx:
+ * n_ctx itself when > 0, else the default (the model's training context, at
+ * most 4096). Everything sized for an engine (a draft model's KV, `augur
+ * fit`) asks this, so they agree with the engine. */
+int ag_engine_resolve_ctx(const ag_model *m, int n_ctx);
+
+/* The memory an engine holds at most, in bytes, by part. */
+typedef struct {
+    int      n_ctx, n_parallel;     /* as the engine resolves them */
+    int32_t  n_blocks, block_size;  /* its KV pool */
+    /* The model file, memory-mapped: every page a forward pass reads, and
+     * of an untied token embedding table the pages of n_parallel * n_ctx
+     * tokens' rows (a row is read only for a token seen); weights_max
+     * counts the whole file, what a long-running server tends to. */
+    uint64_t weights, weights_max;
+    uint64_t kv;          /* the KV pool (n_parallel full contexts unless kv_bytes says) and its tables */
+    uint64_t scratch;     /* activations of an n_batch step and the backend's buffers (ag_model_scratch_bytes) */
+    uint64_t buffers;     /* the engine's step buffers (tokens, logits rows) and per choice a sampler and
+                             its tokens */
+    uint64_t cache_index; /* the prefix cache's index with every pool block in the memory tier (the blocks
+                             themselves are the KV pool's) */
+    uint64_t cache_write_queue; /* its disk tier's write-behind buffer, at most (0 without cache_dir) */
+    uint64_t draft;       /* the draft factory at this n_ctx and n_parallel (ag_draft_factory.plan_bytes) */
+    uint64_t total;       /* the sum */
+} ag_engine_memory;
+
+/* What ag_engine_new(m, tok, p) would hold once every sequence has filled
+ * its context, computed by the same functions that size it (nothing is
+ * allocated). Not counted: the tokenizer, the chat template, threads and
+ * the program itself (`augur fit` measures those). Errors: ag_engine_new's
+ * parameter errors. m is not changed (non-const: its backend answers). */
+ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_params *p, ag_engine_memory *out);
+
 /* Starts the engine thread over a loaded model and its tokenizer (both
  * borrowed: they must outlive the engine). */
 ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *p, ag_engine **out);
@@ -107,6 +140,7 @@ typedef struct {
     /* Usage so far (the request's, over all choices). */
     int    n_prompt, n_cached, n_generated;
     int    n_drafted, n_accepted; /* speculative decoding: draft tokens verified / accepted */
+    int    n_spec_rounds, n_spec_emitted; /* forwards that verified drafts / tokens they emitted */
     double t_prefill_ms, t_decode_ms; /* wall time in prefill / decode steps so far */
 } ag_gen_event;
 

@@ -161,10 +161,8 @@ static void load_row(ag_kv_dtype t, float *dst, const void *src, int32_t n) {
 
 /* ---- init / free -------------------------------------------------------- */
 
-ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
-    if (!out) return ag_errorf(AG_ERR_INVALID, "kv: init: NULL out");
-    *out = NULL;
-    if (!p) return ag_errorf(AG_ERR_INVALID, "kv: init: NULL params");
+ag_status ag_kv_layout_for(const ag_kv_params *p, ag_kv_layout *out, int32_t *n_blocks) {
+    if (!p || !out) return ag_errorf(AG_ERR_INVALID, "kv: NULL params");
     if (p->n_layers < 1 || p->n_layers > KV_MAX_LAYERS)
         return ag_errorf(AG_ERR_INVALID, "kv: n_layers %d outside [1, %d]", p->n_layers,
                          KV_MAX_LAYERS);
@@ -213,10 +211,52 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
     lay.copy_bytes = k_bytes + v_bytes;
 
     size_t nb = p->budget_bytes / lay.block_bytes;
-    if (nb < 1)
+    if (nb > (size_t)INT32_MAX / 2) nb = (size_t)INT32_MAX / 2;
+    *out = lay;
+    if (n_blocks) *n_blocks = (int32_t)nb;
+    return AG_OK;
+}
+
+/* The metadata ag_kv_init allocates next to the pool (block tables, which
+ * grow with the sequences, are added as they grow). */
+static size_t fixed_meta_bytes(const ag_kv_params *p, size_t n_blocks) {
+    return sizeof(struct ag_kv) + (size_t)p->n_layers * sizeof(int32_t) + n_blocks * 2 * sizeof(int32_t) +
+           (size_t)p->max_seqs * sizeof(kv_seq);
+}
+
+size_t ag_kv_budget_for(const ag_kv_layout *lay, int32_t n_seqs, int32_t n_ctx) {
+    size_t per_seq = ((size_t)n_ctx + (size_t)lay->block_size - 1) / (size_t)lay->block_size;
+    return (size_t)n_seqs * per_seq * lay->block_bytes;
+}
+
+ag_status ag_kv_memory_bytes(const ag_kv_params *p, int32_t max_len, size_t *bytes) {
+    ag_kv_layout lay;
+    int32_t      nb;
+    ag_status    st = ag_kv_layout_for(p, &lay, &nb);
+    if (st) return st;
+    /* a sequence's table doubles from 8 entries up to what max_len needs */
+    size_t table = 0, need = ((size_t)max_len + (size_t)lay.block_size - 1) / (size_t)lay.block_size;
+    if (need > 0) {
+        table = 8;
+        while (table < need) table *= 2;
+    }
+    *bytes = (size_t)nb * lay.block_bytes + fixed_meta_bytes(p, (size_t)nb) +
+             (size_t)p->max_seqs * table * sizeof(int32_t);
+    return AG_OK;
+}
+
+ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
+    if (!out) return ag_errorf(AG_ERR_INVALID, "kv: init: NULL out");
+    *out = NULL;
+    ag_kv_layout lay;
+    int32_t      n_blocks;
+    ag_status    st = ag_kv_layout_for(p, &lay, &n_blocks);
+    if (st) return st;
+    if (n_blocks < 1)
         return ag_errorf(AG_ERR_NOMEM, "kv: budget %zu bytes is below one block (%zu bytes)",
                          p->budget_bytes, lay.block_bytes);
-    if (nb > (size_t)INT32_MAX / 2) nb = (size_t)INT32_MAX / 2;
+    size_t nb = (size_t)n_blocks;
+    size_t k_bytes = (size_t)p->n_kv_heads * lay.head_stride_k;
 
     ag_kv *kv = calloc(1, sizeof *kv);
     if (!kv) return ag_errorf(AG_ERR_NOMEM, "kv: out of memory");
@@ -245,9 +285,7 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
     /* Pushed in reverse so that a fresh cache hands out 0, 1, 2, ... */
     for (int32_t i = 0; i < kv->n_blocks; i++) kv->stack[i] = kv->n_blocks - 1 - i;
     kv->n_free = kv->n_blocks;
-    kv->meta_bytes = sizeof *kv + (size_t)p->n_layers * sizeof *kv->window +
-                     nb * (sizeof *kv->ref + sizeof *kv->stack) +
-                     (size_t)p->max_seqs * sizeof *kv->seqs;
+    kv->meta_bytes = fixed_meta_bytes(p, nb);
     *out = kv;
     return AG_OK;
 }

@@ -145,6 +145,22 @@ typedef struct {
  * head_dim_k, head_dim_v stay 0 and must be set). */
 ag_kv_params ag_kv_default_params(void);
 
+/* Validates `p`'s shape and computes the layout ag_kv_init would give it,
+ * and the pool's block count for its budget (0 if below one block; n_blocks
+ * may be NULL), without allocating anything. Errors: ag_kv_init's
+ * AG_ERR_INVALID and AG_ERR_UNSUPPORTED. */
+ag_status ag_kv_layout_for(const ag_kv_params *p, ag_kv_layout *out, int32_t *n_blocks);
+
+/* The budget (for ag_kv_params.budget_bytes) of a pool that holds n_seqs
+ * sequences of n_ctx positions each, every one in blocks of its own. */
+size_t ag_kv_budget_for(const ag_kv_layout *lay, int32_t n_seqs, int32_t n_ctx);
+
+/* Every byte ag_kv_init(p) allocates (the pool, whose pages the OS commits
+ * as blocks are first written, and the metadata), plus the block tables of
+ * max_seqs sequences of max_len positions: what a cache in full use holds.
+ * This is ag_kv_stats' pool_bytes + meta_bytes at that point. */
+ag_status ag_kv_memory_bytes(const ag_kv_params *p, int32_t max_len, size_t *bytes);
+
 /* Validates `p` and allocates the pool (one counted allocation; pages are
  * committed lazily by the OS as blocks are first written). On success *out
  * owns everything; free with ag_kv_free. Errors: AG_ERR_INVALID (bad shape,

@@ -10,6 +10,7 @@
 
 #include "base/hash.h"
 #include "base/log.h"
+#include "kv/kv.h"
 
 struct ag_model {
     ag_gguf         *gguf;
@@ -271,8 +272,14 @@ const ag_model_config *ag_model_config_of(const ag_model *m) { return &m->cfg; }
 const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
 ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
 ag_device ag_model_device(const ag_model *m) { return m->be->ops->host_memory ? AG_DEVICE_CPU : AG_DEVICE_CUDA; }
-const struct ag_kv_mem *ag_model_kv_mem(ag_model *m) { return m->be->ops->kv_mem ? m->be->ops->kv_mem(m->be) : NULL; }
+const struct ag_kv_mem *ag_model_kv_mem(const ag_model *m) { return m->be->ops->kv_mem ? m->be->ops->kv_mem(m->be) : NULL; }
 uint64_t               ag_model_weight_bytes(const ag_model *m) { return m->weight_bytes; }
+
+void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t *row_bytes) {
+    bool tied = m->output.data == m->tok_embd.data;
+    *table_bytes = tied ? 0 : m->tok_embd.row_bytes * (uint64_t)m->tok_embd.ne[1];
+    *row_bytes = tied ? 0 : m->tok_embd.row_bytes;
+}
 
 /* Serialises values in a fixed little-endian form, so the fingerprint does
  * not depend on struct padding. */
@@ -364,29 +371,36 @@ static size_t carve(size_t *off, size_t floats) {
     return at;
 }
 
-static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
+/* Where each activation of a batch of n tokens (n_out of them wanting
+ * logits) sits in the one buffer: at[] offsets in fwd_bufs order (may be
+ * NULL), returns the total bytes. One function, so the reservation, the
+ * memory plan and the forward pass agree. */
+static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[10]) {
     const ag_model_config *c = &m->cfg;
     const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
                  vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
-    size_t off = 0, at[10];
-    at[0] = carve(&off, (size_t)n * c->n_embd);
-    at[1] = carve(&off, (size_t)n * c->n_embd);
-    at[2] = carve(&off, (size_t)n * qd);
-    at[3] = carve(&off, (size_t)n * kd);
-    at[4] = carve(&off, (size_t)n * vd);
-    at[5] = carve(&off, (size_t)n * od);
-    at[6] = carve(&off, (size_t)n * c->n_embd);
-    at[7] = carve(&off, (size_t)n * c->n_ff);
-    at[8] = carve(&off, (size_t)n * c->n_ff);
     /* logits: written by the backend, downloaded; the CPU writes the caller's array directly */
-    at[9] = carve(&off, m->be->ops->host_memory ? 0 : (size_t)n_out * c->n_vocab);
-    if (off > m->act_bytes) {
+    const size_t floats[10] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd,      n * vd,
+                               n * od,        n * c->n_embd, n * c->n_ff, n * c->n_ff,
+                               m->be->ops->host_memory ? 0 : n_out * c->n_vocab};
+    size_t off = 0;
+    for (int i = 0; i < 10; i++) {
+        size_t o = carve(&off, floats[i]);
+        if (at) at[i] = o;
+    }
+    return off;
+}
+
+static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
+    size_t at[10];
+    size_t need = fwd_layout(m, (size_t)n, (size_t)n_out, at);
+    if (need > m->act_bytes) {
         if (m->act) m->be->ops->free(m->be, m->act);
         m->act_bytes = 0;
-        if (!(m->act = m->be->ops->alloc(m->be, off)))
+        if (!(m->act = m->be->ops->alloc(m->be, need)))
             return ag_errorf(AG_ERR_NOMEM, "out of %s memory for a batch of %d tokens (%zu bytes)", m->be->ops->name,
-                             n, off);
-        m->act_bytes = off;
+                             n, need);
+        m->act_bytes = need;
     }
     float **dst[10] = {&f->x, &f->h, &f->q, &f->k, &f->v, &f->att, &f->o, &f->gate, &f->up, &f->logits};
     for (int i = 0; i < 10; i++) *dst[i] = (float *)((char *)m->act + at[i]);
@@ -448,6 +462,46 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     }
 #undef TRY
     return AG_OK;
+}
+
+ag_status ag_model_reserve_scratch(ag_model *m, int n_tokens) {
+    if (n_tokens < 1) return AG_OK;
+    fwd_bufs f;
+    ag_status st = fwd_buffers(m, n_tokens, n_tokens, &f);
+    return st ? ag_errorf(st, "out of memory for the activations of %d tokens", n_tokens) : AG_OK;
+}
+
+uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
+    const ag_model_config *c = &m->cfg;
+    ag_backend *be = m->be;
+    int block_size = ag_kv_default_params().block_size;
+    /* the activation buffer (ag_model_reserve_scratch); in backend memory,
+     * so host memory only for a host-memory backend */
+    uint64_t arena = be->ops->host_memory ? fwd_layout(m, (size_t)n_tokens, (size_t)n_tokens, NULL) : 0;
+    /* the backend's matmul buffer is grown to the largest call: the groups
+     * and singles ag_model_forward makes */
+    size_t mm = 0, copies = 0, attn = 0;
+    const ag_tensor *out[1] = {&m->output};
+    size_t need = ag_backend_matmul_scratch_bytes(be, out, 1, n_tokens);
+    mm = need;
+    copies += ag_backend_weight_copy_bytes(be, &m->output);
+    for (int l = 0; l < c->n_layer; l++) {
+        const ag_layer_weights *w = &m->layers[l];
+        const ag_tensor *groups[4][3] = {{&w->wq, &w->wk, &w->wv}, {&w->wo}, {&w->ffn_gate, &w->ffn_up},
+                                         {&w->ffn_down}};
+        const int        sizes[4] = {3, 1, 2, 1};
+        for (int g = 0; g < 4; g++) {
+            need = ag_backend_matmul_scratch_bytes(be, groups[g], sizes[g], n_tokens);
+            if (need > mm) mm = need;
+            for (int i = 0; i < sizes[g]; i++) copies += ag_backend_weight_copy_bytes(be, groups[g][i]);
+        }
+        ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                               .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
+                               .window = c->layer_swa[l] ? c->sliding_window : 0};
+        need = ag_backend_attention_scratch_bytes(be, &shape, block_size, n_tokens, n_ctx);
+        if (need > attn) attn = need;
+    }
+    return arena + mm + copies + attn;
 }
 
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {

@@ -69,9 +69,16 @@ const ag_gguf *ag_model_gguf(const ag_model *m);
 ag_backend    *ag_model_backend(ag_model *m);
 /* Where a KV cache for this model must keep its blocks: pass it as
  * ag_kv_params.mem (NULL for the CPU backend's host memory). */
-const struct ag_kv_mem *ag_model_kv_mem(ag_model *m);
+const struct ag_kv_mem *ag_model_kv_mem(const ag_model *m);
 /* The device the model runs on (AUTO resolved at load). */
 ag_device ag_model_device(const ag_model *m);
+/* The token embedding table when a step reads only the rows of its tokens
+ * (an untied model: the output matrix is another tensor), so that only the
+ * pages of the tokens seen so far become resident: its bytes and the bytes
+ * of one row. Both 0 when the table is also the output matrix (every step
+ * reads it whole). */
+void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t *row_bytes);
+
 /* Bytes of weights a decode step reads (every weight used per token). */
 uint64_t ag_model_weight_bytes(const ag_model *m);
 
@@ -86,6 +93,19 @@ uint64_t ag_model_weight_bytes(const ag_model *m);
  * the mapping (pages the first forward pass reads anyway); computed on
  * each call, well under a millisecond once they are resident. */
 uint64_t ag_model_fingerprint(const ag_model *m);
+
+/* Allocates the activation memory for batches of up to n_tokens tokens
+ * now, in one piece, so that steps never grow it (a grown arena keeps a
+ * larger, less predictable footprint). Later larger batches still work (the
+ * arena grows). AG_ERR_NOMEM. */
+ag_status ag_model_reserve_scratch(ag_model *m, int n_tokens);
+
+/* The scratch memory a model that has run batches of up to n_tokens tokens
+ * at positions below n_ctx holds (after ag_model_reserve_scratch(n_tokens)):
+ * its activations and what its backend keeps (matmul activation buffer,
+ * copies of weights made for the kernels, attention rows per thread). For
+ * memory planning (ag_engine_plan_memory). */
+uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx);
 
 /* Per-sequence KV geometry for this model, to create a matching ag_kv. */
 void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v);

@@ -188,6 +188,20 @@ int ag_sampler_greedy(const ag_sampler *s) { return s && s->p.temperature == 0.0
 
 size_t ag_sampler_n_accepted(const ag_sampler *s) { return s ? s->n_hist : 0; }
 
+/* The capacity a table grown by doubling from `first` reaches for n items. */
+static size_t doubled_cap(size_t first, size_t n) {
+    size_t cap = first;
+    while (cap < n) cap *= 2;
+    return cap;
+}
+
+size_t ag_sampler_bytes(int32_t n_vocab, size_t n_accepted) {
+    size_t hist = n_accepted ? doubled_cap(256, n_accepted) * sizeof(int32_t) : 0;
+    /* counts: at most one key per accepted token, at load <= 1/2 (hgrow) */
+    size_t counts = n_accepted ? doubled_cap(64, 2 * n_accepted) * 2 * sizeof(int32_t) : 0;
+    return sizeof(struct ag_sampler) + (size_t)n_vocab * sizeof(ag_cand) + hist + counts;
+}
+
 /* ---- penalty history ------------------------------------------------- */
 
 static int penalties_active(const ag_sampler *s) {

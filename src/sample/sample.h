@@ -141,6 +141,11 @@ ag_status ag_sampler_rewind(ag_sampler *s, size_t n);
 /* Tokens accepted so far (after rewinds). */
 size_t ag_sampler_n_accepted(const ag_sampler *s);
 
+/* The most memory a sampler over n_vocab tokens holds after accepting
+ * n_accepted tokens (its scratch, the penalty history and its counts table,
+ * each grown by doubling), without logit bias. For memory planning. */
+size_t ag_sampler_bytes(int32_t n_vocab, size_t n_accepted);
+
 /* 1 if temperature == 0 (greedy: sampling and verify use no RNG). */
 int ag_sampler_greedy(const ag_sampler *s);
 

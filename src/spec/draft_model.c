@@ -25,6 +25,7 @@
 
 #include "base/log.h"
 #include "kv/kv.h"
+#include "spec/spec.h"
 
 #define CHUNK 256 /* most tokens one forward of this source runs */
 /* Feeds of up to this many tokens run as decode rows, like the target ran
@@ -46,6 +47,7 @@ struct ag_draft_model {
     float     p_min;
     size_t    file_bytes;
     size_t    pool_bytes;
+    size_t    scratch_bytes; /* ag_model_scratch_bytes for CHUNK-token forwards */
     char      path[512];
 };
 
@@ -147,6 +149,43 @@ static ag_status check_vocab(const char *path, const ag_tok *d, const ag_tok *t)
     return ag_errorf(AG_ERR_FORMAT, "draft model %s is incompatible with the target: %s", path, msg);
 }
 
+/* A source's own memory: its sampler over the target's vocabulary, its
+ * logits and probability rows, and its draft buffers of `cap` tokens. */
+static size_t source_bytes(int32_t n_vocab_target, int32_t n_vocab_draft, size_t n_accepted, int cap) {
+    return sizeof(dm_source) + ag_sampler_bytes(n_vocab_target, n_accepted) +
+           sizeof(float) * (2 * (size_t)n_vocab_target + (size_t)n_vocab_draft) +
+           (sizeof(int32_t) + sizeof(float)) * (size_t)cap;
+}
+
+/* The draft's KV pool: max_seqs sequences of n_ctx (already clamped)
+ * positions. */
+static ag_status draft_kv_params(const ag_model *m, int max_seqs, int n_ctx, ag_kv_params *kp) {
+    *kp = ag_kv_default_params();
+    ag_model_kv_shape(m, &kp->n_layers, &kp->n_kv_heads, &kp->head_dim_k, &kp->head_dim_v);
+    kp->max_seqs = max_seqs;
+    kp->mem = ag_model_kv_mem(m);
+    ag_kv_layout L;
+    ag_status    st = ag_kv_layout_for(kp, &L, NULL);
+    if (!st) kp->budget_bytes = ag_kv_budget_for(&L, max_seqs, n_ctx);
+    return st;
+}
+
+static int clamp_ctx(const ag_model *m, int n_ctx) {
+    int train = ag_model_config_of(m)->n_ctx_train;
+    return train > 0 && n_ctx > train ? train : n_ctx;
+}
+
+size_t ag_draft_model_plan_bytes(ag_draft_model *dm, int max_seqs, int n_ctx) {
+    ag_model *draft = dm->model;
+    n_ctx = clamp_ctx(draft, n_ctx);
+    int32_t n_vocab = ag_model_config_of(draft)->n_vocab; /* the target's too (ag_draft_setup_open) */
+    ag_kv_params kp;
+    size_t       kv = 0;
+    if (draft_kv_params(draft, max_seqs, n_ctx, &kp) || ag_kv_memory_bytes(&kp, n_ctx, &kv)) return 0;
+    return ag_gguf_file_size(ag_model_gguf(draft)) + kv + ag_model_scratch_bytes(draft, CHUNK, n_ctx) +
+           (size_t)max_seqs * source_bytes(n_vocab, n_vocab, (size_t)n_ctx, AG_SPEC_MAX_DRAFT);
+}
+
 ag_status ag_draft_model_open(const char *path, const ag_model_params *mp, const ag_tok *target_tok,
                               int max_seqs, int n_ctx, ag_draft_model **out) {
     if (!out) return ag_errorf(AG_ERR_INVALID, "draft model: NULL out");
@@ -185,34 +224,22 @@ ag_status ag_draft_model_open(const char *path, const ag_model_params *mp, const
     dm->n_vocab_target = ag_tok_n_vocab(target_tok);
     dm->n_vocab_draft = cfg->n_vocab;
     dm->n_valid = ag_tok_n_vocab(dm->tok) < dm->n_vocab_target ? ag_tok_n_vocab(dm->tok) : dm->n_vocab_target;
-    if (cfg->n_ctx_train > 0 && n_ctx > cfg->n_ctx_train) {
+    if (clamp_ctx(dm->model, n_ctx) < n_ctx) {
         AG_LOGI("draft model %s: n_ctx %d clamped to its n_ctx_train %d", path, n_ctx, cfg->n_ctx_train);
-        n_ctx = cfg->n_ctx_train;
+        n_ctx = clamp_ctx(dm->model, n_ctx);
     }
     dm->n_ctx = n_ctx;
     dm->max_seqs = max_seqs;
 
-    ag_kv_params kp = ag_kv_default_params();
-    ag_model_kv_shape(dm->model, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
-    kp.max_seqs = max_seqs;
-    kp.mem = ag_model_kv_mem(dm->model);
-    {
-        /* the block size in bytes comes from the layout: probe it */
-        ag_kv_params probe = kp;
-        probe.max_seqs = 1;
-        probe.budget_bytes = (size_t)64 << 20;
-        ag_kv *tmp = NULL;
-        if ((st = ag_kv_init(&probe, &tmp))) goto fail_kv;
-        const ag_kv_layout *L = ag_kv_get_layout(tmp);
-        size_t per_seq = (size_t)((n_ctx + L->block_size - 1) / L->block_size);
-        kp.budget_bytes = (size_t)max_seqs * per_seq * L->block_bytes;
-        ag_kv_free(tmp);
-    }
+    ag_kv_params kp;
+    if ((st = draft_kv_params(dm->model, max_seqs, n_ctx, &kp))) goto fail_kv;
     if ((st = ag_kv_init(&kp, &dm->kv))) goto fail_kv;
     ag_kv_stats ks;
     ag_kv_get_stats(dm->kv, &ks);
     dm->pool_bytes = ks.pool_bytes + ks.meta_bytes;
     dm->file_bytes = ag_gguf_file_size(ag_model_gguf(dm->model));
+    if ((st = ag_model_reserve_scratch(dm->model, CHUNK))) goto fail_kv;
+    dm->scratch_bytes = ag_model_scratch_bytes(dm->model, CHUNK, n_ctx);
     *out = dm;
     return AG_OK;
 
@@ -234,7 +261,9 @@ void ag_draft_model_close(ag_draft_model *dm) {
     free(dm);
 }
 
-size_t ag_draft_model_resident_bytes(const ag_draft_model *dm) { return dm ? dm->file_bytes + dm->pool_bytes : 0; }
+size_t ag_draft_model_resident_bytes(const ag_draft_model *dm) {
+    return dm ? dm->file_bytes + dm->pool_bytes + dm->scratch_bytes : 0;
+}
 
 float ag_draft_model_cost(const ag_draft_model *dm, const ag_model *target) {
     uint64_t t = target ? ag_model_weight_bytes(target) : 0;
@@ -480,10 +509,7 @@ static void src_commit(ag_draft_source *base, int d, int k) {
 static size_t src_resident_bytes(const ag_draft_source *base) {
     const dm_source      *s = (const dm_source *)base;
     const ag_draft_model *dm = s->dm;
-    /* sampler: 8 bytes per vocab entry + 16 KiB + 4 per accepted token */
-    size_t sampler = 8 * (size_t)dm->n_vocab_target + (16u << 10) + 4 * ag_sampler_n_accepted(s->sampler);
-    return sizeof *s + sampler + sizeof(float) * (2 * (size_t)dm->n_vocab_target + (size_t)dm->n_vocab_draft) +
-           (sizeof(int32_t) + sizeof(float)) * (size_t)s->cap;
+    return source_bytes(dm->n_vocab_target, dm->n_vocab_draft, ag_sampler_n_accepted(s->sampler), s->cap);
 }
 
 static void src_free(ag_draft_source *base) {

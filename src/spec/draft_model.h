@@ -73,10 +73,18 @@ ag_status ag_draft_model_open(const char *path, const ag_model_params *mp, const
 void ag_draft_model_close(ag_draft_model *dm);
 
 /* What admission must count for the draft model, once: the mapped weights
- * (the GGUF file's size: every tensor incl. the token embeddings) plus the KV
- * pool (blocks and metadata) for all max_seqs sequences. Sources add only
- * their private buffers (their resident_bytes). */
+ * (the GGUF file's size: every tensor incl. the token embeddings), the KV
+ * pool (blocks and metadata) for all max_seqs sequences, and its forward
+ * scratch. Sources add only their private buffers (their resident_bytes). */
 size_t ag_draft_model_resident_bytes(const ag_draft_model *dm);
+
+/* What dm's model opened with ag_draft_model_open(..., max_seqs, n_ctx)
+ * would hold once its sources have run: what ag_draft_model_resident_bytes
+ * reports (the file, the KV pool for n_ctx clamped to the draft's training
+ * context, its forward scratch) plus max_seqs sources' own buffers with
+ * full histories. For memory planning at sizes other than dm's; 0 if the
+ * shape is invalid. */
+size_t ag_draft_model_plan_bytes(ag_draft_model *dm, int max_seqs, int n_ctx);
 
 /* Drafting cost of one token relative to one decode step of `target`: the
  * ratio of the weight bytes a decode step reads (ag_model_weight_bytes),

@@ -266,6 +266,16 @@ static size_t ng_resident_bytes(const ag_draft_source *src) {
     return b;
 }
 
+size_t ag_ngram_plan_bytes(const ag_ngram_params *p, int32_t n_tokens, int max_draft) {
+    size_t nn = (size_t)(p->n_max - p->n_min + 1), cap = 256, slots = 64;
+    while ((int64_t)cap < n_tokens && cap < NGRAM_MAX_HISTORY) cap *= 2; /* reserve() */
+    if (cap > NGRAM_MAX_HISTORY) cap = NGRAM_MAX_HISTORY;
+    while (slots < 2 * (size_t)n_tokens) slots *= 2; /* tab_reserve(): load <= 1/2, one n-gram per token at most */
+    return sizeof(ngram) + cap * sizeof(int32_t) + cap * nn * sizeof(int32_t) + nn * sizeof(ng_table) +
+           nn * slots * sizeof(ng_slot) + (size_t)max_draft * sizeof(int32_t) +
+           (size_t)p->max_candidates * sizeof(ng_vote);
+}
+
 static void ng_free(ag_draft_source *src) {
     ngram *s = (ngram *)src;
     if (!s) return;

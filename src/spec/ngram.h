@@ -70,4 +70,9 @@ ag_ngram_params ag_ngram_default_params(void);
  * (unless `out` itself is NULL). */
 ag_status ag_draft_ngram_new(const ag_ngram_params *p, ag_draft_source **out);
 
+/* The most a source made with p holds (its resident_bytes) once its history
+ * reaches n_tokens tokens, drafting at most max_draft per round: for memory
+ * planning. */
+size_t ag_ngram_plan_bytes(const ag_ngram_params *p, int32_t n_tokens, int max_draft);
+
 #endif

@@ -19,6 +19,16 @@ static ag_status make_model_source(void *ctx, const ag_sample_params *sp, uint64
     return ag_draft_model_source_new(s->dm, sp, stream, s->cost, out);
 }
 
+static size_t plan_model(void *ctx, int n_parallel, int n_ctx) {
+    const ag_draft_setup *s = ctx;
+    return ag_draft_model_plan_bytes(s->dm, n_parallel, n_ctx);
+}
+
+static size_t plan_ngram(void *ctx, int n_parallel, int n_ctx) {
+    const ag_draft_setup *s = ctx;
+    return (size_t)n_parallel * ag_ngram_plan_bytes(&s->ngram, n_ctx, AG_SPEC_MAX_DRAFT);
+}
+
 static ag_status make_ngram(void *ctx, const ag_sample_params *sp, uint64_t stream, ag_draft_source **out) {
     (void)sp, (void)stream;
     const ag_draft_setup *s = ctx;
@@ -33,17 +43,15 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
     if (!s) return ag_errorf(AG_ERR_NOMEM, "out of memory");
     if (!strcmp(p->draft, "ngram")) {
         s->ngram = ag_ngram_default_params();
-        s->factory = (ag_draft_factory){.name = "ngram", .make = make_ngram, .ctx = s, .shared_bytes = 0};
+        s->factory = (ag_draft_factory){.name = "ngram", .make = make_ngram, .ctx = s, .shared_bytes = 0,
+                                        .plan_bytes = plan_ngram};
         *out = s;
         return AG_OK;
     }
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = p->n_threads;
     mp.device = ag_model_device(target); /* the draft runs where the target does */
-    /* the engine's default context when none is given (engine.h) */
-    int train = ag_model_config_of(target)->n_ctx_train;
-    int n_ctx = p->n_ctx > 0 ? p->n_ctx : train < 4096 ? train : 4096;
-    ag_status st = ag_draft_model_open(p->draft, &mp, target_tok, p->n_parallel > 0 ? p->n_parallel : 1, n_ctx, &s->dm);
+    ag_status st = ag_draft_model_open(p->draft, &mp, target_tok, p->n_parallel > 0 ? p->n_parallel : 1, p->n_ctx, &s->dm);
     if (!st && ag_draft_model_n_vocab(s->dm) != ag_model_config_of(target)->n_vocab)
         /* the verify rule reads q rows of the target's logits width */
         st = ag_errorf(AG_ERR_FORMAT,
@@ -56,7 +64,7 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
     }
     s->cost = ag_draft_model_cost(s->dm, target);
     s->factory = (ag_draft_factory){.name = "draft-model", .make = make_model_source, .ctx = s,
-                                    .shared_bytes = ag_draft_model_resident_bytes(s->dm)};
+                                    .shared_bytes = ag_draft_model_resident_bytes(s->dm), .plan_bytes = plan_model};
     *out = s;
     return AG_OK;
 }

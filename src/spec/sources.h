@@ -16,7 +16,7 @@ typedef struct ag_draft_setup ag_draft_setup;
 typedef struct {
     const char *draft;      /* "ngram" or a GGUF path */
     int         n_parallel; /* sequences the engine runs at once (draft KV sequences) */
-    int         n_ctx;      /* tokens per sequence */
+    int         n_ctx;      /* tokens per sequence, as the engine runs them (ag_engine_resolve_ctx) */
     int         n_threads;  /* CPU threads for a draft model (0 = all cores) */
 } ag_draft_setup_params;
 

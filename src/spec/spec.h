@@ -88,6 +88,10 @@ typedef struct {
     ag_status (*make)(void *ctx, const ag_sample_params *sp, uint64_t stream, ag_draft_source **out);
     void      *ctx;
     size_t     shared_bytes;
+    /* Memory planning: the most this factory and n_parallel sources with
+     * histories of n_ctx tokens hold, for an engine of that size (its
+     * shared_bytes are for the size it was made for). NULL: shared_bytes. */
+    size_t (*plan_bytes)(void *ctx, int n_parallel, int n_ctx);
 } ag_draft_factory;
 
 typedef struct ag_spec_seq ag_spec_seq;

@@ -1105,6 +1105,46 @@ static void randomized_f16(void **state) {
     for (uint64_t seed = 11; seed <= 12; seed++) randomized(AG_KV_F16, seed, 3000);
 }
 
+/* The planning functions agree with what the pool really is once every
+ * sequence has filled its context: ag_kv_layout_for's layout and count,
+ * ag_kv_budget_for's budget (n_seqs full contexts, no more), and
+ * ag_kv_memory_bytes against the stats of the filled cache. */
+static void memory_plan_matches_a_full_pool(void **state) {
+    (void)state;
+    ag_kv_params p = ag_kv_default_params();
+    p.n_layers = 3;
+    p.n_kv_heads = 2;
+    p.head_dim_k = 24;
+    p.head_dim_v = 40;
+    p.max_seqs = 3;
+    const int32_t n_ctx = 100; /* not a multiple of the block size */
+    ag_kv_layout  lay;
+    assert_int_equal(ag_kv_layout_for(&p, &lay, NULL), AG_OK);
+    p.budget_bytes = ag_kv_budget_for(&lay, p.max_seqs, n_ctx);
+    int32_t n_blocks = 0;
+    assert_int_equal(ag_kv_layout_for(&p, &lay, &n_blocks), AG_OK);
+    assert_int_equal(n_blocks, p.max_seqs * ((n_ctx + lay.block_size - 1) / lay.block_size));
+    size_t planned = 0;
+    assert_int_equal(ag_kv_memory_bytes(&p, n_ctx, &planned), AG_OK);
+    ag_kv *kv = NULL;
+    assert_int_equal(ag_kv_init(&p, &kv), AG_OK);
+    assert_memory_equal(ag_kv_get_layout(kv), &lay, sizeof lay);
+    for (int i = 0; i < p.max_seqs; i++) {
+        int32_t seq;
+        assert_int_equal(ag_kv_seq_new(kv, &seq), AG_OK);
+        assert_int_equal(ag_kv_seq_reserve(kv, seq, n_ctx), AG_OK);
+        assert_int_equal(ag_kv_seq_commit(kv, seq, n_ctx), AG_OK);
+    }
+    ag_kv_stats st;
+    ag_kv_get_stats(kv, &st);
+    assert_int_equal(st.blocks_free, 0); /* the budget held exactly the contexts */
+    assert_int_equal(st.n_blocks, n_blocks);
+    assert_int_equal(st.pool_bytes + st.meta_bytes, planned);
+    ag_kv_free(kv);
+    p.head_dim_k = 0;
+    assert_int_equal(ag_kv_layout_for(&p, &lay, NULL), AG_ERR_INVALID);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(params_are_validated),
@@ -1124,6 +1164,7 @@ int main(void) {
         cmocka_unit_test(f16_storage_round_trips),
         cmocka_unit_test(randomized_f32),
         cmocka_unit_test(randomized_f16),
+        cmocka_unit_test(memory_plan_matches_a_full_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -270,12 +270,11 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
                    sizeof(float) * dv);
 }
 
-size_t ag_cpu_attention_scratch_floats(const ag_kv *kv, const ag_attn_shape *s, int max_pos) {
-    const ag_kv_layout *L = ag_kv_get_layout(kv);
+size_t ag_cpu_attention_scratch_floats(int block_size, const ag_attn_shape *s, int max_pos) {
     const size_t group = (size_t)(s->n_head / s->n_head_kv);
     const size_t dmax = (size_t)(s->head_dim_k > s->head_dim_v ? s->head_dim_k : s->head_dim_v);
     size_t n_pos = (size_t)max_pos + 1;
     if (s->window > 0 && n_pos > (size_t)s->window) n_pos = (size_t)s->window;
-    return (size_t)L->block_size * dmax +
+    return (size_t)block_size * dmax +
            AG_ATTN_MAX_ROWS * group * ((size_t)s->head_dim_k + n_pos + (size_t)s->head_dim_v);
 }

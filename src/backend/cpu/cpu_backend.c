@@ -11,6 +11,7 @@
 #include "backend/cpu/quant.h"
 #include "base/log.h"
 #include "base/threadpool.h"
+#include "kv/kv.h"
 
 typedef struct {
     ag_threadpool *pool;
@@ -233,7 +234,7 @@ static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *s
     cpu_state *s = state_of(be);
     int max_pos = 0;
     for (int i = 0; i < b->n; i++) max_pos = b->pos[i] > max_pos ? b->pos[i] : max_pos;
-    size_t need = ag_cpu_attention_scratch_floats(kv, sh, max_pos);
+    size_t need = ag_cpu_attention_scratch_floats(ag_kv_get_layout(kv)->block_size, sh, max_pos);
     if (need > s->attn_scratch_floats) {
         for (int t = 0; t < s->n_threads; t++) {
             free(s->attn_scratch[t]);
@@ -276,6 +277,45 @@ static ag_status cpu_copy(ag_backend *be, void *dst, const void *src, size_t byt
 }
 static ag_status cpu_sync(ag_backend *be) { return AG_OK; }
 static void      cpu_destroy(ag_backend *be);
+
+size_t ag_backend_matmul_scratch_bytes(ag_backend *be, const ag_tensor *const *w, int n_w, int n_tokens) {
+    if (!be->ops->host_memory) return 0; /* a device backend's buffers are not host memory */
+    cpu_state *s = state_of(be);
+    if (n_w < 1 || n_w > AG_MATMUL_MAX_PARTS || n_tokens < 1) return 0;
+    const int64_t n_in = w[0]->ne[0];
+    /* the sizes cpu_matmul / cpu_matmul_multi grow mm_scratch to */
+    size_t decode;
+    if (n_w == 1) {
+        decode = ag_matmul_scratch_size(w[0]->type, n_in, n_tokens);
+    } else {
+        ag_matmul_part parts[AG_MATMUL_MAX_PARTS];
+        for (int i = 0; i < n_w; i++) parts[i] = (ag_matmul_part){w[i]->type, w[i]->data, w[i]->ne[1], NULL, w[i]->ne[1]};
+        decode = ag_matmul_multi_scratch_size(parts, n_w, n_in, n_tokens);
+    }
+    size_t need = decode;
+    for (int i = 0; i < n_w; i++) {
+        size_t prompt = ag_matmul_prompt_scratch_size(s->pool, w[i]->type, n_in, n_tokens);
+        if (prompt > need) need = prompt;
+    }
+    return (need + 63) & ~(size_t)63;
+}
+
+size_t ag_backend_weight_copy_bytes(ag_backend *be, const ag_tensor *w) {
+    if (!be->ops->host_memory) return 0;
+    const char *env = getenv("AUGUR_AMX_PACK");
+    if (!ag_amx_available() || (env && *env == '0')) return 0; /* amx_packed makes none */
+    size_t bytes = ag_amx_packed_size(w->type, w->ne[1], w->ne[0]);
+    return bytes ? (bytes + 63) & ~(size_t)63 : 0;
+}
+
+size_t ag_backend_attention_scratch_bytes(ag_backend *be, const ag_attn_shape *sh, int block_size, int n_tokens,
+                                          int n_ctx) {
+    if (!be->ops->host_memory) return 0;
+    cpu_state *s = state_of(be);
+    size_t floats = ag_cpu_attention_scratch_floats(block_size, sh, n_ctx > 0 ? n_ctx - 1 : 0);
+    size_t per_thread = ((floats * sizeof(float)) + 63) & ~(size_t)63;
+    return (size_t)s->n_threads * (per_thread + sizeof(float *)) + sizeof(int32_t) * ((size_t)n_tokens + 1);
+}
 
 static const ag_backend_ops cpu_ops = {
     .name = "cpu",
