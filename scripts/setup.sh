@@ -16,7 +16,7 @@ APT_PACKAGES=(
   libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libcmocka-dev
   python3 python3-pip
 )
-PY_PACKAGES=(pytest jinja2 gguf numpy openai)
+PY_PACKAGES=(pytest jinja2 gguf numpy openai jsonschema)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -30,7 +30,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=python3
-if ! $PY -c "import pytest, jinja2, gguf, numpy, openai" 2>/dev/null; then
+if ! $PY -c "import pytest, jinja2, gguf, numpy, openai, jsonschema" 2>/dev/null; then
   echo "setup: installing Python packages ${PY_PACKAGES[*]}"
   $PY -m pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}" 2>/dev/null ||
     $PY -m pip install -q --disable-pip-version-check --break-system-packages "${PY_PACKAGES[@]}"
