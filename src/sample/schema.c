@@ -678,21 +678,23 @@ static int32_t compile_typed(compiler *c, const json_t *sch, int32_t into) {
     if (json_object_get(sch, "enum") || json_object_get(sch, "const")) return place(c, compile_literals(c, sch, types), into);
     if (types == T_ALL && !type) return place(c, any_node(c), into);
     if (types & T_NUMBER) types &= ~T_INTEGER; /* integers are numbers */
-    int32_t alts[7];
-    int     n = 0;
-    if (types & T_OBJECT) alts[n++] = compile_object(c, sch);
-    if (n && alts[n - 1] < 0) return -1;
-    if (types & T_ARRAY) alts[n++] = compile_array(c, sch);
-    if (n && alts[n - 1] < 0) return -1;
-    if (types & T_STRING) alts[n++] = compile_string(c, sch);
-    if (n && alts[n - 1] < 0) return -1;
-    if (types & (T_NUMBER | T_INTEGER)) alts[n++] = compile_number(c, sch, !(types & T_NUMBER));
-    if (n && alts[n - 1] < 0) return -1;
+    /* one concrete node per type, in a fixed order (the union's order) */
     static const char *const k_bool[] = {"true", "false"}, *const k_null[] = {"null"};
-    if (types & T_BOOLEAN) alts[n++] = words_node(c, k_bool, 2);
-    if (n && alts[n - 1] < 0) return -1;
-    if (types & T_NULL) alts[n++] = words_node(c, k_null, 1);
-    if (n && alts[n - 1] < 0) return -1;
+    static const int         k_order[] = {T_OBJECT, T_ARRAY, T_STRING, T_NUMBER | T_INTEGER, T_BOOLEAN, T_NULL};
+    int32_t                  alts[6];
+    int                      n = 0;
+    for (int k = 0; k < 6; k++) {
+        if (!(types & k_order[k])) continue;
+        switch (k_order[k]) {
+        case T_OBJECT: alts[n] = compile_object(c, sch); break;
+        case T_ARRAY: alts[n] = compile_array(c, sch); break;
+        case T_STRING: alts[n] = compile_string(c, sch); break;
+        case T_BOOLEAN: alts[n] = words_node(c, k_bool, 2); break;
+        case T_NULL: alts[n] = words_node(c, k_null, 1); break;
+        default: alts[n] = compile_number(c, sch, !(types & T_NUMBER)); break;
+        }
+        if (alts[n++] < 0) return -1;
+    }
     if (n == 1) return place(c, alts[0], into);
     return union_node(c, alts, n, into);
 }

@@ -76,8 +76,8 @@ ag_status ag_schema_compile(const json_t *schema, ag_schema **out);
  * suffix, for one i in [0, n) (1 <= n <= AG_SCHEMA_MAX_CALLS). No prefix
  * may be a prefix of another (each ends with its function's quoted name
  * and more); a NULL schema means {"type": "object"}. No whitespace is
- * allowed around the value. Errors as ag_schema_compile, the message
- * prefixed with "schema i: ". */
+ * allowed around the value. Errors as ag_schema_compile; with n > 1 the
+ * message starts with "schema i: " for the schema at fault. */
 ag_status ag_schema_compile_calls(const char *const *prefixes, const json_t *const *schemas, int n,
                                   const char *suffix, ag_schema **out);
 
