@@ -13,7 +13,7 @@
 
 #include "base/buf.h"
 #include "base/log.h"
-#include "sample/json.h"
+#include "sample/schema.h"
 #include "sample/stop.h"
 
 /* Logits rows beyond the decode rows and prompt ends, for the rows of a
@@ -37,7 +37,7 @@ typedef struct {
     ag_sampler  *sampler;
     ag_detok    *detok;
     ag_stop     *stop;
-    ag_json_state *json; /* JSON mode, else NULL */
+    ag_schema_matcher *constraint; /* structured output, else NULL */
     ag_spec_seq *spec;   /* speculative decoding, else NULL */
     int          d;      /* drafts in the current step's window */
     int32_t      stop_index; /* the stop string that ended it, or -1 */
@@ -56,10 +56,8 @@ typedef struct request {
     ag_gen_callback  cb;
     void            *user;
     ag_sampler      *scorer; /* prompt_logprobs: raw distribution, n_logprobs alternatives; else NULL */
-    bool             prompt_logprobs, json_object, no_output;
-    char           **json_pre; /* JSON mode's wrapper (ag_json_init_wrapped), owned */
-    int              n_json_pre;
-    char            *json_suf;
+    bool             prompt_logprobs, no_output;
+    ag_schema       *schema;      /* structured output (a reference), else NULL */
     int              spec_max;    /* ag_gen_request.spec_max */
     uint64_t         cache_ns;    /* ag_gen_request.cache_ns */
     bool             published;   /* the prompt's full blocks went to the prefix cache */
@@ -108,7 +106,8 @@ struct ag_engine {
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_want;
     float   *logits;
-    float   *masked; /* [n_vocab]: a row with JSON mode's mask applied */
+    float   *masked; /* [n_vocab]: a row with a structured output's mask applied */
+    ag_schema_vocab *schema_vocab; /* the mask's tables, built on the first structured request */
     int      max_rows;
     int      logit_rows; /* rows e->logits holds */
     struct row_owner {
@@ -155,7 +154,7 @@ static void request_free(request *r) {
             ag_detok_free(r->ch[i].detok);
             ag_stop_free(r->ch[i].stop);
             free(r->ch[i].sampled);
-            free(r->ch[i].json);
+            ag_schema_matcher_free(r->ch[i].constraint);
             ag_spec_seq_free(r->ch[i].spec);
         }
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
@@ -165,9 +164,7 @@ static void request_free(request *r) {
     free(r->bias);
     free(r->prompt);
     ag_sampler_free(r->scorer);
-    for (int i = 0; i < r->n_json_pre; i++) free(r->json_pre[i]);
-    free(r->json_pre);
-    free(r->json_suf);
+    ag_schema_unref(r->schema);
     free(r);
 }
 
@@ -322,7 +319,8 @@ static bool emit_token(ag_engine *e, request *r, choice *c, int32_t token, const
     e->stats.generated_tokens++;
     pthread_mutex_unlock(&e->mu);
 
-    if (!r->ignore_eos && ag_tok_is_eog(e->tok, token)) {
+    /* under a schema the mask lets an end token through only where the output may end */
+    if ((!r->ignore_eos || c->constraint) && ag_tok_is_eog(e->tok, token)) {
         finish_choice(e, r, c, AG_FINISH_STOP, NULL, token, &sr, NULL, 0);
         return false;
     }
@@ -340,16 +338,16 @@ static bool emit_token(ag_engine *e, request *r, choice *c, int32_t token, const
         finish_choice(e, r, c, AG_FINISH_STOP, NULL, token, &sr, res.text, res.len);
         return false;
     }
-    if (c->json) {
+    if (c->constraint) {
         size_t      plen;
         const char *piece = ag_tok_piece(e->tok, token, &plen);
         /* the mask let only continuing tokens through, so this cannot fail */
-        if (!piece || !ag_json_feed(c->json, piece, plen)) {
-            finish_choice(e, r, c, AG_FINISH_ERROR, "JSON mode: the output left the JSON grammar", token, &sr,
+        if (!piece || !ag_schema_feed(c->constraint, piece, plen)) {
+            finish_choice(e, r, c, AG_FINISH_ERROR, "structured output: the output left the schema", token, &sr,
                           res.text, res.len);
             return false;
         }
-        if (ag_json_done(c->json)) { /* the object is closed: nothing may follow */
+        if (ag_schema_done(c->constraint)) { /* the value is complete: nothing may follow */
             finish_choice(e, r, c, AG_FINISH_STOP, NULL, token, &sr, res.text, res.len);
             return false;
         }
@@ -377,10 +375,10 @@ typedef struct {
 
 static const float *sink_prepare(void *user, const float *row) {
     choice_sink *x = user;
-    if (!x->c->json) return row;
-    /* JSON mode: only tokens that continue the object */
+    if (!x->c->constraint) return row;
+    /* structured output: only tokens that continue an accepted text */
     memcpy(x->e->masked, row, sizeof(float) * (size_t)x->e->n_vocab);
-    ag_json_mask(x->c->json, x->e->tok, x->e->masked);
+    ag_schema_mask(x->c->constraint, x->e->masked);
     return x->e->masked;
 }
 
@@ -498,12 +496,8 @@ static void admit(ag_engine *e) {
             /* the reply continues the prompt's text (SentencePiece keeps its first space) */
             if ((st = ag_detok_new_after(e->tok, 0, r->prompt, (size_t)r->n_prompt, &c->detok))) break;
             st = ag_stop_new((const char *const *)r->stops, r->stop_lens, r->n_stops, &c->stop);
-            if (!st && r->json_object) {
-                if (!(c->json = malloc(sizeof *c->json))) st = ag_errorf(AG_ERR_NOMEM, "out of memory");
-                else if (r->n_json_pre)
-                    ag_json_init_wrapped(c->json, (const char *const *)r->json_pre, r->n_json_pre, r->json_suf);
-                else ag_json_init(c->json);
-            }
+            if (!st && r->schema && !e->schema_vocab) st = ag_schema_vocab_new(e->tok, &e->schema_vocab);
+            if (!st && r->schema) st = ag_schema_matcher_new(r->schema, e->schema_vocab, &c->constraint);
         }
         if (!st) st = ag_kv_seq_new(e->kv, &r->ch[0].seq);
         if (!st) reuse_prefix(e, r);
@@ -970,6 +964,7 @@ void ag_engine_free(ag_engine *e) {
     free(e->rows);
     free(e->logits);
     free(e->masked);
+    ag_schema_vocab_free(e->schema_vocab);
     ag_buf_free(&e->text);
     ag_buf_free(&e->scratch);
     pthread_mutex_destroy(&e->mu);
@@ -1004,7 +999,7 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     r->sp = in->sample;
     r->ignore_eos = in->ignore_eos;
     r->prompt_logprobs = in->prompt_logprobs && in->n_prompt > 1;
-    r->json_object = in->json_object;
+    r->schema = ag_schema_ref(in->schema);
     r->no_output = in->no_output;
     r->spec_max = in->spec_max;
     r->cache_ns = in->cache_ns;
@@ -1014,18 +1009,6 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     r->prompt = malloc(sizeof(int32_t) * (size_t)in->n_prompt);
     if (!r->prompt) goto oom;
     memcpy(r->prompt, in->prompt, sizeof(int32_t) * (size_t)in->n_prompt);
-    if (r->json_object && in->n_json_prefixes > 0) {
-        if (in->n_json_prefixes > AG_JSON_MAX_PREFIXES) {
-            request_free(r);
-            return ag_errorf(AG_ERR_INVALID, "JSON mode: more than %d prefixes", AG_JSON_MAX_PREFIXES);
-        }
-        r->json_pre = calloc((size_t)in->n_json_prefixes, sizeof *r->json_pre);
-        if (!r->json_pre) goto oom;
-        r->n_json_pre = in->n_json_prefixes;
-        for (int i = 0; i < r->n_json_pre; i++)
-            if (!(r->json_pre[i] = strdup(in->json_prefixes[i] ? in->json_prefixes[i] : ""))) goto oom;
-        if (in->json_suffix && !(r->json_suf = strdup(in->json_suffix))) goto oom;
-    }
     if (r->prompt_logprobs) {
         ag_sample_params sp = ag_sample_default_params(); /* the raw distribution */
         sp.logprobs = 1;

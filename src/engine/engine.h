@@ -36,6 +36,7 @@
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
+#include "sample/schema.h"
 #include "spec/spec.h"
 #include "tok/tok.h"
 
@@ -166,14 +167,12 @@ typedef struct {
     /* Only read (and score) the prompt: every choice then finishes with
      * AG_FINISH_LENGTH and no token (OpenAI's max_tokens 0 with echo). */
     bool               no_output;
-    /* JSON mode: every choice's output is one JSON object (sample/json.h
-     * masks the logits each step; the choice stops when the object closes),
-     * or, with json_prefixes, one of those prefixes + an object + json_suffix
-     * (a forced tool call; see ag_json_init_wrapped). Copied. */
-    bool               json_object;
-    const char *const *json_prefixes;
-    int                n_json_prefixes;
-    const char        *json_suffix;
+    /* Structured output (JSON mode, a JSON schema, a forced tool call):
+     * every choice's output is a text of this compiled schema
+     * (sample/schema.h masks the logits each step; the choice stops when
+     * the text is complete). The engine takes its own reference. NULL:
+     * free text. */
+    ag_schema         *schema;
     /* Speculative decoding for this request: 0 the engine's setting,
      * < 0 off, n > 0 at most n draft tokens per round. */
     int                spec_max;

@@ -681,7 +681,10 @@ void srv_route_messages(srv_req *rq, srv_resp *out) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
-    if (p.tools) srv_job_use_tools(j, &o, p.tools, p.forced);
+    if (p.tools && !srv_job_use_tools(j, &o, p.tools, p.forced, out)) {
+        srv_job_free(j);
+        goto done;
+    }
     srv_job_run(j, &o, &p.ids, &p.n_ids, "messages", out);
 done:
     prompt_free(&p);

@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include "base/log.h"
-#include "sample/json.h"
+#include "sample/schema.h"
 #include "server/server_impl.h"
 
 #define MAX_PROMPTS 64
@@ -111,8 +111,65 @@ void srv_opts_init(srv_opts *o) {
 void srv_opts_free(srv_opts *o) {
     free(o->bias);
     for (int i = 0; i < o->n_stops; i++) free(o->stops[i]);
-    for (int i = 0; i < o->n_json_pre; i++) free(o->json_pre[i]);
-    free(o->json_suf);
+    ag_schema_unref(o->schema);
+}
+
+/* Compiles a schema for a request, or answers 400 naming `param` (a keyword
+ * outside the supported language, a malformed schema). */
+static bool compile_schema(const char *const *prefixes, const json_t *const *schemas, int n, const char *suffix,
+                           const char *param, srv_opts *o, srv_resp *out) {
+    ag_status st = ag_schema_compile_calls(prefixes, schemas, n, suffix, &o->schema);
+    if (st == AG_ERR_NOMEM) {
+        srv_error(out, 500, "server_error", NULL, NULL, "%s", ag_error_message());
+        return false;
+    }
+    if (st) {
+        srv_error(out, 400, "invalid_request_error", param, "invalid_schema", "%s: %s", param, ag_error_message());
+        return false;
+    }
+    return true;
+}
+
+/* response_format: "text", {"type": "json_object"} (the schema {"type":
+ * "object"}) or {"type": "json_schema", "json_schema": {"name", "schema",
+ * "strict", "description"}}. */
+static bool parse_response_format(json_t *b, srv_opts *o, srv_resp *out) {
+    json_t *rf = json_object_get(b, "response_format");
+    if (!rf || json_is_null(rf)) return true;
+    json_t *type = json_object_get(rf, "type");
+    if (!json_is_object(rf) || !json_is_string(type)) {
+        srv_error(out, 400, "invalid_request_error", "response_format", "invalid_type",
+                  "'response_format' must be an object with a 'type'");
+        return false;
+    }
+    const char *t = json_string_value(type);
+    const char *bare = "";
+    if (!strcmp(t, "text")) return true;
+    if (!strcmp(t, "json_object")) return compile_schema(&bare, (const json_t *const[]){NULL}, 1, NULL, "response_format", o, out);
+    if (strcmp(t, "json_schema")) {
+        srv_error(out, 400, "invalid_request_error", "response_format", "unsupported_value",
+                  "response_format type '%s' is not supported (\"text\", \"json_object\" or \"json_schema\")", t);
+        return false;
+    }
+    json_t *js = json_object_get(rf, "json_schema");
+    json_t *name = json_object_get(js, "name"), *schema = json_object_get(js, "schema");
+    json_t *strict = json_object_get(js, "strict"), *desc = json_object_get(js, "description");
+    if (!json_is_object(js) || !json_is_string(name) || !json_string_length(name) ||
+        (strict && !json_is_null(strict) && !json_is_boolean(strict)) ||
+        (desc && !json_is_null(desc) && !json_is_string(desc))) {
+        srv_error(out, 400, "invalid_request_error", "response_format.json_schema", "invalid_value",
+                  "'response_format.json_schema' must be {\"name\": string, \"schema\": object, \"strict\": "
+                  "boolean, \"description\": string}");
+        return false;
+    }
+    if (!schema || json_is_null(schema)) schema = json_true(); /* no schema: any JSON value */
+    if (!json_is_object(schema) && !json_is_boolean(schema)) {
+        srv_error(out, 400, "invalid_request_error", "response_format.json_schema.schema", "invalid_type",
+                  "'response_format.json_schema.schema' must be an object, got %s", srv_type_name(schema));
+        return false;
+    }
+    return compile_schema(&bare, (const json_t *const *)&schema, 1, NULL, "response_format.json_schema.schema", o,
+                          out);
 }
 
 bool srv_parse_sampling(json_t *b, double max_temperature, srv_opts *o, srv_resp *out) {
@@ -320,6 +377,7 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, srv_opts *o, srv_re
         o->include_usage = json_is_true(iu);
     }
     if (!srv_get_bool(b, "ignore_eos", &o->ignore_eos, out)) return false;
+    if (!parse_response_format(b, o, out)) return false;
 
     if (chat) {
         if (!srv_get_bool(b, "logprobs", &o->logprobs, out)) return false;
@@ -968,9 +1026,7 @@ void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_i
                             .n_stops = o->n_stops, .ignore_eos = o->ignore_eos,
                             /* completions with echo + logprobs (not streamed): score the prompt */
                             .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
-                            .json_object = o->json_object,
-                            .json_prefixes = (const char *const *)o->json_pre, .n_json_prefixes = o->n_json_pre,
-                            .json_suffix = o->json_suf, .no_output = o->no_output, .spec_max = o->spec_max,
+                            .schema = o->schema, .no_output = o->no_output, .spec_max = o->spec_max,
                             .cache_ns = o->cache_ns};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
@@ -1305,18 +1361,22 @@ fail:
 }
 
 /* tool_choice "required" or a named function: the output is made to be one
- * call, in the template family's syntax, of one of `tools` (JSON mode with
- * one prefix per function: the call's start up to its arguments object).
- * More tools than the prefixes JSON mode takes: not enforced, left to the
- * model. */
-static void force_tool_call(srv_opts *o, json_t *tools, ag_tool_format tf) {
-    size_t  n = json_array_size(tools), i;
-    json_t *t;
-    if (n == 0 || n > AG_JSON_MAX_PREFIXES) return;
-    const bool llama3 = tf == AG_TOOLS_LLAMA3;
+ * call, in the template family's syntax, of one of `tools`, its arguments
+ * a value of that function's "parameters" schema (one prefix per function:
+ * the call's start up to its arguments). Replaces any response_format.
+ * More tools than a schema takes alternatives: not enforced, left to the
+ * model. False (with a 400) when a parameters schema does not compile. */
+static bool force_tool_call(srv_opts *o, json_t *tools, ag_tool_format tf, srv_resp *out) {
+    size_t n = json_array_size(tools), i;
+    if (n == 0 || n > AG_SCHEMA_MAX_CALLS) return true;
+    const bool    llama3 = tf == AG_TOOLS_LLAMA3;
+    char         *pre[AG_SCHEMA_MAX_CALLS] = {0};
+    const json_t *params[AG_SCHEMA_MAX_CALLS] = {0};
+    bool          ok = true;
+    json_t       *t;
     json_array_foreach(tools, i, t) {
-        json_t *name = json_object_get(json_object_get(t, "function"), "name");
-        char   *quoted = json_dumps(name, JSON_ENCODE_ANY);
+        json_t *fn = json_object_get(t, "function");
+        char   *quoted = json_dumps(json_object_get(fn, "name"), JSON_ENCODE_ANY);
         ag_buf  p = {0};
         if (quoted) {
             ag_buf_append_str(&p, llama3 ? "{\"name\": " : "<tool_call>\n{\"name\": ");
@@ -1324,11 +1384,31 @@ static void force_tool_call(srv_opts *o, json_t *tools, ag_tool_format tf) {
             ag_buf_append_str(&p, llama3 ? ", \"parameters\": " : ", \"arguments\": ");
         }
         free(quoted);
-        if (!p.data) return; /* out of memory: not enforced */
-        o->json_pre[o->n_json_pre++] = ag_buf_take(&p);
+        if (!p.data) { /* out of memory: not enforced */
+            for (size_t k = 0; k < i; k++) free(pre[k]);
+            return true;
+        }
+        pre[i] = ag_buf_take(&p);
+        json_t *ps = json_object_get(fn, "parameters");
+        params[i] = json_is_null(ps) ? NULL : ps;
     }
-    o->json_suf = strdup(llama3 ? "}" : "}\n</tool_call>");
-    o->json_object = o->json_suf != NULL;
+    ag_schema_unref(o->schema);
+    o->schema = NULL;
+    ag_status st = ag_schema_compile_calls((const char *const *)pre, params, (int)n, llama3 ? "}" : "}\n</tool_call>",
+                                           &o->schema);
+    if (st) {
+        /* "schema i: ..." names the tool */
+        const char *msg = ag_error_message();
+        int         idx = 0;
+        if (sscanf(msg, "schema %d:", &idx) != 1) idx = 0;
+        char param[48];
+        snprintf(param, sizeof param, "tools[%d].function.parameters", n > 1 ? idx : 0);
+        if (st == AG_ERR_NOMEM) srv_error(out, 500, "server_error", NULL, NULL, "%s", msg);
+        else srv_error(out, 400, "invalid_request_error", param, "invalid_schema", "%s: %s", param, msg);
+        ok = false;
+    }
+    for (size_t k = 0; k < n; k++) free(pre[k]);
+    return ok;
 }
 
 bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
@@ -1363,11 +1443,11 @@ done:
     return ok;
 }
 
-void srv_job_use_tools(srv_job *j, srv_opts *o, json_t *tools, bool forced) {
+bool srv_job_use_tools(srv_job *j, srv_opts *o, json_t *tools, bool forced, srv_resp *out) {
     j->tools = true;
     j->tool_list = json_incref(tools);
     j->tf = j->s->tmpl_has_tools ? j->s->tool_format : AG_TOOLS_HERMES;
-    if (forced) force_tool_call(o, tools, j->tf);
+    return !forced || force_tool_call(o, tools, j->tf, out);
 }
 
 void srv_route_chat(srv_req *rq, srv_resp *out) {
@@ -1379,23 +1459,6 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (!parse_common(s, b, true, &o, out)) goto done;
-    json_t *rf = json_object_get(b, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *type = json_object_get(rf, "type");
-        if (!json_is_object(rf) || !json_is_string(type)) {
-            srv_error(out, 400, "invalid_request_error", "response_format", "invalid_type",
-                      "'response_format' must be an object with a 'type'");
-            goto done;
-        }
-        if (!strcmp(json_string_value(type), "json_object")) {
-            o.json_object = true;
-        } else if (strcmp(json_string_value(type), "text") != 0) {
-            srv_error(out, 400, "invalid_request_error", "response_format", "unsupported_value",
-                      "response_format type '%s' is not supported (only \"text\" and \"json_object\")",
-                      json_string_value(type));
-            goto done;
-        }
-    }
     bool failed, forced;
     tools = srv_parse_tools(b, out, &failed, &forced);
     if (failed) goto done;
@@ -1406,7 +1469,10 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
-    if (tools) srv_job_use_tools(j, &o, tools, forced);
+    if (tools && !srv_job_use_tools(j, &o, tools, forced, out)) {
+        srv_job_free(j);
+        goto done;
+    }
     srv_job_run(j, &o, &ids, &n_ids, "messages", out);
 done:
     free(ids);

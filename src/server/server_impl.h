@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "base/buf.h"
-#include "sample/json.h"
+#include "sample/schema.h"
 #include "server/server.h"
 
 struct MHD_Daemon;
@@ -160,10 +160,7 @@ typedef struct {
     bool             logprobs;
     int              top_logprobs;
     bool             no_output;   /* completions: max_tokens 0 with echo */
-    bool             json_object; /* response_format {"type": "json_object"} (chat), or a forced tool call */
-    char            *json_pre[AG_JSON_MAX_PREFIXES]; /* forced tool call: one prefix per allowed function */
-    int              n_json_pre;
-    char            *json_suf;
+    ag_schema       *schema;      /* structured output: response_format or a forced tool call; else NULL */
     int              spec_max;    /* "speculative": 0 the server's setting, -1 off, n > 0 at most n drafts */
     uint64_t         cache_ns;    /* prefix cache namespace: the API key and "cache_salt" */
 } srv_opts;
@@ -259,8 +256,10 @@ struct srv_job {
 srv_job *srv_job_new(srv_req *rq, const srv_protocol *proto, const srv_opts *o, int n_prompts);
 /* The request's tools (borrowed; the job keeps a reference) are active:
  * output is parsed for calls in the template's format, and with `forced`
- * o is set up so that the output is one call. */
-void srv_job_use_tools(srv_job *j, srv_opts *o, json_t *tools, bool forced);
+ * o is set up so that the output is one call whose arguments are a value of
+ * the tool's parameters schema. False (with a 400 in `out`) when a
+ * parameters schema does not compile; the caller frees j. */
+bool srv_job_use_tools(srv_job *j, srv_opts *o, json_t *tools, bool forced, srv_resp *out);
 /* Submits every prompt and produces the response, or hands the stream to
  * `out`. Takes ownership of j. Errors name `prompt_param`. */
 void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_ids, const char *prompt_param,

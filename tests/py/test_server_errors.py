@@ -94,7 +94,8 @@ def test_invalid_utf8_body(tiny_server):
     ("tools", {"a": 1}, "tools"),
     ("tools", [{"type": "function"}], "tools[0]"),
     ("tool_choice", "sometimes", "tool_choice"),
-    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "response_format"),
+    ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {"pattern": "a"}}},
+     "response_format.json_schema.schema"),
     ("response_format", "json_object", "response_format"),
 ])
 def test_chat_bad_params(tiny_server, field, value, param):
