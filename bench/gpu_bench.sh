@@ -39,7 +39,7 @@ echo "gpu_bench: copy bandwidth ${BW} TB/s (read + write, median of 10 x 4 GiB)"
 
 run() { # model, args...
   local m=$1; shift
-  $BIN bench --device cuda -m "$m" --json "$@" 2>/dev/null | tail -1
+  $BIN bench --device cuda -m "$m" --json "$@" 2>>$OUTDIR/gpu_bench.err | tail -1
 }
 for m in $R/llama8b-bf16.gguf $R/llama8b-q4_k_m.gguf models/*.gguf; do
   [ -f "$m" ] || continue

@@ -36,18 +36,26 @@ static __device__ __forceinline__ float cq_h2f(const uint8_t *p) {
     return __half2float(__ushort_as_half(*(const uint16_t *)p));
 }
 
-/* Q4_K: the 6-bit scale and min of sub-block j (ggml's get_scale_min_k4). */
-static __device__ __forceinline__ void cq_k4_scale_min(int j, const uint8_t *q, float *sc, float *mn) {
-    uint8_t d, m;
+
+/* Q4_K: the 6-bit scale and min of sub-block j (ggml's get_scale_min_k4),
+ * from the 12 scale bytes held in three words (no array, so nothing goes
+ * to local memory for a run-time j). */
+static __device__ __forceinline__ uint32_t cq_byte(int j, uint32_t w0, uint32_t w1, uint32_t w2) {
+    const uint32_t w = j < 4 ? w0 : j < 8 ? w1 : w2;
+    return (w >> (8 * (j & 3))) & 0xFF;
+}
+static __device__ __forceinline__ void cq_k4_scale_min_w(int j, uint32_t w0, uint32_t w1, uint32_t w2, float *sc,
+                                                         float *mn) {
+    uint32_t d, m;
     if (j < 4) {
-        d = q[j] & 63;
-        m = q[j + 4] & 63;
+        d = cq_byte(j, w0, w1, w2) & 63;
+        m = cq_byte(j + 4, w0, w1, w2) & 63;
     } else {
-        d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-        m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+        d = (cq_byte(j + 4, w0, w1, w2) & 0xF) | ((cq_byte(j - 4, w0, w1, w2) >> 6) << 4);
+        m = (cq_byte(j + 4, w0, w1, w2) >> 4) | ((cq_byte(j, w0, w1, w2) >> 6) << 4);
     }
-    *sc = d;
-    *mn = m;
+    *sc = (float)d;
+    *mn = (float)m;
 }
 
 /* Units per block and bytes per block of a quantized type; 0 units for
@@ -131,15 +139,25 @@ static __device__ __forceinline__ void decode_unit(const uint8_t *row, int u, fl
 #pragma unroll
         for (int j = 0; j < 32; j++) out[j] = (float)(int8_t)b[2 + j] * d;
     } else if (TYPE == CQ_Q4_K) {
+        /* 144-byte blocks in rows of 144 * K/256 bytes from a 256-aligned
+         * base: every block is 16-byte aligned, so d/dmin, the scales and
+         * the unit's 32 quant bytes come in 4- and 16-byte loads */
         const uint8_t *b = row + (size_t)(u >> 3) * 144;
-        int s = u & 7; /* sub-block: pair s/2 of qs, low nibble for even s */
-        float d = cq_h2f(b), dmin = cq_h2f(b + 2), sc, mn;
-        cq_k4_scale_min(s, b + 4, &sc, &mn);
-        float d1 = d * sc, m1 = dmin * mn;
-        const uint8_t *q = b + 16 + 32 * (s >> 1);
-        int shift = (s & 1) * 4;
+        const int      s = u & 7; /* sub-block: pair s/2 of qs, low nibble for even s */
+        const uint32_t dd = __ldg((const uint32_t *)b);
+        const float    d = __half2float(__ushort_as_half((uint16_t)(dd & 0xFFFF)));
+        const float    dmin = __half2float(__ushort_as_half((uint16_t)(dd >> 16)));
+        const uint32_t w0 = __ldg((const uint32_t *)(b + 4)), w1 = __ldg((const uint32_t *)(b + 8)),
+                       w2 = __ldg((const uint32_t *)(b + 12));
+        float sc, mn;
+        cq_k4_scale_min_w(s, w0, w1, w2, &sc, &mn);
+        const float  d1 = d * sc, m1 = dmin * mn;
+        const uint4 *qv = (const uint4 *)(b + 16 + 32 * (s >> 1));
+        const uint4  q0 = __ldg(qv), q1 = __ldg(qv + 1);
+        const uint32_t qw[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const int      shift = (s & 1) * 4;
 #pragma unroll
-        for (int l = 0; l < 32; l++) out[l] = d1 * (float)((q[l] >> shift) & 0xF) - m1;
+        for (int l = 0; l < 32; l++) out[l] = d1 * (float)((qw[l >> 2] >> (8 * (l & 3) + shift)) & 0xF) - m1;
     } else if (TYPE == CQ_Q6_K) {
         const uint8_t *b = row + (size_t)(u >> 3) * 210;
         int s = u & 7, h = s >> 2, g = s & 3;
