@@ -29,6 +29,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 echo "== op harness on the GPU"
 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
+echo "== generation on the GPU (stories260K): greedy run, and speculative == plain decoding"
+S=${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf
+[ -f "$S" ] || S=.devmodels/stories260K.gguf
+build/cuda/augur run --device cuda -m "$S" -p "Once upon a time" -n 48 --temp 0
+echo
+printf 'Once upon a time, there was a little girl named Lily. She liked to play. Once upon a time, there was a' > build/cuda/prompt.txt
+build/cuda/augur bench --device cuda -m "$S" --draft ngram -f build/cuda/prompt.txt -n 96 -r 2
+
 echo "== whole models, GPU vs CPU"
 models=()
 for m in "${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf" .devmodels/*.gguf models/*.gguf; do
