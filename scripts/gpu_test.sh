@@ -42,12 +42,12 @@ models=()
 for m in "${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf" .devmodels/*.gguf models/*.gguf; do
   [ -f "$m" ] && models+=("$m")
 done
-R=build/cuda/random
+R=build/cuda/random-test
 mkdir -p $R
 build/cuda/bench/gen_model $R/smollm2-q4_1.gguf smollm2 --type Q4_1 --layers 6
 build/cuda/bench/gen_model $R/qwen05b-q4_k_m.gguf qwen05b --type Q4_K_M --layers 6
 build/cuda/bench/gen_model $R/gemma270m-q4_k_m.gguf gemma270m --type Q4_K_M --layers 6
-build/cuda/bench/gen_model $R/llama8b-bf16.gguf llama8b --type BF16 --layers 2
+build/cuda/bench/gen_model $R/llama8b-2layers-bf16.gguf llama8b --type BF16 --layers 2
 build/cuda/bench/gen_model $R/qwen05b-q8_0.gguf qwen05b --type Q8_0 --layers 4
 models+=($R/*.gguf)
 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}"

@@ -50,6 +50,10 @@ typedef struct {
     int            n;
     const int32_t *pos; /* [n] */
     const int32_t *seq; /* [n] */
+    /* rows [0, n_decode) are decode/verify rows, the rest prompt rows (as in
+     * matmul): a backend may attend with a different kernel per kind, as
+     * long as a decode row's result never depends on the rest of the batch */
+    int n_decode;
 } ag_batch_layout;
 
 /* The shape of one attention layer. */

@@ -134,23 +134,19 @@ int ag_cli_bench(int argc, char **argv) {
     ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
     kp.max_seqs = (int)n_seq;
     kp.mem = ag_model_kv_mem(m);
-    kp.budget_bytes = (size_t)1 << 20; /* resized below */
     ag_kv *kv = NULL;
     float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * (size_t)n_seq);
     int rc = 1;
-    if (ag_kv_init(&kp, &kv)) {
+    ag_kv_layout L;
+    if (ag_kv_layout_for(&kp, &L, NULL)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
     }
-    {
-        const ag_kv_layout *L = ag_kv_get_layout(kv);
-        kp.budget_bytes = L->block_bytes * (size_t)n_seq * (size_t)((need + L->block_size - 1) / L->block_size + 1);
-        ag_kv_free(kv);
-        kv = NULL;
-        if (ag_kv_init(&kp, &kv)) {
-            ag_cli_fail("%s", ag_error_message());
-            goto done;
-        }
+    /* room for `need` positions per sequence (and one spare block each) */
+    kp.budget_bytes = L.block_bytes * (size_t)n_seq * (size_t)((need + L.block_size - 1) / L.block_size + 1);
+    if (ag_kv_init(&kp, &kv)) {
+        ag_cli_fail("%s", ag_error_message());
+        goto done;
     }
     double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up */

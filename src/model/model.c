@@ -524,7 +524,7 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     ag_status st = fwd_buffers(m, n, n_out, &f);
     if (st) return st;
 
-    ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq};
+    ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq, .n_decode = n_dec};
     if (op->begin && (st = op->begin(be, kv, &lay, b->token))) return st;
     if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f.x))) return st;
     if (c->embd_scale != 1.0f && (st = op->scale(be, f.x, c->embd_scale, (size_t)n * c->n_embd))) return st;

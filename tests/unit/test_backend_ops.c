@@ -266,7 +266,7 @@ static void get_rows_exact(void **state) {
         ag_tensor      w = make_weight(g_be, type, K, ROWS, &deq);
         int32_t        ids[N] = {3, 0, 39, 3, 17, 8}, pos[N], seq[N];
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq};
+        ag_batch_layout lay = {N, pos, seq, 0};
         begin_pass(g_be, f.kv, &lay, ids);
         float *d = dev_floats(g_be, (size_t)N * K);
         assert_int_equal(g_be->ops->get_rows(g_be, &w, ids, N, d), AG_OK);
@@ -349,7 +349,7 @@ static void small_ops(void **state) {
         const int rope_dim = neox ? 24 : HD;
         int       base_pos = ag_kv_seq_len(f.kv, f.seq[0]);
         for (int i = 0; i < N; i++) pos[i] = base_pos + i;
-        ag_batch_layout lay = {N, pos, seq};
+        ag_batch_layout lay = {N, pos, seq, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         assert_int_equal(g_be->ops->copy(g_be, dout, dx, (size_t)N * N_HEAD * HD * 4), AG_OK);
         assert_int_equal(g_be->ops->rope(g_be, dout, N, N_HEAD, HD, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
@@ -402,12 +402,12 @@ static void copy_kv(ag_kv *src, ag_kv *dst, const ag_batch_layout *lay, int pass
  * rows of one sequence with prompt rows of the other. Reference: softmax
  * attention in double over the KV rows read back (as stored, fp16). */
 static void attention_paged(void **state) {
-    enum { N_HEAD = 6, N_KV = 2, HD = 64, P1 = 37 };
+    enum { N_HEAD = 6, N_KV = 2, HD = 64, P1 = 150 };
     const int32_t windows[2] = {0, 9};
     kv_fixture    f = make_kv(g_be, N_KV, HD, windows);
-    int32_t       toks[64] = {0};
+    int32_t       toks[256] = {0};
     for (int pass = 0; pass < 2; pass++) {
-        int32_t pos[64], seq[64];
+        int32_t pos[256], seq[256];
         int     n = 0;
         if (pass == 0) {
             for (int i = 0; i < P1; i++) pos[n] = i, seq[n++] = f.seq[0];
@@ -416,15 +416,20 @@ static void attention_paged(void **state) {
             for (int i = 0; i < 3; i++) pos[n] = P1 + i, seq[n++] = f.seq[0];
             for (int i = 0; i < 20; i++) pos[n] = 5 + i, seq[n++] = f.seq[1];
         }
-        ag_batch_layout lay = {n, pos, seq};
+        ag_batch_layout lay = {n, pos, seq, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         float *q = randn((size_t)n * N_HEAD * HD, 1.0f), *k = randn((size_t)n * N_KV * HD, 1.0f),
               *v = randn((size_t)n * N_KV * HD, 1.0f);
         float *dq = dev_put(g_be, q, (size_t)n * N_HEAD * HD * 4), *dk = dev_put(g_be, k, (size_t)n * N_KV * HD * 4),
               *dv = dev_put(g_be, v, (size_t)n * N_KV * HD * 4), *dout = dev_floats(g_be, (size_t)n * N_HEAD * HD);
-        for (int layer = 0; layer < 2; layer++) {
+        /* each layer twice: the rows as prompt rows, then as decode rows (a
+         * backend may use another kernel per kind; both must be right) */
+        for (int run = 0; run < 4; run++) {
+            const int     layer = run / 2;
             ag_attn_shape sh = {.layer = layer, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD,
                                 .head_dim_v = HD, .scale = 0.125f, .window = windows[layer]};
+            lay.n_decode = run % 2 ? n : 0;
+            if (g_be->ops->begin) assert_int_equal(g_be->ops->begin(g_be, f.kv, &lay, toks), AG_OK);
             assert_int_equal(g_be->ops->kv_store(g_be, f.kv, &sh, &lay, dk, dv), AG_OK);
             assert_int_equal(g_be->ops->attention(g_be, f.kv, &sh, &lay, dq, dout), AG_OK);
             float  *out = host_get(g_be, dout, (size_t)n * N_HEAD * HD);
@@ -455,7 +460,7 @@ static void attention_paged(void **state) {
                 free(sc);
             }
             char what[64];
-            snprintf(what, sizeof what, "attention pass %d layer %d", pass, layer);
+            snprintf(what, sizeof what, "attention pass %d layer %d, %s rows", pass, layer, run % 2 ? "decode" : "prompt");
             check(what, out, ref, (size_t)n * N_HEAD * HD, 1e-3);
             if (!g_is_cpu) { /* the CPU backend over the same cache contents (read back to a host cache) */
                 float *hq = q, *hout = malloc(sizeof(float) * n * N_HEAD * HD);

@@ -35,7 +35,9 @@ extern "C" {
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <math.h>
+#include <type_traits>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,6 +66,10 @@ static ag_status blas_fail(const char *file, int line, const char *what, cublasS
 /* after a kernel launch: a bad configuration shows here, a fault at the next sync */
 #define LAUNCHED() CUDA_TRY(cudaGetLastError())
 
+/* attention tiles of prompt rows: query rows per tile, positions per chunk */
+#define ATT_TQ 16
+#define ATT_TK 64
+
 /* ---- state ---- */
 
 typedef struct {
@@ -89,10 +95,14 @@ typedef struct {
     int32_t       *h_pinned;  /* staging for the upload */
     size_t         cap_pinned;
     int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
+    int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
+    int            n_tiles;
 
-    /* prompt-row GEMM scratch: the weight and the activations in BF16 */
+    /* prompt-row GEMM scratch: the weight and the activations in BF16, an
+     * F16 weight in FP32 */
     __nv_bfloat16 *d_wbf, *d_xbf;
-    size_t         cap_wbf, cap_xbf; /* elements */
+    float         *d_wf;
+    size_t         cap_wbf, cap_xbf, cap_wf; /* elements */
 
     ag_kv_mem kvmem;
 } cuda_state;
@@ -224,7 +234,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         ag_kv_seq_blocks(kv, lay->seq[i], &nb);
         n_table += (size_t)nb;
     }
-    size_t need = 4 * (size_t)n + n_table;
+    size_t need = 5 * (size_t)n + 1 + n_table;
     if (need > s->cap_pinned) {
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
         s->h_pinned = NULL;
@@ -235,7 +245,17 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     ag_status st = grow((void **)&s->d_ints, &s->cap_ints, need, sizeof(int32_t));
     if (st) return st;
     int32_t *h = s->h_pinned;
-    int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tab = h + 4 * n;
+    int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
+            *h_tab = h + 5 * n + 1;
+    /* prompt rows [n_decode, n) in tiles: consecutive rows of one sequence, at most ATT_TQ */
+    int n_tiles = 0;
+    for (int i = lay->n_decode > 0 && lay->n_decode <= n ? lay->n_decode : (lay->n_decode > n ? n : 0); i < n;) {
+        h_tiles[n_tiles++] = i;
+        int k = i + 1;
+        while (k < n && k - i < ATT_TQ && lay->seq[k] == lay->seq[i]) k++;
+        i = k;
+    }
+    h_tiles[n_tiles] = n;
     const ag_kv_layout *L = ag_kv_get_layout(kv);
     size_t used = 0;
     for (int i = 0; i < n; i++) {
@@ -265,7 +285,9 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     s->d_pos = s->d_ints + n;
     s->d_slot = s->d_ints + 2 * n;
     s->d_tok_table = s->d_ints + 3 * n;
-    s->d_tables = s->d_ints + 4 * n;
+    s->d_tiles = s->d_ints + 4 * n;
+    s->n_tiles = n_tiles;
+    s->d_tables = s->d_ints + 5 * n + 1;
     return AG_OK;
 }
 
@@ -404,19 +426,18 @@ static mmv_kernel mmv_for(uint32_t type) {
 /* ---- dequantization (get_rows, prompt GEMM) ---- */
 
 /* out[r][k] for rows ids[r] (or r when ids is NULL), as float or bf16. One
- * thread per unit (quantized) or per element (float types). */
+ * block per row (a vocabulary has more rows than grid.y allows); its
+ * threads take the row's units (quantized) or elements (float types). */
 template <int TYPE, typename OUT>
 __global__ void dequant_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, const int32_t *__restrict__ ids,
-                             int n_rows, OUT *__restrict__ out) {
-    const int r = blockIdx.y;
-    if (r >= n_rows) return;
+                             OUT *__restrict__ out) {
+    const int      r = blockIdx.x;
     const uint8_t *wr = W + (size_t)(ids ? ids[r] : r) * row_bytes;
     OUT           *o = out + (size_t)r * K;
     if (cq_is_float(TYPE)) {
-        for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < K; k += gridDim.x * blockDim.x)
-            o[k] = (OUT)cq_load<TYPE>(wr, k);
+        for (int k = threadIdx.x; k < K; k += blockDim.x) o[k] = (OUT)cq_load<TYPE>(wr, k);
     } else {
-        for (int u = blockIdx.x * blockDim.x + threadIdx.x; u < K / 32; u += gridDim.x * blockDim.x) {
+        for (int u = threadIdx.x; u < K / 32; u += blockDim.x) {
             float w[32];
             decode_unit<TYPE>(wr, u, w);
 #pragma unroll
@@ -429,10 +450,8 @@ template <typename OUT>
 static ag_status launch_dequant(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int K,
                                 const int32_t *ids, int n_rows, OUT *out) {
     if (n_rows <= 0) return AG_OK;
-    const int per_row = cq_is_float((int)type) ? K : K / 32;
-    dim3      grid((unsigned)((per_row + 127) / 128 < 64 ? (per_row + 127) / 128 : 64), (unsigned)n_rows);
     const uint8_t *w = (const uint8_t *)W;
-#define DQ(T) dequant_rows<T, OUT><<<grid, 128, 0, st>>>(w, row_bytes, K, ids, n_rows, out)
+#define DQ(T) dequant_rows<T, OUT><<<(unsigned)n_rows, 128, 0, st>>>(w, row_bytes, K, ids, out)
     switch (type) {
     case CQ_F32: DQ(CQ_F32); break;
     case CQ_F16: DQ(CQ_F16); break;
@@ -474,10 +493,29 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
     return AG_OK;
 }
 
+/* Prompt rows on the tensor cores. Quantized and BF16 weights: BF16
+ * operands (the weight dequantized, the activations rounded). F32 and F16
+ * weights keep their precision: FP32 operands, full FP32 for F32 weights
+ * (small models: tiny cost) and TF32 for F16 (10 mantissa bits, like F16). */
 static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y) {
     if (n <= 0) return AG_OK;
-    const int K = (int)w->ne[0], n_out = (int)w->ne[1];
-    ag_status st;
+    const int   K = (int)w->ne[0], n_out = (int)w->ne[1];
+    const float one = 1.0f, zero = 0.0f;
+    ag_status   st;
+    if (w->type == CQ_F32 || w->type == CQ_F16) {
+        const float *wf = (const float *)w->data;
+        if (w->type == CQ_F16) {
+            if ((st = grow((void **)&s->d_wf, &s->cap_wf, (size_t)K * n_out, sizeof(float)))) return st;
+            if ((st = launch_dequant(s->stream, w->type, w->data, w->row_bytes, K, (const int32_t *)NULL, n_out, s->d_wf)))
+                return st;
+            wf = s->d_wf;
+        }
+        BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wf, CUDA_R_32F, K, x, CUDA_R_32F, K,
+                              &zero, y, CUDA_R_32F, n_out,
+                              w->type == CQ_F32 ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_32F_FAST_TF32,
+                              CUBLAS_GEMM_DEFAULT));
+        return AG_OK;
+    }
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w->data;
     if (w->type != CQ_BF16) {
         if ((st = grow((void **)&s->d_wbf, &s->cap_wbf, (size_t)K * n_out, sizeof(__nv_bfloat16)))) return st;
@@ -489,7 +527,6 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
     f32_to_bf16<<<grid_for((size_t)K * n, 256), 256, 0, s->stream>>>(x, (size_t)K * n, s->d_xbf);
     LAUNCHED();
     /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
-    const float one = 1.0f, zero = 0.0f;
     BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, s->d_xbf,
                           CUDA_R_16BF, K, &zero, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return AG_OK;
@@ -803,6 +840,162 @@ __global__ void attention_k(kv_geom g, const int32_t *__restrict__ pos, const in
     }
 }
 
+/* Prompt rows: one block per (tile of up to ATT_TQ rows of one sequence,
+ * head); 4 warps, each owning ATT_TQ/4 rows. The positions come in chunks of
+ * ATT_TK aligned to absolute positions, their K (and V) rows staged in
+ * shared memory once for all the tile's rows. The arithmetic of each row is
+ * the single-row kernel's rounding (q and the normalized weights through
+ * fp16), in an order fixed by the row's own positions (chunk, then lane), so
+ * a row's result does not depend on which rows share its tile. */
+template <bool F16>
+__global__ void __launch_bounds__(128) attention_tiled_k(kv_geom g, const int32_t *__restrict__ pos,
+                                                         const int32_t *__restrict__ tok_table,
+                                                         const int32_t *__restrict__ tables,
+                                                         const int32_t *__restrict__ tiles, int n_head, int n_kv,
+                                                         int hd_k, int hd_v, float scale, int window, float softcap,
+                                                         const float *__restrict__ q, float *__restrict__ out) {
+    typedef typename std::conditional<F16, __half, float>::type elem;
+    constexpr int RPW = ATT_TQ / 4; /* rows per warp */
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int     t0 = tiles[blockIdx.x], nt = tiles[blockIdx.x + 1] - t0;
+    const int     h = blockIdx.y, kvh = h / (n_head / n_kv);
+    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int     ks_stride = hd_k + (F16 ? 2 : 1), vs_stride = hd_v; /* K padded: lanes read different rows */
+    float        *qs = (float *)smem;                                  /* [ATT_TQ][hd_k] */
+    float        *wts = qs + ATT_TQ * hd_k;                            /* [ATT_TQ][ATT_TK] */
+    elem         *ks = (elem *)(wts + ATT_TQ * ATT_TK);                /* [ATT_TK][ks_stride] */
+    elem         *vs = ks + ATT_TK * ks_stride;                        /* [ATT_TK][hd_v] */
+    const int32_t *table = tables + tok_table[t0];
+    for (int e = threadIdx.x; e < ATT_TQ * hd_k; e += blockDim.x) {
+        const int r = e / hd_k, d = e % hd_k;
+        qs[e] = r < nt ? __half2float(__float2half_rn(q[((size_t)(t0 + r) * n_head + h) * hd_k + d])) : 0.0f;
+    }
+    int lo[RPW], hi[RPW];
+    int c_lo = INT_MAX, c_hi = -1;
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = warp * RPW + i;
+        hi[i] = r < nt ? pos[t0 + r] : -1;
+        lo[i] = r < nt ? (window > 0 ? max(0, hi[i] - window + 1) : 0) : 0;
+    }
+    for (int r = 0; r < nt; r++) { /* the tile's span (the same in every thread) */
+        const int p = pos[t0 + r];
+        c_lo = min(c_lo, window > 0 ? max(0, p - window + 1) : 0);
+        c_hi = max(c_hi, p);
+    }
+    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
+    auto load = [&](int c, bool with_v) {
+        for (int e = threadIdx.x; e < ATT_TK * hd_k; e += blockDim.x) {
+            const int j = e / hd_k, d = e % hd_k, p = c * ATT_TK + j;
+            if (p > c_hi) continue;
+            const uint8_t *kr = g.k0 + (size_t)table[p >> g.block_shift] * g.block_bytes + kvh * g.head_stride_k +
+                                (size_t)(p & g.block_mask) * g.row_bytes_k;
+            ks[j * ks_stride + d] = ((const elem *)kr)[d];
+        }
+        if (with_v)
+            for (int e = threadIdx.x; e < ATT_TK * hd_v; e += blockDim.x) {
+                const int j = e / hd_v, d = e % hd_v, p = c * ATT_TK + j;
+                if (p > c_hi) continue;
+                const uint8_t *vr = g.k0 + (size_t)table[p >> g.block_shift] * g.block_bytes + g.v_off +
+                                    kvh * g.head_stride_v + (size_t)(p & g.block_mask) * g.row_bytes_v;
+                vs[j * vs_stride + d] = ((const elem *)vr)[d];
+            }
+    };
+    auto score = [&](int r_local, int j) {
+        const float *qv = qs + (warp * RPW + r_local) * hd_k;
+        const elem  *kr = ks + j * ks_stride;
+        float        dot = 0.0f;
+        for (int d = 0; d < hd_k; d++) dot = fmaf(qv[d], (float)kr[d], dot);
+        dot *= scale;
+        if (softcap > 0.0f) dot = softcap * tanhf(dot / softcap);
+        return dot;
+    };
+    /* pass 1: each lane's running max and sum over its positions, per row */
+    float m[RPW], l[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    for (int c = ch0; c <= ch1; c++) {
+        __syncthreads();
+        load(c, false);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < RPW; i++)
+            for (int j = lane; j < ATT_TK; j += 32) {
+                const int p = c * ATT_TK + j;
+                if (p < lo[i] || p > hi[i]) continue;
+                const float sc = score(i, j);
+                if (sc > m[i]) {
+                    l[i] = l[i] * expf(m[i] - sc) + 1.0f;
+                    m[i] = sc;
+                } else {
+                    l[i] += expf(sc - m[i]);
+                }
+            }
+    }
+    float M[RPW], inv[RPW];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        float mm = m[i];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
+        float ll = m[i] == -INFINITY ? 0.0f : l[i] * expf(m[i] - mm);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ll += __shfl_xor_sync(0xffffffffu, ll, o);
+        M[i] = mm;
+        inv[i] = 1.0f / ll;
+    }
+    /* pass 2: normalized fp16-rounded weights, then V; lane owns dims lane + 32 k */
+    constexpr int DV = ATT_MAX_DV / 32;
+    float         acc[RPW][DV];
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
+#pragma unroll
+        for (int k = 0; k < DV; k++) acc[i][k] = 0.0f;
+    for (int c = ch0; c <= ch1; c++) {
+        __syncthreads();
+        load(c, true);
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            float *wr = wts + (warp * RPW + i) * ATT_TK;
+            for (int j = lane; j < ATT_TK; j += 32) {
+                const int p = c * ATT_TK + j;
+                wr[j] = p < lo[i] || p > hi[i] ? 0.0f : __half2float(__float2half_rn(expf(score(i, j) - M[i]) * inv[i]));
+            }
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            const float *wr = wts + (warp * RPW + i) * ATT_TK;
+            const int    j0 = max(0, lo[i] - c * ATT_TK), j1 = min(ATT_TK - 1, hi[i] - c * ATT_TK);
+#pragma unroll
+            for (int k = 0; k < DV; k++) {
+                const int d = lane + 32 * k;
+                if (d >= hd_v) break;
+                float a = acc[i][k];
+                for (int j = j0; j <= j1; j++) a = fmaf(wr[j], (float)vs[j * vs_stride + d], a);
+                acc[i][k] = a;
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        const int r = warp * RPW + i;
+        if (r >= nt) continue;
+#pragma unroll
+        for (int k = 0; k < DV; k++) {
+            const int d = lane + 32 * k;
+            if (d < hd_v) out[((size_t)(t0 + r) * n_head + h) * hd_v + d] = acc[i][k];
+        }
+    }
+}
+
+static size_t tiled_smem(int hd_k, int hd_v, bool f16) {
+    const size_t e = f16 ? 2 : 4;
+    return sizeof(float) * ((size_t)ATT_TQ * hd_k + (size_t)ATT_TQ * ATT_TK) +
+           e * ((size_t)ATT_TK * (hd_k + (f16 ? 2 : 1)) + (size_t)ATT_TK * hd_v);
+}
+
 static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
                               const float *q, float *out) {
     cuda_state *s = st_of(be);
@@ -811,18 +1004,43 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA attention: head_dim_v %d (max %d), %d heads over %d kv heads",
                          sh->head_dim_v, ATT_MAX_DV, sh->n_head, sh->n_head_kv);
     if (b->n <= 0) return AG_OK;
-    kv_geom g = geom_of(kv, sh->layer);
-    dim3    grid((unsigned)b->n, (unsigned)sh->n_head);
-    size_t  shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
-    if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
-        attention_k<true><<<grid, ATT_THREADS, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head,
-                                                                 sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
-                                                                 sh->scale, sh->window, sh->softcap, q, out);
-    else
-        attention_k<false><<<grid, ATT_THREADS, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head,
-                                                                  sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
-                                                                  sh->scale, sh->window, sh->softcap, q, out);
-    LAUNCHED();
+    kv_geom   g = geom_of(kv, sh->layer);
+    const bool f16 = ag_kv_get_layout(kv)->dtype == AG_KV_F16;
+    /* decode rows: one block per (row, head); prompt rows: tiles (see begin) */
+    const int n_dec = b->n_decode > 0 ? (b->n_decode < b->n ? b->n_decode : b->n) : 0;
+    if (n_dec > 0) {
+        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head);
+        size_t shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
+        if (f16)
+            attention_k<true><<<grid, ATT_THREADS, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
+                                                                     sh->n_head, sh->n_head_kv, sh->head_dim_k,
+                                                                     sh->head_dim_v, sh->scale, sh->window,
+                                                                     sh->softcap, q, out);
+        else
+            attention_k<false><<<grid, ATT_THREADS, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
+                                                                      sh->n_head, sh->n_head_kv, sh->head_dim_k,
+                                                                      sh->head_dim_v, sh->scale, sh->window,
+                                                                      sh->softcap, q, out);
+        LAUNCHED();
+    }
+    if (s->n_tiles > 0) {
+        dim3   grid((unsigned)s->n_tiles, (unsigned)sh->n_head);
+        size_t shm = tiled_smem(sh->head_dim_k, sh->head_dim_v, f16);
+        if (f16) {
+            CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+            attention_tiled_k<true><<<grid, 128, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, s->d_tiles,
+                                                                   sh->n_head, sh->n_head_kv, sh->head_dim_k,
+                                                                   sh->head_dim_v, sh->scale, sh->window, sh->softcap,
+                                                                   q, out);
+        } else {
+            CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+            attention_tiled_k<false><<<grid, 128, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
+                                                                    s->d_tiles, sh->n_head, sh->n_head_kv,
+                                                                    sh->head_dim_k, sh->head_dim_v, sh->scale,
+                                                                    sh->window, sh->softcap, q, out);
+        }
+        LAUNCHED();
+    }
     return AG_OK;
 }
 
@@ -839,6 +1057,7 @@ static void cu_destroy(ag_backend *be) {
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
         cudaFree(s->d_wbf);
         cudaFree(s->d_xbf);
+        cudaFree(s->d_wf);
         if (s->blas) cublasDestroy(s->blas);
         if (s->stream) cudaStreamDestroy(s->stream);
         free(s);
