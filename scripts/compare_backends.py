@@ -11,6 +11,12 @@ mean KL(cpu || gpu) <= 1e-2 -- the thresholds of the CPU's parity against
 llama.cpp (tests/py/test_parity.py). It also checks that GPU decode rows give
 the same bits in chunks of 7 as one at a time (batch invariance).
 
+--random: models with random weights (bench/gen_model). Their logits are
+nearly flat, so top-1 flips on ties that carry no information, and the
+CPU's own two paths share their int8 activation rounding, so they are no
+measure of the noise between the CPU and the GPU (fp32 activations). For
+them the test is mean KL <= 1e-2 and top-1 >= 85%.
+
 usage: compare_backends.py --bin build/cuda/augur MODEL.gguf [...]
 """
 import argparse
@@ -44,6 +50,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
     ap.add_argument("--tokens", type=int, default=160)
+    ap.add_argument("--random", action="store_true", help="random-weight models: KL and a loose top-1 floor")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     ok = True
@@ -63,7 +70,7 @@ def main():
             gd7 = logits(a.bin, model, ids_path, os.path.join(tmp, "g7"), "cuda", 7, True).reshape(-1, n_vocab)
             gd1 = logits(a.bin, model, ids_path, os.path.join(tmp, "g1"), "cuda", 1, True).reshape(-1, n_vocab)
             self_top1, _, _ = stats(cpu, cpu_dec)
-            floor = min(0.99, self_top1 - 0.02)
+            floor = 0.85 if a.random else min(0.99, self_top1 - 0.02)
             name = os.path.basename(model)
             for label, got in (("gpu prompt rows", gp), ("gpu decode rows", gd7)):
                 t1, klm, klx = stats(cpu, got)

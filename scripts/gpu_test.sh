@@ -5,8 +5,10 @@
 #      op against double-precision references and the CPU backend;
 #   3. compares whole-model logits of the GPU with the CPU
 #      (scripts/compare_backends.py): stories260K and the real models found
-#      in models/, plus random-weight models of each architecture and weight
-#      type made here by bench/gen_model (our GGUF writer).
+#      in models/ and .devmodels/ (the GPU machine takes 64 MiB per call, so
+#      there: cuts of the real models made by scripts/truncate_gguf.py), plus
+#      random-weight models of each architecture and weight type made here
+#      by bench/gen_model (our GGUF writer).
 # Build dependencies: the system's (scripts/setup.sh installs them where apt
 # works); on a machine without a package registry, the .deb files in
 # .gpudeps/ (fetch them with `scripts/gpu_deps.sh` where apt works) are
@@ -49,6 +51,8 @@ build/cuda/bench/gen_model $R/qwen05b-q4_k_m.gguf qwen05b --type Q4_K_M --layers
 build/cuda/bench/gen_model $R/gemma270m-q4_k_m.gguf gemma270m --type Q4_K_M --layers 6
 build/cuda/bench/gen_model $R/llama8b-2layers-bf16.gguf llama8b --type BF16 --layers 2
 build/cuda/bench/gen_model $R/qwen05b-q8_0.gguf qwen05b --type Q8_0 --layers 4
-models+=($R/*.gguf)
-python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}"
-echo "gpu_test: all passed"
+rc=0
+python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
+python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
+[ $rc = 0 ] && echo "gpu_test: all passed" || echo "gpu_test: FAILED"
+exit $rc

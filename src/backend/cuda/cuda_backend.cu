@@ -351,6 +351,110 @@ __global__ void mmv_quant(const uint8_t *__restrict__ W, size_t row_bytes, int K
     }
 }
 
+/* Q4_K with the warp on one 256-element block at a time: lane l reads
+ * bytes 4l..4l+3 of the block's 128 quant bytes (one coalesced 128-byte
+ * load per warp), i.e. 4 low-nibble elements of sub-block 2(l/8) and the 4
+ * high-nibble elements of sub-block 2(l/8)+1, and folds the block's scale
+ * and min in per sub-block: d*sc*Σ q·x - dmin*m*Σ x. Each token's sum is
+ * formed in the same order whatever the batch (batch invariance). */
+__global__ void mmv_q4k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
+                        int n_tok, float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * MMV_TOK;
+    if (row >= n_out) return;
+    const int      nt = min(MMV_TOK, n_tok - tok0);
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    const int      pair = lane >> 3, e0 = pair * 64 + 4 * (lane & 7); /* element of the low nibbles */
+    float          acc[MMV_TOK];
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) acc[t] = 0.0f;
+    for (int b = 0; b < K / 256; b++) {
+        const uint8_t *blk = wr + (size_t)b * 144;
+        const uint32_t dd = __ldg((const uint32_t *)blk);
+        const uint32_t w0 = __ldg((const uint32_t *)(blk + 4)), w1 = __ldg((const uint32_t *)(blk + 8)),
+                       w2 = __ldg((const uint32_t *)(blk + 12));
+        const uint32_t q = __ldg((const uint32_t *)(blk + 16) + lane);
+        const float    d = __half2float(__ushort_as_half((uint16_t)(dd & 0xFFFF)));
+        const float    dmin = __half2float(__ushort_as_half((uint16_t)(dd >> 16)));
+        float          sc0, mn0, sc1, mn1;
+        cq_k4_scale_min_w(2 * pair, w0, w1, w2, &sc0, &mn0);
+        cq_k4_scale_min_w(2 * pair + 1, w0, w1, w2, &sc1, &mn1);
+        const float a0 = d * sc0, b0 = dmin * mn0, a1 = d * sc1, b1 = dmin * mn1;
+#pragma unroll
+        for (int t = 0; t < MMV_TOK; t++) {
+            if (t >= nt) break;
+            const float  *xr = x + (size_t)(tok0 + t) * K + (size_t)b * 256 + e0;
+            const float4  xl = __ldg((const float4 *)xr), xh = __ldg((const float4 *)(xr + 32));
+            const float   lx[4] = {xl.x, xl.y, xl.z, xl.w}, hx[4] = {xh.x, xh.y, xh.z, xh.w};
+            float         ql = 0.0f, qh = 0.0f, sl = 0.0f, sh = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                ql = fmaf((float)((q >> (8 * k)) & 0xF), lx[k], ql);
+                qh = fmaf((float)((q >> (8 * k + 4)) & 0xF), hx[k], qh);
+                sl += lx[k];
+                sh += hx[k];
+            }
+            acc[t] += (a0 * ql - b0 * sl) + (a1 * qh - b1 * sh);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) {
+        if (t >= nt) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
+    }
+}
+
+/* Q6_K the same way: lane l takes half h = l/16 of a block and positions
+ * i = 2(l%16), i+1 of its four 32-element groups (8 elements): 2-byte loads
+ * of ql and qh (blocks are 210 bytes, 2-byte aligned), one coalesced
+ * 64-byte read per warp and array. */
+__global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
+                        int n_tok, float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * MMV_TOK;
+    if (row >= n_out) return;
+    const int      nt = min(MMV_TOK, n_tok - tok0);
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    const int      h = lane >> 4, i = 2 * (lane & 15);
+    float          acc[MMV_TOK];
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) acc[t] = 0.0f;
+    for (int b = 0; b < K / 256; b++) {
+        const uint8_t *blk = wr + (size_t)b * 210;
+        const uint32_t l0 = __ldg((const uint16_t *)(blk + h * 64 + i));      /* groups 0, 2 (low, high nibble) */
+        const uint32_t l1 = __ldg((const uint16_t *)(blk + h * 64 + 32 + i)); /* groups 1, 3 */
+        const uint32_t hb = __ldg((const uint16_t *)(blk + 128 + h * 32 + i));
+        const int8_t  *sc = (const int8_t *)(blk + 192) + h * 8 + (i >> 4);
+        const float    d = __half2float(__ushort_as_half(__ldg((const uint16_t *)(blk + 208))));
+        float          s[4];
+#pragma unroll
+        for (int g = 0; g < 4; g++) s[g] = d * (float)sc[2 * g];
+#pragma unroll
+        for (int t = 0; t < MMV_TOK; t++) {
+            if (t >= nt) break;
+            const float *xr = x + (size_t)(tok0 + t) * K + (size_t)b * 256 + h * 128 + i;
+            float        part = 0.0f;
+#pragma unroll
+            for (int g = 0; g < 4; g++) {
+                const uint32_t lq = g & 1 ? l1 : l0;
+                const int      nib = (g >> 1) * 4;
+                const float2   xv = __ldg((const float2 *)(xr + 32 * g));
+                const int q0 = (int)(((lq >> nib) & 0xF) | (((hb >> (2 * g)) & 3) << 4)) - 32;
+                const int q1 = (int)(((lq >> (8 + nib)) & 0xF) | (((hb >> (8 + 2 * g)) & 3) << 4)) - 32;
+                part = fmaf(s[g], fmaf((float)q0, xv.x, (float)q1 * xv.y), part);
+            }
+            acc[t] += part;
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) {
+        if (t >= nt) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
+    }
+}
+
 /* The same for the float types, element by element (any K). */
 template <int TYPE>
 __global__ void mmv_float(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
@@ -417,8 +521,8 @@ static mmv_kernel mmv_for(uint32_t type) {
     case CQ_Q5_0: return mmv_quant<CQ_Q5_0>;
     case CQ_Q5_1: return mmv_quant<CQ_Q5_1>;
     case CQ_Q8_0: return mmv_quant<CQ_Q8_0>;
-    case CQ_Q4_K: return mmv_quant<CQ_Q4_K>;
-    case CQ_Q6_K: return mmv_quant<CQ_Q6_K>;
+    case CQ_Q4_K: return mmv_q4k;
+    case CQ_Q6_K: return mmv_q6k;
     default: return NULL;
     }
 }
