@@ -67,6 +67,8 @@ typedef struct {
 
 typedef struct ag_backend ag_backend;
 
+enum { AG_GRAPH_OFF = 0, AG_GRAPH_RECORDING = 1, AG_GRAPH_REPLAYED = 2 }; /* graph_begin's *state */
+
 typedef struct {
     const char *name;
     /* true: buffers are plain host memory (the CPU); download/upload are
@@ -93,6 +95,23 @@ typedef struct {
     /* Waits for all issued ops; returns the first error any of them hit. */
     ag_status (*sync)(ag_backend *);
     void (*destroy)(ag_backend *);
+
+    /* Optional: recording and replaying the ops of a forward pass. Between
+     * graph_begin and graph_end the model issues the ops of one pass; a
+     * backend that records them (CUDA graphs) replays the recording the next
+     * time graph_begin sees the same `key` instead. *state says which:
+     * AG_GRAPH_REPLAYED (the model issues nothing and does not call
+     * graph_end), AG_GRAPH_RECORDING (the model issues the ops, then calls
+     * graph_end), AG_GRAPH_OFF (issue the ops as usual; no graph_end: e.g.
+     * a key whose recording failed before). `key` must identify every
+     * argument of the pass's ops except the contents of the arrays begin()
+     * uploaded (the model hashes the batch shape and its buffers). While
+     * recording, the ops run only when graph_end launches the recording;
+     * with `discard` (an op failed while recording) graph_end drops it.
+     * When graph_end fails (or discards), nothing of the pass ran: the model
+     * issues the ops again, unrecorded. NULL: no recording. */
+    ag_status (*graph_begin)(ag_backend *, uint64_t key, int *state);
+    ag_status (*graph_end)(ag_backend *, uint64_t key, bool discard);
 
     /* ---- ops ---- */
     /* Called once at the start of each forward pass, before any op, with

@@ -504,6 +504,34 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
     return arena + mm + copies + attn;
 }
 
+/* Every op of one pass after begin: embeddings, layers, the logits rows
+ * (into the caller's array for a host-memory backend, else f->logits). */
+static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
+                            int n_out, const fwd_bufs *f, float *logits) {
+    const ag_model_config *c = &m->cfg;
+    ag_backend           *be = m->be;
+    const ag_backend_ops *op = be->ops;
+    const int             n = b->n;
+    ag_status             st;
+    if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f->x))) return st;
+    if (c->embd_scale != 1.0f && (st = op->scale(be, f->x, c->embd_scale, (size_t)n * c->n_embd))) return st;
+    if ((st = run_layers(m, kv, b, lay, n_dec, f))) return st;
+    /* Only the rows that want logits go through the (large) output matrix. */
+    int          n_out_dec = 0, k = 0;
+    const size_t row = sizeof(float) * c->n_embd;
+    for (int i = 0; i < n; i++) {
+        bool want = b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
+        if (!want) continue;
+        if (i < n_dec) n_out_dec++;
+        if (k != i && (st = op->copy(be, (char *)f->x + (size_t)k * row, (char *)f->x + (size_t)i * row, row)))
+            return st;
+        k++;
+    }
+    if (n_out == 0) return AG_OK;
+    if ((st = op->rmsnorm(be, f->x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f->x))) return st;
+    return op->matmul(be, &m->output, f->x, n_out, n_out_dec, op->host_memory ? logits : f->logits);
+}
+
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {
     const ag_model_config *c = &m->cfg;
     ag_backend *be = m->be;
@@ -526,24 +554,29 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
 
     ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq, .n_decode = n_dec};
     if (op->begin && (st = op->begin(be, kv, &lay, b->token))) return st;
-    if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f.x))) return st;
-    if (c->embd_scale != 1.0f && (st = op->scale(be, f.x, c->embd_scale, (size_t)n * c->n_embd))) return st;
-    if ((st = run_layers(m, kv, b, &lay, n_dec, &f))) return st;
-
-    /* Only the rows that want logits go through the (large) output matrix. */
-    int n_out_dec = 0, k = 0;
-    const size_t row = sizeof(float) * c->n_embd;
-    for (int i = 0; i < n; i++) {
-        bool want = b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
-        if (!want) continue;
-        if (i < n_dec) n_out_dec++;
-        if (k != i && (st = op->copy(be, (char *)f.x + (size_t)k * row, (char *)f.x + (size_t)i * row, row))) return st;
-        k++;
+    /* A pass of decode rows only has the same ops every step for the same
+     * shape: a backend may record it once and replay it (graph_begin). */
+    int      gstate = AG_GRAPH_OFF;
+    uint64_t key = 0;
+    if (op->graph_begin && n_dec == n) {
+        uint64_t parts[5] = {(uint64_t)n, (uint64_t)n_out, (uint64_t)(uintptr_t)m->act, (uint64_t)(uintptr_t)kv, 0};
+        for (int i = 0; i < n; i++) /* which rows want logits decides the row copies */
+            if (b->want_logits ? b->want_logits[i] != 0 : i == n - 1) parts[4] = parts[4] * 1000003u + (uint64_t)i + 1;
+        key = ag_hash64_seed(parts, sizeof parts, 0x67726170686b6579ull);
+        if ((st = op->graph_begin(be, key, &gstate))) return st;
+    }
+    const bool recording = gstate == AG_GRAPH_RECORDING;
+    if (gstate != AG_GRAPH_REPLAYED) {
+        ag_status issued = issue_pass(m, kv, b, &lay, n_dec, n_out, &f, logits);
+        if (!recording && issued) return issued;
+        if (recording && (op->graph_end(be, key, issued != AG_OK) || issued)) {
+            /* the recording failed, so nothing of the pass ran: run it unrecorded */
+            AG_LOGW("%s: recording a decode pass failed (%s); running it unrecorded", op->name, ag_error_message());
+            if ((st = issue_pass(m, kv, b, &lay, n_dec, n_out, &f, logits))) return st;
+        }
     }
     if (n_out == 0) return op->sync(be);
-    if ((st = op->rmsnorm(be, f.x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f.x))) return st;
     float *out = op->host_memory ? logits : f.logits;
-    if ((st = op->matmul(be, &m->output, f.x, n_out, n_out_dec, out))) return st;
     if (!op->host_memory &&
         (st = op->download(be, logits, out, sizeof(float) * (size_t)n_out * c->n_vocab)))
         return st;

@@ -78,6 +78,13 @@ typedef struct {
     void       *dev;
 } weight_copy;
 
+/* a recorded decode pass */
+typedef struct {
+    uint64_t        key;
+    const int32_t  *ints;
+    cudaGraphExec_t exec; /* NULL: recording this key failed; run it unrecorded */
+} graph_entry;
+
 typedef struct {
     int            device;
     int            sm_count;
@@ -105,6 +112,12 @@ typedef struct {
     size_t         cap_wbf, cap_xbf, cap_wf; /* elements */
 
     ag_kv_mem kvmem;
+
+    /* recorded decode passes (graph_begin/graph_end), keyed by the model's
+     * key and the pass buffer they read (a regrown d_ints invalidates) */
+    graph_entry graphs[64];
+    int  n_graphs;
+    bool graphs_on; /* AUGUR_CUDA_GRAPHS=1 (off by default until measured) */
 } cuda_state;
 
 static cuda_state *st_of(ag_backend *be) { return (cuda_state *)be->impl; }
@@ -1148,6 +1161,56 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
     return AG_OK;
 }
 
+/* ---- recorded passes (CUDA graphs) ---- */
+
+static graph_entry *graph_find(cuda_state *s, uint64_t key) {
+    for (int i = 0; i < s->n_graphs; i++)
+        if (s->graphs[i].key == key && s->graphs[i].ints == s->d_ints) return &s->graphs[i];
+    return NULL;
+}
+
+static void graphs_clear(cuda_state *s) {
+    for (int i = 0; i < s->n_graphs; i++)
+        if (s->graphs[i].exec) cudaGraphExecDestroy(s->graphs[i].exec);
+    s->n_graphs = 0;
+}
+
+static ag_status cu_graph_begin(ag_backend *be, uint64_t key, int *state) {
+    cuda_state *s = st_of(be);
+    *state = AG_GRAPH_OFF;
+    if (!s->graphs_on) return AG_OK;
+    graph_entry *e = graph_find(s, key);
+    if (e) {
+        if (e->exec) {
+            CUDA_TRY(cudaGraphLaunch(e->exec, s->stream));
+            *state = AG_GRAPH_REPLAYED;
+        }
+        return AG_OK;
+    }
+    if (s->n_graphs == (int)(sizeof s->graphs / sizeof s->graphs[0])) graphs_clear(s);
+    CUDA_TRY(cudaStreamBeginCapture(s->stream, cudaStreamCaptureModeThreadLocal));
+    *state = AG_GRAPH_RECORDING;
+    return AG_OK;
+}
+
+static ag_status cu_graph_end(ag_backend *be, uint64_t key, bool discard) {
+    cuda_state     *s = st_of(be);
+    cudaGraph_t     g = NULL;
+    cudaGraphExec_t ex = NULL;
+    cudaError_t     e = cudaStreamEndCapture(s->stream, &g);
+    if (e == cudaSuccess && !discard) e = cudaGraphInstantiate(&ex, g, 0);
+    if (g) cudaGraphDestroy(g);
+    graph_entry *slot = &s->graphs[s->n_graphs++];
+    slot->key = key, slot->ints = s->d_ints, slot->exec = e == cudaSuccess && !discard ? ex : NULL;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return cuda_fail(__FILE__, __LINE__, "recording a decode pass", e);
+    }
+    if (discard) return ag_errorf(AG_ERR_INTERNAL, "recording discarded");
+    CUDA_TRY(cudaGraphLaunch(ex, s->stream));
+    return AG_OK;
+}
+
 /* ---- lifetime ---- */
 
 static void cu_destroy(ag_backend *be) {
@@ -1155,6 +1218,7 @@ static void cu_destroy(ag_backend *be) {
     if (s) {
         cudaSetDevice(s->device);
         if (s->stream) cudaStreamSynchronize(s->stream);
+        graphs_clear(s);
         for (size_t i = 0; i < s->n_w; i++) cudaFree(s->w[i].dev);
         free(s->w);
         cudaFree(s->d_ints);
@@ -1184,6 +1248,8 @@ static ag_backend_ops make_ops(void) {
     o.sync = cu_sync;
     o.destroy = cu_destroy;
     o.begin = cu_begin;
+    o.graph_begin = cu_graph_begin;
+    o.graph_end = cu_graph_end;
     o.matmul = cu_matmul;
     o.matmul_multi = cu_matmul_multi;
     o.get_rows = cu_get_rows;
@@ -1243,6 +1309,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, ag_backend **out) {
         return st;
     }
     s->sm_count = prop.multiProcessorCount;
+    const char *gr = getenv("AUGUR_CUDA_GRAPHS");
+    s->graphs_on = gr && *gr == '1';
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;
