@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Prepares the llama.cpp CUDA peer for the GPU machine, which has no package
+# registry and takes at most 64 MiB per call: downloads llama-cpp-python's
+# sdist ($PEER_VERSION, default 0.3.36) here and strips what a CUDA build of
+# the library does not need (llama.cpp's models, docs, web UI, .git, the
+# other GPU backends), 76 MB -> about 7 MB, into .peer/ (ignored by git).
+# On the GPU machine (carry .peer):
+#   tar xzf .peer/llama_cpp_python-*.tar.gz -C /tmp && cd /tmp/llama_cpp_python-* &&
+#   CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF" \
+#     python3 -m pip install --no-deps --no-build-isolation --target /tmp/peer .
+# then PYTHONPATH=/tmp/peer python3 bench/gpu_peer_bench.py MODEL.gguf ...
+# (the build took over 8 minutes on 8 cores there: give it a call of its own).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+V=${PEER_VERSION:-0.3.36}
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+python3 -m pip download -q --no-deps --no-build-isolation --no-binary :all: -d "$T" "llama-cpp-python==$V"
+tar xzf "$T"/llama_cpp_python-$V.tar.gz -C "$T"
+L="$T/llama_cpp_python-$V/vendor/llama.cpp"
+rm -rf "$T/llama_cpp_python-$V/.git" "$L"/{models,docs,benches,media,.github,gguf-py,conversion,tools/ui} \
+  "$L"/ggml/src/ggml-{et,metal,hexagon,sycl,vulkan,opencl,cann,musa,webgpu,zdnn,rpc}
+mkdir -p .peer
+tar czf .peer/llama_cpp_python-$V.tar.gz -C "$T" llama_cpp_python-$V
+ls -la .peer/llama_cpp_python-$V.tar.gz
