@@ -164,6 +164,20 @@ augur_status augur_tokenize(const augur_model *m, const char *text, size_t len, 
     return (augur_status)st;
 }
 
+
+/* Ends a call that built a text in `out`: on success the caller gets it
+ * (malloc'd, NUL-terminated) and its length; on failure `out` is freed and
+ * st returned. */
+static augur_status hand_out_text(ag_status st, ag_buf *out, char **text, size_t *len) {
+    if (st) {
+        ag_buf_free(out);
+        return (augur_status)st;
+    }
+    if (len) *len = out->len;
+    if (!(*text = ag_buf_take(out))) return (augur_status)ag_errorf(AG_ERR_NOMEM, "out of memory");
+    return AUGUR_OK;
+}
+
 augur_status augur_detokenize(const augur_model *m, const int32_t *tokens, size_t n, unsigned flags, char **text,
                               size_t *len) {
     if (text) *text = NULL;
@@ -177,13 +191,7 @@ augur_status augur_detokenize(const augur_model *m, const int32_t *tokens, size_
     for (size_t i = 0; !st && i < n; i++) st = ag_detok_push(d, tokens[i], &out);
     if (!st) st = ag_detok_flush(d, &out);
     ag_detok_free(d);
-    if (st) {
-        ag_buf_free(&out);
-        return (augur_status)st;
-    }
-    if (len) *len = out.len;
-    if (!(*text = ag_buf_take(&out))) return (augur_status)ag_errorf(AG_ERR_NOMEM, "out of memory");
-    return AUGUR_OK;
+    return hand_out_text(st, &out, text, len);
 }
 
 augur_status augur_chat_render(const augur_model *m, const augur_message *messages, size_t n_messages,
@@ -213,13 +221,7 @@ augur_status augur_chat_render(const augur_model *m, const augur_message *messag
     ag_buf out = {0};
     if (!st) st = ag_chat_render(m->chat, msgs, NULL, add_generation_prompt, NULL, &out);
     json_decref(msgs);
-    if (st) {
-        ag_buf_free(&out);
-        return (augur_status)st;
-    }
-    if (len) *len = out.len;
-    if (!(*text = ag_buf_take(&out))) return (augur_status)ag_errorf(AG_ERR_NOMEM, "out of memory");
-    return AUGUR_OK;
+    return hand_out_text(st, &out, text, len);
 }
 
 augur_gen_params augur_gen_default_params(void) {

@@ -322,6 +322,18 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+/* The GEMV kernels' last step: each token's lane partials summed across the
+ * warp (a fixed order) and written by lane 0. */
+static __device__ __forceinline__ void mmv_store(const float acc[MMV_TOK], int nt, int lane, int tok0, int n_out,
+                                                 int row, float *__restrict__ y) {
+#pragma unroll
+    for (int t = 0; t < MMV_TOK; t++) {
+        if (t >= nt) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
+    }
+}
+
 /* y[t][row] = Σ_k W[row][k] x[t][k] for the block's rows and tokens. One warp
  * per row; lane l takes units l, l+32, ... Each token's sum is built in the
  * same order whatever the other tokens are (batch invariance). */
@@ -356,12 +368,7 @@ __global__ void mmv_quant(const uint8_t *__restrict__ W, size_t row_bytes, int K
             acc[t] += p;
         }
     }
-#pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) {
-        if (t >= nt) break;
-        float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
-    }
+    mmv_store(acc, nt, lane, tok0, n_out, row, y);
 }
 
 /* Q4_K with the warp on one 256-element block at a time: lane l reads
@@ -410,12 +417,7 @@ __global__ void mmv_q4k(const uint8_t *__restrict__ W, size_t row_bytes, int K, 
             acc[t] += (a0 * ql - b0 * sl) + (a1 * qh - b1 * sh);
         }
     }
-#pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) {
-        if (t >= nt) break;
-        float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
-    }
+    mmv_store(acc, nt, lane, tok0, n_out, row, y);
 }
 
 /* Q6_K the same way: lane l takes half h = l/16 of a block and positions
@@ -460,12 +462,7 @@ __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, 
             acc[t] += part;
         }
     }
-#pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) {
-        if (t >= nt) break;
-        float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
-    }
+    mmv_store(acc, nt, lane, tok0, n_out, row, y);
 }
 
 /* The same for the float types, element by element (any K). */
@@ -514,12 +511,7 @@ __global__ void mmv_float(const uint8_t *__restrict__ W, size_t row_bytes, int K
             }
         }
     }
-#pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) {
-        if (t >= nt) break;
-        float v = warp_sum(acc[t]);
-        if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
-    }
+    mmv_store(acc, nt, lane, tok0, n_out, row, y);
 }
 
 typedef void (*mmv_kernel)(const uint8_t *, size_t, int, int, const float *, int, float *);
