@@ -13,8 +13,8 @@
 /* Where a new sequence's acceptance estimate starts: optimistic enough that
  * the first rounds draft, so the estimate can learn from them. */
 #define ACCEPT_PRIOR 0.6
-/* How much more a longer draft must promise (expected tokens per unit of
- * cost) to be chosen: the model is rough (acceptance falls along a draft;
+/* How much more than plain decoding a draft must promise (expected tokens
+ * per unit of cost) to be made at all: the model is rough (acceptance falls along a draft;
  * step times are noisy), and on open chat a predicted 2-10% gain measured
  * as a 7-16% loss on an AVX2 CPU (bench/RESULTS.md). Overridable for
  * experiments with AUGUR_SPEC_MARGIN. */
@@ -124,21 +124,24 @@ size_t ag_spec_resident_bytes(const ag_spec_seq *s) {
 
 /* The draft length that maximises expected tokens per unit of cost, given
  * the acceptance estimate a: E(d) = 1 + a + ... + a^d tokens for
- * 1 + d * c decode steps. */
+ * 1 + d * c decode steps. Speculation must beat plain decoding (d = 0,
+ * value 1) by the margin; among the lengths that do, the best wins. (The
+ * margin used to apply between consecutive lengths too, which on a
+ * code edit at 88% acceptance stopped the draft at 2 where 4-5 pay most.) */
 static int best_length(const ag_spec_seq *s, int cap, float row_cost) {
     double a = s->accept, c = (double)(row_cost >= 0 ? row_cost : s->p.verify_row_cost) + (double)s->src->cost_per_token;
-    double best = 1.0, e = 1.0, ak = 1.0;
+    double best = 0.0, e = 1.0, ak = 1.0;
     int    best_d = 0;
     for (int d = 1; d <= cap; d++) {
         ak *= a;
         e += ak;
         double v = e / (1.0 + d * c);
-        if (v > best * spec_margin()) { /* a longer draft must pay clearly */
+        if (v > best) {
             best = v;
             best_d = d;
         }
     }
-    return best_d;
+    return best > spec_margin() ? best_d : 0;
 }
 
 int ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap, float row_cost) {
