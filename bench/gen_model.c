@@ -144,6 +144,42 @@ static bool parse_type(const char *s, uint32_t *t, bool *k_m) {
     return false;
 }
 
+/* A placeholder SentencePiece vocabulary of n tokens ("<unk>", "<s>",
+ * "</s>", then "<0x00>".."<0xFF>" byte tokens and "t<id>" pieces) so that
+ * llama.cpp loads the file too (it refuses a model without
+ * tokenizer.ggml.model): the peer benchmarks run on the same GGUF. */
+static int add_vocab(ag_gguf_writer *w, int n) {
+    ag_gguf_value *items = calloc((size_t)n, sizeof *items);
+    char          *text = malloc((size_t)n * 16);
+    float         *scores = calloc((size_t)n, sizeof *scores);
+    int32_t       *types = malloc((size_t)n * sizeof *types);
+    int            bad = !items || !text || !scores || !types;
+    for (int i = 0; i < n && !bad; i++) {
+        char *t = text + (size_t)i * 16;
+        int   len = i == 0 ? snprintf(t, 16, "<unk>") : i == 1 ? snprintf(t, 16, "<s>") : i == 2 ? snprintf(t, 16, "</s>")
+                    : i < 3 + 256 ? snprintf(t, 16, "<0x%02X>", i - 3) : snprintf(t, 16, "t%d", i);
+        items[i] = (ag_gguf_value){.type = AG_GGUF_STRING, .str = {t, (uint64_t)len}};
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : i < 3 + 256 ? 6 : 1; /* unknown, control, byte, normal */
+    }
+    if (!bad) {
+        ag_gguf_value tok = {.type = AG_GGUF_ARRAY, .arr = {AG_GGUF_STRING, (uint64_t)n, NULL, items}};
+        ag_gguf_value sc = {.type = AG_GGUF_ARRAY, .arr = {AG_GGUF_F32, (uint64_t)n, scores, NULL}};
+        ag_gguf_value ty = {.type = AG_GGUF_ARRAY, .arr = {AG_GGUF_I32, (uint64_t)n, types, NULL}};
+        bad |= ag_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama") != AG_OK;
+        bad |= ag_gguf_writer_add(w, "tokenizer.ggml.tokens", &tok) != AG_OK;
+        bad |= ag_gguf_writer_add(w, "tokenizer.ggml.scores", &sc) != AG_OK;
+        bad |= ag_gguf_writer_add(w, "tokenizer.ggml.token_type", &ty) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2) != AG_OK;
+    }
+    free(items);
+    free(text);
+    free(scores);
+    free(types);
+    return bad;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: gen_model OUT.gguf llama8b|smollm2|qwen05b|gemma270m [--type T] [--layers N] [--seed S]\n");
@@ -188,6 +224,7 @@ int main(int argc, char **argv) {
         bad |= ag_gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)c.head_dim) != AG_OK;
         bad |= ag_gguf_writer_add_u32(w, KEY("attention.sliding_window"), 512) != AG_OK;
     }
+    bad |= add_vocab(w, c.vocab);
     if (bad) return fprintf(stderr, "gen_model: metadata: %s\n", ag_error_message()), 1;
     const int64_t qd = (int64_t)c.heads * c.head_dim, kd = (int64_t)c.kv_heads * c.head_dim;
     bad |= add_matrix(w, "token_embd.weight", k_m ? AG_TYPE_Q4_K : type, c.embd, c.vocab);
