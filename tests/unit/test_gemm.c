@@ -99,6 +99,41 @@ static void prompt_matches_float64(void **state) {
     print_message("prompt matmul: %d outputs checked against float64\n", checks);
 }
 
+/* The scratch ag_matmul_prompt_scratch_size asks for is enough, with many
+ * threads and a misaligned start: the bytes just past it stay untouched.
+ * (The AMX path's size once allowed 256 bytes for all its 64-byte
+ * alignment, which 16 threads' slots overran at n_in = 896: a heap
+ * overflow seen only on a 16-core AMX machine.) */
+static void prompt_scratch_is_enough(void **state) {
+    ag_threadpool       *pool;
+    ag_threadpool_params prm = {.n_threads = 16, .spin_us = 20};
+    assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
+    static const int64_t toks[] = {1, 37, 256}; /* 256: 16 tiles, so every thread quantizes one */
+    for (size_t ti = 0; ti < N_TYPES; ti++) {
+        uint32_t t = k_types[ti], be;
+        ag_quant_block(t, &be, NULL);
+        const int64_t n_in = be == 256 ? 2304 : 896, n_out = 19;
+        uint8_t      *w = random_matrix(t, n_out, n_in);
+        for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+            const int64_t n_tok = toks[k];
+            float        *x = malloc(sizeof(float) * (size_t)(n_tok * n_in)), *y = malloc(sizeof(float) * (size_t)(n_tok * n_out));
+            for (int64_t i = 0; i < n_tok * n_in; i++) x[i] = nrand();
+            size_t   need = ag_matmul_prompt_scratch_size(pool, t, n_in, n_tok);
+            uint8_t *buf = malloc(need + 1 + 256), *scratch = buf + 1; /* misaligned on purpose */
+            memset(buf, 0xA5, need + 1 + 256);
+            assert_int_equal(ag_matmul_prompt(pool, t, w, NULL, n_out, n_in, x, n_in, n_tok, y, n_out, scratch, need),
+                             AG_OK);
+            for (size_t i = 0; i < 256; i++)
+                if (scratch[need + i] != 0xA5)
+                    fail_msg("type %u (%s) n_in %lld n_tok %lld: byte %zu past the %zu-byte scratch was written", t,
+                             path_name(t), (long long)n_in, (long long)n_tok, i, need);
+            free(buf), free(x), free(y);
+        }
+        free(w);
+    }
+    ag_threadpool_free(pool);
+}
+
 static void prompt_token_invariance(void **state) {
     ag_threadpool       *pool;
     ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
@@ -233,6 +268,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(prompt_matches_float64),
         cmocka_unit_test(prompt_token_invariance),
+        cmocka_unit_test(prompt_scratch_is_enough),
         cmocka_unit_test(multi_equals_separate),
         cmocka_unit_test(kquant_paths_bit_identical),
     };

@@ -140,10 +140,22 @@ static size_t act_row_bytes(int64_t n_in) {
     return a > k ? a : k;
 }
 
+static size_t round64(size_t b) { return (b + 63) & ~(size_t)63; }
+
+/* The scratch layout ag_matmul_amx uses, in one place so the size and the
+ * layout cannot disagree: the token tiles from a 64-byte aligned base, then
+ * one 64-byte aligned slot per thread (its panel and one activation row).
+ * (The size used to add a fixed 256 bytes for all the alignment, which 16
+ * threads' slot rounding overran: a heap overflow on a 16-core AMX machine
+ * at n_in = 896.) */
+static size_t amx_tiles_bytes(int64_t n_in, int64_t n_tok) {
+    return round64((size_t)((n_tok + TILE - 1) / TILE) * act_tile_bytes(n_in));
+}
+static size_t amx_thread_bytes(int64_t n_in) { return round64(panel_bytes(n_in) + act_row_bytes(n_in)); }
+
 size_t ag_amx_scratch_size(int n_threads, int64_t n_in, int64_t n_tok) {
     if (n_in <= 0 || n_in % BLK || n_tok < 0 || n_threads < 1) return 0;
-    int64_t tiles = (n_tok + TILE - 1) / TILE;
-    return (size_t)tiles * act_tile_bytes(n_in) + (size_t)n_threads * (panel_bytes(n_in) + act_row_bytes(n_in)) + 64 * 4;
+    return 63 /* aligning the base */ + amx_tiles_bytes(n_in, n_tok) + (size_t)n_threads * amx_thread_bytes(n_in);
 }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -636,8 +648,8 @@ ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, con
     uint8_t *base = (uint8_t *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
     j.n_tiles = (n_tok + TILE - 1) / TILE;
     j.act = base;
-    j.per_thread_bytes = (panel_bytes(n_in) + act_row_bytes(n_in) + 63) & ~(size_t)63;
-    j.per_thread = base + (((size_t)j.n_tiles * act_tile_bytes(n_in) + 63) & ~(size_t)63);
+    j.per_thread_bytes = amx_thread_bytes(n_in);
+    j.per_thread = base + amx_tiles_bytes(n_in, n_tok);
     ag_threadpool_run(pool, j.n_tiles, act_task, &j);
 
     j.n_panels = (n_out + TILE - 1) / TILE;
