@@ -14,8 +14,9 @@ the same bits in chunks of 7 as one at a time (batch invariance).
 --random: models with random weights (bench/gen_model). Their logits are
 nearly flat, so top-1 flips on ties that carry no information, and the
 CPU's own two paths share their int8 activation rounding, so they are no
-measure of the noise between the CPU and the GPU (fp32 activations). For
-them the test is mean KL <= 1e-2 and top-1 >= 85%.
+measure of the noise between the CPU and the GPU (whose activations are
+fp32, or int8 per 32 elements for its Q4_K/Q6_K decode rows, per 256 on
+the CPU). For them the test is mean KL <= 1e-2 and top-1 >= 85%.
 
 usage: compare_backends.py --bin build/cuda/augur MODEL.gguf [...]
 """

@@ -39,10 +39,10 @@ echo
 printf 'Once upon a time, there was a little girl named Lily. She liked to play. Once upon a time, there was a' > build/cuda/prompt.txt
 build/cuda/augur bench --device cuda -m "$S" --draft ngram -f build/cuda/prompt.txt -n 96 -r 2
 
-echo "== recorded decode passes (AUGUR_CUDA_GRAPHS=1) give the bits of unrecorded ones"
+echo "== recorded decode passes (the default) give the bits of unrecorded ones (AUGUR_CUDA_GRAPHS=0)"
 seq 1 2 199 | tr '\n' ' ' > build/cuda/ids.txt
-build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 -o build/cuda/plain.bin
-AUGUR_CUDA_GRAPHS=1 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 \
+AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 -o build/cuda/plain.bin
+build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 \
   -o build/cuda/graphs.bin
 cmp build/cuda/plain.bin build/cuda/graphs.bin && echo "PASS graphs: identical logits"
 

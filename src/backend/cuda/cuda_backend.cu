@@ -113,11 +113,20 @@ typedef struct {
 
     ag_kv_mem kvmem;
 
+    /* decode rows' activations as int8 per 32 (quantize_q8_32) for the
+     * dp4a K-quant GEMVs; sized in begin for n rows of the widest weight
+     * (max_k), so a recorded pass never regrows them */
+    int8_t *d_xq;
+    float2 *d_xs;
+    size_t  cap_xq, cap_xs; /* elements */
+    int     max_k;          /* largest ne[0] of a prepared K-quant weight */
+    bool    mmv_dp4a;       /* on unless AUGUR_CUDA_MMV=fp32 */
+
     /* recorded decode passes (graph_begin/graph_end), keyed by the model's
      * key and the pass buffer they read (a regrown d_ints invalidates) */
     graph_entry graphs[64];
     int  n_graphs;
-    bool graphs_on; /* AUGUR_CUDA_GRAPHS=1 (off by default until measured) */
+    bool graphs_on; /* on unless AUGUR_CUDA_GRAPHS=0: +8-11% batch-1 decode on an 8B model */
 } cuda_state;
 
 static cuda_state *st_of(ag_backend *be) { return (cuda_state *)be->impl; }
@@ -180,6 +189,7 @@ static ag_status cu_prepare_weight(ag_backend *be, ag_tensor *t) {
                          "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K)",
                          t->name ? t->name : "?", t->type);
     const size_t bytes = t->row_bytes * (size_t)t->ne[1];
+    if ((t->type == CQ_Q4_K || t->type == CQ_Q6_K) && t->ne[0] > s->max_k) s->max_k = (int)t->ne[0];
     for (size_t i = 0; i < s->n_w; i++)
         if (s->w[i].host == t->host && s->w[i].bytes == bytes) {
             t->data = s->w[i].dev;
@@ -232,6 +242,19 @@ static const ag_kv_mem *cu_kv_mem(ag_backend *be) { return &st_of(be)->kvmem; }
 
 /* ---- begin: the pass's host arrays, once ---- */
 
+static void graphs_clear(cuda_state *s);
+
+/* Room for n rows of K int8 activations and their block scales. A regrown
+ * buffer drops the recorded passes (they hold the old address). */
+static ag_status reserve_xq(cuda_state *s, int n, int K) {
+    const size_t need = (size_t)n * (size_t)K;
+    if (need <= s->cap_xq && need / 32 <= s->cap_xs) return AG_OK;
+    graphs_clear(s);
+    ag_status st = grow((void **)&s->d_xq, &s->cap_xq, need, sizeof(int8_t));
+    if (!st) st = grow((void **)&s->d_xs, &s->cap_xs, need / 32, sizeof(float2));
+    return st;
+}
+
 static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay, const int32_t *tokens) {
     cuda_state *s = st_of(be);
     const int   n = lay->n;
@@ -256,6 +279,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         s->cap_pinned = need + need / 4;
     }
     ag_status st = grow((void **)&s->d_ints, &s->cap_ints, need, sizeof(int32_t));
+    if (!st && s->mmv_dp4a && s->max_k > 0 && lay->n_decode > 0) st = reserve_xq(s, lay->n_decode, s->max_k);
     if (st) return st;
     int32_t *h = s->h_pinned;
     int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
@@ -314,7 +338,21 @@ static const int32_t *pass_ints(cuda_state *s, const int32_t *host, int n) {
 /* ---- matmul: decode rows (GEMV) ---- */
 
 #define MMV_WARPS 4 /* rows per thread block */
-#define MMV_TOK 8   /* tokens per thread block */
+#define MMV_TOK 8   /* most tokens per thread block */
+
+/* Every GEMV kernel is instantiated for NT = 1, 2, 4 and 8 tokens per
+ * thread block (mmv_for picks the smallest that holds the batch), so a
+ * batch-1 decode does not carry registers for eight tokens. A token's sum is
+ * built by the same operations, in the same order, whatever NT and the other
+ * tokens are (batch invariance; test_backend_ops and gpu_test.sh check decode
+ * rows in chunks of 7 against chunks of 1 bit for bit). Products that must
+ * not be contracted differently between instantiations use __fmul_rn /
+ * __fadd_rn, which nvcc never fuses.
+ *
+ * Bandwidth comes from bytes in flight: each kernel loads the raw bytes of
+ * several blocks (MMV_U) into registers before it decodes any of them, so
+ * a warp keeps ~1-2 KB of loads outstanding (the first version had 144 B:
+ * 11% of the roofline on Q4_K). */
 
 static __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -324,10 +362,11 @@ static __device__ __forceinline__ float warp_sum(float v) {
 
 /* The GEMV kernels' last step: each token's lane partials summed across the
  * warp (a fixed order) and written by lane 0. */
-static __device__ __forceinline__ void mmv_store(const float acc[MMV_TOK], int nt, int lane, int tok0, int n_out,
-                                                 int row, float *__restrict__ y) {
+template <int NT>
+static __device__ __forceinline__ void mmv_store(const float acc[NT], int nt, int lane, int tok0, int n_out, int row,
+                                                 float *__restrict__ y) {
 #pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) {
+    for (int t = 0; t < NT; t++) {
         if (t >= nt) break;
         float v = warp_sum(acc[t]);
         if (lane == 0) y[(size_t)(tok0 + t) * n_out + row] = v;
@@ -335,25 +374,25 @@ static __device__ __forceinline__ void mmv_store(const float acc[MMV_TOK], int n
 }
 
 /* y[t][row] = Σ_k W[row][k] x[t][k] for the block's rows and tokens. One warp
- * per row; lane l takes units l, l+32, ... Each token's sum is built in the
- * same order whatever the other tokens are (batch invariance). */
-template <int TYPE>
+ * per row; lane l takes units l, l+32, ... (the legacy 32-element types:
+ * small models only, so no load batching). */
+template <int TYPE, int NT>
 __global__ void mmv_quant(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                           const float *__restrict__ x, int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * MMV_TOK;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
     if (row >= n_out) return;
-    const int      nt = min(MMV_TOK, n_tok - tok0);
+    const int      nt = min(NT, n_tok - tok0);
     const uint8_t *wr = W + (size_t)row * row_bytes;
-    float          acc[MMV_TOK];
+    float          acc[NT];
 #pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) acc[t] = 0.0f;
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     const int units = K / 32;
     for (int u = lane; u < units; u += 32) {
         float w[32];
         decode_unit<TYPE>(wr, u, w);
 #pragma unroll
-        for (int t = 0; t < MMV_TOK; t++) {
+        for (int t = 0; t < NT; t++) {
             if (t >= nt) break;
             const float4 *xp = (const float4 *)(x + (size_t)(tok0 + t) * K + (size_t)u * 32);
             float         p = 0.0f;
@@ -365,170 +404,421 @@ __global__ void mmv_quant(const uint8_t *__restrict__ W, size_t row_bytes, int K
                 p = fmaf(w[4 * i + 2], v.z, p);
                 p = fmaf(w[4 * i + 3], v.w, p);
             }
-            acc[t] += p;
+            acc[t] = __fadd_rn(acc[t], p);
         }
     }
-    mmv_store(acc, nt, lane, tok0, n_out, row, y);
+    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
 }
 
-/* Q4_K with the warp on one 256-element block at a time: lane l reads
+/* Q4_K with the warp on one 256-element block at a time: lane l holds
  * bytes 4l..4l+3 of the block's 128 quant bytes (one coalesced 128-byte
  * load per warp), i.e. 4 low-nibble elements of sub-block 2(l/8) and the 4
  * high-nibble elements of sub-block 2(l/8)+1, and folds the block's scale
- * and min in per sub-block: d*sc*Σ q·x - dmin*m*Σ x. Each token's sum is
- * formed in the same order whatever the batch (batch invariance). */
+ * and min in per sub-block: d*sc*Σ q·x - dmin*m*Σ x. The header (d, dmin,
+ * the 12 scale bytes) is one 16-byte broadcast load; MMV_U4 blocks' raw
+ * bytes are loaded before any is decoded. */
+#define MMV_U4 8
+struct q4k_raw {
+    uint4    head;
+    uint32_t q;
+};
+static __device__ __forceinline__ q4k_raw q4k_load(const uint8_t *wr, int b, int lane) {
+    const uint8_t *blk = wr + (size_t)b * 144;
+    return q4k_raw{__ldg((const uint4 *)blk), __ldg((const uint32_t *)(blk + 16) + lane)};
+}
+template <int NT>
+static __device__ __forceinline__ void q4k_block(const q4k_raw r, int b, int lane, const float *__restrict__ x, int K,
+                                                 int tok0, int nt, float acc[NT]) {
+    const int   pair = lane >> 3, e0 = pair * 64 + 4 * (lane & 7); /* element of the low nibbles */
+    const float d = __half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((uint16_t)(r.head.x >> 16)));
+    float       sc0, mn0, sc1, mn1;
+    cq_k4_scale_min_w(2 * pair, r.head.y, r.head.z, r.head.w, &sc0, &mn0);
+    cq_k4_scale_min_w(2 * pair + 1, r.head.y, r.head.z, r.head.w, &sc1, &mn1);
+    const float a0 = __fmul_rn(d, sc0), b0 = __fmul_rn(dmin, mn0), a1 = __fmul_rn(d, sc1), b1 = __fmul_rn(dmin, mn1);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const float *xr = x + (size_t)(tok0 + t) * K + (size_t)b * 256 + e0;
+        const float4 xl = __ldg((const float4 *)xr), xh = __ldg((const float4 *)(xr + 32));
+        const float  lx[4] = {xl.x, xl.y, xl.z, xl.w}, hx[4] = {xh.x, xh.y, xh.z, xh.w};
+        float        ql = 0.0f, qh = 0.0f, sl = 0.0f, sh = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            ql = fmaf((float)((r.q >> (8 * k)) & 0xF), lx[k], ql);
+            qh = fmaf((float)((r.q >> (8 * k + 4)) & 0xF), hx[k], qh);
+            sl = __fadd_rn(sl, lx[k]);
+            sh = __fadd_rn(sh, hx[k]);
+        }
+        const float lo = __fsub_rn(__fmul_rn(a0, ql), __fmul_rn(b0, sl));
+        const float hi = __fsub_rn(__fmul_rn(a1, qh), __fmul_rn(b1, sh));
+        acc[t] = __fadd_rn(acc[t], __fadd_rn(lo, hi));
+    }
+}
+template <int NT>
 __global__ void mmv_q4k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
                         int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * MMV_TOK;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
     if (row >= n_out) return;
-    const int      nt = min(MMV_TOK, n_tok - tok0);
+    const int      nt = min(NT, n_tok - tok0), nb = K / 256;
     const uint8_t *wr = W + (size_t)row * row_bytes;
-    const int      pair = lane >> 3, e0 = pair * 64 + 4 * (lane & 7); /* element of the low nibbles */
-    float          acc[MMV_TOK];
+    float          acc[NT];
 #pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) acc[t] = 0.0f;
-    for (int b = 0; b < K / 256; b++) {
-        const uint8_t *blk = wr + (size_t)b * 144;
-        const uint32_t dd = __ldg((const uint32_t *)blk);
-        const uint32_t w0 = __ldg((const uint32_t *)(blk + 4)), w1 = __ldg((const uint32_t *)(blk + 8)),
-                       w2 = __ldg((const uint32_t *)(blk + 12));
-        const uint32_t q = __ldg((const uint32_t *)(blk + 16) + lane);
-        const float    d = __half2float(__ushort_as_half((uint16_t)(dd & 0xFFFF)));
-        const float    dmin = __half2float(__ushort_as_half((uint16_t)(dd >> 16)));
-        float          sc0, mn0, sc1, mn1;
-        cq_k4_scale_min_w(2 * pair, w0, w1, w2, &sc0, &mn0);
-        cq_k4_scale_min_w(2 * pair + 1, w0, w1, w2, &sc1, &mn1);
-        const float a0 = d * sc0, b0 = dmin * mn0, a1 = d * sc1, b1 = dmin * mn1;
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    int b = 0;
+    for (; b + MMV_U4 <= nb; b += MMV_U4) {
+        q4k_raw r[MMV_U4];
 #pragma unroll
-        for (int t = 0; t < MMV_TOK; t++) {
-            if (t >= nt) break;
-            const float  *xr = x + (size_t)(tok0 + t) * K + (size_t)b * 256 + e0;
-            const float4  xl = __ldg((const float4 *)xr), xh = __ldg((const float4 *)(xr + 32));
-            const float   lx[4] = {xl.x, xl.y, xl.z, xl.w}, hx[4] = {xh.x, xh.y, xh.z, xh.w};
-            float         ql = 0.0f, qh = 0.0f, sl = 0.0f, sh = 0.0f;
+        for (int u = 0; u < MMV_U4; u++) r[u] = q4k_load(wr, b + u, lane);
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                ql = fmaf((float)((q >> (8 * k)) & 0xF), lx[k], ql);
-                qh = fmaf((float)((q >> (8 * k + 4)) & 0xF), hx[k], qh);
-                sl += lx[k];
-                sh += hx[k];
-            }
-            acc[t] += (a0 * ql - b0 * sl) + (a1 * qh - b1 * sh);
-        }
+        for (int u = 0; u < MMV_U4; u++) q4k_block<NT>(r[u], b + u, lane, x, K, tok0, nt, acc);
     }
-    mmv_store(acc, nt, lane, tok0, n_out, row, y);
+    for (; b < nb; b++) q4k_block<NT>(q4k_load(wr, b, lane), b, lane, x, K, tok0, nt, acc);
+    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
 }
 
 /* Q6_K the same way: lane l takes half h = l/16 of a block and positions
  * i = 2(l%16), i+1 of its four 32-element groups (8 elements): 2-byte loads
  * of ql and qh (blocks are 210 bytes, 2-byte aligned), one coalesced
- * 64-byte read per warp and array. */
+ * 64-byte read per warp and array; MMV_U6 blocks loaded ahead. */
+#define MMV_U6 4
+struct q6k_raw {
+    uint32_t l0, l1, hb, sc, d;
+};
+static __device__ __forceinline__ q6k_raw q6k_load(const uint8_t *wr, int b, int lane) {
+    const int      h = lane >> 4, i = 2 * (lane & 15);
+    const uint8_t *blk = wr + (size_t)b * 210;
+    const uint8_t *sc = blk + 192 + h * 8 + (i >> 4);
+    q6k_raw        r;
+    r.l0 = __ldg((const uint16_t *)(blk + h * 64 + i));      /* groups 0, 2 (low, high nibble) */
+    r.l1 = __ldg((const uint16_t *)(blk + h * 64 + 32 + i)); /* groups 1, 3 */
+    r.hb = __ldg((const uint16_t *)(blk + 128 + h * 32 + i));
+    r.sc = (uint32_t)__ldg(sc) | (uint32_t)__ldg(sc + 2) << 8 | (uint32_t)__ldg(sc + 4) << 16 |
+           (uint32_t)__ldg(sc + 6) << 24;
+    r.d = __ldg((const uint16_t *)(blk + 208));
+    return r;
+}
+template <int NT>
+static __device__ __forceinline__ void q6k_block(const q6k_raw r, int b, int lane, const float *__restrict__ x, int K,
+                                                 int tok0, int nt, float acc[NT]) {
+    const int   h = lane >> 4, i = 2 * (lane & 15);
+    const float d = __half2float(__ushort_as_half((uint16_t)r.d));
+    float       s[4];
+#pragma unroll
+    for (int g = 0; g < 4; g++) s[g] = __fmul_rn(d, (float)(int8_t)(r.sc >> (8 * g)));
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const float *xr = x + (size_t)(tok0 + t) * K + (size_t)b * 256 + h * 128 + i;
+        float        part = 0.0f;
+#pragma unroll
+        for (int g = 0; g < 4; g++) {
+            const uint32_t lq = g & 1 ? r.l1 : r.l0;
+            const int      nib = (g >> 1) * 4;
+            const float2   xv = __ldg((const float2 *)(xr + 32 * g));
+            const int q0 = (int)(((lq >> nib) & 0xF) | (((r.hb >> (2 * g)) & 3) << 4)) - 32;
+            const int q1 = (int)(((lq >> (8 + nib)) & 0xF) | (((r.hb >> (8 + 2 * g)) & 3) << 4)) - 32;
+            part = fmaf(s[g], fmaf((float)q0, xv.x, __fmul_rn((float)q1, xv.y)), part);
+        }
+        acc[t] = __fadd_rn(acc[t], part);
+    }
+}
+template <int NT>
 __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
                         int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * MMV_TOK;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
     if (row >= n_out) return;
-    const int      nt = min(MMV_TOK, n_tok - tok0);
+    const int      nt = min(NT, n_tok - tok0), nb = K / 256;
     const uint8_t *wr = W + (size_t)row * row_bytes;
-    const int      h = lane >> 4, i = 2 * (lane & 15);
-    float          acc[MMV_TOK];
+    float          acc[NT];
 #pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) acc[t] = 0.0f;
-    for (int b = 0; b < K / 256; b++) {
-        const uint8_t *blk = wr + (size_t)b * 210;
-        const uint32_t l0 = __ldg((const uint16_t *)(blk + h * 64 + i));      /* groups 0, 2 (low, high nibble) */
-        const uint32_t l1 = __ldg((const uint16_t *)(blk + h * 64 + 32 + i)); /* groups 1, 3 */
-        const uint32_t hb = __ldg((const uint16_t *)(blk + 128 + h * 32 + i));
-        const int8_t  *sc = (const int8_t *)(blk + 192) + h * 8 + (i >> 4);
-        const float    d = __half2float(__ushort_as_half(__ldg((const uint16_t *)(blk + 208))));
-        float          s[4];
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    int b = 0;
+    for (; b + MMV_U6 <= nb; b += MMV_U6) {
+        q6k_raw r[MMV_U6];
 #pragma unroll
-        for (int g = 0; g < 4; g++) s[g] = d * (float)sc[2 * g];
+        for (int u = 0; u < MMV_U6; u++) r[u] = q6k_load(wr, b + u, lane);
 #pragma unroll
-        for (int t = 0; t < MMV_TOK; t++) {
-            if (t >= nt) break;
-            const float *xr = x + (size_t)(tok0 + t) * K + (size_t)b * 256 + h * 128 + i;
-            float        part = 0.0f;
-#pragma unroll
-            for (int g = 0; g < 4; g++) {
-                const uint32_t lq = g & 1 ? l1 : l0;
-                const int      nib = (g >> 1) * 4;
-                const float2   xv = __ldg((const float2 *)(xr + 32 * g));
-                const int q0 = (int)(((lq >> nib) & 0xF) | (((hb >> (2 * g)) & 3) << 4)) - 32;
-                const int q1 = (int)(((lq >> (8 + nib)) & 0xF) | (((hb >> (8 + 2 * g)) & 3) << 4)) - 32;
-                part = fmaf(s[g], fmaf((float)q0, xv.x, (float)q1 * xv.y), part);
-            }
-            acc[t] += part;
-        }
+        for (int u = 0; u < MMV_U6; u++) q6k_block<NT>(r[u], b + u, lane, x, K, tok0, nt, acc);
     }
-    mmv_store(acc, nt, lane, tok0, n_out, row, y);
+    for (; b < nb; b++) q6k_block<NT>(q6k_load(wr, b, lane), b, lane, x, K, tok0, nt, acc);
+    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
 }
 
-/* The same for the float types, element by element (any K). */
-template <int TYPE>
+/* ---- K-quant GEMVs on int8 activations (dp4a) ----
+ *
+ * The fp32-activation kernels above spend most of their instructions
+ * turning nibbles into floats (8 conversions and 8 FMAs per 8 weights and
+ * token). These take the activations as int8 per 32 elements, as the CPU's
+ * K-quant kernels (Q8_K) and llama.cpp's MMVQ (Q8_1) do: one dp4a per 4
+ * weights and token, exact int32 sums, the scales applied per sub-block. On
+ * by default for Q4_K and Q6_K; AUGUR_CUDA_MMV=fp32 selects the fp32 kernels
+ * (an A/B switch for benchmarks). */
+
+/* Decode rows' activations as int8 per 32 elements: q = round(x / d) with
+ * d = max|x| / 127 over the block, xs = (d, d * Σ q). One warp per block;
+ * x is [n_blocks32 * 32] (rows of K % 32 == 0 lie back to back). */
+__global__ void quantize_q8_32(const float *__restrict__ x, int n_blocks32, int8_t *__restrict__ xq,
+                               float2 *__restrict__ xs) {
+    const int lane = threadIdx.x & 31, blk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (blk >= n_blocks32) return;
+    const float v = x[(size_t)blk * 32 + lane];
+    float       amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const int   q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[(size_t)blk * 32 + lane] = (int8_t)q;
+    int sum = q;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) xs[blk] = make_float2(d, __fmul_rn(d, (float)sum));
+}
+
+/* Q4_K: the warp on 4 blocks at a time, 8 lanes a block; lane p of a block
+ * holds 16 quant bytes (qs[16p..16p+15]: group g = p/2, half h = p%2), i.e.
+ * 16 low-nibble weights of sub-block 2g and 16 high-nibble weights of
+ * sub-block 2g+1, and the block's 16-byte header (d, dmin, scales). Per
+ * token: 8 dp4a. The min term (dmin * m * Σx) is added once per sub-block,
+ * by the h = 0 lane, from the activation block's d * Σq. */
+#define MMV_G4 2 /* groups of 4 blocks loaded ahead */
+struct q4k_raw16 {
+    uint4 head, q;
+};
+template <int NT>
+static __device__ __forceinline__ void q4k_dp4a_block(const q4k_raw16 r, int b, int lane, const int8_t *__restrict__ xq,
+                                                      const float2 *__restrict__ xs, int K, int tok0, int nt,
+                                                      float acc[NT]) {
+    const int   p = lane & 7, g = p >> 1, h = p & 1;
+    const float d = __half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF)));
+    const float dmin = __half2float(__ushort_as_half((uint16_t)(r.head.x >> 16)));
+    float       sc0, mn0, sc1, mn1;
+    cq_k4_scale_min_w(2 * g, r.head.y, r.head.z, r.head.w, &sc0, &mn0);
+    cq_k4_scale_min_w(2 * g + 1, r.head.y, r.head.z, r.head.w, &sc1, &mn1);
+    const float    a0 = __fmul_rn(d, sc0), a1 = __fmul_rn(d, sc1), m0 = __fmul_rn(dmin, mn0), m1 = __fmul_rn(dmin, mn1);
+    const uint32_t qw[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const int8_t *xr = xq + (size_t)(tok0 + t) * K + (size_t)b * 256 + 64 * g + 16 * h;
+        const int4    xl = __ldg((const int4 *)xr), xh = __ldg((const int4 *)(xr + 32));
+        const int     xlw[4] = {xl.x, xl.y, xl.z, xl.w}, xhw[4] = {xh.x, xh.y, xh.z, xh.w};
+        const float2 *sr = xs + (size_t)(tok0 + t) * (K / 32) + 8 * b + 2 * g;
+        const float2  sl = __ldg(sr), sh = __ldg(sr + 1);
+        int           il = 0, ih = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            il = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xlw[k], il);
+            ih = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xhw[k], ih);
+        }
+        float v = __fadd_rn(__fmul_rn(__fmul_rn(a0, sl.x), (float)il), __fmul_rn(__fmul_rn(a1, sh.x), (float)ih));
+        if (h == 0) v = __fsub_rn(v, __fadd_rn(__fmul_rn(m0, sl.y), __fmul_rn(m1, sh.y)));
+        acc[t] = __fadd_rn(acc[t], v);
+    }
+}
+template <int NT>
+__global__ void mmv_q4k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                             const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
+                             float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
+    if (row >= n_out) return;
+    const int      nt = min(NT, n_tok - tok0), nb = K / 256, bi = lane >> 3;
+    const uint8_t *wr = W + (size_t)row * row_bytes + 16 * (lane & 7);
+    float          acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    int b4 = 0;
+    for (; b4 + 4 * MMV_G4 <= nb; b4 += 4 * MMV_G4) {
+        q4k_raw16 r[MMV_G4];
+#pragma unroll
+        for (int u = 0; u < MMV_G4; u++) {
+            const uint8_t *blk = W + (size_t)row * row_bytes + (size_t)(b4 + 4 * u + bi) * 144;
+            r[u].head = __ldg((const uint4 *)blk);
+            r[u].q = __ldg((const uint4 *)(wr + (size_t)(b4 + 4 * u + bi) * 144 + 16));
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_G4; u++) q4k_dp4a_block<NT>(r[u], b4 + 4 * u + bi, lane, xq, xs, K, tok0, nt, acc);
+    }
+    for (; b4 < nb; b4 += 4) {
+        const int b = b4 + bi;
+        if (b >= nb) continue; /* the last group's missing blocks: the lane adds nothing */
+        q4k_raw16 r;
+        r.head = __ldg((const uint4 *)(W + (size_t)row * row_bytes + (size_t)b * 144));
+        r.q = __ldg((const uint4 *)(wr + (size_t)b * 144 + 16));
+        q4k_dp4a_block<NT>(r, b, lane, xq, xs, K, tok0, nt, acc);
+    }
+    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+}
+
+/* Q6_K: lane l takes half hf = l/16 of a block, quadrant pair c = (l/8)%2
+ * and positions l0..l0+3 (l0 = 4(l%8)): one ql word (low nibbles: quadrant
+ * c, high: c+2) and one qh word, read as 2-byte halves (blocks are 210
+ * bytes, 2-byte aligned); the weights as signed bytes, 2 dp4a per token. */
+#define MMV_U6D 8
+struct q6k_raw8 {
+    uint32_t ql, qh, sc, d;
+};
+static __device__ __forceinline__ q6k_raw8 q6k_dp4a_load(const uint8_t *wr, int b, int lane) {
+    const int      hf = lane >> 4, c = (lane >> 3) & 1, l0 = 4 * (lane & 7);
+    const uint8_t *blk = wr + (size_t)b * 210;
+    const uint16_t *ql = (const uint16_t *)(blk + 64 * hf + 32 * c + l0), *qh = (const uint16_t *)(blk + 128 + 32 * hf + l0);
+    const uint8_t *sc = blk + 192 + 8 * hf + 2 * c + (l0 >> 4);
+    q6k_raw8       r;
+    r.ql = (uint32_t)__ldg(ql) | (uint32_t)__ldg(ql + 1) << 16;
+    r.qh = (uint32_t)__ldg(qh) | (uint32_t)__ldg(qh + 1) << 16;
+    r.sc = (uint32_t)__ldg(sc) | (uint32_t)__ldg(sc + 4) << 8; /* quadrants c and c+2 */
+    r.d = __ldg((const uint16_t *)(blk + 208));
+    return r;
+}
+template <int NT>
+static __device__ __forceinline__ void q6k_dp4a_block(const q6k_raw8 r, int b, int lane, const int8_t *__restrict__ xq,
+                                                      const float2 *__restrict__ xs, int K, int tok0, int nt,
+                                                      float acc[NT]) {
+    const int   hf = lane >> 4, c = (lane >> 3) & 1, l0 = 4 * (lane & 7);
+    const float d = __half2float(__ushort_as_half((uint16_t)r.d));
+    const float s0 = __fmul_rn(d, (float)(int8_t)(r.sc & 0xFF)), s1 = __fmul_rn(d, (float)(int8_t)(r.sc >> 8));
+    const int   w0 = (int)__vsubss4((r.ql & 0x0F0F0F0Fu) | (((r.qh >> (2 * c)) & 0x03030303u) << 4), 0x20202020u);
+    const int   w1 =
+        (int)__vsubss4(((r.ql >> 4) & 0x0F0F0F0Fu) | (((r.qh >> (2 * c + 4)) & 0x03030303u) << 4), 0x20202020u);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const int8_t *xr = xq + (size_t)(tok0 + t) * K + (size_t)b * 256 + 128 * hf + 32 * c + l0;
+        const int     x0 = __ldg((const int *)xr), x1 = __ldg((const int *)(xr + 64));
+        const float2 *sr = xs + (size_t)(tok0 + t) * (K / 32) + 8 * b + 4 * hf + c;
+        const float   d0 = __ldg(&sr->x), d1 = __ldg(&sr[2].x);
+        const float   v = __fadd_rn(__fmul_rn(__fmul_rn(s0, d0), (float)__dp4a(w0, x0, 0)),
+                                    __fmul_rn(__fmul_rn(s1, d1), (float)__dp4a(w1, x1, 0)));
+        acc[t] = __fadd_rn(acc[t], v);
+    }
+}
+template <int NT>
+__global__ void mmv_q6k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                             const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
+                             float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
+    if (row >= n_out) return;
+    const int      nt = min(NT, n_tok - tok0), nb = K / 256;
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    float          acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    int b = 0;
+    for (; b + MMV_U6D <= nb; b += MMV_U6D) {
+        q6k_raw8 r[MMV_U6D];
+#pragma unroll
+        for (int u = 0; u < MMV_U6D; u++) r[u] = q6k_dp4a_load(wr, b + u, lane);
+#pragma unroll
+        for (int u = 0; u < MMV_U6D; u++) q6k_dp4a_block<NT>(r[u], b + u, lane, xq, xs, K, tok0, nt, acc);
+    }
+    for (; b < nb; b++) q6k_dp4a_block<NT>(q6k_dp4a_load(wr, b, lane), b, lane, xq, xs, K, tok0, nt, acc);
+    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+}
+
+typedef void (*mmv_q8_kernel)(const uint8_t *, size_t, int, int, const int8_t *, const float2 *, int, float *);
+
+template <int NT>
+static mmv_q8_kernel mmv_q8_for_nt(uint32_t type) {
+    return type == CQ_Q4_K ? mmv_q4k_dp4a<NT> : type == CQ_Q6_K ? mmv_q6k_dp4a<NT> : NULL;
+}
+
+/* F16/BF16 rows with K % 8 == 0: 16-byte loads of 8 halves per lane (a warp
+ * reads 512 contiguous bytes), MMV_UH of them in flight per lane. */
+#define MMV_UH 4
+template <int TYPE, int NT>
+static __device__ __forceinline__ void half8_chunk(const uint4 raw, int k8, const float *__restrict__ x, int K, int tok0,
+                                                   int nt, float acc[NT]) {
+    float          w[8];
+    const uint32_t r[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f;
+        if (TYPE == CQ_F16) f = __half22float2(*(const __half2 *)&r[i]);
+        else f = __bfloat1622float2(*(const __nv_bfloat162 *)&r[i]);
+        w[2 * i] = f.x, w[2 * i + 1] = f.y;
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        const float4 *xp = (const float4 *)(x + (size_t)(tok0 + t) * K) + 2 * k8;
+        const float4  a = __ldg(xp), b = __ldg(xp + 1);
+        float         p = 0.0f;
+        p = fmaf(w[0], a.x, p), p = fmaf(w[1], a.y, p), p = fmaf(w[2], a.z, p), p = fmaf(w[3], a.w, p);
+        p = fmaf(w[4], b.x, p), p = fmaf(w[5], b.y, p), p = fmaf(w[6], b.z, p), p = fmaf(w[7], b.w, p);
+        acc[t] = __fadd_rn(acc[t], p);
+    }
+}
+
+/* The float types: F16/BF16 through half8_chunk when K % 8 == 0, else (and
+ * for F32) element by element (any K). */
+template <int TYPE, int NT>
 __global__ void mmv_float(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                           const float *__restrict__ x, int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * MMV_TOK;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
     if (row >= n_out) return;
-    const int      nt = min(MMV_TOK, n_tok - tok0);
+    const int      nt = min(NT, n_tok - tok0);
     const uint8_t *wr = W + (size_t)row * row_bytes;
-    float          acc[MMV_TOK];
+    float          acc[NT];
 #pragma unroll
-    for (int t = 0; t < MMV_TOK; t++) acc[t] = 0.0f;
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     if (TYPE != CQ_F32 && K % 8 == 0) {
-        /* 16-byte loads: 8 halves per lane, a warp reads 512 contiguous bytes */
-        for (int k8 = lane; k8 < K / 8; k8 += 32) {
-            const uint4 raw = __ldg((const uint4 *)wr + k8);
-            float       w[8];
-            const uint32_t r[4] = {raw.x, raw.y, raw.z, raw.w};
+        const uint4 *wv = (const uint4 *)wr;
+        const int    n8 = K / 8;
+        int          k8 = lane;
+        for (; k8 + 32 * (MMV_UH - 1) < n8; k8 += 32 * MMV_UH) {
+            uint4 raw[MMV_UH];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float2 f;
-                if (TYPE == CQ_F16) f = __half22float2(*(const __half2 *)&r[i]);
-                else f = __bfloat1622float2(*(const __nv_bfloat162 *)&r[i]);
-                w[2 * i] = f.x, w[2 * i + 1] = f.y;
-            }
+            for (int u = 0; u < MMV_UH; u++) raw[u] = __ldg(wv + k8 + 32 * u);
 #pragma unroll
-            for (int t = 0; t < MMV_TOK; t++) {
-                if (t >= nt) break;
-                const float4 *xp = (const float4 *)(x + (size_t)(tok0 + t) * K) + 2 * k8;
-                const float4  a = __ldg(xp), b = __ldg(xp + 1);
-                float         p = 0.0f;
-                p = fmaf(w[0], a.x, p), p = fmaf(w[1], a.y, p), p = fmaf(w[2], a.z, p), p = fmaf(w[3], a.w, p);
-                p = fmaf(w[4], b.x, p), p = fmaf(w[5], b.y, p), p = fmaf(w[6], b.z, p), p = fmaf(w[7], b.w, p);
-                acc[t] += p;
-            }
+            for (int u = 0; u < MMV_UH; u++) half8_chunk<TYPE, NT>(raw[u], k8 + 32 * u, x, K, tok0, nt, acc);
         }
+        for (; k8 < n8; k8 += 32) half8_chunk<TYPE, NT>(__ldg(wv + k8), k8, x, K, tok0, nt, acc);
     } else {
         for (int k = lane; k < K; k += 32) {
             float w = cq_load<TYPE>(wr, k);
 #pragma unroll
-            for (int t = 0; t < MMV_TOK; t++) {
+            for (int t = 0; t < NT; t++) {
                 if (t >= nt) break;
                 acc[t] = fmaf(w, __ldg(x + (size_t)(tok0 + t) * K + k), acc[t]);
             }
         }
     }
-    mmv_store(acc, nt, lane, tok0, n_out, row, y);
+    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
 }
 
 typedef void (*mmv_kernel)(const uint8_t *, size_t, int, int, const float *, int, float *);
 
-static mmv_kernel mmv_for(uint32_t type) {
+template <int NT>
+static mmv_kernel mmv_for_nt(uint32_t type) {
     switch (type) {
-    case CQ_F32: return mmv_float<CQ_F32>;
-    case CQ_F16: return mmv_float<CQ_F16>;
-    case CQ_BF16: return mmv_float<CQ_BF16>;
-    case CQ_Q4_0: return mmv_quant<CQ_Q4_0>;
-    case CQ_Q4_1: return mmv_quant<CQ_Q4_1>;
-    case CQ_Q5_0: return mmv_quant<CQ_Q5_0>;
-    case CQ_Q5_1: return mmv_quant<CQ_Q5_1>;
-    case CQ_Q8_0: return mmv_quant<CQ_Q8_0>;
-    case CQ_Q4_K: return mmv_q4k;
-    case CQ_Q6_K: return mmv_q6k;
+    case CQ_F32: return mmv_float<CQ_F32, NT>;
+    case CQ_F16: return mmv_float<CQ_F16, NT>;
+    case CQ_BF16: return mmv_float<CQ_BF16, NT>;
+    case CQ_Q4_0: return mmv_quant<CQ_Q4_0, NT>;
+    case CQ_Q4_1: return mmv_quant<CQ_Q4_1, NT>;
+    case CQ_Q5_0: return mmv_quant<CQ_Q5_0, NT>;
+    case CQ_Q5_1: return mmv_quant<CQ_Q5_1, NT>;
+    case CQ_Q8_0: return mmv_quant<CQ_Q8_0, NT>;
+    case CQ_Q4_K: return mmv_q4k<NT>;
+    case CQ_Q6_K: return mmv_q6k<NT>;
     default: return NULL;
+    }
+}
+
+/* The GEMV for a weight type and a batch of n_tok decode rows, and in *nt
+ * the tokens each thread block takes. */
+static mmv_kernel mmv_for(uint32_t type, int n_tok, int *nt) {
+    *nt = n_tok <= 1 ? 1 : n_tok <= 2 ? 2 : n_tok <= 4 ? 4 : 8;
+    switch (*nt) {
+    case 1: return mmv_for_nt<1>(type);
+    case 2: return mmv_for_nt<2>(type);
+    case 4: return mmv_for_nt<4>(type);
+    default: return mmv_for_nt<8>(type);
     }
 }
 
@@ -591,12 +881,36 @@ static unsigned grid_for(size_t n, unsigned threads) {
 
 /* ---- matmul ---- */
 
-static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y) {
+/* Whether decode rows of this weight go through the dp4a GEMV (and so
+ * read the activations quantized by quantize_q8_32). */
+static bool uses_dp4a(const cuda_state *s, const ag_tensor *w) {
+    return s->mmv_dp4a && (w->type == CQ_Q4_K || w->type == CQ_Q6_K);
+}
+
+/* Decode rows of one weight. xq_ready: the activations x are already in
+ * d_xq/d_xs (matmul_multi quantizes a shared x once). */
+static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, bool xq_ready) {
     if (n <= 0) return AG_OK;
-    mmv_kernel k = mmv_for(w->type);
+    int        nt;
+    mmv_kernel k = mmv_for(w->type, n, &nt);
     if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
     const int K = (int)w->ne[0], n_out = (int)w->ne[1];
-    dim3      grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + MMV_TOK - 1) / MMV_TOK));
+    dim3      grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
+    if (uses_dp4a(s, w)) {
+        mmv_q8_kernel kq = nt == 1 ? mmv_q8_for_nt<1>(w->type) : nt == 2 ? mmv_q8_for_nt<2>(w->type)
+                         : nt == 4 ? mmv_q8_for_nt<4>(w->type) : mmv_q8_for_nt<8>(w->type);
+        if (!xq_ready) {
+            ag_status st = reserve_xq(s, n, K);
+            if (st) return st;
+            const int n_blocks32 = n * (K / 32);
+            quantize_q8_32<<<(unsigned)((n_blocks32 + 7) / 8), 256, 0, s->stream>>>(x, n_blocks32, s->d_xq, s->d_xs);
+            LAUNCHED();
+        }
+        kq<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs,
+                                                   n, y);
+        LAUNCHED();
+        return AG_OK;
+    }
     k<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
     LAUNCHED();
     return AG_OK;
@@ -641,21 +955,30 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
     return AG_OK;
 }
 
-static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
-    cuda_state *s = st_of(be);
+static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, int n, int n_decode, float *y,
+                             bool xq_ready) {
     if (n_decode < 0 || n_decode > n) n_decode = n;
-    ag_status st = matmul_decode(s, w, x, n_decode, y);
+    ag_status st = matmul_decode(s, w, x, n_decode, y, xq_ready);
     if (!st)
         st = matmul_prompt(s, w, x + (size_t)n_decode * w->ne[0], n - n_decode, y + (size_t)n_decode * w->ne[1]);
     if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
     return AG_OK;
 }
 
+static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
+    return matmul_rows(st_of(be), w, x, n, n_decode, y, false);
+}
+
+/* The weights share x (and so K): its decode rows are quantized once for
+ * all the dp4a weights among them. */
 static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
                                  int n_decode, float *const *y) {
+    cuda_state *s = st_of(be);
+    bool        xq_ready = false;
     for (int i = 0; i < n_w; i++) {
-        ag_status st = cu_matmul(be, w[i], x, n, n_decode, y[i]);
+        ag_status st = matmul_rows(s, w[i], x, n, n_decode, y[i], xq_ready);
         if (st) return st;
+        xq_ready = xq_ready || uses_dp4a(s, w[i]);
     }
     return AG_OK;
 }
@@ -1218,6 +1541,8 @@ static void cu_destroy(ag_backend *be) {
         cudaFree(s->d_wbf);
         cudaFree(s->d_xbf);
         cudaFree(s->d_wf);
+        cudaFree(s->d_xq);
+        cudaFree(s->d_xs);
         if (s->blas) cublasDestroy(s->blas);
         if (s->stream) cudaStreamDestroy(s->stream);
         free(s);
@@ -1302,7 +1627,9 @@ extern "C" ag_status ag_cuda_backend_new(int index, ag_backend **out) {
     }
     s->sm_count = prop.multiProcessorCount;
     const char *gr = getenv("AUGUR_CUDA_GRAPHS");
-    s->graphs_on = gr && *gr == '1';
+    s->graphs_on = !(gr && *gr == '0');
+    const char *mmv = getenv("AUGUR_CUDA_MMV");
+    s->mmv_dp4a = !(mmv && !strcmp(mmv, "fp32"));
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;
