@@ -4,12 +4,9 @@
 # sdist ($PEER_VERSION, default 0.3.36) here and strips what a CUDA build of
 # the library does not need (llama.cpp's models, docs, web UI, .git, the
 # other GPU backends), 76 MB -> about 7 MB, into .peer/ (ignored by git).
-# On the GPU machine (carry .peer):
-#   tar xzf .peer/llama_cpp_python-*.tar.gz -C /tmp && cd /tmp/llama_cpp_python-* &&
-#   CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF" \
-#     python3 -m pip install --no-deps --no-build-isolation --target /tmp/peer .
-# then PYTHONPATH=/tmp/peer python3 bench/gpu_peer_bench.py MODEL.gguf ...
-# (the build took over 8 minutes on 8 cores there: give it a call of its own).
+# On the GPU machine (carry .peer), bench/gpu_peer.sh builds llama.cpp's own
+# benchmark tools from it (that machine has no package registry for a pip
+# build) and runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 V=${PEER_VERSION:-0.3.36}
