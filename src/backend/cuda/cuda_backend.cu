@@ -1015,21 +1015,51 @@ static __device__ float block_max(float v, float *red) {
     return t;
 }
 
+/* One block per row. Rows of dim % 4 == 0 are read as float4 with a thread
+ * per float4 (up to 1024): the first version's 256 threads each walked 16
+ * dependent loads, 14 us a call at dim 4096 (17% of an 8B decode step). */
 __global__ void rmsnorm_k(const float *__restrict__ x, const float *__restrict__ w, int dim, float eps,
                           float *__restrict__ out) {
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * dim;
     float       *o = out + (size_t)blockIdx.x * dim;
     float        ss = 0.0f;
+    if ((dim & 3) == 0) {
+        const float4 *x4 = (const float4 *)xr;
+        const int     n4 = dim >> 2;
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+            const float4 v = x4[i];
+            ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
+        }
+        ss = block_sum(ss, red);
+        const float sc = rsqrtf(ss / dim + eps);
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+            float4 v = x4[i];
+            v.x *= sc, v.y *= sc, v.z *= sc, v.w *= sc;
+            if (w) {
+                const float4 g = ((const float4 *)w)[i];
+                v.x *= g.x, v.y *= g.y, v.z *= g.z, v.w *= g.w;
+            }
+            ((float4 *)o)[i] = v;
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
     ss = block_sum(ss, red);
     const float sc = rsqrtf(ss / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
 }
 
+/* Threads for a block that gives each thread about one of `work` items:
+ * a multiple of 32, at most 1024. */
+static unsigned threads_for(int work) {
+    int t = (work + 31) / 32 * 32;
+    return (unsigned)(t < 32 ? 32 : t > 1024 ? 1024 : t);
+}
+
 static ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
     if (n <= 0) return AG_OK;
-    rmsnorm_k<<<(unsigned)n, dim >= 1024 ? 256 : 128, 0, st_of(be)->stream>>>(x, w, dim, eps, out);
+    rmsnorm_k<<<(unsigned)n, threads_for(dim % 4 == 0 ? dim / 4 : dim), 0, st_of(be)->stream>>>(x, w, dim, eps, out);
     LAUNCHED();
     return AG_OK;
 }
@@ -1190,12 +1220,15 @@ static ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh,
     if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA kv_store: batch differs from the pass (see begin)");
     if (b->n <= 0) return AG_OK;
     kv_geom g = geom_of(kv, sh->layer);
+    /* a thread per element of a head row set (up to 1024): the first
+     * version's 128 threads walked 8-16 dependent loads each (9 us a call) */
+    const unsigned th = threads_for(sh->n_head_kv * (sh->head_dim_k > sh->head_dim_v ? sh->head_dim_k : sh->head_dim_v));
     if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
-        kv_store_k<true><<<(unsigned)b->n, 128, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
-                                                                sh->head_dim_v, k, v);
+        kv_store_k<true><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
+                                                               sh->head_dim_v, k, v);
     else
-        kv_store_k<false><<<(unsigned)b->n, 128, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
-                                                                 sh->head_dim_v, k, v);
+        kv_store_k<false><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
+                                                                sh->head_dim_v, k, v);
     LAUNCHED();
     return AG_OK;
 }
