@@ -10,11 +10,14 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
+import threading
 import time
 import urllib.request
 import uuid
 
+import numpy as np
 import pytest
 
 from conftest import AUGUR, SMOLLM2, TINY_GGUF, AugurServer, require_model
@@ -359,6 +362,108 @@ def test_full_disk_turns_writing_off_and_serving_goes_on(servers, tmp_path, tiny
         assert text == cold(tiny_server, p)
     assert s.stderr().count("writing to the disk tier is off") == 1
     stop_ok(s)
+
+
+# ---- streamed restores ----
+
+def raw_post(server, body):
+    """Sends a POST /v1/completions on a raw socket; returns the socket."""
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    data = json.dumps(body).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(data)).encode() + b"\r\n\r\n" + data)
+    return sock
+
+
+def slow_reads(ms):
+    """The environment of a server whose disk reader sleeps ms per record."""
+    return dict(os.environ, AUGUR_TEST_KV_READ_DELAY_MS=str(ms))
+
+
+def test_a_slow_restore_does_not_stall_other_streams(servers, tmp_path, smol_server):
+    require_model(SMOLLM2)
+    d = str(tmp_path / "kv")
+    a = servers(SMOLLM2, "--kv-disk", d)
+    _, n_prompt, _ = complete(a, P, n=1)
+    stop_ok(a)
+    delay = 0.15
+    b = servers(SMOLLM2, "--kv-disk", d, "--parallel", "2", env=slow_reads(int(delay * 1000)))
+    wait_scan(b)
+    # another stream, decoding all along
+    arrivals, stop = [], threading.Event()
+    sock = raw_post(b, {"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": True, "temperature": 0,
+                        "stream": True, "cache_salt": uuid.uuid4().hex})
+
+    def read_stream():
+        try:
+            while not stop.is_set():
+                chunk = sock.recv(65536)
+                if not chunk:
+                    return
+                arrivals.extend([time.monotonic()] * chunk.count(b"data: {"))
+        except OSError:
+            pass
+
+    reader = threading.Thread(target=read_stream)
+    reader.start()
+    try:
+        deadline = time.time() + 60
+        while len(arrivals) < 3 and time.time() < deadline:
+            time.sleep(0.01)
+        assert len(arrivals) >= 3, b.stderr()[-2000:]
+        t0 = time.monotonic()
+        text, _, cached = complete(b, P)
+        t1 = time.monotonic()
+    finally:
+        stop.set()
+        sock.close()
+        reader.join()
+    restored = cached // BLOCK
+    assert cached == full_blocks(n_prompt - 1) and restored >= 10
+    assert t1 - t0 >= restored * delay  # the reads were slow ...
+    during = [t for t in arrivals if t0 <= t <= t1]
+    # ... and the other stream went on meanwhile: no pause near the restore's length
+    gaps = np.diff([t0] + during + [t1])
+    assert len(during) >= 10, (len(during), t1 - t0)
+    assert gaps.max() < (t1 - t0) / 3, (gaps.max(), t1 - t0)
+    m = metrics(b)
+    assert m["augur_prefix_cache_tokens_restored_disk_total"] == cached
+    assert m["augur_prefix_cache_disk_restore_seconds_total"] >= restored * delay
+    assert m["augur_prefix_cache_disk_restores_pending"] == 0
+    stop_ok(b)
+    assert text == cold(smol_server, P)
+
+
+def test_hang_up_during_a_restore_frees_everything(servers, tmp_path, tiny_server):
+    d = str(tmp_path / "kv")
+    a = servers(TINY_GGUF, "--kv-disk", d)
+    _, n_prompt, _ = complete(a, P)
+    stop_ok(a)
+    delay = 0.2
+    b = servers(TINY_GGUF, "--kv-disk", d, env=slow_reads(int(delay * 1000)))
+    wait_scan(b)
+    sock = raw_post(b, {"prompt": P, "max_tokens": 16, "temperature": 0})
+    wait_for(b, lambda m: m["augur_prefix_cache_disk_restores_pending"] == 1, "the restore to begin")
+    t = time.monotonic()
+    sock.close()
+    m = wait_for(b, lambda m: m["augur_prefix_cache_disk_restores_cancelled_total"] == 1 and
+                 m["augur_running_sequences"] == 0 and m["augur_kv_blocks_used"] == m["augur_kv_blocks_cached"],
+                 "the cancelled restore to give everything back")
+    # long before the reads would have ended
+    assert time.monotonic() - t < full_blocks(n_prompt - 1) // BLOCK * delay / 2
+    assert m["augur_prefix_cache_disk_restores_pending"] == 0
+    assert m["augur_prefix_cache_lookups_total"] == 0  # it never finished
+    assert m["augur_client_cancels_total"] >= 1
+    # the server goes on: the same prompt is restored (blocks read before the
+    # hang-up from memory, the rest from disk) and answers as a cold server
+    text, n, cached = complete(b, P)
+    assert cached == full_blocks(n - 1)
+    m = metrics(b)
+    assert m["augur_prefix_cache_disk_restore_failures_total"] == 0
+    assert m["augur_prefix_cache_tokens_restored_disk_total"] + m["augur_prefix_cache_tokens_restored_memory_total"] \
+        == cached
+    stop_ok(b)
+    assert text == cold(tiny_server, P)
 
 
 # ---- the default directory ----
