@@ -48,7 +48,15 @@
  *    (memcpy, bounded per call) on the engine thread and hands them to ONE
  *    background writer thread that does all file I/O: temp file in the same
  *    directory (<key>.<pid>-<n>.tmp), write, fsync, rename; the directory is
- *    fsynced once per drained batch. A crash leaves either the whole record
+ *    fsynced once per drained batch. After its start-up scan the writer runs
+ *    at SCHED_IDLE: it writes with CPU time nothing else on the machine
+ *    wants, so a decode step that starts while records are being written is
+ *    not slowed by them (the page-cache copies, checksums and file-system
+ *    work cost about 1.2 ms of CPU per MB, which on 2 cores slowed decoding
+ *    to 0.4-0.8x while a prompt was written; bench/RESULTS.md). It holds the
+ *    cache mutex only for bookkeeping, never across I/O. ag_cache_flush
+ *    writes on its caller's thread as well, so a shutdown on a busy machine
+ *    does not wait for the idle-priority writer. A crash leaves either the whole record
  *    or a .tmp leftover, which the next scan deletes. A block already on disk
  *    (by this or another process) is never written twice.
  *  - Two processes on one directory never corrupt each other: names are

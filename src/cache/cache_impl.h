@@ -98,6 +98,7 @@ struct ag_cache_restore {
     int32_t                  done;   /* engine: entries [0, done) hold their block */
     int32_t                  end;    /* engine: the prefix ends before this entry */
     int64_t                  t_start;
+    int32_t                  hinted; /* reader only: entries [0, hinted) were read ahead */
     /* under mu */
     int32_t next_read;  /* reader: the next entry to look at */
     bool    reader_has; /* queued for, or being read by, the reader */
@@ -151,7 +152,8 @@ struct ag_cache {
     pthread_cond_t  cv;      /* the writer waits for jobs */
     pthread_cond_t  cv_done; /* flush waits for progress */
     pthread_t       thread;
-    bool            thread_started, stop, writer_busy;
+    bool            thread_started, stop;
+    int32_t         writers_busy;  /* records being written (the writer, and a flush helping) */
     write_job      *q_head, *q_tail;
     size_t          q_bytes;
     write_done     *done;
@@ -160,7 +162,7 @@ struct ag_cache {
     int32_t         cap_done2;
     bool            scan_ready;    /* scan results waiting to be merged */
     bool            scan_finished; /* the scan ran (never reset) */
-    bool            dir_dirty;     /* renames since the last directory fsync (writer only) */
+    bool            dir_dirty;     /* renames since the last directory fsync */
     scan_item      *scan;
     int32_t         n_scan;
     int32_t        *scan_tokens;

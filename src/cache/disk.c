@@ -29,6 +29,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -408,7 +409,6 @@ static int write_record(ag_cache *c, write_job *job) {
         writes_off(c, what, err);
         return W_FAILED;
     }
-    c->dir_dirty = true;
     return W_WRITTEN;
 }
 
@@ -423,44 +423,63 @@ static void push_done(ag_cache *c, int32_t node, int result) {
     c->done[c->n_done++] = (write_done){node, result};
 }
 
+/* Takes the next queued record and writes it (mu is held on entry and on
+ * return, released for the I/O). The writer thread does this; so does
+ * ag_cache_flush's caller, at its own priority, so that a shutdown does not
+ * wait for a low-priority writer on a busy machine. Whoever leaves the
+ * queue empty with no write in progress syncs the directory once for the
+ * renames and fires notify. */
+static void write_next_locked(ag_cache *c) {
+    write_job *job = c->q_head;
+    c->q_head = job->next;
+    if (!c->q_head) c->q_tail = NULL;
+    c->writers_busy++;
+    pthread_mutex_unlock(&c->mu);
+
+    int res = write_record(c, job);
+
+    pthread_mutex_lock(&c->mu);
+    c->q_bytes -= job->size;
+    push_done(c, job->node, res);
+    if (res == W_WRITTEN) {
+        c->st.records_written++;
+        c->st.bytes_written += job->size;
+        c->dir_dirty = true;
+    } else if (res == W_FAILED) {
+        c->st.write_failures++;
+    }
+    c->writers_busy--;
+    pthread_cond_broadcast(&c->cv_done);
+    free(job);
+    if (!c->q_head && !c->writers_busy) {
+        bool dirty = c->dir_dirty;
+        c->dir_dirty = false;
+        pthread_mutex_unlock(&c->mu);
+        if (dirty && c->p.disk_sync) fsync(c->dirfd);
+        notify(c);
+        pthread_mutex_lock(&c->mu);
+    }
+}
+
 static void *writer_main(void *arg) {
     ag_cache *c = arg;
     if (!c->scan_finished) {
         scan_dir(c);
         notify(c);
     }
+    /* From now on only what no other thread wants the CPU for: the engine
+     * copies blocks out only while idle, but the writes (the page-cache
+     * copy, checksums, the file system's work) would otherwise take CPU
+     * time from a decode step that starts meanwhile (measured: decode at
+     * 0.4-0.8x while a 35 MB prompt was written, 2 cores; bench/RESULTS.md).
+     * If the policy cannot be set, the thread runs as it is. */
+    struct sched_param idle_prio = {0};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle_prio);
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->q_head && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
         if (!c->q_head) break;
-        write_job *job = c->q_head;
-        c->q_head = job->next;
-        if (!c->q_head) c->q_tail = NULL;
-        c->writer_busy = true;
-        pthread_mutex_unlock(&c->mu);
-
-        int res = write_record(c, job);
-
-        pthread_mutex_lock(&c->mu);
-        c->q_bytes -= job->size;
-        push_done(c, job->node, res);
-        if (res == W_WRITTEN) {
-            c->st.records_written++;
-            c->st.bytes_written += job->size;
-        } else if (res == W_FAILED) {
-            c->st.write_failures++;
-        }
-        c->writer_busy = false;
-        bool drained = !c->q_head;
-        pthread_cond_broadcast(&c->cv_done);
-        free(job);
-        if (drained) {
-            pthread_mutex_unlock(&c->mu);
-            if (c->dir_dirty && c->p.disk_sync) fsync(c->dirfd); /* the renames, once per batch */
-            c->dir_dirty = false;
-            notify(c);
-            pthread_mutex_lock(&c->mu);
-        }
+        write_next_locked(c);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -510,8 +529,12 @@ void disk_open(ag_cache *c) {
         scan_dir(c);
         disk_drain(c);
     }
-    if (pthread_create(&c->reader, NULL, reader_main, c) == 0) c->reader_started = true;
-    else AG_LOGW("kv disk cache: cannot start its reader thread; records will not be restored");
+    if (pthread_create(&c->reader, NULL, reader_main, c) == 0) {
+        c->reader_started = true;
+        pthread_setname_np(c->reader, "augur-kv-read"); /* (top -H, bench/cache_bench.py) */
+    } else {
+        AG_LOGW("kv disk cache: cannot start its reader thread; records will not be restored");
+    }
     if (pthread_create(&c->thread, NULL, writer_main, c) != 0) {
         AG_LOGW("kv disk cache: cannot start its thread; nothing will be written");
         atomic_store(&c->write_on, false);
@@ -522,6 +545,7 @@ void disk_open(ag_cache *c) {
         return;
     }
     c->thread_started = true;
+    pthread_setname_np(c->thread, "augur-kv-write");
 }
 
 void disk_close(ag_cache *c) {
@@ -732,7 +756,7 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
     if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on) || c->list[L_DIRTY].n == 0) return false;
     pthread_mutex_lock(&c->mu);
     size_t q = c->q_bytes;
-    bool   idle = !c->q_head && !c->writer_busy;
+    bool   idle = !c->q_head && !c->writers_busy;
     pthread_mutex_unlock(&c->mu);
     size_t room = c->p.write_queue_bytes > q ? c->p.write_queue_bytes - q : 0;
     size_t budget = max_bytes < room ? max_bytes : room;
@@ -880,6 +904,30 @@ static int32_t read_record(ag_cache *c, const restore_entry *en, const int32_t *
     return RS_BAD;
 }
 
+/* Records read ahead of the one being read: their I/O is in flight while
+ * the reader checks the current one (one pread at a time would leave the
+ * device idle between records; a cold read then runs at the latency of one
+ * request, not the bandwidth). */
+#define READ_AHEAD_RECORDS 8
+
+/* Reader thread: asks the kernel to start reading the records of r after
+ * entry i that have not been announced yet (r->hinted; the keys are
+ * immutable, so no lock). posix_fadvise(WILLNEED) queues the reads and
+ * returns; a record that is gone or already cached costs an open. */
+static void read_ahead(ag_cache *c, ag_cache_restore *r, int32_t i) {
+    int32_t end = i + 1 + READ_AHEAD_RECORDS < r->n ? i + 1 + READ_AHEAD_RECORDS : r->n;
+    for (int32_t j = r->hinted > i ? r->hinted : i + 1; j < end; j++) {
+        if (!r->e[j].from_disk) continue;
+        char name[40];
+        ag_cache_key_name(r->e[j].key, name);
+        int fd = openat(c->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) continue;
+        posix_fadvise(fd, 0, (off_t)c->record_bytes, POSIX_FADV_WILLNEED);
+        close(fd);
+    }
+    if (end > r->hinted) r->hinted = end;
+}
+
 /* The reader: takes restores in arrival order and reads each one's records
  * in prompt order, one at a time, into staging buffers; waits when the
  * staging budget is in use (the engine gives buffers back as it copies
@@ -913,6 +961,7 @@ static void *reader_main(void *arg) {
         pthread_mutex_unlock(&c->mu);
 
         if (c->p.read_delay_us) usleep(c->p.read_delay_us);
+        read_ahead(c, r, i);
         int32_t res = read_record(c, &en, toks, r->ns, buf);
 
         pthread_mutex_lock(&c->mu);
@@ -1002,7 +1051,10 @@ void disk_flush_wait(ag_cache *c) {
         }
         bool queued = disk_queue_writes(c, SIZE_MAX);
         pthread_mutex_lock(&c->mu);
-        while (c->thread_started && (c->q_head || c->writer_busy)) pthread_cond_wait(&c->cv_done, &c->mu);
+        while (c->thread_started && (c->q_head || c->writers_busy)) {
+            if (c->q_head) write_next_locked(c); /* help: see write_next_locked */
+            else pthread_cond_wait(&c->cv_done, &c->mu);
+        }
         pthread_mutex_unlock(&c->mu);
         disk_drain(c);
         (void)queued;
