@@ -36,7 +36,7 @@ as the peer. Everything in one run, same threads.
    argmax is checked against the cold run.
 
 usage: bench/cache_bench.py [-m MODEL] [--lengths 1024,4096] [--long] [-t 2] [-r 3]
-                            [--wb-rounds 3] [--wb-prompt 512] [--wb-tokens 64] [--wb-gap 0.05]
+                            [--wb-rounds 3] [--wb-prompt 2048] [--wb-tokens 64] [--wb-gap 0.05]
                             [--no-peer] [--dir DIR]
 """
 import argparse
@@ -405,7 +405,7 @@ def main():
     ap.add_argument("-t", type=int, default=2)
     ap.add_argument("-r", type=int, default=3, help="repetitions of each hit (median)")
     ap.add_argument("--wb-rounds", type=int, default=3, help="write-behind rounds (0: skip)")
-    ap.add_argument("--wb-prompt", type=int, default=512, help="tokens of the prompt whose blocks are written")
+    ap.add_argument("--wb-prompt", type=int, default=2048, help="tokens of the prompt whose blocks are written")
     ap.add_argument("--wb-tokens", type=int, default=64, help="decode tokens timed while they are written")
     ap.add_argument("--wb-gap", type=float, default=0.05,
                     help="seconds between the prompt's answer and the decode: the engine is idle and queues writes")

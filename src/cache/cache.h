@@ -279,7 +279,9 @@ void ag_cache_restore_cancel(ag_cache *c, ag_cache_restore *r);
 
 /* ag_cache_lookup_start, then waits for the reader and polls until the
  * restore is over: the adopted length. For tests and tools; the engine
- * uses the pair above so that a restore never stalls other sequences. */
+ * uses the pair above so that a restore never stalls other sequences. Not
+ * while another restore is pending: records staged for it, which only its
+ * own polls take, could hold the whole staging budget. */
 int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
                         int32_t max_len, uint64_t ns);
 
