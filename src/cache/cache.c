@@ -15,6 +15,7 @@ ag_cache_params ag_cache_default_params(void) {
     ag_cache_params p;
     memset(&p, 0, sizeof p);
     p.write_queue_bytes = (size_t)64 << 20;
+    p.read_staging_bytes = (size_t)32 << 20;
     p.disk_sync = true;
     p.background_scan = true;
     return p;
@@ -339,6 +340,7 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
     if (p.key_bits < 0 || p.key_bits > 128)
         return ag_errorf(AG_ERR_INVALID, "cache: key_bits %d outside [0, 128]", p.key_bits);
     if (!p.write_queue_bytes) p.write_queue_bytes = (size_t)64 << 20;
+    if (!p.read_staging_bytes) p.read_staging_bytes = (size_t)32 << 20;
     const ag_kv_layout *lay = ag_kv_get_layout(kv);
     if (lay->block_size > AG_CACHE_MAX_BLOCK)
         return ag_errorf(AG_ERR_INVALID, "cache: block size %d above %d", lay->block_size, AG_CACHE_MAX_BLOCK);
@@ -362,6 +364,7 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
     pthread_mutex_init(&c->mu, NULL);
     pthread_cond_init(&c->cv, NULL);
     pthread_cond_init(&c->cv_done, NULL);
+    pthread_cond_init(&c->cv_read, NULL);
     if (!rehash(c, 256) || !grow(c) || !path_reserve(c, 64)) {
         ag_cache_free(c);
         return ag_errorf(AG_ERR_NOMEM, "out of memory");
@@ -393,6 +396,7 @@ void ag_cache_free(ag_cache *c) {
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
     pthread_cond_destroy(&c->cv_done);
+    pthread_cond_destroy(&c->cv_read);
     free(c);
 }
 
@@ -405,53 +409,16 @@ static int32_t take_block(ag_cache *c) {
     return -1;
 }
 
-int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens, int32_t max_len,
-                        uint64_t ns) {
-    disk_drain(c);
-    if (!ag_kv_seq_live(c->kv, seq)) return 0;
+/* Ends a lookup: seq adopts the n blocks of c->path_blocks (nodes c->path),
+ * each held by the lookup (one reference, dropped here), the path becomes
+ * the most recently used, and the lookup is counted (from_disk of the
+ * blocks were read; restore_ns > 0: a restore from start to now). Returns
+ * the adopted length. */
+static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t from_disk, int64_t restore_ns) {
     const int32_t bs = c->bs;
-    int32_t       lim = n_tokens < max_len ? n_tokens : max_len;
-    int32_t       nb = lim > 0 && tokens ? lim / bs : 0;
-    if (!path_reserve(c, nb)) nb = 0;
-    ag_cache_key parent = {0, 0};
-    int32_t      prev = -1, i = 0, from_disk = 0;
-    int64_t      t_disk = 0;
-    for (; i < nb; i++) {
-        const int32_t *t = tokens + (size_t)i * bs;
-        ag_cache_key   key = cache_chain_key(c, parent, ns, t);
-        int32_t        id = cache_find(c, key);
-        if (id < 0 || !node_matches(c, id, parent, prev, i, ns, t)) break;
-        cache_node *n = &c->nodes[id];
-        if (n->block >= 0) {
-            ag_kv_block_ref(c->kv, n->block); /* held while we look on */
-        } else if (n->disk == D_ON && c->disk_on) {
-            int64_t t0 = cache_now_ns();
-            int32_t b = take_block(c);
-            if (b < 0) {
-                AG_LOGW("kv cache: no free block to restore into; prefilling from position %d", i * bs);
-                break;
-            }
-            bool ok = disk_restore(c, id, b);
-            t_disk += cache_now_ns() - t0;
-            n = &c->nodes[id]; /* (no realloc happens, but stay safe) */
-            if (!ok) {
-                ag_kv_block_unref(c->kv, b);
-                break;
-            }
-            attach_block(c, id, b); /* the alloc's reference becomes the cache's */
-            ag_kv_block_ref(c->kv, b);
-            from_disk++;
-        } else {
-            break;
-        }
-        c->path[i] = id;
-        c->path_blocks[i] = c->nodes[id].block;
-        parent = key;
-        prev = id;
-    }
-    int32_t len = i * bs;
+    int32_t       len = n * bs;
     if (len > 0) {
-        ag_status st = ag_kv_seq_adopt(c->kv, seq, c->path_blocks, i, len);
+        ag_status st = ag_kv_seq_adopt(c->kv, seq, c->path_blocks, n, len);
         if (st) {
             AG_LOGW("kv cache: adopting %d cached tokens failed: %s", len, ag_error_message());
             len = 0;
@@ -459,19 +426,197 @@ int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t
     } else {
         ag_kv_seq_clear(c->kv, seq);
     }
-    for (int32_t j = 0; j < i; j++) ag_kv_block_unref(c->kv, c->path_blocks[j]);
-    if (len > 0) touch_path(c, i);
+    for (int32_t j = 0; j < n; j++) ag_kv_block_unref(c->kv, c->path_blocks[j]);
+    if (len > 0) touch_path(c, n);
     pthread_mutex_lock(&c->mu);
     c->st.lookups++;
-    if (len > 0) c->st.hits++;
-    else c->st.misses++;
     if (len > 0) {
+        c->st.hits++;
         c->st.tokens_from_disk += (uint64_t)from_disk * bs;
-        c->st.tokens_from_memory += (uint64_t)(i - from_disk) * bs;
+        c->st.tokens_from_memory += (uint64_t)(n - from_disk) * bs;
+    } else {
+        c->st.misses++;
     }
-    c->st.restore_ns += (uint64_t)t_disk;
+    c->st.restore_ns += (uint64_t)restore_ns;
     pthread_mutex_unlock(&c->mu);
     refresh_stats(c);
+    return len;
+}
+
+/* A restore of the n blocks of c->path (entries whose c->path_blocks is -1
+ * are to be read), for seq. NULL when out of memory. */
+static ag_cache_restore *restore_new(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n, uint64_t ns) {
+    ag_cache_restore *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->e = calloc((size_t)n, sizeof *r->e);
+    r->tokens = malloc(sizeof(int32_t) * (size_t)n * (size_t)c->bs);
+    if (!r->e || !r->tokens) {
+        free(r->e);
+        free(r->tokens);
+        free(r);
+        return NULL;
+    }
+    memcpy(r->tokens, tokens, sizeof(int32_t) * (size_t)n * (size_t)c->bs);
+    r->seq = seq;
+    r->ns = ns;
+    r->n = r->end = n;
+    r->t_start = cache_now_ns();
+    for (int32_t i = 0; i < n; i++) {
+        const cache_node *nd = &c->nodes[c->path[i]];
+        r->e[i] = (restore_entry){.node = c->path[i], .gen = nd->gen, .block = c->path_blocks[i],
+                                  .from_disk = c->path_blocks[i] < 0, .key = nd->key, .parent = nd->parent,
+                                  .depth = nd->depth, .result = RS_PENDING};
+    }
+    return r;
+}
+
+int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens, int32_t max_len,
+                              uint64_t ns, ag_cache_restore **pending) {
+    *pending = NULL;
+    disk_drain(c);
+    if (!ag_kv_seq_live(c->kv, seq)) return 0;
+    const int32_t bs = c->bs;
+    const bool    can_read = disk_can_read(c);
+    int32_t       lim = n_tokens < max_len ? n_tokens : max_len;
+    int32_t       nb = lim > 0 && tokens ? lim / bs : 0;
+    if (!path_reserve(c, nb)) nb = 0;
+    ag_cache_key parent = {0, 0};
+    int32_t      prev = -1, i = 0, to_read = 0;
+    for (; i < nb; i++) {
+        const int32_t *t = tokens + (size_t)i * bs;
+        ag_cache_key   key = cache_chain_key(c, parent, ns, t);
+        int32_t        id = cache_find(c, key);
+        if (id < 0 || !node_matches(c, id, parent, prev, i, ns, t)) break;
+        const cache_node *n = &c->nodes[id];
+        if (n->block >= 0) {
+            ag_kv_block_ref(c->kv, n->block); /* held while we look on (and while the reader reads) */
+            c->path_blocks[i] = n->block;
+        } else if (n->disk == D_ON && can_read) {
+            c->path_blocks[i] = -1; /* to be read */
+            to_read++;
+        } else {
+            break;
+        }
+        c->path[i] = id;
+        parent = key;
+        prev = id;
+    }
+    if (to_read == 0) return lookup_end(c, seq, i, 0, 0);
+
+    ag_cache_restore *r = restore_new(c, seq, tokens, i, ns);
+    if (!r) { /* keep what memory has, up to the first block on disk */
+        int32_t m = 0;
+        while (m < i && c->path_blocks[m] >= 0) m++;
+        for (int32_t j = m; j < i; j++)
+            if (c->path_blocks[j] >= 0) ag_kv_block_unref(c->kv, c->path_blocks[j]);
+        AG_LOGW("kv cache: out of memory for a restore; prefilling from position %d", m * bs);
+        return lookup_end(c, seq, m, 0, 0);
+    }
+    /* Most recently used from now on, so that the disk byte cap deletes
+     * other records before the ones being read. */
+    touch_path(c, i);
+    ag_kv_seq_clear(c->kv, seq);
+    pthread_mutex_lock(&c->mu);
+    c->st.restores_pending++;
+    pthread_mutex_unlock(&c->mu);
+    disk_restore_submit(c, r);
+    *pending = r;
+    return 0;
+}
+
+/* The verified record of entry en (in buf) in a kv block the restore holds
+ * a reference on, which also joins the memory tier; or -1 (logged) when it
+ * cannot be placed: the prefix ends there. */
+static int32_t place_record(ag_cache *c, const restore_entry *en, const uint8_t *buf) {
+    cache_node *n = &c->nodes[en->node];
+    if (!n->used || n->gen != en->gen) {
+        AG_LOGI("kv cache: a block left the index while it was read; prefilling from position %d",
+                en->depth * c->bs);
+        return -1;
+    }
+    if (n->block >= 0) { /* another request restored or computed it meanwhile */
+        ag_kv_block_ref(c->kv, n->block);
+        return n->block;
+    }
+    int32_t b = take_block(c);
+    if (b < 0) {
+        AG_LOGW("kv cache: no free block to restore into; prefilling from position %d", en->depth * c->bs);
+        return -1;
+    }
+    const size_t cb = c->lay->copy_bytes;
+    for (int32_t l = 0; l < c->lay->n_layers; l++)
+        if (ag_kv_block_copy_in(c->kv, b, l, buf + c->header_bytes + (size_t)l * cb, cb) != AG_OK) {
+            AG_LOGW("kv cache: copying a restored block in failed: %s; prefilling from position %d",
+                    ag_error_message(), en->depth * c->bs);
+            ag_kv_block_unref(c->kv, b);
+            return -1;
+        }
+    attach_block(c, en->node, b); /* the alloc's reference becomes the cache's */
+    ag_kv_block_ref(c->kv, b);
+    return b;
+}
+
+bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
+    int32_t from_disk = 0, done_before = r->done;
+    while (r->done < r->end) {
+        restore_entry *en = &r->e[r->done];
+        if (en->from_disk) {
+            uint8_t *buf = NULL;
+            int32_t  res = disk_restore_take(c, r, r->done, &buf);
+            if (res == RS_PENDING) {
+                if (r->done > done_before) refresh_stats(c); /* blocks joined the memory tier */
+                return false;
+            }
+            if (res != RS_OK) {
+                disk_restore_failed(c, en, res);
+                r->end = r->done;
+                break;
+            }
+            en->block = place_record(c, en, buf);
+            disk_staging_put(c, buf);
+            if (en->block < 0) {
+                r->end = r->done;
+                break;
+            }
+        }
+        r->done++;
+    }
+    /* over: entries [0, end) hold their blocks; any beyond (memory blocks
+     * past a failed record) are let go */
+    path_reserve(c, r->n); /* (it held n at the start: cannot fail) */
+    for (int32_t i = 0; i < r->end; i++) {
+        c->path[i] = r->e[i].node;
+        c->path_blocks[i] = r->e[i].block;
+        from_disk += r->e[i].from_disk;
+    }
+    for (int32_t i = r->end; i < r->n; i++)
+        if (r->e[i].block >= 0) ag_kv_block_unref(c->kv, r->e[i].block);
+    pthread_mutex_lock(&c->mu);
+    c->st.restores_pending--;
+    pthread_mutex_unlock(&c->mu);
+    int64_t t = cache_now_ns() - r->t_start;
+    *len = lookup_end(c, r->seq, r->end, from_disk, t > 0 ? t : 1);
+    disk_restore_release(c, r);
+    return true;
+}
+
+void ag_cache_restore_cancel(ag_cache *c, ag_cache_restore *r) {
+    if (!r) return;
+    for (int32_t i = 0; i < r->n; i++)
+        if (r->e[i].block >= 0) ag_kv_block_unref(c->kv, r->e[i].block);
+    pthread_mutex_lock(&c->mu);
+    c->st.restores_pending--;
+    c->st.restores_cancelled++;
+    pthread_mutex_unlock(&c->mu);
+    disk_restore_release(c, r);
+    refresh_stats(c);
+}
+
+int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens, int32_t max_len,
+                        uint64_t ns) {
+    ag_cache_restore *r;
+    int32_t           len = ag_cache_lookup_start(c, seq, tokens, n_tokens, max_len, ns, &r);
+    while (r && !ag_cache_restore_poll(c, r, &len)) disk_restore_wait(c, r);
     return len;
 }
 

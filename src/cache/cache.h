@@ -48,7 +48,15 @@
  *    (memcpy, bounded per call) on the engine thread and hands them to ONE
  *    background writer thread that does all file I/O: temp file in the same
  *    directory (<key>.<pid>-<n>.tmp), write, fsync, rename; the directory is
- *    fsynced once per drained batch. A crash leaves either the whole record
+ *    fsynced once per drained batch. After its start-up scan the writer runs
+ *    at SCHED_IDLE: it writes with CPU time nothing else on the machine
+ *    wants, so a decode step that starts while records are being written is
+ *    not slowed by them (the page-cache copies, checksums and file-system
+ *    work cost about 1.2 ms of CPU per MB, which on 2 cores slowed decoding
+ *    to 0.4-0.8x while a prompt was written; bench/RESULTS.md). It holds the
+ *    cache mutex only for bookkeeping, never across I/O. ag_cache_flush
+ *    writes on its caller's thread as well, so a shutdown on a busy machine
+ *    does not wait for the idle-priority writer. A crash leaves either the whole record
  *    or a .tmp leftover, which the next scan deletes. A block already on disk
  *    (by this or another process) is never written twice.
  *  - Two processes on one directory never corrupt each other: names are
@@ -64,11 +72,25 @@
  *    A DIRECTORY SHOULD THEREFORE BELONG TO ONE MODEL: servers of different
  *    models on one directory delete each other's records at start; give
  *    each model its own subdirectory (e.g. DIR/<model fingerprint hex>).
- *  - Restore reads a record straight into a fresh kv block (one preadv,
- *    no staging copy) and verifies header, tokens and payload checksum
- *    before the block is used. A failed restore (bad checksum, short read,
- *    mismatching header) deletes the record, logs a warning, and stops the
- *    restore there: the rest of the prompt is prefilled.
+ *  - Restore is streamed and never blocks the engine thread on the disk:
+ *    ag_cache_lookup_start adopts what the memory tier has and, where the
+ *    chain continues only on disk, hands the records to ONE background
+ *    reader thread and returns a pending restore. The reader reads each
+ *    record (in prompt order) into a staging buffer and verifies header,
+ *    tokens and payload checksum there; ag_cache_restore_poll, called by
+ *    the engine between its steps, copies the verified records into fresh
+ *    kv blocks (ag_kv_block_copy_in) and, once the last one is in, makes the
+ *    sequence adopt the whole prefix. Staging is bounded
+ *    (params.read_staging_bytes, shared by all restores): the reader waits
+ *    for the engine to consume records, so a long prompt is read through a
+ *    window, and the copy per poll is at most that much memcpy. A failed
+ *    record (bad checksum, short read, mismatching header) is deleted with a
+ *    warning and ends the prefix there: the rest of the prompt is
+ *    prefilled. Why staging and not a read straight into kv blocks: the
+ *    blocks are then taken from the pool only on the engine thread, inside
+ *    the request's booking, and a request that is cancelled mid-read gives
+ *    everything back at once (the reader never holds a kv block), at the
+ *    price of one memcpy per record, small next to the read.
  *  - A write that fails (full disk, read-only directory, quota, I/O error)
  *    turns WRITING off with one warning; serving goes on, and records
  *    already on disk are still restored (a read-only directory is a valid
@@ -83,8 +105,8 @@
  *
  * THREADING. Every function is called from the one thread that owns the kv
  * (the engine thread), except ag_cache_get_stats, which any thread may call.
- * The cache starts one background thread when the disk tier is on; it never
- * touches the kv.
+ * The cache starts two background threads when the disk tier is on (the
+ * scanner/writer and the reader); neither touches the kv or the index.
  *
  * HOW THE ENGINE USES IT (ns = ag_cache_namespace(cache_salt or API key)):
  *  - Creation: after ag_kv_init, ag_cache_new(kv, &params) with the model's
@@ -98,13 +120,24 @@
  *    shares with running sequences are already in those sequences' booking).
  *  - Admission, lookup: right after ag_kv_seq_new for choice 0, unless the
  *    request wants prompt logprobs (every prompt position's logits):
- *        int32_t n = ag_cache_lookup(c, seq, prompt, n_prompt, n_prompt - 1, ns);
+ *        int32_t n = ag_cache_lookup_start(c, seq, prompt, n_prompt, n_prompt - 1, ns,
+ *                                          &r->restore);
  *        r->n_prefilled = r->n_cached = n;   // prefill starts at position n
  *    max_len = n_prompt - 1 leaves at least one prompt token to compute, for
  *    the logits that sample the first output token. The adopted length is a
  *    whole number of blocks, so the next write starts a fresh block: no
  *    copy-on-write, and the engine's worst-case booking stays exact. Blocks
  *    restored from disk are taken from the pool, inside that booking.
+ *    When r->restore is set, records are being read: the request stays out
+ *    of the batch (it computes nothing) while the others go on stepping, and
+ *    at every step (and whenever notify fired):
+ *        if (ag_cache_restore_poll(c, r->restore, &n)) {
+ *            r->restore = NULL; r->n_prefilled = r->n_cached = n;
+ *        }
+ *    after which the request prefills its tail like any other. A request
+ *    that ends while restoring (client gone, shutdown) calls
+ *    ag_cache_restore_cancel(c, r->restore) before freeing its sequence.
+ *    ag_cache_lookup is the same thing, waiting (tests, tools).
  *  - Publish: when the prompt is fully prefilled (so that requests admitted
  *    meanwhile already share it), and/or when choice 0 finishes normally:
  *        ag_cache_publish(c, seq, prompt, n_prompt, ns);
@@ -119,9 +152,12 @@
  *        if (ag_cache_idle(c, 8u << 20)) continue;   // re-check the queue
  *        ... then wait on the condition variable, waking also when the
  *        notify callback fired (set a flag under the engine mutex; signal).
- *    notify is called from the background thread (never with a cache lock
+ *    notify is called from a background thread (never with a cache lock
  *    held) when it finished the start-up scan or drained its write queue,
- *    i.e. when another ag_cache_idle call would do something.
+ *    i.e. when another ag_cache_idle call would do something, and when the
+ *    reader finished a record, i.e. when an ag_cache_restore_poll call would
+ *    make progress. Write-behind is best skipped while restores are pending:
+ *    the writer's I/O would compete with the reads a request is waiting for.
  *  - Shutdown: ag_cache_flush(c) (writes every block not yet on disk, waits
  *    for the writer: a restarted server then finds them), then
  *    ag_cache_free(c), then ag_kv_free.
@@ -171,6 +207,14 @@ typedef struct {
     /* Bits of the chain key kept: 0 = 128 (default). Lower only in tests, to
      * force hash collisions and exercise the token comparisons. */
     int key_bits;
+    /* Most bytes of records read and waiting for the engine to copy them
+     * into kv blocks, over all pending restores; default 32 MiB (at least
+     * one record is always allowed). Bounds the heap restores use and the
+     * memcpy of one ag_cache_restore_poll call. */
+    size_t read_staging_bytes;
+    /* Test hook: the reader sleeps this long before reading each record, so
+     * that a test can watch what happens while a restore runs. 0: none. */
+    uint32_t read_delay_us;
 } ag_cache_params;
 
 ag_cache_params ag_cache_default_params(void);
@@ -183,9 +227,10 @@ ag_cache_params ag_cache_default_params(void);
  * AG_ERR_NOMEM. */
 ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *p, ag_cache **out);
 
-/* Stops the background thread (it finishes the writes already queued; it
- * does not copy more: call ag_cache_flush first for that) and drops the
- * cache's reference on every block. NULL-safe. Call before ag_kv_free. */
+/* Stops the background threads (the writer finishes the writes already
+ * queued; it does not copy more: call ag_cache_flush first for that) and
+ * drops the cache's reference on every block. Every pending restore must
+ * have been finished or cancelled. NULL-safe. Call before ag_kv_free. */
 void ag_cache_free(ag_cache *c);
 
 /* The namespace of a tenant or adapter (e.g. a request's cache_salt or its
@@ -194,6 +239,9 @@ void ag_cache_free(ag_cache *c);
  * different namespaces never share blocks. */
 uint64_t ag_cache_namespace(const void *data, size_t len);
 
+/* A restore from the disk tier in progress (see ag_cache_lookup_start). */
+typedef struct ag_cache_restore ag_cache_restore;
+
 /* Finds the longest cached prefix of tokens[0..n_tokens) made of full blocks
  * whose length does not exceed max_len, and makes `seq` (live; whatever it
  * held is released) a sequence of that length over those blocks
@@ -201,10 +249,39 @@ uint64_t ag_cache_namespace(const void *data, size_t len);
  * memory tier first; where the chain continues only on disk, records are
  * restored into fresh pool blocks (which then join the memory tier), until
  * the first block that is not cached, fails to restore, or finds the pool
- * empty (after evicting reclaimable blocks not on this path). Returns the
- * adopted length: a multiple of the block size, 0 on a miss. Never fails:
- * trouble is logged and ends the prefix early. tokens are read during the
- * call only. */
+ * empty (after evicting reclaimable blocks not on this path).
+ * Without disk records to read, that is done at once: *pending = NULL and
+ * the adopted length is returned (a multiple of the block size, 0 on a
+ * miss). Otherwise the reads are queued for the reader thread, `seq` is left
+ * empty, 0 is returned and *pending is the restore, to be finished by
+ * ag_cache_restore_poll or dropped by ag_cache_restore_cancel; until then
+ * `seq` must not be used. Never fails: trouble is logged and ends the
+ * prefix early. tokens are read during the call only. */
+int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
+                              int32_t max_len, uint64_t ns, ag_cache_restore **pending);
+
+/* Moves the records the reader has verified so far into kv blocks (copies
+ * of at most params.read_staging_bytes), without waiting for the disk.
+ * Returns false while records are still to come. Returns true when the
+ * restore is over: the sequence then holds the adopted prefix, *len is its
+ * length (a multiple of the block size; 0 if the first record failed), and
+ * r is freed. */
+bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len);
+
+/* Abandons a pending restore (its request ended: client gone, shutdown):
+ * gives back the blocks it holds (those already copied in stay in the
+ * memory tier, reclaimable) and its staging buffers, and tells the reader
+ * to skip the rest of its records. The sequence is left empty. r is freed
+ * (or, if the reader is in the middle of one of its records, freed by the
+ * reader right after; never used again by the caller either way).
+ * NULL-safe. */
+void ag_cache_restore_cancel(ag_cache *c, ag_cache_restore *r);
+
+/* ag_cache_lookup_start, then waits for the reader and polls until the
+ * restore is over: the adopted length. For tests and tools; the engine
+ * uses the pair above so that a restore never stalls other sequences. Not
+ * while another restore is pending: records staged for it, which only its
+ * own polls take, could hold the whole staging budget. */
 int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
                         int32_t max_len, uint64_t ns);
 
@@ -246,11 +323,13 @@ bool ag_cache_idle(ag_cache *c, size_t max_bytes);
 void ag_cache_flush(ag_cache *c);
 
 typedef struct {
-    uint64_t lookups, hits, misses; /* hit: at least one block adopted */
+    uint64_t lookups, hits, misses; /* finished lookups; hit: at least one block adopted */
     uint64_t tokens_from_memory, tokens_from_disk;
     uint64_t publishes, blocks_published; /* blocks newly indexed */
     uint64_t bytes_read, bytes_written;   /* record bytes (header + payload) */
-    uint64_t restore_ns;                  /* time spent restoring disk records */
+    uint64_t restore_ns;  /* wall time of restores with disk records, from start to adoption */
+    uint64_t restores_cancelled; /* pending restores abandoned (not counted in lookups) */
+    int32_t  restores_pending;   /* restores now waiting for records */
     uint64_t records_written;
     uint64_t evictions_memory, evictions_disk;
     uint64_t dropped_records; /* deleted at the scan or after a failed restore */

@@ -67,6 +67,50 @@ typedef struct write_job {
 
 enum { W_WRITTEN = 0, W_EXISTS, W_FAILED };
 
+/* What became of one block of a restore. */
+enum { RS_PENDING = 0, RS_OK, RS_BAD, RS_GONE };
+
+/* One block of a restore's prefix, in prompt order. */
+typedef struct {
+    int32_t      node; /* index node id, and its gen when the restore began */
+    uint32_t     gen;
+    int32_t      block;     /* kv block the restore holds a reference on, or -1 */
+    bool         from_disk; /* its record is read (else the memory tier had it) */
+    /* What the reader checks the record against (copied at the start: the
+     * reader never reads the index). Tokens: r->tokens + i * bs. */
+    ag_cache_key key, parent;
+    int32_t      depth;
+    /* Written by the reader once, under mu, then handed over: */
+    int32_t      result; /* RS_*: RS_PENDING until the reader is done with it */
+    uint8_t     *buf;    /* RS_OK: the verified record (a staging buffer) */
+} restore_entry;
+
+/* A restore in progress. Owned by the engine thread, shared with the reader
+ * while `reader_has` (under mu): the reader writes only entries' result and
+ * buf and `next_read`; whoever lets go of it last frees it. */
+struct ag_cache_restore {
+    struct ag_cache_restore *next; /* the reader's queue */
+    int32_t                  seq;
+    uint64_t                 ns;
+    int32_t                  n;      /* entries */
+    restore_entry           *e;
+    int32_t                 *tokens; /* n * bs */
+    int32_t                  done;   /* engine: entries [0, done) hold their block */
+    int32_t                  end;    /* engine: the prefix ends before this entry */
+    int64_t                  t_start;
+    int32_t                  hinted; /* reader only: entries [0, hinted) were read ahead */
+    /* under mu */
+    int32_t next_read;  /* reader: the next entry to look at */
+    bool    reader_has; /* queued for, or being read by, the reader */
+    bool    abandoned;  /* the engine let go: the reader frees it */
+    bool    stop_read;  /* no more records are wanted */
+};
+
+/* A staging buffer on the free list (the buffer itself holds the link). */
+typedef struct staging_buf {
+    struct staging_buf *next;
+} staging_buf;
+
 typedef struct {
     int32_t node;
     int32_t result; /* W_* */
@@ -99,7 +143,6 @@ struct ag_cache {
     atomic_bool write_on;
     uint64_t    disk_max;
     int64_t     n_on_disk;  /* records this process knows are on disk */
-    void       *hash_state; /* XXH3 state for restores (engine thread) */
     uint64_t    free_at_start; /* bytes free when the tier opened */
     bool        cap_explicit;
     bool        scan_merged;
@@ -109,7 +152,8 @@ struct ag_cache {
     pthread_cond_t  cv;      /* the writer waits for jobs */
     pthread_cond_t  cv_done; /* flush waits for progress */
     pthread_t       thread;
-    bool            thread_started, stop, writer_busy;
+    bool            thread_started, stop;
+    int32_t         writers_busy;  /* records being written (the writer, and a flush helping) */
     write_job      *q_head, *q_tail;
     size_t          q_bytes;
     write_done     *done;
@@ -118,11 +162,19 @@ struct ag_cache {
     int32_t         cap_done2;
     bool            scan_ready;    /* scan results waiting to be merged */
     bool            scan_finished; /* the scan ran (never reset) */
-    bool            dir_dirty;     /* renames since the last directory fsync (writer only) */
+    bool            dir_dirty;     /* renames since the last directory fsync */
     scan_item      *scan;
     int32_t         n_scan;
     int32_t        *scan_tokens;
     ag_cache_stats  st; /* counters; the node counts are refreshed on the engine thread */
+
+    /* the reader thread, under mu */
+    pthread_t         reader;
+    bool              reader_started;
+    pthread_cond_t    cv_read;  /* the reader waits for jobs and staging room */
+    ag_cache_restore *rq_head, *rq_tail;
+    staging_buf      *staging_free;
+    int32_t           staging_n, staging_max; /* buffers allocated (free or in use), most */
 };
 
 /* cache.c */
@@ -150,10 +202,20 @@ void    disk_close(ag_cache *c);  /* from ag_cache_free: stops the thread */
 void    disk_drain(ag_cache *c);  /* merge scan results and finished writes */
 void    disk_enforce_cap(ag_cache *c);
 bool    disk_queue_writes(ag_cache *c, size_t max_bytes);
-/* Reads node `id`'s record into `block` (refcount 1, the caller's) and
- * verifies it. On failure logs, deletes the record and updates the node (it
- * may leave the index); the block's contents are then garbage. */
-bool    disk_restore(ag_cache *c, int32_t id, int32_t block);
+/* Restores (disk.c; engine thread unless said). */
+bool    disk_can_read(const ag_cache *c); /* the reader runs: records can be restored */
+void    disk_restore_submit(ag_cache *c, ag_cache_restore *r); /* queue r's disk entries for the reader */
+/* Blocks until entry r->done's result is in (ag_cache_lookup). */
+void    disk_restore_wait(ag_cache *c, ag_cache_restore *r);
+/* The result of entry i (RS_PENDING while the reader is on it), and its
+ * buffer, which the caller then owns (give it back: disk_staging_put). */
+int32_t disk_restore_take(ag_cache *c, ag_cache_restore *r, int32_t i, uint8_t **buf);
+void    disk_staging_put(ag_cache *c, uint8_t *buf);
+/* Entry i's record was bad or gone (the reader logged it and deleted a bad
+ * one): the index forgets it. */
+void    disk_restore_failed(ag_cache *c, const restore_entry *en, int32_t result);
+/* The engine lets go of r: frees it, or leaves that to the reader. */
+void    disk_restore_release(ag_cache *c, ag_cache_restore *r);
 
 /* The node's record left the disk (evicted, gone, dropped): accounting. */
 void    disk_forget(ag_cache *c, int32_t id);

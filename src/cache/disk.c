@@ -29,6 +29,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -36,7 +37,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -409,7 +409,6 @@ static int write_record(ag_cache *c, write_job *job) {
         writes_off(c, what, err);
         return W_FAILED;
     }
-    c->dir_dirty = true;
     return W_WRITTEN;
 }
 
@@ -424,50 +423,71 @@ static void push_done(ag_cache *c, int32_t node, int result) {
     c->done[c->n_done++] = (write_done){node, result};
 }
 
+/* Takes the next queued record and writes it (mu is held on entry and on
+ * return, released for the I/O). The writer thread does this; so does
+ * ag_cache_flush's caller, at its own priority, so that a shutdown does not
+ * wait for a low-priority writer on a busy machine. Whoever leaves the
+ * queue empty with no write in progress syncs the directory once for the
+ * renames and fires notify. */
+static void write_next_locked(ag_cache *c) {
+    write_job *job = c->q_head;
+    c->q_head = job->next;
+    if (!c->q_head) c->q_tail = NULL;
+    c->writers_busy++;
+    pthread_mutex_unlock(&c->mu);
+
+    int res = write_record(c, job);
+
+    pthread_mutex_lock(&c->mu);
+    c->q_bytes -= job->size;
+    push_done(c, job->node, res);
+    if (res == W_WRITTEN) {
+        c->st.records_written++;
+        c->st.bytes_written += job->size;
+        c->dir_dirty = true;
+    } else if (res == W_FAILED) {
+        c->st.write_failures++;
+    }
+    c->writers_busy--;
+    pthread_cond_broadcast(&c->cv_done);
+    free(job);
+    if (!c->q_head && !c->writers_busy) {
+        bool dirty = c->dir_dirty;
+        c->dir_dirty = false;
+        pthread_mutex_unlock(&c->mu);
+        if (dirty && c->p.disk_sync) fsync(c->dirfd);
+        notify(c);
+        pthread_mutex_lock(&c->mu);
+    }
+}
+
 static void *writer_main(void *arg) {
     ag_cache *c = arg;
     if (!c->scan_finished) {
         scan_dir(c);
         notify(c);
     }
+    /* From now on only what no other thread wants the CPU for: the engine
+     * copies blocks out only while idle, but the writes (the page-cache
+     * copy, checksums, the file system's work) would otherwise take CPU
+     * time from a decode step that starts meanwhile (measured: decode at
+     * 0.4-0.8x while a 35 MB prompt was written, 2 cores; bench/RESULTS.md).
+     * If the policy cannot be set, the thread runs as it is. */
+    struct sched_param idle_prio = {0};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle_prio);
     pthread_mutex_lock(&c->mu);
     for (;;) {
         while (!c->q_head && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
         if (!c->q_head) break;
-        write_job *job = c->q_head;
-        c->q_head = job->next;
-        if (!c->q_head) c->q_tail = NULL;
-        c->writer_busy = true;
-        pthread_mutex_unlock(&c->mu);
-
-        int res = write_record(c, job);
-
-        pthread_mutex_lock(&c->mu);
-        c->q_bytes -= job->size;
-        push_done(c, job->node, res);
-        if (res == W_WRITTEN) {
-            c->st.records_written++;
-            c->st.bytes_written += job->size;
-        } else if (res == W_FAILED) {
-            c->st.write_failures++;
-        }
-        c->writer_busy = false;
-        bool drained = !c->q_head;
-        pthread_cond_broadcast(&c->cv_done);
-        free(job);
-        if (drained) {
-            pthread_mutex_unlock(&c->mu);
-            if (c->dir_dirty && c->p.disk_sync) fsync(c->dirfd); /* the renames, once per batch */
-            c->dir_dirty = false;
-            notify(c);
-            pthread_mutex_lock(&c->mu);
-        }
+        write_next_locked(c);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
 }
 
 /* ---- engine-thread side ---- */
+
+static void *reader_main(void *arg); /* (restores, below) */
 
 void disk_open(ag_cache *c) {
     if (mkdir(c->dir, 0755) != 0 && errno != EEXIST) {
@@ -479,14 +499,9 @@ void disk_open(ag_cache *c) {
         AG_LOGW("kv disk cache off: cannot open %s: %s", c->dir, strerror(errno));
         return;
     }
-    c->hash_state = XXH3_createState();
-    if (!c->hash_state) {
-        AG_LOGW("kv disk cache off: out of memory");
-        close(c->dirfd);
-        c->dirfd = -1;
-        return;
-    }
     c->disk_on = true;
+    c->staging_max = (int32_t)(c->p.read_staging_bytes / c->record_bytes);
+    if (c->staging_max < 1) c->staging_max = 1;
     /* Writable? A read-only directory (or file system) still serves its
      * records; say so once, here, rather than at the first write. */
     char probe[64];
@@ -514,6 +529,12 @@ void disk_open(ag_cache *c) {
         scan_dir(c);
         disk_drain(c);
     }
+    if (pthread_create(&c->reader, NULL, reader_main, c) == 0) {
+        c->reader_started = true;
+        pthread_setname_np(c->reader, "augur-kv-read"); /* (top -H, bench/cache_bench.py) */
+    } else {
+        AG_LOGW("kv disk cache: cannot start its reader thread; records will not be restored");
+    }
     if (pthread_create(&c->thread, NULL, writer_main, c) != 0) {
         AG_LOGW("kv disk cache: cannot start its thread; nothing will be written");
         atomic_store(&c->write_on, false);
@@ -524,16 +545,27 @@ void disk_open(ag_cache *c) {
         return;
     }
     c->thread_started = true;
+    pthread_setname_np(c->thread, "augur-kv-write");
 }
 
 void disk_close(ag_cache *c) {
+    pthread_mutex_lock(&c->mu);
+    c->stop = true;
+    pthread_cond_broadcast(&c->cv);
+    pthread_cond_broadcast(&c->cv_read);
+    pthread_mutex_unlock(&c->mu);
+    if (c->reader_started) {
+        pthread_join(c->reader, NULL);
+        c->reader_started = false;
+    }
     if (c->thread_started) {
-        pthread_mutex_lock(&c->mu);
-        c->stop = true;
-        pthread_cond_broadcast(&c->cv);
-        pthread_mutex_unlock(&c->mu);
         pthread_join(c->thread, NULL);
         c->thread_started = false;
+    }
+    while (c->staging_free) {
+        staging_buf *b = c->staging_free;
+        c->staging_free = b->next;
+        free(b);
     }
     while (c->q_head) {
         write_job *j = c->q_head;
@@ -547,8 +579,6 @@ void disk_close(ag_cache *c) {
     c->done = c->done2 = NULL;
     c->scan = NULL;
     c->scan_tokens = NULL;
-    if (c->hash_state) XXH3_freeState(c->hash_state);
-    c->hash_state = NULL;
     if (c->dirfd >= 0) close(c->dirfd);
     c->dirfd = -1;
 }
@@ -726,7 +756,7 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
     if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on) || c->list[L_DIRTY].n == 0) return false;
     pthread_mutex_lock(&c->mu);
     size_t q = c->q_bytes;
-    bool   idle = !c->q_head && !c->writer_busy;
+    bool   idle = !c->q_head && !c->writers_busy;
     pthread_mutex_unlock(&c->mu);
     size_t room = c->p.write_queue_bytes > q ? c->p.write_queue_bytes - q : 0;
     size_t budget = max_bytes < room ? max_bytes : room;
@@ -778,144 +808,235 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
     return c->list[L_DIRTY].n > 0 && q + c->record_bytes <= c->p.write_queue_bytes && used > 0;
 }
 
-/* preadv until everything is read or EOF; advances (modifies) iov. */
-static ssize_t preadv_full(int fd, struct iovec *iov, int n, off_t off) {
-    size_t total = 0;
-    while (n > 0) {
-        int     cnt = n > IOV_MAX ? IOV_MAX : n;
-        ssize_t r = preadv(fd, iov, cnt, off);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (r == 0) break;
-        total += (size_t)r;
-        off += r;
-        size_t left = (size_t)r;
-        while (left && n > 0) {
-            if (left >= iov->iov_len) {
-                left -= iov->iov_len;
-                iov++;
-                n--;
-            } else {
-                iov->iov_base = (char *)iov->iov_base + left;
-                iov->iov_len -= left;
-                left = 0;
-            }
-        }
-        while (n > 0 && iov->iov_len == 0) {
-            iov++;
-            n--;
-        }
+/* ---- restores: the reader thread and its staging buffers ---- */
+
+/* A staging buffer (record_bytes), or NULL when the staging budget is all
+ * in use. Under mu. */
+static uint8_t *staging_get_locked(ag_cache *c) {
+    if (c->staging_free) {
+        staging_buf *b = c->staging_free;
+        c->staging_free = b->next;
+        return (uint8_t *)b;
     }
-    return (ssize_t)total;
+    if (c->staging_n >= c->staging_max) return NULL;
+    uint8_t *b = malloc(c->record_bytes);
+    if (b) c->staging_n++;
+    return b;
 }
 
-bool disk_restore(ag_cache *c, int32_t id, int32_t block) {
-    cache_node         *n = &c->nodes[id];
-    const ag_kv_layout *L = c->lay;
-    const int32_t       depth = n->depth;
-    char                name[40], why[300];
-    ag_cache_key_name(n->key, name);
+static void staging_put_locked(ag_cache *c, uint8_t *buf) {
+    staging_buf *b = (staging_buf *)(void *)buf;
+    b->next = c->staging_free;
+    c->staging_free = b;
+    pthread_cond_signal(&c->cv_read); /* the reader may be waiting for room */
+}
+
+void disk_staging_put(ag_cache *c, uint8_t *buf) {
+    if (!buf) return;
+    pthread_mutex_lock(&c->mu);
+    staging_put_locked(c, buf);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Frees a restore nobody else holds; records it still stages go back to
+ * the free list. Under mu. */
+static void restore_free_locked(ag_cache *c, ag_cache_restore *r) {
+    for (int32_t i = 0; i < r->n; i++)
+        if (r->e[i].buf) staging_put_locked(c, r->e[i].buf);
+    free(r->e);
+    free(r->tokens);
+    free(r);
+}
+
+static ssize_t pread_full(int fd, uint8_t *buf, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, buf + got, n - got, (off_t)got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+/* Reader thread: reads the record of restore entry en (tokens toks,
+ * namespace ns) into buf and verifies it: header, identity, that it is the
+ * block the index expects, payload checksum. RS_OK; RS_GONE (no such file:
+ * evicted by another process, quietly); RS_BAD (logged, record deleted).
+ * Touches no index state. */
+static int32_t read_record(ag_cache *c, const restore_entry *en, const int32_t *toks, uint64_t ns, uint8_t *buf) {
+    char name[40], why[300];
+    ag_cache_key_name(en->key, name);
     why[0] = '\0';
     int fd = openat(c->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        if (errno == ENOENT) {
-            AG_LOGI("kv disk cache: %s/%s is gone (evicted by another process?); prefilling from position %d",
-                    c->dir, name, depth * c->bs);
-            disk_forget(c, id);
-            cache_node_maybe_remove(c, id);
-            pthread_mutex_lock(&c->mu);
-            c->st.restore_failures++;
-            pthread_mutex_unlock(&c->mu);
-            return false;
-        }
-        snprintf(why, sizeof why, "cannot open: %s", strerror(errno));
-        goto drop;
+    if (fd < 0 && errno == ENOENT) {
+        AG_LOGI("kv disk cache: %s/%s is gone (evicted by another process?); prefilling from position %d", c->dir,
+                name, en->depth * c->bs);
+        return RS_GONE;
     }
-    {
-        uint8_t      h[AG_CACHE_RECORD_MAX_HEADER];
-        const size_t kb = (size_t)L->n_kv_heads * L->head_stride_k, vb = L->copy_bytes - kb;
-        int          niov = 1 + 2 * L->n_layers;
-        struct iovec stack_iov[1 + 2 * 64];
-        struct iovec *iov = niov <= (int)(sizeof stack_iov / sizeof stack_iov[0]) ? stack_iov
-                                                                                  : malloc(sizeof *iov * (size_t)niov);
-        if (!iov) {
-            snprintf(why, sizeof why, "out of memory");
-            close(fd);
-            return false; /* not the record's fault: keep it */
-        }
-        /* A host pool is read straight into the block; a device pool
-         * (GPU backend) through a host staging buffer in the portable
-         * copy format, moved in with ag_kv_block_copy_in once verified. */
-        uint8_t *staging = NULL;
-        if (!ag_kv_host_visible(c->kv) && !(staging = malloc(L->copy_bytes * (size_t)L->n_layers))) {
-            if (iov != stack_iov) free(iov);
-            close(fd);
-            return false; /* not the record's fault: keep it */
-        }
-        iov[0] = (struct iovec){h, c->header_bytes};
-        for (int32_t l = 0; l < L->n_layers; l++) {
-            uint8_t *k = staging ? staging + (size_t)l * L->copy_bytes : ag_kv_block_k(c->kv, l, block);
-            uint8_t *v = staging ? k + kb : ag_kv_block_v(c->kv, l, block);
-            iov[1 + 2 * l] = (struct iovec){k, kb};
-            iov[2 + 2 * l] = (struct iovec){v, vb};
-        }
-        ssize_t         got = preadv_full(fd, iov, niov, 0);
+    if (fd < 0) {
+        snprintf(why, sizeof why, "cannot open: %s", strerror(errno));
+    } else {
+        ssize_t         got = pread_full(fd, buf, c->record_bytes);
         ag_cache_record rec;
         const char     *bad = NULL;
         if (got < 0) snprintf(why, sizeof why, "read error: %s", strerror(errno));
         else if ((size_t)got != c->record_bytes)
             snprintf(why, sizeof why, "truncated (read %zd of %zu bytes)", got, c->record_bytes);
-        else if (ag_cache_record_parse(h, c->header_bytes, &rec) != AG_OK)
+        else if (ag_cache_record_parse(buf, c->header_bytes, &rec) != AG_OK)
             snprintf(why, sizeof why, "corrupt: %s", ag_error_message());
         else if ((bad = foreign(c, &rec)) != NULL)
             snprintf(why, sizeof why, "%s", bad);
-        else if (!key_eq(rec.key, n->key) || !key_eq(rec.parent, n->parent) || rec.ns != n->ns ||
-                 (int32_t)rec.block_index != depth ||
-                 memcmp(rec.tokens, cache_node_tokens(c, id), sizeof(int32_t) * (size_t)c->bs) != 0)
+        else if (!key_eq(rec.key, en->key) || !key_eq(rec.parent, en->parent) || rec.ns != ns ||
+                 (int32_t)rec.block_index != en->depth ||
+                 memcmp(rec.tokens, toks, sizeof(int32_t) * (size_t)c->bs) != 0)
             snprintf(why, sizeof why, "header does not match the index (tokens, parent or namespace)");
-        else {
-            XXH3_state_t *s = c->hash_state;
-            XXH3_64bits_reset(s);
-            for (int32_t l = 0; l < L->n_layers; l++) {
-                /* (preadv_full advanced iov: the regions are named again) */
-                const uint8_t *k = staging ? staging + (size_t)l * L->copy_bytes : ag_kv_block_k(c->kv, l, block);
-                XXH3_64bits_update(s, k, kb);
-                XXH3_64bits_update(s, staging ? k + kb : ag_kv_block_v(c->kv, l, block), vb);
-            }
-            if (XXH3_64bits_digest(s) != rec.payload_hash) snprintf(why, sizeof why, "payload checksum mismatch");
-        }
-        for (int32_t l = 0; staging && !why[0] && l < L->n_layers; l++)
-            if (ag_kv_block_copy_in(c->kv, block, l, staging + (size_t)l * L->copy_bytes, L->copy_bytes) != AG_OK)
-                snprintf(why, sizeof why, "copy to the device failed: %s", ag_error_message());
-        free(staging);
-        if (iov != stack_iov) free(iov);
-        if (why[0]) {
-            close(fd);
-            fd = -1;
-            goto drop;
-        }
+        else if (XXH3_64bits(buf + c->header_bytes, c->block_payload) != rec.payload_hash)
+            snprintf(why, sizeof why, "payload checksum mismatch");
+        if (!why[0]) set_mtime(fd, en->depth); /* a hit bumps the clock */
+        close(fd);
     }
-    set_mtime(fd, depth); /* a hit bumps the clock */
-    close(fd);
-    pthread_mutex_lock(&c->mu);
-    c->st.bytes_read += c->record_bytes;
-    pthread_mutex_unlock(&c->mu);
-    return true;
-drop: {
+    if (!why[0]) return RS_OK;
     bool del = unlinkat(c->dirfd, name, 0) == 0 || errno == ENOENT;
     AG_LOGW("kv disk cache: restoring %s/%s failed: %s; record %s, prefilling from position %d", c->dir, name, why,
-            del ? "deleted" : "could not be deleted", depth * c->bs);
-    disk_forget(c, id);
-    c->nodes[id].no_write = 1;
-    cache_node_maybe_remove(c, id);
-    pthread_mutex_lock(&c->mu);
-    c->st.dropped_records++;
-    c->st.restore_failures++;
-    pthread_mutex_unlock(&c->mu);
-    return false;
+            del ? "deleted" : "could not be deleted", en->depth * c->bs);
+    return RS_BAD;
 }
+
+/* Records read ahead of the one being read: their I/O is in flight while
+ * the reader checks the current one (one pread at a time would leave the
+ * device idle between records; a cold read then runs at the latency of one
+ * request, not the bandwidth). */
+#define READ_AHEAD_RECORDS 8
+
+/* Reader thread: asks the kernel to start reading the records of r after
+ * entry i that have not been announced yet (r->hinted; the keys are
+ * immutable, so no lock). posix_fadvise(WILLNEED) queues the reads and
+ * returns; a record that is gone or already cached costs an open. */
+static void read_ahead(ag_cache *c, ag_cache_restore *r, int32_t i) {
+    int32_t end = i + 1 + READ_AHEAD_RECORDS < r->n ? i + 1 + READ_AHEAD_RECORDS : r->n;
+    for (int32_t j = r->hinted > i ? r->hinted : i + 1; j < end; j++) {
+        if (!r->e[j].from_disk) continue;
+        char name[40];
+        ag_cache_key_name(r->e[j].key, name);
+        int fd = openat(c->dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0) continue;
+        posix_fadvise(fd, 0, (off_t)c->record_bytes, POSIX_FADV_WILLNEED);
+        close(fd);
+    }
+    if (end > r->hinted) r->hinted = end;
+}
+
+/* The reader: takes restores in arrival order and reads each one's records
+ * in prompt order, one at a time, into staging buffers; waits when the
+ * staging budget is in use (the engine gives buffers back as it copies
+ * records into kv blocks). A failed record ends its restore's reading. */
+static void *reader_main(void *arg) {
+    ag_cache *c = arg;
+    pthread_mutex_lock(&c->mu);
+    while (!c->stop) {
+        ag_cache_restore *r = c->rq_head;
+        if (!r) {
+            pthread_cond_wait(&c->cv_read, &c->mu);
+            continue;
+        }
+        int32_t i = r->next_read;
+        while (i < r->n && !r->e[i].from_disk) i++;
+        if (r->stop_read || i >= r->n) { /* done with it */
+            c->rq_head = r->next;
+            if (!c->rq_head) c->rq_tail = NULL;
+            r->reader_has = false;
+            if (r->abandoned) restore_free_locked(c, r);
+            continue;
+        }
+        uint8_t *buf = staging_get_locked(c);
+        if (!buf) {
+            pthread_cond_wait(&c->cv_read, &c->mu);
+            continue;
+        }
+        r->next_read = i;
+        restore_entry  en = r->e[i];
+        const int32_t *toks = r->tokens + (size_t)i * c->bs; /* stable while reader_has */
+        pthread_mutex_unlock(&c->mu);
+
+        if (c->p.read_delay_us) usleep(c->p.read_delay_us);
+        read_ahead(c, r, i);
+        int32_t res = read_record(c, &en, toks, r->ns, buf);
+
+        pthread_mutex_lock(&c->mu);
+        r->e[i].result = res;
+        if (res == RS_OK) r->e[i].buf = buf;
+        else staging_put_locked(c, buf);
+        r->next_read = i + 1;
+        if (res != RS_OK) r->stop_read = true;
+        if (res == RS_OK) c->st.bytes_read += c->record_bytes;
+        else c->st.restore_failures++;
+        if (res == RS_BAD) c->st.dropped_records++;
+        pthread_cond_broadcast(&c->cv_done);
+        pthread_mutex_unlock(&c->mu);
+        notify(c);
+        pthread_mutex_lock(&c->mu);
+    }
+    /* stopping: every restore was finished or cancelled (ag_cache_free's
+     * contract); free the cancelled ones still queued */
+    while (c->rq_head) {
+        ag_cache_restore *r = c->rq_head;
+        c->rq_head = r->next;
+        r->reader_has = false;
+        if (r->abandoned) restore_free_locked(c, r);
+    }
+    c->rq_tail = NULL;
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+bool disk_can_read(const ag_cache *c) { return c->disk_on && c->reader_started; }
+
+void disk_restore_submit(ag_cache *c, ag_cache_restore *r) {
+    pthread_mutex_lock(&c->mu);
+    r->reader_has = true;
+    r->next = NULL;
+    if (c->rq_tail) c->rq_tail->next = r;
+    else c->rq_head = r;
+    c->rq_tail = r;
+    pthread_cond_signal(&c->cv_read);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void disk_restore_wait(ag_cache *c, ag_cache_restore *r) {
+    pthread_mutex_lock(&c->mu);
+    while (r->done < r->n && r->e[r->done].result == RS_PENDING && !c->stop) pthread_cond_wait(&c->cv_done, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int32_t disk_restore_take(ag_cache *c, ag_cache_restore *r, int32_t i, uint8_t **buf) {
+    pthread_mutex_lock(&c->mu);
+    int32_t res = r->e[i].result;
+    *buf = r->e[i].buf;
+    r->e[i].buf = NULL;
+    pthread_mutex_unlock(&c->mu);
+    return res;
+}
+
+void disk_restore_failed(ag_cache *c, const restore_entry *en, int32_t result) {
+    cache_node *n = &c->nodes[en->node];
+    if (!n->used || n->gen != en->gen) return; /* it left the index meanwhile */
+    disk_forget(c, en->node);
+    if (result == RS_BAD) n->no_write = 1;
+    cache_node_maybe_remove(c, en->node);
+}
+
+void disk_restore_release(ag_cache *c, ag_cache_restore *r) {
+    pthread_mutex_lock(&c->mu);
+    r->stop_read = true;
+    if (r->reader_has) {
+        r->abandoned = true;
+        pthread_cond_signal(&c->cv_read); /* it may be waiting for staging room */
+    } else {
+        restore_free_locked(c, r);
+    }
+    pthread_mutex_unlock(&c->mu);
 }
 
 void disk_flush_wait(ag_cache *c) {
@@ -930,7 +1051,10 @@ void disk_flush_wait(ag_cache *c) {
         }
         bool queued = disk_queue_writes(c, SIZE_MAX);
         pthread_mutex_lock(&c->mu);
-        while (c->thread_started && (c->q_head || c->writer_busy)) pthread_cond_wait(&c->cv_done, &c->mu);
+        while (c->thread_started && (c->q_head || c->writers_busy)) {
+            if (c->q_head) write_next_locked(c); /* help: see write_next_locked */
+            else pthread_cond_wait(&c->cv_done, &c->mu);
+        }
         pthread_mutex_unlock(&c->mu);
         disk_drain(c);
         (void)queued;

@@ -239,6 +239,7 @@ int ag_cli_fit(int argc, char **argv) {
         {"buffers", "engine buffers (logits rows, samplers)", mem.buffers},
         {"cache_index", "prefix cache index (memory tier; its blocks are the KV pool's)", mem.cache_index},
         {"cache_write_queue", "prefix cache disk write-behind, at most", mem.cache_write_queue},
+        {"cache_read_staging", "prefix cache disk restore staging, at most", mem.cache_read_staging},
         {"draft", "draft (weights, KV, scratch, per-sequence state)", mem.draft},
         {"program", "program, tokenizer, template, threads (measured)", program},
     };

@@ -61,6 +61,7 @@ typedef struct request {
     int              spec_max;    /* ag_gen_request.spec_max */
     uint64_t         cache_ns;    /* ag_gen_request.cache_ns */
     bool             published;   /* the prompt's full blocks went to the prefix cache */
+    ag_cache_restore *restore;    /* its prefix is being read from the disk tier: out of the batch until done */
     ag_spec_stats    spec;        /* rounds of finished choices */
     /* engine-thread state */
     int              n_prefilled; /* prompt tokens already in choice 0's KV */
@@ -95,6 +96,8 @@ struct ag_engine {
      * never with mu held; its notify callback sets cache_wake under mu. */
     ag_cache *cache;
     bool      cache_wake; /* guarded by mu */
+    int       n_restoring; /* running requests with a pending restore (engine thread) */
+    bool      admit_blocked; /* the queue head did not fit at the last admission (guarded by mu) */
     bool     spec_warned; /* a draft source could not be made: said once */
     /* Measured time of decode-only steps by their row count (exponential
      * averages), from which the cost of one more verify row on this machine
@@ -219,21 +222,48 @@ static void publish_prompt(ag_engine *e, request *r) {
  * depend on whether its history was cached. */
 static void release_seq(ag_engine *e, request *r, choice *c, ag_finish why) {
     if (c->seq < 0) return;
+    if (c->index == 0 && r->restore) { /* ended while its prefix was being read */
+        ag_cache_restore_cancel(e->cache, r->restore);
+        r->restore = NULL;
+        e->n_restoring--;
+    }
     if (c->index == 0 && why != AG_FINISH_ERROR) publish_prompt(e, r);
     ag_kv_seq_free(e->kv, c->seq);
     c->seq = -1;
 }
 
-/* Starts r's first sequence from the longest cached prefix of its prompt
- * (at least one prompt token is left to compute, for the logits). */
-static void reuse_prefix(ag_engine *e, request *r) {
-    if (!e->cache || r->prompt_logprobs) return; /* every position's logits are wanted */
-    int32_t n = ag_cache_lookup(e->cache, r->ch[0].seq, r->prompt, r->n_prompt, r->n_prompt - 1, r->cache_ns);
+/* r's first sequence starts with n cached prompt tokens. */
+static void prefix_adopted(ag_engine *e, request *r, int32_t n) {
     if (n <= 0) return;
     r->n_prefilled = r->n_cached = n;
     pthread_mutex_lock(&e->mu);
     e->stats.cached_tokens += (uint64_t)n;
     pthread_mutex_unlock(&e->mu);
+}
+
+/* Starts r's first sequence from the longest cached prefix of its prompt
+ * (at least one prompt token is left to compute, for the logits). When part
+ * of it is read from disk, r waits out of the batch (r->restore) while the
+ * other requests go on; poll_restores brings it in. */
+static void reuse_prefix(ag_engine *e, request *r) {
+    if (!e->cache || r->prompt_logprobs) return; /* every position's logits are wanted */
+    int32_t n = ag_cache_lookup_start(e->cache, r->ch[0].seq, r->prompt, r->n_prompt, r->n_prompt - 1, r->cache_ns,
+                                      &r->restore);
+    if (r->restore) e->n_restoring++;
+    else prefix_adopted(e, r, n);
+}
+
+/* Moves what the disk reader has finished into the waiting requests' KV;
+ * a request whose restore is over prefills its tail from this step on. */
+static void poll_restores(ag_engine *e) {
+    if (!e->n_restoring) return;
+    for (request *r = e->running; r; r = r->next) {
+        int32_t n;
+        if (!r->restore || !ag_cache_restore_poll(e->cache, r->restore, &n)) continue;
+        r->restore = NULL;
+        e->n_restoring--;
+        prefix_adopted(e, r, n);
+    }
 }
 
 /* Ends one choice: frees its sequence and reports the final event with
@@ -538,6 +568,7 @@ static void admit(ag_engine *e) {
         }
         pthread_mutex_lock(&e->mu);
     }
+    e->admit_blocked = e->queue_head != NULL;
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -591,6 +622,7 @@ static bool step(ag_engine *e) {
     /* the freed blocks must show in the stats even if no step follows */
     if (cancelled) update_kv_stats(e);
     admit(e);
+    poll_restores(e);
     if (!e->running) return false;
 
     int n = 0, rows = 0, n_prefill = 0;
@@ -642,7 +674,7 @@ static bool step(ag_engine *e) {
     request *order[256];
     int n_order = 0;
     for (request *r = e->running; r && n_order < 256; r = r->next)
-        if (r->n_prefilled < r->n_prompt) order[n_order++] = r;
+        if (r->n_prefilled < r->n_prompt && !r->restore) order[n_order++] = r;
     for (int oi = n_order - 1; oi >= 0 && n < limit; oi--) {
         request *r = order[oi];
         int k = r->n_prompt - r->n_prefilled;
@@ -735,6 +767,13 @@ static bool step(ag_engine *e) {
     return true;
 }
 
+/* Whether a running request was cancelled (engine thread, mu held). */
+static bool any_cancelled(const ag_engine *e) {
+    for (const request *r = e->running; r; r = r->next)
+        if (atomic_load(&r->cancel)) return true;
+    return false;
+}
+
 static void *engine_main(void *arg) {
     ag_engine *e = arg;
     for (;;) {
@@ -744,10 +783,20 @@ static void *engine_main(void *arg) {
         if (stopping) break;
         if (step(e)) continue;
         /* idle: write-behind for the disk tier, a bounded slice at a time so
-         * that a new request waits at most for one slice */
-        if (e->cache && ag_cache_idle(e->cache, 8u << 20)) continue;
+         * that a new request waits at most for one slice; not while a
+         * request waits for its records (the writes would compete with the
+         * reads) */
+        if (e->cache && !e->n_restoring && ag_cache_idle(e->cache, 8u << 20)) continue;
+        /* Nothing to compute: every running request (if any) waits for the
+         * disk reader, whose notify sets cache_wake. Wake up too for a
+         * request that can be admitted (a queue head that did not fit waits
+         * for a running request to end) and for a cancellation. */
+        bool waiting_only = true;
+        for (request *r = e->running; r && waiting_only; r = r->next) waiting_only = r->restore != NULL;
         pthread_mutex_lock(&e->mu);
-        while (!e->stopping && !e->queue_head && !e->running && !e->cache_wake) pthread_cond_wait(&e->cv, &e->mu);
+        while (!e->stopping && !(e->queue_head && !e->admit_blocked) && waiting_only && !e->cache_wake &&
+               !any_cancelled(e))
+            pthread_cond_wait(&e->cv, &e->mu);
         e->cache_wake = false;
         pthread_mutex_unlock(&e->mu);
     }
@@ -868,12 +917,18 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
                    (size_t)p.n_parallel * (ag_sampler_bytes((int32_t)n_vocab, ctx) + 2 * sizeof(int32_t) * ctx);
     if (p.prefix_cache) {
         out->cache_index = ag_cache_index_bytes(n_blocks, lay.block_size);
-        if (p.cache_dir && *p.cache_dir) out->cache_write_queue = ag_cache_default_params().write_queue_bytes;
+        if (p.cache_dir && *p.cache_dir) {
+            ag_cache_params cp = ag_cache_default_params();
+            out->cache_write_queue = cp.write_queue_bytes;
+            /* at least one record (n_layers blocks' copies and a header) */
+            size_t record = (size_t)lay.n_layers * lay.copy_bytes + AG_CACHE_RECORD_MAX_HEADER;
+            out->cache_read_staging = cp.read_staging_bytes > record ? cp.read_staging_bytes : record;
+        }
     }
     if (p.draft)
         out->draft = p.draft->plan_bytes ? p.draft->plan_bytes(p.draft->ctx, p.n_parallel, p.n_ctx) : p.draft->shared_bytes;
     out->total = out->weights + out->kv + out->scratch + out->buffers + out->cache_index + out->cache_write_queue +
-                 out->draft;
+                 out->cache_read_staging + out->draft;
     return AG_OK;
 }
 
@@ -911,6 +966,9 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         cp.disk_max_bytes = p.cache_disk_max;
         cp.notify = cache_notify;
         cp.notify_user = e;
+        /* test hook: slow every record read down, to watch a restore run */
+        const char *delay = getenv("AUGUR_TEST_KV_READ_DELAY_MS");
+        if (delay && atoi(delay) > 0) cp.read_delay_us = (uint32_t)atoi(delay) * 1000u;
         if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */

@@ -95,6 +95,7 @@ typedef struct {
     uint64_t cache_index; /* the prefix cache's index with every pool block in the memory tier (the blocks
                              themselves are the KV pool's) */
     uint64_t cache_write_queue; /* its disk tier's write-behind buffer, at most (0 without cache_dir) */
+    uint64_t cache_read_staging; /* its disk tier's restore staging, at most (0 without cache_dir) */
     uint64_t draft;       /* the draft factory at this n_ctx and n_parallel (ag_draft_factory.plan_bytes) */
     uint64_t total;       /* the sum */
 } ag_engine_memory;

@@ -82,8 +82,12 @@ static void cache_metrics(ag_buf *b, const ag_cache_stats *c) {
            (double)c->bytes_written);
     metric(b, "prefix_cache_disk_records_written_total", "counter", "Records written to the disk tier.",
            (double)c->records_written);
-    metric(b, "prefix_cache_disk_restore_seconds_total", "counter", "Time spent restoring disk records.",
-           (double)c->restore_ns / 1e9);
+    metric(b, "prefix_cache_disk_restore_seconds_total", "counter",
+           "Wall time of restores from the disk tier, from admission to adoption.", (double)c->restore_ns / 1e9);
+    metric(b, "prefix_cache_disk_restores_pending", "gauge", "Requests waiting for their prefix's disk records.",
+           c->restores_pending);
+    metric(b, "prefix_cache_disk_restores_cancelled_total", "counter",
+           "Restores abandoned before they finished (the request ended).", (double)c->restores_cancelled);
     metric(b, "prefix_cache_disk_evictions_total", "counter", "Records deleted to keep the disk byte cap.",
            (double)c->evictions_disk);
     metric(b, "prefix_cache_disk_dropped_records_total", "counter",

@@ -111,9 +111,11 @@ def test_defaults_are_serves(augur_server):
     f = fit(SMOLLM2)
     assert f"context {f['n_ctx']} per sequence, {f['n_parallel']} sequences at once" in s.stderr()
     assert f["n_batch"] == 512
-    # serve's disk tier is on by default: its write-behind buffer is planned
+    # serve's disk tier is on by default: its write-behind buffer and restore staging are planned
     assert f["parts"]["cache_write_queue"] > 0
-    assert fit(SMOLLM2, "--no-kv-disk")["parts"]["cache_write_queue"] == 0
+    assert f["parts"]["cache_read_staging"] == 32 << 20  # the default budget (one SmolLM2 record is 0.4 MiB)
+    off = fit(SMOLLM2, "--no-kv-disk")["parts"]
+    assert off["cache_write_queue"] == off["cache_read_staging"] == 0
 
 
 def available_here():

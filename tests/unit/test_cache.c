@@ -1115,6 +1115,203 @@ static void write_behind_is_bounded(void **state) {
     ag_kv_free(kv);
 }
 
+/* ---- streamed restores ---------------------------------------------------- */
+
+/* A cache over dir whose reader sleeps delay_us before each record and may
+ * hold at most staging_records read records the engine has not taken. */
+static ag_cache *slow_disk_cache(ag_kv *kv, const char *dir, uint32_t delay_us, int staging_records) {
+    ag_cache_params p = ag_cache_default_params();
+    p.model_fingerprint = 11;
+    p.tok_fingerprint = 22;
+    p.disk_dir = dir;
+    p.disk_sync = false;
+    p.background_scan = false;
+    p.notify = on_notify;
+    p.read_delay_us = delay_us;
+    p.read_staging_bytes = (size_t)staging_records * (136 + 4 * BS + NL * ag_kv_block_bytes(kv));
+    ag_cache *c = NULL;
+    assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+    return c;
+}
+
+/* Writes the blocks of tokens[0..n) to dir, through a cache of its own. */
+static void store_prompt(const char *dir, const int32_t *t, int32_t n) {
+    ag_kv    *kv = make_kv(32);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    serve_prompt(c, kv, t, n, 0);
+    ag_cache_flush(c);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* Polls r until it is over (the engine's loop, without the engine). */
+static int32_t poll_until_done(ag_cache *c, ag_cache_restore *r) {
+    int32_t len = -1;
+    for (int guard = 0; guard < 20000; guard++) {
+        if (ag_cache_restore_poll(c, r, &len)) return len;
+        usleep(1000);
+    }
+    fail_msg("the restore never finished");
+    return -1;
+}
+
+/* While the reader works through a slow restore, the caller's thread is
+ * free: lookup_start returns before any record is read, other sequences
+ * are prefilled, published and adopted meanwhile, the reader never runs
+ * more than the staging budget ahead of the caller, and the restored prefix
+ * holds the right bytes. */
+static void disk_restore_streams_while_the_caller_works(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "stream");
+    int32_t t[81], o[41];
+    make_tokens(t, 81, 130);
+    make_tokens(o, 41, 131);
+    store_prompt(dir, t, 81); /* 10 records */
+    ag_kv    *kv = make_kv(32);
+    const uint32_t delay_us = 20000;
+    ag_cache *c = slow_disk_cache(kv, dir, delay_us, 2);
+    const size_t rec = 136 + 4 * BS + NL * ag_kv_block_bytes(kv);
+    assert_int_equal(stats(c).records_on_disk, 10);
+    int32_t           s = new_seq(kv);
+    ag_cache_restore *r = NULL;
+    atomic_store(&g_notified, 0);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(ag_cache_lookup_start(c, s, t, 81, 80, 0, &r), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    assert_non_null(r);
+    double start_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    assert_true(start_ms < delay_us / 1000.0); /* it did not wait for a record */
+    assert_int_equal(ag_kv_seq_len(kv, s), 0);
+    assert_int_equal(stats(c).restores_pending, 1);
+    int32_t len = -1;
+    assert_false(ag_cache_restore_poll(c, r, &len)); /* the first record is still sleeping */
+
+    /* the caller's other work goes on meanwhile */
+    serve_prompt(c, kv, o, 41, 0);
+    int32_t s2 = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s2, o, 41, 40, 0), 40); /* from memory: no wait behind the reader */
+    check_seq(kv, s2, o, 40);
+    ag_kv_seq_free(kv, s2);
+
+    /* the reader stops at the staging budget (2 records) until they are taken */
+    usleep(8 * delay_us);
+    assert_true(stats(c).bytes_read <= 2 * rec);
+    assert_true(stats(c).bytes_read >= 1 * rec);
+    assert_true(atomic_load(&g_notified) >= 1);
+
+    len = poll_until_done(c, r);
+    assert_int_equal(len, 80);
+    assert_int_equal(ag_kv_seq_len(kv, s), 80);
+    check_seq(kv, s, t, 80);
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.restores_pending, 0);
+    assert_int_equal(st.tokens_from_disk, 80);
+    assert_int_equal(st.bytes_read, 10 * rec);
+    assert_true(st.restore_ns >= 10ull * delay_us * 1000);
+    assert_int_equal(st.memory_blocks, 10 + 5);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* A restore abandoned half-way (its client hung up) gives back every block
+ * a sequence would hold and all staging, whether the reader is in the
+ * middle of a record or not; the blocks already copied in stay in the
+ * memory tier, reclaimable; later restores work. */
+static void disk_restore_cancel_gives_everything_back(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "cancel");
+    int32_t t[81];
+    make_tokens(t, 81, 140);
+    store_prompt(dir, t, 81);
+    ag_kv    *kv = make_kv(32);
+    const uint32_t delay_us = 20000;
+    ag_cache *c = slow_disk_cache(kv, dir, delay_us, 3);
+    /* blocks 0-1 come back to memory first: the restore below then holds
+     * memory blocks as well as reading records */
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 17, 16, 0), 16);
+    ag_kv_seq_free(kv, s);
+    assert_int_equal(kv_used(kv), 2);
+
+    s = new_seq(kv);
+    ag_cache_restore *r = NULL;
+    assert_int_equal(ag_cache_lookup_start(c, s, t, 81, 80, 0, &r), 0);
+    assert_non_null(r);
+    const size_t rec = 136 + 4 * BS + NL * ag_kv_block_bytes(kv), read_before = stats(c).bytes_read;
+    for (int guard = 0; guard < 5000 && stats(c).bytes_read < read_before + 2 * rec; guard++) usleep(1000);
+    int32_t len;
+    assert_false(ag_cache_restore_poll(c, r, &len)); /* 2 or 3 of 8 records read: copied in */
+    int32_t copied = stats(c).memory_blocks - 2;
+    assert_true(copied >= 2 && copied < 8);
+    assert_int_equal(ag_cache_reclaimable(c), 0); /* the restore holds every one of them */
+    ag_cache_restore_cancel(c, r);
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.restores_pending, 0);
+    assert_int_equal(st.restores_cancelled, 1);
+    assert_int_equal(ag_kv_seq_len(kv, s), 0);
+    /* nothing is held but by the memory tier, and all of that is reclaimable */
+    assert_int_equal(kv_used(kv), st.memory_blocks);
+    assert_int_equal(ag_cache_reclaimable(c), st.memory_blocks);
+
+    /* cancelled while the reader sleeps before its first record */
+    int32_t u[81];
+    memcpy(u, t, sizeof u);
+    ag_cache_evict(c, 100);
+    assert_int_equal(kv_used(kv), 0);
+    r = NULL;
+    assert_int_equal(ag_cache_lookup_start(c, s, u, 81, 80, 0, &r), 0);
+    assert_non_null(r);
+    ag_cache_restore_cancel(c, r);
+    assert_int_equal(kv_used(kv), 0);
+
+    /* the reader moved on: a restore of the whole prompt works */
+    assert_int_equal(ag_cache_lookup(c, s, t, 81, 80, 0), 80);
+    check_seq(kv, s, t, 80);
+    assert_int_equal(stats(c).restores_cancelled, 2);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* Two requests restoring the same prefix at once end up sharing the same
+ * kv blocks (the second one's copies are dropped), both with the right
+ * bytes. */
+static void concurrent_restores_share_blocks(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "concurrent");
+    int32_t t[49];
+    make_tokens(t, 49, 150);
+    store_prompt(dir, t, 49); /* 6 records */
+    ag_kv            *kv = make_kv(32);
+    ag_cache         *c = slow_disk_cache(kv, dir, 2000, 4);
+    int32_t           a = new_seq(kv), b = new_seq(kv);
+    ag_cache_restore *ra = NULL, *rb = NULL;
+    assert_int_equal(ag_cache_lookup_start(c, a, t, 49, 48, 0, &ra), 0);
+    assert_int_equal(ag_cache_lookup_start(c, b, t, 49, 48, 0, &rb), 0);
+    assert_non_null(ra);
+    assert_non_null(rb);
+    assert_int_equal(stats(c).restores_pending, 2);
+    assert_int_equal(poll_until_done(c, ra), 48);
+    assert_int_equal(poll_until_done(c, rb), 48);
+    check_seq(kv, a, t, 48);
+    check_seq(kv, b, t, 48);
+    int32_t        na, nb;
+    const int32_t *ta = ag_kv_seq_blocks(kv, a, &na), *tb = ag_kv_seq_blocks(kv, b, &nb);
+    assert_int_equal(na, 6);
+    assert_int_equal(nb, 6);
+    assert_memory_equal(ta, tb, 6 * sizeof(int32_t));
+    assert_int_equal(kv_used(kv), 6);
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.tokens_from_disk, 96);
+    assert_int_equal(st.hits, 2);
+    ag_kv_seq_free(kv, a);
+    ag_kv_seq_free(kv, b);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
 /* ---- a real model -------------------------------------------------------- */
 
 static void model_prefix_reuse_gives_identical_logits(void **state) {
@@ -1205,6 +1402,9 @@ int main(void) {
         cmocka_unit_test(disk_real_full_and_read_only_filesystems),
         cmocka_unit_test(record_parse_checks_everything),
         cmocka_unit_test(write_behind_is_bounded),
+        cmocka_unit_test(disk_restore_streams_while_the_caller_works),
+        cmocka_unit_test(disk_restore_cancel_gives_everything_back),
+        cmocka_unit_test(concurrent_restores_share_blocks),
         cmocka_unit_test(model_prefix_reuse_gives_identical_logits),
     };
     return cmocka_run_group_tests(tests, disk_setup, disk_teardown);
