@@ -482,6 +482,9 @@ void ag_panel_pack(ag_act_format f, const void *x, size_t x_stride, int nt, int6
                 p[b].d[t] = y->d;
                 for (int i = 0; i < AG_QK_K / 32; i++)
                     p[b].bsums[i][t][0] = y->bsums[2 * i], p[b].bsums[i][t][1] = y->bsums[2 * i + 1];
+                for (int i = 0; i < AG_QK_K / 64; i++) /* |sum| <= 32 * 127 */
+                    for (int k = 0; k < 2; k++)
+                        p[b].bpair[i][t][k] = (int16_t)(y->bsums[4 * i + 2 * k] + y->bsums[4 * i + 2 * k + 1]);
                 for (int c = 0; c < AG_QK_K / 4; c++) memcpy(p[b].qs[c][t], y->qs + 4 * c, 4);
             }
         }

@@ -468,11 +468,28 @@ AI __m256i load256a(const void *p) { return _mm256_load_si256((const __m256i *)p
 /* An int16 value in both halves of a dword (madd multiplies both pair sums by it). */
 AI __m256i dup16(__m256i v32) { return _mm256_or_si256(_mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v32, 16)); }
 
-/* Stores one row's eight token lanes (tokens t0.. of the batch, those below nt). */
-AI void panel_store(__m256 v, int64_t t0, int64_t nt, float *y, int64_t ldy) {
-    _Alignas(32) float o[AG_PANEL_NT];
-    _mm256_store_ps(o, v);
-    for (int t = 0; t < AG_PANEL_NT && t0 + t < nt; t++) y[(t0 + t) * ldy] = o[t];
+/* Stores the token lanes of nr (1..4) row vectors v (tokens t0.. of the
+ * batch, those below nt) at y[t*ldy + r]: transposed to one 4-float vector
+ * per token, so a token's rows are one store (masked for nr < 4: the rows
+ * past nr belong to another task). */
+AI void panel_store(const __m256 *v, const int NR, int64_t t0, int64_t nt, float *y, int64_t ldy) {
+    const __m256 z = _mm256_setzero_ps();
+    const __m256 v0 = v[0], v1 = NR > 1 ? v[1] : z, v2 = NR > 2 ? v[2] : z, v3 = NR > 3 ? v[3] : z;
+    const __m256 t0v = _mm256_unpacklo_ps(v0, v1), t1v = _mm256_unpackhi_ps(v0, v1);
+    const __m256 t2v = _mm256_unpacklo_ps(v2, v3), t3v = _mm256_unpackhi_ps(v2, v3);
+    __m256       u[4]; /* u[k]: tokens k (low half) and k + 4 (high half) */
+    u[0] = _mm256_shuffle_ps(t0v, t2v, 0x44);
+    u[1] = _mm256_shuffle_ps(t0v, t2v, 0xEE);
+    u[2] = _mm256_shuffle_ps(t1v, t3v, 0x44);
+    u[3] = _mm256_shuffle_ps(t1v, t3v, 0xEE);
+    const __m128i mask = _mm_cmpgt_epi32(_mm_set1_epi32(NR), _mm_setr_epi32(0, 1, 2, 3));
+    UNROLL for (int t = 0; t < AG_PANEL_NT; t++) {
+        if (t0 + t >= nt) break;
+        const __m128 o = t < 4 ? _mm256_castps256_ps128(u[t]) : _mm256_extractf128_ps(u[t - 4], 1);
+        float       *dst = y + (t0 + t) * ldy;
+        if (NR == 4) _mm_storeu_ps(dst, o);
+        else _mm_maskstore_ps(dst, mask, o);
+    }
 }
 
 #define PANEL_DISPATCH(name)                                                                                   \
@@ -488,9 +505,10 @@ AI void panel_store(__m256 v, int64_t t0, int64_t nt, float *y, int64_t ldy) {
 
 /* One weight row's K-quant super-block, unpacked for the panel kernels:
  * u the 256 values (Q4_K 0..15, Q6_K 0..63) in element order; mul[g] the
- * scale of element group g (Q4_K: 32 elements, 8 groups; Q6_K: 16, 16) and
- * corr[i] the multipliers of the bsum pair i (Q4_K: min i twice; Q6_K:
- * scales 2i and 2i+1), each as int16 pairs in a dword. */
+ * scale of element group g (Q4_K: 32 elements, 8 groups; Q6_K: 16, 16) as
+ * an int16 pair in a dword; corr[i] the int16 pair that multiplies pair i of
+ * the panel's correction sums (Q4_K: mins 2i, 2i+1 against bpair, 4 pairs;
+ * Q6_K: scales 2i, 2i+1 against bsums, 8 pairs). */
 typedef struct {
     _Alignas(32) uint8_t u[AG_QK_K];
     int32_t mul[16], corr[8];
@@ -506,7 +524,7 @@ AI void q4k_row(const ag_block_q4_K *b, kq_row *o) {
     }
     const __m128i sm = k4_scales_x(b->scales); /* bytes 0..7 scales, 8..15 mins */
     _mm256_storeu_si256((__m256i *)o->mul, dup16(_mm256_cvtepu8_epi32(sm)));
-    _mm256_storeu_si256((__m256i *)o->corr, dup16(_mm256_cvtepu8_epi32(_mm_srli_si128(sm, 8))));
+    _mm_storeu_si128((__m128i *)o->corr, _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)));
     o->d = f16(b->d);
     o->dmin = f16(b->dmin);
 }
@@ -520,21 +538,14 @@ AI void q6k_row(const ag_block_q6_K *b, kq_row *o) {
     const __m128i sc = loadu128(b->scales);
     _mm256_storeu_si256((__m256i *)o->mul, dup16(_mm256_cvtepi8_epi32(sc)));
     _mm256_storeu_si256((__m256i *)(o->mul + 8), dup16(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
-    _mm256_storeu_si256((__m256i *)o->corr, _mm256_cvtepi8_epi16(sc)); /* int16 pairs (sc[2i], sc[2i+1]) */
+    _mm256_storeu_si256((__m256i *)o->corr, _mm256_cvtepi8_epi16(sc));
     o->d = f16(b->d);
     o->dmin = 0.0f;
 }
 
-/* Σ_i corr_i · (bsums 2i, 2i+1) per token, exact (|bsum| <= 16*127). */
-AI __m256i kq_corr(const kq_row *w, const ag_panel_q8k *x) {
-    __m256i s = _mm256_madd_epi16(load256a(x->bsums[0]), bcast32(&w->corr[0]));
-    UNROLL for (int i = 1; i < 8; i++) s = _mm256_add_epi32(s, _mm256_madd_epi16(load256a(x->bsums[i]), bcast32(&w->corr[i])));
-    return s;
-}
-
-/* Q4_K: per 32-element sub-block j, 8 chunks' maddubs summed in int16, one
- * madd by scale j; msum from the bsum pairs and the mins. */
-AI void q4k_panel_sums(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum, __m256i *msum) {
+/* Q4_K's Σ_j sc_j Σ q·y per token: per 32-element sub-block j, 8 chunks'
+ * maddubs summed in int16, one madd by scale j. */
+AI void q4k_panel_isum(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum) {
     UNROLL for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
     for (int j = 0; j < 8; j++) {
         __m256i a[AG_GEMM_RM];
@@ -543,21 +554,18 @@ AI void q4k_panel_sums(const kq_row *w, const ag_panel_q8k *x, const int NR, __m
             UNROLL for (int r = 0; r < NR; r++) {
                 const __m256i p = _mm256_maddubs_epi16(bcast32(w[r].u + 32 * j + 4 * c), yv);
                 a[r] = c ? _mm256_add_epi16(a[r], p) : p;
+                CHAIN(a[r]);
             }
         }
         UNROLL for (int r = 0; r < NR; r++)
             isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(a[r], bcast32(&w[r].mul[j])));
     }
-    UNROLL for (int r = 0; r < NR; r++) msum[r] = kq_corr(&w[r], x);
 }
 
-/* Q6_K: per 16-element group g, two int16 sums of two chunks, each madd by
- * scale g; the -32 offset is -32 Σ_g sc_g bsum_g. */
-AI void q6k_panel_sums(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum, __m256i *msum) {
-    UNROLL for (int r = 0; r < NR; r++) {
-        isum[r] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(kq_corr(&w[r], x), 5));
-        msum[r] = _mm256_setzero_si256();
-    }
+/* Q6_K's Σ_g sc_g Σ q·y per token (q unsigned 0..63): per 16-element group
+ * g, two int16 sums of two chunks, each madd by scale g. */
+AI void q6k_panel_isum(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum) {
+    UNROLL for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
     for (int g = 0; g < 16; g++) {
         __m256i yv[4];
         UNROLL for (int k = 0; k < 4; k++) yv[k] = load256a(x->qs[4 * g + k]);
@@ -567,49 +575,69 @@ AI void q6k_panel_sums(const kq_row *w, const ag_panel_q8k *x, const int NR, __m
             const __m256i  a1 = _mm256_add_epi16(_mm256_maddubs_epi16(bcast32(u + 8), yv[2]), _mm256_maddubs_epi16(bcast32(u + 12), yv[3]));
             const __m256i  sc = bcast32(&w[r].mul[g]);
             isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(a0, sc), _mm256_madd_epi16(a1, sc)));
+            CHAIN(isum[r]);
         }
     }
 }
 
-/* The K-quant panel kernel: super-block by super-block, the NR rows'
- * block unpacked once, then every panel's sums folded into its token lanes'
- * accumulator s % 4 (ag_kquant_fold; Q6_K's msum is 0 and dmin 0, which
- * leaves it unchanged, so that fma is skipped as in the dot kernel). */
-#define KQ_PANEL(name, BT, ROW, SUMS, HAS_MIN)                                                                   \
+/* Σ_i corr_i · pairs_i per token, exact: |pair| <= 32*127, |corr| <= 128. */
+AI __m256i kq_corr(const __m256i *corr, const int16_t (*pairs)[AG_PANEL_NT][2], const int N) {
+    __m256i s = _mm256_madd_epi16(load256a(pairs[0]), corr[0]);
+    UNROLL for (int i = 1; i < N; i++) s = _mm256_add_epi32(s, _mm256_madd_epi16(load256a(pairs[i]), corr[i]));
+    return s;
+}
+
+/* The K-quant panel kernel, super-block by super-block: the NR rows' block
+ * unpacked once; each panel's chunk sums (ISUM) kept in ib; then per row,
+ * per panel, the exact isum and msum completed from the panel's bsums
+ * (Q4_K: msum = Σ mins · bpair; Q6_K: isum -= 32 Σ sc · bsums, its msum and
+ * dmin are 0, which leaves the accumulator unchanged, so that fma is
+ * skipped as in the dot kernel) and folded into the token lanes'
+ * accumulator s % 4 (ag_kquant_fold). Per row the correction multipliers
+ * stay in registers across the panels. */
+#define KQ_PANEL(name, BT, ROW, ISUM, Q4K)                                                                        \
     AI void name##_k(int64_t n, const void *w, size_t w_stride, const int NR, const void *xp, size_t xp_stride,  \
                      int np, int64_t nt, float *y, int64_t ldy) {                                                \
-        _Alignas(32) float acc[AG_PANEL_MAX_NP][AG_GEMM_RM][4][AG_PANEL_NT];                                    \
-        kq_row             wr[AG_GEMM_RM];                                                                       \
+        _Alignas(32) float   acc[AG_PANEL_MAX_NP][AG_GEMM_RM][4][AG_PANEL_NT];                                  \
+        _Alignas(32) int32_t ib[AG_PANEL_MAX_NP][AG_GEMM_RM][AG_PANEL_NT];                                      \
+        kq_row               wr[AG_GEMM_RM];                                                                     \
         memset(acc, 0, sizeof(acc[0]) * (size_t)np);                                                             \
         const int64_t nsb = n / AG_QK_K;                                                                         \
         for (int64_t s = 0; s < nsb; s++) {                                                                      \
             UNROLL for (int r = 0; r < NR; r++) ROW((const BT *)((const uint8_t *)w + (size_t)r * w_stride) + s, &wr[r]); \
             for (int p = 0; p < np; p++) {                                                                       \
-                const ag_panel_q8k *x = (const ag_panel_q8k *)((const uint8_t *)xp + (size_t)p * xp_stride) + s;  \
-                __m256i             isum[AG_GEMM_RM], msum[AG_GEMM_RM];                                          \
-                SUMS(wr, x, NR, isum, msum);                                                                     \
-                const __m256 dy = _mm256_load_ps(x->d);                                                          \
-                UNROLL for (int r = 0; r < NR; r++) {                                                            \
-                    float *a = acc[p][r][s & 3];                                                                 \
-                    __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(dy, _mm256_set1_ps(wr[r].d)), _mm256_cvtepi32_ps(isum[r]), \
-                                               _mm256_load_ps(a));                                               \
-                    if (HAS_MIN)                                                                                 \
-                        v = _mm256_fnmadd_ps(_mm256_mul_ps(dy, _mm256_set1_ps(wr[r].dmin)), _mm256_cvtepi32_ps(msum[r]), v); \
+                __m256i isum[AG_GEMM_RM];                                                                        \
+                ISUM(wr, (const ag_panel_q8k *)((const uint8_t *)xp + (size_t)p * xp_stride) + s, NR, isum);     \
+                UNROLL for (int r = 0; r < NR; r++) _mm256_store_si256((__m256i *)ib[p][r], isum[r]);            \
+            }                                                                                                    \
+            UNROLL for (int r = 0; r < NR; r++) {                                                                \
+                __m256i corr[8];                                                                                 \
+                UNROLL for (int i = 0; i < (Q4K ? 4 : 8); i++) corr[i] = bcast32(&wr[r].corr[i]);                \
+                const __m256 d = _mm256_set1_ps(wr[r].d), dmin = _mm256_set1_ps(wr[r].dmin);                     \
+                for (int p = 0; p < np; p++) {                                                                   \
+                    const ag_panel_q8k *x = (const ag_panel_q8k *)((const uint8_t *)xp + (size_t)p * xp_stride) + s; \
+                    const __m256        dy = _mm256_load_ps(x->d);                                               \
+                    float              *a = acc[p][r][s & 3];                                                    \
+                    __m256i             isum = load256a(ib[p][r]);                                               \
+                    if (!Q4K) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(kq_corr(corr, x->bsums, 8), 5));   \
+                    __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(dy, d), _mm256_cvtepi32_ps(isum), _mm256_load_ps(a)); \
+                    if (Q4K) v = _mm256_fnmadd_ps(_mm256_mul_ps(dy, dmin), _mm256_cvtepi32_ps(kq_corr(corr, x->bpair, 4)), v); \
                     _mm256_store_ps(a, v);                                                                       \
                 }                                                                                                \
             }                                                                                                    \
         }                                                                                                        \
-        for (int p = 0; p < np; p++)                                                                             \
-            UNROLL for (int r = 0; r < NR; r++) {                                                                \
-                const __m256 v = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(acc[p][r][0]), _mm256_load_ps(acc[p][r][2])), \
-                                               _mm256_add_ps(_mm256_load_ps(acc[p][r][1]), _mm256_load_ps(acc[p][r][3]))); \
-                panel_store(v, (int64_t)p * AG_PANEL_NT, nt, y + r, ldy);                                        \
-            }                                                                                                    \
+        for (int p = 0; p < np; p++) {                                                                           \
+            __m256 v[AG_GEMM_RM];                                                                                \
+            UNROLL for (int r = 0; r < NR; r++)                                                                  \
+                v[r] = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(acc[p][r][0]), _mm256_load_ps(acc[p][r][2])),  \
+                                     _mm256_add_ps(_mm256_load_ps(acc[p][r][1]), _mm256_load_ps(acc[p][r][3])));  \
+            panel_store(v, NR, (int64_t)p * AG_PANEL_NT, nt, y, ldy);                                            \
+        }                                                                                                        \
     }                                                                                                            \
     PANEL_DISPATCH(name)
 
-KQ_PANEL(panel_q4_K, ag_block_q4_K, q4k_row, q4k_panel_sums, 1)
-KQ_PANEL(panel_q6_K, ag_block_q6_K, q6k_row, q6k_panel_sums, 0)
+KQ_PANEL(panel_q4_K, ag_block_q4_K, q4k_row, q4k_panel_isum, 1)
+KQ_PANEL(panel_q6_K, ag_block_q6_K, q6k_row, q6k_panel_isum, 0)
 
 /* Legacy types: the unsigned form u of each weight (Q4_0: q + 8, Q5_0:
  * q + 16, Q4_1/Q5_1: q itself); the signed types take OFF·Σy back out. */
@@ -685,8 +713,11 @@ typedef struct {
                 UNROLL for (int r = 0; r < NR; r++) _mm256_store_ps(acc[p][r], av[r]);                           \
             }                                                                                                    \
         }                                                                                                        \
-        for (int p = 0; p < np; p++)                                                                             \
-            UNROLL for (int r = 0; r < NR; r++) panel_store(_mm256_load_ps(acc[p][r]), (int64_t)p * AG_PANEL_NT, nt, y + r, ldy); \
+        for (int p = 0; p < np; p++) {                                                                           \
+            __m256 v[AG_GEMM_RM];                                                                                \
+            UNROLL for (int r = 0; r < NR; r++) v[r] = _mm256_load_ps(acc[p][r]);                                \
+            panel_store(v, NR, (int64_t)p * AG_PANEL_NT, nt, y, ldy);                                            \
+        }                                                                                                        \
     }                                                                                                            \
     PANEL_DISPATCH(name)
 

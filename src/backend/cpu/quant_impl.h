@@ -227,8 +227,9 @@ typedef void (*ag_act_quant_fn)(const float *x, void *dst, int64_t n);
  * that one 32-byte load holds the same four elements of all eight tokens:
  * a kernel broadcasts four weight bytes against it and gets one int32 lane
  * per token, with no horizontal sums. The values (qs, d, bsums) are the
- * activation rows' own, moved (ag_panel_pack_q8k / _q8a in quant.c), so a
- * K-quant panel kernel can reproduce the dot kernels' result bit for bit.
+ * activation rows' own, moved (ag_panel_pack in quant.c), plus exact sums of
+ * them, so a K-quant panel kernel can reproduce the dot kernels' result bit
+ * for bit.
  * A panel row is n/block consecutive panel blocks. Tokens past the end of
  * the batch in the last panel are zero. Our own layout, never read from a
  * file, so not packed: the sizes are multiples of 32 and a panel buffer is
@@ -237,6 +238,7 @@ typedef void (*ag_act_quant_fn)(const float *x, void *dst, int64_t n);
 typedef struct {
     float   d[AG_PANEL_NT];
     int16_t bsums[AG_QK_K / 32][AG_PANEL_NT][2]; /* [i][t]: token t's bsums 2i and 2i+1 */
+    int16_t bpair[AG_QK_K / 64][AG_PANEL_NT][2]; /* [i][t]: Σqs of t's 32-element sub-blocks 2i, 2i+1 */
     int8_t  qs[AG_QK_K / 4][AG_PANEL_NT][4];     /* [c][t]: token t's elements 4c..4c+3 */
 } ag_panel_q8k;
 
@@ -246,7 +248,7 @@ typedef struct {
     int8_t  qs[AG_QK / 4][AG_PANEL_NT][4];
 } ag_panel_q8a;
 
-_Static_assert(sizeof(ag_panel_q8k) == 2336 && sizeof(ag_panel_q8k) % 32 == 0, "panel q8k");
+_Static_assert(sizeof(ag_panel_q8k) == 2464 && sizeof(ag_panel_q8k) % 32 == 0, "panel q8k");
 _Static_assert(sizeof(ag_panel_q8a) == 352 && sizeof(ag_panel_q8a) % 32 == 0, "panel q8a");
 
 /* Packs nt (1..AG_PANEL_NT) activation rows of n elements, x_stride bytes
