@@ -661,12 +661,16 @@ typedef struct {
 } lg_row;
 
 /* BT: block type; PU: its unsigned form; PM: its m (offset types);
- * LOG2_OFF: log2 of the offset (0: none); CH: chunks summed in int16. */
+ * LOG2_OFF: log2 of the offset (0: none); CH: chunks summed in int16.
+ * Per group of up to 8 blocks and per panel: first every block's exact
+ * Σ u·y for the NR rows (kept in ib), then per row the float fold in block
+ * order, so neither part crowds the other's registers. */
 #define LG_PANEL(name, BT, PU, PM, LOG2_OFF, HAS_M, CH)                                                           \
     AI void name##_k(int64_t n, const void *w, size_t w_stride, const int NR, const void *xp, size_t xp_stride,  \
                      int np, int64_t nt, float *y, int64_t ldy) {                                                \
-        _Alignas(32) float acc[AG_PANEL_MAX_NP][AG_GEMM_RM][AG_PANEL_NT];                                       \
-        lg_row             wr[AG_GEMM_RM];                                                                       \
+        _Alignas(32) float   acc[AG_PANEL_MAX_NP][AG_GEMM_RM][AG_PANEL_NT];                                     \
+        _Alignas(32) int32_t ib[LG_GROUP][AG_GEMM_RM][AG_PANEL_NT];                                             \
+        lg_row               wr[AG_GEMM_RM];                                                                     \
         memset(acc, 0, sizeof(acc[0]) * (size_t)np);                                                             \
         const __m256i ones = _mm256_set1_epi16(1);                                                               \
         const int64_t nb = n / AG_QK;                                                                            \
@@ -682,8 +686,6 @@ typedef struct {
             }                                                                                                    \
             for (int p = 0; p < np; p++) {                                                                       \
                 const ag_panel_q8a *x = (const ag_panel_q8a *)((const uint8_t *)xp + (size_t)p * xp_stride) + i0; \
-                __m256              av[AG_GEMM_RM];                                                              \
-                UNROLL for (int r = 0; r < NR; r++) av[r] = _mm256_load_ps(acc[p][r]);                           \
                 for (int k = 0; k < kn; k++) {                                                                   \
                     __m256i s32[AG_GEMM_RM];                                                                     \
                     UNROLL for (int c0 = 0; c0 < 8; c0 += CH) {                                                  \
@@ -693,6 +695,7 @@ typedef struct {
                             UNROLL for (int r = 0; r < NR; r++) {                                                \
                                 const __m256i p16 = _mm256_maddubs_epi16(bcast32(wr[r].u[k] + 4 * c), yv);       \
                                 a[r] = c > c0 ? _mm256_add_epi16(a[r], p16) : p16;                               \
+                                CHAIN(a[r]);                                                                     \
                             }                                                                                    \
                         }                                                                                        \
                         UNROLL for (int r = 0; r < NR; r++) {                                                    \
@@ -700,17 +703,19 @@ typedef struct {
                             s32[r] = c0 ? _mm256_add_epi32(s32[r], m32) : m32;                                   \
                         }                                                                                        \
                     }                                                                                            \
-                    if (LOG2_OFF) {                                                                              \
-                        const __m256i off = _mm256_slli_epi32(load256a(x[k].sum), LOG2_OFF);                     \
-                        UNROLL for (int r = 0; r < NR; r++) s32[r] = _mm256_sub_epi32(s32[r], off);              \
-                    }                                                                                            \
-                    const __m256 dy = _mm256_load_ps(x[k].d);                                                    \
-                    UNROLL for (int r = 0; r < NR; r++) {                                                        \
-                        av[r] = _mm256_fmadd_ps(_mm256_mul_ps(dy, _mm256_set1_ps(wr[r].d[k])), _mm256_cvtepi32_ps(s32[r]), av[r]); \
-                        if (HAS_M) av[r] = _mm256_fmadd_ps(_mm256_set1_ps(wr[r].m[k]), _mm256_load_ps(x[k].s), av[r]); \
-                    }                                                                                            \
+                    UNROLL for (int r = 0; r < NR; r++) _mm256_store_si256((__m256i *)ib[k][r], s32[r]);         \
                 }                                                                                                \
-                UNROLL for (int r = 0; r < NR; r++) _mm256_store_ps(acc[p][r], av[r]);                           \
+                UNROLL for (int r = 0; r < NR; r++) {                                                            \
+                    __m256 av = _mm256_load_ps(acc[p][r]);                                                       \
+                    for (int k = 0; k < kn; k++) {                                                               \
+                        __m256i s32 = load256a(ib[k][r]);                                                        \
+                        if (LOG2_OFF) s32 = _mm256_sub_epi32(s32, _mm256_slli_epi32(load256a(x[k].sum), LOG2_OFF)); \
+                        av = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(x[k].d), _mm256_set1_ps(wr[r].d[k])),   \
+                                             _mm256_cvtepi32_ps(s32), av);                                       \
+                        if (HAS_M) av = _mm256_fmadd_ps(_mm256_set1_ps(wr[r].m[k]), _mm256_load_ps(x[k].s), av); \
+                    }                                                                                            \
+                    _mm256_store_ps(acc[p][r], av);                                                              \
+                }                                                                                                \
             }                                                                                                    \
         }                                                                                                        \
         for (int p = 0; p < np; p++) {                                                                           \
