@@ -175,14 +175,14 @@ static void multi_equals_separate(void **state) {
 static void kquant_paths_bit_identical(void **state) {
     const uint32_t       types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K};
     static const int64_t ins[] = {768, 1280};
-    static const int64_t toks[] = {1, 5, 16, 37};
+    static const int64_t toks[] = {1, 5, 12, 16, 37}; /* 12: a panel and a 4-token tail on the dot kernels */
     ag_threadpool       *pool;
     ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
     assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
     int checks = 0;
     for (size_t ti = 0; ti < 2; ti++)
         for (size_t ii = 0; ii < 2; ii++)
-            for (size_t ki = 0; ki < 4; ki++) {
+            for (size_t ki = 0; ki < sizeof toks / sizeof toks[0]; ki++) {
                 const uint32_t t = types[ti];
                 const int64_t  n_out = 37, n_in = ins[ii], n_tok = toks[ki];
                 uint8_t       *w = random_matrix(t, n_out, n_in);

@@ -361,6 +361,15 @@ static bool use_amx(uint32_t w_type) { return ag_amx_supports(w_type) && ag_amx_
 
 /* ---- token panels (prompt rows where the ISA has panel kernels) ---- */
 
+/* The types whose every kernel computes ag_kquant_fold's bits (dot, panel,
+ * AMX), so a row may take any of them. */
+static bool canonical_kquant(uint32_t w_type) { return w_type == AG_TYPE_Q4_K || w_type == AG_TYPE_Q6_K; }
+
+/* The dot kernels beat a panel of this few real tokens (of AG_PANEL_NT).
+ * 2048x2048, one core of the AVX2 VM, GFLOP/s Q4_K / Q6_K: 4 tokens, panel
+ * 82 / 59, dot 93 / 95; 5 tokens, panel 96 / 74, dot 79 / 71. */
+#define PANEL_DOT_TAIL 4
+
 /* The panel kernel for prompt rows of w_type, or NULL (AMX or none). */
 static ag_panel_fn prompt_panel_kernel(uint32_t w_type) {
     if (w_type >= AG_TYPE_COUNT || use_amx(w_type)) return NULL;
@@ -415,7 +424,15 @@ static ag_status matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn
     j.panels = j.rows + ((j.row_bytes * (size_t)n_tok + 63) & ~(size_t)63);
     const int64_t n_panels = (n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT;
     ag_threadpool_run(pool, n_panels, panel_quant_task, &j);
-    matmul_run(pool, w_type, w, n_out, n_in, j.panels, j.panel_bytes, n_tok, y, ldy, false, pk);
+    /* Q4_K / Q6_K panels give the dot kernels' bits, so a short tail (a last
+     * panel of at most PANEL_DOT_TAIL tokens, mostly empty lanes) takes the
+     * dot kernels, faster there; the other types' panels have their own
+     * arithmetic and take every token whatever the batch */
+    const int64_t tail = n_tok % AG_PANEL_NT, n_pan = canonical_kquant(w_type) && tail <= PANEL_DOT_TAIL ? n_tok - tail : n_tok;
+    if (n_pan > 0) matmul_run(pool, w_type, w, n_out, n_in, j.panels, j.panel_bytes, n_pan, y, ldy, false, pk);
+    if (n_pan < n_tok)
+        matmul_run(pool, w_type, w, n_out, n_in, j.rows + (size_t)n_pan * j.row_bytes, j.row_bytes, n_tok - n_pan,
+                   y + n_pan * ldy, ldy, false, NULL);
     free(owned);
     return AG_OK;
 }
@@ -437,8 +454,7 @@ size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode) {
     /* every ISA level's dot kernels compute the K-quants' canonical
      * arithmetic (scalar, AVX2, AVX-512: test_gemm, test_quant) */
-    return n_decode >= AG_MATMUL_AMX_MIN_TOK && (w_type == AG_TYPE_Q4_K || w_type == AG_TYPE_Q6_K) &&
-           use_amx(w_type);
+    return n_decode >= AG_MATMUL_AMX_MIN_TOK && canonical_kquant(w_type) && use_amx(w_type);
 }
 
 ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
