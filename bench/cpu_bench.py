@@ -18,7 +18,8 @@ in ggml_backend_amx_mul_mat) and records them in build/peer-build.txt. A wheel
 built elsewhere with forced flags (e.g. -DGGML_AVX512_BF16=ON) dies with
 SIGILL on a CPU without them. The benchmark prints the CPU, its ISA flags and
 that record, runs llama.cpp in a child process, and refuses with a clear
-message when `import llama_cpp` fails or the peer crashes.
+message when `import llama_cpp` fails or the peer crashes. After the table it
+prints the kernels augur chose for each model (from `augur bench --json`).
 """
 import argparse
 import json
@@ -95,12 +96,13 @@ def cpu_isa_flags():
 
 
 def cpu_report():
-    """CPU model, ISA flags and what augur is told about kernels (it does not
-    report the ones it picks; AUGUR_CPU_ISA / AUGUR_AMX override them)."""
+    """CPU model, ISA flags and the environment that overrides augur's
+    kernel choice (AUGUR_CPU_ISA / AUGUR_AMX / AUGUR_AMX_PACK); the kernels
+    augur chose are printed per model after the table (`augur bench`
+    reports them)."""
     env = ", ".join(f"{k}={os.environ[k]}" for k in ("AUGUR_CPU_ISA", "AUGUR_AMX", "AUGUR_AMX_PACK") if k in os.environ)
-    return (f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs; ISA flags: {' '.join(cpu_isa_flags()) or 'none'}\n"
-            f"augur kernels: not reported by augur (chosen at run time from the flags above"
-            f"{'; environment: ' + env if env else ''})")
+    return (f"CPU: {cpu_name()}, {os.cpu_count()} logical CPUs; ISA flags: {' '.join(cpu_isa_flags()) or 'none'}"
+            f"{'; environment: ' + env if env else ''}")
 
 
 def peer_build_report():
@@ -180,13 +182,17 @@ def main():
         sys.exit(f"cpu_bench: {why}")
     print("| model | augur pp tok/s | llama.cpp pp tok/s | pp ratio | augur tg tok/s | llama.cpp tg tok/s | tg ratio | augur decode GB/s |")
     print("|---|---|---|---|---|---|---|---|")
+    kernels = []
     for n in names:
         path = os.path.join(ROOT, MODELS[n])
         ours = bench_augur(path, a.t, a.p, a.n, a.r)
         ref = bench_llama_child(path, a.t, a.p, a.n, a.r)
+        kernels.append(f"  {n}: {ours.get('cpu_kernels', 'not reported (not on the CPU backend?)')}")
         print(f"| {n} | {ours['pp_tok_s']:.1f} | {ref['pp_tok_s']:.1f} | {ours['pp_tok_s'] / ref['pp_tok_s']:.2f} | "
               f"{ours['tg_tok_s']:.1f} | {ref['tg_tok_s']:.1f} | {ours['tg_tok_s'] / ref['tg_tok_s']:.2f} | "
               f"{ours['tg_tok_s'] * ours['weight_gb']:.2f} |", flush=True)
+    print("augur kernels (augur bench's report: ISA level, decode rows, prompt rows per weight type, AMX):")
+    print("\n".join(kernels))
 
 
 if __name__ == "__main__":

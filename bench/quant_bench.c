@@ -9,7 +9,10 @@
  *     8960x1536 (n_out x n_in). "hot": the same matrix every call (it sits in
  *     cache); "cold": calls rotate over copies totalling > 1 GiB, so every
  *     call streams from DRAM, as a decode step over a large model does;
- *   - a 512-token GEMM (2048x2048) in GFLOP/s (2*n_tok*n_in*n_out flops);
+ *   - a 512-token GEMM (2048x2048) in GFLOP/s (2*n_tok*n_in*n_out flops),
+ *     through the decode rows' dot kernels (ag_matmul) and through the
+ *     prompt rows' kernels (ag_matmul_prompt: AMX, panels, tiles or dot,
+ *     named after the figure);
  * plus the machine's read bandwidth (STREAM-like sum over 1 GiB) for scale.
  * Every figure is the median of --reps timed calls.
  *
@@ -135,21 +138,23 @@ static double read_bandwidth(ag_threadpool *pool, int reps) {
 
 /* ---- matvec / gemm ---- */
 
+/* prompt: through ag_matmul_prompt (the prompt rows' kernels) instead of ag_matmul. */
 static double time_matmul(ag_threadpool *pool, uint32_t t, uint8_t **ws, int n_copies, int64_t n_out, int64_t n_in,
-                          int64_t n_tok, const float *x, float *y, void *scratch, size_t scratch_size, int reps) {
+                          int64_t n_tok, const float *x, float *y, void *scratch, size_t scratch_size, int reps,
+                          bool prompt) {
     double tm[256];
     if (reps > 256) reps = 256;
-    /* one warm-up call */
-    ag_matmul(pool, t, ws[0], n_out, n_in, x, n_in, n_tok, y, n_out, scratch, scratch_size);
-    for (int r = 0; r < reps; r++) {
-        uint8_t *w = ws[(r + 1) % n_copies];
-        double   a = now_s();
-        ag_status st = ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out, scratch, scratch_size);
-        tm[r] = now_s() - a;
+    for (int r = -1; r < reps; r++) { /* r = -1: one warm-up call */
+        uint8_t  *w = ws[(r + 1) % n_copies];
+        double    a = now_s();
+        ag_status st = prompt ? ag_matmul_prompt(pool, t, w, NULL, n_out, n_in, x, n_in, n_tok, y, n_out, scratch, scratch_size)
+                              : ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out, scratch, scratch_size);
+        const double dt = now_s() - a;
         if (st != AG_OK) {
             fprintf(stderr, "matmul failed: %s\n", ag_error_message());
             exit(1);
         }
+        if (r >= 0) tm[r] = dt;
     }
     return median(tm, reps);
 }
@@ -283,7 +288,8 @@ int main(int argc, char **argv) {
     size_t scratch_size = 64u << 20;
     void  *scratch = malloc(scratch_size);
 
-    printf("\n%-5s %-10s %-4s %10s %10s %12s\n", "type", "shape", "thr", "hot GB/s", "cold GB/s", "gemm GFLOP/s");
+    printf("\n%-5s %-10s %-4s %10s %10s %12s %14s\n", "type", "shape", "thr", "hot GB/s", "cold GB/s", "gemm GFLOP/s",
+           "prompt GFLOP/s");
     for (int ti = 0; ti < N_TYPES; ti++) {
         int sel = n_sel == 0;
         for (int k = 0; k < n_sel; k++) sel |= !strcmp(type_names[k], TYPES[ti].name);
@@ -310,21 +316,23 @@ int main(int argc, char **argv) {
                 memcpy(ws[c], w0, bytes);
             }
             for (int k = 0; k < n_threads; k++) {
-                double hot = time_matmul(pools[k], t, ws, 1, n_out, n_in, 1, x, y, scratch, scratch_size, reps * 4);
+                double hot = time_matmul(pools[k], t, ws, 1, n_out, n_in, 1, x, y, scratch, scratch_size, reps * 4, false);
                 double cold = do_cold ? time_matmul(pools[k], t, ws, n_copies, n_out, n_in, 1, x, y, scratch,
-                                                    scratch_size, reps * 4)
+                                                    scratch_size, reps * 4, false)
                                       : 0;
-                double gflops = 0;
+                double gflops = 0, pflops = 0;
                 if (do_gemm && si == 0) {
-                    double g = time_matmul(pools[k], t, ws, 1, n_out, n_in, gemm_tok, x, y, scratch, scratch_size,
-                                           reps / 3 > 2 ? reps / 3 : 3);
+                    const int gr = reps / 3 > 2 ? reps / 3 : 3;
+                    double    g = time_matmul(pools[k], t, ws, 1, n_out, n_in, gemm_tok, x, y, scratch, scratch_size, gr, false);
+                    double    p = time_matmul(pools[k], t, ws, 1, n_out, n_in, gemm_tok, x, y, scratch, scratch_size, gr, true);
                     gflops = 2.0 * gemm_tok * n_in * n_out / g / 1e9;
+                    pflops = 2.0 * gemm_tok * n_in * n_out / p / 1e9;
                 }
                 char shape[32];
                 snprintf(shape, sizeof shape, "%lldx%lld", (long long)n_out, (long long)n_in);
                 printf("%-5s %-10s %-4d %10.1f %10.1f", TYPES[ti].name, shape, threads[k], bytes / hot / 1e9,
                        do_cold ? bytes / cold / 1e9 : 0.0);
-                if (gflops > 0) printf(" %12.1f", gflops);
+                if (gflops > 0) printf(" %12.1f %14.1f (%s)", gflops, pflops, ag_matmul_prompt_kernel(t));
                 printf("\n");
                 fflush(stdout);
             }

@@ -188,6 +188,11 @@ ag_status ag_cpu_backend_new(const ag_cpu_params *p, ag_backend **out);
 void      ag_backend_free(ag_backend *be); /* any backend; NULL-safe */
 /* The CPU backend's thread count; 0 for another backend. */
 int       ag_cpu_backend_threads(const ag_backend *be);
+/* One line naming the CPU kernels that weights of the n_types given types
+ * run on now, for benchmark reports, e.g. "isa avx2 (best avx2); decode:
+ * avx2 dot; prompt: avx2 panel (Q5_0 Q4_K Q6_K), avx2 dot (Q8_0); amx: no".
+ * Writes at most n bytes, NUL-terminated, to buf. */
+void      ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, size_t n);
 
 /* Creates the backend for `dev` (AUTO resolved as above); the CPU params
  * apply to the CPU backend (and its host-side helpers). AG_ERR_UNSUPPORTED

@@ -88,6 +88,21 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, fl
     return (double)n * n_seq / dt;
 }
 
+/* The CPU kernels the model's matrices (its 2-D and larger tensors) run on. */
+static void cpu_kernels(ag_model *m, char *buf, size_t n) {
+    const ag_gguf *g = ag_model_gguf(m);
+    uint32_t       types[64];
+    int            n_types = 0;
+    for (int64_t i = 0; i < ag_gguf_n_tensors(g); i++) {
+        const ag_gguf_tensor *t = ag_gguf_tensor_at(g, i);
+        if (t->n_dims < 2) continue;
+        int k = 0;
+        while (k < n_types && types[k] != t->type) k++;
+        if (k == n_types && n_types < 64) types[n_types++] = t->type;
+    }
+    ag_cpu_kernel_report(types, n_types, buf, n);
+}
+
 int ag_cli_bench(int argc, char **argv) {
     const char *model_path = NULL, *prompt_file = NULL;
     long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1;
@@ -160,15 +175,19 @@ int ag_cli_bench(int argc, char **argv) {
     }
     double pp_med = ag_cli_sorted_median(pps, (int)reps), tg_med = ag_cli_sorted_median(tgs, (int)reps);
     int nthreads = ag_cpu_backend_threads(ag_model_backend(m));
+    char kernels[512] = "";
+    if (nthreads > 0) cpu_kernels(m, kernels, sizeof kernels);
     double gb = ag_model_weight_bytes(m) / 1e9;
     if (json) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"reps\": %ld, \"weight_gb\": %.4f", model_path, nthreads, reps, gb);
+        if (*kernels) printf(", \"cpu_kernels\": \"%s\"", kernels);
         if (pp) printf(", \"pp\": %ld, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, pp_med, pps[0], pps[reps - 1]);
         if (tg) printf(", \"tg\": %ld, \"batch\": %ld, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, n_seq, tg_med, tgs[0], tgs[reps - 1]);
         printf("}\n");
     } else {
         printf("model: %s (%s, %.1f MB of weights read per token), %d threads, %ld reps\n", model_path,
                c->arch_name, gb * 1e3, nthreads, reps);
+        if (*kernels) printf("cpu kernels: %s\n", kernels);
         printf("%-8s %12s %12s %12s\n", "test", "tok/s", "min", "max");
         if (pp) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
         if (tg && n_seq == 1) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);

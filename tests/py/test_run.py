@@ -2,8 +2,12 @@
 import json
 import os
 import re
+import subprocess
 
-from conftest import ROOT, SMOLLM2, TINY_GGUF, require_model, run_augur
+import gguf
+import pytest
+
+from conftest import AUGUR, GEMMA3, ROOT, SMOLLM2, TINY_GGUF, require_model, run_augur
 
 GREEDY_REF = os.path.join(ROOT, "tests", "data", "parity", "stories260K_greedy.json")
 
@@ -42,6 +46,44 @@ def test_bench_reports_prefill_and_decode():
     p = run_augur("bench", "-m", TINY_GGUF, "-p", "64", "-n", "16", "-r", "2", "--json", check=True)
     r = json.loads(p.stdout)
     assert r["pp_tok_s"] > 0 and r["tg_tok_s"] > 0 and r["pp"] == 64 and r["tg"] == 16 and r["batch"] == 1
+
+
+def cpu_best_isa():
+    """augur's best ISA level from /proc/cpuinfo's flags (its own rule: AVX2+FMA+F16C, then AVX-512 F/BW/VL/VNNI)."""
+    flags = set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return "scalar"
+    return "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags else "avx2"
+
+
+@pytest.mark.parametrize("model", [SMOLLM2, GEMMA3])
+@pytest.mark.parametrize("isa", [None, "scalar"])
+def test_bench_reports_cpu_kernels(model, isa):
+    """The kernel line names the ISA level the CPU supports (or the one forced) and every matrix type of the
+    file (read with gguf-py); the scalar level has only dot kernels."""
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("no /proc/cpuinfo")
+    require_model(model)
+    env = dict(os.environ)
+    env.pop("AUGUR_CPU_ISA", None)
+    if isa:
+        env["AUGUR_CPU_ISA"] = isa
+    p = subprocess.run([AUGUR, "bench", "-m", model, "-p", "8", "-n", "0", "-r", "1", "--json", "--device", "cpu"],
+                       capture_output=True, env=env, timeout=120, check=True)
+    k = json.loads(p.stdout)["cpu_kernels"]
+    best = cpu_best_isa()
+    active = isa or best
+    assert k.startswith(f"isa {active} (best {best}); decode: {active} dot"), k
+    prompt = k.split("; prompt: ", 1)[1]
+    types = {t.tensor_type.name for t in gguf.GGUFReader(model).tensors if len(t.shape) >= 2}
+    named = set(re.findall(r"\b(?:F16|F32|BF16|Q\d_[01K])\b", prompt))
+    assert named == types, (named, types, k)
+    if isa == "scalar":
+        assert re.fullmatch(r"scalar dot \([A-Z0-9_ ]+\); amx: no", prompt), k
 
 
 def test_bench_batched_decode():

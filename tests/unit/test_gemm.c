@@ -1,5 +1,5 @@
 /* Prompt-row matmul (ag_matmul_prompt): AMX tiles where the CPU has them,
- * else the VNNI tile kernels, else the dot kernels.
+ * else the VNNI tile kernels or the AVX2 token panels, else the dot kernels.
  *  - results match a float64 product of the dequantized weights within the
  *    activation-quantization bound;
  *  - a token's result is bit-identical whatever else is in the call (alone,
@@ -28,9 +28,7 @@ static const uint32_t k_types[] = {AG_TYPE_Q4_0, AG_TYPE_Q4_1, AG_TYPE_Q5_0, AG_
 /* n_out random rows of n_in elements, back to back. */
 static uint8_t *random_matrix(uint32_t t, int64_t n_out, int64_t n_in) { return random_weights(t, n_out * n_in, NULL); }
 
-static const char *path_name(uint32_t t) {
-    return ag_amx_available() && ag_amx_supports(t) ? "amx" : "tiles/dot";
-}
+static const char *path_name(uint32_t t) { return ag_matmul_prompt_kernel(t); }
 
 static void prompt(ag_threadpool *pool, uint32_t t, const uint8_t *w, int64_t n_out, int64_t n_in, const float *x,
                    int64_t ldx, int64_t n_tok, float *y, int64_t ldy) {
@@ -203,22 +201,23 @@ static void multi_equals_separate(void **state) {
     ag_threadpool_free(pool);
 }
 
-/* Q4_K and Q6_K: the dot kernels (scalar, AVX2, AVX-512), the AMX tiles
- * unpacking per call and the AMX tiles on a packed copy give the same bits
+/* Q4_K and Q6_K: the dot kernels (scalar, AVX2, AVX-512), the prompt path
+ * without AMX (AVX2: the token-panel kernels, one thread or three), the AMX
+ * tiles unpacking per call and the AMX tiles on a packed copy give the same bits
  * (ag_kquant_fold), which is what lets the server's decode batches of 16+
  * sequences move to AMX without changing any output. Partial panels (37
  * rows), super-block counts off a multiple of 4 (1280 = 5), outliers. */
 static void kquant_paths_bit_identical(void **state) {
     const uint32_t       types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K};
     static const int64_t ins[] = {768, 1280};
-    static const int64_t toks[] = {1, 5, 16, 37};
+    static const int64_t toks[] = {1, 5, 12, 16, 37}; /* 12: a panel and a 4-token tail on the dot kernels */
     ag_threadpool       *pool;
     ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
     assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
     int checks = 0;
     for (size_t ti = 0; ti < 2; ti++)
         for (size_t ii = 0; ii < 2; ii++)
-            for (size_t ki = 0; ki < 4; ki++) {
+            for (size_t ki = 0; ki < sizeof toks / sizeof toks[0]; ki++) {
                 const uint32_t t = types[ti];
                 const int64_t  n_out = 37, n_in = ins[ii], n_tok = toks[ki];
                 uint8_t       *w = random_matrix(t, n_out, n_in);
@@ -235,6 +234,13 @@ static void kquant_paths_bit_identical(void **state) {
                     assert_int_equal(ag_matmul(pool, t, w, n_out, n_in, x, n_in, n_tok, y, n_out, NULL, 0), AG_OK);
                     if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: %s dot kernels differ from scalar", t,
                                                      (long long)n_in, (long long)n_tok, ag_cpu_isa_name((ag_cpu_isa)isa));
+                    checks++;
+                    if (ag_amx_available()) continue; /* the prompt path is AMX's, checked below */
+                    /* the prompt path: the AVX2 token-panel kernels (AVX-512: its dot kernels) */
+                    memset(y, 0, ny);
+                    prompt(ki & 1 ? pool : NULL, t, w, n_out, n_in, x, n_in, n_tok, y, n_out);
+                    if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: %s prompt path differs from the dot kernels",
+                                                     t, (long long)n_in, (long long)n_tok, ag_cpu_isa_name((ag_cpu_isa)isa));
                     checks++;
                 }
                 assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
@@ -260,7 +266,8 @@ static void kquant_paths_bit_identical(void **state) {
             next:
                 free(w), free(x), free(ref), free(y);
             }
-    print_message("kquant: %d bit-identity checks (%s)\n", checks, ag_amx_available() ? "dot, AMX, AMX packed" : "dot only, no AMX");
+    print_message("kquant: %d bit-identity checks (%s)\n", checks,
+                  ag_amx_available() ? "dot, AMX, AMX packed" : "dot and prompt path per ISA, no AMX");
     ag_threadpool_free(pool);
 }
 

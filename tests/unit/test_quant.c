@@ -580,6 +580,20 @@ static void gemm_tiles_agree(void **state) {
     print_message("gemm: %d tile outputs checked against scalar dots\n", checks);
 }
 
+/* Sets every byte of the wb bytes of blocks at w to `fill`, except the
+ * fp16 scale fields (kept finite). */
+static void fill_blocks(uint32_t t, uint8_t *w, size_t wb, uint8_t fill) {
+    uint32_t be, bb;
+    ag_quant_block(t, &be, &bb);
+    int off[2], k = scale_offsets(t, off);
+    for (size_t b = 0; b < wb / bb; b++) {
+        uint8_t save[2][2];
+        for (int j = 0; j < k; j++) memcpy(save[j], w + b * bb + off[j], 2);
+        memset(w + b * bb, fill, bb);
+        for (int j = 0; j < k; j++) memcpy(w + b * bb + off[j], save[j], 2);
+    }
+}
+
 /* Extreme but valid blocks: all weight bits set, activations at ±127, to
  * exercise the int16 saturation limits of the SIMD paths. */
 static void dot_extremes(void **state) {
@@ -592,16 +606,7 @@ static void dot_extremes(void **state) {
         uint8_t *w = random_weights(t, n, NULL);
         size_t   wb = ag_quant_row_bytes(t, n);
         for (int pattern = 0; pattern < 3; pattern++) {
-            uint8_t fill = pattern == 0 ? 0xFF : pattern == 1 ? 0x00 : 0x80;
-            uint32_t be, bb;
-            ag_quant_block(t, &be, &bb);
-            int off[2], k = scale_offsets(t, off);
-            for (size_t b = 0; b < wb / bb; b++) {
-                uint8_t save[2][2];
-                for (int j = 0; j < k; j++) memcpy(save[j], w + b * bb + off[j], 2);
-                memset(w + b * bb, fill, bb);
-                for (int j = 0; j < k; j++) memcpy(w + b * bb + off[j], save[j], 2);
-            }
+            fill_blocks(t, w, wb, pattern == 0 ? 0xFF : pattern == 1 ? 0x00 : 0x80);
             float *x = malloc(n * 4);
             for (int64_t i = 0; i < n; i++) x[i] = (i & 1) ? -1.0f : 1.0f;
             if (pattern == 2)
@@ -623,6 +628,98 @@ static void dot_extremes(void **state) {
         free(w);
     }
     assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+}
+
+/* The token-panel kernels (where an ISA has them), against the scalar dot
+ * of each (row, token): Q4_K and Q6_K bit for bit (ag_kquant_fold), the
+ * legacy types within the SIMD tolerance. And a (row, token) result does
+ * not depend on the call: it is bit-identical to that pair computed alone
+ * (one row, one token in lane 0) for every row count 1..4, panel count
+ * 1..3 and token count, with outputs outside nr x nt untouched. Weight rows
+ * at odd addresses; block counts off the kernels' groups (9, 33, 5
+ * super-blocks); pattern 1 has every weight bit set and activations at
+ * ±127 (all of one sign in most tokens), the int16 limits of the chunk
+ * sums. */
+static void panel_kernels_agree(void **state) {
+    enum { NR = 4, NT = 19, NP = 3 };
+    int checks = 0;
+    for (size_t ti = 0; ti < N_DOT_TYPES; ti++) {
+        const uint32_t t = k_dot_types[ti];
+        ag_act_format  f;
+        assert_int_equal(ag_quant_act_format(t, &f), AG_OK);
+        if (f == AG_ACT_F32) continue;
+        const bool     canonical = t == AG_TYPE_Q4_K || t == AG_TYPE_Q6_K;
+        const int64_t  lens_32[] = {96, 288, 1056}, lens_k[] = {256, 1280};
+        const int64_t *lens = f == AG_ACT_Q8A ? lens_32 : lens_k;
+        const size_t   nl = f == AG_ACT_Q8A ? 3 : 2;
+        for (size_t li = 0; li < nl; li++)
+            for (int pattern = 0; pattern < 2; pattern++) {
+                const int64_t n = lens[li];
+                const size_t  wrb = ag_quant_row_bytes(t, n), ws = wrb + 5, xrb = ag_act_row_bytes(f, n);
+                const size_t  prb = ag_panel_row_bytes(f, n);
+                uint8_t      *w = random_weights(t, n * NR, NULL), *wp = malloc(ws * NR + 1);
+                if (pattern) fill_blocks(t, w, wrb * NR, 0xFF);
+                for (int r = 0; r < NR; r++) memcpy(wp + 1 + r * ws, w + r * wrb, wrb);
+                float   *x = malloc(sizeof(float) * (size_t)(NT * n));
+                uint8_t *xq = malloc(xrb * NT);
+                uint8_t *panels = aligned_alloc(64, prb * NP), *single = aligned_alloc(64, prb);
+                for (int k = 0; k < NT; k++)
+                    for (int64_t i = 0; i < n; i++)
+                        x[k * n + i] = pattern ? (k % 3 == 2 ? ((i + k) % 3 ? 1.0f : -1.0f) : k & 1 ? -1.0f : 1.0f)
+                                               : nrand() * (k % 3 == 1 ? 300.0f : 1.0f);
+                for (int k = 0; k < NT; k++) assert_int_equal(ag_quantize_act_row(f, x + k * n, xq + k * xrb, n), AG_OK);
+                for (int p = 0; p < NP; p++)
+                    ag_panel_pack(f, xq + (size_t)p * 8 * xrb, xrb, NT - 8 * p < 8 ? NT - 8 * p : 8, n, panels + p * prb);
+                float  ref[NR][NT];
+                double absw[NR][NT];
+                assert_int_equal(ag_cpu_isa_set(AG_CPU_ISA_SCALAR), AG_OK);
+                for (int r = 0; r < NR; r++)
+                    for (int k = 0; k < NT; k++) {
+                        assert_int_equal(ag_vec_dot(t, n, w + r * wrb, xq + k * xrb, &ref[r][k]), AG_OK);
+                        absw[r][k] = reference_dot(t, n, w + r * wrb, x + k * n, xq + k * xrb).abs;
+                    }
+                for (int ik = 0; ik < n_isas; ik++) {
+                    assert_int_equal(ag_cpu_isa_set(isas[ik]), AG_OK);
+                    ag_panel_fn pk = ag_quant_kernels_active()->panel[t];
+                    if (!pk) continue;
+                    float alone[NR][NT];
+                    for (int k = 0; k < NT; k++) {
+                        ag_panel_pack(f, xq + k * xrb, xrb, 1, n, single);
+                        for (int r = 0; r < NR; r++) {
+                            pk(n, wp + 1 + r * ws, ws, 1, single, prb, 1, 1, &alone[r][k], 1);
+                            const float v = alone[r][k];
+                            if (canonical ? memcmp(&v, &ref[r][k], sizeof v) != 0 : !(fabs(v - ref[r][k]) <= 1e-5 * absw[r][k] + 1e-30))
+                                fail_msg("%s %s panel n=%lld pattern %d row %d tok %d: %.9g vs scalar dot %.9g",
+                                         ag_cpu_isa_name(isas[ik]), tname(t), (long long)n, pattern, r, k, v, ref[r][k]);
+                            checks++;
+                        }
+                    }
+                    for (int nr = 1; nr <= NR; nr++)
+                        for (int np = 1; np <= NP; np++) {
+                            const int nt = 8 * np < NT ? 8 * np - 2 * (nr & 1) : NT, ldy = nr + 2;
+                            float     y[8 * NP * (NR + 2)];
+                            for (size_t i = 0; i < sizeof y / sizeof y[0]; i++) y[i] = -12345.0f;
+                            pk(n, wp + 1, ws, nr, panels, prb, np, nt, y, ldy);
+                            for (int k = 0; k < 8 * NP; k++)
+                                for (int r = 0; r < ldy; r++) {
+                                    const float v = y[k * ldy + r];
+                                    if (k >= nt || r >= nr) {
+                                        assert_true(v == -12345.0f);
+                                        continue;
+                                    }
+                                    if (memcmp(&v, &alone[r][k], sizeof v) != 0)
+                                        fail_msg("%s %s panel n=%lld nr=%d np=%d nt=%d row %d tok %d: %.9g vs alone %.9g",
+                                                 ag_cpu_isa_name(isas[ik]), tname(t), (long long)n, nr, np, nt, r, k, v,
+                                                 alone[r][k]);
+                                    checks++;
+                                }
+                        }
+                }
+                free(w), free(wp), free(x), free(xq), free(panels), free(single);
+            }
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    print_message("panels: %d outputs checked against scalar dots and against themselves alone\n", checks);
 }
 
 /* ---- errors ---- */
@@ -824,6 +921,7 @@ int main(void) {
         cmocka_unit_test(dot_variants_agree),
         cmocka_unit_test(dot_batch_invariant),
         cmocka_unit_test(gemm_tiles_agree),
+        cmocka_unit_test(panel_kernels_agree),
         cmocka_unit_test(dot_extremes),
         cmocka_unit_test(bad_input_is_an_error),
         cmocka_unit_test(matmul_matches_float64),

@@ -53,12 +53,19 @@ static const float *rows_f32(const ag_kv_layout *L, const uint8_t *base, size_t 
     return tmp;
 }
 
-/* Rounds through fp16: llama.cpp (the reference) multiplies Q with the F16 K
+/* Rounds n floats through fp16 (src may be dst): llama.cpp (the reference) multiplies Q with the F16 K
  * cache and the softmax weights with the F16 V cache as F16 values. Doing the
  * same keeps our rounding in step with it, which matters more than it seems:
  * in a quantized model a 1e-3 perturbation flips the int8 rounding of later
  * activations, and the two implementations then drift apart. */
-static inline float round_f16(float x) { return ag_fp16_to_fp32(ag_fp32_to_fp16(x)); }
+static void round_f16(const float *src, float *dst, int n) {
+    uint16_t h16[256];
+    for (int e0 = 0; e0 < n; e0 += 256) { /* the row conversions: F16C where present, bit-identical to scalar */
+        const int m = n - e0 < 256 ? n - e0 : 256;
+        ag_fp32_to_fp16_row(src + e0, h16, m);
+        ag_fp16_to_fp32_row(h16, dst + e0, m);
+    }
+}
 
 /* The two inner loops, vectorised: dot(a, b) and y += w * x over n floats.
  * Plain C float reductions are not vectorised without -ffast-math, and
@@ -193,10 +200,8 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     float *acc = sc + (size_t)nt * group * stride;
     const size_t qd = (size_t)s->n_head * dk;
     for (int i = 0; i < nt; i++)
-        for (int h = 0; h < group; h++) {
-            const float *src = q + (t0 + i) * qd + (size_t)(g * group + h) * dk;
-            for (int e = 0; e < dk; e++) qh[((size_t)i * group + h) * dk + e] = round_f16(src[e]);
-        }
+        for (int h = 0; h < group; h++)
+            round_f16(q + (t0 + i) * qd + (size_t)(g * group + h) * dk, qh + ((size_t)i * group + h) * dk, dk);
 
     /* pass 1: scores, block by block (each K block converted once for all rows and heads) */
     const int b0 = lo_min / bs, b1 = pos_max / bs < n_blocks ? pos_max / bs : n_blocks - 1;
@@ -234,13 +239,8 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
                 sum += row[j];
             }
             float inv = (float)(1.0 / sum);
-            uint16_t h16[256];
-            for (int j0 = 0; j0 < n_pos; j0 += 256) {
-                int m = n_pos - j0 < 256 ? n_pos - j0 : 256;
-                for (int j = 0; j < m; j++) row[j0 + j] *= inv;
-                ag_fp32_to_fp16_row(row + j0, h16, m);
-                ag_fp16_to_fp32_row(h16, row + j0, m);
-            }
+            for (int j = 0; j < n_pos; j++) row[j] *= inv;
+            round_f16(row, row, n_pos);
         }
     /* pass 2: weighted sum of V (each V block converted once for all rows and heads) */
     memset(acc, 0, sizeof(float) * (size_t)nt * group * dv);

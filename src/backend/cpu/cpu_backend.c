@@ -1,5 +1,7 @@
 /* The CPU backend: the reference implementation of backend.h's op table,
  * multi-threaded over a thread pool. */
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -399,4 +401,40 @@ static void cpu_destroy(ag_backend *be) {
 
 int ag_cpu_backend_threads(const ag_backend *be) {
     return be && be->ops == &cpu_ops ? ((const cpu_state *)be->impl)->n_threads : 0;
+}
+
+/* Appends to buf[*len..n) like snprintf, never past n. */
+static void report_add(char *buf, size_t n, size_t *len, const char *fmt, ...) {
+    if (*len >= n) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(buf + *len, n - *len, fmt, ap);
+    va_end(ap);
+    if (k > 0) *len = *len + (size_t)k < n ? *len + (size_t)k : n - 1;
+}
+
+void ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, size_t n) {
+    if (!buf || n == 0) return;
+    buf[0] = 0;
+    size_t      len = 0;
+    const char *isa = ag_cpu_isa_name(ag_cpu_isa_active());
+    report_add(buf, n, &len, "isa %s (best %s); decode: %s dot", isa, ag_cpu_isa_name(ag_cpu_isa_best()), isa);
+    bool amx_decode = false;
+    for (int i = 0; i < n_types; i++) amx_decode = amx_decode || ag_matmul_decode_on_amx(types[i], AG_MATMUL_AMX_MIN_TOK);
+    if (amx_decode) report_add(buf, n, &len, ", amx from %d rows (Q4_K Q6_K)", AG_MATMUL_AMX_MIN_TOK);
+    /* the prompt kernels, one group per kind, types in the order given */
+    static const char *kinds[] = {"amx", "panel", "tile", "dot"};
+    report_add(buf, n, &len, "; prompt:");
+    bool first = true;
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        bool any = false;
+        for (int i = 0; i < n_types; i++) {
+            if (strcmp(ag_matmul_prompt_kernel(types[i]), kinds[k])) continue;
+            if (!any) report_add(buf, n, &len, "%s %s%s%s (", first ? "" : ",", k ? isa : "", k ? " " : "", kinds[k]);
+            report_add(buf, n, &len, "%s%s", any ? " " : "", ag_tensor_type_name(types[i]));
+            any = true, first = false;
+        }
+        if (any) report_add(buf, n, &len, ")");
+    }
+    report_add(buf, n, &len, "; amx: %s", ag_amx_available() ? "yes" : "no");
 }

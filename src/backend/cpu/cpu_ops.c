@@ -27,10 +27,12 @@ void ag_cpu_rope(float *x, int n, int n_head, int head_dim, int rope_dim, const 
                  float freq_scale, bool neox) {
     const int half = rope_dim / 2;
     float cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 */
+    double inv_freq[512];   /* base^(-2i/rope_dim): the same for every token, pow is costly */
+    for (int i = 0; i < half; i++) inv_freq[i] = pow((double)base, -2.0 * i / rope_dim);
     for (int t = 0; t < n; t++) {
         for (int i = 0; i < half; i++) {
             /* theta_i = pos * freq_scale * base^(-2i/rope_dim) */
-            double theta = (double)pos[t] * freq_scale * pow((double)base, -2.0 * i / rope_dim);
+            double theta = (double)pos[t] * freq_scale * inv_freq[i];
             cs[i] = (float)cos(theta);
             sn[i] = (float)sin(theta);
         }

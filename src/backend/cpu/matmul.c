@@ -3,8 +3,10 @@
  * Two kinds of rows (see ag_batch.n_prompt): decode rows go through the dot
  * kernels (ag_matmul, ag_matmul_multi); prompt rows through AMX tiles where
  * the CPU has them (matmul_amx.c), else through the same driver with the
- * AVX-512 VNNI tile kernels (ag_matmul_prompt). A token's result depends
- * only on its own row and its kind, never on the rest of the batch.
+ * AVX2 token-panel kernels (X packed eight tokens at a time, see
+ * ag_panel_q8k) or the AVX-512 VNNI tile kernels (ag_matmul_prompt). A
+ * token's result depends only on its own row and its kind, never on the
+ * rest of the batch; for Q4_K and Q6_K not even on its kind.
  *
  * Tiling: a task owns a range of weight rows and a chunk of tokens. Inside,
  * each weight row is read from memory once and multiplied with the chunk's
@@ -114,7 +116,8 @@ ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const flo
 
 typedef struct {
     ag_dot_fn      dot;
-    ag_gemm_fn     gemm; /* NULL: rows one at a time through dot */
+    ag_gemm_fn     gemm;  /* NULL: rows one at a time through dot */
+    ag_panel_fn    panel; /* set: xa holds token panels, tok_per_task counts panels */
     const uint8_t *w;
     size_t         w_row_bytes;
     int64_t        n_in, n_out, n_tok;
@@ -131,6 +134,19 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     int64_t       r0 = rt * j->rows_per_task, r1 = r0 + j->rows_per_task;
     int64_t       t0 = tt * j->tok_per_task, t1 = t0 + j->tok_per_task;
     if (r1 > j->n_out) r1 = j->n_out;
+    if (j->panel) { /* t0, t1 count panels here */
+        const int64_t n_panels = (j->n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT;
+        if (t1 > n_panels) t1 = n_panels;
+        for (int64_t r = r0; r < r1; r += AG_GEMM_RM) {
+            const int nr = (int)(r1 - r < AG_GEMM_RM ? r1 - r : AG_GEMM_RM);
+            for (int64_t p = t0; p < t1; p += AG_PANEL_MAX_NP) {
+                const int np = (int)(t1 - p < AG_PANEL_MAX_NP ? t1 - p : AG_PANEL_MAX_NP);
+                j->panel(j->n_in, j->w + (size_t)r * j->w_row_bytes, j->w_row_bytes, nr, j->xa + (size_t)p * j->xa_stride,
+                         j->xa_stride, np, j->n_tok - p * AG_PANEL_NT, j->y + p * AG_PANEL_NT * j->ldy + r, j->ldy);
+            }
+        }
+        return;
+    }
     if (t1 > j->n_tok) t1 = j->n_tok;
     int64_t r = r0;
     if (j->gemm) /* whole tiles of AG_GEMM_RM rows; the rest through dot */
@@ -157,25 +173,30 @@ static void mm_task(void *ctx, int64_t task, int thread) {
  * kernels (prompt rows only: their summation order differs from the dot
  * kernels', see ag_matmul_prompt). Which rows go through a tile depends
  * only on the row index, never on n_tok; the split into tasks never changes
- * a result. want: tasks to aim for (dynamic scheduling absorbs uneven
+ * a result. panel: xa holds token panels (xa_stride bytes per panel) for
+ * that kernel. want: tasks to aim for (dynamic scheduling absorbs uneven
  * threads). */
 static int64_t mm_plan(mm_job *j, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, const void *xa,
-                       size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles, int64_t want) {
+                       size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles, ag_panel_fn panel,
+                       int64_t want) {
     memset(j, 0, sizeof *j);
     j->dot = ag_quant_kernels_active()->dot[w_type];
     j->gemm = tiles ? ag_quant_kernels_active()->gemm[w_type] : NULL;
+    j->panel = panel;
     j->w = w;
     j->w_row_bytes = ag_quant_row_bytes(w_type, n_in);
     j->n_in = n_in, j->n_out = n_out, j->n_tok = n_tok;
     j->xa = xa, j->xa_stride = xa_stride;
     j->y = y, j->ldy = ldy;
 
-    int64_t tc = (int64_t)(L2_ACT_BUDGET / (xa_stride ? xa_stride : 1));
-    tc = tc / AG_DOT_MAX_NX * AG_DOT_MAX_NX;
-    if (tc < AG_DOT_MAX_NX) tc = AG_DOT_MAX_NX;
-    if (tc > n_tok) tc = n_tok;
+    /* the token chunk of a task, in tokens or (panel) in panels */
+    const int64_t unit = panel ? 1 : AG_DOT_MAX_NX, n_units = panel ? (n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT : n_tok;
+    int64_t       tc = (int64_t)(L2_ACT_BUDGET / (xa_stride ? xa_stride : 1));
+    tc = tc / unit * unit;
+    if (tc < unit) tc = unit;
+    if (tc > n_units) tc = n_units;
     j->tok_per_task = tc;
-    int64_t n_tok_tasks = (n_tok + tc - 1) / tc;
+    int64_t n_tok_tasks = (n_units + tc - 1) / tc;
 
     int64_t row_tasks = (want + n_tok_tasks - 1) / n_tok_tasks;
     int64_t rows = (n_out + row_tasks - 1) / row_tasks;
@@ -188,11 +209,13 @@ static int64_t mm_plan(mm_job *j, uint32_t w_type, const void *w, int64_t n_out,
 }
 
 static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
-                       const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles) {
+                       const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles,
+                       ag_panel_fn panel) {
     mm_job  j;
     int     threads = ag_threadpool_size(pool);
     /* one thread: one task, no scheduling at all */
-    int64_t n = mm_plan(&j, w_type, w, n_out, n_in, xa, xa_stride, n_tok, y, ldy, tiles, threads == 1 ? 1 : threads * 8);
+    int64_t n = mm_plan(&j, w_type, w, n_out, n_in, xa, xa_stride, n_tok, y, ldy, tiles, panel,
+                        threads == 1 ? 1 : threads * 8);
     ag_threadpool_run(pool, n, mm_task, &j);
 }
 
@@ -285,7 +308,7 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
             m.first[p + 1] = m.first[p] + (parts[p].n_out == 0 ? 0
                                            : mm_plan(&m.jobs[p], parts[p].w_type, parts[p].w, parts[p].n_out, n_in,
                                                      xa[k], stride[k], n_tok, parts[p].y, parts[p].ldy, false,
-                                                     want < 1 ? 1 : want));
+                                                     NULL, want < 1 ? 1 : want));
         }
         ag_threadpool_run(pool, m.first[n_parts], mm_multi_task, &m);
     }
@@ -300,7 +323,7 @@ ag_status ag_matmul_xq(ag_threadpool *pool, uint32_t w_type, const void *w, int6
     if (st != AG_OK) return st;
     if (n_out == 0 || n_tok == 0) return AG_OK;
     if (!xq) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
-    matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, false);
+    matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, false, NULL);
     return AG_OK;
 }
 
@@ -314,7 +337,7 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     if (n_out == 0 || n_tok == 0) return AG_OK;
 
     if (fmt == AG_ACT_F32) { /* float weights read X in place */
-        matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles);
+        matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles, NULL);
         return AG_OK;
     }
     size_t need = ag_matmul_scratch_size(w_type, n_in, n_tok);
@@ -322,7 +345,8 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     void *owned, *xq = scratch_or_alloc(scratch, scratch_size, need, &owned);
     if (!xq) return AG_ERR_NOMEM;
     st = ag_matmul_quantize_x(pool, fmt, x, ldx, n_tok, n_in, xq, need);
-    if (st == AG_OK) matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, tiles);
+    if (st == AG_OK)
+        matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, tiles, NULL);
     free(owned);
     return st;
 }
@@ -335,21 +359,109 @@ ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t
 
 static bool use_amx(uint32_t w_type) { return ag_amx_supports(w_type) && ag_amx_available(); }
 
+/* ---- token panels (prompt rows where the ISA has panel kernels) ---- */
+
+/* The types whose every kernel computes ag_kquant_fold's bits (dot, panel,
+ * AMX), so a row may take any of them. */
+static bool canonical_kquant(uint32_t w_type) { return w_type == AG_TYPE_Q4_K || w_type == AG_TYPE_Q6_K; }
+
+/* The dot kernels beat a panel of this few real tokens (of AG_PANEL_NT).
+ * 2048x2048, one core of the AVX2 VM, GFLOP/s Q4_K / Q6_K: 4 tokens, panel
+ * 82 / 59, dot 93 / 95; 5 tokens, panel 96 / 74, dot 79 / 71. */
+#define PANEL_DOT_TAIL 4
+
+/* The panel kernel for prompt rows of w_type, or NULL (AMX or none). */
+static ag_panel_fn prompt_panel_kernel(uint32_t w_type) {
+    if (w_type >= AG_TYPE_COUNT || use_amx(w_type)) return NULL;
+    return ag_quant_kernels_active()->panel[w_type];
+}
+
+/* Scratch of the panel path: the quantized rows, then (64-aligned) the panels. */
+static size_t panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok) {
+    size_t rb = ag_act_row_bytes(f, n_in), pb = ag_panel_row_bytes(f, n_in), rows, panels;
+    if (rb == 0 || pb == 0 || n_tok < 0) return 0;
+    const size_t n_panels = (size_t)((n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT);
+    if (__builtin_mul_overflow(rb, (size_t)n_tok, &rows) || __builtin_mul_overflow(pb, n_panels, &panels) ||
+        rows > SIZE_MAX / 2 || panels > SIZE_MAX / 2 - 128 - rows)
+        return 0;
+    return ((rows + 63) & ~(size_t)63) + panels + 64;
+}
+
+typedef struct {
+    ag_act_format fmt;
+    const float  *x;
+    int64_t       ldx, n_in, n_tok;
+    uint8_t      *rows, *panels;
+    size_t        row_bytes, panel_bytes;
+} panel_job;
+
+/* Task p: quantizes tokens 8p.. into their rows and packs them into panel p. */
+static void panel_quant_task(void *ctx, int64_t p, int thread) {
+    const panel_job *j = ctx;
+    const int64_t    t0 = p * AG_PANEL_NT;
+    const int        nt = (int)(j->n_tok - t0 < AG_PANEL_NT ? j->n_tok - t0 : AG_PANEL_NT);
+    uint8_t         *rows = j->rows + (size_t)t0 * j->row_bytes;
+    for (int t = 0; t < nt; t++) ag_quantize_act_row(j->fmt, j->x + (t0 + t) * j->ldx, rows + (size_t)t * j->row_bytes, j->n_in);
+    ag_panel_pack(j->fmt, rows, j->row_bytes, nt, j->n_in, j->panels + (size_t)p * j->panel_bytes);
+}
+
+/* W·X for prompt rows through the panel kernel pk: X quantized exactly as
+ * for the dot kernels (same rows), then packed into panels. */
+static ag_status matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, const void *w, int64_t n_out,
+                               int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
+                               void *scratch, size_t scratch_size) {
+    ag_act_format fmt;
+    ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
+    if (st != AG_OK) return st;
+    if ((st = check_x(x, ldx, n_in, n_out, n_tok)) != AG_OK) return st;
+    if (n_out == 0 || n_tok == 0) return AG_OK;
+    size_t need = panel_scratch_size(fmt, n_in, n_tok);
+    if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
+    void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);
+    if (!buf) return AG_ERR_NOMEM;
+    panel_job j = {fmt, x, ldx, n_in, n_tok, NULL, NULL, ag_act_row_bytes(fmt, n_in), ag_panel_row_bytes(fmt, n_in)};
+    j.rows = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* the kernels load panels aligned */
+    j.panels = j.rows + ((j.row_bytes * (size_t)n_tok + 63) & ~(size_t)63);
+    const int64_t n_panels = (n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT;
+    ag_threadpool_run(pool, n_panels, panel_quant_task, &j);
+    /* Q4_K / Q6_K panels give the dot kernels' bits, so a short tail (a last
+     * panel of at most PANEL_DOT_TAIL tokens, mostly empty lanes) takes the
+     * dot kernels, faster there; the other types' panels have their own
+     * arithmetic and take every token whatever the batch */
+    const int64_t tail = n_tok % AG_PANEL_NT, n_pan = canonical_kquant(w_type) && tail <= PANEL_DOT_TAIL ? n_tok - tail : n_tok;
+    if (n_pan > 0) matmul_run(pool, w_type, w, n_out, n_in, j.panels, j.panel_bytes, n_pan, y, ldy, false, pk);
+    if (n_pan < n_tok)
+        matmul_run(pool, w_type, w, n_out, n_in, j.rows + (size_t)n_pan * j.row_bytes, j.row_bytes, n_tok - n_pan,
+                   y + n_pan * ldy, ldy, false, NULL);
+    free(owned);
+    return AG_OK;
+}
+
+const char *ag_matmul_prompt_kernel(uint32_t w_type) {
+    if (use_amx(w_type)) return "amx";
+    if (prompt_panel_kernel(w_type)) return "panel";
+    if (w_type < AG_TYPE_COUNT && ag_quant_kernels_active()->gemm[w_type]) return "tile";
+    return "dot";
+}
+
 size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64_t n_in, int64_t n_tok) {
     if (use_amx(w_type)) return ag_amx_scratch_size(ag_threadpool_size(pool), n_in, n_tok);
+    ag_act_format f;
+    if (prompt_panel_kernel(w_type) && ag_quant_act_format(w_type, &f) == AG_OK) return panel_scratch_size(f, n_in, n_tok);
     return ag_matmul_scratch_size(w_type, n_in, n_tok);
 }
 
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode) {
     /* every ISA level's dot kernels compute the K-quants' canonical
      * arithmetic (scalar, AVX2, AVX-512: test_gemm, test_quant) */
-    return n_decode >= AG_MATMUL_AMX_MIN_TOK && (w_type == AG_TYPE_Q4_K || w_type == AG_TYPE_Q6_K) &&
-           use_amx(w_type);
+    return n_decode >= AG_MATMUL_AMX_MIN_TOK && canonical_kquant(w_type) && use_amx(w_type);
 }
 
 ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
                            int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
                            void *scratch, size_t scratch_size) {
+    ag_panel_fn pk = prompt_panel_kernel(w_type);
+    if (pk) return matmul_panels(pool, w_type, pk, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size);
     if (!use_amx(w_type))
         return matmul_any(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size, true);
     ag_act_format fmt;

@@ -56,7 +56,8 @@ ag_status ag_matmul(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t
 ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const float *x, int64_t ldx,
                                int64_t n_tok, int64_t n_in, void *xq, size_t xq_size);
 /* Prompt rows: the same product through the batched kernels (AMX tiles
- * where the CPU has them, else AVX-512 VNNI tiles, else the dot kernels).
+ * where the CPU has them, else AVX-512 VNNI tiles or AVX2 token panels,
+ * else the dot kernels).
  * A token's result depends only on its own X row, never on n_tok or its
  * place in the batch; but it differs (float summation order, activation
  * blocking) from ag_matmul()'s, which decode and verify rows use. The model
@@ -69,6 +70,10 @@ size_t    ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, in
 ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
                            int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
                            void *scratch, size_t scratch_size);
+
+/* Which kernels ag_matmul_prompt runs for w_type at the active ISA, for
+ * reports: "amx", "panel" (token panels), "tile" (GEMM tiles) or "dot". */
+const char *ag_matmul_prompt_kernel(uint32_t w_type);
 
 /* Q4_K and Q6_K are the exception to the split above: their AMX tiles
  * compute the dot kernels' arithmetic bit for bit (ag_kquant_fold), so

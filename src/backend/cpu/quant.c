@@ -458,6 +458,53 @@ ag_status ag_quantize_act_row(ag_act_format f, const float *x, void *dst, int64_
     return AG_OK;
 }
 
+size_t ag_panel_row_bytes(ag_act_format f, int64_t n) {
+    if (n <= 0) return 0;
+    switch (f) {
+    case AG_ACT_F32: return 0;
+    case AG_ACT_Q8A: return n % AG_QK ? 0 : (size_t)(n / AG_QK) * sizeof(ag_panel_q8a);
+    case AG_ACT_Q8K: return n % AG_QK_K ? 0 : (size_t)(n / AG_QK_K) * sizeof(ag_panel_q8k);
+    }
+    return 0;
+}
+
+/* Pure data movement: a panel holds exactly the rows' values, so kernels
+ * reading it compute with the same numbers as the dot kernels. Lanes of
+ * missing tokens are zero (d = 0, q = 0): finite, and never stored. */
+void ag_panel_pack(ag_act_format f, const void *x, size_t x_stride, int nt, int64_t n, void *dst) {
+    const uint8_t *xb = x;
+    if (f == AG_ACT_Q8K) {
+        ag_panel_q8k *p = dst;
+        for (int64_t b = 0; b < n / AG_QK_K; b++) {
+            memset(&p[b], 0, sizeof p[b]);
+            for (int t = 0; t < nt; t++) {
+                const ag_block_q8_K *y = (const ag_block_q8_K *)(xb + (size_t)t * x_stride) + b;
+                p[b].d[t] = y->d;
+                for (int i = 0; i < AG_QK_K / 32; i++)
+                    p[b].bsums[i][t][0] = y->bsums[2 * i], p[b].bsums[i][t][1] = y->bsums[2 * i + 1];
+                for (int i = 0; i < AG_QK_K / 64; i++) /* |sum| <= 32 * 127 */
+                    for (int k = 0; k < 2; k++)
+                        p[b].bpair[i][t][k] = (int16_t)(y->bsums[4 * i + 2 * k] + y->bsums[4 * i + 2 * k + 1]);
+                for (int c = 0; c < AG_QK_K / 4; c++) memcpy(p[b].qs[c][t], y->qs + 4 * c, 4);
+            }
+        }
+    } else if (f == AG_ACT_Q8A) {
+        ag_panel_q8a *p = dst;
+        for (int64_t b = 0; b < n / AG_QK; b++) {
+            memset(&p[b], 0, sizeof p[b]);
+            for (int t = 0; t < nt; t++) {
+                const ag_block_q8a *y = (const ag_block_q8a *)(xb + (size_t)t * x_stride) + b;
+                int32_t             sum = 0;
+                p[b].d[t] = y->d;
+                p[b].s[t] = y->s;
+                for (int j = 0; j < AG_QK; j++) sum += y->qs[j];
+                p[b].sum[t] = sum;
+                for (int c = 0; c < AG_QK / 4; c++) memcpy(p[b].qs[c][t], y->qs + 4 * c, 4);
+            }
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* scalar dot products                                                      */
 

@@ -439,6 +439,298 @@ AI void dot_q3_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
 }
 AG_DOT_DISPATCH(dot_q3_K)
 
+/* ---- token panels: nr weight rows x np panels of 8 tokens (prompt rows) ----
+ *
+ * The activations come as panels (ag_panel_q8k / ag_panel_q8a): one 32-byte
+ * load holds elements 4c..4c+3 of eight tokens. A weight row's block is
+ * unpacked once into bytes (in element order) for all np panels; four of
+ * its bytes, broadcast, times the panel vector give with maddubs each
+ * token's two pair sums in its own int32 lane, so a block's sum for eight
+ * tokens needs no horizontal reduction and the int16 pair sums of several
+ * chunks are added before one madd applies their common scale: per chunk
+ * and row one maddubs and one add, against the dot kernels' maddubs, madd
+ * and add per token. The int16 sums stay exact: chunks of one scale are
+ * summed while n * 2 * umax * 127 < 32768 (u <= 15: 8 chunks, u <= 31: 4,
+ * Q6_K's u <= 63: 2), |y| <= 127 from the quantizer.
+ *
+ * K-quants: per (row, token, super-block) the exact isum (and msum), folded
+ * with ag_kquant_fold's two fmas into accumulator s % 4, in token lanes:
+ * the dot kernels' bits. Legacy types: their own arithmetic for prompt rows
+ * (as the AVX-512 tiles), per (row, token) in block order acc = fma(dw*dy,
+ * isum, acc), then for the offset types acc = fma(m, s, acc). */
+
+AI __m256i bcast32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+AI __m256i load256a(const void *p) { return _mm256_load_si256((const __m256i *)p); }
+/* An int16 value in both halves of a dword (madd multiplies both pair sums by it). */
+AI __m256i dup16(__m256i v32) { return _mm256_or_si256(_mm256_and_si256(v32, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v32, 16)); }
+
+/* Stores the token lanes of nr (1..4) row vectors v (tokens t0.. of the
+ * batch, those below nt) at y[t*ldy + r]: transposed to one 4-float vector
+ * per token, so a token's rows are one store (masked for nr < 4: the rows
+ * past nr belong to another task). */
+AI void panel_store(const __m256 *v, const int NR, int64_t t0, int64_t nt, float *y, int64_t ldy) {
+    const __m256 z = _mm256_setzero_ps();
+    const __m256 v0 = v[0], v1 = NR > 1 ? v[1] : z, v2 = NR > 2 ? v[2] : z, v3 = NR > 3 ? v[3] : z;
+    const __m256 t0v = _mm256_unpacklo_ps(v0, v1), t1v = _mm256_unpackhi_ps(v0, v1);
+    const __m256 t2v = _mm256_unpacklo_ps(v2, v3), t3v = _mm256_unpackhi_ps(v2, v3);
+    __m256       u[4]; /* u[k]: tokens k (low half) and k + 4 (high half) */
+    u[0] = _mm256_shuffle_ps(t0v, t2v, 0x44);
+    u[1] = _mm256_shuffle_ps(t0v, t2v, 0xEE);
+    u[2] = _mm256_shuffle_ps(t1v, t3v, 0x44);
+    u[3] = _mm256_shuffle_ps(t1v, t3v, 0xEE);
+    const __m128i mask = _mm_cmpgt_epi32(_mm_set1_epi32(NR), _mm_setr_epi32(0, 1, 2, 3));
+    UNROLL for (int t = 0; t < AG_PANEL_NT; t++) {
+        if (t0 + t >= nt) break;
+        const __m128 o = t < 4 ? _mm256_castps256_ps128(u[t]) : _mm256_extractf128_ps(u[t - 4], 1);
+        float       *dst = y + (t0 + t) * ldy;
+        if (NR == 4) _mm_storeu_ps(dst, o);
+        else _mm_maskstore_ps(dst, mask, o);
+    }
+}
+
+#define PANEL_DISPATCH(name)                                                                                   \
+    static void name(int64_t n, const void *w, size_t w_stride, int nr, const void *xp, size_t xp_stride, int np, \
+                     int64_t nt, float *y, int64_t ldy) {                                                      \
+        switch (nr) {                                                                                          \
+        case 1: name##_k(n, w, w_stride, 1, xp, xp_stride, np, nt, y, ldy); break;                             \
+        case 2: name##_k(n, w, w_stride, 2, xp, xp_stride, np, nt, y, ldy); break;                             \
+        case 3: name##_k(n, w, w_stride, 3, xp, xp_stride, np, nt, y, ldy); break;                             \
+        default: name##_k(n, w, w_stride, 4, xp, xp_stride, np, nt, y, ldy); break;                            \
+        }                                                                                                      \
+    }
+
+/* One weight row's K-quant super-block, unpacked for the panel kernels:
+ * u the 256 values (Q4_K 0..15, Q6_K 0..63) in element order; mul[g] the
+ * scale of element group g (Q4_K: 32 elements, 8 groups; Q6_K: 16, 16) as
+ * an int16 pair in a dword; corr[i] the int16 pair that multiplies pair i of
+ * the panel's correction sums (Q4_K: mins 2i, 2i+1 against bpair, 4 pairs;
+ * Q6_K: scales 2i, 2i+1 against bsums, 8 pairs). */
+typedef struct {
+    _Alignas(32) uint8_t u[AG_QK_K];
+    int32_t mul[16], corr[8];
+    float   d, dmin;
+} kq_row;
+
+AI void q4k_row(const ag_block_q4_K *b, kq_row *o) {
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    UNROLL for (int j = 0; j < 4; j++) { /* qs[32j + l]: element 64j + l (low nibble), 64j + 32 + l (high) */
+        const __m256i qv = loadu256(b->qs + 32 * j);
+        _mm256_store_si256((__m256i *)(o->u + 64 * j), _mm256_and_si256(qv, m4));
+        _mm256_store_si256((__m256i *)(o->u + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4));
+    }
+    const __m128i sm = k4_scales_x(b->scales); /* bytes 0..7 scales, 8..15 mins */
+    _mm256_storeu_si256((__m256i *)o->mul, dup16(_mm256_cvtepu8_epi32(sm)));
+    _mm_storeu_si128((__m128i *)o->corr, _mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)));
+    o->d = f16(b->d);
+    o->dmin = f16(b->dmin);
+}
+
+AI void q6k_row(const ag_block_q6_K *b, kq_row *o) {
+    UNROLL for (int h = 0; h < 2; h++) {
+        __m256i g[4];
+        q6k_unpack_half(b->ql + 64 * h, b->qh + 32 * h, g);
+        UNROLL for (int k = 0; k < 4; k++) _mm256_store_si256((__m256i *)(o->u + 128 * h + 32 * k), g[k]);
+    }
+    const __m128i sc = loadu128(b->scales);
+    _mm256_storeu_si256((__m256i *)o->mul, dup16(_mm256_cvtepi8_epi32(sc)));
+    _mm256_storeu_si256((__m256i *)(o->mul + 8), dup16(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+    _mm256_storeu_si256((__m256i *)o->corr, _mm256_cvtepi8_epi16(sc));
+    o->d = f16(b->d);
+    o->dmin = 0.0f;
+}
+
+/* Q4_K's Σ_j sc_j Σ q·y per token: per 32-element sub-block j, 8 chunks'
+ * maddubs summed in int16, one madd by scale j. */
+AI void q4k_panel_isum(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum) {
+    UNROLL for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i a[AG_GEMM_RM];
+        UNROLL for (int c = 0; c < 8; c++) {
+            const __m256i yv = load256a(x->qs[8 * j + c]);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m256i p = _mm256_maddubs_epi16(bcast32(w[r].u + 32 * j + 4 * c), yv);
+                a[r] = c ? _mm256_add_epi16(a[r], p) : p;
+                CHAIN(a[r]);
+            }
+        }
+        UNROLL for (int r = 0; r < NR; r++)
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(a[r], bcast32(&w[r].mul[j])));
+    }
+}
+
+/* Q6_K's Σ_g sc_g Σ q·y per token (q unsigned 0..63): per 16-element group
+ * g, two int16 sums of two chunks, each madd by scale g. */
+AI void q6k_panel_isum(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum) {
+    UNROLL for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+    for (int g = 0; g < 16; g++) {
+        __m256i yv[4];
+        UNROLL for (int k = 0; k < 4; k++) yv[k] = load256a(x->qs[4 * g + k]);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const uint8_t *u = w[r].u + 16 * g;
+            const __m256i  a0 = _mm256_add_epi16(_mm256_maddubs_epi16(bcast32(u), yv[0]), _mm256_maddubs_epi16(bcast32(u + 4), yv[1]));
+            const __m256i  a1 = _mm256_add_epi16(_mm256_maddubs_epi16(bcast32(u + 8), yv[2]), _mm256_maddubs_epi16(bcast32(u + 12), yv[3]));
+            const __m256i  sc = bcast32(&w[r].mul[g]);
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_add_epi32(_mm256_madd_epi16(a0, sc), _mm256_madd_epi16(a1, sc)));
+            CHAIN(isum[r]);
+        }
+    }
+}
+
+/* Σ_i corr_i · pairs_i per token, exact: |pair| <= 32*127, |corr| <= 128. */
+AI __m256i kq_corr(const __m256i *corr, const int16_t (*pairs)[AG_PANEL_NT][2], const int N) {
+    __m256i s = _mm256_madd_epi16(load256a(pairs[0]), corr[0]);
+    UNROLL for (int i = 1; i < N; i++) s = _mm256_add_epi32(s, _mm256_madd_epi16(load256a(pairs[i]), corr[i]));
+    return s;
+}
+
+/* The K-quant panel kernel, super-block by super-block: the NR rows' block
+ * unpacked once; each panel's chunk sums (ISUM) kept in ib; then per row,
+ * per panel, the exact isum and msum completed from the panel's bsums
+ * (Q4_K: msum = Σ mins · bpair; Q6_K: isum -= 32 Σ sc · bsums, its msum and
+ * dmin are 0, which leaves the accumulator unchanged, so that fma is
+ * skipped as in the dot kernel) and folded into the token lanes'
+ * accumulator s % 4 (ag_kquant_fold). Per row the correction multipliers
+ * stay in registers across the panels. */
+#define KQ_PANEL(name, BT, ROW, ISUM, Q4K)                                                                        \
+    AI void name##_k(int64_t n, const void *w, size_t w_stride, const int NR, const void *xp, size_t xp_stride,  \
+                     int np, int64_t nt, float *y, int64_t ldy) {                                                \
+        _Alignas(32) float   acc[AG_PANEL_MAX_NP][AG_GEMM_RM][4][AG_PANEL_NT];                                  \
+        _Alignas(32) int32_t ib[AG_PANEL_MAX_NP][AG_GEMM_RM][AG_PANEL_NT];                                      \
+        kq_row               wr[AG_GEMM_RM];                                                                     \
+        memset(acc, 0, sizeof(acc[0]) * (size_t)np);                                                             \
+        const int64_t nsb = n / AG_QK_K;                                                                         \
+        for (int64_t s = 0; s < nsb; s++) {                                                                      \
+            UNROLL for (int r = 0; r < NR; r++) ROW((const BT *)((const uint8_t *)w + (size_t)r * w_stride) + s, &wr[r]); \
+            for (int p = 0; p < np; p++) {                                                                       \
+                __m256i isum[AG_GEMM_RM];                                                                        \
+                ISUM(wr, (const ag_panel_q8k *)((const uint8_t *)xp + (size_t)p * xp_stride) + s, NR, isum);     \
+                UNROLL for (int r = 0; r < NR; r++) _mm256_store_si256((__m256i *)ib[p][r], isum[r]);            \
+            }                                                                                                    \
+            UNROLL for (int r = 0; r < NR; r++) {                                                                \
+                __m256i corr[8];                                                                                 \
+                UNROLL for (int i = 0; i < (Q4K ? 4 : 8); i++) corr[i] = bcast32(&wr[r].corr[i]);                \
+                const __m256 d = _mm256_set1_ps(wr[r].d), dmin = _mm256_set1_ps(wr[r].dmin);                     \
+                for (int p = 0; p < np; p++) {                                                                   \
+                    const ag_panel_q8k *x = (const ag_panel_q8k *)((const uint8_t *)xp + (size_t)p * xp_stride) + s; \
+                    const __m256        dy = _mm256_load_ps(x->d);                                               \
+                    float              *a = acc[p][r][s & 3];                                                    \
+                    __m256i             isum = load256a(ib[p][r]);                                               \
+                    if (!Q4K) isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(kq_corr(corr, x->bsums, 8), 5));   \
+                    __m256 v = _mm256_fmadd_ps(_mm256_mul_ps(dy, d), _mm256_cvtepi32_ps(isum), _mm256_load_ps(a)); \
+                    if (Q4K) v = _mm256_fnmadd_ps(_mm256_mul_ps(dy, dmin), _mm256_cvtepi32_ps(kq_corr(corr, x->bpair, 4)), v); \
+                    _mm256_store_ps(a, v);                                                                       \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int p = 0; p < np; p++) {                                                                           \
+            __m256 v[AG_GEMM_RM];                                                                                \
+            UNROLL for (int r = 0; r < NR; r++)                                                                  \
+                v[r] = _mm256_add_ps(_mm256_add_ps(_mm256_load_ps(acc[p][r][0]), _mm256_load_ps(acc[p][r][2])),  \
+                                     _mm256_add_ps(_mm256_load_ps(acc[p][r][1]), _mm256_load_ps(acc[p][r][3])));  \
+            panel_store(v, NR, (int64_t)p * AG_PANEL_NT, nt, y, ldy);                                            \
+        }                                                                                                        \
+    }                                                                                                            \
+    PANEL_DISPATCH(name)
+
+KQ_PANEL(panel_q4_K, ag_block_q4_K, q4k_row, q4k_panel_isum, 1)
+KQ_PANEL(panel_q6_K, ag_block_q6_K, q6k_row, q6k_panel_isum, 0)
+
+/* Legacy types: the unsigned form u of each weight (Q4_0: q + 8, Q5_0:
+ * q + 16, Q4_1/Q5_1: q itself); the signed types take OFF·Σy back out. */
+AI __m256i pu_nib(const uint8_t *qs) { return unpack_nib16(qs); }
+AI __m256i pu_5bit(const uint8_t *qh, const uint8_t *qs) {
+    return _mm256_or_si256(unpack_nib16(qs), _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+}
+AI __m256i pu_q4_0(const ag_block_q4_0 *b) { return pu_nib(b->qs); }
+AI __m256i pu_q4_1(const ag_block_q4_1 *b) { return pu_nib(b->qs); }
+AI __m256i pu_q5_0(const ag_block_q5_0 *b) { return pu_5bit(b->qh, b->qs); }
+AI __m256i pu_q5_1(const ag_block_q5_1 *b) { return pu_5bit(b->qh, b->qs); }
+AI float   pm_none(const void *b) { (void)b; return 0.0f; }
+AI float   pm_q4_1(const ag_block_q4_1 *b) { return f16(b->m); }
+AI float   pm_q5_1(const ag_block_q5_1 *b) { return f16(b->m); }
+
+/* Eight blocks of one weight row, unpacked. */
+#define LG_GROUP 8
+typedef struct {
+    _Alignas(32) uint8_t u[LG_GROUP][AG_QK];
+    float d[LG_GROUP], m[LG_GROUP];
+} lg_row;
+
+/* BT: block type; PU: its unsigned form; PM: its m (offset types);
+ * LOG2_OFF: log2 of the offset (0: none); CH: chunks summed in int16.
+ * Per group of up to 8 blocks and per panel: first every block's exact
+ * Σ u·y for the NR rows (kept in ib), then per row the float fold in block
+ * order, so neither part crowds the other's registers. */
+#define LG_PANEL(name, BT, PU, PM, LOG2_OFF, HAS_M, CH)                                                           \
+    AI void name##_k(int64_t n, const void *w, size_t w_stride, const int NR, const void *xp, size_t xp_stride,  \
+                     int np, int64_t nt, float *y, int64_t ldy) {                                                \
+        _Alignas(32) float   acc[AG_PANEL_MAX_NP][AG_GEMM_RM][AG_PANEL_NT];                                     \
+        _Alignas(32) int32_t ib[LG_GROUP][AG_GEMM_RM][AG_PANEL_NT];                                             \
+        lg_row               wr[AG_GEMM_RM];                                                                     \
+        memset(acc, 0, sizeof(acc[0]) * (size_t)np);                                                             \
+        const __m256i ones = _mm256_set1_epi16(1);                                                               \
+        const int64_t nb = n / AG_QK;                                                                            \
+        for (int64_t i0 = 0; i0 < nb; i0 += LG_GROUP) {                                                          \
+            const int kn = nb - i0 < LG_GROUP ? (int)(nb - i0) : LG_GROUP;                                       \
+            UNROLL for (int r = 0; r < NR; r++) {                                                                \
+                const BT *b = (const BT *)((const uint8_t *)w + (size_t)r * w_stride) + i0;                      \
+                for (int k = 0; k < kn; k++) {                                                                   \
+                    _mm256_store_si256((__m256i *)wr[r].u[k], PU(&b[k]));                                        \
+                    wr[r].d[k] = f16(b[k].d);                                                                    \
+                    wr[r].m[k] = PM(&b[k]);                                                                      \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int p = 0; p < np; p++) {                                                                       \
+                const ag_panel_q8a *x = (const ag_panel_q8a *)((const uint8_t *)xp + (size_t)p * xp_stride) + i0; \
+                for (int k = 0; k < kn; k++) {                                                                   \
+                    __m256i s32[AG_GEMM_RM];                                                                     \
+                    UNROLL for (int c0 = 0; c0 < 8; c0 += CH) {                                                  \
+                        __m256i a[AG_GEMM_RM];                                                                   \
+                        UNROLL for (int c = c0; c < c0 + CH; c++) {                                              \
+                            const __m256i yv = load256a(x[k].qs[c]);                                             \
+                            UNROLL for (int r = 0; r < NR; r++) {                                                \
+                                const __m256i p16 = _mm256_maddubs_epi16(bcast32(wr[r].u[k] + 4 * c), yv);       \
+                                a[r] = c > c0 ? _mm256_add_epi16(a[r], p16) : p16;                               \
+                                CHAIN(a[r]);                                                                     \
+                            }                                                                                    \
+                        }                                                                                        \
+                        UNROLL for (int r = 0; r < NR; r++) {                                                    \
+                            const __m256i m32 = _mm256_madd_epi16(a[r], ones);                                   \
+                            s32[r] = c0 ? _mm256_add_epi32(s32[r], m32) : m32;                                   \
+                        }                                                                                        \
+                    }                                                                                            \
+                    UNROLL for (int r = 0; r < NR; r++) _mm256_store_si256((__m256i *)ib[k][r], s32[r]);         \
+                }                                                                                                \
+                UNROLL for (int r = 0; r < NR; r++) {                                                            \
+                    __m256 av = _mm256_load_ps(acc[p][r]);                                                       \
+                    for (int k = 0; k < kn; k++) {                                                               \
+                        __m256i s32 = load256a(ib[k][r]);                                                        \
+                        if (LOG2_OFF) s32 = _mm256_sub_epi32(s32, _mm256_slli_epi32(load256a(x[k].sum), LOG2_OFF)); \
+                        av = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(x[k].d), _mm256_set1_ps(wr[r].d[k])),   \
+                                             _mm256_cvtepi32_ps(s32), av);                                       \
+                        if (HAS_M) av = _mm256_fmadd_ps(_mm256_set1_ps(wr[r].m[k]), _mm256_load_ps(x[k].s), av); \
+                    }                                                                                            \
+                    _mm256_store_ps(acc[p][r], av);                                                              \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int p = 0; p < np; p++) {                                                                           \
+            __m256 v[AG_GEMM_RM];                                                                                \
+            UNROLL for (int r = 0; r < NR; r++) v[r] = _mm256_load_ps(acc[p][r]);                                \
+            panel_store(v, NR, (int64_t)p * AG_PANEL_NT, nt, y, ldy);                                            \
+        }                                                                                                        \
+    }                                                                                                            \
+    PANEL_DISPATCH(name)
+
+LG_PANEL(panel_q4_0, ag_block_q4_0, pu_q4_0, pm_none, 3, 0, 8)
+LG_PANEL(panel_q5_0, ag_block_q5_0, pu_q5_0, pm_none, 4, 0, 4)
+LG_PANEL(panel_q4_1, ag_block_q4_1, pu_q4_1, pm_q4_1, 0, 1, 8)
+LG_PANEL(panel_q5_1, ag_block_q5_1, pu_q5_1, pm_q5_1, 0, 1, 4)
+
 /* ---- float weights, float activations ---- */
 
 #define FLOAT_KERNEL(name, ESZ, WLOAD, WSCALAR)                                                    \
@@ -557,6 +849,12 @@ void ag_quant_kernels_avx2(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q4_K] = dot_q4_K;
     k->dot[AG_TYPE_Q5_K] = dot_q5_K;
     k->dot[AG_TYPE_Q6_K] = dot_q6_K;
+    k->panel[AG_TYPE_Q4_0] = panel_q4_0;
+    k->panel[AG_TYPE_Q4_1] = panel_q4_1;
+    k->panel[AG_TYPE_Q5_0] = panel_q5_0;
+    k->panel[AG_TYPE_Q5_1] = panel_q5_1;
+    k->panel[AG_TYPE_Q4_K] = panel_q4_K;
+    k->panel[AG_TYPE_Q6_K] = panel_q6_K;
     k->quant_q8a = quant_q8a;
     k->quant_q8k = quant_q8k;
 }

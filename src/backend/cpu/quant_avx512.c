@@ -568,6 +568,11 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->gemm[AG_TYPE_Q5_0] = dot_q5_0_gemm;
     k->gemm[AG_TYPE_Q5_1] = dot_q5_1_gemm;
     k->gemm[AG_TYPE_Q8_0] = dot_q8_0_gemm;
+    /* Prompt rows here go through the VNNI tiles above (legacy types) and
+     * these dot kernels (K-quants), as measured; the AVX2 token-panel kernels
+     * the table inherits have not been measured against them on an AVX-512
+     * CPU, so they stay off at this level. */
+    memset(k->panel, 0, sizeof k->panel);
 }
 
 #else

@@ -221,9 +221,57 @@ typedef void (*ag_gemm_fn)(int64_t n, const void *w, size_t w_stride, const void
 /* Converts n floats to an activation row (n a multiple of the block size). */
 typedef void (*ag_act_quant_fn)(const float *x, void *dst, int64_t n);
 
+/* ---- token panels (the AVX2 prompt path) ----
+ *
+ * AG_PANEL_NT tokens' activation rows interleaved four bytes at a time, so
+ * that one 32-byte load holds the same four elements of all eight tokens:
+ * a kernel broadcasts four weight bytes against it and gets one int32 lane
+ * per token, with no horizontal sums. The values (qs, d, bsums) are the
+ * activation rows' own, moved (ag_panel_pack in quant.c), plus exact sums of
+ * them, so a K-quant panel kernel can reproduce the dot kernels' result bit
+ * for bit.
+ * A panel row is n/block consecutive panel blocks. Tokens past the end of
+ * the batch in the last panel are zero. Our own layout, never read from a
+ * file, so not packed: the sizes are multiples of 32 and a panel buffer is
+ * 64-byte aligned (matmul.c), which lets the kernels load it aligned. */
+#define AG_PANEL_NT 8
+typedef struct {
+    float   d[AG_PANEL_NT];
+    int16_t bsums[AG_QK_K / 32][AG_PANEL_NT][2]; /* [i][t]: token t's bsums 2i and 2i+1 */
+    int16_t bpair[AG_QK_K / 64][AG_PANEL_NT][2]; /* [i][t]: Σqs of t's 32-element sub-blocks 2i, 2i+1 */
+    int8_t  qs[AG_QK_K / 4][AG_PANEL_NT][4];     /* [c][t]: token t's elements 4c..4c+3 */
+} ag_panel_q8k;
+
+typedef struct {
+    float   d[AG_PANEL_NT], s[AG_PANEL_NT]; /* each token's Q8A d and s */
+    int32_t sum[AG_PANEL_NT];               /* Σqs of each token's block */
+    int8_t  qs[AG_QK / 4][AG_PANEL_NT][4];
+} ag_panel_q8a;
+
+_Static_assert(sizeof(ag_panel_q8k) == 2464 && sizeof(ag_panel_q8k) % 32 == 0, "panel q8k");
+_Static_assert(sizeof(ag_panel_q8a) == 352 && sizeof(ag_panel_q8a) % 32 == 0, "panel q8a");
+
+/* Packs nt (1..AG_PANEL_NT) activation rows of n elements, x_stride bytes
+ * apart, into one panel row at dst (zero tokens after nt). */
+void ag_panel_pack(ag_act_format f, const void *x, size_t x_stride, int nt, int64_t n, void *dst);
+/* Bytes of one panel row of n elements (0 for AG_ACT_F32 or a bad n). */
+size_t ag_panel_row_bytes(ag_act_format f, int64_t n);
+
+/* A panel micro-kernel: nr (1..AG_GEMM_RM) weight rows w_stride bytes apart
+ * times np (1..AG_PANEL_MAX_NP) panel rows xp_stride bytes apart, whose
+ * first nt tokens are real: y[t*ldy + r] = Σ_i w_r[i] * x_t[i] for t < nt.
+ * Each weight block is unpacked once for all np panels. A (row, token)
+ * result depends on that row and token alone (never on nr, np, nt or the
+ * token's lane); for Q4_K and Q6_K it is the dot kernels' result bit for
+ * bit (ag_kquant_fold). NULL in the table where an ISA has none. */
+#define AG_PANEL_MAX_NP 16
+typedef void (*ag_panel_fn)(int64_t n, const void *w, size_t w_stride, int nr, const void *xp, size_t xp_stride,
+                            int np, int64_t nt, float *y, int64_t ldy);
+
 typedef struct {
     ag_dot_fn       dot[AG_TYPE_COUNT];
     ag_gemm_fn      gemm[AG_TYPE_COUNT];
+    ag_panel_fn     panel[AG_TYPE_COUNT];
     ag_act_quant_fn quant_q8a;
     ag_act_quant_fn quant_q8k;
 } ag_quant_kernels;
