@@ -187,7 +187,7 @@ def main():
         path = os.path.join(ROOT, MODELS[n])
         ours = bench_augur(path, a.t, a.p, a.n, a.r)
         ref = bench_llama_child(path, a.t, a.p, a.n, a.r)
-        kernels.append(f"  {n}: {ours.get('cpu_kernels', 'not reported (not on the CPU backend?)')}")
+        kernels.append(f"  {n}: {ours.get('cpu_kernels', 'not reported (an augur from before the report, or not on the CPU backend)')}")
         print(f"| {n} | {ours['pp_tok_s']:.1f} | {ref['pp_tok_s']:.1f} | {ours['pp_tok_s'] / ref['pp_tok_s']:.2f} | "
               f"{ours['tg_tok_s']:.1f} | {ref['tg_tok_s']:.1f} | {ours['tg_tok_s'] / ref['tg_tok_s']:.2f} | "
               f"{ours['tg_tok_s'] * ours['weight_gb']:.2f} |", flush=True)
