@@ -410,6 +410,42 @@ __global__ void mmv_quant(const uint8_t *__restrict__ W, size_t row_bytes, int K
     mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
 }
 
+/* Activations as the block kernels read them: fp32, or int8 per 32
+ * elements with (d, d * Σq) per block (quantize_q8_32). */
+struct act_f32 {
+    const float *__restrict__ x;
+};
+struct act_q8 {
+    const int8_t *__restrict__ xq;
+    const float2 *__restrict__ xs;
+};
+
+/* The loop of the GEMVs over 256-element K-quant blocks, one warp per row:
+ * KIND::U blocks' raw bytes loaded (KIND::load) before any is decoded
+ * (KIND::apply), then the tail one block at a time. */
+template <class KIND, int NT, class ACT>
+static __device__ __forceinline__ void mmv_kblocks(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                   const ACT act, int n_tok, float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
+    if (row >= n_out) return;
+    const int      nt = min(NT, n_tok - tok0), nb = K / 256;
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    float          acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    int b = 0;
+    for (; b + KIND::U <= nb; b += KIND::U) {
+        typename KIND::raw r[KIND::U];
+#pragma unroll
+        for (int u = 0; u < KIND::U; u++) r[u] = KIND::load(wr, b + u, lane);
+#pragma unroll
+        for (int u = 0; u < KIND::U; u++) KIND::template apply<NT>(r[u], b + u, lane, act, K, tok0, nt, acc);
+    }
+    for (; b < nb; b++) KIND::template apply<NT>(KIND::load(wr, b, lane), b, lane, act, K, tok0, nt, acc);
+    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+}
+
 /* Q4_K with the warp on one 256-element block at a time: lane l holds
  * bytes 4l..4l+3 of the block's 128 quant bytes (one coalesced 128-byte
  * load per warp), i.e. 4 low-nibble elements of sub-block 2(l/8) and the 4
@@ -455,27 +491,20 @@ static __device__ __forceinline__ void q4k_block(const q4k_raw r, int b, int lan
         acc[t] = __fadd_rn(acc[t], __fadd_rn(lo, hi));
     }
 }
+struct q4k_kind {
+    typedef q4k_raw raw;
+    static const int U = MMV_U4;
+    static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q4k_load(wr, b, lane); }
+    template <int NT>
+    static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_f32 a, int K, int tok0, int nt,
+                                                 float acc[NT]) {
+        q4k_block<NT>(r, b, lane, a.x, K, tok0, nt, acc);
+    }
+};
 template <int NT>
 __global__ void mmv_q4k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
                         int n_tok, float *__restrict__ y) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
-    if (row >= n_out) return;
-    const int      nt = min(NT, n_tok - tok0), nb = K / 256;
-    const uint8_t *wr = W + (size_t)row * row_bytes;
-    float          acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    int b = 0;
-    for (; b + MMV_U4 <= nb; b += MMV_U4) {
-        q4k_raw r[MMV_U4];
-#pragma unroll
-        for (int u = 0; u < MMV_U4; u++) r[u] = q4k_load(wr, b + u, lane);
-#pragma unroll
-        for (int u = 0; u < MMV_U4; u++) q4k_block<NT>(r[u], b + u, lane, x, K, tok0, nt, acc);
-    }
-    for (; b < nb; b++) q4k_block<NT>(q4k_load(wr, b, lane), b, lane, x, K, tok0, nt, acc);
-    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+    mmv_kblocks<q4k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y);
 }
 
 /* Q6_K the same way: lane l takes half h = l/16 of a block and positions
@@ -524,27 +553,20 @@ static __device__ __forceinline__ void q6k_block(const q6k_raw r, int b, int lan
         acc[t] = __fadd_rn(acc[t], part);
     }
 }
+struct q6k_kind {
+    typedef q6k_raw raw;
+    static const int U = MMV_U6;
+    static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q6k_load(wr, b, lane); }
+    template <int NT>
+    static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_f32 a, int K, int tok0, int nt,
+                                                 float acc[NT]) {
+        q6k_block<NT>(r, b, lane, a.x, K, tok0, nt, acc);
+    }
+};
 template <int NT>
 __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
                         int n_tok, float *__restrict__ y) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
-    if (row >= n_out) return;
-    const int      nt = min(NT, n_tok - tok0), nb = K / 256;
-    const uint8_t *wr = W + (size_t)row * row_bytes;
-    float          acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    int b = 0;
-    for (; b + MMV_U6 <= nb; b += MMV_U6) {
-        q6k_raw r[MMV_U6];
-#pragma unroll
-        for (int u = 0; u < MMV_U6; u++) r[u] = q6k_load(wr, b + u, lane);
-#pragma unroll
-        for (int u = 0; u < MMV_U6; u++) q6k_block<NT>(r[u], b + u, lane, x, K, tok0, nt, acc);
-    }
-    for (; b < nb; b++) q6k_block<NT>(q6k_load(wr, b, lane), b, lane, x, K, tok0, nt, acc);
-    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+    mmv_kblocks<q6k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y);
 }
 
 /* ---- K-quant GEMVs on int8 activations (dp4a) ----
@@ -695,28 +717,21 @@ static __device__ __forceinline__ void q6k_dp4a_block(const q6k_raw8 r, int b, i
         acc[t] = __fadd_rn(acc[t], v);
     }
 }
+struct q6k_dp4a_kind {
+    typedef q6k_raw8 raw;
+    static const int U = MMV_U6D;
+    static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q6k_dp4a_load(wr, b, lane); }
+    template <int NT>
+    static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_q8 a, int K, int tok0, int nt,
+                                                 float acc[NT]) {
+        q6k_dp4a_block<NT>(r, b, lane, a.xq, a.xs, K, tok0, nt, acc);
+    }
+};
 template <int NT>
 __global__ void mmv_q6k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                              const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
                              float *__restrict__ y) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
-    if (row >= n_out) return;
-    const int      nt = min(NT, n_tok - tok0), nb = K / 256;
-    const uint8_t *wr = W + (size_t)row * row_bytes;
-    float          acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    int b = 0;
-    for (; b + MMV_U6D <= nb; b += MMV_U6D) {
-        q6k_raw8 r[MMV_U6D];
-#pragma unroll
-        for (int u = 0; u < MMV_U6D; u++) r[u] = q6k_dp4a_load(wr, b + u, lane);
-#pragma unroll
-        for (int u = 0; u < MMV_U6D; u++) q6k_dp4a_block<NT>(r[u], b + u, lane, xq, xs, K, tok0, nt, acc);
-    }
-    for (; b < nb; b++) q6k_dp4a_block<NT>(q6k_dp4a_load(wr, b, lane), b, lane, xq, xs, K, tok0, nt, acc);
-    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+    mmv_kblocks<q6k_dp4a_kind, NT>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y);
 }
 
 typedef void (*mmv_q8_kernel)(const uint8_t *, size_t, int, int, const int8_t *, const float2 *, int, float *);
