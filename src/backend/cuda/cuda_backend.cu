@@ -122,6 +122,12 @@ typedef struct {
     int     max_k;          /* largest ne[0] of a prepared K-quant weight */
     bool    mmv_dp4a;       /* on unless AUGUR_CUDA_MMV=fp32 */
 
+    /* decode rows' activations in BF16 for the tensor-core kernel of BF16
+     * weights (mmt_bf16); sized in begin like d_xq (max_k_bf16) */
+    __nv_bfloat16 *d_xh;
+    size_t         cap_xh;     /* elements */
+    int            max_k_bf16; /* largest ne[0] of a prepared BF16 weight */
+
     /* recorded decode passes (graph_begin/graph_end), keyed by the model's
      * key and the pass buffer they read (a regrown d_ints invalidates) */
     graph_entry graphs[64];
@@ -190,6 +196,7 @@ static ag_status cu_prepare_weight(ag_backend *be, ag_tensor *t) {
                          t->name ? t->name : "?", t->type);
     const size_t bytes = t->row_bytes * (size_t)t->ne[1];
     if ((t->type == CQ_Q4_K || t->type == CQ_Q6_K) && t->ne[0] > s->max_k) s->max_k = (int)t->ne[0];
+    if (t->type == CQ_BF16 && t->ne[0] > s->max_k_bf16) s->max_k_bf16 = (int)t->ne[0];
     for (size_t i = 0; i < s->n_w; i++)
         if (s->w[i].host == t->host && s->w[i].bytes == bytes) {
             t->data = s->w[i].dev;
@@ -255,6 +262,14 @@ static ag_status reserve_xq(cuda_state *s, int n, int K) {
     return st;
 }
 
+/* Room for n rows of K BF16 activations (decode rows of BF16 weights). */
+static ag_status reserve_xh(cuda_state *s, int n, int K) {
+    const size_t need = (size_t)n * (size_t)K;
+    if (need <= s->cap_xh) return AG_OK;
+    graphs_clear(s);
+    return grow((void **)&s->d_xh, &s->cap_xh, need, sizeof(__nv_bfloat16));
+}
+
 static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay, const int32_t *tokens) {
     cuda_state *s = st_of(be);
     const int   n = lay->n;
@@ -280,6 +295,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     }
     ag_status st = grow((void **)&s->d_ints, &s->cap_ints, need, sizeof(int32_t));
     if (!st && s->mmv_dp4a && s->max_k > 0 && lay->n_decode > 0) st = reserve_xq(s, lay->n_decode, s->max_k);
+    if (!st && s->mmv_dp4a && s->max_k_bf16 > 0 && lay->n_decode > 0) st = reserve_xh(s, lay->n_decode, s->max_k_bf16);
     if (st) return st;
     int32_t *h = s->h_pinned;
     int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
@@ -837,6 +853,204 @@ static mmv_kernel mmv_for(uint32_t type, int n_tok, int *nt) {
     }
 }
 
+/* ---- matmul: decode rows of BF16 weights on the tensor cores ---- */
+
+/* A GEMV reads the weight once per MMV_TOK tokens and spends 8 FMAs and
+ * the activation loads of 8 tokens per weight element: at 64 decoding
+ * sequences an 8B BF16 model reached 428 tok/s in all (a step read the
+ * weights 8 times). mmt_bf16 multiplies with mma.sync m16n8k16 (BF16
+ * operands, FP32 accumulation): one pass over the weight for up to 32
+ * tokens, and at batch 1 the same streaming of the weight as a GEMV.
+ *
+ * BATCH INVARIANCE. Every decode row of a BF16 weight goes through this
+ * kernel, whatever the batch (1 token or 200). A token's result is the sum
+ * of its own column of the mma accumulators, built from the same K slices
+ * in the same order for every batch: the K split (KS warps per block,
+ * each a fixed slice of the 32-wide k steps) and the order in which the
+ * slices' partial sums are added depend on the weight's shape only; an mma
+ * computes each output element from its own row of A and column of B, so
+ * the other tokens of a tile, the tile a token falls in and the number of
+ * tiles (NTL) change nothing. test_backend_ops checks it bit for bit.
+ *
+ * FRAGMENTS. Lane (g = lane / 4, t = lane % 4) loads 16 contiguous bytes
+ * (8 BF16, k = kb + 8t .. +7) of weight rows g and g + 8 and of token g's
+ * activations, and feeds them to two mmas, which see the k's of a 32-wide
+ * step in a permuted order: the same permutation on both operands, so each
+ * product pairs the right weight with the right activation, and the loads
+ * are plain 16-byte loads with no shuffle. */
+
+static __device__ __forceinline__ void mma_bf16_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                      uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* A 16-byte weight load. The weights are read once: no L1 allocation (L1
+ * keeps the activations, which every warp reads), and each load asks L2
+ * for its whole 256-byte segment: a warp reads 64 bytes of a row per k
+ * step, so the next steps' bytes are already on their way without holding
+ * registers (ptxas keeps only a few steps' loads in registers in flight;
+ * at 54 registers it cannot hold U = 8 steps of them). */
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+static __device__ __forceinline__ uint4 ld_act(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+
+/* One 32-wide k step of MT row tiles (16 rows each) by NTL token tiles (8
+ * tokens each): A[m][0] holds rows g, A[m][1] rows g + 8 of tile m, X[j]
+ * token g of tile j. */
+template <int MT, int NTL>
+static __device__ __forceinline__ void mmt_step(const uint4 (&A)[MT][2], const uint4 (&X)[NTL], float (&c)[MT][NTL][4]) {
+#pragma unroll
+    for (int j = 0; j < NTL; j++)
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            mma_bf16_16816(c[m][j], A[m][0].x, A[m][1].x, A[m][0].y, A[m][1].y, X[j].x, X[j].y);
+            mma_bf16_16816(c[m][j], A[m][0].z, A[m][1].z, A[m][0].w, A[m][1].w, X[j].z, X[j].w);
+        }
+}
+
+/* y[t][r] = Σ_k W[r][k] x[t][k] for rows [16 MT blockIdx.x, +16 MT) and
+ * tokens [8 NTL blockIdx.y, +8 NTL); x is BF16, K % 8 == 0. KS warps per
+ * block, warp w taking slice w of the 32-wide k steps; the slices' sums are
+ * added in warp order. U steps' loads are issued before their mmas (more
+ * bytes in flight where the tiles are small). */
+template <int KS, int MT, int NTL>
+__global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                    const __nv_bfloat16 *__restrict__ x, int n_tok,
+                                                    float *__restrict__ y) {
+    constexpr int U = MT == 1 ? 8 : KS == 16 ? 2 : 4; /* 512 threads: at most 128 registers */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
+    const int steps = (K + 31) / 32, per = (steps + KS - 1) / KS;
+    const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
+    const uint4 *wp[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wp[m][h] = (const uint4 *)(W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes) + t;
+    const uint4 *xp[NTL];
+    bool         xv[NTL];
+#pragma unroll
+    for (int j = 0; j < NTL; j++) {
+        const int tok = tok0 + 8 * j + g;
+        xv[j] = tok < n_tok;
+        xp[j] = (const uint4 *)(x + (size_t)min(tok, n_tok - 1) * K) + t;
+    }
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    float       c[MT][NTL][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
+    const int full = K / 32; /* steps whose 32 k's all exist */
+    int       st = s0;
+    for (; st + U <= min(s1, full); st += U) {
+        uint4 A[U][MT][2], X[U][NTL];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                A[u][m][0] = ld_stream(wp[m][0] + 4 * (st + u)), A[u][m][1] = ld_stream(wp[m][1] + 4 * (st + u));
+#pragma unroll
+            for (int j = 0; j < NTL; j++) X[u][j] = xv[j] ? ld_act(xp[j] + 4 * (st + u)) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) mmt_step<MT, NTL>(A[u], X[u], c);
+    }
+    for (; st < s1; st++) { /* the slice's tail, and a last step past K (zeros there) */
+        const bool valid = 32 * st + 8 * t + 8 <= K;
+        uint4      A[MT][2], X[NTL];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) A[m][h] = valid ? __ldg(wp[m][h] + 4 * st) : zero;
+#pragma unroll
+        for (int j = 0; j < NTL; j++) X[j] = valid && xv[j] ? __ldg(xp[j] + 4 * st) : zero;
+        mmt_step<MT, NTL>(A, X, c);
+    }
+    /* The slices' sums, added in slice order: ((slice 0 + slice 1) + slice 2)
+     * + ... Where all slices' accumulators fit in shared memory they are
+     * stored at once and each output summed by one thread (one barrier);
+     * else added into one buffer one warp after the other (KS barriers).
+     * Accumulator e of a lane: row g + 8 (e / 2), token 2t + e % 2. */
+    constexpr int  R = MT * 16, C = NTL * 8 + 1;
+    constexpr bool ALL = (size_t)KS * R * C * sizeof(float) <= 20480;
+    __shared__ float part[ALL ? KS : 1][R][C];
+    if (ALL) {
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NTL; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) part[warp][16 * m + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = c[m][j][e];
+        __syncthreads();
+    } else {
+        for (int w = 0; w < KS; w++) {
+            if (warp == w)
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int j = 0; j < NTL; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float *p = &part[0][16 * m + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)];
+                            *p = w == 0 ? c[m][j][e] : __fadd_rn(*p, c[m][j][e]);
+                        }
+            __syncthreads();
+        }
+    }
+    for (int e = threadIdx.x; e < R * NTL * 8; e += blockDim.x) {
+        const int r = e % R, tk = e / R;
+        if (row0 + r >= n_out || tok0 + tk >= n_tok) continue;
+        float v = part[0][r][tk];
+        if (ALL)
+#pragma unroll
+            for (int w = 1; w < KS; w++) v = __fadd_rn(v, part[w][r][tk]);
+        y[(size_t)(tok0 + tk) * n_out + row0 + r] = v;
+    }
+}
+
+typedef void (*mmt_kernel)(const uint8_t *, size_t, int, int, const __nv_bfloat16 *, int, float *);
+
+template <int KS>
+static mmt_kernel mmt_for_ks(int n, int *rows, int *toks) {
+    mmt_kernel k;
+    if (n <= 8) k = mmt_bf16<KS, 1, 1>, *rows = 16, *toks = 8;
+    else if (n <= 16) k = mmt_bf16<KS, 1, 2>, *rows = 16, *toks = 16;
+    else k = mmt_bf16<KS, 2, 4>, *rows = 32, *toks = 32;
+    return k;
+}
+
+/* The kernel for a weight of n_out rows and a batch of n decode rows, with
+ * *rows and *toks per block and *warps per block. The K split (the warps)
+ * is chosen by the weight's shape only: the fewest slices (4, 8 or 16) for
+ * which the matrix's 16-row tiles times the slices reach MMT_TARGET_WARPS,
+ * so a small matrix (an 8B model's k/v projection) still has loads in
+ * flight on every SM. The tile: one row tile per warp and up to 16 tokens
+ * at small batches; two row tiles by 32 tokens beyond (each activation
+ * load feeds twice the mmas); larger batches take several blocks along y
+ * (a 64-token tile was 3.7x slower per call than a 32-token one). */
+#define MMT_TARGET_WARPS 2048 /* H200, 8B BF16 (tok/s at batch 1 / 8 / 64): 1024: 161 / 1223 / 4027;
+                                 2048: 174 / 1334 / 3724; 4096: 144 / - / 3422; 8192: 142 / - / 3148 */
+static mmt_kernel mmt_for(int n_out, int n, int *rows, int *toks, int *warps) {
+    const int tiles = (n_out + 15) / 16;
+    *warps = tiles * 4 >= MMT_TARGET_WARPS ? 4 : tiles * 8 >= MMT_TARGET_WARPS ? 8 : 16;
+    return *warps == 4 ? mmt_for_ks<4>(n, rows, toks) : *warps == 8 ? mmt_for_ks<8>(n, rows, toks)
+                                                                    : mmt_for_ks<16>(n, rows, toks);
+}
+
 /* ---- dequantization (get_rows, prompt GEMM) ---- */
 
 /* out[r][k] for rows ids[r] (or r when ids is NULL), as float or bf16. One
@@ -902,24 +1116,50 @@ static bool uses_dp4a(const cuda_state *s, const ag_tensor *w) {
     return s->mmv_dp4a && (w->type == CQ_Q4_K || w->type == CQ_Q6_K);
 }
 
-/* Decode rows of one weight. xq_ready: the activations x are already in
- * d_xq/d_xs (matmul_multi quantizes a shared x once). */
-static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, bool xq_ready) {
+/* Whether decode rows of this weight go through mmt_bf16 (and so read the
+ * activations rounded to BF16). The choice depends on the weight alone, so
+ * a row's kernel never depends on the batch. */
+static bool uses_mmt(const cuda_state *s, const ag_tensor *w) {
+    return s->mmv_dp4a && w->type == CQ_BF16 && w->ne[0] % 8 == 0;
+}
+
+/* The activation formats a matmul_multi has already prepared from its x. */
+enum { XR_Q8 = 1, XR_BF16 = 2 };
+
+/* Decode rows of one weight. *x_ready: the formats of x already in
+ * d_xq/d_xs or d_xh (matmul_multi prepares a shared x once); updated. */
+static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
+    const int K = (int)w->ne[0], n_out = (int)w->ne[1];
+    if (uses_mmt(s, w)) {
+        if (!(*x_ready & XR_BF16)) {
+            ag_status st = reserve_xh(s, n, K);
+            if (st) return st;
+            f32_to_bf16<<<grid_for((size_t)K * n, 256), 256, 0, s->stream>>>(x, (size_t)K * n, s->d_xh);
+            LAUNCHED();
+            *x_ready |= XR_BF16;
+        }
+        int        rows, toks, warps;
+        mmt_kernel k = mmt_for(n_out, n, &rows, &toks, &warps);
+        dim3       grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + toks - 1) / toks));
+        k<<<grid, 32 * warps, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n, y);
+        LAUNCHED();
+        return AG_OK;
+    }
     int        nt;
     mmv_kernel k = mmv_for(w->type, n, &nt);
     if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
-    const int K = (int)w->ne[0], n_out = (int)w->ne[1];
-    dim3      grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
+    dim3 grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
     if (uses_dp4a(s, w)) {
         mmv_q8_kernel kq = nt == 1 ? mmv_q8_for_nt<1>(w->type) : nt == 2 ? mmv_q8_for_nt<2>(w->type)
                          : nt == 4 ? mmv_q8_for_nt<4>(w->type) : mmv_q8_for_nt<8>(w->type);
-        if (!xq_ready) {
+        if (!(*x_ready & XR_Q8)) {
             ag_status st = reserve_xq(s, n, K);
             if (st) return st;
             const int n_blocks32 = n * (K / 32);
             quantize_q8_32<<<(unsigned)((n_blocks32 + 7) / 8), 256, 0, s->stream>>>(x, n_blocks32, s->d_xq, s->d_xs);
             LAUNCHED();
+            *x_ready |= XR_Q8;
         }
         kq<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs,
                                                    n, y);
@@ -971,9 +1211,9 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
 }
 
 static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, int n, int n_decode, float *y,
-                             bool xq_ready) {
+                             int *x_ready) {
     if (n_decode < 0 || n_decode > n) n_decode = n;
-    ag_status st = matmul_decode(s, w, x, n_decode, y, xq_ready);
+    ag_status st = matmul_decode(s, w, x, n_decode, y, x_ready);
     if (!st)
         st = matmul_prompt(s, w, x + (size_t)n_decode * w->ne[0], n - n_decode, y + (size_t)n_decode * w->ne[1]);
     if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
@@ -981,19 +1221,19 @@ static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, 
 }
 
 static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
-    return matmul_rows(st_of(be), w, x, n, n_decode, y, false);
+    int x_ready = 0;
+    return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready);
 }
 
-/* The weights share x (and so K): its decode rows are quantized once for
- * all the dp4a weights among them. */
+/* The weights share x (and so K): its decode rows are converted once per
+ * activation format (int8 for the dp4a weights, BF16 for mmt_bf16). */
 static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
                                  int n_decode, float *const *y) {
     cuda_state *s = st_of(be);
-    bool        xq_ready = false;
+    int         x_ready = 0;
     for (int i = 0; i < n_w; i++) {
-        ag_status st = matmul_rows(s, w[i], x, n, n_decode, y[i], xq_ready);
+        ag_status st = matmul_rows(s, w[i], x, n, n_decode, y[i], &x_ready);
         if (st) return st;
-        xq_ready = xq_ready || uses_dp4a(s, w[i]);
     }
     return AG_OK;
 }
@@ -1591,6 +1831,7 @@ static void cu_destroy(ag_backend *be) {
         cudaFree(s->d_wf);
         cudaFree(s->d_xq);
         cudaFree(s->d_xs);
+        cudaFree(s->d_xh);
         if (s->blas) cublasDestroy(s->blas);
         if (s->stream) cudaStreamDestroy(s->stream);
         free(s);
