@@ -8,10 +8,12 @@
  *
  * PRESET: llama8b (Llama-3.1-8B: 32 layers, 4096/14336, 32/8 heads, vocab
  * 128256), smollm2 (SmolLM2-135M), qwen05b (Qwen2.5-0.5B, QKV bias),
+ * qwen15b (Qwen2.5-1.5B, the shape of Qwen2.5-Coder-1.5B),
  * gemma270m (Gemma 3 270M: sliding window, QK-norm, GELU).
  * --type: the matrices' type (F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K;
- * "Q4_K_M" = Q4_K with Q6_K for attn_v, ffn_down and the output, as
- * llama.cpp's Q4_K_M mostly is). Norm gains are F32 near 1.
+ * "Q4_K_M" = Q4_K with Q6_K for the output and for attn_v and ffn_down in
+ * the layers llama.cpp's Q4_K_M gives more bits: qwen15b --type Q4_K_M has
+ * the real Qwen2.5-Coder-1.5B Q4_K_M file's types and sizes). Norm gains are F32 near 1.
  *
  * Quantized blocks get random quants and scales chosen so a weight's
  * spread is about 1/sqrt(fan-in): activations stay finite through the
@@ -43,6 +45,7 @@ static const preset k_presets[] = {
     {"llama8b", "llama", 32, 4096, 14336, 32, 8, 128, 128256, 131072, 500000.0f},
     {"smollm2", "llama", 30, 576, 1536, 9, 3, 64, 49152, 8192, 100000.0f},
     {"qwen05b", "qwen2", 24, 896, 4864, 14, 2, 64, 151936, 32768, 1000000.0f},
+    {"qwen15b", "qwen2", 28, 1536, 8960, 12, 2, 128, 151936, 32768, 1000000.0f},
     {"gemma270m", "gemma3", 18, 640, 2048, 4, 1, 256, 262144, 32768, 1000000.0f},
 };
 
@@ -182,7 +185,7 @@ static int add_vocab(ag_gguf_writer *w, int n) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: gen_model OUT.gguf llama8b|smollm2|qwen05b|gemma270m [--type T] [--layers N] [--seed S]\n");
+        fprintf(stderr, "usage: gen_model OUT.gguf llama8b|smollm2|qwen05b|qwen15b|gemma270m [--type T] [--layers N] [--seed S]\n");
         return 2;
     }
     const preset *p = NULL;
@@ -229,14 +232,20 @@ int main(int argc, char **argv) {
     const int64_t qd = (int64_t)c.heads * c.head_dim, kd = (int64_t)c.kv_heads * c.head_dim;
     bad |= add_matrix(w, "token_embd.weight", k_m ? AG_TYPE_Q4_K : type, c.embd, c.vocab);
     bad |= add_vector(w, "output_norm.weight", c.embd, 1.0f, 0.1f);
-    if (!gemma) bad |= add_matrix(w, "output.weight", t_big, c.embd, c.vocab);
+    if (!gemma) bad |= add_matrix(w, "output.weight", t_big, c.embd, c.vocab); /* Gemma 3 ties it */
     for (int l = 0; l < c.layers && !bad; l++) {
         char n[96];
 #define T(suffix) (snprintf(n, sizeof n, "blk.%d.%s", l, suffix), n)
         bad |= add_vector(w, T("attn_norm.weight"), c.embd, 1.0f, 0.1f);
         bad |= add_matrix(w, T("attn_q.weight"), type, c.embd, qd);
         bad |= add_matrix(w, T("attn_k.weight"), type, c.embd, kd);
-        bad |= add_matrix(w, T("attn_v.weight"), t_big, c.embd, kd);
+        /* llama.cpp's Q4_K_M gives attn_v and ffn_down Q6_K in the first
+         * and last eighth of the layers and every third one between
+         * (use_more_bits), Q4_K elsewhere */
+        const int      e = c.layers / 8;
+        const bool     more = l < e || l >= 7 * c.layers / 8 || (l - e) % 3 == 2;
+        const uint32_t t_vd = more ? t_big : type;
+        bad |= add_matrix(w, T("attn_v.weight"), t_vd, c.embd, kd);
         bad |= add_matrix(w, T("attn_output.weight"), type, qd, c.embd);
         if (qwen) {
             bad |= add_vector(w, T("attn_q.bias"), qd, 0.0f, 0.1f);
@@ -252,7 +261,7 @@ int main(int argc, char **argv) {
         bad |= add_vector(w, T("ffn_norm.weight"), c.embd, 1.0f, 0.1f);
         bad |= add_matrix(w, T("ffn_gate.weight"), type, c.embd, c.ff);
         bad |= add_matrix(w, T("ffn_up.weight"), type, c.embd, c.ff);
-        bad |= add_matrix(w, T("ffn_down.weight"), t_big, c.ff, c.embd);
+        bad |= add_matrix(w, T("ffn_down.weight"), t_vd, c.ff, c.embd);
 #undef T
     }
     if (!bad && ag_gguf_writer_write(w, argv[1]) != AG_OK) {
