@@ -333,6 +333,8 @@ typedef struct {
     uint64_t records_written;
     uint64_t evictions_memory, evictions_disk;
     uint64_t dropped_records; /* deleted at the scan or after a failed restore */
+    uint64_t partials_superseded; /* partial blocks dropped because a longer block of
+                                     the same parent starts with their tokens */
     uint64_t restore_failures;
     uint64_t write_failures;
     uint64_t records_on_disk, disk_bytes, disk_max_bytes;
@@ -356,9 +358,13 @@ void ag_cache_get_stats(const ag_cache *c, ag_cache_stats *out);
 
 /* ---- records, for tools and the fuzzer (no cache or model needed) ---- */
 
-#define AG_CACHE_RECORD_VERSION 1
+/* 2: records carry a token count (partial blocks); version 1 records are
+ * dropped at the scan like any other foreign record. */
+#define AG_CACHE_RECORD_VERSION 2
 #define AG_CACHE_MAX_BLOCK 256 /* largest kv block size */
 #define AG_CACHE_RECORD_EXT ".agkv"
+/* Header bytes of a record of a block_size kv (the payload starts there). */
+#define AG_CACHE_RECORD_HEADER_BYTES(block_size) (144 + 4 * (block_size))
 
 /* A record header, parsed and checked. */
 typedef struct {
@@ -369,21 +375,25 @@ typedef struct {
     int32_t      block_size, n_layers, n_kv_heads, head_dim_k, head_dim_v;
     int32_t      key_bits;
     uint32_t     block_index;   /* the block's place in its prompt: positions
-                                   [block_index * block_size, + block_size) */
+                                   [block_index * block_size, + n_tokens) */
+    int32_t      n_tokens;      /* valid tokens (1..block_size): fewer for a
+                                   partial block, the trailing tokens of a prompt */
     uint64_t     payload_bytes; /* n_layers * per-layer block bytes */
     uint64_t     ns;
     ag_cache_key parent, key;
     uint64_t     payload_hash; /* XXH3-64 of the payload */
-    int32_t      tokens[AG_CACHE_MAX_BLOCK]; /* block_size of them */
+    int32_t      tokens[AG_CACHE_MAX_BLOCK]; /* n_tokens of them (zero up to block_size) */
 } ag_cache_record;
 
 /* Parses and validates a record header from the first `len` bytes of a
  * record file (it needs at most AG_CACHE_RECORD_MAX_HEADER bytes):
- * magic, version, field ranges, layout consistency (payload size), header
- * checksum, and that `key` is the chain hash of the header's own parent,
- * namespace and tokens. Does not look at the payload. AG_ERR_FORMAT with a
+ * magic, version, field ranges (a token count outside 1..block_size is
+ * corrupt, and so are nonzero token slots past it), layout consistency
+ * (payload size), header checksum, and that `key` is the chain hash of the
+ * header's own parent, namespace and tokens (full or partial form by the
+ * token count). Does not look at the payload. AG_ERR_FORMAT with a
  * message on any problem. Reads only buf[0..len). */
-#define AG_CACHE_RECORD_MAX_HEADER (136 + 4 * AG_CACHE_MAX_BLOCK)
+#define AG_CACHE_RECORD_MAX_HEADER AG_CACHE_RECORD_HEADER_BYTES(AG_CACHE_MAX_BLOCK)
 ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *out);
 
 /* XXH3-64 of a payload, as stored in payload_hash. */

@@ -15,7 +15,8 @@ static const char k_usage[] =
     "  the KV prefix cache's disk tier (the directory given to augur serve --kv-disk); reads\n"
     "  record headers only, loads no model\n"
     "  ls      one line per record, most recently used first: block index and the token\n"
-    "          positions it covers, namespace, model and tokenizer fingerprints, KV layout,\n"
+    "          positions it covers (fewer than a block for the partial block that holds a\n"
+    "          prompt's last tokens), namespace, model and tokenizer fingerprints, KV layout,\n"
     "          size, last use, file; unusable files (corrupt, truncated, temporary) are\n"
     "          listed with the reason a server would drop them\n"
     "  stats   totals: records and bytes, per model/tokenizer/layout, namespaces, prompt\n"
@@ -32,6 +33,7 @@ typedef struct {
     ag_kv_dtype dtype;
     int32_t     block_size, n_layers, n_kv_heads, head_dim_k, head_dim_v, key_bits;
     uint32_t    block_index;
+    int32_t     n_tokens; /* < block_size: a partial block (a prompt's trailing tokens) */
 } meta;
 
 typedef struct {
@@ -78,9 +80,9 @@ static bool collect(void *user, const ag_cache_dir_entry *e) {
         const ag_cache_record *r = e->record;
         x->rec = (meta){r->model_fingerprint, r->tok_fingerprint, r->compute_fingerprint, r->ns, r->dtype,
                         r->block_size, r->n_layers, r->n_kv_heads, r->head_dim_k, r->head_dim_v, r->key_bits,
-                        r->block_index};
-        if (es->want_tokens && (x->tokens = malloc(sizeof(int32_t) * (size_t)r->block_size)))
-            memcpy(x->tokens, r->tokens, sizeof(int32_t) * (size_t)r->block_size);
+                        r->block_index, r->n_tokens};
+        if (es->want_tokens && (x->tokens = malloc(sizeof(int32_t) * (size_t)r->n_tokens)))
+            memcpy(x->tokens, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
     } else {
         x->problem = strdup(e->problem ? e->problem : "unusable");
     }
@@ -139,7 +141,7 @@ static int do_ls(const entries *es, bool json, bool tokens) {
                 layout_str(r, lay, sizeof lay);
                 json_object_set_new(j, "block", json_integer(r->block_index));
                 json_object_set_new(j, "first_pos", json_integer((json_int_t)r->block_index * r->block_size));
-                json_object_set_new(j, "n_tokens", json_integer(r->block_size));
+                json_object_set_new(j, "n_tokens", json_integer(r->n_tokens));
                 json_object_set_new(j, "namespace", json_string(hex64(r->ns, h1)));
                 json_object_set_new(j, "model", json_string(hex64(r->model_fingerprint, h2)));
                 json_object_set_new(j, "tokenizer", json_string(hex64(r->tok_fingerprint, h3)));
@@ -147,7 +149,7 @@ static int do_ls(const entries *es, bool json, bool tokens) {
                 json_object_set_new(j, "layout", json_string(lay));
                 if (tokens && x->tokens) {
                     json_t *t = json_array();
-                    for (int k = 0; k < r->block_size; k++) json_array_append_new(t, json_integer(x->tokens[k]));
+                    for (int k = 0; k < r->n_tokens; k++) json_array_append_new(t, json_integer(x->tokens[k]));
                     json_object_set_new(j, "tokens", t);
                 }
             } else {
@@ -162,14 +164,14 @@ static int do_ls(const entries *es, bool json, bool tokens) {
         }
         char pos[32];
         snprintf(pos, sizeof pos, "%" PRIu64 "-%" PRIu64, (uint64_t)r->block_index * r->block_size,
-                 (uint64_t)(r->block_index + 1) * r->block_size - 1);
+                 (uint64_t)r->block_index * r->block_size + r->n_tokens - 1);
         layout_str(r, lay, sizeof lay);
         printf("%-6u %-13s %-16s %-16s %-16s %-18s %9" PRIu64 "  %-19s  %s\n", r->block_index, pos,
                hex64(r->ns, h1), hex64(r->model_fingerprint, h2), hex64(r->tok_fingerprint, h3), lay, x->bytes,
                when, x->name);
         if (tokens && x->tokens) {
             fputs("       tokens:", stdout);
-            for (int k = 0; k < r->block_size; k++) printf(" %d", x->tokens[k]);
+            for (int k = 0; k < r->n_tokens; k++) printf(" %d", x->tokens[k]);
             fputc('\n', stdout);
         }
     }

@@ -206,6 +206,8 @@ typedef struct {
     int      queue_depth, running;
     int      kv_blocks_used, kv_blocks_free;
     int      kv_blocks_cached;  /* of the used ones, those only the prefix cache holds (reclaimable) */
+    uint64_t kv_cow_copies;     /* shared blocks copied before a write (ag_kv_stats.cow_copies) */
+    uint64_t kv_nomem_errors;   /* KV reservations the full pool refused (should stay 0: booking) */
     int      n_ctx, n_parallel;
     ag_spec_stats spec;        /* speculative decoding, over finished and running choices' past rounds */
     uint64_t decode_forwards;  /* target forwards that decoded (each choice's row window counts once) */
