@@ -20,7 +20,7 @@ static const char k_usage[] =
     "          size, last use, file; unusable files (corrupt, truncated, temporary) are\n"
     "          listed with the reason a server would drop them\n"
     "  stats   totals: records and bytes, per model/tokenizer/layout, namespaces, prompt\n"
-    "          starts (records of block 0), oldest and newest use, unusable files\n"
+    "          starts (records of block 0), partial blocks, oldest and newest use, unusable files\n"
     "  clear   deletes every record and temporary file (other files are left alone)\n"
     "  --kv-disk DIR  the directory\n"
     "  --json         ls: one JSON object per line; stats, clear: one JSON object\n"
@@ -197,7 +197,7 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 static int do_stats(const char *dir, const entries *es, bool json) {
-    uint64_t records = 0, bytes = 0, starts = 0, bad = 0, bad_bytes = 0, tmp = 0;
+    uint64_t records = 0, bytes = 0, starts = 0, partial = 0, bad = 0, bad_bytes = 0, tmp = 0;
     int64_t  oldest = 0, newest = 0;
     group   *g = NULL;
     size_t   ng = 0;
@@ -215,6 +215,7 @@ static int do_stats(const char *dir, const entries *es, bool json) {
         records++;
         bytes += x->bytes;
         starts += x->rec.block_index == 0;
+        partial += x->rec.n_tokens < x->rec.block_size;
         if (!oldest || x->mtime_ns < oldest) oldest = x->mtime_ns;
         if (x->mtime_ns > newest) newest = x->mtime_ns;
         ns[nns++] = x->rec.ns;
@@ -250,6 +251,7 @@ static int do_stats(const char *dir, const entries *es, bool json) {
         json_object_set_new(j, "records", json_integer((json_int_t)records));
         json_object_set_new(j, "bytes", json_integer((json_int_t)bytes));
         json_object_set_new(j, "prompt_starts", json_integer((json_int_t)starts));
+        json_object_set_new(j, "partial_records", json_integer((json_int_t)partial));
         json_object_set_new(j, "namespaces", json_integer((json_int_t)distinct));
         json_object_set_new(j, "oldest_use", records ? json_real((double)oldest / 1e9) : json_null());
         json_object_set_new(j, "newest_use", records ? json_real((double)newest / 1e9) : json_null());
@@ -275,6 +277,7 @@ static int do_stats(const char *dir, const entries *es, bool json) {
         printf("directory:      %s\n", dir);
         printf("records:        %" PRIu64 " (%.1f MiB)\n", records, bytes / 1048576.0);
         printf("prompt starts:  %" PRIu64 " (records of block 0)\n", starts);
+        printf("partial blocks: %" PRIu64 " (records of a prompt's last tokens, fewer than a block)\n", partial);
         printf("namespaces:     %zu\n", distinct);
         printf("last use:       oldest %s, newest %s\n", o, n);
         printf("unusable:       %" PRIu64 " records, %" PRIu64 " temporary files (%.1f MiB); a server drops them\n",

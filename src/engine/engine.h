@@ -59,9 +59,10 @@ typedef struct {
      * of that many rows is already compute-bound on this machine, so more
      * verify rows would cost about what they save. Default 16. */
     int spec_max_rows;
-    /* Prefix cache (cache/cache.h): full blocks of prompt KV are kept after
-     * their request and adopted by any later prompt that starts with the
-     * same tokens (same namespace). Default true. */
+    /* Prefix cache (cache/cache.h): prompt KV is kept after its request, in
+     * blocks (a prompt's last block in part), and adopted by any later
+     * prompt that starts with the same tokens (same namespace), up to the
+     * token. Default true. */
     bool        prefix_cache;
     /* Its disk tier: a directory (created if missing, one level) where those
      * blocks are written behind while the engine is idle and restored from
