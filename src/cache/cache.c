@@ -389,6 +389,7 @@ static int32_t best_continuation(ag_cache *c, ag_cache_key parent, int32_t prev,
 static void touch_path(ag_cache *c, int32_t n) {
     for (int32_t i = n - 1; i >= 0; i--) {
         int32_t id = c->path[i];
+        if (id < 0) continue; /* (no longer indexed) */
         if (c->nodes[id].block >= 0) cache_list_push_head(c, L_MEM, id);
         if (c->nodes[id].disk == D_ON) cache_list_push_head(c, L_DISK, id);
     }
@@ -736,7 +737,10 @@ bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
     path_reserve(c, r->n); /* (it held n at the start: cannot fail) */
     int32_t adopted = 0;
     for (int32_t i = 0; i < r->end; i++) {
-        c->path[i] = r->e[i].node;
+        /* (a block the restore held may have left the index meanwhile, a
+         * superseded partial one: adopted all the same, not touched) */
+        const cache_node *nd = &c->nodes[r->e[i].node];
+        c->path[i] = nd->used && nd->gen == r->e[i].gen ? r->e[i].node : -1;
         c->path_blocks[i] = r->e[i].block;
         adopted += r->e[i].use;
         if (r->e[i].from_disk) from_disk += r->e[i].use;
