@@ -25,20 +25,22 @@ static void one(const char *dir, ag_kv_dtype dt, int bs, int nl, int nh, int dk,
     cp.tok_fingerprint = 0x5678;
     cp.disk_dir = dir;
     cp.disk_sync = false;
-    int32_t seq, tokens[2 * 256];
-    for (int i = 0; i < 2 * bs; i++) tokens[i] = (i * 37 + 1) % 1000;
+    /* two full blocks and a partial third (3 tokens): records of both kinds */
+    const int n = 2 * bs + 3;
+    int32_t   seq, tokens[3 * 256];
+    for (int i = 0; i < n; i++) tokens[i] = (i * 37 + 1) % 1000;
     if (ag_kv_init(&kp, &kv) || ag_cache_new(kv, &cp, &c) || ag_kv_seq_new(kv, &seq) ||
-        ag_kv_seq_reserve(kv, seq, 2 * bs)) {
+        ag_kv_seq_reserve(kv, seq, n)) {
         fprintf(stderr, "%s\n", ag_error_message());
         exit(1);
     }
     float k[64 * 64], v[64 * 64];
     for (int i = 0; i < nh * dk; i++) k[i] = (float)i * 0.25f;
     for (int i = 0; i < nh * dv; i++) v[i] = (float)-i * 0.5f;
-    for (int p = 0; p < 2 * bs; p++)
+    for (int p = 0; p < n; p++)
         for (int l = 0; l < nl; l++) ag_kv_write(kv, l, seq, p, k, v);
-    ag_kv_seq_commit(kv, seq, 2 * bs);
-    ag_cache_publish(c, seq, tokens, 2 * bs, ns);
+    ag_kv_seq_commit(kv, seq, n);
+    ag_cache_publish(c, seq, tokens, n, ns);
     ag_cache_flush(c);
     ag_cache_free(c);
     ag_kv_free(kv);

@@ -45,12 +45,18 @@ uint64_t cache_identity(uint64_t model_fp, uint64_t tok_fp, uint64_t compute_fp,
     return ag_hash64_seed(b, sizeof b, 0x61756775726b7631ull); /* "augurkv1" */
 }
 
+/* Bytes hashed: parent.lo | parent.hi | ns, then for a partial block one
+ * more 64-bit word, 0x80000000 << 32 | n, then the n token ids, all
+ * little-endian. The two forms never hash the same bytes: inputs of equal
+ * length have n = block_size - 2, and then byte 31 is 0x80 in the partial
+ * form but the top byte of a token id (non-negative) in the full one. */
 ag_cache_key cache_key_compute(uint64_t identity, int32_t key_bits, ag_cache_key parent, uint64_t ns,
-                               const int32_t *tokens, int32_t n) {
-    uint8_t buf[24 + 4 * AG_CACHE_MAX_BLOCK];
-    uint64_t head[3] = {parent.lo, parent.hi, ns};
+                               const int32_t *tokens, int32_t n, int32_t block_size) {
+    uint8_t  buf[32 + 4 * AG_CACHE_MAX_BLOCK];
+    uint64_t head[4] = {parent.lo, parent.hi, ns, 0x8000000000000000ull | (uint32_t)n};
+    int      n_head = n == block_size ? 3 : 4;
     size_t   o = 0;
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n_head; i++)
         for (int j = 0; j < 8; j++) buf[o++] = (uint8_t)(head[i] >> (8 * j));
     if (n > AG_CACHE_MAX_BLOCK) n = AG_CACHE_MAX_BLOCK;
     for (int32_t i = 0; i < n; i++) {
@@ -73,8 +79,9 @@ ag_cache_key cache_key_compute(uint64_t identity, int32_t key_bits, ag_cache_key
     return k;
 }
 
-ag_cache_key cache_chain_key(const ag_cache *c, ag_cache_key parent, uint64_t ns, const int32_t *tokens) {
-    return cache_key_compute(c->identity, c->p.key_bits ? c->p.key_bits : 128, parent, ns, tokens, c->bs);
+ag_cache_key cache_chain_key(const ag_cache *c, ag_cache_key parent, uint64_t ns, const int32_t *tokens,
+                             int32_t n_tok) {
+    return cache_key_compute(c->identity, c->p.key_bits ? c->p.key_bits : 128, parent, ns, tokens, n_tok, c->bs);
 }
 
 static bool key_eq(ag_cache_key a, ag_cache_key b) { return a.lo == b.lo && a.hi == b.hi; }
@@ -93,12 +100,34 @@ int32_t cache_find(const ag_cache *c, ag_cache_key key) {
     return -1;
 }
 
+/* The children index: a block's children are found from its key (their
+ * parent key), the namespace and their first token, which any block that
+ * shares at least one token with a prompt's continuation has in common
+ * with it. */
+static uint32_t child_bucket_of(const ag_cache *c, ag_cache_key parent, uint64_t ns, int32_t first) {
+    uint64_t h = parent.lo ^ (parent.hi * 0x9E3779B97F4A7C15ull) ^ (ns * 0xC2B2AE3D27D4EB4Full) ^
+                 ((uint64_t)(uint32_t)first * 0x165667B19E3779F9ull);
+    h ^= h >> 31;
+    return (uint32_t)h & c->bucket_mask;
+}
+
+int32_t cache_child_head(const ag_cache *c, ag_cache_key parent, uint64_t ns, int32_t first) {
+    return c->cbuckets[child_bucket_of(c, parent, ns, first)];
+}
+
+/* Both indexes over n_buckets buckets (a power of two). */
 static bool rehash(ag_cache *c, uint32_t n_buckets) {
-    int32_t *b = malloc(sizeof(int32_t) * n_buckets);
-    if (!b) return false;
-    for (uint32_t i = 0; i < n_buckets; i++) b[i] = -1;
+    int32_t *b = malloc(sizeof(int32_t) * n_buckets), *cb = malloc(sizeof(int32_t) * n_buckets);
+    if (!b || !cb) {
+        free(b);
+        free(cb);
+        return false;
+    }
+    for (uint32_t i = 0; i < n_buckets; i++) b[i] = cb[i] = -1;
     free(c->buckets);
+    free(c->cbuckets);
     c->buckets = b;
+    c->cbuckets = cb;
     c->bucket_mask = n_buckets - 1;
     for (int32_t id = 0; id < c->cap; id++) {
         cache_node *n = &c->nodes[id];
@@ -106,6 +135,9 @@ static bool rehash(ag_cache *c, uint32_t n_buckets) {
         uint32_t h = bucket_of(c, n->key);
         n->hnext = b[h];
         b[h] = id;
+        h = child_bucket_of(c, n->parent, n->ns, cache_node_tokens(c, id)[0]);
+        n->cnext = cb[h];
+        cb[h] = id;
     }
     return true;
 }
@@ -127,7 +159,8 @@ static bool grow(ag_cache *c) {
     return true;
 }
 
-int32_t cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint64_t ns, const int32_t *tokens) {
+int32_t cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint64_t ns, const int32_t *tokens,
+                       int32_t n_tok) {
     if (c->free_head < 0 && !grow(c)) return -1;
     if ((uint32_t)c->n_used + 1 > c->bucket_mask + 1 && c->bucket_mask < (1u << 30))
         rehash(c, (c->bucket_mask + 1) * 2); /* on failure the chains just get longer */
@@ -143,11 +176,17 @@ int32_t cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint6
     n->ns = ns;
     n->block = -1;
     n->parent_id = -1;
+    n->n_tok = n_tok;
     for (int l = 0; l < L_COUNT; l++) n->link[l].prev = n->link[l].next = -1;
-    memcpy(cache_node_tokens(c, id), tokens, sizeof(int32_t) * (size_t)c->bs);
+    int32_t *t = cache_node_tokens(c, id);
+    memcpy(t, tokens, sizeof(int32_t) * (size_t)n_tok);
+    memset(t + n_tok, 0, sizeof(int32_t) * (size_t)(c->bs - n_tok));
     uint32_t h = bucket_of(c, key);
     n->hnext = c->buckets[h];
     c->buckets[h] = id;
+    h = child_bucket_of(c, parent, ns, tokens[0]);
+    n->cnext = c->cbuckets[h];
+    c->cbuckets[h] = id;
     c->n_used++;
     return id;
 }
@@ -243,20 +282,23 @@ void cache_node_maybe_remove(ag_cache *c, int32_t id) {
     int32_t *pp = &c->buckets[bucket_of(c, n->key)];
     while (*pp != id) pp = &c->nodes[*pp].hnext;
     *pp = n->hnext;
+    pp = &c->cbuckets[child_bucket_of(c, n->parent, n->ns, cache_node_tokens(c, id)[0])];
+    while (*pp != id) pp = &c->nodes[*pp].cnext;
+    *pp = n->cnext;
     n->used = 0;
     n->hnext = c->free_head;
     c->free_head = id;
     c->n_used--;
 }
 
-/* Node storage grows by doubling from 64 (grow), the buckets from 256 to at
- * least one per node (cache_node_new), the path buffers to the longest
- * prompt in blocks (at most every node). */
+/* Node storage grows by doubling from 64 (grow), the buckets of both
+ * indexes from 256 to at least one per node (cache_node_new), the path
+ * buffers to the longest prompt in blocks (at most every node). */
 size_t ag_cache_index_bytes(int32_t n_nodes, int32_t block_size) {
     size_t cap = 64, buckets = 256;
     while (cap < (size_t)n_nodes) cap *= 2;
     while (buckets < (size_t)n_nodes) buckets *= 2;
-    return cap * (sizeof(cache_node) + sizeof(int32_t) * (size_t)block_size) + sizeof(int32_t) * buckets +
+    return cap * (sizeof(cache_node) + sizeof(int32_t) * (size_t)block_size) + sizeof(int32_t) * 2 * buckets +
            sizeof(int32_t) * 2 * (cap > 64 ? cap : 64);
 }
 
@@ -268,7 +310,7 @@ static void refresh_stats(ag_cache *c) {
     c->st.disk_bytes = (uint64_t)c->n_on_disk * c->record_bytes;
     c->st.disk_max_bytes = c->disk_max;
     c->st.index_bytes = (size_t)c->cap * (sizeof(cache_node) + sizeof(int32_t) * (size_t)c->bs) +
-                        sizeof(int32_t) * ((size_t)c->bucket_mask + 1) + sizeof(int32_t) * 2 * (size_t)c->path_cap;
+                        sizeof(int32_t) * 2 * ((size_t)c->bucket_mask + 1) + sizeof(int32_t) * 2 * (size_t)c->path_cap;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -284,20 +326,60 @@ static bool path_reserve(ag_cache *c, int32_t n) {
     return true;
 }
 
-/* Whether node id is block `depth` of a prompt, following node `prev` (-1
- * for the first block) whose key is `parent`, with these tokens and
- * namespace. A node whose recorded parent is gone or unknown (restored from
- * disk, where parents are linked by key) is re-linked to prev here. */
-static bool node_matches(ag_cache *c, int32_t id, ag_cache_key parent, int32_t prev, int32_t depth, uint64_t ns,
-                         const int32_t *tokens) {
+/* Whether node id is a block at `depth` of a prompt, following node `prev`
+ * (-1 for the first block) whose key is `parent`, in namespace ns; its
+ * tokens are not looked at. A node whose recorded parent is gone or
+ * unknown (restored from disk, where parents are linked by key) is
+ * re-linked to prev here. */
+static bool node_follows(ag_cache *c, int32_t id, ag_cache_key parent, int32_t prev, int32_t depth, uint64_t ns) {
     cache_node *n = &c->nodes[id];
     if (n->ns != ns || n->depth != depth || !key_eq(n->parent, parent)) return false;
-    if (memcmp(cache_node_tokens(c, id), tokens, sizeof(int32_t) * (size_t)c->bs) != 0) return false;
     if (prev < 0) return n->parent_id < 0;
     int32_t p = cache_parent(c, id);
     if (p >= 0) return p == prev;
     cache_parent_link(c, id, prev);
     return true;
+}
+
+/* node_follows, and node id is a full block of exactly these bs tokens. */
+static bool node_matches(ag_cache *c, int32_t id, ag_cache_key parent, int32_t prev, int32_t depth, uint64_t ns,
+                         const int32_t *tokens) {
+    const cache_node *n = &c->nodes[id];
+    if (n->n_tok != c->bs || memcmp(cache_node_tokens(c, id), tokens, sizeof(int32_t) * (size_t)c->bs) != 0)
+        return false;
+    return node_follows(c, id, parent, prev, depth, ns);
+}
+
+static int32_t common_prefix(const int32_t *a, const int32_t *b, int32_t n) {
+    int32_t j = 0;
+    while (j < n && a[j] == b[j]) j++;
+    return j;
+}
+
+/* The cached block that continues the prefix matched so far (node prev,
+ * key parent; -1 and the zero key at the start) at block `depth` and whose
+ * tokens share the longest run with tokens[0..avail), a full block or a
+ * partial one: its id and, in *len, that run's length (>= 1), or -1. Only
+ * blocks the memory tier holds or, with can_read, the disk tier can
+ * restore. Of equal runs, a block in memory wins (no read). */
+static int32_t best_continuation(ag_cache *c, ag_cache_key parent, int32_t prev, int32_t depth, uint64_t ns,
+                                 const int32_t *tokens, int32_t avail, bool can_read, int32_t *len) {
+    int32_t best = -1, best_len = 0;
+    bool    best_mem = false;
+    if (avail <= 0) return -1;
+    for (int32_t id = cache_child_head(c, parent, ns, tokens[0]); id >= 0; id = c->nodes[id].cnext) {
+        const cache_node *n = &c->nodes[id];
+        bool              mem = n->block >= 0;
+        if (!mem && !(n->disk == D_ON && can_read)) continue;
+        int32_t j = common_prefix(cache_node_tokens(c, id), tokens, n->n_tok < avail ? n->n_tok : avail);
+        if (j == 0 || j < best_len || (j == best_len && (best_mem || !mem))) continue;
+        if (!node_follows(c, id, parent, prev, depth, ns)) continue;
+        best = id;
+        best_len = j;
+        best_mem = mem;
+    }
+    *len = best_len;
+    return best;
 }
 
 /* Most recently used first, and each node ahead of its own ancestors'
@@ -307,6 +389,7 @@ static bool node_matches(ag_cache *c, int32_t id, ag_cache_key parent, int32_t p
 static void touch_path(ag_cache *c, int32_t n) {
     for (int32_t i = n - 1; i >= 0; i--) {
         int32_t id = c->path[i];
+        if (id < 0) continue; /* (no longer indexed) */
         if (c->nodes[id].block >= 0) cache_list_push_head(c, L_MEM, id);
         if (c->nodes[id].disk == D_ON) cache_list_push_head(c, L_DISK, id);
     }
@@ -329,6 +412,54 @@ static void evict_memory(ag_cache *c, int32_t id) {
     cache_list_remove(c, L_MEM, id);
     cache_list_remove(c, L_DIRTY, id); /* not written yet: that copy is lost */
     cache_node_maybe_remove(c, id);
+}
+
+/* ---- partial blocks made redundant ---- */
+
+/* Whether node `big` makes the partial node `small` redundant: the same
+ * parent (node, where both know it; else key), namespace and depth, and
+ * big's tokens start with all of small's and hold more, so that any prompt
+ * shares at least as long a run with big as with small. */
+static bool covers(const ag_cache *c, int32_t big, int32_t small) {
+    const cache_node *b = &c->nodes[big], *s = &c->nodes[small];
+    if (big == small || s->n_tok >= b->n_tok || s->ns != b->ns || s->depth != b->depth || !key_eq(s->parent, b->parent))
+        return false;
+    int32_t bp = cache_parent(c, big), sp = cache_parent(c, small);
+    if (bp >= 0 && sp >= 0 && bp != sp) return false;
+    return memcmp(cache_node_tokens(c, small), cache_node_tokens(c, big), sizeof(int32_t) * (size_t)s->n_tok) == 0;
+}
+
+/* Drops a redundant partial block from both tiers: its kv block goes back
+ * to the pool (unless a sequence holds it) and its record file is deleted.
+ * A record still in the writer's queue is written all the same and stays,
+ * an ordinary leaf that lookups pass over (its cover wins every tie) and
+ * least-recently-used eviction takes. */
+static void evict_memory(ag_cache *c, int32_t id);
+static void drop_superseded(ag_cache *c, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    n->no_write = 1;
+    if (n->disk == D_ON && atomic_load(&c->write_on)) disk_delete_record(c, id); /* (else: read-only, it stays) */
+    if (n->block >= 0) evict_memory(c, id); /* (removes the node when no tier has it) */
+    else cache_node_maybe_remove(c, id);
+    pthread_mutex_lock(&c->mu);
+    c->st.partials_superseded++;
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool cache_supersede(ag_cache *c, int32_t id) {
+    const cache_node *n = &c->nodes[id];
+    int32_t           head = cache_child_head(c, n->parent, n->ns, cache_node_tokens(c, id)[0]);
+    /* (siblings that share no first token cannot cover or be covered) */
+    for (int32_t k = head; k >= 0; k = c->nodes[k].cnext)
+        if (covers(c, k, id)) {
+            drop_superseded(c, id);
+            return true;
+        }
+    for (int32_t k = head, next; k >= 0; k = next) {
+        next = c->nodes[k].cnext; /* (dropping k unlinks k only) */
+        if (covers(c, id, k)) drop_superseded(c, k);
+    }
+    return false;
 }
 
 /* ---- public ---- */
@@ -355,7 +486,7 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
                                  lay->n_layers, lay->n_kv_heads, lay->head_dim_k, lay->head_dim_v,
                                  p.key_bits ? p.key_bits : 128);
     c->block_payload = (size_t)lay->n_layers * lay->copy_bytes;
-    c->header_bytes = 136 + 4 * (size_t)c->bs;
+    c->header_bytes = AG_CACHE_RECORD_HEADER_BYTES((size_t)c->bs);
     c->record_bytes = c->header_bytes + c->block_payload;
     c->free_head = -1;
     c->dirfd = -1;
@@ -390,6 +521,7 @@ void ag_cache_free(ag_cache *c) {
     free(c->nodes);
     free(c->tokens);
     free(c->buckets);
+    free(c->cbuckets);
     free(c->path);
     free(c->path_blocks);
     free(c->dir);
@@ -410,13 +542,12 @@ static int32_t take_block(ag_cache *c) {
 }
 
 /* Ends a lookup: seq adopts the n blocks of c->path_blocks (nodes c->path),
- * each held by the lookup (one reference, dropped here), the path becomes
- * the most recently used, and the lookup is counted (from_disk of the
- * blocks were read; restore_ns > 0: a restore from start to now). Returns
- * the adopted length. */
-static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t from_disk, int64_t restore_ns) {
-    const int32_t bs = c->bs;
-    int32_t       len = n * bs;
+ * each held by the lookup (one reference, dropped here), as a sequence of
+ * len positions (the last block may be used in part), the path becomes the
+ * most recently used, and the lookup is counted (from_disk of the adopted
+ * positions were read; restore_ns > 0: a restore from start to now).
+ * Returns the adopted length. */
+static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t len, int32_t from_disk, int64_t restore_ns) {
     if (len > 0) {
         ag_status st = ag_kv_seq_adopt(c->kv, seq, c->path_blocks, n, len);
         if (st) {
@@ -432,8 +563,8 @@ static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t from_disk
     c->st.lookups++;
     if (len > 0) {
         c->st.hits++;
-        c->st.tokens_from_disk += (uint64_t)from_disk * bs;
-        c->st.tokens_from_memory += (uint64_t)(n - from_disk) * bs;
+        c->st.tokens_from_disk += (uint64_t)from_disk;
+        c->st.tokens_from_memory += (uint64_t)(len - from_disk);
     } else {
         c->st.misses++;
     }
@@ -444,8 +575,9 @@ static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t from_disk
 }
 
 /* A restore of the n blocks of c->path (entries whose c->path_blocks is -1
- * are to be read), for seq. NULL when out of memory. */
-static ag_cache_restore *restore_new(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n, uint64_t ns) {
+ * are to be read), for seq, which adopts `last_use` positions of the last
+ * one. NULL when out of memory. */
+static ag_cache_restore *restore_new(ag_cache *c, int32_t seq, int32_t n, int32_t last_use, uint64_t ns) {
     ag_cache_restore *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->e = calloc((size_t)n, sizeof *r->e);
@@ -456,18 +588,30 @@ static ag_cache_restore *restore_new(ag_cache *c, int32_t seq, const int32_t *to
         free(r);
         return NULL;
     }
-    memcpy(r->tokens, tokens, sizeof(int32_t) * (size_t)n * (size_t)c->bs);
     r->seq = seq;
     r->ns = ns;
     r->n = r->end = n;
     r->t_start = cache_now_ns();
     for (int32_t i = 0; i < n; i++) {
         const cache_node *nd = &c->nodes[c->path[i]];
+        /* the node's tokens, which the record must hold: for the last
+         * entry they may go on past where the prompt's part */
+        memcpy(r->tokens + (size_t)i * c->bs, cache_node_tokens(c, c->path[i]), sizeof(int32_t) * (size_t)c->bs);
         r->e[i] = (restore_entry){.node = c->path[i], .gen = nd->gen, .block = c->path_blocks[i],
-                                  .from_disk = c->path_blocks[i] < 0, .key = nd->key, .parent = nd->parent,
-                                  .depth = nd->depth, .result = RS_PENDING};
+                                  .from_disk = c->path_blocks[i] < 0, .use = i == n - 1 ? last_use : c->bs,
+                                  .key = nd->key, .parent = nd->parent, .depth = nd->depth, .n_tok = nd->n_tok,
+                                  .result = RS_PENDING};
     }
     return r;
+}
+
+/* Holds node id's block for a lookup at path entry i, or marks it to be
+ * read (c->path_blocks[i] = -1). */
+static void path_take(ag_cache *c, int32_t i, int32_t id) {
+    const cache_node *n = &c->nodes[id];
+    c->path[i] = id;
+    c->path_blocks[i] = n->block;
+    if (n->block >= 0) ag_kv_block_ref(c->kv, n->block); /* held while we look on (and while the reader reads) */
 }
 
 int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens, int32_t max_len,
@@ -478,39 +622,46 @@ int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, i
     const int32_t bs = c->bs;
     const bool    can_read = disk_can_read(c);
     int32_t       lim = n_tokens < max_len ? n_tokens : max_len;
-    int32_t       nb = lim > 0 && tokens ? lim / bs : 0;
-    if (!path_reserve(c, nb)) nb = 0;
+    if (lim < 0 || !tokens) lim = 0;
+    int32_t nb = lim / bs;
+    if (!path_reserve(c, nb + 1)) lim = nb = 0;
     ag_cache_key parent = {0, 0};
     int32_t      prev = -1, i = 0, to_read = 0;
+    /* whole blocks, as far as they match */
     for (; i < nb; i++) {
         const int32_t *t = tokens + (size_t)i * bs;
-        ag_cache_key   key = cache_chain_key(c, parent, ns, t);
+        ag_cache_key   key = cache_chain_key(c, parent, ns, t, bs);
         int32_t        id = cache_find(c, key);
         if (id < 0 || !node_matches(c, id, parent, prev, i, ns, t)) break;
         const cache_node *n = &c->nodes[id];
-        if (n->block >= 0) {
-            ag_kv_block_ref(c->kv, n->block); /* held while we look on (and while the reader reads) */
-            c->path_blocks[i] = n->block;
-        } else if (n->disk == D_ON && can_read) {
-            c->path_blocks[i] = -1; /* to be read */
-            to_read++;
-        } else {
-            break;
-        }
-        c->path[i] = id;
+        if (n->block < 0 && !(n->disk == D_ON && can_read)) break;
+        path_take(c, i, id);
+        to_read += n->block < 0;
         parent = key;
         prev = id;
     }
-    if (to_read == 0) return lookup_end(c, seq, i, 0, 0);
+    /* then part of one more: the cached continuation (a partial block, or a
+     * full one the prompt leaves or diverges from inside) that shares the
+     * longest run with the prompt's next tokens, up to lim */
+    int32_t len = i * bs, last_use = bs, run = 0;
+    int32_t id = best_continuation(c, parent, prev, i, ns, tokens + len, lim - len, can_read, &run);
+    if (id >= 0) {
+        path_take(c, i, id);
+        to_read += c->path_blocks[i] < 0;
+        len += run;
+        last_use = run;
+        i++;
+    }
+    if (to_read == 0) return lookup_end(c, seq, i, len, 0, 0);
 
-    ag_cache_restore *r = restore_new(c, seq, tokens, i, ns);
+    ag_cache_restore *r = restore_new(c, seq, i, last_use, ns);
     if (!r) { /* keep what memory has, up to the first block on disk */
         int32_t m = 0;
         while (m < i && c->path_blocks[m] >= 0) m++;
         for (int32_t j = m; j < i; j++)
             if (c->path_blocks[j] >= 0) ag_kv_block_unref(c->kv, c->path_blocks[j]);
         AG_LOGW("kv cache: out of memory for a restore; prefilling from position %d", m * bs);
-        return lookup_end(c, seq, m, 0, 0);
+        return lookup_end(c, seq, m, m * bs, 0, 0); /* (the partial block, if any, is on disk: m < i) */
     }
     /* Most recently used from now on, so that the disk byte cap deletes
      * other records before the ones being read. */
@@ -584,10 +735,15 @@ bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
     /* over: entries [0, end) hold their blocks; any beyond (memory blocks
      * past a failed record) are let go */
     path_reserve(c, r->n); /* (it held n at the start: cannot fail) */
+    int32_t adopted = 0;
     for (int32_t i = 0; i < r->end; i++) {
-        c->path[i] = r->e[i].node;
+        /* (a block the restore held may have left the index meanwhile, a
+         * superseded partial one: adopted all the same, not touched) */
+        const cache_node *nd = &c->nodes[r->e[i].node];
+        c->path[i] = nd->used && nd->gen == r->e[i].gen ? r->e[i].node : -1;
         c->path_blocks[i] = r->e[i].block;
-        from_disk += r->e[i].from_disk;
+        adopted += r->e[i].use;
+        if (r->e[i].from_disk) from_disk += r->e[i].use;
     }
     for (int32_t i = r->end; i < r->n; i++)
         if (r->e[i].block >= 0) ag_kv_block_unref(c->kv, r->e[i].block);
@@ -595,7 +751,7 @@ bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
     c->st.restores_pending--;
     pthread_mutex_unlock(&c->mu);
     int64_t t = cache_now_ns() - r->t_start;
-    *len = lookup_end(c, r->seq, r->end, from_disk, t > 0 ? t : 1);
+    *len = lookup_end(c, r->seq, r->end, adopted, from_disk, t > 0 ? t : 1);
     disk_restore_release(c, r);
     return true;
 }
@@ -620,41 +776,69 @@ int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t
     return len;
 }
 
+/* Indexes kv block `block`, holding the n_tok tokens t at block `depth` of
+ * a prompt after node prev (key parent), unless the same block is already
+ * cached: the node's id, or -1 where indexing must stop (a key collision,
+ * out of memory). *added counts a new node. */
+static int32_t index_block(ag_cache *c, ag_cache_key parent, int32_t prev, int32_t depth, uint64_t ns,
+                           const int32_t *t, int32_t n_tok, int32_t block, int32_t *added) {
+    ag_cache_key key = cache_chain_key(c, parent, ns, t, n_tok);
+    int32_t      id = cache_find(c, key);
+    if (id >= 0) {
+        const cache_node *n = &c->nodes[id];
+        if (n->n_tok != n_tok || memcmp(cache_node_tokens(c, id), t, sizeof(int32_t) * (size_t)n_tok) != 0 ||
+            !node_follows(c, id, parent, prev, depth, ns))
+            return -1; /* a key collision */
+        if (n->block < 0) {
+            ag_kv_block_ref(c->kv, block);
+            attach_block(c, id, block);
+        }
+        return id;
+    }
+    id = cache_node_new(c, key, parent, ns, t, n_tok);
+    if (id < 0) return -1;
+    c->nodes[id].depth = depth;
+    cache_parent_link(c, id, prev);
+    ag_kv_block_ref(c->kv, block);
+    attach_block(c, id, block);
+    if (c->disk_on && atomic_load(&c->write_on)) cache_list_push_tail(c, L_DIRTY, id);
+    (*added)++;
+    return id;
+}
+
 int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens, uint64_t ns) {
     disk_drain(c);
     int32_t len = ag_kv_seq_len(c->kv, seq);
     if (len <= 0 || !tokens || n_tokens <= 0) return 0;
+    const int32_t  bs = c->bs;
     int32_t        n = n_tokens < len ? n_tokens : len, nt = 0;
     const int32_t *table = ag_kv_seq_blocks(c->kv, seq, &nt);
-    int32_t        nb = n / c->bs;
+    int32_t        nb = n / bs, tail = n % bs;
     if (nb > nt) nb = nt;
-    if (!path_reserve(c, nb)) return 0;
-    const bool   dirty_ok = c->disk_on && atomic_load(&c->write_on);
+    if (!path_reserve(c, nb + 1)) return 0;
     ag_cache_key parent = {0, 0};
-    int32_t      prev = -1, i = 0, added = 0;
+    int32_t      prev = -1, i = 0, added = 0, covered = 0;
     for (; i < nb; i++) {
-        const int32_t *t = tokens + (size_t)i * c->bs;
-        ag_cache_key   key = cache_chain_key(c, parent, ns, t);
-        int32_t        id = cache_find(c, key);
-        if (id >= 0) {
-            if (!node_matches(c, id, parent, prev, i, ns, t)) break; /* a key collision: stop indexing */
-            if (c->nodes[id].block < 0) {
-                ag_kv_block_ref(c->kv, table[i]);
-                attach_block(c, id, table[i]);
-            }
-        } else {
-            id = cache_node_new(c, key, parent, ns, t);
-            if (id < 0) break;
-            c->nodes[id].depth = i;
-            cache_parent_link(c, id, prev);
-            ag_kv_block_ref(c->kv, table[i]);
-            attach_block(c, id, table[i]);
-            if (dirty_ok) cache_list_push_tail(c, L_DIRTY, id);
-            added++;
-        }
+        int32_t before = added;
+        int32_t id = index_block(c, parent, prev, i, ns, tokens + (size_t)i * bs, bs, table[i], &added);
+        if (id < 0) break;
+        /* a new full block makes the partial siblings it starts with
+         * redundant (it is never redundant itself) */
+        if (added > before) cache_supersede(c, id);
         c->path[i] = id;
-        parent = key;
+        parent = c->nodes[id].key;
         prev = id;
+        covered += bs;
+    }
+    /* the trailing partial block: a leaf, kept unless a sibling covers it */
+    if (i == nb && tail > 0 && nb < nt) {
+        int32_t before = added;
+        int32_t id = index_block(c, parent, prev, nb, ns, tokens + (size_t)nb * bs, tail, table[nb], &added);
+        if (id >= 0) {
+            covered += tail;
+            if (added == before || !cache_supersede(c, id)) c->path[i++] = id;
+            else added--; /* dropped at once: a longer block of the same parent holds these tokens */
+        }
     }
     touch_path(c, i);
     pthread_mutex_lock(&c->mu);
@@ -662,7 +846,7 @@ int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_
     c->st.blocks_published += (uint64_t)added;
     pthread_mutex_unlock(&c->mu);
     refresh_stats(c);
-    return i * c->bs;
+    return covered;
 }
 
 int32_t ag_cache_evict(ag_cache *c, int32_t n_blocks) {

@@ -4,10 +4,18 @@
  * adopts them instead of recomputing them (DESIGN.md, "The disk tier, in
  * behaviour"; issue 10).
  *
- * UNIT AND KEY. The unit is one FULL kv block of PROMPT-written KV (see
+ * UNIT AND KEY. The unit is one kv block of PROMPT-written KV (see
  * ag_batch.n_prompt: decode-written KV rounds differently, so it is never
- * shared). Block i of a prompt is keyed by a 128-bit chain hash
+ * shared): a FULL block, or the PARTIAL block that holds a prompt's last
+ * m = n_prompt % block_size tokens (1 <= m < block_size). Block i of a
+ * prompt is keyed by a 128-bit chain hash
  *     key(i) = XXH3-128(seed = identity, key(i-1) | namespace | tokens of block i)
+ * and a partial block by
+ *     key(i) = XXH3-128(seed = identity, key(i-1) | namespace | 0x80000000 << 32 | m
+ *                       | its m tokens)
+ * (64-bit words and 32-bit token ids, little-endian; the marker word keeps
+ * the two forms' inputs distinct: where their lengths agree, its top byte
+ * 0x80 sits where a full block has a token id's top byte, which is < 0x80),
  * where key(-1) = 0 and `identity` hashes the model and tokenizer
  * fingerprints, the compute fingerprint and the KV layout (so records of
  * different models never even share a file name). Every match compares the
@@ -19,6 +27,25 @@
  * its own namespace, not another's). Prompts that share a system prompt
  * share its blocks, in memory and on disk, with no bookkeeping of which
  * prompt superseded which.
+ *  - A lookup follows the chain of whole blocks as far as the prompt
+ *    matches them, then adopts PART of one more: of the cached children of
+ *    the last matched block (a second index maps a parent key, namespace
+ *    and first token to them, in memory and rebuilt at the scan), the one,
+ *    full or partial, whose tokens share the longest run j >= 1 with the
+ *    prompt's next ones (equal runs: the one in memory). The adopted length
+ *    is (matched blocks) * block_size + j, capped by max_len; its last block
+ *    is shared, so the sequence's first write copies it (copy-on-write, one
+ *    block). Only the first j positions of that block are ever read by the
+ *    adopter: a block's positions past a partial block's m tokens (decode
+ *    wrote them) or past where the prompt leaves a full block never are.
+ *  - A partial block is a leaf (never a parent) and is evicted like any
+ *    leaf. It is REDUNDANT once a sibling (same parent, namespace, position)
+ *    starts with all its tokens and holds more: every prompt shares at
+ *    least as long a run with that sibling. Redundant partial blocks are
+ *    dropped at once, from memory and disk, when the sibling is published
+ *    (or found at the scan), and never indexed after it; a record whose
+ *    write was in flight stays, an ordinary leaf that lookups pass over
+ *    (its sibling wins every tie) and least-recently-used eviction takes.
  *
  * MEMORY TIER. An index over kv blocks: the cache holds one reference
  * (ag_kv_block_ref) on every block it indexes; sequences that adopt a prefix
@@ -33,9 +60,12 @@
  * files are the database: there is no index file; a scan of the headers at
  * start (on the background thread, so startup does not wait for it) rebuilds
  * the index. Record = header (magic, format version, model / tokenizer /
- * compute fingerprints, KV layout, namespace, parent key, key, the block's
- * token ids, payload checksum, header checksum) + payload (the block's
- * n_layers x ag_kv_block_bytes in ag_kv_block_copy_out's format).
+ * compute fingerprints, KV layout, namespace, parent key, key, the number
+ * of valid tokens (block_size, or m for a partial block), the block's token
+ * ids, payload checksum, header checksum) + payload (the block's n_layers x
+ * ag_kv_block_bytes in ag_kv_block_copy_out's format, also for a partial
+ * block: one record size). A partial record is restored into a fresh block
+ * like any other and adopted in part.
  * Why one record per block and not per run of blocks: the block is the
  * unit of sharing, so a system prompt shared by a thousand conversations is
  * stored once and evicted once, and a damaged file costs one block; a record
@@ -124,9 +154,12 @@
  *                                          &r->restore);
  *        r->n_prefilled = r->n_cached = n;   // prefill starts at position n
  *    max_len = n_prompt - 1 leaves at least one prompt token to compute, for
- *    the logits that sample the first output token. The adopted length is a
- *    whole number of blocks, so the next write starts a fresh block: no
- *    copy-on-write, and the engine's worst-case booking stays exact. Blocks
+ *    the logits that sample the first output token. The adopted length may
+ *    end inside a block (the prompt again: n_prompt - 1), whose first write
+ *    then copies it (copy-on-write) while the cache keeps the original: the
+ *    engine's worst-case booking counts that one extra block, and a request
+ *    that cannot book it passes max_len rounded down to a multiple of the
+ *    block size (whole blocks: the next write starts a fresh block). Blocks
  *    restored from disk are taken from the pool, inside that booking.
  *    When r->restore is set, records are being read: the request stays out
  *    of the batch (it computes nothing) while the others go on stepping, and
@@ -138,14 +171,20 @@
  *    that ends while restoring (client gone, shutdown) calls
  *    ag_cache_restore_cancel(c, r->restore) before freeing its sequence.
  *    ag_cache_lookup is the same thing, waiting (tests, tools).
- *  - Publish: when the prompt is fully prefilled (so that requests admitted
- *    meanwhile already share it), and/or when choice 0 finishes normally:
- *        ag_cache_publish(c, seq, prompt, n_prompt, ns);
- *    Only positions [0, n_prompt) are looked at, and only full blocks of
- *    them: KV the sequence wrote while decoding is never published, so no
- *    trim is needed first. Publishing twice is harmless. Then the engine
- *    frees the sequence as usual (ag_kv_seq_free); the cache keeps its refs.
- *    (This replaces the engine's `struct retained`.)
+ *  - Publish: the full blocks when the prompt is fully prefilled (so that
+ *    requests admitted meanwhile already share them), and all of it, the
+ *    trailing partial block too, when choice 0 finishes normally:
+ *        ag_cache_publish(c, seq, prompt, n_prompt - n_prompt % bs, ns);  // prefilled
+ *        ag_cache_publish(c, seq, prompt, n_prompt, ns);                  // choice 0 ends
+ *    Only positions [0, n) are looked at: KV the sequence wrote while
+ *    decoding is never published, so no trim is needed first. Why the
+ *    partial block only at the end: published at prefill it would be shared
+ *    while the request itself decodes into it, which would then copy it at
+ *    its first decode step (a copy and a booked block per request);
+ *    published at the end it costs nothing, its decode-written positions
+ *    being past what any adopter reads. Publishing twice is harmless. Then
+ *    the engine frees the sequence as usual (ag_kv_seq_free); the cache
+ *    keeps its refs. (This replaces the engine's `struct retained`.)
  *  - Memory pressure: on AG_ERR_NOMEM from ag_kv_seq_reserve (should not
  *    happen with exact booking) ag_cache_evict(c, blocks needed) and retry.
  *  - Idle: in the engine loop, when a step had nothing to do:
@@ -242,17 +281,20 @@ uint64_t ag_cache_namespace(const void *data, size_t len);
 /* A restore from the disk tier in progress (see ag_cache_lookup_start). */
 typedef struct ag_cache_restore ag_cache_restore;
 
-/* Finds the longest cached prefix of tokens[0..n_tokens) made of full blocks
- * whose length does not exceed max_len, and makes `seq` (live; whatever it
- * held is released) a sequence of that length over those blocks
- * (ag_kv_seq_adopt: shared, copy-on-write). Blocks are taken from the
+/* Finds the longest cached prefix of tokens[0..n_tokens) whose length does
+ * not exceed max_len: full blocks as far as they match, then the first j
+ * tokens of the cached continuation sharing the longest run with the
+ * prompt (see UNIT AND KEY), and makes `seq` (live; whatever it held is
+ * released) a sequence of that length over those blocks (ag_kv_seq_adopt:
+ * shared, copy-on-write; a length inside a block means the first write
+ * copies that block). Blocks are taken from the
  * memory tier first; where the chain continues only on disk, records are
  * restored into fresh pool blocks (which then join the memory tier), until
  * the first block that is not cached, fails to restore, or finds the pool
  * empty (after evicting reclaimable blocks not on this path).
  * Without disk records to read, that is done at once: *pending = NULL and
- * the adopted length is returned (a multiple of the block size, 0 on a
- * miss). Otherwise the reads are queued for the reader thread, `seq` is left
+ * the adopted length is returned (0 on a miss; a multiple of the block
+ * size when max_len is). Otherwise the reads are queued for the reader thread, `seq` is left
  * empty, 0 is returned and *pending is the restore, to be finished by
  * ag_cache_restore_poll or dropped by ag_cache_restore_cancel; until then
  * `seq` must not be used. Never fails: trouble is logged and ends the
@@ -264,8 +306,8 @@ int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, i
  * of at most params.read_staging_bytes), without waiting for the disk.
  * Returns false while records are still to come. Returns true when the
  * restore is over: the sequence then holds the adopted prefix, *len is its
- * length (a multiple of the block size; 0 if the first record failed), and
- * r is freed. */
+ * length (whole blocks up to a record that failed; 0 if the first record
+ * failed), and r is freed. */
 bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len);
 
 /* Abandons a pending restore (its request ended: client gone, shutdown):
@@ -285,17 +327,22 @@ void ag_cache_restore_cancel(ag_cache *c, ag_cache_restore *r);
 int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
                         int32_t max_len, uint64_t ns);
 
-/* Indexes the full blocks of `seq` (live) that hold positions [0, n_tokens)
- * computed AS PROMPT from tokens[0..n_tokens): block i is published when
- * (i+1) * block_size <= min(n_tokens, len(seq)). The caller promises that
- * those positions were written by prompt batches (ag_batch.n_prompt), i.e.
- * n_tokens <= the request's prompt length. The cache takes one reference on
- * each newly indexed block (the sequence keeps its own). Where a block with
- * the same content is already cached (e.g. the prefix was adopted, or a
- * concurrent request computed it too), the cached one is kept. New blocks
- * are queued for the disk writer. Returns the number of tokens now covered
- * by the index along this prompt (<= n_tokens). tokens are read during the
- * call only. */
+/* Indexes the blocks of `seq` (live) that hold positions [0, n) computed
+ * AS PROMPT from tokens[0..n), n = min(n_tokens, len(seq)): its full
+ * blocks, then, when n is not a multiple of the block size, block n / bs
+ * as a partial block of its first n % bs positions (dropped at once if a
+ * sibling covers it, see UNIT AND KEY; a new full block drops the partial
+ * siblings it covers). The caller promises that those positions were
+ * written by prompt batches (ag_batch.n_prompt), i.e. n_tokens <= the
+ * request's prompt length; positions of the last block past n may hold
+ * anything (decode output): they are never adopted. The cache takes one
+ * reference on each newly indexed block (the sequence keeps its own).
+ * Where a block with the same content is already cached (e.g. the prefix
+ * was adopted, or a concurrent request computed it too), the cached one is
+ * kept. New blocks are queued for the disk writer. Returns the number of
+ * tokens now covered by the index along this prompt (<= n; a partial block
+ * a sibling covers counts as covered). tokens are read during the call
+ * only. */
 int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens,
                          uint64_t ns);
 
@@ -333,6 +380,8 @@ typedef struct {
     uint64_t records_written;
     uint64_t evictions_memory, evictions_disk;
     uint64_t dropped_records; /* deleted at the scan or after a failed restore */
+    uint64_t partials_superseded; /* partial blocks dropped because a longer block of
+                                     the same parent starts with their tokens */
     uint64_t restore_failures;
     uint64_t write_failures;
     uint64_t records_on_disk, disk_bytes, disk_max_bytes;
@@ -356,9 +405,13 @@ void ag_cache_get_stats(const ag_cache *c, ag_cache_stats *out);
 
 /* ---- records, for tools and the fuzzer (no cache or model needed) ---- */
 
-#define AG_CACHE_RECORD_VERSION 1
+/* 2: records carry a token count (partial blocks); version 1 records are
+ * dropped at the scan like any other foreign record. */
+#define AG_CACHE_RECORD_VERSION 2
 #define AG_CACHE_MAX_BLOCK 256 /* largest kv block size */
 #define AG_CACHE_RECORD_EXT ".agkv"
+/* Header bytes of a record of a block_size kv (the payload starts there). */
+#define AG_CACHE_RECORD_HEADER_BYTES(block_size) (144 + 4 * (block_size))
 
 /* A record header, parsed and checked. */
 typedef struct {
@@ -369,21 +422,25 @@ typedef struct {
     int32_t      block_size, n_layers, n_kv_heads, head_dim_k, head_dim_v;
     int32_t      key_bits;
     uint32_t     block_index;   /* the block's place in its prompt: positions
-                                   [block_index * block_size, + block_size) */
+                                   [block_index * block_size, + n_tokens) */
+    int32_t      n_tokens;      /* valid tokens (1..block_size): fewer for a
+                                   partial block, the trailing tokens of a prompt */
     uint64_t     payload_bytes; /* n_layers * per-layer block bytes */
     uint64_t     ns;
     ag_cache_key parent, key;
     uint64_t     payload_hash; /* XXH3-64 of the payload */
-    int32_t      tokens[AG_CACHE_MAX_BLOCK]; /* block_size of them */
+    int32_t      tokens[AG_CACHE_MAX_BLOCK]; /* n_tokens of them (zero up to block_size) */
 } ag_cache_record;
 
 /* Parses and validates a record header from the first `len` bytes of a
  * record file (it needs at most AG_CACHE_RECORD_MAX_HEADER bytes):
- * magic, version, field ranges, layout consistency (payload size), header
- * checksum, and that `key` is the chain hash of the header's own parent,
- * namespace and tokens. Does not look at the payload. AG_ERR_FORMAT with a
+ * magic, version, field ranges (a token count outside 1..block_size is
+ * corrupt, and so are nonzero token slots past it), layout consistency
+ * (payload size), header checksum, and that `key` is the chain hash of the
+ * header's own parent, namespace and tokens (full or partial form by the
+ * token count). Does not look at the payload. AG_ERR_FORMAT with a
  * message on any problem. Reads only buf[0..len). */
-#define AG_CACHE_RECORD_MAX_HEADER (136 + 4 * AG_CACHE_MAX_BLOCK)
+#define AG_CACHE_RECORD_MAX_HEADER AG_CACHE_RECORD_HEADER_BYTES(AG_CACHE_MAX_BLOCK)
 ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *out);
 
 /* XXH3-64 of a payload, as stored in payload_hash. */

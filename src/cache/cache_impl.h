@@ -27,16 +27,20 @@ typedef struct {
 
 /* One block known to either tier. Ids index c->nodes; `gen` changes each
  * time an id is reused, so (parent_id, parent_gen) names the parent node
- * exactly: in memory a prefix is verified by identity, not only by key. */
+ * exactly: in memory a prefix is verified by identity, not only by key.
+ * A node of n_tok < block size tokens is a PARTIAL block (the trailing
+ * tokens of a prompt): a leaf, never a parent. */
 typedef struct {
     ag_cache_key key, parent;
     uint64_t     ns;
     int64_t      mtime_ns; /* disk record's mtime (scan order) */
     uint32_t     gen;
     int32_t      depth;     /* block index within the prompt */
+    int32_t      n_tok;     /* valid tokens: the block size, or fewer for a partial block */
     int32_t      parent_id; /* -1: root block, or parent unknown */
     uint32_t     parent_gen;
     int32_t      hnext;     /* hash chain; free list when unused */
+    int32_t      cnext;     /* chain of the children index (see cache_child_head) */
     int32_t      block;     /* kv block held by the cache, -1 none */
     cache_link   link[L_COUNT];
     int32_t      n_mem_children, n_disk_children;
@@ -51,8 +55,8 @@ typedef struct {
     ag_cache_key key, parent;
     uint64_t     ns;
     int64_t      mtime_ns;
-    int32_t      depth;
-    size_t       tok_off; /* block_size ids at c->scan_tokens + tok_off */
+    int32_t      depth, n_tok;
+    size_t       tok_off; /* block_size ids at c->scan_tokens + tok_off (zero past n_tok) */
 } scan_item;
 
 /* A copied-out block waiting for the writer. */
@@ -76,10 +80,13 @@ typedef struct {
     uint32_t     gen;
     int32_t      block;     /* kv block the restore holds a reference on, or -1 */
     bool         from_disk; /* its record is read (else the memory tier had it) */
+    int32_t      use;       /* positions of it the sequence adopts: the block size but
+                               for the last entry of a partial match */
     /* What the reader checks the record against (copied at the start: the
-     * reader never reads the index). Tokens: r->tokens + i * bs. */
+     * reader never reads the index). Tokens: r->tokens + i * bs, the
+     * node's own (zero past n_tok). */
     ag_cache_key key, parent;
-    int32_t      depth;
+    int32_t      depth, n_tok;
     /* Written by the reader once, under mu, then handed over: */
     int32_t      result; /* RS_*: RS_PENDING until the reader is done with it */
     uint8_t     *buf;    /* RS_OK: the verified record (a staging buffer) */
@@ -129,7 +136,9 @@ struct ag_cache {
     cache_node *nodes;
     int32_t    *tokens; /* [cap * bs] */
     int32_t     cap, n_used, free_head;
-    int32_t    *buckets;
+    int32_t    *buckets;  /* key -> node (hnext chains) */
+    int32_t    *cbuckets; /* (parent key, namespace, first token) -> children (cnext chains),
+                             same size as buckets */
     uint32_t    bucket_mask;
     cache_list  list[L_COUNT];
     int32_t    *path; /* scratch: [path_cap] node ids / blocks */
@@ -178,13 +187,29 @@ struct ag_cache {
 };
 
 /* cache.c */
-ag_cache_key cache_chain_key(const ag_cache *c, ag_cache_key parent, uint64_t ns, const int32_t *tokens);
+/* The key of a block of n_tok tokens (the block size: a full block) under
+ * parent, in this cache's identity. */
+ag_cache_key cache_chain_key(const ag_cache *c, ag_cache_key parent, uint64_t ns, const int32_t *tokens,
+                             int32_t n_tok);
 uint64_t     cache_identity(uint64_t model_fp, uint64_t tok_fp, uint64_t compute_fp, ag_kv_dtype dtype,
                             int32_t bs, int32_t nl, int32_t nh, int32_t dk, int32_t dv, int32_t key_bits);
+/* The chain key of a block of n tokens of a block_size kv: the full form
+ * when n == block_size, else the partial form (see cache.h, UNIT AND KEY). */
 ag_cache_key cache_key_compute(uint64_t identity, int32_t key_bits, ag_cache_key parent, uint64_t ns,
-                               const int32_t *tokens, int32_t n);
+                               const int32_t *tokens, int32_t n, int32_t block_size);
 int32_t      cache_find(const ag_cache *c, ag_cache_key key);
-int32_t      cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint64_t ns, const int32_t *tokens);
+/* A new node of n_tok tokens (copied; the rest of its token row is zeroed),
+ * in the key index and the children index. -1 when out of memory. */
+int32_t      cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint64_t ns, const int32_t *tokens,
+                            int32_t n_tok);
+/* The first node of the children-index chain that holds the children of
+ * `parent` in namespace ns whose first token is `first` (follow cnext; the
+ * chain also holds others: compare parent, ns and the first token). */
+int32_t      cache_child_head(const ag_cache *c, ag_cache_key parent, uint64_t ns, int32_t first);
+/* Partial siblings made redundant by node id (a block of the same parent
+ * whose tokens start with all of theirs) leave both tiers; returns true
+ * when id itself is such a redundant partial block and was dropped. */
+bool         cache_supersede(ag_cache *c, int32_t id);
 void         cache_node_maybe_remove(ag_cache *c, int32_t id);
 void         cache_list_push_head(ag_cache *c, int which, int32_t id);
 void         cache_list_push_tail(ag_cache *c, int which, int32_t id);
@@ -219,6 +244,9 @@ void    disk_restore_release(ag_cache *c, ag_cache_restore *r);
 
 /* The node's record left the disk (evicted, gone, dropped): accounting. */
 void    disk_forget(ag_cache *c, int32_t id);
+/* Deletes the node's record file and forgets it (the byte cap, a
+ * superseded partial block); false (writing turned off) if it could not. */
+bool    disk_delete_record(ag_cache *c, int32_t id);
 void    disk_flush_wait(ag_cache *c);
 
 #endif

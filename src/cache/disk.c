@@ -5,7 +5,7 @@
  * Record (all integers little-endian):
  *     0   8  magic "AUGURKV\x1a"
  *     8   4  format version (AG_CACHE_RECORD_VERSION)
- *    12   4  header bytes = 136 + 4 * block_size (the payload starts there)
+ *    12   4  header bytes = 144 + 4 * block_size (the payload starts there)
  *    16   8  model fingerprint
  *    24   8  tokenizer fingerprint
  *    32   8  compute fingerprint
@@ -22,10 +22,17 @@
  *    88  16  parent key (lo, hi)
  *   104  16  key (lo, hi)
  *   120   8  payload checksum (XXH3-64)
- *   128  4n  the block's token ids
- * 128+4n  8  header checksum (XXH3-64 of the bytes before it)
+ *   128   4  token count m, 1..n: the block's first m positions are its KV
+ *            (m < n: a partial block, keyed in the partial form, cache.h)
+ *   132   4  zero
+ *   136  4n  the block's token ids: m of them, then zeros
+ * 136+4n  8  header checksum (XXH3-64 of the bytes before it)
  *   then the payload: per layer, K then V as ag_kv_block_copy_out writes it
- *   (native element bytes: F16/F32 of a little-endian machine). */
+ *   (native element bytes: F16/F32 of a little-endian machine), all n
+ *   positions of the block, also of a partial one (positions m.. are never
+ *   read back; every record has one size, which keeps the byte accounting,
+ *   the staging buffers and the restore path one).
+ * (n = block size.) Version 1 had no token count (tokens at 128). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -100,8 +107,9 @@ static void header_build(const ag_cache *c, int32_t id, uint8_t *h) {
     put64(h + 96, n->parent.hi);
     put64(h + 104, n->key.lo);
     put64(h + 112, n->key.hi);
-    const int32_t *t = cache_node_tokens(c, id);
-    for (int32_t i = 0; i < c->bs; i++) put32(h + 128 + 4 * i, (uint32_t)t[i]);
+    put32(h + 128, (uint32_t)n->n_tok);
+    const int32_t *t = cache_node_tokens(c, id); /* (zero past n_tok) */
+    for (int32_t i = 0; i < c->bs; i++) put32(h + 136 + 4 * i, (uint32_t)t[i]);
 }
 
 static void record_seal(uint8_t *buf, size_t header_bytes, size_t payload_bytes) {
@@ -112,7 +120,7 @@ static void record_seal(uint8_t *buf, size_t header_bytes, size_t payload_bytes)
 ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *r) {
     const uint8_t *h = buf;
     memset(r, 0, sizeof *r);
-    if (!buf || len < 136) return ag_errorf(AG_ERR_FORMAT, "truncated header (%zu bytes)", len);
+    if (!buf || len < 144) return ag_errorf(AG_ERR_FORMAT, "truncated header (%zu bytes)", len);
     if (memcmp(h, k_magic, 8) != 0) return ag_errorf(AG_ERR_FORMAT, "not a KV record (bad magic)");
     r->version = get32(h + 8);
     if (r->version != AG_CACHE_RECORD_VERSION)
@@ -121,7 +129,7 @@ ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *r)
     uint32_t bs = get32(h + 44);
     if (bs < 8 || bs > AG_CACHE_MAX_BLOCK || (bs & (bs - 1)))
         return ag_errorf(AG_ERR_FORMAT, "block size %u is not a power of two in [8, %d]", bs, AG_CACHE_MAX_BLOCK);
-    if (r->header_bytes != 136 + 4 * bs)
+    if (r->header_bytes != AG_CACHE_RECORD_HEADER_BYTES(bs))
         return ag_errorf(AG_ERR_FORMAT, "header size %u does not match block size %u", r->header_bytes, bs);
     if (len < r->header_bytes) return ag_errorf(AG_ERR_FORMAT, "truncated header (%zu of %u bytes)", len, r->header_bytes);
     uint64_t hsum = get64(h + r->header_bytes - 8);
@@ -156,14 +164,20 @@ ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *r)
     r->key.lo = get64(h + 104);
     r->key.hi = get64(h + 112);
     r->payload_hash = get64(h + 120);
+    uint32_t m = get32(h + 128);
+    if (m < 1 || m > bs) return ag_errorf(AG_ERR_FORMAT, "token count %u outside [1, %u]", m, bs);
+    if (get32(h + 132) != 0) return ag_errorf(AG_ERR_FORMAT, "reserved header field is not zero");
+    r->n_tokens = (int32_t)m;
     for (uint32_t i = 0; i < bs; i++) {
-        r->tokens[i] = (int32_t)get32(h + 128 + 4 * i);
+        r->tokens[i] = (int32_t)get32(h + 136 + 4 * i);
         if (r->tokens[i] < 0) return ag_errorf(AG_ERR_FORMAT, "negative token id %d", r->tokens[i]);
+        if (i >= m && r->tokens[i] != 0)
+            return ag_errorf(AG_ERR_FORMAT, "token slot %u past the token count %u is not zero", i, m);
     }
     uint64_t     id = cache_identity(r->model_fingerprint, r->tok_fingerprint, r->compute_fingerprint, r->dtype,
                                      r->block_size, r->n_layers, r->n_kv_heads, r->head_dim_k, r->head_dim_v,
                                      r->key_bits);
-    ag_cache_key k = cache_key_compute(id, r->key_bits, r->parent, r->ns, r->tokens, r->block_size);
+    ag_cache_key k = cache_key_compute(id, r->key_bits, r->parent, r->ns, r->tokens, r->n_tokens, r->block_size);
     if (!key_eq(k, r->key)) return ag_errorf(AG_ERR_FORMAT, "key is not the hash of the header's contents");
     return AG_OK;
 }
@@ -323,6 +337,7 @@ static void scan_dir(ag_cache *c) {
         it->ns = rec.ns;
         it->mtime_ns = mtime_ns(&st);
         it->depth = (int32_t)rec.block_index;
+        it->n_tok = rec.n_tokens;
         it->tok_off = n * (size_t)c->bs;
         memcpy(toks + it->tok_off, rec.tokens, sizeof(int32_t) * (size_t)c->bs);
         n++;
@@ -629,15 +644,15 @@ static void merge_scan(ag_cache *c, scan_item *items, int32_t n, const int32_t *
         if (ids) ids[k] = -1;
         if (id >= 0) {
             cache_node *nd = &c->nodes[id];
-            bool same = nd->ns == it->ns && nd->depth == it->depth && nd->parent.lo == it->parent.lo &&
-                        nd->parent.hi == it->parent.hi &&
+            bool same = nd->ns == it->ns && nd->depth == it->depth && nd->n_tok == it->n_tok &&
+                        nd->parent.lo == it->parent.lo && nd->parent.hi == it->parent.hi &&
                         memcmp(cache_node_tokens(c, id), t, sizeof(int32_t) * (size_t)c->bs) == 0;
             /* published while the scan ran: now known to be on disk (a
              * queued write will find the file and skip) */
             if (same && nd->disk == D_NONE) set_on_disk(c, id, it->mtime_ns);
             continue;
         }
-        id = cache_node_new(c, it->key, it->parent, it->ns, t);
+        id = cache_node_new(c, it->key, it->parent, it->ns, t, it->n_tok);
         if (id < 0) break;
         c->nodes[id].depth = it->depth;
         set_on_disk(c, id, it->mtime_ns); /* (its place in the order is set below) */
@@ -651,7 +666,9 @@ static void merge_scan(ag_cache *c, scan_item *items, int32_t n, const int32_t *
         ids[m++] = id;
         if (c->nodes[id].depth == 0) continue;
         int32_t p = cache_find(c, c->nodes[id].parent);
-        if (p >= 0 && c->nodes[p].depth == c->nodes[id].depth - 1) cache_parent_link(c, id, p);
+        /* (a partial block is never a parent) */
+        if (p >= 0 && c->nodes[p].depth == c->nodes[id].depth - 1 && c->nodes[p].n_tok == c->bs)
+            cache_parent_link(c, id, p);
     }
     /* The LRU order: a record counts as used as recently as anything that
      * continues it (a parent is written before its children, so its own
@@ -669,6 +686,10 @@ static void merge_scan(ag_cache *c, scan_item *items, int32_t n, const int32_t *
         for (int32_t k = 0; k < m; k++) cache_list_push_head(c, L_DISK, ids[k]); /* oldest first in */
         qsort_ctx = NULL;
     }
+    /* Partial records that a sibling covers (its write was in flight when
+     * the sibling was published, or another process wrote them) go now. */
+    for (int32_t k = 0; ids && k < m; k++)
+        if (c->nodes[ids[k]].used) cache_supersede(c, ids[k]);
     free(ids);
     pthread_mutex_lock(&c->mu); /* read by ag_cache_get_stats from other threads */
     c->scan_merged = true;
@@ -722,6 +743,17 @@ void disk_drain(ag_cache *c) {
         while (c->list[L_DIRTY].head >= 0) cache_list_remove(c, L_DIRTY, c->list[L_DIRTY].head);
 }
 
+bool disk_delete_record(ag_cache *c, int32_t id) {
+    char name[40];
+    ag_cache_key_name(c->nodes[id].key, name);
+    if (unlinkat(c->dirfd, name, 0) != 0 && errno != ENOENT) {
+        writes_off(c, "deleting a record", errno);
+        return false;
+    }
+    disk_forget(c, id);
+    return true;
+}
+
 void disk_enforce_cap(ag_cache *c) {
     if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on)) return;
     uint64_t evicted = 0;
@@ -733,13 +765,7 @@ void disk_enforce_cap(ag_cache *c) {
                 break;
             }
         if (victim < 0) victim = c->list[L_DISK].tail; /* a cycle of colliding keys: cannot happen at 128 bits */
-        char name[40];
-        ag_cache_key_name(c->nodes[victim].key, name);
-        if (unlinkat(c->dirfd, name, 0) != 0 && errno != ENOENT) {
-            writes_off(c, "deleting a record (byte cap)", errno);
-            break;
-        }
-        disk_forget(c, victim);
+        if (!disk_delete_record(c, victim)) break;
         c->nodes[victim].no_write = 1; /* the cap chose it: do not write it back */
         cache_list_remove(c, L_DIRTY, victim);
         cache_node_maybe_remove(c, victim);
@@ -889,7 +915,7 @@ static int32_t read_record(ag_cache *c, const restore_entry *en, const int32_t *
         else if ((bad = foreign(c, &rec)) != NULL)
             snprintf(why, sizeof why, "%s", bad);
         else if (!key_eq(rec.key, en->key) || !key_eq(rec.parent, en->parent) || rec.ns != ns ||
-                 (int32_t)rec.block_index != en->depth ||
+                 (int32_t)rec.block_index != en->depth || rec.n_tokens != en->n_tok ||
                  memcmp(rec.tokens, toks, sizeof(int32_t) * (size_t)c->bs) != 0)
             snprintf(why, sizeof why, "header does not match the index (tokens, parent or namespace)");
         else if (XXH3_64bits(buf + c->header_bytes, c->block_payload) != rec.payload_hash)

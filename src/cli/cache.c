@@ -15,11 +15,12 @@ static const char k_usage[] =
     "  the KV prefix cache's disk tier (the directory given to augur serve --kv-disk); reads\n"
     "  record headers only, loads no model\n"
     "  ls      one line per record, most recently used first: block index and the token\n"
-    "          positions it covers, namespace, model and tokenizer fingerprints, KV layout,\n"
+    "          positions it covers (fewer than a block for the partial block that holds a\n"
+    "          prompt's last tokens), namespace, model and tokenizer fingerprints, KV layout,\n"
     "          size, last use, file; unusable files (corrupt, truncated, temporary) are\n"
     "          listed with the reason a server would drop them\n"
     "  stats   totals: records and bytes, per model/tokenizer/layout, namespaces, prompt\n"
-    "          starts (records of block 0), oldest and newest use, unusable files\n"
+    "          starts (records of block 0), partial blocks, oldest and newest use, unusable files\n"
     "  clear   deletes every record and temporary file (other files are left alone)\n"
     "  --kv-disk DIR  the directory\n"
     "  --json         ls: one JSON object per line; stats, clear: one JSON object\n"
@@ -32,6 +33,7 @@ typedef struct {
     ag_kv_dtype dtype;
     int32_t     block_size, n_layers, n_kv_heads, head_dim_k, head_dim_v, key_bits;
     uint32_t    block_index;
+    int32_t     n_tokens; /* < block_size: a partial block (a prompt's trailing tokens) */
 } meta;
 
 typedef struct {
@@ -78,9 +80,9 @@ static bool collect(void *user, const ag_cache_dir_entry *e) {
         const ag_cache_record *r = e->record;
         x->rec = (meta){r->model_fingerprint, r->tok_fingerprint, r->compute_fingerprint, r->ns, r->dtype,
                         r->block_size, r->n_layers, r->n_kv_heads, r->head_dim_k, r->head_dim_v, r->key_bits,
-                        r->block_index};
-        if (es->want_tokens && (x->tokens = malloc(sizeof(int32_t) * (size_t)r->block_size)))
-            memcpy(x->tokens, r->tokens, sizeof(int32_t) * (size_t)r->block_size);
+                        r->block_index, r->n_tokens};
+        if (es->want_tokens && (x->tokens = malloc(sizeof(int32_t) * (size_t)r->n_tokens)))
+            memcpy(x->tokens, r->tokens, sizeof(int32_t) * (size_t)r->n_tokens);
     } else {
         x->problem = strdup(e->problem ? e->problem : "unusable");
     }
@@ -139,7 +141,7 @@ static int do_ls(const entries *es, bool json, bool tokens) {
                 layout_str(r, lay, sizeof lay);
                 json_object_set_new(j, "block", json_integer(r->block_index));
                 json_object_set_new(j, "first_pos", json_integer((json_int_t)r->block_index * r->block_size));
-                json_object_set_new(j, "n_tokens", json_integer(r->block_size));
+                json_object_set_new(j, "n_tokens", json_integer(r->n_tokens));
                 json_object_set_new(j, "namespace", json_string(hex64(r->ns, h1)));
                 json_object_set_new(j, "model", json_string(hex64(r->model_fingerprint, h2)));
                 json_object_set_new(j, "tokenizer", json_string(hex64(r->tok_fingerprint, h3)));
@@ -147,7 +149,7 @@ static int do_ls(const entries *es, bool json, bool tokens) {
                 json_object_set_new(j, "layout", json_string(lay));
                 if (tokens && x->tokens) {
                     json_t *t = json_array();
-                    for (int k = 0; k < r->block_size; k++) json_array_append_new(t, json_integer(x->tokens[k]));
+                    for (int k = 0; k < r->n_tokens; k++) json_array_append_new(t, json_integer(x->tokens[k]));
                     json_object_set_new(j, "tokens", t);
                 }
             } else {
@@ -162,14 +164,14 @@ static int do_ls(const entries *es, bool json, bool tokens) {
         }
         char pos[32];
         snprintf(pos, sizeof pos, "%" PRIu64 "-%" PRIu64, (uint64_t)r->block_index * r->block_size,
-                 (uint64_t)(r->block_index + 1) * r->block_size - 1);
+                 (uint64_t)r->block_index * r->block_size + r->n_tokens - 1);
         layout_str(r, lay, sizeof lay);
         printf("%-6u %-13s %-16s %-16s %-16s %-18s %9" PRIu64 "  %-19s  %s\n", r->block_index, pos,
                hex64(r->ns, h1), hex64(r->model_fingerprint, h2), hex64(r->tok_fingerprint, h3), lay, x->bytes,
                when, x->name);
         if (tokens && x->tokens) {
             fputs("       tokens:", stdout);
-            for (int k = 0; k < r->block_size; k++) printf(" %d", x->tokens[k]);
+            for (int k = 0; k < r->n_tokens; k++) printf(" %d", x->tokens[k]);
             fputc('\n', stdout);
         }
     }
@@ -195,7 +197,7 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 static int do_stats(const char *dir, const entries *es, bool json) {
-    uint64_t records = 0, bytes = 0, starts = 0, bad = 0, bad_bytes = 0, tmp = 0;
+    uint64_t records = 0, bytes = 0, starts = 0, partial = 0, bad = 0, bad_bytes = 0, tmp = 0;
     int64_t  oldest = 0, newest = 0;
     group   *g = NULL;
     size_t   ng = 0;
@@ -213,6 +215,7 @@ static int do_stats(const char *dir, const entries *es, bool json) {
         records++;
         bytes += x->bytes;
         starts += x->rec.block_index == 0;
+        partial += x->rec.n_tokens < x->rec.block_size;
         if (!oldest || x->mtime_ns < oldest) oldest = x->mtime_ns;
         if (x->mtime_ns > newest) newest = x->mtime_ns;
         ns[nns++] = x->rec.ns;
@@ -248,6 +251,7 @@ static int do_stats(const char *dir, const entries *es, bool json) {
         json_object_set_new(j, "records", json_integer((json_int_t)records));
         json_object_set_new(j, "bytes", json_integer((json_int_t)bytes));
         json_object_set_new(j, "prompt_starts", json_integer((json_int_t)starts));
+        json_object_set_new(j, "partial_records", json_integer((json_int_t)partial));
         json_object_set_new(j, "namespaces", json_integer((json_int_t)distinct));
         json_object_set_new(j, "oldest_use", records ? json_real((double)oldest / 1e9) : json_null());
         json_object_set_new(j, "newest_use", records ? json_real((double)newest / 1e9) : json_null());
@@ -273,6 +277,7 @@ static int do_stats(const char *dir, const entries *es, bool json) {
         printf("directory:      %s\n", dir);
         printf("records:        %" PRIu64 " (%.1f MiB)\n", records, bytes / 1048576.0);
         printf("prompt starts:  %" PRIu64 " (records of block 0)\n", starts);
+        printf("partial blocks: %" PRIu64 " (records of a prompt's last tokens, fewer than a block)\n", partial);
         printf("namespaces:     %zu\n", distinct);
         printf("last use:       oldest %s, newest %s\n", o, n);
         printf("unusable:       %" PRIu64 " records, %" PRIu64 " temporary files (%.1f MiB); a server drops them\n",

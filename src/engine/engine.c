@@ -60,7 +60,8 @@ typedef struct request {
     ag_schema       *schema;      /* structured output (a reference), else NULL */
     int              spec_max;    /* ag_gen_request.spec_max */
     uint64_t         cache_ns;    /* ag_gen_request.cache_ns */
-    bool             published;   /* the prompt's full blocks went to the prefix cache */
+    int              n_published; /* prompt tokens given to the prefix cache so far */
+    bool             cow_booked;  /* booked holds the block a partial prefix adoption copies (admit) */
     ag_cache_restore *restore;    /* its prefix is being read from the disk tier: out of the batch until done */
     ag_spec_stats    spec;        /* rounds of finished choices */
     /* engine-thread state */
@@ -198,19 +199,33 @@ static void update_kv_stats(ag_engine *e) {
     e->stats.kv_blocks_used = ks.blocks_used;
     e->stats.kv_blocks_free = ks.blocks_free;
     e->stats.kv_blocks_cached = cached;
+    e->stats.kv_cow_copies = ks.cow_copies;
+    e->stats.kv_nomem_errors = ks.nomem_errors;
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Gives r's prompt KV to the prefix cache: the full blocks of the
- * positions computed as prompt so far ([0, n_prefilled), all of the prompt
- * once it is prefilled). Only choice 0 computed the prompt; once published
- * in full, a request does not publish again. */
-static void publish_prompt(ag_engine *e, request *r) {
-    if (!e->cache || r->published || !r->ch || r->ch[0].seq < 0) return;
+/* Gives r's prompt KV to the prefix cache: positions computed as prompt
+ * so far ([0, n_prefilled), all of the prompt once it is prefilled), in
+ * whole blocks only unless with_tail, which adds the trailing partial block
+ * (a prompt's last n_prompt % block_size tokens). Only choice 0 computed
+ * the prompt; what was published is not published again.
+ *
+ * When the trailing partial block goes: at release_seq, not when the
+ * prompt is prefilled. Published at prefill, it would be shared with the
+ * cache while this very request decodes into it, so every request would
+ * copy it at its first decode step (copy-on-write: one block more per
+ * request, in the booking too). Published when choice 0 ends, it costs
+ * nothing: its positions past the prompt, written by decode, are never
+ * read by an adopter, which adopts at most the prompt's positions of it
+ * and copies the block before it writes. The full blocks still go at
+ * prefill, so that requests admitted meanwhile share them. */
+static void publish_prompt(ag_engine *e, request *r, bool with_tail) {
+    if (!e->cache || !r->ch || r->ch[0].seq < 0) return;
     int n = r->n_prefilled < r->n_prompt ? r->n_prefilled : r->n_prompt;
-    if (n < e->block_size) return;
+    if (!with_tail) n -= n % e->block_size;
+    if (n <= r->n_published) return;
     ag_cache_publish(e->cache, r->ch[0].seq, r->prompt, n, r->cache_ns);
-    if (n == r->n_prompt) r->published = true;
+    r->n_published = n;
 }
 
 /* Gives up a finished choice's sequence. Choice 0 of a request that did not
@@ -227,27 +242,37 @@ static void release_seq(ag_engine *e, request *r, choice *c, ag_finish why) {
         r->restore = NULL;
         e->n_restoring--;
     }
-    if (c->index == 0 && why != AG_FINISH_ERROR) publish_prompt(e, r);
+    if (c->index == 0 && why != AG_FINISH_ERROR) publish_prompt(e, r, true);
     ag_kv_seq_free(e->kv, c->seq);
     c->seq = -1;
 }
 
-/* r's first sequence starts with n cached prompt tokens. */
+/* r's first sequence starts with n cached prompt tokens. The block booked
+ * for a copy-on-write (admit) is given back when n ends on a block
+ * boundary: the first write then starts a fresh block. */
 static void prefix_adopted(ag_engine *e, request *r, int32_t n) {
-    if (n <= 0) return;
-    r->n_prefilled = r->n_cached = n;
     pthread_mutex_lock(&e->mu);
-    e->stats.cached_tokens += (uint64_t)n;
+    if (r->cow_booked && n % e->block_size == 0) {
+        r->cow_booked = false;
+        r->booked--;
+        e->booked--;
+    }
+    if (n > 0) e->stats.cached_tokens += (uint64_t)n;
     pthread_mutex_unlock(&e->mu);
+    if (n > 0) r->n_prefilled = r->n_cached = n;
 }
 
 /* Starts r's first sequence from the longest cached prefix of its prompt
- * (at least one prompt token is left to compute, for the logits). When part
- * of it is read from disk, r waits out of the batch (r->restore) while the
+ * (at least one prompt token is left to compute, for the logits); it may
+ * end inside a block only when admit booked the block that the first
+ * write then copies (r->cow_booked), else it is whole blocks. When part of
+ * it is read from disk, r waits out of the batch (r->restore) while the
  * other requests go on; poll_restores brings it in. */
 static void reuse_prefix(ag_engine *e, request *r) {
     if (!e->cache || r->prompt_logprobs) return; /* every position's logits are wanted */
-    int32_t n = ag_cache_lookup_start(e->cache, r->ch[0].seq, r->prompt, r->n_prompt, r->n_prompt - 1, r->cache_ns,
+    int32_t max_len = r->n_prompt - 1;
+    if (!r->cow_booked) max_len -= max_len % e->block_size;
+    int32_t n = ag_cache_lookup_start(e->cache, r->ch[0].seq, r->prompt, r->n_prompt, max_len, r->cache_ns,
                                       &r->restore);
     if (r->restore) e->n_restoring++;
     else prefix_adopted(e, r, n);
@@ -507,6 +532,17 @@ static void admit(ag_engine *e) {
         r->next = NULL;
         r->booked = need;
         e->booked += need;
+        /* A cached prefix that ends inside a block (ag_cache_lookup_start)
+         * is adopted shared, so the request's first write copies that
+         * block while the cache keeps the original: one block beyond the
+         * request's own worst case, booked here if the pool has it (else
+         * the request adopts whole blocks only), and given back at once
+         * when the prefix found ends on a block boundary (prefix_adopted). */
+        r->cow_booked = e->cache && !r->prompt_logprobs && e->booked < e->n_blocks;
+        if (r->cow_booked) {
+            r->booked++;
+            e->booked++;
+        }
         e->running_choices += r->n_choices;
         e->stats.queue_depth = e->queue_len;
         e->stats.running = e->running_choices;
@@ -746,7 +782,7 @@ static bool step(ag_engine *e) {
         r->in_batch = 0;
         /* a fully prefilled prompt is shared at once with requests admitted
          * while this one still decodes */
-        if (r->n_prefilled == r->n_prompt && r->n_done < r->n_choices) publish_prompt(e, r);
+        if (r->n_prefilled == r->n_prompt && r->n_done < r->n_choices) publish_prompt(e, r, false);
     }
     for (int k = 0; k < rows; k += e->rows[k].n_rows > 0 ? e->rows[k].n_rows : 1) {
         const float *row = e->logits + (size_t)k * e->n_vocab;

@@ -59,9 +59,10 @@ typedef struct {
      * of that many rows is already compute-bound on this machine, so more
      * verify rows would cost about what they save. Default 16. */
     int spec_max_rows;
-    /* Prefix cache (cache/cache.h): full blocks of prompt KV are kept after
-     * their request and adopted by any later prompt that starts with the
-     * same tokens (same namespace). Default true. */
+    /* Prefix cache (cache/cache.h): prompt KV is kept after its request, in
+     * blocks (a prompt's last block in part), and adopted by any later
+     * prompt that starts with the same tokens (same namespace), up to the
+     * token. Default true. */
     bool        prefix_cache;
     /* Its disk tier: a directory (created if missing, one level) where those
      * blocks are written behind while the engine is idle and restored from
@@ -206,6 +207,8 @@ typedef struct {
     int      queue_depth, running;
     int      kv_blocks_used, kv_blocks_free;
     int      kv_blocks_cached;  /* of the used ones, those only the prefix cache holds (reclaimable) */
+    uint64_t kv_cow_copies;     /* shared blocks copied before a write (ag_kv_stats.cow_copies) */
+    uint64_t kv_nomem_errors;   /* KV reservations the full pool refused (should stay 0: booking) */
     int      n_ctx, n_parallel;
     ag_spec_stats spec;        /* speculative decoding, over finished and running choices' past rounds */
     uint64_t decode_forwards;  /* target forwards that decoded (each choice's row window counts once) */

@@ -29,8 +29,10 @@ BLOCK = 16  # the KV block size (kv.h default)
 RECORD_EXT = ".agkv"
 
 
-def full_blocks(n):
-    return n // BLOCK * BLOCK
+def n_records(n_prompt):
+    """Records of one prompt: its full blocks and, when n_prompt is not a
+    multiple of the block size, the partial block of its last tokens."""
+    return -(-n_prompt // BLOCK)
 
 
 def story(seed, n=12):
@@ -60,6 +62,11 @@ def complete(server, prompt, salt=None, n=16):
     r = post(server, "/v1/completions", body)
     u = r["usage"]
     return r["choices"][0]["text"], u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"]
+
+
+def tokenize(server, text):
+    """The token ids of a completion prompt (what the server computes for it)."""
+    return post(server, "/tokenize", {"content": text, "add_special": True})["tokens"]
 
 
 def cold(server, prompt, n=16):
@@ -142,13 +149,15 @@ def test_restart_restores_the_prompt_from_disk(servers, tmp_path, tiny_server, s
     assert cached == 0
     assert n_prompt > 150
     stop_ok(a)  # SIGTERM: the flush at shutdown writes what was not written yet
-    assert len(records(d)) == n_prompt // BLOCK
+    assert n_prompt % BLOCK != 0  # (so that the last block is a partial one)
+    assert len(records(d)) == n_records(n_prompt)
 
     b = servers(model, "--kv-disk", d)
     wait_scan(b)
     text_b, _, cached = complete(b, P)
-    # every full block of P but the one holding the last token (it is computed for the logits)
-    assert cached == full_blocks(n_prompt - 1) >= full_blocks(n_prompt) - BLOCK
+    # all of P but its last token (computed for the logits): the full blocks
+    # and the partial one, whose record is read and used but for that token
+    assert cached == n_prompt - 1
     m = metrics(b)
     assert m["augur_prefix_cache_tokens_restored_disk_total"] == cached
     assert m["augur_prefix_cache_disk_bytes_read_total"] > 0
@@ -157,6 +166,32 @@ def test_restart_restores_the_prompt_from_disk(servers, tmp_path, tiny_server, s
     stop_ok(b)
 
     assert text_a == text_b == cold(ref, P)
+
+
+@pytest.mark.parametrize("tier", ["memory", "disk"])
+def test_a_prompt_that_diverges_inside_a_block_adopts_the_common_run(servers, tmp_path, smol_server, tier):
+    """A cached block is adopted in part: up to where the new prompt leaves
+    it, here 7 tokens into block 5 (a full block of the first prompt, read
+    from its record after a restart in the disk case)."""
+    require_model(SMOLLM2)
+    args = ("--kv-disk", str(tmp_path / "kv")) if tier == "disk" else ("--no-kv-disk",)
+    s = servers(SMOLLM2, *args)
+    a = tokenize(s, P)
+    k = 5 * BLOCK + 7
+    b = a[:k] + tokenize(s, story(2))[-40:]
+    assert len(a) > 7 * BLOCK and b[k] != a[k]
+    _, n_a, cached = complete(s, a, n=1)
+    assert (n_a, cached) == (len(a), 0)
+    if tier == "disk":
+        stop_ok(s)
+        s = servers(SMOLLM2, *args)
+        wait_scan(s)
+    text, n, cached = complete(s, b)
+    assert (n, cached) == (len(b), k)
+    m = metrics(s)
+    assert m["augur_prefix_cache_tokens_restored_" + tier + "_total"] == k
+    stop_ok(s)
+    assert text == cold(smol_server, b)
 
 
 # ---- the memory tier ----
@@ -179,7 +214,11 @@ def test_second_conversation_shares_a_long_system_prompt(smol_server, servers):
     assert u1["prompt_tokens_details"]["cached_tokens"] == 0
     text, u2 = chat(s, "Do you sell rye bread?")
     cached = u2["prompt_tokens_details"]["cached_tokens"]
-    assert 100 <= cached < u2["prompt_tokens"] and cached % BLOCK == 0
+    # the two prompts' common run of tokens, the whole system prompt and the
+    # template up to the user's words, to the token (inside a block)
+    assert cached == common_run(chat_ids(s, system, "When do you open on Sundays?"),
+                                chat_ids(s, system, "Do you sell rye bread?"))
+    assert 100 <= cached < u2["prompt_tokens"]
     m = metrics(s)
     assert m["augur_prefix_cache_tokens_restored_memory_total"] == cached
     assert m["augur_prefix_cache_disk_enabled"] == 0
@@ -187,6 +226,22 @@ def test_second_conversation_shares_a_long_system_prompt(smol_server, servers):
     assert u3["prompt_tokens_details"]["cached_tokens"] == 0
     assert text == text_cold
     stop_ok(s)
+
+
+def common_run(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def chat_ids(server, system, question):
+    """The token ids of a chat prompt: SmolLM2's template rendered by Python's
+    jinja2 as transformers renders it, tokenized by the server."""
+    from test_server_tools import gguf_template, hf_render
+    text = hf_render(gguf_template(SMOLLM2), [{"role": "system", "content": system},
+                                                   {"role": "user", "content": question}])
+    return post(server, "/tokenize", {"content": text, "add_special": True, "parse_special": True})["tokens"]
 
 
 def test_cache_salt_separates_namespaces(tiny_server):
@@ -199,7 +254,7 @@ def test_cache_salt_separates_namespaces(tiny_server):
     t4, _, c4 = complete(s, p)
     t5, _, c5 = complete(s, p)
     assert (c1, c3, c4) == (0, 0, 0)
-    assert c2 == c5 == full_blocks(n - 1) > 0
+    assert c2 == c5 == n - 1
     assert t1 == t2 == t3 == t4 == t5
 
 
@@ -222,7 +277,7 @@ def test_bad_records_are_dropped_and_prefilled(servers, tmp_path, tiny_server):
     _, n_prompt, _ = complete(a, P)
     stop_ok(a)
     by_block = {e["block"]: e["file"] for e in listing(d)}
-    assert len(by_block) == n_prompt // BLOCK >= 12
+    assert len(by_block) == n_records(n_prompt) >= 12
 
     # a flipped payload byte in block 5 (found at restore: the header is fine)
     path = os.path.join(d, by_block[5])
@@ -252,7 +307,7 @@ def test_bad_records_are_dropped_and_prefilled(servers, tmp_path, tiny_server):
     b = servers(TINY_GGUF, "--kv-disk", d)
     m = wait_scan(b)
     assert m["augur_prefix_cache_disk_dropped_records_total"] == len(foreign) + 2
-    assert m["augur_prefix_cache_disk_records"] == n_prompt // BLOCK - 1
+    assert m["augur_prefix_cache_disk_records"] == n_records(n_prompt) - 1
     text, _, cached = complete(b, P)
     assert cached == 5 * BLOCK  # blocks 0-4; block 5 fails its checksum and is prefilled from there
     m = metrics(b)
@@ -266,7 +321,7 @@ def test_bad_records_are_dropped_and_prefilled(servers, tmp_path, tiny_server):
     left = listing(d)
     assert all(e.get("problem") is None for e in left), left
     assert len({e["model"] for e in left}) == 1  # the foreign records are gone
-    assert len(left) == n_prompt // BLOCK
+    assert len(left) == n_records(n_prompt)
 
 
 def test_kill_9_during_write_behind_never_restores_a_partial_record(servers, tmp_path, tiny_server):
@@ -322,7 +377,7 @@ def test_two_servers_on_one_directory(servers, tmp_path, tiny_server):
     assert metrics(c)["augur_prefix_cache_disk_dropped_records_total"] == 0
     for p in (P, p1, p2):
         text, n, cached = complete(c, p)
-        assert cached == full_blocks(n - 1)
+        assert cached == n - 1
         assert text == cold(tiny_server, p)
     assert metrics(c)["augur_prefix_cache_disk_restore_failures_total"] == 0
     stop_ok(c)
@@ -363,7 +418,7 @@ def test_full_disk_turns_writing_off_and_serving_goes_on(servers, tmp_path, tiny
     assert m["augur_prefix_cache_disk_enabled"] == 1
     for p in prompts:  # still serving, from memory
         text, n, cached = complete(s, p)
-        assert cached == full_blocks(n - 1)
+        assert cached == n - 1
         assert text == cold(tiny_server, p)
     assert s.stderr().count("writing to the disk tier is off") == 1
     stop_ok(s)
@@ -373,14 +428,15 @@ def test_full_disk_turns_writing_off_and_serving_goes_on(servers, tmp_path, tiny
 #
 # The record format, read and written here from its description in
 # src/cache/disk.c with Python's xxhash (an implementation independent of
-# the server's): 8-byte magic, then little-endian fields, the block's token
-# ids, the header checksum, the payload.
+# the server's): 8-byte magic, then little-endian fields, the token count,
+# the block's token ids, the header checksum, the payload.
 
 MAGIC = b"AUGURKV\x1a"
-HEAD = struct.Struct("<IIQQQIIIIIIIIQQQQQQQ")  # from offset 8 up to the token ids (offset 128)
+VERSION = 2
+HEAD = struct.Struct("<IIQQQIIIIIIIIQQQQQQQII")  # from offset 8 up to the token ids (offset 136)
 FIELDS = ("version", "header_bytes", "model_fp", "tok_fp", "compute_fp", "dtype", "block_size", "n_layers",
           "n_kv_heads", "head_dim_k", "head_dim_v", "key_bits", "block_index", "payload_bytes", "ns",
-          "parent_lo", "parent_hi", "key_lo", "key_hi", "payload_hash")
+          "parent_lo", "parent_hi", "key_lo", "key_hi", "payload_hash", "n_tokens", "zero")
 KV_F32, KV_F16 = 0, 1
 M64 = (1 << 64) - 1
 
@@ -388,9 +444,11 @@ M64 = (1 << 64) - 1
 def parse_record(data):
     assert data[:8] == MAGIC
     r = dict(zip(FIELDS, HEAD.unpack_from(data, 8)))
-    bs, hb = r["block_size"], r["header_bytes"]
-    assert hb == 136 + 4 * bs
-    r["tokens"] = list(struct.unpack_from(f"<{bs}I", data, 128))
+    bs, hb, m = r["block_size"], r["header_bytes"], r["n_tokens"]
+    assert r["version"] == VERSION and hb == 144 + 4 * bs and 1 <= m <= bs and r["zero"] == 0
+    slots = list(struct.unpack_from(f"<{bs}I", data, 136))
+    assert slots[m:] == [0] * (bs - m)
+    r["tokens"] = slots[:m]
     assert struct.unpack_from("<Q", data, hb - 8)[0] == xxhash.xxh3_64_intdigest(data[:hb - 8]), "header checksum"
     r["payload"] = data[hb:]
     assert len(r["payload"]) == r["payload_bytes"]
@@ -406,17 +464,23 @@ def identity(r):
 
 
 def chain_key(r, parent):
+    """Full block: XXH3-128 over parent, namespace, tokens; a partial one of
+    m tokens has one more word after the namespace, 0x80000000 << 32 | m."""
     assert r["key_bits"] == 128
-    data = struct.pack("<3Q", parent[0], parent[1], r["ns"]) + struct.pack(f"<{len(r['tokens'])}I", *r["tokens"])
+    head = [parent[0], parent[1], r["ns"]]
+    if len(r["tokens"]) < r["block_size"]:
+        head.append(0x80000000 << 32 | len(r["tokens"]))
+    data = struct.pack(f"<{len(head)}Q", *head) + struct.pack(f"<{len(r['tokens'])}I", *r["tokens"])
     h = xxhash.xxh3_128_intdigest(data, seed=identity(r))
     return h & M64, h >> 64
 
 
 def build_record(r):
     """A complete record file of r (key, parent and payload as r says)."""
+    bs, m = r["block_size"], len(r["tokens"])
     r = dict(r, payload_bytes=len(r["payload"]), payload_hash=xxhash.xxh3_64_intdigest(r["payload"]),
-             header_bytes=136 + 4 * r["block_size"])
-    head = MAGIC + HEAD.pack(*(r[f] for f in FIELDS)) + struct.pack(f"<{r['block_size']}I", *r["tokens"])
+             header_bytes=144 + 4 * bs, n_tokens=m, zero=0)
+    head = MAGIC + HEAD.pack(*(r[f] for f in FIELDS)) + struct.pack(f"<{bs}I", *(r["tokens"] + [0] * (bs - m)))
     return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head)) + r["payload"]
 
 
@@ -434,9 +498,10 @@ def read_records(d):
         out.append(r)
     out.sort(key=lambda r: r["block_index"])
     parent = (0, 0)
-    for i, r in enumerate(out):  # one prompt: a chain of keys from block 0
+    for i, r in enumerate(out):  # one prompt: a chain of keys from block 0, a partial block last
         assert r["block_index"] == i and (r["parent_lo"], r["parent_hi"]) == parent
         assert chain_key(r, parent) == (r["key_lo"], r["key_hi"])
+        assert r["n_tokens"] == r["block_size"] or i == len(out) - 1
         parent = (r["key_lo"], r["key_hi"])
     return out
 
@@ -473,7 +538,7 @@ def test_records_of_another_tokenizer_are_dropped(servers, tmp_path, tiny_server
     stop_ok(s)
     assert text == cold(tiny_server, P)
     mine = read_records(d)  # what the server wrote instead: only its own
-    assert len(mine) == n // BLOCK
+    assert len(mine) == n_records(n)
     assert {r["model_fp"] for r in mine} == {r["model_fp"] for r in foreign}
     assert {r["tok_fp"] for r in mine}.isdisjoint({r["tok_fp"] for r in foreign})
 
@@ -484,7 +549,8 @@ def test_records_of_another_kv_layout_are_dropped(servers, tmp_path, tiny_server
     _, n, _ = complete(a, P)
     stop_ok(a)
     mine = read_records(d)
-    assert len(mine) == n // BLOCK and all(r["dtype"] == KV_F16 for r in mine)
+    assert len(mine) == n_records(n) and all(r["dtype"] == KV_F16 for r in mine)
+    assert mine[-1]["n_tokens"] == n % BLOCK > 0  # the partial block is rebuilt too
     # The same prompt's KV as a build with F32 KV would store it: the F16
     # values widened, keys chained under that layout's identity. Complete,
     # valid records, only of another layout.
@@ -563,8 +629,8 @@ def test_a_slow_restore_does_not_stall_other_streams(servers, tmp_path, smol_ser
         stop.set()
         sock.close()
         reader.join()
-    restored = cached // BLOCK
-    assert cached == full_blocks(n_prompt - 1) and restored >= 10
+    restored = n_records(cached)  # records read: the last one used in part
+    assert cached == n_prompt - 1 and restored >= 10
     assert t1 - t0 >= restored * delay  # the reads were slow ...
     during = [t for t in arrivals if t0 <= t <= t1]
     # ... and the other stream went on meanwhile: no pause near the restore's length
@@ -595,14 +661,14 @@ def test_hang_up_during_a_restore_frees_everything(servers, tmp_path, tiny_serve
                  m["augur_running_sequences"] == 0 and m["augur_kv_blocks_used"] == m["augur_kv_blocks_cached"],
                  "the cancelled restore to give everything back")
     # long before the reads would have ended
-    assert time.monotonic() - t < full_blocks(n_prompt - 1) // BLOCK * delay / 2
+    assert time.monotonic() - t < n_records(n_prompt - 1) * delay / 2
     assert m["augur_prefix_cache_disk_restores_pending"] == 0
     assert m["augur_prefix_cache_lookups_total"] == 0  # it never finished
     assert m["augur_client_cancels_total"] >= 1
     # the server goes on: the same prompt is restored (blocks read before the
     # hang-up from memory, the rest from disk) and answers as a cold server
     text, n, cached = complete(b, P)
-    assert cached == full_blocks(n - 1)
+    assert cached == n - 1
     m = metrics(b)
     assert m["augur_prefix_cache_disk_restore_failures_total"] == 0
     assert m["augur_prefix_cache_tokens_restored_disk_total"] + m["augur_prefix_cache_tokens_restored_memory_total"] \
@@ -639,7 +705,7 @@ def test_an_unusable_directory_is_one_warning(servers, tmp_path):
     s = servers(TINY_GGUF, "--kv-disk", str(bad / "kv"))
     text, n, _ = complete(s, P)
     _, _, cached = complete(s, P)
-    assert cached == full_blocks(n - 1)  # the memory tier still works
+    assert cached == n - 1  # the memory tier still works
     assert metrics(s)["augur_prefix_cache_disk_enabled"] == 0
     log = s.stderr()
     assert log.count("kv disk cache off") == 1, log
