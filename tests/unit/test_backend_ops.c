@@ -13,7 +13,8 @@
  *   matmul, decode rows:  CPU 2e-2 for quantized weights (activations go
  *                         through int8 as in llama.cpp), 1e-5 for float
  *                         weights; CUDA 1e-5 (fp32 activations), 2e-2
- *                         for Q4_K/Q6_K (int8 activations, dp4a), 1e-2
+ *                         for Q4_K/Q6_K (int8 activations: dp4a, or the
+ *                         tensor cores with AUGUR_CUDA_MMQ=1), 1e-2
  *                         for BF16 (BF16 activations, tensor cores)
  *   matmul, prompt rows:  CPU as above; CUDA 1e-2 (BF16 tensor cores)
  *   get_rows:             exact (== ag_dequant_row)
@@ -154,7 +155,7 @@ static bool is_float_type(uint32_t t) { return t == AG_TYPE_F32 || t == AG_TYPE_
 static double tol_matmul(bool cpu, uint32_t type, bool prompt) {
     if (cpu) return is_float_type(type) ? 1e-5 : 2e-2;
     if (prompt) return 1e-2;
-    /* CUDA decode rows of K-quants read int8 activations (dp4a), those of
+    /* CUDA decode rows of K-quants read int8 activations, those of
      * BF16 BF16 activations (tensor cores), unless AUGUR_CUDA_MMV=fp32 */
     const char *mmv = getenv("AUGUR_CUDA_MMV");
     bool        fp32 = mmv && !strcmp(mmv, "fp32");
@@ -228,13 +229,15 @@ static void matmul_all_types(void **state) {
  * same row computed alone, bit for bit. */
 static void matmul_decode_wide_batch(void **state) {
     enum { N = 70 };
-    /* the BF16 row counts take the CUDA kernel's three K splits (16, 8 and
-     * 4 slices: the split depends on the row count) */
+    /* the BF16, Q4_K and Q6_K row counts take the CUDA tensor-core kernels' three
+     * K splits (16, 8 and 4 slices: the split depends on the row count) */
     static const struct {
         uint32_t type;
         int      K, n_out;
     } cases[] = {{AG_TYPE_BF16, 1288, 67}, {AG_TYPE_BF16, 4096, 67}, {AG_TYPE_BF16, 264, 4100},
-                 {AG_TYPE_BF16, 200, 8208}, {AG_TYPE_Q4_K, 512, 67},  {AG_TYPE_Q6_K, 768, 67},
+                 {AG_TYPE_BF16, 200, 8208}, {AG_TYPE_Q4_K, 512, 67},  {AG_TYPE_Q4_K, 256, 4100},
+                 {AG_TYPE_Q4_K, 512, 8208}, {AG_TYPE_Q6_K, 768, 67},  {AG_TYPE_Q6_K, 256, 4100},
+                 {AG_TYPE_Q6_K, 512, 8208},
                  {AG_TYPE_Q8_0, 896, 67},   {AG_TYPE_F16, 200, 67}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const uint32_t type = cases[c].type;
@@ -458,8 +461,11 @@ static void copy_kv(ag_kv *src, ag_kv *dst, const ag_batch_layout *lay, int pass
  * sliding-window layer; a first pass stores a prompt, a second mixes decode
  * rows of one sequence with prompt rows of the other. Reference: softmax
  * attention in double over the KV rows read back (as stored, fp16). */
-static void attention_paged(void **state) {
-    enum { N_HEAD = 6, N_KV = 2, HD = 64, P1 = 150 };
+/* Attention over a paged cache of head dimension HD (softcap > 0: scores
+ * capped as Gemma 2 does): prompt and decode rows against a double
+ * reference and, for a device backend, against the CPU. */
+static void attention_case(int HD, float softcap) {
+    enum { N_HEAD = 6, N_KV = 2, P1 = 150 };
     const int32_t windows[2] = {0, 9};
     kv_fixture    f = make_kv(g_be, N_KV, HD, windows);
     int32_t       toks[256] = {0};
@@ -484,14 +490,14 @@ static void attention_paged(void **state) {
         for (int run = 0; run < 4; run++) {
             const int     layer = run / 2;
             ag_attn_shape sh = {.layer = layer, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD,
-                                .head_dim_v = HD, .scale = 0.125f, .window = windows[layer]};
+                                .head_dim_v = HD, .scale = 0.125f, .window = windows[layer], .softcap = softcap};
             lay.n_decode = run % 2 ? n : 0;
             if (g_be->ops->begin) assert_int_equal(g_be->ops->begin(g_be, f.kv, &lay, toks), AG_OK);
             assert_int_equal(g_be->ops->kv_store(g_be, f.kv, &sh, &lay, dk, dv), AG_OK);
             assert_int_equal(g_be->ops->attention(g_be, f.kv, &sh, &lay, dq, dout), AG_OK);
             float  *out = host_get(g_be, dout, (size_t)n * N_HEAD * HD);
             double *ref = calloc((size_t)n * N_HEAD * HD, sizeof(double));
-            float   kr[N_KV * HD], vr[N_KV * HD];
+            float  *kr = malloc(sizeof(float) * N_KV * HD), *vr = malloc(sizeof(float) * N_KV * HD);
             for (int t = 0; t < n; t++) {
                 int lo = windows[layer] ? pos[t] - windows[layer] + 1 : 0;
                 if (lo < 0) lo = 0;
@@ -504,7 +510,7 @@ static void attention_paged(void **state) {
                         assert_int_equal(ag_kv_read(f.kv, layer, seq[t], p, kr, NULL), AG_OK);
                         double d = 0;
                         for (int i = 0; i < HD; i++) d += (double)q[((size_t)t * N_HEAD + h) * HD + i] * kr[g * HD + i];
-                        sc[p - lo] = d * 0.125;
+                        sc[p - lo] = softcap > 0 ? softcap * tanh(d * 0.125 / softcap) : d * 0.125;
                         if (sc[p - lo] > mx) mx = sc[p - lo];
                     }
                     for (int j = 0; j < cnt; j++) sum += sc[j] = exp(sc[j] - mx);
@@ -516,8 +522,9 @@ static void attention_paged(void **state) {
                 }
                 free(sc);
             }
-            char what[64];
-            snprintf(what, sizeof what, "attention pass %d layer %d, %s rows", pass, layer, run % 2 ? "decode" : "prompt");
+            char what[96];
+            snprintf(what, sizeof what, "attention hd %d%s pass %d layer %d, %s rows", HD, softcap > 0 ? " softcap" : "",
+                     pass, layer, run % 2 ? "decode" : "prompt");
             check(what, out, ref, (size_t)n * N_HEAD * HD, 1e-3);
             if (!g_is_cpu) { /* the CPU backend over the same cache contents (read back to a host cache) */
                 float *hq = q, *hout = malloc(sizeof(float) * n * N_HEAD * HD);
@@ -529,13 +536,19 @@ static void attention_paged(void **state) {
                 free(hout);
                 ag_kv_free(hc.kv);
             }
-            free(out), free(ref);
+            free(out), free(ref), free(kr), free(vr);
         }
         commit_pass(f.kv, &lay);
         g_be->ops->free(g_be, dq), g_be->ops->free(g_be, dk), g_be->ops->free(g_be, dv), g_be->ops->free(g_be, dout);
         free(q), free(k), free(v);
     }
     ag_kv_free(f.kv);
+}
+
+static void attention_paged(void **state) {
+    attention_case(64, 0.0f);
+    attention_case(128, 0.0f);
+    attention_case(256, 30.0f);
 }
 
 int main(void) {

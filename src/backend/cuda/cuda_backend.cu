@@ -121,6 +121,14 @@ typedef struct {
     size_t  cap_xq, cap_xs; /* elements */
     int     max_k;          /* largest ne[0] of a prepared K-quant weight */
     bool    mmv_dp4a;       /* on unless AUGUR_CUDA_MMV=fp32 */
+    /* EXPERIMENTAL, off by default, not yet run on a GPU (written
+     * 2026-12-03 without device time left): AUGUR_CUDA_MMQ=1 sends Q4_K/Q6_K
+     * decode rows to mmq_q4k/mmq_q6k instead of the dp4a GEMVs;
+     * AUGUR_CUDA_FA=1 sends prompt-row attention (fp16 KV) to
+     * attention_mma_k instead of the SIMT tile kernel. To be validated with
+     * test_backend_ops and gpu_test.sh under these variables, measured, and
+     * then made the default (or removed). */
+    bool mmq_on, fa_on;
 
     /* decode rows' activations in BF16 for the tensor-core kernel of BF16
      * weights (mmt_bf16); sized in begin like d_xq (max_k_bf16) */
@@ -593,7 +601,8 @@ __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, 
  * K-quant kernels (Q8_K) and llama.cpp's MMVQ (Q8_1) do: one dp4a per 4
  * weights and token, exact int32 sums, the scales applied per sub-block. On
  * by default for Q4_K and Q6_K; AUGUR_CUDA_MMV=fp32 selects the fp32 kernels
- * (an A/B switch for benchmarks). */
+ * (an A/B switch for benchmarks), AUGUR_CUDA_MMQ=1 the tensor-core kernels
+ * (mmq_q4k, mmq_q6k below; experimental). */
 
 /* Decode rows' activations as int8 per 32 elements: q = round(x / d) with
  * d = max|x| / 127 over the block, xs = (d, d * Σ q). One warp per block;
@@ -756,6 +765,7 @@ template <int NT>
 static mmv_q8_kernel mmv_q8_for_nt(uint32_t type) {
     return type == CQ_Q4_K ? mmv_q4k_dp4a<NT> : type == CQ_Q6_K ? mmv_q6k_dp4a<NT> : NULL;
 }
+
 
 /* F16/BF16 rows with K % 8 == 0: 16-byte loads of 8 halves per lane (a warp
  * reads 512 contiguous bytes), MMV_UH of them in flight per lane. */
@@ -920,6 +930,53 @@ static __device__ __forceinline__ void mmt_step(const uint4 (&A)[MT][2], const u
         }
 }
 
+/* The end of the tensor-core decode kernels: the slices' sums of each
+ * output, added in slice order ((slice 0 + slice 1) + slice 2) + ..., and
+ * stored. Where all slices' accumulators fit in shared memory they are
+ * stored at once and each output summed by one thread (one barrier); else
+ * added into one buffer one warp after the other (KS barriers): the same
+ * operations in the same order. Accumulator e of a lane: row g + 8 (e / 2),
+ * token 2t + e % 2. */
+template <int KS, int MT, int NTL>
+static __device__ __forceinline__ void mmt_finish(const float (&c)[MT][NTL][4], int warp, int g, int t, int row0,
+                                                  int tok0, int n_out, int n_tok, float *__restrict__ y) {
+    constexpr int  R = MT * 16, C = NTL * 8 + 1;
+    constexpr bool ALL = (size_t)KS * R * C * sizeof(float) <= 20480;
+    __shared__ float part[ALL ? KS : 1][R][C];
+    if (ALL) {
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int j = 0; j < NTL; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) part[warp][16 * m + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = c[m][j][e];
+        __syncthreads();
+    } else {
+        for (int w = 0; w < KS; w++) {
+            if (warp == w)
+#pragma unroll
+                for (int m = 0; m < MT; m++)
+#pragma unroll
+                    for (int j = 0; j < NTL; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            float *p = &part[0][16 * m + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)];
+                            *p = w == 0 ? c[m][j][e] : __fadd_rn(*p, c[m][j][e]);
+                        }
+            __syncthreads();
+        }
+    }
+    for (int e = threadIdx.x; e < R * NTL * 8; e += blockDim.x) {
+        const int r = e % R, tk = e / R;
+        if (row0 + r >= n_out || tok0 + tk >= n_tok) continue;
+        float v = part[0][r][tk];
+        if (ALL)
+#pragma unroll
+            for (int w = 1; w < KS; w++) v = __fadd_rn(v, part[w][r][tk]);
+        y[(size_t)(tok0 + tk) * n_out + row0 + r] = v;
+    }
+}
+
 /* y[t][r] = Σ_k W[r][k] x[t][k] for rows [16 MT blockIdx.x, +16 MT) and
  * tokens [8 NTL blockIdx.y, +8 NTL); x is BF16, K % 8 == 0. KS warps per
  * block, warp w taking slice w of the 32-wide k steps; the slices' sums are
@@ -980,46 +1037,7 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ 
         for (int j = 0; j < NTL; j++) X[j] = valid && xv[j] ? __ldg(xp[j] + 4 * st) : zero;
         mmt_step<MT, NTL>(A, X, c);
     }
-    /* The slices' sums, added in slice order: ((slice 0 + slice 1) + slice 2)
-     * + ... Where all slices' accumulators fit in shared memory they are
-     * stored at once and each output summed by one thread (one barrier);
-     * else added into one buffer one warp after the other (KS barriers).
-     * Accumulator e of a lane: row g + 8 (e / 2), token 2t + e % 2. */
-    constexpr int  R = MT * 16, C = NTL * 8 + 1;
-    constexpr bool ALL = (size_t)KS * R * C * sizeof(float) <= 20480;
-    __shared__ float part[ALL ? KS : 1][R][C];
-    if (ALL) {
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int j = 0; j < NTL; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) part[warp][16 * m + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = c[m][j][e];
-        __syncthreads();
-    } else {
-        for (int w = 0; w < KS; w++) {
-            if (warp == w)
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-#pragma unroll
-                    for (int j = 0; j < NTL; j++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            float *p = &part[0][16 * m + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)];
-                            *p = w == 0 ? c[m][j][e] : __fadd_rn(*p, c[m][j][e]);
-                        }
-            __syncthreads();
-        }
-    }
-    for (int e = threadIdx.x; e < R * NTL * 8; e += blockDim.x) {
-        const int r = e % R, tk = e / R;
-        if (row0 + r >= n_out || tok0 + tk >= n_tok) continue;
-        float v = part[0][r][tk];
-        if (ALL)
-#pragma unroll
-            for (int w = 1; w < KS; w++) v = __fadd_rn(v, part[w][r][tk]);
-        y[(size_t)(tok0 + tk) * n_out + row0 + r] = v;
-    }
+    mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
 }
 
 typedef void (*mmt_kernel)(const uint8_t *, size_t, int, int, const __nv_bfloat16 *, int, float *);
@@ -1049,6 +1067,315 @@ static mmt_kernel mmt_for(int n_out, int n, int *rows, int *toks, int *warps) {
     *warps = tiles * 4 >= MMT_TARGET_WARPS ? 4 : tiles * 8 >= MMT_TARGET_WARPS ? 8 : 16;
     return *warps == 4 ? mmt_for_ks<4>(n, rows, toks) : *warps == 8 ? mmt_for_ks<8>(n, rows, toks)
                                                                     : mmt_for_ks<16>(n, rows, toks);
+}
+
+/* ---- matmul: decode rows of Q4_K weights on the tensor cores ---- */
+
+/* mmq_q4k: the int8 counterpart of mmt_bf16 for Q4_K weights, with the
+ * activations quantized per 32 (quantize_q8_32), as the dp4a GEMV reads
+ * them. One mma.sync m16n8k32 (s8 x s8 -> s32) per 32-element sub-block:
+ * its integer sums Σ q·xq are exact, and the sub-block's scales are
+ * applied after, per output: acc += (d·sc)·d_x·isum − (dmin·m)·(d_x·Σxq).
+ * The same batch invariance as mmt_bf16 (K split by the weight's shape in
+ * whole 256-element blocks, slices added in order, tiles chosen by the
+ * batch), so every Q4_K decode row, at any batch, goes through it.
+ *
+ * FRAGMENTS. Lane (g, t) takes elements 8t..8t+7 of every sub-block: for
+ * the sub-block pair (2p, 2p+1) those are the low and high nibbles of quant
+ * bytes 32p + 8t .. +7 (one 8-byte load per row serves two mmas), and the
+ * activations xq[32s + 8t .. +7] of token g (one 8-byte load). The mma's
+ * k order within a sub-block is permuted the same way on both sides. */
+static __device__ __forceinline__ void mma_s8_16832(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                    uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};\n"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+}
+
+static __device__ __forceinline__ uint2 ld_stream2(const uint2 *p) {
+    uint2 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0,%1}, [%2];\n" : "=r"(r.x), "=r"(r.y) : "l"(p));
+    return r;
+}
+
+/* One Q4_K block of one row as a lane holds it: the 16-byte header (d,
+ * dmin, 12 scale bytes) and its 8 quant bytes of each sub-block pair. */
+struct q4k_frag {
+    uint4 head;
+    uint2 q[4];
+};
+
+static __device__ __forceinline__ q4k_frag q4k_frag_load(const uint8_t *row, int b, int t) {
+    const uint8_t *blk = row + (size_t)b * 144;
+    q4k_frag       f;
+    f.head = __ldg((const uint4 *)blk);
+#pragma unroll
+    for (int p = 0; p < 4; p++) f.q[p] = ld_stream2((const uint2 *)(blk + 16 + 32 * p + 8 * t));
+    return f;
+}
+
+/* Block b (MT row tiles: F[m][0] rows g, F[m][1] rows g + 8) times the
+ * NTL token tiles: 8 sub-blocks, an mma each, then the scales. */
+template <int MT, int NTL>
+static __device__ __forceinline__ void mmq_q4k_block(const q4k_frag (&F)[MT][2], int b, int g, int t,
+                                                     const int8_t *const (&xr)[NTL], const bool (&xv)[NTL],
+                                                     const float2 *__restrict__ xs, int K, int tok0, int n_tok,
+                                                     float (&c)[MT][NTL][4]) {
+#pragma unroll
+    for (int sb = 0; sb < 8; sb++) {
+        const int p = sb >> 1, sh = 4 * (sb & 1);
+        float     a[MT][2], mn[MT][2];
+        uint32_t  lo[MT][2], hi[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint4 hd = F[m][h].head;
+                float       sc, mi;
+                cq_k4_scale_min_w(sb, hd.y, hd.z, hd.w, &sc, &mi);
+                a[m][h] = __fmul_rn(__half2float(__ushort_as_half((uint16_t)(hd.x & 0xFFFF))), sc);
+                mn[m][h] = __fmul_rn(__half2float(__ushort_as_half((uint16_t)(hd.x >> 16))), mi);
+                lo[m][h] = (F[m][h].q[p].x >> sh) & 0x0F0F0F0Fu;
+                hi[m][h] = (F[m][h].q[p].y >> sh) & 0x0F0F0F0Fu;
+            }
+#pragma unroll
+        for (int j = 0; j < NTL; j++) {
+            const uint2 X = xv[j] ? __ldg((const uint2 *)(xr[j] + (size_t)b * 256 + 32 * sb)) : make_uint2(0, 0);
+            /* the activation scales of this tile's columns 2t, 2t + 1 */
+            float2 s2[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int tok = min(tok0 + 8 * j + 2 * t + e, n_tok - 1);
+                s2[e] = __ldg(xs + (size_t)tok * (K / 32) + 8 * b + sb);
+            }
+#pragma unroll
+            for (int m = 0; m < MT; m++) {
+                int isum[4];
+                mma_s8_16832(isum, lo[m][0], lo[m][1], hi[m][0], hi[m][1], X.x, X.y);
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int    h = e >> 1;
+                    const float2 xe = s2[e & 1];
+                    const float  v = __fsub_rn(__fmul_rn(__fmul_rn(a[m][h], xe.x), (float)isum[e]),
+                                               __fmul_rn(mn[m][h], xe.y));
+                    c[m][j][e] = __fadd_rn(c[m][j][e], v);
+                }
+            }
+        }
+    }
+}
+
+/* y[t][r] = Σ_k W[r][k] x[t][k] for Q4_K rows [16 MT blockIdx.x, +16 MT)
+ * and tokens [8 NTL blockIdx.y, +8 NTL); x as quantize_q8_32 left it. KS
+ * warps, warp w taking slice w of the row's blocks; U blocks' bytes loaded
+ * before their mmas. */
+template <int KS, int MT, int NTL>
+__global__ void __launch_bounds__(32 * KS) mmq_q4k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                   const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
+                                                   int n_tok, float *__restrict__ y) {
+    constexpr int U = MT == 1 ? 2 : 1;
+    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int     row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
+    const int     nb = K / 256, per = (nb + KS - 1) / KS;
+    const int     b0 = min(nb, warp * per), b1 = min(nb, b0 + per);
+    const uint8_t *wr[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wr[m][h] = W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes;
+    const int8_t *xr[NTL];
+    bool          xv[NTL];
+#pragma unroll
+    for (int j = 0; j < NTL; j++) {
+        const int tok = tok0 + 8 * j + g;
+        xv[j] = tok < n_tok;
+        xr[j] = xq + (size_t)min(tok, n_tok - 1) * K + 8 * t;
+    }
+    float c[MT][NTL][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
+    int b = b0;
+    for (; b + U <= b1; b += U) {
+        q4k_frag F[U][MT][2];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) F[u][m][h] = q4k_frag_load(wr[m][h], b + u, t);
+#pragma unroll
+        for (int u = 0; u < U; u++) mmq_q4k_block<MT, NTL>(F[u], b + u, g, t, xr, xv, xs, K, tok0, n_tok, c);
+    }
+    for (; b < b1; b++) {
+        q4k_frag F[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) F[m][h] = q4k_frag_load(wr[m][h], b, t);
+        mmq_q4k_block<MT, NTL>(F, b, g, t, xr, xv, xs, K, tok0, n_tok, c);
+    }
+    mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
+}
+
+/* ---- matmul: decode rows of Q6_K weights on the tensor cores ---- */
+
+/* mmq_q6k: as mmq_q4k for Q6_K, whose scales are per 16 elements: one
+ * mma.sync m16n8k16 (s8) per 16-element group, on the weights made signed
+ * bytes (q − 32), then acc += (d·sc)·d_x·isum. Lane (g, t) takes elements
+ * 4t..4t+3 of every group, in the mma's own k order (no permutation): of
+ * each 32-element unit of quadrant gq in half h, the low or high nibbles
+ * of 4 ql bytes and 2 bits of 4 qh bytes. Blocks are 210 bytes, so only
+ * 2-byte aligned: words are read as two halves. */
+static __device__ __forceinline__ void mma_s8_16816(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+}
+
+static __device__ __forceinline__ uint32_t ld_u32_at2(const uint8_t *p) {
+    const uint16_t *h = (const uint16_t *)p;
+    return (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
+}
+
+/* One Q6_K block of one row as a lane holds it: ql[h][c][q] = ql bytes
+ * 64h + 32c + 16q + 4t .. +3, qh[h][q] = qh bytes 32h + 16q + 4t .. +3,
+ * the 16 scale bytes and d. */
+struct q6k_frag {
+    uint32_t ql[2][2][2], qh[2][2], sc[4], d;
+};
+
+static __device__ __forceinline__ q6k_frag q6k_frag_load(const uint8_t *row, int b, int t) {
+    const uint8_t *blk = row + (size_t)b * 210;
+    q6k_frag       f;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+#pragma unroll
+            for (int c = 0; c < 2; c++) f.ql[h][c][q] = ld_u32_at2(blk + 64 * h + 32 * c + 16 * q + 4 * t);
+            f.qh[h][q] = ld_u32_at2(blk + 128 + 32 * h + 16 * q + 4 * t);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) f.sc[i] = ld_u32_at2(blk + 192 + 4 * i);
+    f.d = __ldg((const uint16_t *)(blk + 208));
+    return f;
+}
+
+template <int MT, int NTL>
+static __device__ __forceinline__ void mmq_q6k_block(const q6k_frag (&F)[MT][2], int b, int t,
+                                                     const int8_t *const (&xr)[NTL], const bool (&xv)[NTL],
+                                                     const float2 *__restrict__ xs, int K, int tok0, int n_tok,
+                                                     float (&c)[MT][NTL][4]) {
+#pragma unroll
+    for (int u = 0; u < 8; u++) { /* 32-element unit: half h, quadrant gq */
+        const int h = u >> 2, gq = u & 3;
+#pragma unroll
+        for (int q = 0; q < 2; q++) { /* its 16-element group */
+            const int si = 8 * h + 2 * gq + q;
+            float     sw[MT][2];
+            uint32_t  a[MT][2];
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const q6k_frag &f = F[m][r];
+                    const uint32_t  lo = (f.ql[h][gq & 1][q] >> (4 * (gq >> 1))) & 0x0F0F0F0Fu;
+                    const uint32_t  hi = ((f.qh[h][q] >> (2 * gq)) & 0x03030303u) << 4;
+                    a[m][r] = __vsubss4(lo | hi, 0x20202020u);
+                    const float d = __half2float(__ushort_as_half((uint16_t)f.d));
+                    sw[m][r] = __fmul_rn(d, (float)(int8_t)(f.sc[si >> 2] >> (8 * (si & 3))));
+                }
+#pragma unroll
+            for (int j = 0; j < NTL; j++) {
+                const uint32_t X = xv[j] ? __ldg((const uint32_t *)(xr[j] + (size_t)b * 256 + 32 * u + 16 * q)) : 0u;
+                float          xd[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int tok = min(tok0 + 8 * j + 2 * t + e, n_tok - 1);
+                    xd[e] = __ldg(&xs[(size_t)tok * (K / 32) + 8 * b + u].x);
+                }
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    int isum[4];
+                    mma_s8_16816(isum, a[m][0], a[m][1], X);
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        c[m][j][e] = __fadd_rn(c[m][j][e], __fmul_rn(__fmul_rn(sw[m][e >> 1], xd[e & 1]), (float)isum[e]));
+                }
+            }
+        }
+    }
+}
+
+/* As mmq_q4k, for Q6_K rows (x as quantize_q8_32 left it; lane t reads
+ * the activations of elements 4t..4t+3 of each 16-element group). */
+template <int KS, int MT, int NTL>
+__global__ void __launch_bounds__(32 * KS) mmq_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                   const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
+                                                   int n_tok, float *__restrict__ y) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
+    const int nb = K / 256, per = (nb + KS - 1) / KS;
+    const int b0 = min(nb, warp * per), b1 = min(nb, b0 + per);
+    const uint8_t *wr[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) wr[m][h] = W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes;
+    const int8_t *xr[NTL];
+    bool          xv[NTL];
+#pragma unroll
+    for (int j = 0; j < NTL; j++) {
+        const int tok = tok0 + 8 * j + g;
+        xv[j] = tok < n_tok;
+        xr[j] = xq + (size_t)min(tok, n_tok - 1) * K + 4 * t;
+    }
+    float c[MT][NTL][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
+    for (int b = b0; b < b1; b++) {
+        q6k_frag F[MT][2];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) F[m][h] = q6k_frag_load(wr[m][h], b, t);
+        mmq_q6k_block<MT, NTL>(F, b, t, xr, xv, xs, K, tok0, n_tok, c);
+    }
+    mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
+}
+
+typedef void (*mmq_kernel)(const uint8_t *, size_t, int, int, const int8_t *, const float2 *, int, float *);
+
+template <int KS, bool Q6>
+static mmq_kernel mmq_for_ks(int n, int *rows, int *toks) {
+    mmq_kernel k;
+    if (n <= 8) k = Q6 ? mmq_q6k<KS, 1, 1> : mmq_q4k<KS, 1, 1>, *rows = 16, *toks = 8;
+    else k = Q6 ? mmq_q6k<KS, 1, 2> : mmq_q4k<KS, 1, 2>, *rows = 16, *toks = 16;
+    /* 16 warps (512 threads) leave 128 registers: wider tiles spill there;
+     * a Q6_K block held for two row tiles spills too */
+    if constexpr (KS < 16)
+        if (n > 16) {
+            if (Q6) k = mmq_q6k<KS, 1, 4>, *rows = 16, *toks = 32;
+            else k = mmq_q4k<KS, 2, 4>, *rows = 32, *toks = 32;
+        }
+    return k;
+}
+
+/* As mmt_for, for Q4_K and Q6_K: the K split is in whole blocks, by the
+ * weight's row count only. */
+static mmq_kernel mmq_for(uint32_t type, int n_out, int n, int *rows, int *toks, int *warps) {
+    const int  tiles = (n_out + 15) / 16;
+    const bool q6 = type == CQ_Q6_K;
+    *warps = tiles * 4 >= MMT_TARGET_WARPS ? 4 : tiles * 8 >= MMT_TARGET_WARPS ? 8 : 16;
+    if (*warps == 4) return q6 ? mmq_for_ks<4, true>(n, rows, toks) : mmq_for_ks<4, false>(n, rows, toks);
+    if (*warps == 8) return q6 ? mmq_for_ks<8, true>(n, rows, toks) : mmq_for_ks<8, false>(n, rows, toks);
+    return q6 ? mmq_for_ks<16, true>(n, rows, toks) : mmq_for_ks<16, false>(n, rows, toks);
 }
 
 /* ---- dequantization (get_rows, prompt GEMM) ---- */
@@ -1110,8 +1437,9 @@ static unsigned grid_for(size_t n, unsigned threads) {
 
 /* ---- matmul ---- */
 
-/* Whether decode rows of this weight go through the dp4a GEMV (and so
- * read the activations quantized by quantize_q8_32). */
+/* Whether decode rows of this weight read the activations quantized by
+ * quantize_q8_32: Q4_K and Q6_K, through the dp4a GEMVs or (AUGUR_CUDA_MMQ=1)
+ * mmq_q4k / mmq_q6k. */
 static bool uses_dp4a(const cuda_state *s, const ag_tensor *w) {
     return s->mmv_dp4a && (w->type == CQ_Q4_K || w->type == CQ_Q6_K);
 }
@@ -1146,13 +1474,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
         LAUNCHED();
         return AG_OK;
     }
-    int        nt;
-    mmv_kernel k = mmv_for(w->type, n, &nt);
-    if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
-    dim3 grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
     if (uses_dp4a(s, w)) {
-        mmv_q8_kernel kq = nt == 1 ? mmv_q8_for_nt<1>(w->type) : nt == 2 ? mmv_q8_for_nt<2>(w->type)
-                         : nt == 4 ? mmv_q8_for_nt<4>(w->type) : mmv_q8_for_nt<8>(w->type);
         if (!(*x_ready & XR_Q8)) {
             ag_status st = reserve_xq(s, n, K);
             if (st) return st;
@@ -1161,11 +1483,27 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             LAUNCHED();
             *x_ready |= XR_Q8;
         }
-        kq<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs,
-                                                   n, y);
+        if (s->mmq_on) {
+            int        rows, toks, warps;
+            mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
+            dim3       grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + toks - 1) / toks));
+            k<<<grid, 32 * warps, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs, n,
+                                                  y);
+        } else {
+            const int     nt = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; /* as mmv_for */
+            mmv_q8_kernel k = nt == 1 ? mmv_q8_for_nt<1>(w->type) : nt == 2 ? mmv_q8_for_nt<2>(w->type)
+                            : nt == 4 ? mmv_q8_for_nt<4>(w->type) : mmv_q8_for_nt<8>(w->type);
+            dim3          grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
+            k<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs,
+                                                      n, y);
+        }
         LAUNCHED();
         return AG_OK;
     }
+    int        nt;
+    mmv_kernel k = mmv_for(w->type, n, &nt);
+    if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
+    dim3 grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
     k<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
     LAUNCHED();
     return AG_OK;
@@ -1226,7 +1564,7 @@ static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, i
 }
 
 /* The weights share x (and so K): its decode rows are converted once per
- * activation format (int8 for the dp4a weights, BF16 for mmt_bf16). */
+ * activation format (int8 for the K-quant kernels, BF16 for mmt_bf16). */
 static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
                                  int n_decode, float *const *y) {
     cuda_state *s = st_of(be);
@@ -1710,6 +2048,195 @@ __global__ void __launch_bounds__(128) attention_tiled_k(kv_geom g, const int32_
     }
 }
 
+/* Prompt rows on the tensor cores (fp16 KV, head_dim_k == head_dim_v, a
+ * multiple of 32): the tile of up to 16 rows is the M of mma.sync
+ * m16n8k16 (f16 inputs, f32 accumulation). The numerics of the SIMT tile
+ * kernel: q rounded to fp16, two passes (each row's exact max and sum over
+ * its positions, then its normalized softmax weights rounded to fp16 and
+ * multiplied with V), only the sums' order differs. Per chunk of 64
+ * positions, staged in shared memory (V transposed, so its mma operand is
+ * a plain 4-byte read): warp w computes the scores of positions 16w..16w+15
+ * for the 16 rows (Q·Kᵀ); pass 1 folds their max and sum into each row's
+ * running pair, in warp order; pass 2 writes the rounded weights to shared
+ * memory, then warp w multiplies them with V for its quarter of the dims.
+ * Rows past the tile and positions outside a row's [lo, hi] weigh 0. */
+#define ATM_PAD 8 /* halves of padding per shared row: lanes (g, t) hit distinct banks */
+template <bool SOFTCAP>
+__global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t *__restrict__ pos,
+                                                       const int32_t *__restrict__ tok_table,
+                                                       const int32_t *__restrict__ tables,
+                                                       const int32_t *__restrict__ tiles, int n_head, int n_kv, int hd,
+                                                       float scale, int window, float softcap,
+                                                       const float *__restrict__ q, float *__restrict__ out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int qs_stride = hd + ATM_PAD, ks_stride = hd + ATM_PAD, vt_stride = ATT_TK + ATM_PAD;
+    __half   *qs = (__half *)smem;                 /* [16][qs_stride] */
+    __half   *ks = qs + 16 * qs_stride;            /* [64][ks_stride] */
+    __half   *vt = ks + ATT_TK * ks_stride;        /* [hd][vt_stride]: V transposed */
+    __half   *ps = vt + (size_t)hd * vt_stride;    /* [16][vt_stride]: pass 2's weights */
+    float    *red = (float *)(ps + 16 * vt_stride); /* [4][16][2]: a chunk's (max, sum) per warp and row */
+    float    *row_m = red + 4 * 16 * 2, *row_l = row_m + 16; /* running max and sum; then max and 1/sum */
+    int      *row_lo = (int *)(row_l + 16), *row_hi = row_lo + 16;
+    const int t0 = tiles[blockIdx.x], nt = tiles[blockIdx.x + 1] - t0;
+    const int h = blockIdx.y, kvh = h / (n_head / n_kv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int32_t *table = tables + tok_table[t0];
+    for (int e = threadIdx.x; e < 16 * hd; e += blockDim.x) {
+        const int r = e / hd, d = e % hd;
+        qs[r * qs_stride + d] = __float2half_rn(r < nt ? q[((size_t)(t0 + r) * n_head + h) * hd + d] : 0.0f);
+    }
+    if (threadIdx.x < 16) {
+        const int r = threadIdx.x, hi = r < nt ? pos[t0 + r] : -1;
+        row_hi[r] = hi;
+        row_lo[r] = r < nt && window > 0 ? max(0, hi - window + 1) : 0;
+        row_m[r] = -INFINITY;
+        row_l[r] = 0.0f;
+    }
+    __syncthreads();
+    int c_lo = INT_MAX, c_hi = -1; /* the tile's span (the same in every thread) */
+    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK, n8 = hd / 8;
+    auto stage = [&](int c, bool with_v) {
+        for (int e = threadIdx.x; e < ATT_TK * n8; e += blockDim.x) {
+            const int j = e / n8, d8 = e % n8, p = c * ATT_TK + j;
+            uint4     kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (p <= c_hi) {
+                const uint8_t *blk = g_.k0 + (size_t)table[p >> g_.block_shift] * g_.block_bytes;
+                const size_t   off = (size_t)(p & g_.block_mask);
+                kv = *(const uint4 *)(blk + kvh * g_.head_stride_k + off * g_.row_bytes_k + 16 * d8);
+                if (with_v) vv = *(const uint4 *)(blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v + 16 * d8);
+            }
+            *(uint4 *)(ks + j * ks_stride + 8 * d8) = kv;
+            if (with_v) {
+                const __half *vh = (const __half *)&vv;
+#pragma unroll
+                for (int i = 0; i < 8; i++) vt[(8 * d8 + i) * vt_stride + j] = vh[i];
+            }
+        }
+    };
+    /* the scores of this warp's 16 positions of chunk c: s[i][e] for n-tile
+     * i (positions 16 warp + 8i ..), e as an mma accumulator (rows g, g + 8;
+     * positions 2t, 2t + 1); masked ones -inf */
+    auto scores = [&](int c, float (&sc)[2][4]) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+        for (int kk = 0; kk < hd; kk += 16) {
+            const uint32_t a0 = *(const uint32_t *)(qs + g * qs_stride + kk + 2 * t);
+            const uint32_t a1 = *(const uint32_t *)(qs + (g + 8) * qs_stride + kk + 2 * t);
+            const uint32_t a2 = *(const uint32_t *)(qs + g * qs_stride + kk + 8 + 2 * t);
+            const uint32_t a3 = *(const uint32_t *)(qs + (g + 8) * qs_stride + kk + 8 + 2 * t);
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const __half  *kr = ks + (16 * warp + 8 * i + g) * ks_stride + kk + 2 * t;
+                const uint32_t b0 = *(const uint32_t *)kr, b1 = *(const uint32_t *)(kr + 8);
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};\n"
+                             : "+f"(sc[i][0]), "+f"(sc[i][1]), "+f"(sc[i][2]), "+f"(sc[i][3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = g + 8 * (e >> 1), p = c * ATT_TK + 16 * warp + 8 * i + 2 * t + (e & 1);
+                float     v = sc[i][e] * scale;
+                if (SOFTCAP) v = softcap * tanhf(v / softcap);
+                sc[i][e] = p < row_lo[r] || p > row_hi[r] ? -INFINITY : v;
+            }
+    };
+    /* pass 1: each row's max and sum */
+    for (int c = ch0; c <= ch1; c++) {
+        __syncthreads(); /* the previous chunk's rows are consumed */
+        stage(c, false);
+        __syncthreads();
+        float sc[2][4];
+        scores(c, sc);
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) { /* row g + 8 hr: its 4 values here, then the 4 lanes of the group */
+            float m = fmaxf(fmaxf(sc[0][2 * hr], sc[0][2 * hr + 1]), fmaxf(sc[1][2 * hr], sc[1][2 * hr + 1]));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            float l = 0.0f;
+            if (m != -INFINITY)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) l += expf(sc[i][2 * hr + e] - m); /* exp(-inf) = 0 */
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if (t == 0) red[(warp * 16 + g + 8 * hr) * 2] = m, red[(warp * 16 + g + 8 * hr) * 2 + 1] = l;
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) { /* row r folds the warps' pairs in warp order */
+            const int r = threadIdx.x;
+            float     M = row_m[r], L = row_l[r];
+            for (int w = 0; w < 4; w++) {
+                const float mw = red[(w * 16 + r) * 2], lw = red[(w * 16 + r) * 2 + 1];
+                if (mw == -INFINITY) continue;
+                if (mw > M) L = L * expf(M - mw) + lw, M = mw; /* exp(-inf) = 0 while M is -inf */
+                else L += lw * expf(mw - M);
+            }
+            row_m[r] = M, row_l[r] = L;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) row_l[threadIdx.x] = row_l[threadIdx.x] > 0.0f ? 1.0f / row_l[threadIdx.x] : 0.0f;
+    /* pass 2: weights rounded to fp16, times V; warp w owns dims [w hd/4, (w+1) hd/4) */
+    const int dq = hd / 4, n_dt = dq / 8; /* 2, 4 or 8 n-tiles of dims */
+    float     o[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int c = ch0; c <= ch1; c++) {
+        __syncthreads();
+        stage(c, true);
+        __syncthreads();
+        float sc[2][4];
+        scores(c, sc);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int   r = g + 8 * (e >> 1);
+                const float w = sc[i][e] == -INFINITY ? 0.0f : expf(sc[i][e] - row_m[r]) * row_l[r];
+                ps[r * vt_stride + 16 * warp + 8 * i + 2 * t + (e & 1)] = __float2half_rn(w);
+            }
+        __syncthreads();
+#pragma unroll
+        for (int ks16 = 0; ks16 < ATT_TK; ks16 += 16) {
+            const uint32_t a0 = *(const uint32_t *)(ps + g * vt_stride + ks16 + 2 * t);
+            const uint32_t a1 = *(const uint32_t *)(ps + (g + 8) * vt_stride + ks16 + 2 * t);
+            const uint32_t a2 = *(const uint32_t *)(ps + g * vt_stride + ks16 + 8 + 2 * t);
+            const uint32_t a3 = *(const uint32_t *)(ps + (g + 8) * vt_stride + ks16 + 8 + 2 * t);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (i >= n_dt) break;
+                const __half  *vr = vt + (warp * dq + 8 * i + g) * vt_stride + ks16 + 2 * t;
+                const uint32_t b0 = *(const uint32_t *)vr, b1 = *(const uint32_t *)(vr + 8);
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};\n"
+                             : "+f"(o[i][0]), "+f"(o[i][1]), "+f"(o[i][2]), "+f"(o[i][3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (i >= n_dt) break;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = g + 8 * (e >> 1), d = warp * dq + 8 * i + 2 * t + (e & 1);
+            if (r < nt) out[((size_t)(t0 + r) * n_head + h) * hd + d] = o[i][e];
+        }
+    }
+}
+
+static size_t attention_mma_smem(int hd) {
+    return sizeof(__half) * ((size_t)16 * (hd + ATM_PAD) + (size_t)ATT_TK * (hd + ATM_PAD) +
+                             (size_t)(hd + 16) * (ATT_TK + ATM_PAD)) +
+           sizeof(float) * (4 * 16 * 2 + 16 + 16) + sizeof(int) * 32;
+}
+
 static size_t tiled_smem(int hd_k, int hd_v, bool f16) {
     const size_t e = f16 ? 2 : 4;
     return sizeof(float) * ((size_t)ATT_TQ * hd_k + (size_t)ATT_TQ * ATT_TK) +
@@ -1742,6 +2269,24 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
                                                                       sh->head_dim_v, sh->scale, sh->window,
                                                                       sh->softcap, q, out);
         LAUNCHED();
+    }
+    const int hd = sh->head_dim_k;
+    if (s->fa_on && s->n_tiles > 0 && f16 && hd == sh->head_dim_v && hd % 32 == 0 && hd <= 256) { /* tensor cores */
+        dim3         grid((unsigned)s->n_tiles, (unsigned)sh->n_head);
+        const size_t shm = attention_mma_smem(hd);
+        if (sh->softcap > 0.0f) {
+            CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+            attention_mma_k<true><<<grid, 128, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, s->d_tiles,
+                                                                 sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window,
+                                                                 sh->softcap, q, out);
+        } else {
+            CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+            attention_mma_k<false><<<grid, 128, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, s->d_tiles,
+                                                                  sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window,
+                                                                  sh->softcap, q, out);
+        }
+        LAUNCHED();
+        return AG_OK;
     }
     if (s->n_tiles > 0) {
         dim3   grid((unsigned)s->n_tiles, (unsigned)sh->n_head);
@@ -1919,6 +2464,9 @@ extern "C" ag_status ag_cuda_backend_new(int index, ag_backend **out) {
     s->graphs_on = !(gr && *gr == '0');
     const char *mmv = getenv("AUGUR_CUDA_MMV");
     s->mmv_dp4a = !(mmv && !strcmp(mmv, "fp32"));
+    const char *mmq = getenv("AUGUR_CUDA_MMQ"), *fa = getenv("AUGUR_CUDA_FA");
+    s->mmq_on = mmq && *mmq == '1';
+    s->fa_on = fa && *fa == '1';
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;
