@@ -35,6 +35,7 @@
 #include "cache/cache.h"
 #include "kv/kv.h"
 #include "model/model.h"
+#include "model_testutil.h"
 
 enum { NL = 2, NH = 2, DK = 3, DV = 5, BS = 8 };
 
@@ -1576,17 +1577,11 @@ static void concurrent_restores_share_blocks(void **state) {
 /* ---- a real model -------------------------------------------------------- */
 
 static void model_prefix_reuse_gives_identical_logits(void **state) {
-    const char *shared = getenv("AUGUR_SHARED");
-    char        path[4096];
-    snprintf(path, sizeof path, "%s/models/tiny/stories260K.gguf", shared ? shared : "../shared");
-    ag_model_params mp = ag_model_default_params();
-    mp.cpu.n_threads = 2;
+    char path[4096];
+    stories_path(path, sizeof path);
     ag_model *m = NULL, *m2 = NULL;
-    if (ag_model_load(path, &mp, &m) != AG_OK) {
-        fprintf(stderr, "%s\n", ag_error_message());
-        skip();
-    }
-    assert_int_equal(ag_model_load(path, &mp, &m2), AG_OK);
+    if (load_model_2t(path, &m, NULL)) skip();
+    assert_int_equal(load_model_2t(path, &m2, NULL), 0);
     uint64_t fp = ag_model_fingerprint(m);
     assert_true(fp != 0);
     assert_int_equal(fp, ag_model_fingerprint(m2)); /* stable across loads */

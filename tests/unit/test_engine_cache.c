@@ -23,20 +23,15 @@
 #include <cmocka.h>
 
 #include "engine/engine.h"
+#include "model_testutil.h"
 
 static ag_model *g_model;
 static ag_tok   *g_tok;
 
 static int setup(void **state) {
-    const char *shared = getenv("AUGUR_SHARED");
-    char        path[4096];
-    snprintf(path, sizeof path, "%s/models/tiny/stories260K.gguf", shared ? shared : "../shared");
-    ag_model_params p = ag_model_default_params();
-    p.cpu.n_threads = 2;
-    if (ag_model_load(path, &p, &g_model) || ag_tok_from_gguf(ag_model_gguf(g_model), &g_tok)) {
-        fprintf(stderr, "%s\n", ag_error_message());
-        return -1;
-    }
+    char path[4096];
+    stories_path(path, sizeof path);
+    if (load_model_2t(path, &g_model, &g_tok)) return -1;
     return 0;
 }
 

@@ -16,6 +16,7 @@
 
 #include "kv/kv.h"
 #include "model/model.h"
+#include "model_testutil.h"
 
 static ag_model *g_model;
 static int       g_vocab;
@@ -25,15 +26,9 @@ static const int32_t k_tokens[] = {1,   403, 407, 261, 378, 418, 268, 300, 263, 
 #define N_TOK ((int)(sizeof k_tokens / sizeof k_tokens[0]))
 
 static int setup(void **state) {
-    const char *shared = getenv("AUGUR_SHARED");
     char path[4096];
-    snprintf(path, sizeof path, "%s/models/tiny/stories260K.gguf", shared ? shared : "../shared");
-    ag_model_params p = ag_model_default_params();
-    p.cpu.n_threads = 2;
-    if (ag_model_load(path, &p, &g_model)) {
-        fprintf(stderr, "%s\n", ag_error_message());
-        return -1;
-    }
+    stories_path(path, sizeof path);
+    if (load_model_2t(path, &g_model, NULL)) return -1;
     g_vocab = ag_model_config_of(g_model)->n_vocab;
     return 0;
 }
@@ -217,9 +212,8 @@ static void bad_batches_are_errors(void **state) {
  * a change of the weights where it samples them (the start, middle and end
  * of each tensor), blind elsewhere (it does not hash every weight). */
 static void fingerprint_is_stable_and_sees_sampled_weights(void **state) {
-    const char *shared = getenv("AUGUR_SHARED");
-    char        path[4096];
-    snprintf(path, sizeof path, "%s/models/tiny/stories260K.gguf", shared ? shared : "../shared");
+    char path[4096];
+    stories_path(path, sizeof path);
     uint64_t  fp = ag_model_fingerprint(g_model);
     ag_model *m = NULL;
     assert_int_equal(ag_model_load(path, NULL, &m), AG_OK);

@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "spec/draft_model.h"
 #include "tok/tok.h"
+#include "model_testutil.h"
 
 static char      g_path[4096];
 static ag_model *g_model; /* the target */
@@ -36,14 +37,8 @@ static const int32_t k_prompt[] = {1,   403, 407, 261, 378, 418, 268, 300, 263, 
 #define MAX_HIST 1024
 
 static int setup(void **state) {
-    const char *shared = getenv("AUGUR_SHARED");
-    snprintf(g_path, sizeof g_path, "%s/models/tiny/stories260K.gguf", shared ? shared : "../shared");
-    ag_model_params p = ag_model_default_params();
-    p.cpu.n_threads = 2;
-    if (ag_model_load(g_path, &p, &g_model) || ag_tok_from_gguf(ag_model_gguf(g_model), &g_tok)) {
-        fprintf(stderr, "%s\n", ag_error_message());
-        return -1;
-    }
+    stories_path(g_path, sizeof g_path);
+    if (load_model_2t(g_path, &g_model, &g_tok)) return -1;
     g_vocab = ag_model_config_of(g_model)->n_vocab;
     ag_kv_params kp = ag_kv_default_params();
     ag_model_kv_shape(g_model, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
