@@ -1166,6 +1166,46 @@ static __device__ __forceinline__ void mmq_q4k_block(const q4k_frag (&F)[MT][2],
     }
 }
 
+/* Where a lane of an mmq kernel reads: its MT x 2 weight rows (rows g and
+ * g + 8 of each row tile, clamped to the matrix), its NTL tokens'
+ * activations from element x_off on (token g of each token tile, clamped;
+ * xv: whether it exists), and its warp's slice [b0, b1) of the rows'
+ * 256-element blocks (the K split). */
+template <int KS, int MT, int NTL>
+struct mmq_lane {
+    int            lane, warp, g, t, row0, tok0, b0, b1;
+    const uint8_t *wr[MT][2];
+    const int8_t  *xr[NTL];
+    bool           xv[NTL];
+
+    __device__ __forceinline__ mmq_lane(const uint8_t *W, size_t row_bytes, int K, int n_out, const int8_t *xq, int n_tok,
+                                        int x_off_per_t) {
+        lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+        row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
+        const int nb = K / 256, per = (nb + KS - 1) / KS;
+        b0 = min(nb, warp * per), b1 = min(nb, b0 + per);
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) wr[m][h] = W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes;
+#pragma unroll
+        for (int j = 0; j < NTL; j++) {
+            const int tok = tok0 + 8 * j + g;
+            xv[j] = tok < n_tok;
+            xr[j] = xq + (size_t)min(tok, n_tok - 1) * K + x_off_per_t * t;
+        }
+    }
+};
+
+/* Zeroes the accumulators of an MT x NTL tile. */
+template <int MT, int NTL>
+static __device__ __forceinline__ void acc_zero(float (&c)[MT][NTL][4]) {
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
+}
+
 /* y[t][r] = Σ_k W[r][k] x[t][k] for Q4_K rows [16 MT blockIdx.x, +16 MT)
  * and tokens [8 NTL blockIdx.y, +8 NTL); x as quantize_q8_32 left it. KS
  * warps, warp w taking slice w of the row's blocks; U blocks' bytes loaded
@@ -1175,49 +1215,30 @@ __global__ void __launch_bounds__(32 * KS) mmq_q4k(const uint8_t *__restrict__ W
                                                    const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
                                                    int n_tok, float *__restrict__ y) {
     constexpr int U = MT == 1 ? 2 : 1;
-    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int     row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
-    const int     nb = K / 256, per = (nb + KS - 1) / KS;
-    const int     b0 = min(nb, warp * per), b1 = min(nb, b0 + per);
-    const uint8_t *wr[MT][2];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) wr[m][h] = W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes;
-    const int8_t *xr[NTL];
-    bool          xv[NTL];
-#pragma unroll
-    for (int j = 0; j < NTL; j++) {
-        const int tok = tok0 + 8 * j + g;
-        xv[j] = tok < n_tok;
-        xr[j] = xq + (size_t)min(tok, n_tok - 1) * K + 8 * t;
-    }
-    float c[MT][NTL][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
-    int b = b0;
-    for (; b + U <= b1; b += U) {
+    const mmq_lane<KS, MT, NTL> L(W, row_bytes, K, n_out, xq, n_tok, 8);
+    float                       c[MT][NTL][4];
+    acc_zero<MT, NTL>(c);
+    int b = L.b0;
+    for (; b + U <= L.b1; b += U) {
         q4k_frag F[U][MT][2];
 #pragma unroll
         for (int u = 0; u < U; u++)
 #pragma unroll
             for (int m = 0; m < MT; m++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) F[u][m][h] = q4k_frag_load(wr[m][h], b + u, t);
+                for (int h = 0; h < 2; h++) F[u][m][h] = q4k_frag_load(L.wr[m][h], b + u, L.t);
 #pragma unroll
-        for (int u = 0; u < U; u++) mmq_q4k_block<MT, NTL>(F[u], b + u, g, t, xr, xv, xs, K, tok0, n_tok, c);
+        for (int u = 0; u < U; u++) mmq_q4k_block<MT, NTL>(F[u], b + u, L.g, L.t, L.xr, L.xv, xs, K, L.tok0, n_tok, c);
     }
-    for (; b < b1; b++) {
+    for (; b < L.b1; b++) {
         q4k_frag F[MT][2];
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) F[m][h] = q4k_frag_load(wr[m][h], b, t);
-        mmq_q4k_block<MT, NTL>(F, b, g, t, xr, xv, xs, K, tok0, n_tok, c);
+            for (int h = 0; h < 2; h++) F[m][h] = q4k_frag_load(L.wr[m][h], b, L.t);
+        mmq_q4k_block<MT, NTL>(F, b, L.g, L.t, L.xr, L.xv, xs, K, L.tok0, n_tok, c);
     }
-    mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
+    mmt_finish<KS, MT, NTL>(c, L.warp, L.g, L.t, L.row0, L.tok0, n_out, n_tok, y);
 }
 
 /* ---- matmul: decode rows of Q6_K weights on the tensor cores ---- */
@@ -1317,37 +1338,18 @@ template <int KS, int MT, int NTL>
 __global__ void __launch_bounds__(32 * KS) mmq_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                    const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
                                                    int n_tok, float *__restrict__ y) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
-    const int nb = K / 256, per = (nb + KS - 1) / KS;
-    const int b0 = min(nb, warp * per), b1 = min(nb, b0 + per);
-    const uint8_t *wr[MT][2];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) wr[m][h] = W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes;
-    const int8_t *xr[NTL];
-    bool          xv[NTL];
-#pragma unroll
-    for (int j = 0; j < NTL; j++) {
-        const int tok = tok0 + 8 * j + g;
-        xv[j] = tok < n_tok;
-        xr[j] = xq + (size_t)min(tok, n_tok - 1) * K + 4 * t;
-    }
-    float c[MT][NTL][4];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
-    for (int b = b0; b < b1; b++) {
+    const mmq_lane<KS, MT, NTL> L(W, row_bytes, K, n_out, xq, n_tok, 4);
+    float                       c[MT][NTL][4];
+    acc_zero<MT, NTL>(c);
+    for (int b = L.b0; b < L.b1; b++) {
         q6k_frag F[MT][2];
 #pragma unroll
         for (int m = 0; m < MT; m++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) F[m][h] = q6k_frag_load(wr[m][h], b, t);
-        mmq_q6k_block<MT, NTL>(F, b, t, xr, xv, xs, K, tok0, n_tok, c);
+            for (int h = 0; h < 2; h++) F[m][h] = q6k_frag_load(L.wr[m][h], b, L.t);
+        mmq_q6k_block<MT, NTL>(F, b, L.t, L.xr, L.xv, xs, K, L.tok0, n_tok, c);
     }
-    mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
+    mmt_finish<KS, MT, NTL>(c, L.warp, L.g, L.t, L.row0, L.tok0, n_out, n_tok, y);
 }
 
 typedef void (*mmq_kernel)(const uint8_t *, size_t, int, int, const int8_t *, const float2 *, int, float *);
