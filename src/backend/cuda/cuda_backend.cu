@@ -1062,9 +1062,15 @@ static mmt_kernel mmt_for_ks(int n, int *rows, int *toks) {
  * (a 64-token tile was 3.7x slower per call than a 32-token one). */
 #define MMT_TARGET_WARPS 2048 /* H200, 8B BF16 (tok/s at batch 1 / 8 / 64): 1024: 161 / 1223 / 4027;
                                  2048: 174 / 1334 / 3724; 4096: 144 / - / 3422; 8192: 142 / - / 3148 */
-static mmt_kernel mmt_for(int n_out, int n, int *rows, int *toks, int *warps) {
+/* The K slices (= warps per block) of a weight of n_out rows, for every
+ * tensor-core decode kernel: by the shape only, never the batch. */
+static int mmt_slices(int n_out) {
     const int tiles = (n_out + 15) / 16;
-    *warps = tiles * 4 >= MMT_TARGET_WARPS ? 4 : tiles * 8 >= MMT_TARGET_WARPS ? 8 : 16;
+    return tiles * 4 >= MMT_TARGET_WARPS ? 4 : tiles * 8 >= MMT_TARGET_WARPS ? 8 : 16;
+}
+
+static mmt_kernel mmt_for(int n_out, int n, int *rows, int *toks, int *warps) {
+    *warps = mmt_slices(n_out);
     return *warps == 4 ? mmt_for_ks<4>(n, rows, toks) : *warps == 8 ? mmt_for_ks<8>(n, rows, toks)
                                                                     : mmt_for_ks<16>(n, rows, toks);
 }
@@ -1372,9 +1378,8 @@ static mmq_kernel mmq_for_ks(int n, int *rows, int *toks) {
 /* As mmt_for, for Q4_K and Q6_K: the K split is in whole blocks, by the
  * weight's row count only. */
 static mmq_kernel mmq_for(uint32_t type, int n_out, int n, int *rows, int *toks, int *warps) {
-    const int  tiles = (n_out + 15) / 16;
     const bool q6 = type == CQ_Q6_K;
-    *warps = tiles * 4 >= MMT_TARGET_WARPS ? 4 : tiles * 8 >= MMT_TARGET_WARPS ? 8 : 16;
+    *warps = mmt_slices(n_out);
     if (*warps == 4) return q6 ? mmq_for_ks<4, true>(n, rows, toks) : mmq_for_ks<4, false>(n, rows, toks);
     if (*warps == 8) return q6 ? mmq_for_ks<8, true>(n, rows, toks) : mmq_for_ks<8, false>(n, rows, toks);
     return q6 ? mmq_for_ks<16, true>(n, rows, toks) : mmq_for_ks<16, false>(n, rows, toks);
