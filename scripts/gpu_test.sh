@@ -28,8 +28,10 @@ make -j"$JOBS" CUDA=1 BUILD=build/cuda all build/cuda/bench/gen_model >/dev/null
 echo "gpu_test: built build/cuda/augur ($(nvcc --version | tail -1))"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-echo "== op harness on the GPU"
+echo "== op harness on the GPU (default kernels: tensor-core K-quant decode rows, tensor-core prompt attention)"
 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (the other kernels: dp4a K-quant GEMVs, SIMT prompt attention)"
+AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
 echo "== generation on the GPU (stories260K): greedy run, and speculative == plain decoding"
 S=${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf

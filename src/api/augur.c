@@ -80,6 +80,7 @@ augur_status augur_model_load(const char *path, const augur_model_params *params
     ag_status st;
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = p.n_threads;
+    mp.decode_rows_hint = p.draft ? 0 : 1; /* one sequence; a verify window carries several rows */
     if ((st = ag_model_load(path, &mp, &m->model))) goto fail; /* the message names the file */
     if ((st = ag_tok_from_gguf(ag_model_gguf(m->model), &m->tok))) {
         char inner[1024];

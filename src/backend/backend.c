@@ -33,14 +33,15 @@ bool ag_cuda_available(void) {
 #endif
 }
 
-ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, ag_backend **out) {
+ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, int decode_rows_hint, ag_backend **out) {
     *out = NULL;
     if (dev == AG_DEVICE_AUTO) dev = ag_cuda_available() ? AG_DEVICE_CUDA : AG_DEVICE_CPU;
     if (dev == AG_DEVICE_CPU) return ag_cpu_backend_new(cpu, out);
 #ifdef AUGUR_CUDA
     if (!ag_cuda_available()) return ag_errorf(AG_ERR_UNSUPPORTED, "--device cuda: no CUDA GPU is visible");
-    return ag_cuda_backend_new(0, out);
+    return ag_cuda_backend_new(0, decode_rows_hint, out);
 #else
+    (void)decode_rows_hint;
     return ag_errorf(AG_ERR_UNSUPPORTED, "--device cuda: this build has no CUDA backend (build with `make CUDA=1`)");
 #endif
 }

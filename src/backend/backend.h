@@ -195,9 +195,11 @@ int       ag_cpu_backend_threads(const ag_backend *be);
 void      ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, size_t n);
 
 /* Creates the backend for `dev` (AUTO resolved as above); the CPU params
- * apply to the CPU backend (and its host-side helpers). AG_ERR_UNSUPPORTED
- * when CUDA is asked for in a build without it or with no GPU present. */
-ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, ag_backend **out);
+ * apply to the CPU backend (and its host-side helpers). decode_rows_hint:
+ * as ag_model_params' (the CUDA backend picks its K-quant decode kernels by
+ * it). AG_ERR_UNSUPPORTED when CUDA is asked for in a build without it or
+ * with no GPU present. */
+ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, int decode_rows_hint, ag_backend **out);
 
 /* Memory planning: what the backend keeps (it grows its buffers to the
  * largest call so far and keeps them) once it has run these calls. */

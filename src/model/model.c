@@ -28,6 +28,7 @@ ag_model_params ag_model_default_params(void) {
     ag_model_params p;
     p.cpu = ag_cpu_default_params();
     p.device = AG_DEVICE_AUTO;
+    p.decode_rows_hint = 0;
     return p;
 }
 
@@ -247,7 +248,7 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     m->weight_bytes = m->output.row_bytes * (uint64_t)c->n_vocab;
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(m, l))) goto fail_named;
-    if ((st = ag_backend_new(p->device, &p->cpu, &m->be))) goto fail_named;
+    if ((st = ag_backend_new(p->device, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
     if ((st = prepare_weights(m))) goto fail_named;
     *out = m;
     return AG_OK;

@@ -52,6 +52,12 @@ typedef struct ag_model ag_model;
 typedef struct {
     ag_cpu_params cpu;
     ag_device     device; /* AG_DEVICE_AUTO: CUDA when built in and a GPU is present */
+    /* The most decode rows one forward pass of this process will carry, when
+     * known: 1 for a single sequence without speculation; 0: unknown or
+     * many (a server, a verify window). A backend may pick its decode
+     * kernels by it, once, at load; every decode row of the process then
+     * takes the same kernels, so results stay batch-invariant within it. */
+    int           decode_rows_hint;
 } ag_model_params;
 
 ag_model_params ag_model_default_params(void);

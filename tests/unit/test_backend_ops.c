@@ -54,10 +54,10 @@ static int setup(void **state) {
     const char *env = getenv("AUGUR_TEST_DEVICE");
     if (env && *env && !ag_device_parse(env, &dev)) return -1;
     ag_cpu_params cp = ag_cpu_default_params();
-    if (ag_backend_new(AG_DEVICE_CPU, &cp, &g_cpu)) return -1;
+    if (ag_backend_new(AG_DEVICE_CPU, &cp, 0, &g_cpu)) return -1;
     if (dev == AG_DEVICE_CPU) {
         g_be = g_cpu;
-    } else if (ag_backend_new(dev, &cp, &g_be)) {
+    } else if (ag_backend_new(dev, &cp, 0, &g_be)) { /* kernels: AUGUR_CUDA_MMQ / _FA (gpu_test.sh runs both) */
         fprintf(stderr, "cannot open %s: %s\n", ag_device_name(dev), ag_error_message());
         return -1;
     }

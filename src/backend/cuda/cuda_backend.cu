@@ -121,13 +121,14 @@ typedef struct {
     size_t  cap_xq, cap_xs; /* elements */
     int     max_k;          /* largest ne[0] of a prepared K-quant weight */
     bool    mmv_dp4a;       /* on unless AUGUR_CUDA_MMV=fp32 */
-    /* EXPERIMENTAL, off by default, not yet run on a GPU (written
-     * 2026-12-03 without device time left): AUGUR_CUDA_MMQ=1 sends Q4_K/Q6_K
-     * decode rows to mmq_q4k/mmq_q6k instead of the dp4a GEMVs;
-     * AUGUR_CUDA_FA=1 sends prompt-row attention (fp16 KV) to
-     * attention_mma_k instead of the SIMT tile kernel. To be validated with
-     * test_backend_ops and gpu_test.sh under these variables, measured, and
-     * then made the default (or removed). */
+    /* mmq_on: Q4_K/Q6_K decode rows go to the tensor-core kernels
+     * (mmq_q4k/mmq_q6k), else to the dp4a GEMVs; chosen once at creation
+     * (ag_cuda_backend_new's hint, AUGUR_CUDA_MMQ=0/1), never per batch, so
+     * a row's bits do not depend on its batch. H200, 8B Q4_K_M, tok/s at 1 /
+     * 8 / 64 sequences: dp4a 250 / 626 / 799, mmq 203 / 1412 / 3510.
+     * fa_on: prompt-row attention over fp16 KV on the tensor cores
+     * (attention_mma_k) unless AUGUR_CUDA_FA=0 (the SIMT tile kernel): 8B
+     * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
     bool mmq_on, fa_on;
 
     /* decode rows' activations in BF16 for the tensor-core kernel of BF16
@@ -599,10 +600,11 @@ __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, 
  * turning nibbles into floats (8 conversions and 8 FMAs per 8 weights and
  * token). These take the activations as int8 per 32 elements, as the CPU's
  * K-quant kernels (Q8_K) and llama.cpp's MMVQ (Q8_1) do: one dp4a per 4
- * weights and token, exact int32 sums, the scales applied per sub-block. On
- * by default for Q4_K and Q6_K; AUGUR_CUDA_MMV=fp32 selects the fp32 kernels
- * (an A/B switch for benchmarks), AUGUR_CUDA_MMQ=1 the tensor-core kernels
- * (mmq_q4k, mmq_q6k below; experimental). */
+ * weights and token, exact int32 sums, the scales applied per sub-block.
+ * Used for Q4_K and Q6_K decode rows in a process that carries one row per
+ * pass (mmq_on false: ag_cuda_backend_new's hint); otherwise the
+ * tensor-core kernels (mmq_q4k, mmq_q6k below) take them.
+ * AUGUR_CUDA_MMV=fp32 selects the fp32 kernels (an A/B switch). */
 
 /* Decode rows' activations as int8 per 32 elements: q = round(x / d) with
  * d = max|x| / 127 over the block, xs = (d, d * Σ q). One warp per block;
@@ -1064,13 +1066,22 @@ static mmt_kernel mmt_for_ks(int n, int *rows, int *toks) {
                                  2048: 174 / 1334 / 3724; 4096: 144 / - / 3422; 8192: 142 / - / 3148 */
 /* The K slices (= warps per block) of a weight of n_out rows, for every
  * tensor-core decode kernel: by the shape only, never the batch. */
-static int mmt_slices(int n_out) {
+static int mmt_slices(int n_out, int target) {
     const int tiles = (n_out + 15) / 16;
-    return tiles * 4 >= MMT_TARGET_WARPS ? 4 : tiles * 8 >= MMT_TARGET_WARPS ? 8 : 16;
+    return tiles * 4 >= target ? 4 : tiles * 8 >= target ? 8 : 16;
+}
+/* The target of the K-quant kernels: AUGUR_CUDA_MMQ_WARPS (tuning) or MMT_TARGET_WARPS. */
+static int mmq_target_warps(void) {
+    static int target = -1;
+    if (target < 0) {
+        const char *e = getenv("AUGUR_CUDA_MMQ_WARPS");
+        target = e && atoi(e) > 0 ? atoi(e) : MMT_TARGET_WARPS;
+    }
+    return target;
 }
 
 static mmt_kernel mmt_for(int n_out, int n, int *rows, int *toks, int *warps) {
-    *warps = mmt_slices(n_out);
+    *warps = mmt_slices(n_out, MMT_TARGET_WARPS);
     return *warps == 4 ? mmt_for_ks<4>(n, rows, toks) : *warps == 8 ? mmt_for_ks<8>(n, rows, toks)
                                                                     : mmt_for_ks<16>(n, rows, toks);
 }
@@ -1379,7 +1390,7 @@ static mmq_kernel mmq_for_ks(int n, int *rows, int *toks) {
  * weight's row count only. */
 static mmq_kernel mmq_for(uint32_t type, int n_out, int n, int *rows, int *toks, int *warps) {
     const bool q6 = type == CQ_Q6_K;
-    *warps = mmt_slices(n_out);
+    *warps = mmt_slices(n_out, mmq_target_warps());
     if (*warps == 4) return q6 ? mmq_for_ks<4, true>(n, rows, toks) : mmq_for_ks<4, false>(n, rows, toks);
     if (*warps == 8) return q6 ? mmq_for_ks<8, true>(n, rows, toks) : mmq_for_ks<8, false>(n, rows, toks);
     return q6 ? mmq_for_ks<16, true>(n, rows, toks) : mmq_for_ks<16, false>(n, rows, toks);
@@ -2433,7 +2444,7 @@ extern "C" int ag_cuda_device_count(void) {
     return n;
 }
 
-extern "C" ag_status ag_cuda_backend_new(int index, ag_backend **out) {
+extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_backend **out) {
     *out = NULL;
     ag_backend *be = (ag_backend *)calloc(1, sizeof *be);
     cuda_state *s = (cuda_state *)calloc(1, sizeof *s);
@@ -2472,8 +2483,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, ag_backend **out) {
     const char *mmv = getenv("AUGUR_CUDA_MMV");
     s->mmv_dp4a = !(mmv && !strcmp(mmv, "fp32"));
     const char *mmq = getenv("AUGUR_CUDA_MMQ"), *fa = getenv("AUGUR_CUDA_FA");
-    s->mmq_on = mmq && *mmq == '1';
-    s->fa_on = fa && *fa == '1';
+    s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
+    s->fa_on = !(fa && *fa == '0');
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;

@@ -13,8 +13,11 @@ extern "C" {
 
 /* Number of usable CUDA devices (0 when the driver or a GPU is missing; never fails). */
 int ag_cuda_device_count(void);
-/* Creates the backend on device `index`. */
-ag_status ag_cuda_backend_new(int index, ag_backend **out);
+/* Creates the backend on device `index`. decode_rows_hint (ag_model_params'):
+ * 1 selects the K-quant GEMVs for decode rows (fastest for one row), else
+ * the tensor-core kernels (far faster from 2 rows on); AUGUR_CUDA_MMQ=0/1
+ * overrides. Either way one kernel family serves every batch size. */
+ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_backend **out);
 
 #ifdef __cplusplus
 }
