@@ -464,8 +464,8 @@ static void copy_kv(ag_kv *src, ag_kv *dst, const ag_batch_layout *lay, int pass
 /* Attention over a paged cache of head dimension HD (softcap > 0: scores
  * capped as Gemma 2 does): prompt and decode rows against a double
  * reference and, for a device backend, against the CPU. */
-static void attention_case(int HD, float softcap) {
-    enum { N_HEAD = 6, N_KV = 2, P1 = 150 };
+static void attention_case(int HD, float softcap, int N_HEAD, int N_KV) {
+    enum { P1 = 150 };
     const int32_t windows[2] = {0, 9};
     kv_fixture    f = make_kv(g_be, N_KV, HD, windows);
     int32_t       toks[256] = {0};
@@ -523,8 +523,8 @@ static void attention_case(int HD, float softcap) {
                 free(sc);
             }
             char what[96];
-            snprintf(what, sizeof what, "attention hd %d%s pass %d layer %d, %s rows", HD, softcap > 0 ? " softcap" : "",
-                     pass, layer, run % 2 ? "decode" : "prompt");
+            snprintf(what, sizeof what, "attention hd %d%s, %d/%d heads, pass %d layer %d, %s rows", HD,
+                     softcap > 0 ? " softcap" : "", N_HEAD, N_KV, pass, layer, run % 2 ? "decode" : "prompt");
             check(what, out, ref, (size_t)n * N_HEAD * HD, 1e-3);
             if (!g_is_cpu) { /* the CPU backend over the same cache contents (read back to a host cache) */
                 float *hq = q, *hout = malloc(sizeof(float) * n * N_HEAD * HD);
@@ -545,10 +545,15 @@ static void attention_case(int HD, float softcap) {
     ag_kv_free(f.kv);
 }
 
+/* Head dims and query groups of the real models (a CUDA kernel takes a KV
+ * head's query heads together, up to 8, at head dims 64 and 128). */
 static void attention_paged(void **state) {
-    attention_case(64, 0.0f);
-    attention_case(128, 0.0f);
-    attention_case(256, 30.0f);
+    attention_case(64, 0.0f, 6, 2);
+    attention_case(64, 0.0f, 7, 1);
+    attention_case(128, 0.0f, 6, 2);
+    attention_case(128, 30.0f, 8, 1);
+    attention_case(128, 0.0f, 9, 1);
+    attention_case(256, 30.0f, 6, 2);
 }
 
 int main(void) {

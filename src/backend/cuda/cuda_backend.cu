@@ -130,6 +130,7 @@ typedef struct {
      * (attention_mma_k) unless AUGUR_CUDA_FA=0 (the SIMT tile kernel): 8B
      * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
     bool mmq_on, fa_on;
+    bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
 
     /* decode rows' activations in BF16 for the tensor-core kernel of BF16
      * weights (mmt_bf16); sized in begin like d_xq (max_k_bf16) */
@@ -2079,6 +2080,217 @@ __global__ void __launch_bounds__(128) attention_tiled_k(kv_geom g, const int32_
  * memory, then warp w multiplies them with V for its quarter of the dims.
  * Rows past the tile and positions outside a row's [lo, hi] weigh 0. */
 #define ATM_PAD 8 /* halves of padding per shared row: lanes (g, t) hit distinct banks */
+
+/* Stages chunk c (positions 64c .. 64c + 63, zeros past c_hi) of KV head
+ * kvh (fp16, head dim hd) in shared memory for the tensor-core attention
+ * kernels: K row-major in ks ([64][ks_stride]); V, when vt is not NULL,
+ * transposed in vt ([hd][vt_stride]), so P·V's mma operand is a plain
+ * 4-byte read. All threads of the block take part. */
+static __device__ __forceinline__ void stage_kv_chunk(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
+                                                      int hd, int c, int c_hi, __half *ks, int ks_stride, __half *vt,
+                                                      int vt_stride) {
+    const int n8 = hd / 8;
+    for (int e = threadIdx.x; e < ATT_TK * n8; e += blockDim.x) {
+        const int j = e / n8, d8 = e % n8, p = c * ATT_TK + j;
+        uint4     kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+        if (p <= c_hi) {
+            const uint8_t *blk = g_.k0 + (size_t)table[p >> g_.block_shift] * g_.block_bytes;
+            const size_t   off = (size_t)(p & g_.block_mask);
+            kv = *(const uint4 *)(blk + kvh * g_.head_stride_k + off * g_.row_bytes_k + 16 * d8);
+            if (vt) vv = *(const uint4 *)(blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v + 16 * d8);
+        }
+        *(uint4 *)(ks + j * ks_stride + 8 * d8) = kv;
+        if (vt) {
+            const __half *vh = (const __half *)&vv;
+#pragma unroll
+            for (int i = 0; i < 8; i++) vt[(8 * d8 + i) * vt_stride + j] = vh[i];
+        }
+    }
+}
+
+static __device__ __forceinline__ uint32_t pack_half2(float a, float b) { /* a in the low half */
+    const __half2 v = __floats2half2_rn(a, b);
+    return *(const uint32_t *)&v;
+}
+
+static __device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Prompt rows on the tensor cores, one block per (tile of up to 16 rows,
+ * KV head): warp w takes query head kvh·G + w (G = n_head / n_kv <= 8), so
+ * a staged K/V chunk of 64 positions serves the whole group (a block per
+ * query head re-read every chunk G times: the 8B's 4096-token prefill
+ * spent 72% of its time there). HD 64 or 128, fp16 KV, head_dim_k ==
+ * head_dim_v. A warp keeps its 16 rows' Q (rounded to fp16) as mma A
+ * fragments and computes a chunk's 16 x 64 scores in registers. The
+ * numerics of attention_mma_k: two passes, each row's exact max and sum
+ * over its positions (a chunk's max and sum folded into the running pair),
+ * then the normalized weights rounded to fp16, which become the A
+ * fragments of P·V straight from the score accumulators (the m16n8 C
+ * layout of two adjacent position tiles is the m16k16 A layout). Rows
+ * past the tile and positions outside a row's [lo, hi] weigh 0. */
+template <bool SOFTCAP, int HD>
+__global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t *__restrict__ pos,
+                                                      const int32_t *__restrict__ tok_table,
+                                                      const int32_t *__restrict__ tables,
+                                                      const int32_t *__restrict__ tiles, int n_head, int n_kv,
+                                                      float scale, int window, float softcap,
+                                                      const float *__restrict__ q, float *__restrict__ out) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int KSTR = HD + ATM_PAD, VSTR = ATT_TK + ATM_PAD;
+    __half       *ks = (__half *)smem;      /* [64][KSTR] */
+    __half       *vt = ks + ATT_TK * KSTR;  /* [HD][VSTR] */
+    int          *row_lo = (int *)(vt + HD * VSTR), *row_hi = row_lo + 16;
+    const int     t0 = tiles[blockIdx.x], nt = tiles[blockIdx.x + 1] - t0;
+    const int     kvh = blockIdx.y, G = n_head / n_kv;
+    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int     h = kvh * G + warp;
+    const int32_t *table = tables + tok_table[t0];
+    if (threadIdx.x < 16) {
+        const int r = threadIdx.x, hi = r < nt ? pos[t0 + r] : -1;
+        row_hi[r] = hi;
+        row_lo[r] = r < nt && window > 0 ? max(0, hi - window + 1) : 0;
+    }
+    /* Q as A fragments: [kk][0] row g, dims 16kk + 2t, +1; [1] row g + 8; [2], [3] the same 8 dims on */
+    uint32_t qa[HD / 16][4];
+    {
+        const float *q0 = q + ((size_t)(t0 + g) * n_head + h) * HD, *q1 = q + ((size_t)(t0 + g + 8) * n_head + h) * HD;
+        const bool   v0 = g < nt, v1 = g + 8 < nt;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int d = 16 * kk + 8 * half + 2 * t;
+                qa[kk][2 * half] = v0 ? pack_half2(q0[d], q0[d + 1]) : 0u;
+                qa[kk][2 * half + 1] = v1 ? pack_half2(q1[d], q1[d + 1]) : 0u;
+            }
+    }
+    __syncthreads();
+    int c_lo = INT_MAX, c_hi = -1;
+    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
+    int       lo[2], hi[2]; /* rows g and g + 8 */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[g + 8 * hr], hi[hr] = row_hi[g + 8 * hr];
+    /* chunk c's scores: s[i][e], position tile i (64c + 8i ..), e as an mma
+     * accumulator (rows g, g + 8; positions 2t, 2t + 1); masked: -inf */
+    auto scores = [&](int c, float (&s)[8][4]) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const __half *kr = ks + (8 * i + g) * KSTR + 16 * kk + 2 * t;
+                mma_f16_16816(s[i], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+            }
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hr = e >> 1, p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
+                float     v = s[i][e] * scale;
+                if (SOFTCAP) v = softcap * tanhf(v / softcap);
+                s[i][e] = p < lo[hr] || p > hi[hr] ? -INFINITY : v;
+            }
+    };
+    /* pass 1: each row's max and sum (the 4 lanes of a row's group hold the same pair) */
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
+    for (int c = ch0; c <= ch1; c++) {
+        __syncthreads(); /* the previous chunk is consumed */
+        stage_kv_chunk(g_, table, kvh, HD, c, c_hi, ks, KSTR, nullptr, VSTR);
+        __syncthreads();
+        float s[8][4];
+        scores(c, s);
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float m = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 8; i++) m = fmaxf(m, fmaxf(s[i][2 * hr], s[i][2 * hr + 1]));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            float l = 0.0f;
+            if (m != -INFINITY)
+#pragma unroll
+                for (int i = 0; i < 8; i++) l += expf(s[i][2 * hr] - m) + expf(s[i][2 * hr + 1] - m);
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if (m == -INFINITY) continue;
+            if (m > M[hr]) L[hr] = L[hr] * expf(M[hr] - m) + l, M[hr] = m; /* exp(-inf) = 0 while M is -inf */
+            else L[hr] += l * expf(m - M[hr]);
+        }
+    }
+    float inv[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) inv[hr] = L[hr] > 0.0f ? 1.0f / L[hr] : 0.0f;
+    /* pass 2: weights rounded to fp16, times V */
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int c = ch0; c <= ch1; c++) {
+        __syncthreads();
+        stage_kv_chunk(g_, table, kvh, HD, c, c_hi, ks, KSTR, vt, VSTR);
+        __syncthreads();
+        float s[8][4];
+        scores(c, s);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hr = e >> 1;
+                s[i][e] = s[i][e] == -INFINITY ? 0.0f : expf(s[i][e] - M[hr]) * inv[hr];
+            }
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* positions 16j .. 16j + 15: tiles 2j and 2j + 1 */
+            const uint32_t pa[4] = {pack_half2(s[2 * j][0], s[2 * j][1]), pack_half2(s[2 * j][2], s[2 * j][3]),
+                                    pack_half2(s[2 * j + 1][0], s[2 * j + 1][1]),
+                                    pack_half2(s[2 * j + 1][2], s[2 * j + 1][3])};
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                const __half *vr = vt + (8 * i + g) * VSTR + 16 * j + 2 * t;
+                mma_f16_16816(o[i], pa, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = g + 8 * (e >> 1), d = 8 * i + 2 * t + (e & 1);
+            if (r < nt) out[((size_t)(t0 + r) * n_head + h) * HD + d] = o[i][e];
+        }
+}
+
+static size_t attention_fa_smem(int hd) {
+    return sizeof(__half) * ((size_t)ATT_TK * (hd + ATM_PAD) + (size_t)hd * (ATT_TK + ATM_PAD)) + sizeof(int) * 32;
+}
+
+/* Launches attention_fa_k for head dim HD (softcap or not). */
+template <int HD>
+static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q,
+                                     float *out) {
+    const dim3   grid((unsigned)s->n_tiles, (unsigned)sh->n_head_kv);
+    const int    threads = 32 * (sh->n_head / sh->n_head_kv);
+    const size_t shm = attention_fa_smem(HD);
+    if (sh->softcap > 0.0f) {
+        CUDA_TRY(cudaFuncSetAttribute(attention_fa_k<true, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        attention_fa_k<true, HD><<<grid, threads, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
+                                                                    s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale,
+                                                                    sh->window, sh->softcap, q, out);
+    } else {
+        CUDA_TRY(cudaFuncSetAttribute(attention_fa_k<false, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        attention_fa_k<false, HD><<<grid, threads, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
+                                                                     s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale,
+                                                                     sh->window, sh->softcap, q, out);
+    }
+    LAUNCHED();
+    return AG_OK;
+}
+
 template <bool SOFTCAP>
 __global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t *__restrict__ pos,
                                                        const int32_t *__restrict__ tok_table,
@@ -2113,25 +2325,8 @@ __global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t
     __syncthreads();
     int c_lo = INT_MAX, c_hi = -1; /* the tile's span (the same in every thread) */
     for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
-    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK, n8 = hd / 8;
-    auto stage = [&](int c, bool with_v) {
-        for (int e = threadIdx.x; e < ATT_TK * n8; e += blockDim.x) {
-            const int j = e / n8, d8 = e % n8, p = c * ATT_TK + j;
-            uint4     kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (p <= c_hi) {
-                const uint8_t *blk = g_.k0 + (size_t)table[p >> g_.block_shift] * g_.block_bytes;
-                const size_t   off = (size_t)(p & g_.block_mask);
-                kv = *(const uint4 *)(blk + kvh * g_.head_stride_k + off * g_.row_bytes_k + 16 * d8);
-                if (with_v) vv = *(const uint4 *)(blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v + 16 * d8);
-            }
-            *(uint4 *)(ks + j * ks_stride + 8 * d8) = kv;
-            if (with_v) {
-                const __half *vh = (const __half *)&vv;
-#pragma unroll
-                for (int i = 0; i < 8; i++) vt[(8 * d8 + i) * vt_stride + j] = vh[i];
-            }
-        }
-    };
+    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
+    auto stage = [&](int c, bool with_v) { stage_kv_chunk(g_, table, kvh, hd, c, c_hi, ks, ks_stride, with_v ? vt : nullptr, vt_stride); };
     /* the scores of this warp's 16 positions of chunk c: s[i][e] for n-tile
      * i (positions 16 warp + 8i ..), e as an mma accumulator (rows g, g + 8;
      * positions 2t, 2t + 1); masked ones -inf */
@@ -2288,7 +2483,10 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
                                                                       sh->softcap, q, out);
         LAUNCHED();
     }
-    const int hd = sh->head_dim_k;
+    const int hd = sh->head_dim_k, group = sh->n_head / sh->n_head_kv;
+    if (s->fa_on && s->n_tiles > 0 && f16 && hd == sh->head_dim_v && group <= 8 && (hd == 64 || hd == 128) &&
+        !s->fa_per_head) /* tensor cores, a KV head's query heads per block */
+        return hd == 64 ? launch_attention_fa<64>(s, g, sh, q, out) : launch_attention_fa<128>(s, g, sh, q, out);
     if (s->fa_on && s->n_tiles > 0 && f16 && hd == sh->head_dim_v && hd % 32 == 0 && hd <= 256) { /* tensor cores */
         dim3         grid((unsigned)s->n_tiles, (unsigned)sh->n_head);
         const size_t shm = attention_mma_smem(hd);
@@ -2485,6 +2683,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *mmq = getenv("AUGUR_CUDA_MMQ"), *fa = getenv("AUGUR_CUDA_FA");
     s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
     s->fa_on = !(fa && *fa == '0');
+    s->fa_per_head = fa && !strcmp(fa, "head");
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;
