@@ -430,7 +430,9 @@ void ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, size_t 
         bool any = false;
         for (int i = 0; i < n_types; i++) {
             if (strcmp(ag_matmul_prompt_kernel(types[i]), kinds[k])) continue;
-            if (!any) report_add(buf, n, &len, "%s %s%s%s (", first ? "" : ",", k ? isa : "", k ? " " : "", kinds[k]);
+            /* the panel kernels exist as AVX2 code only (the AVX-512 level keeps them for the K-quants) */
+            const char *kisa = k == 1 ? "avx2" : isa;
+            if (!any) report_add(buf, n, &len, "%s %s%s%s (", first ? "" : ",", k ? kisa : "", k ? " " : "", kinds[k]);
             report_add(buf, n, &len, "%s%s", any ? " " : "", ag_tensor_type_name(types[i]));
             any = true, first = false;
         }

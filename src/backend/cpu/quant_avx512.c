@@ -17,6 +17,8 @@
  * The VNNI GEMM tiles (*_gemm) are separate, opt-in in matmul.c.
  * The integer block sums stay exact; results match the scalar reference to
  * float summation order. */
+#include <stdlib.h>
+
 #include "backend/cpu/quant_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -568,11 +570,16 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->gemm[AG_TYPE_Q5_0] = dot_q5_0_gemm;
     k->gemm[AG_TYPE_Q5_1] = dot_q5_1_gemm;
     k->gemm[AG_TYPE_Q8_0] = dot_q8_0_gemm;
-    /* Prompt rows here go through the VNNI tiles above (legacy types) and
-     * these dot kernels (K-quants), as measured; the AVX2 token-panel kernels
-     * the table inherits have not been measured against them on an AVX-512
-     * CPU, so they stay off at this level. */
+    /* Prompt rows of legacy types go through the VNNI tiles above. Those of
+     * Q4_K/Q6_K keep the AVX2 token panels the table inherits (their bits
+     * are canonical, like these dot kernels'): on a Xeon without AMX, 2
+     * threads, prompt tok/s dot -> panels: Qwen2.5-1.5B Q4_K_M 57-63 ->
+     * 99-125 (pp256), Gemma 3 270M 437-589 -> 595-619 (pp512).
+     * AUGUR_CPU_KPANELS=0 turns them off (A/B). */
+    ag_panel_fn pq4 = k->panel[AG_TYPE_Q4_K], pq6 = k->panel[AG_TYPE_Q6_K];
     memset(k->panel, 0, sizeof k->panel);
+    const char *kp = getenv("AUGUR_CPU_KPANELS");
+    if (!(kp && *kp == '0')) k->panel[AG_TYPE_Q4_K] = pq4, k->panel[AG_TYPE_Q6_K] = pq6;
 }
 
 #else
