@@ -130,21 +130,82 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_f16_avx2(const float *
     return _mm_cvtss_f32(h);
 }
 
-__attribute__((target("avx2,fma,f16c"))) static void axpy_f16_avx2(float *y, float w, const uint16_t *x, int n) {
-    __m256 wv = _mm256_set1_ps(w);
-    for (int i = 0; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))),
-                                                _mm256_loadu_ps(y + i)));
+/* dot_f16_avx2 of a with four rows b + r·stride at once: each row's
+ * accumulators, fmas and horizontal-sum tree are dot_f16_avx2's (the tree's
+ * last two rounds run on the four rows transposed: the same additions lane
+ * by lane), so out[r] is bit-identical to dot_f16_avx2(a, b + r·stride, n);
+ * a's loads and the sums' shuffles are shared. n % 8 == 0. */
+__attribute__((target("avx2,fma,f16c"))) static void dot4_f16_avx2(const float *a, const uint16_t *b, size_t stride,
+                                                                   int n, float out[4]) {
+    __m256 s0[4], s1[4];
+    for (int r = 0; r < 4; r++) s0[r] = s1[r] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256 qa = _mm256_loadu_ps(a + i), qb = _mm256_loadu_ps(a + i + 8);
+        for (int r = 0; r < 4; r++) {
+            const uint16_t *br = b + r * stride + i;
+            s0[r] = _mm256_fmadd_ps(qa, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)br)), s0[r]);
+            s1[r] = _mm256_fmadd_ps(qb, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(br + 8))), s1[r]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        const __m256 qa = _mm256_loadu_ps(a + i);
+        for (int r = 0; r < 4; r++)
+            s0[r] = _mm256_fmadd_ps(qa, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + r * stride + i))), s0[r]);
+    }
+    __m128 h[4];
+    for (int r = 0; r < 4; r++) {
+        const __m256 t = _mm256_add_ps(s0[r], s1[r]);
+        h[r] = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+    }
+    _MM_TRANSPOSE4_PS(h[0], h[1], h[2], h[3]); /* h[k] lane r: row r's element k */
+    _mm_storeu_ps(out, _mm_add_ps(_mm_add_ps(h[0], h[2]), _mm_add_ps(h[1], h[3])));
+}
+
+/* y[0..n) += Σ_j w[j] x[j·stride ..] over j in [0, m), as one fma per j and
+ * element in j order, y[e] = fma(w[j], x_j[e], y[e]) (axpy_avx2's
+ * operations), with the loops nested so that 32 elements of y stay in
+ * registers across all j instead of a load and a store per j. n % 8 == 0. */
+__attribute__((target("avx2,fma,f16c"))) static void axpy_many_f16_avx2(float *y, const float *w, const uint16_t *x,
+                                                                        size_t stride, int m, int n) {
+    int d = 0;
+    for (; d + 32 <= n; d += 32) {
+        __m256 a0 = _mm256_loadu_ps(y + d), a1 = _mm256_loadu_ps(y + d + 8), a2 = _mm256_loadu_ps(y + d + 16),
+               a3 = _mm256_loadu_ps(y + d + 24);
+        for (int j = 0; j < m; j++) {
+            const __m256    wv = _mm256_set1_ps(w[j]);
+            const uint16_t *xr = x + (size_t)j * stride + d;
+            a0 = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)xr)), a0);
+            a1 = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xr + 8))), a1);
+            a2 = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xr + 16))), a2);
+            a3 = _mm256_fmadd_ps(wv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(xr + 24))), a3);
+        }
+        _mm256_storeu_ps(y + d, a0), _mm256_storeu_ps(y + d + 8, a1), _mm256_storeu_ps(y + d + 16, a2),
+            _mm256_storeu_ps(y + d + 24, a3);
+    }
+    for (; d + 8 <= n; d += 8) {
+        __m256 a0 = _mm256_loadu_ps(y + d);
+        for (int j = 0; j < m; j++)
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(w[j]),
+                                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + (size_t)j * stride + d))), a0);
+        _mm256_storeu_ps(y + d, a0);
+    }
 }
 #endif
 
 static int direct_f16; /* dot/axpy read the F16 cache in place (AVX2, head dims % 8 == 0) */
 #if defined(__x86_64__)
 #define dot_f16 dot_f16_avx2
-#define axpy_f16 axpy_f16_avx2
+#define dot4_f16 dot4_f16_avx2
+#define axpy_many_f16 axpy_many_f16_avx2
 #else
 static float dot_f16(const float *a, const uint16_t *b, int n) { (void)a, (void)b, (void)n; return 0; }
-static void  axpy_f16(float *y, float w, const uint16_t *x, int n) { (void)y, (void)w, (void)x, (void)n; }
+static void  dot4_f16(const float *a, const uint16_t *b, size_t stride, int n, float out[4]) {
+    (void)a, (void)b, (void)stride, (void)n, (void)out;
+}
+static void axpy_many_f16(float *y, const float *w, const uint16_t *x, size_t stride, int m, int n) {
+    (void)y, (void)w, (void)x, (void)stride, (void)m, (void)n;
+}
 #endif
 
 static float (*dot_f32)(const float *, const float *, int) = dot_c;
@@ -217,9 +278,13 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             for (int h = 0; h < group; h++) {
                 const float *qv = qh + ((size_t)i * group + h) * dk;
                 float *row = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
-                for (int j = j0; j < j1; j++) {
-                    float d = (in_place ? dot_f16(qv, K16 + (size_t)j * dk, dk) : dot_f32(qv, K + (size_t)j * dk, dk)) *
-                              s->scale;
+                int j = j0;
+                if (in_place) /* four positions a call (the same bits as one at a time) */
+                    for (; j + 4 <= j1; j += 4) dot4_f16(qv, K16 + (size_t)j * dk, (size_t)dk, dk, row + j);
+                for (; j < j1; j++)
+                    row[j] = in_place ? dot_f16(qv, K16 + (size_t)j * dk, dk) : dot_f32(qv, K + (size_t)j * dk, dk);
+                for (j = j0; j < j1; j++) {
+                    float d = row[j] * s->scale;
                     if (s->softcap > 0) d = s->softcap * tanhf(d / s->softcap);
                     row[j] = d;
                 }
@@ -256,8 +321,8 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             for (int h = 0; h < group; h++) {
                 const float *p = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
                 float *a = acc + ((size_t)i * group + h) * dv;
-                if (in_place)
-                    for (int j = j0; j < j1; j++) axpy_f16(a, p[j], V16 + (size_t)j * dv, dv);
+                if (in_place) /* all positions of the block per 32 elements of a (the same bits) */
+                    axpy_many_f16(a, p + j0, V16 + (size_t)j0 * dv, (size_t)dv, j1 - j0, dv);
                 else
                     for (int j = j0; j < j1; j++) axpy_f32(a, p[j], V + (size_t)j * dv, dv);
             }
