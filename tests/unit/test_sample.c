@@ -6,6 +6,7 @@
  * out, log-softmax in double, and a brute-force stop matcher. Statistical
  * tests use fixed seeds, so they are deterministic; their thresholds are
  * chi-square critical values at p = 0.001. */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -262,6 +263,25 @@ static void greedy_is_argmax_lowest_id(void **state) {
     assert_int_equal(ag_sampler_probs(s, l, pr), AG_OK);
     for (int i = 0; i < N; i++) assert_true(pr[i] == (i == 2 ? 1.0f : 0.0f));
     free(pr);
+    /* +inf counts as the largest float (it ties with FLT_MAX: the lower id
+     * wins), NaN never wins, and nothing finite is an error */
+    for (int i = 0; i < N; i++) l[i] = NAN;
+    l[700] = INFINITY, l[300] = FLT_MAX, l[900] = INFINITY;
+    assert_int_equal(ag_sampler_sample(s, l, &r), AG_OK);
+    assert_int_equal(r.token, 300);
+    l[300] = 1.0f;
+    assert_int_equal(ag_sampler_sample(s, l, &r), AG_OK);
+    assert_int_equal(r.token, 700);
+    for (int i = 0; i < N; i++) l[i] = i % 2 ? NAN : -INFINITY;
+    assert_int_equal(ag_sampler_sample(s, l, &r), AG_ERR_INVALID);
+    ag_sampler_free(s);
+    /* a vocabulary whose last ids lie past the scan's eight-wide part */
+    s = new_sampler(&p, N - 3, 0);
+    l[N - 4] = -1e30f;
+    assert_int_equal(ag_sampler_sample(s, l, &r), AG_OK);
+    assert_int_equal(r.token, N - 4);
+    l[N - 4] = NAN;
+    assert_int_equal(ag_sampler_sample(s, l, &r), AG_ERR_INVALID);
     ag_sampler_free(s);
 }
 
