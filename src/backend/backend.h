@@ -143,6 +143,11 @@ typedef struct {
     ag_status (*add_bias)(ag_backend *, float *x, const float *b, int n, int dim);
     /* y += x, n elements. */
     ag_status (*add)(ag_backend *, float *y, const float *x, size_t n);
+    /* x += o, then out = rmsnorm(x) · w (n rows of dim): the bits of add
+     * then rmsnorm, in one pass over x (a residual add and the next norm).
+     * out must not alias x or o. NULL: the model calls add and rmsnorm. */
+    ag_status (*add_rmsnorm)(ag_backend *, float *x, const float *o, const float *w, int n, int dim, float eps,
+                             float *out);
     /* x *= s, n elements. */
     ag_status (*scale)(ag_backend *, float *x, float s, size_t n);
     /* gate[i] = act(gate[i]) * up[i], n elements; act is SiLU or GELU (tanh approx.). */

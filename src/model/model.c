@@ -426,9 +426,15 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     do {                               \
         if ((st = (call))) return st;  \
     } while (0)
+    /* x += o, then h = the norm of x with gain wn (the next layer's input) */
+#define ADD_NORM(wn)                                                                               \
+    TRY(op->add_rmsnorm ? op->add_rmsnorm(be, x, o, wn, n, c->n_embd, c->rms_eps, h)                \
+                        : (st = op->add(be, x, o, (size_t)n * c->n_embd)) ? st                      \
+                                                                          : op->rmsnorm(be, x, wn, n, c->n_embd, c->rms_eps, h))
     for (int l = 0; l < c->n_layer; l++) {
         const ag_layer_weights *w = &m->layers[l];
-        TRY(op->rmsnorm(be, x, w->attn_norm.data, n, c->n_embd, c->rms_eps, h));
+        /* later layers' input norm ran with the previous layer's last add */
+        if (l == 0) TRY(op->rmsnorm(be, x, w->attn_norm.data, n, c->n_embd, c->rms_eps, h));
         const ag_tensor *qkv_w[3] = {&w->wq, &w->wk, &w->wv};
         float *const     qkv[3] = {q, k, v};
         TRY(op->matmul_multi(be, qkv_w, 3, h, n, n_dec, qkv));
@@ -449,9 +455,7 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         TRY(op->attention(be, kv, &shape, lay, q, att));
         TRY(op->matmul(be, &w->wo, att, n, n_dec, o));
         if (w->post_attn_norm.data) TRY(op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o));
-        TRY(op->add(be, x, o, (size_t)n * c->n_embd));
-
-        TRY(op->rmsnorm(be, x, w->ffn_norm.data, n, c->n_embd, c->rms_eps, h));
+        ADD_NORM(w->ffn_norm.data);
         const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
         float *const     gu[2] = {gate, up};
         TRY(op->matmul_multi(be, gu_w, 2, h, n, n_dec, gu));
@@ -459,8 +463,10 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         else TRY(op->silu_mul(be, gate, up, (size_t)n * c->n_ff));
         TRY(op->matmul(be, &w->ffn_down, gate, n, n_dec, o));
         if (w->post_ffn_norm.data) TRY(op->rmsnorm(be, o, w->post_ffn_norm.data, n, c->n_embd, c->rms_eps, o));
-        TRY(op->add(be, x, o, (size_t)n * c->n_embd));
+        if (l + 1 < c->n_layer) ADD_NORM(m->layers[l + 1].attn_norm.data);
+        else TRY(op->add(be, x, o, (size_t)n * c->n_embd));
     }
+#undef ADD_NORM
 #undef TRY
     return AG_OK;
 }

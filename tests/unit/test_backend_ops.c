@@ -384,6 +384,34 @@ static void small_ops(void **state) {
     for (size_t i = 0; i < n; i++) ref[i] = ((double)x[i] + u[i]) * 0.37;
     check("add+scale", out, ref, n, 1e-6);
     free(out);
+    /* add_rmsnorm (where the backend fuses them): the bits of add then
+     * rmsnorm on the same backend, and the reference within tolerance; dim
+     * 160 takes the 4-wide path, 7 rows of 37 the scalar one */
+    if (g_be->ops->add_rmsnorm)
+        for (int shape = 0; shape < 2; shape++) {
+            const int rows = shape ? 37 : N, dim = shape ? 7 : DIM;
+            float    *dsum = dev_floats(g_be, n), *dnorm = dev_floats(g_be, n), *dsum2 = dev_floats(g_be, n),
+                  *dnorm2 = dev_floats(g_be, n);
+            assert_int_equal(g_be->ops->copy(g_be, dsum, dx, n * 4), AG_OK);
+            assert_int_equal(g_be->ops->add_rmsnorm(g_be, dsum, du, dw, rows, dim, 1e-6f, dnorm), AG_OK);
+            assert_int_equal(g_be->ops->copy(g_be, dsum2, dx, n * 4), AG_OK);
+            assert_int_equal(g_be->ops->add(g_be, dsum2, du, (size_t)rows * dim), AG_OK);
+            assert_int_equal(g_be->ops->rmsnorm(g_be, dsum2, dw, rows, dim, 1e-6f, dnorm2), AG_OK);
+            float *a = host_get(g_be, dsum, n), *b = host_get(g_be, dsum2, n), *na = host_get(g_be, dnorm, n),
+                  *nb = host_get(g_be, dnorm2, n);
+            assert_memory_equal(a, b, n * 4); /* past rows x dim: x untouched by both */
+            assert_memory_equal(na, nb, (size_t)rows * dim * 4);
+            for (int r = 0; r < rows; r++) {
+                double ss = 0;
+                for (int i = 0; i < dim; i++) ss += ((double)x[r * dim + i] + u[r * dim + i]) * ((double)x[r * dim + i] + u[r * dim + i]);
+                const double sc = 1.0 / sqrt(ss / dim + 1e-6);
+                for (int i = 0; i < dim; i++) ref[r * dim + i] = ((double)x[r * dim + i] + u[r * dim + i]) * sc * w[i];
+            }
+            check("add_rmsnorm", na, ref, (size_t)rows * dim, 1e-5);
+            free(a), free(b), free(na), free(nb);
+            g_be->ops->free(g_be, dsum), g_be->ops->free(g_be, dnorm), g_be->ops->free(g_be, dsum2),
+                g_be->ops->free(g_be, dnorm2);
+        }
     /* silu_mul, gelu_mul */
     assert_int_equal(g_be->ops->copy(g_be, dout, dx, n * 4), AG_OK);
     assert_int_equal(g_be->ops->silu_mul(g_be, dout, du, n), AG_OK);

@@ -131,6 +131,7 @@ typedef struct {
      * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
     bool mmq_on, fa_on;
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
+    bool fuse_on;     /* add_rmsnorm in one kernel: AUGUR_CUDA_FUSE=1, NOT YET RUN ON A GPU (off by default) */
 
     /* decode rows' activations in BF16 for the tensor-core kernel of BF16
      * weights (mmt_bf16); sized in begin like d_xq (max_k_bf16) */
@@ -1630,36 +1631,49 @@ static __device__ float block_max(float v, float *red) {
 /* One block per row. Rows of dim % 4 == 0 are read as float4 with a thread
  * per float4 (up to 1024): the first version's 256 threads each walked 16
  * dependent loads, 14 us a call at dim 4096 (17% of an 8B decode step). */
-__global__ void rmsnorm_k(const float *__restrict__ x, const float *__restrict__ w, int dim, float eps,
-                          float *__restrict__ out) {
+/* Row blockIdx.x of out = x / rms(x) · w; with ADD, x += o first (stored
+ * back), in the same pass. The sum of squares is the same loop over the
+ * same values either way, so add_rmsnorm gives add's and rmsnorm's bits. */
+template <bool ADD>
+__global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, const float *__restrict__ w, int dim,
+                          float eps, float *__restrict__ out) {
     __shared__ float red[32];
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float       *o = out + (size_t)blockIdx.x * dim;
+    float       *xr = x + (size_t)blockIdx.x * dim;
+    const float *orow = ADD ? o + (size_t)blockIdx.x * dim : nullptr;
+    float       *res = out + (size_t)blockIdx.x * dim;
     float        ss = 0.0f;
     if ((dim & 3) == 0) {
-        const float4 *x4 = (const float4 *)xr;
-        const int     n4 = dim >> 2;
+        float4      *x4 = (float4 *)xr;
+        const int    n4 = dim >> 2;
         for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-            const float4 v = x4[i];
+            float4 v = x4[i];
+            if (ADD) {
+                const float4 a = ((const float4 *)orow)[i];
+                v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+                x4[i] = v;
+            }
             ss = fmaf(v.x, v.x, ss), ss = fmaf(v.y, v.y, ss), ss = fmaf(v.z, v.z, ss), ss = fmaf(v.w, v.w, ss);
         }
         ss = block_sum(ss, red);
         const float sc = rsqrtf(ss / dim + eps);
-        for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        for (int i = threadIdx.x; i < n4; i += blockDim.x) { /* x4[i]: this thread's own store above */
             float4 v = x4[i];
             v.x *= sc, v.y *= sc, v.z *= sc, v.w *= sc;
             if (w) {
                 const float4 g = ((const float4 *)w)[i];
                 v.x *= g.x, v.y *= g.y, v.z *= g.z, v.w *= g.w;
             }
-            ((float4 *)o)[i] = v;
+            ((float4 *)res)[i] = v;
         }
         return;
     }
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        if (ADD) xr[i] += orow[i];
+        ss = fmaf(xr[i], xr[i], ss);
+    }
     ss = block_sum(ss, red);
     const float sc = rsqrtf(ss / dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) res[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
 }
 
 /* Threads for a block that gives each thread about one of `work` items:
@@ -1671,7 +1685,8 @@ static unsigned threads_for(int work) {
 
 static ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
     if (n <= 0) return AG_OK;
-    rmsnorm_k<<<(unsigned)n, threads_for(dim % 4 == 0 ? dim / 4 : dim), 0, st_of(be)->stream>>>(x, w, dim, eps, out);
+    rmsnorm_k<false><<<(unsigned)n, threads_for(dim % 4 == 0 ? dim / 4 : dim), 0, st_of(be)->stream>>>(
+        (float *)x, nullptr, w, dim, eps, out); /* x is only read without ADD */
     LAUNCHED();
     return AG_OK;
 }
@@ -1744,6 +1759,19 @@ __global__ void gelu_mul_k(float *g, const float *u, size_t n) {
 static ag_status cu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
     if (n <= 0) return AG_OK;
     add_bias_k<<<grid_for((size_t)n * dim, 256), 256, 0, st_of(be)->stream>>>(x, b, n, dim);
+    LAUNCHED();
+    return AG_OK;
+}
+static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n);
+static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
+                                float *out) {
+    if (n <= 0) return AG_OK;
+    if (!st_of(be)->fuse_on) { /* the default until the fused kernel has run on a GPU: two launches */
+        ag_status st = cu_add(be, x, o, (size_t)n * dim);
+        return st ? st : cu_rmsnorm(be, x, w, n, dim, eps, out);
+    }
+    rmsnorm_k<true><<<(unsigned)n, threads_for(dim % 4 == 0 ? dim / 4 : dim), 0, st_of(be)->stream>>>(x, o, w, dim, eps,
+                                                                                                     out);
     LAUNCHED();
     return AG_OK;
 }
@@ -2621,6 +2649,7 @@ static ag_backend_ops make_ops(void) {
     o.matmul_multi = cu_matmul_multi;
     o.get_rows = cu_get_rows;
     o.rmsnorm = cu_rmsnorm;
+    o.add_rmsnorm = cu_add_rmsnorm;
     o.rope = cu_rope;
     o.add_bias = cu_add_bias;
     o.add = cu_add;
@@ -2684,6 +2713,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
+    const char *fuse = getenv("AUGUR_CUDA_FUSE");
+    s->fuse_on = fuse && *fuse == '1';
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;
