@@ -25,6 +25,15 @@
 
 #define L2_ACT_BUDGET (512 * 1024) /* bytes of activations a task keeps hot */
 
+/* The token-panel path (below), which decode rows of Q4_K / Q6_K take too. */
+static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok);
+static size_t      panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok);
+static void        panel_quantize(ag_threadpool *pool, ag_act_format fmt, const float *x, int64_t ldx, int64_t n_tok,
+                                  int64_t n_in, void *buf, uint8_t **rows, uint8_t **panels);
+static ag_status   matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, const void *w, int64_t n_out,
+                                 int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
+                                 void *scratch, size_t scratch_size);
+
 static ag_status check_common(uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, int64_t n_tok,
                               const void *y, int64_t ldy, ag_act_format *fmt) {
     ag_status st = ag_quant_act_format(w_type, fmt);
@@ -71,6 +80,7 @@ size_t ag_matmul_scratch_size(uint32_t w_type, int64_t n_in, int64_t n_tok) {
     ag_act_format f;
     if (ag_quant_act_format(w_type, &f) != AG_OK || n_tok < 0) return 0;
     if (f == AG_ACT_F32) return 0;
+    if (decode_panel_kernel(w_type, n_tok)) return panel_scratch_size(f, n_in, n_tok);
     size_t rb = ag_act_row_bytes(f, n_in), total;
     if (rb == 0 || __builtin_mul_overflow(rb, (size_t)n_tok, &total)) return 0;
     return total;
@@ -246,6 +256,18 @@ static int multi_formats(const ag_matmul_part *parts, int n_parts, ag_act_format
     return n;
 }
 
+/* True when a part of activation format f takes the panel kernels for
+ * n_tok decode rows (decode_panel_kernel): X in that format is then packed
+ * into token panels as well. */
+static bool multi_wants_panels(const ag_matmul_part *parts, int n_parts, ag_act_format f, int64_t n_tok) {
+    for (int p = 0; p < n_parts; p++) {
+        ag_act_format pf;
+        if (ag_quant_act_format(parts[p].w_type, &pf) == AG_OK && pf == f && decode_panel_kernel(parts[p].w_type, n_tok))
+            return true;
+    }
+    return false;
+}
+
 size_t ag_matmul_multi_scratch_size(const ag_matmul_part *parts, int n_parts, int64_t n_in, int64_t n_tok) {
     ag_act_format fmts[AG_MATMUL_MAX_PARTS];
     if (n_parts < 1 || n_parts > AG_MATMUL_MAX_PARTS || n_tok < 0) return 0;
@@ -255,6 +277,9 @@ size_t ag_matmul_multi_scratch_size(const ag_matmul_part *parts, int n_parts, in
         if (fmts[k] == AG_ACT_F32) continue;
         size_t rb = ag_act_row_bytes(fmts[k], n_in), b;
         if (rb == 0 || __builtin_mul_overflow(rb, (size_t)n_tok, &b)) return 0;
+        if (multi_wants_panels(parts, n_parts, fmts[k], n_tok) && (b = panel_scratch_size(fmts[k], n_in, n_tok)) == 0)
+            return 0;
+        if (b > SIZE_MAX / 2 - total) return 0;
         total += (b + 63) & ~(size_t)63;
     }
     return total;
@@ -277,21 +302,30 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
     if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
     void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);
     if (!buf) return AG_ERR_NOMEM;
-    /* X once per activation format */
+    /* X once per activation format (rows, and panels where a part wants them) */
     ag_act_format fmts[AG_MATMUL_MAX_PARTS];
-    const void   *xa[AG_MATMUL_MAX_PARTS];
+    const void   *xa[AG_MATMUL_MAX_PARTS], *xp[AG_MATMUL_MAX_PARTS];
     size_t        stride[AG_MATMUL_MAX_PARTS];
     int           nf = multi_formats(parts, n_parts, fmts);
     uint8_t      *at = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
     ag_status     st = AG_OK;
     for (int k = 0; k < nf && st == AG_OK; k++) {
+        xp[k] = NULL;
         if (fmts[k] == AG_ACT_F32) {
             xa[k] = x, stride[k] = (size_t)ldx * sizeof(float);
             continue;
         }
         size_t rb = ag_act_row_bytes(fmts[k], n_in), bytes = rb * (size_t)n_tok;
+        stride[k] = rb;
+        if (multi_wants_panels(parts, n_parts, fmts[k], n_tok)) {
+            uint8_t *rows, *panels;
+            panel_quantize(pool, fmts[k], x, ldx, n_tok, n_in, at, &rows, &panels);
+            xa[k] = rows, xp[k] = panels;
+            at += (panel_scratch_size(fmts[k], n_in, n_tok) + 63) & ~(size_t)63;
+            continue;
+        }
         st = ag_matmul_quantize_x(pool, fmts[k], x, ldx, n_tok, n_in, at, bytes);
-        xa[k] = at, stride[k] = rb;
+        xa[k] = at;
         at += (bytes + 63) & ~(size_t)63;
     }
     if (st == AG_OK) {
@@ -304,11 +338,12 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
             ag_quant_act_format(parts[p].w_type, &f);
             int k = 0;
             while (fmts[k] != f) k++;
-            int64_t want = threads == 1 ? 1 : (threads * 8 * parts[p].n_out + rows - 1) / (rows ? rows : 1);
+            int64_t     want = threads == 1 ? 1 : (threads * 8 * parts[p].n_out + rows - 1) / (rows ? rows : 1);
+            ag_panel_fn pk = xp[k] ? decode_panel_kernel(parts[p].w_type, n_tok) : NULL;
             m.first[p + 1] = m.first[p] + (parts[p].n_out == 0 ? 0
                                            : mm_plan(&m.jobs[p], parts[p].w_type, parts[p].w, parts[p].n_out, n_in,
-                                                     xa[k], stride[k], n_tok, parts[p].y, parts[p].ldy, false,
-                                                     NULL, want < 1 ? 1 : want));
+                                                     pk ? xp[k] : xa[k], pk ? ag_panel_row_bytes(fmts[k], n_in) : stride[k],
+                                                     n_tok, parts[p].y, parts[p].ldy, false, pk, want < 1 ? 1 : want));
         }
         ag_threadpool_run(pool, m.first[n_parts], mm_multi_task, &m);
     }
@@ -336,6 +371,8 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     if ((st = check_x(x, ldx, n_in, n_out, n_tok)) != AG_OK) return st;
     if (n_out == 0 || n_tok == 0) return AG_OK;
 
+    ag_panel_fn pk = tiles ? NULL : decode_panel_kernel(w_type, n_tok);
+    if (pk) return matmul_panels(pool, w_type, pk, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size);
     if (fmt == AG_ACT_F32) { /* float weights read X in place */
         matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles, NULL);
         return AG_OK;
@@ -365,10 +402,21 @@ static bool use_amx(uint32_t w_type) { return ag_amx_supports(w_type) && ag_amx_
  * AMX), so a row may take any of them. */
 static bool canonical_kquant(uint32_t w_type) { return w_type == AG_TYPE_Q4_K || w_type == AG_TYPE_Q6_K; }
 
-/* The dot kernels beat a panel of this few real tokens (of AG_PANEL_NT).
- * 2048x2048, one core of the AVX2 VM, GFLOP/s Q4_K / Q6_K: 4 tokens, panel
- * 82 / 59, dot 93 / 95; 5 tokens, panel 96 / 74, dot 79 / 71. */
+/* A batch of at most this many tokens takes the dot kernels, which beat a
+ * panel of so few real tokens (of AG_PANEL_NT). 2048x2048, one core of the
+ * AVX2 VM, GFLOP/s Q4_K / Q6_K: 4 tokens, panel 82 / 59, dot 93 / 95; 5
+ * tokens, panel 96 / 74, dot 79 / 71. A larger batch puts every token in a
+ * panel, its last few too: a separate dot pass for them would stream the
+ * weights once more (8960x1536 cold, one thread, 12 tokens: one pass of
+ * two panels ~3.8 ms, a panel and a 4-token dot pass ~4.3-4.7). */
 #define PANEL_DOT_TAIL 4
+
+/* Decode rows of Q4_K / Q6_K (whose panels give the dot kernels' bits)
+ * take the panel kernels from this many on: a speculative-decoding verify
+ * window of 5..12 tokens. 8960x1536 cold, 2 threads, ms Q4_K / Q6_K (dot
+ * at n = 1: 0.55 / 0.78): 5 tokens dot 1.30 / 1.47, panel 0.97 / 1.49; 8
+ * tokens dot 1.56 / 1.91, panel 0.83 / 1.48. */
+#define DECODE_PANEL_MIN (PANEL_DOT_TAIL + 1)
 
 /* The panel kernel for prompt rows of w_type, or NULL (AMX or none). */
 static ag_panel_fn prompt_panel_kernel(uint32_t w_type) {
@@ -385,6 +433,11 @@ static size_t panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok) {
         rows > SIZE_MAX / 2 || panels > SIZE_MAX / 2 - 128 - rows)
         return 0;
     return ((rows + 63) & ~(size_t)63) + panels + 64;
+}
+
+/* The panel kernel for n_tok decode rows of w_type, or NULL (dot kernels). */
+static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok) {
+    return n_tok >= DECODE_PANEL_MIN && canonical_kquant(w_type) ? prompt_panel_kernel(w_type) : NULL;
 }
 
 typedef struct {
@@ -419,22 +472,31 @@ static ag_status matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn
     if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
     void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);
     if (!buf) return AG_ERR_NOMEM;
-    panel_job j = {fmt, x, ldx, n_in, n_tok, NULL, NULL, ag_act_row_bytes(fmt, n_in), ag_panel_row_bytes(fmt, n_in)};
-    j.rows = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* the kernels load panels aligned */
-    j.panels = j.rows + ((j.row_bytes * (size_t)n_tok + 63) & ~(size_t)63);
-    const int64_t n_panels = (n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT;
-    ag_threadpool_run(pool, n_panels, panel_quant_task, &j);
-    /* Q4_K / Q6_K panels give the dot kernels' bits, so a short tail (a last
-     * panel of at most PANEL_DOT_TAIL tokens, mostly empty lanes) takes the
-     * dot kernels, faster there; the other types' panels have their own
+    const size_t rb = ag_act_row_bytes(fmt, n_in), pb = ag_panel_row_bytes(fmt, n_in);
+    uint8_t     *rows, *panels;
+    panel_quantize(pool, fmt, x, ldx, n_tok, n_in, buf, &rows, &panels);
+    /* Q4_K / Q6_K panels give the dot kernels' bits, so a batch of at most
+     * PANEL_DOT_TAIL tokens (a panel of mostly empty lanes) takes the dot
+     * kernels, faster there; the other types' panels have their own
      * arithmetic and take every token whatever the batch */
-    const int64_t tail = n_tok % AG_PANEL_NT, n_pan = canonical_kquant(w_type) && tail <= PANEL_DOT_TAIL ? n_tok - tail : n_tok;
-    if (n_pan > 0) matmul_run(pool, w_type, w, n_out, n_in, j.panels, j.panel_bytes, n_pan, y, ldy, false, pk);
-    if (n_pan < n_tok)
-        matmul_run(pool, w_type, w, n_out, n_in, j.rows + (size_t)n_pan * j.row_bytes, j.row_bytes, n_tok - n_pan,
-                   y + n_pan * ldy, ldy, false, NULL);
+    if (canonical_kquant(w_type) && n_tok <= PANEL_DOT_TAIL)
+        matmul_run(pool, w_type, w, n_out, n_in, rows, rb, n_tok, y, ldy, false, NULL);
+    else
+        matmul_run(pool, w_type, w, n_out, n_in, panels, pb, n_tok, y, ldy, false, pk);
     free(owned);
     return AG_OK;
+}
+
+/* Quantizes X into activation rows and packs them into token panels, in
+ * buf (panel_scratch_size bytes): *rows and then, 64-aligned as the
+ * kernels load them, *panels. */
+static void panel_quantize(ag_threadpool *pool, ag_act_format fmt, const float *x, int64_t ldx, int64_t n_tok,
+                           int64_t n_in, void *buf, uint8_t **rows, uint8_t **panels) {
+    panel_job j = {fmt, x, ldx, n_in, n_tok, NULL, NULL, ag_act_row_bytes(fmt, n_in), ag_panel_row_bytes(fmt, n_in)};
+    j.rows = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    j.panels = j.rows + ((j.row_bytes * (size_t)n_tok + 63) & ~(size_t)63);
+    ag_threadpool_run(pool, (n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT, panel_quant_task, &j);
+    *rows = j.rows, *panels = j.panels;
 }
 
 const char *ag_matmul_prompt_kernel(uint32_t w_type) {

@@ -108,6 +108,20 @@ OFFSET_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1)
 
 /* ---- K-quants, Q8_K activations ---- */
 
+/* Prefetches step k of nsteps of the weight tile that follows the `bytes`
+ * bytes at tile (the next rows: a task walks consecutive rows). A kernel
+ * that walks its tile in nsteps calls it once per step, so the next tile
+ * arrives while this one computes. Without it the kernels wait for each
+ * weight line: the work per super-block (hundreds of instructions) keeps
+ * the next block's loads out of the out-of-order window. Prefetch does not
+ * fault, so reading past the matrix is harmless. */
+AI void prefetch_next_tile(const void *tile, size_t bytes, int64_t k, int64_t nsteps) {
+    const char  *next = (const char *)tile + bytes;
+    const size_t per = (bytes + (size_t)nsteps - 1) / (size_t)nsteps;
+    for (size_t o = (size_t)k * per; o < (size_t)(k + 1) * per && o < bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+}
+
+
 /* Q4_K and Q6_K follow the canonical K-quant arithmetic (ag_kquant_fold in
  * quant_impl.h), bit for bit with the scalar and AVX-512 kernels and the AMX
  * tiles: per super-block s the exact integers isum (and Q4_K's msum), folded
@@ -217,6 +231,7 @@ AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         _Alignas(32) int32_t sb[4][AG_DOT_MAX_NX][8];
         for (int k = 0; k < kn; k++) {
             __m256i sk[AG_DOT_MAX_NX];
+            prefetch_next_tile(b, (size_t)nsb * sizeof *b, i + k, nsb);
             q4k_sums(b, y, i + k, NX, sk);
             UNROLL for (int t = 0; t < NX; t++) _mm256_store_si256((__m256i *)sb[k][t], sk[t]);
         }
@@ -330,6 +345,7 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         _Alignas(32) int32_t sb[4][AG_DOT_MAX_NX][8]; /* as in Q4_K */
         for (int k = 0; k < kn; k++) {
             __m256i sk[AG_DOT_MAX_NX];
+            prefetch_next_tile(b, (size_t)nsb * sizeof *b, i + k, nsb);
             q6k_sums(b, y, i + k, NX, sk);
             UNROLL for (int t = 0; t < NX; t++) _mm256_store_si256((__m256i *)sb[k][t], sk[t]);
         }
@@ -604,6 +620,7 @@ AI __m256i kq_corr(const __m256i *corr, const int16_t (*pairs)[AG_PANEL_NT][2], 
         memset(acc, 0, sizeof(acc[0]) * (size_t)np);                                                             \
         const int64_t nsb = n / AG_QK_K;                                                                         \
         for (int64_t s = 0; s < nsb; s++) {                                                                      \
+            prefetch_next_tile(w, (size_t)NR * w_stride, s, nsb);                                                \
             UNROLL for (int r = 0; r < NR; r++) ROW((const BT *)((const uint8_t *)w + (size_t)r * w_stride) + s, &wr[r]); \
             for (int p = 0; p < np; p++) {                                                                       \
                 __m256i isum[AG_GEMM_RM];                                                                        \
