@@ -206,8 +206,8 @@ static void multi_equals_separate(void **state) {
  * the nx = 1 dot kernel), through ag_matmul and ag_matmul_multi, one thread
  * or three, with the caller's scratch sized by the *_scratch_size functions
  * and misaligned (the bytes past it stay untouched). Q4_K / Q6_K windows of
- * 5+ take the token panels on AVX2 (decode_panel_kernel); the legacy types
- * must stay on their dot kernels. Ragged shapes: n_out not a multiple of 4,
+ * 3+ take the window panels on AVX2 (decode_panel_kernel: 1, 2 or 3+ panels
+ * of 4, ragged); the legacy types must stay on their dot kernels. Ragged shapes: n_out not a multiple of 4,
  * super-block counts off a multiple of 4 (1280 = 5). */
 static void decode_window_invariance(void **state) {
     static const uint32_t types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K, AG_TYPE_Q4_1, AG_TYPE_Q8_0, AG_TYPE_Q5_0};
@@ -278,7 +278,7 @@ static void decode_window_invariance(void **state) {
 static void kquant_paths_bit_identical(void **state) {
     const uint32_t       types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K};
     static const int64_t ins[] = {768, 1280};
-    static const int64_t toks[] = {1, 4, 5, 12, 16, 37}; /* 4: dot kernels; 5+: panels (AVX2), 12: with a 4-token tail */
+    static const int64_t toks[] = {1, 2, 3, 5, 12, 16, 37}; /* decode rows 1-2: dot kernels, 3+: window panels (AVX2) */
     ag_threadpool       *pool;
     ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
     assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);

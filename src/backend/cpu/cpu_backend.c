@@ -422,6 +422,9 @@ void ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, size_t 
     bool amx_decode = false;
     for (int i = 0; i < n_types; i++) amx_decode = amx_decode || ag_matmul_decode_on_amx(types[i], AG_MATMUL_AMX_MIN_TOK);
     if (amx_decode) report_add(buf, n, &len, ", amx from %d rows (Q4_K Q6_K)", AG_MATMUL_AMX_MIN_TOK);
+    bool panel_decode = false;
+    for (int i = 0; i < n_types; i++) panel_decode = panel_decode || ag_matmul_decode_on_panels(types[i], AG_MATMUL_PANEL_MIN_TOK);
+    if (panel_decode) report_add(buf, n, &len, ", window panels from %d rows (Q4_K Q6_K)", AG_MATMUL_PANEL_MIN_TOK);
     /* the prompt kernels, one group per kind, types in the order given */
     static const char *kinds[] = {"amx", "panel", "tile", "dot"};
     report_add(buf, n, &len, "; prompt:");

@@ -573,6 +573,7 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
      * the table inherits have not been measured against them on an AVX-512
      * CPU, so they stay off at this level. */
     memset(k->panel, 0, sizeof k->panel);
+    memset(k->wpanel, 0, sizeof k->wpanel);
 }
 
 #else
