@@ -1,9 +1,10 @@
 /* Matmul driver: quantize X, then tile (rows × token chunks) over the pool.
  *
  * Two kinds of rows (see ag_batch.n_prompt): decode rows go through the dot
- * kernels (ag_matmul, ag_matmul_multi), Q4_K / Q6_K windows of 3+ through
- * the AVX2 window panels (same bits); prompt rows through AMX tiles where
- * the CPU has them (matmul_amx.c), else through the same driver with the
+ * kernels (ag_matmul, ag_matmul_multi), Q4_K / Q6_K windows of a few
+ * tokens through the AVX2 window panels (same bits); prompt rows through
+ * AMX tiles where the CPU has them (matmul_amx.c), else through the same
+ * driver with the
  * AVX2 token-panel kernels (X packed eight tokens at a time, see
  * ag_panel_q8k) or the AVX-512 VNNI tile kernels (ag_matmul_prompt). A
  * token's result depends only on its own row and its kind, never on the
@@ -422,15 +423,18 @@ static bool canonical_kquant(uint32_t w_type) { return w_type == AG_TYPE_Q4_K ||
  * two panels ~3.8 ms, a panel and a 4-token dot pass ~4.3-4.7). */
 #define PANEL_DOT_TAIL 4
 
-/* Decode rows of Q4_K / Q6_K (whose panels give the dot kernels' bits)
- * take the window panels (four tokens each) from AG_MATMUL_PANEL_MIN_TOK
- * on: a speculative verify window of 3+ tokens. quant_bench --window,
- * 8960x1536, cold, 2 threads, medians of 3 alternating runs on the shared
- * VM, ms Q4_K / Q6_K: dot kernels, 8-token panels, window panels: 3 tokens
- * 0.86 / 0.95, -, 0.68 / 1.00; 4 tokens 1.10 / 1.13, -, 0.70 / 1.02; 8
- * tokens 2.01 / 2.13, 1.07 / 1.52, 1.10 / 1.44; 12 tokens 3.03 / 3.29,
- * 1.75 / 2.38, 1.52 / 2.07 (2 tokens: the dot kernels, 0.71 / 0.83 against
- * 0.67 / 1.00). */
+/* The fewest decode rows of Q4_K / Q6_K (whose panels give the dot
+ * kernels' bits) that take the window panels (four tokens each): a
+ * speculative verify window. quant_bench --window, 8960x1536, cold, 2
+ * threads, medians of 3-4 alternating runs on the shared VM, ms, dot
+ * kernels / 8-token panels / window panels:
+ *   Q4_K  3 tokens 0.86 / - / 0.68; 4: 1.10 / - / 0.70; 8: 2.01 / 1.07 /
+ *         1.10; 12: 3.03 / 1.75 / 1.52 (2 tokens: 0.71 / - / 0.67, a wash);
+ *   Q6_K  3 tokens 1.23 / - / 1.54; 4: 1.48 / - / 1.56; 5: 1.75 / 1.47 /
+ *         1.39 (another run 2.05 / - / 2.19); 8: 2.13 / 1.52 / 1.44; 12:
+ *         3.29 / 2.38 / 2.07. Q6_K's panel has twice the chunks per scale
+ *         and spills, so it needs a longer window to pay. */
+static int window_panel_min(uint32_t w_type) { return w_type == AG_TYPE_Q4_K ? 3 : w_type == AG_TYPE_Q6_K ? 5 : 0; }
 
 /* The panel kernel for prompt rows of w_type, or NULL (AMX or none). */
 static ag_panel_fn prompt_panel_kernel(uint32_t w_type) {
@@ -451,11 +455,14 @@ static size_t panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok, b
 
 /* The panel kernel for n_tok decode rows of w_type, or NULL (dot kernels). */
 static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok) {
-    if (n_tok < AG_MATMUL_PANEL_MIN_TOK || !canonical_kquant(w_type) || use_amx(w_type)) return NULL;
+    const int min = window_panel_min(w_type);
+    if (min == 0 || n_tok < min || use_amx(w_type)) return NULL;
     return ag_quant_kernels_active()->wpanel[w_type];
 }
 
-bool ag_matmul_decode_on_panels(uint32_t w_type, int64_t n_decode) { return decode_panel_kernel(w_type, n_decode) != NULL; }
+int ag_matmul_decode_panel_min(uint32_t w_type) {
+    return w_type < AG_TYPE_COUNT && decode_panel_kernel(w_type, window_panel_min(w_type)) ? window_panel_min(w_type) : 0;
+}
 
 typedef struct {
     ag_act_format fmt;
