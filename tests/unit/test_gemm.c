@@ -206,7 +206,7 @@ static void multi_equals_separate(void **state) {
  * the nx = 1 dot kernel), through ag_matmul and ag_matmul_multi, one thread
  * or three, with the caller's scratch sized by the *_scratch_size functions
  * and misaligned (the bytes past it stay untouched). Q4_K / Q6_K windows of
- * 3+ / 5+ take the window panels on AVX2 (decode_panel_kernel: 1..4 panels
+ * 3+ / 7+ take the window panels on AVX2 (decode_panel_kernel: 1..4 panels
  * of 4, ragged); the legacy types must stay on their dot kernels. Ragged shapes: n_out not a multiple of 4,
  * super-block counts off a multiple of 4 (1280 = 5). */
 static void decode_window_invariance(void **state) {
@@ -278,7 +278,7 @@ static void decode_window_invariance(void **state) {
 static void kquant_paths_bit_identical(void **state) {
     const uint32_t       types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K};
     static const int64_t ins[] = {768, 1280};
-    static const int64_t toks[] = {1, 2, 3, 5, 12, 16, 37}; /* decode rows: window panels (AVX2) from 3 (Q4_K) / 5 (Q6_K) */
+    static const int64_t toks[] = {1, 2, 3, 5, 12, 16, 37}; /* decode rows: window panels (AVX2) from 3 (Q4_K) / 7 (Q6_K) */
     ag_threadpool       *pool;
     ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
     assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);

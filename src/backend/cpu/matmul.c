@@ -426,15 +426,15 @@ static bool canonical_kquant(uint32_t w_type) { return w_type == AG_TYPE_Q4_K ||
 /* The fewest decode rows of Q4_K / Q6_K (whose panels give the dot
  * kernels' bits) that take the window panels (four tokens each): a
  * speculative verify window. quant_bench --window, 8960x1536, cold, 2
- * threads, medians of 3-4 alternating runs on the shared VM, ms, dot
- * kernels / 8-token panels / window panels:
- *   Q4_K  3 tokens 0.86 / - / 0.68; 4: 1.10 / - / 0.70; 8: 2.01 / 1.07 /
- *         1.10; 12: 3.03 / 1.75 / 1.52 (2 tokens: 0.71 / - / 0.67, a wash);
- *   Q6_K  3 tokens 1.23 / - / 1.54; 4: 1.48 / - / 1.56; 5: 1.75 / 1.47 /
- *         1.39 (another run 2.05 / - / 2.19); 8: 2.13 / 1.52 / 1.44; 12:
- *         3.29 / 2.38 / 2.07. Q6_K's panel has twice the chunks per scale
- *         and spills, so it needs a longer window to pay. */
-static int window_panel_min(uint32_t w_type) { return w_type == AG_TYPE_Q4_K ? 3 : w_type == AG_TYPE_Q6_K ? 5 : 0; }
+ * threads, ms, medians of 3 alternating runs on the shared VM (runs on
+ * other hours moved single figures by 10-30%), dot kernels -> window panels:
+ *   Q4_K  3 tokens 0.81 -> 0.59, 4: 1.06 -> 0.61, 8: 2.00 -> 0.86, 12: 3.14
+ *         -> 1.31 (2 tokens: 0.71 / 0.67 in another run, a wash);
+ *   Q6_K  5 tokens 1.25 -> 1.42, 6: 1.34 -> 1.52, 7: 1.45 -> 1.41, 8: 1.64
+ *         -> 1.48, 12: 2.37 -> 2.22. Q6_K's panel does more work per element
+ *         (a scale madd per 2 maddubs) and spills, so it pays only for longer
+ *         windows. */
+static int window_panel_min(uint32_t w_type) { return w_type == AG_TYPE_Q4_K ? 3 : w_type == AG_TYPE_Q6_K ? 7 : 0; }
 
 /* The panel kernel for prompt rows of w_type, or NULL (AMX or none). */
 static ag_panel_fn prompt_panel_kernel(uint32_t w_type) {

@@ -86,7 +86,7 @@ const char *ag_matmul_prompt_kernel(uint32_t w_type);
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode);
 
 /* Likewise without AMX: on the AVX2 level, ag_matmul and ag_matmul_multi
- * run a speculative verify window of Q4_K (3+ tokens) or Q6_K (5+) decode
+ * run a speculative verify window of Q4_K (3+ tokens) or Q6_K (7+) decode
  * rows through the window-panel kernels (ag_wpanel_q8k), whose bits are
  * the dot kernels'. The fewest decode rows of w_type that do at the active
  * ISA, 0 for never (for reports; the callers need do nothing). */
