@@ -3,6 +3,7 @@
  *   build/bench/quant_bench [--types Q4_0,Q6_K,...] [--threads 1,2] [--isa scalar|avx2|avx512]
  *                           [--reps N] [--no-gemm] [--no-cold]
  *   build/bench/quant_bench --ab [--types ...] [--reps N]
+ *   build/bench/quant_bench --window [--types ...] [--threads 1,2] [--reps N]
  *
  * Reports, per weight type:
  *   - decode matvec (n_tok = 1) in GB/s of weight bytes, for 2048x2048 and
@@ -19,7 +20,15 @@
  * --ab: the dot kernels alone (one thread, no threadpool), every ISA level in
  * turn within each rep so that a shared machine's noise hits them alike;
  * weight GB/s for nx = 1 and 4, 2048x2048, hot (same matrix) and cold
- * (rotating over ~512 MiB of copies); median and best of the reps. */
+ * (rotating over ~512 MiB of copies); median and best of the reps.
+ *
+ * --window: the cost of a speculative-decoding verify window, which runs its
+ * n tokens as decode rows: ms per ag_matmul call of n = 1..12 decode rows,
+ * 8960x1536 (Qwen2.5-1.5B's FFN up/gate), cold (rotating over ~512 MiB of
+ * copies, as a decode step streams the model from DRAM), with the ratio to
+ * n = 1, and the prompt rows' kernels (ag_matmul_prompt) on the same n for
+ * reference. Within each rep every n runs once, so a shared machine's noise
+ * hits all n alike. Default types Q4_K, Q6_K, Q4_1, Q8_0. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -239,9 +248,94 @@ static int run_ab(char type_names[][16], int n_sel, int reps) {
     return 0;
 }
 
+/* ---- --window: decode rows of a verify window ---- */
+
+#define WINDOW_MAX 12
+
+static int run_window(char type_names[][16], int n_sel, const int *threads, int n_threads, int reps) {
+    static const char *defaults[] = {"Q4_K", "Q6_K", "Q4_1", "Q8_0"};
+    const int64_t      n_out = 8960, n_in = 1536;
+    float             *x = malloc(sizeof(float) * WINDOW_MAX * n_in), *y = malloc(sizeof(float) * WINDOW_MAX * n_out);
+    size_t             scratch_size = 16u << 20;
+    void              *scratch = malloc(scratch_size);
+    if (!x || !y || !scratch) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    for (int64_t i = 0; i < WINDOW_MAX * n_in; i++) x[i] = (float)((int64_t)(rnd() % 2001) - 1000) * 1e-3f;
+    if (reps > 256) reps = 256;
+    printf("verify window: ms per call, %lldx%lld, cold weights, median of %d (ratio: to n = 1 decode)\n",
+           (long long)n_out, (long long)n_in, reps);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        int sel = 0;
+        for (int k = 0; k < n_sel; k++) sel |= !strcmp(type_names[k], TYPES[ti].name);
+        for (int k = 0; k < 4 && n_sel == 0; k++) sel |= !strcmp(defaults[k], TYPES[ti].name);
+        if (!sel) continue;
+        const uint32_t t = TYPES[ti].type;
+        size_t         bytes = 0;
+        uint8_t       *w0 = make_weights(ti, n_out, n_in, &bytes);
+        int            n_copies = w0 ? (int)(((size_t)512 << 20) / bytes + 1) : 0;
+        uint8_t      **ws = calloc(n_copies > 0 ? n_copies : 1, sizeof *ws);
+        if (!w0 || !ws) {
+            fprintf(stderr, "out of memory\n");
+            return 1;
+        }
+        ws[0] = w0;
+        for (int c = 1; c < n_copies; c++) {
+            if (!(ws[c] = aligned_alloc(64, (bytes + 63) / 64 * 64))) {
+                n_copies = c;
+                break;
+            }
+            memcpy(ws[c], w0, bytes);
+        }
+        for (int k = 0; k < n_threads; k++) {
+            ag_threadpool_params prm = ag_threadpool_default_params();
+            ag_threadpool       *pool;
+            prm.n_threads = threads[k];
+            if (ag_threadpool_create(&prm, &pool) != AG_OK) {
+                fprintf(stderr, "%s\n", ag_error_message());
+                return 1;
+            }
+            static double tm[2][WINDOW_MAX + 1][256];
+            int           next = 0; /* the copy the next call reads */
+            for (int r = -1; r < reps; r++) /* r = -1: warm-up */
+                for (int n = 1; n <= WINDOW_MAX; n++)
+                    for (int prompt = 0; prompt < 2; prompt++) {
+                        uint8_t  *w = ws[next++ % n_copies];
+                        double    a = now_s();
+                        ag_status st = prompt ? ag_matmul_prompt(pool, t, w, NULL, n_out, n_in, x, n_in, n, y, n_out,
+                                                                 scratch, scratch_size)
+                                              : ag_matmul(pool, t, w, n_out, n_in, x, n_in, n, y, n_out, scratch,
+                                                          scratch_size);
+                        const double dt = now_s() - a;
+                        if (st != AG_OK) {
+                            fprintf(stderr, "matmul failed: %s\n", ag_error_message());
+                            return 1;
+                        }
+                        if (r >= 0) tm[prompt][n][r] = dt;
+                    }
+            printf("\n%-5s %d thread(s)\n%3s %9s %7s %11s\n", TYPES[ti].name, threads[k], "n", "decode ms", "ratio",
+                   "prompt ms");
+            const double one = median(tm[0][1], reps);
+            for (int n = 1; n <= WINDOW_MAX; n++) {
+                const double d = median(tm[0][n], reps), p = median(tm[1][n], reps);
+                printf("%3d %9.3f %7.2f %11.3f\n", n, d * 1e3, d / one, p * 1e3);
+            }
+            fflush(stdout);
+            ag_threadpool_free(pool);
+        }
+        for (int c = 0; c < n_copies; c++) free(ws[c]);
+        free(ws);
+    }
+    free(x);
+    free(y);
+    free(scratch);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     char type_names[N_TYPES][16];
-    int  n_sel = 0, threads[8] = {1, 2}, n_threads = 2, reps = 15, do_gemm = 1, do_cold = 1, do_ab = 0;
+    int  n_sel = 0, threads[8] = {1, 2}, n_threads = 2, reps = 15, do_gemm = 1, do_cold = 1, do_ab = 0, do_window = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--types") && i + 1 < argc) n_sel = parse_list(argv[++i], type_names, N_TYPES);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
@@ -259,12 +353,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-gemm")) do_gemm = 0;
         else if (!strcmp(argv[i], "--no-cold")) do_cold = 0;
         else if (!strcmp(argv[i], "--ab")) do_ab = 1;
+        else if (!strcmp(argv[i], "--window")) do_window = 1;
         else {
-            fprintf(stderr, "usage: %s [--types A,B] [--threads 1,2] [--isa scalar|avx2|avx512] [--reps N] [--no-gemm] [--no-cold] [--ab]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--types A,B] [--threads 1,2] [--isa scalar|avx2|avx512] [--reps N] [--no-gemm] [--no-cold] [--ab | --window]\n", argv[0]);
             return 2;
         }
     }
     if (do_ab) return run_ab(type_names, n_sel, reps);
+    if (do_window) return run_window(type_names, n_sel, threads, n_threads, reps);
     printf("ISA %s (best %s), median of %d calls\n", ag_cpu_isa_name(ag_cpu_isa_active()),
            ag_cpu_isa_name(ag_cpu_isa_best()), reps);
 

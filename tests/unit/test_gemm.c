@@ -201,6 +201,74 @@ static void multi_equals_separate(void **state) {
     ag_threadpool_free(pool);
 }
 
+/* Decode rows as a speculative-decoding verify window sends them: every
+ * window of 1..16 tokens gives each token the bits it gets alone (n_tok = 1,
+ * the nx = 1 dot kernel), through ag_matmul and ag_matmul_multi, one thread
+ * or three, with the caller's scratch sized by the *_scratch_size functions
+ * and misaligned (the bytes past it stay untouched). Q4_K / Q6_K windows of
+ * 3+ / 7+ take the window panels on AVX2 (decode_panel_kernel: 1..4 panels
+ * of 4, ragged); the legacy types must stay on their dot kernels. Ragged shapes: n_out not a multiple of 4,
+ * super-block counts off a multiple of 4 (1280 = 5). */
+static void decode_window_invariance(void **state) {
+    static const uint32_t types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K, AG_TYPE_Q4_1, AG_TYPE_Q8_0, AG_TYPE_Q5_0};
+    const int64_t         n_out = 37, n_win = 16;
+    ag_threadpool        *pool;
+    ag_threadpool_params  prm = {.n_threads = 3, .spin_us = 20};
+    assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
+    int checks = 0;
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t t = types[ti];
+        uint32_t       be;
+        ag_quant_block(t, &be, NULL);
+        const int64_t n_in = be == 256 ? 1280 : 160;
+        uint8_t      *w = random_matrix(t, n_out, n_in), *w2 = random_matrix(t, 5, n_in);
+        float        *x = malloc(sizeof(float) * (size_t)(n_win * n_in));
+        float        *alone = malloc(sizeof(float) * (size_t)(n_win * n_out)), *y = malloc(sizeof(float) * (size_t)(n_win * n_out));
+        float        *alone2 = malloc(sizeof(float) * (size_t)(n_win * 5)), *y2 = malloc(sizeof(float) * (size_t)(n_win * 5));
+        for (int64_t i = 0; i < n_win * n_in; i++) x[i] = nrand();
+        x[3 * n_in + 100] = 2.5e4f; /* an outlier channel */
+        for (int64_t tok = 0; tok < n_win; tok++) {
+            assert_int_equal(ag_matmul(NULL, t, w, n_out, n_in, x + tok * n_in, n_in, 1, alone + tok * n_out, n_out, NULL, 0), AG_OK);
+            assert_int_equal(ag_matmul(NULL, t, w2, 5, n_in, x + tok * n_in, n_in, 1, alone2 + tok * 5, 5, NULL, 0), AG_OK);
+        }
+        for (int64_t n_tok = 1; n_tok <= n_win; n_tok++)
+            for (int64_t first = 0; first + n_tok <= n_win; first += n_tok < 8 ? 5 : 16) {
+                ag_threadpool *p = (n_tok + first) & 1 ? pool : NULL;
+                const float   *xw = x + first * n_in;
+                const size_t   ny = sizeof(float) * (size_t)(n_tok * n_out), ny2 = sizeof(float) * (size_t)(n_tok * 5);
+                size_t         need = ag_matmul_scratch_size(t, n_in, n_tok);
+                uint8_t       *buf = malloc(need + 1 + 256), *scratch = buf + 1; /* misaligned on purpose */
+                memset(buf, 0xA5, need + 1 + 256);
+                memset(y, 0xFF, ny);
+                assert_int_equal(ag_matmul(p, t, w, n_out, n_in, xw, n_in, n_tok, y, n_out, scratch, need), AG_OK);
+                if (memcmp(y, alone + first * n_out, ny))
+                    fail_msg("type %u: a window of %lld decode rows (from token %lld) differs from its tokens alone", t,
+                             (long long)n_tok, (long long)first);
+                for (size_t i = 0; i < 256; i++)
+                    if (scratch[need + i] != 0xA5) fail_msg("type %u, %lld rows: ag_matmul wrote past its scratch", t, (long long)n_tok);
+                free(buf);
+                /* two parts that read the same X */
+                ag_matmul_part parts[2] = {{t, w, n_out, y, n_out}, {t, w2, 5, y2, 5}};
+                need = ag_matmul_multi_scratch_size(parts, 2, n_in, n_tok);
+                buf = malloc(need + 1 + 256), scratch = buf + 1;
+                memset(buf, 0xA5, need + 1 + 256);
+                memset(y, 0xFF, ny), memset(y2, 0xFF, ny2);
+                assert_int_equal(ag_matmul_multi(p, parts, 2, n_in, xw, n_in, n_tok, scratch, need), AG_OK);
+                if (memcmp(y, alone + first * n_out, ny) || memcmp(y2, alone2 + first * 5, ny2))
+                    fail_msg("type %u: a window of %lld decode rows through ag_matmul_multi differs from its tokens alone",
+                             t, (long long)n_tok);
+                for (size_t i = 0; i < 256; i++)
+                    if (scratch[need + i] != 0xA5)
+                        fail_msg("type %u, %lld rows: ag_matmul_multi wrote past its scratch", t, (long long)n_tok);
+                free(buf);
+                checks += 2;
+            }
+        free(w), free(w2), free(x), free(alone), free(y), free(alone2), free(y2);
+    }
+    print_message("decode windows: %d bit-identity checks\n", checks);
+    ag_threadpool_free(pool);
+}
+
 /* Q4_K and Q6_K: the dot kernels (scalar, AVX2, AVX-512), the prompt path
  * without AMX (AVX2: the token-panel kernels, one thread or three), the AMX
  * tiles unpacking per call and the AMX tiles on a packed copy give the same bits
@@ -210,7 +278,7 @@ static void multi_equals_separate(void **state) {
 static void kquant_paths_bit_identical(void **state) {
     const uint32_t       types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K};
     static const int64_t ins[] = {768, 1280};
-    static const int64_t toks[] = {1, 5, 12, 16, 37}; /* 12: a panel and a 4-token tail on the dot kernels */
+    static const int64_t toks[] = {1, 2, 3, 5, 12, 16, 37}; /* decode rows: window panels (AVX2) from 3 (Q4_K) / 7 (Q6_K) */
     ag_threadpool       *pool;
     ag_threadpool_params prm = {.n_threads = 3, .spin_us = 20};
     assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
@@ -277,6 +345,7 @@ int main(void) {
         cmocka_unit_test(prompt_token_invariance),
         cmocka_unit_test(prompt_scratch_is_enough),
         cmocka_unit_test(multi_equals_separate),
+        cmocka_unit_test(decode_window_invariance),
         cmocka_unit_test(kquant_paths_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

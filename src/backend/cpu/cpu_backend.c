@@ -422,6 +422,10 @@ void ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, size_t 
     bool amx_decode = false;
     for (int i = 0; i < n_types; i++) amx_decode = amx_decode || ag_matmul_decode_on_amx(types[i], AG_MATMUL_AMX_MIN_TOK);
     if (amx_decode) report_add(buf, n, &len, ", amx from %d rows (Q4_K Q6_K)", AG_MATMUL_AMX_MIN_TOK);
+    for (int i = 0; i < n_types; i++)
+        if (ag_matmul_decode_panel_min(types[i]))
+            report_add(buf, n, &len, ", window panels from %d rows (%s)", ag_matmul_decode_panel_min(types[i]),
+                       ag_tensor_type_name(types[i]));
     /* the prompt kernels, one group per kind, types in the order given */
     static const char *kinds[] = {"amx", "panel", "tile", "dot"};
     report_add(buf, n, &len, "; prompt:");

@@ -1,8 +1,10 @@
 /* Matmul driver: quantize X, then tile (rows × token chunks) over the pool.
  *
  * Two kinds of rows (see ag_batch.n_prompt): decode rows go through the dot
- * kernels (ag_matmul, ag_matmul_multi); prompt rows through AMX tiles where
- * the CPU has them (matmul_amx.c), else through the same driver with the
+ * kernels (ag_matmul, ag_matmul_multi), Q4_K / Q6_K windows of a few
+ * tokens through the AVX2 window panels (same bits); prompt rows through
+ * AMX tiles where the CPU has them (matmul_amx.c), else through the same
+ * driver with the
  * AVX2 token-panel kernels (X packed eight tokens at a time, see
  * ag_panel_q8k) or the AVX-512 VNNI tile kernels (ag_matmul_prompt). A
  * token's result depends only on its own row and its kind, never on the
@@ -24,6 +26,22 @@
 #include "backend/cpu/quant_impl.h"
 
 #define L2_ACT_BUDGET (512 * 1024) /* bytes of activations a task keeps hot */
+
+/* The panel paths (below): token panels for prompt rows, window panels
+ * (window = true) for decode windows of Q4_K / Q6_K. */
+static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok);
+static size_t      panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok, bool window);
+static void        panel_quantize(ag_threadpool *pool, ag_act_format fmt, bool window, const float *x, int64_t ldx,
+                                  int64_t n_tok, int64_t n_in, void *buf, uint8_t **rows, uint8_t **panels);
+static ag_status   matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, bool window, const void *w,
+                                 int64_t n_out, int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                                 int64_t ldy, void *scratch, size_t scratch_size);
+
+/* Tokens per panel and bytes per panel row of each kind. */
+static int    panel_tokens(bool window) { return window ? AG_WPANEL_NT : AG_PANEL_NT; }
+static size_t panel_row_bytes(ag_act_format f, int64_t n, bool window) {
+    return !window ? ag_panel_row_bytes(f, n) : f == AG_ACT_Q8K ? ag_wpanel_row_bytes(n) : 0;
+}
 
 static ag_status check_common(uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, int64_t n_tok,
                               const void *y, int64_t ldy, ag_act_format *fmt) {
@@ -71,6 +89,7 @@ size_t ag_matmul_scratch_size(uint32_t w_type, int64_t n_in, int64_t n_tok) {
     ag_act_format f;
     if (ag_quant_act_format(w_type, &f) != AG_OK || n_tok < 0) return 0;
     if (f == AG_ACT_F32) return 0;
+    if (decode_panel_kernel(w_type, n_tok)) return panel_scratch_size(f, n_in, n_tok, true);
     size_t rb = ag_act_row_bytes(f, n_in), total;
     if (rb == 0 || __builtin_mul_overflow(rb, (size_t)n_tok, &total)) return 0;
     return total;
@@ -117,7 +136,8 @@ ag_status ag_matmul_quantize_x(ag_threadpool *pool, ag_act_format fmt, const flo
 typedef struct {
     ag_dot_fn      dot;
     ag_gemm_fn     gemm;  /* NULL: rows one at a time through dot */
-    ag_panel_fn    panel; /* set: xa holds token panels, tok_per_task counts panels */
+    ag_panel_fn    panel; /* set: xa holds panels, tok_per_task counts panels */
+    int            panel_nt; /* tokens per panel */
     const uint8_t *w;
     size_t         w_row_bytes;
     int64_t        n_in, n_out, n_tok;
@@ -135,14 +155,14 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     int64_t       t0 = tt * j->tok_per_task, t1 = t0 + j->tok_per_task;
     if (r1 > j->n_out) r1 = j->n_out;
     if (j->panel) { /* t0, t1 count panels here */
-        const int64_t n_panels = (j->n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT;
+        const int64_t nt = j->panel_nt, n_panels = (j->n_tok + nt - 1) / nt;
         if (t1 > n_panels) t1 = n_panels;
         for (int64_t r = r0; r < r1; r += AG_GEMM_RM) {
             const int nr = (int)(r1 - r < AG_GEMM_RM ? r1 - r : AG_GEMM_RM);
             for (int64_t p = t0; p < t1; p += AG_PANEL_MAX_NP) {
                 const int np = (int)(t1 - p < AG_PANEL_MAX_NP ? t1 - p : AG_PANEL_MAX_NP);
                 j->panel(j->n_in, j->w + (size_t)r * j->w_row_bytes, j->w_row_bytes, nr, j->xa + (size_t)p * j->xa_stride,
-                         j->xa_stride, np, j->n_tok - p * AG_PANEL_NT, j->y + p * AG_PANEL_NT * j->ldy + r, j->ldy);
+                         j->xa_stride, np, j->n_tok - p * nt, j->y + p * nt * j->ldy + r, j->ldy);
             }
         }
         return;
@@ -173,16 +193,18 @@ static void mm_task(void *ctx, int64_t task, int thread) {
  * kernels (prompt rows only: their summation order differs from the dot
  * kernels', see ag_matmul_prompt). Which rows go through a tile depends
  * only on the row index, never on n_tok; the split into tasks never changes
- * a result. panel: xa holds token panels (xa_stride bytes per panel) for
+ * a result. panel: xa holds panels (xa_stride bytes per panel; window:
+ * window panels, else token panels) for
  * that kernel. want: tasks to aim for (dynamic scheduling absorbs uneven
  * threads). */
 static int64_t mm_plan(mm_job *j, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in, const void *xa,
                        size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles, ag_panel_fn panel,
-                       int64_t want) {
+                       bool window, int64_t want) {
     memset(j, 0, sizeof *j);
     j->dot = ag_quant_kernels_active()->dot[w_type];
     j->gemm = tiles ? ag_quant_kernels_active()->gemm[w_type] : NULL;
     j->panel = panel;
+    j->panel_nt = panel_tokens(window);
     j->w = w;
     j->w_row_bytes = ag_quant_row_bytes(w_type, n_in);
     j->n_in = n_in, j->n_out = n_out, j->n_tok = n_tok;
@@ -190,7 +212,7 @@ static int64_t mm_plan(mm_job *j, uint32_t w_type, const void *w, int64_t n_out,
     j->y = y, j->ldy = ldy;
 
     /* the token chunk of a task, in tokens or (panel) in panels */
-    const int64_t unit = panel ? 1 : AG_DOT_MAX_NX, n_units = panel ? (n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT : n_tok;
+    const int64_t unit = panel ? 1 : AG_DOT_MAX_NX, n_units = panel ? (n_tok + j->panel_nt - 1) / j->panel_nt : n_tok;
     int64_t       tc = (int64_t)(L2_ACT_BUDGET / (xa_stride ? xa_stride : 1));
     tc = tc / unit * unit;
     if (tc < unit) tc = unit;
@@ -210,11 +232,11 @@ static int64_t mm_plan(mm_job *j, uint32_t w_type, const void *w, int64_t n_out,
 
 static void matmul_run(ag_threadpool *pool, uint32_t w_type, const void *w, int64_t n_out, int64_t n_in,
                        const void *xa, size_t xa_stride, int64_t n_tok, float *y, int64_t ldy, bool tiles,
-                       ag_panel_fn panel) {
+                       ag_panel_fn panel, bool window) {
     mm_job  j;
     int     threads = ag_threadpool_size(pool);
     /* one thread: one task, no scheduling at all */
-    int64_t n = mm_plan(&j, w_type, w, n_out, n_in, xa, xa_stride, n_tok, y, ldy, tiles, panel,
+    int64_t n = mm_plan(&j, w_type, w, n_out, n_in, xa, xa_stride, n_tok, y, ldy, tiles, panel, window,
                         threads == 1 ? 1 : threads * 8);
     ag_threadpool_run(pool, n, mm_task, &j);
 }
@@ -246,6 +268,18 @@ static int multi_formats(const ag_matmul_part *parts, int n_parts, ag_act_format
     return n;
 }
 
+/* True when a part of activation format f takes the panel kernels for
+ * n_tok decode rows (decode_panel_kernel): X in that format is then packed
+ * into token panels as well. */
+static bool multi_wants_panels(const ag_matmul_part *parts, int n_parts, ag_act_format f, int64_t n_tok) {
+    for (int p = 0; p < n_parts; p++) {
+        ag_act_format pf;
+        if (ag_quant_act_format(parts[p].w_type, &pf) == AG_OK && pf == f && decode_panel_kernel(parts[p].w_type, n_tok))
+            return true;
+    }
+    return false;
+}
+
 size_t ag_matmul_multi_scratch_size(const ag_matmul_part *parts, int n_parts, int64_t n_in, int64_t n_tok) {
     ag_act_format fmts[AG_MATMUL_MAX_PARTS];
     if (n_parts < 1 || n_parts > AG_MATMUL_MAX_PARTS || n_tok < 0) return 0;
@@ -255,6 +289,9 @@ size_t ag_matmul_multi_scratch_size(const ag_matmul_part *parts, int n_parts, in
         if (fmts[k] == AG_ACT_F32) continue;
         size_t rb = ag_act_row_bytes(fmts[k], n_in), b;
         if (rb == 0 || __builtin_mul_overflow(rb, (size_t)n_tok, &b)) return 0;
+        if (multi_wants_panels(parts, n_parts, fmts[k], n_tok) && (b = panel_scratch_size(fmts[k], n_in, n_tok, true)) == 0)
+            return 0;
+        if (b > SIZE_MAX / 2 - total) return 0;
         total += (b + 63) & ~(size_t)63;
     }
     return total;
@@ -277,21 +314,30 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
     if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
     void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);
     if (!buf) return AG_ERR_NOMEM;
-    /* X once per activation format */
+    /* X once per activation format (rows, and panels where a part wants them) */
     ag_act_format fmts[AG_MATMUL_MAX_PARTS];
-    const void   *xa[AG_MATMUL_MAX_PARTS];
+    const void   *xa[AG_MATMUL_MAX_PARTS], *xp[AG_MATMUL_MAX_PARTS];
     size_t        stride[AG_MATMUL_MAX_PARTS];
     int           nf = multi_formats(parts, n_parts, fmts);
     uint8_t      *at = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
     ag_status     st = AG_OK;
     for (int k = 0; k < nf && st == AG_OK; k++) {
+        xp[k] = NULL;
         if (fmts[k] == AG_ACT_F32) {
             xa[k] = x, stride[k] = (size_t)ldx * sizeof(float);
             continue;
         }
         size_t rb = ag_act_row_bytes(fmts[k], n_in), bytes = rb * (size_t)n_tok;
+        stride[k] = rb;
+        if (multi_wants_panels(parts, n_parts, fmts[k], n_tok)) {
+            uint8_t *rows, *panels;
+            panel_quantize(pool, fmts[k], true, x, ldx, n_tok, n_in, at, &rows, &panels);
+            xa[k] = rows, xp[k] = panels;
+            at += (panel_scratch_size(fmts[k], n_in, n_tok, true) + 63) & ~(size_t)63;
+            continue;
+        }
         st = ag_matmul_quantize_x(pool, fmts[k], x, ldx, n_tok, n_in, at, bytes);
-        xa[k] = at, stride[k] = rb;
+        xa[k] = at;
         at += (bytes + 63) & ~(size_t)63;
     }
     if (st == AG_OK) {
@@ -304,11 +350,12 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
             ag_quant_act_format(parts[p].w_type, &f);
             int k = 0;
             while (fmts[k] != f) k++;
-            int64_t want = threads == 1 ? 1 : (threads * 8 * parts[p].n_out + rows - 1) / (rows ? rows : 1);
+            int64_t     want = threads == 1 ? 1 : (threads * 8 * parts[p].n_out + rows - 1) / (rows ? rows : 1);
+            ag_panel_fn pk = xp[k] ? decode_panel_kernel(parts[p].w_type, n_tok) : NULL;
             m.first[p + 1] = m.first[p] + (parts[p].n_out == 0 ? 0
                                            : mm_plan(&m.jobs[p], parts[p].w_type, parts[p].w, parts[p].n_out, n_in,
-                                                     xa[k], stride[k], n_tok, parts[p].y, parts[p].ldy, false,
-                                                     NULL, want < 1 ? 1 : want));
+                                                     pk ? xp[k] : xa[k], pk ? panel_row_bytes(fmts[k], n_in, true) : stride[k],
+                                                     n_tok, parts[p].y, parts[p].ldy, false, pk, true, want < 1 ? 1 : want));
         }
         ag_threadpool_run(pool, m.first[n_parts], mm_multi_task, &m);
     }
@@ -323,7 +370,7 @@ ag_status ag_matmul_xq(ag_threadpool *pool, uint32_t w_type, const void *w, int6
     if (st != AG_OK) return st;
     if (n_out == 0 || n_tok == 0) return AG_OK;
     if (!xq) return ag_errorf(AG_ERR_INVALID, "matmul: NULL pointer");
-    matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, false, NULL);
+    matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, false, NULL, false);
     return AG_OK;
 }
 
@@ -336,8 +383,10 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     if ((st = check_x(x, ldx, n_in, n_out, n_tok)) != AG_OK) return st;
     if (n_out == 0 || n_tok == 0) return AG_OK;
 
+    ag_panel_fn pk = tiles ? NULL : decode_panel_kernel(w_type, n_tok);
+    if (pk) return matmul_panels(pool, w_type, pk, true, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size);
     if (fmt == AG_ACT_F32) { /* float weights read X in place */
-        matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles, NULL);
+        matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles, NULL, false);
         return AG_OK;
     }
     size_t need = ag_matmul_scratch_size(w_type, n_in, n_tok);
@@ -346,7 +395,7 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     if (!xq) return AG_ERR_NOMEM;
     st = ag_matmul_quantize_x(pool, fmt, x, ldx, n_tok, n_in, xq, need);
     if (st == AG_OK)
-        matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, tiles, NULL);
+        matmul_run(pool, w_type, w, n_out, n_in, xq, ag_act_row_bytes(fmt, n_in), n_tok, y, ldy, tiles, NULL, false);
     free(owned);
     return st;
 }
@@ -365,10 +414,27 @@ static bool use_amx(uint32_t w_type) { return ag_amx_supports(w_type) && ag_amx_
  * AMX), so a row may take any of them. */
 static bool canonical_kquant(uint32_t w_type) { return w_type == AG_TYPE_Q4_K || w_type == AG_TYPE_Q6_K; }
 
-/* The dot kernels beat a panel of this few real tokens (of AG_PANEL_NT).
- * 2048x2048, one core of the AVX2 VM, GFLOP/s Q4_K / Q6_K: 4 tokens, panel
- * 82 / 59, dot 93 / 95; 5 tokens, panel 96 / 74, dot 79 / 71. */
+/* A batch of at most this many tokens takes the dot kernels, which beat a
+ * panel of so few real tokens (of AG_PANEL_NT). 2048x2048, one core of the
+ * AVX2 VM, GFLOP/s Q4_K / Q6_K: 4 tokens, panel 82 / 59, dot 93 / 95; 5
+ * tokens, panel 96 / 74, dot 79 / 71. A larger batch puts every token in a
+ * panel, its last few too: a separate dot pass for them would stream the
+ * weights once more (8960x1536 cold, one thread, 12 tokens: one pass of
+ * two panels ~3.8 ms, a panel and a 4-token dot pass ~4.3-4.7). */
 #define PANEL_DOT_TAIL 4
+
+/* The fewest decode rows of Q4_K / Q6_K (whose panels give the dot
+ * kernels' bits) that take the window panels (four tokens each): a
+ * speculative verify window. quant_bench --window, 8960x1536, cold, 2
+ * threads, ms, medians of 3 alternating runs on the shared VM (runs on
+ * other hours moved single figures by 10-30%), dot kernels -> window panels:
+ *   Q4_K  3 tokens 0.81 -> 0.59, 4: 1.06 -> 0.61, 8: 2.00 -> 0.86, 12: 3.14
+ *         -> 1.31 (2 tokens: 0.71 / 0.67 in another run, a wash);
+ *   Q6_K  5 tokens 1.25 -> 1.42, 6: 1.34 -> 1.52, 7: 1.45 -> 1.41, 8: 1.64
+ *         -> 1.48, 12: 2.37 -> 2.22. Q6_K's panel does more work per element
+ *         (a scale madd per 2 maddubs) and spills, so it pays only for longer
+ *         windows. */
+static int window_panel_min(uint32_t w_type) { return w_type == AG_TYPE_Q4_K ? 3 : w_type == AG_TYPE_Q6_K ? 7 : 0; }
 
 /* The panel kernel for prompt rows of w_type, or NULL (AMX or none). */
 static ag_panel_fn prompt_panel_kernel(uint32_t w_type) {
@@ -377,14 +443,25 @@ static ag_panel_fn prompt_panel_kernel(uint32_t w_type) {
 }
 
 /* Scratch of the panel path: the quantized rows, then (64-aligned) the panels. */
-static size_t panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok) {
-    size_t rb = ag_act_row_bytes(f, n_in), pb = ag_panel_row_bytes(f, n_in), rows, panels;
+static size_t panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok, bool window) {
+    size_t rb = ag_act_row_bytes(f, n_in), pb = panel_row_bytes(f, n_in, window), rows, panels;
     if (rb == 0 || pb == 0 || n_tok < 0) return 0;
-    const size_t n_panels = (size_t)((n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT);
+    const size_t n_panels = (size_t)((n_tok + panel_tokens(window) - 1) / panel_tokens(window));
     if (__builtin_mul_overflow(rb, (size_t)n_tok, &rows) || __builtin_mul_overflow(pb, n_panels, &panels) ||
         rows > SIZE_MAX / 2 || panels > SIZE_MAX / 2 - 128 - rows)
         return 0;
     return ((rows + 63) & ~(size_t)63) + panels + 64;
+}
+
+/* The panel kernel for n_tok decode rows of w_type, or NULL (dot kernels). */
+static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok) {
+    const int min = window_panel_min(w_type);
+    if (min == 0 || n_tok < min || use_amx(w_type)) return NULL;
+    return ag_quant_kernels_active()->wpanel[w_type];
+}
+
+int ag_matmul_decode_panel_min(uint32_t w_type) {
+    return w_type < AG_TYPE_COUNT && decode_panel_kernel(w_type, window_panel_min(w_type)) ? window_panel_min(w_type) : 0;
 }
 
 typedef struct {
@@ -393,48 +470,62 @@ typedef struct {
     int64_t       ldx, n_in, n_tok;
     uint8_t      *rows, *panels;
     size_t        row_bytes, panel_bytes;
+    bool          window;
 } panel_job;
 
-/* Task p: quantizes tokens 8p.. into their rows and packs them into panel p. */
+/* Task p: quantizes panel p's tokens into their rows and packs them into it. */
 static void panel_quant_task(void *ctx, int64_t p, int thread) {
     const panel_job *j = ctx;
-    const int64_t    t0 = p * AG_PANEL_NT;
-    const int        nt = (int)(j->n_tok - t0 < AG_PANEL_NT ? j->n_tok - t0 : AG_PANEL_NT);
+    const int        pt = panel_tokens(j->window);
+    const int64_t    t0 = p * pt;
+    const int        nt = (int)(j->n_tok - t0 < pt ? j->n_tok - t0 : pt);
     uint8_t         *rows = j->rows + (size_t)t0 * j->row_bytes;
     for (int t = 0; t < nt; t++) ag_quantize_act_row(j->fmt, j->x + (t0 + t) * j->ldx, rows + (size_t)t * j->row_bytes, j->n_in);
-    ag_panel_pack(j->fmt, rows, j->row_bytes, nt, j->n_in, j->panels + (size_t)p * j->panel_bytes);
+    uint8_t *dst = j->panels + (size_t)p * j->panel_bytes;
+    if (j->window) ag_wpanel_pack(rows, j->row_bytes, nt, j->n_in, dst);
+    else ag_panel_pack(j->fmt, rows, j->row_bytes, nt, j->n_in, dst);
 }
 
 /* W·X for prompt rows through the panel kernel pk: X quantized exactly as
  * for the dot kernels (same rows), then packed into panels. */
-static ag_status matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, const void *w, int64_t n_out,
-                               int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
-                               void *scratch, size_t scratch_size) {
+static ag_status matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, bool window, const void *w,
+                               int64_t n_out, int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y,
+                               int64_t ldy, void *scratch, size_t scratch_size) {
     ag_act_format fmt;
     ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
     if (st != AG_OK) return st;
     if ((st = check_x(x, ldx, n_in, n_out, n_tok)) != AG_OK) return st;
     if (n_out == 0 || n_tok == 0) return AG_OK;
-    size_t need = panel_scratch_size(fmt, n_in, n_tok);
+    size_t need = panel_scratch_size(fmt, n_in, n_tok, window);
     if (need == 0) return ag_errorf(AG_ERR_INVALID, "matmul: sizes overflow");
     void *owned, *buf = scratch_or_alloc(scratch, scratch_size, need, &owned);
     if (!buf) return AG_ERR_NOMEM;
-    panel_job j = {fmt, x, ldx, n_in, n_tok, NULL, NULL, ag_act_row_bytes(fmt, n_in), ag_panel_row_bytes(fmt, n_in)};
-    j.rows = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63); /* the kernels load panels aligned */
-    j.panels = j.rows + ((j.row_bytes * (size_t)n_tok + 63) & ~(size_t)63);
-    const int64_t n_panels = (n_tok + AG_PANEL_NT - 1) / AG_PANEL_NT;
-    ag_threadpool_run(pool, n_panels, panel_quant_task, &j);
-    /* Q4_K / Q6_K panels give the dot kernels' bits, so a short tail (a last
-     * panel of at most PANEL_DOT_TAIL tokens, mostly empty lanes) takes the
+    const size_t rb = ag_act_row_bytes(fmt, n_in), pb = panel_row_bytes(fmt, n_in, window);
+    uint8_t     *rows, *panels;
+    panel_quantize(pool, fmt, window, x, ldx, n_tok, n_in, buf, &rows, &panels);
+    /* Q4_K / Q6_K token panels give the dot kernels' bits, so a batch of at
+     * most PANEL_DOT_TAIL tokens (a panel of mostly empty lanes) takes the
      * dot kernels, faster there; the other types' panels have their own
-     * arithmetic and take every token whatever the batch */
-    const int64_t tail = n_tok % AG_PANEL_NT, n_pan = canonical_kquant(w_type) && tail <= PANEL_DOT_TAIL ? n_tok - tail : n_tok;
-    if (n_pan > 0) matmul_run(pool, w_type, w, n_out, n_in, j.panels, j.panel_bytes, n_pan, y, ldy, false, pk);
-    if (n_pan < n_tok)
-        matmul_run(pool, w_type, w, n_out, n_in, j.rows + (size_t)n_pan * j.row_bytes, j.row_bytes, n_tok - n_pan,
-                   y + n_pan * ldy, ldy, false, NULL);
+     * arithmetic and take every token whatever the batch; window panels
+     * were chosen for this batch by the caller (decode_panel_kernel) */
+    if (!window && canonical_kquant(w_type) && n_tok <= PANEL_DOT_TAIL)
+        matmul_run(pool, w_type, w, n_out, n_in, rows, rb, n_tok, y, ldy, false, NULL, false);
+    else
+        matmul_run(pool, w_type, w, n_out, n_in, panels, pb, n_tok, y, ldy, false, pk, window);
     free(owned);
     return AG_OK;
+}
+
+/* Quantizes X into activation rows and packs them into token panels, in
+ * buf (panel_scratch_size bytes): *rows and then, 64-aligned as the
+ * kernels load them, *panels. */
+static void panel_quantize(ag_threadpool *pool, ag_act_format fmt, bool window, const float *x, int64_t ldx,
+                           int64_t n_tok, int64_t n_in, void *buf, uint8_t **rows, uint8_t **panels) {
+    panel_job j = {fmt, x, ldx, n_in, n_tok, NULL, NULL, ag_act_row_bytes(fmt, n_in), panel_row_bytes(fmt, n_in, window), window};
+    j.rows = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
+    j.panels = j.rows + ((j.row_bytes * (size_t)n_tok + 63) & ~(size_t)63);
+    ag_threadpool_run(pool, (n_tok + panel_tokens(window) - 1) / panel_tokens(window), panel_quant_task, &j);
+    *rows = j.rows, *panels = j.panels;
 }
 
 const char *ag_matmul_prompt_kernel(uint32_t w_type) {
@@ -447,7 +538,7 @@ const char *ag_matmul_prompt_kernel(uint32_t w_type) {
 size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64_t n_in, int64_t n_tok) {
     if (use_amx(w_type)) return ag_amx_scratch_size(ag_threadpool_size(pool), n_in, n_tok);
     ag_act_format f;
-    if (prompt_panel_kernel(w_type) && ag_quant_act_format(w_type, &f) == AG_OK) return panel_scratch_size(f, n_in, n_tok);
+    if (prompt_panel_kernel(w_type) && ag_quant_act_format(w_type, &f) == AG_OK) return panel_scratch_size(f, n_in, n_tok, false);
     return ag_matmul_scratch_size(w_type, n_in, n_tok);
 }
 
@@ -461,7 +552,7 @@ ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, 
                            int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
                            void *scratch, size_t scratch_size) {
     ag_panel_fn pk = prompt_panel_kernel(w_type);
-    if (pk) return matmul_panels(pool, w_type, pk, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size);
+    if (pk) return matmul_panels(pool, w_type, pk, false, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size);
     if (!use_amx(w_type))
         return matmul_any(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size, true);
     ag_act_format fmt;

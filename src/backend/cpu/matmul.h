@@ -10,8 +10,9 @@
  *
  * X is quantized once per call to the weight type's activation format (see
  * quant.h), then every weight row is multiplied with up to 4 tokens at a time
- * (each weight block is loaded and unpacked once per 4 tokens), rows split
- * across the thread pool. With n_tok == 1 (decode) this is a matvec that
+ * (each weight block is loaded and unpacked once per 4 tokens; Q4_K / Q6_K
+ * windows of a few tokens: once for all, ag_matmul_decode_panel_min), rows
+ * split across the thread pool. With n_tok == 1 (decode) this is a matvec that
  * streams the weights once. Results are the quantized dot products of
  * quant.h (the same numbers as ag_vec_dot, up to float summation order).
  *
@@ -83,6 +84,13 @@ const char *ag_matmul_prompt_kernel(uint32_t w_type);
  * AMX present (the dot kernels of every ISA level are canonical). */
 #define AG_MATMUL_AMX_MIN_TOK 16
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode);
+
+/* Likewise without AMX: on the AVX2 level, ag_matmul and ag_matmul_multi
+ * run a speculative verify window of Q4_K (3+ tokens) or Q6_K (7+) decode
+ * rows through the window-panel kernels (ag_wpanel_q8k), whose bits are
+ * the dot kernels'. The fewest decode rows of w_type that do at the active
+ * ISA, 0 for never (for reports; the callers need do nothing). */
+int ag_matmul_decode_panel_min(uint32_t w_type);
 
 /* Decode rows against several weight matrices that read the same X (Q/K/V,
  * gate/up): X is quantized once per activation format and all the rows go

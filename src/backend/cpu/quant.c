@@ -505,6 +505,27 @@ void ag_panel_pack(ag_act_format f, const void *x, size_t x_stride, int nt, int6
     }
 }
 
+size_t ag_wpanel_row_bytes(int64_t n) {
+    return n > 0 && n % AG_QK_K == 0 ? (size_t)(n / AG_QK_K) * sizeof(ag_wpanel_q8k) : 0;
+}
+
+void ag_wpanel_pack(const void *x, size_t x_stride, int nt, int64_t n, void *dst) {
+    ag_wpanel_q8k *p = dst;
+    for (int64_t b = 0; b < n / AG_QK_K; b++) {
+        memset(&p[b], 0, sizeof p[b]);
+        for (int t = 0; t < nt; t++) {
+            const ag_block_q8_K *y = (const ag_block_q8_K *)((const uint8_t *)x + (size_t)t * x_stride) + b;
+            p[b].d[t] = y->d;
+            for (int i = 0; i < AG_QK_K / 32; i++)
+                p[b].bsums[i][t][0] = y->bsums[2 * i], p[b].bsums[i][t][1] = y->bsums[2 * i + 1];
+            for (int i = 0; i < AG_QK_K / 64; i++) /* |sum| <= 32 * 127 */
+                for (int k = 0; k < 2; k++)
+                    p[b].bpair[i][t][k] = (int16_t)(y->bsums[4 * i + 2 * k] + y->bsums[4 * i + 2 * k + 1]);
+            for (int c = 0; c < AG_QK_K / 8; c++) memcpy(p[b].qs[c][t], y->qs + 8 * c, 8);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------ */
 /* scalar dot products                                                      */
 

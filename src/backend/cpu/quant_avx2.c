@@ -108,6 +108,20 @@ OFFSET_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1)
 
 /* ---- K-quants, Q8_K activations ---- */
 
+/* Prefetches step k of nsteps of the weight tile that follows the `bytes`
+ * bytes at tile (the next rows: a task walks consecutive rows). A kernel
+ * that walks its tile in nsteps calls it once per step, so the next tile
+ * arrives while this one computes. Without it the kernels wait for each
+ * weight line: the work per super-block (hundreds of instructions) keeps
+ * the next block's loads out of the out-of-order window. Prefetch does not
+ * fault, so reading past the matrix is harmless. */
+AI void prefetch_next_tile(const void *tile, size_t bytes, int64_t k, int64_t nsteps) {
+    const char  *next = (const char *)tile + bytes;
+    const size_t per = (bytes + (size_t)nsteps - 1) / (size_t)nsteps;
+    for (size_t o = (size_t)k * per; o < (size_t)(k + 1) * per && o < bytes; o += 64) _mm_prefetch(next + o, _MM_HINT_T0);
+}
+
+
 /* Q4_K and Q6_K follow the canonical K-quant arithmetic (ag_kquant_fold in
  * quant_impl.h), bit for bit with the scalar and AVX-512 kernels and the AMX
  * tiles: per super-block s the exact integers isum (and Q4_K's msum), folded
@@ -217,6 +231,7 @@ AI void dot_q4_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         _Alignas(32) int32_t sb[4][AG_DOT_MAX_NX][8];
         for (int k = 0; k < kn; k++) {
             __m256i sk[AG_DOT_MAX_NX];
+            prefetch_next_tile(b, (size_t)nsb * sizeof *b, i + k, nsb);
             q4k_sums(b, y, i + k, NX, sk);
             UNROLL for (int t = 0; t < NX; t++) _mm256_store_si256((__m256i *)sb[k][t], sk[t]);
         }
@@ -330,6 +345,7 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
         _Alignas(32) int32_t sb[4][AG_DOT_MAX_NX][8]; /* as in Q4_K */
         for (int k = 0; k < kn; k++) {
             __m256i sk[AG_DOT_MAX_NX];
+            prefetch_next_tile(b, (size_t)nsb * sizeof *b, i + k, nsb);
             q6k_sums(b, y, i + k, NX, sk);
             UNROLL for (int t = 0; t < NX; t++) _mm256_store_si256((__m256i *)sb[k][t], sk[t]);
         }
@@ -604,6 +620,7 @@ AI __m256i kq_corr(const __m256i *corr, const int16_t (*pairs)[AG_PANEL_NT][2], 
         memset(acc, 0, sizeof(acc[0]) * (size_t)np);                                                             \
         const int64_t nsb = n / AG_QK_K;                                                                         \
         for (int64_t s = 0; s < nsb; s++) {                                                                      \
+            prefetch_next_tile(w, (size_t)NR * w_stride, s, nsb);                                                \
             UNROLL for (int r = 0; r < NR; r++) ROW((const BT *)((const uint8_t *)w + (size_t)r * w_stride) + s, &wr[r]); \
             for (int p = 0; p < np; p++) {                                                                       \
                 __m256i isum[AG_GEMM_RM];                                                                        \
@@ -638,6 +655,137 @@ AI __m256i kq_corr(const __m256i *corr, const int16_t (*pairs)[AG_PANEL_NT][2], 
 
 KQ_PANEL(panel_q4_K, ag_block_q4_K, q4k_row, q4k_panel_isum, 1)
 KQ_PANEL(panel_q6_K, ag_block_q6_K, q6k_row, q6k_panel_isum, 0)
+
+/* ---- window panels: nr weight rows x np panels of 4 tokens (verify windows) ----
+ *
+ * As the token panels, with eight bytes of each of four tokens per vector
+ * (ag_wpanel_q8k): eight weight bytes, broadcast, times the vector leave
+ * each token's four pair sums in its own int16 lanes, and after the madd by
+ * the scale two int32 lanes per token, added in the fold. The int16 sums stay
+ * exact as in the token panels: Q4_K sums the 4 chunks of a sub-block (4 * 2
+ * * 15 * 127), Q6_K the 2 chunks of a 16-element group (2 * 2 * 63 * 127).
+ * The fold and its bits are the token panels' (ag_kquant_fold), in four
+ * token lanes. Per chunk and row: one broadcast for all np panels, then per
+ * panel one maddubs and one add. */
+
+/* Eight bytes at p in every quadword: one vpbroadcastq from memory (a
+ * memcpy to int64 and set1 compile to three instructions through a GPR). */
+AI __m256i bcast64(const void *p) { return _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)p)); }
+
+/* Q4_K's Σ_j sc_j Σ q·y per token (two lanes each), panels 0..NP-1 at once. */
+AI void q4k_wpanel_isum(const kq_row *w, const ag_wpanel_q8k *const *x, const int NR, const int NP, __m256i (*isum)[AG_GEMM_RM]) {
+    UNROLL for (int p = 0; p < NP; p++) UNROLL for (int r = 0; r < NR; r++) isum[p][r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i a[2][AG_GEMM_RM];
+        UNROLL for (int c = 0; c < 4; c++) {
+            __m256i yv[2];
+            UNROLL for (int p = 0; p < NP; p++) yv[p] = load256a(x[p]->qs[4 * j + c]);
+            UNROLL for (int r = 0; r < NR; r++) {
+                const __m256i wv = bcast64(w[r].u + 32 * j + 8 * c);
+                UNROLL for (int p = 0; p < NP; p++) {
+                    const __m256i m = _mm256_maddubs_epi16(wv, yv[p]);
+                    a[p][r] = c ? _mm256_add_epi16(a[p][r], m) : m;
+                    CHAIN(a[p][r]);
+                }
+            }
+        }
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256i sc = bcast32(&w[r].mul[j]);
+            UNROLL for (int p = 0; p < NP; p++) isum[p][r] = _mm256_add_epi32(isum[p][r], _mm256_madd_epi16(a[p][r], sc));
+        }
+    }
+}
+
+/* Q6_K's Σ_g sc_g Σ q·y per token (q unsigned 0..63), panels 0..NP-1 at once. */
+AI void q6k_wpanel_isum(const kq_row *w, const ag_wpanel_q8k *const *x, const int NR, const int NP, __m256i (*isum)[AG_GEMM_RM]) {
+    UNROLL for (int p = 0; p < NP; p++) UNROLL for (int r = 0; r < NR; r++) isum[p][r] = _mm256_setzero_si256();
+    for (int g = 0; g < 16; g++) {
+        __m256i y0[2], y1[2];
+        UNROLL for (int p = 0; p < NP; p++) y0[p] = load256a(x[p]->qs[2 * g]), y1[p] = load256a(x[p]->qs[2 * g + 1]);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const __m256i w0 = bcast64(w[r].u + 16 * g), w1 = bcast64(w[r].u + 16 * g + 8), sc = bcast32(&w[r].mul[g]);
+            UNROLL for (int p = 0; p < NP; p++) {
+                const __m256i a = _mm256_add_epi16(_mm256_maddubs_epi16(w0, y0[p]), _mm256_maddubs_epi16(w1, y1[p]));
+                isum[p][r] = _mm256_add_epi32(isum[p][r], _mm256_madd_epi16(a, sc));
+                CHAIN(isum[p][r]);
+            }
+        }
+    }
+}
+
+/* Σ_i corr_i · pairs_i per token of a window panel, exact as kq_corr. */
+AI __m128i kq_corr4(const int32_t *corr, const int16_t (*pairs)[AG_WPANEL_NT][2], const int N) {
+    __m128i s = _mm_madd_epi16(_mm_load_si128((const __m128i *)pairs[0]), _mm_set1_epi32(corr[0]));
+    UNROLL for (int i = 1; i < N; i++)
+        s = _mm_add_epi32(s, _mm_madd_epi16(_mm_load_si128((const __m128i *)pairs[i]), _mm_set1_epi32(corr[i])));
+    return s;
+}
+
+/* Stores the four token lanes of nr (1..4) row vectors v (tokens t0.., those
+ * below nt) at y[t*ldy + r], transposed as in panel_store. */
+AI void wpanel_store(const __m128 *v, const int NR, int64_t t0, int64_t nt, float *y, int64_t ldy) {
+    const __m128 z = _mm_setzero_ps();
+    __m128       u0 = v[0], u1 = NR > 1 ? v[1] : z, u2 = NR > 2 ? v[2] : z, u3 = NR > 3 ? v[3] : z;
+    _MM_TRANSPOSE4_PS(u0, u1, u2, u3); /* u_k: token k's rows */
+    const __m128  u[4] = {u0, u1, u2, u3};
+    const __m128i mask = _mm_cmpgt_epi32(_mm_set1_epi32(NR), _mm_setr_epi32(0, 1, 2, 3));
+    UNROLL for (int t = 0; t < AG_WPANEL_NT; t++) {
+        if (t0 + t >= nt) break;
+        if (NR == 4) _mm_storeu_ps(y + (t0 + t) * ldy, u[t]);
+        else _mm_maskstore_ps(y + (t0 + t) * ldy, mask, u[t]);
+    }
+}
+
+/* The window-panel kernel: per super-block the NR rows unpacked once
+ * (kq_row), then panels two at a time (so each weight broadcast serves
+ * both): the exact isum per token (the two lanes added), Q4_K's msum from
+ * bpair, Q6_K's -32 Σ sc · bsums, folded into accumulator s % 4. */
+#define KQ_WPANEL(name, BT, ROW, ISUM, Q4K)                                                                       \
+    AI void name##_k(int64_t n, const void *w, size_t w_stride, const int NR, const void *xp, size_t xp_stride,  \
+                     int np, int64_t nt, float *y, int64_t ldy) {                                                \
+        _Alignas(32) float acc[AG_PANEL_MAX_NP][AG_GEMM_RM][4][AG_WPANEL_NT];                                   \
+        kq_row             wr[AG_GEMM_RM];                                                                       \
+        memset(acc, 0, sizeof(acc[0]) * (size_t)np);                                                             \
+        const int64_t nsb = n / AG_QK_K;                                                                         \
+        for (int64_t s = 0; s < nsb; s++) {                                                                      \
+            prefetch_next_tile(w, (size_t)NR * w_stride, s, nsb);                                                \
+            UNROLL for (int r = 0; r < NR; r++) ROW((const BT *)((const uint8_t *)w + (size_t)r * w_stride) + s, &wr[r]); \
+            for (int p0 = 0; p0 < np; p0 += 2) {                                                                 \
+                const ag_wpanel_q8k *x[2];                                                                       \
+                __m256i              isum[2][AG_GEMM_RM];                                                        \
+                x[0] = (const ag_wpanel_q8k *)((const uint8_t *)xp + (size_t)p0 * xp_stride) + s;                \
+                x[1] = (const ag_wpanel_q8k *)((const uint8_t *)x[0] + xp_stride);                               \
+                if (p0 + 1 < np) ISUM(wr, x, NR, 2, isum);                                                       \
+                else ISUM(wr, x, NR, 1, isum);                                                                   \
+                for (int p = p0; p < np && p < p0 + 2; p++) {                                                    \
+                    const ag_wpanel_q8k *xk = x[p - p0];                                                         \
+                    const __m128         dy = _mm_load_ps(xk->d);                                                \
+                    UNROLL for (int r = 0; r < NR; r++) {                                                        \
+                        const __m256i v = isum[p - p0][r];                                                       \
+                        __m128i       is = _mm_hadd_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)); \
+                        if (!Q4K) is = _mm_sub_epi32(is, _mm_slli_epi32(kq_corr4(wr[r].corr, xk->bsums, 8), 5)); \
+                        float *a = acc[p][r][s & 3];                                                             \
+                        __m128 f = _mm_fmadd_ps(_mm_mul_ps(dy, _mm_set1_ps(wr[r].d)), _mm_cvtepi32_ps(is), _mm_load_ps(a)); \
+                        if (Q4K)                                                                                 \
+                            f = _mm_fnmadd_ps(_mm_mul_ps(dy, _mm_set1_ps(wr[r].dmin)),                           \
+                                              _mm_cvtepi32_ps(kq_corr4(wr[r].corr, xk->bpair, 4)), f);           \
+                        _mm_store_ps(a, f);                                                                      \
+                    }                                                                                            \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int p = 0; p < np; p++) {                                                                           \
+            __m128 v[AG_GEMM_RM];                                                                                \
+            UNROLL for (int r = 0; r < NR; r++)                                                                  \
+                v[r] = _mm_add_ps(_mm_add_ps(_mm_load_ps(acc[p][r][0]), _mm_load_ps(acc[p][r][2])),              \
+                                  _mm_add_ps(_mm_load_ps(acc[p][r][1]), _mm_load_ps(acc[p][r][3])));              \
+            wpanel_store(v, NR, (int64_t)p * AG_WPANEL_NT, nt, y, ldy);                                          \
+        }                                                                                                        \
+    }                                                                                                            \
+    PANEL_DISPATCH(name)
+
+KQ_WPANEL(wpanel_q4_K, ag_block_q4_K, q4k_row, q4k_wpanel_isum, 1)
+KQ_WPANEL(wpanel_q6_K, ag_block_q6_K, q6k_row, q6k_wpanel_isum, 0)
 
 /* Legacy types: the unsigned form u of each weight (Q4_0: q + 8, Q5_0:
  * q + 16, Q4_1/Q5_1: q itself); the signed types take OFF·Σy back out. */
@@ -855,6 +1003,8 @@ void ag_quant_kernels_avx2(ag_quant_kernels *k) {
     k->panel[AG_TYPE_Q5_1] = panel_q5_1;
     k->panel[AG_TYPE_Q4_K] = panel_q4_K;
     k->panel[AG_TYPE_Q6_K] = panel_q6_K;
+    k->wpanel[AG_TYPE_Q4_K] = wpanel_q4_K;
+    k->wpanel[AG_TYPE_Q6_K] = wpanel_q6_K;
     k->quant_q8a = quant_q8a;
     k->quant_q8k = quant_q8k;
 }

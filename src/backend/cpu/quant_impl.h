@@ -257,6 +257,30 @@ void ag_panel_pack(ag_act_format f, const void *x, size_t x_stride, int nt, int6
 /* Bytes of one panel row of n elements (0 for AG_ACT_F32 or a bad n). */
 size_t ag_panel_row_bytes(ag_act_format f, int64_t n);
 
+/* ---- window panels (decode rows of a verify window, Q4_K / Q6_K) ----
+ *
+ * The same idea as the token panels for a window of a few tokens: four
+ * tokens per panel, eight bytes of each per 32-byte vector, so a window of
+ * 3..4 tokens fills a panel (an 8-token panel would be half empty) and one of
+ * 5..8 takes two panels that share each broadcast of the weights. Packed by
+ * ag_wpanel_pack from Q8_K rows (same values, plus exact sums); tokens past
+ * the window are zero. 64-byte aligned in matmul.c. */
+#define AG_WPANEL_NT 4
+typedef struct {
+    int8_t  qs[AG_QK_K / 8][AG_WPANEL_NT][8];     /* [c][t]: token t's elements 8c..8c+7 */
+    int16_t bsums[AG_QK_K / 32][AG_WPANEL_NT][2]; /* [i][t]: token t's bsums 2i and 2i+1 */
+    int16_t bpair[AG_QK_K / 64][AG_WPANEL_NT][2]; /* [i][t]: Σqs of t's 32-element sub-blocks 2i, 2i+1 */
+    float   d[AG_WPANEL_NT];
+    float   pad[4]; /* to a multiple of 32 bytes */
+} ag_wpanel_q8k;
+_Static_assert(sizeof(ag_wpanel_q8k) == 1248 && sizeof(ag_wpanel_q8k) % 32 == 0, "wpanel q8k");
+
+/* Packs nt (1..AG_WPANEL_NT) Q8_K rows of n elements, x_stride bytes apart,
+ * into one window-panel row at dst (zero tokens after nt). */
+void ag_wpanel_pack(const void *x, size_t x_stride, int nt, int64_t n, void *dst);
+/* Bytes of one window-panel row of n elements (0 for a bad n). */
+size_t ag_wpanel_row_bytes(int64_t n);
+
 /* A panel micro-kernel: nr (1..AG_GEMM_RM) weight rows w_stride bytes apart
  * times np (1..AG_PANEL_MAX_NP) panel rows xp_stride bytes apart, whose
  * first nt tokens are real: y[t*ldy + r] = Σ_i w_r[i] * x_t[i] for t < nt.
@@ -272,6 +296,7 @@ typedef struct {
     ag_dot_fn       dot[AG_TYPE_COUNT];
     ag_gemm_fn      gemm[AG_TYPE_COUNT];
     ag_panel_fn     panel[AG_TYPE_COUNT];
+    ag_panel_fn     wpanel[AG_TYPE_COUNT]; /* the same on window panels (AG_WPANEL_NT tokens each) */
     ag_act_quant_fn quant_q8a;
     ag_act_quant_fn quant_q8k;
 } ag_quant_kernels;
