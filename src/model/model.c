@@ -411,6 +411,17 @@ static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
 /* The decoder layers over the batch: x (embedded tokens) in, x (final
  * residual stream) out. Every op goes to the backend; the first error ends
  * the pass. */
+/* x += o, then h = rmsnorm(x) with gain w (a residual add and the next
+ * norm): one op where the backend fuses them, else add and rmsnorm (the
+ * same bits). */
+static ag_status add_norm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
+                          float *h) {
+    const ag_backend_ops *op = be->ops;
+    if (op->add_rmsnorm) return op->add_rmsnorm(be, x, o, w, n, dim, eps, h);
+    ag_status st = op->add(be, x, o, (size_t)n * dim);
+    return st ? st : op->rmsnorm(be, x, w, n, dim, eps, h);
+}
+
 static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
                             const fwd_bufs *f) {
     const ag_model_config *c = &m->cfg;
@@ -426,11 +437,7 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     do {                               \
         if ((st = (call))) return st;  \
     } while (0)
-    /* x += o, then h = the norm of x with gain wn (the next layer's input) */
-#define ADD_NORM(wn)                                                                               \
-    TRY(op->add_rmsnorm ? op->add_rmsnorm(be, x, o, wn, n, c->n_embd, c->rms_eps, h)                \
-                        : (st = op->add(be, x, o, (size_t)n * c->n_embd)) ? st                      \
-                                                                          : op->rmsnorm(be, x, wn, n, c->n_embd, c->rms_eps, h))
+#define ADD_NORM(wn) TRY(add_norm(be, x, o, wn, n, c->n_embd, c->rms_eps, h))
     for (int l = 0; l < c->n_layer; l++) {
         const ag_layer_weights *w = &m->layers[l];
         /* later layers' input norm ran with the previous layer's last add */
@@ -463,7 +470,7 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         else TRY(op->silu_mul(be, gate, up, (size_t)n * c->n_ff));
         TRY(op->matmul(be, &w->ffn_down, gate, n, n_dec, o));
         if (w->post_ffn_norm.data) TRY(op->rmsnorm(be, o, w->post_ffn_norm.data, n, c->n_embd, c->rms_eps, o));
-        if (l + 1 < c->n_layer) ADD_NORM(m->layers[l + 1].attn_norm.data);
+        if (l + 1 < c->n_layer) ADD_NORM(m->layers[l + 1].attn_norm.data); /* the next layer's input norm */
         else TRY(op->add(be, x, o, (size_t)n * c->n_embd));
     }
 #undef ADD_NORM

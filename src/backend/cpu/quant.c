@@ -468,6 +468,19 @@ size_t ag_panel_row_bytes(ag_act_format f, int64_t n) {
     return 0;
 }
 
+/* Token t's scale and block sums of Q8_K block y into panel block P (an
+ * ag_panel_q8k or an ag_wpanel_q8k: the same fields, different lane counts):
+ * d, the sub-block sums, and the sums of sub-block pairs (|sum| <= 32 * 127). */
+#define PANEL_Q8K_SUMS(P, t, y)                                                                                  \
+    do {                                                                                                         \
+        (P).d[t] = (y)->d;                                                                                       \
+        for (int i_ = 0; i_ < AG_QK_K / 32; i_++)                                                                \
+            (P).bsums[i_][t][0] = (y)->bsums[2 * i_], (P).bsums[i_][t][1] = (y)->bsums[2 * i_ + 1];              \
+        for (int i_ = 0; i_ < AG_QK_K / 64; i_++)                                                                \
+            for (int k_ = 0; k_ < 2; k_++)                                                                       \
+                (P).bpair[i_][t][k_] = (int16_t)((y)->bsums[4 * i_ + 2 * k_] + (y)->bsums[4 * i_ + 2 * k_ + 1]); \
+    } while (0)
+
 /* Pure data movement: a panel holds exactly the rows' values, so kernels
  * reading it compute with the same numbers as the dot kernels. Lanes of
  * missing tokens are zero (d = 0, q = 0): finite, and never stored. */
@@ -479,12 +492,7 @@ void ag_panel_pack(ag_act_format f, const void *x, size_t x_stride, int nt, int6
             memset(&p[b], 0, sizeof p[b]);
             for (int t = 0; t < nt; t++) {
                 const ag_block_q8_K *y = (const ag_block_q8_K *)(xb + (size_t)t * x_stride) + b;
-                p[b].d[t] = y->d;
-                for (int i = 0; i < AG_QK_K / 32; i++)
-                    p[b].bsums[i][t][0] = y->bsums[2 * i], p[b].bsums[i][t][1] = y->bsums[2 * i + 1];
-                for (int i = 0; i < AG_QK_K / 64; i++) /* |sum| <= 32 * 127 */
-                    for (int k = 0; k < 2; k++)
-                        p[b].bpair[i][t][k] = (int16_t)(y->bsums[4 * i + 2 * k] + y->bsums[4 * i + 2 * k + 1]);
+                PANEL_Q8K_SUMS(p[b], t, y);
                 for (int c = 0; c < AG_QK_K / 4; c++) memcpy(p[b].qs[c][t], y->qs + 4 * c, 4);
             }
         }
@@ -515,12 +523,7 @@ void ag_wpanel_pack(const void *x, size_t x_stride, int nt, int64_t n, void *dst
         memset(&p[b], 0, sizeof p[b]);
         for (int t = 0; t < nt; t++) {
             const ag_block_q8_K *y = (const ag_block_q8_K *)((const uint8_t *)x + (size_t)t * x_stride) + b;
-            p[b].d[t] = y->d;
-            for (int i = 0; i < AG_QK_K / 32; i++)
-                p[b].bsums[i][t][0] = y->bsums[2 * i], p[b].bsums[i][t][1] = y->bsums[2 * i + 1];
-            for (int i = 0; i < AG_QK_K / 64; i++) /* |sum| <= 32 * 127 */
-                for (int k = 0; k < 2; k++)
-                    p[b].bpair[i][t][k] = (int16_t)(y->bsums[4 * i + 2 * k] + y->bsums[4 * i + 2 * k + 1]);
+            PANEL_Q8K_SUMS(p[b], t, y);
             for (int c = 0; c < AG_QK_K / 8; c++) memcpy(p[b].qs[c][t], y->qs + 8 * c, 8);
         }
     }

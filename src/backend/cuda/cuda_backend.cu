@@ -2148,6 +2148,17 @@ static __device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* The m16k16 A fragment of lane (g, t) from a row-major fp16 matrix in
+ * shared memory (stride halves a row), columns col .. col + 15: rows g and
+ * g + 8, columns 2t, 2t + 1 and 8 on. */
+static __device__ __forceinline__ void frag_a_smem(const __half *m, int stride, int col, int g, int t,
+                                                   uint32_t (&a)[4]) {
+    a[0] = *(const uint32_t *)(m + g * stride + col + 2 * t);
+    a[1] = *(const uint32_t *)(m + (g + 8) * stride + col + 2 * t);
+    a[2] = *(const uint32_t *)(m + g * stride + col + 8 + 2 * t);
+    a[3] = *(const uint32_t *)(m + (g + 8) * stride + col + 8 + 2 * t);
+}
+
 /* Prompt rows on the tensor cores, one block per (tile of up to 16 rows,
  * KV head): warp w takes query head kvh·G + w (G = n_head / n_kv <= 8), so
  * a staged K/V chunk of 64 positions serves the whole group (a block per
@@ -2362,18 +2373,12 @@ __global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t
 #pragma unroll
         for (int i = 0; i < 2; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
         for (int kk = 0; kk < hd; kk += 16) {
-            const uint32_t a0 = *(const uint32_t *)(qs + g * qs_stride + kk + 2 * t);
-            const uint32_t a1 = *(const uint32_t *)(qs + (g + 8) * qs_stride + kk + 2 * t);
-            const uint32_t a2 = *(const uint32_t *)(qs + g * qs_stride + kk + 8 + 2 * t);
-            const uint32_t a3 = *(const uint32_t *)(qs + (g + 8) * qs_stride + kk + 8 + 2 * t);
+            uint32_t a[4];
+            frag_a_smem(qs, qs_stride, kk, g, t, a);
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                const __half  *kr = ks + (16 * warp + 8 * i + g) * ks_stride + kk + 2 * t;
-                const uint32_t b0 = *(const uint32_t *)kr, b1 = *(const uint32_t *)(kr + 8);
-                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                             "{%8,%9}, {%0,%1,%2,%3};\n"
-                             : "+f"(sc[i][0]), "+f"(sc[i][1]), "+f"(sc[i][2]), "+f"(sc[i][3])
-                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                const __half *kr = ks + (16 * warp + 8 * i + g) * ks_stride + kk + 2 * t;
+                mma_f16_16816(sc[i], a, *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
             }
         }
 #pragma unroll
@@ -2445,19 +2450,13 @@ __global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t
         __syncthreads();
 #pragma unroll
         for (int ks16 = 0; ks16 < ATT_TK; ks16 += 16) {
-            const uint32_t a0 = *(const uint32_t *)(ps + g * vt_stride + ks16 + 2 * t);
-            const uint32_t a1 = *(const uint32_t *)(ps + (g + 8) * vt_stride + ks16 + 2 * t);
-            const uint32_t a2 = *(const uint32_t *)(ps + g * vt_stride + ks16 + 8 + 2 * t);
-            const uint32_t a3 = *(const uint32_t *)(ps + (g + 8) * vt_stride + ks16 + 8 + 2 * t);
+            uint32_t a[4];
+            frag_a_smem(ps, vt_stride, ks16, g, t, a);
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 if (i >= n_dt) break;
-                const __half  *vr = vt + (warp * dq + 8 * i + g) * vt_stride + ks16 + 2 * t;
-                const uint32_t b0 = *(const uint32_t *)vr, b1 = *(const uint32_t *)(vr + 8);
-                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                             "{%8,%9}, {%0,%1,%2,%3};\n"
-                             : "+f"(o[i][0]), "+f"(o[i][1]), "+f"(o[i][2]), "+f"(o[i][3])
-                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+                const __half *vr = vt + (warp * dq + 8 * i + g) * vt_stride + ks16 + 2 * t;
+                mma_f16_16816(o[i], a, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
             }
         }
     }
