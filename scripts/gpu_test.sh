@@ -32,8 +32,8 @@ echo "== op harness on the GPU (default kernels: tensor-core K-quant decode rows
 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (the other kernels: dp4a K-quant GEMVs, SIMT prompt attention)"
 AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
-echo "== op harness on the GPU (opt-in kernels not yet validated: the fused add_rmsnorm)"
-AUGUR_CUDA_FUSE=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (add, then rmsnorm, instead of the fused add_rmsnorm: AUGUR_CUDA_FUSE=0)"
+AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
 echo "== generation on the GPU (stories260K): greedy run, and speculative == plain decoding"
 S=${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf

@@ -131,7 +131,7 @@ typedef struct {
      * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
     bool mmq_on, fa_on;
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
-    bool fuse_on;     /* add_rmsnorm in one kernel: AUGUR_CUDA_FUSE=1, NOT YET RUN ON A GPU (off by default) */
+    bool fuse_on;     /* add_rmsnorm in one kernel (the default; AUGUR_CUDA_FUSE=0: add, then rmsnorm) */
 
     /* decode rows' activations in BF16 for the tensor-core kernel of BF16
      * weights (mmt_bf16); sized in begin like d_xq (max_k_bf16) */
@@ -1766,7 +1766,7 @@ static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n);
 static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
                                 float *out) {
     if (n <= 0) return AG_OK;
-    if (!st_of(be)->fuse_on) { /* the default until the fused kernel has run on a GPU: two launches */
+    if (!st_of(be)->fuse_on) { /* AUGUR_CUDA_FUSE=0, for A/B: two launches, the same bits */
         ag_status st = cu_add(be, x, o, (size_t)n * dim);
         return st ? st : cu_rmsnorm(be, x, w, n, dim, eps, out);
     }
@@ -2713,7 +2713,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
-    s->fuse_on = fuse && *fuse == '1';
+    s->fuse_on = !(fuse && *fuse == '0');
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;
