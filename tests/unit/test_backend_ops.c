@@ -238,6 +238,9 @@ static void matmul_decode_wide_batch(void **state) {
                  {AG_TYPE_BF16, 200, 8208}, {AG_TYPE_Q4_K, 512, 67},  {AG_TYPE_Q4_K, 256, 4100},
                  {AG_TYPE_Q4_K, 512, 8208}, {AG_TYPE_Q6_K, 768, 67},  {AG_TYPE_Q6_K, 256, 4100},
                  {AG_TYPE_Q6_K, 512, 8208},
+                 /* the CUDA dp4a GEMVs' K splits over 4 and 2 warps (mmv_split) */
+                 {AG_TYPE_Q4_K, 2048, 67},  {AG_TYPE_Q4_K, 1024, 4100}, {AG_TYPE_Q6_K, 2304, 67},
+                 {AG_TYPE_Q6_K, 1024, 4100},
                  {AG_TYPE_Q8_0, 896, 67},   {AG_TYPE_F16, 200, 67}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const uint32_t type = cases[c].type;
@@ -269,6 +272,51 @@ static void matmul_decode_wide_batch(void **state) {
                      N, sqrt(ref_err / ref_norm));
         free(y), free(x), free(deq);
         g_be->ops->free(g_be, d1), g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dy);
+    }
+}
+
+/* matmul_multi over weights of different row counts (so, on CUDA, different
+ * K splits in one grouped launch: 16, 8 and 4 slices for BF16) gives each
+ * weight the bits of its own matmul, at batches of 1 to 70 rows (the
+ * grouped path takes up to 16 decode rows; the prompt rows follow). */
+static void matmul_multi_mixed_shapes(void **state) {
+    (void)state;
+    static const struct {
+        uint32_t type;
+        int      K;
+    } cases[] = {{AG_TYPE_BF16, 264}, {AG_TYPE_Q4_K, 256}, {AG_TYPE_Q8_0, 96}};
+    static const int n_outs[3] = {67, 4100, 8208};
+    static const struct {
+        int n, n_dec;
+    } batches[] = {{1, 1}, {5, 5}, {9, 9}, {16, 16}, {13, 5}, {70, 70}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int K = cases[c].K, N = 70;
+        ag_tensor w[3];
+        float    *deq[3];
+        for (int i = 0; i < 3; i++) w[i] = make_weight(g_be, cases[c].type, K, n_outs[i], &deq[i]);
+        float *x = randn((size_t)N * K, 1.0f), *dx = dev_put(g_be, x, sizeof(float) * N * K);
+        for (size_t b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+            const int        n = batches[b].n, n_dec = batches[b].n_dec;
+            float           *dm[3], *ds[3];
+            const ag_tensor *ws[3] = {&w[0], &w[1], &w[2]};
+            for (int i = 0; i < 3; i++) {
+                dm[i] = dev_floats(g_be, (size_t)n * n_outs[i]);
+                ds[i] = dev_floats(g_be, (size_t)n * n_outs[i]);
+                assert_int_equal(g_be->ops->matmul(g_be, &w[i], dx, n, n_dec, ds[i]), AG_OK);
+            }
+            assert_int_equal(g_be->ops->matmul_multi(g_be, ws, 3, dx, n, n_dec, dm), AG_OK);
+            for (int i = 0; i < 3; i++) {
+                float *a = host_get(g_be, dm[i], (size_t)n * n_outs[i]), *e = host_get(g_be, ds[i], (size_t)n * n_outs[i]);
+                if (memcmp(a, e, sizeof(float) * (size_t)n * n_outs[i]))
+                    fail_msg("%s matmul_multi %s: weight %d (%d rows), %d rows (%d decode) differ from its matmul",
+                             g_be->ops->name, ag_tensor_type_name(cases[c].type), i, n_outs[i], n, n_dec);
+                free(a), free(e);
+                g_be->ops->free(g_be, dm[i]), g_be->ops->free(g_be, ds[i]);
+            }
+        }
+        free(x);
+        g_be->ops->free(g_be, dx);
+        for (int i = 0; i < 3; i++) free(deq[i]);
     }
 }
 
@@ -588,6 +636,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmul_all_types),
         cmocka_unit_test(matmul_decode_wide_batch),
+        cmocka_unit_test(matmul_multi_mixed_shapes),
         cmocka_unit_test(get_rows_exact),
         cmocka_unit_test(small_ops),
         cmocka_unit_test(attention_paged),

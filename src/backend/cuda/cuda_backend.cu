@@ -131,6 +131,8 @@ typedef struct {
      * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
     bool mmq_on, fa_on;
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
+    bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
+    bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     bool fuse_on;     /* add_rmsnorm in one kernel (the default; AUGUR_CUDA_FUSE=0: add, then rmsnorm) */
 
     /* decode rows' activations in BF16 for the tensor-core kernel of BF16
@@ -400,6 +402,54 @@ static __device__ __forceinline__ void mmv_store(const float acc[NT], int nt, in
     }
 }
 
+/* The dp4a GEMVs split the K range of a row over ks warps (4, or 2 for short
+ * rows) when the weight has few rows: one warp per row left most SMs empty
+ * on an 8B model's k/v projections (1024 rows: 256 blocks, 12% of the warp
+ * slots active, 7-8% of the DRAM peak; ncu, H200). ks depends
+ * on the weight's shape only (mmv_split), never on the batch, and the
+ * warps' sums are added in warp order: batch invariance holds. The warps of
+ * a row are adjacent in the block (warp = MMV_WARPS / ks rows x ks). */
+static int mmv_split(int n_out, int nb) {
+    /* 4 warps per row below 2048 rows. At 4096 rows (q, o, down of an 8B
+     * model) 2 warps were slower: Q4_K 7.55 -> 7.90 us, Q6_K down 32.4 ->
+     * 41.6 us (ncu, H200); 1024 rows: Q4_K 6.1 -> 4.2 us, Q6_K 9.9 -> 6.4. */
+    int ks = n_out >= 2048 ? 1 : 4;
+    while (ks > 1 && nb < 2 * ks) ks >>= 1; /* at least two K blocks per warp */
+    return ks;
+}
+/* The range [*g0, *g1) of units (of n_units along K) that warp sub of ks takes. */
+static __device__ __forceinline__ void mmv_split_range(int n_units, int ks, int sub, int *g0, int *g1) {
+    const int per = (n_units + ks - 1) / ks;
+    *g0 = min(n_units, sub * per);
+    *g1 = min(n_units, *g0 + per);
+}
+/* As mmv_store, for a row split over ks adjacent warps: each warp's lane sum,
+ * then the warps' sums in warp order, written by the first warp's lane 0.
+ * Every warp of the block must call it (a barrier). */
+template <int NT>
+static __device__ __forceinline__ void mmv_store_split(const float acc[NT], int nt, int lane, int warp, int ks, int tok0,
+                                                       int n_out, int row, float *__restrict__ y) {
+    if (ks == 1) {
+        if (row < n_out) mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+        return;
+    }
+    __shared__ float part[MMV_WARPS][NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float v = warp_sum(acc[t]);
+        if (lane == 0) part[warp][t] = v;
+    }
+    __syncthreads();
+    if (lane != 0 || warp % ks != 0 || row >= n_out) return;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        if (t >= nt) break;
+        float v = part[warp][t];
+        for (int w = 1; w < ks; w++) v = __fadd_rn(v, part[warp + w][t]);
+        y[(size_t)(tok0 + t) * n_out + row] = v;
+    }
+}
+
 /* y[t][row] = Σ_k W[row][k] x[t][k] for the block's rows and tokens. One warp
  * per row; lane l takes units l, l+32, ... (the legacy 32-element types:
  * small models only, so no load batching). */
@@ -450,27 +500,28 @@ struct act_q8 {
 /* The loop of the GEMVs over 256-element K-quant blocks, one warp per row:
  * KIND::U blocks' raw bytes loaded (KIND::load) before any is decoded
  * (KIND::apply), then the tail one block at a time. */
-template <class KIND, int NT, class ACT>
+template <class KIND, int NT, int ks = 1, class ACT>
 static __device__ __forceinline__ void mmv_kblocks(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                    const ACT act, int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
-    if (row >= n_out) return;
+    const int row = blockIdx.x * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
+    if (ks == 1 && row >= n_out) return;
     const int      nt = min(NT, n_tok - tok0), nb = K / 256;
-    const uint8_t *wr = W + (size_t)row * row_bytes;
+    const uint8_t *wr = W + (size_t)(ks == 1 ? row : min(row, n_out - 1)) * row_bytes;
     float          acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    int b = 0;
-    for (; b + KIND::U <= nb; b += KIND::U) {
+    int b = 0, b_end = nb;
+    if constexpr (ks > 1) mmv_split_range(row < n_out ? nb : 0, ks, warp % ks, &b, &b_end);
+    for (; b + KIND::U <= b_end; b += KIND::U) {
         typename KIND::raw r[KIND::U];
 #pragma unroll
         for (int u = 0; u < KIND::U; u++) r[u] = KIND::load(wr, b + u, lane);
 #pragma unroll
         for (int u = 0; u < KIND::U; u++) KIND::template apply<NT>(r[u], b + u, lane, act, K, tok0, nt, acc);
     }
-    for (; b < nb; b++) KIND::template apply<NT>(KIND::load(wr, b, lane), b, lane, act, K, tok0, nt, acc);
-    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+    for (; b < b_end; b++) KIND::template apply<NT>(KIND::load(wr, b, lane), b, lane, act, K, tok0, nt, acc);
+    mmv_store_split<NT>(acc, nt, lane, warp, ks, tok0, n_out, row, y);
 }
 
 /* Q4_K with the warp on one 256-element block at a time: lane l holds
@@ -634,7 +685,9 @@ __global__ void quantize_q8_32(const float *__restrict__ x, int n_blocks32, int8
  * sub-block 2g+1, and the block's 16-byte header (d, dmin, scales). Per
  * token: 8 dp4a. The min term (dmin * m * Σx) is added once per sub-block,
  * by the h = 0 lane, from the activation block's d * Σq. */
+#ifndef MMV_G4 /* (-D for tuning experiments) */
 #define MMV_G4 2 /* groups of 4 blocks loaded ahead */
+#endif
 struct q4k_raw16 {
     uint4 head, q;
 };
@@ -669,46 +722,71 @@ static __device__ __forceinline__ void q4k_dp4a_block(const q4k_raw16 r, int b, 
         acc[t] = __fadd_rn(acc[t], v);
     }
 }
-template <int NT>
-__global__ void mmv_q4k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                             const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
-                             float *__restrict__ y) {
+template <int NT, int ks>
+static __device__ __forceinline__ void q4k_dp4a_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                     const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
+                                                     int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
-    if (row >= n_out) return;
+    const int row = blockIdx.x * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
+    if (ks == 1 && row >= n_out) return;
     const int      nt = min(NT, n_tok - tok0), nb = K / 256, bi = lane >> 3;
-    const uint8_t *wr = W + (size_t)row * row_bytes + 16 * (lane & 7);
+    const int      row_c = ks == 1 ? row : min(row, n_out - 1);
+    const uint8_t *wr = W + (size_t)row_c * row_bytes + 16 * (lane & 7);
     float          acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    int b4 = 0;
-    for (; b4 + 4 * MMV_G4 <= nb; b4 += 4 * MMV_G4) {
+    int b4 = 0, nb_w = nb; /* this warp's blocks: [b4, nb_w), whole groups of 4 */
+    if constexpr (ks > 1) {
+        int g0, g1;
+        mmv_split_range(row < n_out ? (nb + 3) / 4 : 0, ks, warp % ks, &g0, &g1);
+        b4 = 4 * g0, nb_w = min(nb, 4 * g1);
+    }
+    for (; b4 + 4 * MMV_G4 <= nb_w; b4 += 4 * MMV_G4) {
         q4k_raw16 r[MMV_G4];
 #pragma unroll
         for (int u = 0; u < MMV_G4; u++) {
-            const uint8_t *blk = W + (size_t)row * row_bytes + (size_t)(b4 + 4 * u + bi) * 144;
+            const uint8_t *blk = W + (size_t)row_c * row_bytes + (size_t)(b4 + 4 * u + bi) * 144;
             r[u].head = __ldg((const uint4 *)blk);
             r[u].q = __ldg((const uint4 *)(wr + (size_t)(b4 + 4 * u + bi) * 144 + 16));
         }
 #pragma unroll
         for (int u = 0; u < MMV_G4; u++) q4k_dp4a_block<NT>(r[u], b4 + 4 * u + bi, lane, xq, xs, K, tok0, nt, acc);
     }
-    for (; b4 < nb; b4 += 4) {
+    for (; b4 < nb_w; b4 += 4) {
         const int b = b4 + bi;
-        if (b >= nb) continue; /* the last group's missing blocks: the lane adds nothing */
+        if (b >= nb_w) continue; /* the last group's missing blocks: the lane adds nothing */
         q4k_raw16 r;
-        r.head = __ldg((const uint4 *)(W + (size_t)row * row_bytes + (size_t)b * 144));
+        r.head = __ldg((const uint4 *)(W + (size_t)row_c * row_bytes + (size_t)b * 144));
         r.q = __ldg((const uint4 *)(wr + (size_t)b * 144 + 16));
         q4k_dp4a_block<NT>(r, b, lane, xq, xs, K, tok0, nt, acc);
     }
-    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
+    mmv_store_split<NT>(acc, nt, lane, warp, ks, tok0, n_out, row, y);
+}
+/* The unsplit kernels keep the compiler's own register choice (48 for Q4_K,
+ * 56 for Q6_K at NT = 1: any __launch_bounds__ changed it, to 60 and 70);
+ * the split ones are held to 64 (unbounded, Q6_K took 125, a quarter of the
+ * warp slots). */
+#define MMV_SPLIT_BOUNDS __launch_bounds__(32 * MMV_WARPS, 8)
+template <int NT>
+__global__ void mmv_q4k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                             const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
+                             float *__restrict__ y) {
+    q4k_dp4a_rows<NT, 1>(W, row_bytes, K, n_out, xq, xs, n_tok, y);
+}
+template <int NT, int ks>
+__global__ void MMV_SPLIT_BOUNDS mmv_q4k_dp4a_split(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                    const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
+                                                    int n_tok, float *__restrict__ y) {
+    q4k_dp4a_rows<NT, ks>(W, row_bytes, K, n_out, xq, xs, n_tok, y);
 }
 
 /* Q6_K: lane l takes half hf = l/16 of a block, quadrant pair c = (l/8)%2
  * and positions l0..l0+3 (l0 = 4(l%8)): one ql word (low nibbles: quadrant
  * c, high: c+2) and one qh word, read as 2-byte halves (blocks are 210
  * bytes, 2-byte aligned); the weights as signed bytes, 2 dp4a per token. */
+#ifndef MMV_U6D
 #define MMV_U6D 8
+#endif
 struct q6k_raw8 {
     uint32_t ql, qh, sc, d;
 };
@@ -760,14 +838,28 @@ template <int NT>
 __global__ void mmv_q6k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                              const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
                              float *__restrict__ y) {
-    mmv_kblocks<q6k_dp4a_kind, NT>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y);
+    mmv_kblocks<q6k_dp4a_kind, NT, 1>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y);
+}
+template <int NT, int ks>
+__global__ void MMV_SPLIT_BOUNDS mmv_q6k_dp4a_split(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                    const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
+                                                    int n_tok, float *__restrict__ y) {
+    mmv_kblocks<q6k_dp4a_kind, NT, ks>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y);
 }
 
+/* The dp4a GEMVs; ks, the K split (mmv_split: 1, 2 or 4), is a template
+ * parameter, so that ks = 1 is the unsplit kernel (a runtime ks cost the
+ * Q6_K kernel 40 registers, and half its occupancy). */
 typedef void (*mmv_q8_kernel)(const uint8_t *, size_t, int, int, const int8_t *, const float2 *, int, float *);
 
+template <int NT, int ks>
+static mmv_q8_kernel mmv_q8_for_ks(uint32_t type) {
+    return type == CQ_Q4_K ? mmv_q4k_dp4a_split<NT, ks> : type == CQ_Q6_K ? mmv_q6k_dp4a_split<NT, ks> : NULL;
+}
 template <int NT>
-static mmv_q8_kernel mmv_q8_for_nt(uint32_t type) {
-    return type == CQ_Q4_K ? mmv_q4k_dp4a<NT> : type == CQ_Q6_K ? mmv_q6k_dp4a<NT> : NULL;
+static mmv_q8_kernel mmv_q8_for_nt(uint32_t type, int ks) {
+    if (ks == 1) return type == CQ_Q4_K ? mmv_q4k_dp4a<NT> : type == CQ_Q6_K ? mmv_q6k_dp4a<NT> : NULL;
+    return ks == 4 ? mmv_q8_for_ks<NT, 4>(type) : mmv_q8_for_ks<NT, 2>(type);
 }
 
 
@@ -986,15 +1078,17 @@ static __device__ __forceinline__ void mmt_finish(const float (&c)[MT][NTL][4], 
  * block, warp w taking slice w of the 32-wide k steps; the slices' sums are
  * added in warp order. U steps' loads are issued before their mmas (more
  * bytes in flight where the tiles are small). */
-template <int KS, int MT, int NTL>
-__global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                                                    const __nv_bfloat16 *__restrict__ x, int n_tok,
-                                                    float *__restrict__ y) {
-    constexpr int U = MT == 1 ? 8 : KS == 16 ? 2 : 4; /* 512 threads: at most 128 registers */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
-    const int steps = (K + 31) / 32, per = (steps + KS - 1) / KS;
-    const int s0 = min(steps, warp * per), s1 = min(steps, s0 + per);
+/* The accumulators of one warp: row tiles [row0, +16 MT) by token tiles
+ * [tok0, +8 NTL), over the 32-wide k steps [s0, s1); rows past n_out read
+ * the last row (their results are dropped), tokens past n_tok zeros. U
+ * steps' loads are issued before their mmas (more bytes in flight where
+ * the tiles are small). The order of the mmas on an accumulator is the
+ * step order, whatever U: a row's bits depend on its slice only. */
+template <int MT, int NTL, int U>
+static __device__ __forceinline__ void mmt_slice(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                 const __nv_bfloat16 *__restrict__ x, int n_tok, int row0, int tok0,
+                                                 int s0, int s1, float (&c)[MT][NTL][4]) {
+    const int    lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint4 *wp[MT][2];
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -1010,7 +1104,6 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ 
         xp[j] = (const uint4 *)(x + (size_t)min(tok, n_tok - 1) * K) + t;
     }
     const uint4 zero = make_uint4(0, 0, 0, 0);
-    float       c[MT][NTL][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -1041,19 +1134,87 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ 
         for (int j = 0; j < NTL; j++) X[j] = valid && xv[j] ? __ldg(xp[j] + 4 * st) : zero;
         mmt_step<MT, NTL>(A, X, c);
     }
+}
+
+/* The slice [*s0, *s1) of the 32-wide k steps that slice w of ks takes. */
+static __device__ __forceinline__ void mmt_slice_range(int K, int ks, int w, int *s0, int *s1) {
+    const int steps = (K + 31) / 32, per = (steps + ks - 1) / ks;
+    *s0 = min(steps, w * per);
+    *s1 = min(steps, *s0 + per);
+}
+
+/* y[t][r] = Σ_k W[r][k] x[t][k] for rows [16 MT blockIdx.x, +16 MT) and
+ * tokens [8 NTL blockIdx.y, +8 NTL); x is BF16, K % 8 == 0. KS warps per
+ * block, warp w taking slice w of the 32-wide k steps; the slices' sums are
+ * added in warp order. Batches of more than 16 decode rows (MT = 2); up to
+ * 16, mmt_bf16_group. */
+template <int KS, int MT, int NTL>
+__global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                    const __nv_bfloat16 *__restrict__ x, int n_tok,
+                                                    float *__restrict__ y) {
+    constexpr int U = MT == 1 ? 8 : KS == 16 ? 2 : 4; /* 512 threads: at most 128 registers */
+    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int     row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
+    int           s0, s1;
+    mmt_slice_range(K, KS, warp, &s0, &s1);
+    float c[MT][NTL][4];
+    mmt_slice<MT, NTL, U>(W, row_bytes, K, n_out, x, n_tok, row0, tok0, s0, s1, c);
     mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
+}
+
+/* Up to 16 decode rows of up to MMT_GROUP_MAX BF16 weights that share x
+ * (Q/K/V, gate/up, or one weight alone) in one launch: a decode step of an
+ * 8B model spent ~4 us of ramp and drain per matmul launch, and its k and v
+ * projections (8 MB each) ran at 1.3 TB/s alone (ncu, H200). Weight i keeps
+ * its own K split ks_i (mmt_slices of its own shape); a block has KSMAX
+ * warps = max ks_i and holds KSMAX / ks_i row tiles of its weight, slice w
+ * of tile j on warp j ks_i + w. Each output is its slices' sums added in
+ * slice order, as mmt_finish adds them: a row gets the same bits as from
+ * mmt_bf16 with ks_i warps, alone or grouped, at any batch (test_backend_ops
+ * checks matmul_multi against matmul, and batches against single rows). */
+#define MMT_GROUP_MAX 4
+struct mmt_group {
+    const uint8_t *W[MMT_GROUP_MAX];
+    size_t         row_bytes[MMT_GROUP_MAX];
+    float         *y[MMT_GROUP_MAX];
+    int            n_out[MMT_GROUP_MAX], ks[MMT_GROUP_MAX];
+    int            first_block[MMT_GROUP_MAX]; /* weight i's blocks: [first_block[i], first_block[i + 1]) */
+    int            n;
+};
+template <int KSMAX, int NTL>
+__global__ void __launch_bounds__(32 * KSMAX) mmt_bf16_group(const mmt_group grp, int K,
+                                                             const __nv_bfloat16 *__restrict__ x, int n_tok) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    int       i = 0;
+#pragma unroll
+    for (int j = 1; j < MMT_GROUP_MAX; j++)
+        if (j < grp.n && (int)blockIdx.x >= grp.first_block[j]) i = j;
+    const int ks = grp.ks[i], tiles = KSMAX / ks, n_out = grp.n_out[i];
+    const int tile0 = ((int)blockIdx.x - grp.first_block[i]) * tiles, tok0 = blockIdx.y * 8 * NTL;
+    int       s0, s1;
+    mmt_slice_range(K, ks, warp % ks, &s0, &s1);
+    float c[1][NTL][4];
+    mmt_slice<1, NTL, 8>(grp.W[i], grp.row_bytes[i], K, n_out, x, n_tok, 16 * (tile0 + warp / ks), tok0, s0, s1, c);
+    constexpr int C = NTL * 8 + 1;
+    __shared__ float part[KSMAX][16][C];
+#pragma unroll
+    for (int j = 0; j < NTL; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) part[warp][g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = c[0][j][e];
+    __syncthreads();
+    float *__restrict__ y = grp.y[i];
+    for (int e = threadIdx.x; e < tiles * 16 * NTL * 8; e += blockDim.x) {
+        const int tl = e / (16 * NTL * 8), r = e % 16, tk = (e / 16) % (NTL * 8);
+        const int row = 16 * (tile0 + tl) + r;
+        if (row >= n_out || tok0 + tk >= n_tok) continue;
+        float v = part[tl * ks][r][tk];
+        for (int w = 1; w < ks; w++) v = __fadd_rn(v, part[tl * ks + w][r][tk]);
+        y[(size_t)(tok0 + tk) * n_out + row] = v;
+    }
 }
 
 typedef void (*mmt_kernel)(const uint8_t *, size_t, int, int, const __nv_bfloat16 *, int, float *);
 
-template <int KS>
-static mmt_kernel mmt_for_ks(int n, int *rows, int *toks) {
-    mmt_kernel k;
-    if (n <= 8) k = mmt_bf16<KS, 1, 1>, *rows = 16, *toks = 8;
-    else if (n <= 16) k = mmt_bf16<KS, 1, 2>, *rows = 16, *toks = 16;
-    else k = mmt_bf16<KS, 2, 4>, *rows = 32, *toks = 32;
-    return k;
-}
 
 /* The kernel for a weight of n_out rows and a batch of n decode rows, with
  * *rows and *toks per block and *warps per block. The K split (the warps)
@@ -1082,10 +1243,44 @@ static int mmq_target_warps(void) {
     return target;
 }
 
-static mmt_kernel mmt_for(int n_out, int n, int *rows, int *toks, int *warps) {
+/* More than 16 decode rows of one BF16 weight: two row tiles by 32 tokens
+ * per block, KS warps. */
+static mmt_kernel mmt_for(int n_out, int *rows, int *toks, int *warps) {
     *warps = mmt_slices(n_out, MMT_TARGET_WARPS);
-    return *warps == 4 ? mmt_for_ks<4>(n, rows, toks) : *warps == 8 ? mmt_for_ks<8>(n, rows, toks)
-                                                                    : mmt_for_ks<16>(n, rows, toks);
+    *rows = 32, *toks = 32;
+    return *warps == 4 ? mmt_bf16<4, 2, 4> : *warps == 8 ? mmt_bf16<8, 2, 4> : mmt_bf16<16, 2, 4>;
+}
+
+/* Up to 16 decode rows of n_w BF16 weights of K columns that share x (BF16,
+ * in s->d_xh): one mmt_bf16_group launch. */
+static void launch_mmt_group(cudaStream_t stream, const ag_tensor *const *w, int n_w, int K, const __nv_bfloat16 *x,
+                             int n, float *const *y) {
+    mmt_group grp;
+    memset(&grp, 0, sizeof grp);
+    int ksmax = 4, blocks = 0;
+    for (int i = 0; i < n_w; i++) {
+        grp.ks[i] = mmt_slices((int)w[i]->ne[1], MMT_TARGET_WARPS);
+        if (grp.ks[i] > ksmax) ksmax = grp.ks[i];
+    }
+    for (int i = 0; i < n_w; i++) {
+        const int tiles = (int)((w[i]->ne[1] + 15) / 16), per_block = ksmax / grp.ks[i];
+        grp.W[i] = (const uint8_t *)w[i]->data;
+        grp.row_bytes[i] = w[i]->row_bytes;
+        grp.y[i] = y[i];
+        grp.n_out[i] = (int)w[i]->ne[1];
+        grp.first_block[i] = blocks;
+        blocks += (tiles + per_block - 1) / per_block;
+    }
+    grp.n = n_w;
+    const bool two = n > 8; /* NTL = 2: 16 tokens per block */
+    dim3       grid((unsigned)blocks, 1);
+    const int  threads = 32 * ksmax;
+#define MMT_GROUP_LAUNCH(KSM)                                                                                    \
+    (two ? mmt_bf16_group<KSM, 2> : mmt_bf16_group<KSM, 1>)<<<grid, threads, 0, stream>>>(grp, K, x, n)
+    if (ksmax == 4) MMT_GROUP_LAUNCH(4);
+    else if (ksmax == 8) MMT_GROUP_LAUNCH(8);
+    else MMT_GROUP_LAUNCH(16);
+#undef MMT_GROUP_LAUNCH
 }
 
 /* ---- matmul: decode rows of Q4_K weights on the tensor cores ---- */
@@ -1487,10 +1682,14 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             LAUNCHED();
             *x_ready |= XR_BF16;
         }
-        int        rows, toks, warps;
-        mmt_kernel k = mmt_for(n_out, n, &rows, &toks, &warps);
-        dim3       grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + toks - 1) / toks));
-        k<<<grid, 32 * warps, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n, y);
+        if (n <= 16) {
+            launch_mmt_group(s->stream, &w, 1, K, s->d_xh, n, &y);
+        } else {
+            int        rows, toks, warps;
+            mmt_kernel k = mmt_for(n_out, &rows, &toks, &warps);
+            dim3       grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + toks - 1) / toks));
+            k<<<grid, 32 * warps, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n, y);
+        }
         LAUNCHED();
         return AG_OK;
     }
@@ -1511,9 +1710,10 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
                                                   y);
         } else {
             const int     nt = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; /* as mmv_for */
-            mmv_q8_kernel k = nt == 1 ? mmv_q8_for_nt<1>(w->type) : nt == 2 ? mmv_q8_for_nt<2>(w->type)
-                            : nt == 4 ? mmv_q8_for_nt<4>(w->type) : mmv_q8_for_nt<8>(w->type);
-            dim3          grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
+            const int     ks = s->mmv_split_on ? mmv_split(n_out, K / 256) : 1, rows = MMV_WARPS / ks;
+            mmv_q8_kernel k = nt == 1 ? mmv_q8_for_nt<1>(w->type, ks) : nt == 2 ? mmv_q8_for_nt<2>(w->type, ks)
+                            : nt == 4 ? mmv_q8_for_nt<4>(w->type, ks) : mmv_q8_for_nt<8>(w->type, ks);
+            dim3          grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + nt - 1) / nt));
             k<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs,
                                                       n, y);
         }
@@ -1589,6 +1789,23 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
                                  int n_decode, float *const *y) {
     cuda_state *s = st_of(be);
     int         x_ready = 0;
+    if (n_decode < 0 || n_decode > n) n_decode = n;
+    bool group = s->group_on && n_decode > 0 && n_decode <= 16 && n_w > 1 && n_w <= MMT_GROUP_MAX;
+    for (int i = 0; group && i < n_w; i++) group = uses_mmt(s, w[i]) && w[i]->ne[0] == w[0]->ne[0];
+    if (group) { /* the decode rows of all in one launch, then each weight's prompt rows */
+        const int K = (int)w[0]->ne[0];
+        ag_status st = reserve_xh(s, n_decode, K);
+        if (st) return st;
+        f32_to_bf16<<<grid_for((size_t)K * n_decode, 256), 256, 0, s->stream>>>(x, (size_t)K * n_decode, s->d_xh);
+        LAUNCHED();
+        launch_mmt_group(s->stream, w, n_w, K, s->d_xh, n_decode, y);
+        LAUNCHED();
+        for (int i = 0; i < n_w; i++) {
+            st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1]);
+            if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());
+        }
+        return AG_OK;
+    }
     for (int i = 0; i < n_w; i++) {
         ag_status st = matmul_rows(s, w[i], x, n, n_decode, y[i], &x_ready);
         if (st) return st;
@@ -2714,6 +2931,10 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_per_head = fa && !strcmp(fa, "head");
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
     s->fuse_on = !(fuse && *fuse == '0');
+    const char *grp = getenv("AUGUR_CUDA_GROUP");
+    s->group_on = !(grp && *grp == '0');
+    const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
+    s->mmv_split_on = !(split && *split == '0');
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;
