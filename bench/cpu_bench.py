@@ -171,9 +171,16 @@ def main():
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("-r", type=int, default=5)
-    ap.add_argument("models", nargs="*")
+    ap.add_argument("models", nargs="*", help=f"names ({', '.join(MODELS)}) or GGUF paths; default: the fetched ones")
     a = ap.parse_args()
     names = a.models or [n for n in ("smollm2", "gemma3", "qwen-1.5b") if os.path.exists(os.path.join(ROOT, MODELS[n]))]
+    paths = {}
+    for n in names:
+        path = os.path.join(ROOT, MODELS[n]) if n in MODELS else n
+        if not os.path.isfile(path):
+            known = ", ".join(MODELS)
+            sys.exit(f"cpu_bench: no model '{n}' (a name among {known}, fetched by scripts/fetch_models.py, or a GGUF path)")
+        paths[n] = path
     print(f"# {time.strftime('%Y-%m-%d')}, {cpu_name()}, {a.t} threads, pp{a.p} / tg{a.n}, median of {a.r}")
     print(cpu_report())
     print(peer_build_report())
@@ -184,7 +191,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     kernels = []
     for n in names:
-        path = os.path.join(ROOT, MODELS[n])
+        path = paths[n]
         ours = bench_augur(path, a.t, a.p, a.n, a.r)
         ref = bench_llama_child(path, a.t, a.p, a.n, a.r)
         kernels.append(f"  {n}: {ours.get('cpu_kernels', 'not reported (an augur from before the report, or not on the CPU backend)')}")
