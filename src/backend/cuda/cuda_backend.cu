@@ -135,6 +135,17 @@ typedef struct {
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     bool fuse_on;     /* add_rmsnorm in one kernel (the default; AUGUR_CUDA_FUSE=0: add, then rmsnorm) */
 
+    /* split-K decode attention (AUGUR_CUDA_SPLITK=1, opt-in: NOT YET RUN ON
+     * A GPU): each split's (m, l) and unnormalized V sums, and a counter per
+     * (row, head) for the last split to combine them; sized in begin from
+     * max_att_out (the widest attn_output weight's ne[0] = n_head * hd_v) */
+    bool     splitk_on;
+    float   *d_att_part;
+    size_t   cap_att_part; /* floats */
+    int     *d_att_cnt;
+    size_t   cap_att_cnt;  /* ints, zero between passes */
+    int      max_att_out;
+
     /* decode rows' activations in BF16 for the tensor-core kernel of BF16
      * weights (mmt_bf16); sized in begin like d_xq (max_k_bf16) */
     __nv_bfloat16 *d_xh;
@@ -210,6 +221,7 @@ static ag_status cu_prepare_weight(ag_backend *be, ag_tensor *t) {
     const size_t bytes = t->row_bytes * (size_t)t->ne[1];
     if ((t->type == CQ_Q4_K || t->type == CQ_Q6_K) && t->ne[0] > s->max_k) s->max_k = (int)t->ne[0];
     if (t->type == CQ_BF16 && t->ne[0] > s->max_k_bf16) s->max_k_bf16 = (int)t->ne[0];
+    if (t->name && strstr(t->name, "attn_output") && t->ne[0] > s->max_att_out) s->max_att_out = (int)t->ne[0];
     for (size_t i = 0; i < s->n_w; i++)
         if (s->w[i].host == t->host && s->w[i].bytes == bytes) {
             t->data = s->w[i].dev;
@@ -275,6 +287,27 @@ static ag_status reserve_xq(cuda_state *s, int n, int K) {
     return st;
 }
 
+#define ATT_SPLITS 16 /* split-K decode attention: splits per (row, head), fixed (graphs, batch invariance) */
+/* Room for the split-K decode attention of n decode rows: per row and head,
+ * ATT_SPLITS splits of hd_v sums plus (m, l); n_head * hd_v <= max_att_out
+ * and hd_v >= 32 bound it. Counters are zeroed when (re)allocated; the
+ * kernel leaves them zero. */
+static ag_status reserve_att_for(cuda_state *s, size_t need, size_t heads) {
+    if (need <= s->cap_att_part && heads <= s->cap_att_cnt) return AG_OK;
+    graphs_clear(s);
+    ag_status st = grow((void **)&s->d_att_part, &s->cap_att_part, need, sizeof(float));
+    if (!st && heads > s->cap_att_cnt) {
+        st = grow((void **)&s->d_att_cnt, &s->cap_att_cnt, heads, sizeof(int));
+        if (!st) CUDA_TRY(cudaMemsetAsync(s->d_att_cnt, 0, s->cap_att_cnt * sizeof(int), s->stream));
+    }
+    return st;
+}
+static ag_status reserve_att(cuda_state *s, int n) {
+    if (!s->splitk_on || s->max_att_out <= 0 || n <= 0) return AG_OK;
+    const size_t heads = (size_t)n * (size_t)(s->max_att_out / 32 + 1);
+    return reserve_att_for(s, (size_t)n * ATT_SPLITS * (size_t)s->max_att_out + heads * ATT_SPLITS * 2, heads);
+}
+
 /* Room for n rows of K BF16 activations (decode rows of BF16 weights). */
 static ag_status reserve_xh(cuda_state *s, int n, int K) {
     const size_t need = (size_t)n * (size_t)K;
@@ -309,6 +342,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     ag_status st = grow((void **)&s->d_ints, &s->cap_ints, need, sizeof(int32_t));
     if (!st && s->mmv_dp4a && s->max_k > 0 && lay->n_decode > 0) st = reserve_xq(s, lay->n_decode, s->max_k);
     if (!st && s->mmv_dp4a && s->max_k_bf16 > 0 && lay->n_decode > 0) st = reserve_xh(s, lay->n_decode, s->max_k_bf16);
+    if (!st && lay->n_decode > 0) st = reserve_att(s, lay->n_decode < n ? lay->n_decode : n);
     if (st) return st;
     int32_t *h = s->h_pinned;
     int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
@@ -2162,6 +2196,111 @@ __global__ void attention_k(kv_geom g, const int32_t *__restrict__ pos, const in
     }
 }
 
+/* Decode rows, split-K (flash decoding; AUGUR_CUDA_SPLITK=1, opt-in: NOT
+ * YET RUN ON A GPU). attention_k runs one block per (row, head): 32 blocks
+ * for an 8B model at batch 1, each walking its row's whole context with
+ * thread-serial dot products, so long contexts leave the GPU idle. Here
+ * block (row, head, split) takes split `sp` of the row's visible positions,
+ * cut into ATT_SPLITS equal ranges by the row's own length (so a row's
+ * result never depends on the batch, and the grid does not depend on the
+ * context: recorded passes stay valid as it grows). Each warp takes every
+ * 4th position of the range, its lanes 4-dim slices of the dot product
+ * (q rounded to fp16 as in attention_k), with an online softmax: running
+ * max m, sum l and the unnormalized Σ e^(s-m) V, rescaled when m grows.
+ * The warps, then the splits (by the last block of the row and head to
+ * finish, found with a counter), are merged in index order: out =
+ * Σ e^(m_i - M) acc_i / Σ e^(m_i - M) l_i. Unlike attention_k, the softmax
+ * weights are not rounded to fp16 (test_backend_ops: within its tolerance
+ * of the CPU). Needs hd_k, hd_v multiples of 32, hd_v <= 256. */
+#define ATT_SK_WARPS 4
+template <bool F16>
+__global__ void __launch_bounds__(32 * ATT_SK_WARPS)
+    attention_split_k(kv_geom g, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
+                      const int32_t *__restrict__ tables, int n_head, int n_kv, int hd_k, int hd_v, float scale,
+                      int window, float softcap, const float *__restrict__ q, float *__restrict__ part,
+                      float *__restrict__ part_ml, int *__restrict__ cnt, float *__restrict__ out) {
+    constexpr int DV = ATT_MAX_DV / 32; /* V dims per lane, at most */
+    __shared__ float qs[ATT_MAX_DV];
+    __shared__ float w_m[ATT_SK_WARPS], w_l[ATT_SK_WARPS], w_acc[ATT_SK_WARPS][ATT_MAX_DV];
+    __shared__ bool  last;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, kvh = h / (n_head / n_kv);
+    const int p_hi = pos[t], p_lo = window > 0 ? max(0, p_hi - window + 1) : 0;
+    const int per = (p_hi - p_lo + ATT_SPLITS) / ATT_SPLITS; /* ceil(len / ATT_SPLITS) */
+    const int r0 = p_lo + sp * per, r1 = min(p_hi + 1, r0 + per);
+    const int32_t *table = tables + tok_table[t];
+    for (int d = threadIdx.x; d < hd_k; d += blockDim.x)
+        qs[d] = __half2float(__float2half_rn(q[((size_t)t * n_head + h) * hd_k + d]));
+    __syncthreads();
+    const int nk = hd_k / 32, nv = hd_v / 32; /* dims per lane: [lane nk, +nk), [lane nv, +nv) */
+    float     m = -INFINITY, l = 0.0f, acc[DV];
+#pragma unroll
+    for (int j = 0; j < DV; j++) acc[j] = 0.0f;
+    for (int p = r0 + warp; p < r1; p += ATT_SK_WARPS) {
+        const uint8_t *blk = g.k0 + (size_t)table[p >> g.block_shift] * g.block_bytes;
+        const uint8_t *kr = blk + kvh * g.head_stride_k + (size_t)(p & g.block_mask) * g.row_bytes_k;
+        float          dot = 0.0f;
+        for (int j = 0; j < nk; j++) dot = fmaf(qs[lane * nk + j], kv_get<F16>(kr, lane * nk + j), dot);
+        dot = warp_sum(dot) * scale;
+        if (softcap > 0.0f) dot = softcap * tanhf(dot / softcap);
+        const float m_new = fmaxf(m, dot), c = expf(m - m_new), e = expf(dot - m_new);
+        const uint8_t *vr = blk + g.v_off + kvh * g.head_stride_v + (size_t)(p & g.block_mask) * g.row_bytes_v;
+        l = fmaf(l, c, e);
+#pragma unroll
+        for (int j = 0; j < DV; j++)
+            if (j < nv) acc[j] = fmaf(acc[j], c, e * kv_get<F16>(vr, lane * nv + j));
+        m = m_new;
+    }
+    /* the block's warps, in warp order */
+    if (lane == 0) w_m[warp] = m, w_l[warp] = l;
+#pragma unroll
+    for (int j = 0; j < DV; j++)
+        if (j < nv) w_acc[warp][lane * nv + j] = acc[j];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < ATT_SK_WARPS; w++) M = fmaxf(M, w_m[w]);
+    const size_t slot = ((size_t)t * n_head + h) * ATT_SPLITS + sp;
+    if (threadIdx.x == 0) {
+        float L = 0.0f;
+        for (int w = 0; w < ATT_SK_WARPS; w++)
+            if (w_m[w] != -INFINITY) L = fmaf(w_l[w], expf(w_m[w] - M), L);
+        part_ml[2 * slot] = M, part_ml[2 * slot + 1] = L;
+    }
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < ATT_SK_WARPS; w++)
+            if (w_m[w] != -INFINITY) a = fmaf(w_acc[w][d], expf(w_m[w] - M), a);
+        part[slot * hd_v + d] = a;
+    }
+    /* the last split of (row, head) to finish merges them all */
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *c = cnt + (size_t)t * n_head + h;
+        last = atomicAdd(c, 1) == ATT_SPLITS - 1;
+        if (last) *c = 0; /* ready for the next pass (or graph replay) */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const size_t s0 = ((size_t)t * n_head + h) * ATT_SPLITS;
+    float        MM = -INFINITY, LL = 0.0f;
+    for (int i = 0; i < ATT_SPLITS; i++) MM = fmaxf(MM, __ldcg(&part_ml[2 * (s0 + i)]));
+    for (int i = 0; i < ATT_SPLITS; i++) {
+        const float mi = __ldcg(&part_ml[2 * (s0 + i)]);
+        if (mi != -INFINITY) LL = fmaf(__ldcg(&part_ml[2 * (s0 + i) + 1]), expf(mi - MM), LL);
+    }
+    const float inv = 1.0f / LL;
+    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+        float a = 0.0f;
+        for (int i = 0; i < ATT_SPLITS; i++) {
+            const float mi = __ldcg(&part_ml[2 * (s0 + i)]);
+            if (mi != -INFINITY) a = fmaf(__ldcg(&part[(s0 + i) * hd_v + d]), expf(mi - MM), a);
+        }
+        out[((size_t)t * n_head + h) * hd_v + d] = a * inv;
+    }
+}
+
 /* Prompt rows: one block per (tile of up to ATT_TQ rows of one sequence,
  * head); 4 warps, each owning ATT_TQ/4 rows. The positions come in chunks of
  * ATT_TK aligned to absolute positions, their K (and V) rows staged in
@@ -2712,7 +2851,36 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
     const bool f16 = ag_kv_get_layout(kv)->dtype == AG_KV_F16;
     /* decode rows: one block per (row, head); prompt rows: tiles (see begin) */
     const int n_dec = b->n_decode > 0 ? (b->n_decode < b->n ? b->n_decode : b->n) : 0;
-    if (n_dec > 0) {
+    /* split-K for every decode row when on and the shape allows: chosen by
+     * the shape and the process, never by the batch */
+    const bool splitk = s->splitk_on && sh->head_dim_k % 32 == 0 && sh->head_dim_v % 32 == 0 &&
+                        sh->head_dim_k <= ATT_MAX_DV;
+    if (n_dec > 0 && splitk) {
+        const size_t acc_floats = (size_t)n_dec * sh->n_head * ATT_SPLITS * sh->head_dim_v;
+        const size_t need = acc_floats + (size_t)n_dec * sh->n_head * ATT_SPLITS * 2, heads = (size_t)n_dec * sh->n_head;
+        if (need > s->cap_att_part || heads > s->cap_att_cnt) {
+            /* begin reserves for the model's shapes (max_att_out) before a
+             * pass is recorded; other callers (the op harness) grow it here */
+            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+            CUDA_TRY(cudaStreamIsCapturing(s->stream, &cs));
+            if (cs != cudaStreamCaptureStatusNone)
+                return ag_errorf(AG_ERR_INVALID, "CUDA attention: split-K scratch for %d rows not reserved (see begin)",
+                                 n_dec);
+            ag_status st = reserve_att_for(s, need, heads);
+            if (st) return st;
+        }
+        dim3 grid((unsigned)n_dec, (unsigned)sh->n_head, ATT_SPLITS);
+        float *part = s->d_att_part, *part_ml = s->d_att_part + acc_floats;
+        if (f16)
+            attention_split_k<true><<<grid, 32 * ATT_SK_WARPS, 0, s->stream>>>(
+                g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
+                sh->scale, sh->window, sh->softcap, q, part, part_ml, s->d_att_cnt, out);
+        else
+            attention_split_k<false><<<grid, 32 * ATT_SK_WARPS, 0, s->stream>>>(
+                g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
+                sh->scale, sh->window, sh->softcap, q, part, part_ml, s->d_att_cnt, out);
+        LAUNCHED();
+    } else if (n_dec > 0) {
         dim3   grid((unsigned)n_dec, (unsigned)sh->n_head);
         size_t shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
         if (f16)
@@ -2837,6 +3005,8 @@ static void cu_destroy(ag_backend *be) {
         cudaFree(s->d_xq);
         cudaFree(s->d_xs);
         cudaFree(s->d_xh);
+        cudaFree(s->d_att_part);
+        cudaFree(s->d_att_cnt);
         if (s->blas) cublasDestroy(s->blas);
         if (s->stream) cudaStreamDestroy(s->stream);
         free(s);
@@ -2931,6 +3101,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_per_head = fa && !strcmp(fa, "head");
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
     s->fuse_on = !(fuse && *fuse == '0');
+    const char *sk = getenv("AUGUR_CUDA_SPLITK");
+    s->splitk_on = sk && *sk == '1';
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
