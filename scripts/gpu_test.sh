@@ -30,13 +30,13 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 
 echo "== op harness on the GPU (default kernels: tensor-core K-quant decode rows, tensor-core prompt attention)"
 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
-echo "== op harness on the GPU (the other kernels: dp4a K-quant GEMVs, SIMT prompt attention)"
-AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (the other kernels: dp4a K-quant GEMVs, SIMT prompt attention, split-K attention in splits of 8 positions)"
+AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (add, then rmsnorm, instead of the fused add_rmsnorm: AUGUR_CUDA_FUSE=0)"
 AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (opt-in kernel not yet validated: split-K decode attention, AUGUR_CUDA_SPLITK=1)"
-AUGUR_CUDA_SPLITK=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (decode attention one block per row and head instead of split-K: AUGUR_CUDA_SPLITK=0)"
+AUGUR_CUDA_SPLITK=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
 echo "== generation on the GPU (stories260K): greedy run, and speculative == plain decoding"
 S=${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf
@@ -52,11 +52,11 @@ AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$S" --tokens build
 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 \
   -o build/cuda/graphs.bin
 cmp build/cuda/plain.bin build/cuda/graphs.bin && echo "PASS graphs: identical logits"
-AUGUR_CUDA_SPLITK=1 AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode \
+AUGUR_CUDA_SPLITK=0 AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode \
   --chunk 1 -o build/cuda/plain-sk.bin
-AUGUR_CUDA_SPLITK=1 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 \
+AUGUR_CUDA_SPLITK=0 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 \
   -o build/cuda/graphs-sk.bin
-cmp build/cuda/plain-sk.bin build/cuda/graphs-sk.bin && echo "PASS graphs with split-K decode attention: identical logits"
+cmp build/cuda/plain-sk.bin build/cuda/graphs-sk.bin && echo "PASS graphs with the one-block decode attention: identical logits"
 
 echo "== whole models, GPU vs CPU"
 models=()
@@ -72,8 +72,8 @@ build/cuda/bench/gen_model $R/llama8b-2layers-bf16.gguf llama8b --type BF16 --la
 build/cuda/bench/gen_model $R/qwen05b-q8_0.gguf qwen05b --type Q8_0 --layers 4
 rc=0
 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
-echo "== whole models with the split-K decode attention (AUGUR_CUDA_SPLITK=1)"
-AUGUR_CUDA_SPLITK=1 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
+echo "== whole models with the one-block decode attention (AUGUR_CUDA_SPLITK=0)"
+AUGUR_CUDA_SPLITK=0 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
 [ $rc = 0 ] && echo "gpu_test: all passed" || echo "gpu_test: FAILED"
 exit $rc

@@ -1,6 +1,6 @@
 /* `augur bench`: prefill and decode throughput of the forward pass, in the
  * spirit of llama-bench (pp = one prompt of P tokens, tg = G single-token
- * decode steps from an empty context), median and spread over repetitions. */
+ * decode steps after D positions of context, -d), median and spread over repetitions. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,9 +11,10 @@
 #include "model/model.h"
 
 static const char usage[] =
-    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-b 1] [-r 5] [-t THREADS] [--json]\n"
+    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t THREADS] [--json]\n"
     "  -p N   prompt tokens processed in one batch (0 = skip)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
+    "  -d N   decode after N positions of context (filled untimed first; default 0)\n"
     "  -b N   decode N sequences in lockstep (one token of each per step, as the\n"
     "         server's continuous batching does); tg is then the aggregate tok/s\n"
     "  -r N   repetitions (after one warm-up); the median and the range are reported\n"
@@ -41,39 +42,61 @@ double ag_cli_sorted_median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* Feeds n random tokens at positions p0.. of sequence `seq` as prompt rows,
+ * in forwards of at most 512 rows; logits: room for one row. */
+static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, float *logits, uint64_t *rng) {
+    const ag_model_config *c = ag_model_config_of(m);
+    enum { CHUNK = 512 };
+    int32_t   tok[CHUNK], pos[CHUNK], seqs[CHUNK];
+    ag_status st = AG_OK;
+    for (int done = 0; done < n && !st; done += CHUNK) {
+        int k = n - done < CHUNK ? n - done : CHUNK;
+        for (int i = 0; i < k; i++) {
+            *rng ^= *rng << 13, *rng ^= *rng >> 7, *rng ^= *rng << 17;
+            tok[i] = (int32_t)(*rng % (uint64_t)c->n_vocab);
+            pos[i] = p0 + done + i;
+            seqs[i] = seq;
+        }
+        ag_batch b = {.n = k, .token = tok, .pos = pos, .seq = seqs, .n_prompt = k};
+        st = ag_kv_seq_reserve(kv, seq, k);
+        if (!st) st = ag_model_forward(m, kv, &b, logits);
+        if (!st) st = ag_kv_seq_commit(kv, seq, p0 + done + k);
+    }
+    return st;
+}
+
 /* Runs one prefill of n tokens (chunks of at most 512) on a fresh sequence,
  * or n decode steps on each of n_seq fresh sequences (one batch of n_seq
- * decode rows per step); returns tokens per second over all sequences, or a
- * negative value on error. logits: room for n_seq rows. */
-static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, float *logits) {
+ * decode rows per step) whose first `depth` positions were filled beforehand
+ * (untimed); returns tokens per second over all sequences, or a negative
+ * value on error. logits: room for n_seq rows. */
+static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, int depth, float *logits) {
     const ag_model_config *c = ag_model_config_of(m);
-    if (!decode) n_seq = 1;
+    if (!decode || n_seq < 1) n_seq = 1;
+    if (!decode) depth = 0;
     int32_t seq_ids[AG_BENCH_MAX_SEQ];
     int     made = 0;
     ag_status st = AG_OK;
     while (made < n_seq && !(st = ag_kv_seq_new(kv, &seq_ids[made]))) made++;
-    int chunk = decode ? n_seq : 512;
-    int32_t *tok = malloc(sizeof(int32_t) * chunk), *pos = malloc(sizeof(int32_t) * chunk),
-            *seqs = malloc(sizeof(int32_t) * chunk);
-    uint8_t *want = malloc((size_t)chunk); /* decode: every sequence samples, so every row needs logits */
-    memset(want, 1, (size_t)chunk);
+    int32_t *tok = malloc(sizeof(int32_t) * n_seq), *pos = malloc(sizeof(int32_t) * n_seq),
+            *seqs = malloc(sizeof(int32_t) * n_seq);
+    uint8_t *want = malloc((size_t)n_seq); /* decode: every sequence samples, so every row needs logits */
+    memset(want, 1, (size_t)n_seq);
     uint64_t rng = 0x9E3779B97F4A7C15ull;
+    for (int s = 0; s < n_seq && !st && depth > 0; s++) st = fill_seq(m, kv, seq_ids[s], 0, depth, logits, &rng);
     double t0 = now_s();
-    int    step = decode ? 1 : 512; /* positions per forward and sequence */
-    for (int p0 = 0; p0 < n && !st; p0 += step) {
-        int k = decode ? n_seq : (n - p0 < chunk ? n - p0 : chunk);
-        for (int i = 0; i < k; i++) {
+    if (!decode && !st) st = fill_seq(m, kv, seq_ids[0], 0, n, logits, &rng);
+    for (int p = depth; decode && p < depth + n && !st; p++) {
+        for (int i = 0; i < n_seq; i++) {
             rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
             tok[i] = (int32_t)(rng % (uint64_t)c->n_vocab);
-            pos[i] = decode ? p0 : p0 + i;
-            seqs[i] = seq_ids[decode ? i : 0];
+            pos[i] = p;
+            seqs[i] = seq_ids[i];
         }
-        ag_batch b = {.n = k, .token = tok, .pos = pos, .seq = seqs, .want_logits = decode ? want : NULL,
-                     .n_prompt = decode ? 0 : k};
-        int per_seq = decode ? 1 : k;
-        for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_reserve(kv, seq_ids[s], per_seq);
+        ag_batch b = {.n = n_seq, .token = tok, .pos = pos, .seq = seqs, .want_logits = want};
+        for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_reserve(kv, seq_ids[s], 1);
         if (!st) st = ag_model_forward(m, kv, &b, logits);
-        for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_commit(kv, seq_ids[s], p0 + per_seq);
+        for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_commit(kv, seq_ids[s], p + 1);
     }
     double dt = now_s() - t0;
     free(tok);
@@ -105,7 +128,7 @@ static void cpu_kernels(ag_model *m, char *buf, size_t n) {
 
 int ag_cli_bench(int argc, char **argv) {
     const char *model_path = NULL, *prompt_file = NULL;
-    long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1;
+    long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1, depth = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
     bool json = false;
@@ -124,6 +147,7 @@ int ag_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "-f")) prompt_file = v;
         else if (!strcmp(a, "-p")) ok = ag_cli_parse_long(v, 0, 1 << 20, &pp);
         else if (!strcmp(a, "-n")) ok = ag_cli_parse_long(v, 0, 1 << 20, &tg);
+        else if (!strcmp(a, "-d")) ok = ag_cli_parse_long(v, 0, 1 << 20, &depth);
         else if (!strcmp(a, "-b")) ok = ag_cli_parse_long(v, 1, AG_BENCH_MAX_SEQ, &n_seq);
         else if (!strcmp(a, "-r")) ok = ag_cli_parse_long(v, 1, 1000, &reps);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
@@ -143,7 +167,7 @@ int ag_cli_bench(int argc, char **argv) {
     ag_model *m;
     if (ag_model_load(model_path, &mp, &m)) return ag_cli_fail("%s", ag_error_message());
     const ag_model_config *c = ag_model_config_of(m);
-    long need = pp > tg ? pp : tg;
+    long need = pp > depth + tg ? pp : depth + tg;
     if (need > c->n_ctx_train)
         fprintf(stderr, "augur: note: %ld tokens exceed the model's training context %d\n", need, c->n_ctx_train);
     ag_kv_params kp = ag_kv_default_params();
@@ -166,8 +190,8 @@ int ag_cli_bench(int argc, char **argv) {
     }
     double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
-        double a = pp ? run_once(m, kv, (int)pp, false, 1, logits) : 0;
-        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, logits) : 0;
+        double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, logits) : 0;
+        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, (int)depth, logits) : 0;
         if (a < 0 || b < 0) goto done_free;
         if (r >= 0) {
             pps[r] = a;
@@ -183,13 +207,14 @@ int ag_cli_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"reps\": %ld, \"weight_gb\": %.4f", model_path, nthreads, reps, gb);
         if (*kernels) printf(", \"cpu_kernels\": \"%s\"", kernels);
         if (pp) printf(", \"pp\": %ld, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, pp_med, pps[0], pps[reps - 1]);
-        if (tg) printf(", \"tg\": %ld, \"batch\": %ld, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, n_seq, tg_med, tgs[0], tgs[reps - 1]);
+        if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, tg_med, tgs[0], tgs[reps - 1]);
         printf("}\n");
     } else {
         printf("model: %s (%s, %.1f MB of weights read per token), %d threads, %ld reps\n", model_path,
                c->arch_name, gb * 1e3, nthreads, reps);
         if (*kernels) printf("cpu kernels: %s\n", kernels);
         printf("%-8s %12s %12s %12s\n", "test", "tok/s", "min", "max");
+        if (tg && depth) printf("(tg after %ld positions of context)\n", depth);
         if (pp) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
         if (tg && n_seq == 1) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);
         if (tg && n_seq > 1) printf("tg%ldx%-3ld %12.2f %12.2f %12.2f  (aggregate over %ld sequences)\n", tg, n_seq, tg_med, tgs[0], tgs[reps - 1], n_seq);

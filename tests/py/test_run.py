@@ -93,6 +93,16 @@ def test_bench_batched_decode():
     assert r["batch"] == 5 and r["tg"] == 8 and r["tg_tok_s"] > 0 and "pp_tok_s" not in r
 
 
+def test_bench_decode_after_context():
+    # -d N: the sequences' first N positions are filled (untimed), then decode runs from position N
+    p = run_augur("bench", "-m", TINY_GGUF, "-p", "0", "-n", "8", "-d", "300", "-b", "2", "-r", "1", "--json",
+                  check=True)
+    r = json.loads(p.stdout)
+    assert r["depth"] == 300 and r["batch"] == 2 and r["tg"] == 8 and r["tg_tok_s"] > 0
+    text = run_augur("bench", "-m", TINY_GGUF, "-p", "0", "-n", "4", "-d", "40", "-r", "1", check=True).stdout
+    assert b"(tg after 40 positions of context)" in text
+
+
 def test_bad_inputs_fail_cleanly(tmp_path):
     cases = [
         (("run", "-m", "/nonexistent.gguf", "-p", "x"), 1, b"/nonexistent.gguf"),
@@ -103,6 +113,7 @@ def test_bad_inputs_fail_cleanly(tmp_path):
          b"context_length_exceeded"),
         (("bench", "-m", TINY_GGUF, "-r", "0"), 2, b"invalid value"),
         (("bench", "-m", TINY_GGUF, "-b", "0"), 2, b"invalid value '0' for -b"),
+        (("bench", "-m", TINY_GGUF, "-d", "-1"), 2, b"invalid value '-1' for -d"),
     ]
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(open(TINY_GGUF, "rb").read()[:5000])

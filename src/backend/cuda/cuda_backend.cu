@@ -135,11 +135,16 @@ typedef struct {
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     bool fuse_on;     /* add_rmsnorm in one kernel (the default; AUGUR_CUDA_FUSE=0: add, then rmsnorm) */
 
-    /* split-K decode attention (AUGUR_CUDA_SPLITK=1, opt-in: NOT YET RUN ON
-     * A GPU): each split's (m, l) and unnormalized V sums, and a counter per
-     * (row, head) for the last split to combine them; sized in begin from
-     * max_att_out (the widest attn_output weight's ne[0] = n_head * hd_v) */
+    /* split-K decode attention (the default; AUGUR_CUDA_SPLITK=0: one block
+     * per row and head): each split's (m, l) and unnormalized V sums, and a
+     * counter per (row, head) for the last split to combine them; sized in
+     * begin from max_att_out (the widest attn_output weight's ne[0] =
+     * n_head * hd_v). att_splits: the most splits of a row (16;
+     * AUGUR_CUDA_ATT_SPLITS=1..64 for tuning); att_min: the fewest positions
+     * per split (32; AUGUR_CUDA_ATT_MIN for tuning: 8 was no faster at
+     * batch 1, H200, 8B Q4_K_M 281 vs 284 tok/s). */
     bool     splitk_on;
+    int      att_splits, att_min;
     float   *d_att_part;
     size_t   cap_att_part; /* floats */
     int     *d_att_cnt;
@@ -287,9 +292,8 @@ static ag_status reserve_xq(cuda_state *s, int n, int K) {
     return st;
 }
 
-#define ATT_SPLITS 16 /* split-K decode attention: splits per (row, head), fixed (graphs, batch invariance) */
 /* Room for the split-K decode attention of n decode rows: per row and head,
- * ATT_SPLITS splits of hd_v sums plus (m, l); n_head * hd_v <= max_att_out
+ * att_splits splits of hd_v sums plus (m, l); n_head * hd_v <= max_att_out
  * and hd_v >= 32 bound it. Counters are zeroed when (re)allocated; the
  * kernel leaves them zero. */
 static ag_status reserve_att_for(cuda_state *s, size_t need, size_t heads) {
@@ -305,7 +309,7 @@ static ag_status reserve_att_for(cuda_state *s, size_t need, size_t heads) {
 static ag_status reserve_att(cuda_state *s, int n) {
     if (!s->splitk_on || s->max_att_out <= 0 || n <= 0) return AG_OK;
     const size_t heads = (size_t)n * (size_t)(s->max_att_out / 32 + 1);
-    return reserve_att_for(s, (size_t)n * ATT_SPLITS * (size_t)s->max_att_out + heads * ATT_SPLITS * 2, heads);
+    return reserve_att_for(s, (size_t)n * s->att_splits * (size_t)s->max_att_out + heads * s->att_splits * 2, heads);
 }
 
 /* Room for n rows of K BF16 activations (decode rows of BF16 weights). */
@@ -1107,11 +1111,6 @@ static __device__ __forceinline__ void mmt_finish(const float (&c)[MT][NTL][4], 
     }
 }
 
-/* y[t][r] = Σ_k W[r][k] x[t][k] for rows [16 MT blockIdx.x, +16 MT) and
- * tokens [8 NTL blockIdx.y, +8 NTL); x is BF16, K % 8 == 0. KS warps per
- * block, warp w taking slice w of the 32-wide k steps; the slices' sums are
- * added in warp order. U steps' loads are issued before their mmas (more
- * bytes in flight where the tiles are small). */
 /* The accumulators of one warp: row tiles [row0, +16 MT) by token tiles
  * [tok0, +8 NTL), over the 32-wide k steps [s0, s1); rows past n_out read
  * the last row (their results are dropped), tokens past n_tok zeros. U
@@ -1177,18 +1176,20 @@ static __device__ __forceinline__ void mmt_slice_range(int K, int ks, int w, int
     *s1 = min(steps, *s0 + per);
 }
 
-/* y[t][r] = Σ_k W[r][k] x[t][k] for rows [16 MT blockIdx.x, +16 MT) and
- * tokens [8 NTL blockIdx.y, +8 NTL); x is BF16, K % 8 == 0. KS warps per
+/* y[t][r] = Σ_k W[r][k] x[t][k] for rows [16 MT blockIdx.y, +16 MT) and
+ * tokens [8 NTL blockIdx.x, +8 NTL); x is BF16, K % 8 == 0. KS warps per
  * block, warp w taking slice w of the 32-wide k steps; the slices' sums are
  * added in warp order. Batches of more than 16 decode rows (MT = 2); up to
- * 16, mmt_bf16_group. */
+ * 16, mmt_bf16_group. The token tiles of a row tile are consecutive blocks,
+ * so they run together and all but the first read the weight from L2 (with
+ * row tiles first, a batch of 64 streamed every weight from DRAM twice). */
 template <int KS, int MT, int NTL>
 __global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                     const __nv_bfloat16 *__restrict__ x, int n_tok,
                                                     float *__restrict__ y) {
     constexpr int U = MT == 1 ? 8 : KS == 16 ? 2 : 4; /* 512 threads: at most 128 registers */
     const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int     row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
+    const int     row0 = blockIdx.y * 16 * MT, tok0 = blockIdx.x * 8 * NTL; /* token tiles of a row tile adjacent */
     int           s0, s1;
     mmt_slice_range(K, KS, warp, &s0, &s1);
     float c[MT][NTL][4];
@@ -1429,7 +1430,7 @@ struct mmq_lane {
     __device__ __forceinline__ mmq_lane(const uint8_t *W, size_t row_bytes, int K, int n_out, const int8_t *xq, int n_tok,
                                         int x_off_per_t) {
         lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-        row0 = blockIdx.x * 16 * MT, tok0 = blockIdx.y * 8 * NTL;
+        row0 = blockIdx.y * 16 * MT, tok0 = blockIdx.x * 8 * NTL; /* as mmt_bf16 */
         const int nb = K / 256, per = (nb + KS - 1) / KS;
         b0 = min(nb, warp * per), b1 = min(nb, b0 + per);
 #pragma unroll
@@ -1454,8 +1455,8 @@ static __device__ __forceinline__ void acc_zero(float (&c)[MT][NTL][4]) {
         for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
 }
 
-/* y[t][r] = Σ_k W[r][k] x[t][k] for Q4_K rows [16 MT blockIdx.x, +16 MT)
- * and tokens [8 NTL blockIdx.y, +8 NTL); x as quantize_q8_32 left it. KS
+/* y[t][r] = Σ_k W[r][k] x[t][k] for Q4_K rows [16 MT blockIdx.y, +16 MT)
+ * and tokens [8 NTL blockIdx.x, +8 NTL) (token tiles adjacent, as mmt_bf16); x as quantize_q8_32 left it. KS
  * warps, warp w taking slice w of the row's blocks; U blocks' bytes loaded
  * before their mmas. */
 template <int KS, int MT, int NTL>
@@ -1629,6 +1630,34 @@ static mmq_kernel mmq_for(uint32_t type, int n_out, int n, int *rows, int *toks,
 
 /* ---- dequantization (get_rows, prompt GEMM) ---- */
 
+/* A unit's 32 values to 32 consecutive outputs in 16-byte stores (o is
+ * 16-byte aligned in the backend's buffers; a caller's odd pointer gets
+ * element stores). One 2-byte store per value made the prompt GEMM's
+ * weight dequantization store-bound. */
+static __device__ __forceinline__ void store_unit(__nv_bfloat16 *o, const float w[32]) {
+    if ((uintptr_t)o & 15) {
+        for (int i = 0; i < 32; i++) o[i] = __float2bfloat16_rn(w[i]);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint4          v;
+        __nv_bfloat162 p[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) p[j] = __floats2bfloat162_rn(w[8 * i + 2 * j], w[8 * i + 2 * j + 1]);
+        memcpy(&v, p, sizeof v);
+        ((uint4 *)o)[i] = v;
+    }
+}
+static __device__ __forceinline__ void store_unit(float *o, const float w[32]) {
+    if ((uintptr_t)o & 15) {
+        for (int i = 0; i < 32; i++) o[i] = w[i];
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) ((float4 *)o)[i] = make_float4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
+}
+
 /* out[r][k] for rows ids[r] (or r when ids is NULL), as float or bf16. One
  * block per row (a vocabulary has more rows than grid.y allows); its
  * threads take the row's units (quantized) or elements (float types). */
@@ -1644,8 +1673,7 @@ __global__ void dequant_rows(const uint8_t *__restrict__ W, size_t row_bytes, in
         for (int u = threadIdx.x; u < K / 32; u += blockDim.x) {
             float w[32];
             decode_unit<TYPE>(wr, u, w);
-#pragma unroll
-            for (int i = 0; i < 32; i++) o[(size_t)u * 32 + i] = (OUT)w[i];
+            store_unit(o + (size_t)u * 32, w);
         }
     }
 }
@@ -1721,7 +1749,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
         } else {
             int        rows, toks, warps;
             mmt_kernel k = mmt_for(n_out, &rows, &toks, &warps);
-            dim3       grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + toks - 1) / toks));
+            dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
             k<<<grid, 32 * warps, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n, y);
         }
         LAUNCHED();
@@ -1739,7 +1767,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
         if (s->mmq_on) {
             int        rows, toks, warps;
             mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
-            dim3       grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + toks - 1) / toks));
+            dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
             k<<<grid, 32 * warps, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs, n,
                                                   y);
         } else {
@@ -2196,108 +2224,184 @@ __global__ void attention_k(kv_geom g, const int32_t *__restrict__ pos, const in
     }
 }
 
-/* Decode rows, split-K (flash decoding; AUGUR_CUDA_SPLITK=1, opt-in: NOT
- * YET RUN ON A GPU). attention_k runs one block per (row, head): 32 blocks
- * for an 8B model at batch 1, each walking its row's whole context with
- * thread-serial dot products, so long contexts leave the GPU idle. Here
- * block (row, head, split) takes split `sp` of the row's visible positions,
- * cut into ATT_SPLITS equal ranges by the row's own length (so a row's
- * result never depends on the batch, and the grid does not depend on the
- * context: recorded passes stay valid as it grows). Each warp takes every
- * 4th position of the range, its lanes 4-dim slices of the dot product
- * (q rounded to fp16 as in attention_k), with an online softmax: running
- * max m, sum l and the unnormalized Σ e^(s-m) V, rescaled when m grows.
- * The warps, then the splits (by the last block of the row and head to
- * finish, found with a counter), are merged in index order: out =
- * Σ e^(m_i - M) acc_i / Σ e^(m_i - M) l_i. Unlike attention_k, the softmax
- * weights are not rounded to fp16 (test_backend_ops: within its tolerance
- * of the CPU). Needs hd_k, hd_v multiples of 32, hd_v <= 256. */
+/* Decode rows, split-K (flash decoding). attention_k runs one block per
+ * (row, head): 32 blocks for an 8B model at batch 1, each walking its row's
+ * whole context with thread-serial dot products, so long contexts leave the
+ * GPU idle (8B Q4_K_M, batch 1, after 4096 positions: 26 tok/s). Here block
+ * (row, head, split) takes split `sp` of the row's visible positions: at
+ * least min_per positions per split and at most `splits` splits, cut by
+ * the row's own length (and the process's constants), so a row's result never depends on the batch, and
+ * the grid does not depend on the context (recorded passes stay valid as
+ * it grows; splits past a short row's last one return at once). Lane l
+ * holds dims [NK l, NK l + NK) of q (rounded to fp16 as in attention_k),
+ * K and V (head_dim = 32 NK, F16 cache). Warp w takes groups of ATT_SK_GROUP
+ * consecutive positions (groups w, w + 4, ...): their K rows are loaded
+ * together, their scores reduced, then an online softmax step for the
+ * group: running max m, sum l and the unnormalized Σ e^(s-m) V, rescaled
+ * when m grows. The warps, then the splits (by the last block of the row
+ * and head to finish, found with a counter), are merged in index order:
+ * out = Σ e^(m_i - M) acc_i / Σ e^(m_i - M) l_i. Unlike attention_k, the
+ * softmax weights are not rounded to fp16 (test_backend_ops: within its
+ * tolerance of the CPU). */
 #define ATT_SK_WARPS 4
-template <bool F16>
+#define ATT_SK_GROUP 8
+
+/* NK consecutive halves at p (4 NK-byte aligned) as floats. */
+template <int NK>
+static __device__ __forceinline__ void load_halves(const uint8_t *p, float (&v)[NK]) {
+    static_assert(NK == 2 || NK == 4 || NK == 8, "NK");
+    uint32_t w[NK / 2];
+    if constexpr (NK == 2) {
+        w[0] = __ldg((const uint32_t *)p);
+    } else if constexpr (NK == 4) {
+        const uint2 r = __ldg((const uint2 *)p);
+        w[0] = r.x, w[1] = r.y;
+    } else {
+        const uint4 r = __ldg((const uint4 *)p);
+        w[0] = r.x, w[1] = r.y, w[2] = r.z, w[3] = r.w;
+    }
+#pragma unroll
+    for (int i = 0; i < NK / 2; i++) {
+        const float2 f = __half22float2(*(const __half2 *)&w[i]);
+        v[2 * i] = f.x, v[2 * i + 1] = f.y;
+    }
+}
+
+/* The splits of a row whose visible positions are [p_lo, p_hi] (at most
+ * `splits`, at least `min_per` positions each), and the positions per split. */
+static __device__ __forceinline__ int att_splits_of(int p_lo, int p_hi, int splits, int min_per, int *per) {
+    const int len = p_hi - p_lo + 1;
+    *per = max(min_per, (len + splits - 1) / splits);
+    return (len + *per - 1) / *per;
+}
+
+template <int NK>
 __global__ void __launch_bounds__(32 * ATT_SK_WARPS)
     attention_split_k(kv_geom g, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
-                      const int32_t *__restrict__ tables, int n_head, int n_kv, int hd_k, int hd_v, float scale,
-                      int window, float softcap, const float *__restrict__ q, float *__restrict__ part,
+                      const int32_t *__restrict__ tables, int n_head, int n_kv, int splits, int min_per, float scale, int window,
+                      float softcap, const float *__restrict__ q, float *__restrict__ part,
                       float *__restrict__ part_ml, int *__restrict__ cnt, float *__restrict__ out) {
-    constexpr int DV = ATT_MAX_DV / 32; /* V dims per lane, at most */
-    __shared__ float qs[ATT_MAX_DV];
-    __shared__ float w_m[ATT_SK_WARPS], w_l[ATT_SK_WARPS], w_acc[ATT_SK_WARPS][ATT_MAX_DV];
+    constexpr int HD = 32 * NK, P = ATT_SK_GROUP;
+    __shared__ float w_m[ATT_SK_WARPS], w_l[ATT_SK_WARPS], w_acc[ATT_SK_WARPS][HD];
     __shared__ bool  last;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int t = blockIdx.x, h = blockIdx.y, sp = blockIdx.z, kvh = h / (n_head / n_kv);
     const int p_hi = pos[t], p_lo = window > 0 ? max(0, p_hi - window + 1) : 0;
-    const int per = (p_hi - p_lo + ATT_SPLITS) / ATT_SPLITS; /* ceil(len / ATT_SPLITS) */
-    const int r0 = p_lo + sp * per, r1 = min(p_hi + 1, r0 + per);
+    int       per;
+    const int n_sp = att_splits_of(p_lo, p_hi, splits, min_per, &per);
+    if (sp >= n_sp) return;
+    const int      r0 = p_lo + sp * per, r1 = min(p_hi + 1, r0 + per);
     const int32_t *table = tables + tok_table[t];
-    for (int d = threadIdx.x; d < hd_k; d += blockDim.x)
-        qs[d] = __half2float(__float2half_rn(q[((size_t)t * n_head + h) * hd_k + d]));
-    __syncthreads();
-    const int nk = hd_k / 32, nv = hd_v / 32; /* dims per lane: [lane nk, +nk), [lane nv, +nv) */
-    float     m = -INFINITY, l = 0.0f, acc[DV];
+    float          qr[NK], acc[NK];
 #pragma unroll
-    for (int j = 0; j < DV; j++) acc[j] = 0.0f;
-    for (int p = r0 + warp; p < r1; p += ATT_SK_WARPS) {
-        const uint8_t *blk = g.k0 + (size_t)table[p >> g.block_shift] * g.block_bytes;
-        const uint8_t *kr = blk + kvh * g.head_stride_k + (size_t)(p & g.block_mask) * g.row_bytes_k;
-        float          dot = 0.0f;
-        for (int j = 0; j < nk; j++) dot = fmaf(qs[lane * nk + j], kv_get<F16>(kr, lane * nk + j), dot);
-        dot = warp_sum(dot) * scale;
-        if (softcap > 0.0f) dot = softcap * tanhf(dot / softcap);
-        const float m_new = fmaxf(m, dot), c = expf(m - m_new), e = expf(dot - m_new);
-        const uint8_t *vr = blk + g.v_off + kvh * g.head_stride_v + (size_t)(p & g.block_mask) * g.row_bytes_v;
-        l = fmaf(l, c, e);
+    for (int j = 0; j < NK; j++) {
+        qr[j] = __half2float(__float2half_rn(q[((size_t)t * n_head + h) * HD + NK * lane + j]));
+        acc[j] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (int p0 = r0 + P * warp; p0 < r1; p0 += P * ATT_SK_WARPS) {
+        float s[P];
 #pragma unroll
-        for (int j = 0; j < DV; j++)
-            if (j < nv) acc[j] = fmaf(acc[j], c, e * kv_get<F16>(vr, lane * nv + j));
-        m = m_new;
+        for (int i = 0; i < P; i++) {
+            s[i] = -INFINITY;
+            const int p = p0 + i;
+            if (p < r1) {
+                const uint8_t *kr = g.k0 + (size_t)table[p >> g.block_shift] * g.block_bytes +
+                                    kvh * g.head_stride_k + (size_t)(p & g.block_mask) * g.row_bytes_k;
+                float k[NK];
+                load_halves<NK>(kr + 2 * NK * lane, k);
+                float dot = 0.0f;
+#pragma unroll
+                for (int j = 0; j < NK; j++) dot = fmaf(qr[j], k[j], dot);
+                s[i] = dot;
+            }
+        }
+        float mx = m;
+#pragma unroll
+        for (int i = 0; i < P; i++)
+            if (p0 + i < r1) {
+                float d = warp_sum(s[i]) * scale;
+                if (softcap > 0.0f) d = softcap * tanhf(d / softcap);
+                s[i] = d;
+                mx = fmaxf(mx, d);
+            }
+        const float c = expf(m - mx); /* 0 on the first group (m = -inf) */
+        l *= c;
+#pragma unroll
+        for (int j = 0; j < NK; j++) acc[j] *= c;
+        float v[P][NK];
+#pragma unroll
+        for (int i = 0; i < P; i++) {
+            const int p = p0 + i;
+            if (p < r1)
+                load_halves<NK>(g.k0 + (size_t)table[p >> g.block_shift] * g.block_bytes + g.v_off +
+                                    kvh * g.head_stride_v + (size_t)(p & g.block_mask) * g.row_bytes_v + 2 * NK * lane,
+                                v[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < P; i++)
+            if (p0 + i < r1) {
+                const float e = expf(s[i] - mx);
+                l += e;
+#pragma unroll
+                for (int j = 0; j < NK; j++) acc[j] = fmaf(e, v[i][j], acc[j]);
+            }
+        m = mx;
     }
     /* the block's warps, in warp order */
     if (lane == 0) w_m[warp] = m, w_l[warp] = l;
 #pragma unroll
-    for (int j = 0; j < DV; j++)
-        if (j < nv) w_acc[warp][lane * nv + j] = acc[j];
+    for (int j = 0; j < NK; j++) w_acc[warp][NK * lane + j] = acc[j];
     __syncthreads();
     float M = -INFINITY;
     for (int w = 0; w < ATT_SK_WARPS; w++) M = fmaxf(M, w_m[w]);
-    const size_t slot = ((size_t)t * n_head + h) * ATT_SPLITS + sp;
-    if (threadIdx.x == 0) {
-        float L = 0.0f;
-        for (int w = 0; w < ATT_SK_WARPS; w++)
-            if (w_m[w] != -INFINITY) L = fmaf(w_l[w], expf(w_m[w] - M), L);
-        part_ml[2 * slot] = M, part_ml[2 * slot + 1] = L;
+    float L = 0.0f;
+    for (int w = 0; w < ATT_SK_WARPS; w++)
+        if (w_m[w] != -INFINITY) L = fmaf(w_l[w], expf(w_m[w] - M), L);
+    float *o = out + ((size_t)t * n_head + h) * HD;
+    if (n_sp == 1) { /* a short row: no partials */
+        const float inv = 1.0f / L;
+        for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < ATT_SK_WARPS; w++)
+                if (w_m[w] != -INFINITY) a = fmaf(w_acc[w][d], expf(w_m[w] - M), a);
+            o[d] = a * inv;
+        }
+        return;
     }
-    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+    const size_t s0 = ((size_t)t * n_head + h) * splits, slot = s0 + sp;
+    if (threadIdx.x == 0) part_ml[2 * slot] = M, part_ml[2 * slot + 1] = L;
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
         float a = 0.0f;
         for (int w = 0; w < ATT_SK_WARPS; w++)
             if (w_m[w] != -INFINITY) a = fmaf(w_acc[w][d], expf(w_m[w] - M), a);
-        part[slot * hd_v + d] = a;
+        part[slot * HD + d] = a;
     }
     /* the last split of (row, head) to finish merges them all */
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-        int *c = cnt + (size_t)t * n_head + h;
-        last = atomicAdd(c, 1) == ATT_SPLITS - 1;
-        if (last) *c = 0; /* ready for the next pass (or graph replay) */
+        int *ctr = cnt + (size_t)t * n_head + h;
+        last = atomicAdd(ctr, 1) == n_sp - 1;
+        if (last) *ctr = 0; /* ready for the next pass (or graph replay) */
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const size_t s0 = ((size_t)t * n_head + h) * ATT_SPLITS;
-    float        MM = -INFINITY, LL = 0.0f;
-    for (int i = 0; i < ATT_SPLITS; i++) MM = fmaxf(MM, __ldcg(&part_ml[2 * (s0 + i)]));
-    for (int i = 0; i < ATT_SPLITS; i++) {
+    float MM = -INFINITY, LL = 0.0f;
+    for (int i = 0; i < n_sp; i++) MM = fmaxf(MM, __ldcg(&part_ml[2 * (s0 + i)]));
+    for (int i = 0; i < n_sp; i++) {
         const float mi = __ldcg(&part_ml[2 * (s0 + i)]);
         if (mi != -INFINITY) LL = fmaf(__ldcg(&part_ml[2 * (s0 + i) + 1]), expf(mi - MM), LL);
     }
     const float inv = 1.0f / LL;
-    for (int d = threadIdx.x; d < hd_v; d += blockDim.x) {
+    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
         float a = 0.0f;
-        for (int i = 0; i < ATT_SPLITS; i++) {
+        for (int i = 0; i < n_sp; i++) {
             const float mi = __ldcg(&part_ml[2 * (s0 + i)]);
-            if (mi != -INFINITY) a = fmaf(__ldcg(&part[(s0 + i) * hd_v + d]), expf(mi - MM), a);
+            if (mi != -INFINITY) a = fmaf(__ldcg(&part[(s0 + i) * HD + d]), expf(mi - MM), a);
         }
-        out[((size_t)t * n_head + h) * hd_v + d] = a * inv;
+        o[d] = a * inv;
     }
 }
 
@@ -2853,11 +2957,12 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
     const int n_dec = b->n_decode > 0 ? (b->n_decode < b->n ? b->n_decode : b->n) : 0;
     /* split-K for every decode row when on and the shape allows: chosen by
      * the shape and the process, never by the batch */
-    const bool splitk = s->splitk_on && sh->head_dim_k % 32 == 0 && sh->head_dim_v % 32 == 0 &&
-                        sh->head_dim_k <= ATT_MAX_DV;
+    const int  hdk = sh->head_dim_k;
+    const bool splitk = s->splitk_on && f16 && hdk == sh->head_dim_v && (hdk == 64 || hdk == 128 || hdk == 256);
     if (n_dec > 0 && splitk) {
-        const size_t acc_floats = (size_t)n_dec * sh->n_head * ATT_SPLITS * sh->head_dim_v;
-        const size_t need = acc_floats + (size_t)n_dec * sh->n_head * ATT_SPLITS * 2, heads = (size_t)n_dec * sh->n_head;
+        const size_t acc_floats = (size_t)n_dec * sh->n_head * s->att_splits * hdk;
+        const size_t need = acc_floats + (size_t)n_dec * sh->n_head * s->att_splits * 2,
+                     heads = (size_t)n_dec * sh->n_head;
         if (need > s->cap_att_part || heads > s->cap_att_cnt) {
             /* begin reserves for the model's shapes (max_att_out) before a
              * pass is recorded; other callers (the op harness) grow it here */
@@ -2869,16 +2974,16 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
             ag_status st = reserve_att_for(s, need, heads);
             if (st) return st;
         }
-        dim3 grid((unsigned)n_dec, (unsigned)sh->n_head, ATT_SPLITS);
+        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head, (unsigned)s->att_splits);
         float *part = s->d_att_part, *part_ml = s->d_att_part + acc_floats;
-        if (f16)
-            attention_split_k<true><<<grid, 32 * ATT_SK_WARPS, 0, s->stream>>>(
-                g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
-                sh->scale, sh->window, sh->softcap, q, part, part_ml, s->d_att_cnt, out);
-        else
-            attention_split_k<false><<<grid, 32 * ATT_SK_WARPS, 0, s->stream>>>(
-                g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
-                sh->scale, sh->window, sh->softcap, q, part, part_ml, s->d_att_cnt, out);
+#define ATT_SK_LAUNCH(NK)                                                                                         \
+    attention_split_k<NK><<<grid, 32 * ATT_SK_WARPS, 0, s->stream>>>(                                             \
+        g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head, sh->n_head_kv, s->att_splits, s->att_min, sh->scale,    \
+        sh->window, sh->softcap, q, part, part_ml, s->d_att_cnt, out)
+        if (hdk == 64) ATT_SK_LAUNCH(2);
+        else if (hdk == 128) ATT_SK_LAUNCH(4);
+        else ATT_SK_LAUNCH(8);
+#undef ATT_SK_LAUNCH
         LAUNCHED();
     } else if (n_dec > 0) {
         dim3   grid((unsigned)n_dec, (unsigned)sh->n_head);
@@ -3102,7 +3207,11 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
     s->fuse_on = !(fuse && *fuse == '0');
     const char *sk = getenv("AUGUR_CUDA_SPLITK");
-    s->splitk_on = sk && *sk == '1';
+    s->splitk_on = !(sk && *sk == '0');
+    const char *nsp = getenv("AUGUR_CUDA_ATT_SPLITS");
+    s->att_splits = nsp && atoi(nsp) >= 1 && atoi(nsp) <= 64 ? atoi(nsp) : 16;
+    const char *amin = getenv("AUGUR_CUDA_ATT_MIN");
+    s->att_min = amin && atoi(amin) >= 1 ? atoi(amin) : 32;
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
