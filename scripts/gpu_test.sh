@@ -38,6 +38,9 @@ AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (decode attention one block per row and head instead of split-K: AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
+echo "== op harness on the GPU (opt-in, not yet validated: split-K attention's grid fitted to the pass, AUGUR_CUDA_ATT_FIT=1)"
+AUGUR_CUDA_ATT_FIT=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+
 echo "== generation on the GPU (stories260K): greedy run, and speculative == plain decoding"
 S=${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf
 [ -f "$S" ] || S=.devmodels/stories260K.gguf
@@ -47,16 +50,24 @@ printf 'Once upon a time, there was a little girl named Lily. She liked to play.
 build/cuda/augur bench --device cuda -m "$S" --draft ngram -f build/cuda/prompt.txt -n 96 -r 2
 
 echo "== recorded decode passes (the default) give the bits of unrecorded ones (AUGUR_CUDA_GRAPHS=0)"
+# head dim 64 (the split-K attention's smallest; stories260K's 8 takes the one-block kernel)
+G=.devmodels/SmolLM2-8layers.gguf
+[ -f "$G" ] || G=models/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$G" ] || G=$S
 seq 1 2 199 | tr '\n' ' ' > build/cuda/ids.txt
-AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 -o build/cuda/plain.bin
-build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 \
+AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 -o build/cuda/plain.bin
+build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 \
   -o build/cuda/graphs.bin
 cmp build/cuda/plain.bin build/cuda/graphs.bin && echo "PASS graphs: identical logits"
-AUGUR_CUDA_SPLITK=0 AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode \
+AUGUR_CUDA_SPLITK=0 AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode \
   --chunk 1 -o build/cuda/plain-sk.bin
-AUGUR_CUDA_SPLITK=0 build/cuda/augur logits --device cuda -m "$S" --tokens build/cuda/ids.txt --decode --chunk 1 \
+AUGUR_CUDA_SPLITK=0 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 \
   -o build/cuda/graphs-sk.bin
 cmp build/cuda/plain-sk.bin build/cuda/graphs-sk.bin && echo "PASS graphs with the one-block decode attention: identical logits"
+
+AUGUR_CUDA_ATT_FIT=1 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 \
+  -o build/cuda/graphs-fit.bin
+cmp build/cuda/plain.bin build/cuda/graphs-fit.bin && echo "PASS graphs with the fitted split-K grid: the same logits"
 
 echo "== whole models, GPU vs CPU"
 models=()

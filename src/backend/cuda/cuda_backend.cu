@@ -145,6 +145,8 @@ typedef struct {
      * batch 1, H200, 8B Q4_K_M 281 vs 284 tok/s). */
     bool     splitk_on;
     int      att_splits, att_min;
+    int      att_z; /* this pass's grid z: att_splits, or with att_fit a power of 2 >= every decode row's splits */
+    bool     att_fit; /* AUGUR_CUDA_ATT_FIT=1, opt-in: NOT YET RUN ON A GPU */
     float   *d_att_part;
     size_t   cap_att_part; /* floats */
     int     *d_att_cnt;
@@ -348,6 +350,20 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     if (!st && s->mmv_dp4a && s->max_k_bf16 > 0 && lay->n_decode > 0) st = reserve_xh(s, lay->n_decode, s->max_k_bf16);
     if (!st && lay->n_decode > 0) st = reserve_att(s, lay->n_decode < n ? lay->n_decode : n);
     if (st) return st;
+    /* split-K attention's grid: enough splits for the longest decode row
+     * (a row's split count is its own, ceil(len / att_min) at most; the
+     * grid only bounds it, so the bits do not depend on it), rounded up to
+     * a power of 2 so a growing context re-records a graph at most 5 times;
+     * 16 splits of 1-32 positions cost 64 short rows 32 us a layer */
+    {
+        const int n_dec = lay->n_decode < n ? lay->n_decode : n;
+        int       max_len = 1;
+        for (int i = 0; i < n_dec; i++) max_len = lay->pos[i] + 1 > max_len ? lay->pos[i] + 1 : max_len;
+        const int want = (max_len + s->att_min - 1) / s->att_min;
+        int       z = 1;
+        while (z < want && z < s->att_splits) z *= 2;
+        s->att_z = z < s->att_splits && s->att_fit ? z : s->att_splits;
+    }
     int32_t *h = s->h_pinned;
     int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
             *h_tab = h + 5 * n + 1;
@@ -2974,7 +2990,7 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
             ag_status st = reserve_att_for(s, need, heads);
             if (st) return st;
         }
-        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head, (unsigned)s->att_splits);
+        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head, (unsigned)s->att_z);
         float *part = s->d_att_part, *part_ml = s->d_att_part + acc_floats;
 #define ATT_SK_LAUNCH(NK)                                                                                         \
     attention_split_k<NK><<<grid, 32 * ATT_SK_WARPS, 0, s->stream>>>(                                             \
@@ -3044,6 +3060,12 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
 
 /* ---- recorded passes (CUDA graphs) ---- */
 
+/* The model's key of a recorded pass, with what else shapes its launches:
+ * the split-K attention's grid (begin). */
+static uint64_t graph_key(const cuda_state *s, uint64_t key) {
+    return key ^ ((uint64_t)s->att_z * 0x9E3779B97F4A7C15ull);
+}
+
 static graph_entry *graph_find(cuda_state *s, uint64_t key) {
     for (int i = 0; i < s->n_graphs; i++)
         if (s->graphs[i].key == key && s->graphs[i].ints == s->d_ints) return &s->graphs[i];
@@ -3060,6 +3082,7 @@ static ag_status cu_graph_begin(ag_backend *be, uint64_t key, int *state) {
     cuda_state *s = st_of(be);
     *state = AG_GRAPH_OFF;
     if (!s->graphs_on) return AG_OK;
+    key = graph_key(s, key);
     graph_entry *e = graph_find(s, key);
     if (e) {
         if (e->exec) {
@@ -3079,6 +3102,7 @@ static ag_status cu_graph_end(ag_backend *be, uint64_t key, bool discard) {
     cudaGraph_t     g = NULL;
     cudaGraphExec_t ex = NULL;
     cudaError_t     e = cudaStreamEndCapture(s->stream, &g);
+    key = graph_key(s, key);
     if (e == cudaSuccess && !discard) e = cudaGraphInstantiate(&ex, g, 0);
     if (g) cudaGraphDestroy(g);
     graph_entry *slot = &s->graphs[s->n_graphs++];
@@ -3212,6 +3236,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->att_splits = nsp && atoi(nsp) >= 1 && atoi(nsp) <= 64 ? atoi(nsp) : 16;
     const char *amin = getenv("AUGUR_CUDA_ATT_MIN");
     s->att_min = amin && atoi(amin) >= 1 ? atoi(amin) : 32;
+    const char *afit = getenv("AUGUR_CUDA_ATT_FIT");
+    s->att_fit = afit && *afit == '1';
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
