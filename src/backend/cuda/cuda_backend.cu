@@ -261,6 +261,12 @@ static void *kv_alloc(void *ctx, size_t bytes) {
     if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0, bytes) != cudaSuccess) {
         cudaGetLastError();
         if (p) cudaFree(p);
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) /* kv_init's error names the pool's size */
+            AG_LOGE("CUDA: a KV pool of %.2f GiB does not fit in the GPU's %.2f GiB free (of %.2f GiB): "
+                    "lower --ctx or --parallel (augur fit shows the plan)",
+                    bytes / 1073741824.0, free_b / 1073741824.0, total_b / 1073741824.0);
+        cudaGetLastError();
         return NULL;
     }
     return p;
