@@ -175,7 +175,7 @@ int ag_cli_bench(int argc, char **argv) {
     kp.max_seqs = (int)n_seq;
     kp.mem = ag_model_kv_mem(m);
     ag_kv *kv = NULL;
-    float *logits = malloc(sizeof(float) * (size_t)c->n_vocab * (size_t)n_seq);
+    float *logits = ag_model_host_floats(m, (size_t)c->n_vocab * (size_t)n_seq);
     int rc = 1;
     ag_kv_layout L;
     if (ag_kv_layout_for(&kp, &L, NULL)) {
@@ -225,7 +225,7 @@ done_free:
     free(pps);
     free(tgs);
 done:
-    free(logits);
+    ag_model_host_free(m, logits);
     ag_kv_free(kv);
     ag_model_free(m);
     return rc;

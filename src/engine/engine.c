@@ -1016,7 +1016,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
     e->b_want = malloc((size_t)p.n_batch);
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
-    e->logits = malloc(sizeof(float) * (size_t)e->n_vocab * (size_t)e->logit_rows);
+    e->logits = ag_model_host_floats(e->model, (size_t)e->n_vocab * (size_t)e->logit_rows);
     e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->rows || !e->logits || !e->masked) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
@@ -1056,7 +1056,7 @@ void ag_engine_free(ag_engine *e) {
     free(e->b_seq);
     free(e->b_want);
     free(e->rows);
-    free(e->logits);
+    ag_model_host_free(e->model, e->logits);
     free(e->masked);
     ag_schema_vocab_free(e->schema_vocab);
     ag_buf_free(&e->text);

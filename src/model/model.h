@@ -73,6 +73,11 @@ const ag_model_config *ag_model_config_of(const ag_model *m);
 /* The open GGUF (for the tokenizer and chat template). Borrowed, lives as long as m. */
 const ag_gguf *ag_model_gguf(const ag_model *m);
 ag_backend    *ag_model_backend(ag_model *m);
+/* Host memory for an array the forward pass downloads into every step (its
+ * logits rows): the backend's fastest for downloads (pinned on a GPU), else
+ * malloc's. NULL when out of memory. Free it with ag_model_host_free. */
+float *ag_model_host_floats(ag_model *m, size_t n);
+void   ag_model_host_free(ag_model *m, float *p); /* NULL-safe */
 /* Where a KV cache for this model must keep its blocks: pass it as
  * ag_kv_params.mem (NULL for the CPU backend's host memory). */
 const struct ag_kv_mem *ag_model_kv_mem(const ag_model *m);

@@ -524,7 +524,7 @@ static void src_free(ag_draft_source *base) {
     free(s->confs);
     free(s->row);
     free(s->proc);
-    free(s->logits);
+    if (s->dm) ag_model_host_free(s->dm->model, s->logits); /* before s->dm is set, the constructor frees it */
     free(s);
 }
 
@@ -559,8 +559,10 @@ ag_status ag_draft_model_source_new(ag_draft_model *dm, const ag_sample_params *
     }
     s->row = malloc(sizeof(float) * (size_t)dm->n_vocab_target);
     s->proc = malloc(sizeof(float) * (size_t)dm->n_vocab_target);
-    s->logits = malloc(sizeof(float) * (size_t)dm->n_vocab_draft);
+    s->logits = ag_model_host_floats(dm->model, (size_t)dm->n_vocab_draft); /* downloaded every draft step */
     if (!s->row || !s->proc || !s->logits) {
+        ag_model_host_free(dm->model, s->logits);
+        s->logits = NULL;
         src_free(&s->base);
         return ag_errorf(AG_ERR_NOMEM, "draft-model: out of memory for vocab rows");
     }

@@ -192,6 +192,19 @@ static void *cu_alloc(ag_backend *be, size_t bytes) {
 static void cu_free(ag_backend *be, void *p) {
     if (p) cudaFree(p);
 }
+/* Pinned host memory: a download into it is one DMA at full PCIe speed
+ * (into pageable memory the driver copies through its own staging buffer). */
+static void *cu_host_alloc(ag_backend *be, size_t bytes) {
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+static void cu_host_free(ag_backend *be, void *p) {
+    if (p) cudaFreeHost(p);
+}
 static ag_status cu_upload(ag_backend *be, void *dst, const void *src, size_t bytes) {
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream));
     CUDA_TRY(cudaStreamSynchronize(st_of(be)->stream)); /* src may be reused at once */
@@ -3159,6 +3172,8 @@ static ag_backend_ops make_ops(void) {
     o.upload = cu_upload;
     o.download = cu_download;
     o.copy = cu_copy;
+    o.host_alloc = cu_host_alloc;
+    o.host_free = cu_host_free;
     o.prepare_weight = cu_prepare_weight;
     o.kv_mem = cu_kv_mem;
     o.sync = cu_sync;
