@@ -686,7 +686,7 @@ static void panel_kernels_agree(void **state) {
                 for (int r = 0; r < NR; r++) memcpy(wp + 1 + r * ws, w + r * wrb, wrb);
                 float   *x = malloc(sizeof(float) * (size_t)(NT * n));
                 uint8_t *xq = malloc(xrb * NT);
-                uint8_t *panels = aligned_alloc(64, prb * NP), *single = aligned_alloc(64, prb);
+                uint8_t *panels = aligned_alloc(64, (prb * NP + 63) / 64 * 64), *single = aligned_alloc(64, (prb + 63) / 64 * 64);
                 for (int k = 0; k < NT; k++)
                     for (int64_t i = 0; i < n; i++)
                         x[k * n + i] = pattern ? (k % 3 == 2 ? ((i + k) % 3 ? 1.0f : -1.0f) : k & 1 ? -1.0f : 1.0f)

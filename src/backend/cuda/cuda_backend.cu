@@ -195,7 +195,9 @@ static void cu_free(ag_backend *be, void *p) {
 /* Pinned host memory: a download into it is one DMA at full PCIe speed
  * (into pageable memory the driver copies through its own staging buffer). */
 static void *cu_host_alloc(ag_backend *be, size_t bytes) {
-    void *p = NULL;
+    void       *p = NULL;
+    const char *e = getenv("AUGUR_CUDA_PINNED"); /* =0: pageable (malloc), for A/B */
+    if (e && *e == '0') return NULL;
     if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
