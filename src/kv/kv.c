@@ -654,6 +654,14 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
 
 bool ag_kv_host_visible(const ag_kv *kv) { return kv->mem == NULL; }
 
+void *ag_kv_host_alloc(ag_kv *kv, size_t bytes) {
+    return kv->mem && kv->mem->host_alloc ? kv->mem->host_alloc(kv->mem->ctx, bytes) : NULL;
+}
+
+void ag_kv_host_free(ag_kv *kv, void *p) {
+    if (p && kv->mem && kv->mem->host_free) kv->mem->host_free(kv->mem->ctx, p);
+}
+
 void *ag_kv_block_k(ag_kv *kv, int32_t layer, int32_t block) {
     if (layer < 0 || layer >= kv->lay.n_layers || block < 0 || block >= kv->n_blocks) return NULL;
     return block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;

@@ -87,6 +87,10 @@ typedef struct ag_kv_mem {
     int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);      /* device -> device */
     int (*to_host)(void *ctx, void *host, const void *src, size_t bytes);  /* device -> host, synchronous */
     int (*from_host)(void *ctx, void *dst, const void *host, size_t bytes); /* host -> device */
+    /* Optional: host memory from_host/to_host move fastest (pinned), for the
+     * disk tier's staging buffers; NULL when out of it. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
 } ag_kv_mem;
 
 typedef struct {
@@ -179,6 +183,13 @@ const ag_kv_layout *ag_kv_get_layout(const ag_kv *kv);
  * written by host code). False for a pool in device memory: use
  * ag_kv_block_copy_in/_out, which go through the ag_kv_mem hooks. */
 bool ag_kv_host_visible(const ag_kv *kv);
+
+/* A host buffer for copies to and from the pool's memory: pinned where the
+ * pool's memory has it (ag_kv_mem.host_alloc), NULL otherwise or when out
+ * of it (then plain malloc is the caller's fallback). Free it with
+ * ag_kv_host_free. */
+void *ag_kv_host_alloc(ag_kv *kv, size_t bytes);
+void  ag_kv_host_free(ag_kv *kv, void *p); /* NULL-safe; only ag_kv_host_alloc's pointers */
 
 /* Fills *out with counters; O(n_blocks) (scans refcounts for `shared`). */
 void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out);

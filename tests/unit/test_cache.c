@@ -39,8 +39,9 @@
 
 enum { NL = 2, NH = 2, DK = 3, DV = 5, BS = 8 };
 
-static ag_kv *make_kv_shape(int32_t n_blocks, int32_t dv) {
+static ag_kv *make_kv_mem(int32_t n_blocks, int32_t dv, const ag_kv_mem *mem) {
     ag_kv_params p = ag_kv_default_params();
+    p.mem = mem;
     p.n_layers = NL;
     p.n_kv_heads = NH;
     p.head_dim_k = DK;
@@ -59,6 +60,7 @@ static ag_kv *make_kv_shape(int32_t n_blocks, int32_t dv) {
     return kv;
 }
 
+static ag_kv *make_kv_shape(int32_t n_blocks, int32_t dv) { return make_kv_mem(n_blocks, dv, NULL); }
 static ag_kv *make_kv(int32_t n_blocks) { return make_kv_shape(n_blocks, DV); }
 
 /* The stand-in model: position p's stamp hashes tokens[0..p]. */
@@ -717,6 +719,61 @@ static void disk_restart_restores_identical_bytes(void **state) {
     free(after);
     ag_cache_free(c);
     ag_kv_free(kv);
+}
+
+/* A pool in "device" memory (host memory behind the ag_kv_mem hooks, so
+ * nothing may touch it directly) whose memory offers pinned host buffers:
+ * the disk tier's restores stage through them, every one handed back. */
+static atomic_int g_host_allocs, g_host_frees;
+static void      *fake_alloc(void *ctx, size_t n) { return calloc(1, n); }
+static void       fake_free(void *ctx, void *p) { free(p); }
+static int        fake_copy(void *ctx, void *d, const void *s, size_t n) { return memcpy(d, s, n), 0; }
+static void      *fake_host_alloc(void *ctx, size_t n) {
+    atomic_fetch_add(&g_host_allocs, 1);
+    return malloc(n);
+}
+static void fake_host_free(void *ctx, void *p) {
+    atomic_fetch_add(&g_host_frees, 1);
+    free(p);
+}
+
+static void disk_restore_stages_in_pinned_buffers(void **state) {
+    static const ag_kv_mem mem = {NULL, fake_alloc, fake_free, fake_copy, fake_copy, fake_copy, fake_host_alloc,
+                                  fake_host_free};
+    char dir[300];
+    subdir(dir, sizeof dir, "pinned");
+    int32_t t[45];
+    make_tokens(t, 45, 21);
+    {
+        ag_kv    *kv = make_kv(32);
+        ag_cache *c = disk_cache(kv, dir, 0);
+        int32_t   s = new_seq(kv);
+        prefill(kv, s, t, 45);
+        assert_int_equal(ag_cache_publish(c, s, t, 45, 7), 45);
+        ag_kv_seq_free(kv, s);
+        while (ag_cache_idle(c, 1)) {
+        }
+        ag_cache_flush(c);
+        assert_int_equal(stats(c).records_written, 6);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    atomic_store(&g_host_allocs, 0);
+    atomic_store(&g_host_frees, 0);
+    ag_kv *kv = make_kv_mem(32, DV, &mem);
+    assert_false(ag_kv_host_visible(kv));
+    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache_flush(c);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 7), 44);
+    check_seq(kv, s, t, 44);
+    assert_int_equal(stats(c).tokens_from_disk, 44);
+    assert_true(atomic_load(&g_host_allocs) >= 1);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    assert_int_equal(atomic_load(&g_host_frees), atomic_load(&g_host_allocs));
+    ag_kv_free(kv);
+    rm_rf(dir);
 }
 
 /* A lookup that needs more blocks than the pool has free takes reclaimable
@@ -1652,6 +1709,7 @@ int main(void) {
         cmocka_unit_test(same_prompt_again_adopts_all_but_one_token),
         cmocka_unit_test(siblings_pick_the_longest_common_run),
         cmocka_unit_test(disk_restart_restores_identical_bytes),
+        cmocka_unit_test(disk_restore_stages_in_pinned_buffers),
         cmocka_unit_test(disk_restore_under_pool_pressure),
         cmocka_unit_test(disk_scan_drops_bad_records),
         cmocka_unit_test(disk_failed_restore_deletes_and_falls_back),

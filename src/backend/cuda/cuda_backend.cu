@@ -298,6 +298,18 @@ static int kv_from_host(void *ctx, void *dst, const void *host, size_t n) {
     cudaStream_t s = ((cuda_state *)ctx)->stream;
     return cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess;
 }
+/* the disk tier's staging buffers: pinned, as the logits arrays (cu_host_alloc) */
+static void *kv_host_alloc(void *ctx, size_t bytes) {
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+static void kv_host_free(void *ctx, void *p) {
+    if (p) cudaFreeHost(p);
+}
 static const ag_kv_mem *cu_kv_mem(ag_backend *be) { return &st_of(be)->kvmem; }
 
 /* ---- begin: the pass's host arrays, once ---- */
@@ -3227,6 +3239,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->kvmem.copy = kv_copy;
     s->kvmem.to_host = kv_to_host;
     s->kvmem.from_host = kv_from_host;
+    s->kvmem.host_alloc = kv_host_alloc;
+    s->kvmem.host_free = kv_host_free;
     ag_status      st = AG_OK;
     cudaDeviceProp prop;
     cudaError_t    e = cudaSetDevice(index);
