@@ -721,6 +721,16 @@ static void disk_restart_restores_identical_bytes(void **state) {
     ag_kv_free(kv);
 }
 
+/* A prompt written to the disk tier by a cache that is then closed. */
+static void store_prompt(const char *dir, const int32_t *t, int32_t n) {
+    ag_kv    *kv = make_kv(32);
+    ag_cache *c = disk_cache(kv, dir, 0);
+    serve_prompt(c, kv, t, n, 0);
+    ag_cache_flush(c);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
 /* A pool in "device" memory (host memory behind the ag_kv_mem hooks, so
  * nothing may touch it directly) whose memory offers pinned host buffers:
  * the disk tier's restores stage through them, every one handed back. */
@@ -744,20 +754,7 @@ static void disk_restore_stages_in_pinned_buffers(void **state) {
     subdir(dir, sizeof dir, "pinned");
     int32_t t[45];
     make_tokens(t, 45, 21);
-    {
-        ag_kv    *kv = make_kv(32);
-        ag_cache *c = disk_cache(kv, dir, 0);
-        int32_t   s = new_seq(kv);
-        prefill(kv, s, t, 45);
-        assert_int_equal(ag_cache_publish(c, s, t, 45, 7), 45);
-        ag_kv_seq_free(kv, s);
-        while (ag_cache_idle(c, 1)) {
-        }
-        ag_cache_flush(c);
-        assert_int_equal(stats(c).records_written, 6);
-        ag_cache_free(c);
-        ag_kv_free(kv);
-    }
+    store_prompt(dir, t, 45); /* 5 full blocks and a partial one, on disk */
     atomic_store(&g_host_allocs, 0);
     atomic_store(&g_host_frees, 0);
     ag_kv *kv = make_kv_mem(32, DV, &mem);
@@ -765,7 +762,7 @@ static void disk_restore_stages_in_pinned_buffers(void **state) {
     ag_cache *c = disk_cache(kv, dir, 0);
     ag_cache_flush(c);
     int32_t s = new_seq(kv);
-    assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 7), 44);
+    assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 0), 44);
     check_seq(kv, s, t, 44);
     assert_int_equal(stats(c).tokens_from_disk, 44);
     assert_true(atomic_load(&g_host_allocs) >= 1);
@@ -1327,15 +1324,6 @@ static void record_parse_checks_everything(void **state) {
 }
 
 /* Writes the blocks of tokens[0..n) to dir, through a cache of its own. */
-static void store_prompt(const char *dir, const int32_t *t, int32_t n) {
-    ag_kv    *kv = make_kv(32);
-    ag_cache *c = disk_cache(kv, dir, 0);
-    serve_prompt(c, kv, t, n, 0);
-    ag_cache_flush(c);
-    ag_cache_free(c);
-    ag_kv_free(kv);
-}
-
 static void put32le(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
 }

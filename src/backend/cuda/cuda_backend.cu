@@ -194,7 +194,7 @@ static void cu_free(ag_backend *be, void *p) {
 }
 /* Pinned host memory: a download into it is one DMA at full PCIe speed
  * (into pageable memory the driver copies through its own staging buffer). */
-static void *cu_host_alloc(ag_backend *be, size_t bytes) {
+static void *pinned_alloc(size_t bytes) {
     void       *p = NULL;
     const char *e = getenv("AUGUR_CUDA_PINNED"); /* =0: pageable (malloc), for A/B */
     if (e && *e == '0') return NULL;
@@ -204,9 +204,11 @@ static void *cu_host_alloc(ag_backend *be, size_t bytes) {
     }
     return p;
 }
-static void cu_host_free(ag_backend *be, void *p) {
+static void pinned_free(void *p) {
     if (p) cudaFreeHost(p);
 }
+static void *cu_host_alloc(ag_backend *be, size_t bytes) { return pinned_alloc(bytes); }
+static void  cu_host_free(ag_backend *be, void *p) { pinned_free(p); }
 static ag_status cu_upload(ag_backend *be, void *dst, const void *src, size_t bytes) {
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream));
     CUDA_TRY(cudaStreamSynchronize(st_of(be)->stream)); /* src may be reused at once */
@@ -298,18 +300,9 @@ static int kv_from_host(void *ctx, void *dst, const void *host, size_t n) {
     cudaStream_t s = ((cuda_state *)ctx)->stream;
     return cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess;
 }
-/* the disk tier's staging buffers: pinned, as the logits arrays (cu_host_alloc) */
-static void *kv_host_alloc(void *ctx, size_t bytes) {
-    void *p = NULL;
-    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    return p;
-}
-static void kv_host_free(void *ctx, void *p) {
-    if (p) cudaFreeHost(p);
-}
+/* the disk tier's staging buffers: pinned, as the logits arrays */
+static void *kv_host_alloc(void *ctx, size_t bytes) { return pinned_alloc(bytes); }
+static void  kv_host_free(void *ctx, void *p) { pinned_free(p); }
 static const ag_kv_mem *cu_kv_mem(ag_backend *be) { return &st_of(be)->kvmem; }
 
 /* ---- begin: the pass's host arrays, once ---- */
