@@ -198,7 +198,8 @@ static void *pinned_alloc(size_t bytes) {
     void       *p = NULL;
     const char *e = getenv("AUGUR_CUDA_PINNED"); /* =0: pageable (malloc), for A/B */
     if (e && *e == '0') return NULL;
-    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+    /* portable: pinned for every device's context, whichever thread asks */
+    if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
