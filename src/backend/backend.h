@@ -84,13 +84,6 @@ typedef struct {
     /* Waits for every op issued before it, then copies. */
     ag_status (*download)(ag_backend *, void *host_dst, const void *src, size_t bytes);
     ag_status (*copy)(ag_backend *, void *dst, const void *src, size_t bytes); /* backend -> backend */
-    /* Optional: host memory that download writes fastest (CUDA: pinned; a
-     * pageable destination goes through the driver's staging copies), for
-     * arrays that receive a download every step (the logits rows). NULL
-     * when out of such memory; host_free takes only host_alloc's pointers.
-     * Both NULL: plain malloc is as good (the CPU). */
-    void *(*host_alloc)(ag_backend *, size_t bytes);
-    void (*host_free)(ag_backend *, void *p); /* NULL-safe */
     /* Called once per weight tensor at load, before any op uses it: a device
      * backend copies t->data into its memory and points t->data there
      * (t->host keeps the file bytes). Tensors sharing host bytes (tied

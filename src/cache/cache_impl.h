@@ -184,7 +184,6 @@ struct ag_cache {
     ag_cache_restore *rq_head, *rq_tail;
     staging_buf      *staging_free;
     int32_t           staging_n, staging_max; /* buffers allocated (free or in use), most */
-    bool              staging_pinned; /* the buffers come from ag_kv_host_alloc (all or none) */
 };
 
 /* cache.c */

@@ -580,8 +580,7 @@ void disk_close(ag_cache *c) {
     while (c->staging_free) {
         staging_buf *b = c->staging_free;
         c->staging_free = b->next;
-        if (c->staging_pinned) ag_kv_host_free(c->kv, b);
-        else free(b);
+        ag_kv_host_free(c->kv, b);
     }
     while (c->q_head) {
         write_job *j = c->q_head;
@@ -846,15 +845,9 @@ static uint8_t *staging_get_locked(ag_cache *c) {
         return (uint8_t *)b;
     }
     if (c->staging_n >= c->staging_max) return NULL;
-    /* pinned where the KV pool is device memory (a restore's copy into the
-     * pool is then one DMA); all buffers of one kind, so the first decides */
-    uint8_t *b = NULL;
-    if (c->staging_n == 0 || c->staging_pinned) {
-        b = ag_kv_host_alloc(c->kv, c->record_bytes);
-        if (c->staging_n == 0) c->staging_pinned = b != NULL;
-        else if (!b) return NULL; /* wait for a pinned buffer to come back */
-    }
-    if (!b && !c->staging_pinned) b = malloc(c->record_bytes);
+    /* pinned where the KV pool is device memory: a restore's copy into the
+     * pool is then one DMA */
+    uint8_t *b = ag_kv_host_alloc(c->kv, c->record_bytes);
     if (b) c->staging_n++;
     return b;
 }

@@ -654,13 +654,33 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
 
 bool ag_kv_host_visible(const ag_kv *kv) { return kv->mem == NULL; }
 
-void *ag_kv_host_alloc(ag_kv *kv, size_t bytes) {
-    return kv->mem && kv->mem->host_alloc ? kv->mem->host_alloc(kv->mem->ctx, bytes) : NULL;
+/* A leading tag says which allocator a host buffer came from, so freeing
+ * needs no bookkeeping (pinned allocation may fail, or be switched off,
+ * for some buffers and not others). */
+#define HOST_HDR 64
+enum { HOST_PINNED = 0x50494e44, HOST_MALLOC = 0x4d414c4c }; /* "PIND", "MALL" */
+
+void *ag_kv_mem_host_alloc(const ag_kv_mem *mem, size_t bytes) {
+    if (bytes > SIZE_MAX - HOST_HDR) return NULL;
+    uint8_t *p = mem && mem->host_alloc ? mem->host_alloc(mem->ctx, HOST_HDR + bytes) : NULL;
+    uint32_t tag = HOST_PINNED;
+    if (!p) p = malloc(HOST_HDR + bytes), tag = HOST_MALLOC;
+    if (!p) return NULL;
+    memcpy(p, &tag, sizeof tag);
+    return p + HOST_HDR;
 }
 
-void ag_kv_host_free(ag_kv *kv, void *p) {
-    if (p && kv->mem && kv->mem->host_free) kv->mem->host_free(kv->mem->ctx, p);
+void ag_kv_mem_host_free(const ag_kv_mem *mem, void *p) {
+    if (!p) return;
+    uint8_t *b = (uint8_t *)p - HOST_HDR;
+    uint32_t tag;
+    memcpy(&tag, b, sizeof tag);
+    if (tag == HOST_PINNED) mem->host_free(mem->ctx, b);
+    else free(b);
 }
+
+void *ag_kv_host_alloc(ag_kv *kv, size_t bytes) { return ag_kv_mem_host_alloc(kv->mem, bytes); }
+void  ag_kv_host_free(ag_kv *kv, void *p) { ag_kv_mem_host_free(kv->mem, p); }
 
 void *ag_kv_block_k(ag_kv *kv, int32_t layer, int32_t block) {
     if (layer < 0 || layer >= kv->lay.n_layers || block < 0 || block >= kv->n_blocks) return NULL;

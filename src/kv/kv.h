@@ -87,8 +87,8 @@ typedef struct ag_kv_mem {
     int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);      /* device -> device */
     int (*to_host)(void *ctx, void *host, const void *src, size_t bytes);  /* device -> host, synchronous */
     int (*from_host)(void *ctx, void *dst, const void *host, size_t bytes); /* host -> device */
-    /* Optional: host memory from_host/to_host move fastest (pinned), for the
-     * disk tier's staging buffers; NULL when out of it. */
+    /* Optional: host memory that copies to and from this memory move
+     * fastest (pinned): see ag_kv_mem_host_alloc. NULL when out of it. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
 } ag_kv_mem;
@@ -184,12 +184,17 @@ const ag_kv_layout *ag_kv_get_layout(const ag_kv *kv);
  * ag_kv_block_copy_in/_out, which go through the ag_kv_mem hooks. */
 bool ag_kv_host_visible(const ag_kv *kv);
 
-/* A host buffer for copies to and from the pool's memory: pinned where the
- * pool's memory has it (ag_kv_mem.host_alloc), NULL otherwise or when out
- * of it (then plain malloc is the caller's fallback). Free it with
- * ag_kv_host_free. */
+/* A host buffer of `bytes` for copies to and from the memory `mem`
+ * describes (NULL: host memory): pinned where mem offers it
+ * (ag_kv_mem.host_alloc), else, or when that fails, malloc's; 16-byte
+ * aligned; NULL when out of memory. The disk tier stages restores in them,
+ * the engine receives its logits rows in them. Free with
+ * ag_kv_mem_host_free (which knows which kind each one is). */
+void *ag_kv_mem_host_alloc(const ag_kv_mem *mem, size_t bytes);
+void  ag_kv_mem_host_free(const ag_kv_mem *mem, void *p); /* NULL-safe */
+/* The same for the pool's memory. */
 void *ag_kv_host_alloc(ag_kv *kv, size_t bytes);
-void  ag_kv_host_free(ag_kv *kv, void *p); /* NULL-safe; only ag_kv_host_alloc's pointers */
+void  ag_kv_host_free(ag_kv *kv, void *p);
 
 /* Fills *out with counters; O(n_blocks) (scans refcounts for `shared`). */
 void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out);

@@ -273,28 +273,10 @@ const ag_model_config *ag_model_config_of(const ag_model *m) { return &m->cfg; }
 const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
 ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
 
-/* A leading word says which allocator a block came from, so ag_model_host_free
- * needs no bookkeeping (64 bytes keep the floats 64-byte aligned for a
- * 64-byte aligned block). */
-#define HOST_HDR 64
 float *ag_model_host_floats(ag_model *m, size_t n) {
-    const ag_backend_ops *op = m->be->ops;
-    if (n > (SIZE_MAX - HOST_HDR) / sizeof(float)) return NULL;
-    const size_t bytes = HOST_HDR + n * sizeof(float);
-    uint8_t     *p = op->host_alloc ? op->host_alloc(m->be, bytes) : NULL;
-    bool         pinned = p != NULL;
-    if (!p) p = malloc(bytes);
-    if (!p) return NULL;
-    *(uint32_t *)p = pinned ? 0x50494e44u : 0x4d414c4cu; /* "PIND" / "MALL" */
-    return (float *)(p + HOST_HDR);
+    return n > SIZE_MAX / sizeof(float) ? NULL : ag_kv_mem_host_alloc(ag_model_kv_mem(m), n * sizeof(float));
 }
-
-void ag_model_host_free(ag_model *m, float *p) {
-    if (!p) return;
-    uint8_t *b = (uint8_t *)p - HOST_HDR;
-    if (*(uint32_t *)b == 0x50494e44u) m->be->ops->host_free(m->be, b);
-    else free(b);
-}
+void ag_model_host_free(ag_model *m, float *p) { ag_kv_mem_host_free(ag_model_kv_mem(m), p); }
 ag_device ag_model_device(const ag_model *m) { return m->be->ops->host_memory ? AG_DEVICE_CPU : AG_DEVICE_CUDA; }
 const struct ag_kv_mem *ag_model_kv_mem(const ag_model *m) { return m->be->ops->kv_mem ? m->be->ops->kv_mem(m->be) : NULL; }
 uint64_t               ag_model_weight_bytes(const ag_model *m) { return m->weight_bytes; }

@@ -208,8 +208,6 @@ static void *pinned_alloc(size_t bytes) {
 static void pinned_free(void *p) {
     if (p) cudaFreeHost(p);
 }
-static void *cu_host_alloc(ag_backend *be, size_t bytes) { return pinned_alloc(bytes); }
-static void  cu_host_free(ag_backend *be, void *p) { pinned_free(p); }
 static ag_status cu_upload(ag_backend *be, void *dst, const void *src, size_t bytes) {
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream));
     CUDA_TRY(cudaStreamSynchronize(st_of(be)->stream)); /* src may be reused at once */
@@ -301,7 +299,8 @@ static int kv_from_host(void *ctx, void *dst, const void *host, size_t n) {
     cudaStream_t s = ((cuda_state *)ctx)->stream;
     return cudaMemcpyAsync(dst, host, n, cudaMemcpyHostToDevice, s) != cudaSuccess || cudaStreamSynchronize(s) != cudaSuccess;
 }
-/* the disk tier's staging buffers: pinned, as the logits arrays */
+/* host buffers for copies to and from the GPU (the disk tier's staging, the
+ * logits arrays: ag_kv_mem_host_alloc) */
 static void *kv_host_alloc(void *ctx, size_t bytes) { return pinned_alloc(bytes); }
 static void  kv_host_free(void *ctx, void *p) { pinned_free(p); }
 static const ag_kv_mem *cu_kv_mem(ag_backend *be) { return &st_of(be)->kvmem; }
@@ -1673,15 +1672,11 @@ static mmq_kernel mmq_for(uint32_t type, int n_out, int n, int *rows, int *toks,
 
 /* ---- dequantization (get_rows, prompt GEMM) ---- */
 
-/* A unit's 32 values to 32 consecutive outputs in 16-byte stores (o is
- * 16-byte aligned in the backend's buffers; a caller's odd pointer gets
- * element stores). One 2-byte store per value made the prompt GEMM's
- * weight dequantization store-bound. */
+/* A unit's 32 values to 32 consecutive outputs in 16-byte stores: o is a
+ * row of K (a multiple of 32) outputs in a backend buffer (256-byte
+ * aligned), so 64-byte aligned. One 2-byte store per value made the prompt
+ * GEMM's weight dequantization store-bound. */
 static __device__ __forceinline__ void store_unit(__nv_bfloat16 *o, const float w[32]) {
-    if ((uintptr_t)o & 15) {
-        for (int i = 0; i < 32; i++) o[i] = __float2bfloat16_rn(w[i]);
-        return;
-    }
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         uint4          v;
@@ -1693,10 +1688,6 @@ static __device__ __forceinline__ void store_unit(__nv_bfloat16 *o, const float 
     }
 }
 static __device__ __forceinline__ void store_unit(float *o, const float w[32]) {
-    if ((uintptr_t)o & 15) {
-        for (int i = 0; i < 32; i++) o[i] = w[i];
-        return;
-    }
 #pragma unroll
     for (int i = 0; i < 8; i++) ((float4 *)o)[i] = make_float4(w[4 * i], w[4 * i + 1], w[4 * i + 2], w[4 * i + 3]);
 }
@@ -3180,8 +3171,6 @@ static ag_backend_ops make_ops(void) {
     o.upload = cu_upload;
     o.download = cu_download;
     o.copy = cu_copy;
-    o.host_alloc = cu_host_alloc;
-    o.host_free = cu_host_free;
     o.prepare_weight = cu_prepare_weight;
     o.kv_mem = cu_kv_mem;
     o.sync = cu_sync;
