@@ -146,7 +146,7 @@ typedef struct {
     bool     splitk_on;
     int      att_splits, att_min;
     int      att_z; /* this pass's grid z: att_splits, or with att_fit a power of 2 >= every decode row's splits */
-    bool     att_fit; /* AUGUR_CUDA_ATT_FIT=1, opt-in: NOT YET RUN ON A GPU */
+    bool     att_fit; /* split-K grid z fitted to the pass (AUGUR_CUDA_ATT_FIT=0: always att_splits) */
     float   *d_att_part;
     size_t   cap_att_part; /* floats */
     int     *d_att_cnt;
@@ -3257,7 +3257,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *amin = getenv("AUGUR_CUDA_ATT_MIN");
     s->att_min = amin && atoi(amin) >= 1 ? atoi(amin) : 32;
     const char *afit = getenv("AUGUR_CUDA_ATT_FIT");
-    s->att_fit = afit && *afit == '1';
+    s->att_fit = !(afit && *afit == '0');
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
