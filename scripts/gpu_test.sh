@@ -35,6 +35,9 @@ AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda bui
 echo "== op harness on the GPU (add, then rmsnorm, instead of the fused add_rmsnorm: AUGUR_CUDA_FUSE=0)"
 AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
+echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0)"
+AUGUR_CUDA_PREP=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+
 echo "== op harness on the GPU (decode attention one block per row and head instead of split-K: AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
@@ -87,5 +90,15 @@ python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=
 echo "== whole models with the one-block decode attention (AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
+echo "== fused ops (add_rmsnorm, rope_kv_store, activations left converted by their producer) give the separate ops' bits"
+for m in $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf; do
+  for mode in "--chunk 7" "--decode --chunk 3"; do
+    build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/fused.bin 2>/dev/null
+    AUGUR_CUDA_FUSE=0 AUGUR_CUDA_PREP=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
+      -o build/cuda/unfused.bin 2>/dev/null
+    if cmp -s build/cuda/fused.bin build/cuda/unfused.bin; then echo "PASS fused == unfused: $(basename $m) $mode"
+    else echo "FAIL fused != unfused: $(basename $m) $mode"; rc=1; fi
+  done
+done
 [ $rc = 0 ] && echo "gpu_test: all passed" || echo "gpu_test: FAILED"
 exit $rc

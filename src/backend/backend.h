@@ -157,6 +157,12 @@ typedef struct {
      * in the layer's KV cache (the caller reserved the slots). */
     ag_status (*kv_store)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,
                           const float *k, const float *v);
+    /* rope(q) over sh->n_head heads and rope(k) over sh->n_head_kv heads (both
+     * of sh->head_dim_k, as `rope` with these arguments), then kv_store(k, v):
+     * the bits of those three calls, in one pass. NULL: the model calls them. */
+    ag_status (*rope_kv_store)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *, float *q,
+                               float *k, const float *v, int rope_dim, const int32_t *pos, float base,
+                               float freq_scale, bool neox);
     /* out[n][n_head*hd_v] = softmax(scale · q·Kᵀ (causal, windowed)) · V, each
      * token attending to its own sequence's positions <= its pos. */
     ag_status (*attention)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,

@@ -458,12 +458,16 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         bool swa = c->layer_swa[l];
         float base = swa ? c->rope_base_swa : c->rope_base;
         float fscale = swa ? 1.0f : c->rope_freq_scale;
-        TRY(op->rope(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox));
-        TRY(op->rope(be, k, n, c->n_head_kv, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox));
         ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
                                .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
                                .scale = c->attn_scale, .window = swa ? c->sliding_window : 0};
-        TRY(op->kv_store(be, kv, &shape, lay, k, v));
+        if (op->rope_kv_store) {
+            TRY(op->rope_kv_store(be, kv, &shape, lay, q, k, v, c->rope_dim, b->pos, base, fscale, c->rope_neox));
+        } else {
+            TRY(op->rope(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox));
+            TRY(op->rope(be, k, n, c->n_head_kv, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox));
+            TRY(op->kv_store(be, kv, &shape, lay, k, v));
+        }
         TRY(op->attention(be, kv, &shape, lay, q, att));
         TRY(op->matmul(be, &w->wo, att, n, n_dec, o));
         if (w->post_attn_norm.data) TRY(op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o));

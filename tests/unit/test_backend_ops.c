@@ -512,6 +512,128 @@ static void small_ops(void **state) {
     free(x), free(u), free(w), free(ref);
 }
 
+/* A backend's fused rope_kv_store gives the bits of rope(q), rope(k) and
+ * kv_store(k, v): q, k and the stored rows, over prompt and decode rows,
+ * both pair layouts and partial rotary dims (k's other dims stored too). */
+static void rope_kv_store_fused(void **state) {
+    (void)state;
+    if (!g_be->ops->rope_kv_store) skip();
+    enum { N = 9, N_HEAD = 6, N_KV = 2, HD = 64 };
+    kv_fixture f = make_kv(g_be, N_KV, HD, NULL);
+    const size_t nq = (size_t)N * N_HEAD * HD, nk = (size_t)N * N_KV * HD;
+    float *q = randn(nq, 1.0f), *k = randn(nk, 1.0f), *v = randn(nk, 1.0f);
+    float *dq0 = dev_put(g_be, q, nq * 4), *dk0 = dev_put(g_be, k, nk * 4), *dq1 = dev_put(g_be, q, nq * 4),
+          *dk1 = dev_put(g_be, k, nk * 4), *dv = dev_put(g_be, v, nk * 4);
+    float *kr0 = malloc(sizeof(float) * N_KV * HD), *vr0 = malloc(sizeof(float) * N_KV * HD),
+          *kr1 = malloc(sizeof(float) * N_KV * HD), *vr1 = malloc(sizeof(float) * N_KV * HD);
+    for (int neox = 0; neox < 2; neox++) {
+        const int rope_dim = neox ? 48 : HD;
+        int32_t   pos[N], seq[N], toks[N] = {0};
+        for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i + 0, seq[i] = f.seq[0];
+        ag_batch_layout lay = {N, pos, seq, neox ? N : 3}; /* decode rows too */
+        begin_pass(g_be, f.kv, &lay, toks);
+        ag_attn_shape sh0 = {.layer = 0, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD, .head_dim_v = HD,
+                             .scale = 0.125f},
+                      sh1 = sh0;
+        sh1.layer = 1;
+        assert_int_equal(g_be->ops->copy(g_be, dq0, dq1, nq * 4), AG_OK);
+        assert_int_equal(g_be->ops->copy(g_be, dk0, dk1, nk * 4), AG_OK);
+        /* layer 0 the separate ops, layer 1 the fused one */
+        assert_int_equal(g_be->ops->rope(g_be, dq0, N, N_HEAD, HD, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
+        assert_int_equal(g_be->ops->rope(g_be, dk0, N, N_KV, HD, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
+        assert_int_equal(g_be->ops->kv_store(g_be, f.kv, &sh0, &lay, dk0, dv), AG_OK);
+        assert_int_equal(
+            g_be->ops->rope_kv_store(g_be, f.kv, &sh1, &lay, dq1, dk1, dv, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
+        float *a = host_get(g_be, dq0, nq), *b = host_get(g_be, dq1, nq);
+        assert_memory_equal(a, b, nq * 4);
+        free(a), free(b);
+        a = host_get(g_be, dk0, nk), b = host_get(g_be, dk1, nk);
+        assert_memory_equal(a, b, nk * 4);
+        free(a), free(b);
+        for (int i = 0; i < N; i++) {
+            assert_int_equal(ag_kv_read(f.kv, 0, f.seq[0], pos[i], kr0, vr0), AG_OK);
+            assert_int_equal(ag_kv_read(f.kv, 1, f.seq[0], pos[i], kr1, vr1), AG_OK);
+            assert_memory_equal(kr0, kr1, sizeof(float) * N_KV * HD);
+            assert_memory_equal(vr0, vr1, sizeof(float) * N_KV * HD);
+        }
+        commit_pass(f.kv, &lay);
+        /* the next round starts from this one's rotated rows: fresh inputs */
+        assert_int_equal(g_be->ops->upload(g_be, dq1, q, nq * 4), AG_OK);
+        assert_int_equal(g_be->ops->upload(g_be, dk1, k, nk * 4), AG_OK);
+    }
+    free(kr0), free(vr0), free(kr1), free(vr1), free(q), free(k), free(v);
+    g_be->ops->free(g_be, dq0), g_be->ops->free(g_be, dk0), g_be->ops->free(g_be, dq1), g_be->ops->free(g_be, dk1),
+        g_be->ops->free(g_be, dv);
+    ag_kv_free(f.kv);
+}
+
+/* A backend may leave a norm's or an activation's decode rows already
+ * converted for the matmul that reads them next (CUDA: prep_x). Whatever it
+ * does, a matmul must give the bits of the same matmul over a copy of its
+ * input (which nothing prepared): after rmsnorm, add_rmsnorm and silu_mul,
+ * for fewer rows than prepared, and after an op changed the prepared rows. */
+static void matmul_after_producers(void **state) {
+    (void)state;
+    enum { N = 5, N_OUT = 67 };
+    static const struct {
+        uint32_t type;
+        int      K;
+    } cases[] = {{AG_TYPE_BF16, 1024}, {AG_TYPE_Q4_K, 1024}, {AG_TYPE_Q6_K, 768}, {AG_TYPE_Q4_1, 512}};
+    kv_fixture f = make_kv(g_be, 1, 32, NULL);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int K = cases[c].K;
+        float    *deq;
+        ag_tensor w = make_weight(g_be, cases[c].type, K, N_OUT, &deq);
+        int32_t   pos[N], seq[N], toks[N] = {0};
+        for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
+        ag_batch_layout lay = {N, pos, seq, N};
+        begin_pass(g_be, f.kv, &lay, toks);
+        const size_t n = (size_t)N * K;
+        float *x = randn(n, 1.0f), *u = randn(n, 1.0f), *gain = randn(K, 1.0f);
+        float *dx = dev_put(g_be, x, n * 4), *du = dev_put(g_be, u, n * 4), *dg = dev_put(g_be, gain, (size_t)K * 4);
+        float *dh = dev_floats(g_be, n), *dcopy = dev_floats(g_be, n), *dy = dev_floats(g_be, (size_t)N * N_OUT),
+              *dy2 = dev_floats(g_be, (size_t)N * N_OUT);
+        for (int step = 0; step < 5; step++) {
+            int rows = N;
+            switch (step) {
+            case 0: assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dg, N, K, 1e-6f, dh), AG_OK); break;
+            case 1:
+                assert_int_equal(g_be->ops->copy(g_be, dcopy, dx, n * 4), AG_OK);
+                if (g_be->ops->add_rmsnorm)
+                    assert_int_equal(g_be->ops->add_rmsnorm(g_be, dcopy, du, dg, N, K, 1e-6f, dh), AG_OK);
+                else assert_int_equal(g_be->ops->rmsnorm(g_be, dcopy, dg, N, K, 1e-6f, dh), AG_OK);
+                rows = 3; /* fewer decode rows than the pass's */
+                break;
+            case 2:
+                assert_int_equal(g_be->ops->copy(g_be, dh, dx, n * 4), AG_OK);
+                assert_int_equal(g_be->ops->silu_mul(g_be, dh, du, n), AG_OK);
+                break;
+            case 3: /* prepared, then changed */
+                assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dg, N, K, 1e-6f, dh), AG_OK);
+                assert_int_equal(g_be->ops->add(g_be, dh, du, n), AG_OK);
+                break;
+            case 4: /* prepared, then another input converted, then the prepared one again */
+                assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dg, N, K, 1e-6f, dh), AG_OK);
+                assert_int_equal(g_be->ops->matmul(g_be, &w, du, N, N, dy2), AG_OK);
+                break;
+            }
+            assert_int_equal(g_be->ops->matmul(g_be, &w, dh, rows, rows, dy), AG_OK);
+            assert_int_equal(g_be->ops->copy(g_be, dcopy, dh, n * 4), AG_OK);
+            assert_int_equal(g_be->ops->matmul(g_be, &w, dcopy, rows, rows, dy2), AG_OK);
+            float *a = host_get(g_be, dy, (size_t)rows * N_OUT), *b = host_get(g_be, dy2, (size_t)rows * N_OUT);
+            if (memcmp(a, b, sizeof(float) * rows * N_OUT))
+                fail_msg("%s matmul %s after producer step %d differs from the matmul of a copy", g_be->ops->name,
+                         ag_tensor_type_name(cases[c].type), step);
+            free(a), free(b);
+        }
+        commit_pass(f.kv, &lay);
+        free(x), free(u), free(gain), free(deq);
+        g_be->ops->free(g_be, dx), g_be->ops->free(g_be, du), g_be->ops->free(g_be, dg), g_be->ops->free(g_be, dh),
+            g_be->ops->free(g_be, dcopy), g_be->ops->free(g_be, dy), g_be->ops->free(g_be, dy2);
+    }
+    ag_kv_free(f.kv);
+}
+
 /* ---- KV store + attention ---- */
 
 /* dst (a host cache with the same sequences) gets src's rows of every
@@ -656,6 +778,8 @@ int main(void) {
         cmocka_unit_test(matmul_multi_mixed_shapes),
         cmocka_unit_test(get_rows_exact),
         cmocka_unit_test(small_ops),
+        cmocka_unit_test(rope_kv_store_fused),
+        cmocka_unit_test(matmul_after_producers),
         cmocka_unit_test(attention_paged),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

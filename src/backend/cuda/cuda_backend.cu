@@ -72,6 +72,10 @@ static ag_status blas_fail(const char *file, int line, const char *what, cublasS
 
 /* ---- state ---- */
 
+/* Activation formats of decode rows (bit flags): int8 per 32 with scales
+ * (quantize_q8_32), BF16 (f32_to_bf16). */
+enum { XR_Q8 = 1, XR_BF16 = 2 };
+
 typedef struct {
     const void *host;
     size_t      bytes;
@@ -133,7 +137,22 @@ typedef struct {
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
-    bool fuse_on;     /* add_rmsnorm in one kernel (the default; AUGUR_CUDA_FUSE=0: add, then rmsnorm) */
+    bool fuse_on;     /* add_rmsnorm and rope_kv_store in one kernel each (the default; AUGUR_CUDA_FUSE=0: the
+                         separate ops' kernels, for A/B) */
+
+    /* Activations a producer op (rmsnorm, add_rmsnorm, silu_mul) of a pass
+     * with decode rows also left, while writing them, in the decode rows'
+     * formats (XR_*: d_xq/d_xs for the K-quant kernels, d_xh for mmt_bf16):
+     * the next matmul that reads prep_x skips its conversion kernel (2-3 us
+     * a launch at batch 1, three a layer). The same arithmetic as the
+     * conversion kernels, so the same bits. Forgotten when an op writes
+     * memory overlapping prep_x's rows, when a matmul converts other
+     * activations into those buffers, and at begin. prep_want: the formats
+     * the prepared weights read; AUGUR_CUDA_PREP=0: off (A/B). */
+    const float *prep_x;
+    int          prep_rows, prep_dim, prep_fmt, prep_want;
+    bool         prep_on;
+    int          pass_n_decode; /* the pass's decode rows (begin) */
 
     /* split-K decode attention (the default; AUGUR_CUDA_SPLITK=0: one block
      * per row and head): each split's (m, l) and unnormalized V sums, and a
@@ -208,7 +227,9 @@ static void *pinned_alloc(size_t bytes) {
 static void pinned_free(void *p) {
     if (p) cudaFreeHost(p);
 }
+static void prep_forget(cuda_state *s, const void *p, size_t bytes);
 static ag_status cu_upload(ag_backend *be, void *dst, const void *src, size_t bytes) {
+    prep_forget(st_of(be), dst, bytes);
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream));
     CUDA_TRY(cudaStreamSynchronize(st_of(be)->stream)); /* src may be reused at once */
     return AG_OK;
@@ -219,6 +240,7 @@ static ag_status cu_download(ag_backend *be, void *dst, const void *src, size_t 
     return AG_OK;
 }
 static ag_status cu_copy(ag_backend *be, void *dst, const void *src, size_t bytes) {
+    prep_forget(st_of(be), dst, bytes);
     if (bytes) CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st_of(be)->stream));
     return AG_OK;
 }
@@ -244,6 +266,8 @@ static ag_status cu_prepare_weight(ag_backend *be, ag_tensor *t) {
     const size_t bytes = t->row_bytes * (size_t)t->ne[1];
     if ((t->type == CQ_Q4_K || t->type == CQ_Q6_K) && t->ne[0] > s->max_k) s->max_k = (int)t->ne[0];
     if (t->type == CQ_BF16 && t->ne[0] > s->max_k_bf16) s->max_k_bf16 = (int)t->ne[0];
+    if (s->mmv_dp4a && (t->type == CQ_Q4_K || t->type == CQ_Q6_K)) s->prep_want |= XR_Q8;
+    if (s->mmv_dp4a && t->type == CQ_BF16 && t->ne[0] % 8 == 0) s->prep_want |= XR_BF16;
     if (t->name && strstr(t->name, "attn_output") && t->ne[0] > s->max_att_out) s->max_att_out = (int)t->ne[0];
     for (size_t i = 0; i < s->n_w; i++)
         if (s->w[i].host == t->host && s->w[i].bytes == bytes) {
@@ -425,6 +449,8 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     }
     CUDA_TRY(cudaMemcpyAsync(s->d_ints, h, need * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
     s->n = n;
+    s->pass_n_decode = lay->n_decode < 0 ? 0 : lay->n_decode < n ? lay->n_decode : n;
+    s->prep_x = NULL;
     s->h_tokens = tokens;
     s->h_pos = lay->pos;
     s->d_tokens = s->d_ints;
@@ -1748,6 +1774,88 @@ static unsigned grid_for(size_t n, unsigned threads) {
 
 /* ---- matmul ---- */
 
+/* An op is about to write [p, p + bytes): prepared activations it
+ * overlaps are stale. */
+static void prep_forget(cuda_state *s, const void *p, size_t bytes) {
+    if (!s->prep_x || !bytes) return;
+    const char *a = (const char *)s->prep_x, *b = a + (size_t)s->prep_rows * s->prep_dim * sizeof(float);
+    if ((const char *)p < b && (const char *)p + bytes > a) s->prep_x = NULL;
+}
+
+/* The formats a producer writing n rows of dim floats (the pass's rows, so
+ * its decode rows come first) should also leave, 0: none. Only rows of the
+ * whole pass (not per-head norms), dims of whole 32-blocks, within what
+ * begin reserved. */
+static int prep_formats(const cuda_state *s, int n, int dim) {
+    if (!s->prep_on || !s->prep_want || n != s->n || s->pass_n_decode <= 0 || dim % 32) return 0;
+    const size_t need = (size_t)s->pass_n_decode * (size_t)dim;
+    int          f = s->prep_want;
+    if ((f & XR_Q8) && (need > s->cap_xq || need / 32 > s->cap_xs)) f &= ~XR_Q8;
+    if ((f & XR_BF16) && need > s->cap_xh) f &= ~XR_BF16;
+    return f;
+}
+
+/* After a producer's launch: out's first pass_n_decode rows are prepared
+ * in fmt (or, fmt 0, out was merely written). */
+static void prep_made(cuda_state *s, const float *out, int n, int dim, int fmt) {
+    if (!fmt) {
+        prep_forget(s, out, (size_t)n * dim * sizeof(float));
+        return;
+    }
+    s->prep_x = out;
+    s->prep_rows = s->pass_n_decode;
+    s->prep_dim = dim;
+    s->prep_fmt = fmt;
+}
+
+/* A warp's 32 values of one 32-block (lane i: element e, e - i aligned to
+ * 32) left in the formats fmt: quantize_q8_32's and f32_to_bf16's code. */
+static __device__ __forceinline__ void prep_store1(float v, size_t e, int fmt, int8_t *__restrict__ xq,
+                                                   float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
+    if (fmt & XR_BF16) xh[e] = __float2bfloat16_rn(v);
+    if (fmt & XR_Q8) {
+        float amax = fabsf(v);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float d = amax / 127.0f;
+        const int   q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+        xq[e] = (int8_t)q;
+        int sum = q;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if ((threadIdx.x & 31) == 0) xs[e / 32] = make_float2(d, __fmul_rn(d, (float)sum));
+    }
+}
+
+/* Lane group of 8 threads (4 consecutive floats each: one 32-block) leaves
+ * v, elements [e, e + 4) of the rows, in the formats fmt: the bits of
+ * f32_to_bf16 and quantize_q8_32 (the block's max and Σq are exact in any
+ * order). Every lane of the group must call it. */
+static __device__ __forceinline__ void prep_store4(float4 v, size_t e, int fmt, int8_t *__restrict__ xq,
+                                                   float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
+    if (fmt & XR_BF16) {
+        __nv_bfloat162 lo, hi;
+        lo.x = __float2bfloat16_rn(v.x), lo.y = __float2bfloat16_rn(v.y);
+        hi.x = __float2bfloat16_rn(v.z), hi.y = __float2bfloat16_rn(v.w);
+        ((__nv_bfloat162 *)(xh + e))[0] = lo;
+        ((__nv_bfloat162 *)(xh + e))[1] = hi;
+    }
+    if (fmt & XR_Q8) {
+        const unsigned m = 0xffu << (threadIdx.x & 24);
+        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(m, amax, o));
+        const float d = amax / 127.0f;
+        const int q0 = amax == 0.0f ? 0 : __float2int_rn(v.x / d), q1 = amax == 0.0f ? 0 : __float2int_rn(v.y / d),
+                  q2 = amax == 0.0f ? 0 : __float2int_rn(v.z / d), q3 = amax == 0.0f ? 0 : __float2int_rn(v.w / d);
+        *(char4 *)(xq + e) = make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
+        int sum = q0 + q1 + q2 + q3;
+#pragma unroll
+        for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(m, sum, o);
+        if ((threadIdx.x & 7) == 0) xs[e / 32] = make_float2(d, __fmul_rn(d, (float)sum));
+    }
+}
+
 /* Whether decode rows of this weight read the activations quantized by
  * quantize_q8_32: Q4_K and Q6_K, through the dp4a GEMVs or (AUGUR_CUDA_MMQ=1)
  * mmq_q4k / mmq_q6k. */
@@ -1762,18 +1870,18 @@ static bool uses_mmt(const cuda_state *s, const ag_tensor *w) {
     return s->mmv_dp4a && w->type == CQ_BF16 && w->ne[0] % 8 == 0;
 }
 
-/* The activation formats a matmul_multi has already prepared from its x. */
-enum { XR_Q8 = 1, XR_BF16 = 2 };
 
 /* Decode rows of one weight. *x_ready: the formats of x already in
  * d_xq/d_xs or d_xh (matmul_multi prepares a shared x once); updated. */
 static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
     const int K = (int)w->ne[0], n_out = (int)w->ne[1];
+    if (s->prep_x == x && n <= s->prep_rows && K == s->prep_dim) *x_ready |= s->prep_fmt;
     if (uses_mmt(s, w)) {
         if (!(*x_ready & XR_BF16)) {
             ag_status st = reserve_xh(s, n, K);
             if (st) return st;
+            s->prep_x = NULL; /* the buffer now holds x */
             f32_to_bf16<<<grid_for((size_t)K * n, 256), 256, 0, s->stream>>>(x, (size_t)K * n, s->d_xh);
             LAUNCHED();
             *x_ready |= XR_BF16;
@@ -1793,6 +1901,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
         if (!(*x_ready & XR_Q8)) {
             ag_status st = reserve_xq(s, n, K);
             if (st) return st;
+            s->prep_x = NULL; /* the buffers now hold x */
             const int n_blocks32 = n * (K / 32);
             quantize_q8_32<<<(unsigned)((n_blocks32 + 7) / 8), 256, 0, s->stream>>>(x, n_blocks32, s->d_xq, s->d_xs);
             LAUNCHED();
@@ -1867,6 +1976,7 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
 static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, int n, int n_decode, float *y,
                              int *x_ready) {
     if (n_decode < 0 || n_decode > n) n_decode = n;
+    prep_forget(s, y, (size_t)n * w->ne[1] * sizeof(float));
     ag_status st = matmul_decode(s, w, x, n_decode, y, x_ready);
     if (!st)
         st = matmul_prompt(s, w, x + (size_t)n_decode * w->ne[0], n - n_decode, y + (size_t)n_decode * w->ne[1]);
@@ -1890,10 +2000,15 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
     for (int i = 0; group && i < n_w; i++) group = uses_mmt(s, w[i]) && w[i]->ne[0] == w[0]->ne[0];
     if (group) { /* the decode rows of all in one launch, then each weight's prompt rows */
         const int K = (int)w[0]->ne[0];
-        ag_status st = reserve_xh(s, n_decode, K);
-        if (st) return st;
-        f32_to_bf16<<<grid_for((size_t)K * n_decode, 256), 256, 0, s->stream>>>(x, (size_t)K * n_decode, s->d_xh);
-        LAUNCHED();
+        for (int i = 0; i < n_w; i++) prep_forget(s, y[i], (size_t)n * w[i]->ne[1] * sizeof(float));
+        if (!(s->prep_x == x && n_decode <= s->prep_rows && K == s->prep_dim && (s->prep_fmt & XR_BF16))) {
+            ag_status st = reserve_xh(s, n_decode, K);
+            if (st) return st;
+            s->prep_x = NULL;
+            f32_to_bf16<<<grid_for((size_t)K * n_decode, 256), 256, 0, s->stream>>>(x, (size_t)K * n_decode, s->d_xh);
+            LAUNCHED();
+        }
+        ag_status st;
         launch_mmt_group(s->stream, w, n_w, K, s->d_xh, n_decode, y);
         LAUNCHED();
         for (int i = 0; i < n_w; i++) {
@@ -1913,6 +2028,7 @@ static ag_status cu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t *
     cuda_state    *s = st_of(be);
     const int32_t *d_ids = pass_ints(s, ids, n);
     if (!d_ids) return ag_errorf(AG_ERR_INVALID, "CUDA get_rows: ids must be the pass's tokens (see begin)");
+    prep_forget(s, out, (size_t)n * w->ne[0] * sizeof(float));
     return launch_dequant(s->stream, w->type, w->data, w->row_bytes, (int)w->ne[0], d_ids, n, out);
 }
 
@@ -1946,10 +2062,13 @@ static __device__ float block_max(float v, float *red) {
  * dependent loads, 14 us a call at dim 4096 (17% of an 8B decode step). */
 /* Row blockIdx.x of out = x / rms(x) · w; with ADD, x += o first (stored
  * back), in the same pass. The sum of squares is the same loop over the
- * same values either way, so add_rmsnorm gives add's and rmsnorm's bits. */
-template <bool ADD>
+ * same values either way, so add_rmsnorm gives add's and rmsnorm's bits.
+ * PREP (dim % 32 == 0): rows below prep_rows are also left in the formats
+ * fmt (prep_store4). */
+template <bool ADD, bool PREP>
 __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, const float *__restrict__ w, int dim,
-                          float eps, float *__restrict__ out) {
+                          float eps, float *__restrict__ out, int prep_rows, int fmt, int8_t *__restrict__ xq,
+                          float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
     __shared__ float red[32];
     float       *xr = x + (size_t)blockIdx.x * dim;
     const float *orow = ADD ? o + (size_t)blockIdx.x * dim : nullptr;
@@ -1977,6 +2096,7 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
                 v.x *= g.x, v.y *= g.y, v.z *= g.z, v.w *= g.w;
             }
             ((float4 *)res)[i] = v;
+            if (PREP && (int)blockIdx.x < prep_rows) prep_store4(v, (size_t)blockIdx.x * dim + 4 * (size_t)i, fmt, xq, xs, xh);
         }
         return;
     }
@@ -1996,12 +2116,38 @@ static unsigned threads_for(int work) {
     return (unsigned)(t < 32 ? 32 : t > 1024 ? 1024 : t);
 }
 
+/* rmsnorm_k, with the decode rows' formats where prep_formats says so. */
+template <bool ADD>
+static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const float *w, int n, int dim, float eps,
+                                float *out) {
+    const int      fmt = prep_formats(s, n, dim);
+    const unsigned th = threads_for(dim % 4 == 0 ? dim / 4 : dim);
+    if (ADD) prep_forget(s, x, (size_t)n * dim * sizeof(float));
+    if (fmt)
+        rmsnorm_k<ADD, true><<<(unsigned)n, th, 0, s->stream>>>(x, o, w, dim, eps, out, s->pass_n_decode, fmt, s->d_xq,
+                                                                s->d_xs, s->d_xh);
+    else
+        rmsnorm_k<ADD, false><<<(unsigned)n, th, 0, s->stream>>>(x, o, w, dim, eps, out, 0, 0, nullptr, nullptr, nullptr);
+    LAUNCHED();
+    prep_made(s, out, n, dim, fmt);
+    return AG_OK;
+}
+
 static ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
     if (n <= 0) return AG_OK;
-    rmsnorm_k<false><<<(unsigned)n, threads_for(dim % 4 == 0 ? dim / 4 : dim), 0, st_of(be)->stream>>>(
-        (float *)x, nullptr, w, dim, eps, out); /* x is only read without ADD */
-    LAUNCHED();
-    return AG_OK;
+    return launch_rmsnorm<false>(st_of(be), (float *)x, nullptr, w, n, dim, eps, out); /* x is only read without ADD */
+}
+
+/* theta_i = pos * freq_scale * base^(-2i/rope_dim), in double as on the CPU */
+static __device__ __forceinline__ double rope_theta(int pos, float freq_scale, float base, int i, int rope_dim) {
+    return (double)pos * freq_scale * pow((double)base, -2.0 * i / rope_dim);
+}
+/* One pair rotated by (c, s), each product rounded (no FMA contraction,
+ * which the compiler may choose differently per call site): rope_k and
+ * rope_kv_store_k give the same bits, and the CPU's arithmetic. */
+static __device__ __forceinline__ void rope_pair(float a, float b, float c, float s, float *o0, float *o1) {
+    *o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
 }
 
 __global__ void rope_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
@@ -2012,14 +2158,11 @@ __global__ void rope_k(float *x, int n, int n_head, int head_dim, int rope_dim, 
         const int    i = (int)(e % half);
         const size_t th = e / half; /* token * n_head + head */
         const int    t = (int)(th / n_head);
-        /* theta_i = pos * freq_scale * base^(-2i/rope_dim), in double as on the CPU */
-        const double theta = (double)pos[t] * freq_scale * pow((double)base, -2.0 * i / rope_dim);
+        const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
         const float  c = (float)cos(theta), s = (float)sin(theta);
         float       *v = x + th * head_dim;
         const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        const float  a = v[i0], b = v[i1];
-        v[i0] = a * c - b * s;
-        v[i1] = a * s + b * c;
+        rope_pair(v[i0], v[i1], c, s, &v[i0], &v[i1]);
     }
 }
 
@@ -2029,6 +2172,7 @@ static ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_d
     const int32_t *d_pos = pass_ints(s, pos, n);
     if (!d_pos) return ag_errorf(AG_ERR_INVALID, "CUDA rope: pos must be the pass's positions (see begin)");
     if (n <= 0) return AG_OK;
+    prep_forget(s, x, (size_t)n * n_head * head_dim * sizeof(float));
     rope_k<<<grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, s->stream>>>(x, n, n_head, head_dim, rope_dim,
                                                                                       d_pos, base, freq_scale, neox);
     LAUNCHED();
@@ -2046,10 +2190,21 @@ __global__ void add_k(float *y, const float *x, size_t n) {
 __global__ void scale_k(float *x, float s, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= s;
 }
+static __device__ __forceinline__ float silu_times(float v, float u) { return v / (1.0f + expf(-v)) * u; }
 __global__ void silu_mul_k(float *g, const float *u, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float v = g[i];
-        g[i] = v / (1.0f + expf(-v)) * u[i];
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        g[i] = silu_times(g[i], u[i]);
+}
+/* silu_mul_k a float4 per thread (n % 32 == 0), the first n_prep elements
+ * also left in the formats fmt (prep_store4: a lane group is a 32-block). */
+__global__ void silu_mul_prep_k(float *g, const float *u, size_t n, size_t n_prep, int fmt, int8_t *__restrict__ xq,
+                                float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
+        float4       v = ((float4 *)g)[i];
+        const float4 a = ((const float4 *)u)[i];
+        v.x = silu_times(v.x, a.x), v.y = silu_times(v.y, a.y), v.z = silu_times(v.z, a.z), v.w = silu_times(v.w, a.w);
+        ((float4 *)g)[i] = v;
+        if (4 * i < n_prep) prep_store4(v, 4 * i, fmt, xq, xs, xh);
     }
 }
 /* GELU (tanh form) the way the CPU backend (and llama.cpp's) computes it:
@@ -2071,6 +2226,7 @@ __global__ void gelu_mul_k(float *g, const float *u, size_t n) {
 
 static ag_status cu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
     if (n <= 0) return AG_OK;
+    prep_forget(st_of(be), x, (size_t)n * dim * sizeof(float));
     add_bias_k<<<grid_for((size_t)n * dim, 256), 256, 0, st_of(be)->stream>>>(x, b, n, dim);
     LAUNCHED();
     return AG_OK;
@@ -2083,31 +2239,42 @@ static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const 
         ag_status st = cu_add(be, x, o, (size_t)n * dim);
         return st ? st : cu_rmsnorm(be, x, w, n, dim, eps, out);
     }
-    rmsnorm_k<true><<<(unsigned)n, threads_for(dim % 4 == 0 ? dim / 4 : dim), 0, st_of(be)->stream>>>(x, o, w, dim, eps,
-                                                                                                     out);
-    LAUNCHED();
-    return AG_OK;
+    return launch_rmsnorm<true>(st_of(be), x, o, w, n, dim, eps, out);
 }
 static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
     if (!n) return AG_OK;
+    prep_forget(st_of(be), y, n * sizeof(float));
     add_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(y, x, n);
     LAUNCHED();
     return AG_OK;
 }
 static ag_status cu_scale(ag_backend *be, float *x, float s, size_t n) {
     if (!n) return AG_OK;
+    prep_forget(st_of(be), x, n * sizeof(float));
     scale_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(x, s, n);
     LAUNCHED();
     return AG_OK;
 }
+/* n elements of gate rows: as rows of the pass (n = pass rows x n_ff),
+ * the decode rows' formats are left for ffn_down where prep_formats says so. */
 static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n) {
     if (!n) return AG_OK;
-    silu_mul_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(g, u, n);
+    cuda_state *s = st_of(be);
+    const int   dim = s->n > 0 && n % (size_t)s->n == 0 && n / (size_t)s->n <= (size_t)INT32_MAX ? (int)(n / (size_t)s->n) : 0;
+    const int   fmt = dim ? prep_formats(s, s->n, dim) : 0;
+    if (fmt)
+        silu_mul_prep_k<<<grid_for(n / 4, 256), 256, 0, s->stream>>>(g, u, n, (size_t)s->pass_n_decode * dim, fmt, s->d_xq,
+                                                                    s->d_xs, s->d_xh);
+    else
+        silu_mul_k<<<grid_for(n, 256), 256, 0, s->stream>>>(g, u, n);
     LAUNCHED();
+    if (fmt) prep_made(s, g, s->n, dim, fmt);
+    else prep_forget(s, g, n * sizeof(float));
     return AG_OK;
 }
 static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
     if (!n) return AG_OK;
+    prep_forget(st_of(be), g, n * sizeof(float));
     gelu_mul_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(g, u, n);
     LAUNCHED();
     return AG_OK;
@@ -2182,6 +2349,78 @@ static ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh,
     else
         kv_store_k<false><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
                                                                 sh->head_dim_v, k, v);
+    LAUNCHED();
+    return AG_OK;
+}
+
+/* rope_k on q's and k's heads of token blockIdx.x, then kv_store_k of its
+ * k and v rows: one launch instead of three, and the angles computed once
+ * per token (in shared memory) instead of once per head. half <= ROPE_MAX_HALF. */
+#define ROPE_MAX_HALF 128
+template <bool F16>
+__global__ void rope_kv_store_k(kv_geom g, const int32_t *__restrict__ slot, const int32_t *__restrict__ pos,
+                                float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v, int n_head,
+                                int n_kv, int hd_k, int hd_v, int rope_dim, float base, float freq_scale, int neox) {
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    const int        t = blockIdx.x, half = rope_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
+        cs[i] = (float)cos(theta), sn[i] = (float)sin(theta);
+    }
+    __syncthreads();
+    const int      sl = slot[t];
+    uint8_t *const blk = g.k0 + (size_t)(sl >> g.block_shift) * g.block_bytes;
+    const int      off = sl & g.block_mask;
+    for (int e = threadIdx.x; e < (n_head + n_kv) * half; e += blockDim.x) {
+        const int hh = e / half, i = e % half, i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        const bool is_k = hh >= n_head;
+        float *row = is_k ? k + ((size_t)t * n_kv + (hh - n_head)) * hd_k : q + ((size_t)t * n_head + hh) * hd_k;
+        float  o0, o1;
+        rope_pair(row[i0], row[i1], cs[i], sn[i], &o0, &o1);
+        row[i0] = o0, row[i1] = o1;
+        if (is_k) {
+            uint8_t *kr = blk + (hh - n_head) * g.head_stride_k + off * g.row_bytes_k;
+            kv_put<F16>(kr, i0, o0);
+            kv_put<F16>(kr, i1, o1);
+        }
+    }
+    const int rest = hd_k - rope_dim; /* k's dims past the rotary ones */
+    for (int e = threadIdx.x; e < n_kv * rest; e += blockDim.x) {
+        const int h = e / rest, d = rope_dim + e % rest;
+        kv_put<F16>(blk + h * g.head_stride_k + off * g.row_bytes_k, d, k[((size_t)t * n_kv + h) * hd_k + d]);
+    }
+    for (int e = threadIdx.x; e < n_kv * hd_v; e += blockDim.x) {
+        const int h = e / hd_v, d = e % hd_v;
+        kv_put<F16>(blk + g.v_off + h * g.head_stride_v + off * g.row_bytes_v, d, v[(size_t)t * n_kv * hd_v + e]);
+    }
+}
+
+static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
+                                  float *q, float *k, const float *v, int rope_dim, const int32_t *pos, float base,
+                                  float freq_scale, bool neox) {
+    cuda_state *s = st_of(be);
+    if (!s->fuse_on || rope_dim / 2 > ROPE_MAX_HALF) { /* AUGUR_CUDA_FUSE=0 (A/B), or too wide: the three ops */
+        ag_status st = cu_rope(be, q, b->n, sh->n_head, sh->head_dim_k, rope_dim, pos, base, freq_scale, neox);
+        if (!st) st = cu_rope(be, k, b->n, sh->n_head_kv, sh->head_dim_k, rope_dim, pos, base, freq_scale, neox);
+        return st ? st : cu_kv_store(be, kv, sh, b, k, v);
+    }
+    const int32_t *d_pos = pass_ints(s, pos, b->n);
+    if (!d_pos) return ag_errorf(AG_ERR_INVALID, "CUDA rope_kv_store: pos must be the pass's positions (see begin)");
+    if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA rope_kv_store: batch differs from the pass (see begin)");
+    if (b->n <= 0) return AG_OK;
+    prep_forget(s, q, (size_t)b->n * sh->n_head * sh->head_dim_k * sizeof(float));
+    prep_forget(s, k, (size_t)b->n * sh->n_head_kv * sh->head_dim_k * sizeof(float));
+    kv_geom        g = geom_of(kv, sh->layer);
+    const int      pairs = (sh->n_head + sh->n_head_kv) * (rope_dim / 2), vals = sh->n_head_kv * sh->head_dim_v;
+    const unsigned th = threads_for(pairs > vals ? pairs : vals);
+    if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
+        rope_kv_store_k<true><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, d_pos, q, k, v, sh->n_head,
+                                                                    sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
+                                                                    rope_dim, base, freq_scale, neox);
+    else
+        rope_kv_store_k<false><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, d_pos, q, k, v, sh->n_head,
+                                                                     sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
+                                                                     rope_dim, base, freq_scale, neox);
     LAUNCHED();
     return AG_OK;
 }
@@ -2314,7 +2553,8 @@ __global__ void __launch_bounds__(32 * ATT_SK_WARPS)
     attention_split_k(kv_geom g, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
                       const int32_t *__restrict__ tables, int n_head, int n_kv, int splits, int min_per, float scale, int window,
                       float softcap, const float *__restrict__ q, float *__restrict__ part,
-                      float *__restrict__ part_ml, int *__restrict__ cnt, float *__restrict__ out) {
+                      float *__restrict__ part_ml, int *__restrict__ cnt, float *__restrict__ out, int fmt,
+                      int8_t *__restrict__ xq, float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
     constexpr int HD = 32 * NK, P = ATT_SK_GROUP;
     __shared__ float w_m[ATT_SK_WARPS], w_l[ATT_SK_WARPS], w_acc[ATT_SK_WARPS][HD];
     __shared__ bool  last;
@@ -2400,6 +2640,7 @@ __global__ void __launch_bounds__(32 * ATT_SK_WARPS)
             for (int w = 0; w < ATT_SK_WARPS; w++)
                 if (w_m[w] != -INFINITY) a = fmaf(w_acc[w][d], expf(w_m[w] - M), a);
             o[d] = a * inv;
+            if (fmt) prep_store1(a * inv, ((size_t)t * n_head + h) * HD + d, fmt, xq, xs, xh); /* warp-uniform */
         }
         return;
     }
@@ -2436,6 +2677,7 @@ __global__ void __launch_bounds__(32 * ATT_SK_WARPS)
             if (mi != -INFINITY) a = fmaf(__ldcg(&part[(s0 + i) * HD + d]), expf(mi - MM), a);
         }
         o[d] = a * inv;
+        if (fmt) prep_store1(a * inv, ((size_t)t * n_head + h) * HD + d, fmt, xq, xs, xh); /* warp-uniform */
     }
 }
 
@@ -2981,6 +3223,7 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
                               const float *q, float *out) {
     cuda_state *s = st_of(be);
     if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA attention: batch differs from the pass (see begin)");
+    prep_forget(s, out, (size_t)b->n * sh->n_head * sh->head_dim_v * sizeof(float));
     if (sh->head_dim_v > ATT_MAX_DV || sh->n_head % sh->n_head_kv)
         return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA attention: head_dim_v %d (max %d), %d heads over %d kv heads",
                          sh->head_dim_v, ATT_MAX_DV, sh->n_head, sh->n_head_kv);
@@ -3010,15 +3253,18 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         }
         dim3   grid((unsigned)n_dec, (unsigned)sh->n_head, (unsigned)s->att_z);
         float *part = s->d_att_part, *part_ml = s->d_att_part + acc_floats;
+        /* the decode rows' output also left converted for attn_output's matmul */
+        const int fmt = prep_formats(s, b->n, sh->n_head * hdk);
 #define ATT_SK_LAUNCH(NK)                                                                                         \
     attention_split_k<NK><<<grid, 32 * ATT_SK_WARPS, 0, s->stream>>>(                                             \
         g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head, sh->n_head_kv, s->att_splits, s->att_min, sh->scale,    \
-        sh->window, sh->softcap, q, part, part_ml, s->d_att_cnt, out)
+        sh->window, sh->softcap, q, part, part_ml, s->d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
         if (hdk == 64) ATT_SK_LAUNCH(2);
         else if (hdk == 128) ATT_SK_LAUNCH(4);
         else ATT_SK_LAUNCH(8);
 #undef ATT_SK_LAUNCH
         LAUNCHED();
+        if (fmt) prep_made(s, out, b->n, sh->n_head * hdk, fmt); /* prompt rows below write rows past n_dec */
     } else if (n_dec > 0) {
         dim3   grid((unsigned)n_dec, (unsigned)sh->n_head);
         size_t shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
@@ -3190,6 +3436,7 @@ static ag_backend_ops make_ops(void) {
     o.silu_mul = cu_silu_mul;
     o.gelu_mul = cu_gelu_mul;
     o.kv_store = cu_kv_store;
+    o.rope_kv_store = cu_rope_kv_store;
     o.attention = cu_attention;
     return o;
 }
@@ -3248,6 +3495,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
+    const char *prep = getenv("AUGUR_CUDA_PREP");
+    s->prep_on = !(prep && *prep == '0');
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
     s->fuse_on = !(fuse && *fuse == '0');
     const char *sk = getenv("AUGUR_CUDA_SPLITK");
