@@ -66,6 +66,9 @@ static ag_status blas_fail(const char *file, int line, const char *what, cublasS
 /* after a kernel launch: a bad configuration shows here, a fault at the next sync */
 #define LAUNCHED() CUDA_TRY(cudaGetLastError())
 
+/* rope_kv_store: the widest rotary half it takes (head dims up to 256) */
+#define ROPE_MAX_HALF 128
+
 /* attention tiles of prompt rows: query rows per tile, positions per chunk */
 #define ATT_TQ 16
 #define ATT_TK 64
@@ -153,6 +156,20 @@ typedef struct {
     int          prep_rows, prep_dim, prep_fmt, prep_want;
     bool         prep_on;
     int          pass_n_decode; /* the pass's decode rows (begin) */
+
+    /* rope_kv_store's angles for the pass's rows: (cos, sin) per row and
+     * pair for up to two (base, freq_scale, rope_dim) sets (Gemma 3's local
+     * and global layers), made by the pass's first layer of each set
+     * (rope_table_k: the double-precision pow/cos/sin once per pass instead
+     * of once per layer) and read by the later ones; forgotten at begin.
+     * Sized in begin: 2 sets x n rows x ROPE_MAX_HALF. */
+    float2 *d_rope;
+    size_t  cap_rope; /* float2 elements */
+    struct {
+        float base, freq_scale;
+        int   dim;
+    } rope_set[2];
+    int n_rope_sets;
 
     /* split-K decode attention (the default; AUGUR_CUDA_SPLITK=0: one block
      * per row and head): each split's (m, l) and unnormalized V sums, and a
@@ -399,6 +416,11 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     if (!st && s->mmv_dp4a && s->max_k > 0 && lay->n_decode > 0) st = reserve_xq(s, lay->n_decode, s->max_k);
     if (!st && s->mmv_dp4a && s->max_k_bf16 > 0 && lay->n_decode > 0) st = reserve_xh(s, lay->n_decode, s->max_k_bf16);
     if (!st && lay->n_decode > 0) st = reserve_att(s, lay->n_decode < n ? lay->n_decode : n);
+    if (!st && 2 * (size_t)n * ROPE_MAX_HALF > s->cap_rope) {
+        graphs_clear(s);
+        st = grow((void **)&s->d_rope, &s->cap_rope, 2 * (size_t)n * ROPE_MAX_HALF, sizeof(float2));
+    }
+    s->n_rope_sets = 0;
     if (st) return st;
     /* split-K attention's grid: enough splits for the longest decode row
      * (a row's split count is its own, ceil(len / att_min) at most; the
@@ -2353,19 +2375,36 @@ static ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh,
     return AG_OK;
 }
 
+/* The pass's angles: tab[t * half + i] = (cos, sin) of rope_theta for row
+ * blockIdx.x (rope_k's expression, so rope_k's values). */
+__global__ void rope_table_k(const int32_t *__restrict__ pos, float base, float freq_scale, int rope_dim,
+                             float2 *__restrict__ tab) {
+    const int t = blockIdx.x, half = rope_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
+        tab[(size_t)t * half + i] = make_float2((float)cos(theta), (float)sin(theta));
+    }
+}
+
 /* rope_k on q's and k's heads of token blockIdx.x, then kv_store_k of its
- * k and v rows: one launch instead of three, and the angles computed once
- * per token (in shared memory) instead of once per head. half <= ROPE_MAX_HALF. */
-#define ROPE_MAX_HALF 128
+ * k and v rows: one launch instead of three. The angles come from tab
+ * (rope_table_k), or, tab NULL, are computed once per token here.
+ * half <= ROPE_MAX_HALF. */
 template <bool F16>
 __global__ void rope_kv_store_k(kv_geom g, const int32_t *__restrict__ slot, const int32_t *__restrict__ pos,
-                                float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v, int n_head,
-                                int n_kv, int hd_k, int hd_v, int rope_dim, float base, float freq_scale, int neox) {
+                                const float2 *__restrict__ tab, float *__restrict__ q, float *__restrict__ k,
+                                const float *__restrict__ v, int n_head, int n_kv, int hd_k, int hd_v, int rope_dim,
+                                float base, float freq_scale, int neox) {
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     const int        t = blockIdx.x, half = rope_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
-        cs[i] = (float)cos(theta), sn[i] = (float)sin(theta);
+        if (tab) {
+            const float2 c = tab[(size_t)t * half + i];
+            cs[i] = c.x, sn[i] = c.y;
+        } else {
+            const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
+            cs[i] = (float)cos(theta), sn[i] = (float)sin(theta);
+        }
     }
     __syncthreads();
     const int      sl = slot[t];
@@ -2410,15 +2449,31 @@ static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape
     if (b->n <= 0) return AG_OK;
     prep_forget(s, q, (size_t)b->n * sh->n_head * sh->head_dim_k * sizeof(float));
     prep_forget(s, k, (size_t)b->n * sh->n_head_kv * sh->head_dim_k * sizeof(float));
+    /* the angles: this pass's table for these parameters, made on first use */
+    const float2 *tab = NULL;
+    int           set = 0;
+    while (set < s->n_rope_sets && !(s->rope_set[set].base == base && s->rope_set[set].freq_scale == freq_scale &&
+                                     s->rope_set[set].dim == rope_dim))
+        set++;
+    if (set < 2 && 2 * (size_t)b->n * ROPE_MAX_HALF <= s->cap_rope) {
+        float2 *t = s->d_rope + (size_t)set * b->n * ROPE_MAX_HALF;
+        if (set == s->n_rope_sets) {
+            rope_table_k<<<(unsigned)b->n, threads_for(rope_dim / 2), 0, s->stream>>>(d_pos, base, freq_scale, rope_dim, t);
+            LAUNCHED();
+            s->rope_set[set].base = base, s->rope_set[set].freq_scale = freq_scale, s->rope_set[set].dim = rope_dim;
+            s->n_rope_sets++;
+        }
+        tab = t;
+    }
     kv_geom        g = geom_of(kv, sh->layer);
     const int      pairs = (sh->n_head + sh->n_head_kv) * (rope_dim / 2), vals = sh->n_head_kv * sh->head_dim_v;
     const unsigned th = threads_for(pairs > vals ? pairs : vals);
     if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
-        rope_kv_store_k<true><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, d_pos, q, k, v, sh->n_head,
+        rope_kv_store_k<true><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, d_pos, tab, q, k, v, sh->n_head,
                                                                     sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
                                                                     rope_dim, base, freq_scale, neox);
     else
-        rope_kv_store_k<false><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, d_pos, q, k, v, sh->n_head,
+        rope_kv_store_k<false><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, d_pos, tab, q, k, v, sh->n_head,
                                                                      sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
                                                                      rope_dim, base, freq_scale, neox);
     LAUNCHED();
