@@ -16,6 +16,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
+# same FILE1 FILE2 WHAT: PASS when the files are byte for byte equal, else FAIL and stop
+same() {
+  if cmp -s "$1" "$2"; then echo "PASS $3"; else echo "FAIL $3"; exit 1; fi
+}
 
 if ! echo '#include <jansson.h>' | cc -E -x c - >/dev/null 2>&1; then
   [ -d .gpudeps ] || { echo "gpu_test: jansson & co. are missing and there is no .gpudeps/ (run scripts/gpu_deps.sh)"; exit 1; }
@@ -61,17 +65,24 @@ seq 1 2 199 | tr '\n' ' ' > build/cuda/ids.txt
 AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 -o build/cuda/plain.bin
 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 \
   -o build/cuda/graphs.bin
-cmp build/cuda/plain.bin build/cuda/graphs.bin && echo "PASS graphs: identical logits"
+same build/cuda/plain.bin build/cuda/graphs.bin "graphs: identical logits"
 AUGUR_CUDA_SPLITK=0 AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode \
   --chunk 1 -o build/cuda/plain-sk.bin
 AUGUR_CUDA_SPLITK=0 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 \
   -o build/cuda/graphs-sk.bin
-cmp build/cuda/plain-sk.bin build/cuda/graphs-sk.bin && echo "PASS graphs with the one-block decode attention: identical logits"
+same build/cuda/plain-sk.bin build/cuda/graphs-sk.bin "graphs with the one-block decode attention: identical logits"
 
 # the fitted grid (default) only drops empty splits: the full-depth grid gives the same bits
 AUGUR_CUDA_ATT_FIT=0 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 \
   -o build/cuda/graphs-full.bin
-cmp build/cuda/plain.bin build/cuda/graphs-full.bin && echo "PASS graphs with the full-depth split-K grid: the same logits"
+same build/cuda/plain.bin build/cuda/graphs-full.bin "graphs with the full-depth split-K grid: the same logits"
+
+echo "== greedy tokens chosen on the GPU (the argmax op; no rows copied back) == chosen from the copied rows (AUGUR_ARGMAX=0)"
+P="The capital of France is a city that"
+build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos > build/cuda/argmax-on.txt 2>/dev/null
+AUGUR_ARGMAX=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos > build/cuda/argmax-off.txt 2>/dev/null
+same build/cuda/argmax-on.txt build/cuda/argmax-off.txt "greedy text with the GPU argmax == with the rows copied back"
+build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --argmax
 
 echo "== whole models, GPU vs CPU"
 models=()

@@ -163,6 +163,13 @@ typedef struct {
     ag_status (*rope_kv_store)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *, float *q,
                                float *k, const float *v, int rope_dim, const int32_t *pos, float base,
                                float freq_scale, bool neox);
+    /* out[i] = the argmax of row i of x[n][dim]: the lowest index among the
+     * row's largest values (+inf and FLT_MAX alike, NaN skipped), or -2 when
+     * no value of the row is finite. out is backend memory. NULL: the
+     * caller scans the rows itself. */
+    ag_status (*argmax)(ag_backend *, const float *x, int n, int dim, int32_t *out);
+    /* The device memory free now and in all (a GPU's). NULL: host memory only. */
+    ag_status (*device_memory)(ag_backend *, uint64_t *free_bytes, uint64_t *total_bytes);
     /* out[n][n_head*hd_v] = softmax(scale · q·Kᵀ (causal, windowed)) · V, each
      * token attending to its own sequence's positions <= its pos. */
     ag_status (*attention)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,

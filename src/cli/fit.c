@@ -30,7 +30,8 @@ static const char usage[] =
     "usage: augur fit [-m MODEL] [options]\n"
     "  predicts the memory `augur serve` with the same flags uses once every sequence has filled its\n"
     "  context, by part, and the largest context and parallelism that fit the memory available\n"
-    "  (MemAvailable, or the cgroup's limit less its usage when lower)\n"
+    "  (MemAvailable, or the cgroup's limit less its usage when lower; on a GPU, the KV pool and\n"
+    "  scratch against the GPU memory left once the weights are loaded)\n"
     "  -m MODEL        GGUF model (default: $AUGUR_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
     "  --ctx N         context per sequence (default: serve's, the model's at most 4096)\n"
     "  --parallel N    sequences at once (default: serve's, 4)\n"
@@ -131,25 +132,35 @@ static uint64_t available_memory(const char **source) {
     return avail;
 }
 
-/* The plan of ep at (n_ctx, n_parallel), plus the fixed part. */
-static uint64_t total_at(ag_model *m, const ag_tok *tok, ag_engine_params ep, int n_ctx, int n_parallel,
-                         uint64_t fixed) {
+/* Where the plan must fit: host memory (avail, less the fixed part this
+ * command measured) and, for a model on a GPU, the device memory left
+ * once its weights are loaded (device_free; on = false on the CPU). */
+typedef struct {
+    uint64_t avail, fixed;
+    bool     on;
+    uint64_t device_free, device_total;
+} room;
+
+/* Whether the plan of ep at (n_ctx, n_parallel) fits: its host part (the
+ * total less what the device holds) plus the fixed part in avail, its
+ * device part in device_free. */
+static bool fits_at(ag_model *m, const ag_tok *tok, ag_engine_params ep, int n_ctx, int n_parallel, const room *r) {
     ep.n_ctx = n_ctx;
     ep.n_parallel = n_parallel;
     ag_engine_memory mem;
-    if (ag_engine_plan_memory(m, tok, &ep, &mem)) return UINT64_MAX;
-    return mem.total + fixed;
+    if (ag_engine_plan_memory(m, tok, &ep, &mem)) return false;
+    return mem.total - mem.device + r->fixed <= r->avail && (!r->on || mem.device <= r->device_free);
 }
 
-/* The largest v in [lo, hi] with total(v) <= avail (memory grows with v), or
- * lo - 1 when even lo does not fit. */
+/* The largest v in [lo, hi] that fits (memory grows with v), or lo - 1
+ * when even lo does not fit. */
 static int largest_fit(ag_model *m, const ag_tok *tok, const ag_engine_params *ep, bool vary_ctx, int other, int lo,
-                       int hi, uint64_t fixed, uint64_t avail) {
+                       int hi, const room *r) {
     int good = lo - 1;
     while (lo <= hi) {
-        int      mid = lo + (hi - lo) / 2;
-        uint64_t t = vary_ctx ? total_at(m, tok, *ep, mid, other, fixed) : total_at(m, tok, *ep, other, mid, fixed);
-        if (t <= avail) good = mid, lo = mid + 1;
+        int  mid = lo + (hi - lo) / 2;
+        bool ok = vary_ctx ? fits_at(m, tok, *ep, mid, other, r) : fits_at(m, tok, *ep, other, mid, r);
+        if (ok) good = mid, lo = mid + 1;
         else hi = mid - 1;
     }
     return good;
@@ -223,12 +234,15 @@ int ag_cli_fit(int argc, char **argv) {
     }
     /* the draft setup made its KV pool already (untouched pages: not resident) */
     uint64_t program = rss - mapped + SERVER_BYTES;
-    uint64_t total = mem.total + program;
+    uint64_t total = mem.total + program, host = total - mem.device;
     const char *source;
-    uint64_t    avail = available_memory(&source);
+    room        r = {.avail = available_memory(&source), .fixed = program};
+    r.on = ag_model_device_memory(m, &r.device_free, &r.device_total) == AG_OK;
+    const uint64_t avail = r.avail;
+    const bool     fits = host <= avail && (!r.on || mem.device <= r.device_free);
     int train = ag_model_config_of(m)->n_ctx_train;
-    int max_ctx = largest_fit(m, tok, &ep, true, mem.n_parallel, 2, train, program, avail);
-    int max_par = largest_fit(m, tok, &ep, false, mem.n_ctx, 1, AG_CLI_MAX_PARALLEL, program, avail);
+    int max_ctx = largest_fit(m, tok, &ep, true, mem.n_parallel, 2, train, &r);
+    int max_par = largest_fit(m, tok, &ep, false, mem.n_ctx, 1, AG_CLI_MAX_PARALLEL, &r);
     struct {
         const char *key, *label;
         uint64_t    bytes;
@@ -259,7 +273,13 @@ int ag_cli_fit(int argc, char **argv) {
         json_object_set_new(o, "weights_max", json_integer((json_int_t)mem.weights_max));
         json_object_set_new(o, "available", json_integer((json_int_t)avail));
         json_object_set_new(o, "available_source", json_string(source));
-        json_object_set_new(o, "fits", json_boolean(total <= avail));
+        json_object_set_new(o, "host", json_integer((json_int_t)host));
+        if (r.on) { /* a GPU: what it must hold beyond the loaded weights, and what it has */
+            json_object_set_new(o, "device", json_integer((json_int_t)mem.device));
+            json_object_set_new(o, "device_free", json_integer((json_int_t)r.device_free));
+            json_object_set_new(o, "device_total", json_integer((json_int_t)r.device_total));
+        }
+        json_object_set_new(o, "fits", json_boolean(fits));
         json_object_set_new(o, "max_ctx", json_integer(max_ctx));
         json_object_set_new(o, "max_ctx_limit", json_string(max_ctx == train ? "model" : "memory"));
         json_object_set_new(o, "max_parallel", json_integer(max_par));
@@ -279,8 +299,14 @@ int ag_cli_fit(int argc, char **argv) {
         if (mem.weights_max > mem.weights)
             printf("  (plus up to %.1f MiB as the token embeddings of more distinct tokens are read)\n",
                    mib(mem.weights_max - mem.weights));
+        if (r.on) {
+            printf("  of which on the GPU (KV pool, scratch): %.1f MiB; in host memory: %.1f MiB\n", mib(mem.device),
+                   mib(host));
+            printf("GPU: %.1f MiB free of %.1f MiB with the weights loaded: %s\n", mib(r.device_free),
+                   mib(r.device_total), mem.device <= r.device_free ? "fits" : "DOES NOT FIT");
+        }
         printf("available: %.1f MiB (%s): %s\n", mib(avail), source,
-               total <= avail ? "fits" : "DOES NOT FIT");
+               host <= avail ? "fits" : "DOES NOT FIT");
         if (max_ctx >= 2)
             printf("largest context at %d sequences: %d%s\n", mem.n_parallel, max_ctx,
                    max_ctx == train ? " (the model's training context)" : "");

@@ -109,6 +109,7 @@ struct ag_engine {
     /* per-step buffers */
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_want;
+    int32_t *argmax; /* [logit_rows]: the rows' argmax where the backend found it (ag_batch.argmax) */
     float   *logits;
     float   *masked; /* [n_vocab]: a row with a structured output's mask applied */
     ag_schema_vocab *schema_vocab; /* the mask's tables, built on the first structured request */
@@ -442,15 +443,20 @@ static bool sink_emit(void *user, int32_t token, const ag_sample_result *sr) {
     return emit_token(x->e, x->r, x->c, token, sr);
 }
 
+/* Whether a choice's decisions need nothing but each row's argmax (greedy,
+ * no logprobs, bias, penalties or schema): its rows may stay on a device. */
+static bool wants_argmax_only(const choice *c) { return !c->constraint && ag_sampler_argmax_only(c->sampler); }
+
 /* Decides and emits a choice's next token(s) from its window of logits
- * rows: [pending, c->d drafts] (c->d = 0: plain decoding, one row). */
-static void advance_choice(ag_engine *e, request *r, choice *c, const float *rows) {
+ * rows: [pending, c->d drafts] (c->d = 0: plain decoding, one row), and
+ * their argmax as the backend found it (ag_batch.argmax). */
+static void advance_choice(ag_engine *e, request *r, choice *c, const float *rows, const int32_t *argmax) {
     choice_sink   x = {e, r, c};
     ag_spec_sink  sink = {sink_prepare, sink_emit, &x};
     ag_spec_round rd;
     int           d = c->d;
     c->d = 0;
-    ag_status st = ag_spec_verify(c->spec, c->sampler, r->sp.logprobs || r->sp.n_logprobs > 0, rows,
+    ag_status st = ag_spec_verify(c->spec, c->sampler, r->sp.logprobs || r->sp.n_logprobs > 0, rows, argmax,
                                   (size_t)e->n_vocab, d, e->kv, c->seq, &sink, &rd);
     pthread_mutex_lock(&e->mu);
     ag_spec_stats_add_round(&e->stats.spec, &rd);
@@ -609,8 +615,9 @@ static void admit(ag_engine *e) {
 }
 
 /* After the prompt: give choices 1..n-1 the prompt's KV (shared blocks) and
- * sample every choice's first token from the same logits row. */
-static void start_choices(ag_engine *e, request *r, const float *row) {
+ * sample every choice's first token from the same logits row (argmax: as
+ * advance_choice's). */
+static void start_choices(ag_engine *e, request *r, const float *row, const int32_t *argmax) {
     if (r->no_output) {
         for (int i = 0; i < r->n_choices; i++)
             if (r->ch[i].state == CH_WAIT) finish_choice(e, r, &r->ch[i], AG_FINISH_LENGTH, NULL, -1, NULL, NULL, 0);
@@ -628,7 +635,7 @@ static void start_choices(ag_engine *e, request *r, const float *row) {
     for (int i = 0; i < r->n_choices; i++)
         if (r->ch[i].state == CH_WAIT) {
             start_speculation(e, r, &r->ch[i]);
-            advance_choice(e, r, &r->ch[i], row);
+            advance_choice(e, r, &r->ch[i], row, argmax);
         }
 }
 
@@ -686,10 +693,12 @@ static bool step(ag_engine *e) {
                 if (cap > 0) c->d = ag_spec_propose(c->spec, c->sampled, c->n_gen, cap, row_cost);
                 spare -= c->d;
             }
+            /* a choice that only takes argmaxes leaves its rows where they are */
+            const uint8_t want = wants_argmax_only(c) ? AG_WANT_ARGMAX : AG_WANT_LOGITS;
             e->b_tok[n] = c->pending;
             e->b_pos[n] = pos;
             e->b_seq[n] = c->seq;
-            e->b_want[n] = 1;
+            e->b_want[n] = want;
             e->rows[rows++] = (struct row_owner){r, c, -1, c->d + 1};
             n++;
             const int32_t *x = c->d ? ag_spec_drafts(c->spec) : NULL;
@@ -697,7 +706,7 @@ static bool step(ag_engine *e) {
                 e->b_tok[n] = x[j];
                 e->b_pos[n] = pos + 1 + j;
                 e->b_seq[n] = c->seq;
-                e->b_want[n] = 1;
+                e->b_want[n] = want;
                 e->rows[rows++] = (struct row_owner){r, c, -1, 0};
                 n++;
             }
@@ -724,7 +733,10 @@ static bool step(ag_engine *e) {
             e->b_tok[n] = r->prompt[p];
             e->b_pos[n] = p;
             e->b_seq[n] = r->ch[0].seq;
-            e->b_want[n] = p == r->n_prompt - 1 || r->prompt_logprobs;
+            e->b_want[n] = r->prompt_logprobs ? AG_WANT_LOGITS
+                           : p < r->n_prompt - 1 ? 0
+                           : r->n_choices == 1 && wants_argmax_only(&r->ch[0]) ? AG_WANT_ARGMAX
+                                                                               : AG_WANT_LOGITS;
             if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p, 1};
             n++;
         }
@@ -749,6 +761,7 @@ static bool step(ag_engine *e) {
     if (!st) {
         /* decode rows first, then prompt chunks: the layout ag_batch.n_prompt names */
         ag_batch b = {.n = n, .token = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
+                      .argmax = e->argmax,
                       .n_prompt = n_prefill};
         st = ag_model_forward(e->model, e->kv, &b, e->logits);
     }
@@ -788,11 +801,11 @@ static bool step(ag_engine *e) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
         struct row_owner o = e->rows[k];
         if (o.c) {
-            if (o.c->state == CH_DECODE) advance_choice(e, o.r, o.c, row);
+            if (o.c->state == CH_DECODE) advance_choice(e, o.r, o.c, row, e->argmax + k);
         } else if (o.p_pos < o.r->n_prompt - 1) {
             score_prompt_token(e, o.r, o.p_pos + 1, row);
         } else {
-            start_choices(e, o.r, row);
+            start_choices(e, o.r, row, e->argmax + k);
         }
     }
     for (request *r = e->running, *next; r; r = next) {
@@ -965,6 +978,7 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
         out->draft = p.draft->plan_bytes ? p.draft->plan_bytes(p.draft->ctx, p.n_parallel, p.n_ctx) : p.draft->shared_bytes;
     out->total = out->weights + out->kv + out->scratch + out->buffers + out->cache_index + out->cache_write_queue +
                  out->cache_read_staging + out->draft;
+    if (ag_model_device(m) != AG_DEVICE_CPU) out->device = out->kv + out->scratch;
     return AG_OK;
 }
 
@@ -1015,10 +1029,11 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->b_pos = malloc(sizeof(int32_t) * p.n_batch);
     e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
     e->b_want = malloc((size_t)p.n_batch);
+    e->argmax = malloc(sizeof(int32_t) * (size_t)e->logit_rows);
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
     e->logits = ag_model_host_floats(e->model, (size_t)e->n_vocab * (size_t)e->logit_rows);
     e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->rows || !e->logits || !e->masked) {
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->argmax || !e->rows || !e->logits || !e->masked) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
         goto fail;
     }
@@ -1055,6 +1070,7 @@ void ag_engine_free(ag_engine *e) {
     free(e->b_pos);
     free(e->b_seq);
     free(e->b_want);
+    free(e->argmax);
     free(e->rows);
     ag_model_host_free(e->model, e->logits);
     free(e->masked);

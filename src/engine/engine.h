@@ -99,6 +99,11 @@ typedef struct {
     uint64_t cache_read_staging; /* its disk tier's restore staging, at most (0 without cache_dir) */
     uint64_t draft;       /* the draft factory at this n_ctx and n_parallel (ag_draft_factory.plan_bytes) */
     uint64_t total;       /* the sum */
+    /* Of the total, what a device backend (a GPU) holds in its own memory:
+     * the KV pool and the scratch (0 on the CPU). The weights' device copies
+     * are not in it: they are there once the model is loaded (see
+     * ag_model_device_memory). */
+    uint64_t device;
 } ag_engine_memory;
 
 /* What ag_engine_new(m, tok, p) would hold once every sequence has filled

@@ -22,6 +22,7 @@ struct ag_model {
     size_t           act_bytes; /* its size (grown on demand) */
     uint64_t         weight_bytes;
     char             path[512];
+    bool             argmax_off; /* AUGUR_ARGMAX=0 (A/B, tests): rows' argmax never computed by the backend */
 };
 
 ag_model_params ag_model_default_params(void) {
@@ -249,6 +250,8 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(m, l))) goto fail_named;
     if ((st = ag_backend_new(p->device, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
+    const char *am = getenv("AUGUR_ARGMAX");
+    m->argmax_off = am && *am == '0';
     if ((st = prepare_weights(m))) goto fail_named;
     *out = m;
     return AG_OK;
@@ -280,6 +283,12 @@ void ag_model_host_free(ag_model *m, float *p) { ag_kv_mem_host_free(ag_model_kv
 ag_device ag_model_device(const ag_model *m) { return m->be->ops->host_memory ? AG_DEVICE_CPU : AG_DEVICE_CUDA; }
 const struct ag_kv_mem *ag_model_kv_mem(const ag_model *m) { return m->be->ops->kv_mem ? m->be->ops->kv_mem(m->be) : NULL; }
 uint64_t               ag_model_weight_bytes(const ag_model *m) { return m->weight_bytes; }
+
+ag_status ag_model_device_memory(const ag_model *m, uint64_t *free_bytes, uint64_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    if (!m->be->ops->device_memory) return ag_errorf(AG_ERR_UNSUPPORTED, "%s: no device memory", m->be->ops->name);
+    return m->be->ops->device_memory(m->be, free_bytes, total_bytes);
+}
 
 void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t *row_bytes) {
     bool tied = m->output.data == m->tok_embd.data;
@@ -368,7 +377,8 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
 /* The activation buffers of one forward pass, carved from one backend
  * buffer (grown on demand, never shrunk: a step's size repeats). */
 typedef struct {
-    float *x, *h, *q, *k, *v, *att, *o, *gate, *up, *logits;
+    float   *x, *h, *q, *k, *v, *att, *o, *gate, *up, *logits;
+    int32_t *argmax; /* [n_out], a device backend's (the CPU's goes to ag_batch.argmax) */
 } fwd_bufs;
 
 static size_t carve(size_t *off, size_t floats) {
@@ -381,16 +391,18 @@ static size_t carve(size_t *off, size_t floats) {
  * logits) sits in the one buffer: at[] offsets in fwd_bufs order (may be
  * NULL), returns the total bytes. One function, so the reservation, the
  * memory plan and the forward pass agree. */
-static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[10]) {
+static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[11]) {
     const ag_model_config *c = &m->cfg;
     const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
                  vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
-    /* logits: written by the backend, downloaded; the CPU writes the caller's array directly */
-    const size_t floats[10] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd,      n * vd,
+    /* logits and argmax: written by the backend, downloaded; the CPU writes
+     * the caller's arrays directly (argmax: 4-byte ints in float slots) */
+    const bool   dev = !m->be->ops->host_memory;
+    const size_t floats[11] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd,      n * vd,
                                n * od,        n * c->n_embd, n * c->n_ff, n * c->n_ff,
-                               m->be->ops->host_memory ? 0 : n_out * c->n_vocab};
+                               dev ? n_out * c->n_vocab : 0, dev ? n_out : 0};
     size_t off = 0;
-    for (int i = 0; i < 10; i++) {
+    for (int i = 0; i < 11; i++) {
         size_t o = carve(&off, floats[i]);
         if (at) at[i] = o;
     }
@@ -398,7 +410,7 @@ static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[10
 }
 
 static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
-    size_t at[10];
+    size_t at[11];
     size_t need = fwd_layout(m, (size_t)n, (size_t)n_out, at);
     if (need > m->act_bytes) {
         if (m->act) m->be->ops->free(m->be, m->act);
@@ -410,6 +422,7 @@ static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
     }
     float **dst[10] = {&f->x, &f->h, &f->q, &f->k, &f->v, &f->att, &f->o, &f->gate, &f->up, &f->logits};
     for (int i = 0; i < 10; i++) *dst[i] = (float *)((char *)m->act + at[i]);
+    f->argmax = (int32_t *)((char *)m->act + at[10]);
     return AG_OK;
 }
 
@@ -530,7 +543,7 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
 /* Every op of one pass after begin: embeddings, layers, the logits rows
  * (into the caller's array for a host-memory backend, else f->logits). */
 static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
-                            int n_out, const fwd_bufs *f, float *logits) {
+                            int n_out, bool argmax, const fwd_bufs *f, float *logits) {
     const ag_model_config *c = &m->cfg;
     ag_backend           *be = m->be;
     const ag_backend_ops *op = be->ops;
@@ -552,7 +565,36 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     }
     if (n_out == 0) return AG_OK;
     if ((st = op->rmsnorm(be, f->x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f->x))) return st;
-    return op->matmul(be, &m->output, f->x, n_out, n_out_dec, op->host_memory ? logits : f->logits);
+    float *out = op->host_memory ? logits : f->logits;
+    if ((st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out))) return st;
+    return argmax ? op->argmax(be, out, n_out, c->n_vocab, op->host_memory ? b->argmax : f->argmax) : AG_OK;
+}
+
+/* Copies the output rows the caller reads back from a device backend: the
+ * argmax of every row when computed, and the logits of every row except
+ * AG_WANT_ARGMAX rows whose argmax came back (in runs of adjacent rows). */
+static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, bool argmax, const fwd_bufs *f,
+                                  float *logits) {
+    const ag_backend_ops *op = m->be->ops;
+    const size_t          row = sizeof(float) * (size_t)m->cfg.n_vocab;
+    ag_status             st;
+    if (!argmax) return op->download(m->be, logits, f->logits, row * (size_t)n_out);
+    if ((st = op->download(m->be, b->argmax, f->argmax, sizeof(int32_t) * (size_t)n_out))) return st;
+    int k = 0, run0 = -1;
+    for (int i = 0; i <= b->n; i++) {
+        int want = i < b->n ? (b->want_logits ? b->want_logits[i] : i == b->n - 1) : 0;
+        if (i < b->n && !want) continue;
+        bool rows_logits = i < b->n && want != AG_WANT_ARGMAX;
+        if (rows_logits && run0 < 0) run0 = k;
+        if (!rows_logits && run0 >= 0) { /* the run [run0, k) ends */
+            if ((st = op->download(m->be, (char *)logits + row * run0, (char *)f->logits + row * run0,
+                                   row * (size_t)(k - run0))))
+                return st;
+            run0 = -1;
+        }
+        if (i < b->n) k++;
+    }
+    return AG_OK;
 }
 
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {
@@ -569,8 +611,16 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     if (b->n_prompt < 0 || b->n_prompt > n)
         return ag_errorf(AG_ERR_INVALID, "n_prompt %d outside [0, %d]", b->n_prompt, n);
     const int n_dec = n - b->n_prompt;
-    int n_out = 0;
-    for (int i = 0; i < n; i++) n_out += b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
+    int  n_out = 0;
+    bool any_argmax = false;
+    for (int i = 0; i < n; i++) {
+        n_out += b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
+        any_argmax |= b->want_logits && b->want_logits[i] == AG_WANT_ARGMAX;
+    }
+    if (any_argmax && !b->argmax) return ag_errorf(AG_ERR_INVALID, "rows want their argmax but the batch has no array for it");
+    /* the softcap is applied on the host after the copy, so such a model's
+     * argmax comes from the rows */
+    const bool argmax = any_argmax && op->argmax && c->final_softcap <= 0 && !m->argmax_off;
     fwd_bufs f;
     ag_status st = fwd_buffers(m, n, n_out, &f);
     if (st) return st;
@@ -583,27 +633,28 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     uint64_t key = 0;
     if (op->graph_begin && n_dec == n) {
         uint64_t parts[5] = {(uint64_t)n, (uint64_t)n_out, (uint64_t)(uintptr_t)m->act, (uint64_t)(uintptr_t)kv, 0};
-        for (int i = 0; i < n; i++) /* which rows want logits decides the row copies */
-            if (b->want_logits ? b->want_logits[i] != 0 : i == n - 1) parts[4] = parts[4] * 1000003u + (uint64_t)i + 1;
+        for (int i = 0; i < n; i++) { /* which rows want what decides the row copies and the argmax */
+            int want = b->want_logits ? b->want_logits[i] : i == n - 1;
+            if (want) parts[4] = parts[4] * 1000003u + (uint64_t)i * 4 + (uint64_t)want;
+        }
         key = ag_hash64_seed(parts, sizeof parts, 0x67726170686b6579ull);
         if ((st = op->graph_begin(be, key, &gstate))) return st;
     }
     const bool recording = gstate == AG_GRAPH_RECORDING;
     if (gstate != AG_GRAPH_REPLAYED) {
-        ag_status issued = issue_pass(m, kv, b, &lay, n_dec, n_out, &f, logits);
+        ag_status issued = issue_pass(m, kv, b, &lay, n_dec, n_out, argmax, &f, logits);
         if (!recording && issued) return issued;
         if (recording && (op->graph_end(be, key, issued != AG_OK) || issued)) {
             /* the recording failed, so nothing of the pass ran: run it unrecorded */
             AG_LOGW("%s: recording a decode pass failed (%s); running it unrecorded", op->name, ag_error_message());
-            if ((st = issue_pass(m, kv, b, &lay, n_dec, n_out, &f, logits))) return st;
+            if ((st = issue_pass(m, kv, b, &lay, n_dec, n_out, argmax, &f, logits))) return st;
         }
     }
     if (n_out == 0) return op->sync(be);
-    float *out = op->host_memory ? logits : f.logits;
-    if (!op->host_memory &&
-        (st = op->download(be, logits, out, sizeof(float) * (size_t)n_out * c->n_vocab)))
-        return st;
-    if (c->final_softcap > 0) {
+    if (b->argmax && !argmax)
+        for (int k = 0; k < n_out; k++) b->argmax[k] = AG_ARGMAX_NONE;
+    if (!op->host_memory && (st = download_outputs(m, b, n_out, argmax, &f, logits))) return st;
+    if (c->final_softcap > 0) { /* (no argmax was computed: every row is there) */
         for (size_t i = 0; i < (size_t)n_out * c->n_vocab; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
     }

@@ -92,6 +92,9 @@ void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t 
 
 /* Bytes of weights a decode step reads (every weight used per token). */
 uint64_t ag_model_weight_bytes(const ag_model *m);
+/* The model's device memory (a GPU backend's) free now, with its weights
+ * loaded, and in all; AG_ERR_UNSUPPORTED for a host-memory backend. */
+ag_status ag_model_device_memory(const ag_model *m, uint64_t *free_bytes, uint64_t *total_bytes);
 
 /* A 64-bit fingerprint of what decides this model's KV for given tokens,
  * for keying persisted KV (the prefix cache's disk tier): the architecture
@@ -121,6 +124,16 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx);
 /* Per-sequence KV geometry for this model, to create a matching ag_kv. */
 void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v);
 
+/* want_logits values: the row's logits, or only its argmax (the lowest id
+ * among its largest logits, +inf and FLT_MAX alike, NaN skipped), which a
+ * device backend finds where the logits are and copies back alone. */
+enum { AG_WANT_LOGITS = 1, AG_WANT_ARGMAX = 2 };
+/* ag_batch.argmax values other than a token id */
+enum {
+    AG_ARGMAX_NONE = -1,     /* not computed: the logits row is filled, use it */
+    AG_ARGMAX_NOFINITE = -2, /* no logit of the row is finite */
+};
+
 /* One ragged batch: any mix of sequences and positions (prefill chunks,
  * single decode tokens, speculative verify windows). */
 typedef struct {
@@ -128,7 +141,13 @@ typedef struct {
     const int32_t *token;       /* [n] */
     const int32_t *pos;         /* [n] position within its sequence */
     const int32_t *seq;         /* [n] sequence id (KV block table) */
-    const uint8_t *want_logits; /* [n] 1 where logits are needed; NULL: only the last token */
+    const uint8_t *want_logits; /* [n] 0, AG_WANT_LOGITS or AG_WANT_ARGMAX; NULL: logits of the last token */
+    /* [output rows] (may be NULL when no row wants AG_WANT_ARGMAX): per row
+     * wanting anything, in batch order, its argmax where the backend
+     * computed it (a token id or AG_ARGMAX_NOFINITE), else AG_ARGMAX_NONE.
+     * An AG_WANT_ARGMAX row whose argmax was computed may have its logits
+     * row left unwritten; every other wanted row's logits are written. */
+    int32_t *argmax;
     /* The last n_prompt tokens are prompt tokens, the others decode or
      * verify tokens (0: all decode). The two kinds go through different
      * matmul kernels (prompt: batched tiles; decode: row kernels), whose
@@ -147,7 +166,8 @@ typedef struct {
  *   sees s's positions 0..p: earlier ones from the cache, later ones in this
  *   batch only if they precede it;
  * - logits receives one row of n_vocab floats per token with want_logits set,
- *   in batch order (caller-allocated: count × n_vocab).
+ *   in batch order (caller-allocated: count × n_vocab), except AG_WANT_ARGMAX
+ *   rows whose argmax went to b->argmax (see there);
  * Errors: bad token ids or positions (AG_ERR_INVALID), memory. */
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits);
 

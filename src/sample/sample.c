@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "base/argmax.h"
 
 /* One candidate: a processed logit and its token id. The whole chain works
  * on an array of these so that selection can move them around freely. */
@@ -581,22 +582,26 @@ static ag_status check_call(const ag_sampler *s, const void *a, const void *b, c
  * the sampler is a serial part of every step: ~0.2 ms of 128k candidates).
  * AG_ERR_INVALID when no logit is finite, as prepare. */
 static ag_status greedy_argmax(const float *logits, int32_t n, int32_t *out) {
-    /* eight running maxima: independent chains (the max is the same in any
-     * order; NaN compares false and is skipped) */
-    float   mm[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    int32_t i8 = 0;
-    for (; i8 + 8 <= n; i8 += 8)
-        for (int k = 0; k < 8; k++) mm[k] = logits[i8 + k] > mm[k] ? logits[i8 + k] : mm[k];
-    float m = -INFINITY;
-    for (; i8 < n; i8++) m = logits[i8] > m ? logits[i8] : m;
-    for (int k = 0; k < 8; k++) m = mm[k] > m ? mm[k] : m;
-    if (!(m > -INFINITY)) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
-    int32_t i = 0;
-    if (m == INFINITY) /* sanitize makes +inf FLT_MAX: the first of either */
-        while (!(logits[i] >= FLT_MAX)) i++;
-    else
-        while (logits[i] != m) i++;
+    const int32_t i = ag_argmax_f32(logits, n);
+    if (i < 0) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
     *out = i;
+    return AG_OK;
+}
+
+int ag_sampler_argmax_only(const ag_sampler *s) {
+    return s && s->p.temperature == 0.0f && !s->p.logprobs && s->p.n_logprobs <= 0 && s->p.n_logit_bias == 0 &&
+           !penalties_active(s);
+}
+
+ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_result *out) {
+    if (!s || !out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_argmax: NULL argument");
+    if (!ag_sampler_argmax_only(s))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_argmax: the sampler needs the whole row");
+    if (argmax >= s->n_vocab) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_argmax: token %d out of range", argmax);
+    if (argmax < 0) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
+    memset(out, 0, sizeof *out);
+    out->token = argmax;
+    out->logprob = NAN;
     return AG_OK;
 }
 
@@ -605,7 +610,7 @@ ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result
     if (st != AG_OK) return st;
     memset(out, 0, sizeof *out);
     const int want_lp = s->p.logprobs || s->p.n_logprobs > 0;
-    if (s->p.temperature == 0.0f && !want_lp && s->p.n_logit_bias == 0 && !penalties_active(s)) {
+    if (ag_sampler_argmax_only(s)) {
         out->logprob = NAN;
         return greedy_argmax(logits, s->n_vocab, &out->token);
     }

@@ -149,6 +149,19 @@ size_t ag_sampler_bytes(int32_t n_vocab, size_t n_accepted);
 /* 1 if temperature == 0 (greedy: sampling and verify use no RNG). */
 int ag_sampler_greedy(const ag_sampler *s);
 
+/* 1 if ag_sampler_sample returns the row's argmax and nothing else: greedy,
+ * no logprobs, no logit bias, no penalties. Such a sampler can take a token
+ * computed where the logits are (ag_sampler_sample_argmax), so a GPU need
+ * not copy the row back. Fixed for the sampler's life. */
+int ag_sampler_argmax_only(const ag_sampler *s);
+
+/* What ag_sampler_sample gives a row whose argmax is `argmax`: the lowest id
+ * among the largest logits (+inf and FLT_MAX counted alike, NaN skipped), or
+ * any negative value when no logit is finite (then AG_ERR_INVALID, as
+ * sample). Only for a sampler with ag_sampler_argmax_only (else
+ * AG_ERR_INVALID). Does not accept the token. */
+ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_result *out);
+
 /* Samples one token from logits[n_vocab] (borrowed for the call) through
  * the chain, and fills *out (logprob and n_logprobs alternatives). Does not
  * accept the token. Deterministic given the seed, stream, the sequence of

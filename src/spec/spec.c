@@ -219,15 +219,18 @@ static void observe(ag_spec_seq *s, int i, bool hit) {
     if (hit) s->stats.accepted++;
 }
 
-/* Decides the token that follows one row, accepting it into the sampler. */
-static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *row, int i, int d,
-                        ag_sample_result *sr, bool *accepted) {
+/* Decides the token that follows one row (hint: its argmax from the
+ * backend, or -1), accepting it into the sampler. */
+static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *row, int32_t hint,
+                        int i, int d, ag_sample_result *sr, bool *accepted) {
     ag_status st;
     *accepted = false;
     if (i == d || ag_sampler_greedy(sampler)) {
         /* The bonus token, and every greedy decision: the very call plain
          * decoding makes, so the token (and its logprob) are plain's. */
-        if ((st = ag_sampler_sample(sampler, row, sr))) return st;
+        if (hint != -1 && ag_sampler_argmax_only(sampler)) st = ag_sampler_sample_argmax(sampler, hint, sr);
+        else st = ag_sampler_sample(sampler, row, sr);
+        if (st) return st;
         if (i < d) *accepted = sr->token == spec->drafts[i];
     } else {
         ag_verify_result v;
@@ -247,8 +250,8 @@ static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpro
 }
 
 ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *logits,
-                         size_t row_stride, int d, ag_kv *kv, int32_t kv_seq, const ag_spec_sink *sink,
-                         ag_spec_round *out) {
+                         const int32_t *argmax, size_t row_stride, int d, ag_kv *kv, int32_t kv_seq,
+                         const ag_spec_sink *sink, ag_spec_round *out) {
     memset(out, 0, sizeof *out);
     if (d > 0 && (!spec || d != spec->d))
         return ag_errorf(AG_ERR_INVALID, "ag_spec_verify: %d rows of drafts but %d were proposed", d,
@@ -265,7 +268,7 @@ ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpr
         if (!row) return ag_errorf(AG_ERR_INTERNAL, "ag_spec_verify: the row could not be prepared");
         ag_sample_result sr;
         bool             accepted;
-        ag_status        st = decide(spec, sampler, want_logprobs, row, i, d, &sr, &accepted);
+        ag_status        st = decide(spec, sampler, want_logprobs, row, argmax ? argmax[i] : -1, i, d, &sr, &accepted);
         if (st) return st;
         if (i < d) observe(spec, i, accepted);
         out->emitted++;

@@ -151,10 +151,15 @@ void ag_spec_stats_add_round(ag_spec_stats *a, const ag_spec_round *r);
  * `spec` may be NULL (no speculation: d must be 0). `sampler` is the
  * sequence's; want_logprobs: fill each token's logprob and alternatives
  * (as ag_sampler_sample reports them). kv/kv_seq: the target's sequence,
- * trimmed by d - k after a rejection. Errors (sampling, trim) leave the
- * round partly emitted; the caller ends the choice with the error. */
+ * trimmed by d - k after a rejection. argmax: NULL, or d + 1 values, each
+ * the argmax of its row found where the logits are (ag_batch.argmax: a
+ * token id, a negative "no finite logit", or AG_ARGMAX_NONE = -1 "use the
+ * row"); a sampler that needs nothing but the argmax (ag_sampler_argmax_only)
+ * then takes it instead of the row, which may be unwritten. Errors
+ * (sampling, trim) leave the round partly emitted; the caller ends the
+ * choice with the error. */
 ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *logits,
-                         size_t row_stride, int d, ag_kv *kv, int32_t kv_seq, const ag_spec_sink *sink,
-                         ag_spec_round *out);
+                         const int32_t *argmax, size_t row_stride, int d, ag_kv *kv, int32_t kv_seq,
+                         const ag_spec_sink *sink, ag_spec_round *out);
 
 #endif

@@ -103,6 +103,18 @@ def test_bench_decode_after_context():
     assert b"(tg after 40 positions of context)" in text
 
 
+def test_bench_argmax_rows():
+    # --argmax: decode rows bring back their argmax (greedy sampling's need) instead of their logits
+    p = run_augur("bench", "-m", TINY_GGUF, "-p", "0", "-n", "8", "-b", "3", "-r", "1", "--argmax", "--json",
+                  check=True)
+    r = json.loads(p.stdout)
+    assert r["argmax"] is True and r["batch"] == 3 and r["tg_tok_s"] > 0
+    p = run_augur("bench", "-m", TINY_GGUF, "-p", "0", "-n", "8", "-r", "1", "--json", check=True)
+    assert json.loads(p.stdout)["argmax"] is False
+    text = run_augur("bench", "-m", TINY_GGUF, "-p", "0", "-n", "4", "-r", "1", "--argmax", check=True).stdout
+    assert b"(tg brings back each row's argmax, not its logits)" in text
+
+
 def test_bad_inputs_fail_cleanly(tmp_path):
     cases = [
         (("run", "-m", "/nonexistent.gguf", "-p", "x"), 1, b"/nonexistent.gguf"),

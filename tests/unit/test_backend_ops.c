@@ -24,6 +24,7 @@
  *                         as in llama.cpp; the fp16 KV is read back exactly);
  *                         a device backend within 5e-4 of the CPU's
  *   GELU:                 2e-3 (fp16-rounded like llama.cpp's table) */
+#include <float.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -634,6 +635,55 @@ static void matmul_after_producers(void **state) {
     ag_kv_free(f.kv);
 }
 
+/* The argmax op against the sampler's greedy rule: the lowest index among
+ * the largest values, +inf and FLT_MAX alike, NaN skipped, -2 for a row
+ * with no finite value; rows of 4k + 1 values too (a kernel's scalar path). */
+static void argmax_rows(void **state) {
+    (void)state;
+    if (!g_be->ops->argmax) skip();
+    for (int odd = 0; odd < 2; odd++) {
+        enum { N = 9 };
+        const int dim = odd ? 50001 : 50000;
+        float    *x = randn((size_t)N * dim, 3.0f);
+        float    *r = x;
+        r[17] = r[40000] = 100.0f; /* row 0: a tie, the lower index wins */
+        r = x + (size_t)dim; /* row 1: FLT_MAX before +inf: the FLT_MAX */
+        r[123] = FLT_MAX, r[4567] = INFINITY;
+        r = x + 2 * (size_t)dim; /* row 2: NaN everywhere but two values */
+        for (int i = 0; i < dim; i++) r[i] = NAN;
+        r[dim - 1] = -5.0f, r[9] = -6.0f;
+        r = x + 3 * (size_t)dim; /* row 3: nothing finite */
+        for (int i = 0; i < dim; i++) r[i] = i % 3 ? -INFINITY : NAN;
+        r = x + 4 * (size_t)dim; /* row 4: the maximum last */
+        r[dim - 1] = 50.0f;
+        r = x + 5 * (size_t)dim; /* row 5: +inf after a NaN */
+        r[0] = NAN, r[1] = INFINITY;
+        int32_t want[N];
+        for (int k = 0; k < N; k++) {
+            const float *row = x + (size_t)k * dim;
+            float        best = -INFINITY;
+            want[k] = -2;
+            for (int i = 0; i < dim; i++) {
+                float v = row[i] > FLT_MAX ? FLT_MAX : row[i];
+                if (v > best) best = v, want[k] = i;
+            }
+        }
+        assert_int_equal(want[0], 17);
+        assert_int_equal(want[1], 123);
+        assert_int_equal(want[2], dim - 1);
+        assert_int_equal(want[3], -2);
+        assert_int_equal(want[5], 1);
+        float   *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
+        int32_t *dout = dev_floats(g_be, N), got[N];
+        assert_int_equal(g_be->ops->argmax(g_be, dx, N, dim, dout), AG_OK);
+        assert_int_equal(g_be->ops->download(g_be, got, dout, sizeof got), AG_OK);
+        for (int k = 0; k < N; k++)
+            if (got[k] != want[k]) fail_msg("%s argmax dim %d row %d: %d, want %d", g_be->ops->name, dim, k, got[k], want[k]);
+        g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dout);
+        free(x);
+    }
+}
+
 /* ---- KV store + attention ---- */
 
 /* dst (a host cache with the same sequences) gets src's rows of every
@@ -780,6 +830,7 @@ int main(void) {
         cmocka_unit_test(small_ops),
         cmocka_unit_test(rope_kv_store_fused),
         cmocka_unit_test(matmul_after_producers),
+        cmocka_unit_test(argmax_rows),
         cmocka_unit_test(attention_paged),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

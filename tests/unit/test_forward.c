@@ -192,6 +192,37 @@ static void ragged_batch_of_two_sequences_equals_separate_runs(void **state) {
     ag_kv_free(kv);
 }
 
+/* Rows that want only their argmax (AG_WANT_ARGMAX) get it in b.argmax, in
+ * output-row order: the sampler's greedy rule over the row's logits (on the
+ * CPU the rows are written too); a batch without the array is refused. */
+static void argmax_rows_match_their_logits(void **state) {
+    ag_kv  *kv = new_kv(1, 16);
+    int32_t s;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    enum { N = 6 };
+    int32_t pos[N], seq[N], am[N];
+    uint8_t want[N] = {AG_WANT_ARGMAX, 0, AG_WANT_LOGITS, AG_WANT_ARGMAX, AG_WANT_ARGMAX, AG_WANT_LOGITS};
+    for (int i = 0; i < N; i++) pos[i] = i, seq[i] = s;
+    float  *out = malloc(sizeof(float) * N * (size_t)g_vocab);
+    ag_batch b = {.n = N, .token = k_tokens, .pos = pos, .seq = seq, .want_logits = want, .n_prompt = N};
+    assert_int_equal(ag_kv_seq_reserve(kv, s, N), AG_OK);
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_ERR_INVALID); /* no b.argmax */
+    b.argmax = am;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_OK);
+    for (int k = 0, i = 0; i < N; i++) {
+        if (!want[i]) continue;
+        const float *row = out + (size_t)k * g_vocab;
+        int32_t      best = 0;
+        for (int v = 1; v < g_vocab; v++)
+            if (row[v] > row[best]) best = v;
+        if (want[i] == AG_WANT_ARGMAX) assert_int_equal(am[k], best); /* the CPU computes it */
+        else assert_true(am[k] == AG_ARGMAX_NONE || am[k] == best);
+        k++;
+    }
+    free(out);
+    ag_kv_free(kv);
+}
+
 static void bad_batches_are_errors(void **state) {
     ag_kv *kv = new_kv(1, 16);
     int32_t s;
@@ -257,6 +288,7 @@ int main(void) {
         cmocka_unit_test(trim_then_reforward_equals_never_going_further),
         cmocka_unit_test(forked_sequences_do_not_disturb_each_other),
         cmocka_unit_test(ragged_batch_of_two_sequences_equals_separate_runs),
+        cmocka_unit_test(argmax_rows_match_their_logits),
         cmocka_unit_test(bad_batches_are_errors),
         cmocka_unit_test(fingerprint_is_stable_and_sees_sampled_weights),
     };

@@ -314,6 +314,46 @@ static void nonfinite_logits(void **state) {
     ag_sampler_free(s);
 }
 
+/* A sampler that needs only the argmax (greedy, no logprobs, bias or
+ * penalties) takes a token found elsewhere (a GPU's argmax) and reports
+ * what ag_sampler_sample reports for that row; any other refuses it. */
+static void sample_argmax_takes_a_found_token(void **state) {
+    ag_sample_params p = ag_sample_default_params();
+    p.temperature = 0.0f;
+    ag_sampler *s = new_sampler(&p, 5, 0);
+    assert_true(ag_sampler_argmax_only(s));
+    float            l[5] = {0.5f, 2.0f, NAN, 2.0f, -1.0f};
+    ag_sample_result a, b;
+    assert_int_equal(ag_sampler_sample(s, l, &a), AG_OK);
+    assert_int_equal(ag_sampler_sample_argmax(s, 1, &b), AG_OK);
+    assert_int_equal(a.token, 1);
+    assert_int_equal(b.token, a.token);
+    assert_true(isnan(b.logprob) && isnan(a.logprob));
+    assert_int_equal(b.n_top, a.n_top);
+    /* no finite logit: the error sample gives */
+    float none[5] = {-INFINITY, NAN, -INFINITY, NAN, -INFINITY};
+    assert_int_equal(ag_sampler_sample(s, none, &a), AG_ERR_INVALID);
+    assert_int_equal(ag_sampler_sample_argmax(s, -2, &b), AG_ERR_INVALID);
+    assert_non_null(strstr(ag_error_message(), "finite"));
+    assert_int_equal(ag_sampler_sample_argmax(s, 5, &b), AG_ERR_INVALID); /* out of range */
+    ag_sampler_free(s);
+    /* samplers that need the row */
+    ag_sample_params q[4];
+    for (int i = 0; i < 4; i++) q[i] = p;
+    q[0].temperature = 0.7f;
+    q[1].logprobs = 1;
+    q[2].repetition_penalty = 1.3f;
+    ag_logit_bias bias = {.token = 2, .bias = 1.0f};
+    q[3].logit_bias = &bias;
+    q[3].n_logit_bias = 1;
+    for (int i = 0; i < 4; i++) {
+        s = new_sampler(&q[i], 5, 0);
+        assert_false(ag_sampler_argmax_only(s));
+        assert_int_equal(ag_sampler_sample_argmax(s, 1, &b), AG_ERR_INVALID);
+        ag_sampler_free(s);
+    }
+}
+
 /* ---- chain vs reference ----------------------------------------------- */
 
 static void random_params(ag_sample_params *p, int n) {
@@ -1146,6 +1186,7 @@ int main(void) {
         cmocka_unit_test(params_defaults_and_validation),
         cmocka_unit_test(greedy_is_argmax_lowest_id),
         cmocka_unit_test(nonfinite_logits),
+        cmocka_unit_test(sample_argmax_takes_a_found_token),
         cmocka_unit_test(chain_matches_reference),
         cmocka_unit_test(chain_large_vocab_top_p),
         cmocka_unit_test(chain_timing_150k),

@@ -161,6 +161,11 @@ static ag_status cpu_rope(ag_backend *be, float *x, int n, int n_head, int head_
     return AG_OK;
 }
 
+static ag_status cpu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out) {
+    ag_cpu_argmax_rows(x, n, dim, out);
+    return AG_OK;
+}
+
 static ag_status cpu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
     ag_cpu_add_bias(x, b, n, dim);
     return AG_OK;
@@ -343,6 +348,7 @@ static const ag_backend_ops cpu_ops = {
     .gelu_mul = cpu_gelu_mul,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
+    .argmax = cpu_argmax,
 };
 
 ag_cpu_params ag_cpu_default_params(void) {

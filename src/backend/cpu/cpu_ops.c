@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cpu/quant.h"
+#include "base/argmax.h"
 
 void ag_cpu_rmsnorm(const float *x, const float *w, int n, int dim, float eps, float *out) {
     for (int r = 0; r < n; r++) {
@@ -158,5 +159,12 @@ void ag_cpu_gelu_mul(float *gate, const float *up, size_t n) {
             float y = g <= -10.0f ? 0.0f : g >= 10.0f ? g : g_gelu_table[h[j]];
             gate[i0 + j] = y * up[i0 + j];
         }
+    }
+}
+
+void ag_cpu_argmax_rows(const float *x, int n, int dim, int32_t *out) {
+    for (int r = 0; r < n; r++) {
+        const int32_t i = ag_argmax_f32(x + (size_t)r * dim, dim);
+        out[r] = i < 0 ? -2 : i;
     }
 }

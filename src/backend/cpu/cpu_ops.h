@@ -12,6 +12,9 @@ void ag_cpu_rmsnorm(const float *x, const float *w, int n, int dim, float eps, f
 void ag_cpu_rope(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
                  float freq_scale, bool neox);
 void ag_cpu_add_bias(float *x, const float *b, int n, int dim);
+/* out[i] = the lowest index among row i's largest values (+inf and FLT_MAX
+ * alike, NaN skipped), -2 when no value of the row is finite; n rows of dim. */
+void ag_cpu_argmax_rows(const float *x, int n, int dim, int32_t *out);
 void ag_cpu_add(float *y, const float *x, size_t n);
 void ag_cpu_scale(float *x, float s, size_t n);
 void ag_cpu_silu_mul(float *gate, const float *up, size_t n);

@@ -34,6 +34,8 @@ extern "C" {
 #include "backend/cuda/cuda_backend.h"
 
 #include <cublas_v2.h>
+#include <cfloat>
+#include <climits>
 #include <cuda_runtime.h>
 #include <limits.h>
 #include <math.h>
@@ -3377,6 +3379,66 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
     return AG_OK;
 }
 
+/* ---- argmax of output rows (greedy sampling without copying the rows back) ---- */
+
+/* (value, index) pairs: the larger value, the lower index among equals */
+static __device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+}
+
+/* out[blockIdx.x] = the lowest index among the row's largest values, +inf
+ * counted as FLT_MAX, NaN skipped (both compare false against the running
+ * best); -2 when no value is finite: the CPU sampler's greedy rule. Each
+ * thread scans its elements in increasing order, so its first maximum wins;
+ * then the warps and the block merge by (value, index). */
+__global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__restrict__ out) {
+    __shared__ float sv[32];
+    __shared__ int   si[32];
+    const float     *row = x + (size_t)blockIdx.x * dim;
+    float            bv = -INFINITY;
+    int              bi = INT_MAX;
+    if ((dim & 3) == 0) {
+        const float4 *r4 = (const float4 *)row;
+        for (int j = threadIdx.x; j < dim / 4; j += blockDim.x) {
+            const float4 v = r4[j];
+            const float  a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float c = a[k] > FLT_MAX ? FLT_MAX : a[k];
+                if (c > bv) bv = c, bi = 4 * j + k;
+            }
+        }
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            const float c = row[i] > FLT_MAX ? FLT_MAX : row[i];
+            if (c > bv) bv = c, bi = i;
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) argmax_take(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) sv[warp] = bv, si[warp] = bi;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) argmax_take(bv, bi, sv[w], si[w]);
+        out[blockIdx.x] = bv > -INFINITY ? bi : -2;
+    }
+}
+
+static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    CUDA_TRY(cudaMemGetInfo(&f, &t));
+    *free_bytes = f, *total_bytes = t;
+    return AG_OK;
+}
+
+static ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out) {
+    if (n <= 0) return AG_OK;
+    argmax_rows_k<<<(unsigned)n, 1024, 0, st_of(be)->stream>>>(x, dim, out);
+    LAUNCHED();
+    return AG_OK;
+}
+
 /* ---- recorded passes (CUDA graphs) ---- */
 
 /* The model's key of a recorded pass, with what else shapes its launches:
@@ -3492,6 +3554,8 @@ static ag_backend_ops make_ops(void) {
     o.gelu_mul = cu_gelu_mul;
     o.kv_store = cu_kv_store;
     o.rope_kv_store = cu_rope_kv_store;
+    o.argmax = cu_argmax;
+    o.device_memory = cu_device_memory;
     o.attention = cu_attention;
     return o;
 }
