@@ -39,6 +39,9 @@ AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda bui
 echo "== op harness on the GPU (add, then rmsnorm, instead of the fused add_rmsnorm: AUGUR_CUDA_FUSE=0)"
 AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
+echo "== op harness on the GPU (opt-in, not yet validated: Q4_K pairs of a matmul_multi in one dp4a launch, AUGUR_CUDA_PAIR=1)"
+AUGUR_CUDA_PAIR=1 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+
 echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0)"
 AUGUR_CUDA_PREP=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
@@ -110,6 +113,17 @@ for m in $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m
     if cmp -s build/cuda/fused.bin build/cuda/unfused.bin; then echo "PASS fused == unfused: $(basename $m) $mode"
     else echo "FAIL fused != unfused: $(basename $m) $mode"; rc=1; fi
   done
+done
+echo "== Q4_K pairs in one dp4a launch (AUGUR_CUDA_PAIR=1, opt-in) give the separate launches' bits"
+# Llama shapes (K a multiple of 256, so gate and up are Q4_K); not among the compared models (size)
+m=build/cuda/llama8b-2layers-q4_k_m.gguf
+build/cuda/bench/gen_model $m llama8b --type Q4_K_M --layers 2 >/dev/null
+for mode in "--decode --chunk 1" "--decode --chunk 3"; do
+  AUGUR_CUDA_MMQ=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/single.bin 2>/dev/null
+  AUGUR_CUDA_MMQ=0 AUGUR_CUDA_PAIR=1 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
+    -o build/cuda/pair.bin 2>/dev/null
+  if cmp -s build/cuda/single.bin build/cuda/pair.bin; then echo "PASS pair == single: $mode"
+  else echo "FAIL pair != single: $mode"; rc=1; fi
 done
 [ $rc = 0 ] && echo "gpu_test: all passed" || echo "gpu_test: FAILED"
 exit $rc

@@ -142,6 +142,7 @@ typedef struct {
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
+    bool pair_on;     /* matmul_multi's Q4_K pairs in one dp4a launch (AUGUR_CUDA_PAIR=1, opt-in: NOT YET RUN ON A GPU) */
     bool fuse_on;     /* add_rmsnorm and rope_kv_store in one kernel each (the default; AUGUR_CUDA_FUSE=0: the
                          separate ops' kernels, for A/B) */
 
@@ -852,12 +853,14 @@ static __device__ __forceinline__ void q4k_dp4a_block(const q4k_raw16 r, int b, 
         acc[t] = __fadd_rn(acc[t], v);
     }
 }
+/* bx: the block's index along W's rows (blockIdx.x, or its place in a
+ * paired launch). */
 template <int NT, int ks>
 static __device__ __forceinline__ void q4k_dp4a_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                      const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
-                                                     int n_tok, float *__restrict__ y) {
+                                                     int n_tok, float *__restrict__ y, int bx) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
+    const int row = bx * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
     if (ks == 1 && row >= n_out) return;
     const int      nt = min(NT, n_tok - tok0), nb = K / 256, bi = lane >> 3;
     const int      row_c = ks == 1 ? row : min(row, n_out - 1);
@@ -901,13 +904,26 @@ template <int NT>
 __global__ void mmv_q4k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                              const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
                              float *__restrict__ y) {
-    q4k_dp4a_rows<NT, 1>(W, row_bytes, K, n_out, xq, xs, n_tok, y);
+    q4k_dp4a_rows<NT, 1>(W, row_bytes, K, n_out, xq, xs, n_tok, y, blockIdx.x);
+}
+/* Two Q4_K weights of one K (a matmul_multi's gate and up) in one launch:
+ * blocks [0, nb0) take W0's rows, the others W1's, each row with
+ * mmv_q4k_dp4a's arithmetic (so the same bits). Saves a launch a layer at
+ * batch 1 (AUGUR_CUDA_PAIR=1, opt-in: NOT YET RUN ON A GPU). */
+template <int NT>
+__global__ void mmv_q4k_dp4a_pair(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, size_t row_bytes,
+                                  int K, int n_out0, int n_out1, int nb0, const int8_t *__restrict__ xq,
+                                  const float2 *__restrict__ xs, int n_tok, float *__restrict__ y0,
+                                  float *__restrict__ y1) {
+    const bool second = (int)blockIdx.x >= nb0;
+    q4k_dp4a_rows<NT, 1>(second ? W1 : W0, row_bytes, K, second ? n_out1 : n_out0, xq, xs, n_tok, second ? y1 : y0,
+                         second ? (int)blockIdx.x - nb0 : (int)blockIdx.x);
 }
 template <int NT, int ks>
 __global__ void MMV_SPLIT_BOUNDS mmv_q4k_dp4a_split(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                     const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
                                                     int n_tok, float *__restrict__ y) {
-    q4k_dp4a_rows<NT, ks>(W, row_bytes, K, n_out, xq, xs, n_tok, y);
+    q4k_dp4a_rows<NT, ks>(W, row_bytes, K, n_out, xq, xs, n_tok, y, blockIdx.x);
 }
 
 /* Q6_K: lane l takes half hf = l/16 of a block, quadrant pair c = (l/8)%2
@@ -1897,6 +1913,21 @@ static bool uses_mmt(const cuda_state *s, const ag_tensor *w) {
 
 /* Decode rows of one weight. *x_ready: the formats of x already in
  * d_xq/d_xs or d_xh (matmul_multi prepares a shared x once); updated. */
+/* x's n rows of K as int8 per 32 in d_xq/d_xs, unless *x_ready says they
+ * are there already (a matmul_multi's earlier weight, or their producer). */
+static ag_status ensure_q8(cuda_state *s, const float *x, int n, int K, int *x_ready) {
+    if (s->prep_x == x && n <= s->prep_rows && K == s->prep_dim) *x_ready |= s->prep_fmt;
+    if (*x_ready & XR_Q8) return AG_OK;
+    ag_status st = reserve_xq(s, n, K);
+    if (st) return st;
+    s->prep_x = NULL; /* the buffers now hold x */
+    const int n_blocks32 = n * (K / 32);
+    quantize_q8_32<<<(unsigned)((n_blocks32 + 7) / 8), 256, 0, s->stream>>>(x, n_blocks32, s->d_xq, s->d_xs);
+    LAUNCHED();
+    *x_ready |= XR_Q8;
+    return AG_OK;
+}
+
 static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
     const int K = (int)w->ne[0], n_out = (int)w->ne[1];
@@ -1922,15 +1953,8 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
         return AG_OK;
     }
     if (uses_dp4a(s, w)) {
-        if (!(*x_ready & XR_Q8)) {
-            ag_status st = reserve_xq(s, n, K);
-            if (st) return st;
-            s->prep_x = NULL; /* the buffers now hold x */
-            const int n_blocks32 = n * (K / 32);
-            quantize_q8_32<<<(unsigned)((n_blocks32 + 7) / 8), 256, 0, s->stream>>>(x, n_blocks32, s->d_xq, s->d_xs);
-            LAUNCHED();
-            *x_ready |= XR_Q8;
-        }
+        ag_status st = ensure_q8(s, x, n, K, x_ready);
+        if (st) return st;
         if (s->mmq_on) {
             int        rows, toks, warps;
             mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
@@ -2013,6 +2037,43 @@ static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, i
     return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready);
 }
 
+/* Whether a and b's decode rows may share one dp4a launch: both Q4_K of
+ * one K, unsplit (mmv_split 1), on the GEMV path (not mmq), opted in. */
+static bool pairs_q4k(const cuda_state *s, const ag_tensor *a, const ag_tensor *b, int n_decode) {
+    if (!s->pair_on || s->mmq_on || !s->mmv_dp4a || n_decode < 1) return false;
+    if (a->type != CQ_Q4_K || b->type != CQ_Q4_K || a->ne[0] != b->ne[0] || a->row_bytes != b->row_bytes) return false;
+    const int nb = (int)(a->ne[0] / 256);
+    return !s->mmv_split_on || (mmv_split((int)a->ne[1], nb) == 1 && mmv_split((int)b->ne[1], nb) == 1);
+}
+
+/* w[0] and w[1] (pairs_q4k) over x: the decode rows in one mmv_q4k_dp4a_pair
+ * launch, then each weight's prompt rows. */
+static ag_status matmul_pair_q4k(cuda_state *s, const ag_tensor *const *w, const float *x, int n, int n_decode,
+                                 float *const *y, int *x_ready) {
+    const int K = (int)w[0]->ne[0], n0 = (int)w[0]->ne[1], n1 = (int)w[1]->ne[1];
+    for (int i = 0; i < 2; i++) prep_forget(s, y[i], (size_t)n * w[i]->ne[1] * sizeof(float));
+    ag_status st = ensure_q8(s, x, n_decode, K, x_ready);
+    if (st) return st;
+    const int nt = n_decode <= 1 ? 1 : n_decode <= 2 ? 2 : n_decode <= 4 ? 4 : 8; /* as matmul_decode */
+    const int nb0 = (n0 + MMV_WARPS - 1) / MMV_WARPS, nb1 = (n1 + MMV_WARPS - 1) / MMV_WARPS;
+    dim3      grid((unsigned)(nb0 + nb1), (unsigned)((n_decode + nt - 1) / nt));
+#define PAIR_LAUNCH(NT)                                                                                                 \
+    mmv_q4k_dp4a_pair<NT><<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w[0]->data, (const uint8_t *)w[1]->data, \
+                                                                  w[0]->row_bytes, K, n0, n1, nb0, s->d_xq, s->d_xs,    \
+                                                                  n_decode, y[0], y[1])
+    if (nt == 1) PAIR_LAUNCH(1);
+    else if (nt == 2) PAIR_LAUNCH(2);
+    else if (nt == 4) PAIR_LAUNCH(4);
+    else PAIR_LAUNCH(8);
+#undef PAIR_LAUNCH
+    LAUNCHED();
+    for (int i = 0; i < 2; i++) {
+        st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1]);
+        if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());
+    }
+    return AG_OK;
+}
+
 /* The weights share x (and so K): its decode rows are converted once per
  * activation format (int8 for the K-quant kernels, BF16 for mmt_bf16). */
 static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
@@ -2042,8 +2103,13 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
         return AG_OK;
     }
     for (int i = 0; i < n_w; i++) {
-        ag_status st = matmul_rows(s, w[i], x, n, n_decode, y[i], &x_ready);
-        if (st) return st;
+        ag_status st;
+        if (i + 1 < n_w && pairs_q4k(s, w[i], w[i + 1], n_decode)) { /* both decode parts in one launch */
+            if ((st = matmul_pair_q4k(s, w + i, x, n, n_decode, y + i, &x_ready))) return st;
+            i++;
+            continue;
+        }
+        if ((st = matmul_rows(s, w[i], x, n, n_decode, y[i], &x_ready))) return st;
     }
     return AG_OK;
 }
@@ -3614,6 +3680,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
+    const char *pair = getenv("AUGUR_CUDA_PAIR");
+    s->pair_on = pair && *pair == '1';
     const char *prep = getenv("AUGUR_CUDA_PREP");
     s->prep_on = !(prep && *prep == '0');
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
