@@ -39,8 +39,8 @@ AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda bui
 echo "== op harness on the GPU (add, then rmsnorm, instead of the fused add_rmsnorm: AUGUR_CUDA_FUSE=0)"
 AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (opt-in, not yet validated: Q4_K pairs of a matmul_multi in one dp4a launch, AUGUR_CUDA_PAIR=1)"
-AUGUR_CUDA_PAIR=1 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (opt-in, not yet validated: Q4_K pairs of a matmul_multi in one dp4a launch, AUGUR_CUDA_PAIR=1; argmax over 16 blocks a row, AUGUR_CUDA_ARGMAX_SPLIT=1)"
+AUGUR_CUDA_PAIR=1 AUGUR_CUDA_ARGMAX_SPLIT=1 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
 echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0)"
 AUGUR_CUDA_PREP=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
@@ -85,6 +85,9 @@ P="The capital of France is a city that"
 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos > build/cuda/argmax-on.txt 2>/dev/null
 AUGUR_ARGMAX=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos > build/cuda/argmax-off.txt 2>/dev/null
 same build/cuda/argmax-on.txt build/cuda/argmax-off.txt "greedy text with the GPU argmax == with the rows copied back"
+AUGUR_CUDA_ARGMAX_SPLIT=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos \
+  > build/cuda/argmax-split.txt 2>/dev/null
+same build/cuda/argmax-split.txt build/cuda/argmax-off.txt "greedy text with the split GPU argmax (opt-in) == with the rows copied back"
 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --argmax
 
 echo "== whole models, GPU vs CPU"

@@ -68,6 +68,9 @@ static ag_status blas_fail(const char *file, int line, const char *what, cublasS
 /* after a kernel launch: a bad configuration shows here, a fault at the next sync */
 #define LAUNCHED() CUDA_TRY(cudaGetLastError())
 
+/* argmax_split_k: blocks per row */
+#define ARGMAX_SLICES 16
+
 /* rope_kv_store: the widest rotary half it takes (head dims up to 256) */
 #define ROPE_MAX_HALF 128
 
@@ -142,6 +145,12 @@ typedef struct {
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
+    /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
+     * counters, for cap_am_rows rows (reserved in begin for the pass) */
+    bool    argmax_split; /* AUGUR_CUDA_ARGMAX_SPLIT=1 (opt-in: NOT YET RUN ON A GPU) */
+    float  *d_am_v;
+    int    *d_am_i, *d_am_cnt;
+    size_t  cap_am_rows;
     bool pair_on;     /* matmul_multi's Q4_K pairs in one dp4a launch (AUGUR_CUDA_PAIR=1, opt-in: NOT YET RUN ON A GPU) */
     bool fuse_on;     /* add_rmsnorm and rope_kv_store in one kernel each (the default; AUGUR_CUDA_FUSE=0: the
                          separate ops' kernels, for A/B) */
@@ -392,6 +401,8 @@ static ag_status reserve_xh(cuda_state *s, int n, int K) {
     return grow((void **)&s->d_xh, &s->cap_xh, need, sizeof(__nv_bfloat16));
 }
 
+static ag_status reserve_argmax(cuda_state *s, int n);
+
 static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay, const int32_t *tokens) {
     cuda_state *s = st_of(be);
     const int   n = lay->n;
@@ -424,6 +435,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         st = grow((void **)&s->d_rope, &s->cap_rope, 2 * (size_t)n * ROPE_MAX_HALF, sizeof(float2));
     }
     s->n_rope_sets = 0;
+    if (!st) st = reserve_argmax(s, n);
     if (st) return st;
     /* split-K attention's grid: enough splits for the longest decode row
      * (a row's split count is its own, ceil(len / att_min) at most; the
@@ -3452,20 +3464,22 @@ static __device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, 
     if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
 }
 
-/* out[blockIdx.x] = the lowest index among the row's largest values, +inf
- * counted as FLT_MAX, NaN skipped (both compare false against the running
- * best); -2 when no value is finite: the CPU sampler's greedy rule. Each
- * thread scans its elements in increasing order, so its first maximum wins;
- * then the warps and the block merge by (value, index). */
-__global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__restrict__ out) {
+/* The argmax of row[lo, hi) as this thread sees it, then its block's:
+ * each thread scans its elements in increasing order (so its first maximum
+ * wins; +inf counts as FLT_MAX, NaN is skipped: both compare false against
+ * the running best), then the warps and the block merge by (value, index).
+ * aligned: row and lo allow float4 loads (hi - lo a multiple of 4 but at
+ * the row's end). Thread 0 gets the block's pair; (-inf, INT_MAX) when
+ * nothing is finite. */
+static __device__ __forceinline__ void argmax_block(const float *__restrict__ row, int lo, int hi, bool aligned,
+                                                    float *bvp, int *bip) {
     __shared__ float sv[32];
     __shared__ int   si[32];
-    const float     *row = x + (size_t)blockIdx.x * dim;
     float            bv = -INFINITY;
     int              bi = INT_MAX;
-    if ((dim & 3) == 0) {
+    if (aligned) {
         const float4 *r4 = (const float4 *)row;
-        for (int j = threadIdx.x; j < dim / 4; j += blockDim.x) {
+        for (int j = lo / 4 + threadIdx.x; j < hi / 4; j += blockDim.x) {
             const float4 v = r4[j];
             const float  a[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -3475,7 +3489,7 @@ __global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__r
             }
         }
     } else {
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             const float c = row[i] > FLT_MAX ? FLT_MAX : row[i];
             if (c > bv) bv = c, bi = i;
         }
@@ -3485,10 +3499,49 @@ __global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__r
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) sv[warp] = bv, si[warp] = bi;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0)
         for (int w = 1; w < (int)(blockDim.x >> 5); w++) argmax_take(bv, bi, sv[w], si[w]);
-        out[blockIdx.x] = bv > -INFINITY ? bi : -2;
+    *bvp = bv, *bip = bi;
+}
+
+/* out[blockIdx.x] = the lowest index among the row's largest values, -2
+ * when no value is finite: the CPU sampler's greedy rule. One block a row. */
+__global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__restrict__ out) {
+    float bv;
+    int   bi;
+    argmax_block(x + (size_t)blockIdx.x * dim, 0, dim, (dim & 3) == 0, &bv, &bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = bv > -INFINITY ? bi : -2;
+}
+
+/* As argmax_rows_k with a row cut into gridDim.y slices, one block each (a
+ * lone 128k-row on one SM took as long as copying it to the host): each
+ * slice's (value, index) goes to pv/pi, and the last slice of the row to
+ * finish merges them (cnt: a counter per row, reset by that block). The
+ * merge by (value, index) gives the single block's answer.
+ * AUGUR_CUDA_ARGMAX_SPLIT=1, opt-in: NOT YET RUN ON A GPU. */
+__global__ void argmax_split_k(const float *__restrict__ x, int dim, float *__restrict__ pv, int *__restrict__ pi,
+                               int *__restrict__ cnt, int32_t *__restrict__ out) {
+    __shared__ bool last;
+    const int       r = blockIdx.x, S = gridDim.y, sl = blockIdx.y;
+    const bool      aligned = (dim & 3) == 0;
+    const int       per = aligned ? ((dim + S - 1) / S + 3) & ~3 : (dim + S - 1) / S;
+    const int       lo = min(dim, sl * per), hi = min(dim, lo + per);
+    float           bv;
+    int             bi;
+    argmax_block(x + (size_t)r * dim, lo, hi, aligned, &bv, &bi);
+    if (threadIdx.x == 0) {
+        pv[(size_t)r * S + sl] = bv, pi[(size_t)r * S + sl] = bi;
+        __threadfence();
+        last = atomicAdd(&cnt[r], 1) == S - 1;
+        if (last) cnt[r] = 0; /* ready for the next pass (or graph replay) */
     }
+    __syncthreads();
+    if (!last || threadIdx.x != 0) return;
+    __threadfence();
+    float v = -INFINITY;
+    int   i = INT_MAX;
+    for (int k = 0; k < S; k++) argmax_take(v, i, __ldcg(&pv[(size_t)r * S + k]), __ldcg(&pi[(size_t)r * S + k]));
+    out[r] = v > -INFINITY ? i : -2;
 }
 
 static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
@@ -3498,9 +3551,39 @@ static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t
     return AG_OK;
 }
 
+/* Room for argmax_split_k's partials and counters of n rows (counters
+ * zeroed when (re)allocated; the kernel leaves them zero). A regrown
+ * buffer drops the recorded passes. */
+static ag_status reserve_argmax(cuda_state *s, int n) {
+    if (!s->argmax_split || (size_t)n <= s->cap_am_rows) return AG_OK;
+    graphs_clear(s);
+    size_t    cap_v = s->cap_am_rows * ARGMAX_SLICES, cap_i = cap_v, cap_c = s->cap_am_rows;
+    ag_status st = grow((void **)&s->d_am_v, &cap_v, (size_t)n * ARGMAX_SLICES, sizeof(float));
+    if (!st) st = grow((void **)&s->d_am_i, &cap_i, (size_t)n * ARGMAX_SLICES, sizeof(int));
+    if (!st) st = grow((void **)&s->d_am_cnt, &cap_c, (size_t)n, sizeof(int));
+    if (st) return st;
+    CUDA_TRY(cudaMemsetAsync(s->d_am_cnt, 0, (size_t)n * sizeof(int), s->stream));
+    s->cap_am_rows = (size_t)n;
+    return AG_OK;
+}
+
 static ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out) {
+    cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
-    argmax_rows_k<<<(unsigned)n, 1024, 0, st_of(be)->stream>>>(x, dim, out);
+    if (s->argmax_split) {
+        if ((size_t)n > s->cap_am_rows) { /* begin reserves for the pass; other callers (the harness) grow here */
+            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+            CUDA_TRY(cudaStreamIsCapturing(s->stream, &cs));
+            if (cs != cudaStreamCaptureStatusNone)
+                return ag_errorf(AG_ERR_INVALID, "CUDA argmax: scratch for %d rows not reserved (see begin)", n);
+            ag_status st = reserve_argmax(s, n);
+            if (st) return st;
+        }
+        argmax_split_k<<<dim3((unsigned)n, ARGMAX_SLICES), 512, 0, s->stream>>>(x, dim, s->d_am_v, s->d_am_i,
+                                                                                s->d_am_cnt, out);
+    } else {
+        argmax_rows_k<<<(unsigned)n, 1024, 0, s->stream>>>(x, dim, out);
+    }
     LAUNCHED();
     return AG_OK;
 }
@@ -3680,6 +3763,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
+    const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
+    s->argmax_split = amsplit && *amsplit == '1';
     const char *pair = getenv("AUGUR_CUDA_PAIR");
     s->pair_on = pair && *pair == '1';
     const char *prep = getenv("AUGUR_CUDA_PREP");
