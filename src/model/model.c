@@ -540,6 +540,24 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
     return arena + mm + copies + attn;
 }
 
+/* A walk over a batch's rows (want_logits set): batch row i, and k, the
+ * output rows before it. */
+typedef struct {
+    int i, k;
+} row_walk;
+
+/* The next run of adjacent output rows that want `want`: output rows [*k0,
+ * *k1); the walk moves past it. false when none is left. */
+static bool next_run(const ag_batch *b, uint8_t want, row_walk *w, int *k0, int *k1) {
+    for (; w->i < b->n && b->want_logits[w->i] != want; w->i++) w->k += b->want_logits[w->i] != 0;
+    if (w->i == b->n) return false;
+    *k0 = w->k;
+    for (; w->i < b->n && (b->want_logits[w->i] == want || !b->want_logits[w->i]); w->i++)
+        w->k += b->want_logits[w->i] != 0;
+    *k1 = w->k;
+    return true;
+}
+
 /* Every op of one pass after begin: embeddings, layers, the logits rows
  * (into the caller's array for a host-memory backend, else f->logits). */
 static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
@@ -567,12 +585,18 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     if ((st = op->rmsnorm(be, f->x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f->x))) return st;
     float *out = op->host_memory ? logits : f->logits;
     if ((st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out))) return st;
-    return argmax ? op->argmax(be, out, n_out, c->n_vocab, op->host_memory ? b->argmax : f->argmax) : AG_OK;
+    if (!argmax) return AG_OK;
+    /* only the rows that want their argmax (the others' samplers read the rows) */
+    int32_t *am = op->host_memory ? b->argmax : f->argmax;
+    row_walk w = {0, 0};
+    for (int k0, k1; next_run(b, AG_WANT_ARGMAX, &w, &k0, &k1);)
+        if ((st = op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0))) return st;
+    return AG_OK;
 }
 
-/* Copies the output rows the caller reads back from a device backend: the
- * argmax of every row when computed, and the logits of every row except
- * AG_WANT_ARGMAX rows whose argmax came back (in runs of adjacent rows). */
+/* Copies the output rows the caller reads back from a device backend: every
+ * row's logits, or (argmax) the argmax array and the logits of the rows that
+ * want them, run by run. */
 static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, bool argmax, const fwd_bufs *f,
                                   float *logits) {
     const ag_backend_ops *op = m->be->ops;
@@ -580,20 +604,10 @@ static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, boo
     ag_status             st;
     if (!argmax) return op->download(m->be, logits, f->logits, row * (size_t)n_out);
     if ((st = op->download(m->be, b->argmax, f->argmax, sizeof(int32_t) * (size_t)n_out))) return st;
-    int k = 0, run0 = -1;
-    for (int i = 0; i <= b->n; i++) {
-        int want = i < b->n ? (b->want_logits ? b->want_logits[i] : i == b->n - 1) : 0;
-        if (i < b->n && !want) continue;
-        bool rows_logits = i < b->n && want != AG_WANT_ARGMAX;
-        if (rows_logits && run0 < 0) run0 = k;
-        if (!rows_logits && run0 >= 0) { /* the run [run0, k) ends */
-            if ((st = op->download(m->be, (char *)logits + row * run0, (char *)f->logits + row * run0,
-                                   row * (size_t)(k - run0))))
-                return st;
-            run0 = -1;
-        }
-        if (i < b->n) k++;
-    }
+    row_walk w = {0, 0};
+    for (int k0, k1; next_run(b, AG_WANT_LOGITS, &w, &k0, &k1);)
+        if ((st = op->download(m->be, (char *)logits + row * k0, (char *)f->logits + row * k0, row * (size_t)(k1 - k0))))
+            return st;
     return AG_OK;
 }
 
@@ -651,9 +665,13 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         }
     }
     if (n_out == 0) return op->sync(be);
-    if (b->argmax && !argmax)
-        for (int k = 0; k < n_out; k++) b->argmax[k] = AG_ARGMAX_NONE;
     if (!op->host_memory && (st = download_outputs(m, b, n_out, argmax, &f, logits))) return st;
+    if (b->argmax) /* rows without a computed argmax: their sampler reads the row */
+        for (int i = 0, k = 0; i < n; i++) {
+            const int want = b->want_logits ? b->want_logits[i] : i == n - 1;
+            if (want && (!argmax || want != AG_WANT_ARGMAX)) b->argmax[k] = AG_ARGMAX_NONE;
+            k += want != 0;
+        }
     if (c->final_softcap > 0) { /* (no argmax was computed: every row is there) */
         for (size_t i = 0; i < (size_t)n_out * c->n_vocab; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);

@@ -1925,10 +1925,15 @@ static bool uses_mmt(const cuda_state *s, const ag_tensor *w) {
 
 /* Decode rows of one weight. *x_ready: the formats of x already in
  * d_xq/d_xs or d_xh (matmul_multi prepares a shared x once); updated. */
+/* The formats of x's n rows of K its producer left (prep_x), 0: none. */
+static int prep_ready(const cuda_state *s, const float *x, int n, int K) {
+    return s->prep_x == x && n <= s->prep_rows && K == s->prep_dim ? s->prep_fmt : 0;
+}
+
 /* x's n rows of K as int8 per 32 in d_xq/d_xs, unless *x_ready says they
  * are there already (a matmul_multi's earlier weight, or their producer). */
 static ag_status ensure_q8(cuda_state *s, const float *x, int n, int K, int *x_ready) {
-    if (s->prep_x == x && n <= s->prep_rows && K == s->prep_dim) *x_ready |= s->prep_fmt;
+    *x_ready |= prep_ready(s, x, n, K);
     if (*x_ready & XR_Q8) return AG_OK;
     ag_status st = reserve_xq(s, n, K);
     if (st) return st;
@@ -1943,7 +1948,7 @@ static ag_status ensure_q8(cuda_state *s, const float *x, int n, int K, int *x_r
 static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
     const int K = (int)w->ne[0], n_out = (int)w->ne[1];
-    if (s->prep_x == x && n <= s->prep_rows && K == s->prep_dim) *x_ready |= s->prep_fmt;
+    *x_ready |= prep_ready(s, x, n, K);
     if (uses_mmt(s, w)) {
         if (!(*x_ready & XR_BF16)) {
             ag_status st = reserve_xh(s, n, K);
@@ -2098,7 +2103,7 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
     if (group) { /* the decode rows of all in one launch, then each weight's prompt rows */
         const int K = (int)w[0]->ne[0];
         for (int i = 0; i < n_w; i++) prep_forget(s, y[i], (size_t)n * w[i]->ne[1] * sizeof(float));
-        if (!(s->prep_x == x && n_decode <= s->prep_rows && K == s->prep_dim && (s->prep_fmt & XR_BF16))) {
+        if (!(prep_ready(s, x, n_decode, K) & XR_BF16)) {
             ag_status st = reserve_xh(s, n_decode, K);
             if (st) return st;
             s->prep_x = NULL;
