@@ -79,6 +79,11 @@ def main():
                 ok &= good
                 print(f"{'PASS' if good else 'FAIL'} {name}: {label} vs cpu: top-1 {t1:.4f} (floor {floor:.4f}; "
                       f"cpu prompt vs decode rows {self_top1:.4f}), mean KL {klm:.2e}, max KL {klx:.2e}")
+                miss = np.nonzero(cpu.argmax(1) != got.argmax(1))[0]
+                if len(miss):  # how close the CPU's own first two choices were where the top-1s differ
+                    top2 = np.sort(cpu[miss], 1)[:, -2:]
+                    print(f"     rows whose top-1 differs: the CPU's top-1 minus top-2 logit there: "
+                          + " ".join(f"{g:.3f}" for g in top2[:, 1] - top2[:, 0]))
             same = np.array_equal(gd7, gd1)
             ok &= same
             print(f"{'PASS' if same else 'FAIL'} {name}: gpu decode rows in chunks of 7 == one at a time (bitwise)")

@@ -39,8 +39,8 @@ AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda bui
 echo "== op harness on the GPU (add, then rmsnorm, instead of the fused add_rmsnorm: AUGUR_CUDA_FUSE=0)"
 AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (opt-in, not yet validated: Q4_K pairs of a matmul_multi in one dp4a launch, AUGUR_CUDA_PAIR=1; argmax over 16 blocks a row, AUGUR_CUDA_ARGMAX_SPLIT=1)"
-AUGUR_CUDA_PAIR=1 AUGUR_CUDA_ARGMAX_SPLIT=1 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (Q4_K pairs of a matmul_multi in separate launches, AUGUR_CUDA_PAIR=0; argmax one block a row, AUGUR_CUDA_ARGMAX_SPLIT=0; serial launches, AUGUR_CUDA_PDL=0)"
+AUGUR_CUDA_PAIR=0 AUGUR_CUDA_ARGMAX_SPLIT=0 AUGUR_CUDA_PDL=0 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
 echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0)"
 AUGUR_CUDA_PREP=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
@@ -61,8 +61,8 @@ build/cuda/augur bench --device cuda -m "$S" --draft ngram -f build/cuda/prompt.
 
 echo "== recorded decode passes (the default) give the bits of unrecorded ones (AUGUR_CUDA_GRAPHS=0)"
 # head dim 64 (the split-K attention's smallest; stories260K's 8 takes the one-block kernel)
-G=.devmodels/SmolLM2-8layers.gguf
-[ -f "$G" ] || G=models/SmolLM2-135M-Instruct.Q4_1.gguf
+G=$(ls .devmodels/SmolLM2-*layers.gguf 2>/dev/null | head -1 || true)
+[ -n "$G" ] && [ -f "$G" ] || G=models/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$G" ] || G=$S
 seq 1 2 199 | tr '\n' ' ' > build/cuda/ids.txt
 AUGUR_CUDA_GRAPHS=0 build/cuda/augur logits --device cuda -m "$G" --tokens build/cuda/ids.txt --decode --chunk 1 -o build/cuda/plain.bin
@@ -85,9 +85,9 @@ P="The capital of France is a city that"
 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos > build/cuda/argmax-on.txt 2>/dev/null
 AUGUR_ARGMAX=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos > build/cuda/argmax-off.txt 2>/dev/null
 same build/cuda/argmax-on.txt build/cuda/argmax-off.txt "greedy text with the GPU argmax == with the rows copied back"
-AUGUR_CUDA_ARGMAX_SPLIT=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos \
-  > build/cuda/argmax-split.txt 2>/dev/null
-same build/cuda/argmax-split.txt build/cuda/argmax-off.txt "greedy text with the split GPU argmax (opt-in) == with the rows copied back"
+AUGUR_CUDA_ARGMAX_SPLIT=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 --temp 0 --ignore-eos \
+  > build/cuda/argmax-block.txt 2>/dev/null
+same build/cuda/argmax-block.txt build/cuda/argmax-off.txt "greedy text with the one-block GPU argmax (AUGUR_CUDA_ARGMAX_SPLIT=0) == with the rows copied back"
 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --argmax
 
 echo "== whole models, GPU vs CPU"
@@ -117,16 +117,29 @@ for m in $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m
     else echo "FAIL fused != unfused: $(basename $m) $mode"; rc=1; fi
   done
 done
-echo "== Q4_K pairs in one dp4a launch (AUGUR_CUDA_PAIR=1, opt-in) give the separate launches' bits"
+echo "== Q4_K pairs in one dp4a launch (the default) give the separate launches' bits (AUGUR_CUDA_PAIR=0)"
 # Llama shapes (K a multiple of 256, so gate and up are Q4_K); not among the compared models (size)
 m=build/cuda/llama8b-2layers-q4_k_m.gguf
 build/cuda/bench/gen_model $m llama8b --type Q4_K_M --layers 2 >/dev/null
 for mode in "--decode --chunk 1" "--decode --chunk 3"; do
-  AUGUR_CUDA_MMQ=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/single.bin 2>/dev/null
-  AUGUR_CUDA_MMQ=0 AUGUR_CUDA_PAIR=1 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
+  AUGUR_CUDA_MMQ=0 AUGUR_CUDA_PAIR=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/single.bin 2>/dev/null
+  AUGUR_CUDA_MMQ=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
     -o build/cuda/pair.bin 2>/dev/null
   if cmp -s build/cuda/single.bin build/cuda/pair.bin; then echo "PASS pair == single: $mode"
   else echo "FAIL pair != single: $mode"; rc=1; fi
+done
+echo "== kernels launched early (programmatic dependent launch, the default) give the bits of serial launches (AUGUR_CUDA_PDL=0)"
+# a missing wait in a kernel would read its input before its producer finished: different bits, or a moving error
+for m in $m $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf; do
+  for mode in "--chunk 7" "--decode --chunk 1" "--decode --chunk 3"; do
+    for mmq in 0 1; do
+      AUGUR_CUDA_MMQ=$mmq build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/pdl.bin 2>/dev/null
+      AUGUR_CUDA_MMQ=$mmq AUGUR_CUDA_PDL=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
+        -o build/cuda/serial.bin 2>/dev/null
+      if cmp -s build/cuda/pdl.bin build/cuda/serial.bin; then echo "PASS pdl == serial: $(basename $m) $mode mmq=$mmq"
+      else echo "FAIL pdl != serial: $(basename $m) $mode mmq=$mmq"; rc=1; fi
+    done
+  done
 done
 [ $rc = 0 ] && echo "gpu_test: all passed" || echo "gpu_test: FAILED"
 exit $rc

@@ -68,6 +68,65 @@ static ag_status blas_fail(const char *file, int line, const char *what, cublasS
 /* after a kernel launch: a bad configuration shows here, a fault at the next sync */
 #define LAUNCHED() CUDA_TRY(cudaGetLastError())
 
+/* ---- programmatic dependent launch (PDL, Hopper) ----
+ *
+ * At batch 1 a decode step is ~300 dependent kernels, and each one's ramp
+ * (launch, first loads) and drain left DRAM idle (ncu: small kernels ~40 us
+ * a layer). With pdl_on (AUGUR_CUDA_PDL=0 turns it off), every kernel is
+ * launched (launch_k) with programmatic stream serialization: the GPU may
+ * start it while the kernel before it in the stream still runs. So every
+ * kernel begins with pdl_entry(): griddepcontrol.wait blocks until the
+ * previous grid has completed and its writes are visible; all reads of
+ * activations and all writes come after it. Since every kernel waits for
+ * its predecessor, completion is transitive along the stream, as without
+ * PDL. launch_dependents then lets the next kernel start early in turn.
+ * Weights never change during a pass, so a GEMV may read them before the
+ * wait, overlapping that DRAM traffic with the previous kernel: the dp4a
+ * K-quant GEMVs prefetch each warp's first loop iteration into L2
+ * (prefetch_l2), the tensor-core BF16 kernels (mmt_slice) load their first
+ * steps' weights into registers. Which one where was measured (8B, H200,
+ * batch 1, tok/s): Q4_K_M 306 with PDL alone, 314 with the prefetch, 309
+ * with register loads instead (298 serial, AUGUR_CUDA_PDL=0, prefetching);
+ * BF16 214 with PDL alone, 174 with the prefetch (many small bulk
+ * prefetches per warp), 227 with register loads (211 serial). Without the attribute (or before sm_90) the two
+ * griddepcontrol instructions are no-ops. */
+static bool g_pdl_on = true;
+#ifndef PDL_PF_MUL /* (-D for tuning) the prefetch: this many first loop iterations of a warp's row; 0: none */
+#define PDL_PF_MUL 1
+#endif
+
+static __device__ __forceinline__ void pdl_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Bytes [p, p + bytes) of a weight into L2, one bulk prefetch (the 16-byte
+ * aligned inside of the range; nothing if that is empty). */
+static __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uintptr_t a = ((uintptr_t)p + 15) & ~(uintptr_t)15, e = ((uintptr_t)p + bytes) & ~(uintptr_t)15;
+    if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
+#endif
+}
+
+/* k<<<grid, block, smem, stream>>>(args...), with the PDL attribute when
+ * g_pdl_on. Errors show in cudaGetLastError (LAUNCHED). */
+template <typename... KArgs, typename... Args>
+static cudaError_t launch_k(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                            Args... args) {
+    cudaLaunchConfig_t  cfg = {};
+    cudaLaunchAttribute attr;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
+    if (g_pdl_on) {
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = &attr, cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, k, args...);
+}
+
 /* argmax_split_k: blocks per row */
 #define ARGMAX_SLICES 16
 
@@ -147,11 +206,11 @@ typedef struct {
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
      * counters, for cap_am_rows rows (reserved in begin for the pass) */
-    bool    argmax_split; /* AUGUR_CUDA_ARGMAX_SPLIT=1 (opt-in: NOT YET RUN ON A GPU) */
+    bool    argmax_split; /* argmax_split_k (AUGUR_CUDA_ARGMAX_SPLIT=0: one block a row) */
     float  *d_am_v;
     int    *d_am_i, *d_am_cnt;
     size_t  cap_am_rows;
-    bool pair_on;     /* matmul_multi's Q4_K pairs in one dp4a launch (AUGUR_CUDA_PAIR=1, opt-in: NOT YET RUN ON A GPU) */
+    bool pair_on;     /* matmul_multi's Q4_K pairs in one dp4a launch (AUGUR_CUDA_PAIR=0: one launch each) */
     bool fuse_on;     /* add_rmsnorm and rope_kv_store in one kernel each (the default; AUGUR_CUDA_FUSE=0: the
                          separate ops' kernels, for A/B) */
 
@@ -599,6 +658,7 @@ static __device__ __forceinline__ void mmv_store_split(const float acc[NT], int 
 template <int TYPE, int NT>
 __global__ void mmv_quant(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                           const float *__restrict__ x, int n_tok, float *__restrict__ y) {
+    pdl_entry();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
     if (row >= n_out) return;
@@ -648,14 +708,17 @@ static __device__ __forceinline__ void mmv_kblocks(const uint8_t *__restrict__ W
                                                    const ACT act, int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
-    if (ks == 1 && row >= n_out) return;
     const int      nt = min(NT, n_tok - tok0), nb = K / 256;
-    const uint8_t *wr = W + (size_t)(ks == 1 ? row : min(row, n_out - 1)) * row_bytes;
-    float          acc[NT];
+    const uint8_t *wr = W + (size_t)min(row, n_out - 1) * row_bytes;
+    int            b = 0, b_end = nb;
+    if constexpr (ks > 1) mmv_split_range(row < n_out ? nb : 0, ks, warp % ks, &b, &b_end);
+    if (lane == 0 && row < n_out && b < b_end)
+        prefetch_l2(wr + (size_t)b * (row_bytes / nb), (size_t)min(PDL_PF_MUL * KIND::U, b_end - b) * (row_bytes / nb));
+    pdl_entry();
+    if (ks == 1 && row >= n_out) return;
+    float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    int b = 0, b_end = nb;
-    if constexpr (ks > 1) mmv_split_range(row < n_out ? nb : 0, ks, warp % ks, &b, &b_end);
     for (; b + KIND::U <= b_end; b += KIND::U) {
         typename KIND::raw r[KIND::U];
 #pragma unroll
@@ -807,6 +870,7 @@ __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, 
  * x is [n_blocks32 * 32] (rows of K % 32 == 0 lie back to back). */
 __global__ void quantize_q8_32(const float *__restrict__ x, int n_blocks32, int8_t *__restrict__ xq,
                                float2 *__restrict__ xs) {
+    pdl_entry();
     const int lane = threadIdx.x & 31, blk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (blk >= n_blocks32) return;
     const float v = x[(size_t)blk * 32 + lane];
@@ -873,37 +937,41 @@ static __device__ __forceinline__ void q4k_dp4a_rows(const uint8_t *__restrict__
                                                      int n_tok, float *__restrict__ y, int bx) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = bx * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
-    if (ks == 1 && row >= n_out) return;
     const int      nt = min(NT, n_tok - tok0), nb = K / 256, bi = lane >> 3;
-    const int      row_c = ks == 1 ? row : min(row, n_out - 1);
+    const int      row_c = min(row, n_out - 1);
     const uint8_t *wr = W + (size_t)row_c * row_bytes + 16 * (lane & 7);
-    float          acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    int b4 = 0, nb_w = nb; /* this warp's blocks: [b4, nb_w), whole groups of 4 */
+    int            b4 = 0, nb_w = nb; /* this warp's blocks: [b4, nb_w), whole groups of 4 */
     if constexpr (ks > 1) {
         int g0, g1;
         mmv_split_range(row < n_out ? (nb + 3) / 4 : 0, ks, warp % ks, &g0, &g1);
         b4 = 4 * g0, nb_w = min(nb, 4 * g1);
     }
+    const uint8_t *row_start = W + (size_t)row_c * row_bytes;
+    /* block b as this lane holds it: the header, and its 16 quant bytes */
+    auto load = [&](int b) {
+        q4k_raw16 r;
+        r.head = __ldg((const uint4 *)(row_start + (size_t)b * 144));
+        r.q = __ldg((const uint4 *)(wr + (size_t)b * 144 + 16));
+        return r;
+    };
+    if (lane == 0 && row < n_out && b4 < nb_w)
+        prefetch_l2(row_start + (size_t)b4 * 144, (size_t)min(PDL_PF_MUL * 4 * MMV_G4, nb_w - b4) * 144);
+    pdl_entry();
+    if (ks == 1 && row >= n_out) return;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     for (; b4 + 4 * MMV_G4 <= nb_w; b4 += 4 * MMV_G4) {
         q4k_raw16 r[MMV_G4];
 #pragma unroll
-        for (int u = 0; u < MMV_G4; u++) {
-            const uint8_t *blk = W + (size_t)row_c * row_bytes + (size_t)(b4 + 4 * u + bi) * 144;
-            r[u].head = __ldg((const uint4 *)blk);
-            r[u].q = __ldg((const uint4 *)(wr + (size_t)(b4 + 4 * u + bi) * 144 + 16));
-        }
+        for (int u = 0; u < MMV_G4; u++) r[u] = load(b4 + 4 * u + bi);
 #pragma unroll
         for (int u = 0; u < MMV_G4; u++) q4k_dp4a_block<NT>(r[u], b4 + 4 * u + bi, lane, xq, xs, K, tok0, nt, acc);
     }
     for (; b4 < nb_w; b4 += 4) {
         const int b = b4 + bi;
         if (b >= nb_w) continue; /* the last group's missing blocks: the lane adds nothing */
-        q4k_raw16 r;
-        r.head = __ldg((const uint4 *)(W + (size_t)row_c * row_bytes + (size_t)b * 144));
-        r.q = __ldg((const uint4 *)(wr + (size_t)b * 144 + 16));
-        q4k_dp4a_block<NT>(r, b, lane, xq, xs, K, tok0, nt, acc);
+        q4k_dp4a_block<NT>(load(b), b, lane, xq, xs, K, tok0, nt, acc);
     }
     mmv_store_split<NT>(acc, nt, lane, warp, ks, tok0, n_out, row, y);
 }
@@ -921,7 +989,8 @@ __global__ void mmv_q4k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, in
 /* Two Q4_K weights of one K (a matmul_multi's gate and up) in one launch:
  * blocks [0, nb0) take W0's rows, the others W1's, each row with
  * mmv_q4k_dp4a's arithmetic (so the same bits). Saves a launch a layer at
- * batch 1 (AUGUR_CUDA_PAIR=1, opt-in: NOT YET RUN ON A GPU). */
+ * batch 1: 8B Q4_K_M 314 -> 324 tok/s (H200, with PDL; AUGUR_CUDA_PAIR=0
+ * gives separate launches). */
 template <int NT>
 __global__ void mmv_q4k_dp4a_pair(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, size_t row_bytes,
                                   int K, int n_out0, int n_out1, int nb0, const int8_t *__restrict__ xq,
@@ -1055,6 +1124,7 @@ __global__ void mmv_float(const uint8_t *__restrict__ W, size_t row_bytes, int K
                           const float *__restrict__ x, int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
+    pdl_entry();
     if (row >= n_out) return;
     const int      nt = min(NT, n_tok - tok0);
     const uint8_t *wr = W + (size_t)row * row_bytes;
@@ -1248,6 +1318,16 @@ static __device__ __forceinline__ void mmt_slice(const uint8_t *__restrict__ W, 
 #pragma unroll
         for (int h = 0; h < 2; h++)
             wp[m][h] = (const uint4 *)(W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes) + t;
+    const int  full = K / 32; /* steps whose 32 k's all exist */
+    uint4      A0[U][MT][2];     /* the first U steps' weights, loaded before the wait */
+    const bool first = s0 + U <= min(s1, full);
+    if (first)
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+                A0[u][m][0] = ld_stream(wp[m][0] + 4 * (s0 + u)), A0[u][m][1] = ld_stream(wp[m][1] + 4 * (s0 + u));
+    pdl_entry();
     const uint4 *xp[NTL];
     bool         xv[NTL];
 #pragma unroll
@@ -1261,8 +1341,17 @@ static __device__ __forceinline__ void mmt_slice(const uint8_t *__restrict__ W, 
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
-    const int full = K / 32; /* steps whose 32 k's all exist */
-    int       st = s0;
+    int st = s0;
+    if (first) {
+        uint4 X[U][NTL];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int j = 0; j < NTL; j++) X[u][j] = xv[j] ? ld_act(xp[j] + 4 * (st + u)) : zero;
+#pragma unroll
+        for (int u = 0; u < U; u++) mmt_step<MT, NTL>(A0[u], X[u], c);
+        st += U;
+    }
     for (; st + U <= min(s1, full); st += U) {
         uint4 A[U][MT][2], X[U][NTL];
 #pragma unroll
@@ -1431,7 +1520,7 @@ static void launch_mmt_group(cudaStream_t stream, const ag_tensor *const *w, int
     dim3       grid((unsigned)blocks, 1);
     const int  threads = 32 * ksmax;
 #define MMT_GROUP_LAUNCH(KSM)                                                                                    \
-    (two ? mmt_bf16_group<KSM, 2> : mmt_bf16_group<KSM, 1>)<<<grid, threads, 0, stream>>>(grp, K, x, n)
+    launch_k((two ? mmt_bf16_group<KSM, 2> : mmt_bf16_group<KSM, 1>), grid, threads, 0, stream, grp, K, x, n)
     if (ksmax == 4) MMT_GROUP_LAUNCH(4);
     else if (ksmax == 8) MMT_GROUP_LAUNCH(8);
     else MMT_GROUP_LAUNCH(16);
@@ -1583,6 +1672,7 @@ template <int KS, int MT, int NTL>
 __global__ void __launch_bounds__(32 * KS) mmq_q4k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                    const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
                                                    int n_tok, float *__restrict__ y) {
+    pdl_entry();
     constexpr int U = MT == 1 ? 2 : 1;
     const mmq_lane<KS, MT, NTL> L(W, row_bytes, K, n_out, xq, n_tok, 8);
     float                       c[MT][NTL][4];
@@ -1707,6 +1797,7 @@ template <int KS, int MT, int NTL>
 __global__ void __launch_bounds__(32 * KS) mmq_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                    const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
                                                    int n_tok, float *__restrict__ y) {
+    pdl_entry();
     const mmq_lane<KS, MT, NTL> L(W, row_bytes, K, n_out, xq, n_tok, 4);
     float                       c[MT][NTL][4];
     acc_zero<MT, NTL>(c);
@@ -1776,6 +1867,7 @@ static __device__ __forceinline__ void store_unit(float *o, const float w[32]) {
 template <int TYPE, typename OUT>
 __global__ void dequant_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, const int32_t *__restrict__ ids,
                              OUT *__restrict__ out) {
+    pdl_entry();
     const int      r = blockIdx.x;
     const uint8_t *wr = W + (size_t)(ids ? ids[r] : r) * row_bytes;
     OUT           *o = out + (size_t)r * K;
@@ -1795,7 +1887,7 @@ static ag_status launch_dequant(cudaStream_t st, uint32_t type, const void *W, s
                                 const int32_t *ids, int n_rows, OUT *out) {
     if (n_rows <= 0) return AG_OK;
     const uint8_t *w = (const uint8_t *)W;
-#define DQ(T) dequant_rows<T, OUT><<<(unsigned)n_rows, 128, 0, st>>>(w, row_bytes, K, ids, out)
+#define DQ(T) launch_k(dequant_rows<T, OUT>, (unsigned)n_rows, 128, 0, st, w, row_bytes, K, ids, out)
     switch (type) {
     case CQ_F32: DQ(CQ_F32); break;
     case CQ_F16: DQ(CQ_F16); break;
@@ -1815,6 +1907,7 @@ static ag_status launch_dequant(cudaStream_t st, uint32_t type, const void *W, s
 }
 
 __global__ void f32_to_bf16(const float *__restrict__ x, size_t n, __nv_bfloat16 *__restrict__ o) {
+    pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         o[i] = __float2bfloat16_rn(x[i]);
 }
@@ -1939,7 +2032,7 @@ static ag_status ensure_q8(cuda_state *s, const float *x, int n, int K, int *x_r
     if (st) return st;
     s->prep_x = NULL; /* the buffers now hold x */
     const int n_blocks32 = n * (K / 32);
-    quantize_q8_32<<<(unsigned)((n_blocks32 + 7) / 8), 256, 0, s->stream>>>(x, n_blocks32, s->d_xq, s->d_xs);
+    launch_k(quantize_q8_32, (unsigned)((n_blocks32 + 7) / 8), 256, 0, s->stream, x, n_blocks32, s->d_xq, s->d_xs);
     LAUNCHED();
     *x_ready |= XR_Q8;
     return AG_OK;
@@ -1954,7 +2047,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             ag_status st = reserve_xh(s, n, K);
             if (st) return st;
             s->prep_x = NULL; /* the buffer now holds x */
-            f32_to_bf16<<<grid_for((size_t)K * n, 256), 256, 0, s->stream>>>(x, (size_t)K * n, s->d_xh);
+            launch_k(f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, s->stream, x, (size_t)K * n, s->d_xh);
             LAUNCHED();
             *x_ready |= XR_BF16;
         }
@@ -1964,7 +2057,8 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             int        rows, toks, warps;
             mmt_kernel k = mmt_for(n_out, &rows, &toks, &warps);
             dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-            k<<<grid, 32 * warps, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n, y);
+            launch_k(k, grid, 32 * warps, 0, s->stream, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n,
+                     y);
         }
         LAUNCHED();
         return AG_OK;
@@ -1976,16 +2070,16 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             int        rows, toks, warps;
             mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
             dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-            k<<<grid, 32 * warps, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs, n,
-                                                  y);
+            launch_k(k, grid, 32 * warps, 0, s->stream, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
+                     s->d_xs, n, y);
         } else {
             const int     nt = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; /* as mmv_for */
             const int     ks = s->mmv_split_on ? mmv_split(n_out, K / 256) : 1, rows = MMV_WARPS / ks;
             mmv_q8_kernel k = nt == 1 ? mmv_q8_for_nt<1>(w->type, ks) : nt == 2 ? mmv_q8_for_nt<2>(w->type, ks)
                             : nt == 4 ? mmv_q8_for_nt<4>(w->type, ks) : mmv_q8_for_nt<8>(w->type, ks);
             dim3          grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + nt - 1) / nt));
-            k<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs,
-                                                      n, y);
+            launch_k(k, grid, 32 * MMV_WARPS, 0, s->stream, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
+                     s->d_xs, n, y);
         }
         LAUNCHED();
         return AG_OK;
@@ -1994,7 +2088,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
     mmv_kernel k = mmv_for(w->type, n, &nt);
     if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
     dim3 grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
-    k<<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
+    launch_k(k, grid, 32 * MMV_WARPS, 0, s->stream, (const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
     LAUNCHED();
     return AG_OK;
 }
@@ -2030,7 +2124,7 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
         wb = s->d_wbf;
     }
     if ((st = grow((void **)&s->d_xbf, &s->cap_xbf, (size_t)K * n, sizeof(__nv_bfloat16)))) return st;
-    f32_to_bf16<<<grid_for((size_t)K * n, 256), 256, 0, s->stream>>>(x, (size_t)K * n, s->d_xbf);
+    launch_k(f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, s->stream, x, (size_t)K * n, s->d_xbf);
     LAUNCHED();
     /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
     BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, s->d_xbf,
@@ -2075,9 +2169,8 @@ static ag_status matmul_pair_q4k(cuda_state *s, const ag_tensor *const *w, const
     const int nb0 = (n0 + MMV_WARPS - 1) / MMV_WARPS, nb1 = (n1 + MMV_WARPS - 1) / MMV_WARPS;
     dim3      grid((unsigned)(nb0 + nb1), (unsigned)((n_decode + nt - 1) / nt));
 #define PAIR_LAUNCH(NT)                                                                                                 \
-    mmv_q4k_dp4a_pair<NT><<<grid, 32 * MMV_WARPS, 0, s->stream>>>((const uint8_t *)w[0]->data, (const uint8_t *)w[1]->data, \
-                                                                  w[0]->row_bytes, K, n0, n1, nb0, s->d_xq, s->d_xs,    \
-                                                                  n_decode, y[0], y[1])
+    launch_k(mmv_q4k_dp4a_pair<NT>, grid, 32 * MMV_WARPS, 0, s->stream, (const uint8_t *)w[0]->data,                   \
+             (const uint8_t *)w[1]->data, w[0]->row_bytes, K, n0, n1, nb0, s->d_xq, s->d_xs, n_decode, y[0], y[1])
     if (nt == 1) PAIR_LAUNCH(1);
     else if (nt == 2) PAIR_LAUNCH(2);
     else if (nt == 4) PAIR_LAUNCH(4);
@@ -2107,7 +2200,8 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
             ag_status st = reserve_xh(s, n_decode, K);
             if (st) return st;
             s->prep_x = NULL;
-            f32_to_bf16<<<grid_for((size_t)K * n_decode, 256), 256, 0, s->stream>>>(x, (size_t)K * n_decode, s->d_xh);
+            launch_k(f32_to_bf16, grid_for((size_t)K * n_decode, 256), 256, 0, s->stream, x, (size_t)K * n_decode,
+                     s->d_xh);
             LAUNCHED();
         }
         ag_status st;
@@ -2176,6 +2270,7 @@ template <bool ADD, bool PREP>
 __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, const float *__restrict__ w, int dim,
                           float eps, float *__restrict__ out, int prep_rows, int fmt, int8_t *__restrict__ xq,
                           float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
+    pdl_entry();
     __shared__ float red[32];
     float       *xr = x + (size_t)blockIdx.x * dim;
     const float *orow = ADD ? o + (size_t)blockIdx.x * dim : nullptr;
@@ -2231,10 +2326,11 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
     const unsigned th = threads_for(dim % 4 == 0 ? dim / 4 : dim);
     if (ADD) prep_forget(s, x, (size_t)n * dim * sizeof(float));
     if (fmt)
-        rmsnorm_k<ADD, true><<<(unsigned)n, th, 0, s->stream>>>(x, o, w, dim, eps, out, s->pass_n_decode, fmt, s->d_xq,
-                                                                s->d_xs, s->d_xh);
+        launch_k(rmsnorm_k<ADD, true>, (unsigned)n, th, 0, s->stream, x, o, w, dim, eps, out, s->pass_n_decode, fmt,
+                 s->d_xq, s->d_xs, s->d_xh);
     else
-        rmsnorm_k<ADD, false><<<(unsigned)n, th, 0, s->stream>>>(x, o, w, dim, eps, out, 0, 0, nullptr, nullptr, nullptr);
+        launch_k(rmsnorm_k<ADD, false>, (unsigned)n, th, 0, s->stream, x, o, w, dim, eps, out, 0, 0, nullptr, nullptr,
+                 nullptr);
     LAUNCHED();
     prep_made(s, out, n, dim, fmt);
     return AG_OK;
@@ -2259,6 +2355,7 @@ static __device__ __forceinline__ void rope_pair(float a, float b, float c, floa
 
 __global__ void rope_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
                        float freq_scale, int neox) {
+    pdl_entry();
     const int half = rope_dim / 2;
     const size_t total = (size_t)n * n_head * half;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
@@ -2280,25 +2377,29 @@ static ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_d
     if (!d_pos) return ag_errorf(AG_ERR_INVALID, "CUDA rope: pos must be the pass's positions (see begin)");
     if (n <= 0) return AG_OK;
     prep_forget(s, x, (size_t)n * n_head * head_dim * sizeof(float));
-    rope_k<<<grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, s->stream>>>(x, n, n_head, head_dim, rope_dim,
-                                                                                      d_pos, base, freq_scale, neox);
+    launch_k(rope_k, grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, s->stream, x, n, n_head, head_dim,
+             rope_dim, d_pos, base, freq_scale, neox);
     LAUNCHED();
     return AG_OK;
 }
 
 __global__ void add_bias_k(float *x, const float *b, int n, int dim) {
+    pdl_entry();
     const size_t total = (size_t)n * dim;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
         x[i] += b[i % dim];
 }
 __global__ void add_k(float *y, const float *x, size_t n) {
+    pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] += x[i];
 }
 __global__ void scale_k(float *x, float s, size_t n) {
+    pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= s;
 }
 static __device__ __forceinline__ float silu_times(float v, float u) { return v / (1.0f + expf(-v)) * u; }
 __global__ void silu_mul_k(float *g, const float *u, size_t n) {
+    pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         g[i] = silu_times(g[i], u[i]);
 }
@@ -2306,6 +2407,7 @@ __global__ void silu_mul_k(float *g, const float *u, size_t n) {
  * also left in the formats fmt (prep_store4: a lane group is a 32-block). */
 __global__ void silu_mul_prep_k(float *g, const float *u, size_t n, size_t n_prep, int fmt, int8_t *__restrict__ xq,
                                 float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
+    pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
         float4       v = ((float4 *)g)[i];
         const float4 a = ((const float4 *)u)[i];
@@ -2317,6 +2419,7 @@ __global__ void silu_mul_prep_k(float *g, const float *u, size_t n, size_t n_pre
 /* GELU (tanh form) the way the CPU backend (and llama.cpp's) computes it:
  * of x rounded to fp16, rounded to fp16, exact limits beyond |x| >= 10. */
 __global__ void gelu_mul_k(float *g, const float *u, size_t n) {
+    pdl_entry();
     const float k = 0.7978845608028654f;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const float v = g[i];
@@ -2334,7 +2437,7 @@ __global__ void gelu_mul_k(float *g, const float *u, size_t n) {
 static ag_status cu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
     if (n <= 0) return AG_OK;
     prep_forget(st_of(be), x, (size_t)n * dim * sizeof(float));
-    add_bias_k<<<grid_for((size_t)n * dim, 256), 256, 0, st_of(be)->stream>>>(x, b, n, dim);
+    launch_k(add_bias_k, grid_for((size_t)n * dim, 256), 256, 0, st_of(be)->stream, x, b, n, dim);
     LAUNCHED();
     return AG_OK;
 }
@@ -2351,14 +2454,14 @@ static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const 
 static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
     if (!n) return AG_OK;
     prep_forget(st_of(be), y, n * sizeof(float));
-    add_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(y, x, n);
+    launch_k(add_k, grid_for(n, 256), 256, 0, st_of(be)->stream, y, x, n);
     LAUNCHED();
     return AG_OK;
 }
 static ag_status cu_scale(ag_backend *be, float *x, float s, size_t n) {
     if (!n) return AG_OK;
     prep_forget(st_of(be), x, n * sizeof(float));
-    scale_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(x, s, n);
+    launch_k(scale_k, grid_for(n, 256), 256, 0, st_of(be)->stream, x, s, n);
     LAUNCHED();
     return AG_OK;
 }
@@ -2370,10 +2473,10 @@ static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n)
     const int   dim = s->n > 0 && n % (size_t)s->n == 0 && n / (size_t)s->n <= (size_t)INT32_MAX ? (int)(n / (size_t)s->n) : 0;
     const int   fmt = dim ? prep_formats(s, s->n, dim) : 0;
     if (fmt)
-        silu_mul_prep_k<<<grid_for(n / 4, 256), 256, 0, s->stream>>>(g, u, n, (size_t)s->pass_n_decode * dim, fmt, s->d_xq,
-                                                                    s->d_xs, s->d_xh);
+        launch_k(silu_mul_prep_k, grid_for(n / 4, 256), 256, 0, s->stream, g, u, n, (size_t)s->pass_n_decode * dim, fmt,
+                 s->d_xq, s->d_xs, s->d_xh);
     else
-        silu_mul_k<<<grid_for(n, 256), 256, 0, s->stream>>>(g, u, n);
+        launch_k(silu_mul_k, grid_for(n, 256), 256, 0, s->stream, g, u, n);
     LAUNCHED();
     if (fmt) prep_made(s, g, s->n, dim, fmt);
     else prep_forget(s, g, n * sizeof(float));
@@ -2382,7 +2485,7 @@ static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n)
 static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
     if (!n) return AG_OK;
     prep_forget(st_of(be), g, n * sizeof(float));
-    gelu_mul_k<<<grid_for(n, 256), 256, 0, st_of(be)->stream>>>(g, u, n);
+    launch_k(gelu_mul_k, grid_for(n, 256), 256, 0, st_of(be)->stream, g, u, n);
     LAUNCHED();
     return AG_OK;
 }
@@ -2427,6 +2530,7 @@ static __device__ __forceinline__ float kv_get(const uint8_t *p, int d) {
 template <bool F16>
 __global__ void kv_store_k(kv_geom g, const int32_t *__restrict__ slot, int n_kv, int hd_k, int hd_v,
                            const float *__restrict__ k, const float *__restrict__ v) {
+    pdl_entry();
     const int      t = blockIdx.x;
     const int      sl = slot[t];
     uint8_t *const base = g.k0 + (size_t)(sl >> g.block_shift) * g.block_bytes;
@@ -2451,11 +2555,11 @@ static ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh,
      * version's 128 threads walked 8-16 dependent loads each (9 us a call) */
     const unsigned th = threads_for(sh->n_head_kv * (sh->head_dim_k > sh->head_dim_v ? sh->head_dim_k : sh->head_dim_v));
     if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
-        kv_store_k<true><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
-                                                               sh->head_dim_v, k, v);
+        launch_k(kv_store_k<true>, (unsigned)b->n, th, 0, s->stream, g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
+                 sh->head_dim_v, k, v);
     else
-        kv_store_k<false><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
-                                                                sh->head_dim_v, k, v);
+        launch_k(kv_store_k<false>, (unsigned)b->n, th, 0, s->stream, g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
+                 sh->head_dim_v, k, v);
     LAUNCHED();
     return AG_OK;
 }
@@ -2464,6 +2568,7 @@ static ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh,
  * blockIdx.x (rope_k's expression, so rope_k's values). */
 __global__ void rope_table_k(const int32_t *__restrict__ pos, float base, float freq_scale, int rope_dim,
                              float2 *__restrict__ tab) {
+    pdl_entry();
     const int t = blockIdx.x, half = rope_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
@@ -2480,6 +2585,7 @@ __global__ void rope_kv_store_k(kv_geom g, const int32_t *__restrict__ slot, con
                                 const float2 *__restrict__ tab, float *__restrict__ q, float *__restrict__ k,
                                 const float *__restrict__ v, int n_head, int n_kv, int hd_k, int hd_v, int rope_dim,
                                 float base, float freq_scale, int neox) {
+    pdl_entry();
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     const int        t = blockIdx.x, half = rope_dim / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -2543,7 +2649,8 @@ static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape
     if (set < 2 && 2 * (size_t)b->n * ROPE_MAX_HALF <= s->cap_rope) {
         float2 *t = s->d_rope + (size_t)set * b->n * ROPE_MAX_HALF;
         if (set == s->n_rope_sets) {
-            rope_table_k<<<(unsigned)b->n, threads_for(rope_dim / 2), 0, s->stream>>>(d_pos, base, freq_scale, rope_dim, t);
+            launch_k(rope_table_k, (unsigned)b->n, threads_for(rope_dim / 2), 0, s->stream, d_pos, base, freq_scale,
+                     rope_dim, t);
             LAUNCHED();
             s->rope_set[set].base = base, s->rope_set[set].freq_scale = freq_scale, s->rope_set[set].dim = rope_dim;
             s->n_rope_sets++;
@@ -2554,13 +2661,11 @@ static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape
     const int      pairs = (sh->n_head + sh->n_head_kv) * (rope_dim / 2), vals = sh->n_head_kv * sh->head_dim_v;
     const unsigned th = threads_for(pairs > vals ? pairs : vals);
     if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
-        rope_kv_store_k<true><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, d_pos, tab, q, k, v, sh->n_head,
-                                                                    sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
-                                                                    rope_dim, base, freq_scale, neox);
+        launch_k(rope_kv_store_k<true>, (unsigned)b->n, th, 0, s->stream, g, s->d_slot, d_pos, tab, q, k, v, sh->n_head,
+                 sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, rope_dim, base, freq_scale, neox);
     else
-        rope_kv_store_k<false><<<(unsigned)b->n, th, 0, s->stream>>>(g, s->d_slot, d_pos, tab, q, k, v, sh->n_head,
-                                                                     sh->n_head_kv, sh->head_dim_k, sh->head_dim_v,
-                                                                     rope_dim, base, freq_scale, neox);
+        launch_k(rope_kv_store_k<false>, (unsigned)b->n, th, 0, s->stream, g, s->d_slot, d_pos, tab, q, k, v,
+                 sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, rope_dim, base, freq_scale, neox);
     LAUNCHED();
     return AG_OK;
 }
@@ -2579,6 +2684,7 @@ template <bool F16>
 __global__ void attention_k(kv_geom g, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
                             const int32_t *__restrict__ tables, int n_head, int n_kv, int hd_k, int hd_v, float scale,
                             int window, float softcap, const float *__restrict__ q, float *__restrict__ out) {
+    pdl_entry();
     extern __shared__ float sm[]; /* q[hd_k], w[ATT_CHUNK], red[32] */
     float *qs = sm, *wt = sm + hd_k, *red = wt + ATT_CHUNK;
     const int t = blockIdx.x, h = blockIdx.y, kvh = h / (n_head / n_kv);
@@ -2695,6 +2801,7 @@ __global__ void __launch_bounds__(32 * ATT_SK_WARPS)
                       float softcap, const float *__restrict__ q, float *__restrict__ part,
                       float *__restrict__ part_ml, int *__restrict__ cnt, float *__restrict__ out, int fmt,
                       int8_t *__restrict__ xq, float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
+    pdl_entry();
     constexpr int HD = 32 * NK, P = ATT_SK_GROUP;
     __shared__ float w_m[ATT_SK_WARPS], w_l[ATT_SK_WARPS], w_acc[ATT_SK_WARPS][HD];
     __shared__ bool  last;
@@ -2835,6 +2942,7 @@ __global__ void __launch_bounds__(128) attention_tiled_k(kv_geom g, const int32_
                                                          const int32_t *__restrict__ tiles, int n_head, int n_kv,
                                                          int hd_k, int hd_v, float scale, int window, float softcap,
                                                          const float *__restrict__ q, float *__restrict__ out) {
+    pdl_entry();
     typedef typename std::conditional<F16, __half, float>::type elem;
     constexpr int RPW = ATT_TQ / 4; /* rows per warp */
     extern __shared__ __align__(16) unsigned char smem[];
@@ -3055,6 +3163,7 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
                                                       const int32_t *__restrict__ tiles, int n_head, int n_kv,
                                                       float scale, int window, float softcap,
                                                       const float *__restrict__ q, float *__restrict__ out) {
+    pdl_entry();
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int KSTR = HD + ATM_PAD, VSTR = ATT_TK + ATM_PAD;
     __half       *ks = (__half *)smem;      /* [64][KSTR] */
@@ -3193,14 +3302,12 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
     const size_t shm = attention_fa_smem(HD);
     if (sh->softcap > 0.0f) {
         CUDA_TRY(cudaFuncSetAttribute(attention_fa_k<true, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-        attention_fa_k<true, HD><<<grid, threads, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
-                                                                    s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale,
-                                                                    sh->window, sh->softcap, q, out);
+        launch_k(attention_fa_k<true, HD>, grid, threads, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+                 s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out);
     } else {
         CUDA_TRY(cudaFuncSetAttribute(attention_fa_k<false, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-        attention_fa_k<false, HD><<<grid, threads, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
-                                                                     s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale,
-                                                                     sh->window, sh->softcap, q, out);
+        launch_k(attention_fa_k<false, HD>, grid, threads, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+                 s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out);
     }
     LAUNCHED();
     return AG_OK;
@@ -3213,6 +3320,7 @@ __global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t
                                                        const int32_t *__restrict__ tiles, int n_head, int n_kv, int hd,
                                                        float scale, int window, float softcap,
                                                        const float *__restrict__ q, float *__restrict__ out) {
+    pdl_entry();
     extern __shared__ __align__(16) unsigned char smem[];
     const int qs_stride = hd + ATM_PAD, ks_stride = hd + ATM_PAD, vt_stride = ATT_TK + ATM_PAD;
     __half   *qs = (__half *)smem;                 /* [16][qs_stride] */
@@ -3396,9 +3504,9 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         /* the decode rows' output also left converted for attn_output's matmul */
         const int fmt = prep_formats(s, b->n, sh->n_head * hdk);
 #define ATT_SK_LAUNCH(NK)                                                                                         \
-    attention_split_k<NK><<<grid, 32 * ATT_SK_WARPS, 0, s->stream>>>(                                             \
-        g, s->d_pos, s->d_tok_table, s->d_tables, sh->n_head, sh->n_head_kv, s->att_splits, s->att_min, sh->scale,    \
-        sh->window, sh->softcap, q, part, part_ml, s->d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
+    launch_k(attention_split_k<NK>, grid, 32 * ATT_SK_WARPS, 0, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,   \
+             sh->n_head, sh->n_head_kv, s->att_splits, s->att_min, sh->scale, sh->window, sh->softcap, q, part,        \
+             part_ml, s->d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
         if (hdk == 64) ATT_SK_LAUNCH(2);
         else if (hdk == 128) ATT_SK_LAUNCH(4);
         else ATT_SK_LAUNCH(8);
@@ -3409,15 +3517,13 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         dim3   grid((unsigned)n_dec, (unsigned)sh->n_head);
         size_t shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
         if (f16)
-            attention_k<true><<<grid, ATT_THREADS, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
-                                                                     sh->n_head, sh->n_head_kv, sh->head_dim_k,
-                                                                     sh->head_dim_v, sh->scale, sh->window,
-                                                                     sh->softcap, q, out);
+            launch_k(attention_k<true>, grid, ATT_THREADS, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
+                     out);
         else
-            attention_k<false><<<grid, ATT_THREADS, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
-                                                                      sh->n_head, sh->n_head_kv, sh->head_dim_k,
-                                                                      sh->head_dim_v, sh->scale, sh->window,
-                                                                      sh->softcap, q, out);
+            launch_k(attention_k<false>, grid, ATT_THREADS, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
+                     out);
         LAUNCHED();
     }
     const int hd = sh->head_dim_k, group = sh->n_head / sh->n_head_kv;
@@ -3429,14 +3535,12 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         const size_t shm = attention_mma_smem(hd);
         if (sh->softcap > 0.0f) {
             CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            attention_mma_k<true><<<grid, 128, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, s->d_tiles,
-                                                                 sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window,
-                                                                 sh->softcap, q, out);
+            launch_k(attention_mma_k<true>, grid, 128, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
         } else {
             CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            attention_mma_k<false><<<grid, 128, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, s->d_tiles,
-                                                                  sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window,
-                                                                  sh->softcap, q, out);
+            launch_k(attention_mma_k<false>, grid, 128, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
         }
         LAUNCHED();
         return AG_OK;
@@ -3446,16 +3550,14 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         size_t shm = tiled_smem(sh->head_dim_k, sh->head_dim_v, f16);
         if (f16) {
             CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            attention_tiled_k<true><<<grid, 128, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables, s->d_tiles,
-                                                                   sh->n_head, sh->n_head_kv, sh->head_dim_k,
-                                                                   sh->head_dim_v, sh->scale, sh->window, sh->softcap,
-                                                                   q, out);
+            launch_k(attention_tiled_k<true>, grid, 128, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
+                     sh->softcap, q, out);
         } else {
             CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            attention_tiled_k<false><<<grid, 128, shm, s->stream>>>(g, s->d_pos, s->d_tok_table, s->d_tables,
-                                                                    s->d_tiles, sh->n_head, sh->n_head_kv,
-                                                                    sh->head_dim_k, sh->head_dim_v, sh->scale,
-                                                                    sh->window, sh->softcap, q, out);
+            launch_k(attention_tiled_k<false>, grid, 128, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
+                     sh->softcap, q, out);
         }
         LAUNCHED();
     }
@@ -3512,6 +3614,7 @@ static __device__ __forceinline__ void argmax_block(const float *__restrict__ ro
 /* out[blockIdx.x] = the lowest index among the row's largest values, -2
  * when no value is finite: the CPU sampler's greedy rule. One block a row. */
 __global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__restrict__ out) {
+    pdl_entry();
     float bv;
     int   bi;
     argmax_block(x + (size_t)blockIdx.x * dim, 0, dim, (dim & 3) == 0, &bv, &bi);
@@ -3522,10 +3625,11 @@ __global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__r
  * lone 128k-row on one SM took as long as copying it to the host): each
  * slice's (value, index) goes to pv/pi, and the last slice of the row to
  * finish merges them (cnt: a counter per row, reset by that block). The
- * merge by (value, index) gives the single block's answer.
- * AUGUR_CUDA_ARGMAX_SPLIT=1, opt-in: NOT YET RUN ON A GPU. */
+ * merge by (value, index) gives the single block's answer. The default
+ * (AUGUR_CUDA_ARGMAX_SPLIT=0: one block a row): 8B batch 1 +0.3-0.5%. */
 __global__ void argmax_split_k(const float *__restrict__ x, int dim, float *__restrict__ pv, int *__restrict__ pi,
                                int *__restrict__ cnt, int32_t *__restrict__ out) {
+    pdl_entry();
     __shared__ bool last;
     const int       r = blockIdx.x, S = gridDim.y, sl = blockIdx.y;
     const bool      aligned = (dim & 3) == 0;
@@ -3584,10 +3688,10 @@ static ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32
             ag_status st = reserve_argmax(s, n);
             if (st) return st;
         }
-        argmax_split_k<<<dim3((unsigned)n, ARGMAX_SLICES), 512, 0, s->stream>>>(x, dim, s->d_am_v, s->d_am_i,
-                                                                                s->d_am_cnt, out);
+        launch_k(argmax_split_k, dim3((unsigned)n, ARGMAX_SLICES), 512, 0, s->stream, x, dim, s->d_am_v, s->d_am_i,
+                 s->d_am_cnt, out);
     } else {
-        argmax_rows_k<<<(unsigned)n, 1024, 0, s->stream>>>(x, dim, out);
+        launch_k(argmax_rows_k, (unsigned)n, 1024, 0, s->stream, x, dim, out);
     }
     LAUNCHED();
     return AG_OK;
@@ -3769,9 +3873,9 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
-    s->argmax_split = amsplit && *amsplit == '1';
+    s->argmax_split = !(amsplit && *amsplit == '0');
     const char *pair = getenv("AUGUR_CUDA_PAIR");
-    s->pair_on = pair && *pair == '1';
+    s->pair_on = !(pair && *pair == '0');
     const char *prep = getenv("AUGUR_CUDA_PREP");
     s->prep_on = !(prep && *prep == '0');
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
@@ -3788,6 +3892,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->group_on = !(grp && *grp == '0');
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
     s->mmv_split_on = !(split && *split == '0');
+    const char *pdl = getenv("AUGUR_CUDA_PDL"); /* programmatic dependent launch: Hopper and later */
+    g_pdl_on = !(pdl && *pdl == '0') && prop.major >= 9;
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
             prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
     *out = be;
