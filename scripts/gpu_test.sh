@@ -42,6 +42,9 @@ AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (Q4_K pairs of a matmul_multi in separate launches, AUGUR_CUDA_PAIR=0; argmax one block a row, AUGUR_CUDA_ARGMAX_SPLIT=0; serial launches, AUGUR_CUDA_PDL=0)"
 AUGUR_CUDA_PAIR=0 AUGUR_CUDA_ARGMAX_SPLIT=0 AUGUR_CUDA_PDL=0 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
+echo "== op harness on the GPU (opt-in, NOT YET RUN ON A GPU: one-pass prompt attention, AUGUR_CUDA_FA=1pass)"
+AUGUR_CUDA_FA=1pass AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+
 echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0)"
 AUGUR_CUDA_PREP=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
@@ -107,6 +110,9 @@ python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=
 echo "== whole models with the one-block decode attention (AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
+echo "== whole models with the one-pass prompt attention (AUGUR_CUDA_FA=1pass, opt-in)"
+AUGUR_CUDA_FA=1pass python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
+AUGUR_CUDA_FA=1pass python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
 echo "== fused ops (add_rmsnorm, rope_kv_store, activations left converted by their producer) give the separate ops' bits"
 for m in $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf; do
   for mode in "--chunk 7" "--decode --chunk 3"; do

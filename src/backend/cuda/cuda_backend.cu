@@ -72,7 +72,7 @@ static ag_status blas_fail(const char *file, int line, const char *what, cublasS
  *
  * At batch 1 a decode step is ~300 dependent kernels, and each one's ramp
  * (launch, first loads) and drain left DRAM idle (ncu: small kernels ~40 us
- * a layer). With pdl_on (AUGUR_CUDA_PDL=0 turns it off), every kernel is
+ * a layer). With s->pdl_on (AUGUR_CUDA_PDL=0 turns it off), every kernel is
  * launched (launch_k) with programmatic stream serialization: the GPU may
  * start it while the kernel before it in the stream still runs. So every
  * kernel begins with pdl_entry(): griddepcontrol.wait blocks until the
@@ -90,7 +90,6 @@ static ag_status blas_fail(const char *file, int line, const char *what, cublasS
  * BF16 214 with PDL alone, 174 with the prefetch (many small bulk
  * prefetches per warp), 227 with register loads (211 serial). Without the attribute (or before sm_90) the two
  * griddepcontrol instructions are no-ops. */
-static bool g_pdl_on = true;
 #ifndef PDL_PF_MUL /* (-D for tuning) the prefetch: this many first loop iterations of a warp's row; 0: none */
 #define PDL_PF_MUL 1
 #endif
@@ -109,22 +108,6 @@ static __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes) 
     const uintptr_t a = ((uintptr_t)p + 15) & ~(uintptr_t)15, e = ((uintptr_t)p + bytes) & ~(uintptr_t)15;
     if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
 #endif
-}
-
-/* k<<<grid, block, smem, stream>>>(args...), with the PDL attribute when
- * g_pdl_on. Errors show in cudaGetLastError (LAUNCHED). */
-template <typename... KArgs, typename... Args>
-static cudaError_t launch_k(void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                            Args... args) {
-    cudaLaunchConfig_t  cfg = {};
-    cudaLaunchAttribute attr;
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = stream;
-    if (g_pdl_on) {
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = &attr, cfg.numAttrs = 1;
-    }
-    return cudaLaunchKernelEx(&cfg, k, args...);
 }
 
 /* argmax_split_k: blocks per row */
@@ -202,6 +185,7 @@ typedef struct {
      * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
     bool mmq_on, fa_on;
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
+    bool fa_one_pass; /* AUGUR_CUDA_FA=1pass: attention_fa1_k (opt-in, NOT YET RUN ON A GPU) */
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
@@ -271,7 +255,25 @@ typedef struct {
     graph_entry graphs[64];
     int  n_graphs;
     bool graphs_on; /* on unless AUGUR_CUDA_GRAPHS=0: +8-11% batch-1 decode on an 8B model */
+    bool pdl_on;    /* kernels launched early (programmatic dependent launch; AUGUR_CUDA_PDL=0: serial) */
 } cuda_state;
+
+/* k<<<grid, block, smem, s->stream>>>(args...), with the PDL attribute
+ * when s->pdl_on. Errors show in cudaGetLastError (LAUNCHED). */
+template <typename... KArgs, typename... Args>
+static cudaError_t launch_k(const cuda_state *s, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                            Args... args) {
+    cudaLaunchConfig_t  cfg = {};
+    cudaLaunchAttribute attr;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s->stream;
+    if (s->pdl_on) {
+        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr.val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = &attr, cfg.numAttrs = 1;
+    }
+    return cudaLaunchKernelEx(&cfg, k, args...);
+}
+
 
 static cuda_state *st_of(ag_backend *be) { return (cuda_state *)be->impl; }
 
@@ -1497,7 +1499,7 @@ static mmt_kernel mmt_for(int n_out, int *rows, int *toks, int *warps) {
 
 /* Up to 16 decode rows of n_w BF16 weights of K columns that share x (BF16,
  * in s->d_xh): one mmt_bf16_group launch. */
-static void launch_mmt_group(cudaStream_t stream, const ag_tensor *const *w, int n_w, int K, const __nv_bfloat16 *x,
+static void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int n_w, int K, const __nv_bfloat16 *x,
                              int n, float *const *y) {
     mmt_group grp;
     memset(&grp, 0, sizeof grp);
@@ -1520,7 +1522,7 @@ static void launch_mmt_group(cudaStream_t stream, const ag_tensor *const *w, int
     dim3       grid((unsigned)blocks, 1);
     const int  threads = 32 * ksmax;
 #define MMT_GROUP_LAUNCH(KSM)                                                                                    \
-    launch_k((two ? mmt_bf16_group<KSM, 2> : mmt_bf16_group<KSM, 1>), grid, threads, 0, stream, grp, K, x, n)
+    launch_k(s, (two ? mmt_bf16_group<KSM, 2> : mmt_bf16_group<KSM, 1>), grid, threads, 0, grp, K, x, n)
     if (ksmax == 4) MMT_GROUP_LAUNCH(4);
     else if (ksmax == 8) MMT_GROUP_LAUNCH(8);
     else MMT_GROUP_LAUNCH(16);
@@ -1883,11 +1885,11 @@ __global__ void dequant_rows(const uint8_t *__restrict__ W, size_t row_bytes, in
 }
 
 template <typename OUT>
-static ag_status launch_dequant(cudaStream_t st, uint32_t type, const void *W, size_t row_bytes, int K,
+static ag_status launch_dequant(const cuda_state *s, uint32_t type, const void *W, size_t row_bytes, int K,
                                 const int32_t *ids, int n_rows, OUT *out) {
     if (n_rows <= 0) return AG_OK;
     const uint8_t *w = (const uint8_t *)W;
-#define DQ(T) launch_k(dequant_rows<T, OUT>, (unsigned)n_rows, 128, 0, st, w, row_bytes, K, ids, out)
+#define DQ(T) launch_k(s, dequant_rows<T, OUT>, (unsigned)n_rows, 128, 0, w, row_bytes, K, ids, out)
     switch (type) {
     case CQ_F32: DQ(CQ_F32); break;
     case CQ_F16: DQ(CQ_F16); break;
@@ -2032,7 +2034,7 @@ static ag_status ensure_q8(cuda_state *s, const float *x, int n, int K, int *x_r
     if (st) return st;
     s->prep_x = NULL; /* the buffers now hold x */
     const int n_blocks32 = n * (K / 32);
-    launch_k(quantize_q8_32, (unsigned)((n_blocks32 + 7) / 8), 256, 0, s->stream, x, n_blocks32, s->d_xq, s->d_xs);
+    launch_k(s, quantize_q8_32, (unsigned)((n_blocks32 + 7) / 8), 256, 0, x, n_blocks32, s->d_xq, s->d_xs);
     LAUNCHED();
     *x_ready |= XR_Q8;
     return AG_OK;
@@ -2047,17 +2049,17 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             ag_status st = reserve_xh(s, n, K);
             if (st) return st;
             s->prep_x = NULL; /* the buffer now holds x */
-            launch_k(f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, s->stream, x, (size_t)K * n, s->d_xh);
+            launch_k(s, f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, x, (size_t)K * n, s->d_xh);
             LAUNCHED();
             *x_ready |= XR_BF16;
         }
         if (n <= 16) {
-            launch_mmt_group(s->stream, &w, 1, K, s->d_xh, n, &y);
+            launch_mmt_group(s, &w, 1, K, s->d_xh, n, &y);
         } else {
             int        rows, toks, warps;
             mmt_kernel k = mmt_for(n_out, &rows, &toks, &warps);
             dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-            launch_k(k, grid, 32 * warps, 0, s->stream, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n,
+            launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n,
                      y);
         }
         LAUNCHED();
@@ -2070,7 +2072,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             int        rows, toks, warps;
             mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
             dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-            launch_k(k, grid, 32 * warps, 0, s->stream, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
+            launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
                      s->d_xs, n, y);
         } else {
             const int     nt = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; /* as mmv_for */
@@ -2078,7 +2080,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             mmv_q8_kernel k = nt == 1 ? mmv_q8_for_nt<1>(w->type, ks) : nt == 2 ? mmv_q8_for_nt<2>(w->type, ks)
                             : nt == 4 ? mmv_q8_for_nt<4>(w->type, ks) : mmv_q8_for_nt<8>(w->type, ks);
             dim3          grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + nt - 1) / nt));
-            launch_k(k, grid, 32 * MMV_WARPS, 0, s->stream, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
+            launch_k(s, k, grid, 32 * MMV_WARPS, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
                      s->d_xs, n, y);
         }
         LAUNCHED();
@@ -2088,7 +2090,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
     mmv_kernel k = mmv_for(w->type, n, &nt);
     if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
     dim3 grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
-    launch_k(k, grid, 32 * MMV_WARPS, 0, s->stream, (const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
+    launch_k(s, k, grid, 32 * MMV_WARPS, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
     LAUNCHED();
     return AG_OK;
 }
@@ -2106,7 +2108,7 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
         const float *wf = (const float *)w->data;
         if (w->type == CQ_F16) {
             if ((st = grow((void **)&s->d_wf, &s->cap_wf, (size_t)K * n_out, sizeof(float)))) return st;
-            if ((st = launch_dequant(s->stream, w->type, w->data, w->row_bytes, K, (const int32_t *)NULL, n_out, s->d_wf)))
+            if ((st = launch_dequant(s, w->type, w->data, w->row_bytes, K, (const int32_t *)NULL, n_out, s->d_wf)))
                 return st;
             wf = s->d_wf;
         }
@@ -2119,12 +2121,12 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
     const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w->data;
     if (w->type != CQ_BF16) {
         if ((st = grow((void **)&s->d_wbf, &s->cap_wbf, (size_t)K * n_out, sizeof(__nv_bfloat16)))) return st;
-        if ((st = launch_dequant(s->stream, w->type, w->data, w->row_bytes, K, (const int32_t *)NULL, n_out, s->d_wbf)))
+        if ((st = launch_dequant(s, w->type, w->data, w->row_bytes, K, (const int32_t *)NULL, n_out, s->d_wbf)))
             return st;
         wb = s->d_wbf;
     }
     if ((st = grow((void **)&s->d_xbf, &s->cap_xbf, (size_t)K * n, sizeof(__nv_bfloat16)))) return st;
-    launch_k(f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, s->stream, x, (size_t)K * n, s->d_xbf);
+    launch_k(s, f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, x, (size_t)K * n, s->d_xbf);
     LAUNCHED();
     /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
     BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, s->d_xbf,
@@ -2169,7 +2171,7 @@ static ag_status matmul_pair_q4k(cuda_state *s, const ag_tensor *const *w, const
     const int nb0 = (n0 + MMV_WARPS - 1) / MMV_WARPS, nb1 = (n1 + MMV_WARPS - 1) / MMV_WARPS;
     dim3      grid((unsigned)(nb0 + nb1), (unsigned)((n_decode + nt - 1) / nt));
 #define PAIR_LAUNCH(NT)                                                                                                 \
-    launch_k(mmv_q4k_dp4a_pair<NT>, grid, 32 * MMV_WARPS, 0, s->stream, (const uint8_t *)w[0]->data,                   \
+    launch_k(s, mmv_q4k_dp4a_pair<NT>, grid, 32 * MMV_WARPS, 0, (const uint8_t *)w[0]->data,                           \
              (const uint8_t *)w[1]->data, w[0]->row_bytes, K, n0, n1, nb0, s->d_xq, s->d_xs, n_decode, y[0], y[1])
     if (nt == 1) PAIR_LAUNCH(1);
     else if (nt == 2) PAIR_LAUNCH(2);
@@ -2200,12 +2202,12 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
             ag_status st = reserve_xh(s, n_decode, K);
             if (st) return st;
             s->prep_x = NULL;
-            launch_k(f32_to_bf16, grid_for((size_t)K * n_decode, 256), 256, 0, s->stream, x, (size_t)K * n_decode,
+            launch_k(s, f32_to_bf16, grid_for((size_t)K * n_decode, 256), 256, 0, x, (size_t)K * n_decode,
                      s->d_xh);
             LAUNCHED();
         }
         ag_status st;
-        launch_mmt_group(s->stream, w, n_w, K, s->d_xh, n_decode, y);
+        launch_mmt_group(s, w, n_w, K, s->d_xh, n_decode, y);
         LAUNCHED();
         for (int i = 0; i < n_w; i++) {
             st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1]);
@@ -2230,7 +2232,7 @@ static ag_status cu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t *
     const int32_t *d_ids = pass_ints(s, ids, n);
     if (!d_ids) return ag_errorf(AG_ERR_INVALID, "CUDA get_rows: ids must be the pass's tokens (see begin)");
     prep_forget(s, out, (size_t)n * w->ne[0] * sizeof(float));
-    return launch_dequant(s->stream, w->type, w->data, w->row_bytes, (int)w->ne[0], d_ids, n, out);
+    return launch_dequant(s, w->type, w->data, w->row_bytes, (int)w->ne[0], d_ids, n, out);
 }
 
 /* ---- small ops ---- */
@@ -2326,10 +2328,10 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
     const unsigned th = threads_for(dim % 4 == 0 ? dim / 4 : dim);
     if (ADD) prep_forget(s, x, (size_t)n * dim * sizeof(float));
     if (fmt)
-        launch_k(rmsnorm_k<ADD, true>, (unsigned)n, th, 0, s->stream, x, o, w, dim, eps, out, s->pass_n_decode, fmt,
+        launch_k(s, rmsnorm_k<ADD, true>, (unsigned)n, th, 0, x, o, w, dim, eps, out, s->pass_n_decode, fmt,
                  s->d_xq, s->d_xs, s->d_xh);
     else
-        launch_k(rmsnorm_k<ADD, false>, (unsigned)n, th, 0, s->stream, x, o, w, dim, eps, out, 0, 0, nullptr, nullptr,
+        launch_k(s, rmsnorm_k<ADD, false>, (unsigned)n, th, 0, x, o, w, dim, eps, out, 0, 0, nullptr, nullptr,
                  nullptr);
     LAUNCHED();
     prep_made(s, out, n, dim, fmt);
@@ -2377,7 +2379,7 @@ static ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_d
     if (!d_pos) return ag_errorf(AG_ERR_INVALID, "CUDA rope: pos must be the pass's positions (see begin)");
     if (n <= 0) return AG_OK;
     prep_forget(s, x, (size_t)n * n_head * head_dim * sizeof(float));
-    launch_k(rope_k, grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, s->stream, x, n, n_head, head_dim,
+    launch_k(s, rope_k, grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, x, n, n_head, head_dim,
              rope_dim, d_pos, base, freq_scale, neox);
     LAUNCHED();
     return AG_OK;
@@ -2437,7 +2439,7 @@ __global__ void gelu_mul_k(float *g, const float *u, size_t n) {
 static ag_status cu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
     if (n <= 0) return AG_OK;
     prep_forget(st_of(be), x, (size_t)n * dim * sizeof(float));
-    launch_k(add_bias_k, grid_for((size_t)n * dim, 256), 256, 0, st_of(be)->stream, x, b, n, dim);
+    launch_k(st_of(be), add_bias_k, grid_for((size_t)n * dim, 256), 256, 0, x, b, n, dim);
     LAUNCHED();
     return AG_OK;
 }
@@ -2454,14 +2456,14 @@ static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const 
 static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
     if (!n) return AG_OK;
     prep_forget(st_of(be), y, n * sizeof(float));
-    launch_k(add_k, grid_for(n, 256), 256, 0, st_of(be)->stream, y, x, n);
+    launch_k(st_of(be), add_k, grid_for(n, 256), 256, 0, y, x, n);
     LAUNCHED();
     return AG_OK;
 }
 static ag_status cu_scale(ag_backend *be, float *x, float s, size_t n) {
     if (!n) return AG_OK;
     prep_forget(st_of(be), x, n * sizeof(float));
-    launch_k(scale_k, grid_for(n, 256), 256, 0, st_of(be)->stream, x, s, n);
+    launch_k(st_of(be), scale_k, grid_for(n, 256), 256, 0, x, s, n);
     LAUNCHED();
     return AG_OK;
 }
@@ -2473,10 +2475,10 @@ static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n)
     const int   dim = s->n > 0 && n % (size_t)s->n == 0 && n / (size_t)s->n <= (size_t)INT32_MAX ? (int)(n / (size_t)s->n) : 0;
     const int   fmt = dim ? prep_formats(s, s->n, dim) : 0;
     if (fmt)
-        launch_k(silu_mul_prep_k, grid_for(n / 4, 256), 256, 0, s->stream, g, u, n, (size_t)s->pass_n_decode * dim, fmt,
+        launch_k(s, silu_mul_prep_k, grid_for(n / 4, 256), 256, 0, g, u, n, (size_t)s->pass_n_decode * dim, fmt,
                  s->d_xq, s->d_xs, s->d_xh);
     else
-        launch_k(silu_mul_k, grid_for(n, 256), 256, 0, s->stream, g, u, n);
+        launch_k(s, silu_mul_k, grid_for(n, 256), 256, 0, g, u, n);
     LAUNCHED();
     if (fmt) prep_made(s, g, s->n, dim, fmt);
     else prep_forget(s, g, n * sizeof(float));
@@ -2485,7 +2487,7 @@ static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n)
 static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
     if (!n) return AG_OK;
     prep_forget(st_of(be), g, n * sizeof(float));
-    launch_k(gelu_mul_k, grid_for(n, 256), 256, 0, st_of(be)->stream, g, u, n);
+    launch_k(st_of(be), gelu_mul_k, grid_for(n, 256), 256, 0, g, u, n);
     LAUNCHED();
     return AG_OK;
 }
@@ -2555,10 +2557,10 @@ static ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh,
      * version's 128 threads walked 8-16 dependent loads each (9 us a call) */
     const unsigned th = threads_for(sh->n_head_kv * (sh->head_dim_k > sh->head_dim_v ? sh->head_dim_k : sh->head_dim_v));
     if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
-        launch_k(kv_store_k<true>, (unsigned)b->n, th, 0, s->stream, g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
+        launch_k(s, kv_store_k<true>, (unsigned)b->n, th, 0, g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
                  sh->head_dim_v, k, v);
     else
-        launch_k(kv_store_k<false>, (unsigned)b->n, th, 0, s->stream, g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
+        launch_k(s, kv_store_k<false>, (unsigned)b->n, th, 0, g, s->d_slot, sh->n_head_kv, sh->head_dim_k,
                  sh->head_dim_v, k, v);
     LAUNCHED();
     return AG_OK;
@@ -2649,7 +2651,7 @@ static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape
     if (set < 2 && 2 * (size_t)b->n * ROPE_MAX_HALF <= s->cap_rope) {
         float2 *t = s->d_rope + (size_t)set * b->n * ROPE_MAX_HALF;
         if (set == s->n_rope_sets) {
-            launch_k(rope_table_k, (unsigned)b->n, threads_for(rope_dim / 2), 0, s->stream, d_pos, base, freq_scale,
+            launch_k(s, rope_table_k, (unsigned)b->n, threads_for(rope_dim / 2), 0, d_pos, base, freq_scale,
                      rope_dim, t);
             LAUNCHED();
             s->rope_set[set].base = base, s->rope_set[set].freq_scale = freq_scale, s->rope_set[set].dim = rope_dim;
@@ -2661,10 +2663,10 @@ static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape
     const int      pairs = (sh->n_head + sh->n_head_kv) * (rope_dim / 2), vals = sh->n_head_kv * sh->head_dim_v;
     const unsigned th = threads_for(pairs > vals ? pairs : vals);
     if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
-        launch_k(rope_kv_store_k<true>, (unsigned)b->n, th, 0, s->stream, g, s->d_slot, d_pos, tab, q, k, v, sh->n_head,
+        launch_k(s, rope_kv_store_k<true>, (unsigned)b->n, th, 0, g, s->d_slot, d_pos, tab, q, k, v, sh->n_head,
                  sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, rope_dim, base, freq_scale, neox);
     else
-        launch_k(rope_kv_store_k<false>, (unsigned)b->n, th, 0, s->stream, g, s->d_slot, d_pos, tab, q, k, v,
+        launch_k(s, rope_kv_store_k<false>, (unsigned)b->n, th, 0, g, s->d_slot, d_pos, tab, q, k, v,
                  sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, rope_dim, base, freq_scale, neox);
     LAUNCHED();
     return AG_OK;
@@ -3293,22 +3295,219 @@ static size_t attention_fa_smem(int hd) {
     return sizeof(__half) * ((size_t)ATT_TK * (hd + ATM_PAD) + (size_t)hd * (ATT_TK + ATM_PAD)) + sizeof(int) * 32;
 }
 
-/* Launches attention_fa_k for head dim HD (softcap or not). */
+
+/* ---- one-pass prompt attention (AUGUR_CUDA_FA=1pass, opt-in: NOT YET RUN ON A GPU) ----
+ *
+ * attention_fa_k's block and warp layout (a block per tile of up to 16 rows
+ * and KV head, warp w the group's query head w), but one pass over the
+ * positions with an online softmax (FlashAttention-2): per chunk of 64
+ * positions a row's running max M and sum L, the output rescaled by
+ * exp(M_old - M_new) and the unnormalized weights exp(s - M), rounded to
+ * fp16, multiplied with V; O / L at the end. attention_fa_k stages and
+ * scores every chunk twice (the exact max and sum first) and transposes V
+ * with 2-byte shared stores; at 4096 tokens attention was ~40% of an 8B
+ * prefill. Here the chunks come in by cp.async, two buffers deep (chunk
+ * c + 1 loads while c is computed), V stays row-major and P·V's B
+ * fragments come from ldmatrix.trans. The numerics differ from the two-pass
+ * kernels in the weights' rounding (unnormalized, then one division), as
+ * in llama.cpp's flash attention; the harness holds both to the CPU with
+ * the same tolerance. */
+
+/* 16 bytes global -> shared, asynchronously; src_bytes 0: zeros */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Four 8x8 fp16 tiles of a row-major shared matrix, transposed: lane l
+ * gives the address of row l % 8 of tile l / 8; tile i lands in r[i]. */
+static __device__ __forceinline__ void ldmatrix_x4_trans(const __half *row_addr, uint32_t (&r)[4]) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row_addr);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+/* Chunk c of KV head kvh (positions 64c .., zeros past c_hi) into K and V
+ * buffers ([64][STR] halves each, row-major) by cp.async; the caller
+ * commits the group. */
+template <int HD, int STR>
+static __device__ __forceinline__ void stage_kv_async(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
+                                                      int c, int c_hi, __half *ks, __half *vs) {
+    constexpr int N8 = HD / 8;
+    for (int e = threadIdx.x; e < ATT_TK * N8; e += blockDim.x) {
+        const int      j = e / N8, d8 = e % N8, p = c * ATT_TK + j, pc = min(p, c_hi);
+        const uint8_t *blk = g_.k0 + (size_t)table[pc >> g_.block_shift] * g_.block_bytes;
+        const size_t   off = (size_t)(pc & g_.block_mask);
+        const int      n = p <= c_hi ? 16 : 0;
+        cp_async16(ks + j * STR + 8 * d8, blk + kvh * g_.head_stride_k + off * g_.row_bytes_k + 16 * d8, n);
+        cp_async16(vs + j * STR + 8 * d8, blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v + 16 * d8, n);
+    }
+}
+
+template <bool SOFTCAP, int HD>
+__global__ void __launch_bounds__(256) attention_fa1_k(kv_geom g_, const int32_t *__restrict__ pos,
+                                                       const int32_t *__restrict__ tok_table,
+                                                       const int32_t *__restrict__ tables,
+                                                       const int32_t *__restrict__ tiles, int n_head, int n_kv,
+                                                       float scale, int window, float softcap,
+                                                       const float *__restrict__ q, float *__restrict__ out) {
+    pdl_entry();
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int STR = HD + ATM_PAD, BUF = ATT_TK * STR; /* halves per K (or V) buffer */
+    __half       *kbuf = (__half *)smem;                  /* [2][64][STR] */
+    __half       *vbuf = kbuf + 2 * BUF;                  /* [2][64][STR] */
+    int          *row_lo = (int *)(vbuf + 2 * BUF), *row_hi = row_lo + 16;
+    const int     t0 = tiles[blockIdx.x], nt = tiles[blockIdx.x + 1] - t0;
+    const int     kvh = blockIdx.y, G = n_head / n_kv;
+    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int     h = kvh * G + warp;
+    const int32_t *table = tables + tok_table[t0];
+    if (threadIdx.x < 16) {
+        const int r = threadIdx.x, hi = r < nt ? pos[t0 + r] : -1;
+        row_hi[r] = hi;
+        row_lo[r] = r < nt && window > 0 ? max(0, hi - window + 1) : 0;
+    }
+    uint32_t qa[HD / 16][4]; /* Q as A fragments, as attention_fa_k */
+    {
+        const float *q0 = q + ((size_t)(t0 + g) * n_head + h) * HD, *q1 = q + ((size_t)(t0 + g + 8) * n_head + h) * HD;
+        const bool   v0 = g < nt, v1 = g + 8 < nt;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int d = 16 * kk + 8 * half + 2 * t;
+                qa[kk][2 * half] = v0 ? pack_half2(q0[d], q0[d + 1]) : 0u;
+                qa[kk][2 * half + 1] = v1 ? pack_half2(q1[d], q1[d + 1]) : 0u;
+            }
+    }
+    __syncthreads();
+    int c_lo = INT_MAX, c_hi = -1;
+    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
+    int       lo[2], hi[2]; /* rows g and g + 8 */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[g + 8 * hr], hi[hr] = row_hi[g + 8 * hr];
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}; /* L: this lane's part of the row's sum */
+    float o[HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    stage_kv_async<HD, STR>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
+    cp_async_commit();
+    for (int c = ch0; c <= ch1; c++) {
+        const int b = (c - ch0) & 1;
+        if (c < ch1) /* the next chunk into the other buffers (their last reader finished: the barrier below) */
+            stage_kv_async<HD, STR>(g_, table, kvh, c + 1, c_hi, kbuf + (b ^ 1) * BUF, vbuf + (b ^ 1) * BUF);
+        cp_async_commit(); /* possibly empty: one group per chunk keeps the count */
+        cp_async_wait<1>();
+        __syncthreads(); /* chunk c's bytes from every thread */
+        const __half *ks = kbuf + b * BUF, *vs = vbuf + b * BUF;
+        float         s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const __half *kr = ks + (8 * i + g) * STR + 16 * kk + 2 * t;
+                mma_f16_16816(s[i], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+            }
+        float alpha[2];
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            float m = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 2 * hr; e < 2 * hr + 2; e++) {
+                    const int p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
+                    float     v = s[i][e] * scale;
+                    if (SOFTCAP) v = softcap * tanhf(v / softcap);
+                    v = p < lo[hr] || p > hi[hr] ? -INFINITY : v;
+                    s[i][e] = v;
+                    m = fmaxf(m, v);
+                }
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            const float m_new = fmaxf(M[hr], m);
+            /* nothing visible yet (m_new -inf): weights 0, nothing to rescale */
+            alpha[hr] = m_new == -INFINITY ? 1.0f : expf(M[hr] - m_new); /* exp(-inf) = 0 while M is -inf */
+            const float base = m_new == -INFINITY ? 0.0f : m_new;
+            float       l = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+#pragma unroll
+                for (int e = 2 * hr; e < 2 * hr + 2; e++) {
+                    const float w = expf(s[i][e] - base); /* masked: exp(-inf) = 0 */
+                    s[i][e] = w;
+                    l += w;
+                }
+            L[hr] = L[hr] * alpha[hr] + l;
+            M[hr] = m_new;
+        }
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            o[i][0] *= alpha[0], o[i][1] *= alpha[0];
+            o[i][2] *= alpha[1], o[i][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* positions 16j .. 16j + 15: tiles 2j and 2j + 1 */
+            const uint32_t pa[4] = {pack_half2(s[2 * j][0], s[2 * j][1]), pack_half2(s[2 * j][2], s[2 * j][3]),
+                                    pack_half2(s[2 * j + 1][0], s[2 * j + 1][1]),
+                                    pack_half2(s[2 * j + 1][2], s[2 * j + 1][3])};
+            /* lane l's row address: position 16j + 8 (l/8 % 2) + l % 8, dims 8 (i + l/16) .. */
+            const __half *vrow = vs + (16 * j + 8 * ((lane >> 3) & 1) + (lane & 7)) * STR + 8 * (lane >> 4);
+#pragma unroll
+            for (int i = 0; i < HD / 8; i += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4_trans(vrow + 8 * i, vb);
+                mma_f16_16816(o[i], pa, vb[0], vb[1]);
+                mma_f16_16816(o[i + 1], pa, vb[2], vb[3]);
+            }
+        }
+        __syncthreads(); /* every warp is done with buffer b before it is staged again */
+    }
+    float inv[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float l = L[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = g + 8 * (e >> 1), d = 8 * i + 2 * t + (e & 1);
+            if (r < nt) out[((size_t)(t0 + r) * n_head + h) * HD + d] = o[i][e] * inv[e >> 1];
+        }
+}
+
+static size_t attention_fa1_smem(int hd) {
+    return sizeof(__half) * 4 * (size_t)ATT_TK * (hd + ATM_PAD) + sizeof(int) * 32;
+}
+
+/* Launches attention_fa_k, or attention_fa1_k (s->fa_one_pass), for head dim HD (softcap or not). */
 template <int HD>
 static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q,
                                      float *out) {
+    typedef void (*fa_kernel)(kv_geom, const int32_t *, const int32_t *, const int32_t *, const int32_t *, int, int,
+                              float, int, float, const float *, float *);
+    const bool   softcap = sh->softcap > 0.0f;
+    fa_kernel    k = s->fa_one_pass ? (softcap ? attention_fa1_k<true, HD> : attention_fa1_k<false, HD>)
+                                    : (softcap ? attention_fa_k<true, HD> : attention_fa_k<false, HD>);
     const dim3   grid((unsigned)s->n_tiles, (unsigned)sh->n_head_kv);
     const int    threads = 32 * (sh->n_head / sh->n_head_kv);
-    const size_t shm = attention_fa_smem(HD);
-    if (sh->softcap > 0.0f) {
-        CUDA_TRY(cudaFuncSetAttribute(attention_fa_k<true, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-        launch_k(attention_fa_k<true, HD>, grid, threads, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
-                 s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out);
-    } else {
-        CUDA_TRY(cudaFuncSetAttribute(attention_fa_k<false, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-        launch_k(attention_fa_k<false, HD>, grid, threads, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
-                 s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out);
-    }
+    const size_t shm = s->fa_one_pass ? attention_fa1_smem(HD) : attention_fa_smem(HD);
+    CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+    launch_k(s, k, grid, threads, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_tiles, sh->n_head,
+             sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out);
     LAUNCHED();
     return AG_OK;
 }
@@ -3504,7 +3703,7 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         /* the decode rows' output also left converted for attn_output's matmul */
         const int fmt = prep_formats(s, b->n, sh->n_head * hdk);
 #define ATT_SK_LAUNCH(NK)                                                                                         \
-    launch_k(attention_split_k<NK>, grid, 32 * ATT_SK_WARPS, 0, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,   \
+    launch_k(s, attention_split_k<NK>, grid, 32 * ATT_SK_WARPS, 0, g, s->d_pos, s->d_tok_table, s->d_tables,           \
              sh->n_head, sh->n_head_kv, s->att_splits, s->att_min, sh->scale, sh->window, sh->softcap, q, part,        \
              part_ml, s->d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
         if (hdk == 64) ATT_SK_LAUNCH(2);
@@ -3517,11 +3716,11 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         dim3   grid((unsigned)n_dec, (unsigned)sh->n_head);
         size_t shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
         if (f16)
-            launch_k(attention_k<true>, grid, ATT_THREADS, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+            launch_k(s, attention_k<true>, grid, ATT_THREADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
                      out);
         else
-            launch_k(attention_k<false>, grid, ATT_THREADS, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+            launch_k(s, attention_k<false>, grid, ATT_THREADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
                      out);
         LAUNCHED();
@@ -3535,11 +3734,11 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         const size_t shm = attention_mma_smem(hd);
         if (sh->softcap > 0.0f) {
             CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            launch_k(attention_mma_k<true>, grid, 128, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+            launch_k(s, attention_mma_k<true>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
         } else {
             CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            launch_k(attention_mma_k<false>, grid, 128, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+            launch_k(s, attention_mma_k<false>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
         }
         LAUNCHED();
@@ -3550,12 +3749,12 @@ static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh
         size_t shm = tiled_smem(sh->head_dim_k, sh->head_dim_v, f16);
         if (f16) {
             CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            launch_k(attention_tiled_k<true>, grid, 128, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+            launch_k(s, attention_tiled_k<true>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
                      sh->softcap, q, out);
         } else {
             CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            launch_k(attention_tiled_k<false>, grid, 128, shm, s->stream, g, s->d_pos, s->d_tok_table, s->d_tables,
+            launch_k(s, attention_tiled_k<false>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
                      sh->softcap, q, out);
         }
@@ -3688,10 +3887,10 @@ static ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32
             ag_status st = reserve_argmax(s, n);
             if (st) return st;
         }
-        launch_k(argmax_split_k, dim3((unsigned)n, ARGMAX_SLICES), 512, 0, s->stream, x, dim, s->d_am_v, s->d_am_i,
+        launch_k(s, argmax_split_k, dim3((unsigned)n, ARGMAX_SLICES), 512, 0, x, dim, s->d_am_v, s->d_am_i,
                  s->d_am_cnt, out);
     } else {
-        launch_k(argmax_rows_k, (unsigned)n, 1024, 0, s->stream, x, dim, out);
+        launch_k(s, argmax_rows_k, (unsigned)n, 1024, 0, x, dim, out);
     }
     LAUNCHED();
     return AG_OK;
@@ -3872,6 +4071,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
+    s->fa_one_pass = fa && !strcmp(fa, "1pass");
     const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
     s->argmax_split = !(amsplit && *amsplit == '0');
     const char *pair = getenv("AUGUR_CUDA_PAIR");
@@ -3893,9 +4093,12 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
     s->mmv_split_on = !(split && *split == '0');
     const char *pdl = getenv("AUGUR_CUDA_PDL"); /* programmatic dependent launch: Hopper and later */
-    g_pdl_on = !(pdl && *pdl == '0') && prop.major >= 9;
-    AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d", prop.name, prop.multiProcessorCount,
-            prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor);
+    cudaFuncAttributes kattr; /* and only where the kernels were built for it (their waits compiled in) */
+    s->pdl_on = !(pdl && *pdl == '0') && prop.major >= 9 && cudaFuncGetAttributes(&kattr, add_k) == cudaSuccess &&
+                kattr.ptxVersion >= 90;
+    AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d, kernels launched early (PDL): %s", prop.name,
+            prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor,
+            s->pdl_on ? "on" : "off");
     *out = be;
     return AG_OK;
 }
