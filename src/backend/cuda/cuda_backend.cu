@@ -3145,6 +3145,44 @@ static __device__ __forceinline__ void frag_a_smem(const __half *m, int stride, 
     a[3] = *(const uint32_t *)(m + (g + 8) * stride + col + 8 + 2 * t);
 }
 
+/* The prologue of the tensor-core prompt attention kernels (attention_fa_k,
+ * attention_fa1_k), for the tile of nt rows from t0 and query head h: each
+ * row's visible positions [row_lo, row_hi] (shared, 16 each); Q's rows g
+ * and g + 8 as mma A fragments, rounded to fp16 ([kk][0] row g, dims
+ * 16kk + 2t, +1; [1] row g + 8; [2], [3] the same 8 dims on; rows past
+ * the tile zeros); the chunks [*ch0, *ch1] the tile sees and its last
+ * position *c_hi; rows g and g + 8's ranges in lo, hi. Has a barrier:
+ * every thread of the block calls it. */
+template <int HD>
+static __device__ __forceinline__ void fa_tile_setup(const int32_t *__restrict__ pos, int t0, int nt, int window,
+                                                     int n_head, int h, const float *__restrict__ q, int g, int t,
+                                                     int *row_lo, int *row_hi, uint32_t (&qa)[HD / 16][4], int *ch0,
+                                                     int *ch1, int *c_hi_out, int (&lo)[2], int (&hi)[2]) {
+    if (threadIdx.x < 16) {
+        const int r = threadIdx.x, rh = r < nt ? pos[t0 + r] : -1;
+        row_hi[r] = rh;
+        row_lo[r] = r < nt && window > 0 ? max(0, rh - window + 1) : 0;
+    }
+    {
+        const float *q0 = q + ((size_t)(t0 + g) * n_head + h) * HD, *q1 = q + ((size_t)(t0 + g + 8) * n_head + h) * HD;
+        const bool   v0 = g < nt, v1 = g + 8 < nt;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const int d = 16 * kk + 8 * half + 2 * t;
+                qa[kk][2 * half] = v0 ? pack_half2(q0[d], q0[d + 1]) : 0u;
+                qa[kk][2 * half + 1] = v1 ? pack_half2(q1[d], q1[d + 1]) : 0u;
+            }
+    }
+    __syncthreads();
+    int c_lo = INT_MAX, c_hi = -1;
+    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+    *ch0 = c_lo / ATT_TK, *ch1 = c_hi / ATT_TK, *c_hi_out = c_hi;
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[g + 8 * hr], hi[hr] = row_hi[g + 8 * hr];
+}
+
 /* Prompt rows on the tensor cores, one block per (tile of up to 16 rows,
  * KV head): warp w takes query head kvh·G + w (G = n_head / n_kv <= 8), so
  * a staged K/V chunk of 64 positions serves the whole group (a block per
@@ -3176,32 +3214,9 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
     const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int     h = kvh * G + warp;
     const int32_t *table = tables + tok_table[t0];
-    if (threadIdx.x < 16) {
-        const int r = threadIdx.x, hi = r < nt ? pos[t0 + r] : -1;
-        row_hi[r] = hi;
-        row_lo[r] = r < nt && window > 0 ? max(0, hi - window + 1) : 0;
-    }
-    /* Q as A fragments: [kk][0] row g, dims 16kk + 2t, +1; [1] row g + 8; [2], [3] the same 8 dims on */
     uint32_t qa[HD / 16][4];
-    {
-        const float *q0 = q + ((size_t)(t0 + g) * n_head + h) * HD, *q1 = q + ((size_t)(t0 + g + 8) * n_head + h) * HD;
-        const bool   v0 = g < nt, v1 = g + 8 < nt;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int d = 16 * kk + 8 * half + 2 * t;
-                qa[kk][2 * half] = v0 ? pack_half2(q0[d], q0[d + 1]) : 0u;
-                qa[kk][2 * half + 1] = v1 ? pack_half2(q1[d], q1[d + 1]) : 0u;
-            }
-    }
-    __syncthreads();
-    int c_lo = INT_MAX, c_hi = -1;
-    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
-    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
-    int       lo[2], hi[2]; /* rows g and g + 8 */
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[g + 8 * hr], hi[hr] = row_hi[g + 8 * hr];
+    int      ch0, ch1, c_hi, lo[2], hi[2];
+    fa_tile_setup<HD>(pos, t0, nt, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi);
     /* chunk c's scores: s[i][e], position tile i (64c + 8i ..), e as an mma
      * accumulator (rows g, g + 8; positions 2t, 2t + 1); masked: -inf */
     auto scores = [&](int c, float (&s)[8][4]) {
@@ -3368,31 +3383,9 @@ __global__ void __launch_bounds__(256) attention_fa1_k(kv_geom g_, const int32_t
     const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int     h = kvh * G + warp;
     const int32_t *table = tables + tok_table[t0];
-    if (threadIdx.x < 16) {
-        const int r = threadIdx.x, hi = r < nt ? pos[t0 + r] : -1;
-        row_hi[r] = hi;
-        row_lo[r] = r < nt && window > 0 ? max(0, hi - window + 1) : 0;
-    }
-    uint32_t qa[HD / 16][4]; /* Q as A fragments, as attention_fa_k */
-    {
-        const float *q0 = q + ((size_t)(t0 + g) * n_head + h) * HD, *q1 = q + ((size_t)(t0 + g + 8) * n_head + h) * HD;
-        const bool   v0 = g < nt, v1 = g + 8 < nt;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int d = 16 * kk + 8 * half + 2 * t;
-                qa[kk][2 * half] = v0 ? pack_half2(q0[d], q0[d + 1]) : 0u;
-                qa[kk][2 * half + 1] = v1 ? pack_half2(q1[d], q1[d + 1]) : 0u;
-            }
-    }
-    __syncthreads();
-    int c_lo = INT_MAX, c_hi = -1;
-    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
-    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
-    int       lo[2], hi[2]; /* rows g and g + 8 */
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[g + 8 * hr], hi[hr] = row_hi[g + 8 * hr];
+    uint32_t qa[HD / 16][4];
+    int      ch0, ch1, c_hi, lo[2], hi[2];
+    fa_tile_setup<HD>(pos, t0, nt, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi);
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}; /* L: this lane's part of the row's sum */
     float o[HD / 8][4];
 #pragma unroll
