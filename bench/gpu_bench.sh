@@ -7,6 +7,8 @@
 #     values -- plus the real models found in models/;
 #   - runs `augur bench --device cuda`: batch-1 decode, prefill at 512 and
 #     4096, aggregate decode at 8, 32, 64 sequences;
+#   - when bench/gpu_peer.sh built llama.cpp there, runs it on the same
+#     8B files and prints augur / llama.cpp per figure (bench/gpu_ratios.py);
 #   - prints each decode figure as a fraction of the roofline: weight bytes
 #     read per token / measured copy bandwidth.
 # Results go to stdout and $OUT (when set) as JSON lines.
@@ -17,6 +19,7 @@ BIN=build/cuda/augur
 OUTDIR=${OUT:-build/cuda}
 R=build/cuda/random
 mkdir -p $R
+: > $OUTDIR/gpu_bench.jsonl # this run's lines only (gpu_ratios reads them)
 
 BW=$(python3 - <<'PY'
 import torch
@@ -44,10 +47,10 @@ run() { # model, args...
 for m in $R/llama8b-bf16.gguf $R/llama8b-q4_k_m.gguf models/*.gguf; do
   [ -f "$m" ] || continue
   echo "== $m"
-  j1=$(run "$m" -p 512 -n 128 -r 3)
-  j2=$(run "$m" -p 4096 -n 0 -r 2)
+  j1=$(run "$m" -p 0 -n 128 -r 3)
   echo "$j1" | tee -a $OUTDIR/gpu_bench.jsonl
-  echo "$j2" | tee -a $OUTDIR/gpu_bench.jsonl
+  run "$m" -p 512 -n 0 -r 3 | tee -a $OUTDIR/gpu_bench.jsonl
+  run "$m" -p 4096 -n 0 -r 2 | tee -a $OUTDIR/gpu_bench.jsonl
   python3 - "$j1" "$BW" <<'PY'
 import json, sys
 j = json.loads(sys.argv[1]); bw = float(sys.argv[2]) * 1e12
@@ -58,3 +61,12 @@ PY
     run "$m" -p 0 -n 64 -b $b -r 2 | tee -a $OUTDIR/gpu_bench.jsonl
   done
 done
+
+# llama.cpp on the same files in the same run, when its build is there
+# (bench/gpu_peer.sh build, ~10 min), and the ratios
+if [ -f /tmp/peer-build/DONE ] && [ "$(cat /tmp/peer-build/DONE)" = ok ]; then
+  bash bench/gpu_peer.sh run $R/llama8b-bf16.gguf $R/llama8b-q4_k_m.gguf | tee $OUTDIR/gpu_peer.jsonl
+  python3 bench/gpu_ratios.py $OUTDIR/gpu_bench.jsonl $OUTDIR/gpu_peer.jsonl
+else
+  echo "gpu_bench: no llama.cpp build (bench/gpu_peer.sh build first for the ratios)"
+fi
