@@ -23,7 +23,7 @@ def augur_key(j):
         return "pp%d" % j["pp"]
     if j.get("tg") and not j.get("pp") and not j.get("depth"):
         b = j.get("batch", 1)
-        if j.get("argmax"):
+        if j.get("argmax") or j.get("pick"):  # plain decode steps only, as llama-bench's
             return None
         return "tg128" if b == 1 else "decode x%d" % b
     return None

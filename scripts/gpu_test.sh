@@ -93,6 +93,13 @@ AUGUR_CUDA_ARGMAX_SPLIT=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 
 same build/cuda/argmax-block.txt build/cuda/argmax-off.txt "greedy text with the one-block GPU argmax (AUGUR_CUDA_ARGMAX_SPLIT=0) == with the rows copied back"
 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --argmax
 
+echo "== sampled tokens drawn on the GPU (the pick op, opt-in AUGUR_CUDA_PICK=1, NOT YET RUN ON A GPU) == drawn from the copied rows (AUGUR_PICK=0)"
+AUGUR_CUDA_PICK=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+T="--temp 0.8 --top-k 0 --top-p 1 --min-p 0 --seed 3"
+AUGUR_CUDA_PICK=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/pick-on.txt 2>/dev/null
+AUGUR_PICK=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/pick-off.txt 2>/dev/null
+same build/cuda/pick-on.txt build/cuda/pick-off.txt "sampled text with the GPU pick == with the rows copied back (recorded passes: each replay's draws)"
+
 echo "== whole models, GPU vs CPU"
 models=()
 for m in "${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf" .devmodels/*.gguf models/*.gguf; do

@@ -27,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/argmax.h" /* ag_pick */
 #include "base/status.h"
 
 typedef struct ag_kv ag_kv;
@@ -54,6 +55,11 @@ typedef struct {
      * matmul): a backend may attend with a different kernel per kind, as
      * long as a decode row's result never depends on the rest of the batch */
     int n_decode;
+    /* [output rows] the draws of the pass's rows that want a token picked
+     * (the pick op), indexed by output row; NULL: none. Given to begin, so
+     * a backend that replays recorded passes can upload them each pass. */
+    const ag_pick *pick;
+    int            n_out; /* output rows (pick's length) */
 } ag_batch_layout;
 
 /* The shape of one attention layer. */
@@ -168,6 +174,14 @@ typedef struct {
      * no value of the row is finite. out is backend memory. NULL: the
      * caller scans the rows itself. */
     ag_status (*argmax)(ag_backend *, const float *x, int n, int dim, int32_t *out);
+    /* out[i] = ag_pick_f32(row i of x[n][dim], dim, d.inv_temp, d.u) with
+     * d = lay->pick[row0 + i] (the rows are the pass's output rows row0..;
+     * lay is the one begin got), or -2 when no value of the row is finite.
+     * A device backend may sum the weights in another (fixed) order: its
+     * token can differ only where u times the sum lies within rounding of a
+     * boundary. out is backend memory. NULL: the caller samples the rows. */
+    ag_status (*pick)(ag_backend *, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
+                      int32_t *out);
     /* The device memory free now and in all (a GPU's). NULL: host memory only. */
     ag_status (*device_memory)(ag_backend *, uint64_t *free_bytes, uint64_t *total_bytes);
     /* out[n][n_head*hd_v] = softmax(scale · q·Kᵀ (causal, windowed)) · V, each

@@ -11,7 +11,7 @@
 #include "model/model.h"
 
 static const char usage[] =
-    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t THREADS] [--argmax] [--json]\n"
+    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t THREADS] [--argmax|--pick] [--json]\n"
     "  -p N   prompt tokens processed in one batch (0 = skip)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
     "  -d N   decode after N positions of context (filled untimed first; default 0)\n"
@@ -20,6 +20,9 @@ static const char usage[] =
     "  -r N   repetitions (after one warm-up); the median and the range are reported\n"
     "  --argmax decode steps bring back each row's argmax (what greedy sampling needs; a GPU\n"
     "         then copies no logits) instead of its logits\n"
+    "  --pick decode steps bring back a token drawn from each row at temperature 1 (what a\n"
+    "         sampler with only a temperature needs; drawn where the logits are when the\n"
+    "         backend can, else from the copied rows)\n"
     "  --json one JSON object on stdout instead of the table\n"
     "  --draft ngram|MODEL.gguf [--draft-max N] [--draft-min N] [-f PROMPT_FILE]\n"
     "         speculative decoding instead: the same greedy request (default: a built-in code\n"
@@ -72,7 +75,8 @@ static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, fl
  * decode rows per step) whose first `depth` positions were filled beforehand
  * (untimed); returns tokens per second over all sequences, or a negative
  * value on error. logits: room for n_seq rows. */
-static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, int depth, bool argmax, float *logits) {
+/* kind: the decode rows' AG_WANT_* (LOGITS, ARGMAX or PICK, with draws at temperature 1) */
+static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, int depth, uint8_t kind, float *logits) {
     const ag_model_config *c = ag_model_config_of(m);
     if (!decode || n_seq < 1) n_seq = 1;
     if (!decode) depth = 0;
@@ -85,7 +89,8 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
     /* decode: every sequence samples, so every row needs logits (or its argmax) */
     uint8_t *want = malloc((size_t)n_seq);
     int32_t *am = malloc(sizeof(int32_t) * (size_t)n_seq);
-    memset(want, argmax ? AG_WANT_ARGMAX : AG_WANT_LOGITS, (size_t)n_seq);
+    ag_pick *draws = malloc(sizeof(ag_pick) * (size_t)n_seq);
+    memset(want, kind, (size_t)n_seq);
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     for (int s = 0; s < n_seq && !st && depth > 0; s++) st = fill_seq(m, kv, seq_ids[s], 0, depth, logits, &rng);
     double t0 = now_s();
@@ -96,8 +101,11 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
             tok[i] = (int32_t)(rng % (uint64_t)c->n_vocab);
             pos[i] = p;
             seqs[i] = seq_ids[i];
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            draws[i] = (ag_pick){(double)(rng >> 11) * 0x1.0p-53, 1.0f};
         }
-        ag_batch b = {.n = n_seq, .token = tok, .pos = pos, .seq = seqs, .want_logits = want, .argmax = am};
+        ag_batch b = {.n = n_seq, .token = tok, .pos = pos, .seq = seqs, .want_logits = want, .argmax = am,
+                      .pick = draws};
         for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_reserve(kv, seq_ids[s], 1);
         if (!st) st = ag_model_forward(m, kv, &b, logits);
         for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_commit(kv, seq_ids[s], p + 1);
@@ -108,6 +116,7 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
     free(seqs);
     free(want);
     free(am);
+    free(draws);
     for (int s = 0; s < made; s++) ag_kv_seq_free(kv, seq_ids[s]);
     if (st) {
         ag_cli_fail("%s", ag_error_message());
@@ -136,7 +145,7 @@ int ag_cli_bench(int argc, char **argv) {
     long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1, depth = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
-    bool json = false, argmax = false;
+    bool json = false, argmax = false, pick = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -145,6 +154,7 @@ int ag_cli_bench(int argc, char **argv) {
         }
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--argmax")) { argmax = true; continue; }
+        if (!strcmp(a, "--pick")) { pick = true; continue; }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
         int  df = ag_cli_draft_flag(a, v, &dopt);
@@ -166,6 +176,7 @@ int ag_cli_bench(int argc, char **argv) {
     if (dopt.draft) return ag_cli_bench_spec(model_path, prompt_file, &dopt, tg > 0 ? (int)tg : 128, (int)reps,
                                              (int)threads, json);
     if (prompt_file) return ag_cli_usage_error(usage, "bench: -f goes with --draft");
+    if (argmax && pick) return ag_cli_usage_error(usage, "bench: --argmax and --pick are two kinds of decode step: one or the other");
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = (int)threads;
     mp.device = ag_cli_device;
@@ -194,10 +205,11 @@ int ag_cli_bench(int argc, char **argv) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
     }
+    const uint8_t kind = argmax ? AG_WANT_ARGMAX : pick ? AG_WANT_PICK : AG_WANT_LOGITS;
     double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
-        double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, false, logits) : 0;
-        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, (int)depth, argmax, logits) : 0;
+        double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, AG_WANT_LOGITS, logits) : 0;
+        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, (int)depth, kind, logits) : 0;
         if (a < 0 || b < 0) goto done_free;
         if (r >= 0) {
             pps[r] = a;
@@ -213,7 +225,7 @@ int ag_cli_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"reps\": %ld, \"weight_gb\": %.4f", model_path, nthreads, reps, gb);
         if (*kernels) printf(", \"cpu_kernels\": \"%s\"", kernels);
         if (pp) printf(", \"pp\": %ld, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, pp_med, pps[0], pps[reps - 1]);
-        if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"argmax\": %s, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, argmax ? "true" : "false", tg_med, tgs[0], tgs[reps - 1]);
+        if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"argmax\": %s, \"pick\": %s, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, argmax ? "true" : "false", pick ? (ag_model_can_pick(m) ? "true" : "\"rows copied\"") : "false", tg_med, tgs[0], tgs[reps - 1]);
         printf("}\n");
     } else {
         printf("model: %s (%s, %.1f MB of weights read per token), %d threads, %ld reps\n", model_path,
@@ -222,6 +234,9 @@ int ag_cli_bench(int argc, char **argv) {
         printf("%-8s %12s %12s %12s\n", "test", "tok/s", "min", "max");
         if (tg && depth) printf("(tg after %ld positions of context)\n", depth);
         if (tg && argmax) printf("(tg brings back each row's argmax, not its logits)\n");
+        if (tg && pick)
+            printf(ag_model_can_pick(m) ? "(tg brings back a token drawn from each row, not its logits)\n"
+                                        : "(tg draws a token from each row, from the copied rows)\n");
         if (pp) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
         if (tg && n_seq == 1) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);
         if (tg && n_seq > 1) printf("tg%ldx%-3ld %12.2f %12.2f %12.2f  (aggregate over %ld sequences)\n", tg, n_seq, tg_med, tgs[0], tgs[reps - 1], n_seq);

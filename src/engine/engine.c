@@ -109,6 +109,7 @@ struct ag_engine {
     /* per-step buffers */
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_want;
+    ag_pick *b_pick; /* [logit_rows] the draws of AG_WANT_PICK rows, by output row */
     int32_t *argmax; /* [logit_rows]: the rows' argmax where the backend found it (ag_batch.argmax) */
     float   *logits;
     float   *masked; /* [n_vocab]: a row with a structured output's mask applied */
@@ -447,6 +448,23 @@ static bool sink_emit(void *user, int32_t token, const ag_sample_result *sr) {
  * no logprobs, bias, penalties or schema): its rows may stay on a device. */
 static bool wants_argmax_only(const choice *c) { return !c->constraint && ag_sampler_argmax_only(c->sampler); }
 
+/* Whether a choice's next decision (no drafts this step) needs nothing but
+ * a token drawn with its sampler's uniform, which the backend can draw
+ * where the logits are (ag_model_can_pick): temperature only, no logprobs,
+ * truncation, bias, penalties or schema. */
+static bool wants_pick(const ag_engine *e, const choice *c) {
+    return !c->constraint && c->d == 0 && ag_sampler_pick_only(c->sampler) && ag_model_can_pick(e->model);
+}
+
+/* The row's want for a choice's decode row, drawing its uniform now when
+ * the backend is to pick the token (the draw ag_sampler_sample would make
+ * after the step: the same RNG sequence). */
+static uint8_t decode_want(ag_engine *e, choice *c, int out_row) {
+    if (wants_argmax_only(c)) return AG_WANT_ARGMAX;
+    if (wants_pick(e, c) && ag_sampler_draw_pick(c->sampler, &e->b_pick[out_row]) == AG_OK) return AG_WANT_PICK;
+    return AG_WANT_LOGITS;
+}
+
 /* Decides and emits a choice's next token(s) from its window of logits
  * rows: [pending, c->d drafts] (c->d = 0: plain decoding, one row), and
  * their argmax as the backend found it (ag_batch.argmax). */
@@ -693,8 +711,9 @@ static bool step(ag_engine *e) {
                 if (cap > 0) c->d = ag_spec_propose(c->spec, c->sampled, c->n_gen, cap, row_cost);
                 spare -= c->d;
             }
-            /* a choice that only takes argmaxes leaves its rows where they are */
-            const uint8_t want = wants_argmax_only(c) ? AG_WANT_ARGMAX : AG_WANT_LOGITS;
+            /* a choice that only takes argmaxes (or tokens drawn with its
+             * uniform, without drafts) leaves its rows where they are */
+            const uint8_t want = decode_want(e, c, rows);
             e->b_tok[n] = c->pending;
             e->b_pos[n] = pos;
             e->b_seq[n] = c->seq;
@@ -702,7 +721,7 @@ static bool step(ag_engine *e) {
             e->rows[rows++] = (struct row_owner){r, c, -1, c->d + 1};
             n++;
             const int32_t *x = c->d ? ag_spec_drafts(c->spec) : NULL;
-            for (int j = 0; j < c->d; j++) {
+            for (int j = 0; j < c->d; j++) { /* (want is not AG_WANT_PICK: c->d > 0) */
                 e->b_tok[n] = x[j];
                 e->b_pos[n] = pos + 1 + j;
                 e->b_seq[n] = c->seq;
@@ -733,10 +752,10 @@ static bool step(ag_engine *e) {
             e->b_tok[n] = r->prompt[p];
             e->b_pos[n] = p;
             e->b_seq[n] = r->ch[0].seq;
-            e->b_want[n] = r->prompt_logprobs ? AG_WANT_LOGITS
+            e->b_want[n] = r->prompt_logprobs  ? AG_WANT_LOGITS
                            : p < r->n_prompt - 1 ? 0
-                           : r->n_choices == 1 && wants_argmax_only(&r->ch[0]) ? AG_WANT_ARGMAX
-                                                                               : AG_WANT_LOGITS;
+                           : r->n_choices == 1   ? decode_want(e, &r->ch[0], rows)
+                                                 : AG_WANT_LOGITS;
             if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p, 1};
             n++;
         }
@@ -761,7 +780,7 @@ static bool step(ag_engine *e) {
     if (!st) {
         /* decode rows first, then prompt chunks: the layout ag_batch.n_prompt names */
         ag_batch b = {.n = n, .token = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
-                      .argmax = e->argmax,
+                      .argmax = e->argmax, .pick = e->b_pick,
                       .n_prompt = n_prefill};
         st = ag_model_forward(e->model, e->kv, &b, e->logits);
     }
@@ -1029,11 +1048,13 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->b_pos = malloc(sizeof(int32_t) * p.n_batch);
     e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
     e->b_want = malloc((size_t)p.n_batch);
+    e->b_pick = malloc(sizeof(ag_pick) * (size_t)e->logit_rows);
     e->argmax = malloc(sizeof(int32_t) * (size_t)e->logit_rows);
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
     e->logits = ag_model_host_floats(e->model, (size_t)e->n_vocab * (size_t)e->logit_rows);
     e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->argmax || !e->rows || !e->logits || !e->masked) {
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_pick || !e->argmax || !e->rows || !e->logits ||
+        !e->masked) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
         goto fail;
     }
@@ -1070,6 +1091,7 @@ void ag_engine_free(ag_engine *e) {
     free(e->b_pos);
     free(e->b_seq);
     free(e->b_want);
+    free(e->b_pick);
     free(e->argmax);
     free(e->rows);
     ag_model_host_free(e->model, e->logits);

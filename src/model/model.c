@@ -23,6 +23,7 @@ struct ag_model {
     uint64_t         weight_bytes;
     char             path[512];
     bool             argmax_off; /* AUGUR_ARGMAX=0 (A/B, tests): rows' argmax never computed by the backend */
+    bool             pick_off;   /* AUGUR_PICK=0 (A/B, tests): picked tokens never computed by the backend */
 };
 
 ag_model_params ag_model_default_params(void) {
@@ -252,6 +253,8 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     if ((st = ag_backend_new(p->device, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
     const char *am = getenv("AUGUR_ARGMAX");
     m->argmax_off = am && *am == '0';
+    const char *pk = getenv("AUGUR_PICK");
+    m->pick_off = pk && *pk == '0';
     if ((st = prepare_weights(m))) goto fail_named;
     *out = m;
     return AG_OK;
@@ -561,7 +564,7 @@ static bool next_run(const ag_batch *b, uint8_t want, row_walk *w, int *k0, int 
 /* Every op of one pass after begin: embeddings, layers, the logits rows
  * (into the caller's array for a host-memory backend, else f->logits). */
 static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
-                            int n_out, bool argmax, const fwd_bufs *f, float *logits) {
+                            int n_out, bool argmax, bool pick, const fwd_bufs *f, float *logits) {
     const ag_model_config *c = &m->cfg;
     ag_backend           *be = m->be;
     const ag_backend_ops *op = be->ops;
@@ -585,30 +588,42 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     if ((st = op->rmsnorm(be, f->x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f->x))) return st;
     float *out = op->host_memory ? logits : f->logits;
     if ((st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out))) return st;
-    if (!argmax) return AG_OK;
-    /* only the rows that want their argmax (the others' samplers read the rows) */
+    /* only the rows that want their argmax or a picked token (the others'
+     * samplers read the rows) */
     int32_t *am = op->host_memory ? b->argmax : f->argmax;
     row_walk w = {0, 0};
-    for (int k0, k1; next_run(b, AG_WANT_ARGMAX, &w, &k0, &k1);)
+    for (int k0, k1; argmax && next_run(b, AG_WANT_ARGMAX, &w, &k0, &k1);)
         if ((st = op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0))) return st;
+    w = (row_walk){0, 0};
+    for (int k0, k1; pick && next_run(b, AG_WANT_PICK, &w, &k0, &k1);)
+        if ((st = op->pick(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0))) return st;
     return AG_OK;
 }
 
 /* Copies the output rows the caller reads back from a device backend: every
- * row's logits, or (argmax) the argmax array and the logits of the rows that
- * want them, run by run. */
-static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, bool argmax, const fwd_bufs *f,
-                                  float *logits) {
+ * row's logits, or (argmax, pick: tokens computed) the token array and the
+ * logits of the rows that want them or whose token was not computed, run by
+ * run. */
+static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, bool argmax, bool pick,
+                                  const fwd_bufs *f, float *logits) {
     const ag_backend_ops *op = m->be->ops;
     const size_t          row = sizeof(float) * (size_t)m->cfg.n_vocab;
     ag_status             st;
-    if (!argmax) return op->download(m->be, logits, f->logits, row * (size_t)n_out);
+    if (!argmax && !pick) return op->download(m->be, logits, f->logits, row * (size_t)n_out);
     if ((st = op->download(m->be, b->argmax, f->argmax, sizeof(int32_t) * (size_t)n_out))) return st;
-    row_walk w = {0, 0};
-    for (int k0, k1; next_run(b, AG_WANT_LOGITS, &w, &k0, &k1);)
-        if ((st = op->download(m->be, (char *)logits + row * k0, (char *)f->logits + row * k0, row * (size_t)(k1 - k0))))
-            return st;
+    const uint8_t kinds[3] = {AG_WANT_LOGITS, argmax ? 0 : AG_WANT_ARGMAX, pick ? 0 : AG_WANT_PICK};
+    for (int i = 0; i < 3; i++) {
+        row_walk w = {0, 0};
+        for (int k0, k1; kinds[i] && next_run(b, kinds[i], &w, &k0, &k1);)
+            if ((st = op->download(m->be, (char *)logits + row * k0, (char *)f->logits + row * k0,
+                                   row * (size_t)(k1 - k0))))
+                return st;
+    }
     return AG_OK;
+}
+
+bool ag_model_can_pick(const ag_model *m) {
+    return m && m->be->ops->pick && m->cfg.final_softcap <= 0 && !m->pick_off;
 }
 
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {
@@ -626,20 +641,27 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         return ag_errorf(AG_ERR_INVALID, "n_prompt %d outside [0, %d]", b->n_prompt, n);
     const int n_dec = n - b->n_prompt;
     int  n_out = 0;
-    bool any_argmax = false;
+    bool any_argmax = false, any_pick = false;
     for (int i = 0; i < n; i++) {
         n_out += b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
         any_argmax |= b->want_logits && b->want_logits[i] == AG_WANT_ARGMAX;
+        any_pick |= b->want_logits && b->want_logits[i] == AG_WANT_PICK;
+        if (b->want_logits && b->want_logits[i] > AG_WANT_PICK)
+            return ag_errorf(AG_ERR_INVALID, "want_logits[%d] = %d is not a kind of output", i, b->want_logits[i]);
     }
-    if (any_argmax && !b->argmax) return ag_errorf(AG_ERR_INVALID, "rows want their argmax but the batch has no array for it");
+    if ((any_argmax || any_pick) && !b->argmax)
+        return ag_errorf(AG_ERR_INVALID, "rows want a token but the batch has no array for it");
+    if (any_pick && !b->pick) return ag_errorf(AG_ERR_INVALID, "rows want a picked token but the batch has no draws");
     /* the softcap is applied on the host after the copy, so such a model's
-     * argmax comes from the rows */
+     * tokens come from the rows */
     const bool argmax = any_argmax && op->argmax && c->final_softcap <= 0 && !m->argmax_off;
+    const bool pick = any_pick && ag_model_can_pick(m);
     fwd_bufs f;
     ag_status st = fwd_buffers(m, n, n_out, &f);
     if (st) return st;
 
-    ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq, .n_decode = n_dec};
+    ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq, .n_decode = n_dec, .pick = pick ? b->pick : NULL,
+                           .n_out = n_out};
     if (op->begin && (st = op->begin(be, kv, &lay, b->token))) return st;
     /* A pass of decode rows only has the same ops every step for the same
      * shape: a backend may record it once and replay it (graph_begin). */
@@ -656,20 +678,21 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     }
     const bool recording = gstate == AG_GRAPH_RECORDING;
     if (gstate != AG_GRAPH_REPLAYED) {
-        ag_status issued = issue_pass(m, kv, b, &lay, n_dec, n_out, argmax, &f, logits);
+        ag_status issued = issue_pass(m, kv, b, &lay, n_dec, n_out, argmax, pick, &f, logits);
         if (!recording && issued) return issued;
         if (recording && (op->graph_end(be, key, issued != AG_OK) || issued)) {
             /* the recording failed, so nothing of the pass ran: run it unrecorded */
             AG_LOGW("%s: recording a decode pass failed (%s); running it unrecorded", op->name, ag_error_message());
-            if ((st = issue_pass(m, kv, b, &lay, n_dec, n_out, argmax, &f, logits))) return st;
+            if ((st = issue_pass(m, kv, b, &lay, n_dec, n_out, argmax, pick, &f, logits))) return st;
         }
     }
     if (n_out == 0) return op->sync(be);
-    if (!op->host_memory && (st = download_outputs(m, b, n_out, argmax, &f, logits))) return st;
-    if (b->argmax) /* rows without a computed argmax: their sampler reads the row */
+    if (!op->host_memory && (st = download_outputs(m, b, n_out, argmax, pick, &f, logits))) return st;
+    if (b->argmax) /* rows without a computed token: their sampler reads the row */
         for (int i = 0, k = 0; i < n; i++) {
             const int want = b->want_logits ? b->want_logits[i] : i == n - 1;
-            if (want && (!argmax || want != AG_WANT_ARGMAX)) b->argmax[k] = AG_ARGMAX_NONE;
+            if (want && !(argmax && want == AG_WANT_ARGMAX) && !(pick && want == AG_WANT_PICK))
+                b->argmax[k] = AG_ARGMAX_NONE;
             k += want != 0;
         }
     if (c->final_softcap > 0) { /* (no argmax was computed: every row is there) */

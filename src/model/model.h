@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "base/argmax.h" /* ag_pick */
 #include "base/status.h"
 #include "gguf/gguf.h"
 
@@ -125,9 +126,12 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx);
 void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v);
 
 /* want_logits values: the row's logits, or only its argmax (the lowest id
- * among its largest logits, +inf and FLT_MAX alike, NaN skipped), which a
- * device backend finds where the logits are and copies back alone. */
-enum { AG_WANT_LOGITS = 1, AG_WANT_ARGMAX = 2 };
+ * among its largest logits, +inf and FLT_MAX alike, NaN skipped), or only a
+ * token drawn from softmax(row / T) with a sampler's uniform
+ * (ag_pick_f32 with ag_batch.pick's draw), which a device backend finds
+ * where the logits are and copies back alone. AG_WANT_PICK only where
+ * ag_model_can_pick. */
+enum { AG_WANT_LOGITS = 1, AG_WANT_ARGMAX = 2, AG_WANT_PICK = 3 };
 /* ag_batch.argmax values other than a token id */
 enum {
     AG_ARGMAX_NONE = -1,     /* not computed: the logits row is filled, use it */
@@ -141,13 +145,17 @@ typedef struct {
     const int32_t *token;       /* [n] */
     const int32_t *pos;         /* [n] position within its sequence */
     const int32_t *seq;         /* [n] sequence id (KV block table) */
-    const uint8_t *want_logits; /* [n] 0, AG_WANT_LOGITS or AG_WANT_ARGMAX; NULL: logits of the last token */
-    /* [output rows] (may be NULL when no row wants AG_WANT_ARGMAX): per row
-     * wanting anything, in batch order, its argmax where the backend
-     * computed it (a token id or AG_ARGMAX_NOFINITE), else AG_ARGMAX_NONE.
-     * An AG_WANT_ARGMAX row whose argmax was computed may have its logits
-     * row left unwritten; every other wanted row's logits are written. */
+    const uint8_t *want_logits; /* [n] 0 or AG_WANT_*; NULL: logits of the last token */
+    /* [output rows] (may be NULL when no row wants AG_WANT_ARGMAX or
+     * AG_WANT_PICK): per row wanting anything, in batch order, its argmax or
+     * picked token where the backend computed it (a token id or
+     * AG_ARGMAX_NOFINITE), else AG_ARGMAX_NONE. An AG_WANT_ARGMAX or
+     * AG_WANT_PICK row whose token was computed may have its logits row left
+     * unwritten; every other wanted row's logits are written. */
     int32_t *argmax;
+    /* [output rows] (may be NULL when no row wants AG_WANT_PICK): the draw
+     * of each AG_WANT_PICK row, indexed as argmax */
+    const ag_pick *pick;
     /* The last n_prompt tokens are prompt tokens, the others decode or
      * verify tokens (0: all decode). The two kinds go through different
      * matmul kernels (prompt: batched tiles; decode: row kernels), whose
@@ -170,5 +178,10 @@ typedef struct {
  *   rows whose argmax went to b->argmax (see there);
  * Errors: bad token ids or positions (AG_ERR_INVALID), memory. */
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits);
+
+/* Whether forward computes AG_WANT_PICK rows' tokens where the logits are
+ * (the backend has the pick op, the model no final logit softcap, and
+ * AUGUR_PICK=0 is not set); otherwise a caller asks for the logits. */
+bool ag_model_can_pick(const ag_model *m);
 
 #endif

@@ -605,6 +605,39 @@ ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_resu
     return AG_OK;
 }
 
+int ag_sampler_pick_only(const ag_sampler *s) {
+    return s && s->p.temperature > 0.0f && (s->p.top_k <= 0 || s->p.top_k >= s->n_vocab) && s->p.top_p >= 1.0f &&
+           s->p.min_p <= 0.0f && !s->p.logprobs && s->p.n_logprobs <= 0 && s->p.n_logit_bias == 0 &&
+           !penalties_active(s);
+}
+
+ag_status ag_sampler_draw_pick(ag_sampler *s, ag_pick *out) {
+    if (!s || !out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_draw_pick: NULL argument");
+    if (!ag_sampler_pick_only(s)) return ag_errorf(AG_ERR_INVALID, "ag_sampler_draw_pick: the sampler needs the whole row");
+    out->u = rng_uniform(s->rng);
+    out->inv_temp = s->inv_temp;
+    return AG_OK;
+}
+
+ag_status ag_sampler_sample_picked(ag_sampler *s, int32_t token, ag_sample_result *out) {
+    if (!s || !out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked: NULL argument");
+    if (!ag_sampler_pick_only(s))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked: the sampler needs the whole row");
+    if (token >= s->n_vocab) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked: token %d out of range", token);
+    if (token < 0) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
+    memset(out, 0, sizeof *out);
+    out->token = token;
+    out->logprob = NAN;
+    return AG_OK;
+}
+
+ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_pick *d, ag_sample_result *out) {
+    ag_status st = check_call(s, logits, out, "ag_sampler_sample_drawn");
+    if (st != AG_OK) return st;
+    if (!d) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_drawn: NULL draw");
+    return ag_sampler_sample_picked(s, ag_pick_f32(logits, s->n_vocab, d->inv_temp, d->u), out);
+}
+
 ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result *out) {
     ag_status st = check_call(s, logits, out, "ag_sampler_sample");
     if (st != AG_OK) return st;

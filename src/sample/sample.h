@@ -58,6 +58,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/argmax.h" /* ag_pick */
+
 #include "base/status.h"
 
 #define AG_SAMPLE_MAX_LOGPROBS 20
@@ -161,6 +163,31 @@ int ag_sampler_argmax_only(const ag_sampler *s);
  * sample). Only for a sampler with ag_sampler_argmax_only (else
  * AG_ERR_INVALID). Does not accept the token. */
 ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_result *out);
+
+/* 1 if ag_sampler_sample reduces to ag_pick_f32 (base/argmax.h): a
+ * temperature > 0 and nothing else in the chain (no top-k below the vocab,
+ * top-p 1, min-p 0, no logit bias, no penalties) and no logprobs. Such a
+ * sampler can take a token drawn where the logits are: the caller draws its
+ * uniform (ag_sampler_draw_pick) before the logits exist and hands the backend's
+ * token to ag_sampler_sample_picked, so a GPU need not copy the row back.
+ * Fixed for the sampler's life. */
+int ag_sampler_pick_only(const ag_sampler *s);
+
+/* Takes the next uniform from the sampler's RNG into *out (for a sampler
+ * with ag_sampler_pick_only, else AG_ERR_INVALID and no draw). The token
+ * that follows is then ag_pick_f32(row, n_vocab, out->inv_temp, out->u),
+ * reported with ag_sampler_sample_picked, or ag_sampler_sample_drawn on the
+ * host: either gives the token ag_sampler_sample would have. */
+ag_status ag_sampler_draw_pick(ag_sampler *s, ag_pick *out);
+
+/* Reports the token a backend drew with this sampler's last ag_sampler_draw_pick
+ * (a negative token: no logit was finite, AG_ERR_INVALID as sample). Only
+ * for a sampler with ag_sampler_pick_only. Does not accept the token. */
+ag_status ag_sampler_sample_picked(ag_sampler *s, int32_t token, ag_sample_result *out);
+
+/* The same token drawn on the host from logits[n_vocab] with *d (a draw of
+ * this sampler), for rows the backend did not pick. */
+ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_pick *d, ag_sample_result *out);
 
 /* Samples one token from logits[n_vocab] (borrowed for the call) through
  * the chain, and fills *out (logprob and n_logprobs alternatives). Does not

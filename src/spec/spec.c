@@ -229,6 +229,8 @@ static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpro
         /* The bonus token, and every greedy decision: the very call plain
          * decoding makes, so the token (and its logprob) are plain's. */
         if (hint != -1 && ag_sampler_argmax_only(sampler)) st = ag_sampler_sample_argmax(sampler, hint, sr);
+        else if (hint != -1 && i == 0 && d == 0 && ag_sampler_pick_only(sampler))
+            st = ag_sampler_sample_picked(sampler, hint, sr); /* drawn by the caller (AG_WANT_PICK) */
         else st = ag_sampler_sample(sampler, row, sr);
         if (st) return st;
         if (i < d) *accepted = sr->token == spec->drafts[i];

@@ -30,6 +30,29 @@ def test_seed_makes_sampling_reproducible():
     assert a != c
 
 
+def test_backend_picked_tokens_equal_the_samplers():
+    """A sampler with only a temperature draws its uniform before the step and
+    the backend draws the token where the logits are (AG_WANT_PICK; on the CPU
+    by the sampler's own rule): the text equals AUGUR_PICK=0's, where the
+    sampler draws from the copied rows, at several temperatures and seeds,
+    plain and speculative (rounds with drafts keep their rows), on stories260K
+    and SmolLM2; top-p (a sampler that needs the row) is unchanged too."""
+    require_model(SMOLLM2)
+    only = ("--top-k", "0", "--top-p", "1", "--min-p", "0")  # (the CLI's defaults truncate)
+    cases = [(TINY_GGUF, ("--temp", "1.0", "--seed", "7", *only)), (TINY_GGUF, ("--temp", "0.6", "--seed", "3", *only)),
+             (TINY_GGUF, ("--temp", "1.4", "--seed", "11", "--draft", "ngram", *only)),
+             (TINY_GGUF, ("--temp", "0.9", "--top-p", "0.8", "--seed", "5")),
+             (SMOLLM2, ("--temp", "0.8", "--seed", "2", "--chat", *only))]
+    for model, extra in cases:
+        args = [AUGUR, "run", "-m", model, "-p", "Once upon a time", "-n", "64", *extra]
+        on = subprocess.run(args, capture_output=True, timeout=120, env=os.environ)
+        off = subprocess.run(args, capture_output=True, timeout=120, env={**os.environ, "AUGUR_PICK": "0"})
+        assert on.returncode == 0, on.stderr.decode(errors="replace")
+        assert off.returncode == 0, off.stderr.decode(errors="replace")
+        assert len(on.stdout) > 20
+        assert on.stdout == off.stdout, (model, extra)
+
+
 def test_chat_renders_the_models_template():
     """SmolLM2's template adds its default system prompt: llama.cpp tokenizes the
     rendered conversation to these 37 ids (checked with llama-cpp-python)."""

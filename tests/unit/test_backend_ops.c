@@ -37,6 +37,7 @@
 #include <cmocka.h>
 
 #include "backend/backend.h"
+#include "base/argmax.h"
 #include "backend/cpu/quant.h"
 #include "kv/kv.h"
 #include "quant_testutil.h"
@@ -375,7 +376,7 @@ static void get_rows_exact(void **state) {
         ag_tensor      w = make_weight(g_be, type, K, ROWS, &deq);
         int32_t        ids[N] = {3, 0, 39, 3, 17, 8}, pos[N], seq[N];
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, 0};
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, 0};
         begin_pass(g_be, f.kv, &lay, ids);
         float *d = dev_floats(g_be, (size_t)N * K);
         assert_int_equal(g_be->ops->get_rows(g_be, &w, ids, N, d), AG_OK);
@@ -486,7 +487,7 @@ static void small_ops(void **state) {
         const int rope_dim = neox ? 24 : HD;
         int       base_pos = ag_kv_seq_len(f.kv, f.seq[0]);
         for (int i = 0; i < N; i++) pos[i] = base_pos + i;
-        ag_batch_layout lay = {N, pos, seq, 0};
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         assert_int_equal(g_be->ops->copy(g_be, dout, dx, (size_t)N * N_HEAD * HD * 4), AG_OK);
         assert_int_equal(g_be->ops->rope(g_be, dout, N, N_HEAD, HD, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
@@ -531,7 +532,7 @@ static void rope_kv_store_fused(void **state) {
         const int rope_dim = neox ? 48 : HD;
         int32_t   pos[N], seq[N], toks[N] = {0};
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i + 0, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, neox ? N : 3}; /* decode rows too */
+        ag_batch_layout lay = {N, pos, seq, neox ? N : 3, NULL, 0}; /* decode rows too */
         begin_pass(g_be, f.kv, &lay, toks);
         ag_attn_shape sh0 = {.layer = 0, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD, .head_dim_v = HD,
                              .scale = 0.125f},
@@ -587,7 +588,7 @@ static void matmul_after_producers(void **state) {
         ag_tensor w = make_weight(g_be, cases[c].type, K, N_OUT, &deq);
         int32_t   pos[N], seq[N], toks[N] = {0};
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, N};
+        ag_batch_layout lay = {N, pos, seq, N, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         const size_t n = (size_t)N * K;
         float *x = randn(n, 1.0f), *u = randn(n, 1.0f), *gain = randn(K, 1.0f);
@@ -684,6 +685,83 @@ static void argmax_rows(void **state) {
     }
 }
 
+/* The pick op: each row's token drawn with its draw (ag_pick_f32), the
+ * draws handed to begin with the layout. A device may sum the weights in
+ * another order, so a token may differ from ag_pick_f32's only where u times
+ * the sum lies within 1e-9 of the sum from a boundary; the draws below are
+ * checked to be further than that, so every token must match. */
+static void pick_rows(void **state) {
+    (void)state;
+    if (!g_be->ops->pick) skip();
+    kv_fixture f = make_kv(g_be, 1, 32, NULL);
+    enum { N = 12 };
+    const int dim = 50001;
+    float    *x = randn((size_t)N * dim, 3.0f);
+    float    *r = x + 2 * (size_t)dim; /* row 2: NaN everywhere but two values */
+    for (int i = 0; i < dim; i++) r[i] = NAN;
+    r[dim - 1] = -5.0f, r[9] = -6.0f;
+    r = x + 3 * (size_t)dim; /* row 3: nothing finite */
+    for (int i = 0; i < dim; i++) r[i] = i % 3 ? -INFINITY : NAN;
+    r = x + 5 * (size_t)dim; /* row 5: +inf (as FLT_MAX) among others */
+    r[1] = INFINITY, r[77] = FLT_MAX;
+    ag_pick  draws[N];
+    int32_t  want[N], pos[N], seq[N], ids[N];
+    uint64_t st = 99;
+    for (int k = 0; k < N; k++) {
+        pos[k] = ag_kv_seq_len(f.kv, f.seq[0]) + k, seq[k] = f.seq[0], ids[k] = k;
+        for (;;) { /* a draw not within 1e-9 (relative) of a boundary of the row's cumulative weights */
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            draws[k].u = (double)(st >> 11) * 0x1.0p-53;
+            draws[k].inv_temp = k % 4 == 0 ? 1.0f : k % 4 == 1 ? 0.5f : k % 4 == 2 ? 2.0f : 1.3f;
+            const float *row = x + (size_t)k * dim;
+            want[k] = ag_pick_f32(row, dim, draws[k].inv_temp, draws[k].u);
+            if (want[k] < 0) {
+                want[k] = -2;
+                break;
+            }
+            float m = -INFINITY;
+            for (int i = 0; i < dim; i++) {
+                float l = !(row[i] > -INFINITY) ? -INFINITY : row[i] > FLT_MAX ? FLT_MAX : row[i];
+                m = l > m ? l : m;
+            }
+            double sum = 0.0, cum = 0.0, near = INFINITY;
+            for (int i = 0; i < dim; i++) {
+                float l = !(row[i] > -INFINITY) ? -INFINITY : row[i] > FLT_MAX ? FLT_MAX : row[i];
+                sum += (double)expf((l - m) * draws[k].inv_temp);
+            }
+            for (int i = 0; i < dim; i++) {
+                float l = !(row[i] > -INFINITY) ? -INFINITY : row[i] > FLT_MAX ? FLT_MAX : row[i];
+                cum += (double)expf((l - m) * draws[k].inv_temp);
+                const double dist = fabs(cum - draws[k].u * sum);
+                near = dist < near ? dist : near;
+            }
+            if (near > 1e-9 * sum) break;
+        }
+    }
+    assert_int_equal(want[3], -2);
+    ag_batch_layout lay = {N, pos, seq, 0, draws, N};
+    begin_pass(g_be, f.kv, &lay, ids);
+    float   *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
+    int32_t *dout = dev_floats(g_be, N), got[N];
+    /* two runs of rows, as the model issues them: rows 0..4, then 5..11 */
+    assert_int_equal(g_be->ops->pick(g_be, dx, 5, dim, &lay, 0, dout), AG_OK);
+    assert_int_equal(g_be->ops->pick(g_be, dx + 5 * (size_t)dim, N - 5, dim, &lay, 5, dout + 5), AG_OK);
+    assert_int_equal(g_be->ops->download(g_be, got, dout, sizeof got), AG_OK);
+    commit_pass(f.kv, &lay);
+    int distinct = 0;
+    for (int k = 0; k < N; k++) {
+        if (got[k] != want[k]) fail_msg("%s pick row %d: %d, want %d", g_be->ops->name, k, got[k], want[k]);
+        distinct += k > 0 && got[k] != got[k - 1];
+    }
+    assert_true(distinct >= N / 2); /* the draws spread the picks */
+    /* a run without draws is refused */
+    lay.pick = NULL;
+    assert_int_equal(g_be->ops->pick(g_be, dx, 1, dim, &lay, 0, dout), AG_ERR_INVALID);
+    g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dout);
+    free(x);
+    ag_kv_free(f.kv);
+}
+
 /* ---- KV store + attention ---- */
 
 /* dst (a host cache with the same sequences) gets src's rows of every
@@ -728,7 +806,7 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
             for (int i = 0; i < 3; i++) pos[n] = P1 + i, seq[n++] = f.seq[0];
             for (int i = 0; i < 20; i++) pos[n] = 5 + i, seq[n++] = f.seq[1];
         }
-        ag_batch_layout lay = {n, pos, seq, 0};
+        ag_batch_layout lay = {n, pos, seq, 0, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         float *q = randn((size_t)n * N_HEAD * HD, 1.0f), *k = randn((size_t)n * N_KV * HD, 1.0f),
               *v = randn((size_t)n * N_KV * HD, 1.0f);
@@ -831,6 +909,7 @@ int main(void) {
         cmocka_unit_test(rope_kv_store_fused),
         cmocka_unit_test(matmul_after_producers),
         cmocka_unit_test(argmax_rows),
+        cmocka_unit_test(pick_rows),
         cmocka_unit_test(attention_paged),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

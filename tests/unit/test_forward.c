@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "kv/kv.h"
+#include "base/argmax.h"
 #include "model/model.h"
 #include "model_testutil.h"
 
@@ -223,6 +224,45 @@ static void argmax_rows_match_their_logits(void **state) {
     ag_kv_free(kv);
 }
 
+/* Rows that want a token drawn with a sampler's uniform (AG_WANT_PICK) get
+ * ag_pick_f32 of their logits and their draw, in output-row order, beside
+ * argmax rows; a batch without draws is refused. */
+static void pick_rows_draw_from_their_logits(void **state) {
+    ag_kv  *kv = new_kv(1, 16);
+    int32_t s;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    enum { N = 6 };
+    int32_t pos[N], seq[N], am[N];
+    uint8_t want[N] = {AG_WANT_PICK, 0, AG_WANT_LOGITS, AG_WANT_ARGMAX, AG_WANT_PICK, AG_WANT_PICK};
+    ag_pick draws[N] = {{0.1, 1.0f}, {0.5, 0.5f}, {0.9, 2.0f}, {0.999, 0.7f}, {0.3, 1.3f}};
+    for (int i = 0; i < N; i++) pos[i] = i, seq[i] = s;
+    float   *out = malloc(sizeof(float) * N * (size_t)g_vocab);
+    ag_batch b = {.n = N, .token = k_tokens, .pos = pos, .seq = seq, .want_logits = want, .argmax = am, .n_prompt = N};
+    assert_true(ag_model_can_pick(g_model));
+    assert_int_equal(ag_kv_seq_reserve(kv, s, N), AG_OK);
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_ERR_INVALID); /* no b.pick */
+    b.pick = draws;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_OK);
+    int distinct = 0, prev = -1;
+    for (int k = 0, i = 0; i < N; i++) {
+        if (!want[i]) continue;
+        const float *row = out + (size_t)k * g_vocab; /* the CPU writes every row */
+        if (want[i] == AG_WANT_PICK) {
+            assert_int_equal(am[k], ag_pick_f32(row, g_vocab, draws[k].inv_temp, draws[k].u));
+            distinct += am[k] != prev;
+            prev = am[k];
+        } else if (want[i] == AG_WANT_ARGMAX) {
+            assert_int_equal(am[k], ag_argmax_f32(row, g_vocab));
+        } else {
+            assert_int_equal(am[k], AG_ARGMAX_NONE);
+        }
+        k++;
+    }
+    assert_true(distinct >= 2); /* the draws moved the picks: not an argmax in disguise */
+    free(out);
+    ag_kv_free(kv);
+}
+
 static void bad_batches_are_errors(void **state) {
     ag_kv *kv = new_kv(1, 16);
     int32_t s;
@@ -289,6 +329,7 @@ int main(void) {
         cmocka_unit_test(forked_sequences_do_not_disturb_each_other),
         cmocka_unit_test(ragged_batch_of_two_sequences_equals_separate_runs),
         cmocka_unit_test(argmax_rows_match_their_logits),
+        cmocka_unit_test(pick_rows_draw_from_their_logits),
         cmocka_unit_test(bad_batches_are_errors),
         cmocka_unit_test(fingerprint_is_stable_and_sees_sampled_weights),
     };

@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "base/argmax.h"
 #include "sample/sample.h"
 #include "sample/stop.h"
 
@@ -350,6 +351,82 @@ static void sample_argmax_takes_a_found_token(void **state) {
         s = new_sampler(&q[i], 5, 0);
         assert_false(ag_sampler_argmax_only(s));
         assert_int_equal(ag_sampler_sample_argmax(s, 1, &b), AG_ERR_INVALID);
+        ag_sampler_free(s);
+    }
+}
+
+/* A sampler with only a temperature draws its uniform ahead
+ * (ag_sampler_draw_pick) and takes a token picked elsewhere (a backend's
+ * pick op running ag_pick_f32): the tokens are those of ag_sampler_sample
+ * from the same seed, over random rows with ties, NaN, +-inf and tokens
+ * far below the max, at temperatures from 0.1 to 3. Any sampler that
+ * needs more refuses the draw. */
+static void pick_draws_what_sample_draws(void **state) {
+    (void)state;
+    const int   n = 257;
+    float       l[257];
+    const float temps[5] = {0.1f, 0.5f, 1.0f, 1.7f, 3.0f};
+    for (int round = 0; round < 60; round++) {
+        ag_sample_params p = ag_sample_default_params();
+        p.temperature = temps[round % 5];
+        p.seed = 1000 + (uint64_t)round;
+        if (round % 3 == 1) p.top_k = n; /* no truncation either */
+        ag_sampler *a = new_sampler(&p, n, 7), *b = new_sampler(&p, n, 7);
+        assert_true(ag_sampler_pick_only(a));
+        for (int step = 0; step < 40; step++) {
+            for (int i = 0; i < n; i++) l[i] = (float)(trng_normal() * 3.0);
+            if (step % 4 == 0) l[trng_int(n)] = NAN;
+            if (step % 5 == 0) l[trng_int(n)] = -INFINITY;
+            if (step % 7 == 0) l[trng_int(n)] = -80.0f; /* weight underflows to 0 */
+            if (step % 9 == 0) l[trng_int(n)] = l[trng_int(n)]; /* a tie */
+            if (step % 11 == 0) l[trng_int(n)] = INFINITY;
+            ag_sample_result ra, rb;
+            ag_pick          d;
+            assert_int_equal(ag_sampler_sample(a, l, &ra), AG_OK);
+            assert_int_equal(ag_sampler_draw_pick(b, &d), AG_OK);
+            assert_true(d.u >= 0.0 && d.u < 1.0);
+            if (step % 2) {
+                assert_int_equal(ag_sampler_sample_picked(b, ag_pick_f32(l, n, d.inv_temp, d.u), &rb), AG_OK);
+            } else {
+                assert_int_equal(ag_sampler_sample_drawn(b, l, &d, &rb), AG_OK);
+            }
+            assert_int_equal(rb.token, ra.token);
+            assert_true(isnan(rb.logprob) && isnan(ra.logprob));
+            assert_int_equal(ag_sampler_accept(a, ra.token), AG_OK);
+            assert_int_equal(ag_sampler_accept(b, rb.token), AG_OK);
+        }
+        ag_sampler_free(a);
+        ag_sampler_free(b);
+    }
+    /* no finite logit: the error sample gives; out of range refused */
+    ag_sample_params p = ag_sample_default_params();
+    p.temperature = 0.8f;
+    ag_sampler      *s = new_sampler(&p, 5, 0);
+    float            none[5] = {-INFINITY, NAN, -INFINITY, NAN, -INFINITY};
+    ag_sample_result r;
+    assert_int_equal(ag_pick_f32(none, 5, 1.25f, 0.5), -1);
+    assert_int_equal(ag_sampler_sample_picked(s, -1, &r), AG_ERR_INVALID);
+    assert_non_null(strstr(ag_error_message(), "finite"));
+    assert_int_equal(ag_sampler_sample_picked(s, 5, &r), AG_ERR_INVALID);
+    ag_sampler_free(s);
+    /* samplers that need more than a temperature */
+    ag_sample_params q[7];
+    for (int i = 0; i < 7; i++) q[i] = p;
+    q[0].temperature = 0.0f;
+    q[1].top_k = 3;
+    q[2].top_p = 0.9f;
+    q[3].min_p = 0.05f;
+    q[4].logprobs = 1;
+    q[5].presence_penalty = 0.5f;
+    ag_logit_bias bias = {.token = 2, .bias = 1.0f};
+    q[6].logit_bias = &bias;
+    q[6].n_logit_bias = 1;
+    for (int i = 0; i < 7; i++) {
+        s = new_sampler(&q[i], 5, 0);
+        ag_pick d;
+        assert_false(ag_sampler_pick_only(s));
+        assert_int_equal(ag_sampler_draw_pick(s, &d), AG_ERR_INVALID);
+        assert_int_equal(ag_sampler_sample_picked(s, 1, &r), AG_ERR_INVALID);
         ag_sampler_free(s);
     }
 }
@@ -1187,6 +1264,7 @@ int main(void) {
         cmocka_unit_test(greedy_is_argmax_lowest_id),
         cmocka_unit_test(nonfinite_logits),
         cmocka_unit_test(sample_argmax_takes_a_found_token),
+        cmocka_unit_test(pick_draws_what_sample_draws),
         cmocka_unit_test(chain_matches_reference),
         cmocka_unit_test(chain_large_vocab_top_p),
         cmocka_unit_test(chain_timing_150k),

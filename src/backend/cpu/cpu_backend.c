@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/backend.h"
+#include "base/argmax.h"
 #include "backend/cpu/attention.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/matmul.h"
@@ -163,6 +164,18 @@ static ag_status cpu_rope(ag_backend *be, float *x, int n, int n_head, int head_
 
 static ag_status cpu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out) {
     ag_cpu_argmax_rows(x, n, dim, out);
+    return AG_OK;
+}
+
+static ag_status cpu_pick(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
+                          int32_t *out) {
+    if (!lay || !lay->pick || row0 < 0 || row0 + n > lay->n_out)
+        return ag_errorf(AG_ERR_INVALID, "pick: rows %d..%d have no draws", row0, row0 + n);
+    for (int r = 0; r < n; r++) {
+        const ag_pick *d = &lay->pick[row0 + r];
+        const int32_t  i = ag_pick_f32(x + (size_t)r * dim, dim, d->inv_temp, d->u);
+        out[r] = i < 0 ? -2 : i;
+    }
     return AG_OK;
 }
 
@@ -349,6 +362,7 @@ static const ag_backend_ops cpu_ops = {
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .argmax = cpu_argmax,
+    .pick = cpu_pick,
 };
 
 ag_cpu_params ag_cpu_default_params(void) {

@@ -157,6 +157,7 @@ typedef struct {
     size_t         cap_pinned;
     int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
     int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
+    int32_t       *d_draws; /* [3 n_out]: the pass's pick draws (begin) */
     int            n_tiles;
 
     /* prompt-row GEMM scratch: the weight and the activations in BF16, an
@@ -479,7 +480,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         ag_kv_seq_blocks(kv, lay->seq[i], &nb);
         n_table += (size_t)nb;
     }
-    size_t need = 5 * (size_t)n + 1 + n_table;
+    size_t need = 8 * (size_t)n + 1 + n_table; /* tables after the draws, so the draws sit at a fixed offset */
     if (need > s->cap_pinned) {
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
         s->h_pinned = NULL;
@@ -514,7 +515,16 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     }
     int32_t *h = s->h_pinned;
     int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
-            *h_tab = h + 5 * n + 1;
+            *h_draws = h + 5 * n + 1, *h_tab = h + 8 * n + 1;
+    /* the pick op's draws (3 words an output row: u's low and high halves,
+     * 1/T's bits), uploaded with the rest so a replayed pass reads this
+     * pass's draws */
+    for (int k = 0; lay->pick && k < lay->n_out && k < n; k++) {
+        int32_t w[2];
+        memcpy(w, &lay->pick[k].u, sizeof w);
+        h_draws[3 * k] = w[0], h_draws[3 * k + 1] = w[1];
+        memcpy(&h_draws[3 * k + 2], &lay->pick[k].inv_temp, sizeof(int32_t));
+    }
     /* prompt rows [n_decode, n) in tiles: consecutive rows of one sequence, at most ATT_TQ */
     int n_tiles = 0;
     for (int i = lay->n_decode > 0 && lay->n_decode <= n ? lay->n_decode : (lay->n_decode > n ? n : 0); i < n;) {
@@ -557,7 +567,8 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     s->d_tok_table = s->d_ints + 3 * n;
     s->d_tiles = s->d_ints + 4 * n;
     s->n_tiles = n_tiles;
-    s->d_tables = s->d_ints + 5 * n + 1;
+    s->d_draws = s->d_ints + 5 * n + 1;
+    s->d_tables = s->d_ints + 8 * n + 1;
     return AG_OK;
 }
 
@@ -3813,6 +3824,79 @@ __global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__r
     if (threadIdx.x == 0) out[blockIdx.x] = bv > -INFINITY ? bi : -2;
 }
 
+/* out[blockIdx.x] = ag_pick_f32 of the row with its draw (draws: u's low
+ * and high words, 1/T's bits), -2 when no value is finite. One block of
+ * 1024 threads a row: the max (argmax_block), each thread's weights over a
+ * contiguous slice of ids summed in id order, the slices' sums in order by
+ * one thread, which finds the slice where u times the total falls; that
+ * slice's thread scans it as the CPU scans the row. The weights' sum is
+ * associated differently from the CPU's (and expf may differ in the last
+ * bit), so the token can differ only where u times the sum lies within
+ * rounding of a boundary. (AUGUR_CUDA_PICK=1, opt-in: NOT YET RUN ON A GPU) */
+__global__ void __launch_bounds__(1024) pick_rows_k(const float *__restrict__ x, int dim,
+                                                    const int32_t *__restrict__ draws, int32_t *__restrict__ out) {
+    pdl_entry();
+    __shared__ double part[1024];
+    __shared__ float  s_m;
+    __shared__ double s_target, s_base;
+    __shared__ int    s_owner;
+    const float      *row = x + (size_t)blockIdx.x * dim;
+    float             bv;
+    int               bi;
+    argmax_block(row, 0, dim, (dim & 3) == 0, &bv, &bi);
+    if (threadIdx.x == 0) s_m = bv;
+    __syncthreads();
+    const float m = s_m;
+    if (!(m > -INFINITY)) {
+        if (threadIdx.x == 0) out[blockIdx.x] = -2;
+        return;
+    }
+    const int32_t *d = draws + 3 * blockIdx.x;
+    const double   u = __hiloint2double(d[1], d[0]);
+    const float    inv_t = __int_as_float(d[2]);
+    auto           weight = [&](int i) {
+        float l = row[i];
+        l = !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l; /* the sampler's sanitize */
+        return (double)expf(__fmul_rn(l - m, inv_t));
+    };
+    const int per = (dim + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int c0 = min(dim, (int)threadIdx.x * per), c1 = min(dim, c0 + per);
+    double    sum = 0.0;
+    for (int i = c0; i < c1; i++) sum += weight(i);
+    part[threadIdx.x] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        for (int t = 0; t < (int)blockDim.x; t++) total += part[t];
+        const double target = u * total;
+        double       cum = 0.0, base = 0.0;
+        int          owner = -1, last = 0;
+        for (int t = 0; t < (int)blockDim.x; t++) {
+            if (part[t] <= 0.0) continue;
+            last = t;
+            if (owner < 0 && target < cum + part[t]) owner = t, base = cum;
+            cum += part[t];
+        }
+        if (owner < 0) { /* rounding left the target at the end: the last token with a weight */
+            owner = last;
+            base = cum - part[last];
+        }
+        s_owner = owner, s_base = base, s_target = target;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x != s_owner) return;
+    double  cum = s_base;
+    int32_t pick = -1;
+    for (int i = c0; i < c1; i++) {
+        const double w = weight(i);
+        if (w <= 0.0) continue;
+        pick = i;
+        cum += w;
+        if (s_target < cum) break;
+    }
+    out[blockIdx.x] = pick;
+}
+
 /* As argmax_rows_k with a row cut into gridDim.y slices, one block each (a
  * lone 128k-row on one SM took as long as copying it to the host): each
  * slice's (value, index) goes to pv/pi, and the last slice of the row to
@@ -3885,6 +3969,19 @@ static ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32
     } else {
         launch_k(s, argmax_rows_k, (unsigned)n, 1024, 0, x, dim, out);
     }
+    LAUNCHED();
+    return AG_OK;
+}
+
+/* The pick op (backend.h): one pick_rows_k block a row, the draws from
+ * begin's upload (so a replayed pass uses its own). */
+static ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
+                         int32_t *out) {
+    cuda_state *s = st_of(be);
+    if (n <= 0) return AG_OK;
+    if (!lay || !lay->pick || row0 < 0 || row0 + n > lay->n_out || row0 + n > s->n)
+        return ag_errorf(AG_ERR_INVALID, "CUDA pick: rows %d..%d have no draws", row0, row0 + n);
+    launch_k(s, pick_rows_k, (unsigned)n, 1024, 0, x, dim, (const int32_t *)s->d_draws + 3 * row0, out);
     LAUNCHED();
     return AG_OK;
 }
@@ -4010,6 +4107,13 @@ static ag_backend_ops make_ops(void) {
     return o;
 }
 static const ag_backend_ops cuda_ops = make_ops();
+/* The same with the pick op (AUGUR_CUDA_PICK=1, opt-in until it has run on a GPU). */
+static ag_backend_ops make_ops_pick(void) {
+    ag_backend_ops o = make_ops();
+    o.pick = cu_pick;
+    return o;
+}
+static const ag_backend_ops cuda_ops_pick = make_ops_pick();
 
 extern "C" int ag_cuda_device_count(void) {
     int n = 0;
@@ -4029,7 +4133,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
         free(s);
         return ag_errorf(AG_ERR_NOMEM, "out of memory");
     }
-    be->ops = &cuda_ops;
+    const char *pick = getenv("AUGUR_CUDA_PICK");
+    be->ops = pick && *pick == '1' ? &cuda_ops_pick : &cuda_ops;
     be->impl = s;
     s->device = index;
     s->kvmem.ctx = s;
