@@ -593,16 +593,22 @@ int ag_sampler_argmax_only(const ag_sampler *s) {
            !penalties_active(s);
 }
 
+/* *out for a token found where the logits are (an argmax or a pick):
+ * range-checked, a negative one meaning no finite logit, no logprob. */
+static ag_status report_found(const ag_sampler *s, int32_t token, ag_sample_result *out, const char *fn) {
+    if (token >= s->n_vocab) return ag_errorf(AG_ERR_INVALID, "%s: token %d out of range", fn, token);
+    if (token < 0) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
+    memset(out, 0, sizeof *out);
+    out->token = token;
+    out->logprob = NAN;
+    return AG_OK;
+}
+
 ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_result *out) {
     if (!s || !out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_argmax: NULL argument");
     if (!ag_sampler_argmax_only(s))
         return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_argmax: the sampler needs the whole row");
-    if (argmax >= s->n_vocab) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_argmax: token %d out of range", argmax);
-    if (argmax < 0) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
-    memset(out, 0, sizeof *out);
-    out->token = argmax;
-    out->logprob = NAN;
-    return AG_OK;
+    return report_found(s, argmax, out, "ag_sampler_sample_argmax");
 }
 
 int ag_sampler_pick_only(const ag_sampler *s) {
@@ -623,12 +629,7 @@ ag_status ag_sampler_sample_picked(ag_sampler *s, int32_t token, ag_sample_resul
     if (!s || !out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked: NULL argument");
     if (!ag_sampler_pick_only(s))
         return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked: the sampler needs the whole row");
-    if (token >= s->n_vocab) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked: token %d out of range", token);
-    if (token < 0) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
-    memset(out, 0, sizeof *out);
-    out->token = token;
-    out->logprob = NAN;
-    return AG_OK;
+    return report_found(s, token, out, "ag_sampler_sample_picked");
 }
 
 ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_pick *d, ag_sample_result *out) {
