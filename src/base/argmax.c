@@ -21,28 +21,22 @@ int32_t ag_argmax_f32(const float *x, int32_t n) {
     return i;
 }
 
-/* The sampler's sanitize (sample.c): NaN as -inf, +inf as FLT_MAX. */
-static inline float pick_sanitize(float l) {
-    if (!(l > -INFINITY)) return -INFINITY;
-    return l == INFINITY ? FLT_MAX : l;
-}
-
 int32_t ag_pick_f32(const float *x, int32_t n, float inv_temp, double u) {
     float m = -INFINITY;
     for (int32_t i = 0; i < n; i++) {
-        const float l = pick_sanitize(x[i]);
+        const float l = ag_logit_sanitize(x[i]);
         if (l > m) m = l;
     }
     if (!(m > -INFINITY)) return -1;
     /* the same weights twice, in the same order: the scan reproduces the
      * sum's partial sums exactly */
     double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) sum += (double)expf((pick_sanitize(x[i]) - m) * inv_temp);
+    for (int32_t i = 0; i < n; i++) sum += (double)expf((ag_logit_sanitize(x[i]) - m) * inv_temp);
     const double target = u * sum;
     double       cum = 0.0;
     int32_t      pick = -1; /* set below: the max has weight 1 */
     for (int32_t i = 0; i < n; i++) {
-        const double w = (double)expf((pick_sanitize(x[i]) - m) * inv_temp);
+        const double w = (double)expf((ag_logit_sanitize(x[i]) - m) * inv_temp);
         if (w <= 0.0) continue;
         pick = i;
         cum += w;

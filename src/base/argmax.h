@@ -5,7 +5,16 @@
 #ifndef AG_BASE_ARGMAX_H
 #define AG_BASE_ARGMAX_H
 
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
+
+/* The sampler's view of a logit: NaN as -inf (never drawn), +inf as
+ * FLT_MAX (so weights stay finite). */
+static inline float ag_logit_sanitize(float l) {
+    if (!(l > -INFINITY)) return -INFINITY; /* NaN too */
+    return l == INFINITY ? FLT_MAX : l;
+}
 
 /* The lowest index among x[0..n)'s largest values, +inf and FLT_MAX counted
  * alike, NaN skipped; -1 when no value is finite (or n <= 0). */

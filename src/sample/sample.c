@@ -296,11 +296,6 @@ ag_status ag_sampler_rewind(ag_sampler *s, size_t n) {
 
 /* Fills cand[] in id order with the processed logits and computes max,
  * argmax, the count of finite logits and (if want_z) sumexp. */
-static inline float sanitize(float l) {
-    if (!(l > -INFINITY)) return -INFINITY; /* NaN too */
-    return l == INFINITY ? FLT_MAX : l;
-}
-
 static ag_status prepare(ag_sampler *s, const float *logits, int want_z) {
     if (!logits) return ag_errorf(AG_ERR_INVALID, "sampler: logits is NULL");
     const int32_t n = s->n_vocab;
@@ -312,7 +307,7 @@ static ag_status prepare(ag_sampler *s, const float *logits, int want_z) {
     int32_t am = -1, nf = 0;
     if (!mods) {
         for (int32_t i = 0; i < n; i++) {
-            float l = sanitize(logits[i]);
+            float l = ag_logit_sanitize(logits[i]);
             c[i].l = l;
             c[i].id = i;
             nf += l != -INFINITY;
@@ -323,12 +318,12 @@ static ag_status prepare(ag_sampler *s, const float *logits, int want_z) {
         }
     } else {
         for (int32_t i = 0; i < n; i++) {
-            c[i].l = sanitize(logits[i]);
+            c[i].l = ag_logit_sanitize(logits[i]);
             c[i].id = i;
         }
         for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
             const ag_logit_bias *b = &s->bias[i];
-            c[b->token].l = b->bias <= -100.0f ? -INFINITY : sanitize(c[b->token].l + b->bias);
+            c[b->token].l = b->bias <= -100.0f ? -INFINITY : ag_logit_sanitize(c[b->token].l + b->bias);
         }
         if (penalties_active(s)) {
             const float rep = s->p.repetition_penalty;
@@ -338,7 +333,7 @@ static ag_status prepare(ag_sampler *s, const float *logits, int want_z) {
                 if (s->hkey[j] < 0 || cnt <= 0) continue;
                 float l = c[s->hkey[j]].l;
                 if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
-                c[s->hkey[j]].l = sanitize(l - ((float)cnt * freq + pres));
+                c[s->hkey[j]].l = ag_logit_sanitize(l - ((float)cnt * freq + pres));
             }
         }
         for (int32_t i = 0; i < n; i++) {

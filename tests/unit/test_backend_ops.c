@@ -721,16 +721,16 @@ static void pick_rows(void **state) {
             }
             float m = -INFINITY;
             for (int i = 0; i < dim; i++) {
-                float l = !(row[i] > -INFINITY) ? -INFINITY : row[i] > FLT_MAX ? FLT_MAX : row[i];
+                float l = ag_logit_sanitize(row[i]);
                 m = l > m ? l : m;
             }
             double sum = 0.0, cum = 0.0, near = INFINITY;
             for (int i = 0; i < dim; i++) {
-                float l = !(row[i] > -INFINITY) ? -INFINITY : row[i] > FLT_MAX ? FLT_MAX : row[i];
+                float l = ag_logit_sanitize(row[i]);
                 sum += (double)expf((l - m) * draws[k].inv_temp);
             }
             for (int i = 0; i < dim; i++) {
-                float l = !(row[i] > -INFINITY) ? -INFINITY : row[i] > FLT_MAX ? FLT_MAX : row[i];
+                float l = ag_logit_sanitize(row[i]);
                 cum += (double)expf((l - m) * draws[k].inv_temp);
                 const double dist = fabs(cum - draws[k].u * sum);
                 near = dist < near ? dist : near;
