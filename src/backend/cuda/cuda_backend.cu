@@ -3194,6 +3194,36 @@ static __device__ __forceinline__ void fa_tile_setup(const int32_t *__restrict__
     for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[g + 8 * hr], hi[hr] = row_hi[g + 8 * hr];
 }
 
+/* Chunk c's scores for the warp's 16 rows (Q as A fragments qa) against the
+ * 64 staged K rows ks ([64][HD + ATM_PAD]): s[i][e], position tile i
+ * (64c + 8i ..), e as an mma accumulator (rows g, g + 8; positions 2t,
+ * 2t + 1); scaled, softcapped, and -inf outside each row's [lo, hi]. The
+ * tensor-core prompt attention kernels' score step. */
+template <bool SOFTCAP, int HD>
+static __device__ __forceinline__ void fa_chunk_scores(const __half *ks, const uint32_t (&qa)[HD / 16][4], int c, int g,
+                                                       int t, float scale, float softcap, const int (&lo)[2],
+                                                       const int (&hi)[2], float (&s)[8][4]) {
+    constexpr int KSTR = HD + ATM_PAD;
+#pragma unroll
+    for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __half *kr = ks + (8 * i + g) * KSTR + 16 * kk + 2 * t;
+            mma_f16_16816(s[i], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+        }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int hr = e >> 1, p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
+            float     v = s[i][e] * scale;
+            if (SOFTCAP) v = softcap * tanhf(v / softcap);
+            s[i][e] = p < lo[hr] || p > hi[hr] ? -INFINITY : v;
+        }
+}
+
 /* Prompt rows on the tensor cores, one block per (tile of up to 16 rows,
  * KV head): warp w takes query head kvh·G + w (G = n_head / n_kv <= 8), so
  * a staged K/V chunk of 64 positions serves the whole group (a block per
@@ -3228,28 +3258,6 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
     uint32_t qa[HD / 16][4];
     int      ch0, ch1, c_hi, lo[2], hi[2];
     fa_tile_setup<HD>(pos, t0, nt, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi);
-    /* chunk c's scores: s[i][e], position tile i (64c + 8i ..), e as an mma
-     * accumulator (rows g, g + 8; positions 2t, 2t + 1); masked: -inf */
-    auto scores = [&](int c, float (&s)[8][4]) {
-#pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const __half *kr = ks + (8 * i + g) * KSTR + 16 * kk + 2 * t;
-                mma_f16_16816(s[i], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
-            }
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int hr = e >> 1, p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
-                float     v = s[i][e] * scale;
-                if (SOFTCAP) v = softcap * tanhf(v / softcap);
-                s[i][e] = p < lo[hr] || p > hi[hr] ? -INFINITY : v;
-            }
-    };
     /* pass 1: each row's max and sum (the 4 lanes of a row's group hold the same pair) */
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
     for (int c = ch0; c <= ch1; c++) {
@@ -3257,7 +3265,7 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
         stage_kv_chunk(g_, table, kvh, HD, c, c_hi, ks, KSTR, nullptr, VSTR);
         __syncthreads();
         float s[8][4];
-        scores(c, s);
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, lo, hi, s);
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float m = -INFINITY;
@@ -3288,7 +3296,7 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
         stage_kv_chunk(g_, table, kvh, HD, c, c_hi, ks, KSTR, vt, VSTR);
         __syncthreads();
         float s[8][4];
-        scores(c, s);
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, lo, hi, s);
 #pragma unroll
         for (int i = 0; i < 8; i++)
 #pragma unroll
@@ -3412,30 +3420,13 @@ __global__ void __launch_bounds__(256) attention_fa1_k(kv_geom g_, const int32_t
         __syncthreads(); /* chunk c's bytes from every thread */
         const __half *ks = kbuf + b * BUF, *vs = vbuf + b * BUF;
         float         s[8][4];
-#pragma unroll
-        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const __half *kr = ks + (8 * i + g) * STR + 16 * kk + 2 * t;
-                mma_f16_16816(s[i], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
-            }
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, lo, hi, s);
         float alpha[2];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float m = -INFINITY;
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-#pragma unroll
-                for (int e = 2 * hr; e < 2 * hr + 2; e++) {
-                    const int p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
-                    float     v = s[i][e] * scale;
-                    if (SOFTCAP) v = softcap * tanhf(v / softcap);
-                    v = p < lo[hr] || p > hi[hr] ? -INFINITY : v;
-                    s[i][e] = v;
-                    m = fmaxf(m, v);
-                }
+            for (int i = 0; i < 8; i++) m = fmaxf(m, fmaxf(s[i][2 * hr], s[i][2 * hr + 1]));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
             const float m_new = fmaxf(M[hr], m);
