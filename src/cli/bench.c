@@ -74,8 +74,8 @@ static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, fl
  * or n decode steps on each of n_seq fresh sequences (one batch of n_seq
  * decode rows per step) whose first `depth` positions were filled beforehand
  * (untimed); returns tokens per second over all sequences, or a negative
- * value on error. logits: room for n_seq rows. */
-/* kind: the decode rows' AG_WANT_* (LOGITS, ARGMAX or PICK, with draws at temperature 1) */
+ * value on error. logits: room for n_seq rows. kind: the decode rows'
+ * AG_WANT_* (LOGITS, ARGMAX, or PICK with draws at temperature 1). */
 static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, int depth, uint8_t kind, float *logits) {
     const ag_model_config *c = ag_model_config_of(m);
     if (!decode || n_seq < 1) n_seq = 1;
@@ -176,7 +176,8 @@ int ag_cli_bench(int argc, char **argv) {
     if (dopt.draft) return ag_cli_bench_spec(model_path, prompt_file, &dopt, tg > 0 ? (int)tg : 128, (int)reps,
                                              (int)threads, json);
     if (prompt_file) return ag_cli_usage_error(usage, "bench: -f goes with --draft");
-    if (argmax && pick) return ag_cli_usage_error(usage, "bench: --argmax and --pick are two kinds of decode step: one or the other");
+    if (argmax && pick)
+        return ag_cli_usage_error(usage, "bench: --argmax and --pick are two kinds of decode step: one or the other");
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = (int)threads;
     mp.device = ag_cli_device;

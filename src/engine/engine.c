@@ -110,7 +110,7 @@ struct ag_engine {
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_want;
     ag_pick *b_pick; /* [logit_rows] the draws of AG_WANT_PICK rows, by output row */
-    int32_t *argmax; /* [logit_rows]: the rows' argmax where the backend found it (ag_batch.argmax) */
+    int32_t *argmax; /* [logit_rows]: the rows' argmax or picked token where the backend found it (ag_batch.argmax) */
     float   *logits;
     float   *masked; /* [n_vocab]: a row with a structured output's mask applied */
     ag_schema_vocab *schema_vocab; /* the mask's tables, built on the first structured request */
