@@ -100,6 +100,15 @@ AUGUR_CUDA_PICK=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --
 AUGUR_PICK=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/pick-off.txt 2>/dev/null
 same build/cuda/pick-on.txt build/cuda/pick-off.txt "sampled text with the GPU pick == with the rows copied back (recorded passes: each replay's draws)"
 
+echo "== top-k sampling from candidates found on the GPU (the cands op, opt-in AUGUR_CUDA_CANDS=1, NOT YET RUN ON A GPU) == from the copied rows (AUGUR_CANDS=0)"
+AUGUR_CUDA_CANDS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+for T in "--temp 0.8 --seed 3" "--temp 1.2 --top-k 200 --top-p 1 --min-p 0 --seed 5"; do
+  AUGUR_CUDA_CANDS=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
+  AUGUR_CANDS=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-off.txt 2>/dev/null
+  same build/cuda/cands-on.txt build/cuda/cands-off.txt "sampled text ($T) from GPU candidates == from the rows copied back"
+done
+AUGUR_CUDA_CANDS=1 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample
+
 echo "== whole models, GPU vs CPU"
 models=()
 for m in "${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf" .devmodels/*.gguf models/*.gguf; do

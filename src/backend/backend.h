@@ -59,7 +59,10 @@ typedef struct {
      * (the pick op), indexed by output row; NULL: none. Given to begin, so
      * a backend that replays recorded passes can upload them each pass. */
     const ag_pick *pick;
-    int            n_out; /* output rows (pick's length) */
+    /* [output rows] likewise, the requests of the rows that want their
+     * candidates (the cands op); NULL: none */
+    const ag_cands_req *cands_req;
+    int                 n_out; /* output rows (pick's and cands_req's length) */
 } ag_batch_layout;
 
 /* The shape of one attention layer. */
@@ -182,6 +185,13 @@ typedef struct {
      * boundary. out is backend memory. NULL: the caller samples the rows. */
     ag_status (*pick)(ag_backend *, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
                       int32_t *out);
+    /* out[i] = ag_top_cands_f32(row i of x[n][dim], dim, &lay->cands_req[row0
+     * + i]) (rows and lay as for pick): the row's best candidates, their
+     * order and values exactly; a device backend may sum sumexp in another
+     * (fixed) order. out is backend memory. NULL: the caller finds them in
+     * the rows. */
+    ag_status (*cands)(ag_backend *, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
+                       ag_cands *out);
     /* The device memory free now and in all (a GPU's). NULL: host memory only. */
     ag_status (*device_memory)(ag_backend *, uint64_t *free_bytes, uint64_t *total_bytes);
     /* out[n][n_head*hd_v] = softmax(scale · q·Kᵀ (causal, windowed)) · V, each

@@ -44,3 +44,61 @@ int32_t ag_pick_f32(const float *x, int32_t n, float inv_temp, double u) {
     }
     return pick;
 }
+
+void ag_cand_sift_down(ag_cand *h, int32_t k, int32_t i) {
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && ag_cand_better(h[w], h[l])) w = l;
+        if (r < k && ag_cand_better(h[w], h[r])) w = r;
+        if (w == i) return;
+        ag_cand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+void ag_top_cands_f32(const float *x, int32_t n, const ag_cands_req *req, ag_cands *out) {
+    int32_t k = req->k < 1 ? 1 : req->k > AG_CANDS_MAX ? AG_CANDS_MAX : req->k;
+    ag_cand *h = out->c;
+    int32_t  have = 0, nf = 0;
+    float    m = -INFINITY;
+    for (int32_t i = 0; i < n; i++) {
+        const float l = ag_logit_sanitize(x[i]);
+        if (l == -INFINITY) continue;
+        nf++;
+        if (l > m) m = l;
+        if (have < k) { /* filling: sift the newcomer up */
+            int32_t j = have++;
+            h[j] = (ag_cand){l, i};
+            while (j > 0 && ag_cand_better(h[(j - 1) / 2], h[j])) {
+                ag_cand t = h[j];
+                h[j] = h[(j - 1) / 2];
+                h[(j - 1) / 2] = t;
+                j = (j - 1) / 2;
+            }
+            continue;
+        }
+        /* ids rise along the row, so an equal value loses to the root */
+        if (!(l > h[0].l)) continue;
+        h[0] = (ag_cand){l, i};
+        ag_cand_sift_down(h, k, 0);
+    }
+    /* best first: pop the worst to the back */
+    for (int32_t e = have; e > 1; e--) {
+        ag_cand t = h[0];
+        h[0] = h[e - 1];
+        h[e - 1] = t;
+        ag_cand_sift_down(h, e - 1, 0);
+    }
+    out->n = have;
+    out->n_finite = nf;
+    out->max = m;
+    out->sumexp = NAN;
+    if (req->want_z) {
+        double sum = 0.0;
+        if (nf > 0)
+            for (int32_t i = 0; i < n; i++) sum += (double)expf(ag_logit_sanitize(x[i]) - m);
+        out->sumexp = sum;
+    }
+}

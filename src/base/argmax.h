@@ -1,7 +1,9 @@
-/* The sampler's two rules that need nothing but a row of floats, in one
- * place: the greedy rule (the sampler on the host, the CPU backend's argmax
- * op; the CUDA kernel argmax_rows_k implements it too) and the temperature
- * rule without truncation (the sampler on the host, the backends' pick op). */
+/* The sampler's rules that need nothing but a row of floats, in one place:
+ * the greedy rule (the sampler on the host, the CPU backend's argmax op; the
+ * CUDA kernel argmax_rows_k implements it too), the temperature rule without
+ * truncation (the sampler on the host, the backends' pick op), and a row's
+ * best candidates with its max and sum of exponentials (the backends' cands
+ * op), all a truncating sampler reads of a row. */
 #ifndef AG_BASE_ARGMAX_H
 #define AG_BASE_ARGMAX_H
 
@@ -37,5 +39,47 @@ typedef struct {
     double u;
     float  inv_temp;
 } ag_pick;
+
+/* One candidate: a (sanitized) logit and its token id. The sampler's total
+ * order on candidates is logit descending, then id ascending. */
+typedef struct {
+    float   l;
+    int32_t id;
+} ag_cand;
+
+/* 1 if a comes before b in that order. */
+static inline int ag_cand_better(ag_cand a, ag_cand b) { return a.l > b.l || (a.l == b.l && a.id < b.id); }
+
+/* Restores the heap h[0..k) below slot i, the heap keeping the worst
+ * candidate of the order at its root (the selection of the k best). */
+void ag_cand_sift_down(ag_cand *h, int32_t k, int32_t i);
+
+/* The most candidates a row gives (ag_top_cands_f32's k). */
+#define AG_CANDS_MAX 256
+
+/* What a sampler reads of a row when its truncation keeps at most k tokens
+ * (top-k) and it reports at most k alternatives: the row's k best values in
+ * the total order, its max, how many values are finite, and (want_z) the sum
+ * of exponentials for logprobs. */
+typedef struct {
+    int32_t k;      /* 1..AG_CANDS_MAX */
+    int32_t want_z; /* 1: fill sumexp */
+} ag_cands_req;
+
+typedef struct {
+    int32_t n;        /* candidates in c: min(k, n_finite) */
+    int32_t n_finite; /* values that are not -inf once sanitized */
+    float   max;      /* the largest sanitized value (c[0].l); -inf if none is finite */
+    double  sumexp;   /* sum over the row, in index order, of (double)expf(l - max) for
+                         the sanitized values l (want_z; a device may sum in another
+                         order); NaN when not asked for */
+    ag_cand c[AG_CANDS_MAX]; /* [n], best first */
+} ag_cands;
+
+/* Fills *out for row x[0..n) as ag_cands describes, with req->k clamped to
+ * [1, AG_CANDS_MAX]: the values sanitized as ag_logit_sanitize does, the k
+ * best finite ones in the total order (logit desc, id asc). One pass over the
+ * row (a second, of expf, for want_z). */
+void ag_top_cands_f32(const float *x, int32_t n, const ag_cands_req *req, ag_cands *out);
 
 #endif

@@ -9,9 +9,11 @@
 #include "cli/cli.h"
 #include "kv/kv.h"
 #include "model/model.h"
+#include "sample/sample.h"
 
 static const char usage[] =
-    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t THREADS] [--argmax|--pick] [--json]\n"
+    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
+    "                   [--json]\n"
     "  -p N   prompt tokens processed in one batch (0 = skip)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
     "  -d N   decode after N positions of context (filled untimed first; default 0)\n"
@@ -23,6 +25,10 @@ static const char usage[] =
     "  --pick decode steps bring back a token drawn from each row at temperature 1 (what a\n"
     "         sampler with only a temperature needs; drawn where the logits are when the\n"
     "         backend can, else from the copied rows)\n"
+    "  --sample decode steps end with each row's token sampled as `augur run` samples by\n"
+    "         default (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), the sampler's time\n"
+    "         included: from each row's best candidates (found where the logits are when the\n"
+    "         backend can), or with AUGUR_CANDS=0 from the copied rows\n"
     "  --json one JSON object on stdout instead of the table\n"
     "  --draft ngram|MODEL.gguf [--draft-max N] [--draft-min N] [-f PROMPT_FILE]\n"
     "         speculative decoding instead: the same greedy request (default: a built-in code\n"
@@ -75,8 +81,11 @@ static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, fl
  * decode rows per step) whose first `depth` positions were filled beforehand
  * (untimed); returns tokens per second over all sequences, or a negative
  * value on error. logits: room for n_seq rows. kind: the decode rows'
- * AG_WANT_* (LOGITS, ARGMAX, or PICK with draws at temperature 1). */
-static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, int depth, uint8_t kind, float *logits) {
+ * AG_WANT_* (LOGITS, ARGMAX, or PICK with draws at temperature 1); samplers:
+ * NULL, or one per sequence that samples its row after each step (from its
+ * candidates when kind is AG_WANT_CANDS, else from the row). */
+static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, int depth, uint8_t kind, float *logits,
+                       ag_sampler **samplers) {
     const ag_model_config *c = ag_model_config_of(m);
     if (!decode || n_seq < 1) n_seq = 1;
     if (!decode) depth = 0;
@@ -90,6 +99,9 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
     uint8_t *want = malloc((size_t)n_seq);
     int32_t *am = malloc(sizeof(int32_t) * (size_t)n_seq);
     ag_pick *draws = malloc(sizeof(ag_pick) * (size_t)n_seq);
+    ag_cands_req *reqs = calloc((size_t)n_seq, sizeof *reqs);
+    ag_cands     *cands = kind == AG_WANT_CANDS ? malloc(sizeof(ag_cands) * (size_t)n_seq) : NULL;
+    for (int i = 0; i < n_seq && samplers && kind == AG_WANT_CANDS; i++) ag_sampler_cands_req(samplers[i], &reqs[i]);
     memset(want, kind, (size_t)n_seq);
     uint64_t rng = 0x9E3779B97F4A7C15ull;
     for (int s = 0; s < n_seq && !st && depth > 0; s++) st = fill_seq(m, kv, seq_ids[s], 0, depth, logits, &rng);
@@ -105,9 +117,14 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
             draws[i] = (ag_pick){(double)(rng >> 11) * 0x1.0p-53, 1.0f};
         }
         ag_batch b = {.n = n_seq, .token = tok, .pos = pos, .seq = seqs, .want_logits = want, .argmax = am,
-                      .pick = draws};
+                      .pick = draws, .cands_req = reqs, .cands = cands};
         for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_reserve(kv, seq_ids[s], 1);
         if (!st) st = ag_model_forward(m, kv, &b, logits);
+        for (int s = 0; s < n_seq && samplers && !st; s++) {
+            ag_sample_result r;
+            st = cands ? ag_sampler_sample_cands(samplers[s], &cands[s], &r)
+                       : ag_sampler_sample(samplers[s], logits + (size_t)s * c->n_vocab, &r);
+        }
         for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_commit(kv, seq_ids[s], p + 1);
     }
     double dt = now_s() - t0;
@@ -117,6 +134,8 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
     free(want);
     free(am);
     free(draws);
+    free(reqs);
+    free(cands);
     for (int s = 0; s < made; s++) ag_kv_seq_free(kv, seq_ids[s]);
     if (st) {
         ag_cli_fail("%s", ag_error_message());
@@ -145,7 +164,7 @@ int ag_cli_bench(int argc, char **argv) {
     long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1, depth = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
-    bool json = false, argmax = false, pick = false;
+    bool json = false, argmax = false, pick = false, sample = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -155,6 +174,7 @@ int ag_cli_bench(int argc, char **argv) {
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--argmax")) { argmax = true; continue; }
         if (!strcmp(a, "--pick")) { pick = true; continue; }
+        if (!strcmp(a, "--sample")) { sample = true; continue; }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
         int  df = ag_cli_draft_flag(a, v, &dopt);
@@ -176,8 +196,8 @@ int ag_cli_bench(int argc, char **argv) {
     if (dopt.draft) return ag_cli_bench_spec(model_path, prompt_file, &dopt, tg > 0 ? (int)tg : 128, (int)reps,
                                              (int)threads, json);
     if (prompt_file) return ag_cli_usage_error(usage, "bench: -f goes with --draft");
-    if (argmax && pick)
-        return ag_cli_usage_error(usage, "bench: --argmax and --pick are two kinds of decode step: one or the other");
+    if (argmax + pick + sample > 1)
+        return ag_cli_usage_error(usage, "bench: --argmax, --pick and --sample are kinds of decode step: one of them");
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = (int)threads;
     mp.device = ag_cli_device;
@@ -206,11 +226,21 @@ int ag_cli_bench(int argc, char **argv) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
     }
-    const uint8_t kind = argmax ? AG_WANT_ARGMAX : pick ? AG_WANT_PICK : AG_WANT_LOGITS;
+    const bool    cands = sample && ag_model_can_cands(m);
+    const uint8_t kind = argmax ? AG_WANT_ARGMAX : pick ? AG_WANT_PICK : cands ? AG_WANT_CANDS : AG_WANT_LOGITS;
+    /* --sample: the CLI's default sampler, one per sequence */
+    ag_sampler **samplers = sample ? calloc((size_t)n_seq, sizeof *samplers) : NULL;
+    ag_sample_params sp = ag_sample_default_params();
+    sp.temperature = 0.8f, sp.top_k = 40, sp.top_p = 0.95f, sp.min_p = 0.05f;
+    for (long s = 0; samplers && s < n_seq; s++)
+        if (ag_sampler_new(&sp, c->n_vocab, (uint64_t)s, &samplers[s])) {
+            ag_cli_fail("%s", ag_error_message());
+            goto done_samplers;
+        }
     double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
-        double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, AG_WANT_LOGITS, logits) : 0;
-        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, (int)depth, kind, logits) : 0;
+        double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, AG_WANT_LOGITS, logits, NULL) : 0;
+        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, (int)depth, kind, logits, samplers) : 0;
         if (a < 0 || b < 0) goto done_free;
         if (r >= 0) {
             pps[r] = a;
@@ -226,7 +256,7 @@ int ag_cli_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"reps\": %ld, \"weight_gb\": %.4f", model_path, nthreads, reps, gb);
         if (*kernels) printf(", \"cpu_kernels\": \"%s\"", kernels);
         if (pp) printf(", \"pp\": %ld, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, pp_med, pps[0], pps[reps - 1]);
-        if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"argmax\": %s, \"pick\": %s, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, argmax ? "true" : "false", pick ? (ag_model_can_pick(m) ? "true" : "\"rows copied\"") : "false", tg_med, tgs[0], tgs[reps - 1]);
+        if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"argmax\": %s, \"pick\": %s, \"sample\": %s, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, argmax ? "true" : "false", pick ? (ag_model_can_pick(m) ? "true" : "\"rows copied\"") : "false", !sample ? "false" : cands ? "\"candidates\"" : "\"rows\"", tg_med, tgs[0], tgs[reps - 1]);
         printf("}\n");
     } else {
         printf("model: %s (%s, %.1f MB of weights read per token), %d threads, %ld reps\n", model_path,
@@ -238,6 +268,9 @@ int ag_cli_bench(int argc, char **argv) {
         if (tg && pick)
             printf(ag_model_can_pick(m) ? "(tg brings back a token drawn from each row, not its logits)\n"
                                         : "(tg draws a token from each row, from the copied rows)\n");
+        if (tg && sample)
+            printf(cands ? "(tg samples each row from its best candidates, the sampler's time included)\n"
+                         : "(tg samples each row from the whole row, the sampler's time included)\n");
         if (pp) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
         if (tg && n_seq == 1) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);
         if (tg && n_seq > 1) printf("tg%ldx%-3ld %12.2f %12.2f %12.2f  (aggregate over %ld sequences)\n", tg, n_seq, tg_med, tgs[0], tgs[reps - 1], n_seq);
@@ -247,6 +280,9 @@ int ag_cli_bench(int argc, char **argv) {
 done_free:
     free(pps);
     free(tgs);
+done_samplers:
+    for (long s = 0; samplers && s < n_seq; s++) ag_sampler_free(samplers[s]);
+    free(samplers);
 done:
     ag_model_host_free(m, logits);
     ag_kv_free(kv);

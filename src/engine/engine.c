@@ -110,6 +110,8 @@ struct ag_engine {
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_want;
     ag_pick *b_pick; /* [logit_rows] the draws of AG_WANT_PICK rows, by output row */
+    ag_cands_req *b_cands_req; /* [logit_rows] the requests of AG_WANT_CANDS rows, by output row */
+    ag_cands     *cands;       /* [logit_rows] their candidates (ag_batch.cands) */
     int32_t *argmax; /* [logit_rows]: the rows' argmax or picked token where the backend found it (ag_batch.argmax) */
     float   *logits;
     float   *masked; /* [n_vocab]: a row with a structured output's mask applied */
@@ -121,6 +123,7 @@ struct ag_engine {
         choice  *c;     /* NULL: a prompt row; else the first of n_rows rows of its window */
         int      p_pos; /* prompt rows: the position; the last one starts the choices, the others score p_pos+1 */
         int      n_rows;
+        uint8_t  want; /* the row's want_logits (AG_WANT_CANDS: its candidates are in e->cands) */
     } *rows;
     ag_buf text, scratch;
 };
@@ -456,25 +459,35 @@ static bool wants_pick(const ag_engine *e, const choice *c) {
     return !c->constraint && c->d == 0 && ag_sampler_pick_only(c->sampler) && ag_model_can_pick(e->model);
 }
 
+/* Whether a choice's next decision (no drafts this step) needs no more of
+ * its row than the best candidates (ag_sampler_cands_req: top-k sampling,
+ * greedy with logprobs; no bias, penalties or schema), filling *req. */
+static bool wants_cands(const ag_engine *e, const choice *c, ag_cands_req *req) {
+    return !c->constraint && c->d == 0 && ag_model_can_cands(e->model) && ag_sampler_cands_req(c->sampler, req);
+}
+
 /* The row's want for a choice's decode row, drawing its uniform now when
  * the backend is to pick the token (the draw ag_sampler_sample would make
  * after the step: the same RNG sequence). */
 static uint8_t decode_want(ag_engine *e, choice *c, int out_row) {
     if (wants_argmax_only(c)) return AG_WANT_ARGMAX;
     if (wants_pick(e, c) && ag_sampler_draw_pick(c->sampler, &e->b_pick[out_row]) == AG_OK) return AG_WANT_PICK;
+    if (wants_cands(e, c, &e->b_cands_req[out_row])) return AG_WANT_CANDS;
     return AG_WANT_LOGITS;
 }
 
 /* Decides and emits a choice's next token(s) from its window of logits
- * rows: [pending, c->d drafts] (c->d = 0: plain decoding, one row), and
- * their argmax as the backend found it (ag_batch.argmax). */
-static void advance_choice(ag_engine *e, request *r, choice *c, const float *rows, const int32_t *argmax) {
+ * rows: [pending, c->d drafts] (c->d = 0: plain decoding, one row), their
+ * argmax as the backend found it (ag_batch.argmax), and (NULL unless the
+ * row wanted them) the first row's candidates (ag_batch.cands). */
+static void advance_choice(ag_engine *e, request *r, choice *c, const float *rows, const int32_t *argmax,
+                           const ag_cands *cands) {
     choice_sink   x = {e, r, c};
     ag_spec_sink  sink = {sink_prepare, sink_emit, &x};
     ag_spec_round rd;
     int           d = c->d;
     c->d = 0;
-    ag_status st = ag_spec_verify(c->spec, c->sampler, r->sp.logprobs || r->sp.n_logprobs > 0, rows, argmax,
+    ag_status st = ag_spec_verify(c->spec, c->sampler, r->sp.logprobs || r->sp.n_logprobs > 0, rows, argmax, cands,
                                   (size_t)e->n_vocab, d, e->kv, c->seq, &sink, &rd);
     pthread_mutex_lock(&e->mu);
     ag_spec_stats_add_round(&e->stats.spec, &rd);
@@ -635,7 +648,8 @@ static void admit(ag_engine *e) {
 /* After the prompt: give choices 1..n-1 the prompt's KV (shared blocks) and
  * sample every choice's first token from the same logits row (argmax: as
  * advance_choice's). */
-static void start_choices(ag_engine *e, request *r, const float *row, const int32_t *argmax) {
+static void start_choices(ag_engine *e, request *r, const float *row, const int32_t *argmax,
+                          const ag_cands *cands) {
     if (r->no_output) {
         for (int i = 0; i < r->n_choices; i++)
             if (r->ch[i].state == CH_WAIT) finish_choice(e, r, &r->ch[i], AG_FINISH_LENGTH, NULL, -1, NULL, NULL, 0);
@@ -653,7 +667,7 @@ static void start_choices(ag_engine *e, request *r, const float *row, const int3
     for (int i = 0; i < r->n_choices; i++)
         if (r->ch[i].state == CH_WAIT) {
             start_speculation(e, r, &r->ch[i]);
-            advance_choice(e, r, &r->ch[i], row, argmax);
+            advance_choice(e, r, &r->ch[i], row, argmax, cands);
         }
 }
 
@@ -718,15 +732,15 @@ static bool step(ag_engine *e) {
             e->b_pos[n] = pos;
             e->b_seq[n] = c->seq;
             e->b_want[n] = want;
-            e->rows[rows++] = (struct row_owner){r, c, -1, c->d + 1};
+            e->rows[rows++] = (struct row_owner){r, c, -1, c->d + 1, want};
             n++;
             const int32_t *x = c->d ? ag_spec_drafts(c->spec) : NULL;
-            for (int j = 0; j < c->d; j++) { /* (want is not AG_WANT_PICK: c->d > 0) */
+            for (int j = 0; j < c->d; j++) { /* (want is not AG_WANT_PICK or CANDS: c->d > 0) */
                 e->b_tok[n] = x[j];
                 e->b_pos[n] = pos + 1 + j;
                 e->b_seq[n] = c->seq;
                 e->b_want[n] = want;
-                e->rows[rows++] = (struct row_owner){r, c, -1, 0};
+                e->rows[rows++] = (struct row_owner){r, c, -1, 0, want};
                 n++;
             }
         }
@@ -756,7 +770,7 @@ static bool step(ag_engine *e) {
                            : p < r->n_prompt - 1 ? 0
                            : r->n_choices == 1   ? decode_want(e, &r->ch[0], rows)
                                                  : AG_WANT_LOGITS;
-            if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p, 1};
+            if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p, 1, e->b_want[n]};
             n++;
         }
         n_prefill += k;
@@ -780,7 +794,7 @@ static bool step(ag_engine *e) {
     if (!st) {
         /* decode rows first, then prompt chunks: the layout ag_batch.n_prompt names */
         ag_batch b = {.n = n, .token = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
-                      .argmax = e->argmax, .pick = e->b_pick,
+                      .argmax = e->argmax, .pick = e->b_pick, .cands_req = e->b_cands_req, .cands = e->cands,
                       .n_prompt = n_prefill};
         st = ag_model_forward(e->model, e->kv, &b, e->logits);
     }
@@ -819,12 +833,13 @@ static bool step(ag_engine *e) {
     for (int k = 0; k < rows; k += e->rows[k].n_rows > 0 ? e->rows[k].n_rows : 1) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
         struct row_owner o = e->rows[k];
+        const ag_cands  *cands = o.want == AG_WANT_CANDS ? &e->cands[k] : NULL;
         if (o.c) {
-            if (o.c->state == CH_DECODE) advance_choice(e, o.r, o.c, row, e->argmax + k);
+            if (o.c->state == CH_DECODE) advance_choice(e, o.r, o.c, row, e->argmax + k, cands);
         } else if (o.p_pos < o.r->n_prompt - 1) {
             score_prompt_token(e, o.r, o.p_pos + 1, row);
         } else {
-            start_choices(e, o.r, row, e->argmax + k);
+            start_choices(e, o.r, row, e->argmax + k, cands);
         }
     }
     for (request *r = e->running, *next; r; r = next) {
@@ -981,7 +996,8 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
      * from 64 / exact: ctx tokens at most) */
     out->buffers = (size_t)p.n_batch * (3 * sizeof(int32_t) + 1) +
                    sizeof(struct row_owner) * (size_t)(p.n_batch + max_rows) +
-                   sizeof(float) * n_vocab * ((size_t)logit_rows + 1) +
+                   (sizeof(float) * n_vocab + sizeof(ag_pick) + sizeof(ag_cands_req) + sizeof(ag_cands) +
+                    sizeof(int32_t)) * ((size_t)logit_rows + 1) +
                    (size_t)p.n_parallel * (ag_sampler_bytes((int32_t)n_vocab, ctx) + 2 * sizeof(int32_t) * ctx);
     if (p.prefix_cache) {
         out->cache_index = ag_cache_index_bytes(n_blocks, lay.block_size);
@@ -1049,12 +1065,14 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
     e->b_want = malloc((size_t)p.n_batch);
     e->b_pick = malloc(sizeof(ag_pick) * (size_t)e->logit_rows);
+    e->b_cands_req = malloc(sizeof(ag_cands_req) * (size_t)e->logit_rows);
+    e->cands = malloc(sizeof(ag_cands) * (size_t)e->logit_rows);
     e->argmax = malloc(sizeof(int32_t) * (size_t)e->logit_rows);
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
     e->logits = ag_model_host_floats(e->model, (size_t)e->n_vocab * (size_t)e->logit_rows);
     e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_pick || !e->argmax || !e->rows || !e->logits ||
-        !e->masked) {
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_pick || !e->b_cands_req || !e->cands ||
+        !e->argmax || !e->rows || !e->logits || !e->masked) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
         goto fail;
     }
@@ -1092,6 +1110,8 @@ void ag_engine_free(ag_engine *e) {
     free(e->b_seq);
     free(e->b_want);
     free(e->b_pick);
+    free(e->b_cands_req);
+    free(e->cands);
     free(e->argmax);
     free(e->rows);
     ag_model_host_free(e->model, e->logits);

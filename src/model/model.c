@@ -24,6 +24,7 @@ struct ag_model {
     char             path[512];
     bool             argmax_off; /* AUGUR_ARGMAX=0 (A/B, tests): rows' argmax never computed by the backend */
     bool             pick_off;   /* AUGUR_PICK=0 (A/B, tests): picked tokens never computed by the backend */
+    bool             cands_off;  /* AUGUR_CANDS=0 (A/B, tests): no AG_WANT_CANDS rows (callers sample rows) */
 };
 
 ag_model_params ag_model_default_params(void) {
@@ -255,6 +256,8 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     m->argmax_off = am && *am == '0';
     const char *pk = getenv("AUGUR_PICK");
     m->pick_off = pk && *pk == '0';
+    const char *cd = getenv("AUGUR_CANDS");
+    m->cands_off = cd && *cd == '0';
     if ((st = prepare_weights(m))) goto fail_named;
     *out = m;
     return AG_OK;
@@ -382,6 +385,7 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
 typedef struct {
     float   *x, *h, *q, *k, *v, *att, *o, *gate, *up, *logits;
     int32_t *argmax; /* [n_out], a device backend's (the CPU's goes to ag_batch.argmax) */
+    ag_cands *cands; /* [n_out], likewise (the CPU's go to ag_batch.cands) */
 } fwd_bufs;
 
 static size_t carve(size_t *off, size_t floats) {
@@ -394,18 +398,20 @@ static size_t carve(size_t *off, size_t floats) {
  * logits) sits in the one buffer: at[] offsets in fwd_bufs order (may be
  * NULL), returns the total bytes. One function, so the reservation, the
  * memory plan and the forward pass agree. */
-static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[11]) {
+static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[12]) {
     const ag_model_config *c = &m->cfg;
     const size_t qd = (size_t)c->n_head * c->head_dim_k, kd = (size_t)c->n_head_kv * c->head_dim_k,
                  vd = (size_t)c->n_head_kv * c->head_dim_v, od = (size_t)c->n_head * c->head_dim_v;
-    /* logits and argmax: written by the backend, downloaded; the CPU writes
-     * the caller's arrays directly (argmax: 4-byte ints in float slots) */
+    /* logits, argmax and candidates: written by the backend, downloaded; the
+     * CPU writes the caller's arrays directly (argmax: 4-byte ints in float
+     * slots; candidates: ag_cands, a multiple of 8 bytes) */
     const bool   dev = !m->be->ops->host_memory;
-    const size_t floats[11] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd,      n * vd,
+    const size_t floats[12] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd,      n * vd,
                                n * od,        n * c->n_embd, n * c->n_ff, n * c->n_ff,
-                               dev ? n_out * c->n_vocab : 0, dev ? n_out : 0};
+                               dev ? n_out * c->n_vocab : 0, dev ? n_out : 0,
+                               dev && m->be->ops->cands ? n_out * (sizeof(ag_cands) / sizeof(float)) : 0};
     size_t off = 0;
-    for (int i = 0; i < 11; i++) {
+    for (int i = 0; i < 12; i++) {
         size_t o = carve(&off, floats[i]);
         if (at) at[i] = o;
     }
@@ -413,7 +419,7 @@ static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[11
 }
 
 static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
-    size_t at[11];
+    size_t at[12];
     size_t need = fwd_layout(m, (size_t)n, (size_t)n_out, at);
     if (need > m->act_bytes) {
         if (m->act) m->be->ops->free(m->be, m->act);
@@ -426,6 +432,7 @@ static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
     float **dst[10] = {&f->x, &f->h, &f->q, &f->k, &f->v, &f->att, &f->o, &f->gate, &f->up, &f->logits};
     for (int i = 0; i < 10; i++) *dst[i] = (float *)((char *)m->act + at[i]);
     f->argmax = (int32_t *)((char *)m->act + at[10]);
+    f->cands = (ag_cands *)((char *)m->act + at[11]);
     return AG_OK;
 }
 
@@ -563,8 +570,14 @@ static bool next_run(const ag_batch *b, uint8_t want, row_walk *w, int *k0, int 
 
 /* Every op of one pass after begin: embeddings, layers, the logits rows
  * (into the caller's array for a host-memory backend, else f->logits). */
+/* Which kinds of output rows the backend computes in this pass (the rest
+ * come from the logits rows). */
+typedef struct {
+    bool argmax, pick, cands;
+} out_kinds;
+
 static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
-                            int n_out, bool argmax, bool pick, const fwd_bufs *f, float *logits) {
+                            int n_out, const out_kinds *ok, const fwd_bufs *f, float *logits) {
     const ag_model_config *c = &m->cfg;
     ag_backend           *be = m->be;
     const ag_backend_ops *op = be->ops;
@@ -588,32 +601,43 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     if ((st = op->rmsnorm(be, f->x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f->x))) return st;
     float *out = op->host_memory ? logits : f->logits;
     if ((st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out))) return st;
-    /* only the rows that want their argmax or a picked token (the others'
-     * samplers read the rows) */
-    int32_t *am = op->host_memory ? b->argmax : f->argmax;
-    row_walk w = {0, 0};
-    for (int k0, k1; argmax && next_run(b, AG_WANT_ARGMAX, &w, &k0, &k1);)
+    /* only the rows that want their argmax, a picked token or candidates
+     * (the others' samplers read the rows) */
+    int32_t  *am = op->host_memory ? b->argmax : f->argmax;
+    ag_cands *cd = op->host_memory ? b->cands : f->cands;
+    row_walk  w = {0, 0};
+    for (int k0, k1; ok->argmax && next_run(b, AG_WANT_ARGMAX, &w, &k0, &k1);)
         if ((st = op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0))) return st;
     w = (row_walk){0, 0};
-    for (int k0, k1; pick && next_run(b, AG_WANT_PICK, &w, &k0, &k1);)
+    for (int k0, k1; ok->pick && next_run(b, AG_WANT_PICK, &w, &k0, &k1);)
         if ((st = op->pick(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0))) return st;
+    w = (row_walk){0, 0};
+    for (int k0, k1; ok->cands && next_run(b, AG_WANT_CANDS, &w, &k0, &k1);)
+        if ((st = op->cands(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, cd + k0))) return st;
     return AG_OK;
 }
 
 /* Copies the output rows the caller reads back from a device backend: every
- * row's logits, or (argmax, pick: tokens computed) the token array and the
- * logits of the rows that want them or whose token was not computed, run by
- * run. */
-static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, bool argmax, bool pick,
-                                  const fwd_bufs *f, float *logits) {
+ * row's logits, or (argmax, pick, cands computed) the token array, the
+ * candidates of the rows that want them, and the logits of the rows that
+ * want them or whose output was not computed, run by run. */
+static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, const out_kinds *ok, const fwd_bufs *f,
+                                  float *logits) {
     const ag_backend_ops *op = m->be->ops;
     const size_t          row = sizeof(float) * (size_t)m->cfg.n_vocab;
     ag_status             st;
-    if (!argmax && !pick) return op->download(m->be, logits, f->logits, row * (size_t)n_out);
-    if ((st = op->download(m->be, b->argmax, f->argmax, sizeof(int32_t) * (size_t)n_out))) return st;
-    const uint8_t kinds[3] = {AG_WANT_LOGITS, argmax ? 0 : AG_WANT_ARGMAX, pick ? 0 : AG_WANT_PICK};
-    for (int i = 0; i < 3; i++) {
-        row_walk w = {0, 0};
+    if (!ok->argmax && !ok->pick && !ok->cands) return op->download(m->be, logits, f->logits, row * (size_t)n_out);
+    if ((ok->argmax || ok->pick) &&
+        (st = op->download(m->be, b->argmax, f->argmax, sizeof(int32_t) * (size_t)n_out)))
+        return st;
+    row_walk w = {0, 0};
+    for (int k0, k1; ok->cands && next_run(b, AG_WANT_CANDS, &w, &k0, &k1);)
+        if ((st = op->download(m->be, b->cands + k0, f->cands + k0, sizeof(ag_cands) * (size_t)(k1 - k0))))
+            return st;
+    const uint8_t kinds[4] = {AG_WANT_LOGITS, ok->argmax ? 0 : AG_WANT_ARGMAX, ok->pick ? 0 : AG_WANT_PICK,
+                              ok->cands ? 0 : AG_WANT_CANDS};
+    for (int i = 0; i < 4; i++) {
+        w = (row_walk){0, 0};
         for (int k0, k1; kinds[i] && next_run(b, kinds[i], &w, &k0, &k1);)
             if ((st = op->download(m->be, (char *)logits + row * k0, (char *)f->logits + row * k0,
                                    row * (size_t)(k1 - k0))))
@@ -625,6 +649,8 @@ static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, boo
 bool ag_model_can_pick(const ag_model *m) {
     return m && m->be->ops->pick && m->cfg.final_softcap <= 0 && !m->pick_off;
 }
+
+bool ag_model_can_cands(const ag_model *m) { return m && !m->cands_off; }
 
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {
     const ag_model_config *c = &m->cfg;
@@ -641,26 +667,33 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         return ag_errorf(AG_ERR_INVALID, "n_prompt %d outside [0, %d]", b->n_prompt, n);
     const int n_dec = n - b->n_prompt;
     int  n_out = 0;
-    bool any_argmax = false, any_pick = false;
+    bool any_argmax = false, any_pick = false, any_cands = false;
     for (int i = 0; i < n; i++) {
         n_out += b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
         any_argmax |= b->want_logits && b->want_logits[i] == AG_WANT_ARGMAX;
         any_pick |= b->want_logits && b->want_logits[i] == AG_WANT_PICK;
-        if (b->want_logits && b->want_logits[i] > AG_WANT_PICK)
+        any_cands |= b->want_logits && b->want_logits[i] == AG_WANT_CANDS;
+        if (b->want_logits && b->want_logits[i] > AG_WANT_CANDS)
             return ag_errorf(AG_ERR_INVALID, "want_logits[%d] = %d is not a kind of output", i, b->want_logits[i]);
     }
     if ((any_argmax || any_pick) && !b->argmax)
         return ag_errorf(AG_ERR_INVALID, "rows want a token but the batch has no array for it");
     if (any_pick && !b->pick) return ag_errorf(AG_ERR_INVALID, "rows want a picked token but the batch has no draws");
+    if (any_cands && (!b->cands || !b->cands_req))
+        return ag_errorf(AG_ERR_INVALID, "rows want candidates but the batch has no requests or array for them");
+    if (any_cands && m->cands_off)
+        return ag_errorf(AG_ERR_INVALID, "rows want candidates but AUGUR_CANDS=0 turned them off");
     /* the softcap is applied on the host after the copy, so such a model's
-     * tokens come from the rows */
-    const bool argmax = any_argmax && op->argmax && c->final_softcap <= 0 && !m->argmax_off;
-    const bool pick = any_pick && ag_model_can_pick(m);
+     * tokens and candidates come from the rows */
+    const out_kinds ok = {.argmax = any_argmax && op->argmax && c->final_softcap <= 0 && !m->argmax_off,
+                          .pick = any_pick && ag_model_can_pick(m),
+                          .cands = any_cands && op->cands && c->final_softcap <= 0};
     fwd_bufs f;
     ag_status st = fwd_buffers(m, n, n_out, &f);
     if (st) return st;
 
-    ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq, .n_decode = n_dec, .pick = pick ? b->pick : NULL,
+    ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq, .n_decode = n_dec,
+                           .pick = ok.pick ? b->pick : NULL, .cands_req = ok.cands ? b->cands_req : NULL,
                            .n_out = n_out};
     if (op->begin && (st = op->begin(be, kv, &lay, b->token))) return st;
     /* A pass of decode rows only has the same ops every step for the same
@@ -678,26 +711,32 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     }
     const bool recording = gstate == AG_GRAPH_RECORDING;
     if (gstate != AG_GRAPH_REPLAYED) {
-        ag_status issued = issue_pass(m, kv, b, &lay, n_dec, n_out, argmax, pick, &f, logits);
+        ag_status issued = issue_pass(m, kv, b, &lay, n_dec, n_out, &ok, &f, logits);
         if (!recording && issued) return issued;
         if (recording && (op->graph_end(be, key, issued != AG_OK) || issued)) {
             /* the recording failed, so nothing of the pass ran: run it unrecorded */
             AG_LOGW("%s: recording a decode pass failed (%s); running it unrecorded", op->name, ag_error_message());
-            if ((st = issue_pass(m, kv, b, &lay, n_dec, n_out, argmax, pick, &f, logits))) return st;
+            if ((st = issue_pass(m, kv, b, &lay, n_dec, n_out, &ok, &f, logits))) return st;
         }
     }
     if (n_out == 0) return op->sync(be);
-    if (!op->host_memory && (st = download_outputs(m, b, n_out, argmax, pick, &f, logits))) return st;
+    if (!op->host_memory && (st = download_outputs(m, b, n_out, &ok, &f, logits))) return st;
     if (b->argmax) /* rows without a computed token: their sampler reads the row */
         for (int i = 0, k = 0; i < n; i++) {
             const int want = b->want_logits ? b->want_logits[i] : i == n - 1;
-            if (want && !(argmax && want == AG_WANT_ARGMAX) && !(pick && want == AG_WANT_PICK))
+            if (want && !(ok.argmax && want == AG_WANT_ARGMAX) && !(ok.pick && want == AG_WANT_PICK))
                 b->argmax[k] = AG_ARGMAX_NONE;
             k += want != 0;
         }
-    if (c->final_softcap > 0) { /* (no argmax was computed: every row is there) */
+    if (c->final_softcap > 0) { /* (no token or candidates were computed: every row is there) */
         for (size_t i = 0; i < (size_t)n_out * c->n_vocab; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
+    }
+    if (any_cands && !ok.cands) { /* from the rows, on the host */
+        row_walk w = {0, 0};
+        for (int k0, k1; next_run(b, AG_WANT_CANDS, &w, &k0, &k1);)
+            for (int k = k0; k < k1; k++)
+                ag_top_cands_f32(logits + (size_t)k * c->n_vocab, c->n_vocab, &b->cands_req[k], &b->cands[k]);
     }
     return AG_OK;
 }

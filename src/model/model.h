@@ -128,10 +128,12 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
 /* want_logits values: the row's logits, or only its argmax (the lowest id
  * among its largest logits, +inf and FLT_MAX alike, NaN skipped), or only a
  * token drawn from softmax(row / T) with a sampler's uniform
- * (ag_pick_f32 with ag_batch.pick's draw), which a device backend finds
- * where the logits are and copies back alone. AG_WANT_PICK only where
- * ag_model_can_pick. */
-enum { AG_WANT_LOGITS = 1, AG_WANT_ARGMAX = 2, AG_WANT_PICK = 3 };
+ * (ag_pick_f32 with ag_batch.pick's draw), or only the row's best
+ * candidates (ag_top_cands_f32 with ag_batch.cands_req's request): what a
+ * device backend finds where the logits are and copies back alone.
+ * AG_WANT_PICK only where ag_model_can_pick, AG_WANT_CANDS only where
+ * ag_model_can_cands. */
+enum { AG_WANT_LOGITS = 1, AG_WANT_ARGMAX = 2, AG_WANT_PICK = 3, AG_WANT_CANDS = 4 };
 /* ag_batch.argmax values other than a token id */
 enum {
     AG_ARGMAX_NONE = -1,     /* not computed: the logits row is filled, use it */
@@ -156,6 +158,12 @@ typedef struct {
     /* [output rows] (may be NULL when no row wants AG_WANT_PICK): the draw
      * of each AG_WANT_PICK row, indexed as argmax */
     const ag_pick *pick;
+    /* [output rows] (both may be NULL when no row wants AG_WANT_CANDS),
+     * indexed as argmax: each AG_WANT_CANDS row's request, and where its
+     * candidates go (always filled for such a row; its logits row may be
+     * left unwritten, and its argmax entry is AG_ARGMAX_NONE). */
+    const ag_cands_req *cands_req;
+    ag_cands           *cands;
     /* The last n_prompt tokens are prompt tokens, the others decode or
      * verify tokens (0: all decode). The two kinds go through different
      * matmul kernels (prompt: batched tiles; decode: row kernels), whose
@@ -183,5 +191,10 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
  * (the backend has the pick op, the model no final logit softcap, and
  * AUGUR_PICK=0 is not set); otherwise a caller asks for the logits. */
 bool ag_model_can_pick(const ag_model *m);
+
+/* Whether forward takes AG_WANT_CANDS rows (unless AUGUR_CANDS=0). Their
+ * candidates come from the backend's cands op where it has one and the
+ * model has no final logit softcap, else from the rows on the host. */
+bool ag_model_can_cands(const ag_model *m);
 
 #endif

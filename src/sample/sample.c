@@ -8,13 +8,6 @@
 #include <string.h>
 #include "base/argmax.h"
 
-/* One candidate: a processed logit and its token id. The whole chain works
- * on an array of these so that selection can move them around freely. */
-typedef struct {
-    float   l;
-    int32_t id;
-} ag_cand;
-
 struct ag_sampler {
     ag_sample_params p; /* p.logit_bias points at `bias` below */
     ag_logit_bias   *bias;
@@ -22,7 +15,9 @@ struct ag_sampler {
     uint64_t         stream;
     uint64_t         rng[4];
 
-    ag_cand *cand; /* [n_vocab] scratch, rebuilt on every call */
+    ag_cand *cand; /* [n_vocab] scratch, rebuilt on every call: processed
+                      logits and their ids (ag_cand, base/argmax.h), which
+                      the chain's selection moves around freely */
 
     /* Per-call results of prepare(). */
     float   max_l;
@@ -391,7 +386,7 @@ static void fill_top(const ag_sampler *s, ag_sample_result *out) {
 /* ---- chain steps 4-6: selection -------------------------------------- */
 
 /* The total order every filter uses: logit descending, then id ascending. */
-static inline int better(ag_cand a, ag_cand b) { return a.l > b.l || (a.l == b.l && a.id < b.id); }
+static inline int better(ag_cand a, ag_cand b) { return ag_cand_better(a, b); }
 
 static int cmp_cand(const void *pa, const void *pb) {
     ag_cand a = *(const ag_cand *)pa, b = *(const ag_cand *)pb;
@@ -442,26 +437,15 @@ static void select_best(ag_cand *c, size_t n, size_t k) {
 }
 
 /* In-place heap selection of the k best of c[0..n): c[0..k) is a heap with
- * the worst kept token at the root; one pass over the rest, most of which
- * fails the single comparison with the root. For the small k of typical
- * top-k this beats quickselect's several passes. */
-static void sift_down(ag_cand *h, size_t k, size_t i) {
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, w = i;
-        if (l < k && better(h[w], h[l])) w = l;
-        if (r < k && better(h[w], h[r])) w = r;
-        if (w == i) return;
-        swapc(&h[i], &h[w]);
-        i = w;
-    }
-}
-
+ * the worst kept token at the root (ag_cand_sift_down); one pass over the
+ * rest, most of which fails the single comparison with the root. For the
+ * small k of typical top-k this beats quickselect's several passes. */
 static void heap_select_best(ag_cand *c, size_t n, size_t k) {
-    for (size_t i = k / 2; i-- > 0;) sift_down(c, k, i);
+    for (size_t i = k / 2; i-- > 0;) ag_cand_sift_down(c, (int32_t)k, (int32_t)i);
     for (size_t i = k; i < n; i++) {
         if (!better(c[i], c[0])) continue;
         swapc(&c[i], &c[0]);
-        sift_down(c, k, 0);
+        ag_cand_sift_down(c, (int32_t)k, 0);
     }
 }
 
@@ -530,24 +514,24 @@ static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
     return e; /* rounding kept the mass just short: keep the whole bucket */
 }
 
-/* Steps 4-6 for temperature > 0: leaves the kept tokens in cand[0..ret). */
-static size_t truncate_cands(ag_sampler *s) {
+/* Steps 4-6 for temperature > 0 over cand[0..n), the finite candidates:
+ * leaves the kept tokens in cand[0..ret) and sets *by_id to whether they
+ * are still in ascending id order. */
+static size_t truncate_cands(ag_sampler *s, size_t n, int *by_id) {
     ag_cand *c = s->cand;
-    /* Finite candidates to the front (-inf never survives). */
-    size_t n = (size_t)s->n_vocab;
-    if (s->n_finite < s->n_vocab) {
-        n = 0;
-        for (int32_t i = 0; i < s->n_vocab; i++)
-            if (c[i].l != -INFINITY) c[n++] = c[i];
-    }
     if (s->p.top_k > 0 && (size_t)s->p.top_k < n) {
         if (s->p.top_k <= 1024) heap_select_best(c, n, (size_t)s->p.top_k);
         else select_best(c, n, (size_t)s->p.top_k);
         n = (size_t)s->p.top_k;
+        *by_id = 0;
     }
-    if (s->p.top_p < 1.0f) n = top_p_cut(s, c, n);
-    /* min-p keeps p / p_max >= min_p, a prefix of the order again; the max
-     * itself always passes, so at least one token stays. */
+    if (s->p.top_p < 1.0f) {
+        n = top_p_cut(s, c, n);
+        *by_id = 0;
+    }
+    /* min-p keeps p / p_max >= min_p, a prefix of the order again (and keeps
+     * the kept ones' relative order); the max itself always passes, so at
+     * least one token stays. */
     if (s->p.min_p > 0.0f) {
         const double thr = log((double)s->p.min_p), m = s->max_l;
         size_t k = 0;
@@ -556,6 +540,41 @@ static size_t truncate_cands(ag_sampler *s) {
         n = k;
     }
     return n;
+}
+
+/* The finite candidates of a prepared cand[] moved to its front, in id
+ * order (-inf never survives); returns their count. */
+static size_t finite_front(ag_sampler *s) {
+    ag_cand *c = s->cand;
+    if (s->n_finite == s->n_vocab) return (size_t)s->n_vocab;
+    size_t n = 0;
+    for (int32_t i = 0; i < s->n_vocab; i++)
+        if (c[i].l != -INFINITY) c[n++] = c[i];
+    return n;
+}
+
+static int cmp_id(const void *pa, const void *pb) {
+    int32_t a = ((const ag_cand *)pa)->id, b = ((const ag_cand *)pb)->id;
+    return (a > b) - (a < b);
+}
+
+/* Puts the kept tokens cand[0..n) (distinct ids) in ascending id order. A
+ * small set is sorted; a large one is placed by id within the vocab-sized
+ * array (every slot past n marked free first) and compacted: O(n_vocab),
+ * where a sort of a 100k-token set would cost several milliseconds. */
+static void order_by_id(ag_sampler *s, size_t n) {
+    ag_cand *c = s->cand;
+    if (n <= 4096) {
+        qsort(c, n, sizeof *c, cmp_id);
+        return;
+    }
+    const size_t v = (size_t)s->n_vocab;
+    for (size_t i = n; i < v; i++) c[i].id = -1;
+    for (size_t i = 0; i < n; i++)
+        while (c[i].id >= 0 && (size_t)c[i].id != i) swapc(&c[i], &c[c[i].id]);
+    size_t k = 0;
+    for (size_t i = 0; i < v; i++)
+        if (c[i].id >= 0) c[k++] = c[i];
 }
 
 /* Steps 7-8 helper: the unnormalised weight of a kept candidate. */
@@ -634,24 +653,21 @@ ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_p
     return ag_sampler_sample_picked(s, ag_pick_f32(logits, s->n_vocab, d->inv_temp, d->u), out);
 }
 
-ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result *out) {
-    ag_status st = check_call(s, logits, out, "ag_sampler_sample");
-    if (st != AG_OK) return st;
-    memset(out, 0, sizeof *out);
+/* Steps 3-8 once prepare (or the candidates) set max_l, argmax, n_finite
+ * and sumexp, with cand[0..n) the finite candidates (by_id: in id order)
+ * and out's logprob alternatives filled. The kept tokens are drawn in id
+ * order, whatever order truncation left them in, so the token depends only
+ * on the kept set (the candidates path gives the whole-row path's token). */
+static ag_status decide_token(ag_sampler *s, size_t n, int by_id, ag_sample_result *out) {
     const int want_lp = s->p.logprobs || s->p.n_logprobs > 0;
-    if (ag_sampler_argmax_only(s)) {
-        out->logprob = NAN;
-        return greedy_argmax(logits, s->n_vocab, &out->token);
-    }
-    if ((st = prepare(s, logits, want_lp)) != AG_OK) return st;
-    if (s->p.n_logprobs > 0) fill_top(s, out);
     out->logprob = NAN;
     if (s->p.temperature == 0.0f) {
         out->token = s->argmax;
         if (want_lp) out->logprob = (float)logprob_of(s, s->max_l);
         return AG_OK;
     }
-    size_t n = truncate_cands(s);
+    n = truncate_cands(s, n, &by_id);
+    if (!by_id) order_by_id(s, n);
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
     /* The same weights recomputed in the same order: the scan reproduces the
@@ -668,6 +684,70 @@ ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result
     out->token = s->cand[pick].id;
     if (want_lp) out->logprob = (float)logprob_of(s, s->cand[pick].l);
     return AG_OK;
+}
+
+ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result *out) {
+    ag_status st = check_call(s, logits, out, "ag_sampler_sample");
+    if (st != AG_OK) return st;
+    memset(out, 0, sizeof *out);
+    const int want_lp = s->p.logprobs || s->p.n_logprobs > 0;
+    if (ag_sampler_argmax_only(s)) {
+        out->logprob = NAN;
+        return greedy_argmax(logits, s->n_vocab, &out->token);
+    }
+    if ((st = prepare(s, logits, want_lp)) != AG_OK) return st;
+    if (s->p.n_logprobs > 0) fill_top(s, out);
+    return decide_token(s, s->p.temperature == 0.0f ? 0 : finite_front(s), 1, out);
+}
+
+int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req) {
+    if (!s || s->p.n_logit_bias > 0 || penalties_active(s)) return 0;
+    const int want_lp = s->p.logprobs || s->p.n_logprobs > 0;
+    int32_t   k;
+    if (s->p.temperature == 0.0f) {
+        if (!want_lp) return 0; /* the argmax is all it needs */
+        k = 1;
+    } else {
+        if (s->p.top_k <= 0 || s->p.top_k > AG_CANDS_MAX || s->p.top_k >= s->n_vocab) return 0;
+        k = s->p.top_k;
+    }
+    if (s->p.n_logprobs > k) k = s->p.n_logprobs;
+    if (req) *req = (ag_cands_req){k, want_lp};
+    return 1;
+}
+
+ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_result *out) {
+    ag_status st = check_call(s, c, out, "ag_sampler_sample_cands");
+    if (st != AG_OK) return st;
+    ag_cands_req req;
+    if (!ag_sampler_cands_req(s, &req))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: the sampler needs the whole row");
+    if (c->n_finite <= 0 || c->n < 1) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
+    if (c->n > AG_CANDS_MAX || c->n > c->n_finite || c->n_finite > s->n_vocab ||
+        (c->n < req.k && c->n != c->n_finite) || (req.want_z && !(c->sumexp >= 1.0)))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: %d candidates of %d finite values do not "
+                                         "answer a request for %d", (int)c->n, (int)c->n_finite, (int)req.k);
+    for (int32_t i = 0; i < c->n; i++) {
+        if (c->c[i].id < 0 || c->c[i].id >= s->n_vocab)
+            return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: token %d out of range", (int)c->c[i].id);
+        s->cand[i] = c->c[i];
+    }
+    memset(out, 0, sizeof *out);
+    /* what prepare would have found in the whole row */
+    s->max_l = c->max;
+    s->argmax = c->c[0].id;
+    s->n_finite = c->n_finite;
+    s->sumexp = req.want_z ? c->sumexp : 0.0;
+    if (s->p.n_logprobs > 0) { /* the best first, as fill_top orders them */
+        out->n_top = s->p.n_logprobs < c->n ? s->p.n_logprobs : c->n;
+        for (int32_t i = 0; i < out->n_top; i++) {
+            out->top[i].token = c->c[i].id;
+            out->top[i].logprob = (float)logprob_of(s, c->c[i].l);
+        }
+    }
+    /* the candidates stand for the row's finite values: the top-k of the
+     * whole row is a prefix of them (req.k >= top_k) */
+    return decide_token(s, s->p.temperature == 0.0f ? 0 : (size_t)c->n, 0, out);
 }
 
 ag_status ag_sampler_logits(ag_sampler *s, const float *logits, float *out) {
@@ -687,7 +767,8 @@ ag_status ag_sampler_probs(ag_sampler *s, const float *logits, float *probs) {
         probs[s->argmax] = 1.0f;
         return AG_OK;
     }
-    size_t n = truncate_cands(s);
+    int    by_id = 1;
+    size_t n = truncate_cands(s, finite_front(s), &by_id);
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
     for (size_t i = 0; i < n; i++) probs[s->cand[i].id] = (float)(weight(s, s->cand[i].l) / sum);

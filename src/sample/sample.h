@@ -25,7 +25,10 @@
  *                       mass reaches top_p (1 = off; always >= 1 token).
  *   6. min-p            keep tokens with p >= min_p * p_max (0 = off).
  *   7. temperature      l / T over the kept tokens,
- *   8. softmax + draw   one uniform double from the sampler's RNG.
+ *   8. softmax + draw   one uniform double from the sampler's RNG; the kept
+ *                       tokens' weights are summed and walked in id order,
+ *                       so the token depends on the kept set alone, not on
+ *                       how it was found (ag_sampler_sample_cands).
  *
  * Truncation (4-6) therefore sees the temperature-1 distribution and the
  * temperature only reshapes the kept set (llama.cpp's order; HF applies the
@@ -188,6 +191,24 @@ ag_status ag_sampler_sample_picked(ag_sampler *s, int32_t token, ag_sample_resul
 /* The same token drawn on the host from logits[n_vocab] with *d (a draw of
  * this sampler), for rows the backend did not pick. */
 ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_pick *d, ag_sample_result *out);
+
+/* Whether ag_sampler_sample needs no more of a row than ag_top_cands_f32
+ * (base/argmax.h) gives, and for which request (*req, may be NULL): no logit
+ * bias or penalties, and either greedy with logprobs (the argmax and the
+ * alternatives; k = max(1, n_logprobs)) or a temperature with top-k in
+ * [1, AG_CANDS_MAX] below the vocab (k = max(top_k, n_logprobs)); want_z
+ * when logprobs are asked for. 0 for every other sampler (the argmax-only
+ * and pick-only ones have cheaper ways). Fixed for the sampler's life. */
+int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req);
+
+/* The token (and logprobs) ag_sampler_sample would give the row whose
+ * candidates *c are (ag_top_cands_f32 with ag_sampler_cands_req's request,
+ * or a backend's equal), with the same RNG draw: a device copies back a few
+ * candidates, not the row. A device's sumexp may differ from the host's in
+ * the last bits (another summation order), and the logprobs with it.
+ * AG_ERR_INVALID for a sampler without ag_sampler_cands_req, candidates that
+ * do not answer its request, or no finite value. Does not accept the token. */
+ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_result *out);
 
 /* Samples one token from logits[n_vocab] (borrowed for the call) through
  * the chain, and fills *out (logprob and n_logprobs alternatives). Does not

@@ -219,10 +219,11 @@ static void observe(ag_spec_seq *s, int i, bool hit) {
     if (hit) s->stats.accepted++;
 }
 
-/* Decides the token that follows one row (hint: its argmax from the
- * backend, or -1), accepting it into the sampler. */
+/* Decides the token that follows one row (hint: its argmax or picked token
+ * from the backend, or -1; cands: its candidates from the backend, or NULL),
+ * accepting it into the sampler. */
 static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *row, int32_t hint,
-                        int i, int d, ag_sample_result *sr, bool *accepted) {
+                        const ag_cands *cands, int i, int d, ag_sample_result *sr, bool *accepted) {
     ag_status st;
     *accepted = false;
     if (i == d || ag_sampler_greedy(sampler)) {
@@ -231,6 +232,8 @@ static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpro
         if (hint != -1 && ag_sampler_argmax_only(sampler)) st = ag_sampler_sample_argmax(sampler, hint, sr);
         else if (hint != -1 && i == 0 && d == 0 && ag_sampler_pick_only(sampler))
             st = ag_sampler_sample_picked(sampler, hint, sr); /* drawn by the caller (AG_WANT_PICK) */
+        else if (cands && i == 0 && d == 0 && ag_sampler_cands_req(sampler, NULL))
+            st = ag_sampler_sample_cands(sampler, cands, sr); /* AG_WANT_CANDS */
         else st = ag_sampler_sample(sampler, row, sr);
         if (st) return st;
         if (i < d) *accepted = sr->token == spec->drafts[i];
@@ -252,8 +255,8 @@ static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpro
 }
 
 ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *logits,
-                         const int32_t *argmax, size_t row_stride, int d, ag_kv *kv, int32_t kv_seq,
-                         const ag_spec_sink *sink, ag_spec_round *out) {
+                         const int32_t *argmax, const ag_cands *cands, size_t row_stride, int d, ag_kv *kv,
+                         int32_t kv_seq, const ag_spec_sink *sink, ag_spec_round *out) {
     memset(out, 0, sizeof *out);
     if (d > 0 && (!spec || d != spec->d))
         return ag_errorf(AG_ERR_INVALID, "ag_spec_verify: %d rows of drafts but %d were proposed", d,
@@ -270,7 +273,8 @@ ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpr
         if (!row) return ag_errorf(AG_ERR_INTERNAL, "ag_spec_verify: the row could not be prepared");
         ag_sample_result sr;
         bool             accepted;
-        ag_status        st = decide(spec, sampler, want_logprobs, row, argmax ? argmax[i] : -1, i, d, &sr, &accepted);
+        ag_status        st =
+            decide(spec, sampler, want_logprobs, row, argmax ? argmax[i] : -1, cands, i, d, &sr, &accepted);
         if (st) return st;
         if (i < d) observe(spec, i, accepted);
         out->emitted++;

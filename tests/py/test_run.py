@@ -30,6 +30,19 @@ def test_seed_makes_sampling_reproducible():
     assert a != c
 
 
+def assert_same_text(cases, env_off):
+    """`augur run` of each (model, flags) gives the same text with env_off set
+    as without (a path that must not change the tokens)."""
+    for model, extra in cases:
+        args = [AUGUR, "run", "-m", model, "-p", "Once upon a time", "-n", "64", *extra]
+        on = subprocess.run(args, capture_output=True, timeout=120, env=os.environ)
+        off = subprocess.run(args, capture_output=True, timeout=120, env={**os.environ, **env_off})
+        assert on.returncode == 0, on.stderr.decode(errors="replace")
+        assert off.returncode == 0, off.stderr.decode(errors="replace")
+        assert len(on.stdout) > 20
+        assert on.stdout == off.stdout, (model, extra)
+
+
 def test_backend_picked_tokens_equal_the_samplers():
     """A sampler with only a temperature draws its uniform before the step and
     the backend draws the token where the logits are (AG_WANT_PICK; on the CPU
@@ -43,14 +56,22 @@ def test_backend_picked_tokens_equal_the_samplers():
              (TINY_GGUF, ("--temp", "1.4", "--seed", "11", "--draft", "ngram", *only)),
              (TINY_GGUF, ("--temp", "0.9", "--top-p", "0.8", "--seed", "5")),
              (SMOLLM2, ("--temp", "0.8", "--seed", "2", "--chat", *only))]
-    for model, extra in cases:
-        args = [AUGUR, "run", "-m", model, "-p", "Once upon a time", "-n", "64", *extra]
-        on = subprocess.run(args, capture_output=True, timeout=120, env=os.environ)
-        off = subprocess.run(args, capture_output=True, timeout=120, env={**os.environ, "AUGUR_PICK": "0"})
-        assert on.returncode == 0, on.stderr.decode(errors="replace")
-        assert off.returncode == 0, off.stderr.decode(errors="replace")
-        assert len(on.stdout) > 20
-        assert on.stdout == off.stdout, (model, extra)
+    assert_same_text(cases, {"AUGUR_PICK": "0"})
+
+
+def test_candidate_rows_equal_the_samplers():
+    """A top-k sampler (the CLI's defaults: top-k 40, top-p 0.95, min-p 0.05)
+    reads only its row's best candidates (AG_WANT_CANDS; on the CPU found by
+    the backend over its threads): the text equals AUGUR_CANDS=0's, where the
+    sampler reads the whole row, at several temperatures, seeds and top-k,
+    plain and speculative (rounds with drafts keep their rows), on stories260K
+    and SmolLM2."""
+    require_model(SMOLLM2)
+    cases = [(TINY_GGUF, ("--temp", "1.0", "--seed", "7")), (TINY_GGUF, ("--temp", "1.6", "--seed", "3", "--top-k", "5")),
+             (TINY_GGUF, ("--temp", "1.2", "--seed", "11", "--draft", "ngram")),
+             (TINY_GGUF, ("--temp", "0.9", "--seed", "5", "--top-k", "256", "--top-p", "1", "--min-p", "0")),
+             (SMOLLM2, ("--temp", "0.8", "--seed", "2", "--chat"))]
+    assert_same_text(cases, {"AUGUR_CANDS": "0"})
 
 
 def test_chat_renders_the_models_template():

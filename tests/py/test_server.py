@@ -120,6 +120,36 @@ def test_n_choices(tiny_server):
     assert got == texts
 
 
+def test_candidates_give_the_rows_logprobs():
+    """Requests whose sampler reads only its row's best candidates (top-k
+    sampling, greedy with logprobs) get the tokens and logprobs, bit for bit,
+    that a server reading whole rows (AUGUR_CANDS=0) gives them: seeded top-k
+    with top_logprobs, greedy with logprobs, n = 2 (the first row is shared),
+    streamed and not, four at once."""
+    from concurrent.futures import ThreadPoolExecutor
+    from conftest import AugurServer, TINY_GGUF
+    servers = [AugurServer(TINY_GGUF, "--parallel", "4"),
+               AugurServer(TINY_GGUF, "--parallel", "4", env={**os.environ, "AUGUR_CANDS": "0"})]
+    reqs = [dict(prompt=PROMPT, max_tokens=24, temperature=0.9, top_k=40, seed=3, logprobs=5),
+            dict(prompt=PROMPT, max_tokens=24, temperature=0, logprobs=3),
+            dict(prompt=PROMPT, max_tokens=24, temperature=1.3, top_k=8, top_p=0.9, seed=9, logprobs=2, n=2),
+            dict(prompt="Once upon a time", max_tokens=24, temperature=0.7, top_k=100, min_p=0.05, seed=1, logprobs=1)]
+    try:
+        def ask(server, r):
+            r = dict(r)
+            extra = {k: r.pop(k) for k in ("top_k", "min_p") if k in r}
+            out = server.client().completions.create(model="x", extra_body=extra, **r)
+            return [(c.text, c.logprobs.tokens, c.logprobs.token_logprobs,
+                     [sorted(t.items()) for t in c.logprobs.top_logprobs]) for c in out.choices]
+        with ThreadPoolExecutor(4) as ex:
+            got = [list(ex.map(lambda r, s=s: ask(s, r), reqs)) for s in servers]
+        assert got[0] == got[1]
+        assert all(len(ch[1]) == 24 for res in got[0] for ch in res)
+    finally:
+        for s in servers:
+            assert s.stop() == 0, s.final_stderr[-4000:]
+
+
 def test_seed_reproducible(tiny_server):
     c = tiny_server.client()
     kw = dict(model="x", prompt=PROMPT, max_tokens=40, temperature=1.0, extra_body={"ignore_eos": True})

@@ -376,7 +376,7 @@ static void get_rows_exact(void **state) {
         ag_tensor      w = make_weight(g_be, type, K, ROWS, &deq);
         int32_t        ids[N] = {3, 0, 39, 3, 17, 8}, pos[N], seq[N];
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, 0, NULL, 0};
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0};
         begin_pass(g_be, f.kv, &lay, ids);
         float *d = dev_floats(g_be, (size_t)N * K);
         assert_int_equal(g_be->ops->get_rows(g_be, &w, ids, N, d), AG_OK);
@@ -487,7 +487,7 @@ static void small_ops(void **state) {
         const int rope_dim = neox ? 24 : HD;
         int       base_pos = ag_kv_seq_len(f.kv, f.seq[0]);
         for (int i = 0; i < N; i++) pos[i] = base_pos + i;
-        ag_batch_layout lay = {N, pos, seq, 0, NULL, 0};
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         assert_int_equal(g_be->ops->copy(g_be, dout, dx, (size_t)N * N_HEAD * HD * 4), AG_OK);
         assert_int_equal(g_be->ops->rope(g_be, dout, N, N_HEAD, HD, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
@@ -532,7 +532,7 @@ static void rope_kv_store_fused(void **state) {
         const int rope_dim = neox ? 48 : HD;
         int32_t   pos[N], seq[N], toks[N] = {0};
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i + 0, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, neox ? N : 3, NULL, 0}; /* decode rows too */
+        ag_batch_layout lay = {N, pos, seq, neox ? N : 3, NULL, NULL, 0}; /* decode rows too */
         begin_pass(g_be, f.kv, &lay, toks);
         ag_attn_shape sh0 = {.layer = 0, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD, .head_dim_v = HD,
                              .scale = 0.125f},
@@ -588,7 +588,7 @@ static void matmul_after_producers(void **state) {
         ag_tensor w = make_weight(g_be, cases[c].type, K, N_OUT, &deq);
         int32_t   pos[N], seq[N], toks[N] = {0};
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, N, NULL, 0};
+        ag_batch_layout lay = {N, pos, seq, N, NULL, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         const size_t n = (size_t)N * K;
         float *x = randn(n, 1.0f), *u = randn(n, 1.0f), *gain = randn(K, 1.0f);
@@ -739,7 +739,7 @@ static void pick_rows(void **state) {
         }
     }
     assert_int_equal(want[3], -2);
-    ag_batch_layout lay = {N, pos, seq, 0, draws, N};
+    ag_batch_layout lay = {N, pos, seq, 0, draws, NULL, N};
     begin_pass(g_be, f.kv, &lay, ids);
     float   *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
     int32_t *dout = dev_floats(g_be, N), got[N];
@@ -760,6 +760,78 @@ static void pick_rows(void **state) {
     g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dout);
     free(x);
     ag_kv_free(f.kv);
+}
+
+/* The cands op: each row's best candidates for its request, handed to
+ * begin with the layout, against ag_top_cands_f32 on the host: the count,
+ * the finite count, the max and every candidate (value and id) exactly; the
+ * sum of exponentials to 1e-6 relative: a device sums in another order, and
+ * CUDA's expf is within 2 ulp (2.4e-7 relative) of the host's per term.
+ * Rows with ties, NaN, +inf beside FLT_MAX, nothing finite, fewer finite
+ * values than k, a vocab of 151936 and of 7. */
+static void cands_case(int dim) {
+    kv_fixture f = make_kv(g_be, 1, 32, NULL);
+    enum { N = 10 };
+    float *x = randn((size_t)N * dim, 3.0f);
+    for (int i = 0; i < dim; i++) x[1 * (size_t)dim + i] = (float)(i % 13) * 0.5f; /* row 1: ties everywhere */
+    float *r = x + 2 * (size_t)dim; /* row 2: NaN everywhere but two values */
+    for (int i = 0; i < dim; i++) r[i] = NAN;
+    r[dim - 1] = -5.0f, r[dim / 2] = -6.0f;
+    r = x + 3 * (size_t)dim; /* row 3: nothing finite */
+    for (int i = 0; i < dim; i++) r[i] = i % 3 ? -INFINITY : NAN;
+    r = x + 5 * (size_t)dim; /* row 5: +inf (as FLT_MAX) tied with FLT_MAX */
+    r[1] = INFINITY, r[dim - 2] = FLT_MAX;
+    r = x + 6 * (size_t)dim; /* row 6: -inf beside large negatives */
+    for (int i = 0; i < dim; i += 2) r[i] = -INFINITY;
+    static const int ks[N] = {40, 256, 5, 1, 300, 20, 256, 1, 64, 2};
+    ag_cands_req     req[N];
+    int32_t          pos[N], seq[N], ids[N];
+    for (int k = 0; k < N; k++) {
+        req[k] = (ag_cands_req){ks[k], k % 3 != 1};
+        pos[k] = ag_kv_seq_len(f.kv, f.seq[0]) + k, seq[k] = f.seq[0], ids[k] = k;
+    }
+    ag_cands *want = malloc(sizeof(ag_cands) * N), *got = malloc(sizeof(ag_cands) * N);
+    for (int k = 0; k < N; k++) ag_top_cands_f32(x + (size_t)k * dim, dim, &req[k], &want[k]);
+    ag_batch_layout lay = {N, pos, seq, 0, NULL, req, N};
+    begin_pass(g_be, f.kv, &lay, ids);
+    float    *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
+    ag_cands *dout = g_be->ops->alloc(g_be, sizeof(ag_cands) * N);
+    assert_non_null(dout);
+    /* two runs of rows, as the model issues them: rows 0..3, then 4..9 */
+    assert_int_equal(g_be->ops->cands(g_be, dx, 4, dim, &lay, 0, dout), AG_OK);
+    assert_int_equal(g_be->ops->cands(g_be, dx + 4 * (size_t)dim, N - 4, dim, &lay, 4, dout + 4), AG_OK);
+    assert_int_equal(g_be->ops->download(g_be, got, dout, sizeof(ag_cands) * N), AG_OK);
+    commit_pass(f.kv, &lay);
+    for (int k = 0; k < N; k++) {
+        const ag_cands *w = &want[k], *g = &got[k];
+        if (g->n != w->n || g->n_finite != w->n_finite || !(g->max == w->max || (isinf(g->max) && isinf(w->max))))
+            fail_msg("%s cands row %d (dim %d): n %d/%d finite %d/%d max %g/%g", g_be->ops->name, k, dim, g->n, w->n,
+                     g->n_finite, w->n_finite, (double)g->max, (double)w->max);
+        for (int i = 0; i < w->n; i++)
+            if (g->c[i].id != w->c[i].id || g->c[i].l != w->c[i].l)
+                fail_msg("%s cands row %d (dim %d) #%d: (%g, %d), want (%g, %d)", g_be->ops->name, k, dim, i,
+                         (double)g->c[i].l, g->c[i].id, (double)w->c[i].l, w->c[i].id);
+        if (!req[k].want_z || w->n_finite == 0) continue;
+        if (!(fabs(g->sumexp - w->sumexp) <= 1e-6 * w->sumexp))
+            fail_msg("%s cands row %d (dim %d): sumexp %.17g, want %.17g", g_be->ops->name, k, dim, g->sumexp,
+                     w->sumexp);
+    }
+    assert_int_equal(want[3].n, 0);
+    assert_int_equal(want[2].n, 2);
+    /* a run without requests is refused */
+    lay.cands_req = NULL;
+    assert_int_equal(g_be->ops->cands(g_be, dx, 1, dim, &lay, 0, dout), AG_ERR_INVALID);
+    g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dout);
+    free(x), free(want), free(got);
+    ag_kv_free(f.kv);
+}
+
+static void cands_rows(void **state) {
+    (void)state;
+    if (!g_be->ops->cands) skip();
+    cands_case(151936);
+    cands_case(7);
+    cands_case(1000);
 }
 
 /* ---- KV store + attention ---- */
@@ -806,7 +878,7 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
             for (int i = 0; i < 3; i++) pos[n] = P1 + i, seq[n++] = f.seq[0];
             for (int i = 0; i < 20; i++) pos[n] = 5 + i, seq[n++] = f.seq[1];
         }
-        ag_batch_layout lay = {n, pos, seq, 0, NULL, 0};
+        ag_batch_layout lay = {n, pos, seq, 0, NULL, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         float *q = randn((size_t)n * N_HEAD * HD, 1.0f), *k = randn((size_t)n * N_KV * HD, 1.0f),
               *v = randn((size_t)n * N_KV * HD, 1.0f);
@@ -910,6 +982,7 @@ int main(void) {
         cmocka_unit_test(matmul_after_producers),
         cmocka_unit_test(argmax_rows),
         cmocka_unit_test(pick_rows),
+        cmocka_unit_test(cands_rows),
         cmocka_unit_test(attention_paged),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -263,6 +263,52 @@ static void pick_rows_draw_from_their_logits(void **state) {
     ag_kv_free(kv);
 }
 
+/* AG_WANT_CANDS rows get their candidates (the CPU writes the rows too, so
+ * each is checked against ag_top_cands_f32 of its own row, all fields bit
+ * for bit), mixed with other kinds; a batch without the arrays is refused. */
+static void cands_rows_are_their_rows_best(void **state) {
+    ag_kv  *kv = new_kv(1, 16);
+    int32_t s;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    enum { N = 6 };
+    int32_t      pos[N], seq[N], am[N];
+    uint8_t      want[N] = {AG_WANT_CANDS, 0, AG_WANT_LOGITS, AG_WANT_ARGMAX, AG_WANT_CANDS, AG_WANT_CANDS};
+    ag_cands_req req[N] = {{40, 1}, {5, 0}, {1, 1}, {256, 0}, {3, 0}};
+    ag_cands    *cands = calloc(N, sizeof *cands), ref;
+    for (int i = 0; i < N; i++) pos[i] = i, seq[i] = s;
+    float   *out = malloc(sizeof(float) * N * (size_t)g_vocab);
+    ag_batch b = {.n = N, .token = k_tokens, .pos = pos, .seq = seq, .want_logits = want, .argmax = am, .n_prompt = N};
+    assert_true(ag_model_can_cands(g_model));
+    assert_int_equal(ag_kv_seq_reserve(kv, s, N), AG_OK);
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_ERR_INVALID); /* no b.cands */
+    b.cands_req = req;
+    b.cands = cands;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_OK);
+    int checked = 0;
+    for (int k = 0, i = 0; i < N; i++) {
+        if (!want[i]) continue;
+        const float *row = out + (size_t)k * g_vocab;
+        if (want[i] == AG_WANT_CANDS) {
+            ag_top_cands_f32(row, g_vocab, &req[k], &ref);
+            assert_int_equal(am[k], AG_ARGMAX_NONE);
+            assert_int_equal(cands[k].n, ref.n);
+            assert_true(cands[k].n >= 3);
+            assert_int_equal(cands[k].n_finite, ref.n_finite);
+            assert_true(cands[k].max == ref.max);
+            assert_memory_equal(&cands[k].sumexp, &ref.sumexp, sizeof ref.sumexp); /* NaN when not asked */
+            assert_memory_equal(cands[k].c, ref.c, sizeof ref.c[0] * (size_t)ref.n);
+            checked++;
+        } else if (want[i] == AG_WANT_ARGMAX) {
+            assert_int_equal(am[k], ag_argmax_f32(row, g_vocab));
+        }
+        k++;
+    }
+    assert_int_equal(checked, 3);
+    free(out);
+    free(cands);
+    ag_kv_free(kv);
+}
+
 static void bad_batches_are_errors(void **state) {
     ag_kv *kv = new_kv(1, 16);
     int32_t s;
@@ -330,6 +376,7 @@ int main(void) {
         cmocka_unit_test(ragged_batch_of_two_sequences_equals_separate_runs),
         cmocka_unit_test(argmax_rows_match_their_logits),
         cmocka_unit_test(pick_rows_draw_from_their_logits),
+        cmocka_unit_test(cands_rows_are_their_rows_best),
         cmocka_unit_test(bad_batches_are_errors),
         cmocka_unit_test(fingerprint_is_stable_and_sees_sampled_weights),
     };

@@ -525,6 +525,207 @@ static void chain_large_vocab_top_p(void **state) {
     free(want);
 }
 
+/* The kept tokens are drawn in id order (sample.h, step 8): the token for a
+ * uniform u is the first id, in id order over the reference's support, at
+ * which the running sum of the sampler's float weights exceeds u times their
+ * total. u comes from a twin temperature-only sampler (same seed and stream:
+ * the same first uniform). Large kept sets take the placement path of the
+ * id ordering, top-k above 1024 the quickselect, min-p alone no reordering. */
+static void draw_walks_the_kept_set_in_id_order(void **state) {
+    enum { N = 60000 };
+    float  *l = malloc(N * sizeof *l);
+    double *proc = malloc(N * sizeof *proc), *want = malloc(N * sizeof *want);
+    const struct { int top_k; float top_p, min_p, temp; } cases[] = {
+        {0, 0.999f, 0.0f, 0.8f}, {0, 0.95f, 0.0f, 1.3f}, {3000, 0.9f, 0.0f, 0.7f}, {3000, 1.0f, 0.0f, 1.0f},
+        {0, 1.0f, 0.3f, 0.9f},   {50, 1.0f, 0.0f, 2.0f}, {40, 0.95f, 0.05f, 0.6f}, {0, 1.0f, 0.0f, 1.1f},
+    };
+    int draws = 0;
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++)
+        for (int round = 0; round < 6; round++) {
+            ag_sample_params p = ag_sample_default_params(), q;
+            p.top_k = cases[ci].top_k;
+            p.top_p = cases[ci].top_p;
+            p.min_p = cases[ci].min_p;
+            p.temperature = cases[ci].temp;
+            p.seed = 77 + (uint64_t)(ci * 10 + round);
+            q = ag_sample_default_params();
+            q.temperature = 1.0f;
+            q.seed = p.seed;
+            for (int i = 0; i < N; i++) l[i] = round % 2 ? (float)(0.2 * trng_normal()) : (float)(2.0 * trng_normal());
+            ag_sampler *a = new_sampler(&p, N, 3), *b = new_sampler(&q, N, 3);
+            ag_pick     d;
+            assert_int_equal(ag_sampler_draw_pick(b, &d), AG_OK);
+            ref_processed(l, N, &p, NULL, 0, proc);
+            ref_probs(proc, N, &p, want);
+            float m = -INFINITY;
+            for (int i = 0; i < N; i++) m = l[i] > m ? l[i] : m;
+            const float inv_temp = 1.0f / p.temperature;
+            double      sum = 0.0, cum = 0.0;
+            for (int i = 0; i < N; i++)
+                if (want[i] > 0) sum += (double)expf((l[i] - m) * inv_temp);
+            int expect = -1;
+            for (int i = 0; i < N && expect < 0; i++) {
+                if (!(want[i] > 0)) continue;
+                cum += (double)expf((l[i] - m) * inv_temp);
+                if (d.u * sum < cum) expect = i;
+            }
+            ag_sample_result r;
+            assert_int_equal(ag_sampler_sample(a, l, &r), AG_OK);
+            assert_int_equal(r.token, expect);
+            draws++;
+            ag_sampler_free(a);
+            ag_sampler_free(b);
+        }
+    assert_int_equal(draws, 48);
+    free(l);
+    free(proc);
+    free(want);
+}
+
+/* ag_top_cands_f32 against a sort of the sanitized row: the same best k in
+ * the total order, the count of finite values, the max, and the sum of
+ * exponentials summed as the sampler sums it (index order, bit for bit). */
+static void top_cands_match_a_sort(void **state) {
+    static const int sizes[] = {1, 3, 40, 257, 5000};
+    static const int ks[] = {1, 2, 40, 256, 300};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+        for (int trial = 0; trial < 30; trial++) {
+            const int n = sizes[si];
+            float    *l = malloc((size_t)n * sizeof *l);
+            rc       *ref = malloc((size_t)n * sizeof *ref);
+            for (int i = 0; i < n; i++)
+                l[i] = trial % 2 ? (float)trng_int(12) * 0.5f - 3.0f : (float)(3.0 * trng_normal());
+            if (trial % 3 == 0) l[trng_int(n)] = NAN;
+            if (trial % 4 == 0) l[trng_int(n)] = -INFINITY;
+            if (trial % 5 == 0) l[trng_int(n)] = INFINITY;
+            if (trial % 7 == 0) l[trng_int(n)] = FLT_MAX; /* ties with +inf once sanitized */
+            if (trial == 29)
+                for (int i = 0; i < n; i++) l[i] = i % 2 ? NAN : -INFINITY; /* nothing finite */
+            int nf = 0;
+            for (int i = 0; i < n; i++) {
+                float v = ag_logit_sanitize(l[i]);
+                if (v == -INFINITY) continue;
+                ref[nf++] = (rc){v, i};
+            }
+            qsort(ref, (size_t)nf, sizeof *ref, rc_cmp);
+            const int     k = ks[trial % 5];
+            ag_cands_req  req = {k, trial % 2};
+            static ag_cands c;
+            ag_top_cands_f32(l, n, &req, &c);
+            const int kk = k > AG_CANDS_MAX ? AG_CANDS_MAX : k;
+            assert_int_equal(c.n_finite, nf);
+            assert_int_equal(c.n, nf < kk ? nf : kk);
+            for (int i = 0; i < c.n; i++) {
+                assert_int_equal(c.c[i].id, ref[i].id);
+                assert_true(c.c[i].l == (float)ref[i].l);
+            }
+            if (nf == 0) {
+                assert_true(c.max == -INFINITY);
+            } else {
+                assert_true(c.max == (float)ref[0].l);
+            }
+            if (req.want_z) {
+                double z = 0.0;
+                for (int i = 0; i < n && nf; i++) z += (double)expf(ag_logit_sanitize(l[i]) - c.max);
+                assert_memory_equal(&z, &c.sumexp, sizeof z);
+            } else {
+                assert_true(isnan(c.sumexp));
+            }
+            free(l);
+            free(ref);
+        }
+}
+
+/* A sampler fed a row's candidates (ag_sampler_cands_req, ag_top_cands_f32)
+ * gives what it gives the whole row: the token, its logprob and the
+ * alternatives, bit for bit, draw after draw. */
+static void cands_draw_what_sample_draws(void **state) {
+    static const int sizes[] = {7, 300, 4000};
+    int              compared = 0;
+    static ag_cands  c;
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+        for (int round = 0; round < 40; round++) {
+            const int        n = sizes[si];
+            ag_sample_params p = ag_sample_default_params();
+            p.temperature = round % 8 == 0 ? 0.0f : (float)(0.2 + 1.8 * trng_unit());
+            p.top_k = 1 + trng_int(round % 3 ? 60 : AG_CANDS_MAX);
+            p.top_p = round % 3 == 0 ? 1.0f : (float)(0.3 + 0.7 * trng_unit());
+            p.min_p = round % 4 == 0 ? (float)(0.2 * trng_unit()) : 0.0f;
+            p.logprobs = round % 2;
+            p.n_logprobs = round % 5 == 0 ? trng_int(AG_SAMPLE_MAX_LOGPROBS + 1) : 0;
+            if (p.temperature == 0.0f) p.logprobs = 1; /* else it is the argmax-only sampler */
+            p.seed = 500 + (uint64_t)round;
+            ag_sampler  *a = new_sampler(&p, n, 1), *b = new_sampler(&p, n, 1);
+            ag_cands_req req;
+            if (p.top_k >= n && p.temperature > 0.0f) { /* top-k off: the whole row */
+                assert_false(ag_sampler_cands_req(b, &req));
+                ag_sampler_free(a);
+                ag_sampler_free(b);
+                continue;
+            }
+            assert_true(ag_sampler_cands_req(b, &req));
+            assert_true(req.k >= (p.temperature > 0.0f ? p.top_k : 1) && req.k >= p.n_logprobs);
+            assert_int_equal(req.want_z, p.logprobs || p.n_logprobs > 0);
+            float *l = malloc((size_t)n * sizeof *l);
+            for (int step = 0; step < 25; step++) {
+                for (int i = 0; i < n; i++)
+                    l[i] = step % 3 ? (float)(2.5 * trng_normal()) : (float)trng_int(8) * 0.5f; /* ties */
+                if (step % 4 == 1) l[trng_int(n)] = NAN;
+                if (step % 5 == 2) l[trng_int(n)] = -INFINITY;
+                if (step % 6 == 3) l[trng_int(n)] = INFINITY;
+                if (step == 24 && n == 7)
+                    for (int i = 1; i < n; i++) l[i] = -INFINITY; /* fewer finite values than k */
+                ag_sample_result ra, rb;
+                assert_int_equal(ag_sampler_sample(a, l, &ra), AG_OK);
+                ag_top_cands_f32(l, n, &req, &c);
+                assert_int_equal(ag_sampler_sample_cands(b, &c, &rb), AG_OK);
+                assert_int_equal(rb.token, ra.token);
+                assert_memory_equal(&rb.logprob, &ra.logprob, sizeof ra.logprob);
+                assert_int_equal(rb.n_top, ra.n_top);
+                assert_memory_equal(rb.top, ra.top, sizeof ra.top[0] * (size_t)ra.n_top);
+                assert_int_equal(ag_sampler_accept(a, ra.token), AG_OK);
+                assert_int_equal(ag_sampler_accept(b, rb.token), AG_OK);
+                compared++;
+            }
+            free(l);
+            ag_sampler_free(a);
+            ag_sampler_free(b);
+        }
+    assert_true(compared > 1500);
+    /* refused: samplers that need the row, candidates that do not answer */
+    ag_sample_params p = ag_sample_default_params();
+    p.temperature = 0.8f;
+    p.top_k = 5;
+    ag_sampler *s = new_sampler(&p, 50, 0);
+    float       l[50];
+    for (int i = 0; i < 50; i++) l[i] = (float)i;
+    ag_cands_req     req = {3, 0};
+    ag_sample_result r;
+    ag_top_cands_f32(l, 50, &req, &c); /* 3 < top_k 5 */
+    assert_int_equal(ag_sampler_sample_cands(s, &c, &r), AG_ERR_INVALID);
+    req.k = 5;
+    ag_top_cands_f32(l, 50, &req, &c);
+    c.c[1].id = 50;
+    assert_int_equal(ag_sampler_sample_cands(s, &c, &r), AG_ERR_INVALID);
+    for (int i = 0; i < 50; i++) l[i] = -INFINITY;
+    ag_top_cands_f32(l, 50, &req, &c);
+    assert_int_equal(ag_sampler_sample_cands(s, &c, &r), AG_ERR_INVALID);
+    assert_non_null(strstr(ag_error_message(), "finite"));
+    ag_sampler_free(s);
+    ag_sample_params q[4];
+    for (int i = 0; i < 4; i++) q[i] = p;
+    q[0].top_k = 0;                /* the whole row */
+    q[1].presence_penalty = 0.5f;  /* penalties read the row */
+    q[2].temperature = 0.0f;       /* the argmax alone */
+    q[3].top_k = AG_CANDS_MAX + 1; /* more than a row gives */
+    for (int i = 0; i < 4; i++) {
+        s = new_sampler(&q[i], 300, 0);
+        assert_false(ag_sampler_cands_req(s, &req));
+        assert_int_equal(ag_sampler_sample_cands(s, &c, &r), AG_ERR_INVALID);
+        ag_sampler_free(s);
+    }
+}
+
 /* Not an assertion on speed (the machine is shared), a measurement. */
 static void chain_timing_150k(void **state) {
     enum { N = 151936 }; /* Qwen2.5 vocab */
@@ -1267,6 +1468,9 @@ int main(void) {
         cmocka_unit_test(pick_draws_what_sample_draws),
         cmocka_unit_test(chain_matches_reference),
         cmocka_unit_test(chain_large_vocab_top_p),
+        cmocka_unit_test(draw_walks_the_kept_set_in_id_order),
+        cmocka_unit_test(top_cands_match_a_sort),
+        cmocka_unit_test(cands_draw_what_sample_draws),
         cmocka_unit_test(chain_timing_150k),
         cmocka_unit_test(penalties_and_bias_follow_formulas),
         cmocka_unit_test(chain_with_penalties_matches_reference),

@@ -158,6 +158,7 @@ typedef struct {
     int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
     int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
     int32_t       *d_draws; /* [3 n_out]: the pass's pick draws (begin) */
+    int32_t       *d_cand_reqs; /* [n_out]: the pass's cands requests, k | want_z << 16 (begin) */
     int            n_tiles;
 
     /* prompt-row GEMM scratch: the weight and the activations in BF16, an
@@ -480,7 +481,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         ag_kv_seq_blocks(kv, lay->seq[i], &nb);
         n_table += (size_t)nb;
     }
-    size_t need = 8 * (size_t)n + 1 + n_table; /* tables after the draws, so the draws sit at a fixed offset */
+    size_t need = 9 * (size_t)n + 1 + n_table; /* tables after the draws and requests, which sit at fixed offsets */
     if (need > s->cap_pinned) {
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
         s->h_pinned = NULL;
@@ -515,7 +516,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     }
     int32_t *h = s->h_pinned;
     int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
-            *h_draws = h + 5 * n + 1, *h_tab = h + 8 * n + 1;
+            *h_draws = h + 5 * n + 1, *h_reqs = h + 8 * n + 1, *h_tab = h + 9 * n + 1;
     /* the pick op's draws (3 words an output row: u's low and high halves,
      * 1/T's bits), uploaded with the rest so a replayed pass reads this
      * pass's draws */
@@ -525,6 +526,9 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         h_draws[3 * k] = w[0], h_draws[3 * k + 1] = w[1];
         memcpy(&h_draws[3 * k + 2], &lay->pick[k].inv_temp, sizeof(int32_t));
     }
+    /* likewise the cands op's requests, a word an output row */
+    for (int k = 0; lay->cands_req && k < lay->n_out && k < n; k++)
+        h_reqs[k] = (lay->cands_req[k].k & 0xffff) | (lay->cands_req[k].want_z ? 1 << 16 : 0);
     /* prompt rows [n_decode, n) in tiles: consecutive rows of one sequence, at most ATT_TQ */
     int n_tiles = 0;
     for (int i = lay->n_decode > 0 && lay->n_decode <= n ? lay->n_decode : (lay->n_decode > n ? n : 0); i < n;) {
@@ -568,7 +572,8 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     s->d_tiles = s->d_ints + 4 * n;
     s->n_tiles = n_tiles;
     s->d_draws = s->d_ints + 5 * n + 1;
-    s->d_tables = s->d_ints + 8 * n + 1;
+    s->d_cand_reqs = s->d_ints + 8 * n + 1;
+    s->d_tables = s->d_ints + 9 * n + 1;
     return AG_OK;
 }
 
@@ -3920,6 +3925,204 @@ __global__ void argmax_split_k(const float *__restrict__ x, int dim, float *__re
     out[r] = v > -INFINITY ? i : -2;
 }
 
+/* ---- a row's best candidates (top-k sampling without copying the rows back) ---- */
+
+/* The sampler's sanitize (base/argmax.h): NaN -> -inf, +inf -> FLT_MAX. */
+static __device__ __forceinline__ float cand_sanitize(float l) {
+    return !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l;
+}
+
+/* A finite value as an unsigned key in the value's order; -0.0 keyed as
+ * +0.0, since the two compare equal and so tie by id. */
+static __device__ __forceinline__ uint32_t cand_key(float l) {
+    const uint32_t f = __float_as_uint(l == 0.0f ? 0.0f : l);
+    return (f & 0x80000000u) ? ~f : f | 0x80000000u;
+}
+
+/* The sampler's total order on (key, id): larger key, then lower id. */
+static __device__ __forceinline__ bool cand_before(uint32_t ka, int ia, uint32_t kb, int ib) {
+    return ka > kb || (ka == kb && ia < ib);
+}
+
+/* Sums and maxima over the block, the same order every run (a fixed
+ * shuffle tree, then the warps in order); every thread gets the result.
+ * sh: 32 words of shared scratch, free again on return. */
+static __device__ __forceinline__ int cand_block_sum(int v, int *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int t = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
+    __syncthreads();
+    return t;
+}
+static __device__ __forceinline__ uint32_t cand_block_max(uint32_t v, uint32_t *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    uint32_t t = 0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = max(t, sh[w]);
+    __syncthreads();
+    return t;
+}
+static __device__ __forceinline__ double cand_block_dsum(double v, double *sh) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
+    __syncthreads();
+    return t;
+}
+
+#define CANDS_THREADS 1024
+
+/* out[blockIdx.x] = ag_top_cands_f32 of the row for its request (reqs: k in
+ * the low 16 bits, want_z in bit 16). One block a row:
+ *  1. the finite values' count and largest key;
+ *  2. radix select, 8 bits a round from the top: the key T of the kc-th best
+ *     (kc = min(k, finite)) and r, how many of the kc have key T (histograms
+ *     of integer counts: the same every run);
+ *  3. in id order, chunk by chunk: keys above T take slots by an atomic
+ *     counter (any order), keys equal to T the next slots by their rank in
+ *     id order while fewer than r are taken (a block-wide ballot scan), so
+ *     ties keep the lowest ids, as the sampler's order does;
+ *  4. a bitonic sort of the slots by (key desc, id asc); the values are read
+ *     back from the row, so their bits (-0.0 too) are the host's;
+ *  5. want_z: the sum of (double)expf(l - max) over the row, summed in a
+ *     fixed order other than the host's, and CUDA's expf is within 2 ulp of
+ *     the host's: the sum agrees to about 1e-7 relative.
+ * (AUGUR_CUDA_CANDS=1, opt-in: NOT YET RUN ON A GPU) */
+__global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__restrict__ x, int dim,
+                                                              const int32_t *__restrict__ reqs,
+                                                              ag_cands *__restrict__ out) {
+    pdl_entry();
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t s_key[AG_CANDS_MAX];
+    __shared__ int32_t  s_id[AG_CANDS_MAX];
+    __shared__ int      sh_i[32];
+    __shared__ uint32_t sh_u[32];
+    __shared__ double   sh_d[32];
+    __shared__ uint32_t s_prefix;
+    __shared__ int      s_rank, s_gt;
+    const float        *row = x + (size_t)blockIdx.x * dim;
+    ag_cands           *o = out + blockIdx.x;
+    const int           req = reqs[blockIdx.x], tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int           k = min(max(req & 0xffff, 1), AG_CANDS_MAX);
+    const bool          want_z = (req >> 16) & 1;
+
+    int      nf = 0;
+    uint32_t mk = 0;
+    for (int i = tid; i < dim; i += blockDim.x) {
+        const float l = cand_sanitize(row[i]);
+        if (l == -INFINITY) continue;
+        nf++;
+        mk = max(mk, cand_key(l));
+    }
+    nf = cand_block_sum(nf, sh_i);
+    mk = cand_block_max(mk, sh_u);
+    const int kc = min(k, nf);
+    if (kc == 0) {
+        if (tid == 0) {
+            o->n = 0, o->n_finite = 0, o->max = -INFINITY;
+            o->sumexp = want_z ? 0.0 : __longlong_as_double(0x7ff8000000000000ll);
+        }
+        return;
+    }
+
+    uint32_t prefix = 0;
+    int      r = kc; /* the rank sought among the keys that match the prefix */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        const uint32_t high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+        for (int i = tid; i < dim; i += blockDim.x) {
+            const float l = cand_sanitize(row[i]);
+            if (l == -INFINITY) continue;
+            const uint32_t key = cand_key(l);
+            if ((key & high) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            int rr = r, b = 255;
+            for (; b > 0 && (int)hist[b] < rr; b--) rr -= (int)hist[b];
+            s_prefix = prefix | ((uint32_t)b << shift), s_rank = rr;
+        }
+        __syncthreads();
+        prefix = s_prefix, r = s_rank;
+    }
+    const uint32_t T = prefix;
+    const int      n_gt = kc - r;
+
+    if (tid == 0) s_gt = 0;
+    __syncthreads();
+    int ties = 0; /* ties seen in earlier chunks: the same in every thread */
+    for (int c0 = 0; c0 < dim; c0 += blockDim.x) {
+        const int i = c0 + tid;
+        bool      tie = false;
+        if (i < dim) {
+            const float l = cand_sanitize(row[i]);
+            if (l != -INFINITY) {
+                const uint32_t key = cand_key(l);
+                if (key > T) {
+                    const int slot = atomicAdd(&s_gt, 1);
+                    s_key[slot] = key, s_id[slot] = i;
+                } else {
+                    tie = key == T;
+                }
+            }
+        }
+        const unsigned bal = __ballot_sync(0xffffffffu, tie);
+        if (lane == 0) sh_i[warp] = __popc(bal);
+        __syncthreads();
+        int before = ties + __popc(bal & ((1u << lane) - 1u)), total = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) {
+            before += w < warp ? sh_i[w] : 0;
+            total += sh_i[w];
+        }
+        if (tie && before < r) s_key[n_gt + before] = T, s_id[n_gt + before] = i;
+        ties += total;
+        const bool done = ties >= r && s_gt == n_gt; /* read before the barrier: no atomics until after it */
+        __syncthreads();
+        if (done) break;
+    }
+
+    for (int i = tid; i < AG_CANDS_MAX; i += blockDim.x)
+        if (i >= kc) s_key[i] = 0u, s_id[i] = INT_MAX; /* below every finite key */
+    __syncthreads();
+    for (int size = 2; size <= AG_CANDS_MAX; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            const int i = tid, j = tid ^ stride;
+            if (i < AG_CANDS_MAX && j > i) {
+                const bool swap = (i & size) == 0 ? cand_before(s_key[j], s_id[j], s_key[i], s_id[i])
+                                                  : cand_before(s_key[i], s_id[i], s_key[j], s_id[j]);
+                if (swap) {
+                    const uint32_t tk = s_key[i];
+                    const int32_t  ti = s_id[i];
+                    s_key[i] = s_key[j], s_id[i] = s_id[j];
+                    s_key[j] = tk, s_id[j] = ti;
+                }
+            }
+            __syncthreads();
+        }
+    for (int i = tid; i < kc; i += blockDim.x) {
+        o->c[i].id = s_id[i];
+        o->c[i].l = cand_sanitize(row[s_id[i]]);
+    }
+    const float m = cand_sanitize(row[s_id[0]]);
+    double      z = 0.0;
+    if (want_z)
+        for (int i = tid; i < dim; i += blockDim.x) z += (double)expf(cand_sanitize(row[i]) - m);
+    if (want_z) z = cand_block_dsum(z, sh_d);
+    if (tid == 0) {
+        o->n = kc, o->n_finite = nf, o->max = m;
+        o->sumexp = want_z ? z : __longlong_as_double(0x7ff8000000000000ll);
+    }
+}
+
 static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
     size_t f = 0, t = 0;
     CUDA_TRY(cudaMemGetInfo(&f, &t));
@@ -3973,6 +4176,19 @@ static ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const a
     if (!lay || !lay->pick || row0 < 0 || row0 + n > lay->n_out || row0 + n > s->n)
         return ag_errorf(AG_ERR_INVALID, "CUDA pick: rows %d..%d have no draws", row0, row0 + n);
     launch_k(s, pick_rows_k, (unsigned)n, 1024, 0, x, dim, (const int32_t *)s->d_draws + 3 * row0, out);
+    LAUNCHED();
+    return AG_OK;
+}
+
+/* The cands op (backend.h): one cands_rows_k block a row, the requests
+ * from begin's upload (so a replayed pass uses its own). */
+static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
+                          ag_cands *out) {
+    cuda_state *s = st_of(be);
+    if (n <= 0) return AG_OK;
+    if (!lay || !lay->cands_req || row0 < 0 || row0 + n > lay->n_out || row0 + n > s->n)
+        return ag_errorf(AG_ERR_INVALID, "CUDA cands: rows %d..%d have no requests", row0, row0 + n);
+    launch_k(s, cands_rows_k, (unsigned)n, CANDS_THREADS, 0, x, dim, (const int32_t *)s->d_cand_reqs + row0, out);
     LAUNCHED();
     return AG_OK;
 }
@@ -4097,14 +4313,17 @@ static ag_backend_ops make_ops(void) {
     o.attention = cu_attention;
     return o;
 }
-static const ag_backend_ops cuda_ops = make_ops();
-/* The same with the pick op (AUGUR_CUDA_PICK=1, opt-in until it has run on a GPU). */
-static ag_backend_ops make_ops_pick(void) {
+/* The op tables with and without the pick op (AUGUR_CUDA_PICK=1) and the
+ * cands op (AUGUR_CUDA_CANDS=1), both opt-in until they have run on a GPU;
+ * indexed by pick + 2 * cands. */
+static ag_backend_ops make_ops_with(bool pick, bool cands) {
     ag_backend_ops o = make_ops();
-    o.pick = cu_pick;
+    if (pick) o.pick = cu_pick;
+    if (cands) o.cands = cu_cands;
     return o;
 }
-static const ag_backend_ops cuda_ops_pick = make_ops_pick();
+static const ag_backend_ops cuda_ops_variants[4] = {make_ops_with(false, false), make_ops_with(true, false),
+                                                    make_ops_with(false, true), make_ops_with(true, true)};
 
 extern "C" int ag_cuda_device_count(void) {
     int n = 0;
@@ -4124,8 +4343,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
         free(s);
         return ag_errorf(AG_ERR_NOMEM, "out of memory");
     }
-    const char *pick = getenv("AUGUR_CUDA_PICK");
-    be->ops = pick && *pick == '1' ? &cuda_ops_pick : &cuda_ops;
+    const char *pick = getenv("AUGUR_CUDA_PICK"), *cands = getenv("AUGUR_CUDA_CANDS");
+    be->ops = &cuda_ops_variants[(pick && *pick == '1') + 2 * (cands && *cands == '1')];
     be->impl = s;
     s->device = index;
     s->kvmem.ctx = s;
