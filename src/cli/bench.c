@@ -230,6 +230,10 @@ int ag_cli_bench(int argc, char **argv) {
     const uint8_t kind = argmax ? AG_WANT_ARGMAX : pick ? AG_WANT_PICK : cands ? AG_WANT_CANDS : AG_WANT_LOGITS;
     /* --sample: the CLI's default sampler, one per sequence */
     ag_sampler **samplers = sample ? calloc((size_t)n_seq, sizeof *samplers) : NULL;
+    if (sample && !samplers) {
+        ag_cli_fail("out of memory for %ld samplers", n_seq);
+        goto done;
+    }
     ag_sample_params sp = ag_sample_default_params();
     sp.temperature = 0.8f, sp.top_k = 40, sp.top_p = 0.95f, sp.min_p = 0.05f;
     for (long s = 0; samplers && s < n_seq; s++)

@@ -476,6 +476,17 @@ static uint8_t decode_want(ag_engine *e, choice *c, int out_row) {
     return AG_WANT_LOGITS;
 }
 
+/* Output row k's candidates for choice c (its row wanted AG_WANT_CANDS), or
+ * NULL with the row fetched into e->logits when they do not decide its
+ * sampler's token (a top-p cut past them; ag_sampler_cands_enough). */
+static const ag_cands *row_cands(ag_engine *e, choice *c, int k) {
+    if (ag_sampler_cands_enough(c->sampler, &e->cands[k])) return &e->cands[k];
+    if (ag_model_output_row(e->model, k, e->logits + (size_t)k * e->n_vocab) == AG_OK) return NULL;
+    /* then the sampler refuses the candidates and the choice ends with the error */
+    AG_LOGW("output row %d could not be fetched: %s", k, ag_error_message());
+    return &e->cands[k];
+}
+
 /* Decides and emits a choice's next token(s) from its window of logits
  * rows: [pending, c->d drafts] (c->d = 0: plain decoding, one row), their
  * argmax as the backend found it (ag_batch.argmax), and (NULL unless the
@@ -833,13 +844,14 @@ static bool step(ag_engine *e) {
     for (int k = 0; k < rows; k += e->rows[k].n_rows > 0 ? e->rows[k].n_rows : 1) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
         struct row_owner o = e->rows[k];
-        const ag_cands  *cands = o.want == AG_WANT_CANDS ? &e->cands[k] : NULL;
+        const bool       cands = o.want == AG_WANT_CANDS;
         if (o.c) {
-            if (o.c->state == CH_DECODE) advance_choice(e, o.r, o.c, row, e->argmax + k, cands);
+            if (o.c->state == CH_DECODE)
+                advance_choice(e, o.r, o.c, row, e->argmax + k, cands ? row_cands(e, o.c, k) : NULL);
         } else if (o.p_pos < o.r->n_prompt - 1) {
             score_prompt_token(e, o.r, o.p_pos + 1, row);
         } else {
-            start_choices(e, o.r, row, e->argmax + k, cands);
+            start_choices(e, o.r, row, e->argmax + k, cands ? row_cands(e, &o.r->ch[0], k) : NULL);
         }
     }
     for (request *r = e->running, *next; r; r = next) {

@@ -25,6 +25,11 @@ struct ag_model {
     bool             argmax_off; /* AUGUR_ARGMAX=0 (A/B, tests): rows' argmax never computed by the backend */
     bool             pick_off;   /* AUGUR_PICK=0 (A/B, tests): picked tokens never computed by the backend */
     bool             cands_off;  /* AUGUR_CANDS=0 (A/B, tests): no AG_WANT_CANDS rows (callers sample rows) */
+    /* the last pass's output rows, for ag_model_output_row: in the caller's
+     * array, or (candidates computed on a device) still in the device's */
+    const float     *last_host_rows;
+    const float     *last_dev_rows;
+    int              last_n_out;
 };
 
 ag_model_params ag_model_default_params(void) {
@@ -652,11 +657,22 @@ bool ag_model_can_pick(const ag_model *m) {
 
 bool ag_model_can_cands(const ag_model *m) { return m && !m->cands_off; }
 
+ag_status ag_model_output_row(ag_model *m, int k, float *out) {
+    if (!m || !out || k < 0 || k >= m->last_n_out)
+        return ag_errorf(AG_ERR_INVALID, "output row %d: the last pass had %d", k, m ? m->last_n_out : 0);
+    const size_t row = (size_t)m->cfg.n_vocab;
+    if (m->last_dev_rows) return m->be->ops->download(m->be, out, m->last_dev_rows + (size_t)k * row, sizeof(float) * row);
+    const float *src = m->last_host_rows + (size_t)k * row;
+    if (src != out) memmove(out, src, sizeof(float) * row);
+    return AG_OK;
+}
+
 ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *logits) {
     const ag_model_config *c = &m->cfg;
     ag_backend *be = m->be;
     const ag_backend_ops *op = be->ops;
     const int n = b->n;
+    m->last_n_out = 0; /* (set again once this pass's rows are out) */
     if (n <= 0) return ag_errorf(AG_ERR_INVALID, "empty batch");
     for (int i = 0; i < n; i++) {
         if (b->token[i] < 0 || b->token[i] >= c->n_vocab)
@@ -721,6 +737,9 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     }
     if (n_out == 0) return op->sync(be);
     if (!op->host_memory && (st = download_outputs(m, b, n_out, &ok, &f, logits))) return st;
+    m->last_n_out = n_out;
+    m->last_host_rows = logits;
+    m->last_dev_rows = !op->host_memory && ok.cands ? f.logits : NULL;
     if (b->argmax) /* rows without a computed token: their sampler reads the row */
         for (int i = 0, k = 0; i < n; i++) {
             const int want = b->want_logits ? b->want_logits[i] : i == n - 1;

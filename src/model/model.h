@@ -152,8 +152,9 @@ typedef struct {
      * AG_WANT_PICK): per row wanting anything, in batch order, its argmax or
      * picked token where the backend computed it (a token id or
      * AG_ARGMAX_NOFINITE), else AG_ARGMAX_NONE. An AG_WANT_ARGMAX or
-     * AG_WANT_PICK row whose token was computed may have its logits row left
-     * unwritten; every other wanted row's logits are written. */
+     * AG_WANT_PICK row whose token was computed, and an AG_WANT_CANDS row,
+     * may have its logits row left unwritten (ag_model_output_row fetches
+     * it); every other wanted row's logits are written. */
     int32_t *argmax;
     /* [output rows] (may be NULL when no row wants AG_WANT_PICK): the draw
      * of each AG_WANT_PICK row, indexed as argmax */
@@ -196,5 +197,12 @@ bool ag_model_can_pick(const ag_model *m);
  * candidates come from the backend's cands op where it has one and the
  * model has no final logit softcap, else from the rows on the host. */
 bool ag_model_can_cands(const ag_model *m);
+
+/* Copies output row k (in batch order, as the logits array counts them) of
+ * the last forward pass into out[n_vocab]: for an AG_WANT_CANDS row whose
+ * candidates did not decide its token (ag_sampler_cands_enough), which a
+ * device backend left where it computed it. Valid until the next forward
+ * (or reserve); AG_ERR_INVALID for a row the pass did not output. */
+ag_status ag_model_output_row(ag_model *m, int k, float *out);
 
 #endif

@@ -453,12 +453,17 @@ static void heap_select_best(ag_cand *c, size_t n, size_t k) {
  * length of the kept prefix, with the kept tokens moved to c[0..ret).
  *
  * Small sets are sorted outright. Large ones (top-k off on a 150k vocab)
- * use one pass that computes each weight once and histograms the mass by
- * distance below the max logit; the bucket where the cumulative mass
+ * use one pass that computes each weight once (their total z summed in the
+ * array's order, id order when top-k is off: the sum of exponentials of
+ * ag_cands) and histograms the mass by distance below the max logit. The
+ * cut is first sought in the best TOPP_SORT_MAX tokens, sorted, with the
+ * partial sums in order (prefix_cut): the very sums the candidates path
+ * (ag_sampler_sample_cands) makes from a row's best candidates, so both
+ * keep the same tokens. Past them, the bucket where the cumulative mass
  * crosses the target is the only part that needs sorting. Bucket indices
  * are monotone in the logit, so every token of a nearer bucket precedes
  * every token of the crossing bucket in the (logit desc, id asc) order. */
-#define TOPP_SORT_MAX 256
+#define TOPP_SORT_MAX AG_CANDS_MAX
 #define TOPP_BUCKETS 2048
 #define TOPP_RANGE 32.0f /* logit units below the max; further is the last bucket */
 
@@ -467,19 +472,27 @@ static inline int topp_bucket(float m, float l) {
     return d < (float)(TOPP_BUCKETS - 1) ? (int)d : TOPP_BUCKETS - 1;
 }
 
+/* The length of the shortest prefix of c[0..n) (sorted best first) whose
+ * weights, summed in order, reach top_p * z; 0 when all n fall short. */
+static size_t prefix_cut(const ag_sampler *s, const ag_cand *c, size_t n, double z) {
+    const double target = (double)s->p.top_p * z;
+    double       cum = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        cum += (double)expf(c[i].l - s->max_l);
+        if (cum >= target) return i + 1;
+    }
+    return 0;
+}
+
 static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
     const float m = s->max_l;
     const double top_p = (double)s->p.top_p;
     if (n <= TOPP_SORT_MAX) {
         qsort(c, n, sizeof *c, cmp_cand);
-        double z = 0.0, cum = 0.0;
+        double z = 0.0;
         for (size_t i = 0; i < n; i++) z += (double)expf(c[i].l - m);
-        const double target = top_p * z;
-        for (size_t i = 0; i < n; i++) {
-            cum += (double)expf(c[i].l - m);
-            if (cum >= target) return i + 1;
-        }
-        return n;
+        const size_t cut = prefix_cut(s, c, n, z);
+        return cut ? cut : n;
     }
     double *mass = s->bucket_mass;
     memset(mass, 0, TOPP_BUCKETS * sizeof *mass);
@@ -489,6 +502,10 @@ static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
         mass[topp_bucket(m, c[i].l)] += w;
         z += w;
     }
+    heap_select_best(c, n, TOPP_SORT_MAX);
+    qsort(c, TOPP_SORT_MAX, sizeof *c, cmp_cand);
+    const size_t cut = prefix_cut(s, c, TOPP_SORT_MAX, z);
+    if (cut) return cut;
     const double target = top_p * z;
     double cum = 0.0;
     int cross = TOPP_BUCKETS - 1;
@@ -514,10 +531,11 @@ static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
     return e; /* rounding kept the mass just short: keep the whole bucket */
 }
 
-/* Steps 4-6 for temperature > 0 over cand[0..n), the finite candidates:
+/* Steps 4-6 for temperature > 0 over cand[0..n), the finite candidates
+ * (top_p_done: n is already the top-p cut, made from a row's candidates):
  * leaves the kept tokens in cand[0..ret) and sets *by_id to whether they
  * are still in ascending id order. */
-static size_t truncate_cands(ag_sampler *s, size_t n, int *by_id) {
+static size_t truncate_cands(ag_sampler *s, size_t n, int *by_id, int top_p_done) {
     ag_cand *c = s->cand;
     if (s->p.top_k > 0 && (size_t)s->p.top_k < n) {
         if (s->p.top_k <= 1024) heap_select_best(c, n, (size_t)s->p.top_k);
@@ -525,7 +543,7 @@ static size_t truncate_cands(ag_sampler *s, size_t n, int *by_id) {
         n = (size_t)s->p.top_k;
         *by_id = 0;
     }
-    if (s->p.top_p < 1.0f) {
+    if (s->p.top_p < 1.0f && !top_p_done) {
         n = top_p_cut(s, c, n);
         *by_id = 0;
     }
@@ -654,11 +672,12 @@ ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_p
 }
 
 /* Steps 3-8 once prepare (or the candidates) set max_l, argmax, n_finite
- * and sumexp, with cand[0..n) the finite candidates (by_id: in id order)
- * and out's logprob alternatives filled. The kept tokens are drawn in id
+ * and sumexp, with cand[0..n) the finite candidates (by_id: in id order;
+ * top_p_done: n is already the top-p cut) and out's logprob alternatives
+ * filled. The kept tokens are drawn in id
  * order, whatever order truncation left them in, so the token depends only
  * on the kept set (the candidates path gives the whole-row path's token). */
-static ag_status decide_token(ag_sampler *s, size_t n, int by_id, ag_sample_result *out) {
+static ag_status decide_token(ag_sampler *s, size_t n, int by_id, int top_p_done, ag_sample_result *out) {
     const int want_lp = s->p.logprobs || s->p.n_logprobs > 0;
     out->logprob = NAN;
     if (s->p.temperature == 0.0f) {
@@ -666,7 +685,7 @@ static ag_status decide_token(ag_sampler *s, size_t n, int by_id, ag_sample_resu
         if (want_lp) out->logprob = (float)logprob_of(s, s->max_l);
         return AG_OK;
     }
-    n = truncate_cands(s, n, &by_id);
+    n = truncate_cands(s, n, &by_id, top_p_done);
     if (!by_id) order_by_id(s, n);
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
@@ -697,7 +716,7 @@ ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result
     }
     if ((st = prepare(s, logits, want_lp)) != AG_OK) return st;
     if (s->p.n_logprobs > 0) fill_top(s, out);
-    return decide_token(s, s->p.temperature == 0.0f ? 0 : finite_front(s), 1, out);
+    return decide_token(s, s->p.temperature == 0.0f ? 0 : finite_front(s), 1, 0, out);
 }
 
 int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req) {
@@ -707,13 +726,40 @@ int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req) {
     if (s->p.temperature == 0.0f) {
         if (!want_lp) return 0; /* the argmax is all it needs */
         k = 1;
-    } else {
-        if (s->p.top_k <= 0 || s->p.top_k > AG_CANDS_MAX || s->p.top_k >= s->n_vocab) return 0;
+    } else if (s->p.top_k > 0 && s->p.top_k < s->n_vocab) {
+        if (s->p.top_k > AG_CANDS_MAX) return 0;
         k = s->p.top_k;
+    } else { /* top-k off: a top-p or min-p cut that may fall among the best */
+        if (s->p.top_p >= 1.0f && s->p.min_p <= 0.0f) return 0;
+        k = AG_CANDS_MAX;
     }
     if (s->p.n_logprobs > k) k = s->p.n_logprobs;
-    if (req) *req = (ag_cands_req){k, want_lp};
+    /* top-k off and top-p: z, the whole row's mass */
+    const int top_p_off_k = s->p.temperature > 0.0f && !(s->p.top_k > 0 && s->p.top_k < s->n_vocab) &&
+                            s->p.top_p < 1.0f;
+    if (req) *req = (ag_cands_req){k, want_lp || top_p_off_k};
     return 1;
+}
+
+/* Whether a row's candidates hold every token the sampler keeps, with the
+ * cut moved to cand[0..*n_kept) (candidates copied in, best first): always
+ * for top-k (req.k >= top_k) and greedy, and when they are all the row's
+ * finite values; with top-k off, when the top-p cut (the same partial sums
+ * as top_p_cut) or, without top-p, the min-p cut falls among them. */
+static int cands_cut(ag_sampler *s, const ag_cands *c, size_t *n_kept) {
+    size_t n = (size_t)c->n;
+    *n_kept = n;
+    const int top_k_on = s->p.top_k > 0 && s->p.top_k < s->n_vocab;
+    if (s->p.temperature == 0.0f || top_k_on || c->n >= c->n_finite) return 1;
+    if (s->p.top_p < 1.0f) {
+        /* s->cand and max_l were set from the candidates */
+        const size_t cut = prefix_cut(s, s->cand, n, c->sumexp);
+        if (!cut) return 0;
+        *n_kept = cut;
+        return 1;
+    }
+    /* min-p alone: the worst candidate must fall below the threshold */
+    return (double)c->c[n - 1].l - (double)c->max < log((double)s->p.min_p);
 }
 
 ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_result *out) {
@@ -738,6 +784,10 @@ ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_re
     s->argmax = c->c[0].id;
     s->n_finite = c->n_finite;
     s->sumexp = req.want_z ? c->sumexp : 0.0;
+    size_t n_kept;
+    if (!cands_cut(s, c, &n_kept))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: the sampler keeps more than the %d candidates "
+                                         "(see ag_sampler_cands_enough)", (int)c->n);
     if (s->p.n_logprobs > 0) { /* the best first, as fill_top orders them */
         out->n_top = s->p.n_logprobs < c->n ? s->p.n_logprobs : c->n;
         for (int32_t i = 0; i < out->n_top; i++) {
@@ -745,9 +795,22 @@ ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_re
             out->top[i].logprob = (float)logprob_of(s, c->c[i].l);
         }
     }
+    if (c->n < c->n_finite && s->p.temperature > 0.0f && !(s->p.top_k > 0 && s->p.top_k < s->n_vocab))
+        /* top-k off, some of the row: the top-p cut is made (with the whole
+         * row's mass); min-p and the draw follow */
+        return decide_token(s, n_kept, 0, s->p.top_p < 1.0f, out);
     /* the candidates stand for the row's finite values: the top-k of the
-     * whole row is a prefix of them (req.k >= top_k) */
-    return decide_token(s, s->p.temperature == 0.0f ? 0 : (size_t)c->n, 0, out);
+     * whole row (req.k >= top_k), or all of them */
+    return decide_token(s, (size_t)c->n, 0, 0, out);
+}
+
+int ag_sampler_cands_enough(ag_sampler *s, const ag_cands *c) {
+    ag_cands_req req;
+    if (!s || !c || !ag_sampler_cands_req(s, &req) || c->n < 1 || c->n > AG_CANDS_MAX) return 0;
+    for (int32_t i = 0; i < c->n; i++) s->cand[i] = c->c[i];
+    s->max_l = c->max;
+    size_t n_kept;
+    return cands_cut(s, c, &n_kept);
 }
 
 ag_status ag_sampler_logits(ag_sampler *s, const float *logits, float *out) {
@@ -768,7 +831,7 @@ ag_status ag_sampler_probs(ag_sampler *s, const float *logits, float *probs) {
         return AG_OK;
     }
     int    by_id = 1;
-    size_t n = truncate_cands(s, finite_front(s), &by_id);
+    size_t n = truncate_cands(s, finite_front(s), &by_id, 0);
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
     for (size_t i = 0; i < n; i++) probs[s->cand[i].id] = (float)(weight(s, s->cand[i].l) / sum);

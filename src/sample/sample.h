@@ -192,14 +192,26 @@ ag_status ag_sampler_sample_picked(ag_sampler *s, int32_t token, ag_sample_resul
  * this sampler), for rows the backend did not pick. */
 ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_pick *d, ag_sample_result *out);
 
-/* Whether ag_sampler_sample needs no more of a row than ag_top_cands_f32
+/* Whether ag_sampler_sample may need no more of a row than ag_top_cands_f32
  * (base/argmax.h) gives, and for which request (*req, may be NULL): no logit
  * bias or penalties, and either greedy with logprobs (the argmax and the
- * alternatives; k = max(1, n_logprobs)) or a temperature with top-k in
- * [1, AG_CANDS_MAX] below the vocab (k = max(top_k, n_logprobs)); want_z
- * when logprobs are asked for. 0 for every other sampler (the argmax-only
- * and pick-only ones have cheaper ways). Fixed for the sampler's life. */
+ * alternatives; k = max(1, n_logprobs)), or a temperature with top-k in
+ * [1, AG_CANDS_MAX] below the vocab (k = max(top_k, n_logprobs)), or a
+ * temperature with top-k off and top-p < 1 or min-p > 0 (k = AG_CANDS_MAX:
+ * enough when the cut falls among them, see ag_sampler_cands_enough);
+ * want_z when logprobs are asked for or top-p is cut from the whole row's
+ * mass. 0 for every other sampler (the argmax-only and pick-only ones have
+ * cheaper ways). Fixed for the sampler's life. */
 int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req);
+
+/* Whether the candidates *c hold every token this sampler would keep of
+ * their row: always for top-k and greedy samplers (candidates that answer
+ * the request) and when they are all the row's finite values; with top-k
+ * off, when the top-p cut (partial sums in order against top_p times the
+ * row's sumexp) or, without top-p, the min-p cut falls among them. Else
+ * the caller samples the whole row with ag_sampler_sample (the same token
+ * either way). No RNG draw. */
+int ag_sampler_cands_enough(ag_sampler *s, const ag_cands *c);
 
 /* The token (and logprobs) ag_sampler_sample would give the row whose
  * candidates *c are (ag_top_cands_f32 with ag_sampler_cands_req's request,
@@ -207,7 +219,8 @@ int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req);
  * candidates, not the row. A device's sumexp may differ from the host's in
  * the last bits (another summation order), and the logprobs with it.
  * AG_ERR_INVALID for a sampler without ag_sampler_cands_req, candidates that
- * do not answer its request, or no finite value. Does not accept the token. */
+ * do not answer its request or are not enough (ag_sampler_cands_enough), or
+ * no finite value. Does not accept the token. */
 ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_result *out);
 
 /* Samples one token from logits[n_vocab] (borrowed for the call) through

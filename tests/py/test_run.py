@@ -62,15 +62,20 @@ def test_backend_picked_tokens_equal_the_samplers():
 def test_candidate_rows_equal_the_samplers():
     """A top-k sampler (the CLI's defaults: top-k 40, top-p 0.95, min-p 0.05)
     reads only its row's best candidates (AG_WANT_CANDS; on the CPU found by
-    the backend over its threads): the text equals AUGUR_CANDS=0's, where the
-    sampler reads the whole row, at several temperatures, seeds and top-k,
-    plain and speculative (rounds with drafts keep their rows), on stories260K
-    and SmolLM2."""
+    the backend over its threads), and so does one with top-k off whose top-p
+    or min-p cut falls among the best 256 (else the row is fetched): the text
+    equals AUGUR_CANDS=0's, where the sampler reads the whole row, at several
+    temperatures, seeds and cuts, plain and speculative (rounds with drafts
+    keep their rows), on stories260K and SmolLM2."""
     require_model(SMOLLM2)
     cases = [(TINY_GGUF, ("--temp", "1.0", "--seed", "7")), (TINY_GGUF, ("--temp", "1.6", "--seed", "3", "--top-k", "5")),
              (TINY_GGUF, ("--temp", "1.2", "--seed", "11", "--draft", "ngram")),
              (TINY_GGUF, ("--temp", "0.9", "--seed", "5", "--top-k", "256", "--top-p", "1", "--min-p", "0")),
-             (SMOLLM2, ("--temp", "0.8", "--seed", "2", "--chat"))]
+             (SMOLLM2, ("--temp", "0.8", "--seed", "2", "--chat")),
+             # top-k off: the top-p (or min-p) cut among the best 256 of 512 or 49152, else the row fetched
+             (TINY_GGUF, ("--temp", "1.0", "--seed", "4", "--top-k", "0", "--top-p", "0.97", "--min-p", "0")),
+             (TINY_GGUF, ("--temp", "1.0", "--seed", "8", "--top-k", "0", "--top-p", "1", "--min-p", "0.002")),
+             (SMOLLM2, ("--temp", "1.0", "--seed", "6", "--chat", "--top-k", "0", "--top-p", "0.9", "--min-p", "0"))]
     assert_same_text(cases, {"AUGUR_CANDS": "0"})
 
 

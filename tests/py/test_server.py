@@ -125,7 +125,8 @@ def test_candidates_give_the_rows_logprobs():
     sampling, greedy with logprobs) get the tokens and logprobs, bit for bit,
     that a server reading whole rows (AUGUR_CANDS=0) gives them: seeded top-k
     with top_logprobs, greedy with logprobs, n = 2 (the first row is shared),
-    streamed and not, four at once."""
+    top-p without top-k (the cut among the candidates, or past them: the row
+    fetched), six at once."""
     from concurrent.futures import ThreadPoolExecutor
     from conftest import AugurServer, TINY_GGUF
     servers = [AugurServer(TINY_GGUF, "--parallel", "4"),
@@ -133,7 +134,9 @@ def test_candidates_give_the_rows_logprobs():
     reqs = [dict(prompt=PROMPT, max_tokens=24, temperature=0.9, top_k=40, seed=3, logprobs=5),
             dict(prompt=PROMPT, max_tokens=24, temperature=0, logprobs=3),
             dict(prompt=PROMPT, max_tokens=24, temperature=1.3, top_k=8, top_p=0.9, seed=9, logprobs=2, n=2),
-            dict(prompt="Once upon a time", max_tokens=24, temperature=0.7, top_k=100, min_p=0.05, seed=1, logprobs=1)]
+            dict(prompt="Once upon a time", max_tokens=24, temperature=0.7, top_k=100, min_p=0.05, seed=1, logprobs=1),
+            dict(prompt=PROMPT, max_tokens=24, temperature=1.0, top_p=0.9, seed=4, logprobs=2),  # top-k off
+            dict(prompt=PROMPT, max_tokens=24, temperature=1.0, top_p=1.0, min_p=1e-30, seed=2, logprobs=1)]  # past 256
     try:
         def ask(server, r):
             r = dict(r)
@@ -141,7 +144,7 @@ def test_candidates_give_the_rows_logprobs():
             out = server.client().completions.create(model="x", extra_body=extra, **r)
             return [(c.text, c.logprobs.tokens, c.logprobs.token_logprobs,
                      [sorted(t.items()) for t in c.logprobs.top_logprobs]) for c in out.choices]
-        with ThreadPoolExecutor(4) as ex:
+        with ThreadPoolExecutor(6) as ex:
             got = [list(ex.map(lambda r, s=s: ask(s, r), reqs)) for s in servers]
         assert got[0] == got[1]
         assert all(len(ch[1]) == 24 for res in got[0] for ch in res)

@@ -765,10 +765,12 @@ static void pick_rows(void **state) {
 /* The cands op: each row's best candidates for its request, handed to
  * begin with the layout, against ag_top_cands_f32 on the host: the count,
  * the finite count, the max and every candidate (value and id) exactly; the
- * sum of exponentials to 1e-6 relative: a device sums in another order, and
+ * sum of exponentials to 1e-6 relative (NaN when not asked for, 0 without a
+ * finite value): a device sums in another order, and
  * CUDA's expf is within 2 ulp (2.4e-7 relative) of the host's per term.
- * Rows with ties, NaN, +inf beside FLT_MAX, nothing finite, fewer finite
- * values than k, a vocab of 151936 and of 7. */
+ * Rows with ties (-0.0 with +0.0 too, compared bit for bit), NaN, +inf
+ * beside FLT_MAX, nothing finite, fewer finite values than k, a vocab of
+ * 151936 and of 7. */
 static void cands_case(int dim) {
     kv_fixture f = make_kv(g_be, 1, 32, NULL);
     enum { N = 10 };
@@ -783,6 +785,8 @@ static void cands_case(int dim) {
     r[1] = INFINITY, r[dim - 2] = FLT_MAX;
     r = x + 6 * (size_t)dim; /* row 6: -inf beside large negatives */
     for (int i = 0; i < dim; i += 2) r[i] = -INFINITY;
+    r = x + 8 * (size_t)dim; /* row 8: -0.0 and +0.0 tie (as equal values, by id) above negatives */
+    for (int i = 0; i < dim; i++) r[i] = i % 5 == 0 ? (i % 2 ? -0.0f : 0.0f) : -fabsf(r[i]) - 1.0f;
     static const int ks[N] = {40, 256, 5, 1, 300, 20, 256, 1, 64, 2};
     ag_cands_req     req[N];
     int32_t          pos[N], seq[N], ids[N];
@@ -804,14 +808,21 @@ static void cands_case(int dim) {
     commit_pass(f.kv, &lay);
     for (int k = 0; k < N; k++) {
         const ag_cands *w = &want[k], *g = &got[k];
-        if (g->n != w->n || g->n_finite != w->n_finite || !(g->max == w->max || (isinf(g->max) && isinf(w->max))))
+        if (g->n != w->n || g->n_finite != w->n_finite || memcmp(&g->max, &w->max, sizeof g->max))
             fail_msg("%s cands row %d (dim %d): n %d/%d finite %d/%d max %g/%g", g_be->ops->name, k, dim, g->n, w->n,
                      g->n_finite, w->n_finite, (double)g->max, (double)w->max);
         for (int i = 0; i < w->n; i++)
-            if (g->c[i].id != w->c[i].id || g->c[i].l != w->c[i].l)
+            if (g->c[i].id != w->c[i].id || memcmp(&g->c[i].l, &w->c[i].l, sizeof g->c[i].l))
                 fail_msg("%s cands row %d (dim %d) #%d: (%g, %d), want (%g, %d)", g_be->ops->name, k, dim, i,
                          (double)g->c[i].l, g->c[i].id, (double)w->c[i].l, w->c[i].id);
-        if (!req[k].want_z || w->n_finite == 0) continue;
+        if (!req[k].want_z) {
+            if (!isnan(g->sumexp)) fail_msg("%s cands row %d (dim %d): sumexp %g unasked", g_be->ops->name, k, dim, g->sumexp);
+            continue;
+        }
+        if (w->n_finite == 0) {
+            if (g->sumexp != 0.0) fail_msg("%s cands row %d (dim %d): sumexp %g of nothing", g_be->ops->name, k, dim, g->sumexp);
+            continue;
+        }
         if (!(fabs(g->sumexp - w->sumexp) <= 1e-6 * w->sumexp))
             fail_msg("%s cands row %d (dim %d): sumexp %.17g, want %.17g", g_be->ops->name, k, dim, g->sumexp,
                      w->sumexp);

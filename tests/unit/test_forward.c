@@ -304,6 +304,16 @@ static void cands_rows_are_their_rows_best(void **state) {
         k++;
     }
     assert_int_equal(checked, 3);
+    /* every output row of the pass can be fetched again (a top-p cut past
+     * a row's candidates), none past them */
+    float *again = malloc(sizeof(float) * (size_t)g_vocab);
+    for (int k = 0; k < N - 1; k++) {
+        assert_int_equal(ag_model_output_row(g_model, k, again), AG_OK);
+        assert_memory_equal(again, out + (size_t)k * g_vocab, sizeof(float) * (size_t)g_vocab);
+    }
+    assert_int_equal(ag_model_output_row(g_model, N - 1, again), AG_ERR_INVALID);
+    assert_int_equal(ag_model_output_row(g_model, -1, again), AG_ERR_INVALID);
+    free(again);
     free(out);
     free(cands);
     ag_kv_free(kv);

@@ -638,10 +638,13 @@ static void top_cands_match_a_sort(void **state) {
 
 /* A sampler fed a row's candidates (ag_sampler_cands_req, ag_top_cands_f32)
  * gives what it gives the whole row: the token, its logprob and the
- * alternatives, bit for bit, draw after draw. */
+ * alternatives, bit for bit, draw after draw. With top-k off (a top-p or
+ * min-p cut) the candidates are used when ag_sampler_cands_enough says the
+ * cut falls among them, else the row, as the engine does: both branches
+ * are taken. */
 static void cands_draw_what_sample_draws(void **state) {
     static const int sizes[] = {7, 300, 4000};
-    int              compared = 0;
+    int              compared = 0, from_row = 0, off_cands = 0;
     static ag_cands  c;
     for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
         for (int round = 0; round < 40; round++) {
@@ -651,21 +654,29 @@ static void cands_draw_what_sample_draws(void **state) {
             p.top_k = 1 + trng_int(round % 3 ? 60 : AG_CANDS_MAX);
             p.top_p = round % 3 == 0 ? 1.0f : (float)(0.3 + 0.7 * trng_unit());
             p.min_p = round % 4 == 0 ? (float)(0.2 * trng_unit()) : 0.0f;
+            if (round % 5 == 2) { /* top-k off: the cut may fall past the candidates */
+                p.top_k = 0;
+                p.top_p = round % 2 ? 1.0f : (float)(0.5 + 0.5 * trng_unit());
+                p.min_p = round % 2 ? (float)(0.01 + 0.2 * trng_unit()) : p.min_p;
+            }
             p.logprobs = round % 2;
             p.n_logprobs = round % 5 == 0 ? trng_int(AG_SAMPLE_MAX_LOGPROBS + 1) : 0;
             if (p.temperature == 0.0f) p.logprobs = 1; /* else it is the argmax-only sampler */
             p.seed = 500 + (uint64_t)round;
             ag_sampler  *a = new_sampler(&p, n, 1), *b = new_sampler(&p, n, 1);
             ag_cands_req req;
-            if (p.top_k >= n && p.temperature > 0.0f) { /* top-k off: the whole row */
+            const int top_k_off = p.top_k == 0 || p.top_k >= n;
+            if (top_k_off && p.temperature > 0.0f && p.top_p >= 1.0f && p.min_p <= 0.0f) { /* no cut: the row */
                 assert_false(ag_sampler_cands_req(b, &req));
                 ag_sampler_free(a);
                 ag_sampler_free(b);
                 continue;
             }
             assert_true(ag_sampler_cands_req(b, &req));
-            assert_true(req.k >= (p.temperature > 0.0f ? p.top_k : 1) && req.k >= p.n_logprobs);
-            assert_int_equal(req.want_z, p.logprobs || p.n_logprobs > 0);
+            assert_true(req.k >= (p.temperature > 0.0f && !top_k_off ? p.top_k : 1) && req.k >= p.n_logprobs);
+            if (top_k_off && p.temperature > 0.0f) assert_int_equal(req.k, AG_CANDS_MAX);
+            assert_int_equal(req.want_z, p.logprobs || p.n_logprobs > 0 ||
+                                             (top_k_off && p.temperature > 0.0f && p.top_p < 1.0f));
             float *l = malloc((size_t)n * sizeof *l);
             for (int step = 0; step < 25; step++) {
                 for (int i = 0; i < n; i++)
@@ -678,7 +689,15 @@ static void cands_draw_what_sample_draws(void **state) {
                 ag_sample_result ra, rb;
                 assert_int_equal(ag_sampler_sample(a, l, &ra), AG_OK);
                 ag_top_cands_f32(l, n, &req, &c);
-                assert_int_equal(ag_sampler_sample_cands(b, &c, &rb), AG_OK);
+                if (ag_sampler_cands_enough(b, &c)) {
+                    assert_int_equal(ag_sampler_sample_cands(b, &c, &rb), AG_OK);
+                    off_cands += top_k_off && p.temperature > 0.0f && c.n < c.n_finite;
+                } else {
+                    assert_true(top_k_off); /* top-k and greedy samplers always have enough */
+                    assert_int_equal(ag_sampler_sample_cands(b, &c, &rb), AG_ERR_INVALID);
+                    assert_int_equal(ag_sampler_sample(b, l, &rb), AG_OK);
+                    from_row++;
+                }
                 assert_int_equal(rb.token, ra.token);
                 assert_memory_equal(&rb.logprob, &ra.logprob, sizeof ra.logprob);
                 assert_int_equal(rb.n_top, ra.n_top);
@@ -691,7 +710,10 @@ static void cands_draw_what_sample_draws(void **state) {
             ag_sampler_free(a);
             ag_sampler_free(b);
         }
+    print_message("%d draws compared; top-k off: %d cut among the candidates, %d from the row (cut past them)\n",
+                  compared, off_cands, from_row);
     assert_true(compared > 1500);
+    assert_true(from_row > 20 && off_cands > 100);
     /* refused: samplers that need the row, candidates that do not answer */
     ag_sample_params p = ag_sample_default_params();
     p.temperature = 0.8f;

@@ -527,8 +527,10 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         memcpy(&h_draws[3 * k + 2], &lay->pick[k].inv_temp, sizeof(int32_t));
     }
     /* likewise the cands op's requests, a word an output row */
-    for (int k = 0; lay->cands_req && k < lay->n_out && k < n; k++)
-        h_reqs[k] = (lay->cands_req[k].k & 0xffff) | (lay->cands_req[k].want_z ? 1 << 16 : 0);
+    for (int k = 0; lay->cands_req && k < lay->n_out && k < n; k++) {
+        const int32_t kk = lay->cands_req[k].k; /* clamped as ag_top_cands_f32 clamps it */
+        h_reqs[k] = (kk < 1 ? 1 : kk > AG_CANDS_MAX ? AG_CANDS_MAX : kk) | (lay->cands_req[k].want_z ? 1 << 16 : 0);
+    }
     /* prompt rows [n_decode, n) in tiles: consecutive rows of one sequence, at most ATT_TQ */
     int n_tiles = 0;
     for (int i = lay->n_decode > 0 && lay->n_decode <= n ? lay->n_decode : (lay->n_decode > n ? n : 0); i < n;) {
@@ -3944,8 +3946,8 @@ static __device__ __forceinline__ bool cand_before(uint32_t ka, int ia, uint32_t
     return ka > kb || (ka == kb && ia < ib);
 }
 
-/* Sums and maxima over the block, the same order every run (a fixed
- * shuffle tree, then the warps in order); every thread gets the result.
+/* Sums over the block, the same order every run (a fixed shuffle tree,
+ * then the warps in order); every thread gets the result.
  * sh: 32 words of shared scratch, free again on return. */
 static __device__ __forceinline__ int cand_block_sum(int v, int *sh) {
 #pragma unroll
@@ -3954,16 +3956,6 @@ static __device__ __forceinline__ int cand_block_sum(int v, int *sh) {
     __syncthreads();
     int t = 0;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
-    __syncthreads();
-    return t;
-}
-static __device__ __forceinline__ uint32_t cand_block_max(uint32_t v, uint32_t *sh) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    uint32_t t = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = max(t, sh[w]);
     __syncthreads();
     return t;
 }
@@ -3982,10 +3974,11 @@ static __device__ __forceinline__ double cand_block_dsum(double v, double *sh) {
 
 /* out[blockIdx.x] = ag_top_cands_f32 of the row for its request (reqs: k in
  * the low 16 bits, want_z in bit 16). One block a row:
- *  1. the finite values' count and largest key;
+ *  1. the finite values' count;
  *  2. radix select, 8 bits a round from the top: the key T of the kc-th best
  *     (kc = min(k, finite)) and r, how many of the kc have key T (histograms
- *     of integer counts: the same every run);
+ *     of integer counts, the same every run; a warp's lanes that fall in one
+ *     bin add once, as logits crowd a few bins of the first round);
  *  3. in id order, chunk by chunk: keys above T take slots by an atomic
  *     counter (any order), keys equal to T the next slots by their rank in
  *     id order while fewer than r are taken (a block-wide ballot scan), so
@@ -4004,7 +3997,6 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
     __shared__ uint32_t s_key[AG_CANDS_MAX];
     __shared__ int32_t  s_id[AG_CANDS_MAX];
     __shared__ int      sh_i[32];
-    __shared__ uint32_t sh_u[32];
     __shared__ double   sh_d[32];
     __shared__ uint32_t s_prefix;
     __shared__ int      s_rank, s_gt;
@@ -4014,16 +4006,9 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
     const int           k = min(max(req & 0xffff, 1), AG_CANDS_MAX);
     const bool          want_z = (req >> 16) & 1;
 
-    int      nf = 0;
-    uint32_t mk = 0;
-    for (int i = tid; i < dim; i += blockDim.x) {
-        const float l = cand_sanitize(row[i]);
-        if (l == -INFINITY) continue;
-        nf++;
-        mk = max(mk, cand_key(l));
-    }
+    int nf = 0;
+    for (int i = tid; i < dim; i += blockDim.x) nf += cand_sanitize(row[i]) != -INFINITY;
     nf = cand_block_sum(nf, sh_i);
-    mk = cand_block_max(mk, sh_u);
     const int kc = min(k, nf);
     if (kc == 0) {
         if (tid == 0) {
@@ -4039,11 +4024,14 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
         for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
         const uint32_t high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
-        for (int i = tid; i < dim; i += blockDim.x) {
-            const float l = cand_sanitize(row[i]);
-            if (l == -INFINITY) continue;
+        for (int c0 = 0; c0 < dim; c0 += blockDim.x) { /* whole warps each step, for the match */
+            const int      i = c0 + tid;
+            const float    l = i < dim ? cand_sanitize(row[i]) : -INFINITY;
             const uint32_t key = cand_key(l);
-            if ((key & high) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+            const bool     take = l != -INFINITY && (key & high) == prefix;
+            const uint32_t bin = take ? (key >> shift) & 255u : 256u + lane; /* lanes not taking: alone */
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (take && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(peers));
         }
         __syncthreads();
         if (tid == 0) {
