@@ -80,7 +80,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 PYTEST   ?= python3 -m pytest
 PYTEST_ARGS ?= -q
 
-.PHONY: cuda-check gpu-test all test test-models test-webui unit e2e asan fuzz bench bench-peer bench-spec format clean examples
+.PHONY: cuda-check cuda-emu gpu-test all test test-models test-webui unit e2e asan fuzz bench bench-peer bench-spec format clean examples
 all: $(BIN) $(TEST_BIN) $(SO) examples
 
 $(BUILD)/%.o: %.c $(CONFIG_STAMP)
@@ -93,6 +93,19 @@ $(BUILD)/%.o: %.cu $(CONFIG_STAMP)
 
 # Compiles the CUDA sources without linking (`make test` does this when nvcc
 # is installed, so they never rot on machines without a GPU).
+# The candidates kernel's code, cut from cuda_backend.cu, run under a CPU
+# emulation of a block (tests/emu/cands_emu.cpp) against ag_top_cands_f32:
+# for kernel edits without a GPU. EMU_DIMS: how many of its row sizes.
+EMU_DIMS ?= 4
+cuda-emu: $(BUILD)/emu/cands_emu
+	$(BUILD)/emu/cands_emu $(EMU_DIMS)
+$(BUILD)/emu/cands_kernel.inc: src/backend/cuda/cuda_backend.cu
+	@mkdir -p $(dir $@)
+	sed -n "/^\/\* ---- a row's best candidates/,/^\/\* ---- end of the candidates kernel/p" $< > $@
+$(BUILD)/emu/cands_emu: tests/emu/cands_emu.cpp $(BUILD)/emu/cands_kernel.inc src/base/argmax.c src/base/argmax.h
+	$(CC) -std=c11 -O2 -Isrc -c src/base/argmax.c -o $(BUILD)/emu/argmax.o
+	$(CXX) -std=c++17 -O2 -Isrc -I$(BUILD)/emu -o $@ $< $(BUILD)/emu/argmax.o -lpthread -lm
+
 cuda-check:
 	@set -e; for f in $(CU_SRC); do echo "nvcc -c $$f"; $(NVCC) $(NVCCFLAGS) -c $$f -o /dev/null; done
 
@@ -147,7 +160,7 @@ unit: $(TEST_BIN)
 e2e: $(BIN) $(SO) examples
 	AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) tests/py
 
-test: unit e2e $(if $(shell command -v nvcc 2>/dev/null),cuda-check)
+test: unit e2e cuda-emu $(if $(shell command -v nvcc 2>/dev/null),cuda-check)
 
 # The slow suites: parity and tokenizer checks on the bigger models (fetched here).
 test-models: $(BIN)

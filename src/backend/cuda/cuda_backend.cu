@@ -4110,6 +4110,7 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
         o->sumexp = want_z ? z : __longlong_as_double(0x7ff8000000000000ll);
     }
 }
+/* ---- end of the candidates kernel (make cuda-emu runs the code above on the CPU) ---- */
 
 static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
     size_t f = 0, t = 0;
