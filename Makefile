@@ -97,14 +97,20 @@ $(BUILD)/%.o: %.cu $(CONFIG_STAMP)
 # emulation of a block (tests/emu/cands_emu.cpp) against ag_top_cands_f32:
 # for kernel edits without a GPU. EMU_DIMS: how many of its row sizes.
 EMU_DIMS ?= 4
-cuda-emu: $(BUILD)/emu/cands_emu
+cuda-emu: $(BUILD)/emu/cands_emu $(BUILD)/emu/pick_emu
 	$(BUILD)/emu/cands_emu $(EMU_DIMS)
+	$(BUILD)/emu/pick_emu $(EMU_DIMS)
 $(BUILD)/emu/cands_kernel.inc: src/backend/cuda/cuda_backend.cu
 	@mkdir -p $(dir $@)
 	sed -n "/^\/\* ---- a row's best candidates/,/^\/\* ---- end of the candidates kernel/p" $< > $@
-$(BUILD)/emu/cands_emu: tests/emu/cands_emu.cpp $(BUILD)/emu/cands_kernel.inc src/base/argmax.c src/base/argmax.h
-	$(CC) -std=c11 -O2 -Isrc -c src/base/argmax.c -o $(BUILD)/emu/argmax.o
-	$(CXX) -std=c++17 -O2 -Isrc -I$(BUILD)/emu -o $@ $< $(BUILD)/emu/argmax.o -lpthread -lm
+$(BUILD)/emu/pick_kernel.inc: src/backend/cuda/cuda_backend.cu
+	@mkdir -p $(dir $@)
+	sed -n "/^\/\* ---- argmax of output rows/,/^\/\* ---- end of the pick kernel/p" $< > $@
+$(BUILD)/emu/argmax.o: src/base/argmax.c src/base/argmax.h
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -O2 -Isrc -c $< -o $@
+$(BUILD)/emu/%_emu: tests/emu/%_emu.cpp tests/emu/cuda_shim.h $(BUILD)/emu/%_kernel.inc $(BUILD)/emu/argmax.o
+	$(CXX) -std=c++17 -O2 -Isrc -I$(BUILD)/emu -Itests/emu -o $@ $< $(BUILD)/emu/argmax.o -lpthread -lm
 
 cuda-check:
 	@set -e; for f in $(CU_SRC); do echo "nvcc -c $$f"; $(NVCC) $(NVCCFLAGS) -c $$f -o /dev/null; done

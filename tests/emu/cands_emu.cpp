@@ -8,84 +8,13 @@
  * without a GPU (`make cuda-emu`, about 25 s at dims up to 2049, argument:
  * how many of the dims 7, 1000, 1025, 2049, 151936 to run); the GPU's own
  * check is scripts/gpu_test.sh. Exit status 1 on a mismatch. */
-#include <pthread.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <math.h>
-#include <float.h>
-#include <limits.h>
-#include <vector>
-extern "C" {
-#include "base/argmax.h"
-}
-struct dim3_ { unsigned x; };
-static thread_local dim3_ threadIdx, blockIdx;
-static dim3_ blockDim;
-static pthread_barrier_t g_bar;
-static pthread_barrier_t w_bar[32];
-#define __global__
-#define __device__
-#define __forceinline__
-#define __launch_bounds__(x)
-#define __restrict__
-#define __shared__ static
-static inline void __syncthreads() { pthread_barrier_wait(&g_bar); }
-static inline void pdl_entry() {}
-static uint64_t w_slot[32][32];
-static inline void wsync() { pthread_barrier_wait(&w_bar[threadIdx.x >> 5]); }
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int o) {
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    uint64_t b = 0; memcpy(&b, &v, sizeof v);
-    wsync(); w_slot[w][l] = b; wsync();
-    uint64_t r = w_slot[w][l ^ o]; T out; memcpy(&out, &r, sizeof out);
-    return out;
-}
-static unsigned __ballot_sync(unsigned, bool p) {
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    wsync(); w_slot[w][l] = p; wsync();
-    unsigned m = 0; for (int i = 0; i < 32; i++) m |= (w_slot[w][i] ? 1u : 0u) << i;
-    return m;
-}
-static unsigned __match_any_sync(unsigned, uint32_t v) {
-    int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    wsync(); w_slot[w][l] = v; wsync();
-    unsigned m = 0; for (int i = 0; i < 32; i++) m |= (w_slot[w][i] == v ? 1u : 0u) << i;
-    return m;
-}
-static inline int __ffs(unsigned x) { return __builtin_ffs(x); }
-static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline double __longlong_as_double(long long x) { double d; memcpy(&d, &x, 8); return d; }
-static inline int __popc(unsigned x) { return __builtin_popcount(x); }
-static inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
-static inline int min(int a, int b) { return a < b ? a : b; }
-static inline int max(int a, int b) { return a > b ? a : b; }
+#include "cuda_shim.h"
 #include "cands_kernel.inc" /* the kernel, cut from cuda_backend.cu by make cuda-emu */
 
-struct targs { const float *x; int dim; const int32_t *reqs; ag_cands *out; unsigned tid; unsigned blk; };
-static void *trun(void *p) {
-    targs *a = (targs *)p;
-    threadIdx.x = a->tid; blockIdx.x = a->blk;
-    cands_rows_k(a->x, a->dim, a->reqs, a->out);
-    return NULL;
-}
-static void launch(const float *x, int dim, const int32_t *reqs, ag_cands *out, int nrows) {
-    blockDim.x = CANDS_THREADS;
-    for (int b = 0; b < nrows; b++) {
-        std::vector<pthread_t> th(CANDS_THREADS); std::vector<targs> ta(CANDS_THREADS);
-        for (int t = 0; t < CANDS_THREADS; t++) { ta[t] = {x, dim, reqs, out, (unsigned)t, (unsigned)b}; pthread_create(&th[t], NULL, trun, &ta[t]); }
-        for (int t = 0; t < CANDS_THREADS; t++) pthread_join(th[t], NULL);
-    }
-}
 static uint64_t st = 99;
 static uint64_t xr() { st ^= st << 13; st ^= st >> 7; st ^= st << 17; return st; }
 static float gs() { double u = (xr() >> 11) * 0x1p-53 + 1e-12, v = (xr() >> 11) * 0x1p-53; return (float)(sqrt(-2 * log(u)) * cos(6.2831853 * v)); }
 int main(int argc, char **argv) {
-    pthread_barrier_init(&g_bar, NULL, CANDS_THREADS);
-    for (int w = 0; w < 32; w++) pthread_barrier_init(&w_bar[w], NULL, 32);
     int dims[] = {7, 1000, 1025, 2049, 151936};
     int nd = argc > 1 ? atoi(argv[1]) : 7;
     long bad = 0, n = 0;
@@ -120,7 +49,7 @@ int main(int argc, char **argv) {
             reqs[r] = (q.k & 0xffff) | (q.want_z ? 1 << 16 : 0);
             ag_top_cands_f32(&x[(size_t)r * dim], dim, &q, &want[r]);
         }
-        launch(x.data(), dim, reqs.data(), got.data(), R);
+        emu_launch(cands_rows_k, R, CANDS_THREADS, (const float *)x.data(), dim, (const int32_t *)reqs.data(), got.data());
         for (int r = 0; r < R; r++) {
             n++;
             const ag_cands *g = &got[r], *w = &want[r];

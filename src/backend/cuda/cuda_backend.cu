@@ -3895,6 +3895,8 @@ __global__ void __launch_bounds__(1024) pick_rows_k(const float *__restrict__ x,
     out[blockIdx.x] = pick;
 }
 
+/* ---- end of the pick kernel (make cuda-emu runs the code above, from the argmax's start, on the CPU) ---- */
+
 /* As argmax_rows_k with a row cut into gridDim.y slices, one block each (a
  * lone 128k-row on one SM took as long as copying it to the host): each
  * slice's (value, index) goes to pv/pi, and the last slice of the row to
