@@ -102,7 +102,9 @@ same build/cuda/pick-on.txt build/cuda/pick-off.txt "sampled text with the GPU p
 
 echo "== top-k sampling from candidates found on the GPU (the cands op, opt-in AUGUR_CUDA_CANDS=1, NOT YET RUN ON A GPU) == from the copied rows (AUGUR_CANDS=0)"
 AUGUR_CUDA_CANDS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
-for T in "--temp 0.8 --seed 3" "--temp 1.2 --top-k 200 --top-p 1 --min-p 0 --seed 5"; do
+# (the CLI's defaults; a top-k of 200; top-k off: a top-p and a min-p cut, among the best 256 or past them: the row fetched from the device)
+for T in "--temp 0.8 --seed 3" "--temp 1.2 --top-k 200 --top-p 1 --min-p 0 --seed 5" \
+         "--temp 1.0 --top-k 0 --top-p 0.9 --min-p 0 --seed 7" "--temp 1.0 --top-k 0 --top-p 1 --min-p 0.02 --seed 9"; do
   AUGUR_CUDA_CANDS=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
   AUGUR_CANDS=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-off.txt 2>/dev/null
   same build/cuda/cands-on.txt build/cuda/cands-off.txt "sampled text ($T) from GPU candidates == from the rows copied back"
