@@ -429,6 +429,7 @@ static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
     if (need > m->act_bytes) {
         if (m->act) m->be->ops->free(m->be, m->act);
         m->act_bytes = 0;
+        m->last_n_out = 0; /* the last pass's device rows went with it */
         if (!(m->act = m->be->ops->alloc(m->be, need)))
             return ag_errorf(AG_ERR_NOMEM, "out of %s memory for a batch of %d tokens (%zu bytes)", m->be->ops->name,
                              n, need);
@@ -739,7 +740,9 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     if (!op->host_memory && (st = download_outputs(m, b, n_out, &ok, &f, logits))) return st;
     m->last_n_out = n_out;
     m->last_host_rows = logits;
-    m->last_dev_rows = !op->host_memory && ok.cands ? f.logits : NULL;
+    /* a device keeps every output row; without a softcap (applied on the
+     * host) they are the rows asked for, downloaded or not */
+    m->last_dev_rows = !op->host_memory && c->final_softcap <= 0 ? f.logits : NULL;
     if (b->argmax) /* rows without a computed token: their sampler reads the row */
         for (int i = 0, k = 0; i < n; i++) {
             const int want = b->want_logits ? b->want_logits[i] : i == n - 1;

@@ -495,18 +495,41 @@ static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
         return cut ? cut : n;
     }
     double *mass = s->bucket_mass;
+    size_t  count[TOPP_BUCKETS] = {0};
     memset(mass, 0, TOPP_BUCKETS * sizeof *mass);
     double z = 0.0;
     for (size_t i = 0; i < n; i++) {
-        double w = (double)expf(c[i].l - m);
-        mass[topp_bucket(m, c[i].l)] += w;
+        const double w = (double)expf(c[i].l - m);
+        const int    b = topp_bucket(m, c[i].l);
+        mass[b] += w;
+        count[b]++;
         z += w;
     }
-    heap_select_best(c, n, TOPP_SORT_MAX);
-    qsort(c, TOPP_SORT_MAX, sizeof *c, cmp_cand);
-    const size_t cut = prefix_cut(s, c, TOPP_SORT_MAX, z);
-    if (cut) return cut;
+    /* The best TOPP_SORT_MAX lie in the nearest buckets that hold as many;
+     * unless those buckets' mass falls short of the target (with a margin
+     * far above the sums' rounding), sort the best of them and seek the cut
+     * there, as the candidates path does. */
     const double target = top_p * z;
+    size_t       near_n = 0;
+    double       near_mass = 0.0;
+    int          b_near = 0;
+    for (; b_near < TOPP_BUCKETS; b_near++) {
+        near_n += count[b_near];
+        near_mass += mass[b_near];
+        if (near_n >= TOPP_SORT_MAX) break;
+    }
+    if (near_mass * (1.0 + 1e-9) >= target) {
+        size_t g = 0;
+        for (size_t i = 0; i < n; i++)
+            if (topp_bucket(m, c[i].l) <= b_near) swapc(&c[i], &c[g++]);
+        if (g > TOPP_SORT_MAX) {
+            if (g <= 16 * TOPP_SORT_MAX) heap_select_best(c, g, TOPP_SORT_MAX);
+            else select_best(c, g, TOPP_SORT_MAX);
+        }
+        qsort(c, TOPP_SORT_MAX, sizeof *c, cmp_cand);
+        const size_t cut = prefix_cut(s, c, TOPP_SORT_MAX, z);
+        if (cut) return cut;
+    }
     double cum = 0.0;
     int cross = TOPP_BUCKETS - 1;
     for (int b = 0; b < TOPP_BUCKETS; b++) {

@@ -217,7 +217,8 @@ int ag_sampler_cands_enough(ag_sampler *s, const ag_cands *c);
  * candidates *c are (ag_top_cands_f32 with ag_sampler_cands_req's request,
  * or a backend's equal), with the same RNG draw: a device copies back a few
  * candidates, not the row. A device's sumexp may differ from the host's in
- * the last bits (another summation order), and the logprobs with it.
+ * the last bits (another summation order), and the logprobs with it, and
+ * (top-k off) a top-p cut that falls within rounding of a boundary.
  * AG_ERR_INVALID for a sampler without ag_sampler_cands_req, candidates that
  * do not answer its request or are not enough (ag_sampler_cands_enough), or
  * no finite value. Does not accept the token. */

@@ -5,7 +5,11 @@
  * warp, __shared__ as statics (one block at a time), atomics as host
  * atomics, the float/bit intrinsics as their definitions. Only what the
  * emulated kernels use (tests/emu/). Every lane of a warp must reach each
- * warp intrinsic, as on the GPU with a full mask. */
+ * warp intrinsic, as on the GPU with a full mask (a partial last warp
+ * would hang). Limits: shared memory starts zeroed and keeps the last
+ * block's contents (a kernel that reads shared memory before writing it
+ * can pass here), and the host compiler's floating-point contraction is
+ * not the GPU's. */
 #ifndef AG_TESTS_EMU_CUDA_SHIM_H
 #define AG_TESTS_EMU_CUDA_SHIM_H
 #include <pthread.h>
@@ -75,12 +79,9 @@ static inline int max(int a, int b) { return a > b ? a : b; }
 /* Runs kern(args...) as n_blocks blocks of `threads` threads, one block at
  * a time (the statics that stand for shared memory are one block's). */
 template <typename... A> static void emu_launch(void (*kern)(A...), int n_blocks, int threads, A... args) {
-    static bool inited = false;
-    if (!inited) {
-        pthread_barrier_init(&g_bar, NULL, (unsigned)threads);
-        for (int w = 0; w < 32; w++) pthread_barrier_init(&w_bar[w], NULL, 32);
-        inited = true;
-    }
+    /* the block's barrier for this launch's thread count (whole warps) */
+    pthread_barrier_init(&g_bar, NULL, (unsigned)threads);
+    for (int w = 0; w < 32; w++) pthread_barrier_init(&w_bar[w], NULL, 32);
     blockDim.x = (unsigned)threads;
     struct targ { void (*k)(A...); unsigned t, b; std::tuple<A...> a; };
     for (int b = 0; b < n_blocks; b++) {
@@ -97,6 +98,8 @@ template <typename... A> static void emu_launch(void (*kern)(A...), int n_blocks
         }
         for (int t = 0; t < threads; t++) pthread_join(th[(size_t)t], NULL);
     }
+    pthread_barrier_destroy(&g_bar);
+    for (int w = 0; w < 32; w++) pthread_barrier_destroy(&w_bar[w]);
 }
 
 #endif
