@@ -2,6 +2,8 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 int32_t ag_argmax_f32(const float *x, int32_t n) {
     /* the max first, in eight independent chains (the max is the same in any
@@ -58,39 +60,63 @@ void ag_cand_sift_down(ag_cand *h, int32_t k, int32_t i) {
     }
 }
 
+/* Moves the k best of c[0..n) (0 < k < n) to c[0..k), the k-th best at
+ * c[k - 1] and no better one after it: quickselect with median-of-three
+ * (n is at most 4 * AG_CANDS_MAX here, so even its worst case is bounded). */
+static void cand_nth_best(ag_cand *c, int32_t n, int32_t k) {
+    int32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        ag_cand       t;
+#define CAND_SWAP(a, b) (t = c[a], c[a] = c[b], c[b] = t)
+        if (ag_cand_better(c[mid], c[lo])) CAND_SWAP(mid, lo);
+        if (ag_cand_better(c[hi - 1], c[lo])) CAND_SWAP(hi - 1, lo);
+        if (ag_cand_better(c[hi - 1], c[mid])) CAND_SWAP(hi - 1, mid);
+        CAND_SWAP(mid, hi - 1); /* the median is the pivot, parked at the end */
+        const ag_cand piv = c[hi - 1];
+        int32_t       st = lo;
+        for (int32_t i = lo; i < hi - 1; i++)
+            if (ag_cand_better(c[i], piv)) CAND_SWAP(i, st), st++;
+        CAND_SWAP(st, hi - 1);
+#undef CAND_SWAP
+        if (st == k - 1) return;
+        if (st < k - 1) lo = st + 1;
+        else hi = st;
+    }
+}
+
+static int cand_cmp(const void *pa, const void *pb) {
+    const ag_cand a = *(const ag_cand *)pa, b = *(const ag_cand *)pb;
+    return ag_cand_better(a, b) ? -1 : ag_cand_better(b, a) ? 1 : 0;
+}
+
 void ag_top_cands_f32(const float *x, int32_t n, const ag_cands_req *req, ag_cands *out) {
-    int32_t k = req->k < 1 ? 1 : req->k > AG_CANDS_MAX ? AG_CANDS_MAX : req->k;
-    ag_cand *h = out->c;
-    int32_t  have = 0, nf = 0;
-    float    m = -INFINITY;
+    const int32_t k = req->k < 1 ? 1 : req->k > AG_CANDS_MAX ? AG_CANDS_MAX : req->k;
+    /* Values better than the k-th best so far gather in a buffer of 4k;
+     * when it fills, the k best stay and the k-th becomes the bar. Ids rise
+     * along the row, so a value equal to the bar loses to it. A pass over
+     * the row, and O(row) however the values are ordered (a heap costs
+     * O(row log k) when they rise with the id). */
+    ag_cand       buf[4 * AG_CANDS_MAX];
+    const int32_t cap = 4 * k;
+    int32_t       have = 0, nf = 0;
+    float         m = -INFINITY, bar = -INFINITY;
     for (int32_t i = 0; i < n; i++) {
         const float l = ag_logit_sanitize(x[i]);
         if (l == -INFINITY) continue;
         nf++;
         if (l > m) m = l;
-        if (have < k) { /* filling: sift the newcomer up */
-            int32_t j = have++;
-            h[j] = (ag_cand){l, i};
-            while (j > 0 && ag_cand_better(h[(j - 1) / 2], h[j])) {
-                ag_cand t = h[j];
-                h[j] = h[(j - 1) / 2];
-                h[(j - 1) / 2] = t;
-                j = (j - 1) / 2;
-            }
-            continue;
+        if (!(l > bar) && bar > -INFINITY) continue;
+        buf[have++] = (ag_cand){l, i};
+        if (have == cap) {
+            cand_nth_best(buf, have, k);
+            have = k;
+            bar = buf[k - 1].l;
         }
-        /* ids rise along the row, so an equal value loses to the root */
-        if (!(l > h[0].l)) continue;
-        h[0] = (ag_cand){l, i};
-        ag_cand_sift_down(h, k, 0);
     }
-    /* best first: pop the worst to the back */
-    for (int32_t e = have; e > 1; e--) {
-        ag_cand t = h[0];
-        h[0] = h[e - 1];
-        h[e - 1] = t;
-        ag_cand_sift_down(h, e - 1, 0);
-    }
+    if (have > k) cand_nth_best(buf, have, k), have = k;
+    qsort(buf, (size_t)have, sizeof *buf, cand_cmp);
+    memcpy(out->c, buf, sizeof *buf * (size_t)have);
     out->n = have;
     out->n_finite = nf;
     out->max = m;

@@ -79,7 +79,7 @@ typedef struct {
 /* Fills *out for row x[0..n) as ag_cands describes, with req->k clamped to
  * [1, AG_CANDS_MAX]: the values sanitized as ag_logit_sanitize does, the k
  * best finite ones in the total order (logit desc, id asc). One pass over the
- * row (a second, of expf, for want_z). */
+ * row, linear whatever its order (a second, of expf, for want_z). */
 void ag_top_cands_f32(const float *x, int32_t n, const ag_cands_req *req, ag_cands *out);
 
 #endif
