@@ -47,53 +47,56 @@ int32_t ag_pick_f32(const float *x, int32_t n, float inv_temp, double u) {
     return pick;
 }
 
-void ag_cand_sift_down(ag_cand *h, int32_t k, int32_t i) {
-    for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, w = i;
-        if (l < k && ag_cand_better(h[w], h[l])) w = l;
-        if (r < k && ag_cand_better(h[w], h[r])) w = r;
-        if (w == i) return;
-        ag_cand t = h[i];
-        h[i] = h[w];
-        h[w] = t;
-        i = w;
-    }
+int ag_cand_cmp(const void *pa, const void *pb) {
+    ag_cand a = *(const ag_cand *)pa, b = *(const ag_cand *)pb;
+    return ag_cand_better(a, b) ? -1 : ag_cand_better(b, a) ? 1 : 0;
 }
 
-/* Moves the k best of c[0..n) (0 < k < n) to c[0..k), the k-th best at
- * c[k - 1] and no better one after it: quickselect with median-of-three
- * (n is at most 4 * AG_CANDS_MAX here, so even its worst case is bounded). */
-static void cand_nth_best(ag_cand *c, int32_t n, int32_t k) {
-    int32_t lo = 0, hi = n;
-    while (hi - lo > 1) {
-        const int32_t mid = lo + (hi - lo) / 2;
-        ag_cand       t;
-#define CAND_SWAP(a, b) (t = c[a], c[a] = c[b], c[b] = t)
-        if (ag_cand_better(c[mid], c[lo])) CAND_SWAP(mid, lo);
-        if (ag_cand_better(c[hi - 1], c[lo])) CAND_SWAP(hi - 1, lo);
-        if (ag_cand_better(c[hi - 1], c[mid])) CAND_SWAP(hi - 1, mid);
-        CAND_SWAP(mid, hi - 1); /* the median is the pivot, parked at the end */
-        const ag_cand piv = c[hi - 1];
-        int32_t       st = lo;
-        for (int32_t i = lo; i < hi - 1; i++)
-            if (ag_cand_better(c[i], piv)) CAND_SWAP(i, st), st++;
-        CAND_SWAP(st, hi - 1);
-#undef CAND_SWAP
-        if (st == k - 1) return;
-        if (st < k - 1) lo = st + 1;
+static inline void swapc(ag_cand *a, ag_cand *b) {
+    ag_cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+void ag_cand_select_best(ag_cand *c, size_t n, size_t k) {
+    size_t lo = 0, hi = n;
+    int depth = 0, limit = 8;
+    for (size_t t = n; t > 1; t >>= 1) limit += 2;
+    while (hi - lo > 16) {
+        if (depth++ > limit) {
+            qsort(c + lo, hi - lo, sizeof *c, ag_cand_cmp);
+            return;
+        }
+        size_t mid = lo + (hi - lo) / 2;
+        if (ag_cand_better(c[mid], c[lo])) swapc(&c[mid], &c[lo]);
+        if (ag_cand_better(c[hi - 1], c[lo])) swapc(&c[hi - 1], &c[lo]);
+        if (ag_cand_better(c[hi - 1], c[mid])) swapc(&c[hi - 1], &c[mid]);
+        swapc(&c[mid], &c[hi - 1]); /* the median is the pivot, parked at the end */
+        ag_cand piv = c[hi - 1];
+        size_t st = lo;
+        for (size_t i = lo; i < hi - 1; i++)
+            if (ag_cand_better(c[i], piv)) swapc(&c[i], &c[st++]);
+        swapc(&c[st], &c[hi - 1]);
+        if (st == k || st + 1 == k) return;
+        if (st < k) lo = st + 1;
         else hi = st;
     }
-}
-
-static int cand_cmp(const void *pa, const void *pb) {
-    const ag_cand a = *(const ag_cand *)pa, b = *(const ag_cand *)pb;
-    return ag_cand_better(a, b) ? -1 : ag_cand_better(b, a) ? 1 : 0;
+    for (size_t i = lo + 1; i < hi; i++) { /* insertion sort of the small rest */
+        ag_cand x = c[i];
+        size_t j = i;
+        while (j > lo && ag_cand_better(x, c[j - 1])) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j] = x;
+    }
 }
 
 void ag_top_cands_f32(const float *x, int32_t n, const ag_cands_req *req, ag_cands *out) {
     const int32_t k = req->k < 1 ? 1 : req->k > AG_CANDS_MAX ? AG_CANDS_MAX : req->k;
     /* Values better than the k-th best so far gather in a buffer of 4k;
-     * when it fills, the k best stay and the k-th becomes the bar. Ids rise
+     * when it fills, the k best stay (ag_cand_select_best) and the k-th
+     * becomes the bar. Ids rise
      * along the row, so a value equal to the bar loses to it. A pass over
      * the row, and O(row) however the values are ordered (a heap costs
      * O(row log k) when they rise with the id). */
@@ -109,13 +112,14 @@ void ag_top_cands_f32(const float *x, int32_t n, const ag_cands_req *req, ag_can
         if (!(l > bar) && bar > -INFINITY) continue;
         buf[have++] = (ag_cand){l, i};
         if (have == cap) {
-            cand_nth_best(buf, have, k);
+            ag_cand_select_best(buf, (size_t)have, (size_t)k);
             have = k;
-            bar = buf[k - 1].l;
+            bar = buf[0].l; /* the k-th best: the least of the k kept */
+            for (int32_t j = 1; j < k; j++) bar = buf[j].l < bar ? buf[j].l : bar;
         }
     }
-    if (have > k) cand_nth_best(buf, have, k), have = k;
-    qsort(buf, (size_t)have, sizeof *buf, cand_cmp);
+    if (have > k) ag_cand_select_best(buf, (size_t)have, (size_t)k), have = k;
+    qsort(buf, (size_t)have, sizeof *buf, ag_cand_cmp);
     memcpy(out->c, buf, sizeof *buf * (size_t)have);
     out->n = have;
     out->n_finite = nf;

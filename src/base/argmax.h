@@ -9,6 +9,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The sampler's view of a logit: NaN as -inf (never drawn), +inf as
@@ -50,9 +51,13 @@ typedef struct {
 /* 1 if a comes before b in that order. */
 static inline int ag_cand_better(ag_cand a, ag_cand b) { return a.l > b.l || (a.l == b.l && a.id < b.id); }
 
-/* Restores the heap h[0..k) below slot i, the heap keeping the worst
- * candidate of the order at its root (the selection of the k best). */
-void ag_cand_sift_down(ag_cand *h, int32_t k, int32_t i);
+/* qsort's comparator for that order (best first). */
+int ag_cand_cmp(const void *a, const void *b);
+
+/* Rearranges c[0..n) so that c[0..k) are its k best (in no order), 0 < k < n.
+ * Quickselect with median-of-three; past a depth limit it sorts the rest,
+ * so adversarial values cost O(n log n), never O(n^2). */
+void ag_cand_select_best(ag_cand *c, size_t n, size_t k);
 
 /* The most candidates a row gives (ag_top_cands_f32's k). */
 #define AG_CANDS_MAX 256

@@ -388,10 +388,8 @@ static void fill_top(const ag_sampler *s, ag_sample_result *out) {
 /* The total order every filter uses: logit descending, then id ascending. */
 static inline int better(ag_cand a, ag_cand b) { return ag_cand_better(a, b); }
 
-static int cmp_cand(const void *pa, const void *pb) {
-    ag_cand a = *(const ag_cand *)pa, b = *(const ag_cand *)pb;
-    return better(a, b) ? -1 : better(b, a) ? 1 : 0;
-}
+/* Whether top-k truncates (below the vocab). */
+static inline int top_k_on(const ag_sampler *s) { return s->p.top_k > 0 && s->p.top_k < s->n_vocab; }
 
 static inline void swapc(ag_cand *a, ag_cand *b) {
     ag_cand t = *a;
@@ -399,53 +397,27 @@ static inline void swapc(ag_cand *a, ag_cand *b) {
     *b = t;
 }
 
-/* Rearranges c[0..n) so that c[0..k) are its k best (in no order), 0 < k < n.
- * Quickselect with median-of-three; past a depth limit it sorts the rest,
- * so adversarial logits cost O(n log n), never O(n^2). */
-static void select_best(ag_cand *c, size_t n, size_t k) {
-    size_t lo = 0, hi = n;
-    int depth = 0, limit = 8;
-    for (size_t t = n; t > 1; t >>= 1) limit += 2;
-    while (hi - lo > 16) {
-        if (depth++ > limit) {
-            qsort(c + lo, hi - lo, sizeof *c, cmp_cand);
-            return;
-        }
-        size_t mid = lo + (hi - lo) / 2;
-        if (better(c[mid], c[lo])) swapc(&c[mid], &c[lo]);
-        if (better(c[hi - 1], c[lo])) swapc(&c[hi - 1], &c[lo]);
-        if (better(c[hi - 1], c[mid])) swapc(&c[hi - 1], &c[mid]);
-        swapc(&c[mid], &c[hi - 1]); /* the median is the pivot, parked at the end */
-        ag_cand piv = c[hi - 1];
-        size_t st = lo;
-        for (size_t i = lo; i < hi - 1; i++)
-            if (better(c[i], piv)) swapc(&c[i], &c[st++]);
-        swapc(&c[st], &c[hi - 1]);
-        if (st == k || st + 1 == k) return;
-        if (st < k) lo = st + 1;
-        else hi = st;
-    }
-    for (size_t i = lo + 1; i < hi; i++) { /* insertion sort of the small rest */
-        ag_cand x = c[i];
-        size_t j = i;
-        while (j > lo && better(x, c[j - 1])) {
-            c[j] = c[j - 1];
-            j--;
-        }
-        c[j] = x;
+static void sift_down(ag_cand *h, size_t k, size_t i) {
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && better(h[w], h[l])) w = l;
+        if (r < k && better(h[w], h[r])) w = r;
+        if (w == i) return;
+        swapc(&h[i], &h[w]);
+        i = w;
     }
 }
 
 /* In-place heap selection of the k best of c[0..n): c[0..k) is a heap with
- * the worst kept token at the root (ag_cand_sift_down); one pass over the
+ * the worst kept token at the root; one pass over the
  * rest, most of which fails the single comparison with the root. For the
  * small k of typical top-k this beats quickselect's several passes. */
 static void heap_select_best(ag_cand *c, size_t n, size_t k) {
-    for (size_t i = k / 2; i-- > 0;) ag_cand_sift_down(c, (int32_t)k, (int32_t)i);
+    for (size_t i = k / 2; i-- > 0;) sift_down(c, k, i);
     for (size_t i = k; i < n; i++) {
         if (!better(c[i], c[0])) continue;
         swapc(&c[i], &c[0]);
-        ag_cand_sift_down(c, (int32_t)k, 0);
+        sift_down(c, k, 0);
     }
 }
 
@@ -488,7 +460,7 @@ static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
     const float m = s->max_l;
     const double top_p = (double)s->p.top_p;
     if (n <= TOPP_SORT_MAX) {
-        qsort(c, n, sizeof *c, cmp_cand);
+        qsort(c, n, sizeof *c, ag_cand_cmp);
         double z = 0.0;
         for (size_t i = 0; i < n; i++) z += (double)expf(c[i].l - m);
         const size_t cut = prefix_cut(s, c, n, z);
@@ -524,9 +496,9 @@ static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
             if (topp_bucket(m, c[i].l) <= b_near) swapc(&c[i], &c[g++]);
         if (g > TOPP_SORT_MAX) {
             if (g <= 16 * TOPP_SORT_MAX) heap_select_best(c, g, TOPP_SORT_MAX);
-            else select_best(c, g, TOPP_SORT_MAX);
+            else ag_cand_select_best(c, g, TOPP_SORT_MAX);
         }
-        qsort(c, TOPP_SORT_MAX, sizeof *c, cmp_cand);
+        qsort(c, TOPP_SORT_MAX, sizeof *c, ag_cand_cmp);
         const size_t cut = prefix_cut(s, c, TOPP_SORT_MAX, z);
         if (cut) return cut;
     }
@@ -546,7 +518,7 @@ static size_t top_p_cut(ag_sampler *s, ag_cand *c, size_t n) {
     size_t e = a;
     for (size_t i = a; i < n; i++)
         if (topp_bucket(m, c[i].l) == cross) swapc(&c[i], &c[e++]);
-    qsort(c + a, e - a, sizeof *c, cmp_cand);
+    qsort(c + a, e - a, sizeof *c, ag_cand_cmp);
     for (size_t i = a; i < e; i++) {
         cum += (double)expf(c[i].l - m);
         if (cum >= target) return i + 1;
@@ -562,7 +534,7 @@ static size_t truncate_cands(ag_sampler *s, size_t n, int *by_id, int top_p_done
     ag_cand *c = s->cand;
     if (s->p.top_k > 0 && (size_t)s->p.top_k < n) {
         if (s->p.top_k <= 1024) heap_select_best(c, n, (size_t)s->p.top_k);
-        else select_best(c, n, (size_t)s->p.top_k);
+        else ag_cand_select_best(c, n, (size_t)s->p.top_k);
         n = (size_t)s->p.top_k;
         *by_id = 0;
     }
@@ -749,7 +721,7 @@ int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req) {
     if (s->p.temperature == 0.0f) {
         if (!want_lp) return 0; /* the argmax is all it needs */
         k = 1;
-    } else if (s->p.top_k > 0 && s->p.top_k < s->n_vocab) {
+    } else if (top_k_on(s)) {
         if (s->p.top_k > AG_CANDS_MAX) return 0;
         k = s->p.top_k;
     } else { /* top-k off: a top-p or min-p cut that may fall among the best */
@@ -758,27 +730,38 @@ int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req) {
     }
     if (s->p.n_logprobs > k) k = s->p.n_logprobs;
     /* top-k off and top-p: z, the whole row's mass */
-    const int top_p_off_k = s->p.temperature > 0.0f && !(s->p.top_k > 0 && s->p.top_k < s->n_vocab) &&
-                            s->p.top_p < 1.0f;
+    const int top_p_off_k = s->p.temperature > 0.0f && !top_k_on(s) && s->p.top_p < 1.0f;
     if (req) *req = (ag_cands_req){k, want_lp || top_p_off_k};
     return 1;
 }
 
-/* Whether a row's candidates hold every token the sampler keeps, with the
- * cut moved to cand[0..*n_kept) (candidates copied in, best first): always
- * for top-k (req.k >= top_k) and greedy, and when they are all the row's
- * finite values; with top-k off, when the top-p cut (the same partial sums
- * as top_p_cut) or, without top-p, the min-p cut falls among them. */
-static int cands_cut(ag_sampler *s, const ag_cands *c, size_t *n_kept) {
+/* Sets the sampler up as prepare would for the whole row, from its
+ * candidates *c (n of them, checked by the caller): cand[0..n) best first,
+ * max_l, argmax, n_finite and (want_z) sumexp. */
+static void load_cands(ag_sampler *s, const ag_cands *c, int want_z) {
+    memcpy(s->cand, c->c, sizeof *c->c * (size_t)c->n);
+    s->max_l = c->max;
+    s->argmax = c->c[0].id;
+    s->n_finite = c->n_finite;
+    s->sumexp = want_z ? c->sumexp : 0.0;
+}
+
+/* Whether a loaded row's candidates hold every token the sampler keeps:
+ * always for top-k (req.k >= top_k) and greedy, and when they are all the
+ * row's finite values; with top-k off, when the top-p cut (the same partial
+ * sums as top_p_cut) or, without top-p, the min-p cut falls among them. The
+ * tokens left to truncate go to cand[0..*n_kept); *top_p_done: the top-p cut
+ * is among them already. */
+static int cands_cut(ag_sampler *s, const ag_cands *c, size_t *n_kept, int *top_p_done) {
     size_t n = (size_t)c->n;
     *n_kept = n;
-    const int top_k_on = s->p.top_k > 0 && s->p.top_k < s->n_vocab;
-    if (s->p.temperature == 0.0f || top_k_on || c->n >= c->n_finite) return 1;
+    *top_p_done = 0;
+    if (s->p.temperature == 0.0f || top_k_on(s) || c->n >= c->n_finite) return 1;
     if (s->p.top_p < 1.0f) {
-        /* s->cand and max_l were set from the candidates */
         const size_t cut = prefix_cut(s, s->cand, n, c->sumexp);
         if (!cut) return 0;
         *n_kept = cut;
+        *top_p_done = 1;
         return 1;
     }
     /* min-p alone: the worst candidate must fall below the threshold */
@@ -796,19 +779,14 @@ ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_re
         (c->n < req.k && c->n != c->n_finite) || (req.want_z && !(c->sumexp >= 1.0)))
         return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: %d candidates of %d finite values do not "
                                          "answer a request for %d", (int)c->n, (int)c->n_finite, (int)req.k);
-    for (int32_t i = 0; i < c->n; i++) {
+    for (int32_t i = 0; i < c->n; i++)
         if (c->c[i].id < 0 || c->c[i].id >= s->n_vocab)
             return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: token %d out of range", (int)c->c[i].id);
-        s->cand[i] = c->c[i];
-    }
     memset(out, 0, sizeof *out);
-    /* what prepare would have found in the whole row */
-    s->max_l = c->max;
-    s->argmax = c->c[0].id;
-    s->n_finite = c->n_finite;
-    s->sumexp = req.want_z ? c->sumexp : 0.0;
+    load_cands(s, c, req.want_z);
     size_t n_kept;
-    if (!cands_cut(s, c, &n_kept))
+    int    top_p_done;
+    if (!cands_cut(s, c, &n_kept, &top_p_done))
         return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: the sampler keeps more than the %d candidates "
                                          "(see ag_sampler_cands_enough)", (int)c->n);
     if (s->p.n_logprobs > 0) { /* the best first, as fill_top orders them */
@@ -818,22 +796,19 @@ ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_re
             out->top[i].logprob = (float)logprob_of(s, c->c[i].l);
         }
     }
-    if (c->n < c->n_finite && s->p.temperature > 0.0f && !(s->p.top_k > 0 && s->p.top_k < s->n_vocab))
-        /* top-k off, some of the row: the top-p cut is made (with the whole
-         * row's mass); min-p and the draw follow */
-        return decide_token(s, n_kept, 0, s->p.top_p < 1.0f, out);
     /* the candidates stand for the row's finite values: the top-k of the
-     * whole row (req.k >= top_k), or all of them */
-    return decide_token(s, (size_t)c->n, 0, 0, out);
+     * whole row (req.k >= top_k), all of them, or (top-k off) those up to
+     * the top-p cut made with the whole row's mass; min-p and the draw follow */
+    return decide_token(s, n_kept, 0, top_p_done, out);
 }
 
 int ag_sampler_cands_enough(ag_sampler *s, const ag_cands *c) {
     ag_cands_req req;
     if (!s || !c || !ag_sampler_cands_req(s, &req) || c->n < 1 || c->n > AG_CANDS_MAX) return 0;
-    for (int32_t i = 0; i < c->n; i++) s->cand[i] = c->c[i];
-    s->max_l = c->max;
+    load_cands(s, c, req.want_z);
     size_t n_kept;
-    return cands_cut(s, c, &n_kept);
+    int    top_p_done;
+    return cands_cut(s, c, &n_kept, &top_p_done);
 }
 
 ag_status ag_sampler_logits(ag_sampler *s, const float *logits, float *out) {

@@ -4158,13 +4158,19 @@ static ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32
     return AG_OK;
 }
 
+/* Whether output rows row0..row0+n of this pass have their per-row inputs
+ * (`per_row`: the layout's draws or requests, uploaded by begin). */
+static bool out_rows_ok(const cuda_state *s, const ag_batch_layout *lay, const void *per_row, int row0, int n) {
+    return lay && per_row && row0 >= 0 && row0 + n <= lay->n_out && row0 + n <= s->n;
+}
+
 /* The pick op (backend.h): one pick_rows_k block a row, the draws from
  * begin's upload (so a replayed pass uses its own). */
 static ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
                          int32_t *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
-    if (!lay || !lay->pick || row0 < 0 || row0 + n > lay->n_out || row0 + n > s->n)
+    if (!out_rows_ok(s, lay, lay ? lay->pick : NULL, row0, n))
         return ag_errorf(AG_ERR_INVALID, "CUDA pick: rows %d..%d have no draws", row0, row0 + n);
     launch_k(s, pick_rows_k, (unsigned)n, 1024, 0, x, dim, (const int32_t *)s->d_draws + 3 * row0, out);
     LAUNCHED();
@@ -4177,7 +4183,7 @@ static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const 
                           ag_cands *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
-    if (!lay || !lay->cands_req || row0 < 0 || row0 + n > lay->n_out || row0 + n > s->n)
+    if (!out_rows_ok(s, lay, lay ? lay->cands_req : NULL, row0, n))
         return ag_errorf(AG_ERR_INVALID, "CUDA cands: rows %d..%d have no requests", row0, row0 + n);
     launch_k(s, cands_rows_k, (unsigned)n, CANDS_THREADS, 0, x, dim, (const int32_t *)s->d_cand_reqs + row0, out);
     LAUNCHED();
