@@ -3951,22 +3951,12 @@ static __device__ __forceinline__ bool cand_before(uint32_t ka, int ia, uint32_t
 /* Sums over the block, the same order every run (a fixed shuffle tree,
  * then the warps in order); every thread gets the result.
  * sh: 32 words of shared scratch, free again on return. */
-static __device__ __forceinline__ int cand_block_sum(int v, int *sh) {
+template <typename T> static __device__ __forceinline__ T cand_block_sum(T v, T *sh) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
     __syncthreads();
-    int t = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
-    __syncthreads();
-    return t;
-}
-static __device__ __forceinline__ double cand_block_dsum(double v, double *sh) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    double t = 0.0;
+    T t = 0;
     for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
     __syncthreads();
     return t;
@@ -4106,7 +4096,7 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
     double      z = 0.0;
     if (want_z)
         for (int i = tid; i < dim; i += blockDim.x) z += (double)expf(cand_sanitize(row[i]) - m);
-    if (want_z) z = cand_block_dsum(z, sh_d);
+    if (want_z) z = cand_block_sum(z, sh_d);
     if (tid == 0) {
         o->n = kc, o->n_finite = nf, o->max = m;
         o->sumexp = want_z ? z : __longlong_as_double(0x7ff8000000000000ll);
