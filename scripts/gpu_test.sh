@@ -109,6 +109,13 @@ for T in "--temp 0.8 --seed 3" "--temp 1.2 --top-k 200 --top-p 1 --min-p 0 --see
   AUGUR_CANDS=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-off.txt 2>/dev/null
   same build/cuda/cands-on.txt build/cuda/cands-off.txt "sampled text ($T) from GPU candidates == from the rows copied back"
 done
+# speculative rounds at a temperature: every verify row, and the draft model's own rows, from candidates
+for D in ngram "$G"; do
+  T="--temp 0.8 --seed 11 --draft $D"
+  AUGUR_CUDA_CANDS=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
+  AUGUR_CANDS=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-off.txt 2>/dev/null
+  same build/cuda/cands-on.txt build/cuda/cands-off.txt "speculative sampled text ($T) from GPU candidates == from the rows copied back"
+done
 AUGUR_CUDA_CANDS=1 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample
 
 echo "== whole models, GPU vs CPU"

@@ -124,6 +124,9 @@ void ag_top_cands_f32(const float *x, int32_t n, const ag_cands_req *req, ag_can
     out->n = have;
     out->n_finite = nf;
     out->max = m;
+    out->at = req->at >= 0 && req->at < n && req->at <= AG_CANDS_AT_MAX ? req->at : -1;
+    out->at_l = out->at >= 0 ? ag_logit_sanitize(x[out->at]) : NAN;
+    out->pad_ = 0;
     out->sumexp = NAN;
     if (req->want_z) {
         double sum = 0.0;

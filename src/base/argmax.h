@@ -64,17 +64,26 @@ void ag_cand_select_best(ag_cand *c, size_t n, size_t k);
 
 /* What a sampler reads of a row when its truncation keeps at most k tokens
  * (top-k) and it reports at most k alternatives: the row's k best values in
- * the total order, its max, how many values are finite, and (want_z) the sum
- * of exponentials for logprobs. */
+ * the total order, its max, how many values are finite, (want_z) the sum
+ * of exponentials for logprobs, and (at) the value of one given id, best or
+ * not (a scored prompt token's). */
 typedef struct {
     int32_t k;      /* 1..AG_CANDS_MAX */
     int32_t want_z; /* 1: fill sumexp */
+    int32_t at;     /* an id whose value goes to at_l, or -1 (also any id outside the row) */
 } ag_cands_req;
+
+/* The largest `at` a device must carry (packed with k and want_z in one
+ * word: 23 bits); a larger one reads as none. */
+#define AG_CANDS_AT_MAX ((1 << 23) - 2)
 
 typedef struct {
     int32_t n;        /* candidates in c: min(k, n_finite) */
     int32_t n_finite; /* values that are not -inf once sanitized */
     float   max;      /* the largest sanitized value (c[0].l); -inf if none is finite */
+    int32_t at;       /* the request's at, or -1 when it named no id of the row */
+    float   at_l;     /* that id's sanitized value (NaN when at is -1) */
+    int32_t pad_;
     double  sumexp;   /* sum over the row, in index order, of (double)expf(l - max) for
                          the sanitized values l (want_z; a device may sum in another
                          order); NaN when not asked for */

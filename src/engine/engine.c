@@ -459,11 +459,12 @@ static bool wants_pick(const ag_engine *e, const choice *c) {
     return !c->constraint && c->d == 0 && ag_sampler_pick_only(c->sampler) && ag_model_can_pick(e->model);
 }
 
-/* Whether a choice's next decision (no drafts this step) needs no more of
- * its row than the best candidates (ag_sampler_cands_req: top-k sampling,
- * greedy with logprobs; no bias, penalties or schema), filling *req. */
+/* Whether a choice's decisions this step (a plain row, or each row of a
+ * verify window) need no more of their rows than the best candidates
+ * (ag_sampler_cands_req: top-k or top-p sampling, greedy with logprobs; no
+ * bias, penalties or schema), filling *req. */
 static bool wants_cands(const ag_engine *e, const choice *c, ag_cands_req *req) {
-    return !c->constraint && c->d == 0 && ag_model_can_cands(e->model) && ag_sampler_cands_req(c->sampler, req);
+    return !c->constraint && ag_model_can_cands(e->model) && ag_sampler_cands_req(c->sampler, req);
 }
 
 /* The row's want for a choice's decode row, drawing its uniform now when
@@ -490,9 +491,9 @@ static const ag_cands *row_cands(ag_engine *e, choice *c, int k) {
 /* Decides and emits a choice's next token(s) from its window of logits
  * rows: [pending, c->d drafts] (c->d = 0: plain decoding, one row), their
  * argmax as the backend found it (ag_batch.argmax), and (NULL unless the
- * row wanted them) the first row's candidates (ag_batch.cands). */
+ * rows wanted them) each row's candidates (ag_batch.cands; see row_cands). */
 static void advance_choice(ag_engine *e, request *r, choice *c, const float *rows, const int32_t *argmax,
-                           const ag_cands *cands) {
+                           const ag_cands *const *cands) {
     choice_sink   x = {e, r, c};
     ag_spec_sink  sink = {sink_prepare, sink_emit, &x};
     ag_spec_round rd;
@@ -660,7 +661,7 @@ static void admit(ag_engine *e) {
  * sample every choice's first token from the same logits row (argmax: as
  * advance_choice's). */
 static void start_choices(ag_engine *e, request *r, const float *row, const int32_t *argmax,
-                          const ag_cands *cands) {
+                          const ag_cands *const *cands) {
     if (r->no_output) {
         for (int i = 0; i < r->n_choices; i++)
             if (r->ch[i].state == CH_WAIT) finish_choice(e, r, &r->ch[i], AG_FINISH_LENGTH, NULL, -1, NULL, NULL, 0);
@@ -682,12 +683,29 @@ static void start_choices(ag_engine *e, request *r, const float *row, const int3
         }
 }
 
-/* Reports the logprob of prompt token pos given the row of logits before
- * it (ag_gen_request.prompt_logprobs). */
-static void score_prompt_token(ag_engine *e, request *r, int pos, const float *row) {
+/* The want of the prompt row before prompt token pos of a scored prompt:
+ * its candidates with that token's value (all the scorer reads) where the
+ * model gives them, filling output row out_row's request, else its logits. */
+static uint8_t score_want(ag_engine *e, request *r, int pos, int out_row) {
+    if (ag_model_can_cands(e->model) && ag_sampler_logprobs_req(r->scorer, r->prompt[pos], &e->b_cands_req[out_row]))
+        return AG_WANT_CANDS;
+    return AG_WANT_LOGITS;
+}
+
+/* Reports the logprob of prompt token pos given output row k, the row of
+ * logits before it (ag_gen_request.prompt_logprobs), or its candidates
+ * (NULL: none); the row is fetched if they do not serve. */
+static void score_prompt_token(ag_engine *e, request *r, int pos, int k, const ag_cands *cands) {
     if (r->n_done == r->n_choices) return; /* finished (cancelled, failed) */
     ag_sample_result sr;
-    if (ag_sampler_logprobs(r->scorer, row, r->prompt[pos], &sr) != AG_OK) return;
+    float           *row = e->logits + (size_t)k * e->n_vocab;
+    ag_status        st = cands ? ag_sampler_logprobs_cands(r->scorer, cands, r->prompt[pos], &sr) : AG_ERR_INVALID;
+    if (st && (!cands || ag_model_output_row(e->model, k, row) == AG_OK))
+        st = ag_sampler_logprobs(r->scorer, row, r->prompt[pos], &sr);
+    if (st != AG_OK) {
+        AG_LOGW("prompt token %d could not be scored: %s", pos, ag_error_message());
+        return;
+    }
     ag_gen_event ev = {.choice = 0, .token = r->prompt[pos], .sample = &sr, .prompt_pos = pos, .stop_index = -1};
     fill_usage(r, &ev);
     r->cb(r->user, &ev);
@@ -746,7 +764,8 @@ static bool step(ag_engine *e) {
             e->rows[rows++] = (struct row_owner){r, c, -1, c->d + 1, want};
             n++;
             const int32_t *x = c->d ? ag_spec_drafts(c->spec) : NULL;
-            for (int j = 0; j < c->d; j++) { /* (want is not AG_WANT_PICK or CANDS: c->d > 0) */
+            for (int j = 0; j < c->d; j++) { /* (want is not AG_WANT_PICK: c->d > 0) */
+                if (want == AG_WANT_CANDS) e->b_cands_req[rows] = e->b_cands_req[rows - 1];
                 e->b_tok[n] = x[j];
                 e->b_pos[n] = pos + 1 + j;
                 e->b_seq[n] = c->seq;
@@ -777,10 +796,9 @@ static bool step(ag_engine *e) {
             e->b_tok[n] = r->prompt[p];
             e->b_pos[n] = p;
             e->b_seq[n] = r->ch[0].seq;
-            e->b_want[n] = r->prompt_logprobs  ? AG_WANT_LOGITS
-                           : p < r->n_prompt - 1 ? 0
-                           : r->n_choices == 1   ? decode_want(e, &r->ch[0], rows)
-                                                 : AG_WANT_LOGITS;
+            e->b_want[n] = p < r->n_prompt - 1 ? (r->prompt_logprobs ? score_want(e, r, p + 1, rows) : 0)
+                           : r->n_choices == 1 ? decode_want(e, &r->ch[0], rows)
+                                               : AG_WANT_LOGITS;
             if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p, 1, e->b_want[n]};
             n++;
         }
@@ -845,13 +863,16 @@ static bool step(ag_engine *e) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
         struct row_owner o = e->rows[k];
         const bool       cands = o.want == AG_WANT_CANDS;
+        const ag_cands  *cp[AG_SPEC_MAX_DRAFT + 1];
         if (o.c) {
-            if (o.c->state == CH_DECODE)
-                advance_choice(e, o.r, o.c, row, e->argmax + k, cands ? row_cands(e, o.c, k) : NULL);
+            if (o.c->state != CH_DECODE) continue;
+            for (int i = 0; cands && i < o.n_rows; i++) cp[i] = row_cands(e, o.c, k + i);
+            advance_choice(e, o.r, o.c, row, e->argmax + k, cands ? cp : NULL);
         } else if (o.p_pos < o.r->n_prompt - 1) {
-            score_prompt_token(e, o.r, o.p_pos + 1, row);
+            score_prompt_token(e, o.r, o.p_pos + 1, k, cands ? &e->cands[k] : NULL);
         } else {
-            start_choices(e, o.r, row, e->argmax + k, cands ? row_cands(e, &o.r->ch[0], k) : NULL);
+            if (cands) cp[0] = row_cands(e, &o.r->ch[0], k);
+            start_choices(e, o.r, row, e->argmax + k, cands ? cp : NULL);
         }
     }
     for (request *r = e->running, *next; r; r = next) {

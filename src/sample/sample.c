@@ -595,6 +595,20 @@ static inline double weight(const ag_sampler *s, float l) {
     return (double)expf((l - s->max_l) * s->inv_temp);
 }
 
+/* Steps 3-7 on the finite candidates cand[0..n) (by_id, top_p_done as
+ * for truncate_cands): the kept tokens go to cand[0..ret) in ascending id
+ * order and *sum gets their weights' sum, added in that order. Every path
+ * to a distribution (the draw, ag_sampler_probs, the candidates' versions)
+ * goes through here, so each gives the others' bits. */
+static size_t kept_by_id(ag_sampler *s, size_t n, int by_id, int top_p_done, double *sum) {
+    n = truncate_cands(s, n, &by_id, top_p_done);
+    if (!by_id) order_by_id(s, n);
+    double z = 0.0;
+    for (size_t i = 0; i < n; i++) z += weight(s, s->cand[i].l);
+    *sum = z;
+    return n;
+}
+
 /* ---- public sampling entry points ----------------------------------- */
 
 static ag_status check_call(const ag_sampler *s, const void *a, const void *b, const char *fn) {
@@ -680,10 +694,8 @@ static ag_status decide_token(ag_sampler *s, size_t n, int by_id, int top_p_done
         if (want_lp) out->logprob = (float)logprob_of(s, s->max_l);
         return AG_OK;
     }
-    n = truncate_cands(s, n, &by_id, top_p_done);
-    if (!by_id) order_by_id(s, n);
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
+    double sum;
+    n = kept_by_id(s, n, by_id, top_p_done, &sum);
     /* The same weights recomputed in the same order: the scan reproduces the
      * sum's partial sums exactly. */
     double u = rng_uniform(s->rng) * sum, cum = 0.0;
@@ -731,7 +743,7 @@ int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req) {
     if (s->p.n_logprobs > k) k = s->p.n_logprobs;
     /* top-k off and top-p: z, the whole row's mass */
     const int top_p_off_k = s->p.temperature > 0.0f && !top_k_on(s) && s->p.top_p < 1.0f;
-    if (req) *req = (ag_cands_req){k, want_lp || top_p_off_k};
+    if (req) *req = (ag_cands_req){k, want_lp || top_p_off_k, -1};
     return 1;
 }
 
@@ -768,38 +780,110 @@ static int cands_cut(ag_sampler *s, const ag_cands *c, size_t *n_kept, int *top_
     return (double)c->c[n - 1].l - (double)c->max < log((double)s->p.min_p);
 }
 
-ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_result *out) {
-    ag_status st = check_call(s, c, out, "ag_sampler_sample_cands");
-    if (st != AG_OK) return st;
-    ag_cands_req req;
-    if (!ag_sampler_cands_req(s, &req))
-        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: the sampler needs the whole row");
+/* Checks a row's candidates against the sampler's request (fn names the
+ * caller in the error), loads them (load_cands) and makes the cut: the
+ * tokens left to truncate in cand[0..*n_kept), *top_p_done as cands_cut. */
+/* Whether candidates *c answer a request for k (and want_z): fn names the
+ * caller in the error. */
+static ag_status cands_check(const ag_sampler *s, const ag_cands *c, const ag_cands_req *req, const char *fn) {
     if (c->n_finite <= 0 || c->n < 1) return ag_errorf(AG_ERR_INVALID, "sampler: no token has a finite logit");
     if (c->n > AG_CANDS_MAX || c->n > c->n_finite || c->n_finite > s->n_vocab ||
-        (c->n < req.k && c->n != c->n_finite) || (req.want_z && !(c->sumexp >= 1.0)))
-        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: %d candidates of %d finite values do not "
-                                         "answer a request for %d", (int)c->n, (int)c->n_finite, (int)req.k);
+        (c->n < req->k && c->n != c->n_finite) || (req->want_z && !(c->sumexp >= 1.0)))
+        return ag_errorf(AG_ERR_INVALID, "%s: %d candidates of %d finite values do not answer a request for %d", fn,
+                         (int)c->n, (int)c->n_finite, (int)req->k);
     for (int32_t i = 0; i < c->n; i++)
         if (c->c[i].id < 0 || c->c[i].id >= s->n_vocab)
-            return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: token %d out of range", (int)c->c[i].id);
-    memset(out, 0, sizeof *out);
+            return ag_errorf(AG_ERR_INVALID, "%s: token %d out of range", fn, (int)c->c[i].id);
+    return AG_OK;
+}
+
+static ag_status cands_take(ag_sampler *s, const ag_cands *c, const char *fn, size_t *n_kept, int *top_p_done) {
+    ag_cands_req req;
+    if (!ag_sampler_cands_req(s, &req)) return ag_errorf(AG_ERR_INVALID, "%s: the sampler needs the whole row", fn);
+    ag_status st = cands_check(s, c, &req, fn);
+    if (st) return st;
     load_cands(s, c, req.want_z);
-    size_t n_kept;
-    int    top_p_done;
-    if (!cands_cut(s, c, &n_kept, &top_p_done))
-        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_cands: the sampler keeps more than the %d candidates "
-                                         "(see ag_sampler_cands_enough)", (int)c->n);
-    if (s->p.n_logprobs > 0) { /* the best first, as fill_top orders them */
-        out->n_top = s->p.n_logprobs < c->n ? s->p.n_logprobs : c->n;
-        for (int32_t i = 0; i < out->n_top; i++) {
-            out->top[i].token = c->c[i].id;
-            out->top[i].logprob = (float)logprob_of(s, c->c[i].l);
-        }
+    if (!cands_cut(s, c, n_kept, top_p_done))
+        return ag_errorf(AG_ERR_INVALID, "%s: the sampler keeps more than the %d candidates "
+                                         "(see ag_sampler_cands_enough)", fn, (int)c->n);
+    return AG_OK;
+}
+
+/* out's logprob alternatives from loaded candidates: the best first, as
+ * fill_top orders them (the request's k covers n_logprobs). */
+static void cands_fill_top(const ag_sampler *s, const ag_cands *c, ag_sample_result *out) {
+    if (s->p.n_logprobs <= 0) return;
+    out->n_top = s->p.n_logprobs < c->n ? s->p.n_logprobs : c->n;
+    for (int32_t i = 0; i < out->n_top; i++) {
+        out->top[i].token = c->c[i].id;
+        out->top[i].logprob = (float)logprob_of(s, c->c[i].l);
     }
+}
+
+ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_result *out) {
+    ag_status st = check_call(s, c, out, "ag_sampler_sample_cands");
+    size_t    n_kept;
+    int       top_p_done;
+    if (st || (st = cands_take(s, c, "ag_sampler_sample_cands", &n_kept, &top_p_done))) return st;
+    memset(out, 0, sizeof *out);
+    cands_fill_top(s, c, out);
     /* the candidates stand for the row's finite values: the top-k of the
      * whole row (req.k >= top_k), all of them, or (top-k off) those up to
      * the top-p cut made with the whole row's mass; min-p and the draw follow */
     return decide_token(s, n_kept, 0, top_p_done, out);
+}
+
+ag_status ag_sampler_probs_cands(ag_sampler *s, const ag_cands *c, ag_cand_probs *out) {
+    ag_status st = check_call(s, c, out, "ag_sampler_probs_cands");
+    size_t    n;
+    int       top_p_done;
+    if (st || (st = cands_take(s, c, "ag_sampler_probs_cands", &n, &top_p_done))) return st;
+    if (s->p.temperature == 0.0f) {
+        out->n = 1;
+        out->id[0] = s->argmax;
+        out->p[0] = 1.0f;
+        return AG_OK;
+    }
+    double sum;
+    n = kept_by_id(s, n, 0, top_p_done, &sum);
+    out->n = (int32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        out->id[i] = s->cand[i].id;
+        out->p[i] = (float)(weight(s, s->cand[i].l) / sum);
+    }
+    return AG_OK;
+}
+
+int ag_sampler_logprobs_req(const ag_sampler *s, int32_t token, ag_cands_req *req) {
+    if (!s || s->p.n_logit_bias > 0 || penalties_active(s) || !(s->p.logprobs || s->p.n_logprobs > 0)) return 0;
+    if (req) *req = (ag_cands_req){s->p.n_logprobs > 1 ? s->p.n_logprobs : 1, 1, token};
+    return 1;
+}
+
+ag_status ag_sampler_logprobs_cands(ag_sampler *s, const ag_cands *c, int32_t token, ag_sample_result *out) {
+    ag_status    st = check_call(s, c, out, "ag_sampler_logprobs_cands");
+    ag_cands_req req;
+    if (st) return st;
+    if (!ag_sampler_logprobs_req(s, token, &req))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_logprobs_cands: the sampler needs the whole row");
+    if (token < 0 || token >= s->n_vocab)
+        return ag_errorf(AG_ERR_RANGE, "ag_sampler_logprobs_cands: token %d not in [0, %d)", (int)token,
+                         (int)s->n_vocab);
+    if ((st = cands_check(s, c, &req, "ag_sampler_logprobs_cands"))) return st;
+    float l = NAN;
+    for (int32_t j = 0; j < c->n && isnan(l); j++)
+        if (c->c[j].id == token) l = c->c[j].l;
+    if (isnan(l) && c->at == token) l = c->at_l;
+    if (isnan(l))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_logprobs_cands: token %d is not among the %d candidates",
+                         (int)token, (int)c->n);
+    s->max_l = c->max;
+    s->sumexp = c->sumexp;
+    memset(out, 0, sizeof *out);
+    cands_fill_top(s, c, out);
+    out->token = token;
+    out->logprob = (float)logprob_of(s, l);
+    return AG_OK;
 }
 
 int ag_sampler_cands_enough(ag_sampler *s, const ag_cands *c) {
@@ -828,10 +912,8 @@ ag_status ag_sampler_probs(ag_sampler *s, const float *logits, float *probs) {
         probs[s->argmax] = 1.0f;
         return AG_OK;
     }
-    int    by_id = 1;
-    size_t n = truncate_cands(s, finite_front(s), &by_id, 0);
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++) sum += weight(s, s->cand[i].l);
+    double sum;
+    size_t n = kept_by_id(s, finite_front(s), 1, 0, &sum);
     for (size_t i = 0; i < n; i++) probs[s->cand[i].id] = (float)(weight(s, s->cand[i].l) / sum);
     return AG_OK;
 }
@@ -851,71 +933,105 @@ ag_status ag_sampler_logprobs(ag_sampler *s, const float *logits, int32_t token,
     return AG_OK;
 }
 
-/* Draws from w(i) >= 0 over the vocab, where w is p, or max(0, p - q). */
-typedef double (*weight_fn)(const float *p, const float *q, int32_t draft, int32_t i);
+/* A probability vector as the draws and the verify rule read it: dense
+ * (p[n_vocab]) or a row's candidates' (ag_cand_probs: ids ascending, every
+ * other token 0). Both are walked in id order, and the tokens a dense
+ * vector holds at 0 add nothing (a double plus 0.0 is itself), so a dense
+ * vector and the candidates' vector of the same probabilities give the
+ * same sums, the same draws and the same verify results. */
+typedef struct {
+    const float         *dense;
+    const ag_cand_probs *cp;
+    int32_t              n; /* entries: n_vocab, or cp->n */
+} pvec;
 
-static double w_plain(const float *p, const float *q, int32_t draft, int32_t i) {
-    (void)q, (void)draft;
-    return p[i] > 0.0f ? (double)p[i] : 0.0; /* also maps NaN to 0 */
+static pvec pvec_dense(const ag_sampler *s, const float *p) { return (pvec){p, NULL, s->n_vocab}; }
+static inline int32_t pv_id(const pvec *v, int32_t j) { return v->cp ? v->cp->id[j] : j; }
+static inline float   pv_p(const pvec *v, int32_t j) { return v->cp ? v->cp->p[j] : v->dense[j]; }
+
+/* p(token): a lookup in the ascending ids, 0 when absent. */
+static float pv_at(const pvec *v, int32_t token) {
+    if (!v->cp) return v->dense[token];
+    int32_t lo = 0, hi = v->n;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (v->cp->id[mid] < token) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < v->n && v->cp->id[lo] == token ? v->cp->p[lo] : 0.0f;
 }
 
-static double w_residual(const float *p, const float *q, int32_t draft, int32_t i) {
+/* Draws from w(j) >= 0 over p's entries, where w is p, or max(0, p - q). */
+typedef double (*weight_fn)(const pvec *p, const float *q, int32_t draft, int32_t j);
+
+static double w_plain(const pvec *p, const float *q, int32_t draft, int32_t j) {
+    (void)q, (void)draft;
+    float x = pv_p(p, j);
+    return x > 0.0f ? (double)x : 0.0; /* also maps NaN to 0 */
+}
+
+/* Tokens outside p's entries have p = 0 and so no residual: walking p's
+ * entries walks every token with mass. */
+static double w_residual(const pvec *p, const float *q, int32_t draft, int32_t j) {
+    const int32_t i = pv_id(p, j);
     double qi = q ? (q[i] > 0.0f ? (double)q[i] : 0.0) : (i == draft ? 1.0 : 0.0);
-    double d = (p[i] > 0.0f ? (double)p[i] : 0.0) - qi;
+    double d = w_plain(p, NULL, -1, j) - qi;
     return d > 0.0 ? d : 0.0;
 }
 
-static int32_t draw_weighted(ag_sampler *s, weight_fn w, const float *p, const float *q,
-                             int32_t draft, double sum) {
-    double u = rng_uniform(s->rng) * sum, cum = 0.0;
+static int32_t draw_weighted(ag_sampler *s, weight_fn w, const pvec *p, const float *q, int32_t draft, double sum) {
+    double  u = rng_uniform(s->rng) * sum, cum = 0.0;
     int32_t last = -1;
-    for (int32_t i = 0; i < s->n_vocab; i++) {
-        double x = w(p, q, draft, i);
+    for (int32_t j = 0; j < p->n; j++) {
+        double x = w(p, q, draft, j);
         if (x <= 0.0) continue;
-        last = i;
+        last = pv_id(p, j);
         cum += x;
-        if (u < cum) return i;
+        if (u < cum) return last;
     }
     return last; /* rounding: the last token with mass */
 }
 
-static double weight_sum(const ag_sampler *s, weight_fn w, const float *p, const float *q,
-                         int32_t draft) {
+static double weight_sum(weight_fn w, const pvec *p, const float *q, int32_t draft) {
     double sum = 0.0;
-    for (int32_t i = 0; i < s->n_vocab; i++) sum += w(p, q, draft, i);
+    for (int32_t j = 0; j < p->n; j++) sum += w(p, q, draft, j);
     return sum;
 }
 
 ag_status ag_sampler_draw(ag_sampler *s, const float *probs, int32_t *token) {
     ag_status st = check_call(s, probs, token, "ag_sampler_draw");
     if (st != AG_OK) return st;
-    double sum = weight_sum(s, w_plain, probs, NULL, -1);
+    const pvec p = pvec_dense(s, probs);
+    double     sum = weight_sum(w_plain, &p, NULL, -1);
     if (!(sum > 0.0) || !isfinite(sum))
         return ag_errorf(AG_ERR_INVALID, "ag_sampler_draw: probabilities have no finite positive mass");
-    *token = draw_weighted(s, w_plain, probs, NULL, -1, sum);
+    *token = draw_weighted(s, w_plain, &p, NULL, -1, sum);
     return AG_OK;
 }
 
-ag_status ag_sampler_verify(ag_sampler *s, const float *p, const float *q, int32_t draft,
-                            ag_verify_result *out) {
-    ag_status st = check_call(s, p, out, "ag_sampler_verify");
-    if (st != AG_OK) return st;
+/* ag_sampler_verify on either kind of p (fn names the caller). */
+static ag_status verify_pv(ag_sampler *s, const pvec *p, const float *q, int32_t draft, ag_verify_result *out,
+                           const char *fn) {
     if (draft < 0 || draft >= s->n_vocab)
-        return ag_errorf(AG_ERR_RANGE, "ag_sampler_verify: draft token %d not in [0, %d)", (int)draft,
-                         (int)s->n_vocab);
+        return ag_errorf(AG_ERR_RANGE, "%s: draft token %d not in [0, %d)", fn, (int)draft, (int)s->n_vocab);
     if (s->p.temperature == 0.0f) {
-        int32_t am = 0;
-        for (int32_t i = 1; i < s->n_vocab; i++)
-            if (p[i] > p[am]) am = i;
+        /* argmax p, the lowest id on ties (the first in id order) */
+        int32_t am = p->n > 0 ? pv_id(p, 0) : 0;
+        float   best = p->n > 0 ? pv_p(p, 0) : 0.0f;
+        for (int32_t j = 1; j < p->n; j++)
+            if (pv_p(p, j) > best) {
+                best = pv_p(p, j);
+                am = pv_id(p, j);
+            }
         out->accepted = draft == am;
         out->token = am;
         return AG_OK;
     }
-    double psum = weight_sum(s, w_plain, p, NULL, -1);
-    if (!(psum > 0.0) || !isfinite(psum))
-        return ag_errorf(AG_ERR_INVALID, "ag_sampler_verify: p has no finite positive mass");
-    double px = p[draft] > 0.0f ? (double)p[draft] : 0.0;
-    double qx = q ? (q[draft] > 0.0f ? (double)q[draft] : 0.0) : 1.0;
+    double psum = weight_sum(w_plain, p, NULL, -1);
+    if (!(psum > 0.0) || !isfinite(psum)) return ag_errorf(AG_ERR_INVALID, "%s: p has no finite positive mass", fn);
+    const float pd = pv_at(p, draft);
+    double      px = pd > 0.0f ? (double)pd : 0.0;
+    double      qx = q ? (q[draft] > 0.0f ? (double)q[draft] : 0.0) : 1.0;
     /* One uniform per position, drawn even when acceptance is certain, so
      * the RNG stream does not depend on the values. u < px / qx without
      * dividing; qx == 0 (x "impossible" under q) accepts iff px > 0. */
@@ -926,8 +1042,29 @@ ag_status ag_sampler_verify(ag_sampler *s, const float *p, const float *q, int32
         return AG_OK;
     }
     out->accepted = 0;
-    double rsum = weight_sum(s, w_residual, p, q, draft);
+    double rsum = weight_sum(w_residual, p, q, draft);
     if (rsum > 0.0 && isfinite(rsum)) out->token = draw_weighted(s, w_residual, p, q, draft, rsum);
     else out->token = draw_weighted(s, w_plain, p, NULL, -1, psum);
     return AG_OK;
+}
+
+ag_status ag_sampler_verify(ag_sampler *s, const float *p, const float *q, int32_t draft, ag_verify_result *out) {
+    ag_status st = check_call(s, p, out, "ag_sampler_verify");
+    if (st != AG_OK) return st;
+    const pvec v = pvec_dense(s, p);
+    return verify_pv(s, &v, q, draft, out, "ag_sampler_verify");
+}
+
+ag_status ag_sampler_verify_cands(ag_sampler *s, const ag_cand_probs *p, const float *q, int32_t draft,
+                                  ag_verify_result *out) {
+    ag_status st = check_call(s, p, out, "ag_sampler_verify_cands");
+    if (st != AG_OK) return st;
+    if (p->n < 1 || p->n > AG_CANDS_MAX)
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_verify_cands: %d probabilities", (int)p->n);
+    for (int32_t j = 0; j < p->n; j++)
+        if (p->id[j] < 0 || p->id[j] >= s->n_vocab || (j > 0 && p->id[j] <= p->id[j - 1]))
+            return ag_errorf(AG_ERR_INVALID, "ag_sampler_verify_cands: ids must ascend within [0, %d)",
+                             (int)s->n_vocab);
+    const pvec v = {NULL, p, p->n};
+    return verify_pv(s, &v, q, draft, out, "ag_sampler_verify_cands");
 }

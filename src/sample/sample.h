@@ -224,6 +224,35 @@ int ag_sampler_cands_enough(ag_sampler *s, const ag_cands *c);
  * no finite value. Does not accept the token. */
 ag_status ag_sampler_sample_cands(ag_sampler *s, const ag_cands *c, ag_sample_result *out);
 
+/* A distribution over a row's candidates (ag_sampler_probs_cands): the
+ * tokens the sampler keeps, ids ascending, with their probabilities; every
+ * other token has probability 0. */
+typedef struct {
+    int32_t n;
+    int32_t id[AG_CANDS_MAX];
+    float   p[AG_CANDS_MAX];
+} ag_cand_probs;
+
+/* ag_sampler_probs of the row whose candidates *c are, bit for bit, as a
+ * list of the kept tokens (a verify row's p where the logits are on a
+ * device). Same preconditions and errors as ag_sampler_sample_cands. Uses
+ * no RNG. */
+ag_status ag_sampler_probs_cands(ag_sampler *s, const ag_cands *c, ag_cand_probs *out);
+
+/* Whether ag_sampler_logprobs(s, row, token) needs no more of the row than
+ * candidates for *req (may be NULL): the best max(1, n_logprobs), the sum
+ * of exponentials, and the token's own value (at = token). For a sampler
+ * that asks for logprobs, without logit bias or penalties. */
+int ag_sampler_logprobs_req(const ag_sampler *s, int32_t token, ag_cands_req *req);
+
+/* ag_sampler_logprobs of the row whose candidates *c are: the same logprob
+ * and alternatives, for a token among them (the verify rule emits only kept
+ * tokens, and they are; then any request with want_z and k >= n_logprobs
+ * serves) or the one their request named (at). AG_ERR_INVALID for a sampler
+ * without ag_sampler_logprobs_req, candidates that do not answer it, or a
+ * token neither among them nor named; AG_ERR_RANGE for a bad id. */
+ag_status ag_sampler_logprobs_cands(ag_sampler *s, const ag_cands *c, int32_t token, ag_sample_result *out);
+
 /* Samples one token from logits[n_vocab] (borrowed for the call) through
  * the chain, and fills *out (logprob and n_logprobs alternatives). Does not
  * accept the token. Deterministic given the seed, stream, the sequence of
@@ -283,5 +312,12 @@ typedef struct {
  * rejected ones with ag_sampler_rewind. */
 ag_status ag_sampler_verify(ag_sampler *s, const float *p, const float *q, int32_t draft,
                             ag_verify_result *out);
+
+/* ag_sampler_verify with the target's p given as ag_sampler_probs_cands
+ * gave it (ids ascending): the same result and the same RNG draws as
+ * ag_sampler_verify on the dense vector holding those probabilities. q as
+ * there. AG_ERR_INVALID for an empty list or ids out of order or range. */
+ag_status ag_sampler_verify_cands(ag_sampler *s, const ag_cand_probs *p, const float *q, int32_t draft,
+                                  ag_verify_result *out);
 
 #endif

@@ -69,6 +69,16 @@ typedef struct {
     float           *row;     /* [n_vocab_target] draft logits mapped to the target vocab */
     float           *proc;    /* [n_vocab_target] processed logits, or q when probs is NULL */
     float           *logits;  /* [n_vocab_draft] */
+    /* Whether each draft step asks the model for its row's best candidates
+     * (AG_WANT_CANDS; a device then copies back ~2 KB, not the row): a
+     * greedy sampler without bias or penalties (the argmax, and the sum of
+     * exponentials for its confidence) or one with ag_sampler_cands_req,
+     * on a draft whose rows hold no id the target lacks. Fixed for the
+     * source's life. */
+    bool             cands_on;
+    ag_cands_req     cands_req;
+    ag_cands         cands;   /* the last draft step's */
+    ag_cand_probs    cp;      /* q from them */
     int32_t          b_tok[CHUNK], b_pos[CHUNK], b_seq[CHUNK];
     uint8_t          b_want[CHUNK];
 } dm_source;
@@ -302,9 +312,9 @@ static ag_status run_tokens(dm_source *s, int32_t head, const int32_t *toks, int
             s->b_want[i] = 0;
         }
         bool want = want_last && p0 + k == n;
-        s->b_want[k - 1] = want;
+        s->b_want[k - 1] = !want ? 0 : s->cands_on ? AG_WANT_CANDS : AG_WANT_LOGITS;
         ag_batch  b = {.n = k, .token = s->b_tok, .pos = s->b_pos, .seq = s->b_seq, .want_logits = s->b_want,
-                       .n_prompt = as_prompt ? k : 0};
+                       .cands_req = &s->cands_req, .cands = &s->cands, .n_prompt = as_prompt ? k : 0};
         ag_status st = ag_kv_seq_reserve(dm->kv, s->seq, k);
         if (!st) st = ag_model_forward(dm->model, dm->kv, &b, want ? s->logits : NULL);
         if (st) return st;
@@ -370,32 +380,59 @@ static int fail(dm_source *s, ag_status st, const char *what) {
     return -1;
 }
 
-/* Processes a row of the draft's logits; *tok gets the token to draft and
- * *conf its confidence (see draft_model.h), or returns false when no token
- * is possible. q (n_vocab_target floats) receives the distribution when
- * sampling. */
+/* Whether the last forward's final row is read from its candidates: else
+ * its logits are in s->logits (fetched here when the candidates do not hold
+ * the sampler's cut; false with *ok = false if that fails). */
+static bool from_cands(dm_source *s, bool *ok) {
+    *ok = true;
+    if (!s->cands_on) return false;
+    if (!s->base.stochastic || ag_sampler_cands_enough(s->sampler, &s->cands)) return true;
+    *ok = ag_model_output_row(s->dm->model, 0, s->logits) == AG_OK;
+    return false;
+}
+
+/* Processes a row of the draft's logits (or its candidates); *tok gets the
+ * token to draft and *conf its confidence (see draft_model.h), or returns
+ * false when no token is possible. q (n_vocab_target floats) receives the
+ * distribution when sampling. Candidates give the row's bits: the argmax
+ * and the sum of exponentials as ag_top_cands_f32 finds them (the row path
+ * sums in the same order), q as ag_sampler_probs_cands. */
 static bool pick(dm_source *s, float *q, int32_t *tok, float *conf) {
     ag_draft_model *dm = s->dm;
     const int       n = dm->n_vocab_target;
-    map_row(s);
+    bool            ok, cands = from_cands(s, &ok);
+    if (!ok) return false;
+    if (!cands) map_row(s);
     if (!s->base.stochastic) {
-        if (ag_sampler_logits(s->sampler, s->row, s->proc)) return false;
-        float   m = -INFINITY;
+        double  z;
         int32_t am = -1;
-        for (int i = 0; i < n; i++)
-            if (s->proc[i] > m) {
-                m = s->proc[i];
-                am = i;
-            }
-        if (am < 0) return false;
-        double z = 0;
-        for (int i = 0; i < n; i++)
-            if (s->proc[i] != -INFINITY) z += exp((double)s->proc[i] - m);
+        if (cands) {
+            if (s->cands.n < 1 || s->cands.n_finite < 1) return false;
+            am = s->cands.c[0].id;
+            z = s->cands.sumexp;
+        } else {
+            if (ag_sampler_logits(s->sampler, s->row, s->proc)) return false;
+            float m = -INFINITY;
+            for (int i = 0; i < n; i++)
+                if (s->proc[i] > m) {
+                    m = s->proc[i];
+                    am = i;
+                }
+            if (am < 0) return false;
+            z = 0;
+            for (int i = 0; i < n; i++) z += (double)expf(s->proc[i] - m);
+        }
         *tok = am;
         *conf = (float)(1.0 / z);
         return true;
     }
-    if (ag_sampler_probs(s->sampler, s->row, q)) return false;
+    if (cands) {
+        if (ag_sampler_probs_cands(s->sampler, &s->cands, &s->cp)) return false;
+        memset(q, 0, sizeof(float) * (size_t)n);
+        for (int32_t j = 0; j < s->cp.n; j++) q[s->cp.id[j]] = s->cp.p[j];
+    } else if (ag_sampler_probs(s->sampler, s->row, q)) {
+        return false;
+    }
     float top = 0;
     for (int i = 0; i < n; i++)
         if (q[i] > top) top = q[i];
@@ -565,6 +602,16 @@ ag_status ag_draft_model_source_new(ag_draft_model *dm, const ag_sample_params *
         s->logits = NULL;
         src_free(&s->base);
         return ag_errorf(AG_ERR_NOMEM, "draft-model: out of memory for vocab rows");
+    }
+    /* candidates where they give the row's bits (draft_model.h: ids past
+     * n_valid are -inf in the row, so a row as wide as n_valid has no more) */
+    if (ag_model_can_cands(dm->model) && dm->n_vocab_draft == dm->n_valid) {
+        if (ag_sampler_argmax_only(s->sampler)) { /* greedy: the argmax and its confidence */
+            s->cands_on = true;
+            s->cands_req = (ag_cands_req){1, 1, -1};
+        } else {
+            s->cands_on = ag_sampler_cands_req(s->sampler, &s->cands_req);
+        }
     }
     s->dm = dm;
     dm->n_sources++;

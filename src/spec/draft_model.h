@@ -15,6 +15,10 @@
  * whose distribution is not confident enough: the top probability of the
  * processed logits at temperature 1 (greedy), or the largest q (sampled),
  * below p_min (ag_draft_model_set_p_min; default AG_DRAFT_MODEL_P_MIN).
+ * Where the chain allows (no bias or penalties; greedy, or a sampler with
+ * ag_sampler_cands_req) each step asks the model for its row's best
+ * candidates (AG_WANT_CANDS) instead of the row: the same drafts, q and
+ * confidences, bit for bit, with ~2 KB instead of a row from a device.
  *
  * Vocabularies. Logits rows of the draft have the draft model's n_vocab
  * entries; q and the sampler live over the TARGET vocabulary

@@ -45,6 +45,7 @@ struct ag_spec_seq {
     int32_t          drafts[AG_SPEC_MAX_DRAFT];
     float           *q;       /* [draft_max][n_vocab] when the source is stochastic */
     float           *p_row;   /* [n_vocab]: the target's distribution at one position */
+    ag_cand_probs    p_cands; /* the same from the row's candidates */
     double           accept;  /* per-position acceptance average */
     int              n_obs;   /* verified positions observed (saturates) */
     int              idle;    /* rounds since the last draft while the length is 0 */
@@ -232,19 +233,25 @@ static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpro
         if (hint != -1 && ag_sampler_argmax_only(sampler)) st = ag_sampler_sample_argmax(sampler, hint, sr);
         else if (hint != -1 && i == 0 && d == 0 && ag_sampler_pick_only(sampler))
             st = ag_sampler_sample_picked(sampler, hint, sr); /* drawn by the caller (AG_WANT_PICK) */
-        else if (cands && i == 0 && d == 0 && ag_sampler_cands_req(sampler, NULL))
-            st = ag_sampler_sample_cands(sampler, cands, sr); /* AG_WANT_CANDS */
+        else if (cands) st = ag_sampler_sample_cands(sampler, cands, sr); /* AG_WANT_CANDS */
         else st = ag_sampler_sample(sampler, row, sr);
         if (st) return st;
         if (i < d) *accepted = sr->token == spec->drafts[i];
     } else {
         ag_verify_result v;
         const float *q = spec->src->stochastic && spec->q ? spec->q + (size_t)i * (size_t)spec->n_vocab : NULL;
-        if ((st = ag_sampler_probs(sampler, row, spec->p_row))) return st;
-        if ((st = ag_sampler_verify(sampler, spec->p_row, q, spec->drafts[i], &v))) return st;
+        if (cands) { /* p from the candidates: the same bits as from the row */
+            if ((st = ag_sampler_probs_cands(sampler, cands, &spec->p_cands))) return st;
+            if ((st = ag_sampler_verify_cands(sampler, &spec->p_cands, q, spec->drafts[i], &v))) return st;
+        } else {
+            if ((st = ag_sampler_probs(sampler, row, spec->p_row))) return st;
+            if ((st = ag_sampler_verify(sampler, spec->p_row, q, spec->drafts[i], &v))) return st;
+        }
         *accepted = v.accepted != 0;
         if (want_logprobs) {
-            if ((st = ag_sampler_logprobs(sampler, row, v.token, sr))) return st;
+            st = cands ? ag_sampler_logprobs_cands(sampler, cands, v.token, sr)
+                       : ag_sampler_logprobs(sampler, row, v.token, sr);
+            if (st) return st;
         } else {
             memset(sr, 0, sizeof *sr);
             sr->token = v.token;
@@ -255,7 +262,7 @@ static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpro
 }
 
 ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *logits,
-                         const int32_t *argmax, const ag_cands *cands, size_t row_stride, int d, ag_kv *kv,
+                         const int32_t *argmax, const ag_cands *const *cands, size_t row_stride, int d, ag_kv *kv,
                          int32_t kv_seq, const ag_spec_sink *sink, ag_spec_round *out) {
     memset(out, 0, sizeof *out);
     if (d > 0 && (!spec || d != spec->d))
@@ -274,7 +281,8 @@ ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpr
         ag_sample_result sr;
         bool             accepted;
         ag_status        st =
-            decide(spec, sampler, want_logprobs, row, argmax ? argmax[i] : -1, cands, i, d, &sr, &accepted);
+            decide(spec, sampler, want_logprobs, row, argmax ? argmax[i] : -1, cands ? cands[i] : NULL, i, d, &sr,
+                   &accepted);
         if (st) return st;
         if (i < d) observe(spec, i, accepted);
         out->emitted++;

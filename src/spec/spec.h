@@ -156,13 +156,16 @@ void ag_spec_stats_add_round(ag_spec_stats *a, const ag_spec_round *r);
  * token id, a negative "no finite logit", or AG_ARGMAX_NONE = -1 "use the
  * row"); a sampler that needs nothing but the argmax (ag_sampler_argmax_only)
  * then takes it instead of the row, which may be unwritten (likewise a
- * token drawn there for a pick-only sampler, d = 0). cands: NULL, or (d = 0)
- * the row's candidates found where the logits are (ag_batch.cands), which a
- * sampler with ag_sampler_cands_req samples instead of the row, which may be
- * unwritten. Errors (sampling, trim) leave the round partly emitted; the
- * caller ends the choice with the error. */
+ * token drawn there for a pick-only sampler, d = 0). cands: NULL, or d + 1
+ * pointers: row i's candidates found where the logits are (ag_batch.cands),
+ * or NULL for a row to read whole. A sampler with ag_sampler_cands_req
+ * decides from them instead of the row, which may then be unwritten: the
+ * sampled token, a verify position's p (ag_sampler_probs_cands) and the
+ * logprobs, each the bits the row would give, so the emitted tokens are
+ * the same either way. Errors (sampling, trim) leave the round partly
+ * emitted; the caller ends the choice with the error. */
 ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logprobs, const float *logits,
-                         const int32_t *argmax, const ag_cands *cands, size_t row_stride, int d, ag_kv *kv,
+                         const int32_t *argmax, const ag_cands *const *cands, size_t row_stride, int d, ag_kv *kv,
                          int32_t kv_seq, const ag_spec_sink *sink, ag_spec_round *out);
 
 #endif

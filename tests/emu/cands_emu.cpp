@@ -45,15 +45,17 @@ int main(int argc, char **argv) {
         std::vector<int32_t> reqs(R);
         std::vector<ag_cands> got(R), want(R);
         for (int r = 0; r < R; r++) {
-            ag_cands_req q = {ks[r], r % 2};
-            reqs[r] = (q.k & 0xffff) | (q.want_z ? 1 << 16 : 0);
+            const int    ats[] = {-1, 0, dim - 1, dim, (int)(xr() % (unsigned)dim), AG_CANDS_AT_MAX + 1};
+            ag_cands_req q = {ks[r], r % 2, ats[r % 6]};
+            reqs[r] = cands_req_word(&q);
             ag_top_cands_f32(&x[(size_t)r * dim], dim, &q, &want[r]);
         }
         emu_launch(cands_rows_k, R, CANDS_THREADS, (const float *)x.data(), dim, (const int32_t *)reqs.data(), got.data());
         for (int r = 0; r < R; r++) {
             n++;
             const ag_cands *g = &got[r], *w = &want[r];
-            bool ok = g->n == w->n && g->n_finite == w->n_finite && memcmp(&g->max, &w->max, 4) == 0;
+            bool ok = g->n == w->n && g->n_finite == w->n_finite && memcmp(&g->max, &w->max, 4) == 0 &&
+                      g->at == w->at && (w->at < 0 ? isnan(g->at_l) && isnan(w->at_l) : memcmp(&g->at_l, &w->at_l, 4) == 0);
             for (int i = 0; ok && i < w->n; i++) ok = g->c[i].id == w->c[i].id && memcmp(&g->c[i].l, &w->c[i].l, 4) == 0;
             if (r % 2) ok = ok && (w->n_finite == 0 ? g->sumexp == w->sumexp : fabs(g->sumexp - w->sumexp) <= 1e-9 * w->sumexp);
             else ok = ok && isnan(g->sumexp) && isnan(w->sumexp);

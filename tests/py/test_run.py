@@ -65,8 +65,10 @@ def test_candidate_rows_equal_the_samplers():
     the backend over its threads), and so does one with top-k off whose top-p
     or min-p cut falls among the best 256 (else the row is fetched): the text
     equals AUGUR_CANDS=0's, where the sampler reads the whole row, at several
-    temperatures, seeds and cuts, plain and speculative (rounds with drafts
-    keep their rows), on stories260K and SmolLM2."""
+    temperatures, seeds and cuts, plain and speculative, on stories260K and
+    SmolLM2. (Verify windows at a temperature, which stories260K's adaptive
+    length seldom drafts here, are compared seed by seed in test_spec_engine's
+    test_sampled_windows_from_candidates.)"""
     require_model(SMOLLM2)
     cases = [(TINY_GGUF, ("--temp", "1.0", "--seed", "7")), (TINY_GGUF, ("--temp", "1.6", "--seed", "3", "--top-k", "5")),
              (TINY_GGUF, ("--temp", "1.2", "--seed", "11", "--draft", "ngram")),

@@ -791,7 +791,9 @@ static void cands_case(int dim) {
     ag_cands_req     req[N];
     int32_t          pos[N], seq[N], ids[N];
     for (int k = 0; k < N; k++) {
-        req[k] = (ag_cands_req){ks[k], k % 3 != 1};
+        /* at: none, the best, a middle id, the last, one past the row */
+        const int32_t ats[5] = {-1, 0, dim / 2, dim - 1, dim};
+        req[k] = (ag_cands_req){ks[k], k % 3 != 1, ats[k % 5]};
         pos[k] = ag_kv_seq_len(f.kv, f.seq[0]) + k, seq[k] = f.seq[0], ids[k] = k;
     }
     ag_cands *want = malloc(sizeof(ag_cands) * N), *got = malloc(sizeof(ag_cands) * N);
@@ -811,6 +813,9 @@ static void cands_case(int dim) {
         if (g->n != w->n || g->n_finite != w->n_finite || memcmp(&g->max, &w->max, sizeof g->max))
             fail_msg("%s cands row %d (dim %d): n %d/%d finite %d/%d max %g/%g", g_be->ops->name, k, dim, g->n, w->n,
                      g->n_finite, w->n_finite, (double)g->max, (double)w->max);
+        if (g->at != w->at || (w->at >= 0 ? memcmp(&g->at_l, &w->at_l, sizeof g->at_l) != 0 : !isnan(g->at_l)))
+            fail_msg("%s cands row %d (dim %d): at %d = %g, want %d = %g", g_be->ops->name, k, dim, g->at,
+                     (double)g->at_l, w->at, (double)w->at_l);
         for (int i = 0; i < w->n; i++)
             if (g->c[i].id != w->c[i].id || memcmp(&g->c[i].l, &w->c[i].l, sizeof g->c[i].l))
                 fail_msg("%s cands row %d (dim %d) #%d: (%g, %d), want (%g, %d)", g_be->ops->name, k, dim, i,

@@ -273,7 +273,7 @@ static void cands_rows_are_their_rows_best(void **state) {
     enum { N = 6 };
     int32_t      pos[N], seq[N], am[N];
     uint8_t      want[N] = {AG_WANT_CANDS, 0, AG_WANT_LOGITS, AG_WANT_ARGMAX, AG_WANT_CANDS, AG_WANT_CANDS};
-    ag_cands_req req[N] = {{40, 1}, {5, 0}, {1, 1}, {256, 0}, {3, 0}};
+    ag_cands_req req[N] = {{40, 1, -1}, {5, 0, 7}, {1, 1, g_vocab - 1}, {256, 0, -1}, {3, 0, 300}};
     ag_cands    *cands = calloc(N, sizeof *cands), ref;
     for (int i = 0; i < N; i++) pos[i] = i, seq[i] = s;
     float   *out = malloc(sizeof(float) * N * (size_t)g_vocab);
@@ -297,6 +297,9 @@ static void cands_rows_are_their_rows_best(void **state) {
             assert_true(cands[k].max == ref.max);
             assert_memory_equal(&cands[k].sumexp, &ref.sumexp, sizeof ref.sumexp); /* NaN when not asked */
             assert_memory_equal(cands[k].c, ref.c, sizeof ref.c[0] * (size_t)ref.n);
+            assert_int_equal(cands[k].at, ref.at);
+            assert_int_equal(cands[k].at, req[k].at);
+            if (ref.at >= 0) assert_true(cands[k].at_l == ref.at_l && ref.at_l == ag_logit_sanitize(row[ref.at]));
             checked++;
         } else if (want[i] == AG_WANT_ARGMAX) {
             assert_int_equal(am[k], ag_argmax_f32(row, g_vocab));

@@ -609,7 +609,7 @@ static void top_cands_match_a_sort(void **state) {
             }
             qsort(ref, (size_t)nf, sizeof *ref, rc_cmp);
             const int     k = ks[trial % 5];
-            ag_cands_req  req = {k, trial % 2};
+            ag_cands_req  req = {k, trial % 2, trial % 3 ? trng_int(n + 1) : -1}; /* at: n is past the row */
             static ag_cands c;
             ag_top_cands_f32(l, n, &req, &c);
             const int kk = k > AG_CANDS_MAX ? AG_CANDS_MAX : k;
@@ -623,6 +623,13 @@ static void top_cands_match_a_sort(void **state) {
                 assert_true(c.max == -INFINITY);
             } else {
                 assert_true(c.max == (float)ref[0].l);
+            }
+            if (req.at >= 0 && req.at < n) { /* the named id's value, best or not */
+                assert_int_equal(c.at, req.at);
+                float v = ag_logit_sanitize(l[req.at]);
+                assert_memory_equal(&c.at_l, &v, sizeof v);
+            } else {
+                assert_true(c.at == -1 && isnan(c.at_l));
             }
             if (req.want_z) {
                 double z = 0.0;
@@ -721,7 +728,7 @@ static void cands_draw_what_sample_draws(void **state) {
     ag_sampler *s = new_sampler(&p, 50, 0);
     float       l[50];
     for (int i = 0; i < 50; i++) l[i] = (float)i;
-    ag_cands_req     req = {3, 0};
+    ag_cands_req     req = {3, 0, -1};
     ag_sample_result r;
     ag_top_cands_f32(l, 50, &req, &c); /* 3 < top_k 5 */
     assert_int_equal(ag_sampler_sample_cands(s, &c, &r), AG_ERR_INVALID);
@@ -746,6 +753,195 @@ static void cands_draw_what_sample_draws(void **state) {
         assert_int_equal(ag_sampler_sample_cands(s, &c, &r), AG_ERR_INVALID);
         ag_sampler_free(s);
     }
+}
+
+/* A verify position decided from the row's candidates (ag_sampler_probs_cands,
+ * ag_sampler_verify_cands, ag_sampler_logprobs_cands) gives what the row
+ * gives (ag_sampler_probs, ag_sampler_verify, ag_sampler_logprobs): the
+ * same probabilities bit for bit (every other token 0), the same accept or
+ * reject and correction, the same RNG stream after it, the same logprobs.
+ * Drafts are kept tokens, tokens outside the kept set, and the argmax; q
+ * one-hot (NULL) or a dense distribution with holes. */
+static void cands_verify_what_rows_verify(void **state) {
+    static const int sizes[] = {9, 400, 3000};
+    static ag_cands      c;
+    static ag_cand_probs cp;
+    int                  compared = 0, accepted = 0, rejected = 0, from_row = 0;
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++)
+        for (int round = 0; round < 30; round++) {
+            const int        n = sizes[si];
+            ag_sample_params p = ag_sample_default_params();
+            p.temperature = round % 10 == 0 ? 0.0f : (float)(0.3 + 1.5 * trng_unit());
+            p.top_k = 1 + trng_int(round % 3 ? 50 : AG_CANDS_MAX);
+            p.top_p = round % 3 == 1 ? 1.0f : (float)(0.4 + 0.6 * trng_unit());
+            p.min_p = round % 4 == 0 ? (float)(0.15 * trng_unit()) : 0.0f;
+            if (round % 5 == 2) p.top_k = 0; /* top-k off: a cut that may fall past the candidates */
+            if ((p.top_k == 0 || p.top_k >= n) && p.top_p >= 1.0f && p.min_p <= 0.0f)
+                p.min_p = (float)(0.01 + 0.1 * trng_unit()); /* else a pick-only sampler */
+            p.logprobs = round % 2 || p.temperature == 0.0f;
+            p.n_logprobs = round % 3 == 0 ? trng_int(AG_SAMPLE_MAX_LOGPROBS + 1) : 0;
+            p.seed = 900 + (uint64_t)round;
+            ag_sampler  *a = new_sampler(&p, n, 2), *b = new_sampler(&p, n, 2);
+            ag_cands_req req;
+            assert_true(ag_sampler_cands_req(b, &req));
+            float *l = malloc((size_t)n * sizeof *l), *pa = malloc((size_t)n * sizeof *pa);
+            float *q = malloc((size_t)n * sizeof *q);
+            for (int step = 0; step < 30; step++) {
+                for (int i = 0; i < n; i++)
+                    l[i] = step % 4 ? (float)(2.0 * trng_normal()) : (float)trng_int(6) * 0.5f; /* ties */
+                if (step % 5 == 1) l[trng_int(n)] = NAN;
+                if (step % 6 == 2) l[trng_int(n)] = -INFINITY;
+                const float *qq = NULL;
+                if (step % 2) { /* a dense q with holes */
+                    double z = 0.0;
+                    for (int i = 0; i < n; i++) z += q[i] = trng_int(4) ? (float)trng_unit() : 0.0f;
+                    for (int i = 0; i < n; i++) q[i] = (float)(q[i] / (z > 0 ? z : 1.0));
+                    qq = q;
+                }
+                assert_int_equal(ag_sampler_probs(a, l, pa), AG_OK);
+                int32_t x = trng_int(n);
+                if (step % 3 == 0) { /* a kept token */
+                    int32_t kept[AG_CANDS_MAX * 4], nk = 0;
+                    for (int i = 0; i < n && nk < (int)(sizeof kept / sizeof *kept); i++)
+                        if (pa[i] > 0.0f) kept[nk++] = i;
+                    x = kept[trng_int(nk)];
+                }
+                ag_verify_result va, vb;
+                ag_sample_result ra, rb;
+                assert_int_equal(ag_sampler_verify(a, pa, qq, x, &va), AG_OK);
+                ag_top_cands_f32(l, n, &req, &c);
+                if (!ag_sampler_cands_enough(b, &c)) { /* the engine reads such a row whole */
+                    assert_int_equal(ag_sampler_probs_cands(b, &c, &cp), AG_ERR_INVALID);
+                    float *pb = malloc((size_t)n * sizeof *pb);
+                    assert_int_equal(ag_sampler_probs(b, l, pb), AG_OK);
+                    assert_int_equal(ag_sampler_verify(b, pb, qq, x, &vb), AG_OK);
+                    free(pb);
+                    from_row++;
+                } else {
+                    assert_int_equal(ag_sampler_probs_cands(b, &c, &cp), AG_OK);
+                    int nz = 0;
+                    for (int i = 0; i < n; i++) nz += pa[i] != 0.0f;
+                    assert_int_equal(cp.n, nz);
+                    for (int j = 0; j < cp.n; j++) {
+                        if (j) assert_true(cp.id[j] > cp.id[j - 1]);
+                        assert_memory_equal(&cp.p[j], &pa[cp.id[j]], sizeof(float));
+                    }
+                    assert_int_equal(ag_sampler_verify_cands(b, &cp, qq, x, &vb), AG_OK);
+                }
+                assert_int_equal(vb.accepted, va.accepted);
+                assert_int_equal(vb.token, va.token);
+                accepted += va.accepted;
+                rejected += !va.accepted;
+                if (p.logprobs || p.n_logprobs > 0) {
+                    assert_int_equal(ag_sampler_logprobs(a, l, va.token, &ra), AG_OK);
+                    if (ag_sampler_cands_enough(b, &c)) {
+                        assert_int_equal(ag_sampler_logprobs_cands(b, &c, vb.token, &rb), AG_OK);
+                        assert_int_equal(rb.token, ra.token);
+                        assert_memory_equal(&rb.logprob, &ra.logprob, sizeof ra.logprob);
+                        assert_int_equal(rb.n_top, ra.n_top);
+                        assert_memory_equal(rb.top, ra.top, sizeof ra.top[0] * (size_t)ra.n_top);
+                    }
+                }
+                assert_int_equal(ag_sampler_accept(a, va.token), AG_OK);
+                assert_int_equal(ag_sampler_accept(b, vb.token), AG_OK);
+                compared++;
+            }
+            /* the RNG streams stayed together */
+            ag_sample_result ra, rb;
+            assert_int_equal(ag_sampler_sample(a, l, &ra), AG_OK);
+            if (ag_sampler_cands_enough(b, &c)) assert_int_equal(ag_sampler_sample_cands(b, &c, &rb), AG_OK);
+            else assert_int_equal(ag_sampler_sample(b, l, &rb), AG_OK);
+            assert_int_equal(rb.token, ra.token);
+            free(l);
+            free(pa);
+            free(q);
+            ag_sampler_free(a);
+            ag_sampler_free(b);
+        }
+    print_message("%d verify positions compared (%d accepted, %d rejected, %d read from the row)\n", compared,
+                  accepted, rejected, from_row);
+    assert_true(compared > 2500 && accepted > 300 && rejected > 300 && from_row > 10);
+    /* refused: a token that is not a candidate, ids out of order */
+    ag_sample_params p = ag_sample_default_params();
+    p.temperature = 0.7f;
+    p.top_k = 4;
+    p.logprobs = 1;
+    ag_sampler *s = new_sampler(&p, 50, 0);
+    float       l[50];
+    for (int i = 0; i < 50; i++) l[i] = (float)i;
+    ag_cands_req     req = {4, 1, -1};
+    ag_sample_result r;
+    ag_verify_result v;
+    ag_top_cands_f32(l, 50, &req, &c);
+    assert_int_equal(ag_sampler_logprobs_cands(s, &c, 3, &r), AG_ERR_INVALID);
+    assert_non_null(strstr(ag_error_message(), "not among"));
+    assert_int_equal(ag_sampler_probs_cands(s, &c, &cp), AG_OK);
+    assert_int_equal(cp.n, 4);
+    assert_int_equal(cp.id[0], 46);
+    int32_t t = cp.id[0];
+    cp.id[0] = cp.id[1];
+    cp.id[1] = t;
+    assert_int_equal(ag_sampler_verify_cands(s, &cp, NULL, 47, &v), AG_ERR_INVALID);
+    cp.n = 0;
+    assert_int_equal(ag_sampler_verify_cands(s, &cp, NULL, 47, &v), AG_ERR_INVALID);
+    ag_sampler_free(s);
+}
+
+/* A scored token's logprob and alternatives from candidates whose request
+ * named it (ag_sampler_logprobs_req: at = the token, best or not) equal
+ * ag_sampler_logprobs of the row, bit for bit; a token neither among them
+ * nor named is refused, and samplers with bias or penalties need the row. */
+static void scored_tokens_from_candidates(void **state) {
+    static ag_cands c;
+    const int       n = 5000;
+    float          *l = malloc((size_t)n * sizeof *l);
+    int             outside = 0;
+    for (int round = 0; round < 200; round++) {
+        ag_sample_params p = ag_sample_default_params();
+        p.logprobs = 1;
+        p.n_logprobs = round % 3 ? trng_int(AG_SAMPLE_MAX_LOGPROBS + 1) : 0;
+        ag_sampler *a = new_sampler(&p, n, 0), *b = new_sampler(&p, n, 0);
+        for (int i = 0; i < n; i++) l[i] = round % 4 ? (float)(3.0 * trng_normal()) : (float)trng_int(5);
+        if (round % 5 == 1) l[trng_int(n)] = NAN;
+        if (round % 7 == 2) l[trng_int(n)] = -INFINITY;
+        int32_t tok = trng_int(n);
+        if (round % 6 == 0) tok = ag_argmax_f32(l, n);
+        if (round == 7) l[tok] = NAN; /* a token with no probability: -inf */
+        ag_cands_req req;
+        assert_true(ag_sampler_logprobs_req(b, tok, &req));
+        assert_int_equal(req.at, tok);
+        assert_true(req.want_z && req.k >= 1 && req.k >= p.n_logprobs);
+        ag_top_cands_f32(l, n, &req, &c);
+        ag_sample_result ra, rb;
+        assert_int_equal(ag_sampler_logprobs(a, l, tok, &ra), AG_OK);
+        assert_int_equal(ag_sampler_logprobs_cands(b, &c, tok, &rb), AG_OK);
+        assert_int_equal(rb.token, ra.token);
+        assert_memory_equal(&rb.logprob, &ra.logprob, sizeof ra.logprob);
+        assert_int_equal(rb.n_top, ra.n_top);
+        assert_memory_equal(rb.top, ra.top, sizeof ra.top[0] * (size_t)ra.n_top);
+        int among = 0;
+        for (int j = 0; j < c.n; j++) among |= c.c[j].id == tok;
+        outside += !among;
+        if (!among) { /* named but not a candidate: unnamed, it is refused */
+            c.at = -1;
+            assert_int_equal(ag_sampler_logprobs_cands(b, &c, tok, &rb), AG_ERR_INVALID);
+            assert_non_null(strstr(ag_error_message(), "not among"));
+        }
+        ag_sampler_free(a);
+        ag_sampler_free(b);
+    }
+    assert_true(outside > 100);
+    free(l);
+    ag_sample_params p = ag_sample_default_params();
+    p.logprobs = 1;
+    p.frequency_penalty = 0.5f;
+    ag_sampler *s = new_sampler(&p, n, 0);
+    assert_false(ag_sampler_logprobs_req(s, 3, NULL));
+    ag_sampler_free(s);
+    p = ag_sample_default_params(); /* no logprobs asked */
+    s = new_sampler(&p, n, 0);
+    assert_false(ag_sampler_logprobs_req(s, 3, NULL));
+    ag_sampler_free(s);
 }
 
 /* Not an assertion on speed (the machine is shared), a measurement. */
@@ -1493,6 +1689,8 @@ int main(void) {
         cmocka_unit_test(draw_walks_the_kept_set_in_id_order),
         cmocka_unit_test(top_cands_match_a_sort),
         cmocka_unit_test(cands_draw_what_sample_draws),
+        cmocka_unit_test(cands_verify_what_rows_verify),
+        cmocka_unit_test(scored_tokens_from_candidates),
         cmocka_unit_test(chain_timing_150k),
         cmocka_unit_test(penalties_and_bias_follow_formulas),
         cmocka_unit_test(chain_with_penalties_matches_reference),

@@ -542,6 +542,70 @@ static void sampled_drafts_carry_q(void **state) {
     ag_tok_free(big);
 }
 
+/* Drafts read from each row's best candidates (AG_WANT_CANDS: greedy, the
+ * argmax and the sum of exponentials; sampled, q from ag_sampler_probs_cands,
+ * or the row fetched when a top-k-off cut falls past them) equal drafts read
+ * from the rows (the same draft model opened with AUGUR_CANDS=0): the same
+ * tokens, confidences and q, bit for bit, round after round with partial
+ * acceptances. */
+static void cands_drafts_equal_row_drafts(void **state) {
+    enum { MAXD = 6, ROUNDS = 8 };
+    ag_draft_model *on = open_self(2, 512), *off = NULL;
+    ag_model_params mp = ag_model_default_params();
+    mp.cpu.n_threads = 2;
+    setenv("AUGUR_CANDS", "0", 1);
+    ag_status st = ag_draft_model_open(g_path, &mp, g_tok, 2, 512, &off);
+    unsetenv("AUGUR_CANDS");
+    assert_int_equal(st, AG_OK);
+    ag_draft_model_set_p_min(on, 0.05f);
+    ag_draft_model_set_p_min(off, 0.05f);
+    const struct { float temp, top_p, min_p; int top_k; } cfg[] = {
+        {0.0f, 1.0f, 0.0f, 0},   {0.8f, 1.0f, 0.0f, 20}, {1.0f, 0.9f, 0.0f, 0}, {0.7f, 0.999f, 0.0f, 0},
+        {0.9f, 1.0f, 0.1f, 0},   {1.0f, 1.0f, 0.0f, 0}, /* temperature only: the row on both */
+        {0.9f, 1.0f, 1e-9f, 0},  /* a min-p cut past the best 256 of 512: the row fetched */
+    };
+    const int nv = ag_draft_model_n_vocab(on);
+    float    *qa = malloc(sizeof(float) * (size_t)nv * MAXD), *qb = malloc(sizeof(float) * (size_t)nv * MAXD);
+    int       drafted = 0;
+    for (size_t ci = 0; ci < sizeof cfg / sizeof *cfg; ci++) {
+        ag_sample_params sp = ag_sample_default_params();
+        sp.temperature = cfg[ci].temp;
+        sp.top_p = cfg[ci].top_p;
+        sp.min_p = cfg[ci].min_p;
+        sp.top_k = cfg[ci].top_k;
+        sp.seed = 77 + ci;
+        ag_draft_source *a = NULL, *b = NULL;
+        assert_int_equal(ag_draft_model_source_new(on, &sp, 3, 0.5f, &a), AG_OK);
+        assert_int_equal(ag_draft_model_source_new(off, &sp, 3, 0.5f, &b), AG_OK);
+        assert_int_equal(a->ops->prefill(a, k_prompt, N_PROMPT), AG_OK);
+        assert_int_equal(b->ops->prefill(b, k_prompt, N_PROMPT), AG_OK);
+        int32_t feed = 300, out_a[MAXD], out_b[MAXD];
+        for (int round = 0; round < ROUNDS; round++) {
+            int da = a->ops->draft(a, &feed, 1, MAXD, out_a, qa), db = b->ops->draft(b, &feed, 1, MAXD, out_b, qb);
+            assert_int_equal(da, db);
+            assert_memory_equal(out_a, out_b, sizeof(int32_t) * (size_t)da);
+            float ca[MAXD], cb[MAXD];
+            assert_int_equal(ag_draft_model_source_confidence(a, ca, MAXD), da);
+            assert_int_equal(ag_draft_model_source_confidence(b, cb, MAXD), da);
+            assert_memory_equal(ca, cb, sizeof(float) * (size_t)da);
+            if (a->stochastic) assert_memory_equal(qa, qb, sizeof(float) * (size_t)nv * (size_t)da);
+            drafted += da;
+            int k = da ? (round % 3 == 0 ? da : round % da) : 0;
+            a->ops->commit(a, da, k);
+            b->ops->commit(b, da, k);
+            feed = k < da ? (out_a[k] + 1 + round) % nv : 250 + round; /* a correction, or a bonus */
+        }
+        ag_draft_free(a);
+        ag_draft_free(b);
+    }
+    print_message("%d drafts compared\n", drafted);
+    assert_true(drafted > 100);
+    free(qa);
+    free(qb);
+    ag_draft_model_close(on);
+    ag_draft_model_close(off);
+}
+
 /* ---- vocabulary check, pool, bytes ---- */
 
 static void expect_refused(const char *path, const ag_tok *target, const char *const *needles) {
@@ -667,6 +731,7 @@ int main(void) {
         cmocka_unit_test(long_feed_then_drafts),
         cmocka_unit_test(n_ctx_bounds_drafts),
         cmocka_unit_test(sampled_drafts_carry_q),
+        cmocka_unit_test(cands_drafts_equal_row_drafts),
         cmocka_unit_test(vocab_check_derived),
         cmocka_unit_test(vocab_check_real_pairs),
         cmocka_unit_test(pool_has_max_seqs),

@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "spec/draft.h"
+#include "spec/draft_model.h"
 #include "model_testutil.h"
 
 static ag_model *g_model;
@@ -58,14 +59,20 @@ typedef struct {
     char            text[MAX_CH][4096];
     size_t          text_len[MAX_CH];
     ag_finish       finish[MAX_CH];
+    float           lp[MAX_CH][MAX_OUT];   /* each token's logprob (NaN unless asked for) */
+    int32_t         alt[MAX_CH][MAX_OUT];  /* its best alternative (-1 unless asked for) */
     int             drafted, accepted;
 } collect;
 
 static void on_event(void *user, const ag_gen_event *ev) {
     collect *c = user;
     pthread_mutex_lock(&c->mu);
-    if (ev->prompt_pos == 0 && ev->token >= 0 && c->n[ev->choice] < MAX_OUT)
-        c->tok[ev->choice][c->n[ev->choice]++] = ev->token;
+    if (ev->prompt_pos == 0 && ev->token >= 0 && c->n[ev->choice] < MAX_OUT) {
+        const int k = c->n[ev->choice]++;
+        c->tok[ev->choice][k] = ev->token;
+        c->lp[ev->choice][k] = ev->sample ? ev->sample->logprob : NAN;
+        c->alt[ev->choice][k] = ev->sample && ev->sample->n_top > 0 ? ev->sample->top[0].token : -1;
+    }
     if (ev->len && c->text_len[ev->choice] + ev->len < sizeof c->text[0]) {
         memcpy(c->text[ev->choice] + c->text_len[ev->choice], ev->text, ev->len);
         c->text_len[ev->choice] += ev->len;
@@ -101,6 +108,9 @@ typedef struct {
     int            n_choices;
     float          temperature;
     float          top_p;
+    int            top_k;
+    float          min_p;
+    int            n_logprobs; /* > 0: logprobs and that many alternatives */
     uint64_t       seed;
     const char    *stop;
     int            spec_max;
@@ -120,6 +130,10 @@ static void submit(ag_engine *e, const gen_args *a, collect *out) {
     r.sample = ag_sample_default_params();
     r.sample.temperature = a->temperature;
     r.sample.top_p = a->top_p > 0 ? a->top_p : 1.0f;
+    r.sample.top_k = a->top_k;
+    r.sample.min_p = a->min_p;
+    r.sample.logprobs = a->n_logprobs > 0;
+    r.sample.n_logprobs = a->n_logprobs;
     r.sample.seed = a->seed;
     const char *stops[1] = {a->stop};
     r.stops = stops;
@@ -243,7 +257,7 @@ static ag_status o_make(void *ctx, const ag_sample_params *sp, uint64_t stream, 
 
 /* ---- engines -------------------------------------------------------------- */
 
-static ag_engine *new_engine(const ag_draft_factory *f, int n_parallel, int n_ctx, bool adaptive) {
+static ag_engine *new_engine_on(ag_model *m, const ag_draft_factory *f, int n_parallel, int n_ctx, bool adaptive) {
     ag_engine_params p = ag_engine_default_params();
     p.n_parallel = n_parallel;
     p.n_ctx = n_ctx;
@@ -252,8 +266,12 @@ static ag_engine *new_engine(const ag_draft_factory *f, int n_parallel, int n_ct
     p.spec.adaptive = adaptive;
     p.spec_max_rows = 64;
     ag_engine *e = NULL;
-    assert_int_equal(ag_engine_new(g_model, g_tok, &p, &e), AG_OK);
+    assert_int_equal(ag_engine_new(m, g_tok, &p, &e), AG_OK);
     return e;
+}
+
+static ag_engine *new_engine(const ag_draft_factory *f, int n_parallel, int n_ctx, bool adaptive) {
+    return new_engine_on(g_model, f, n_parallel, n_ctx, adaptive);
 }
 
 static int encode(const char *text, int32_t *out, int cap) {
@@ -552,6 +570,81 @@ static void test_sampling_distribution(void **state) {
     for (int i = 0; i < 6; i++) free(h[i]);
 }
 
+static ag_status self_make(void *ctx, const ag_sample_params *sp, uint64_t stream, ag_draft_source **out) {
+    return ag_draft_model_source_new(ctx, sp, stream, 0.0f, out);
+}
+
+/* Sampled verify windows decided from each row's best candidates
+ * (AG_WANT_CANDS: the backend finds them, ag_sampler_probs_cands and
+ * ag_sampler_verify_cands decide) give what the rows give (a model loaded
+ * with AUGUR_CANDS=0): the same tokens, logprobs and alternatives, seed by
+ * seed, with drafts accepted and rejected (an oracle with noise: one-hot
+ * q; the model drafting for itself: its q, mostly accepted) and with top-k,
+ * top-p with top-k off (cut among the candidates or past them, then the row
+ * is fetched), min-p, greedy with logprobs, and n = 2. */
+static void test_sampled_windows_from_candidates(void **state) {
+    static oracle_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    make_refs(&ctx, 4, 80, 512);
+    ctx.noise = 0.2;
+    char             path[4096];
+    ag_model        *rows_model = NULL;
+    ag_draft_model  *self = NULL;
+    stories_path(path, sizeof path);
+    assert_int_equal(ag_draft_model_open(path, NULL, g_tok, 8, 512, &self), AG_OK);
+    ag_draft_model_set_p_min(self, 0.0f);
+    const ag_draft_factory fs[2] = {{.name = "oracle", .make = o_make, .ctx = &ctx},
+                                    {.name = "self", .make = self_make, .ctx = self}};
+    setenv("AUGUR_CANDS", "0", 1);
+    int bad = load_model_2t(path, &rows_model, NULL);
+    unsetenv("AUGUR_CANDS");
+    assert_int_equal(bad, 0);
+    assert_true(ag_model_can_cands(g_model) && !ag_model_can_cands(rows_model));
+    const gen_args cases[] = {
+        {.temperature = 0.5f, .top_k = 20, .n_logprobs = 2},
+        {.temperature = 0.8f, .top_p = 0.95f},
+        {.temperature = 0.3f, .top_p = 0.999f, .n_logprobs = 1}, /* a cut past the best 256 of 512: rows fetched */
+        {.temperature = 0.6f, .min_p = 0.05f, .top_k = 40},
+        {.temperature = 0.0f, .n_logprobs = 3},
+        {.temperature = 0.7f, .top_k = 8, .n_choices = 2},
+    };
+    int drafted[2] = {0}, accepted[2] = {0};
+    for (size_t ci = 0; ci < 2 * sizeof cases / sizeof *cases; ci++) {
+        const int  fi = ci % 2;
+        const ag_draft_factory *f = &fs[fi];
+        ag_engine *on = new_engine(f, 4, 512, false), *off = new_engine_on(rows_model, f, 4, 512, false);
+        for (int i = 0; i < 4; i++) {
+            gen_args a = cases[ci / 2];
+            a.prompt = ctx.ref[i];
+            a.n_prompt = ctx.n_prompt[i];
+            a.max_tokens = 60;
+            a.seed = 40 + (uint64_t)(ci * 4 + (size_t)i);
+            static collect x, y;
+            generate(on, &a, &x);
+            generate(off, &a, &y);
+            for (int ch = 0; ch < (a.n_choices ? a.n_choices : 1); ch++) {
+                assert_int_equal(x.n[ch], y.n[ch]);
+                assert_memory_equal(x.tok[ch], y.tok[ch], sizeof(int32_t) * (size_t)x.n[ch]);
+                assert_memory_equal(x.lp[ch], y.lp[ch], sizeof(float) * (size_t)x.n[ch]);
+                assert_memory_equal(x.alt[ch], y.alt[ch], sizeof(int32_t) * (size_t)x.n[ch]);
+                if (a.n_logprobs > 0)
+                    for (int j = 0; j < x.n[ch]; j++) assert_true(x.lp[ch][j] <= 0.0f && x.alt[ch][j] >= 0);
+            }
+            assert_int_equal(x.drafted, y.drafted);
+            drafted[fi] += x.drafted;
+            accepted[fi] += x.accepted;
+        }
+        ag_engine_free(on);
+        ag_engine_free(off);
+    }
+    printf("   oracle: %d drafted, %d accepted; self-draft: %d drafted, %d accepted\n", drafted[0], accepted[0],
+           drafted[1], accepted[1]);
+    assert_true(drafted[0] > 200 && accepted[0] > 50 && accepted[0] < drafted[0] - 50);
+    assert_true(drafted[1] > 200 && accepted[1] > drafted[1] / 2); /* q = p: all stand */
+    ag_model_free(rows_model);
+    ag_draft_model_close(self);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_equals_plain),
@@ -559,6 +652,7 @@ int main(void) {
         cmocka_unit_test(test_limits_inside_window),
         cmocka_unit_test(test_eos_and_stop_strings),
         cmocka_unit_test(test_sampling_distribution),
+        cmocka_unit_test(test_sampled_windows_from_candidates),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -158,7 +158,7 @@ typedef struct {
     int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
     int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
     int32_t       *d_draws; /* [3 n_out]: the pass's pick draws (begin) */
-    int32_t       *d_cand_reqs; /* [n_out]: the pass's cands requests, k | want_z << 16 (begin) */
+    int32_t       *d_cand_reqs; /* [n_out]: the pass's cands requests, a word each (cands_req_word; begin) */
     int            n_tiles;
 
     /* prompt-row GEMM scratch: the weight and the activations in BF16, an
@@ -320,6 +320,7 @@ static void pinned_free(void *p) {
     if (p) cudaFreeHost(p);
 }
 static void prep_forget(cuda_state *s, const void *p, size_t bytes);
+static int32_t cands_req_word(const ag_cands_req *q);
 static ag_status cu_upload(ag_backend *be, void *dst, const void *src, size_t bytes) {
     prep_forget(st_of(be), dst, bytes);
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream));
@@ -527,10 +528,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         memcpy(&h_draws[3 * k + 2], &lay->pick[k].inv_temp, sizeof(int32_t));
     }
     /* likewise the cands op's requests, a word an output row */
-    for (int k = 0; lay->cands_req && k < lay->n_out && k < n; k++) {
-        const int32_t kk = lay->cands_req[k].k; /* clamped as ag_top_cands_f32 clamps it */
-        h_reqs[k] = (kk < 1 ? 1 : kk > AG_CANDS_MAX ? AG_CANDS_MAX : kk) | (lay->cands_req[k].want_z ? 1 << 16 : 0);
-    }
+    for (int k = 0; lay->cands_req && k < lay->n_out && k < n; k++) h_reqs[k] = cands_req_word(&lay->cands_req[k]);
     /* prompt rows [n_decode, n) in tiles: consecutive rows of one sequence, at most ATT_TQ */
     int n_tiles = 0;
     for (int i = lay->n_decode > 0 && lay->n_decode <= n ? lay->n_decode : (lay->n_decode > n ? n : 0); i < n;) {
@@ -3931,6 +3929,16 @@ __global__ void argmax_split_k(const float *__restrict__ x, int dim, float *__re
 
 /* ---- a row's best candidates (top-k sampling without copying the rows back) ---- */
 
+/* A cands request as one word for the device: k - 1 in bits 0-7 (k clamped
+ * to [1, AG_CANDS_MAX] as ag_top_cands_f32 clamps it), want_z in bit 8,
+ * at + 1 in bits 9-31 (0: none; an id past AG_CANDS_AT_MAX reads as none,
+ * as on the host). */
+static int32_t cands_req_word(const ag_cands_req *q) {
+    const int32_t  k = q->k < 1 ? 1 : q->k > AG_CANDS_MAX ? AG_CANDS_MAX : q->k;
+    const uint32_t at1 = q->at >= 0 && q->at <= AG_CANDS_AT_MAX ? (uint32_t)q->at + 1u : 0u;
+    return (int32_t)((uint32_t)(k - 1) | (q->want_z ? 1u << 8 : 0u) | at1 << 9);
+}
+
 /* The sampler's sanitize (base/argmax.h): NaN -> -inf, +inf -> FLT_MAX. */
 static __device__ __forceinline__ float cand_sanitize(float l) {
     return !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l;
@@ -3964,8 +3972,8 @@ template <typename T> static __device__ __forceinline__ T cand_block_sum(T v, T 
 
 #define CANDS_THREADS 1024
 
-/* out[blockIdx.x] = ag_top_cands_f32 of the row for its request (reqs: k in
- * the low 16 bits, want_z in bit 16). One block a row:
+/* out[blockIdx.x] = ag_top_cands_f32 of the row for its request (reqs: a
+ * word each, cands_req_word). One block a row:
  *  1. the finite values' count;
  *  2. radix select, 8 bits a round from the top: the key T of the kc-th best
  *     (kc = min(k, finite)) and r, how many of the kc have key T (histograms
@@ -3994,9 +4002,15 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
     __shared__ int      s_rank, s_gt;
     const float        *row = x + (size_t)blockIdx.x * dim;
     ag_cands           *o = out + blockIdx.x;
-    const int           req = reqs[blockIdx.x], tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int           k = min(max(req & 0xffff, 1), AG_CANDS_MAX);
-    const bool          want_z = (req >> 16) & 1;
+    const uint32_t      req = (uint32_t)reqs[blockIdx.x];
+    const int           tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int           k = (int)(req & 0xffu) + 1;
+    const bool          want_z = (req >> 8) & 1u;
+    const int           at = (int)(req >> 9) - 1 < dim ? (int)(req >> 9) - 1 : -1;
+    if (tid == 0) {
+        o->at = at, o->pad_ = 0;
+        o->at_l = at >= 0 ? cand_sanitize(row[at]) : __int_as_float(0x7fc00000);
+    }
 
     int nf = 0;
     for (int i = tid; i < dim; i += blockDim.x) nf += cand_sanitize(row[i]) != -INFINITY;
