@@ -76,6 +76,14 @@ static double chi2_stat(const long *obs, const double *prob, int n, long total, 
     return stat;
 }
 
+/* b is a, bit for bit: the token, its logprob, the alternatives. */
+static void assert_same_result(const ag_sample_result *b, const ag_sample_result *a) {
+    assert_int_equal(b->token, a->token);
+    assert_memory_equal(&b->logprob, &a->logprob, sizeof a->logprob);
+    assert_int_equal(b->n_top, a->n_top);
+    assert_memory_equal(b->top, a->top, sizeof a->top[0] * (size_t)a->n_top);
+}
+
 /* ---- reference chain ------------------------------------------------ */
 
 typedef struct {
@@ -705,10 +713,7 @@ static void cands_draw_what_sample_draws(void **state) {
                     assert_int_equal(ag_sampler_sample(b, l, &rb), AG_OK);
                     from_row++;
                 }
-                assert_int_equal(rb.token, ra.token);
-                assert_memory_equal(&rb.logprob, &ra.logprob, sizeof ra.logprob);
-                assert_int_equal(rb.n_top, ra.n_top);
-                assert_memory_equal(rb.top, ra.top, sizeof ra.top[0] * (size_t)ra.n_top);
+                assert_same_result(&rb, &ra);
                 assert_int_equal(ag_sampler_accept(a, ra.token), AG_OK);
                 assert_int_equal(ag_sampler_accept(b, rb.token), AG_OK);
                 compared++;
@@ -836,10 +841,7 @@ static void cands_verify_what_rows_verify(void **state) {
                     assert_int_equal(ag_sampler_logprobs(a, l, va.token, &ra), AG_OK);
                     if (ag_sampler_cands_enough(b, &c)) {
                         assert_int_equal(ag_sampler_logprobs_cands(b, &c, vb.token, &rb), AG_OK);
-                        assert_int_equal(rb.token, ra.token);
-                        assert_memory_equal(&rb.logprob, &ra.logprob, sizeof ra.logprob);
-                        assert_int_equal(rb.n_top, ra.n_top);
-                        assert_memory_equal(rb.top, ra.top, sizeof ra.top[0] * (size_t)ra.n_top);
+                        assert_same_result(&rb, &ra);
                     }
                 }
                 assert_int_equal(ag_sampler_accept(a, va.token), AG_OK);
@@ -915,10 +917,7 @@ static void scored_tokens_from_candidates(void **state) {
         ag_sample_result ra, rb;
         assert_int_equal(ag_sampler_logprobs(a, l, tok, &ra), AG_OK);
         assert_int_equal(ag_sampler_logprobs_cands(b, &c, tok, &rb), AG_OK);
-        assert_int_equal(rb.token, ra.token);
-        assert_memory_equal(&rb.logprob, &ra.logprob, sizeof ra.logprob);
-        assert_int_equal(rb.n_top, ra.n_top);
-        assert_memory_equal(rb.top, ra.top, sizeof ra.top[0] * (size_t)ra.n_top);
+        assert_same_result(&rb, &ra);
         int among = 0;
         for (int j = 0; j < c.n; j++) among |= c.c[j].id == tok;
         outside += !among;
