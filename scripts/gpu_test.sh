@@ -117,6 +117,10 @@ for D in ngram "$G"; do
   same build/cuda/cands-on.txt build/cuda/cands-off.txt "speculative sampled text ($T) from GPU candidates == from the rows copied back"
 done
 AUGUR_CUDA_CANDS=1 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample
+# logprobs through the server: greedy, top-k, a top-p cut, a temperature alone (picked token and its candidates),
+# a scored prompt; tokens equal, logprobs within 1e-4 (the GPU sums z in another order)
+python3 scripts/compare_logprobs.py --bin build/cuda/augur -m "$G" --a "AUGUR_CUDA_CANDS=1 AUGUR_CUDA_PICK=1" \
+  --b "AUGUR_CANDS=0 AUGUR_PICK=0" -- --device cuda
 
 echo "== whole models, GPU vs CPU"
 models=()

@@ -188,10 +188,11 @@ typedef struct {
     /* out[i] = ag_top_cands_f32(row i of x[n][dim], dim, &lay->cands_req[row0
      * + i]) (rows and lay as for pick): the row's best candidates, their
      * order and values exactly; a device backend may sum sumexp in another
-     * (fixed) order. out is backend memory. NULL: the caller finds them in
-     * the rows. */
+     * (fixed) order. A request whose at is AG_CANDS_AT_TOKEN names tok[i]
+     * (backend memory: the tokens pick wrote for these rows; NULL: none).
+     * out is backend memory. NULL: the caller finds them in the rows. */
     ag_status (*cands)(ag_backend *, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
-                       ag_cands *out);
+                       const int32_t *tok, ag_cands *out);
     /* The device memory free now and in all (a GPU's). NULL: host memory only. */
     ag_status (*device_memory)(ag_backend *, uint64_t *free_bytes, uint64_t *total_bytes);
     /* out[n][n_head*hd_v] = softmax(scale · q·Kᵀ (causal, windowed)) · V, each

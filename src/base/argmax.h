@@ -70,12 +70,17 @@ void ag_cand_select_best(ag_cand *c, size_t n, size_t k);
 typedef struct {
     int32_t k;      /* 1..AG_CANDS_MAX */
     int32_t want_z; /* 1: fill sumexp */
-    int32_t at;     /* an id whose value goes to at_l, or -1 (also any id outside the row) */
+    int32_t at;     /* an id whose value goes to at_l, or -1 (also any id outside the row),
+                       or AG_CANDS_AT_TOKEN (the backend op only) */
 } ag_cands_req;
 
 /* The largest `at` a device must carry (packed with k and want_z in one
  * word: 23 bits); a larger one reads as none. */
 #define AG_CANDS_AT_MAX ((1 << 23) - 2)
+
+/* `at` for the backend's cands op: the token the same pass drew for the row
+ * (its pick), known only where the logits are. */
+#define AG_CANDS_AT_TOKEN (-2)
 
 typedef struct {
     int32_t n;        /* candidates in c: min(k, n_finite) */

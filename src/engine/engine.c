@@ -467,12 +467,24 @@ static bool wants_cands(const ag_engine *e, const choice *c, ag_cands_req *req) 
     return !c->constraint && ag_model_can_cands(e->model) && ag_sampler_cands_req(c->sampler, req);
 }
 
+/* Whether a choice's next decision (no drafts this step) is a pick-only
+ * one but for logprobs (ag_sampler_pick_logprobs): the backend draws the
+ * token and finds the row's candidates naming it. */
+static bool wants_pick_lp(const ag_engine *e, const choice *c) {
+    return !c->constraint && c->d == 0 && ag_sampler_pick_logprobs(c->sampler, NULL) && ag_model_can_pick(e->model) &&
+           ag_model_can_cands(e->model);
+}
+
 /* The row's want for a choice's decode row, drawing its uniform now when
  * the backend is to pick the token (the draw ag_sampler_sample would make
  * after the step: the same RNG sequence). */
 static uint8_t decode_want(ag_engine *e, choice *c, int out_row) {
     if (wants_argmax_only(c)) return AG_WANT_ARGMAX;
     if (wants_pick(e, c) && ag_sampler_draw_pick(c->sampler, &e->b_pick[out_row]) == AG_OK) return AG_WANT_PICK;
+    if (wants_pick_lp(e, c) && ag_sampler_draw_pick(c->sampler, &e->b_pick[out_row]) == AG_OK) {
+        ag_sampler_pick_logprobs(c->sampler, &e->b_cands_req[out_row]);
+        return AG_WANT_PICK_LP;
+    }
     if (wants_cands(e, c, &e->b_cands_req[out_row])) return AG_WANT_CANDS;
     return AG_WANT_LOGITS;
 }
@@ -862,16 +874,17 @@ static bool step(ag_engine *e) {
     for (int k = 0; k < rows; k += e->rows[k].n_rows > 0 ? e->rows[k].n_rows : 1) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
         struct row_owner o = e->rows[k];
-        const bool       cands = o.want == AG_WANT_CANDS;
+        /* (a picked token's candidates are all its sampler reads: no cut to check) */
+        const bool       picked = o.want == AG_WANT_PICK_LP, cands = o.want == AG_WANT_CANDS || picked;
         const ag_cands  *cp[AG_SPEC_MAX_DRAFT + 1];
         if (o.c) {
             if (o.c->state != CH_DECODE) continue;
-            for (int i = 0; cands && i < o.n_rows; i++) cp[i] = row_cands(e, o.c, k + i);
+            for (int i = 0; cands && i < o.n_rows; i++) cp[i] = picked ? &e->cands[k] : row_cands(e, o.c, k + i);
             advance_choice(e, o.r, o.c, row, e->argmax + k, cands ? cp : NULL);
         } else if (o.p_pos < o.r->n_prompt - 1) {
             score_prompt_token(e, o.r, o.p_pos + 1, k, cands ? &e->cands[k] : NULL);
         } else {
-            if (cands) cp[0] = row_cands(e, &o.r->ch[0], k);
+            if (cands) cp[0] = picked ? &e->cands[k] : row_cands(e, &o.r->ch[0], k);
             start_choices(e, o.r, row, e->argmax + k, cands ? cp : NULL);
         }
     }

@@ -615,11 +615,21 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     for (int k0, k1; ok->argmax && next_run(b, AG_WANT_ARGMAX, &w, &k0, &k1);)
         if ((st = op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0))) return st;
     w = (row_walk){0, 0};
-    for (int k0, k1; ok->pick && next_run(b, AG_WANT_PICK, &w, &k0, &k1);)
-        if ((st = op->pick(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0))) return st;
+    static const uint8_t picked[2] = {AG_WANT_PICK, AG_WANT_PICK_LP};
+    for (int j = 0; j < 2; j++) {
+        w = (row_walk){0, 0};
+        for (int k0, k1; ok->pick && next_run(b, picked[j], &w, &k0, &k1);)
+            if ((st = op->pick(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0))) return st;
+    }
     w = (row_walk){0, 0};
     for (int k0, k1; ok->cands && next_run(b, AG_WANT_CANDS, &w, &k0, &k1);)
-        if ((st = op->cands(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, cd + k0))) return st;
+        if ((st = op->cands(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, NULL, cd + k0)))
+            return st;
+    /* a picked token's candidates name it: after its pick */
+    w = (row_walk){0, 0};
+    for (int k0, k1; ok->cands && next_run(b, AG_WANT_PICK_LP, &w, &k0, &k1);)
+        if ((st = op->cands(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0, cd + k0)))
+            return st;
     return AG_OK;
 }
 
@@ -636,13 +646,19 @@ static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, con
     if ((ok->argmax || ok->pick) &&
         (st = op->download(m->be, b->argmax, f->argmax, sizeof(int32_t) * (size_t)n_out)))
         return st;
-    row_walk w = {0, 0};
-    for (int k0, k1; ok->cands && next_run(b, AG_WANT_CANDS, &w, &k0, &k1);)
-        if ((st = op->download(m->be, b->cands + k0, f->cands + k0, sizeof(ag_cands) * (size_t)(k1 - k0))))
-            return st;
-    const uint8_t kinds[4] = {AG_WANT_LOGITS, ok->argmax ? 0 : AG_WANT_ARGMAX, ok->pick ? 0 : AG_WANT_PICK,
-                              ok->cands ? 0 : AG_WANT_CANDS};
-    for (int i = 0; i < 4; i++) {
+    row_walk w;
+    static const uint8_t with_cands[2] = {AG_WANT_CANDS, AG_WANT_PICK_LP};
+    for (int j = 0; j < 2; j++) {
+        w = (row_walk){0, 0};
+        for (int k0, k1; ok->cands && next_run(b, with_cands[j], &w, &k0, &k1);)
+            if ((st = op->download(m->be, b->cands + k0, f->cands + k0, sizeof(ag_cands) * (size_t)(k1 - k0))))
+                return st;
+    }
+    /* the rows whose outputs were not computed (a picked token's
+     * candidates found on the host need its row) */
+    const uint8_t kinds[5] = {AG_WANT_LOGITS, ok->argmax ? 0 : AG_WANT_ARGMAX, ok->pick ? 0 : AG_WANT_PICK,
+                              ok->cands ? 0 : AG_WANT_CANDS, ok->cands ? 0 : AG_WANT_PICK_LP};
+    for (int i = 0; i < 5; i++) {
         w = (row_walk){0, 0};
         for (int k0, k1; kinds[i] && next_run(b, kinds[i], &w, &k0, &k1);)
             if ((st = op->download(m->be, (char *)logits + row * k0, (char *)f->logits + row * k0,
@@ -684,27 +700,31 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         return ag_errorf(AG_ERR_INVALID, "n_prompt %d outside [0, %d]", b->n_prompt, n);
     const int n_dec = n - b->n_prompt;
     int  n_out = 0;
-    bool any_argmax = false, any_pick = false, any_cands = false;
+    bool any_argmax = false, any_pick = false, any_cands = false, any_pick_lp = false;
     for (int i = 0; i < n; i++) {
         n_out += b->want_logits ? b->want_logits[i] != 0 : i == n - 1;
         any_argmax |= b->want_logits && b->want_logits[i] == AG_WANT_ARGMAX;
         any_pick |= b->want_logits && b->want_logits[i] == AG_WANT_PICK;
         any_cands |= b->want_logits && b->want_logits[i] == AG_WANT_CANDS;
-        if (b->want_logits && b->want_logits[i] > AG_WANT_CANDS)
+        any_pick_lp |= b->want_logits && b->want_logits[i] == AG_WANT_PICK_LP;
+        if (b->want_logits && b->want_logits[i] > AG_WANT_PICK_LP)
             return ag_errorf(AG_ERR_INVALID, "want_logits[%d] = %d is not a kind of output", i, b->want_logits[i]);
     }
-    if ((any_argmax || any_pick) && !b->argmax)
+    if ((any_argmax || any_pick || any_pick_lp) && !b->argmax)
         return ag_errorf(AG_ERR_INVALID, "rows want a token but the batch has no array for it");
-    if (any_pick && !b->pick) return ag_errorf(AG_ERR_INVALID, "rows want a picked token but the batch has no draws");
-    if (any_cands && (!b->cands || !b->cands_req))
+    if ((any_pick || any_pick_lp) && !b->pick)
+        return ag_errorf(AG_ERR_INVALID, "rows want a picked token but the batch has no draws");
+    if ((any_cands || any_pick_lp) && (!b->cands || !b->cands_req))
         return ag_errorf(AG_ERR_INVALID, "rows want candidates but the batch has no requests or array for them");
-    if (any_cands && m->cands_off)
+    if ((any_cands || any_pick_lp) && m->cands_off)
         return ag_errorf(AG_ERR_INVALID, "rows want candidates but AUGUR_CANDS=0 turned them off");
+    if (any_pick_lp && !ag_model_can_pick(m))
+        return ag_errorf(AG_ERR_INVALID, "rows want a picked token with its candidates but this model picks none");
     /* the softcap is applied on the host after the copy, so such a model's
      * tokens and candidates come from the rows */
     const out_kinds ok = {.argmax = any_argmax && op->argmax && c->final_softcap <= 0 && !m->argmax_off,
-                          .pick = any_pick && ag_model_can_pick(m),
-                          .cands = any_cands && op->cands && c->final_softcap <= 0};
+                          .pick = (any_pick || any_pick_lp) && ag_model_can_pick(m),
+                          .cands = (any_cands || any_pick_lp) && op->cands && c->final_softcap <= 0};
     fwd_bufs f;
     ag_status st = fwd_buffers(m, n, n_out, &f);
     if (st) return st;
@@ -746,7 +766,8 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     if (b->argmax) /* rows without a computed token: their sampler reads the row */
         for (int i = 0, k = 0; i < n; i++) {
             const int want = b->want_logits ? b->want_logits[i] : i == n - 1;
-            if (want && !(ok.argmax && want == AG_WANT_ARGMAX) && !(ok.pick && want == AG_WANT_PICK))
+            if (want && !(ok.argmax && want == AG_WANT_ARGMAX) &&
+                !(ok.pick && (want == AG_WANT_PICK || want == AG_WANT_PICK_LP)))
                 b->argmax[k] = AG_ARGMAX_NONE;
             k += want != 0;
         }
@@ -754,11 +775,17 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         for (size_t i = 0; i < (size_t)n_out * c->n_vocab; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
     }
-    if (any_cands && !ok.cands) { /* from the rows, on the host */
-        row_walk w = {0, 0};
-        for (int k0, k1; next_run(b, AG_WANT_CANDS, &w, &k0, &k1);)
-            for (int k = k0; k < k1; k++)
-                ag_top_cands_f32(logits + (size_t)k * c->n_vocab, c->n_vocab, &b->cands_req[k], &b->cands[k]);
+    if ((any_cands || any_pick_lp) && !ok.cands) { /* from the rows, on the host */
+        static const uint8_t with_cands[2] = {AG_WANT_CANDS, AG_WANT_PICK_LP};
+        for (int j = 0; j < 2; j++) {
+            row_walk w = {0, 0};
+            for (int k0, k1; next_run(b, with_cands[j], &w, &k0, &k1);)
+                for (int k = k0; k < k1; k++) {
+                    ag_cands_req req = b->cands_req[k];
+                    if (req.at == AG_CANDS_AT_TOKEN) req.at = b->argmax[k]; /* the pick's token */
+                    ag_top_cands_f32(logits + (size_t)k * c->n_vocab, c->n_vocab, &req, &b->cands[k]);
+                }
+        }
     }
     return AG_OK;
 }

@@ -130,10 +130,13 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
  * token drawn from softmax(row / T) with a sampler's uniform
  * (ag_pick_f32 with ag_batch.pick's draw), or only the row's best
  * candidates (ag_top_cands_f32 with ag_batch.cands_req's request): what a
- * device backend finds where the logits are and copies back alone.
+ * device backend finds where the logits are and copies back alone; or
+ * AG_WANT_PICK_LP, both a picked token and the row's candidates for its
+ * request, whose at (AG_CANDS_AT_TOKEN) names that token (what a sampler
+ * with only a temperature needs when it reports logprobs).
  * AG_WANT_PICK only where ag_model_can_pick, AG_WANT_CANDS only where
- * ag_model_can_cands. */
-enum { AG_WANT_LOGITS = 1, AG_WANT_ARGMAX = 2, AG_WANT_PICK = 3, AG_WANT_CANDS = 4 };
+ * ag_model_can_cands, AG_WANT_PICK_LP where both. */
+enum { AG_WANT_LOGITS = 1, AG_WANT_ARGMAX = 2, AG_WANT_PICK = 3, AG_WANT_CANDS = 4, AG_WANT_PICK_LP = 5 };
 /* ag_batch.argmax values other than a token id */
 enum {
     AG_ARGMAX_NONE = -1,     /* not computed: the logits row is filled, use it */
@@ -156,13 +159,14 @@ typedef struct {
      * may have its logits row left unwritten (ag_model_output_row fetches
      * it); every other wanted row's logits are written. */
     int32_t *argmax;
-    /* [output rows] (may be NULL when no row wants AG_WANT_PICK): the draw
-     * of each AG_WANT_PICK row, indexed as argmax */
+    /* [output rows] (may be NULL when no row wants AG_WANT_PICK or
+     * AG_WANT_PICK_LP): the draw of each such row, indexed as argmax */
     const ag_pick *pick;
-    /* [output rows] (both may be NULL when no row wants AG_WANT_CANDS),
-     * indexed as argmax: each AG_WANT_CANDS row's request, and where its
-     * candidates go (always filled for such a row; its logits row may be
-     * left unwritten, and its argmax entry is AG_ARGMAX_NONE). */
+    /* [output rows] (both may be NULL when no row wants AG_WANT_CANDS or
+     * AG_WANT_PICK_LP), indexed as argmax: each such row's request, and
+     * where its candidates go (always filled for such a row; its logits row
+     * may be left unwritten; an AG_WANT_CANDS row's argmax entry is
+     * AG_ARGMAX_NONE, an AG_WANT_PICK_LP row's its token). */
     const ag_cands_req *cands_req;
     ag_cands           *cands;
     /* The last n_prompt tokens are prompt tokens, the others decode or

@@ -652,15 +652,25 @@ ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_resu
     return report_found(s, argmax, out, "ag_sampler_sample_argmax");
 }
 
-int ag_sampler_pick_only(const ag_sampler *s) {
+/* A temperature and nothing else in the chain (logprobs or not). */
+static int temperature_only(const ag_sampler *s) {
     return s && s->p.temperature > 0.0f && (s->p.top_k <= 0 || s->p.top_k >= s->n_vocab) && s->p.top_p >= 1.0f &&
-           s->p.min_p <= 0.0f && !s->p.logprobs && s->p.n_logprobs <= 0 && s->p.n_logit_bias == 0 &&
-           !penalties_active(s);
+           s->p.min_p <= 0.0f && s->p.n_logit_bias == 0 && !penalties_active(s);
+}
+
+int ag_sampler_pick_only(const ag_sampler *s) {
+    return temperature_only(s) && !s->p.logprobs && s->p.n_logprobs <= 0;
+}
+
+int ag_sampler_pick_logprobs(const ag_sampler *s, ag_cands_req *req) {
+    if (!temperature_only(s) || !(s->p.logprobs || s->p.n_logprobs > 0)) return 0;
+    if (req) *req = (ag_cands_req){s->p.n_logprobs > 1 ? s->p.n_logprobs : 1, 1, AG_CANDS_AT_TOKEN};
+    return 1;
 }
 
 ag_status ag_sampler_draw_pick(ag_sampler *s, ag_pick *out) {
     if (!s || !out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_draw_pick: NULL argument");
-    if (!ag_sampler_pick_only(s)) return ag_errorf(AG_ERR_INVALID, "ag_sampler_draw_pick: the sampler needs the whole row");
+    if (!temperature_only(s)) return ag_errorf(AG_ERR_INVALID, "ag_sampler_draw_pick: the sampler needs the whole row");
     out->u = rng_uniform(s->rng);
     out->inv_temp = s->inv_temp;
     return AG_OK;
@@ -671,6 +681,14 @@ ag_status ag_sampler_sample_picked(ag_sampler *s, int32_t token, ag_sample_resul
     if (!ag_sampler_pick_only(s))
         return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked: the sampler needs the whole row");
     return report_found(s, token, out, "ag_sampler_sample_picked");
+}
+
+ag_status ag_sampler_sample_picked_cands(ag_sampler *s, int32_t token, const ag_cands *c, ag_sample_result *out) {
+    if (!s || !c || !out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked_cands: NULL argument");
+    if (!ag_sampler_pick_logprobs(s, NULL))
+        return ag_errorf(AG_ERR_INVALID, "ag_sampler_sample_picked_cands: not a sampler with a temperature and logprobs");
+    ag_status st = report_found(s, token, out, "ag_sampler_sample_picked_cands");
+    return st ? st : ag_sampler_logprobs_cands(s, c, token, out);
 }
 
 ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_pick *d, ag_sample_result *out) {

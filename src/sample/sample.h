@@ -176,8 +176,25 @@ ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_resu
  * Fixed for the sampler's life. */
 int ag_sampler_pick_only(const ag_sampler *s);
 
+/* Whether the sampler is pick-only but for logprobs (a temperature and
+ * nothing else in the chain, and logprobs asked for), with the candidates
+ * request its row needs besides the token (*req, may be NULL): the best
+ * max(1, n_logprobs), z, and at = AG_CANDS_AT_TOKEN, the token picked where
+ * the logits are (AG_WANT_PICK_LP). Its uniform is drawn as a pick-only
+ * sampler's (ag_sampler_draw_pick), and ag_sampler_sample_picked_cands then
+ * gives what ag_sampler_sample gives the row. Fixed for the sampler's life. */
+int ag_sampler_pick_logprobs(const ag_sampler *s, ag_cands_req *req);
+
+/* The token a backend drew with this sampler's last ag_sampler_draw_pick
+ * and its row's candidates (their at naming that token): the token, its
+ * logprob and alternatives (ag_sampler_logprobs_cands). Only for a sampler
+ * with ag_sampler_pick_logprobs (else AG_ERR_INVALID); a negative token is
+ * AG_ERR_INVALID (no finite logit). Does not accept the token. */
+ag_status ag_sampler_sample_picked_cands(ag_sampler *s, int32_t token, const ag_cands *c, ag_sample_result *out);
+
 /* Takes the next uniform from the sampler's RNG into *out (for a sampler
- * with ag_sampler_pick_only, else AG_ERR_INVALID and no draw). The token
+ * with ag_sampler_pick_only or ag_sampler_pick_logprobs, else
+ * AG_ERR_INVALID and no draw). The token
  * that follows is then ag_pick_f32(row, n_vocab, out->inv_temp, out->u),
  * reported with ag_sampler_sample_picked, or ag_sampler_sample_drawn on the
  * host: either gives the token ag_sampler_sample would have. */

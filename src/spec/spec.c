@@ -233,6 +233,8 @@ static ag_status decide(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpro
         if (hint != -1 && ag_sampler_argmax_only(sampler)) st = ag_sampler_sample_argmax(sampler, hint, sr);
         else if (hint != -1 && i == 0 && d == 0 && ag_sampler_pick_only(sampler))
             st = ag_sampler_sample_picked(sampler, hint, sr); /* drawn by the caller (AG_WANT_PICK) */
+        else if (hint != -1 && cands && i == 0 && d == 0 && ag_sampler_pick_logprobs(sampler, NULL))
+            st = ag_sampler_sample_picked_cands(sampler, hint, cands, sr); /* AG_WANT_PICK_LP */
         else if (cands) st = ag_sampler_sample_cands(sampler, cands, sr); /* AG_WANT_CANDS */
         else st = ag_sampler_sample(sampler, row, sr);
         if (st) return st;

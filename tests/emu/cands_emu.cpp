@@ -42,15 +42,20 @@ int main(int argc, char **argv) {
             }
         }
         int ks[] = {1, 256, 40, 256, 255, 256, 256, 256, 2, 256, 257, 128};
-        std::vector<int32_t> reqs(R);
+        std::vector<int32_t> reqs(R), tok(R);
         std::vector<ag_cands> got(R), want(R);
         for (int r = 0; r < R; r++) {
-            const int    ats[] = {-1, 0, dim - 1, dim, (int)(xr() % (unsigned)dim), AG_CANDS_AT_MAX + 1};
-            ag_cands_req q = {ks[r], r % 2, ats[r % 6]};
+            const int    ats[] = {-1, 0, dim - 1, dim, (int)(xr() % (unsigned)dim), AG_CANDS_AT_MAX + 1,
+                                  AG_CANDS_AT_TOKEN, AG_CANDS_AT_TOKEN};
+            ag_cands_req q = {ks[r], r % 2, ats[r % 8]};
+            tok[r] = r % 8 == 7 ? -2 : (int32_t)(xr() % (unsigned)dim); /* the pick's token, or "none finite" */
             reqs[r] = cands_req_word(&q);
-            ag_top_cands_f32(&x[(size_t)r * dim], dim, &q, &want[r]);
+            ag_cands_req h = q; /* the host names the token itself */
+            if (h.at == AG_CANDS_AT_TOKEN) h.at = tok[r];
+            ag_top_cands_f32(&x[(size_t)r * dim], dim, &h, &want[r]);
         }
-        emu_launch(cands_rows_k, R, CANDS_THREADS, (const float *)x.data(), dim, (const int32_t *)reqs.data(), got.data());
+        emu_launch(cands_rows_k, R, CANDS_THREADS, (const float *)x.data(), dim, (const int32_t *)reqs.data(),
+                   (const int32_t *)tok.data(), got.data());
         for (int r = 0; r < R; r++) {
             n++;
             const ag_cands *g = &got[r], *w = &want[r];

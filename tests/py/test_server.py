@@ -127,11 +127,15 @@ def test_candidates_give_the_rows_logprobs():
     with top_logprobs, greedy with logprobs, n = 2 (the first row is shared),
     top-p without top-k (the cut among the candidates, or past them: the row
     fetched), a scored prompt (echo: each prompt row's candidates carry the
-    next prompt token's value, best or not), eight at once."""
+    next prompt token's value, best or not), a temperature alone with
+    logprobs (the token picked where the logits are, its candidates naming
+    it; also against a server that picks nothing, AUGUR_PICK=0), nine at
+    once."""
     from concurrent.futures import ThreadPoolExecutor
     from conftest import AugurServer, TINY_GGUF
     servers = [AugurServer(TINY_GGUF, "--parallel", "4"),
-               AugurServer(TINY_GGUF, "--parallel", "4", env={**os.environ, "AUGUR_CANDS": "0"})]
+               AugurServer(TINY_GGUF, "--parallel", "4", env={**os.environ, "AUGUR_CANDS": "0"}),
+               AugurServer(TINY_GGUF, "--parallel", "4", env={**os.environ, "AUGUR_PICK": "0"})]
     reqs = [dict(prompt=PROMPT, max_tokens=24, temperature=0.9, top_k=40, seed=3, logprobs=5),
             dict(prompt=PROMPT, max_tokens=24, temperature=0, logprobs=3),
             dict(prompt=PROMPT, max_tokens=24, temperature=1.3, top_k=8, top_p=0.9, seed=9, logprobs=2, n=2),
@@ -140,7 +144,8 @@ def test_candidates_give_the_rows_logprobs():
             dict(prompt=PROMPT, max_tokens=24, temperature=1.0, top_p=1.0, min_p=1e-30, seed=2, logprobs=1),  # past 256
             dict(prompt=PROMPT, max_tokens=24, temperature=0, logprobs=3, echo=True),
             dict(prompt=PROMPT + " Zebra quantum xylophone.", max_tokens=24, temperature=0.8, top_k=20, seed=5,
-                 logprobs=0, echo=True)]
+                 logprobs=0, echo=True),
+            dict(prompt=PROMPT, max_tokens=24, temperature=1.1, top_k=0, top_p=1.0, min_p=0, seed=8, logprobs=4)]
     try:
         def ask(server, r):
             r = dict(r)
@@ -148,11 +153,11 @@ def test_candidates_give_the_rows_logprobs():
             out = server.client().completions.create(model="x", extra_body=extra, **r)
             return [(c.text, c.logprobs.tokens, c.logprobs.token_logprobs,
                      [sorted(t.items()) if t else t for t in c.logprobs.top_logprobs]) for c in out.choices]
-        with ThreadPoolExecutor(8) as ex:
+        with ThreadPoolExecutor(9) as ex:
             got = [list(ex.map(lambda r, s=s: ask(s, r), reqs)) for s in servers]
-        assert got[0] == got[1]
-        assert all(len(ch[1]) == 24 for res in got[0][:6] for ch in res)
-        for res in got[0][6:]:  # the prompt's tokens scored (the first too: after BOS), then 24 generated
+        assert got[0] == got[1] and got[0] == got[2]
+        assert all(len(ch[1]) == 24 for res in got[0][:6] + got[0][8:] for ch in res)
+        for res in got[0][6:8]:  # the prompt's tokens scored (the first too: after BOS), then 24 generated
             lps = res[0][2]
             assert len(lps) >= 24 + 4 and all(x is not None and x <= 0 for x in lps)
     finally:

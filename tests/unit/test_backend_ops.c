@@ -796,16 +796,25 @@ static void cands_case(int dim) {
         req[k] = (ag_cands_req){ks[k], k % 3 != 1, ats[k % 5]};
         pos[k] = ag_kv_seq_len(f.kv, f.seq[0]) + k, seq[k] = f.seq[0], ids[k] = k;
     }
+    /* at = the pass's token for a row: rows 6..9 with the second run's tokens
+     * (one of them "nothing finite"), row 2 in the first run, which has none */
+    const int32_t tok[N - 4] = {0, 0, dim / 3, -2 /* nothing finite */, dim - 2, 5};
+    req[2].at = req[6].at = req[7].at = req[8].at = req[9].at = AG_CANDS_AT_TOKEN;
     ag_cands *want = malloc(sizeof(ag_cands) * N), *got = malloc(sizeof(ag_cands) * N);
-    for (int k = 0; k < N; k++) ag_top_cands_f32(x + (size_t)k * dim, dim, &req[k], &want[k]);
+    for (int k = 0; k < N; k++) {
+        ag_cands_req h = req[k]; /* the host names the token itself */
+        if (h.at == AG_CANDS_AT_TOKEN) h.at = k >= 4 ? tok[k - 4] : -1;
+        ag_top_cands_f32(x + (size_t)k * dim, dim, &h, &want[k]);
+    }
     ag_batch_layout lay = {N, pos, seq, 0, NULL, req, N};
     begin_pass(g_be, f.kv, &lay, ids);
     float    *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
     ag_cands *dout = g_be->ops->alloc(g_be, sizeof(ag_cands) * N);
     assert_non_null(dout);
     /* two runs of rows, as the model issues them: rows 0..3, then 4..9 */
-    assert_int_equal(g_be->ops->cands(g_be, dx, 4, dim, &lay, 0, dout), AG_OK);
-    assert_int_equal(g_be->ops->cands(g_be, dx + 4 * (size_t)dim, N - 4, dim, &lay, 4, dout + 4), AG_OK);
+    int32_t *dtok = dev_put(g_be, tok, sizeof tok);
+    assert_int_equal(g_be->ops->cands(g_be, dx, 4, dim, &lay, 0, NULL, dout), AG_OK);
+    assert_int_equal(g_be->ops->cands(g_be, dx + 4 * (size_t)dim, N - 4, dim, &lay, 4, dtok, dout + 4), AG_OK);
     assert_int_equal(g_be->ops->download(g_be, got, dout, sizeof(ag_cands) * N), AG_OK);
     commit_pass(f.kv, &lay);
     for (int k = 0; k < N; k++) {
@@ -834,10 +843,11 @@ static void cands_case(int dim) {
     }
     assert_int_equal(want[3].n, 0);
     assert_int_equal(want[2].n, 2);
+    assert_true(want[2].at == -1 && want[6].at == dim / 3 && want[7].at == -1 && want[8].at == dim - 2);
     /* a run without requests is refused */
     lay.cands_req = NULL;
-    assert_int_equal(g_be->ops->cands(g_be, dx, 1, dim, &lay, 0, dout), AG_ERR_INVALID);
-    g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dout);
+    assert_int_equal(g_be->ops->cands(g_be, dx, 1, dim, &lay, 0, NULL, dout), AG_ERR_INVALID);
+    g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dout), g_be->ops->free(g_be, dtok);
     free(x), free(want), free(got);
     ag_kv_free(f.kv);
 }

@@ -263,6 +263,53 @@ static void pick_rows_draw_from_their_logits(void **state) {
     ag_kv_free(kv);
 }
 
+/* AG_WANT_PICK_LP rows get their picked token and their candidates naming
+ * it (at), beside plain pick and candidates rows; refused without draws or
+ * candidate arrays. */
+static void picked_rows_with_candidates(void **state) {
+    ag_kv  *kv = new_kv(1, 16);
+    int32_t s;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    enum { N = 5 };
+    int32_t      pos[N], seq[N], am[N];
+    uint8_t      want[N] = {AG_WANT_PICK_LP, AG_WANT_PICK, AG_WANT_PICK_LP, AG_WANT_CANDS, AG_WANT_PICK_LP};
+    ag_pick      draws[N] = {{0.2, 1.0f}, {0.5, 0.5f}, {0.77, 2.0f}, {0, 0}, {0.999, 1.3f}};
+    ag_cands_req req[N] = {{3, 1, AG_CANDS_AT_TOKEN}, {0}, {1, 1, AG_CANDS_AT_TOKEN}, {5, 1, 2}, {20, 1, AG_CANDS_AT_TOKEN}};
+    ag_cands    *cands = calloc(N, sizeof *cands), ref;
+    for (int i = 0; i < N; i++) pos[i] = i, seq[i] = s;
+    float   *out = malloc(sizeof(float) * N * (size_t)g_vocab);
+    ag_batch b = {.n = N, .token = k_tokens, .pos = pos, .seq = seq, .want_logits = want, .argmax = am,
+                  .pick = draws, .n_prompt = N};
+    assert_int_equal(ag_kv_seq_reserve(kv, s, N), AG_OK);
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_ERR_INVALID); /* no candidate arrays */
+    b.cands_req = req;
+    b.cands = cands;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_OK);
+    for (int k = 0; k < N; k++) {
+        const float *row = out + (size_t)k * g_vocab; /* the CPU writes every row */
+        if (want[k] == AG_WANT_CANDS) {
+            assert_int_equal(am[k], AG_ARGMAX_NONE);
+            assert_int_equal(cands[k].at, 2);
+            continue;
+        }
+        assert_int_equal(am[k], ag_pick_f32(row, g_vocab, draws[k].inv_temp, draws[k].u));
+        if (want[k] != AG_WANT_PICK_LP) continue;
+        ag_cands_req h = req[k];
+        h.at = am[k];
+        ag_top_cands_f32(row, g_vocab, &h, &ref);
+        assert_int_equal(cands[k].n, ref.n);
+        assert_int_equal(cands[k].at, am[k]);
+        assert_true(cands[k].at_l == ref.at_l && cands[k].max == ref.max);
+        assert_memory_equal(&cands[k].sumexp, &ref.sumexp, sizeof ref.sumexp);
+        assert_memory_equal(cands[k].c, ref.c, sizeof ref.c[0] * (size_t)ref.n);
+    }
+    b.pick = NULL;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_ERR_INVALID); /* no draws */
+    free(cands);
+    free(out);
+    ag_kv_free(kv);
+}
+
 /* AG_WANT_CANDS rows get their candidates (the CPU writes the rows too, so
  * each is checked against ag_top_cands_f32 of its own row, all fields bit
  * for bit), mixed with other kinds; a batch without the arrays is refused. */
@@ -389,6 +436,7 @@ int main(void) {
         cmocka_unit_test(ragged_batch_of_two_sequences_equals_separate_runs),
         cmocka_unit_test(argmax_rows_match_their_logits),
         cmocka_unit_test(pick_rows_draw_from_their_logits),
+        cmocka_unit_test(picked_rows_with_candidates),
         cmocka_unit_test(cands_rows_are_their_rows_best),
         cmocka_unit_test(bad_batches_are_errors),
         cmocka_unit_test(fingerprint_is_stable_and_sees_sampled_weights),

@@ -433,7 +433,8 @@ static void pick_draws_what_sample_draws(void **state) {
         s = new_sampler(&q[i], 5, 0);
         ag_pick d;
         assert_false(ag_sampler_pick_only(s));
-        assert_int_equal(ag_sampler_draw_pick(s, &d), AG_ERR_INVALID);
+        /* logprobs: drawn ahead too, the token then taken with its candidates */
+        assert_int_equal(ag_sampler_draw_pick(s, &d), i == 4 ? AG_OK : AG_ERR_INVALID);
         assert_int_equal(ag_sampler_sample_picked(s, 1, &r), AG_ERR_INVALID);
         ag_sampler_free(s);
     }
@@ -940,6 +941,67 @@ static void scored_tokens_from_candidates(void **state) {
     p = ag_sample_default_params(); /* no logprobs asked */
     s = new_sampler(&p, n, 0);
     assert_false(ag_sampler_logprobs_req(s, 3, NULL));
+    ag_sampler_free(s);
+}
+
+/* A sampler with only a temperature that reports logprobs draws its uniform
+ * ahead like a pick-only one; the token picked elsewhere and the row's
+ * candidates naming it (ag_sampler_pick_logprobs' request, at = the token)
+ * give what ag_sampler_sample gives the row: token, logprob, alternatives,
+ * bit for bit, step after step. */
+static void picked_tokens_with_logprobs(void **state) {
+    static ag_cands c;
+    const int       n = 3000;
+    float          *l = malloc((size_t)n * sizeof *l);
+    int             outside = 0;
+    for (int round = 0; round < 20; round++) {
+        ag_sample_params p = ag_sample_default_params();
+        p.temperature = (float)(0.3 + 2.0 * trng_unit());
+        p.logprobs = 1;
+        p.n_logprobs = round % 4 ? trng_int(AG_SAMPLE_MAX_LOGPROBS + 1) : 0;
+        p.seed = 300 + (uint64_t)round;
+        ag_sampler *a = new_sampler(&p, n, 5), *b = new_sampler(&p, n, 5);
+        ag_cands_req req;
+        assert_false(ag_sampler_pick_only(b));
+        assert_true(ag_sampler_pick_logprobs(b, &req));
+        assert_true(req.at == AG_CANDS_AT_TOKEN && req.want_z && req.k >= p.n_logprobs && req.k >= 1);
+        for (int step = 0; step < 20; step++) {
+            for (int i = 0; i < n; i++) l[i] = (float)(2.0 * trng_normal());
+            if (step % 3 == 0) l[trng_int(n)] = NAN;
+            if (step % 4 == 1) l[trng_int(n)] = INFINITY;
+            ag_sample_result ra, rb;
+            ag_pick          d;
+            assert_int_equal(ag_sampler_sample(a, l, &ra), AG_OK);
+            assert_int_equal(ag_sampler_draw_pick(b, &d), AG_OK);
+            const int32_t tok = ag_pick_f32(l, n, d.inv_temp, d.u);
+            ag_cands_req  h = req;
+            h.at = tok; /* as the backend names it */
+            ag_top_cands_f32(l, n, &h, &c);
+            int among = 0;
+            for (int j = 0; j < c.n; j++) among |= c.c[j].id == tok;
+            outside += !among;
+            assert_int_equal(ag_sampler_sample_picked_cands(b, tok, &c, &rb), AG_OK);
+            assert_same_result(&rb, &ra);
+            assert_int_equal(ag_sampler_accept(a, ra.token), AG_OK);
+            assert_int_equal(ag_sampler_accept(b, rb.token), AG_OK);
+        }
+        ag_sampler_free(a);
+        ag_sampler_free(b);
+    }
+    assert_true(outside > 50); /* mostly a token outside the best: its value came from at */
+    free(l);
+    /* not for a pick-only sampler (no logprobs) or one that truncates */
+    ag_sample_params p = ag_sample_default_params();
+    p.temperature = 0.9f;
+    ag_sampler      *s = new_sampler(&p, 50, 0);
+    ag_sample_result r;
+    assert_false(ag_sampler_pick_logprobs(s, NULL));
+    assert_int_equal(ag_sampler_sample_picked_cands(s, 3, &c, &r), AG_ERR_INVALID);
+    ag_sampler_free(s);
+    p.logprobs = 1;
+    p.top_k = 10;
+    s = new_sampler(&p, 50, 0);
+    assert_false(ag_sampler_pick_logprobs(s, NULL));
     ag_sampler_free(s);
 }
 
@@ -1690,6 +1752,7 @@ int main(void) {
         cmocka_unit_test(cands_draw_what_sample_draws),
         cmocka_unit_test(cands_verify_what_rows_verify),
         cmocka_unit_test(scored_tokens_from_candidates),
+        cmocka_unit_test(picked_tokens_with_logprobs),
         cmocka_unit_test(chain_timing_150k),
         cmocka_unit_test(penalties_and_bias_follow_formulas),
         cmocka_unit_test(chain_with_penalties_matches_reference),

@@ -185,19 +185,22 @@ typedef struct {
     const float            *x;
     int                     dim, row0;
     const ag_batch_layout  *lay;
+    const int32_t          *tok;
     ag_cands               *out;
 } cands_job;
 
 static void cands_task(void *ctx, int64_t task, int thread) {
     const cands_job *j = ctx;
-    ag_top_cands_f32(j->x + (size_t)task * j->dim, j->dim, &j->lay->cands_req[j->row0 + task], &j->out[task]);
+    ag_cands_req     req = j->lay->cands_req[j->row0 + task];
+    if (req.at == AG_CANDS_AT_TOKEN) req.at = j->tok ? j->tok[task] : -1;
+    ag_top_cands_f32(j->x + (size_t)task * j->dim, j->dim, &req, &j->out[task]);
 }
 
 static ag_status cpu_cands(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
-                           ag_cands *out) {
+                           const int32_t *tok, ag_cands *out) {
     if (!lay || !lay->cands_req || row0 < 0 || row0 + n > lay->n_out)
         return ag_errorf(AG_ERR_INVALID, "cands: rows %d..%d have no requests", row0, row0 + n);
-    cands_job j = {x, dim, row0, lay, out};
+    cands_job j = {x, dim, row0, lay, tok, out};
     cpu_state *s = state_of(be);
     if (n == 1 || s->n_threads <= 1) {
         for (int r = 0; r < n; r++) cands_task(&j, r, 0);

@@ -3932,10 +3932,13 @@ __global__ void argmax_split_k(const float *__restrict__ x, int dim, float *__re
 /* A cands request as one word for the device: k - 1 in bits 0-7 (k clamped
  * to [1, AG_CANDS_MAX] as ag_top_cands_f32 clamps it), want_z in bit 8,
  * at + 1 in bits 9-31 (0: none; an id past AG_CANDS_AT_MAX reads as none,
- * as on the host). */
+ * as on the host; all ones: AG_CANDS_AT_TOKEN). */
+#define CANDS_AT1_TOKEN 0x7fffffu
 static int32_t cands_req_word(const ag_cands_req *q) {
     const int32_t  k = q->k < 1 ? 1 : q->k > AG_CANDS_MAX ? AG_CANDS_MAX : q->k;
-    const uint32_t at1 = q->at >= 0 && q->at <= AG_CANDS_AT_MAX ? (uint32_t)q->at + 1u : 0u;
+    const uint32_t at1 = q->at == AG_CANDS_AT_TOKEN                 ? CANDS_AT1_TOKEN
+                         : q->at >= 0 && q->at <= AG_CANDS_AT_MAX ? (uint32_t)q->at + 1u
+                                                                   : 0u;
     return (int32_t)((uint32_t)(k - 1) | (q->want_z ? 1u << 8 : 0u) | at1 << 9);
 }
 
@@ -3973,7 +3976,8 @@ template <typename T> static __device__ __forceinline__ T cand_block_sum(T v, T 
 #define CANDS_THREADS 1024
 
 /* out[blockIdx.x] = ag_top_cands_f32 of the row for its request (reqs: a
- * word each, cands_req_word). One block a row:
+ * word each, cands_req_word; AG_CANDS_AT_TOKEN names tok[blockIdx.x], or
+ * none without tok). One block a row:
  *  1. the finite values' count;
  *  2. radix select, 8 bits a round from the top: the key T of the kc-th best
  *     (kc = min(k, finite)) and r, how many of the kc have key T (histograms
@@ -3991,6 +3995,7 @@ template <typename T> static __device__ __forceinline__ T cand_block_sum(T v, T 
  * (AUGUR_CUDA_CANDS=1, opt-in: NOT YET RUN ON A GPU) */
 __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__restrict__ x, int dim,
                                                               const int32_t *__restrict__ reqs,
+                                                              const int32_t *__restrict__ tok,
                                                               ag_cands *__restrict__ out) {
     pdl_entry();
     __shared__ uint32_t hist[256];
@@ -4006,7 +4011,8 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
     const int           tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int           k = (int)(req & 0xffu) + 1;
     const bool          want_z = (req >> 8) & 1u;
-    const int           at = (int)(req >> 9) - 1 < dim ? (int)(req >> 9) - 1 : -1;
+    const int           at1 = (req >> 9) == CANDS_AT1_TOKEN ? (tok ? tok[blockIdx.x] + 1 : 0) : (int)(req >> 9);
+    const int           at = at1 - 1 >= 0 && at1 - 1 < dim ? at1 - 1 : -1;
     if (tid == 0) {
         o->at = at, o->pad_ = 0;
         o->at_l = at >= 0 ? cand_sanitize(row[at]) : __int_as_float(0x7fc00000);
@@ -4184,12 +4190,13 @@ static ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const a
 /* The cands op (backend.h): one cands_rows_k block a row, the requests
  * from begin's upload (so a replayed pass uses its own). */
 static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
-                          ag_cands *out) {
+                          const int32_t *tok, ag_cands *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
     if (!out_rows_ok(s, lay, lay ? lay->cands_req : NULL, row0, n))
         return ag_errorf(AG_ERR_INVALID, "CUDA cands: rows %d..%d have no requests", row0, row0 + n);
-    launch_k(s, cands_rows_k, (unsigned)n, CANDS_THREADS, 0, x, dim, (const int32_t *)s->d_cand_reqs + row0, out);
+    launch_k(s, cands_rows_k, (unsigned)n, CANDS_THREADS, 0, x, dim, (const int32_t *)s->d_cand_reqs + row0, tok,
+             out);
     LAUNCHED();
     return AG_OK;
 }
