@@ -9,7 +9,10 @@ exponentials in another order than the host), the alternatives' ids equal.
         --a "AUGUR_CUDA_CANDS=1 AUGUR_CUDA_PICK=1" --b "AUGUR_CANDS=0 AUGUR_PICK=0" -- --device cuda
 
 Only the standard library (runs on a bare device machine). Exit status 1 on
-a difference, with the request and the first differing position."""
+a difference, with the request and the first differing position. (A top-p
+cut made with a device's z could in principle move by a token where top_p·z
+falls within rounding of a partial sum: then a token differs legitimately;
+the request and position say where.)"""
 import argparse
 import json
 import os

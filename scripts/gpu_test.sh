@@ -112,9 +112,11 @@ done
 # speculative rounds at a temperature: every verify row, and the draft model's own rows, from candidates
 for D in ngram "$G"; do
   T="--temp 0.8 --seed 11 --draft $D"
+  export AUGUR_SPEC_ROW_COST=0.1 # the draft lengths fixed, not measured: both runs draft alike
   AUGUR_CUDA_CANDS=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
   AUGUR_CANDS=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-off.txt 2>/dev/null
   same build/cuda/cands-on.txt build/cuda/cands-off.txt "speculative sampled text ($T) from GPU candidates == from the rows copied back"
+  unset AUGUR_SPEC_ROW_COST
 done
 AUGUR_CUDA_CANDS=1 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample
 # logprobs through the server: greedy, top-k, a top-p cut, a temperature alone (picked token and its candidates),

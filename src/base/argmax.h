@@ -76,11 +76,11 @@ typedef struct {
 
 /* The largest `at` a device must carry (packed with k and want_z in one
  * word: 23 bits); a larger one reads as none. */
-#define AG_CANDS_AT_MAX ((1 << 23) - 2)
+#define AG_CANDS_AT_MAX ((1 << 23) - 3) /* (at + 1 all ones is AG_CANDS_AT_TOKEN's) */
 
 /* `at` for the backend's cands op: the token the same pass drew for the row
  * (its pick), known only where the logits are. */
-#define AG_CANDS_AT_TOKEN (-2)
+#define AG_CANDS_AT_TOKEN INT32_MIN /* (not -2, which a pick writes for "no finite logit") */
 
 typedef struct {
     int32_t n;        /* candidates in c: min(k, n_finite) */

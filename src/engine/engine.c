@@ -104,6 +104,10 @@ struct ag_engine {
      * averages), from which the cost of one more verify row on this machine
      * and model follows (verify_row_cost). */
     double   step_ms[COST_ROWS + 1];
+    /* AUGUR_SPEC_ROW_COST=x (>= 0): the cost of a verify row, fixed instead
+     * of measured, so that sampled speculative runs draft the same lengths
+     * every time (A/B comparisons, tests); -1: measured */
+    float    fixed_row_cost;
     int      step_seen[COST_ROWS + 1];
 
     /* per-step buffers */
@@ -532,6 +536,7 @@ static void note_step_time(ag_engine *e, int rows, double ms) {
  * the row counts seen, since the curve is not linear (SIMD kernels handle
  * several rows at the price of one up to their width). */
 static float verify_row_cost(const ag_engine *e) {
+    if (e->fixed_row_cost >= 0) return e->fixed_row_cost;
     if (e->step_seen[1] < 3 || e->step_ms[1] <= 0) return -1.0f;
     double sum = 0, w = 0;
     for (int r = 2; r <= COST_ROWS; r++) {
@@ -552,8 +557,8 @@ static float draft_row_cost(const ag_engine *e, int m) {
     float c = verify_row_cost(e);
     if (c < 0) c = e->p.spec.verify_row_cost;
     if (m <= 1) return c;
-    double tm = m <= COST_ROWS && e->step_seen[m] >= 2 && e->step_ms[1] > 0 ? e->step_ms[m] / e->step_ms[1]
-                                                                             : 1.0 + (m - 1) * (double)c;
+    const bool measured = e->fixed_row_cost < 0 && m <= COST_ROWS && e->step_seen[m] >= 2 && e->step_ms[1] > 0;
+    double     tm = measured ? e->step_ms[m] / e->step_ms[1] : 1.0 + (m - 1) * (double)c;
     return (float)((double)c * m / (tm > 1.0 ? tm : 1.0));
 }
 
@@ -1103,6 +1108,12 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
+    {
+        const char *rc = getenv("AUGUR_SPEC_ROW_COST");
+        char       *end = NULL;
+        double      x = rc && *rc ? strtod(rc, &end) : -1.0;
+        e->fixed_row_cost = end && *end == '\0' && x >= 0.0 && x <= 10.0 ? (float)x : -1.0f;
+    }
     step_rows(&p, &e->max_rows, &e->logit_rows);
     /* activations for a full batch in one piece, as ag_engine_plan_memory counts them */
     if ((st = ag_model_reserve_scratch(m, p.n_batch))) goto fail;
@@ -1110,8 +1121,9 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->b_pos = malloc(sizeof(int32_t) * p.n_batch);
     e->b_seq = malloc(sizeof(int32_t) * p.n_batch);
     e->b_want = malloc((size_t)p.n_batch);
-    e->b_pick = malloc(sizeof(ag_pick) * (size_t)e->logit_rows);
-    e->b_cands_req = malloc(sizeof(ag_cands_req) * (size_t)e->logit_rows);
+    /* (zeroed: a backend may upload the slots of rows that want neither) */
+    e->b_pick = calloc((size_t)e->logit_rows, sizeof(ag_pick));
+    e->b_cands_req = calloc((size_t)e->logit_rows, sizeof(ag_cands_req));
     e->cands = malloc(sizeof(ag_cands) * (size_t)e->logit_rows);
     e->argmax = malloc(sizeof(int32_t) * (size_t)e->logit_rows);
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));

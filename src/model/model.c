@@ -741,7 +741,7 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         uint64_t parts[5] = {(uint64_t)n, (uint64_t)n_out, (uint64_t)(uintptr_t)m->act, (uint64_t)(uintptr_t)kv, 0};
         for (int i = 0; i < n; i++) { /* which rows want what decides the row copies and the argmax */
             int want = b->want_logits ? b->want_logits[i] : i == n - 1;
-            if (want) parts[4] = parts[4] * 1000003u + (uint64_t)i * 4 + (uint64_t)want;
+            if (want) parts[4] = parts[4] * 1000003u + (uint64_t)i * 8 + (uint64_t)want; /* (want < 8) */
         }
         key = ag_hash64_seed(parts, sizeof parts, 0x67726170686b6579ull);
         if ((st = op->graph_begin(be, key, &gstate))) return st;

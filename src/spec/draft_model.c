@@ -388,6 +388,7 @@ static bool from_cands(dm_source *s, bool *ok) {
     if (!s->cands_on) return false;
     if (!s->base.stochastic || ag_sampler_cands_enough(s->sampler, &s->cands)) return true;
     *ok = ag_model_output_row(s->dm->model, 0, s->logits) == AG_OK;
+    if (!*ok) AG_LOGW("draft-model: the row could not be fetched (%s); this round drafts no more", ag_error_message());
     return false;
 }
 

@@ -44,18 +44,19 @@ int main(int argc, char **argv) {
         int ks[] = {1, 256, 40, 256, 255, 256, 256, 256, 2, 256, 257, 128};
         std::vector<int32_t> reqs(R), tok(R);
         std::vector<ag_cands> got(R), want(R);
+        for (int pass = 0; pass < 2; pass++) { /* pass 1: no tokens given (at = the token reads as none) */
         for (int r = 0; r < R; r++) {
             const int    ats[] = {-1, 0, dim - 1, dim, (int)(xr() % (unsigned)dim), AG_CANDS_AT_MAX + 1,
-                                  AG_CANDS_AT_TOKEN, AG_CANDS_AT_TOKEN};
-            ag_cands_req q = {ks[r], r % 2, ats[r % 8]};
+                                  AG_CANDS_AT_TOKEN, AG_CANDS_AT_TOKEN, AG_CANDS_AT_MAX};
+            ag_cands_req q = {ks[r], r % 2, ats[(r + pass) % 9]};
             tok[r] = r % 8 == 7 ? -2 : (int32_t)(xr() % (unsigned)dim); /* the pick's token, or "none finite" */
             reqs[r] = cands_req_word(&q);
             ag_cands_req h = q; /* the host names the token itself */
-            if (h.at == AG_CANDS_AT_TOKEN) h.at = tok[r];
+            if (h.at == AG_CANDS_AT_TOKEN) h.at = pass ? -1 : tok[r];
             ag_top_cands_f32(&x[(size_t)r * dim], dim, &h, &want[r]);
         }
         emu_launch(cands_rows_k, R, CANDS_THREADS, (const float *)x.data(), dim, (const int32_t *)reqs.data(),
-                   (const int32_t *)tok.data(), got.data());
+                   pass ? (const int32_t *)nullptr : (const int32_t *)tok.data(), got.data());
         for (int r = 0; r < R; r++) {
             n++;
             const ag_cands *g = &got[r], *w = &want[r];
@@ -64,7 +65,8 @@ int main(int argc, char **argv) {
             for (int i = 0; ok && i < w->n; i++) ok = g->c[i].id == w->c[i].id && memcmp(&g->c[i].l, &w->c[i].l, 4) == 0;
             if (r % 2) ok = ok && (w->n_finite == 0 ? g->sumexp == w->sumexp : fabs(g->sumexp - w->sumexp) <= 1e-9 * w->sumexp);
             else ok = ok && isnan(g->sumexp) && isnan(w->sumexp);
-            if (!ok) { bad++; printf("MISMATCH dim %d row %d: n %d/%d nf %d/%d max %g/%g z %.17g/%.17g c0 %d/%d\n", dim, r, g->n, w->n, g->n_finite, w->n_finite, g->max, w->max, g->sumexp, w->sumexp, g->c[0].id, w->c[0].id); }
+            if (!ok) { bad++; printf("MISMATCH dim %d row %d pass %d: n %d/%d nf %d/%d max %g/%g z %.17g/%.17g c0 %d/%d at %d/%d\n", dim, r, pass, g->n, w->n, g->n_finite, w->n_finite, g->max, w->max, g->sumexp, w->sumexp, g->c[0].id, w->c[0].id, g->at, w->at); }
+        }
         }
         printf("dim %d done\n", dim); fflush(stdout);
     }

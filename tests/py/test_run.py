@@ -35,8 +35,10 @@ def assert_same_text(cases, env_off):
     as without (a path that must not change the tokens)."""
     for model, extra in cases:
         args = [AUGUR, "run", "-m", model, "-p", "Once upon a time", "-n", "64", *extra]
-        on = subprocess.run(args, capture_output=True, timeout=120, env=os.environ)
-        off = subprocess.run(args, capture_output=True, timeout=120, env={**os.environ, **env_off})
+        # speculative runs draft lengths from a fixed verify cost, not from timings
+        base = {**os.environ, "AUGUR_SPEC_ROW_COST": "0.1"}
+        on = subprocess.run(args, capture_output=True, timeout=120, env=base)
+        off = subprocess.run(args, capture_output=True, timeout=120, env={**base, **env_off})
         assert on.returncode == 0, on.stderr.decode(errors="replace")
         assert off.returncode == 0, off.stderr.decode(errors="replace")
         assert len(on.stdout) > 20

@@ -4011,7 +4011,8 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
     const int           tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int           k = (int)(req & 0xffu) + 1;
     const bool          want_z = (req >> 8) & 1u;
-    const int           at1 = (req >> 9) == CANDS_AT1_TOKEN ? (tok ? tok[blockIdx.x] + 1 : 0) : (int)(req >> 9);
+    const int           t = tok ? tok[blockIdx.x] : -1; /* the host too ignores a token past AG_CANDS_AT_MAX */
+    const int           at1 = (req >> 9) == CANDS_AT1_TOKEN ? (t >= 0 && t <= AG_CANDS_AT_MAX ? t + 1 : 0) : (int)(req >> 9);
     const int           at = at1 - 1 >= 0 && at1 - 1 < dim ? at1 - 1 : -1;
     if (tid == 0) {
         o->at = at, o->pad_ = 0;
