@@ -531,6 +531,14 @@ static void note_step_time(ag_engine *e, int rows, double ms) {
     *t = e->step_seen[rows]++ ? *t + 0.2 * (ms - *t) : ms;
 }
 
+/* AUGUR_SPEC_ROW_COST as a number in [0, 10], else -1 (measure it). */
+static float env_row_cost(void) {
+    const char *v = getenv("AUGUR_SPEC_ROW_COST");
+    char       *end = NULL;
+    double      x = v && *v ? strtod(v, &end) : -1.0;
+    return end && *end == '\0' && x >= 0.0 && x <= 10.0 ? (float)x : -1.0f;
+}
+
 /* One more verify row as a fraction of a one-row decode step, from the
  * measured step times (< 0 while there is too little to say). Averaged over
  * the row counts seen, since the curve is not linear (SIMD kernels handle
@@ -1108,12 +1116,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
-    {
-        const char *rc = getenv("AUGUR_SPEC_ROW_COST");
-        char       *end = NULL;
-        double      x = rc && *rc ? strtod(rc, &end) : -1.0;
-        e->fixed_row_cost = end && *end == '\0' && x >= 0.0 && x <= 10.0 ? (float)x : -1.0f;
-    }
+    e->fixed_row_cost = env_row_cost();
     step_rows(&p, &e->max_rows, &e->logit_rows);
     /* activations for a full batch in one piece, as ag_engine_plan_memory counts them */
     if ((st = ag_model_reserve_scratch(m, p.n_batch))) goto fail;

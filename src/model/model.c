@@ -562,13 +562,20 @@ typedef struct {
     int i, k;
 } row_walk;
 
-/* The next run of adjacent output rows that want `want`: output rows [*k0,
- * *k1); the walk moves past it. false when none is left. */
-static bool next_run(const ag_batch *b, uint8_t want, row_walk *w, int *k0, int *k1) {
-    for (; w->i < b->n && b->want_logits[w->i] != want; w->i++) w->k += b->want_logits[w->i] != 0;
+/* A set of want_logits kinds, for next_run. */
+#define KIND(want) (1u << (want))
+/* The rows that want candidates (with a picked token's named: its requests'
+ * at is AG_CANDS_AT_TOKEN, the others' never is). */
+#define KINDS_WITH_CANDS (KIND(AG_WANT_CANDS) | KIND(AG_WANT_PICK_LP))
+
+/* The next run of adjacent output rows whose want is one of `kinds` (a set
+ * of KIND(want)): output rows [*k0, *k1); the walk moves past it. false
+ * when none is left. */
+static bool next_run(const ag_batch *b, unsigned kinds, row_walk *w, int *k0, int *k1) {
+    for (; w->i < b->n && !(kinds & KIND(b->want_logits[w->i])); w->i++) w->k += b->want_logits[w->i] != 0;
     if (w->i == b->n) return false;
     *k0 = w->k;
-    for (; w->i < b->n && (b->want_logits[w->i] == want || !b->want_logits[w->i]); w->i++)
+    for (; w->i < b->n && ((kinds & KIND(b->want_logits[w->i])) || !b->want_logits[w->i]); w->i++)
         w->k += b->want_logits[w->i] != 0;
     *k1 = w->k;
     return true;
@@ -612,22 +619,14 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     int32_t  *am = op->host_memory ? b->argmax : f->argmax;
     ag_cands *cd = op->host_memory ? b->cands : f->cands;
     row_walk  w = {0, 0};
-    for (int k0, k1; ok->argmax && next_run(b, AG_WANT_ARGMAX, &w, &k0, &k1);)
+    for (int k0, k1; ok->argmax && next_run(b, KIND(AG_WANT_ARGMAX), &w, &k0, &k1);)
         if ((st = op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0))) return st;
     w = (row_walk){0, 0};
-    static const uint8_t picked[2] = {AG_WANT_PICK, AG_WANT_PICK_LP};
-    for (int j = 0; j < 2; j++) {
-        w = (row_walk){0, 0};
-        for (int k0, k1; ok->pick && next_run(b, picked[j], &w, &k0, &k1);)
-            if ((st = op->pick(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0))) return st;
-    }
+    for (int k0, k1; ok->pick && next_run(b, KIND(AG_WANT_PICK) | KIND(AG_WANT_PICK_LP), &w, &k0, &k1);)
+        if ((st = op->pick(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0))) return st;
+    /* after the picks: a picked token's candidates name it */
     w = (row_walk){0, 0};
-    for (int k0, k1; ok->cands && next_run(b, AG_WANT_CANDS, &w, &k0, &k1);)
-        if ((st = op->cands(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, NULL, cd + k0)))
-            return st;
-    /* a picked token's candidates name it: after its pick */
-    w = (row_walk){0, 0};
-    for (int k0, k1; ok->cands && next_run(b, AG_WANT_PICK_LP, &w, &k0, &k1);)
+    for (int k0, k1; ok->cands && next_run(b, KINDS_WITH_CANDS, &w, &k0, &k1);)
         if ((st = op->cands(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0, cd + k0)))
             return st;
     return AG_OK;
@@ -646,25 +645,19 @@ static ag_status download_outputs(ag_model *m, const ag_batch *b, int n_out, con
     if ((ok->argmax || ok->pick) &&
         (st = op->download(m->be, b->argmax, f->argmax, sizeof(int32_t) * (size_t)n_out)))
         return st;
-    row_walk w;
-    static const uint8_t with_cands[2] = {AG_WANT_CANDS, AG_WANT_PICK_LP};
-    for (int j = 0; j < 2; j++) {
-        w = (row_walk){0, 0};
-        for (int k0, k1; ok->cands && next_run(b, with_cands[j], &w, &k0, &k1);)
-            if ((st = op->download(m->be, b->cands + k0, f->cands + k0, sizeof(ag_cands) * (size_t)(k1 - k0))))
-                return st;
-    }
+    row_walk w = {0, 0};
+    for (int k0, k1; ok->cands && next_run(b, KINDS_WITH_CANDS, &w, &k0, &k1);)
+        if ((st = op->download(m->be, b->cands + k0, f->cands + k0, sizeof(ag_cands) * (size_t)(k1 - k0))))
+            return st;
     /* the rows whose outputs were not computed (a picked token's
      * candidates found on the host need its row) */
-    const uint8_t kinds[5] = {AG_WANT_LOGITS, ok->argmax ? 0 : AG_WANT_ARGMAX, ok->pick ? 0 : AG_WANT_PICK,
-                              ok->cands ? 0 : AG_WANT_CANDS, ok->cands ? 0 : AG_WANT_PICK_LP};
-    for (int i = 0; i < 5; i++) {
-        w = (row_walk){0, 0};
-        for (int k0, k1; kinds[i] && next_run(b, kinds[i], &w, &k0, &k1);)
-            if ((st = op->download(m->be, (char *)logits + row * k0, (char *)f->logits + row * k0,
-                                   row * (size_t)(k1 - k0))))
-                return st;
-    }
+    const unsigned rows_kinds = KIND(AG_WANT_LOGITS) | (ok->argmax ? 0 : KIND(AG_WANT_ARGMAX)) |
+                                (ok->pick ? 0 : KIND(AG_WANT_PICK)) | (ok->cands ? 0 : KINDS_WITH_CANDS);
+    w = (row_walk){0, 0};
+    for (int k0, k1; next_run(b, rows_kinds, &w, &k0, &k1);)
+        if ((st = op->download(m->be, (char *)logits + row * k0, (char *)f->logits + row * k0,
+                               row * (size_t)(k1 - k0))))
+            return st;
     return AG_OK;
 }
 
@@ -776,16 +769,13 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
     }
     if ((any_cands || any_pick_lp) && !ok.cands) { /* from the rows, on the host */
-        static const uint8_t with_cands[2] = {AG_WANT_CANDS, AG_WANT_PICK_LP};
-        for (int j = 0; j < 2; j++) {
-            row_walk w = {0, 0};
-            for (int k0, k1; next_run(b, with_cands[j], &w, &k0, &k1);)
-                for (int k = k0; k < k1; k++) {
-                    ag_cands_req req = b->cands_req[k];
-                    if (req.at == AG_CANDS_AT_TOKEN) req.at = b->argmax[k]; /* the pick's token */
-                    ag_top_cands_f32(logits + (size_t)k * c->n_vocab, c->n_vocab, &req, &b->cands[k]);
-                }
-        }
+        row_walk w = {0, 0};
+        for (int k0, k1; next_run(b, KINDS_WITH_CANDS, &w, &k0, &k1);)
+            for (int k = k0; k < k1; k++) {
+                ag_cands_req req = b->cands_req[k];
+                if (req.at == AG_CANDS_AT_TOKEN) req.at = b->argmax[k]; /* the pick's token */
+                ag_top_cands_f32(logits + (size_t)k * c->n_vocab, c->n_vocab, &req, &b->cands[k]);
+            }
     }
     return AG_OK;
 }
