@@ -30,6 +30,15 @@ struct ag_model {
     const float     *last_host_rows;
     const float     *last_dev_rows;
     int              last_n_out;
+    /* AUGUR_POISON_ROWS=1 (tests, CPU): after each pass the caller's rows
+     * that a device would not copy back (their token or candidates were
+     * computed) are overwritten with NaN, as a device leaves them unwritten;
+     * ag_model_output_row serves them from poison_saved, as a device's
+     * fetch does. A caller that reads such a row without fetching it then
+     * reads NaN, which the CPU alone would hide. */
+    bool             poison_rows;
+    float           *poison_saved;
+    size_t           poison_cap; /* floats */
 };
 
 ag_model_params ag_model_default_params(void) {
@@ -263,6 +272,8 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     m->pick_off = pk && *pk == '0';
     const char *cd = getenv("AUGUR_CANDS");
     m->cands_off = cd && *cd == '0';
+    const char *pr = getenv("AUGUR_POISON_ROWS");
+    m->poison_rows = pr && *pr == '1' && m->be->ops->host_memory;
     if ((st = prepare_weights(m))) goto fail_named;
     *out = m;
     return AG_OK;
@@ -280,6 +291,7 @@ void ag_model_free(ag_model *m) {
     if (m->be && m->act) m->be->ops->free(m->be, m->act);
     ag_backend_free(m->be);
     ag_gguf_free(m->gguf);
+    free(m->poison_saved);
     free(m);
 }
 
@@ -672,8 +684,28 @@ ag_status ag_model_output_row(ag_model *m, int k, float *out) {
         return ag_errorf(AG_ERR_INVALID, "output row %d: the last pass had %d", k, m ? m->last_n_out : 0);
     const size_t row = (size_t)m->cfg.n_vocab;
     if (m->last_dev_rows) return m->be->ops->download(m->be, out, m->last_dev_rows + (size_t)k * row, sizeof(float) * row);
-    const float *src = m->last_host_rows + (size_t)k * row;
+    const float *src = (m->poison_rows ? m->poison_saved : m->last_host_rows) + (size_t)k * row;
     if (src != out) memmove(out, src, sizeof(float) * row);
+    return AG_OK;
+}
+
+/* AUGUR_POISON_ROWS=1: keeps the pass's n_out rows for
+ * ag_model_output_row, then overwrites with NaN the rows whose outputs
+ * were computed, the rows download_outputs would leave on a device. */
+static ag_status poison_rows(ag_model *m, const ag_batch *b, int n_out, const out_kinds *ok, float *logits) {
+    const size_t row = (size_t)m->cfg.n_vocab, need = (size_t)n_out * row;
+    if (need > m->poison_cap) {
+        float *p = realloc(m->poison_saved, need * sizeof(float));
+        if (!p) return ag_errorf(AG_ERR_NOMEM, "out of memory (AUGUR_POISON_ROWS)");
+        m->poison_saved = p, m->poison_cap = need;
+    }
+    memcpy(m->poison_saved, logits, need * sizeof(float));
+    const unsigned computed = (ok->argmax ? KIND(AG_WANT_ARGMAX) : 0) | (ok->pick ? KIND(AG_WANT_PICK) : 0) |
+                              (ok->cands ? KIND(AG_WANT_CANDS) : 0) |
+                              (ok->pick && ok->cands ? KIND(AG_WANT_PICK_LP) : 0);
+    row_walk w = {0, 0};
+    for (int k0, k1; next_run(b, computed, &w, &k0, &k1);)
+        for (size_t i = (size_t)k0 * row; i < (size_t)k1 * row; i++) logits[i] = NAN;
     return AG_OK;
 }
 
@@ -777,5 +809,6 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
                 ag_top_cands_f32(logits + (size_t)k * c->n_vocab, c->n_vocab, &req, &b->cands[k]);
             }
     }
+    if (m->poison_rows) return poison_rows(m, b, n_out, &ok, logits);
     return AG_OK;
 }

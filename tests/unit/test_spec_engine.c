@@ -580,8 +580,10 @@ static ag_status self_make(void *ctx, const ag_sample_params *sp, uint64_t strea
  * with AUGUR_CANDS=0): the same tokens, logprobs and alternatives, seed by
  * seed, with drafts accepted and rejected (an oracle with noise: one-hot
  * q; the model drafting for itself: its q, mostly accepted) and with top-k,
- * top-p with top-k off (cut among the candidates or past them, then the row
- * is fetched), min-p, greedy with logprobs, and n = 2. */
+ * top-p with top-k off (its cut among the candidates), a min-p so low that
+ * its cut falls past them (the row is fetched: main poisons the rows a
+ * device would not copy back, so a missed fetch reads NaN), min-p with
+ * top-k, greedy with logprobs, and n = 2. */
 static void test_sampled_windows_from_candidates(void **state) {
     static oracle_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
@@ -603,7 +605,7 @@ static void test_sampled_windows_from_candidates(void **state) {
     const gen_args cases[] = {
         {.temperature = 0.5f, .top_k = 20, .n_logprobs = 2},
         {.temperature = 0.8f, .top_p = 0.95f},
-        {.temperature = 0.3f, .top_p = 0.999f, .n_logprobs = 1}, /* a cut past the best 256 of 512: rows fetched */
+        {.temperature = 1.0f, .min_p = 1e-30f, .n_logprobs = 1}, /* the 256th above a min-p this low: rows fetched (1777 here) */
         {.temperature = 0.6f, .min_p = 0.05f, .top_k = 40},
         {.temperature = 0.0f, .n_logprobs = 3},
         {.temperature = 0.7f, .top_k = 8, .n_choices = 2},
@@ -646,6 +648,10 @@ static void test_sampled_windows_from_candidates(void **state) {
 }
 
 int main(void) {
+    /* the models loaded here leave NaN in the output rows a device would not
+     * copy back (their tokens or candidates computed), so a row read
+     * without ag_model_output_row fails these tests on the CPU too */
+    setenv("AUGUR_POISON_ROWS", "1", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_greedy_equals_plain),
         cmocka_unit_test(test_greedy_concurrent),
