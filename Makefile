@@ -93,9 +93,10 @@ $(BUILD)/%.o: %.cu $(CONFIG_STAMP)
 
 # Compiles the CUDA sources without linking (`make test` does this when nvcc
 # is installed, so they never rot on machines without a GPU).
-# The candidates kernel's code, cut from cuda_backend.cu, run under a CPU
-# emulation of a block (tests/emu/cands_emu.cpp) against ag_top_cands_f32:
-# for kernel edits without a GPU. EMU_DIMS: how many of its row sizes.
+# The sampling kernels' code (argmax, pick, candidates, and their split
+# grids), cut from cuda_backend.cu, run under a CPU emulation of a block
+# (tests/emu/*_emu.cpp) against the host's functions: for kernel edits
+# without a GPU. EMU_DIMS: how many of its row sizes.
 EMU_DIMS ?= 4
 cuda-emu: $(BUILD)/emu/cands_emu $(BUILD)/emu/pick_emu
 	$(BUILD)/emu/cands_emu $(EMU_DIMS)
@@ -106,6 +107,7 @@ $(BUILD)/emu/cands_kernel.inc: src/backend/cuda/cuda_backend.cu
 $(BUILD)/emu/pick_kernel.inc: src/backend/cuda/cuda_backend.cu
 	@mkdir -p $(dir $@)
 	sed -n "/^\/\* ---- argmax of output rows/,/^\/\* ---- end of the pick kernel/p" $< > $@
+$(BUILD)/emu/cands_emu: $(BUILD)/emu/pick_kernel.inc
 $(BUILD)/emu/argmax.o: src/base/argmax.c src/base/argmax.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -Isrc -c $< -o $@

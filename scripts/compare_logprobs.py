@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """Logprob requests through two `augur serve` processes that differ only in
-their environment (e.g. a GPU's candidates and picks, AUGUR_CUDA_CANDS=1
-AUGUR_CUDA_PICK=1, against rows copied back, AUGUR_CANDS=0 AUGUR_PICK=0):
+their environment (e.g. a GPU's candidates and picks, the default, against
+rows copied back, AUGUR_CANDS=0 AUGUR_PICK=0):
 the tokens must be equal, the logprobs within --tol (a device sums the
 exponentials in another order than the host), the alternatives' ids equal.
 
     python3 scripts/compare_logprobs.py --bin build/cuda/augur -m MODEL \\
-        --a "AUGUR_CUDA_CANDS=1 AUGUR_CUDA_PICK=1" --b "AUGUR_CANDS=0 AUGUR_PICK=0" -- --device cuda
+        --a "" --b "AUGUR_CANDS=0 AUGUR_PICK=0" -- --device cuda
 
 Only the standard library (runs on a bare device machine). Exit status 1 on
 a difference, with the request and the first differing position. (A top-p

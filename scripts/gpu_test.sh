@@ -32,7 +32,7 @@ make -j"$JOBS" CUDA=1 BUILD=build/cuda all build/cuda/bench/gen_model >/dev/null
 echo "gpu_test: built build/cuda/augur ($(nvcc --version | tail -1))"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-echo "== op harness on the GPU (default kernels: tensor-core K-quant decode rows, tensor-core prompt attention)"
+echo "== op harness on the GPU (default kernels: tensor-core K-quant decode rows, one-pass tensor-core prompt attention, the pick and cands ops, split grids for few rows)"
 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (the other kernels: dp4a K-quant GEMVs, SIMT prompt attention, split-K attention in splits of 8 positions)"
 AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
@@ -42,8 +42,8 @@ AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (Q4_K pairs of a matmul_multi in separate launches, AUGUR_CUDA_PAIR=0; argmax one block a row, AUGUR_CUDA_ARGMAX_SPLIT=0; serial launches, AUGUR_CUDA_PDL=0)"
 AUGUR_CUDA_PAIR=0 AUGUR_CUDA_ARGMAX_SPLIT=0 AUGUR_CUDA_PDL=0 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (opt-in, NOT YET RUN ON A GPU: one-pass prompt attention, AUGUR_CUDA_FA=1pass)"
-AUGUR_CUDA_FA=1pass AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (two-pass prompt attention, AUGUR_CUDA_FA=2pass; the pick and cands ops one block a row, AUGUR_CUDA_SAMPLE_SPLIT=0)"
+AUGUR_CUDA_FA=2pass AUGUR_CUDA_SAMPLE_SPLIT=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
 echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0)"
 AUGUR_CUDA_PREP=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
@@ -93,35 +93,37 @@ AUGUR_CUDA_ARGMAX_SPLIT=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 
 same build/cuda/argmax-block.txt build/cuda/argmax-off.txt "greedy text with the one-block GPU argmax (AUGUR_CUDA_ARGMAX_SPLIT=0) == with the rows copied back"
 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --argmax
 
-echo "== sampled tokens drawn on the GPU (the pick op, opt-in AUGUR_CUDA_PICK=1, NOT YET RUN ON A GPU) == drawn from the copied rows (AUGUR_PICK=0)"
-AUGUR_CUDA_PICK=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== sampled tokens drawn on the GPU (the pick op) == drawn from the copied rows (AUGUR_PICK=0)"
 T="--temp 0.8 --top-k 0 --top-p 1 --min-p 0 --seed 3"
-AUGUR_CUDA_PICK=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/pick-on.txt 2>/dev/null
+build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/pick-on.txt 2>/dev/null
 AUGUR_PICK=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/pick-off.txt 2>/dev/null
 same build/cuda/pick-on.txt build/cuda/pick-off.txt "sampled text with the GPU pick == with the rows copied back (recorded passes: each replay's draws)"
+AUGUR_CUDA_SAMPLE_SPLIT=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/pick-on.txt 2>/dev/null
+same build/cuda/pick-on.txt build/cuda/pick-off.txt "sampled text with the one-block GPU pick (AUGUR_CUDA_SAMPLE_SPLIT=0) == with the rows copied back"
 
-echo "== top-k sampling from candidates found on the GPU (the cands op, opt-in AUGUR_CUDA_CANDS=1, NOT YET RUN ON A GPU) == from the copied rows (AUGUR_CANDS=0)"
-AUGUR_CUDA_CANDS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== top-k sampling from candidates found on the GPU (the cands op) == from the copied rows (AUGUR_CANDS=0)"
 # (the CLI's defaults; a top-k of 200; top-k off: a top-p and a min-p cut, among the best 256 or past them: the row fetched from the device)
 for T in "--temp 0.8 --seed 3" "--temp 1.2 --top-k 200 --top-p 1 --min-p 0 --seed 5" \
          "--temp 1.0 --top-k 0 --top-p 0.9 --min-p 0 --seed 7" "--temp 1.0 --top-k 0 --top-p 1 --min-p 0.02 --seed 9"; do
-  AUGUR_CUDA_CANDS=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
+  build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
   AUGUR_CANDS=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-off.txt 2>/dev/null
   same build/cuda/cands-on.txt build/cuda/cands-off.txt "sampled text ($T) from GPU candidates == from the rows copied back"
+  AUGUR_CUDA_SAMPLE_SPLIT=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
+  same build/cuda/cands-on.txt build/cuda/cands-off.txt "sampled text ($T) from one-block GPU candidates (AUGUR_CUDA_SAMPLE_SPLIT=0) == from the rows copied back"
 done
 # speculative rounds at a temperature: every verify row, and the draft model's own rows, from candidates
 for D in ngram "$G"; do
   T="--temp 0.8 --seed 11 --draft $D"
   export AUGUR_SPEC_ROW_COST=0.1 # the draft lengths fixed, not measured: both runs draft alike
-  AUGUR_CUDA_CANDS=1 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
+  build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-on.txt 2>/dev/null
   AUGUR_CANDS=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/cands-off.txt 2>/dev/null
   same build/cuda/cands-on.txt build/cuda/cands-off.txt "speculative sampled text ($T) from GPU candidates == from the rows copied back"
   unset AUGUR_SPEC_ROW_COST
 done
-AUGUR_CUDA_CANDS=1 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample
+build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample
 # logprobs through the server: greedy, top-k, a top-p cut, a temperature alone (picked token and its candidates),
 # a scored prompt; tokens equal, logprobs within 1e-4 (the GPU sums z in another order)
-python3 scripts/compare_logprobs.py --bin build/cuda/augur -m "$G" --a "AUGUR_CUDA_CANDS=1 AUGUR_CUDA_PICK=1" \
+python3 scripts/compare_logprobs.py --bin build/cuda/augur -m "$G" --a "AUGUR_CUDA_SAMPLE_SPLIT=1" \
   --b "AUGUR_CANDS=0 AUGUR_PICK=0" -- --device cuda
 
 echo "== whole models, GPU vs CPU"
@@ -141,9 +143,9 @@ python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=
 echo "== whole models with the one-block decode attention (AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
-echo "== whole models with the one-pass prompt attention (AUGUR_CUDA_FA=1pass, opt-in)"
-AUGUR_CUDA_FA=1pass python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
-AUGUR_CUDA_FA=1pass python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
+echo "== whole models with the two-pass prompt attention (AUGUR_CUDA_FA=2pass)"
+AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
+AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
 echo "== fused ops (add_rmsnorm, rope_kv_store, activations left converted by their producer) give the separate ops' bits"
 for m in $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf; do
   for mode in "--chunk 7" "--decode --chunk 3"; do

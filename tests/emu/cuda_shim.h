@@ -72,32 +72,39 @@ static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetc
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline double __longlong_as_double(long long x) { double d; memcpy(&d, &x, 8); return d; }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+/* blocks run one at a time here: every write is seen by the next block */
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
 static inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
 /* Runs kern(args...) as n_blocks blocks of `threads` threads, one block at
- * a time (the statics that stand for shared memory are one block's). */
+ * a time (the statics that stand for shared memory are one block's): the
+ * threads are made once and take the blocks in turn, meeting at a barrier
+ * between blocks. */
 template <typename... A> static void emu_launch(void (*kern)(A...), int n_blocks, int threads, A... args) {
     /* the block's barrier for this launch's thread count (whole warps) */
     pthread_barrier_init(&g_bar, NULL, (unsigned)threads);
     for (int w = 0; w < 32; w++) pthread_barrier_init(&w_bar[w], NULL, 32);
     blockDim.x = (unsigned)threads;
-    struct targ { void (*k)(A...); unsigned t, b; std::tuple<A...> a; };
-    for (int b = 0; b < n_blocks; b++) {
-        std::vector<pthread_t> th((size_t)threads);
-        std::vector<targ>      ta((size_t)threads);
-        for (int t = 0; t < threads; t++) {
-            ta[(size_t)t] = targ{kern, (unsigned)t, (unsigned)b, std::tuple<A...>(args...)};
-            pthread_create(&th[(size_t)t], NULL, [](void *p) -> void * {
-                targ *x = (targ *)p;
-                threadIdx.x = x->t, blockIdx.x = x->b;
+    struct targ { void (*k)(A...); unsigned t; int nb; std::tuple<A...> a; };
+    std::vector<pthread_t> th((size_t)threads);
+    std::vector<targ>      ta((size_t)threads);
+    for (int t = 0; t < threads; t++) {
+        ta[(size_t)t] = targ{kern, (unsigned)t, n_blocks, std::tuple<A...>(args...)};
+        pthread_create(&th[(size_t)t], NULL, [](void *p) -> void * {
+            targ *x = (targ *)p;
+            threadIdx.x = x->t;
+            for (int b = 0; b < x->nb; b++) {
+                blockIdx.x = (unsigned)b;
                 std::apply(x->k, x->a);
-                return NULL;
-            }, &ta[(size_t)t]);
-        }
-        for (int t = 0; t < threads; t++) pthread_join(th[(size_t)t], NULL);
+                pthread_barrier_wait(&g_bar); /* the block is done before the next one starts */
+            }
+            return NULL;
+        }, &ta[(size_t)t]);
     }
+    for (int t = 0; t < threads; t++) pthread_join(th[(size_t)t], NULL);
     pthread_barrier_destroy(&g_bar);
     for (int w = 0; w < 32; w++) pthread_barrier_destroy(&w_bar[w]);
 }

@@ -1,7 +1,8 @@
 /* argmax_rows_k and pick_rows_k (src/backend/cuda/cuda_backend.cu) compiled
  * unchanged on the CPU under cuda_shim.h, one 1024-thread block a row: each
  * row's argmax against ag_argmax_f32 (exactly) and each row's picked token
- * against ag_pick_f32 with the same draw. The kernel sums the weights in
+ * against ag_pick_f32 with the same draw, also through the split grid
+ * (pick_max_k, pick_split_k: 3 or 5 and 32 slices a row). The kernels sum the weights in
  * another association, so a draw within 1e-9 (relative) of a boundary of
  * the row's cumulative weights is redrawn, as the harness does. Rows of 7,
  * 1000, 1024 (float4 loads), 4099 and 50001 values: random, ties, NaN, +inf
@@ -59,6 +60,22 @@ int main(int argc, char **argv) {
         }
         emu_launch(argmax_rows_k, R, 1024, (const float *)x.data(), dim, got_a.data());
         emu_launch(pick_rows_k, R, 1024, (const float *)x.data(), dim, (const int32_t *)draws.data(), got_p.data());
+        /* split: 0, one block a row (pick_rows_k); else pick_max_k and pick_split_k with S slices
+         * a row on 256 threads (empty slices at dim 7) */
+        const int slices[] = {0, dim < 100 ? 5 : 3, 32};
+        for (int split = 0; split < 3; split++) {
+        const int S = slices[split];
+        if (S) {
+            std::vector<float>  sm((size_t)R * S, NAN), m(R, NAN);
+            std::vector<double> part((size_t)R * S * 256, NAN), tot((size_t)R * S, NAN);
+            std::vector<int>    cnt(R, 0);
+            std::fill(got_p.begin(), got_p.end(), -99);
+            emu_launch(pick_max_k, R * S, 256, (const float *)x.data(), dim, S, sm.data(), cnt.data(), m.data());
+            emu_launch(pick_split_k, R * S, 256, (const float *)x.data(), dim, S, (const int32_t *)draws.data(),
+                       (const float *)m.data(), part.data(), tot.data(), cnt.data(), got_p.data());
+            for (int r = 0; r < R; r++)
+                if (cnt[r] != 0) { bad++; printf("MISMATCH dim %d row %d S %d: counter left at %d\n", dim, r, S, cnt[r]); }
+        }
         for (int r = 0; r < R; r++) {
             const float *row = &x[(size_t)r * dim];
             double u;
@@ -70,8 +87,9 @@ int main(int argc, char **argv) {
             n++;
             if (got_a[r] != wa || got_p[r] != wp) {
                 bad++;
-                printf("MISMATCH dim %d row %d: argmax %d/%d pick %d/%d\n", dim, r, got_a[r], wa, got_p[r], wp);
+                printf("MISMATCH dim %d row %d slices %d: argmax %d/%d pick %d/%d\n", dim, r, S, got_a[r], wa, got_p[r], wp);
             }
+        }
         }
         printf("dim %d done\n", dim);
         fflush(stdout);

@@ -113,6 +113,14 @@ static __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes) 
 /* argmax_split_k: blocks per row */
 #define ARGMAX_SLICES 16
 
+/* the pick and cands ops' split grids: slices in one launch at most,
+ * slices of a row at most, the fewest values a slice takes, and
+ * pick_max_k's and pick_split_k's threads a block */
+#define SPLIT_BLOCKS       512
+#define SPLIT_MAX_SLICES   32
+#define SPLIT_MIN_SLICE    2048
+#define PICK_SPLIT_THREADS 256
+
 /* rope_kv_store: the widest rotary half it takes (head dims up to 256) */
 #define ROPE_MAX_HALF 128
 
@@ -187,7 +195,11 @@ typedef struct {
      * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
     bool mmq_on, fa_on;
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
-    bool fa_one_pass; /* AUGUR_CUDA_FA=1pass: attention_fa1_k (opt-in, NOT YET RUN ON A GPU) */
+    /* fa_one_pass: attention_fa1_k, the default; AUGUR_CUDA_FA=2pass:
+     * attention_fa_k. H200, 8B prefill at 512 / 4096 tokens, tok/s, two-pass
+     * -> one-pass: BF16 24730 / 14708 -> 29020 / 24564, Q4_K_M 16396 / 11287
+     * -> 18212 / 16398 (2026-12-05) */
+    bool fa_one_pass;
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
@@ -196,6 +208,20 @@ typedef struct {
     float  *d_am_v;
     int    *d_am_i, *d_am_cnt;
     size_t  cap_am_rows;
+    /* the scratch of the pick and cands ops' split grids (few rows, each
+     * cut into slices of a block; split_slices), allocated with the
+     * backend for SPLIT_BLOCKS slices and SPLIT_BLOCKS / 2 rows (2 slices
+     * or more a row): cands_split_k's slices' best (AG_CANDS_MAX keys and
+     * ids each) and counts, a double a slice (cands_z_k's sums,
+     * pick_split_k's totals), pick_split_k's threads' sums
+     * (PICK_SPLIT_THREADS a slice), pick_max_k's maxima (a slice's, a
+     * row's), and a counter per row (zero between launches) */
+    bool      sample_split; /* AUGUR_CUDA_SAMPLE_SPLIT=0: one block a row at every batch size (A/B) */
+    uint32_t *d_cs_key;
+    int32_t  *d_cs_id;
+    int      *d_cs_nf, *d_split_cnt;
+    double   *d_split_sum, *d_sp_part;
+    float    *d_sp_slice_m, *d_sp_m;
     bool pair_on;     /* matmul_multi's Q4_K pairs in one dp4a launch (AUGUR_CUDA_PAIR=0: one launch each) */
     bool fuse_on;     /* add_rmsnorm and rope_kv_store in one kernel each (the default; AUGUR_CUDA_FUSE=0: the
                          separate ops' kernels, for A/B) */
@@ -3335,7 +3361,7 @@ static size_t attention_fa_smem(int hd) {
 }
 
 
-/* ---- one-pass prompt attention (AUGUR_CUDA_FA=1pass, opt-in: NOT YET RUN ON A GPU) ----
+/* ---- one-pass prompt attention (the default; AUGUR_CUDA_FA=2pass: attention_fa_k) ----
  *
  * attention_fa_k's block and warp layout (a block per tile of up to 16 rows
  * and KV head, warp w the group's query head w), but one pass over the
@@ -3828,7 +3854,8 @@ __global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__r
  * slice's thread scans it as the CPU scans the row. The weights' sum is
  * associated differently from the CPU's (and expf may differ in the last
  * bit), so the token can differ only where u times the sum lies within
- * rounding of a boundary. (AUGUR_CUDA_PICK=1, opt-in: NOT YET RUN ON A GPU) */
+ * rounding of a boundary. For many rows; few rows take pick_max_k and
+ * pick_split_k. */
 __global__ void __launch_bounds__(1024) pick_rows_k(const float *__restrict__ x, int dim,
                                                     const int32_t *__restrict__ draws, int32_t *__restrict__ out) {
     pdl_entry();
@@ -3891,6 +3918,154 @@ __global__ void __launch_bounds__(1024) pick_rows_k(const float *__restrict__ x,
         if (s_target < cum) break;
     }
     out[blockIdx.x] = pick;
+}
+
+/* Row r's slice [lo, hi) of a split grid (pick_max_k, pick_split_k,
+ * cands_split_k, cands_z_k): blocks r * S .. r * S + S - 1 are row r's S
+ * slices, in id order; a slice's length a multiple of 4 when the row allows
+ * float4 loads (aligned). */
+static __device__ __forceinline__ void slice_range(int dim, int S, bool aligned, int j, int &lo, int &hi) {
+    const int per0 = (dim + S - 1) / S, per = aligned ? (per0 + 3) & ~3 : per0;
+    lo = min(dim, j * per), hi = min(dim, lo + per);
+}
+static __device__ __forceinline__ void split_slice(int dim, int S, bool aligned, int &r, int &lo, int &hi) {
+    r = (int)blockIdx.x / S;
+    slice_range(dim, S, aligned, (int)blockIdx.x % S, lo, hi);
+}
+
+/* Whether this block is the last of its row's S to get here (after its
+ * threads' global writes, which the last block then sees): the counter
+ * cnt[r] is reset by that block, so the next pass (or graph replay) finds
+ * it zero. Every thread gets it. */
+static __device__ bool last_slice_of_row(int *cnt, int r, int S) {
+    __shared__ bool s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        s_last = atomicAdd(&cnt[r], 1) == S - 1;
+        if (s_last) cnt[r] = 0;
+    }
+    __syncthreads();
+    if (s_last) __threadfence();
+    return s_last;
+}
+
+/* The first step of a split pick (few rows: one block over a 128k-row reads
+ * it at one SM's pace): each slice's max (argmax_block's value: +inf as
+ * FLT_MAX) into sc_m, and the row's last slice writes the row's max to
+ * m_out[r] (-inf when nothing is finite). */
+__global__ void __launch_bounds__(1024) pick_max_k(const float *__restrict__ x, int dim, int S, float *sc_m, int *cnt,
+                                                   float *m_out) {
+    pdl_entry();
+    const bool aligned = (dim & 3) == 0;
+    int        r, lo, hi;
+    split_slice(dim, S, aligned, r, lo, hi);
+    float bv;
+    int   bi;
+    argmax_block(x + (size_t)r * dim, lo, hi, aligned, &bv, &bi);
+    if (threadIdx.x == 0) sc_m[blockIdx.x] = bv;
+    if (!last_slice_of_row(cnt, r, S) || threadIdx.x != 0) return;
+    float m = -INFINITY;
+    for (int s = 0; s < S; s++) m = fmaxf(m, __ldcg(&sc_m[r * S + s]));
+    m_out[r] = m;
+}
+
+/* The second step: ag_pick_f32 of row r with its draw, as pick_rows_k, the
+ * row cut into S slices of a block each (m: pick_max_k's maxima). Each
+ * thread sums its contiguous run of the slice's weights in id order (into
+ * sc_part, blockDim.x a slice), the slice's thread 0 their sum in thread
+ * order (sc_tot); the row's last slice finds the slice where u times the
+ * total falls (the slices' sums in order), in it the thread, and scans that
+ * thread's run as the CPU scans the row. Same token as pick_rows_k but
+ * where u times the sum lies within rounding of a boundary. */
+__global__ void __launch_bounds__(1024) pick_split_k(const float *__restrict__ x, int dim, int S,
+                                                     const int32_t *__restrict__ draws, const float *m_in,
+                                                     double *sc_part, double *sc_tot, int *cnt,
+                                                     int32_t *__restrict__ out) {
+    pdl_entry();
+    __shared__ double part[1024];
+    __shared__ double s_target, s_base;
+    __shared__ int    s_owner;
+    int               r, lo, hi;
+    split_slice(dim, S, (dim & 3) == 0, r, lo, hi);
+    const float  *row = x + (size_t)r * dim;
+    const float   m = m_in[r];
+    const int     T = (int)blockDim.x, tid = (int)threadIdx.x;
+    if (!(m > -INFINITY)) { /* the whole row's blocks alike */
+        if ((int)blockIdx.x == r * S && tid == 0) out[r] = -2;
+        return;
+    }
+    const int32_t *d = draws + 3 * r;
+    const double   u = __hiloint2double(d[1], d[0]);
+    const float    inv_t = __int_as_float(d[2]);
+    auto           weight = [&](int i) {
+        float l = row[i];
+        l = !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l; /* the sampler's sanitize */
+        return (double)expf(__fmul_rn(l - m, inv_t));
+    };
+    /* thread t's run of slice [a, b) */
+    auto run = [&](int a, int b, int t, int &c0, int &c1) {
+        const int per = (b - a + T - 1) / T;
+        c0 = min(b, a + t * per), c1 = min(b, c0 + per);
+    };
+    int c0, c1;
+    run(lo, hi, tid, c0, c1);
+    double sum = 0.0;
+    for (int i = c0; i < c1; i++) sum += weight(i);
+    part[tid] = sum;
+    sc_part[(size_t)blockIdx.x * T + tid] = sum;
+    __syncthreads();
+    if (tid == 0) {
+        double tot = 0.0;
+        for (int t = 0; t < T; t++) tot += part[t];
+        sc_tot[blockIdx.x] = tot;
+    }
+    if (!last_slice_of_row(cnt, r, S)) return;
+    /* owner(w, n, target, cum0): the first of w[0, n) with a weight whose
+     * cumulative sum passes target, or the last with a weight (rounding left
+     * the target at the end); s_base = the sum before it */
+    auto owner = [&](const double *w, int n, double target, double cum) {
+        int    own = -1, last = 0;
+        double base = cum;
+        for (int t = 0; t < n; t++) {
+            if (w[t] <= 0.0) continue;
+            last = t;
+            if (own < 0 && target < cum + w[t]) own = t, base = cum;
+            cum += w[t];
+        }
+        if (own < 0) own = last, base = cum - w[last];
+        s_owner = own, s_base = base;
+    };
+    for (int s = tid; s < S; s += T) part[s] = __ldcg(&sc_tot[r * S + s]);
+    __syncthreads();
+    if (tid == 0) {
+        double total = 0.0;
+        for (int s = 0; s < S; s++) total += part[s];
+        s_target = u * total;
+        owner(part, S, s_target, 0.0);
+    }
+    __syncthreads();
+    const int    slice = s_owner;
+    const double base = s_base;
+    __syncthreads();
+    part[tid] = __ldcg(&sc_part[(size_t)(r * S + slice) * T + tid]);
+    __syncthreads();
+    if (tid == 0) owner(part, T, s_target, base);
+    __syncthreads();
+    if (tid != s_owner) return;
+    int slo, shi;
+    slice_range(dim, S, (dim & 3) == 0, slice, slo, shi);
+    run(slo, shi, tid, c0, c1);
+    double  cum = s_base;
+    int32_t pick = -1;
+    for (int i = c0; i < c1; i++) {
+        const double w = weight(i);
+        if (w <= 0.0) continue;
+        pick = i;
+        cum += w;
+        if (s_target < cum) break;
+    }
+    out[r] = pick;
 }
 
 /* ---- end of the pick kernel (make cuda-emu runs the code above, from the argmax's start, on the CPU) ---- */
@@ -3975,73 +4150,90 @@ template <typename T> static __device__ __forceinline__ T cand_block_sum(T v, T 
 
 #define CANDS_THREADS 1024
 
-/* out[blockIdx.x] = ag_top_cands_f32 of the row for its request (reqs: a
- * word each, cands_req_word; AG_CANDS_AT_TOKEN names tok[blockIdx.x], or
- * none without tok). One block a row:
- *  1. the finite values' count;
- *  2. radix select, 8 bits a round from the top: the key T of the kc-th best
- *     (kc = min(k, finite)) and r, how many of the kc have key T (histograms
- *     of integer counts, the same every run; a warp's lanes that fall in one
- *     bin add once, as logits crowd a few bins of the first round);
- *  3. in id order, chunk by chunk: keys above T take slots by an atomic
+/* A row's request decoded (cands_req_word): k, want_z and at (-1: none;
+ * AG_CANDS_AT_TOKEN names t, the row's token, or none when t is -1). */
+struct cand_req {
+    int  k, at;
+    bool want_z;
+};
+static __device__ __forceinline__ cand_req cand_req_decode(uint32_t req, int t, int dim) {
+    cand_req q;
+    q.k = (int)(req & 0xffu) + 1;
+    q.want_z = (req >> 8) & 1u;
+    /* the host too ignores a token past AG_CANDS_AT_MAX */
+    const int at1 = (req >> 9) == CANDS_AT1_TOKEN ? (t >= 0 && t <= AG_CANDS_AT_MAX ? t + 1 : 0) : (int)(req >> 9);
+    q.at = at1 - 1 >= 0 && at1 - 1 < dim ? at1 - 1 : -1;
+    return q;
+}
+
+/* The entries a selection reads, in id order: entry i's key and id, false
+ * when it is no candidate. A row's slice [lo, lo + n): -inf (and NaN) are
+ * none. */
+struct cand_row_src {
+    const float *row;
+    int          lo;
+    __device__ __forceinline__ bool operator()(int i, uint32_t &key, int &id) const {
+        const float l = cand_sanitize(row[lo + i]);
+        key = cand_key(l), id = lo + i;
+        return l != -INFINITY;
+    }
+};
+/* The slices' best, slice after slice (cands_split_k): key 0 (no finite
+ * value's) marks an empty slot. Each slice's entries are sorted by (key
+ * desc, id asc) and the slices' ids ascend, so the entries of any one key
+ * come in id order, as a selection's ties need. Written by other blocks of
+ * the grid: read past L1. */
+struct cand_union_src {
+    const uint32_t *key;
+    const int32_t  *id;
+    __device__ __forceinline__ bool operator()(int i, uint32_t &k, int &d) const {
+        k = __ldcg(key + i), d = __ldcg(id + i);
+        return k != 0u;
+    }
+};
+
+/* How many of src's n entries are candidates; every thread gets it. */
+template <typename Src> static __device__ int cands_count(const Src &src, int n) {
+    __shared__ int sh[32];
+    int            c = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        uint32_t key;
+        int      id;
+        c += src(i, key, id);
+    }
+    return cand_block_sum(c, sh);
+}
+
+/* s_key/s_id[0, kc) = the kc best of src's n entries (0 < kc <= the
+ * candidates among them, kc <= AG_CANDS_MAX) by (key desc, id asc), ties
+ * keeping the lowest ids, as ag_top_cands_f32's order does. Every thread of
+ * the block calls it (blockDim.x >= AG_CANDS_MAX, whole warps):
+ *  1. radix select, 8 bits a round from the top: the key T of the kc-th best
+ *     and r, how many of the kc have key T (histograms of integer counts, the
+ *     same every run; a warp's lanes that fall in one bin add once, as
+ *     logits crowd a few bins of the first round);
+ *  2. in id order, chunk by chunk: keys above T take slots by an atomic
  *     counter (any order), keys equal to T the next slots by their rank in
- *     id order while fewer than r are taken (a block-wide ballot scan), so
- *     ties keep the lowest ids, as the sampler's order does;
- *  4. a bitonic sort of the slots by (key desc, id asc); the values are read
- *     back from the row, so their bits (-0.0 too) are the host's;
- *  5. want_z: the sum of (double)expf(l - max) over the row, summed in a
- *     fixed order other than the host's, and CUDA's expf is within 2 ulp of
- *     the host's: the sum agrees to about 1e-7 relative.
- * (AUGUR_CUDA_CANDS=1, opt-in: NOT YET RUN ON A GPU) */
-__global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__restrict__ x, int dim,
-                                                              const int32_t *__restrict__ reqs,
-                                                              const int32_t *__restrict__ tok,
-                                                              ag_cands *__restrict__ out) {
-    pdl_entry();
+ *     id order while fewer than r are taken (a block-wide ballot scan);
+ *  3. a bitonic sort of the slots by (key desc, id asc). */
+template <typename Src>
+static __device__ void cands_select(const Src &src, int n, int kc, uint32_t *s_key, int32_t *s_id) {
     __shared__ uint32_t hist[256];
-    __shared__ uint32_t s_key[AG_CANDS_MAX];
-    __shared__ int32_t  s_id[AG_CANDS_MAX];
     __shared__ int      sh_i[32];
-    __shared__ double   sh_d[32];
     __shared__ uint32_t s_prefix;
     __shared__ int      s_rank, s_gt;
-    const float        *row = x + (size_t)blockIdx.x * dim;
-    ag_cands           *o = out + blockIdx.x;
-    const uint32_t      req = (uint32_t)reqs[blockIdx.x];
     const int           tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int           k = (int)(req & 0xffu) + 1;
-    const bool          want_z = (req >> 8) & 1u;
-    const int           t = tok ? tok[blockIdx.x] : -1; /* the host too ignores a token past AG_CANDS_AT_MAX */
-    const int           at1 = (req >> 9) == CANDS_AT1_TOKEN ? (t >= 0 && t <= AG_CANDS_AT_MAX ? t + 1 : 0) : (int)(req >> 9);
-    const int           at = at1 - 1 >= 0 && at1 - 1 < dim ? at1 - 1 : -1;
-    if (tid == 0) {
-        o->at = at, o->pad_ = 0;
-        o->at_l = at >= 0 ? cand_sanitize(row[at]) : __int_as_float(0x7fc00000);
-    }
-
-    int nf = 0;
-    for (int i = tid; i < dim; i += blockDim.x) nf += cand_sanitize(row[i]) != -INFINITY;
-    nf = cand_block_sum(nf, sh_i);
-    const int kc = min(k, nf);
-    if (kc == 0) {
-        if (tid == 0) {
-            o->n = 0, o->n_finite = 0, o->max = -INFINITY;
-            o->sumexp = want_z ? 0.0 : __longlong_as_double(0x7ff8000000000000ll);
-        }
-        return;
-    }
-
-    uint32_t prefix = 0;
-    int      r = kc; /* the rank sought among the keys that match the prefix */
+    uint32_t            prefix = 0;
+    int                 r = kc; /* the rank sought among the keys that match the prefix */
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
         __syncthreads();
         const uint32_t high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
-        for (int c0 = 0; c0 < dim; c0 += blockDim.x) { /* whole warps each step, for the match */
-            const int      i = c0 + tid;
-            const float    l = i < dim ? cand_sanitize(row[i]) : -INFINITY;
-            const uint32_t key = cand_key(l);
-            const bool     take = l != -INFINITY && (key & high) == prefix;
+        for (int c0 = 0; c0 < n; c0 += blockDim.x) { /* whole warps each step, for the match */
+            const int i = c0 + tid;
+            uint32_t  key = 0;
+            int       id;
+            const bool     take = i < n && src(i, key, id) && (key & high) == prefix;
             const uint32_t bin = take ? (key >> shift) & 255u : 256u + lane; /* lanes not taking: alone */
             const unsigned peers = __match_any_sync(0xffffffffu, bin);
             if (take && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(peers));
@@ -4061,19 +4253,17 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
     if (tid == 0) s_gt = 0;
     __syncthreads();
     int ties = 0; /* ties seen in earlier chunks: the same in every thread */
-    for (int c0 = 0; c0 < dim; c0 += blockDim.x) {
+    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
         const int i = c0 + tid;
         bool      tie = false;
-        if (i < dim) {
-            const float l = cand_sanitize(row[i]);
-            if (l != -INFINITY) {
-                const uint32_t key = cand_key(l);
-                if (key > T) {
-                    const int slot = atomicAdd(&s_gt, 1);
-                    s_key[slot] = key, s_id[slot] = i;
-                } else {
-                    tie = key == T;
-                }
+        uint32_t  key;
+        int       id;
+        if (i < n && src(i, key, id)) {
+            if (key > T) {
+                const int slot = atomicAdd(&s_gt, 1);
+                s_key[slot] = key, s_id[slot] = id;
+            } else {
+                tie = key == T;
             }
         }
         const unsigned bal = __ballot_sync(0xffffffffu, tie);
@@ -4084,7 +4274,7 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
             before += w < warp ? sh_i[w] : 0;
             total += sh_i[w];
         }
-        if (tie && before < r) s_key[n_gt + before] = T, s_id[n_gt + before] = i;
+        if (tie && before < r) s_key[n_gt + before] = T, s_id[n_gt + before] = id;
         ties += total;
         const bool done = ties >= r && s_gt == n_gt; /* read before the barrier: no atomics until after it */
         __syncthreads();
@@ -4109,19 +4299,126 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__res
             }
             __syncthreads();
         }
-    for (int i = tid; i < kc; i += blockDim.x) {
+}
+
+/* Writes a row's result but its sum: at and at_l, the count of finite
+ * values, and the kc best (s_id, their values read back from the row, so
+ * their bits, -0.0 too, are the host's); sumexp NaN when z is not wanted, 0
+ * when nothing is finite, else left to the caller. */
+static __device__ void cands_write(ag_cands *o, const float *row, const cand_req &q, int nf, int kc,
+                                   const int32_t *s_id) {
+    for (int i = threadIdx.x; i < kc; i += blockDim.x) {
         o->c[i].id = s_id[i];
         o->c[i].l = cand_sanitize(row[s_id[i]]);
     }
-    const float m = cand_sanitize(row[s_id[0]]);
-    double      z = 0.0;
-    if (want_z)
-        for (int i = tid; i < dim; i += blockDim.x) z += (double)expf(cand_sanitize(row[i]) - m);
-    if (want_z) z = cand_block_sum(z, sh_d);
-    if (tid == 0) {
-        o->n = kc, o->n_finite = nf, o->max = m;
-        o->sumexp = want_z ? z : __longlong_as_double(0x7ff8000000000000ll);
+    if (threadIdx.x == 0) {
+        o->at = q.at, o->pad_ = 0;
+        o->at_l = q.at >= 0 ? cand_sanitize(row[q.at]) : __int_as_float(0x7fc00000);
+        o->n = kc, o->n_finite = nf;
+        o->max = kc > 0 ? cand_sanitize(row[s_id[0]]) : -INFINITY;
+        if (!q.want_z) o->sumexp = __longlong_as_double(0x7ff8000000000000ll);
+        else if (kc == 0) o->sumexp = 0.0;
     }
+}
+
+/* This thread's part of sum (double)expf(l - m) over row[lo, hi). */
+static __device__ __forceinline__ double cands_z_part(const float *row, int lo, int hi, float m) {
+    double z = 0.0;
+    for (int i = lo + (int)threadIdx.x; i < hi; i += blockDim.x) z += (double)expf(cand_sanitize(row[i]) - m);
+    return z;
+}
+
+/* out[blockIdx.x] = ag_top_cands_f32 of the row for its request (reqs: a
+ * word each, cands_req_word; AG_CANDS_AT_TOKEN names tok[blockIdx.x], or
+ * none without tok). One block a row: the finite values' count, the
+ * selection (cands_select), and for want_z the sum of (double)expf(l - max)
+ * over the row, summed in a fixed order other than the host's; CUDA's expf
+ * is within 2 ulp of the host's, so the sum agrees to about 1e-7 relative.
+ * For many rows; few rows take cands_split_k. */
+__global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__restrict__ x, int dim,
+                                                              const int32_t *__restrict__ reqs,
+                                                              const int32_t *__restrict__ tok,
+                                                              ag_cands *__restrict__ out) {
+    pdl_entry();
+    __shared__ uint32_t s_key[AG_CANDS_MAX];
+    __shared__ int32_t  s_id[AG_CANDS_MAX];
+    __shared__ double   sh_d[32];
+    const float        *row = x + (size_t)blockIdx.x * dim;
+    ag_cands           *o = out + blockIdx.x;
+    const cand_req      q = cand_req_decode((uint32_t)reqs[blockIdx.x], tok ? tok[blockIdx.x] : -1, dim);
+    const cand_row_src  src = {row, 0};
+    const int           nf = cands_count(src, dim);
+    const int           kc = min(q.k, nf);
+    if (kc > 0) cands_select(src, dim, kc, s_key, s_id);
+    cands_write(o, row, q, nf, kc, s_id);
+    if (!q.want_z || kc == 0) return;
+    const double z = cand_block_sum(cands_z_part(row, 0, dim, cand_sanitize(row[s_id[0]])), sh_d);
+    if (threadIdx.x == 0) o->sumexp = z;
+}
+
+/* As cands_rows_k for few rows, each row cut into S slices of a block each
+ * (one block over a 152k-row reads it at one SM's pace, which at batch 1
+ * took longer than copying the row to the host): each slice selects its own
+ * best (kc_j = min(k, its finite values)) into the scratch (sc_key/sc_id:
+ * AG_CANDS_MAX entries a slice, row r's at r * S * AG_CANDS_MAX, slice j's
+ * k of them at j * k; sc_nf: a count a slice), and the row's last slice to
+ * finish selects the row's best among the slices' (a value among the row's
+ * k best is among its slice's k best) and writes the result. The sum z
+ * needs the row's max: cands_z_k, launched next, adds it. Same result as
+ * cands_rows_k, z summed in another fixed order. */
+__global__ void __launch_bounds__(CANDS_THREADS) cands_split_k(const float *__restrict__ x, int dim, int S,
+                                                               const int32_t *__restrict__ reqs,
+                                                               const int32_t *__restrict__ tok, uint32_t *sc_key,
+                                                               int32_t *sc_id, int *sc_nf, int *cnt,
+                                                               ag_cands *__restrict__ out) {
+    pdl_entry();
+    __shared__ uint32_t s_key[AG_CANDS_MAX];
+    __shared__ int32_t  s_id[AG_CANDS_MAX];
+    int                 r, lo, hi;
+    split_slice(dim, S, false, r, lo, hi);
+    const float       *row = x + (size_t)r * dim;
+    const cand_req     q = cand_req_decode((uint32_t)reqs[r], tok ? tok[r] : -1, dim);
+    const int          k = q.k;
+    const cand_row_src src = {row, lo};
+    const int          nf = cands_count(src, hi - lo);
+    const int          kc = min(k, nf);
+    if (kc > 0) cands_select(src, hi - lo, kc, s_key, s_id);
+    uint32_t *gk = sc_key + (size_t)r * S * AG_CANDS_MAX;
+    int32_t  *gi = sc_id + (size_t)r * S * AG_CANDS_MAX;
+    const int j = (int)blockIdx.x - r * S;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) {
+        gk[j * k + i] = i < kc ? s_key[i] : 0u;
+        gi[j * k + i] = i < kc ? s_id[i] : 0;
+    }
+    if (threadIdx.x == 0) sc_nf[blockIdx.x] = nf;
+    if (!last_slice_of_row(cnt, r, S)) return;
+    int nf_row = 0;
+    for (int s = 0; s < S; s++) nf_row += __ldcg(&sc_nf[r * S + s]);
+    const int            kc_row = min(k, nf_row);
+    const cand_union_src u = {gk, gi};
+    if (kc_row > 0) cands_select(u, S * k, kc_row, s_key, s_id);
+    cands_write(out + r, row, q, nf_row, kc_row, s_id);
+}
+
+/* The sums z of cands_split_k's rows that want them (the grid's slices
+ * again): each slice sums (double)expf(l - max) over its values (max: the
+ * row's result), into sc_z; the row's last slice adds the slices' sums in
+ * slice order. */
+__global__ void __launch_bounds__(CANDS_THREADS) cands_z_k(const float *__restrict__ x, int dim, int S,
+                                                           const int32_t *__restrict__ reqs, double *sc_z,
+                                                           int *cnt, ag_cands *__restrict__ out) {
+    pdl_entry();
+    __shared__ double sh_d[32];
+    int               r, lo, hi;
+    split_slice(dim, S, false, r, lo, hi);
+    ag_cands *o = out + r;
+    if (!((reqs[r] >> 8) & 1) || o->n == 0) return; /* the whole row's blocks alike */
+    const double z = cand_block_sum(cands_z_part(x + (size_t)r * dim, lo, hi, o->max), sh_d);
+    if (threadIdx.x == 0) sc_z[blockIdx.x] = z;
+    if (!last_slice_of_row(cnt, r, S) || threadIdx.x != 0) return;
+    double t = 0.0;
+    for (int s = 0; s < S; s++) t += __ldcg(&sc_z[r * S + s]);
+    o->sumexp = t;
 }
 /* ---- end of the candidates kernel (make cuda-emu runs the code above on the CPU) ---- */
 
@@ -4175,29 +4472,63 @@ static bool out_rows_ok(const cuda_state *s, const ag_batch_layout *lay, const v
     return lay && per_row && row0 >= 0 && row0 + n <= lay->n_out && row0 + n <= s->n;
 }
 
-/* The pick op (backend.h): one pick_rows_k block a row, the draws from
- * begin's upload (so a replayed pass uses its own). */
+/* Slices a row of the pick or cands op's n rows of dim values is cut into
+ * (the split grids; 1: a block a row): about two blocks an SM, each of
+ * SPLIT_MIN_SLICE values or more. H200, 8B (128k-rows), default sampling at
+ * batch 1: one block a row took ~0.6 ms for the candidates. */
+static int split_slices(const cuda_state *s, int n, int dim) {
+    if (!s->sample_split) return 1;
+    int S = (2 * s->sm_count + n - 1) / n;
+    if (S > SPLIT_MAX_SLICES) S = SPLIT_MAX_SLICES;
+    if (S > dim / SPLIT_MIN_SLICE) S = dim / SPLIT_MIN_SLICE;
+    if (n * S > SPLIT_BLOCKS) S = SPLIT_BLOCKS / n;
+    return S >= 2 ? S : 1;
+}
+
+/* The pick op (backend.h): one pick_rows_k block a row, or for few rows
+ * pick_max_k and pick_split_k over slices of each (split_slices), the
+ * draws from begin's upload (so a replayed pass uses its own). */
 static ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
                          int32_t *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
     if (!out_rows_ok(s, lay, lay ? lay->pick : NULL, row0, n))
         return ag_errorf(AG_ERR_INVALID, "CUDA pick: rows %d..%d have no draws", row0, row0 + n);
-    launch_k(s, pick_rows_k, (unsigned)n, 1024, 0, x, dim, (const int32_t *)s->d_draws + 3 * row0, out);
+    const int32_t *draws = (const int32_t *)s->d_draws + 3 * row0;
+    const int      S = split_slices(s, n, dim);
+    if (S == 1) {
+        launch_k(s, pick_rows_k, (unsigned)n, 1024, 0, x, dim, draws, out);
+    } else {
+        launch_k(s, pick_max_k, (unsigned)(n * S), PICK_SPLIT_THREADS, 0, x, dim, S, s->d_sp_slice_m, s->d_split_cnt,
+                 s->d_sp_m);
+        LAUNCHED();
+        launch_k(s, pick_split_k, (unsigned)(n * S), PICK_SPLIT_THREADS, 0, x, dim, S, draws, (const float *)s->d_sp_m,
+                 s->d_sp_part, s->d_split_sum, s->d_split_cnt, out);
+    }
     LAUNCHED();
     return AG_OK;
 }
 
-/* The cands op (backend.h): one cands_rows_k block a row, the requests
- * from begin's upload (so a replayed pass uses its own). */
+/* The cands op (backend.h): one cands_rows_k block a row, or for few rows
+ * cands_split_k and cands_z_k over slices of each (split_slices), the
+ * requests from begin's upload (so a replayed pass uses its own). */
 static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
                           const int32_t *tok, ag_cands *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
     if (!out_rows_ok(s, lay, lay ? lay->cands_req : NULL, row0, n))
         return ag_errorf(AG_ERR_INVALID, "CUDA cands: rows %d..%d have no requests", row0, row0 + n);
-    launch_k(s, cands_rows_k, (unsigned)n, CANDS_THREADS, 0, x, dim, (const int32_t *)s->d_cand_reqs + row0, tok,
-             out);
+    const int32_t *reqs = (const int32_t *)s->d_cand_reqs + row0;
+    const int      S = split_slices(s, n, dim);
+    if (S == 1) {
+        launch_k(s, cands_rows_k, (unsigned)n, CANDS_THREADS, 0, x, dim, reqs, tok, out);
+    } else {
+        launch_k(s, cands_split_k, (unsigned)(n * S), CANDS_THREADS, 0, x, dim, S, reqs, tok, s->d_cs_key, s->d_cs_id,
+                 s->d_cs_nf, s->d_split_cnt, out);
+        LAUNCHED();
+        launch_k(s, cands_z_k, (unsigned)(n * S), CANDS_THREADS, 0, x, dim, S, reqs, s->d_split_sum, s->d_split_cnt,
+                 out);
+    }
     LAUNCHED();
     return AG_OK;
 }
@@ -4280,6 +4611,18 @@ static void cu_destroy(ag_backend *be) {
         cudaFree(s->d_xh);
         cudaFree(s->d_att_part);
         cudaFree(s->d_att_cnt);
+        cudaFree(s->d_am_v);
+        cudaFree(s->d_am_i);
+        cudaFree(s->d_am_cnt);
+        cudaFree(s->d_rope);
+        cudaFree(s->d_cs_key);
+        cudaFree(s->d_cs_id);
+        cudaFree(s->d_cs_nf);
+        cudaFree(s->d_split_cnt);
+        cudaFree(s->d_split_sum);
+        cudaFree(s->d_sp_part);
+        cudaFree(s->d_sp_slice_m);
+        cudaFree(s->d_sp_m);
         if (s->blas) cublasDestroy(s->blas);
         if (s->stream) cudaStreamDestroy(s->stream);
         free(s);
@@ -4322,9 +4665,10 @@ static ag_backend_ops make_ops(void) {
     o.attention = cu_attention;
     return o;
 }
-/* The op tables with and without the pick op (AUGUR_CUDA_PICK=1) and the
- * cands op (AUGUR_CUDA_CANDS=1), both opt-in until they have run on a GPU;
- * indexed by pick + 2 * cands. */
+/* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off) and
+ * the cands op (AUGUR_CUDA_CANDS=0: off), indexed by pick + 2 * cands.
+ * Without them the rows that want a picked token or candidates are copied
+ * to the host (for A/B and as a fallback). */
 static ag_backend_ops make_ops_with(bool pick, bool cands) {
     ag_backend_ops o = make_ops();
     if (pick) o.pick = cu_pick;
@@ -4353,7 +4697,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
         return ag_errorf(AG_ERR_NOMEM, "out of memory");
     }
     const char *pick = getenv("AUGUR_CUDA_PICK"), *cands = getenv("AUGUR_CUDA_CANDS");
-    be->ops = &cuda_ops_variants[(pick && *pick == '1') + 2 * (cands && *cands == '1')];
+    be->ops = &cuda_ops_variants[!(pick && *pick == '0') + 2 * !(cands && *cands == '0')];
     be->impl = s;
     s->device = index;
     s->kvmem.ctx = s;
@@ -4380,6 +4724,25 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
         return st;
     }
     s->sm_count = prop.multiProcessorCount;
+    const char *ssplit = getenv("AUGUR_CUDA_SAMPLE_SPLIT");
+    s->sample_split = !(ssplit && *ssplit == '0');
+    {
+        const size_t slots = (size_t)SPLIT_BLOCKS * AG_CANDS_MAX, rows = SPLIT_BLOCKS / 2;
+        e = cudaMalloc((void **)&s->d_cs_key, slots * sizeof(uint32_t));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_cs_id, slots * sizeof(int32_t));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_cs_nf, SPLIT_BLOCKS * sizeof(int));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_split_sum, SPLIT_BLOCKS * sizeof(double));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_sp_part, SPLIT_BLOCKS * PICK_SPLIT_THREADS * sizeof(double));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_sp_slice_m, SPLIT_BLOCKS * sizeof(float));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_sp_m, rows * sizeof(float));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_split_cnt, rows * sizeof(int));
+        if (e == cudaSuccess) e = cudaMemset(s->d_split_cnt, 0, rows * sizeof(int));
+        if (e != cudaSuccess) {
+            ag_status fail = cuda_fail(__FILE__, __LINE__, "the sampling ops' scratch", e);
+            cu_destroy(be);
+            return fail;
+        }
+    }
     const char *gr = getenv("AUGUR_CUDA_GRAPHS");
     s->graphs_on = !(gr && *gr == '0');
     const char *mmv = getenv("AUGUR_CUDA_MMV");
@@ -4388,7 +4751,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
-    s->fa_one_pass = fa && !strcmp(fa, "1pass");
+    s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
     const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
     s->argmax_split = !(amsplit && *amsplit == '0');
     const char *pair = getenv("AUGUR_CUDA_PAIR");
