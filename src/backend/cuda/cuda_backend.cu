@@ -3846,6 +3846,46 @@ __global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__r
     if (threadIdx.x == 0) out[blockIdx.x] = bv > -INFINITY ? bi : -2;
 }
 
+/* A logit's weight in ag_pick_f32: the sampler's sanitize (NaN -> -inf,
+ * +inf -> FLT_MAX), then expf((l - m) * inv_t) in double. */
+static __device__ __forceinline__ double pick_weight(float l, float m, float inv_t) {
+    l = !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l;
+    return (double)expf(__fmul_rn(l - m, inv_t));
+}
+
+/* Among the sums w[0, n) following a running sum cum: the first with a
+ * weight whose running sum passes target, or the last with a weight
+ * (rounding left the target at the end); *base = the running sum before
+ * it. (One thread.) */
+static __device__ int pick_owner(const double *w, int n, double target, double cum, double *base) {
+    int own = -1, last = 0;
+    *base = cum;
+    for (int t = 0; t < n; t++) {
+        if (w[t] <= 0.0) continue;
+        last = t;
+        if (own < 0 && target < cum + w[t]) own = t, *base = cum;
+        cum += w[t];
+    }
+    if (own < 0) own = last, *base = cum - w[last];
+    return own;
+}
+
+/* row[c0, c1) scanned as the CPU scans a row, from the running sum cum:
+ * the first id whose running sum passes target, or the last with a
+ * weight; -1 when none has one. */
+static __device__ int32_t pick_scan(const float *row, int c0, int c1, float m, float inv_t, double cum,
+                                    double target) {
+    int32_t pick = -1;
+    for (int i = c0; i < c1; i++) {
+        const double w = pick_weight(row[i], m, inv_t);
+        if (w <= 0.0) continue;
+        pick = i;
+        cum += w;
+        if (target < cum) break;
+    }
+    return pick;
+}
+
 /* out[blockIdx.x] = ag_pick_f32 of the row with its draw (draws: u's low
  * and high words, 1/T's bits), -2 when no value is finite. One block of
  * 1024 threads a row: the max (argmax_block), each thread's weights over a
@@ -3877,47 +3917,22 @@ __global__ void __launch_bounds__(1024) pick_rows_k(const float *__restrict__ x,
     const int32_t *d = draws + 3 * blockIdx.x;
     const double   u = __hiloint2double(d[1], d[0]);
     const float    inv_t = __int_as_float(d[2]);
-    auto           weight = [&](int i) {
-        float l = row[i];
-        l = !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l; /* the sampler's sanitize */
-        return (double)expf(__fmul_rn(l - m, inv_t));
-    };
-    const int per = (dim + (int)blockDim.x - 1) / (int)blockDim.x;
-    const int c0 = min(dim, (int)threadIdx.x * per), c1 = min(dim, c0 + per);
-    double    sum = 0.0;
-    for (int i = c0; i < c1; i++) sum += weight(i);
+    const int      per = (dim + (int)blockDim.x - 1) / (int)blockDim.x;
+    const int      c0 = min(dim, (int)threadIdx.x * per), c1 = min(dim, c0 + per);
+    double         sum = 0.0;
+    for (int i = c0; i < c1; i++) sum += pick_weight(row[i], m, inv_t);
     part[threadIdx.x] = sum;
     __syncthreads();
     if (threadIdx.x == 0) {
         double total = 0.0;
         for (int t = 0; t < (int)blockDim.x; t++) total += part[t];
-        const double target = u * total;
-        double       cum = 0.0, base = 0.0;
-        int          owner = -1, last = 0;
-        for (int t = 0; t < (int)blockDim.x; t++) {
-            if (part[t] <= 0.0) continue;
-            last = t;
-            if (owner < 0 && target < cum + part[t]) owner = t, base = cum;
-            cum += part[t];
-        }
-        if (owner < 0) { /* rounding left the target at the end: the last token with a weight */
-            owner = last;
-            base = cum - part[last];
-        }
-        s_owner = owner, s_base = base, s_target = target;
+        s_target = u * total;
+        double base;
+        s_owner = pick_owner(part, (int)blockDim.x, s_target, 0.0, &base);
+        s_base = base;
     }
     __syncthreads();
-    if ((int)threadIdx.x != s_owner) return;
-    double  cum = s_base;
-    int32_t pick = -1;
-    for (int i = c0; i < c1; i++) {
-        const double w = weight(i);
-        if (w <= 0.0) continue;
-        pick = i;
-        cum += w;
-        if (s_target < cum) break;
-    }
-    out[blockIdx.x] = pick;
+    if ((int)threadIdx.x == s_owner) out[blockIdx.x] = pick_scan(row, c0, c1, m, inv_t, s_base, s_target);
 }
 
 /* Row r's slice [lo, hi) of a split grid (pick_max_k, pick_split_k,
@@ -3988,9 +4003,9 @@ __global__ void __launch_bounds__(1024) pick_split_k(const float *__restrict__ x
     __shared__ int    s_owner;
     int               r, lo, hi;
     split_slice(dim, S, (dim & 3) == 0, r, lo, hi);
-    const float  *row = x + (size_t)r * dim;
-    const float   m = m_in[r];
-    const int     T = (int)blockDim.x, tid = (int)threadIdx.x;
+    const float *row = x + (size_t)r * dim;
+    const float  m = m_in[r];
+    const int    T = (int)blockDim.x, tid = (int)threadIdx.x;
     if (!(m > -INFINITY)) { /* the whole row's blocks alike */
         if ((int)blockIdx.x == r * S && tid == 0) out[r] = -2;
         return;
@@ -3998,11 +4013,6 @@ __global__ void __launch_bounds__(1024) pick_split_k(const float *__restrict__ x
     const int32_t *d = draws + 3 * r;
     const double   u = __hiloint2double(d[1], d[0]);
     const float    inv_t = __int_as_float(d[2]);
-    auto           weight = [&](int i) {
-        float l = row[i];
-        l = !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l; /* the sampler's sanitize */
-        return (double)expf(__fmul_rn(l - m, inv_t));
-    };
     /* thread t's run of slice [a, b) */
     auto run = [&](int a, int b, int t, int &c0, int &c1) {
         const int per = (b - a + T - 1) / T;
@@ -4011,7 +4021,7 @@ __global__ void __launch_bounds__(1024) pick_split_k(const float *__restrict__ x
     int c0, c1;
     run(lo, hi, tid, c0, c1);
     double sum = 0.0;
-    for (int i = c0; i < c1; i++) sum += weight(i);
+    for (int i = c0; i < c1; i++) sum += pick_weight(row[i], m, inv_t);
     part[tid] = sum;
     sc_part[(size_t)blockIdx.x * T + tid] = sum;
     __syncthreads();
@@ -4021,51 +4031,34 @@ __global__ void __launch_bounds__(1024) pick_split_k(const float *__restrict__ x
         sc_tot[blockIdx.x] = tot;
     }
     if (!last_slice_of_row(cnt, r, S)) return;
-    /* owner(w, n, target, cum0): the first of w[0, n) with a weight whose
-     * cumulative sum passes target, or the last with a weight (rounding left
-     * the target at the end); s_base = the sum before it */
-    auto owner = [&](const double *w, int n, double target, double cum) {
-        int    own = -1, last = 0;
-        double base = cum;
-        for (int t = 0; t < n; t++) {
-            if (w[t] <= 0.0) continue;
-            last = t;
-            if (own < 0 && target < cum + w[t]) own = t, base = cum;
-            cum += w[t];
-        }
-        if (own < 0) own = last, base = cum - w[last];
-        s_owner = own, s_base = base;
-    };
+    /* the slice where u times the row's total falls, then its thread */
     for (int s = tid; s < S; s += T) part[s] = __ldcg(&sc_tot[r * S + s]);
     __syncthreads();
     if (tid == 0) {
         double total = 0.0;
         for (int s = 0; s < S; s++) total += part[s];
         s_target = u * total;
-        owner(part, S, s_target, 0.0);
+        double base;
+        s_owner = pick_owner(part, S, s_target, 0.0, &base);
+        s_base = base;
     }
     __syncthreads();
     const int    slice = s_owner;
-    const double base = s_base;
+    const double slice_base = s_base;
     __syncthreads();
     part[tid] = __ldcg(&sc_part[(size_t)(r * S + slice) * T + tid]);
     __syncthreads();
-    if (tid == 0) owner(part, T, s_target, base);
+    if (tid == 0) {
+        double base;
+        s_owner = pick_owner(part, T, s_target, slice_base, &base);
+        s_base = base;
+    }
     __syncthreads();
     if (tid != s_owner) return;
     int slo, shi;
     slice_range(dim, S, (dim & 3) == 0, slice, slo, shi);
     run(slo, shi, tid, c0, c1);
-    double  cum = s_base;
-    int32_t pick = -1;
-    for (int i = c0; i < c1; i++) {
-        const double w = weight(i);
-        if (w <= 0.0) continue;
-        pick = i;
-        cum += w;
-        if (s_target < cum) break;
-    }
-    out[r] = pick;
+    out[r] = pick_scan(row, c0, c1, m, inv_t, s_base, s_target);
 }
 
 /* ---- end of the pick kernel (make cuda-emu runs the code above, from the argmax's start, on the CPU) ---- */
