@@ -32,12 +32,14 @@ def test_seed_makes_sampling_reproducible():
 
 def assert_same_text(cases, env_off):
     """`augur run` of each (model, flags) gives the same text with env_off set
-    as without (a path that must not change the tokens)."""
+    as without (a path that must not change the tokens). The run without it
+    poisons the rows a device would not copy back (AUGUR_POISON_ROWS=1), so
+    a row read without its fetch shows."""
     for model, extra in cases:
         args = [AUGUR, "run", "-m", model, "-p", "Once upon a time", "-n", "64", *extra]
         # speculative runs draft lengths from a fixed verify cost, not from timings
         base = {**os.environ, "AUGUR_SPEC_ROW_COST": "0.1"}
-        on = subprocess.run(args, capture_output=True, timeout=120, env=base)
+        on = subprocess.run(args, capture_output=True, timeout=120, env={**base, "AUGUR_POISON_ROWS": "1"})
         off = subprocess.run(args, capture_output=True, timeout=120, env={**base, **env_off})
         assert on.returncode == 0, on.stderr.decode(errors="replace")
         assert off.returncode == 0, off.stderr.decode(errors="replace")

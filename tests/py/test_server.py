@@ -130,10 +130,11 @@ def test_candidates_give_the_rows_logprobs():
     next prompt token's value, best or not), a temperature alone with
     logprobs (the token picked where the logits are, its candidates naming
     it; also against a server that picks nothing, AUGUR_PICK=0), nine at
-    once."""
+    once. The first server poisons the rows a device would not copy back
+    (AUGUR_POISON_ROWS=1), so a row read without its fetch shows here."""
     from concurrent.futures import ThreadPoolExecutor
     from conftest import AugurServer, TINY_GGUF
-    servers = [AugurServer(TINY_GGUF, "--parallel", "4"),
+    servers = [AugurServer(TINY_GGUF, "--parallel", "4", env={**os.environ, "AUGUR_POISON_ROWS": "1"}),
                AugurServer(TINY_GGUF, "--parallel", "4", env={**os.environ, "AUGUR_CANDS": "0"}),
                AugurServer(TINY_GGUF, "--parallel", "4", env={**os.environ, "AUGUR_PICK": "0"})]
     reqs = [dict(prompt=PROMPT, max_tokens=24, temperature=0.9, top_k=40, seed=3, logprobs=5),
