@@ -692,7 +692,7 @@ ag_status ag_model_output_row(ag_model *m, int k, float *out) {
 /* AUGUR_POISON_ROWS=1: keeps the pass's n_out rows for
  * ag_model_output_row, then overwrites with NaN the rows whose outputs
  * were computed, the rows download_outputs would leave on a device. */
-static ag_status poison_rows(ag_model *m, const ag_batch *b, int n_out, const out_kinds *ok, float *logits) {
+static ag_status poison_unread_rows(ag_model *m, const ag_batch *b, int n_out, const out_kinds *ok, float *logits) {
     const size_t row = (size_t)m->cfg.n_vocab, need = (size_t)n_out * row;
     if (need > m->poison_cap) {
         float *p = realloc(m->poison_saved, need * sizeof(float));
@@ -809,6 +809,6 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
                 ag_top_cands_f32(logits + (size_t)k * c->n_vocab, c->n_vocab, &req, &b->cands[k]);
             }
     }
-    if (m->poison_rows) return poison_rows(m, b, n_out, &ok, logits);
+    if (m->poison_rows) return poison_unread_rows(m, b, n_out, &ok, logits);
     return AG_OK;
 }

@@ -4405,7 +4405,7 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_z_k(const float *__restri
     int               r, lo, hi;
     split_slice(dim, S, false, r, lo, hi);
     ag_cands *o = out + r;
-    if (!((reqs[r] >> 8) & 1) || o->n == 0) return; /* the whole row's blocks alike */
+    if (!cand_req_decode((uint32_t)reqs[r], -1, dim).want_z || o->n == 0) return; /* the whole row's blocks alike */
     const double z = cand_block_sum(cands_z_part(x + (size_t)r * dim, lo, hi, o->max), sh_d);
     if (threadIdx.x == 0) sc_z[blockIdx.x] = z;
     if (!last_slice_of_row(cnt, r, S) || threadIdx.x != 0) return;
@@ -4519,6 +4519,8 @@ static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const 
         launch_k(s, cands_split_k, (unsigned)(n * S), CANDS_THREADS, 0, x, dim, S, reqs, tok, s->d_cs_key, s->d_cs_id,
                  s->d_cs_nf, s->d_split_cnt, out);
         LAUNCHED();
+        /* launched whether or not a row wants z (its blocks return at once):
+         * a recorded pass is replayed for other requests of the same kinds */
         launch_k(s, cands_z_k, (unsigned)(n * S), CANDS_THREADS, 0, x, dim, S, reqs, s->d_split_sum, s->d_split_cnt,
                  out);
     }
