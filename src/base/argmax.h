@@ -19,6 +19,38 @@ static inline float ag_logit_sanitize(float l) {
     return l == INFINITY ? FLT_MAX : l;
 }
 
+/* One token's steps 1-2 of the sampler's chain (sample/sample.h), applied
+ * where the logits are (a backend's edit of a row before its argmax, pick
+ * or candidates are found, ag_batch.edits), so a sampler with logit bias or
+ * penalties need not read the whole row: flags say which steps the token
+ * has; `sub` is its count * frequency_penalty + presence_penalty, computed
+ * by the sampler. ag_logit_edit_apply is the arithmetic, which the sampler
+ * itself uses on the host and a device kernel repeats bit for bit. */
+enum { AG_EDIT_BIAS = 1, AG_EDIT_BAN = 2, AG_EDIT_PENALTY = 4 };
+typedef struct {
+    int32_t  id;
+    uint32_t flags; /* AG_EDIT_* */
+    float    bias;  /* AG_EDIT_BIAS: added (the token's biases summed, in order) */
+    float    rep;   /* AG_EDIT_PENALTY: the repetition penalty (1: none) */
+    float    sub;   /* AG_EDIT_PENALTY: then subtracted */
+} ag_logit_edit;
+
+/* A raw logit l of token e->id after its edit: sanitized; then -inf if
+ * banned, else plus the bias (sanitized); then (in the penalty window) l >
+ * 0 ? l / rep : l * rep unless rep is 1, minus sub (sanitized). Each
+ * operation rounds on its own (no contraction: C11 mode, and __f*_rn on a
+ * device). */
+static inline float ag_logit_edit_apply(float l, const ag_logit_edit *e) {
+    l = ag_logit_sanitize(l);
+    if (e->flags & AG_EDIT_BAN) l = -INFINITY;
+    else if (e->flags & AG_EDIT_BIAS) l = ag_logit_sanitize(l + e->bias);
+    if (e->flags & AG_EDIT_PENALTY) {
+        if (e->rep != 1.0f) l = l > 0.0f ? l / e->rep : l * e->rep;
+        l = ag_logit_sanitize(l - e->sub);
+    }
+    return l;
+}
+
 /* The lowest index among x[0..n)'s largest values, +inf and FLT_MAX counted
  * alike, NaN skipped; -1 when no value is finite (or n <= 0). */
 int32_t ag_argmax_f32(const float *x, int32_t n);

@@ -3,6 +3,7 @@
 #include "sample/sample.h"
 
 #include <float.h>
+#include <stdbool.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,13 @@
 struct ag_sampler {
     ag_sample_params p; /* p.logit_bias points at `bias` below */
     ag_logit_bias   *bias;
+    /* the bias as edits: one per token id, ids ascending, a token's biases
+     * summed in order (AG_EDIT_BAN if any was <= -100) */
+    ag_logit_edit   *bias_ed;
+    int32_t          n_bias_ed;
+    /* ag_sampler_take_edited_rows: rows and candidates come with steps 1-2
+     * applied by whoever computed them (ag_sampler_row_edits) */
+    int              edited_rows;
     int32_t          n_vocab;
     uint64_t         stream;
     uint64_t         rng[4];
@@ -134,6 +142,36 @@ ag_status ag_sample_params_check(const ag_sample_params *p, int32_t n_vocab) {
 
 /* ---- lifetime ------------------------------------------------------- */
 
+typedef struct {
+    int32_t token, order;
+    float   bias;
+} bias_entry;
+
+static int cmp_bias_entry(const void *pa, const void *pb) {
+    const bias_entry *a = pa, *b = pb;
+    if (a->token != b->token) return (a->token > b->token) - (a->token < b->token);
+    return (a->order > b->order) - (a->order < b->order);
+}
+
+/* The n biases b[] as one edit per token into out[], ids ascending, a
+ * token's biases summed in the order given; returns their count, or -1
+ * when out of memory. */
+static int32_t merge_bias(const ag_logit_bias *b, int32_t n, ag_logit_edit *out) {
+    bias_entry *e = malloc((size_t)n * sizeof *e);
+    if (!e) return -1;
+    for (int32_t i = 0; i < n; i++) e[i] = (bias_entry){b[i].token, i, b[i].bias};
+    qsort(e, (size_t)n, sizeof *e, cmp_bias_entry);
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const bool first = m == 0 || out[m - 1].id != e[i].token;
+        if (first) out[m++] = (ag_logit_edit){.id = e[i].token, .flags = AG_EDIT_BIAS, .bias = 0.0f, .rep = 1.0f};
+        if (e[i].bias <= -100.0f) out[m - 1].flags |= AG_EDIT_BAN;
+        else out[m - 1].bias = first ? e[i].bias : out[m - 1].bias + e[i].bias;
+    }
+    free(e);
+    return m;
+}
+
 ag_status ag_sampler_new(const ag_sample_params *params, int32_t n_vocab, uint64_t stream,
                          ag_sampler **out) {
     if (!out) return ag_errorf(AG_ERR_INVALID, "ag_sampler_new: out is NULL");
@@ -150,7 +188,11 @@ ag_status ag_sampler_new(const ag_sample_params *params, int32_t n_vocab, uint64
         s->bias = malloc((size_t)params->n_logit_bias * sizeof *s->bias);
         if (s->bias) memcpy(s->bias, params->logit_bias, (size_t)params->n_logit_bias * sizeof *s->bias);
     }
-    if (!s->cand || (params->n_logit_bias > 0 && !s->bias)) {
+    if (params->n_logit_bias > 0 && s->bias) {
+        s->bias_ed = malloc((size_t)params->n_logit_bias * sizeof *s->bias_ed);
+        s->n_bias_ed = s->bias_ed ? merge_bias(s->bias, params->n_logit_bias, s->bias_ed) : -1;
+    }
+    if (!s->cand || (params->n_logit_bias > 0 && (!s->bias || s->n_bias_ed < 0))) {
         ag_sampler_free(s);
         return ag_errorf(AG_ERR_NOMEM, "ag_sampler_new: out of memory for a %d-token vocab",
                          (int)n_vocab);
@@ -166,6 +208,7 @@ void ag_sampler_free(ag_sampler *s) {
     if (!s) return;
     free(s->cand);
     free(s->bias);
+    free(s->bias_ed);
     free(s->hist);
     free(s->hkey);
     free(s->hval);
@@ -289,13 +332,87 @@ ag_status ag_sampler_rewind(ag_sampler *s, size_t n) {
 
 /* ---- chain steps 1-2 and per-call statistics ------------------------- */
 
+/* The window count of t (0 when it has none). */
+static int32_t hget(const ag_sampler *s, int32_t t) {
+    if (!s->hcap) return 0;
+    for (size_t j = hslot(t, s->hcap); s->hkey[j] >= 0; j = (j + 1) & (s->hcap - 1))
+        if (s->hkey[j] == t) return s->hval[j];
+    return 0;
+}
+
+static int cmp_edit_id(const void *pa, const void *pb) {
+    const ag_logit_edit *a = pa, *b = pb;
+    return (a->id > b->id) - (a->id < b->id);
+}
+
+/* Whether steps 1-2 are the sampler's to apply (it has bias or penalties
+ * and its rows do not come edited). */
+static int mods_on(const ag_sampler *s) {
+    return !s->edited_rows && (s->n_bias_ed > 0 || penalties_active(s));
+}
+
+/* Where visit_edits puts each edit: into out[], or applied to cand[] from
+ * the raw logits. */
+typedef struct {
+    ag_logit_edit *out;
+    ag_cand       *cand;
+    const float   *logits;
+    size_t         n;
+} edit_sink;
+
+static void put_edit(edit_sink *k, const ag_logit_edit *e) {
+    if (k->out) k->out[k->n] = *e;
+    else k->cand[e->id].l = ag_logit_edit_apply(k->logits[e->id], e);
+    k->n++;
+}
+
+/* Every token steps 1-2 change for the current history, one edit each:
+ * the biased tokens (ids ascending, with their penalty step if they are in
+ * the window), then the window's other tokens (in table order). */
+static void visit_edits(const ag_sampler *s, edit_sink *k) {
+    const int   pen = penalties_active(s);
+    const float rep = s->p.repetition_penalty, pres = s->p.presence_penalty, freq = s->p.frequency_penalty;
+    for (int32_t i = 0; i < s->n_bias_ed; i++) {
+        ag_logit_edit e = s->bias_ed[i];
+        const int32_t cnt = pen ? hget(s, e.id) : 0;
+        if (cnt > 0) e.flags |= AG_EDIT_PENALTY, e.rep = rep, e.sub = (float)cnt * freq + pres;
+        put_edit(k, &e);
+    }
+    for (size_t j = 0; pen && j < s->hcap; j++) {
+        const int32_t t = s->hkey[j], cnt = s->hval[j];
+        if (t < 0 || cnt <= 0) continue;
+        const ag_logit_edit key = {.id = t};
+        if (s->n_bias_ed > 0 && bsearch(&key, s->bias_ed, (size_t)s->n_bias_ed, sizeof key, cmp_edit_id)) continue;
+        const ag_logit_edit e = {.id = t, .flags = AG_EDIT_PENALTY, .bias = 0.0f, .rep = rep,
+                                 .sub = (float)cnt * freq + pres};
+        put_edit(k, &e);
+    }
+}
+
+int ag_sampler_has_edits(const ag_sampler *s) { return s && (s->n_bias_ed > 0 || penalties_active(s)); }
+
+size_t ag_sampler_max_edits(const ag_sampler *s) {
+    return s ? (size_t)s->n_bias_ed + (penalties_active(s) ? s->hused : 0) : 0;
+}
+
+size_t ag_sampler_row_edits(const ag_sampler *s, ag_logit_edit *out) {
+    if (!s || !out) return 0;
+    edit_sink k = {.out = out};
+    visit_edits(s, &k);
+    return k.n;
+}
+
+void ag_sampler_take_edited_rows(ag_sampler *s) {
+    if (s) s->edited_rows = 1;
+}
+
 /* Fills cand[] in id order with the processed logits and computes max,
  * argmax, the count of finite logits and (if want_z) sumexp. */
 static ag_status prepare(ag_sampler *s, const float *logits, int want_z) {
     if (!logits) return ag_errorf(AG_ERR_INVALID, "sampler: logits is NULL");
     const int32_t n = s->n_vocab;
     ag_cand *c = s->cand;
-    const int mods = s->p.n_logit_bias > 0 || penalties_active(s);
+    const int mods = mods_on(s);
     /* The strict '>' keeps the lowest id among equal maxima. Without
      * bias or penalties the max comes out of the copy pass itself. */
     float m = -INFINITY;
@@ -316,21 +433,9 @@ static ag_status prepare(ag_sampler *s, const float *logits, int want_z) {
             c[i].l = ag_logit_sanitize(logits[i]);
             c[i].id = i;
         }
-        for (int32_t i = 0; i < s->p.n_logit_bias; i++) {
-            const ag_logit_bias *b = &s->bias[i];
-            c[b->token].l = b->bias <= -100.0f ? -INFINITY : ag_logit_sanitize(c[b->token].l + b->bias);
-        }
-        if (penalties_active(s)) {
-            const float rep = s->p.repetition_penalty;
-            const float pres = s->p.presence_penalty, freq = s->p.frequency_penalty;
-            for (size_t j = 0; j < s->hcap; j++) {
-                int32_t cnt = s->hval[j];
-                if (s->hkey[j] < 0 || cnt <= 0) continue;
-                float l = c[s->hkey[j]].l;
-                if (rep != 1.0f) l = l > 0.0f ? l / rep : l * rep;
-                c[s->hkey[j]].l = ag_logit_sanitize(l - ((float)cnt * freq + pres));
-            }
-        }
+        /* the edits a device would apply, with the same arithmetic */
+        edit_sink k = {.cand = c, .logits = logits};
+        visit_edits(s, &k);
         for (int32_t i = 0; i < n; i++) {
             float l = c[i].l;
             nf += l != -INFINITY;
@@ -630,8 +735,7 @@ static ag_status greedy_argmax(const float *logits, int32_t n, int32_t *out) {
 }
 
 int ag_sampler_argmax_only(const ag_sampler *s) {
-    return s && s->p.temperature == 0.0f && !s->p.logprobs && s->p.n_logprobs <= 0 && s->p.n_logit_bias == 0 &&
-           !penalties_active(s);
+    return s && s->p.temperature == 0.0f && !s->p.logprobs && s->p.n_logprobs <= 0 && !mods_on(s);
 }
 
 /* *out for a token found where the logits are (an argmax or a pick):
@@ -655,7 +759,7 @@ ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_resu
 /* A temperature and nothing else in the chain (logprobs or not). */
 static int temperature_only(const ag_sampler *s) {
     return s && s->p.temperature > 0.0f && (s->p.top_k <= 0 || s->p.top_k >= s->n_vocab) && s->p.top_p >= 1.0f &&
-           s->p.min_p <= 0.0f && s->p.n_logit_bias == 0 && !penalties_active(s);
+           s->p.min_p <= 0.0f && !mods_on(s);
 }
 
 int ag_sampler_pick_only(const ag_sampler *s) {
@@ -745,7 +849,7 @@ ag_status ag_sampler_sample(ag_sampler *s, const float *logits, ag_sample_result
 }
 
 int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req) {
-    if (!s || s->p.n_logit_bias > 0 || penalties_active(s)) return 0;
+    if (!s || mods_on(s)) return 0;
     const int want_lp = s->p.logprobs || s->p.n_logprobs > 0;
     int32_t   k;
     if (s->p.temperature == 0.0f) {
@@ -873,7 +977,7 @@ ag_status ag_sampler_probs_cands(ag_sampler *s, const ag_cands *c, ag_cand_probs
 }
 
 int ag_sampler_logprobs_req(const ag_sampler *s, int32_t token, ag_cands_req *req) {
-    if (!s || s->p.n_logit_bias > 0 || penalties_active(s) || !(s->p.logprobs || s->p.n_logprobs > 0)) return 0;
+    if (!s || mods_on(s) || !(s->p.logprobs || s->p.n_logprobs > 0)) return 0;
     if (req) *req = (ag_cands_req){s->p.n_logprobs > 1 ? s->p.n_logprobs : 1, 1, token};
     return 1;
 }

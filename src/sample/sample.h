@@ -83,7 +83,8 @@ typedef struct {
     int32_t  penalty_last_n;     /* -1 = all accepted tokens, 0 = off, n > 0 */
     const ag_logit_bias *logit_bias; /* [n_logit_bias]; borrowed only during
                                         ag_sampler_new (it copies); duplicate
-                                        ids add up */
+                                        ids add up (summed in order, then
+                                        added; any <= -100 bans) */
     int32_t  n_logit_bias;
     uint64_t seed;               /* the caller picks a random one when the
                                     request has none */
@@ -153,6 +154,32 @@ size_t ag_sampler_bytes(int32_t n_vocab, size_t n_accepted);
 
 /* 1 if temperature == 0 (greedy: sampling and verify use no RNG). */
 int ag_sampler_greedy(const ag_sampler *s);
+
+/* Whether the sampler's steps 1-2 (logit bias, penalties) change any
+ * logit: then a backend can apply them where the logits are
+ * (ag_sampler_row_edits) and hand the sampler edited rows. Fixed for the
+ * sampler's life. */
+int ag_sampler_has_edits(const ag_sampler *s);
+
+/* The most edits ag_sampler_row_edits can write now: the biased tokens
+ * plus the tokens counted in the penalty window. Grows with the history. */
+size_t ag_sampler_max_edits(const ag_sampler *s);
+
+/* Steps 1-2 for the current history as edits (ag_logit_edit, base/argmax.h),
+ * one per token they change, into out[ag_sampler_max_edits(s)]; returns
+ * their count. ag_logit_edit_apply of each to its token's raw logit gives
+ * the processed logit ag_sampler_logits gives, bit for bit; every other
+ * token's processed logit is its raw one sanitized. For a speculative
+ * verify row, accept the drafts before it first (and rewind after). */
+size_t ag_sampler_row_edits(const ag_sampler *s, ag_logit_edit *out);
+
+/* From now on every row and every candidates given to this sampler come
+ * with its edits applied (ag_sampler_row_edits for the history at that
+ * row, by a backend, ag_batch.edits): the sampler skips steps 1-2, and the
+ * predicates below (argmax-only, pick-only, candidates requests) answer as
+ * for a sampler without bias and penalties, so its rows too may stay where
+ * they were computed. Not undone by ag_sampler_reset. */
+void ag_sampler_take_edited_rows(ag_sampler *s);
 
 /* 1 if ag_sampler_sample returns the row's argmax and nothing else: greedy,
  * no logprobs, no logit bias, no penalties. Such a sampler can take a token

@@ -768,6 +768,107 @@ static void cands_draw_what_sample_draws(void **state) {
  * reject and correction, the same RNG stream after it, the same logprobs.
  * Drafts are kept tokens, tokens outside the kept set, and the argmax; q
  * one-hot (NULL) or a dense distribution with holes. */
+/* A sampler with bias and penalties whose rows come edited
+ * (ag_sampler_take_edited_rows) gives, from the row with its edits applied
+ * (ag_sampler_row_edits, ag_logit_edit_apply) and from that row's
+ * candidates, its argmax or its pick, what the sampler reading the raw row
+ * gives, bit for bit: the edits are steps 1-2 exactly. */
+static void edited_rows_sample_what_raw_rows_sample(void **state) {
+    static ag_cands c;
+    int             by_cands = 0, by_argmax = 0, by_pick = 0, edits_seen = 0;
+    for (int round = 0; round < 60; round++) {
+        const int        n = round % 2 ? 300 : 5000;
+        ag_sample_params p = ag_sample_default_params();
+        p.temperature = round % 6 == 0 ? 0.0f : (float)(0.3 + 1.5 * trng_unit());
+        p.top_k = round % 4 == 1 ? 0 : 1 + trng_int(AG_CANDS_MAX);
+        p.top_p = round % 3 == 0 ? 1.0f : (float)(0.4 + 0.6 * trng_unit());
+        p.min_p = round % 5 == 0 ? (float)(0.1 * trng_unit()) : 0.0f;
+        if (round % 7 == 3) p.top_k = 0, p.top_p = 1.0f, p.min_p = 0.0f; /* temperature only: pick */
+        p.logprobs = round % 3 == 1;
+        p.n_logprobs = round % 9 == 4 ? 1 + trng_int(AG_SAMPLE_MAX_LOGPROBS) : 0;
+        p.repetition_penalty = round % 4 == 3 ? 1.0f : (float)(0.7 + 0.8 * trng_unit());
+        p.frequency_penalty = round % 3 == 2 ? 0.0f : (float)(2.0 * trng_unit() - 1.0);
+        p.presence_penalty = (float)(2.0 * trng_unit() - 1.0);
+        p.penalty_last_n = round % 5 == 1 ? 8 : -1;
+        ag_logit_bias lb[6];
+        const int     nb = round % 4 == 2 ? 0 : 6;
+        for (int i = 0; i < nb; i++) lb[i] = (ag_logit_bias){trng_int(40), (float)(8.0 * trng_unit() - 4.0)};
+        if (nb) lb[5] = (ag_logit_bias){lb[1].token, -100.0f}; /* a ban after a bias of the same token */
+        if (nb && round % 3 == 0) lb[4].bias = 3e38f;           /* overflows to +inf: sanitized */
+        p.logit_bias = lb;
+        p.n_logit_bias = nb;
+        p.seed = 900 + (uint64_t)round;
+        /* raw: reads raw rows; row, cands, quick: take edited rows */
+        ag_sampler *raw = new_sampler(&p, n, 2), *row = new_sampler(&p, n, 2), *cands = new_sampler(&p, n, 2),
+                   *quick = new_sampler(&p, n, 2);
+        assert_true(ag_sampler_has_edits(raw));
+        ag_sampler_take_edited_rows(row);
+        ag_sampler_take_edited_rows(cands);
+        ag_sampler_take_edited_rows(quick);
+        ag_cands_req req;
+        const int    has_req = ag_sampler_cands_req(cands, &req);
+        assert_false(ag_sampler_cands_req(raw, NULL)); /* reading raw rows, it needs the whole row */
+        float *l = malloc(sizeof(float) * (size_t)n), *ed = malloc(sizeof(float) * (size_t)n),
+              *proc = malloc(sizeof(float) * (size_t)n);
+        ag_logit_edit *e = NULL;
+        for (int step = 0; step < 12; step++) {
+            for (int i = 0; i < n; i++) l[i] = step % 4 == 3 ? (float)trng_int(6) : (float)(2.0 * trng_normal());
+            if (step % 3 == 1) l[trng_int(40)] = NAN, l[trng_int(40)] = INFINITY, l[trng_int(40)] = -0.0f;
+            const size_t cap = ag_sampler_max_edits(raw);
+            e = realloc(e, sizeof *e * (cap ? cap : 1));
+            const size_t ne = ag_sampler_row_edits(raw, e);
+            assert_true(ne <= cap);
+            assert_int_equal(ne, ag_sampler_row_edits(row, e)); /* (the same history) */
+            edits_seen += (int)ne;
+            for (int i = 0; i < n; i++) ed[i] = l[i];
+            for (size_t k = 0; k < ne; k++) {
+                for (size_t j = 0; j < k; j++) assert_int_not_equal(e[j].id, e[k].id); /* a token once */
+                ed[e[k].id] = ag_logit_edit_apply(l[e[k].id], &e[k]);
+            }
+            for (int i = 0; i < n; i++) ed[i] = ag_logit_sanitize(ed[i]);
+            assert_int_equal(ag_sampler_logits(raw, l, proc), AG_OK);
+            assert_memory_equal(proc, ed, sizeof(float) * (size_t)n);
+            ag_sample_result a, b, q;
+            assert_int_equal(ag_sampler_sample(raw, l, &a), AG_OK);
+            assert_int_equal(ag_sampler_sample(row, ed, &b), AG_OK);
+            assert_same_result(&b, &a);
+            if (ag_sampler_argmax_only(quick)) {
+                assert_int_equal(ag_argmax_f32(ed, n), a.token);
+                by_argmax++;
+            } else if (ag_sampler_pick_only(quick)) {
+                ag_pick d;
+                assert_int_equal(ag_sampler_draw_pick(quick, &d), AG_OK);
+                assert_int_equal(ag_pick_f32(ed, n, d.inv_temp, d.u), a.token);
+                by_pick++;
+            }
+            if (has_req) {
+                ag_top_cands_f32(ed, n, &req, &c);
+                if (ag_sampler_cands_enough(cands, &c)) {
+                    assert_int_equal(ag_sampler_sample_cands(cands, &c, &q), AG_OK);
+                    by_cands++;
+                } else {
+                    assert_int_equal(ag_sampler_sample(cands, ed, &q), AG_OK);
+                }
+                assert_same_result(&q, &a);
+            }
+            ag_sampler *all[] = {raw, row, cands, quick};
+            const int32_t next = step % 2 ? a.token : trng_int(40); /* (often a biased token) */
+            for (int k = 0; k < 4; k++) assert_int_equal(ag_sampler_accept(all[k], next), AG_OK);
+        }
+        free(e);
+        free(l);
+        free(ed);
+        free(proc);
+        ag_sampler_free(raw);
+        ag_sampler_free(row);
+        ag_sampler_free(cands);
+        ag_sampler_free(quick);
+    }
+    print_message("edited rows: %d edits, %d by candidates, %d by argmax, %d by pick\n", edits_seen, by_cands,
+                  by_argmax, by_pick);
+    assert_true(by_cands > 100 && by_argmax > 20 && by_pick > 10);
+}
+
 static void cands_verify_what_rows_verify(void **state) {
     static const int sizes[] = {9, 400, 3000};
     static ag_cands      c;
@@ -1750,6 +1851,7 @@ int main(void) {
         cmocka_unit_test(draw_walks_the_kept_set_in_id_order),
         cmocka_unit_test(top_cands_match_a_sort),
         cmocka_unit_test(cands_draw_what_sample_draws),
+        cmocka_unit_test(edited_rows_sample_what_raw_rows_sample),
         cmocka_unit_test(cands_verify_what_rows_verify),
         cmocka_unit_test(scored_tokens_from_candidates),
         cmocka_unit_test(picked_tokens_with_logprobs),
