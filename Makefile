@@ -94,19 +94,23 @@ $(BUILD)/%.o: %.cu $(CONFIG_STAMP)
 # Compiles the CUDA sources without linking (`make test` does this when nvcc
 # is installed, so they never rot on machines without a GPU).
 # The sampling kernels' code (argmax, pick, candidates, and their split
-# grids), cut from cuda_backend.cu, run under a CPU emulation of a block
+# grids; the samplers' edits), cut from cuda_backend.cu, run under a CPU emulation of a block
 # (tests/emu/*_emu.cpp) against the host's functions: for kernel edits
 # without a GPU. EMU_DIMS: how many of its row sizes.
 EMU_DIMS ?= 4
-cuda-emu: $(BUILD)/emu/cands_emu $(BUILD)/emu/pick_emu
+cuda-emu: $(BUILD)/emu/cands_emu $(BUILD)/emu/pick_emu $(BUILD)/emu/edit_emu
 	$(BUILD)/emu/cands_emu $(EMU_DIMS)
 	$(BUILD)/emu/pick_emu $(EMU_DIMS)
+	$(BUILD)/emu/edit_emu
 $(BUILD)/emu/cands_kernel.inc: src/backend/cuda/cuda_backend.cu
 	@mkdir -p $(dir $@)
 	sed -n "/^\/\* ---- a row's best candidates/,/^\/\* ---- end of the candidates kernel/p" $< > $@
 $(BUILD)/emu/pick_kernel.inc: src/backend/cuda/cuda_backend.cu
 	@mkdir -p $(dir $@)
 	sed -n "/^\/\* ---- argmax of output rows/,/^\/\* ---- end of the pick kernel/p" $< > $@
+$(BUILD)/emu/edit_kernel.inc: src/backend/cuda/cuda_backend.cu
+	@mkdir -p $(dir $@)
+	sed -n "/^\/\* ---- the samplers' edits of output rows/,/^\/\* ---- end of the edit kernel/p" $< > $@
 $(BUILD)/emu/cands_emu: $(BUILD)/emu/pick_kernel.inc
 $(BUILD)/emu/argmax.o: src/base/argmax.c src/base/argmax.h
 	@mkdir -p $(dir $@)

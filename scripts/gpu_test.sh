@@ -126,6 +126,21 @@ build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample
 python3 scripts/compare_logprobs.py --bin build/cuda/augur -m "$G" --a "AUGUR_CUDA_SAMPLE_SPLIT=1" \
   --b "AUGUR_CANDS=0 AUGUR_PICK=0" -- --device cuda
 
+echo "== logit bias and penalties applied on the GPU (the edit op) == by the samplers to the copied rows (AUGUR_EDITS=0)"
+# greedy (argmax), a temperature alone (pick), the CLI's truncation (candidates), speculative; the edit kernel off
+# (AUGUR_CUDA_EDIT=0: rows copied and edited on the host) too
+for T in "--temp 0 --repeat-penalty 1.3" "--temp 1.0 --top-k 0 --top-p 1 --min-p 0 --seed 3 --repeat-penalty 1.2" \
+         "--temp 0.8 --seed 5 --repeat-penalty 0.85" "--temp 0.8 --seed 11 --repeat-penalty 1.2 --draft ngram"; do
+  export AUGUR_SPEC_ROW_COST=0.1
+  build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/edit-on.txt 2>/dev/null
+  AUGUR_EDITS=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/edit-off.txt 2>/dev/null
+  same build/cuda/edit-on.txt build/cuda/edit-off.txt "text ($T) from rows edited on the GPU == edited by the sampler"
+  AUGUR_CUDA_EDIT=0 build/cuda/augur run --device cuda -m "$G" -p "$P" -n 64 $T --ignore-eos > build/cuda/edit-on.txt 2>/dev/null
+  same build/cuda/edit-on.txt build/cuda/edit-off.txt "text ($T) with the edit kernel off (AUGUR_CUDA_EDIT=0) == edited by the sampler"
+  unset AUGUR_SPEC_ROW_COST
+done
+build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample --penalties
+
 echo "== whole models, GPU vs CPU"
 models=()
 for m in "${AUGUR_SHARED:-../shared}/models/tiny/stories260K.gguf" .devmodels/*.gguf models/*.gguf; do

@@ -63,6 +63,11 @@ typedef struct {
      * candidates (the cands op); NULL: none */
     const ag_cands_req *cands_req;
     int                 n_out; /* output rows (pick's and cands_req's length) */
+    /* [n_out + 1] and [edit_start[n_out]] (both NULL: none): output row k's
+     * edits are edits[edit_start[k] .. edit_start[k + 1]) (the edit op,
+     * ag_batch.edits); given to begin like the draws */
+    const int32_t       *edit_start;
+    const ag_logit_edit *edits;
 } ag_batch_layout;
 
 /* The shape of one attention layer. */
@@ -193,6 +198,13 @@ typedef struct {
      * out is backend memory. NULL: the caller finds them in the rows. */
     ag_status (*cands)(ag_backend *, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
                        const int32_t *tok, ag_cands *out);
+    /* x[k][e.id] = ag_logit_edit_apply(x[k][e.id], &e) for every edit e of
+     * output rows k in [0, n) (lay's edits, which begin got; x[n][dim] the
+     * pass's output rows), bit for bit. NULL: a device backend's edited rows
+     * are copied back and edited on the host (an edit op must come with
+     * argmax, pick and cands ops that read the edited rows). A host-memory
+     * backend needs none (the model edits its rows in place). */
+    ag_status (*edit)(ag_backend *, float *x, int n, int dim, const ag_batch_layout *lay);
     /* The device memory free now and in all (a GPU's). NULL: host memory only. */
     ag_status (*device_memory)(ag_backend *, uint64_t *free_bytes, uint64_t *total_bytes);
     /* out[n][n_head*hd_v] = softmax(scale · q·Kᵀ (causal, windowed)) · V, each

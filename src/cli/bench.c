@@ -13,7 +13,7 @@
 
 static const char usage[] =
     "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
-    "                   [--json]\n"
+    "                   [--penalties] [--json]\n"
     "  -p N   prompt tokens processed in one batch (0 = skip)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
     "  -d N   decode after N positions of context (filled untimed first; default 0)\n"
@@ -29,6 +29,10 @@ static const char usage[] =
     "         default (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), the sampler's time\n"
     "         included: from each row's best candidates (found where the logits are when the\n"
     "         backend can), or with AUGUR_CANDS=0 from the copied rows\n"
+    "  --penalties with --sample: also a repetition penalty of 1.1, a frequency penalty of 0.2\n"
+    "         and a presence penalty of 0.1 over every token fed so far, applied to the rows\n"
+    "         where the logits are (the samplers' edits), or with AUGUR_EDITS=0 by the\n"
+    "         samplers to the copied rows\n"
     "  --json one JSON object on stdout instead of the table\n"
     "  --draft ngram|MODEL.gguf [--draft-max N] [--draft-min N] [-f PROMPT_FILE]\n"
     "         speculative decoding instead: the same greedy request (default: a built-in code\n"
@@ -96,6 +100,14 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
     int32_t *tok = malloc(sizeof(int32_t) * n_seq), *pos = malloc(sizeof(int32_t) * n_seq),
             *seqs = malloc(sizeof(int32_t) * n_seq);
     /* decode: every sequence samples, so every row needs logits (or its argmax) */
+    /* samplers whose rows come edited (--penalties): each row's edits, the
+     * fed tokens their history */
+    const bool     edit = samplers && ag_sampler_has_edits(samplers[0]) && kind != AG_WANT_LOGITS;
+    int32_t       *edit_start = edit ? malloc(sizeof(int32_t) * (size_t)(n_seq + 1)) : NULL;
+    ag_logit_edit *edits = NULL;
+    size_t         cap_edits = 0;
+    for (int i = 0; samplers && i < n_seq; i++)
+        if (ag_sampler_has_edits(samplers[i])) ag_sampler_reset(samplers[i]);
     uint8_t *want = malloc((size_t)n_seq);
     int32_t *am = malloc(sizeof(int32_t) * (size_t)n_seq);
     ag_pick *draws = malloc(sizeof(ag_pick) * (size_t)n_seq);
@@ -118,12 +130,27 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
         }
         ag_batch b = {.n = n_seq, .token = tok, .pos = pos, .seq = seqs, .want_logits = want, .argmax = am,
                       .pick = draws, .cands_req = reqs, .cands = cands};
+        size_t n_edits = 0;
+        for (int s = 0; edit && s < n_seq && !st; s++) {
+            edit_start[s] = (int32_t)n_edits;
+            const size_t need = n_edits + ag_sampler_max_edits(samplers[s]);
+            if (need > cap_edits) {
+                ag_logit_edit *g = realloc(edits, sizeof *g * 2 * need);
+                if (!g) st = ag_errorf(AG_ERR_NOMEM, "out of memory for the samplers' edits");
+                else edits = g, cap_edits = 2 * need;
+            }
+            if (!st) n_edits += ag_sampler_row_edits(samplers[s], edits + n_edits);
+        }
+        if (edit && n_edits) edit_start[n_seq] = (int32_t)n_edits, b.edit_start = edit_start, b.edits = edits;
         for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_reserve(kv, seq_ids[s], 1);
         if (!st) st = ag_model_forward(m, kv, &b, logits);
         for (int s = 0; s < n_seq && samplers && !st; s++) {
             ag_sample_result r;
             st = cands ? ag_sampler_sample_cands(samplers[s], &cands[s], &r)
                        : ag_sampler_sample(samplers[s], logits + (size_t)s * c->n_vocab, &r);
+            /* (a top-p cut past the candidates would need the row fetched:
+             * rare at these settings, and then an error here) */
+            if (!st && ag_sampler_has_edits(samplers[s])) st = ag_sampler_accept(samplers[s], tok[s]);
         }
         for (int s = 0; s < n_seq && !st; s++) st = ag_kv_seq_commit(kv, seq_ids[s], p + 1);
     }
@@ -136,6 +163,8 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
     free(draws);
     free(reqs);
     free(cands);
+    free(edit_start);
+    free(edits);
     for (int s = 0; s < made; s++) ag_kv_seq_free(kv, seq_ids[s]);
     if (st) {
         ag_cli_fail("%s", ag_error_message());
@@ -164,7 +193,7 @@ int ag_cli_bench(int argc, char **argv) {
     long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1, depth = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
-    bool json = false, argmax = false, pick = false, sample = false;
+    bool json = false, argmax = false, pick = false, sample = false, penalties = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -175,6 +204,7 @@ int ag_cli_bench(int argc, char **argv) {
         if (!strcmp(a, "--argmax")) { argmax = true; continue; }
         if (!strcmp(a, "--pick")) { pick = true; continue; }
         if (!strcmp(a, "--sample")) { sample = true; continue; }
+        if (!strcmp(a, "--penalties")) { penalties = true; continue; }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
         int  df = ag_cli_draft_flag(a, v, &dopt);
@@ -198,6 +228,7 @@ int ag_cli_bench(int argc, char **argv) {
     if (prompt_file) return ag_cli_usage_error(usage, "bench: -f goes with --draft");
     if (argmax + pick + sample > 1)
         return ag_cli_usage_error(usage, "bench: --argmax, --pick and --sample are kinds of decode step: one of them");
+    if (penalties && !sample) return ag_cli_usage_error(usage, "bench: --penalties goes with --sample");
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = (int)threads;
     mp.device = ag_cli_device;
@@ -226,7 +257,10 @@ int ag_cli_bench(int argc, char **argv) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
     }
-    const bool    cands = sample && ag_model_can_cands(m);
+    /* --penalties with AUGUR_EDITS=0: the samplers read the copied rows */
+    const char   *eo = getenv("AUGUR_EDITS");
+    const bool    edits_off = eo && *eo == '0';
+    const bool    cands = sample && ag_model_can_cands(m) && !(penalties && edits_off);
     const uint8_t kind = argmax ? AG_WANT_ARGMAX : pick ? AG_WANT_PICK : cands ? AG_WANT_CANDS : AG_WANT_LOGITS;
     /* --sample: the CLI's default sampler, one per sequence */
     ag_sampler **samplers = sample ? calloc((size_t)n_seq, sizeof *samplers) : NULL;
@@ -236,11 +270,13 @@ int ag_cli_bench(int argc, char **argv) {
     }
     ag_sample_params sp = ag_sample_default_params();
     sp.temperature = 0.8f, sp.top_k = 40, sp.top_p = 0.95f, sp.min_p = 0.05f;
+    if (penalties) sp.repetition_penalty = 1.1f, sp.frequency_penalty = 0.2f, sp.presence_penalty = 0.1f;
     for (long s = 0; samplers && s < n_seq; s++)
         if (ag_sampler_new(&sp, c->n_vocab, (uint64_t)s, &samplers[s])) {
             ag_cli_fail("%s", ag_error_message());
             goto done_samplers;
         }
+    for (long s = 0; samplers && penalties && !edits_off && s < n_seq; s++) ag_sampler_take_edited_rows(samplers[s]);
     double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
         double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, AG_WANT_LOGITS, logits, NULL) : 0;
@@ -260,7 +296,7 @@ int ag_cli_bench(int argc, char **argv) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"reps\": %ld, \"weight_gb\": %.4f", model_path, nthreads, reps, gb);
         if (*kernels) printf(", \"cpu_kernels\": \"%s\"", kernels);
         if (pp) printf(", \"pp\": %ld, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, pp_med, pps[0], pps[reps - 1]);
-        if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"argmax\": %s, \"pick\": %s, \"sample\": %s, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, argmax ? "true" : "false", pick ? (ag_model_can_pick(m) ? "true" : "\"rows copied\"") : "false", !sample ? "false" : cands ? "\"candidates\"" : "\"rows\"", tg_med, tgs[0], tgs[reps - 1]);
+        if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"argmax\": %s, \"pick\": %s, \"sample\": %s, \"penalties\": %s, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, argmax ? "true" : "false", pick ? (ag_model_can_pick(m) ? "true" : "\"rows copied\"") : "false", !sample ? "false" : cands ? "\"candidates\"" : "\"rows\"", !penalties ? "false" : edits_off ? "\"by the samplers\"" : "\"edited rows\"", tg_med, tgs[0], tgs[reps - 1]);
         printf("}\n");
     } else {
         printf("model: %s (%s, %.1f MB of weights read per token), %d threads, %ld reps\n", model_path,
@@ -275,6 +311,9 @@ int ag_cli_bench(int argc, char **argv) {
         if (tg && sample)
             printf(cands ? "(tg samples each row from its best candidates, the sampler's time included)\n"
                          : "(tg samples each row from the whole row, the sampler's time included)\n");
+        if (tg && penalties)
+            printf(edits_off ? "(with penalties, applied by the samplers to the copied rows)\n"
+                             : "(with penalties, applied to the rows where the logits are)\n");
         if (pp) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
         if (tg && n_seq == 1) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);
         if (tg && n_seq > 1) printf("tg%ldx%-3ld %12.2f %12.2f %12.2f  (aggregate over %ld sequences)\n", tg, n_seq, tg_med, tgs[0], tgs[reps - 1], n_seq);

@@ -40,6 +40,7 @@ typedef struct {
     ag_schema_matcher *constraint; /* structured output, else NULL */
     ag_spec_seq *spec;   /* speculative decoding, else NULL */
     int          d;      /* drafts in the current step's window */
+    bool         edits_failed; /* this step's rows lack its sampler's edits (out of memory): it ends */
     int32_t      stop_index; /* the stop string that ended it, or -1 */
 } choice;
 
@@ -117,6 +118,12 @@ struct ag_engine {
     ag_cands_req *b_cands_req; /* [logit_rows] the requests of AG_WANT_CANDS rows, by output row */
     ag_cands     *cands;       /* [logit_rows] their candidates (ag_batch.cands) */
     int32_t *argmax; /* [logit_rows]: the rows' argmax or picked token where the backend found it (ag_batch.argmax) */
+    /* the rows' edits (ag_batch.edits): a sampler with logit bias or
+     * penalties has them applied where the logits are (note_row_edits) */
+    int32_t       *b_edit_start; /* [logit_rows + 1] */
+    ag_logit_edit *b_edits;      /* [cap_edits], n_edits used this step */
+    size_t         n_edits, cap_edits;
+    bool           edits_off; /* AUGUR_EDITS=0 (A/B, tests): samplers apply their bias and penalties to raw rows */
     float   *logits;
     float   *masked; /* [n_vocab]: a row with a structured output's mask applied */
     ag_schema_vocab *schema_vocab; /* the mask's tables, built on the first structured request */
@@ -452,13 +459,14 @@ static bool sink_emit(void *user, int32_t token, const ag_sample_result *sr) {
 }
 
 /* Whether a choice's decisions need nothing but each row's argmax (greedy,
- * no logprobs, bias, penalties or schema): its rows may stay on a device. */
+ * no logprobs or schema; bias and penalties come applied to the rows,
+ * note_row_edits): its rows may stay on a device. */
 static bool wants_argmax_only(const choice *c) { return !c->constraint && ag_sampler_argmax_only(c->sampler); }
 
 /* Whether a choice's next decision (no drafts this step) needs nothing but
  * a token drawn with its sampler's uniform, which the backend can draw
  * where the logits are (ag_model_can_pick): temperature only, no logprobs,
- * truncation, bias, penalties or schema. */
+ * truncation or schema (bias and penalties come applied to the rows). */
 static bool wants_pick(const ag_engine *e, const choice *c) {
     return !c->constraint && c->d == 0 && ag_sampler_pick_only(c->sampler) && ag_model_can_pick(e->model);
 }
@@ -466,7 +474,7 @@ static bool wants_pick(const ag_engine *e, const choice *c) {
 /* Whether a choice's decisions this step (a plain row, or each row of a
  * verify window) need no more of their rows than the best candidates
  * (ag_sampler_cands_req: top-k or top-p sampling, greedy with logprobs; no
- * bias, penalties or schema), filling *req. */
+ * schema; bias and penalties come applied to the rows), filling *req. */
 static bool wants_cands(const ag_engine *e, const choice *c, ag_cands_req *req) {
     return !c->constraint && ag_model_can_cands(e->model) && ag_sampler_cands_req(c->sampler, req);
 }
@@ -633,6 +641,9 @@ static void admit(ag_engine *e) {
             c->stop_index = -1;
             c->state = CH_WAIT;
             if ((st = ag_sampler_new(&r->sp, e->n_vocab, (uint64_t)i, &c->sampler))) break;
+            /* its bias and penalties are applied to its rows by the model
+             * (note_row_edits), so its rows may stay on a device */
+            if (!e->edits_off && ag_sampler_has_edits(c->sampler)) ag_sampler_take_edited_rows(c->sampler);
             /* the reply continues the prompt's text (SentencePiece keeps its first space) */
             if ((st = ag_detok_new_after(e->tok, 0, r->prompt, (size_t)r->n_prompt, &c->detok))) break;
             st = ag_stop_new((const char *const *)r->stops, r->stop_lens, r->n_stops, &c->stop);
@@ -737,6 +748,34 @@ static void score_prompt_token(ag_engine *e, request *r, int pos, int k, const a
 }
 
 /* One engine step. Returns false when there was nothing to do. */
+/* Output row k's edits (ag_batch.edits; rows are noted in order): choice
+ * c's sampler's steps 1-2 for its history followed by the first `drafts`
+ * tokens of x (a verify row's distribution comes after them, as the verify
+ * rule accepts them), or none (c NULL: a scored prompt row; or a sampler
+ * without edits). Out of memory: the row gets none and the choice is
+ * marked to end after the step. The first token of n > 1 choices comes
+ * from one row with choice 0's edits: the same as every choice's, whose
+ * histories are empty then. */
+static void note_row_edits(ag_engine *e, int k, choice *c, const int32_t *x, int drafts) {
+    e->b_edit_start[k] = (int32_t)e->n_edits;
+    e->b_edit_start[k + 1] = (int32_t)e->n_edits;
+    if (!c || e->edits_off || !ag_sampler_has_edits(c->sampler)) return;
+    int  accepted = 0;
+    bool ok = true;
+    while (ok && accepted < drafts) ok = ag_sampler_accept(c->sampler, x[accepted]) == AG_OK && ++accepted;
+    const size_t need = e->n_edits + ag_sampler_max_edits(c->sampler);
+    if (ok && need > e->cap_edits) {
+        size_t         cap = need > 2 * e->cap_edits ? need : 2 * e->cap_edits;
+        ag_logit_edit *p = realloc(e->b_edits, sizeof *p * cap);
+        if (p) e->b_edits = p, e->cap_edits = cap;
+        ok = p != NULL;
+    }
+    if (ok) e->n_edits += ag_sampler_row_edits(c->sampler, e->b_edits + e->n_edits);
+    ag_sampler_rewind(c->sampler, (size_t)accepted);
+    if (!ok) c->edits_failed = true;
+    e->b_edit_start[k + 1] = (int32_t)e->n_edits;
+}
+
 static bool step(ag_engine *e) {
     /* cancellations */
     bool cancelled = false;
@@ -755,6 +794,7 @@ static bool step(ag_engine *e) {
     if (!e->running) return false;
 
     int n = 0, rows = 0, n_prefill = 0;
+    e->n_edits = 0;
     /* Decode windows first: each decoding choice's pending token, followed by
      * the tokens its draft source proposes (speculative decoding), all as
      * decode rows. Drafts get the rows left under spec_max_rows once every
@@ -782,6 +822,7 @@ static bool step(ag_engine *e) {
             /* a choice that only takes argmaxes (or tokens drawn with its
              * uniform, without drafts) leaves its rows where they are */
             const uint8_t want = decode_want(e, c, rows);
+            note_row_edits(e, rows, c, NULL, 0);
             e->b_tok[n] = c->pending;
             e->b_pos[n] = pos;
             e->b_seq[n] = c->seq;
@@ -795,6 +836,7 @@ static bool step(ag_engine *e) {
                 e->b_pos[n] = pos + 1 + j;
                 e->b_seq[n] = c->seq;
                 e->b_want[n] = want;
+                note_row_edits(e, rows, c, x, j + 1);
                 e->rows[rows++] = (struct row_owner){r, c, -1, 0, want};
                 n++;
             }
@@ -824,7 +866,10 @@ static bool step(ag_engine *e) {
             e->b_want[n] = p < r->n_prompt - 1 ? (r->prompt_logprobs ? score_want(e, r, p + 1, rows) : 0)
                            : r->n_choices == 1 ? decode_want(e, &r->ch[0], rows)
                                                : AG_WANT_LOGITS;
-            if (e->b_want[n]) e->rows[rows++] = (struct row_owner){r, NULL, p, 1, e->b_want[n]};
+            if (e->b_want[n]) {
+                note_row_edits(e, rows, p == r->n_prompt - 1 ? &r->ch[0] : NULL, NULL, 0);
+                e->rows[rows++] = (struct row_owner){r, NULL, p, 1, e->b_want[n]};
+            }
             n++;
         }
         n_prefill += k;
@@ -849,6 +894,7 @@ static bool step(ag_engine *e) {
         /* decode rows first, then prompt chunks: the layout ag_batch.n_prompt names */
         ag_batch b = {.n = n, .token = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
                       .argmax = e->argmax, .pick = e->b_pick, .cands_req = e->b_cands_req, .cands = e->cands,
+                      .edit_start = e->n_edits ? e->b_edit_start : NULL, .edits = e->n_edits ? e->b_edits : NULL,
                       .n_prompt = n_prefill};
         st = ag_model_forward(e->model, e->kv, &b, e->logits);
     }
@@ -890,6 +936,14 @@ static bool step(ag_engine *e) {
         /* (a picked token's candidates are all its sampler reads: no cut to check) */
         const bool       picked = o.want == AG_WANT_PICK_LP, cands = o.want == AG_WANT_CANDS || picked;
         const ag_cands  *cp[AG_SPEC_MAX_DRAFT + 1];
+        choice *ec = o.c ? o.c : o.p_pos == o.r->n_prompt - 1 ? &o.r->ch[0] : NULL;
+        if (ec && ec->edits_failed) { /* its rows lack its sampler's edits */
+            ec->edits_failed = false;
+            if (o.c && o.c->state != CH_DECODE) continue;
+            if (o.c) finish_choice(e, o.r, o.c, AG_FINISH_ERROR, "out of memory for the sampler's edits", -1, NULL, NULL, 0);
+            else finish_request(e, o.r, AG_FINISH_ERROR, "out of memory for the sampler's edits");
+            continue;
+        }
         if (o.c) {
             if (o.c->state != CH_DECODE) continue;
             for (int i = 0; cands && i < o.n_rows; i++) cp[i] = picked ? &e->cands[k] : row_cands(e, o.c, k + i);
@@ -1056,7 +1110,7 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
     out->buffers = (size_t)p.n_batch * (3 * sizeof(int32_t) + 1) +
                    sizeof(struct row_owner) * (size_t)(p.n_batch + max_rows) +
                    (sizeof(float) * n_vocab + sizeof(ag_pick) + sizeof(ag_cands_req) + sizeof(ag_cands) +
-                    sizeof(int32_t)) * ((size_t)logit_rows + 1) +
+                    2 * sizeof(int32_t)) * ((size_t)logit_rows + 1) +
                    (size_t)p.n_parallel * (ag_sampler_bytes((int32_t)n_vocab, ctx) + 2 * sizeof(int32_t) * ctx);
     if (p.prefix_cache) {
         out->cache_index = ag_cache_index_bytes(n_blocks, lay.block_size);
@@ -1117,6 +1171,8 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
     e->fixed_row_cost = env_row_cost();
+    const char *ed = getenv("AUGUR_EDITS");
+    e->edits_off = ed && *ed == '0';
     step_rows(&p, &e->max_rows, &e->logit_rows);
     /* activations for a full batch in one piece, as ag_engine_plan_memory counts them */
     if ((st = ag_model_reserve_scratch(m, p.n_batch))) goto fail;
@@ -1129,11 +1185,12 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->b_cands_req = calloc((size_t)e->logit_rows, sizeof(ag_cands_req));
     e->cands = malloc(sizeof(ag_cands) * (size_t)e->logit_rows);
     e->argmax = malloc(sizeof(int32_t) * (size_t)e->logit_rows);
+    e->b_edit_start = malloc(sizeof(int32_t) * ((size_t)e->logit_rows + 1));
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
     e->logits = ag_model_host_floats(e->model, (size_t)e->n_vocab * (size_t)e->logit_rows);
     e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_pick || !e->b_cands_req || !e->cands ||
-        !e->argmax || !e->rows || !e->logits || !e->masked) {
+        !e->argmax || !e->b_edit_start || !e->rows || !e->logits || !e->masked) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
         goto fail;
     }
@@ -1174,6 +1231,8 @@ void ag_engine_free(ag_engine *e) {
     free(e->b_cands_req);
     free(e->cands);
     free(e->argmax);
+    free(e->b_edit_start);
+    free(e->b_edits);
     free(e->rows);
     ag_model_host_free(e->model, e->logits);
     free(e->masked);

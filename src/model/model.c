@@ -599,7 +599,20 @@ static bool next_run(const ag_batch *b, unsigned kinds, row_walk *w, int *k0, in
  * come from the logits rows). */
 typedef struct {
     bool argmax, pick, cands;
+    /* where the rows' edits (ag_batch.edits) are applied: in the pass, by
+     * the model (host memory) or the backend's edit op; or on the host
+     * after the rows are copied back (and softcapped) */
+    enum { EDITS_NONE, EDITS_IN_PASS, EDITS_AFTER } edits;
 } out_kinds;
+
+/* Applies output rows [0, n_out)'s edits to rows[n_out][n_vocab] in place. */
+static void edit_rows_host(const ag_batch *b, int n_out, int n_vocab, float *rows) {
+    for (int k = 0; k < n_out; k++)
+        for (int32_t i = b->edit_start[k]; i < b->edit_start[k + 1]; i++) {
+            float *l = rows + (size_t)k * n_vocab + b->edits[i].id;
+            *l = ag_logit_edit_apply(*l, &b->edits[i]);
+        }
+}
 
 static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
                             int n_out, const out_kinds *ok, const fwd_bufs *f, float *logits) {
@@ -626,6 +639,11 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     if ((st = op->rmsnorm(be, f->x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f->x))) return st;
     float *out = op->host_memory ? logits : f->logits;
     if ((st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out))) return st;
+    /* the samplers' steps 1-2 before anything reads the rows */
+    if (ok->edits == EDITS_IN_PASS) {
+        if (op->host_memory) edit_rows_host(b, n_out, c->n_vocab, out);
+        else if ((st = op->edit(be, out, n_out, c->n_vocab, lay))) return st;
+    }
     /* only the rows that want their argmax, a picked token or candidates
      * (the others' samplers read the rows) */
     int32_t  *am = op->host_memory ? b->argmax : f->argmax;
@@ -745,18 +763,37 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         return ag_errorf(AG_ERR_INVALID, "rows want candidates but AUGUR_CANDS=0 turned them off");
     if (any_pick_lp && !ag_model_can_pick(m))
         return ag_errorf(AG_ERR_INVALID, "rows want a picked token with its candidates but this model picks none");
+    if (!b->edit_start != !b->edits)
+        return ag_errorf(AG_ERR_INVALID, "the batch has edits without their rows' starts, or starts without edits");
+    for (int k = 0; b->edit_start && k < n_out; k++)
+        if (b->edit_start[0] != 0 || b->edit_start[k + 1] < b->edit_start[k])
+            return ag_errorf(AG_ERR_INVALID, "edit_start is not a run of starts from 0");
+    const bool any_edits = b->edit_start && b->edit_start[n_out] > 0;
+    for (int32_t i = 0; any_edits && i < b->edit_start[n_out]; i++)
+        if (b->edits[i].id < 0 || b->edits[i].id >= c->n_vocab)
+            return ag_errorf(AG_ERR_INVALID, "edit %d names token %d, not in [0, %d)", (int)i, (int)b->edits[i].id,
+                             c->n_vocab);
+    /* a device without the edit op edits the rows on the host, so nothing
+     * may be computed from them on the device */
+    const bool edits_late = any_edits && (c->final_softcap > 0 || (!op->host_memory && !op->edit));
+    if (edits_late && (any_pick || any_pick_lp))
+        return ag_errorf(AG_ERR_INVALID, "rows want a token picked from edited rows, which this model edits after the copy");
     /* the softcap is applied on the host after the copy, so such a model's
      * tokens and candidates come from the rows */
-    const out_kinds ok = {.argmax = any_argmax && op->argmax && c->final_softcap <= 0 && !m->argmax_off,
-                          .pick = (any_pick || any_pick_lp) && ag_model_can_pick(m),
-                          .cands = (any_cands || any_pick_lp) && op->cands && c->final_softcap <= 0};
+    const out_kinds ok = {
+        .argmax = any_argmax && op->argmax && c->final_softcap <= 0 && !m->argmax_off && !edits_late,
+        .pick = (any_pick || any_pick_lp) && ag_model_can_pick(m) && !edits_late,
+        .cands = (any_cands || any_pick_lp) && op->cands && c->final_softcap <= 0 && !edits_late,
+        .edits = !any_edits ? EDITS_NONE : edits_late ? EDITS_AFTER : EDITS_IN_PASS};
     fwd_bufs f;
     ag_status st = fwd_buffers(m, n, n_out, &f);
     if (st) return st;
 
     ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq, .n_decode = n_dec,
                            .pick = ok.pick ? b->pick : NULL, .cands_req = ok.cands ? b->cands_req : NULL,
-                           .n_out = n_out};
+                           .n_out = n_out,
+                           .edit_start = ok.edits == EDITS_IN_PASS ? b->edit_start : NULL,
+                           .edits = ok.edits == EDITS_IN_PASS ? b->edits : NULL};
     if (op->begin && (st = op->begin(be, kv, &lay, b->token))) return st;
     /* A pass of decode rows only has the same ops every step for the same
      * shape: a backend may record it once and replay it (graph_begin). */
@@ -768,6 +805,7 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
             int want = b->want_logits ? b->want_logits[i] : i == n - 1;
             if (want) parts[4] = parts[4] * 1000003u + (uint64_t)i * 8 + (uint64_t)want; /* (want < 8) */
         }
+        parts[4] = parts[4] * 2 + (ok.edits == EDITS_IN_PASS); /* the edit op's launch */
         key = ag_hash64_seed(parts, sizeof parts, 0x67726170686b6579ull);
         if ((st = op->graph_begin(be, key, &gstate))) return st;
     }
@@ -800,6 +838,7 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         for (size_t i = 0; i < (size_t)n_out * c->n_vocab; i++)
             logits[i] = c->final_softcap * tanhf(logits[i] / c->final_softcap);
     }
+    if (ok.edits == EDITS_AFTER) edit_rows_host(b, n_out, c->n_vocab, logits);
     if ((any_cands || any_pick_lp) && !ok.cands) { /* from the rows, on the host */
         row_walk w = {0, 0};
         for (int k0, k1; next_run(b, KINDS_WITH_CANDS, &w, &k0, &k1);)

@@ -169,6 +169,15 @@ typedef struct {
      * AG_ARGMAX_NONE, an AG_WANT_PICK_LP row's its token). */
     const ag_cands_req *cands_req;
     ag_cands           *cands;
+    /* [output rows + 1] and [edit_start[output rows]] (both NULL: no row is
+     * edited): output row k's edits are edits[edit_start[k] ..
+     * edit_start[k + 1]), a sampler's steps 1-2 (ag_sampler_row_edits; no
+     * token twice in a row). The pass applies them to the row before
+     * anything reads it (ag_logit_edit_apply, after a final softcap): its
+     * argmax, pick and candidates are the edited row's, and so is the row
+     * written or fetched (ag_model_output_row). */
+    const int32_t       *edit_start;
+    const ag_logit_edit *edits;
     /* The last n_prompt tokens are prompt tokens, the others decode or
      * verify tokens (0: all decode). The two kinds go through different
      * matmul kernels (prompt: batched tiles; decode: row kernels), whose

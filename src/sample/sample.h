@@ -182,7 +182,8 @@ size_t ag_sampler_row_edits(const ag_sampler *s, ag_logit_edit *out);
 void ag_sampler_take_edited_rows(ag_sampler *s);
 
 /* 1 if ag_sampler_sample returns the row's argmax and nothing else: greedy,
- * no logprobs, no logit bias, no penalties. Such a sampler can take a token
+ * no logprobs, no logit bias or penalties (or rows that come edited:
+ * ag_sampler_take_edited_rows; so for the predicates below). Such a sampler can take a token
  * computed where the logits are (ag_sampler_sample_argmax), so a GPU need
  * not copy the row back. Fixed for the sampler's life. */
 int ag_sampler_argmax_only(const ag_sampler *s);
@@ -286,7 +287,8 @@ ag_status ag_sampler_probs_cands(ag_sampler *s, const ag_cands *c, ag_cand_probs
 /* Whether ag_sampler_logprobs(s, row, token) needs no more of the row than
  * candidates for *req (may be NULL): the best max(1, n_logprobs), the sum
  * of exponentials, and the token's own value (at = token). For a sampler
- * that asks for logprobs, without logit bias or penalties. */
+ * that asks for logprobs, without logit bias or penalties (or whose rows
+ * come edited). */
 int ag_sampler_logprobs_req(const ag_sampler *s, int32_t token, ag_cands_req *req);
 
 /* ag_sampler_logprobs of the row whose candidates *c are: the same logprob

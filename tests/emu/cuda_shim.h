@@ -27,7 +27,7 @@ extern "C" {
 }
 struct dim3_ { unsigned x; };
 static thread_local dim3_ threadIdx, blockIdx;
-static dim3_ blockDim;
+static dim3_ blockDim, gridDim;
 static pthread_barrier_t g_bar;
 static pthread_barrier_t w_bar[32];
 #define __global__
@@ -67,6 +67,9 @@ static inline double __hiloint2double(int hi, int lo) {
 }
 static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
 static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+static inline float __fdiv_rn(float a, float b) { volatile float r = a / b; return r; }
 static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -88,6 +91,7 @@ template <typename... A> static void emu_launch(void (*kern)(A...), int n_blocks
     pthread_barrier_init(&g_bar, NULL, (unsigned)threads);
     for (int w = 0; w < 32; w++) pthread_barrier_init(&w_bar[w], NULL, 32);
     blockDim.x = (unsigned)threads;
+    gridDim.x = (unsigned)n_blocks;
     struct targ { void (*k)(A...); unsigned t; int nb; std::tuple<A...> a; };
     std::vector<pthread_t> th((size_t)threads);
     std::vector<targ>      ta((size_t)threads);

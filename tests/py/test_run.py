@@ -85,6 +85,25 @@ def test_candidate_rows_equal_the_samplers():
     assert_same_text(cases, {"AUGUR_CANDS": "0"})
 
 
+def test_edited_rows_equal_the_samplers():
+    """A sampler with a repetition penalty has it applied to its rows where
+    the logits are, as edits of the tokens in its window (ag_batch.edits), and
+    then reads only the rows' argmax, picked token or best candidates: the
+    text equals AUGUR_EDITS=0's, where the sampler applies the penalty to the
+    whole copied row, greedy, with a temperature alone, with the CLI's
+    truncation, speculative, on stories260K and SmolLM2 (penalties below 1
+    too, which favour repeats)."""
+    require_model(SMOLLM2)
+    only = ("--top-k", "0", "--top-p", "1", "--min-p", "0")
+    cases = [(TINY_GGUF, ("--temp", "0", "--repeat-penalty", "1.3")),
+             (TINY_GGUF, ("--temp", "1.0", "--seed", "7", "--repeat-penalty", "1.2", *only)),
+             (TINY_GGUF, ("--temp", "0.9", "--seed", "3", "--repeat-penalty", "0.8")),
+             (TINY_GGUF, ("--temp", "0", "--repeat-penalty", "1.5", "--draft", "ngram")),
+             (TINY_GGUF, ("--temp", "1.1", "--seed", "5", "--repeat-penalty", "1.4", "--draft", "ngram")),
+             (SMOLLM2, ("--temp", "0.8", "--seed", "2", "--chat", "--repeat-penalty", "1.15"))]
+    assert_same_text(cases, {"AUGUR_EDITS": "0"})
+
+
 def test_chat_renders_the_models_template():
     """SmolLM2's template adds its default system prompt: llama.cpp tokenizes the
     rendered conversation to these 37 ids (checked with llama-cpp-python)."""

@@ -376,7 +376,7 @@ static void get_rows_exact(void **state) {
         ag_tensor      w = make_weight(g_be, type, K, ROWS, &deq);
         int32_t        ids[N] = {3, 0, 39, 3, 17, 8}, pos[N], seq[N];
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0};
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0, NULL, NULL};
         begin_pass(g_be, f.kv, &lay, ids);
         float *d = dev_floats(g_be, (size_t)N * K);
         assert_int_equal(g_be->ops->get_rows(g_be, &w, ids, N, d), AG_OK);
@@ -487,7 +487,7 @@ static void small_ops(void **state) {
         const int rope_dim = neox ? 24 : HD;
         int       base_pos = ag_kv_seq_len(f.kv, f.seq[0]);
         for (int i = 0; i < N; i++) pos[i] = base_pos + i;
-        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0};
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0, NULL, NULL};
         begin_pass(g_be, f.kv, &lay, toks);
         assert_int_equal(g_be->ops->copy(g_be, dout, dx, (size_t)N * N_HEAD * HD * 4), AG_OK);
         assert_int_equal(g_be->ops->rope(g_be, dout, N, N_HEAD, HD, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
@@ -532,7 +532,7 @@ static void rope_kv_store_fused(void **state) {
         const int rope_dim = neox ? 48 : HD;
         int32_t   pos[N], seq[N], toks[N] = {0};
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i + 0, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, neox ? N : 3, NULL, NULL, 0}; /* decode rows too */
+        ag_batch_layout lay = {N, pos, seq, neox ? N : 3, NULL, NULL, 0, NULL, NULL}; /* decode rows too */
         begin_pass(g_be, f.kv, &lay, toks);
         ag_attn_shape sh0 = {.layer = 0, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD, .head_dim_v = HD,
                              .scale = 0.125f},
@@ -588,7 +588,7 @@ static void matmul_after_producers(void **state) {
         ag_tensor w = make_weight(g_be, cases[c].type, K, N_OUT, &deq);
         int32_t   pos[N], seq[N], toks[N] = {0};
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, N, NULL, NULL, 0};
+        ag_batch_layout lay = {N, pos, seq, N, NULL, NULL, 0, NULL, NULL};
         begin_pass(g_be, f.kv, &lay, toks);
         const size_t n = (size_t)N * K;
         float *x = randn(n, 1.0f), *u = randn(n, 1.0f), *gain = randn(K, 1.0f);
@@ -739,7 +739,7 @@ static void pick_rows(void **state) {
         }
     }
     assert_int_equal(want[3], -2);
-    ag_batch_layout lay = {N, pos, seq, 0, draws, NULL, N};
+    ag_batch_layout lay = {N, pos, seq, 0, draws, NULL, N, NULL, NULL};
     begin_pass(g_be, f.kv, &lay, ids);
     float   *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
     int32_t *dout = dev_floats(g_be, N), got[N];
@@ -806,7 +806,7 @@ static void cands_case(int dim) {
         if (h.at == AG_CANDS_AT_TOKEN) h.at = k >= 4 ? tok[k - 4] : -1;
         ag_top_cands_f32(x + (size_t)k * dim, dim, &h, &want[k]);
     }
-    ag_batch_layout lay = {N, pos, seq, 0, NULL, req, N};
+    ag_batch_layout lay = {N, pos, seq, 0, NULL, req, N, NULL, NULL};
     begin_pass(g_be, f.kv, &lay, ids);
     float    *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
     ag_cands *dout = g_be->ops->alloc(g_be, sizeof(ag_cands) * N);
@@ -860,6 +860,54 @@ static void cands_rows(void **state) {
     cands_case(1000);
 }
 
+/* The edit op: the rows' edits, handed to begin with the layout, against
+ * ag_logit_edit_apply on the host, bit for bit (a device must round each
+ * operation as the host does): rows with NaN, +-inf, +-FLT_MAX, +-0 among
+ * random values; edits with every flag combination, a repetition penalty
+ * of 1 and others, sums that overflow; a row without edits; twice, the
+ * second pass with other edits (the upload is per pass). */
+static void edit_rows(void **state) {
+    (void)state;
+    if (!g_be->ops->edit) skip();
+    enum { N = 6, DIM = 4099 };
+    kv_fixture f = make_kv(g_be, 1, 32, NULL);
+    for (int pass = 0; pass < 2; pass++) {
+        float *x = randn((size_t)N * DIM, 6.0f);
+        static const float special[] = {NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, 0.0f, -0.0f, 3e38f, -3e38f};
+        for (int i = 0; i < 40; i++) x[(size_t)(i % N) * DIM + (size_t)(i * 97 + pass) % DIM] = special[i % 9];
+        static ag_logit_edit ed[N * 300];
+        int32_t              start[N + 1], pos[N], seq[N], ids[N], n = 0;
+        static const float   reps[] = {1.0f, 1.3f, 0.7f, 1e-30f, 3e30f}, vals[] = {0.5f, -2.25f, 3e38f, -3e38f, 1e-3f, 0.0f};
+        for (int k = 0; k < N; k++) {
+            start[k] = n;
+            for (int i = k; k != 3 && i < DIM; i += 14 + pass) /* row 3: none */
+                ed[n] = (ag_logit_edit){i, (uint32_t)((i + pass) % 8), vals[i % 6] * 1.1f, reps[(i / 3) % 5],
+                                        vals[(i / 7) % 6] * 0.9f},
+                n++;
+            pos[k] = ag_kv_seq_len(f.kv, f.seq[0]) + k, seq[k] = f.seq[0], ids[k] = k;
+        }
+        start[N] = n;
+        float *want = malloc(sizeof(float) * N * DIM), *got = malloc(sizeof(float) * N * DIM);
+        memcpy(want, x, sizeof(float) * N * DIM);
+        for (int k = 0; k < N; k++)
+            for (int i = start[k]; i < start[k + 1]; i++)
+                want[(size_t)k * DIM + ed[i].id] = ag_logit_edit_apply(x[(size_t)k * DIM + ed[i].id], &ed[i]);
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, N, start, ed};
+        begin_pass(g_be, f.kv, &lay, ids);
+        float *dx = dev_put(g_be, x, sizeof(float) * N * DIM);
+        assert_int_equal(g_be->ops->edit(g_be, dx, N, DIM, &lay), AG_OK);
+        assert_int_equal(g_be->ops->download(g_be, got, dx, sizeof(float) * N * DIM), AG_OK);
+        commit_pass(f.kv, &lay);
+        for (size_t i = 0; i < (size_t)N * DIM; i++)
+            if (memcmp(&got[i], &want[i], sizeof(float)))
+                fail_msg("%s edit pass %d row %zu id %zu: %a, want %a", g_be->ops->name, pass, i / DIM, i % DIM,
+                         (double)got[i], (double)want[i]);
+        g_be->ops->free(g_be, dx);
+        free(x), free(want), free(got);
+    }
+    ag_kv_free(f.kv);
+}
+
 /* ---- KV store + attention ---- */
 
 /* dst (a host cache with the same sequences) gets src's rows of every
@@ -904,7 +952,7 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
             for (int i = 0; i < 3; i++) pos[n] = P1 + i, seq[n++] = f.seq[0];
             for (int i = 0; i < 20; i++) pos[n] = 5 + i, seq[n++] = f.seq[1];
         }
-        ag_batch_layout lay = {n, pos, seq, 0, NULL, NULL, 0};
+        ag_batch_layout lay = {n, pos, seq, 0, NULL, NULL, 0, NULL, NULL};
         begin_pass(g_be, f.kv, &lay, toks);
         float *q = randn((size_t)n * N_HEAD * HD, 1.0f), *k = randn((size_t)n * N_KV * HD, 1.0f),
               *v = randn((size_t)n * N_KV * HD, 1.0f);
@@ -1009,6 +1057,7 @@ int main(void) {
         cmocka_unit_test(argmax_rows),
         cmocka_unit_test(pick_rows),
         cmocka_unit_test(cands_rows),
+        cmocka_unit_test(edit_rows),
         cmocka_unit_test(attention_paged),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -114,6 +114,9 @@ typedef struct {
     uint64_t       seed;
     const char    *stop;
     int            spec_max;
+    float          rep, freq, pres; /* penalties (rep 0: 1, off) */
+    int            last_n;          /* penalty_last_n (0: -1, every accepted token) */
+    int            n_bias;          /* > 0: that many tokens biased (some banned) */
 } gen_args;
 
 /* A logit bias on end-of-text for every request (0: none), so that greedy
@@ -139,10 +142,17 @@ static void submit(ag_engine *e, const gen_args *a, collect *out) {
     r.stops = stops;
     r.n_stops = a->stop ? 1 : 0;
     r.spec_max = a->spec_max;
-    ag_logit_bias bias = {ag_tok_eos(g_tok), g_eos_bias};
-    if (g_eos_bias != 0) {
-        r.sample.logit_bias = &bias;
-        r.sample.n_logit_bias = 1;
+    r.sample.repetition_penalty = a->rep > 0 ? a->rep : 1.0f;
+    r.sample.frequency_penalty = a->freq;
+    r.sample.presence_penalty = a->pres;
+    r.sample.penalty_last_n = a->last_n ? a->last_n : -1;
+    ag_logit_bias bias[9] = {{ag_tok_eos(g_tok), g_eos_bias}};
+    int           nb = g_eos_bias != 0;
+    for (int i = 0; i < a->n_bias && nb < 9; i++) /* (ids spread over the stories vocab; a repeated one adds up) */
+        bias[nb++] = (ag_logit_bias){(int32_t)((37 * i + 11) % 400), i % 3 == 2 ? -100.0f : (float)(i % 5) - 1.5f};
+    if (nb) {
+        r.sample.logit_bias = bias;
+        r.sample.n_logit_bias = nb;
     }
     r.cb = on_event;
     r.user = out;
@@ -609,12 +619,22 @@ static void test_sampled_windows_from_candidates(void **state) {
         {.temperature = 0.6f, .min_p = 0.05f, .top_k = 40},
         {.temperature = 0.0f, .n_logprobs = 3},
         {.temperature = 0.7f, .top_k = 8, .n_choices = 2},
+        /* bias and penalties: the rows edited where the logits are (the
+         * other engine: AUGUR_EDITS=0, the samplers apply them to raw rows) */
+        {.temperature = 0.8f, .top_p = 0.95f, .rep = 1.3f, .freq = 0.4f, .pres = 0.2f, .n_bias = 6},
+        {.temperature = 0.0f, .rep = 1.5f, .n_bias = 4}, /* the argmax */
+        {.temperature = 0.9f, .freq = 0.7f, .pres = -0.4f, .last_n = 8, .n_logprobs = 2}, /* picked, logprobs */
+        {.temperature = 1.0f, .rep = 0.8f, .n_bias = 3}, /* picked (a penalty below 1 raises repeats) */
+        {.temperature = 0.7f, .top_k = 12, .freq = 1.0f, .n_choices = 2, .n_bias = 2},
     };
     int drafted[2] = {0}, accepted[2] = {0};
     for (size_t ci = 0; ci < 2 * sizeof cases / sizeof *cases; ci++) {
         const int  fi = ci % 2;
         const ag_draft_factory *f = &fs[fi];
-        ag_engine *on = new_engine(f, 4, 512, false), *off = new_engine_on(rows_model, f, 4, 512, false);
+        ag_engine *on = new_engine(f, 4, 512, false);
+        setenv("AUGUR_EDITS", "0", 1);
+        ag_engine *off = new_engine_on(rows_model, f, 4, 512, false);
+        unsetenv("AUGUR_EDITS");
         for (int i = 0; i < 4; i++) {
             gen_args a = cases[ci / 2];
             a.prompt = ctx.ref[i];

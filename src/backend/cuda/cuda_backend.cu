@@ -167,6 +167,11 @@ typedef struct {
     int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
     int32_t       *d_draws; /* [3 n_out]: the pass's pick draws (begin) */
     int32_t       *d_cand_reqs; /* [n_out]: the pass's cands requests, a word each (cands_req_word; begin) */
+    /* the pass's edits (begin; the edit op): a count, padding, then
+     * edit_rec records; staged in h_edits (pinned). A regrown d_edits
+     * drops the recorded passes. */
+    int32_t       *d_edits, *h_edits;
+    size_t         cap_edits, cap_h_edits; /* int32 elements */
     int            n_tiles;
 
     /* prompt-row GEMM scratch: the weight and the activations in BF16, an
@@ -483,6 +488,8 @@ static ag_status reserve_att(cuda_state *s, int n) {
     return reserve_att_for(s, (size_t)n * s->att_splits * (size_t)s->max_att_out + heads * s->att_splits * 2, heads);
 }
 
+static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay);
+
 /* Room for n rows of K BF16 activations (decode rows of BF16 weights). */
 static ag_status reserve_xh(cuda_state *s, int n, int K) {
     const size_t need = (size_t)n * (size_t)K;
@@ -600,7 +607,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     s->d_draws = s->d_ints + 5 * n + 1;
     s->d_cand_reqs = s->d_ints + 8 * n + 1;
     s->d_tables = s->d_ints + 9 * n + 1;
-    return AG_OK;
+    return upload_edits(s, lay);
 }
 
 /* The device copy of a host int array given to an op of this pass. */
@@ -4415,6 +4422,51 @@ __global__ void __launch_bounds__(CANDS_THREADS) cands_z_k(const float *__restri
 }
 /* ---- end of the candidates kernel (make cuda-emu runs the code above on the CPU) ---- */
 
+/* ---- the samplers' edits of output rows (logit bias and penalties where the logits are) ---- */
+
+/* One edit as uploaded: the output row it edits and the sampler's edit. */
+typedef struct {
+    int32_t       row;
+    ag_logit_edit e;
+} edit_rec;
+#define EDIT_HEAD 2     /* int32 words before the records: the count, padding */
+#define EDIT_BLOCKS 64  /* the edit kernel's grid (fixed: a recorded pass replays any count) */
+#define EDIT_THREADS 256
+
+/* The sampler's sanitize (base/argmax.h): NaN -> -inf, +inf -> FLT_MAX. */
+static __device__ __forceinline__ float edit_sanitize(float l) {
+    return !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l;
+}
+
+/* ag_logit_edit_apply (base/argmax.h), each operation rounded on its own
+ * as on the host (the __f*_rn intrinsics are never contracted). */
+static __device__ __forceinline__ float edit_apply(float l, const ag_logit_edit &e) {
+    l = edit_sanitize(l);
+    if (e.flags & AG_EDIT_BAN) l = -INFINITY;
+    else if (e.flags & AG_EDIT_BIAS) l = edit_sanitize(__fadd_rn(l, e.bias));
+    if (e.flags & AG_EDIT_PENALTY) {
+        if (e.rep != 1.0f) l = l > 0.0f ? __fdiv_rn(l, e.rep) : __fmul_rn(l, e.rep);
+        l = edit_sanitize(__fsub_rn(l, e.sub));
+    }
+    return l;
+}
+
+/* Applies the uploaded edits (buf: the count, padding, edit_rec[count])
+ * to x[n_rows][dim] in place; a row holds a token once, so no two threads
+ * write one value. Grid-stride over the records. */
+__global__ void edit_rows_k(float *__restrict__ x, int n_rows, int dim, const int32_t *__restrict__ buf) {
+    pdl_entry();
+    const int       n = buf[0];
+    const edit_rec *r = (const edit_rec *)(buf + EDIT_HEAD);
+    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
+        const edit_rec q = r[i];
+        if (q.row < 0 || q.row >= n_rows || q.e.id < 0 || q.e.id >= dim) continue;
+        float *l = x + (size_t)q.row * dim + q.e.id;
+        *l = edit_apply(*l, q.e);
+    }
+}
+/* ---- end of the edit kernel (make cuda-emu runs it on the CPU) ---- */
+
 static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
     size_t f = 0, t = 0;
     CUDA_TRY(cudaMemGetInfo(&f, &t));
@@ -4528,6 +4580,45 @@ static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const 
     return AG_OK;
 }
 
+/* Uploads the pass's edits (lay->edits by output row) for the edit op: the
+ * count, padding and one edit_rec each, through the pinned staging buffer
+ * (the previous pass's copy is done: every pass ends in a sync). Nothing
+ * without edits. */
+static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
+    if (!lay->edits || !lay->edit_start || lay->n_out <= 0) return AG_OK;
+    const int32_t total = lay->edit_start[lay->n_out];
+    const size_t  words = EDIT_HEAD + (size_t)total * (sizeof(edit_rec) / sizeof(int32_t));
+    if (words > s->cap_h_edits) {
+        if (s->h_edits) cudaFreeHost(s->h_edits);
+        s->h_edits = NULL;
+        s->cap_h_edits = 0;
+        CUDA_TRY(cudaMallocHost((void **)&s->h_edits, (words + words / 4) * sizeof(int32_t)));
+        s->cap_h_edits = words + words / 4;
+    }
+    if (words > s->cap_edits) {
+        graphs_clear(s); /* recorded passes read the old buffer */
+        ag_status st = grow((void **)&s->d_edits, &s->cap_edits, words, sizeof(int32_t));
+        if (st) return st;
+    }
+    s->h_edits[0] = total, s->h_edits[1] = 0;
+    edit_rec *r = (edit_rec *)(s->h_edits + EDIT_HEAD);
+    for (int k = 0; k < lay->n_out; k++)
+        for (int32_t i = lay->edit_start[k]; i < lay->edit_start[k + 1]; i++) *r++ = edit_rec{k, lay->edits[i]};
+    CUDA_TRY(cudaMemcpyAsync(s->d_edits, s->h_edits, words * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
+    return AG_OK;
+}
+
+/* The edit op (backend.h): edit_rows_k over the records begin uploaded. */
+static ag_status cu_edit(ag_backend *be, float *x, int n, int dim, const ag_batch_layout *lay) {
+    cuda_state *s = st_of(be);
+    if (n <= 0) return AG_OK;
+    if (!lay || !lay->edits || !lay->edit_start || !s->d_edits)
+        return ag_errorf(AG_ERR_INVALID, "CUDA edit: the pass has no edits");
+    launch_k(s, edit_rows_k, EDIT_BLOCKS, EDIT_THREADS, 0, x, n, dim, (const int32_t *)s->d_edits);
+    LAUNCHED();
+    return AG_OK;
+}
+
 /* ---- recorded passes (CUDA graphs) ---- */
 
 /* The model's key of a recorded pass, with what else shapes its launches:
@@ -4598,6 +4689,8 @@ static void cu_destroy(ag_backend *be) {
         free(s->w);
         cudaFree(s->d_ints);
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
+        cudaFree(s->d_edits);
+        if (s->h_edits) cudaFreeHost(s->h_edits);
         cudaFree(s->d_wbf);
         cudaFree(s->d_xbf);
         cudaFree(s->d_wf);
@@ -4660,18 +4753,22 @@ static ag_backend_ops make_ops(void) {
     o.attention = cu_attention;
     return o;
 }
-/* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off) and
- * the cands op (AUGUR_CUDA_CANDS=0: off), indexed by pick + 2 * cands.
- * Without them the rows that want a picked token or candidates are copied
- * to the host (for A/B and as a fallback). */
-static ag_backend_ops make_ops_with(bool pick, bool cands) {
+/* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off),
+ * the cands op (AUGUR_CUDA_CANDS=0: off) and the edit op
+ * (AUGUR_CUDA_EDIT=0: off), indexed by pick + 2 * cands + 4 * edit.
+ * Without them the rows that want a picked token or candidates, or that a
+ * sampler's bias or penalties edit, are copied to the host (for A/B and as
+ * a fallback). */
+static ag_backend_ops make_ops_with(int which) {
     ag_backend_ops o = make_ops();
-    if (pick) o.pick = cu_pick;
-    if (cands) o.cands = cu_cands;
+    if (which & 1) o.pick = cu_pick;
+    if (which & 2) o.cands = cu_cands;
+    if (which & 4) o.edit = cu_edit;
     return o;
 }
-static const ag_backend_ops cuda_ops_variants[4] = {make_ops_with(false, false), make_ops_with(true, false),
-                                                    make_ops_with(false, true), make_ops_with(true, true)};
+static const ag_backend_ops cuda_ops_variants[8] = {make_ops_with(0), make_ops_with(1), make_ops_with(2),
+                                                    make_ops_with(3), make_ops_with(4), make_ops_with(5),
+                                                    make_ops_with(6), make_ops_with(7)};
 
 extern "C" int ag_cuda_device_count(void) {
     int n = 0;
@@ -4691,8 +4788,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
         free(s);
         return ag_errorf(AG_ERR_NOMEM, "out of memory");
     }
-    const char *pick = getenv("AUGUR_CUDA_PICK"), *cands = getenv("AUGUR_CUDA_CANDS");
-    be->ops = &cuda_ops_variants[!(pick && *pick == '0') + 2 * !(cands && *cands == '0')];
+    const char *pick = getenv("AUGUR_CUDA_PICK"), *cands = getenv("AUGUR_CUDA_CANDS"), *edit = getenv("AUGUR_CUDA_EDIT");
+    be->ops = &cuda_ops_variants[!(pick && *pick == '0') + 2 * !(cands && *cands == '0') + 4 * !(edit && *edit == '0')];
     be->impl = s;
     s->device = index;
     s->kvmem.ctx = s;

@@ -1,0 +1,71 @@
+/* edit_rows_k (src/backend/cuda/cuda_backend.cu) compiled unchanged on the
+ * CPU under cuda_shim.h: output rows edited by the samplers' edits
+ * (ag_logit_edit: bias, ban, repetition / frequency / presence penalties)
+ * against ag_logit_edit_apply on the host, bit for bit. Raw values: random,
+ * NaN, +-inf, +-FLT_MAX, +-0, tiny; edits: every flag combination, a
+ * repetition penalty of 1 (skipped) and others, biases and subtrahends that
+ * overflow. Grids smaller and larger than the records (grid-stride), no
+ * records, and records past the pass's rows (skipped). Exit status 1 on a
+ * mismatch (`make cuda-emu`). */
+#include "cuda_shim.h"
+#include "edit_kernel.inc" /* the kernel, cut from cuda_backend.cu by make cuda-emu */
+
+static uint64_t st = 11;
+static uint64_t xr() { st ^= st << 13; st ^= st >> 7; st ^= st << 17; return st; }
+static float uni() { return (float)((xr() >> 11) * 0x1p-53); }
+
+static float raw_value() {
+    static const float special[] = {NAN, INFINITY, -INFINITY, FLT_MAX, -FLT_MAX, 0.0f, -0.0f, 1e-38f, -3e38f, 3e38f};
+    if (xr() % 4 == 0) return special[xr() % 10];
+    return (uni() - 0.5f) * 40.0f;
+}
+
+static ag_logit_edit random_edit(int32_t id) {
+    static const float reps[] = {1.0f, 1.3f, 0.7f, 1e-30f, 3e30f};
+    static const float vals[] = {0.5f, -2.25f, 3e38f, -3e38f, 1e-3f, 0.0f, -0.0f, 7.0f};
+    ag_logit_edit e = {id, (uint32_t)(xr() % 8), vals[xr() % 8] * (uni() + 0.5f), reps[xr() % 5],
+                       vals[xr() % 8] * (uni() + 0.5f)};
+    return e;
+}
+
+int main(int argc, char **argv) {
+    (void)argc, (void)argv;
+    const int dims[] = {7, 300, 4099};
+    long bad = 0, edits = 0;
+    for (int di = 0; di < 3; di++)
+        for (int grid = 1; grid <= 3; grid += 2) {
+            const int dim = dims[di], R = 5, n_rows = 4; /* row 4's records lie past the pass's rows */
+            std::vector<float> x((size_t)R * dim), want;
+            for (float &v : x) v = raw_value();
+            want = x;
+            std::vector<int32_t> buf(EDIT_HEAD);
+            int32_t n = 0;
+            for (int r = 0; r < R; r++) {
+                std::vector<int32_t> ids;
+                for (int i = 0; i < dim; i++) /* each token at most once a row */
+                    if (xr() % 3 == 0 || dim == 7) ids.push_back(i);
+                for (int32_t id : ids) {
+                    edit_rec q = {r, random_edit(id)};
+                    const int32_t *w = (const int32_t *)&q;
+                    buf.insert(buf.end(), w, w + sizeof q / sizeof(int32_t));
+                    if (r < n_rows) want[(size_t)r * dim + id] = ag_logit_edit_apply(x[(size_t)r * dim + id], &q.e);
+                    n++;
+                }
+            }
+            buf[0] = n, buf[1] = 0;
+            edits += n;
+            /* no records: nothing changes */
+            std::vector<float> y = x;
+            std::vector<int32_t> none(EDIT_HEAD, 0);
+            emu_launch(edit_rows_k, grid, 64, y.data(), n_rows, dim, (const int32_t *)none.data());
+            if (memcmp(y.data(), x.data(), sizeof(float) * x.size())) { bad++; printf("MISMATCH dim %d: no records changed the rows\n", dim); }
+            emu_launch(edit_rows_k, grid, 64, x.data(), n_rows, dim, (const int32_t *)buf.data());
+            for (size_t i = 0; i < x.size(); i++)
+                if (memcmp(&x[i], &want[i], sizeof(float))) {
+                    bad++;
+                    printf("MISMATCH dim %d grid %d row %zu id %zu: %a, want %a\n", dim, grid, i / dim, i % dim, x[i], want[i]);
+                }
+        }
+    printf("edits %ld bad %ld\n", edits, bad);
+    return bad != 0;
+}
