@@ -128,7 +128,7 @@ python3 scripts/compare_logprobs.py --bin build/cuda/augur -m "$G" --a "AUGUR_CU
 
 echo "== logit bias and penalties applied on the GPU (the edit op) == by the samplers to the copied rows (AUGUR_EDITS=0)"
 # greedy (argmax), a temperature alone (pick), the CLI's truncation (candidates), speculative; the edit kernel off
-# (AUGUR_CUDA_EDIT=0: rows copied and edited on the host) too
+# (AUGUR_CUDA_EDIT=0: the samplers edit the copied rows, as with AUGUR_EDITS=0) too
 for T in "--temp 0 --repeat-penalty 1.3" "--temp 1.0 --top-k 0 --top-p 1 --min-p 0 --seed 3 --repeat-penalty 1.2" \
          "--temp 0.8 --seed 5 --repeat-penalty 0.85" "--temp 0.8 --seed 11 --repeat-penalty 1.2 --draft ngram"; do
   export AUGUR_SPEC_ROW_COST=0.1

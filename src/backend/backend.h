@@ -200,10 +200,11 @@ typedef struct {
                        const int32_t *tok, ag_cands *out);
     /* x[k][e.id] = ag_logit_edit_apply(x[k][e.id], &e) for every edit e of
      * output rows k in [0, n) (lay's edits, which begin got; x[n][dim] the
-     * pass's output rows), bit for bit. NULL: a device backend's edited rows
-     * are copied back and edited on the host (an edit op must come with
-     * argmax, pick and cands ops that read the edited rows). A host-memory
-     * backend needs none (the model edits its rows in place). */
+     * pass's output rows), bit for bit. NULL: a device backend's rows are
+     * copied back and edited on the host, nothing is computed from them on
+     * the device, and callers keep bias and penalties in their samplers
+     * (ag_model_can_edit). A host-memory backend needs none (the model edits
+     * its rows in place). */
     ag_status (*edit)(ag_backend *, float *x, int n, int dim, const ag_batch_layout *lay);
     /* The device memory free now and in all (a GPU's). NULL: host memory only. */
     ag_status (*device_memory)(ag_backend *, uint64_t *free_bytes, uint64_t *total_bytes);

@@ -89,7 +89,7 @@ static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, fl
  * NULL, or one per sequence that samples its row after each step (from its
  * candidates when kind is AG_WANT_CANDS, else from the row). */
 static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, int depth, uint8_t kind, float *logits,
-                       ag_sampler **samplers) {
+                       ag_sampler **samplers, bool edit) {
     const ag_model_config *c = ag_model_config_of(m);
     if (!decode || n_seq < 1) n_seq = 1;
     if (!decode) depth = 0;
@@ -100,9 +100,9 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
     int32_t *tok = malloc(sizeof(int32_t) * n_seq), *pos = malloc(sizeof(int32_t) * n_seq),
             *seqs = malloc(sizeof(int32_t) * n_seq);
     /* decode: every sequence samples, so every row needs logits (or its argmax) */
-    /* samplers whose rows come edited (--penalties): each row's edits, the
-     * fed tokens their history */
-    const bool     edit = samplers && ag_sampler_has_edits(samplers[0]) && kind != AG_WANT_LOGITS;
+    /* edit (--penalties, samplers that take edited rows): each row's edits,
+     * the fed tokens their history */
+    edit = edit && samplers;
     int32_t       *edit_start = edit ? malloc(sizeof(int32_t) * (size_t)(n_seq + 1)) : NULL;
     ag_logit_edit *edits = NULL;
     size_t         cap_edits = 0;
@@ -257,9 +257,10 @@ int ag_cli_bench(int argc, char **argv) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
     }
-    /* --penalties with AUGUR_EDITS=0: the samplers read the copied rows */
+    /* --penalties with AUGUR_EDITS=0 (or a model that cannot edit its rows
+     * where it computes them): the samplers edit the copied rows */
     const char   *eo = getenv("AUGUR_EDITS");
-    const bool    edits_off = eo && *eo == '0';
+    const bool    edits_off = (eo && *eo == '0') || !ag_model_can_edit(m);
     const bool    cands = sample && ag_model_can_cands(m) && !(penalties && edits_off);
     const uint8_t kind = argmax ? AG_WANT_ARGMAX : pick ? AG_WANT_PICK : cands ? AG_WANT_CANDS : AG_WANT_LOGITS;
     /* --sample: the CLI's default sampler, one per sequence */
@@ -279,8 +280,8 @@ int ag_cli_bench(int argc, char **argv) {
     for (long s = 0; samplers && penalties && !edits_off && s < n_seq; s++) ag_sampler_take_edited_rows(samplers[s]);
     double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
-        double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, AG_WANT_LOGITS, logits, NULL) : 0;
-        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, (int)depth, kind, logits, samplers) : 0;
+        double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, AG_WANT_LOGITS, logits, NULL, false) : 0;
+        double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, (int)depth, kind, logits, samplers, penalties && !edits_off) : 0;
         if (a < 0 || b < 0) goto done_free;
         if (r >= 0) {
             pps[r] = a;

@@ -747,7 +747,6 @@ static void score_prompt_token(ag_engine *e, request *r, int pos, int k, const a
     r->cb(r->user, &ev);
 }
 
-/* One engine step. Returns false when there was nothing to do. */
 /* Output row k's edits (ag_batch.edits; rows are noted in order): choice
  * c's sampler's steps 1-2 for its history followed by the first `drafts`
  * tokens of x (a verify row's distribution comes after them, as the verify
@@ -776,6 +775,7 @@ static void note_row_edits(ag_engine *e, int k, choice *c, const int32_t *x, int
     e->b_edit_start[k + 1] = (int32_t)e->n_edits;
 }
 
+/* One engine step. Returns false when there was nothing to do. */
 static bool step(ag_engine *e) {
     /* cancellations */
     bool cancelled = false;
@@ -1171,8 +1171,10 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
     e->fixed_row_cost = env_row_cost();
+    /* a model that cannot edit its rows where it computes them (a device
+     * without the edit op): the samplers keep their bias and penalties */
     const char *ed = getenv("AUGUR_EDITS");
-    e->edits_off = ed && *ed == '0';
+    e->edits_off = (ed && *ed == '0') || !ag_model_can_edit(m);
     step_rows(&p, &e->max_rows, &e->logit_rows);
     /* activations for a full batch in one piece, as ag_engine_plan_memory counts them */
     if ((st = ag_model_reserve_scratch(m, p.n_batch))) goto fail;

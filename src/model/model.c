@@ -697,6 +697,10 @@ bool ag_model_can_pick(const ag_model *m) {
 
 bool ag_model_can_cands(const ag_model *m) { return m && !m->cands_off; }
 
+bool ag_model_can_edit(const ag_model *m) {
+    return m && (m->be->ops->host_memory || (m->be->ops->edit && m->cfg.final_softcap <= 0));
+}
+
 ag_status ag_model_output_row(ag_model *m, int k, float *out) {
     if (!m || !out || k < 0 || k >= m->last_n_out)
         return ag_errorf(AG_ERR_INVALID, "output row %d: the last pass had %d", k, m ? m->last_n_out : 0);
@@ -825,7 +829,7 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     m->last_host_rows = logits;
     /* a device keeps every output row; without a softcap (applied on the
      * host) they are the rows asked for, downloaded or not */
-    m->last_dev_rows = !op->host_memory && c->final_softcap <= 0 ? f.logits : NULL;
+    m->last_dev_rows = !op->host_memory && c->final_softcap <= 0 && ok.edits != EDITS_AFTER ? f.logits : NULL;
     if (b->argmax) /* rows without a computed token: their sampler reads the row */
         for (int i = 0, k = 0; i < n; i++) {
             const int want = b->want_logits ? b->want_logits[i] : i == n - 1;

@@ -211,6 +211,16 @@ bool ag_model_can_pick(const ag_model *m);
  * model has no final logit softcap, else from the rows on the host. */
 bool ag_model_can_cands(const ag_model *m);
 
+/* Whether forward applies a batch's edits (ag_batch.edits) where it
+ * computes the rows, before their argmax, pick or candidates are found: on
+ * the host, or through the backend's edit op. Then a sampler may take
+ * edited rows (ag_sampler_take_edited_rows) and keep those paths. false (a
+ * device without the op, or a final softcap on a device): edits would be
+ * applied to the copied rows, no row may want a picked token, and a
+ * fetched row would lack them, so callers keep bias and penalties in their
+ * samplers. */
+bool ag_model_can_edit(const ag_model *m);
+
 /* Copies output row k (in batch order, as the logits array counts them) of
  * the last forward pass into out[n_vocab]: for an AG_WANT_CANDS row whose
  * candidates did not decide its token (ag_sampler_cands_enough), which a

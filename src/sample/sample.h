@@ -185,7 +185,8 @@ void ag_sampler_take_edited_rows(ag_sampler *s);
  * no logprobs, no logit bias or penalties (or rows that come edited:
  * ag_sampler_take_edited_rows; so for the predicates below). Such a sampler can take a token
  * computed where the logits are (ag_sampler_sample_argmax), so a GPU need
- * not copy the row back. Fixed for the sampler's life. */
+ * not copy the row back. Fixed for the sampler's life (but for
+ * ag_sampler_take_edited_rows). */
 int ag_sampler_argmax_only(const ag_sampler *s);
 
 /* What ag_sampler_sample gives a row whose argmax is `argmax`: the lowest id
@@ -201,7 +202,8 @@ ag_status ag_sampler_sample_argmax(ag_sampler *s, int32_t argmax, ag_sample_resu
  * sampler can take a token drawn where the logits are: the caller draws its
  * uniform (ag_sampler_draw_pick) before the logits exist and hands the backend's
  * token to ag_sampler_sample_picked, so a GPU need not copy the row back.
- * Fixed for the sampler's life. */
+ * Fixed for the sampler's life (but for
+ * ag_sampler_take_edited_rows). */
 int ag_sampler_pick_only(const ag_sampler *s);
 
 /* Whether the sampler is pick-only but for logprobs (a temperature and
@@ -210,7 +212,8 @@ int ag_sampler_pick_only(const ag_sampler *s);
  * max(1, n_logprobs), z, and at = AG_CANDS_AT_TOKEN, the token picked where
  * the logits are (AG_WANT_PICK_LP). Its uniform is drawn as a pick-only
  * sampler's (ag_sampler_draw_pick), and ag_sampler_sample_picked_cands then
- * gives what ag_sampler_sample gives the row. Fixed for the sampler's life. */
+ * gives what ag_sampler_sample gives the row. Fixed for the sampler's life (but for
+ * ag_sampler_take_edited_rows). */
 int ag_sampler_pick_logprobs(const ag_sampler *s, ag_cands_req *req);
 
 /* The token a backend drew with this sampler's last ag_sampler_draw_pick
@@ -246,7 +249,8 @@ ag_status ag_sampler_sample_drawn(ag_sampler *s, const float *logits, const ag_p
  * enough when the cut falls among them, see ag_sampler_cands_enough);
  * want_z when logprobs are asked for or top-p is cut from the whole row's
  * mass. 0 for every other sampler (the argmax-only and pick-only ones have
- * cheaper ways). Fixed for the sampler's life. */
+ * cheaper ways). Fixed for the sampler's life (but for
+ * ag_sampler_take_edited_rows). */
 int ag_sampler_cands_req(const ag_sampler *s, ag_cands_req *req);
 
 /* Whether the candidates *c hold every token this sampler would keep of

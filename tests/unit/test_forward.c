@@ -381,6 +381,30 @@ static void bad_batches_are_errors(void **state) {
     assert_non_null(strstr(ag_error_message(), "out of range"));
     b.n = 0;
     assert_int_equal(ag_model_forward(g_model, kv, &b, logits), AG_ERR_INVALID);
+    /* edits: without their starts, starts not from 0 or decreasing, a token outside the vocab */
+    tok = 1, b.n = 1;
+    ag_logit_edit ed[2] = {{3, AG_EDIT_BIAS, 1.0f, 1.0f, 0.0f}, {g_vocab, AG_EDIT_BAN, 0.0f, 1.0f, 0.0f}};
+    int32_t       start[2] = {0, 1};
+    b.edits = ed;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, logits), AG_ERR_INVALID);
+    b.edit_start = start, start[0] = 1;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, logits), AG_ERR_INVALID);
+    start[0] = 0, start[1] = 2;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, logits), AG_ERR_INVALID);
+    assert_non_null(strstr(ag_error_message(), "not in"));
+    /* a valid edit changes only its token, as ag_logit_edit_apply says */
+    float *plain = malloc(sizeof(float) * (size_t)g_vocab);
+    b.edits = NULL, b.edit_start = NULL;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, plain), AG_OK);
+    /* (nothing committed: the same position again) */
+    start[1] = 1, b.edits = ed, b.edit_start = start;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, logits), AG_OK);
+    for (int i = 0; i < g_vocab; i++) {
+        const float w = i == 3 ? ag_logit_edit_apply(plain[i], &ed[0]) : plain[i];
+        assert_memory_equal(&logits[i], &w, sizeof w);
+    }
+    assert_true(logits[3] == plain[3] + 1.0f);
+    free(plain);
     free(logits);
     ag_kv_free(kv);
 }
