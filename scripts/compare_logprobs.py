@@ -28,6 +28,16 @@ REQUESTS = [  # the kinds of rows that carry logprobs without copying a row back
     dict(prompt=PROMPT, max_tokens=24, temperature=1.0, top_p=0.9, top_k=0, seed=4, logprobs=2),  # top-p cut
     dict(prompt=PROMPT, max_tokens=24, temperature=1.1, top_k=0, top_p=1.0, min_p=0, seed=8, logprobs=4),  # picked
     dict(prompt=PROMPT + " Zebra quantum xylophone.", max_tokens=8, temperature=0, logprobs=3, echo=True),  # scored
+    # bias and penalties (the rows edited where the logits are), a JSON mode and a schema (the rows masked there)
+    dict(prompt=PROMPT, max_tokens=24, temperature=0.9, top_k=40, seed=5, logprobs=2, frequency_penalty=0.7,
+         presence_penalty=0.3, logit_bias={"11": 3, "13": -100}),
+    dict(prompt=PROMPT, max_tokens=24, temperature=0, logprobs=1, repetition_penalty=1.3),
+    dict(prompt="A book as JSON: ", max_tokens=32, temperature=0, logprobs=2, response_format={"type": "json_object"}),
+    dict(prompt="A person as JSON: ", max_tokens=32, temperature=0.8, top_k=20, seed=6, logprobs=1,
+         frequency_penalty=0.4, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {
+             "type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                              "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+             "required": ["name", "age"]}}}),
 ]
 
 

@@ -140,6 +140,10 @@ for T in "--temp 0 --repeat-penalty 1.3" "--temp 1.0 --top-k 0 --top-p 1 --min-p
   unset AUGUR_SPEC_ROW_COST
 done
 build/cuda/augur bench --device cuda -m "$G" -p 0 -n 16 -b 4 -r 1 --sample --penalties
+# bias, penalties and structured outputs with logprobs: rows edited and masked on the GPU (the edit and mask ops)
+# against rows copied back, edited and masked on the host
+python3 scripts/compare_logprobs.py --bin build/cuda/augur -m "$G" --a "" \
+  --b "AUGUR_CANDS=0 AUGUR_PICK=0 AUGUR_EDITS=0 AUGUR_MASKS=0" -- --device cuda
 
 echo "== whole models, GPU vs CPU"
 models=()

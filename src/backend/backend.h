@@ -68,6 +68,11 @@ typedef struct {
      * ag_batch.edits); given to begin like the draws */
     const int32_t       *edit_start;
     const ag_logit_edit *edits;
+    /* [n_out] (NULL: none): output row k's allowed tokens, a bitmap of
+     * allow_words words or NULL (the mask op, ag_batch.allow); given to
+     * begin like the draws */
+    const uint32_t *const *allow;
+    int                    allow_words;
 } ag_batch_layout;
 
 /* The shape of one attention layer. */
@@ -206,6 +211,10 @@ typedef struct {
      * (ag_model_can_edit). A host-memory backend needs none (the model edits
      * its rows in place). */
     ag_status (*edit)(ag_backend *, float *x, int n, int dim, const ag_batch_layout *lay);
+    /* x[k][i] = -inf for every token i that output row k's bitmap (lay's
+     * allow, which begin got) leaves out, rows k in [0, n) with a bitmap.
+     * NULL: as for edit, callers mask copied rows (ag_model_can_mask). */
+    ag_status (*mask)(ag_backend *, float *x, int n, int dim, const ag_batch_layout *lay);
     /* The device memory free now and in all (a GPU's). NULL: host memory only. */
     ag_status (*device_memory)(ag_backend *, uint64_t *free_bytes, uint64_t *total_bytes);
     /* out[n][n_head*hd_v] = softmax(scale · q·Kᵀ (causal, windowed)) · V, each

@@ -41,6 +41,7 @@ typedef struct {
     ag_spec_seq *spec;   /* speculative decoding, else NULL */
     int          d;      /* drafts in the current step's window */
     bool         edits_failed; /* this step's rows lack its sampler's edits (out of memory): it ends */
+    bool         masked_in_pass; /* this step's row comes with its structured output's mask (note_row_mask) */
     int32_t      stop_index; /* the stop string that ended it, or -1 */
 } choice;
 
@@ -124,6 +125,14 @@ struct ag_engine {
     ag_logit_edit *b_edits;      /* [cap_edits], n_edits used this step */
     size_t         n_edits, cap_edits;
     bool           edits_off; /* AUGUR_EDITS=0 (A/B, tests): samplers apply their bias and penalties to raw rows */
+    /* structured outputs' masks applied where the logits are (ag_batch.allow,
+     * note_row_mask): a bitmap a row, made on the first masked row */
+    const uint32_t **b_allow;   /* [logit_rows] */
+    uint32_t        *allow_bits; /* [logit_rows][allow_words] */
+    float           *mask_row;   /* [n_vocab] scratch for ag_schema_mask */
+    int              allow_words;
+    bool             any_allow;  /* this step has a masked row */
+    bool             masks_off;  /* AUGUR_MASKS=0 (A/B, tests), or a model that cannot mask: rows copied and masked */
     float   *logits;
     float   *masked; /* [n_vocab]: a row with a structured output's mask applied */
     ag_schema_vocab *schema_vocab; /* the mask's tables, built on the first structured request */
@@ -446,7 +455,7 @@ typedef struct {
 
 static const float *sink_prepare(void *user, const float *row) {
     choice_sink *x = user;
-    if (!x->c->constraint) return row;
+    if (!x->c->constraint || x->c->masked_in_pass) return row; /* (masked where it was computed) */
     /* structured output: only tokens that continue an accepted text */
     memcpy(x->e->masked, row, sizeof(float) * (size_t)x->e->n_vocab);
     ag_schema_mask(x->c->constraint, x->e->masked);
@@ -458,17 +467,22 @@ static bool sink_emit(void *user, int32_t token, const ag_sample_result *sr) {
     return emit_token(x->e, x->r, x->c, token, sr);
 }
 
+/* Whether a choice's rows this step must be masked on the host (a
+ * structured output whose row the pass does not mask: see note_row_mask). */
+static bool masks_rows(const choice *c) { return c->constraint && !c->masked_in_pass; }
+
 /* Whether a choice's decisions need nothing but each row's argmax (greedy,
- * no logprobs or schema; bias and penalties come applied to the rows,
- * note_row_edits): its rows may stay on a device. */
-static bool wants_argmax_only(const choice *c) { return !c->constraint && ag_sampler_argmax_only(c->sampler); }
+ * no logprobs; bias and penalties come applied to the rows,
+ * note_row_edits, and a structured output's mask, note_row_mask): its rows
+ * may stay on a device. */
+static bool wants_argmax_only(const choice *c) { return !masks_rows(c) && ag_sampler_argmax_only(c->sampler); }
 
 /* Whether a choice's next decision (no drafts this step) needs nothing but
  * a token drawn with its sampler's uniform, which the backend can draw
  * where the logits are (ag_model_can_pick): temperature only, no logprobs,
  * truncation or schema (bias and penalties come applied to the rows). */
 static bool wants_pick(const ag_engine *e, const choice *c) {
-    return !c->constraint && c->d == 0 && ag_sampler_pick_only(c->sampler) && ag_model_can_pick(e->model);
+    return !masks_rows(c) && c->d == 0 && ag_sampler_pick_only(c->sampler) && ag_model_can_pick(e->model);
 }
 
 /* Whether a choice's decisions this step (a plain row, or each row of a
@@ -476,21 +490,51 @@ static bool wants_pick(const ag_engine *e, const choice *c) {
  * (ag_sampler_cands_req: top-k or top-p sampling, greedy with logprobs; no
  * schema; bias and penalties come applied to the rows), filling *req. */
 static bool wants_cands(const ag_engine *e, const choice *c, ag_cands_req *req) {
-    return !c->constraint && ag_model_can_cands(e->model) && ag_sampler_cands_req(c->sampler, req);
+    return !masks_rows(c) && ag_model_can_cands(e->model) && ag_sampler_cands_req(c->sampler, req);
 }
 
 /* Whether a choice's next decision (no drafts this step) is a pick-only
  * one but for logprobs (ag_sampler_pick_logprobs): the backend draws the
  * token and finds the row's candidates naming it. */
 static bool wants_pick_lp(const ag_engine *e, const choice *c) {
-    return !c->constraint && c->d == 0 && ag_sampler_pick_logprobs(c->sampler, NULL) && ag_model_can_pick(e->model) &&
+    return !masks_rows(c) && c->d == 0 && ag_sampler_pick_logprobs(c->sampler, NULL) && ag_model_can_pick(e->model) &&
            ag_model_can_cands(e->model);
+}
+
+/* Output row k's mask for choice c (a structured output, no drafts this
+ * step: a verify row's mask would need the matcher past the drafts before
+ * it) into the batch (ag_batch.allow): the tokens ag_schema_mask lets
+ * through now, as a bitmap. false (rows masked on the host): masks off,
+ * or out of memory. */
+static bool note_row_mask(ag_engine *e, int k, choice *c) {
+    if (e->masks_off || !c->constraint || c->d != 0) return false;
+    if (!e->allow_bits) {
+        e->allow_words = (e->n_vocab + 31) / 32;
+        e->allow_bits = malloc(sizeof(uint32_t) * (size_t)e->allow_words * (size_t)e->logit_rows);
+        e->mask_row = malloc(sizeof(float) * (size_t)e->n_vocab);
+        if (!e->allow_bits || !e->mask_row) {
+            free(e->allow_bits), free(e->mask_row);
+            e->allow_bits = NULL, e->mask_row = NULL;
+            return false;
+        }
+    }
+    memset(e->mask_row, 0, sizeof(float) * (size_t)e->n_vocab);
+    ag_schema_mask(c->constraint, e->mask_row);
+    uint32_t *bits = e->allow_bits + (size_t)k * (size_t)e->allow_words;
+    memset(bits, 0, sizeof(uint32_t) * (size_t)e->allow_words);
+    for (int i = 0; i < e->n_vocab; i++)
+        if (e->mask_row[i] == 0.0f) bits[i >> 5] |= 1u << (i & 31);
+    e->b_allow[k] = bits;
+    e->any_allow = true;
+    return true;
 }
 
 /* The row's want for a choice's decode row, drawing its uniform now when
  * the backend is to pick the token (the draw ag_sampler_sample would make
- * after the step: the same RNG sequence). */
+ * after the step: the same RNG sequence). A structured output's row is
+ * masked where it is computed when it can be (note_row_mask). */
 static uint8_t decode_want(ag_engine *e, choice *c, int out_row) {
+    c->masked_in_pass = note_row_mask(e, out_row, c);
     if (wants_argmax_only(c)) return AG_WANT_ARGMAX;
     if (wants_pick(e, c) && ag_sampler_draw_pick(c->sampler, &e->b_pick[out_row]) == AG_OK) return AG_WANT_PICK;
     if (wants_pick_lp(e, c) && ag_sampler_draw_pick(c->sampler, &e->b_pick[out_row]) == AG_OK) {
@@ -795,6 +839,8 @@ static bool step(ag_engine *e) {
 
     int n = 0, rows = 0, n_prefill = 0;
     e->n_edits = 0;
+    if (e->any_allow) memset(e->b_allow, 0, sizeof *e->b_allow * (size_t)e->logit_rows);
+    e->any_allow = false;
     /* Decode windows first: each decoding choice's pending token, followed by
      * the tokens its draft source proposes (speculative decoding), all as
      * decode rows. Drafts get the rows left under spec_max_rows once every
@@ -895,6 +941,7 @@ static bool step(ag_engine *e) {
         ag_batch b = {.n = n, .token = e->b_tok, .pos = e->b_pos, .seq = e->b_seq, .want_logits = e->b_want,
                       .argmax = e->argmax, .pick = e->b_pick, .cands_req = e->b_cands_req, .cands = e->cands,
                       .edit_start = e->n_edits ? e->b_edit_start : NULL, .edits = e->n_edits ? e->b_edits : NULL,
+                      .allow = e->any_allow ? e->b_allow : NULL,
                       .n_prompt = n_prefill};
         st = ag_model_forward(e->model, e->kv, &b, e->logits);
     }
@@ -1175,6 +1222,8 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
      * without the edit op): the samplers keep their bias and penalties */
     const char *ed = getenv("AUGUR_EDITS");
     e->edits_off = (ed && *ed == '0') || !ag_model_can_edit(m);
+    const char *mk = getenv("AUGUR_MASKS");
+    e->masks_off = (mk && *mk == '0') || !ag_model_can_mask(m);
     step_rows(&p, &e->max_rows, &e->logit_rows);
     /* activations for a full batch in one piece, as ag_engine_plan_memory counts them */
     if ((st = ag_model_reserve_scratch(m, p.n_batch))) goto fail;
@@ -1188,11 +1237,12 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->cands = malloc(sizeof(ag_cands) * (size_t)e->logit_rows);
     e->argmax = malloc(sizeof(int32_t) * (size_t)e->logit_rows);
     e->b_edit_start = malloc(sizeof(int32_t) * ((size_t)e->logit_rows + 1));
+    e->b_allow = calloc((size_t)e->logit_rows, sizeof *e->b_allow);
     e->rows = malloc(sizeof *e->rows * (size_t)(p.n_batch + e->max_rows));
     e->logits = ag_model_host_floats(e->model, (size_t)e->n_vocab * (size_t)e->logit_rows);
     e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_pick || !e->b_cands_req || !e->cands ||
-        !e->argmax || !e->b_edit_start || !e->rows || !e->logits || !e->masked) {
+        !e->argmax || !e->b_edit_start || !e->b_allow || !e->rows || !e->logits || !e->masked) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
         goto fail;
     }
@@ -1235,6 +1285,9 @@ void ag_engine_free(ag_engine *e) {
     free(e->argmax);
     free(e->b_edit_start);
     free(e->b_edits);
+    free(e->b_allow);
+    free(e->allow_bits);
+    free(e->mask_row);
     free(e->rows);
     ag_model_host_free(e->model, e->logits);
     free(e->masked);

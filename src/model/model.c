@@ -599,19 +599,27 @@ static bool next_run(const ag_batch *b, unsigned kinds, row_walk *w, int *k0, in
  * come from the logits rows). */
 typedef struct {
     bool argmax, pick, cands;
-    /* where the rows' edits (ag_batch.edits) are applied: in the pass, by
-     * the model (host memory) or the backend's edit op; or on the host
-     * after the rows are copied back (and softcapped) */
+    /* where the rows' edits and masks (ag_batch.edits, allow) are applied:
+     * in the pass, by the model (host memory) or the backend's edit and
+     * mask ops; or on the host after the rows are copied back (and
+     * softcapped) */
     enum { EDITS_NONE, EDITS_IN_PASS, EDITS_AFTER } edits;
 } out_kinds;
 
-/* Applies output rows [0, n_out)'s edits to rows[n_out][n_vocab] in place. */
+/* Applies output rows [0, n_out)'s edits, then their masks, to
+ * rows[n_out][n_vocab] in place. */
 static void edit_rows_host(const ag_batch *b, int n_out, int n_vocab, float *rows) {
-    for (int k = 0; k < n_out; k++)
+    for (int k = 0; b->edits && k < n_out; k++)
         for (int32_t i = b->edit_start[k]; i < b->edit_start[k + 1]; i++) {
             float *l = rows + (size_t)k * n_vocab + b->edits[i].id;
             *l = ag_logit_edit_apply(*l, &b->edits[i]);
         }
+    for (int k = 0; b->allow && k < n_out; k++) {
+        const uint32_t *a = b->allow[k];
+        float          *l = rows + (size_t)k * n_vocab;
+        for (int i = 0; a && i < n_vocab; i++)
+            if (!(a[i >> 5] >> (i & 31) & 1u)) l[i] = -INFINITY;
+    }
 }
 
 static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
@@ -642,7 +650,8 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     /* the samplers' steps 1-2 before anything reads the rows */
     if (ok->edits == EDITS_IN_PASS) {
         if (op->host_memory) edit_rows_host(b, n_out, c->n_vocab, out);
-        else if ((st = op->edit(be, out, n_out, c->n_vocab, lay))) return st;
+        if (!op->host_memory && lay->edits && (st = op->edit(be, out, n_out, c->n_vocab, lay))) return st;
+        if (!op->host_memory && lay->allow && (st = op->mask(be, out, n_out, c->n_vocab, lay))) return st;
     }
     /* only the rows that want their argmax, a picked token or candidates
      * (the others' samplers read the rows) */
@@ -699,6 +708,10 @@ bool ag_model_can_cands(const ag_model *m) { return m && !m->cands_off; }
 
 bool ag_model_can_edit(const ag_model *m) {
     return m && (m->be->ops->host_memory || (m->be->ops->edit && m->cfg.final_softcap <= 0));
+}
+
+bool ag_model_can_mask(const ag_model *m) {
+    return m && (m->be->ops->host_memory || (m->be->ops->mask && m->cfg.final_softcap <= 0));
 }
 
 ag_status ag_model_output_row(ag_model *m, int k, float *out) {
@@ -773,13 +786,17 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         if (b->edit_start[0] != 0 || b->edit_start[k + 1] < b->edit_start[k])
             return ag_errorf(AG_ERR_INVALID, "edit_start is not a run of starts from 0");
     const bool any_edits = b->edit_start && b->edit_start[n_out] > 0;
+    bool       any_masks = false;
+    for (int k = 0; b->allow && k < n_out; k++) any_masks |= b->allow[k] != NULL;
     for (int32_t i = 0; any_edits && i < b->edit_start[n_out]; i++)
         if (b->edits[i].id < 0 || b->edits[i].id >= c->n_vocab)
             return ag_errorf(AG_ERR_INVALID, "edit %d names token %d, not in [0, %d)", (int)i, (int)b->edits[i].id,
                              c->n_vocab);
     /* a device without the edit op edits the rows on the host, so nothing
      * may be computed from them on the device */
-    const bool edits_late = any_edits && (c->final_softcap > 0 || (!op->host_memory && !op->edit));
+    const bool edits_late = (any_edits || any_masks) &&
+                            (c->final_softcap > 0 ||
+                             (!op->host_memory && ((any_edits && !op->edit) || (any_masks && !op->mask))));
     if (edits_late && (any_pick || any_pick_lp))
         return ag_errorf(AG_ERR_INVALID, "rows want a token picked from edited rows, which this model edits after the copy");
     /* the softcap is applied on the host after the copy, so such a model's
@@ -788,7 +805,7 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         .argmax = any_argmax && op->argmax && c->final_softcap <= 0 && !m->argmax_off && !edits_late,
         .pick = (any_pick || any_pick_lp) && ag_model_can_pick(m) && !edits_late,
         .cands = (any_cands || any_pick_lp) && op->cands && c->final_softcap <= 0 && !edits_late,
-        .edits = !any_edits ? EDITS_NONE : edits_late ? EDITS_AFTER : EDITS_IN_PASS};
+        .edits = !any_edits && !any_masks ? EDITS_NONE : edits_late ? EDITS_AFTER : EDITS_IN_PASS};
     fwd_bufs f;
     ag_status st = fwd_buffers(m, n, n_out, &f);
     if (st) return st;
@@ -796,8 +813,10 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     ag_batch_layout lay = {.n = n, .pos = b->pos, .seq = b->seq, .n_decode = n_dec,
                            .pick = ok.pick ? b->pick : NULL, .cands_req = ok.cands ? b->cands_req : NULL,
                            .n_out = n_out,
-                           .edit_start = ok.edits == EDITS_IN_PASS ? b->edit_start : NULL,
-                           .edits = ok.edits == EDITS_IN_PASS ? b->edits : NULL};
+                           .edit_start = ok.edits == EDITS_IN_PASS && any_edits ? b->edit_start : NULL,
+                           .edits = ok.edits == EDITS_IN_PASS && any_edits ? b->edits : NULL,
+                           .allow = ok.edits == EDITS_IN_PASS && any_masks ? b->allow : NULL,
+                           .allow_words = (c->n_vocab + 31) / 32};
     if (op->begin && (st = op->begin(be, kv, &lay, b->token))) return st;
     /* A pass of decode rows only has the same ops every step for the same
      * shape: a backend may record it once and replay it (graph_begin). */
@@ -809,7 +828,8 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
             int want = b->want_logits ? b->want_logits[i] : i == n - 1;
             if (want) parts[4] = parts[4] * 1000003u + (uint64_t)i * 8 + (uint64_t)want; /* (want < 8) */
         }
-        parts[4] = parts[4] * 2 + (ok.edits == EDITS_IN_PASS); /* the edit op's launch */
+        /* the edit and mask ops' launches */
+        parts[4] = parts[4] * 4 + (lay.edits != NULL) * 2 + (lay.allow != NULL);
         key = ag_hash64_seed(parts, sizeof parts, 0x67726170686b6579ull);
         if ((st = op->graph_begin(be, key, &gstate))) return st;
     }

@@ -178,6 +178,12 @@ typedef struct {
      * written or fetched (ag_model_output_row). */
     const int32_t       *edit_start;
     const ag_logit_edit *edits;
+    /* [output rows] (NULL: no row is masked): NULL, or the row's allowed
+     * tokens as a bitmap of ceil(n_vocab / 32) words (token i: bit i % 32
+     * of word i / 32), a structured output's mask (ag_schema_mask). The
+     * pass sets every other token's logit to -inf after the row's edits,
+     * before anything reads the row. */
+    const uint32_t *const *allow;
     /* The last n_prompt tokens are prompt tokens, the others decode or
      * verify tokens (0: all decode). The two kinds go through different
      * matmul kernels (prompt: batched tiles; decode: row kernels), whose
@@ -220,6 +226,11 @@ bool ag_model_can_cands(const ag_model *m);
  * fetched row would lack them, so callers keep bias and penalties in their
  * samplers. */
 bool ag_model_can_edit(const ag_model *m);
+
+/* The same for masks (ag_batch.allow): applied where the rows are computed
+ * (on the host, or by the backend's mask op, without a final softcap on a
+ * device); false: callers mask the copied rows themselves. */
+bool ag_model_can_mask(const ag_model *m);
 
 /* Copies output row k (in batch order, as the logits array counts them) of
  * the last forward pass into out[n_vocab]: for an AG_WANT_CANDS row whose

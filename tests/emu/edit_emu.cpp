@@ -5,8 +5,9 @@
  * NaN, +-inf, +-FLT_MAX, +-0, tiny; edits: every flag combination, a
  * repetition penalty of 1 (skipped) and others, biases and subtrahends that
  * overflow. Grids smaller and larger than the records (grid-stride), no
- * records, and records past the pass's rows (skipped). Exit status 1 on a
- * mismatch (`make cuda-emu`). */
+ * records, and records past the pass's rows (skipped). mask_rows_k too:
+ * rows with a bitmap (random; mostly allowed) and without. Exit status 1
+ * on a mismatch (`make cuda-emu`). */
 #include "cuda_shim.h"
 #include "edit_kernel.inc" /* the kernel, cut from cuda_backend.cu by make cuda-emu */
 
@@ -66,6 +67,31 @@ int main(int argc, char **argv) {
                     printf("MISMATCH dim %d grid %d row %zu id %zu: %a, want %a\n", dim, grid, i / dim, i % dim, x[i], want[i]);
                 }
         }
-    printf("edits %ld bad %ld\n", edits, bad);
+    /* mask_rows_k: rows with a bitmap get -inf where it has no bit (the
+     * last word partly past the row), rows without keep their values */
+    long masked = 0;
+    const int mdims[] = {7, 300, 4099, 70001}; /* (70001: three slices of MASK_WORDS words) */
+    for (int di = 0; di < 4; di++) {
+        const int dim = mdims[di], R = 3, words = (dim + 31) / 32, S = (words + MASK_WORDS - 1) / MASK_WORDS;
+        std::vector<float>    x((size_t)R * dim), want;
+        std::vector<uint32_t> buf((size_t)R + (size_t)R * words, 0);
+        for (float &v : x) v = raw_value();
+        want = x;
+        buf[0] = 1, buf[2] = 1; /* row 1: none */
+        for (int r = 0; r < R; r += 2)
+            for (int w = 0; w < words; w++) {
+                const uint32_t a = r == 0 ? (uint32_t)xr() : (w % 3 ? 0xFFFFFFFFu : 0x80000001u);
+                buf[(size_t)R + (size_t)r * words + w] = a;
+                for (int b = 0; b < 32 && w * 32 + b < dim; b++)
+                    if (!(a >> b & 1u)) want[(size_t)r * dim + w * 32 + b] = -INFINITY, masked++;
+            }
+        emu_launch(mask_rows_k, R * S, 64, x.data(), R, S, dim, words, (const uint32_t *)buf.data());
+        for (size_t i = 0; i < x.size(); i++)
+            if (memcmp(&x[i], &want[i], sizeof(float))) {
+                bad++;
+                printf("MISMATCH mask dim %d row %zu id %zu: %a, want %a\n", dim, i / dim, i % dim, x[i], want[i]);
+            }
+    }
+    printf("edits %ld masked %ld bad %ld\n", edits, masked, bad);
     return bad != 0;
 }

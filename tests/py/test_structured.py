@@ -298,3 +298,49 @@ def test_unsupported_tool_parameters_are_400_when_forced(smol):
     body["tool_choice"] = "auto"
     status, _, _ = raw(smol, "POST", CHAT, body)
     assert status == 200
+
+
+def test_rows_masked_where_computed_equal_masked_copies():
+    """A structured output's rows are masked where the logits are computed
+    (the engine's bitmap of the tokens the schema lets through, applied by
+    the model; on a GPU by the mask op), so its argmax, picked token or
+    candidates come from there: the same text and logprobs, bit for bit, as
+    a server that copies the rows and masks them on the host (AUGUR_MASKS=0):
+    greedy, top-k with logprobs, a temperature alone, with penalties, n = 2,
+    at once; and greedy with n-gram drafts (verify windows are masked on the
+    host; the first server poisons the rows a device would not copy back)."""
+    require_model(SMOLLM2)
+    env = {"AUGUR_SPEC_ROW_COST": "0.1"}
+    import os
+    servers = [AugurServer(SMOLLM2, "--parallel", "6", env={**os.environ, **env, "AUGUR_POISON_ROWS": "1"}),
+               AugurServer(SMOLLM2, "--parallel", "6", env={**os.environ, **env, "AUGUR_MASKS": "0"})]
+    runs = [("person", dict(temperature=0)), ("literals", dict(temperature=0.9, seed=3, logprobs=True, top_logprobs=2,
+                                                                extra_body={"top_k": 20})),
+            ("numbers", dict(temperature=1.0, seed=5, extra_body={"top_k": 0, "top_p": 1.0, "min_p": 0})),
+            ("order", dict(temperature=0.8, seed=7, frequency_penalty=0.5, logit_bias={"28": 2.0})),
+            ("unions", dict(temperature=1.0, seed=2, n=2)), ("answer", dict(temperature=0, logprobs=True))]
+    try:
+        def one(server, name, kw):
+            choices = ask(server, name, **kw)
+            return [(c.message.content, c.finish_reason,
+                     c.logprobs and [(t.token, t.logprob) for t in c.logprobs.content]) for c in choices]
+        got = []
+        for s in servers:
+            with ThreadPoolExecutor(len(runs)) as pool:
+                got.append(list(pool.map(lambda r, s=s: one(s, *r), runs)))
+        assert got[0] == got[1]
+        for (name, _), res in zip(runs, got[0]):
+            for text, finish, _ in res:
+                if finish == "stop":
+                    jsonschema.validate(json.loads(text), SCHEMAS[name])
+    finally:
+        for s in servers:
+            assert s.stop() == 0, s.final_stderr[-4000:]
+    spec = [AugurServer(SMOLLM2, "--draft", "ngram", env={**os.environ, **env, "AUGUR_POISON_ROWS": "1"}),
+            AugurServer(SMOLLM2, "--draft", "ngram", env={**os.environ, **env, "AUGUR_MASKS": "0"})]
+    try:
+        texts = [[ask(s, n, temperature=0)[0].message.content for n in ("person", "order")] for s in spec]
+        assert texts[0] == texts[1]
+    finally:
+        for s in spec:
+            assert s.stop() == 0, s.final_stderr[-4000:]

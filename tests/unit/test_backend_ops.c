@@ -376,7 +376,7 @@ static void get_rows_exact(void **state) {
         ag_tensor      w = make_weight(g_be, type, K, ROWS, &deq);
         int32_t        ids[N] = {3, 0, 39, 3, 17, 8}, pos[N], seq[N];
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0, NULL, NULL};
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
         begin_pass(g_be, f.kv, &lay, ids);
         float *d = dev_floats(g_be, (size_t)N * K);
         assert_int_equal(g_be->ops->get_rows(g_be, &w, ids, N, d), AG_OK);
@@ -487,7 +487,7 @@ static void small_ops(void **state) {
         const int rope_dim = neox ? 24 : HD;
         int       base_pos = ag_kv_seq_len(f.kv, f.seq[0]);
         for (int i = 0; i < N; i++) pos[i] = base_pos + i;
-        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0, NULL, NULL};
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         assert_int_equal(g_be->ops->copy(g_be, dout, dx, (size_t)N * N_HEAD * HD * 4), AG_OK);
         assert_int_equal(g_be->ops->rope(g_be, dout, N, N_HEAD, HD, rope_dim, pos, 10000.0f, 0.5f, neox), AG_OK);
@@ -532,7 +532,7 @@ static void rope_kv_store_fused(void **state) {
         const int rope_dim = neox ? 48 : HD;
         int32_t   pos[N], seq[N], toks[N] = {0};
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i + 0, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, neox ? N : 3, NULL, NULL, 0, NULL, NULL}; /* decode rows too */
+        ag_batch_layout lay = {N, pos, seq, neox ? N : 3, NULL, NULL, 0, NULL, NULL, NULL, 0}; /* decode rows too */
         begin_pass(g_be, f.kv, &lay, toks);
         ag_attn_shape sh0 = {.layer = 0, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD, .head_dim_v = HD,
                              .scale = 0.125f},
@@ -588,7 +588,7 @@ static void matmul_after_producers(void **state) {
         ag_tensor w = make_weight(g_be, cases[c].type, K, N_OUT, &deq);
         int32_t   pos[N], seq[N], toks[N] = {0};
         for (int i = 0; i < N; i++) pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-        ag_batch_layout lay = {N, pos, seq, N, NULL, NULL, 0, NULL, NULL};
+        ag_batch_layout lay = {N, pos, seq, N, NULL, NULL, 0, NULL, NULL, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         const size_t n = (size_t)N * K;
         float *x = randn(n, 1.0f), *u = randn(n, 1.0f), *gain = randn(K, 1.0f);
@@ -739,7 +739,7 @@ static void pick_rows(void **state) {
         }
     }
     assert_int_equal(want[3], -2);
-    ag_batch_layout lay = {N, pos, seq, 0, draws, NULL, N, NULL, NULL};
+    ag_batch_layout lay = {N, pos, seq, 0, draws, NULL, N, NULL, NULL, NULL, 0};
     begin_pass(g_be, f.kv, &lay, ids);
     float   *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
     int32_t *dout = dev_floats(g_be, N), got[N];
@@ -806,7 +806,7 @@ static void cands_case(int dim) {
         if (h.at == AG_CANDS_AT_TOKEN) h.at = k >= 4 ? tok[k - 4] : -1;
         ag_top_cands_f32(x + (size_t)k * dim, dim, &h, &want[k]);
     }
-    ag_batch_layout lay = {N, pos, seq, 0, NULL, req, N, NULL, NULL};
+    ag_batch_layout lay = {N, pos, seq, 0, NULL, req, N, NULL, NULL, NULL, 0};
     begin_pass(g_be, f.kv, &lay, ids);
     float    *dx = dev_put(g_be, x, sizeof(float) * N * (size_t)dim);
     ag_cands *dout = g_be->ops->alloc(g_be, sizeof(ag_cands) * N);
@@ -865,10 +865,12 @@ static void cands_rows(void **state) {
  * operation as the host does): rows with NaN, +-inf, +-FLT_MAX, +-0 among
  * random values; edits with every flag combination, a repetition penalty
  * of 1 and others, sums that overflow; a row without edits; twice, the
- * second pass with other edits (the upload is per pass). */
+ * second pass with other edits (the upload is per pass). Then the mask
+ * op: rows with bitmaps (few tokens allowed, most) get -inf elsewhere,
+ * rows without keep their values. */
 static void edit_rows(void **state) {
     (void)state;
-    if (!g_be->ops->edit) skip();
+    if (!g_be->ops->edit || !g_be->ops->mask) skip();
     enum { N = 6, DIM = 4099 };
     kv_fixture f = make_kv(g_be, 1, 32, NULL);
     for (int pass = 0; pass < 2; pass++) {
@@ -892,10 +894,20 @@ static void edit_rows(void **state) {
         for (int k = 0; k < N; k++)
             for (int i = start[k]; i < start[k + 1]; i++)
                 want[(size_t)k * DIM + ed[i].id] = ag_logit_edit_apply(x[(size_t)k * DIM + ed[i].id], &ed[i]);
-        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, N, start, ed};
+        /* masks (the mask op, after the edits): rows 1 and 4 (a few tokens allowed; most), the others none */
+        enum { W = (DIM + 31) / 32 };
+        static uint32_t        bits[2][W];
+        const uint32_t        *allow[N] = {NULL};
+        for (int w = 0; w < W; w++) bits[0][w] = w % 7 == pass ? 0x00010001u << pass : 0, bits[1][w] = ~(1u << (w % 32));
+        allow[1] = bits[0], allow[4] = bits[1];
+        for (int k = 0; k < N; k++)
+            for (int i = 0; allow[k] && i < DIM; i++)
+                if (!(allow[k][i / 32] >> (i % 32) & 1u)) want[(size_t)k * DIM + i] = -INFINITY;
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, N, start, ed, allow, W};
         begin_pass(g_be, f.kv, &lay, ids);
         float *dx = dev_put(g_be, x, sizeof(float) * N * DIM);
         assert_int_equal(g_be->ops->edit(g_be, dx, N, DIM, &lay), AG_OK);
+        assert_int_equal(g_be->ops->mask(g_be, dx, N, DIM, &lay), AG_OK);
         assert_int_equal(g_be->ops->download(g_be, got, dx, sizeof(float) * N * DIM), AG_OK);
         commit_pass(f.kv, &lay);
         for (size_t i = 0; i < (size_t)N * DIM; i++)
@@ -952,7 +964,7 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
             for (int i = 0; i < 3; i++) pos[n] = P1 + i, seq[n++] = f.seq[0];
             for (int i = 0; i < 20; i++) pos[n] = 5 + i, seq[n++] = f.seq[1];
         }
-        ag_batch_layout lay = {n, pos, seq, 0, NULL, NULL, 0, NULL, NULL};
+        ag_batch_layout lay = {n, pos, seq, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
         begin_pass(g_be, f.kv, &lay, toks);
         float *q = randn((size_t)n * N_HEAD * HD, 1.0f), *k = randn((size_t)n * N_KV * HD, 1.0f),
               *v = randn((size_t)n * N_KV * HD, 1.0f);

@@ -172,6 +172,11 @@ typedef struct {
      * drops the recorded passes. */
     int32_t       *d_edits, *h_edits;
     size_t         cap_edits, cap_h_edits; /* int32 elements */
+    /* the pass's masks (begin; the mask op): a flag per output row (1: it
+     * has a bitmap), then n_out bitmaps of allow_words words; staged in
+     * h_masks. A regrown d_masks drops the recorded passes. */
+    uint32_t      *d_masks, *h_masks;
+    size_t         cap_masks, cap_h_masks; /* words */
     int            n_tiles;
 
     /* prompt-row GEMM scratch: the weight and the activations in BF16, an
@@ -4465,6 +4470,25 @@ __global__ void edit_rows_k(float *__restrict__ x, int n_rows, int dim, const in
         *l = edit_apply(*l, q.e);
     }
 }
+/* Sets x[row][i] = -inf for each token i that the row's bitmap leaves out
+ * (buf: n_rows flags, then n_rows bitmaps of `words` words), rows with a
+ * flag only; a block per slice of MASK_WORDS words of a row (n_rows * S
+ * blocks). */
+#define MASK_WORDS 1024
+__global__ void mask_rows_k(float *__restrict__ x, int n_rows, int S, int dim, int words,
+                            const uint32_t *__restrict__ buf) {
+    pdl_entry();
+    const int row = (int)blockIdx.x / S, slice = (int)blockIdx.x % S;
+    if (!buf[row]) return;
+    const uint32_t *bits = buf + n_rows + (size_t)row * words;
+    const int       w1 = min(words, (slice + 1) * MASK_WORDS);
+    for (int w = slice * MASK_WORDS + (int)threadIdx.x; w < w1; w += (int)blockDim.x) {
+        const uint32_t a = bits[w];
+        if (a == 0xFFFFFFFFu) continue;
+        for (int b = 0; b < 32 && w * 32 + b < dim; b++)
+            if (!(a >> b & 1u)) x[(size_t)row * dim + w * 32 + b] = -INFINITY;
+    }
+}
 /* ---- end of the edit kernel (make cuda-emu runs it on the CPU) ---- */
 
 static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
@@ -4585,6 +4609,27 @@ static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const 
  * (the previous pass's copy is done: every pass ends in a sync). Nothing
  * without edits. */
 static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
+    if (lay->allow && lay->n_out > 0) { /* the masks: flags, then a bitmap a row (zeros where none) */
+        const size_t words = (size_t)lay->n_out * (1 + (size_t)lay->allow_words);
+        if (words > s->cap_h_masks) {
+            if (s->h_masks) cudaFreeHost(s->h_masks);
+            s->h_masks = NULL;
+            s->cap_h_masks = 0;
+            CUDA_TRY(cudaMallocHost((void **)&s->h_masks, (words + words / 4) * sizeof(uint32_t)));
+            s->cap_h_masks = words + words / 4;
+        }
+        if (words > s->cap_masks) {
+            graphs_clear(s); /* recorded passes read the old buffer */
+            ag_status st = grow((void **)&s->d_masks, &s->cap_masks, words, sizeof(uint32_t));
+            if (st) return st;
+        }
+        for (int k = 0; k < lay->n_out; k++) {
+            uint32_t *m = s->h_masks + lay->n_out + (size_t)k * lay->allow_words;
+            s->h_masks[k] = lay->allow[k] != NULL;
+            if (lay->allow[k]) memcpy(m, lay->allow[k], sizeof(uint32_t) * (size_t)lay->allow_words);
+        }
+        CUDA_TRY(cudaMemcpyAsync(s->d_masks, s->h_masks, words * sizeof(uint32_t), cudaMemcpyHostToDevice, s->stream));
+    }
     if (!lay->edits || !lay->edit_start || lay->n_out <= 0) return AG_OK;
     const int32_t total = lay->edit_start[lay->n_out];
     const size_t  words = EDIT_HEAD + (size_t)total * (sizeof(edit_rec) / sizeof(int32_t));
@@ -4615,6 +4660,18 @@ static ag_status cu_edit(ag_backend *be, float *x, int n, int dim, const ag_batc
     if (!lay || !lay->edits || !lay->edit_start || !s->d_edits)
         return ag_errorf(AG_ERR_INVALID, "CUDA edit: the pass has no edits");
     launch_k(s, edit_rows_k, EDIT_BLOCKS, EDIT_THREADS, 0, x, n, dim, (const int32_t *)s->d_edits);
+    LAUNCHED();
+    return AG_OK;
+}
+
+/* The mask op (backend.h): mask_rows_k over the bitmaps begin uploaded. */
+static ag_status cu_mask(ag_backend *be, float *x, int n, int dim, const ag_batch_layout *lay) {
+    cuda_state *s = st_of(be);
+    if (n <= 0) return AG_OK;
+    if (!lay || !lay->allow || !s->d_masks || lay->n_out != n || lay->allow_words != (dim + 31) / 32)
+        return ag_errorf(AG_ERR_INVALID, "CUDA mask: the pass has no masks for %d rows of %d", n, dim);
+    const int words = lay->allow_words, S = (words + MASK_WORDS - 1) / MASK_WORDS;
+    launch_k(s, mask_rows_k, (unsigned)(n * S), 256, 0, x, n, S, dim, words, (const uint32_t *)s->d_masks);
     LAUNCHED();
     return AG_OK;
 }
@@ -4691,6 +4748,8 @@ static void cu_destroy(ag_backend *be) {
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
         cudaFree(s->d_edits);
         if (s->h_edits) cudaFreeHost(s->h_edits);
+        cudaFree(s->d_masks);
+        if (s->h_masks) cudaFreeHost(s->h_masks);
         cudaFree(s->d_wbf);
         cudaFree(s->d_xbf);
         cudaFree(s->d_wf);
@@ -4754,16 +4813,16 @@ static ag_backend_ops make_ops(void) {
     return o;
 }
 /* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off),
- * the cands op (AUGUR_CUDA_CANDS=0: off) and the edit op
- * (AUGUR_CUDA_EDIT=0: off), indexed by pick + 2 * cands + 4 * edit.
+ * the cands op (AUGUR_CUDA_CANDS=0: off) and the edit and mask ops
+ * (AUGUR_CUDA_EDIT=0: both off), indexed by pick + 2 * cands + 4 * edit.
  * Without them the rows that want a picked token or candidates, or that a
- * sampler's bias or penalties edit, are copied to the host (for A/B and as
- * a fallback). */
+ * sampler's bias or penalties edit or a structured output masks, are
+ * copied to the host (for A/B and as a fallback). */
 static ag_backend_ops make_ops_with(int which) {
     ag_backend_ops o = make_ops();
     if (which & 1) o.pick = cu_pick;
     if (which & 2) o.cands = cu_cands;
-    if (which & 4) o.edit = cu_edit;
+    if (which & 4) o.edit = cu_edit, o.mask = cu_mask;
     return o;
 }
 static const ag_backend_ops cuda_ops_variants[8] = {make_ops_with(0), make_ops_with(1), make_ops_with(2),
