@@ -792,8 +792,9 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
         if (b->edits[i].id < 0 || b->edits[i].id >= c->n_vocab)
             return ag_errorf(AG_ERR_INVALID, "edit %d names token %d, not in [0, %d)", (int)i, (int)b->edits[i].id,
                              c->n_vocab);
-    /* a device without the edit op edits the rows on the host, so nothing
-     * may be computed from them on the device */
+    /* a device without the edit op (or the mask op, for masks) edits (and
+     * masks) the rows on the host, so nothing may be computed from them on
+     * the device; likewise after a final softcap */
     const bool edits_late = (any_edits || any_masks) &&
                             (c->final_softcap > 0 ||
                              (!op->host_memory && ((any_edits && !op->edit) || (any_masks && !op->mask))));

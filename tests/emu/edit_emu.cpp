@@ -74,14 +74,14 @@ int main(int argc, char **argv) {
     for (int di = 0; di < 4; di++) {
         const int dim = mdims[di], R = 3, words = (dim + 31) / 32, S = (words + MASK_WORDS - 1) / MASK_WORDS;
         std::vector<float>    x((size_t)R * dim), want;
-        std::vector<uint32_t> buf((size_t)R + (size_t)R * words, 0);
+        std::vector<uint32_t> buf((size_t)R + 2 * (size_t)words, 0);
         for (float &v : x) v = raw_value();
         want = x;
-        buf[0] = 1, buf[2] = 1; /* row 1: none */
+        buf[0] = 2, buf[2] = 1; /* row 1: none; row 2's bitmap first, row 0's second */
         for (int r = 0; r < R; r += 2)
             for (int w = 0; w < words; w++) {
                 const uint32_t a = r == 0 ? (uint32_t)xr() : (w % 3 ? 0xFFFFFFFFu : 0x80000001u);
-                buf[(size_t)R + (size_t)r * words + w] = a;
+                buf[(size_t)R + (size_t)(buf[r] - 1) * words + w] = a;
                 for (int b = 0; b < 32 && w * 32 + b < dim; b++)
                     if (!(a >> b & 1u)) want[(size_t)r * dim + w * 32 + b] = -INFINITY, masked++;
             }

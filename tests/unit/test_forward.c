@@ -369,7 +369,11 @@ static void cands_rows_are_their_rows_best(void **state) {
     ag_kv_free(kv);
 }
 
-static void bad_batches_are_errors(void **state) {
+/* Bad batches are errors (a token out of range, no tokens, edits without
+ * their rows' starts or naming a token outside the vocabulary); a valid
+ * edit changes only its token, as ag_logit_edit_apply says, and a mask
+ * after it leaves only its tokens finite. */
+static void bad_batches_are_errors_and_edits_apply(void **state) {
     ag_kv *kv = new_kv(1, 16);
     int32_t s;
     assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
@@ -404,6 +408,17 @@ static void bad_batches_are_errors(void **state) {
         assert_memory_equal(&logits[i], &w, sizeof w);
     }
     assert_true(logits[3] == plain[3] + 1.0f);
+    /* a mask after the edits: only tokens 3 and 5 stay */
+    uint32_t       *bits = calloc((size_t)(g_vocab + 31) / 32, sizeof *bits);
+    const uint32_t *allow[1] = {bits};
+    bits[0] = 1u << 3 | 1u << 5;
+    b.allow = allow;
+    assert_int_equal(ag_model_forward(g_model, kv, &b, logits), AG_OK);
+    for (int i = 0; i < g_vocab; i++) {
+        const float w = i == 3 ? ag_logit_edit_apply(plain[i], &ed[0]) : i == 5 ? plain[i] : -INFINITY;
+        assert_memory_equal(&logits[i], &w, sizeof w);
+    }
+    free(bits);
     free(plain);
     free(logits);
     ag_kv_free(kv);
@@ -462,7 +477,7 @@ int main(void) {
         cmocka_unit_test(pick_rows_draw_from_their_logits),
         cmocka_unit_test(picked_rows_with_candidates),
         cmocka_unit_test(cands_rows_are_their_rows_best),
-        cmocka_unit_test(bad_batches_are_errors),
+        cmocka_unit_test(bad_batches_are_errors_and_edits_apply),
         cmocka_unit_test(fingerprint_is_stable_and_sees_sampled_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -4471,16 +4471,16 @@ __global__ void edit_rows_k(float *__restrict__ x, int n_rows, int dim, const in
     }
 }
 /* Sets x[row][i] = -inf for each token i that the row's bitmap leaves out
- * (buf: n_rows flags, then n_rows bitmaps of `words` words), rows with a
- * flag only; a block per slice of MASK_WORDS words of a row (n_rows * S
- * blocks). */
+ * (buf: a word per row, 0 for none, else 1 + the slot of its bitmap among
+ * the bitmaps of `words` words that follow); a block per slice of
+ * MASK_WORDS words of a row (n_rows * S blocks). */
 #define MASK_WORDS 1024
 __global__ void mask_rows_k(float *__restrict__ x, int n_rows, int S, int dim, int words,
                             const uint32_t *__restrict__ buf) {
     pdl_entry();
     const int row = (int)blockIdx.x / S, slice = (int)blockIdx.x % S;
     if (!buf[row]) return;
-    const uint32_t *bits = buf + n_rows + (size_t)row * words;
+    const uint32_t *bits = buf + n_rows + (size_t)(buf[row] - 1) * words;
     const int       w1 = min(words, (slice + 1) * MASK_WORDS);
     for (int w = slice * MASK_WORDS + (int)threadIdx.x; w < w1; w += (int)blockDim.x) {
         const uint32_t a = bits[w];
@@ -4604,13 +4604,17 @@ static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const 
     return AG_OK;
 }
 
-/* Uploads the pass's edits (lay->edits by output row) for the edit op: the
- * count, padding and one edit_rec each, through the pinned staging buffer
- * (the previous pass's copy is done: every pass ends in a sync). Nothing
- * without edits. */
+/* Uploads the pass's masks (lay->allow) for the mask op: a word per output
+ * row (0: none, else 1 + its bitmap's slot), then the masked rows'
+ * bitmaps only; and its edits (lay->edits by output row) for the edit op:
+ * the count, padding and one edit_rec each. Each through its pinned
+ * staging buffer (the previous pass's copy is done: every pass ends in a
+ * sync). Nothing for a pass without them. */
 static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
-    if (lay->allow && lay->n_out > 0) { /* the masks: flags, then a bitmap a row (zeros where none) */
-        const size_t words = (size_t)lay->n_out * (1 + (size_t)lay->allow_words);
+    if (lay->allow && lay->n_out > 0) {
+        size_t n_masked = 0;
+        for (int k = 0; k < lay->n_out; k++) n_masked += lay->allow[k] != NULL;
+        const size_t words = (size_t)lay->n_out + n_masked * (size_t)lay->allow_words;
         if (words > s->cap_h_masks) {
             if (s->h_masks) cudaFreeHost(s->h_masks);
             s->h_masks = NULL;
@@ -4623,10 +4627,12 @@ static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
             ag_status st = grow((void **)&s->d_masks, &s->cap_masks, words, sizeof(uint32_t));
             if (st) return st;
         }
+        uint32_t slot = 0;
         for (int k = 0; k < lay->n_out; k++) {
-            uint32_t *m = s->h_masks + lay->n_out + (size_t)k * lay->allow_words;
-            s->h_masks[k] = lay->allow[k] != NULL;
-            if (lay->allow[k]) memcpy(m, lay->allow[k], sizeof(uint32_t) * (size_t)lay->allow_words);
+            s->h_masks[k] = lay->allow[k] ? ++slot : 0;
+            if (lay->allow[k])
+                memcpy(s->h_masks + lay->n_out + (size_t)(slot - 1) * lay->allow_words, lay->allow[k],
+                       sizeof(uint32_t) * (size_t)lay->allow_words);
         }
         CUDA_TRY(cudaMemcpyAsync(s->d_masks, s->h_masks, words * sizeof(uint32_t), cudaMemcpyHostToDevice, s->stream));
     }
