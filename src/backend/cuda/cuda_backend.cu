@@ -4604,6 +4604,23 @@ static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const 
     return AG_OK;
 }
 
+/* Room for `words` 4-byte words in a pinned staging buffer (*h, *cap_h)
+ * and its device copy (*d, *cap_d), both grown by a quarter over the need;
+ * a regrown device buffer drops the recorded passes, which read the old
+ * one. */
+static ag_status reserve_staged(cuda_state *s, void **h, size_t *cap_h, void **d, size_t *cap_d, size_t words) {
+    if (words > *cap_h) {
+        if (*h) cudaFreeHost(*h);
+        *h = NULL;
+        *cap_h = 0;
+        CUDA_TRY(cudaMallocHost(h, (words + words / 4) * sizeof(uint32_t)));
+        *cap_h = words + words / 4;
+    }
+    if (words <= *cap_d) return AG_OK;
+    graphs_clear(s);
+    return grow(d, cap_d, words, sizeof(uint32_t));
+}
+
 /* Uploads the pass's masks (lay->allow) for the mask op: a word per output
  * row (0: none, else 1 + its bitmap's slot), then the masked rows'
  * bitmaps only; and its edits (lay->edits by output row) for the edit op:
@@ -4611,22 +4628,13 @@ static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const 
  * staging buffer (the previous pass's copy is done: every pass ends in a
  * sync). Nothing for a pass without them. */
 static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
+    ag_status st;
     if (lay->allow && lay->n_out > 0) {
         size_t n_masked = 0;
         for (int k = 0; k < lay->n_out; k++) n_masked += lay->allow[k] != NULL;
         const size_t words = (size_t)lay->n_out + n_masked * (size_t)lay->allow_words;
-        if (words > s->cap_h_masks) {
-            if (s->h_masks) cudaFreeHost(s->h_masks);
-            s->h_masks = NULL;
-            s->cap_h_masks = 0;
-            CUDA_TRY(cudaMallocHost((void **)&s->h_masks, (words + words / 4) * sizeof(uint32_t)));
-            s->cap_h_masks = words + words / 4;
-        }
-        if (words > s->cap_masks) {
-            graphs_clear(s); /* recorded passes read the old buffer */
-            ag_status st = grow((void **)&s->d_masks, &s->cap_masks, words, sizeof(uint32_t));
-            if (st) return st;
-        }
+        if ((st = reserve_staged(s, (void **)&s->h_masks, &s->cap_h_masks, (void **)&s->d_masks, &s->cap_masks, words)))
+            return st;
         uint32_t slot = 0;
         for (int k = 0; k < lay->n_out; k++) {
             s->h_masks[k] = lay->allow[k] ? ++slot : 0;
@@ -4639,18 +4647,8 @@ static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
     if (!lay->edits || !lay->edit_start || lay->n_out <= 0) return AG_OK;
     const int32_t total = lay->edit_start[lay->n_out];
     const size_t  words = EDIT_HEAD + (size_t)total * (sizeof(edit_rec) / sizeof(int32_t));
-    if (words > s->cap_h_edits) {
-        if (s->h_edits) cudaFreeHost(s->h_edits);
-        s->h_edits = NULL;
-        s->cap_h_edits = 0;
-        CUDA_TRY(cudaMallocHost((void **)&s->h_edits, (words + words / 4) * sizeof(int32_t)));
-        s->cap_h_edits = words + words / 4;
-    }
-    if (words > s->cap_edits) {
-        graphs_clear(s); /* recorded passes read the old buffer */
-        ag_status st = grow((void **)&s->d_edits, &s->cap_edits, words, sizeof(int32_t));
-        if (st) return st;
-    }
+    if ((st = reserve_staged(s, (void **)&s->h_edits, &s->cap_h_edits, (void **)&s->d_edits, &s->cap_edits, words)))
+        return st;
     s->h_edits[0] = total, s->h_edits[1] = 0;
     edit_rec *r = (edit_rec *)(s->h_edits + EDIT_HEAD);
     for (int k = 0; k < lay->n_out; k++)
