@@ -501,13 +501,13 @@ static bool wants_pick_lp(const ag_engine *e, const choice *c) {
            ag_model_can_cands(e->model);
 }
 
-/* Output row k's mask for choice c (a structured output, no drafts this
- * step: a verify row's mask would need the matcher past the drafts before
- * it) into the batch (ag_batch.allow): the tokens ag_schema_mask lets
- * through now, as a bitmap. false (rows masked on the host): masks off,
- * or out of memory. */
+/* Output row k's mask for choice c (a structured output) into the batch
+ * (ag_batch.allow): the tokens ag_schema_mask lets through at the
+ * matcher's position, as a bitmap (a verify row's: past the drafts before
+ * it, note_window_masks). false (rows masked on the host): masks off, or
+ * out of memory. */
 static bool note_row_mask(ag_engine *e, int k, choice *c) {
-    if (e->masks_off || !c->constraint || c->d != 0) return false;
+    if (e->masks_off || !c->constraint) return false;
     if (!e->allow_bits) {
         e->allow_words = (e->n_vocab + 31) / 32;
         e->allow_bits = malloc(sizeof(uint32_t) * (size_t)e->allow_words * (size_t)e->logit_rows);
@@ -527,6 +527,22 @@ static bool note_row_mask(ag_engine *e, int k, choice *c) {
     e->b_allow[k] = bits;
     e->any_allow = true;
     return true;
+}
+
+/* The masks of a masked choice's verify rows k0 + 1 .. k0 + d (its drafts
+ * x[0..d)): each after the drafts before it, fed to the matcher, which
+ * then returns to its position. Once a draft is refused (or ends the
+ * output) the rows after it get none: the masked row before refuses that
+ * draft, so the verify rule never reads them. */
+static void note_window_masks(ag_engine *e, int k0, choice *c, const int32_t *x, int d) {
+    if (!c->masked_in_pass || d <= 0) return;
+    ag_schema_matcher_save(c->constraint);
+    for (int j = 0; j < d; j++) {
+        size_t      plen = 0;
+        const char *piece = ag_tok_is_eog(e->tok, x[j]) ? NULL : ag_tok_piece(e->tok, x[j], &plen);
+        if (!piece || !ag_schema_feed(c->constraint, piece, plen) || !note_row_mask(e, k0 + 1 + j, c)) break;
+    }
+    ag_schema_matcher_restore(c->constraint);
 }
 
 /* The row's want for a choice's decode row, drawing its uniform now when
@@ -876,6 +892,7 @@ static bool step(ag_engine *e) {
             e->rows[rows++] = (struct row_owner){r, c, -1, c->d + 1, want};
             n++;
             const int32_t *x = c->d ? ag_spec_drafts(c->spec) : NULL;
+            note_window_masks(e, rows - 1, c, x, c->d);
             for (int j = 0; j < c->d; j++) { /* (want is not AG_WANT_PICK: c->d > 0) */
                 if (want == AG_WANT_CANDS) e->b_cands_req[rows] = e->b_cands_req[rows - 1];
                 e->b_tok[n] = x[j];

@@ -950,6 +950,7 @@ struct ag_schema_matcher {
     ag_schema             *s;
     const ag_schema_vocab *v;
     sc_state               st;
+    sc_state               saved;   /* ag_schema_matcher_save's position */
     sc_state              *scratch; /* [max token length + 1] states for the trie walk */
     uint64_t              *allowed; /* bitset over the vocabulary */
 };
@@ -1552,6 +1553,10 @@ ag_status ag_schema_matcher_new(ag_schema *s, const ag_schema_vocab *v, ag_schem
     *out = m;
     return AG_OK;
 }
+
+void ag_schema_matcher_save(ag_schema_matcher *m) { m->saved = m->st; }
+
+void ag_schema_matcher_restore(ag_schema_matcher *m) { m->st = m->saved; }
 
 void ag_schema_matcher_free(ag_schema_matcher *m) {
     if (!m) return;

@@ -101,6 +101,11 @@ void      ag_schema_matcher_free(ag_schema_matcher *m); /* NULL-safe */
  * matcher is then unusable). Bytes may split a UTF-8 character or a number
  * anywhere (as tokens do). */
 bool ag_schema_feed(ag_schema_matcher *m, const char *bytes, size_t n);
+/* Remembers the matcher's position (one at a time), and goes back to it:
+ * to mask positions ahead (a speculative window's drafts fed in turn),
+ * then return. A failed feed may leave the position anywhere: restore. */
+void ag_schema_matcher_save(ag_schema_matcher *m);
+void ag_schema_matcher_restore(ag_schema_matcher *m);
 /* The output may end here (end-of-generation tokens pass the mask). */
 bool ag_schema_can_end(const ag_schema_matcher *m);
 /* The output is complete and no byte can follow: the caller stops. */

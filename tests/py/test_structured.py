@@ -307,8 +307,9 @@ def test_rows_masked_where_computed_equal_masked_copies():
     candidates come from there: the same text and logprobs, bit for bit, as
     a server that copies the rows and masks them on the host (AUGUR_MASKS=0):
     greedy, top-k with logprobs, a temperature alone, with penalties, n = 2,
-    at once; and greedy with n-gram drafts (verify windows are masked on the
-    host; the first server poisons the rows a device would not copy back)."""
+    at once; and with n-gram drafts, greedy and sampled (each verify row's
+    mask made past the drafts before it; the first server poisons the rows
+    a device would not copy back)."""
     require_model(SMOLLM2)
     env = {"AUGUR_SPEC_ROW_COST": "0.1"}
     import os
@@ -338,9 +339,18 @@ def test_rows_masked_where_computed_equal_masked_copies():
             assert s.stop() == 0, s.final_stderr[-4000:]
     spec = [AugurServer(SMOLLM2, "--draft", "ngram", env={**os.environ, **env, "AUGUR_POISON_ROWS": "1"}),
             AugurServer(SMOLLM2, "--draft", "ngram", env={**os.environ, **env, "AUGUR_MASKS": "0"})]
+    # (one request at a time: the draft lengths then depend only on the text, so sampled runs draft alike)
+    asks = [("person", dict(temperature=0)), ("order", dict(temperature=0)),
+            ("literals", dict(temperature=0.8, seed=3, extra_body={"top_k": 20})),
+            ("numbers", dict(temperature=1.0, seed=4, extra_body={"top_k": 0, "top_p": 0.95, "min_p": 0}))]
     try:
-        texts = [[ask(s, n, temperature=0)[0].message.content for n in ("person", "order")] for s in spec]
-        assert texts[0] == texts[1]
+        outs = [[s.client().chat.completions.create(model=s.model_id, messages=[{"role": "user", "content": PROMPTS[n]}],
+                                                    max_tokens=MAX_TOKENS, response_format=rf(SCHEMAS[n]), **kw)
+                 for n, kw in asks] for s in spec]
+        assert [r.choices[0].message.content for r in outs[0]] == [r.choices[0].message.content for r in outs[1]]
+        # verify windows ran, their rows masked where computed (accepted drafts: their masks came after drafts)
+        accepted = sum(r.usage.completion_tokens_details.accepted_prediction_tokens for r in outs[0])
+        assert accepted > 20, accepted
     finally:
         for s in spec:
             assert s.stop() == 0, s.final_stderr[-4000:]
