@@ -129,7 +129,6 @@ struct ag_engine {
      * note_row_mask): a bitmap a row, made on the first masked row */
     const uint32_t **b_allow;   /* [logit_rows] */
     uint32_t        *allow_bits; /* [logit_rows][allow_words] */
-    float           *mask_row;   /* [n_vocab] scratch for ag_schema_mask */
     int              allow_words;
     bool             any_allow;  /* this step has a masked row */
     bool             masks_off;  /* AUGUR_MASKS=0 (A/B, tests), or a model that cannot mask: rows copied and masked */
@@ -511,19 +510,10 @@ static bool note_row_mask(ag_engine *e, int k, choice *c) {
     if (!e->allow_bits) {
         e->allow_words = (e->n_vocab + 31) / 32;
         e->allow_bits = malloc(sizeof(uint32_t) * (size_t)e->allow_words * (size_t)e->logit_rows);
-        e->mask_row = malloc(sizeof(float) * (size_t)e->n_vocab);
-        if (!e->allow_bits || !e->mask_row) {
-            free(e->allow_bits), free(e->mask_row);
-            e->allow_bits = NULL, e->mask_row = NULL;
-            return false;
-        }
+        if (!e->allow_bits) return false;
     }
-    memset(e->mask_row, 0, sizeof(float) * (size_t)e->n_vocab);
-    ag_schema_mask(c->constraint, e->mask_row);
     uint32_t *bits = e->allow_bits + (size_t)k * (size_t)e->allow_words;
-    memset(bits, 0, sizeof(uint32_t) * (size_t)e->allow_words);
-    for (int i = 0; i < e->n_vocab; i++)
-        if (e->mask_row[i] == 0.0f) bits[i >> 5] |= 1u << (i & 31);
+    ag_schema_allowed_bits(c->constraint, bits, e->n_vocab);
     e->b_allow[k] = bits;
     e->any_allow = true;
     return true;
@@ -1304,7 +1294,6 @@ void ag_engine_free(ag_engine *e) {
     free(e->b_edits);
     free(e->b_allow);
     free(e->allow_bits);
-    free(e->mask_row);
     free(e->rows);
     ag_model_host_free(e->model, e->logits);
     free(e->masked);

@@ -10,8 +10,7 @@
 #include "base/argmax.h"
 
 struct ag_sampler {
-    ag_sample_params p; /* p.logit_bias points at `bias` below */
-    ag_logit_bias   *bias;
+    ag_sample_params p; /* p.logit_bias is NULL: the bias is kept as edits */
     /* the bias as edits: one per token id, ids ascending, a token's biases
      * summed in order (AG_EDIT_BAN if any was <= -100) */
     ag_logit_edit   *bias_ed;
@@ -185,19 +184,15 @@ ag_status ag_sampler_new(const ag_sample_params *params, int32_t n_vocab, uint64
     s->stream = stream;
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     if (params->n_logit_bias > 0) {
-        s->bias = malloc((size_t)params->n_logit_bias * sizeof *s->bias);
-        if (s->bias) memcpy(s->bias, params->logit_bias, (size_t)params->n_logit_bias * sizeof *s->bias);
-    }
-    if (params->n_logit_bias > 0 && s->bias) {
         s->bias_ed = malloc((size_t)params->n_logit_bias * sizeof *s->bias_ed);
-        s->n_bias_ed = s->bias_ed ? merge_bias(s->bias, params->n_logit_bias, s->bias_ed) : -1;
+        s->n_bias_ed = s->bias_ed ? merge_bias(params->logit_bias, params->n_logit_bias, s->bias_ed) : -1;
     }
-    if (!s->cand || (params->n_logit_bias > 0 && (!s->bias || s->n_bias_ed < 0))) {
+    if (!s->cand || s->n_bias_ed < 0) {
         ag_sampler_free(s);
         return ag_errorf(AG_ERR_NOMEM, "ag_sampler_new: out of memory for a %d-token vocab",
                          (int)n_vocab);
     }
-    s->p.logit_bias = s->bias;
+    s->p.logit_bias = NULL; /* (borrowed by params only during the call) */
     s->inv_temp = s->p.temperature > 0.0f ? 1.0f / s->p.temperature : 0.0f;
     rng_seed(s->rng, s->p.seed, stream);
     *out = s;
@@ -207,7 +202,6 @@ ag_status ag_sampler_new(const ag_sample_params *params, int32_t n_vocab, uint64
 void ag_sampler_free(ag_sampler *s) {
     if (!s) return;
     free(s->cand);
-    free(s->bias);
     free(s->bias_ed);
     free(s->hist);
     free(s->hkey);

@@ -1585,7 +1585,9 @@ static void walk(ag_schema_matcher *m, const trie *tr, uint32_t at, uint32_t d) 
     }
 }
 
-void ag_schema_mask(ag_schema_matcher *m, float *logits) {
+/* m->allowed = the tokens that may come next (end-of-generation tokens
+ * where the value may end), over the matcher's vocabulary. */
+static void find_allowed(ag_schema_matcher *m) {
     const ag_schema_vocab *v = m->v;
     const sc_state        *st = &m->st;
     memset(m->allowed, 0, ((size_t)v->n_vocab + 63) / 64 * sizeof *m->allowed);
@@ -1606,8 +1608,24 @@ void ag_schema_mask(ag_schema_matcher *m, float *logits) {
         }
     }
     const bool end = state_can_end(m->s, st);
-    for (int32_t id = 0; id < v->n_vocab; id++) {
-        bool ok = v->kind[id] == TOK_EOG ? end : (m->allowed[id >> 6] >> (id & 63)) & 1;
-        if (!ok) logits[id] = -INFINITY;
-    }
+    for (int32_t id = 0; id < v->n_vocab; id++)
+        if (v->kind[id] == TOK_EOG) {
+            if (end) m->allowed[id >> 6] |= 1ull << (id & 63);
+            else m->allowed[id >> 6] &= ~(1ull << (id & 63));
+        }
+}
+
+void ag_schema_mask(ag_schema_matcher *m, float *logits) {
+    find_allowed(m);
+    for (int32_t id = 0; id < m->v->n_vocab; id++)
+        if (!((m->allowed[id >> 6] >> (id & 63)) & 1)) logits[id] = -INFINITY;
+}
+
+void ag_schema_allowed_bits(ag_schema_matcher *m, uint32_t *bits, int32_t n) {
+    find_allowed(m);
+    const int32_t nv = m->v->n_vocab < n ? m->v->n_vocab : n;
+    for (int32_t w = 0; w < (n + 31) / 32; w++) /* (ids past the vocabulary: allowed, as ag_schema_mask leaves them) */
+        bits[w] = w * 32 + 32 <= nv ? (uint32_t)(m->allowed[w >> 1] >> (32 * (w & 1))) : 0xFFFFFFFFu;
+    for (int32_t id = nv & ~31; id < nv; id++) /* the word the vocabulary ends in */
+        if (!((m->allowed[id >> 6] >> (id & 63)) & 1)) bits[id >> 5] &= ~(1u << (id & 31));
 }

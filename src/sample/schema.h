@@ -53,6 +53,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "base/status.h"
 #include "tok/tok.h"
@@ -118,5 +119,10 @@ bool ag_schema_done(const ag_schema_matcher *m);
  * -inf are left alone. Does not change the matcher's position. The
  * matcher must have been made with a vocabulary. */
 void ag_schema_mask(ag_schema_matcher *m, float *logits);
+
+/* The same mask as a bitmap of the tokens that may come next, bits[(n +
+ * 31) / 32] for a vocabulary of n (token i: bit i % 32 of word i / 32; ids
+ * past the matcher's vocabulary set, as ag_schema_mask leaves them). */
+void ag_schema_allowed_bits(ag_schema_matcher *m, uint32_t *bits, int32_t n);
 
 #endif

@@ -447,6 +447,22 @@ static void mask_matches_the_automaton(void **state) {
                     fail_msg("case %zu at %zu ('%.*s'): token '%s' %s", c, at, (int)at, text, k_vocab[id],
                              want ? "masked" : "let through");
             }
+            /* the same mask as a bitmap over a larger vocabulary (ids past the
+             * matcher's allowed), also after a feed undone by save/restore */
+            for (int round = 0; round < 2; round++) {
+                uint32_t bits[(64 + 40 + 31) / 32];
+                assert_true(n <= 64);
+                if (round) {
+                    ag_schema_matcher_save(m);
+                    ag_schema_feed(m, "1\"", 2);
+                    ag_schema_matcher_restore(m);
+                }
+                ag_schema_allowed_bits(m, bits, n + 40);
+                for (int32_t id = 0; id < n + 40; id++)
+                    if ((bits[id / 32] >> (id % 32) & 1u) != (id >= n || logits[id] == 0.0f))
+                        fail_msg("case %zu at %zu: bitmap of token %d (round %d) differs from the mask", c, at, id,
+                                 round);
+            }
             ag_schema_matcher_free(m);
         }
         free(text);
