@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 V=${PEER_VERSION:-0.3.36}
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
+# pip reads the sdist's metadata through its build backend (no isolation: that would need the build tools too)
+python3 -m pip install -q scikit-build-core
 python3 -m pip download -q --no-deps --no-build-isolation --no-binary :all: -d "$T" "llama-cpp-python==$V"
 tar xzf "$T"/llama_cpp_python-$V.tar.gz -C "$T"
 L="$T/llama_cpp_python-$V/vendor/llama.cpp"
