@@ -25,86 +25,106 @@
 
 #include "backend/cpu/quant_x86.h"
 
-/* ---- legacy 32-element types, Q8A activations ---- */
+/* ---- legacy 32-element types, Q8A activations ----
+ *
+ * Per group of 8 blocks the fp16 weight scales (and the offset types'
+ * minimums) and the activations' d (and s) are loaded and converted 8 at a
+ * time, so the per-block work is the unpack, maddubs + madd (exact int32),
+ * one cvt, one permute of the block's scale product and one FMA into one of
+ * two accumulators (even/odd block; two hide the FMA latency for one token).
+ * Converting each block's scales on its own cost about as many instructions
+ * as the block's products.
+ *
+ * The arithmetic is the AVX-512 kernels' (LEGACY512 in quant_avx512.c), so
+ * the two levels give the same bits: each scale product dw*dy is one
+ * rounding, made 8 at a time or one by one; the offset types' (Q4_1, Q5_1:
+ * x = d*q + m, so Σ x*y = d*dy*Σq*y + m*(dy*Σy), the second term from the
+ * block's s) m*s products are rounded, never fused, and added one block at
+ * a time in block order. Signed types (Q4_0, Q5_0, Q8_0): maddubs wants an
+ * unsigned operand, so |q| against y with q's sign. */
 
-/* Signed-weight types (Q4_0, Q5_0, Q8_0): `wq` gives the block's 32 int8
- * weights. Two accumulator sets (even/odd blocks) hide FMA latency in the
- * single-token case. */
-#define SIGNED_KERNEL(name, BT, WQ)                                                               \
-    AI void name##_blk(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc) { \
-        __m256i q = WQ(&b[i]);                                                                   \
-        __m256i aq = _mm256_sign_epi8(q, q);                                                     \
-        float   dw = f16(b[i].d);                                                                \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            __m256i p = dot_u8s8(aq, _mm256_sign_epi8(loadu256(y[t][i].qs), q));                 \
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
-        }                                                                                        \
-    }                                                                                            \
-    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
-                     float *out) {                                                               \
-        const BT           *b = w;                                                               \
-        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                    \
-        __m256              acc0[AG_DOT_MAX_NX], acc1[AG_DOT_MAX_NX];                            \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            y[t] = (const ag_block_q8a *)YROW(t);                                                \
-            acc0[t] = acc1[t] = _mm256_setzero_ps();                                             \
-        }                                                                                        \
-        const int64_t nb = n / AG_QK;                                                            \
-        int64_t       i = 0;                                                                     \
-        for (; i + 2 <= nb; i += 2) {                                                            \
-            name##_blk(b, y, i, NX, acc0);                                                       \
-            name##_blk(b, y, i + 1, NX, acc1);                                                   \
-        }                                                                                        \
-        if (i < nb) name##_blk(b, y, i, NX, acc0);                                               \
-        UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t]));     \
-    }                                                                                            \
+/* How far ahead (bytes) the weight stream is prefetched (as in
+ * quant_avx512.c): a group's first touch is its scale loads. */
+#ifndef AG_PF_DIST
+#define AG_PF_DIST 2048
+#endif
+
+/* The fp16 at `first` and in the kn - 1 (0..7) blocks `stride` bytes after
+ * it, as 8 floats (lanes past kn: 0). */
+AI __m256 f16_lanes(const void *first, size_t stride, int kn) {
+    uint16_t h[8];
+    UNROLL for (int k = 0; k < 8; k++) {
+        h[k] = 0;
+        if (k < kn) memcpy(&h[k], (const uint8_t *)first + (size_t)k * stride, 2);
+    }
+    return _mm256_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], (short)h[4], (short)h[5],
+                                          (short)h[6], (short)h[7]));
+}
+/* The same for a float. */
+AI __m256 f32_lanes(const void *first, size_t stride, int kn) {
+    float v[8];
+    UNROLL for (int k = 0; k < 8; k++) {
+        v[k] = 0.0f;
+        if (k < kn) memcpy(&v[k], (const uint8_t *)first + (size_t)k * stride, 4);
+    }
+    return _mm256_setr_ps(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+}
+
+#define LEGACY_KERNEL(name, BT, WQ, SIGNED, HAS_M)                                                      \
+    AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
+                       const int NX, __m256 (*acc)[2], float *sm) {                                   \
+        UNROLL for (int o = 0; o < (int)(8 * sizeof(BT)); o += 64)                                      \
+            _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
+        const __m256 dw = f16_lanes(&b[i0], sizeof(BT), kn);                                            \
+        __m256       sc[AG_DOT_MAX_NX];                                                                 \
+        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, f32_lanes((const uint8_t *)&y[t][i0] + offsetof(ag_block_q8a, d), sizeof(ag_block_q8a), kn)); \
+        if (HAS_M) { /* m: the fp16 after d */                                                          \
+            const __m256 mw = f16_lanes((const uint8_t *)&b[i0] + 2, sizeof(BT), kn);                   \
+            UNROLL for (int t = 0; t < NX; t++) {                                                       \
+                float ms[8];                                                                            \
+                _mm256_storeu_ps(ms, _mm256_mul_ps(mw, f32_lanes((const uint8_t *)&y[t][i0] + offsetof(ag_block_q8a, s), sizeof(ag_block_q8a), kn))); \
+                for (int k = 0; k < kn; k++) sm[t] += ms[k];                                            \
+            }                                                                                           \
+        }                                                                                               \
+        UNROLL for (int k = 0; k < KN; k++) {                                                           \
+            if (k >= kn) break;                                                                         \
+            const __m256i q = WQ(&b[i0 + k]);                                                           \
+            const __m256i u = SIGNED ? _mm256_sign_epi8(q, q) : q;                                      \
+            const __m256i kk = _mm256_set1_epi32(k);                                                    \
+            UNROLL for (int t = 0; t < NX; t++) {                                                       \
+                __m256i yv = loadu256(y[t][i0 + k].qs);                                                 \
+                if (SIGNED) yv = _mm256_sign_epi8(yv, q);                                               \
+                acc[t][k & 1] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(sc[t], kk),                    \
+                                                _mm256_cvtepi32_ps(dot_u8s8(u, yv)), acc[t][k & 1]);    \
+            }                                                                                           \
+        }                                                                                               \
+    }                                                                                                   \
+    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) { \
+        const BT           *b = w;                                                                      \
+        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                           \
+        __m256              acc[AG_DOT_MAX_NX][2];                                                      \
+        float               sm[AG_DOT_MAX_NX];                                                          \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            y[t] = (const ag_block_q8a *)YROW(t);                                                       \
+            acc[t][0] = acc[t][1] = _mm256_setzero_ps();                                                \
+            sm[t] = 0.0f;                                                                               \
+        }                                                                                               \
+        const int64_t nb = n / AG_QK;                                                                   \
+        int64_t       i = 0;                                                                            \
+        for (; i + 8 <= nb; i += 8) name##_grp(b, y, i, 8, 8, NX, acc, sm);                           \
+        if (i < nb) name##_grp(b, y, i, 7, (int)(nb - i), NX, acc, sm);                              \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            __m256 s = _mm256_add_ps(acc[t][0], acc[t][1]);                                             \
+            out[t] = HAS_M ? hsum8(s) + sm[t] : hsum8(s);                                               \
+        }                                                                                               \
+    }                                                                                                   \
     AG_DOT_DISPATCH(name)
 
-SIGNED_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0)
-SIGNED_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0)
-SIGNED_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0)
-
-/* Offset types (Q4_1, Q5_1): x = d*q + m with q unsigned, so
- * Σ x*y = d*dy*Σq*y + m*(dy*Σy), the second term from the block's s. The
- * m*s product is rounded before it is added (never fused, whatever the
- * compiler's -ffp-contract): the AVX-512 kernels reproduce this exactly. */
-AI float mul_nofma(float a, float b) { return _mm_cvtss_f32(_mm_mul_ss(_mm_set_ss(a), _mm_set_ss(b))); }
-
-#define OFFSET_KERNEL(name, BT, WQ)                                                               \
-    AI void name##_blk(const BT *b, const ag_block_q8a *const *y, int64_t i, const int NX, __m256 *acc, \
-                       float *sm) {                                                              \
-        __m256i q = WQ(&b[i]);                                                                   \
-        float   dw = f16(b[i].d), m = f16(b[i].m);                                               \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            __m256i p = dot_u8s8(q, loadu256(y[t][i].qs));                                       \
-            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y[t][i].d), _mm256_cvtepi32_ps(p), acc[t]); \
-            sm[t] += mul_nofma(m, y[t][i].s);                                                    \
-        }                                                                                        \
-    }                                                                                            \
-    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX,      \
-                     float *out) {                                                               \
-        const BT           *b = w;                                                               \
-        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                    \
-        __m256              acc0[AG_DOT_MAX_NX], acc1[AG_DOT_MAX_NX];                            \
-        float               sm[AG_DOT_MAX_NX];                                                   \
-        UNROLL for (int t = 0; t < NX; t++) {                                                    \
-            y[t] = (const ag_block_q8a *)YROW(t);                                                \
-            acc0[t] = acc1[t] = _mm256_setzero_ps();                                             \
-            sm[t] = 0.0f;                                                                        \
-        }                                                                                        \
-        const int64_t nb = n / AG_QK;                                                            \
-        int64_t       i = 0;                                                                     \
-        for (; i + 2 <= nb; i += 2) {                                                            \
-            name##_blk(b, y, i, NX, acc0, sm);                                                   \
-            name##_blk(b, y, i + 1, NX, acc1, sm);                                               \
-        }                                                                                        \
-        if (i < nb) name##_blk(b, y, i, NX, acc0, sm);                                           \
-        UNROLL for (int t = 0; t < NX; t++) out[t] = hsum8(_mm256_add_ps(acc0[t], acc1[t])) + sm[t]; \
-    }                                                                                            \
-    AG_DOT_DISPATCH(name)
-
-OFFSET_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1)
-OFFSET_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1)
+LEGACY_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0, 1, 0)
+LEGACY_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0, 1, 0)
+LEGACY_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0, 1, 0)
+LEGACY_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1)
+LEGACY_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1)
 
 /* ---- K-quants, Q8_K activations ---- */
 
