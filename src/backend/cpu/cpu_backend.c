@@ -472,8 +472,9 @@ void ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, size_t 
     const char *isa = ag_cpu_isa_name(ag_cpu_isa_active());
     report_add(buf, n, &len, "isa %s (best %s); decode: %s dot", isa, ag_cpu_isa_name(ag_cpu_isa_best()), isa);
     bool amx_decode = false;
-    for (int i = 0; i < n_types; i++) amx_decode = amx_decode || ag_matmul_decode_on_amx(types[i], AG_MATMUL_AMX_MIN_TOK);
-    if (amx_decode) report_add(buf, n, &len, ", amx from %d rows (Q4_K Q6_K)", AG_MATMUL_AMX_MIN_TOK);
+    const int amx_min = ag_matmul_amx_decode_min();
+    for (int i = 0; i < n_types; i++) amx_decode = amx_decode || ag_matmul_decode_on_amx(types[i], amx_min);
+    if (amx_decode) report_add(buf, n, &len, ", amx from %d rows (Q4_K Q6_K)", amx_min);
     for (int i = 0; i < n_types; i++)
         if (ag_matmul_decode_panel_min(types[i]))
             report_add(buf, n, &len, ", window panels from %d rows (%s)", ag_matmul_decode_panel_min(types[i]),

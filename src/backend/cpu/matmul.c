@@ -542,10 +542,18 @@ size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64
     return ag_matmul_scratch_size(w_type, n_in, n_tok);
 }
 
+int ag_matmul_amx_decode_min(void) {
+    const char *e = getenv("AUGUR_AMX_DECODE_MIN");
+    return e && atoi(e) > 0 ? atoi(e) : AG_MATMUL_AMX_MIN_TOK;
+}
+
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode) {
     /* every ISA level's dot kernels compute the K-quants' canonical
-     * arithmetic (scalar, AVX2, AVX-512: test_gemm, test_quant) */
-    return n_decode >= AG_MATMUL_AMX_MIN_TOK && canonical_kquant(w_type) && use_amx(w_type);
+     * arithmetic (scalar, AVX2, AVX-512: test_gemm, test_quant); read once:
+     * getenv per matmul would cost, and a process keeps one choice */
+    static _Atomic int min;
+    if (!min) min = ag_matmul_amx_decode_min();
+    return n_decode >= min && canonical_kquant(w_type) && use_amx(w_type);
 }
 
 ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,

@@ -79,10 +79,17 @@ const char *ag_matmul_prompt_kernel(uint32_t w_type);
 /* Q4_K and Q6_K are the exception to the split above: their AMX tiles
  * compute the dot kernels' arithmetic bit for bit (ag_kquant_fold), so
  * decode rows of these types may take ag_matmul_prompt's AMX path too, and
- * do from this many rows on, where it is much cheaper per token (the
- * server's continuous batching). True when n_decode rows of w_type should:
- * AMX present (the dot kernels of every ISA level are canonical). */
-#define AG_MATMUL_AMX_MIN_TOK 16
+ * do from ag_matmul_amx_decode_min() rows on: a verify window or a batch of
+ * that many sequences reads the AMX copy of the weights (~1.3 bytes a
+ * weight) once, where the dot kernels read Q4_K's 0.56 once per 4 rows and
+ * do far more work per weight. On a 2-thread Xeon, Qwen2.5-1.5B Q4_K_M
+ * aggregate decode from 6 rows on: 8 sequences 46 -> 62 tok/s, 12 50 -> 91,
+ * 6 level; an n-gram verify window 1.58x -> 1.77x plain (bench/RESULTS.md,
+ * 2026-12-05; the minimum was 16). True when n_decode rows of w_type
+ * should: AMX present (the dot kernels of every ISA level are canonical). */
+#define AG_MATMUL_AMX_MIN_TOK 6
+/* AG_MATMUL_AMX_MIN_TOK, or AUGUR_AMX_DECODE_MIN (a positive integer; A/B). */
+int  ag_matmul_amx_decode_min(void);
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode);
 
 /* Likewise without AMX: on the AVX2 level, ag_matmul and ag_matmul_multi

@@ -580,9 +580,10 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     memset(k->panel, 0, sizeof k->panel);
     const char *kp = getenv("AUGUR_CPU_KPANELS");
     if (!(kp && *kp == '0')) k->panel[AG_TYPE_Q4_K] = pq4, k->panel[AG_TYPE_Q6_K] = pq6;
-    /* the four-token window panels (decode rows) have not been measured on
-     * an AVX-512 CPU against these dot kernels: off at this level */
-    memset(k->wpanel, 0, sizeof k->wpanel);
+    /* the four-token window panels (decode rows): AUGUR_CPU_WPANELS=1 keeps
+     * them at this level (A/B; measuring) */
+    const char *wp = getenv("AUGUR_CPU_WPANELS");
+    if (!(wp && *wp == '1')) memset(k->wpanel, 0, sizeof k->wpanel);
 }
 
 #else
