@@ -570,18 +570,23 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->gemm[AG_TYPE_Q5_0] = dot_q5_0_gemm;
     k->gemm[AG_TYPE_Q5_1] = dot_q5_1_gemm;
     k->gemm[AG_TYPE_Q8_0] = dot_q8_0_gemm;
-    /* Prompt rows of legacy types go through the VNNI tiles above. Those of
-     * Q4_K/Q6_K keep the AVX2 token panels the table inherits (their bits
-     * are canonical, like these dot kernels'): on a Xeon without AMX, 2
-     * threads, prompt tok/s dot -> panels: Qwen2.5-1.5B Q4_K_M 57-63 ->
-     * 99-125 (pp256), Gemma 3 270M 437-589 -> 595-619 (pp512).
-     * AUGUR_CPU_KPANELS=0 turns them off (A/B). */
-    ag_panel_fn pq4 = k->panel[AG_TYPE_Q4_K], pq6 = k->panel[AG_TYPE_Q6_K];
-    memset(k->panel, 0, sizeof k->panel);
-    const char *kp = getenv("AUGUR_CPU_KPANELS");
-    if (!(kp && *kp == '0')) k->panel[AG_TYPE_Q4_K] = pq4, k->panel[AG_TYPE_Q6_K] = pq6;
-    /* the four-token window panels (decode rows): AUGUR_CPU_WPANELS=1 keeps
-     * them at this level (A/B; measuring) */
+    /* Prompt rows keep the AVX2 token panels the table inherits where a
+     * type has one (Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K; the VNNI tiles above
+     * then serve Q8_0 alone): on a Xeon without AMX, 2 threads, prompt
+     * tok/s tiles or dot kernels -> panels: SmolLM2 Q4_1 344-374 -> 520-547,
+     * Gemma 3 270M 430-446 -> 535-558, Qwen2.5-0.5B (Q5_0) 179 -> 225-232
+     * (pp512), Qwen2.5-1.5B Q4_K_M 57-63 -> 99-125 (pp256). Q4_K/Q6_K
+     * panels give the dot kernels' bits; the legacy types' prompt rows
+     * differ from their decode rows in rounding either way.
+     * AUGUR_CPU_PANELS=0 drops the panels at this level (A/B). */
+    const char *pp = getenv("AUGUR_CPU_PANELS");
+    if (pp && *pp == '0') memset(k->panel, 0, sizeof k->panel);
+    /* The four-token window panels (decode rows) stay off at this level:
+     * on that Xeon without AMX they made Q4_K windows of 4-12 rows 20-30%
+     * cheaper than these dot kernels (bench/quant_bench --window) but Q6_K's
+     * no cheaper, and an n-gram verify's end-to-end speed-up moved within
+     * the noise (1.63-2.01x against 1.74-1.80x). AUGUR_CPU_WPANELS=1 keeps
+     * them (A/B). */
     const char *wp = getenv("AUGUR_CPU_WPANELS");
     if (!(wp && *wp == '1')) memset(k->wpanel, 0, sizeof k->wpanel);
 }
