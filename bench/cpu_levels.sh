@@ -69,7 +69,7 @@ run)
   T=2
   if [ "${1:-}" = -t ]; then T=$2; shift 2; fi
   echo "cpu: $(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-  echo "isa: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx512[a-z_]*|amx[a-z_]*)$' | tr '\n' ' ')"
+  echo "isa: $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|f16c|avx_vnni|avx512[a-z0-9_]*|amx[a-z0-9_]*)$' | tr '\n' ' ')"
   for n in native avx2; do echo "peer $n: llama.cpp (llama-cpp-python 0.3.36's) cmake $(cat $P-$n/ARGS)"; done
   grep -qw amx_tile /proc/cpuinfo && levels="amx avx512 avx2" || levels="avx512 avx2"
   grep -qw avx512f /proc/cpuinfo || levels="avx2"
