@@ -99,26 +99,7 @@ AI __m256 f32_lanes(const void *first, size_t stride, int kn) {
             }                                                                                           \
         }                                                                                               \
     }                                                                                                   \
-    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) { \
-        const BT           *b = w;                                                                      \
-        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                           \
-        __m256              acc[AG_DOT_MAX_NX][2];                                                      \
-        float               sm[AG_DOT_MAX_NX];                                                          \
-        UNROLL for (int t = 0; t < NX; t++) {                                                           \
-            y[t] = (const ag_block_q8a *)YROW(t);                                                       \
-            acc[t][0] = acc[t][1] = _mm256_setzero_ps();                                                \
-            sm[t] = 0.0f;                                                                               \
-        }                                                                                               \
-        const int64_t nb = n / AG_QK;                                                                   \
-        int64_t       i = 0;                                                                            \
-        for (; i + 8 <= nb; i += 8) name##_grp(b, y, i, 8, 8, NX, acc, sm);                           \
-        if (i < nb) name##_grp(b, y, i, 7, (int)(nb - i), NX, acc, sm);                              \
-        UNROLL for (int t = 0; t < NX; t++) {                                                           \
-            __m256 s = _mm256_add_ps(acc[t][0], acc[t][1]);                                             \
-            out[t] = HAS_M ? hsum8(s) + sm[t] : hsum8(s);                                               \
-        }                                                                                               \
-    }                                                                                                   \
-    AG_DOT_DISPATCH(name)
+    AG_LEGACY_DOT_ROWS(name, BT, HAS_M)
 
 LEGACY_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0, 1, 0)
 LEGACY_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0, 1, 0)

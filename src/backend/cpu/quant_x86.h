@@ -87,6 +87,33 @@ AI __m256i bits_to_bytes(const uint8_t *qh) {
         }                                                                                        \
     }
 
+/* The row loop of the legacy types' dot kernels, shared by the AVX2 and
+ * AVX-512 files (each defines name##_grp, one group of up to 8 blocks, for
+ * its ISA): whole groups, then a partial last one (KN 7, kn blocks); the
+ * even/odd accumulators summed, then the offset types' m*s sum added. The
+ * two files' kernels give the same bits through this one loop. */
+#define AG_LEGACY_DOT_ROWS(name, BT, HAS_M)                                                            \
+    AI void name##_k(int64_t n, const void *w, const void *x, size_t x_stride, const int NX, float *out) { \
+        const BT           *b = w;                                                                      \
+        const ag_block_q8a *y[AG_DOT_MAX_NX];                                                           \
+        __m256              acc[AG_DOT_MAX_NX][2];                                                      \
+        float               sm[AG_DOT_MAX_NX];                                                          \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            y[t] = (const ag_block_q8a *)YROW(t);                                                       \
+            acc[t][0] = acc[t][1] = _mm256_setzero_ps();                                                \
+            sm[t] = 0.0f;                                                                               \
+        }                                                                                               \
+        const int64_t nb = n / AG_QK;                                                                   \
+        int64_t       i = 0;                                                                            \
+        for (; i + 8 <= nb; i += 8) name##_grp(b, y, i, 8, 8, NX, acc, sm);                           \
+        if (i < nb) name##_grp(b, y, i, 7, (int)(nb - i), NX, acc, sm);                              \
+        UNROLL for (int t = 0; t < NX; t++) {                                                           \
+            __m256 s = _mm256_add_ps(acc[t][0], acc[t][1]);                                             \
+            out[t] = HAS_M ? hsum8(s) + sm[t] : hsum8(s);                                               \
+        }                                                                                               \
+    }                                                                                                   \
+    AG_DOT_DISPATCH(name)
+
 /* ---- weight blocks as 32 int8 / uint8 ---- */
 
 /* Q6_K: the six-bit values (0..63, before the -32 offset) of one half (128
