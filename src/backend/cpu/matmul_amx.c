@@ -64,7 +64,9 @@ static void amx_probe(void) {
 
 bool ag_amx_available(void) {
     pthread_once(&amx_once, amx_probe);
-    return amx_ok;
+    /* the path runs AVX-512 code around the tiles: a level forced below it
+     * (AUGUR_CPU_ISA=avx2|scalar) wants none of that */
+    return amx_ok && ag_cpu_isa_active() == AG_CPU_ISA_AVX512;
 }
 
 #else

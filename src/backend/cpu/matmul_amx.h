@@ -18,7 +18,8 @@
 #include "base/threadpool.h"
 
 /* CPU has AMX-INT8 + AVX-512BW/VL and the OS granted tile state; false when
- * the environment sets AUGUR_AMX=0. Thread-safe, probes once. */
+ * the environment sets AUGUR_AMX=0, or while the active ISA level is below
+ * AVX-512 (ag_cpu_isa_set, AUGUR_CPU_ISA). Thread-safe, probes once. */
 bool ag_amx_available(void);
 /* An AMX kernel exists for this weight type. */
 bool ag_amx_supports(uint32_t w_type);
