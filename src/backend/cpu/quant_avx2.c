@@ -43,12 +43,6 @@
  * a time in block order. Signed types (Q4_0, Q5_0, Q8_0): maddubs wants an
  * unsigned operand, so |q| against y with q's sign. */
 
-/* How far ahead (bytes) the weight stream is prefetched (as in
- * quant_avx512.c): a group's first touch is its scale loads. */
-#ifndef AG_PF_DIST
-#define AG_PF_DIST 2048
-#endif
-
 /* The fp16 at `first` and in the kn - 1 (0..7) blocks `stride` bytes after
  * it, as 8 floats (lanes past kn: 0). */
 AI __m256 f16_lanes(const void *first, size_t stride, int kn) {

@@ -60,14 +60,6 @@ AI __m512 pair_ps(float a, float b) {
  * moved SmolLM2-135M's top-2 logit margin on a chat prompt by ~0.4 and
  * flipped its greedy answer. */
 
-/* How far ahead (bytes) the weight stream is prefetched: a decode matvec
- * streams its weights from DRAM, and the group's first touch (the scale
- * gather) otherwise waits for each line; prefetch does not fault, so reading
- * past the row (into the next one, usually) is harmless. */
-#ifndef AG_PF_DIST
-#define AG_PF_DIST 2048
-#endif
-
 /* Byte offsets of 8 consecutive blocks of size BS. */
 AI __m256i blk_offsets(int bs) { return _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bs)); }
 /* The fp16 at byte offset 0 (hi = 0) or 2 (hi = 1) of kn (1..8) blocks, as floats. */

@@ -87,6 +87,14 @@ AI __m256i bits_to_bytes(const uint8_t *qh) {
         }                                                                                        \
     }
 
+/* How far ahead (bytes) the dot kernels prefetch the weight stream:
+ * a decode matvec streams its weights from DRAM, and a group's first touch
+ * (its scale loads) otherwise waits for each line; prefetch does not fault,
+ * so reading past the row (into the next one, usually) is harmless. */
+#ifndef AG_PF_DIST
+#define AG_PF_DIST 2048
+#endif
+
 /* The row loop of the legacy types' dot kernels, shared by the AVX2 and
  * AVX-512 files (each defines name##_grp, one group of up to 8 blocks, for
  * its ISA): whole groups, then a partial last one (KN 7, kn blocks); the
