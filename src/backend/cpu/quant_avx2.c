@@ -63,6 +63,10 @@ AI __m256 f32_lanes(const void *first, size_t stride, int kn) {
     }
     return _mm256_setr_ps(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
 }
+/* The float at byte offset off (d or s) of kn activation blocks from y. */
+AI __m256 q8a_lanes(const ag_block_q8a *y, size_t off, int kn) {
+    return f32_lanes((const uint8_t *)y + off, sizeof *y, kn);
+}
 
 #define LEGACY_KERNEL(name, BT, WQ, SIGNED, HAS_M)                                                      \
     AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
@@ -71,12 +75,12 @@ AI __m256 f32_lanes(const void *first, size_t stride, int kn) {
             _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
         const __m256 dw = f16_lanes(&b[i0], sizeof(BT), kn);                                            \
         __m256       sc[AG_DOT_MAX_NX];                                                                 \
-        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, f32_lanes((const uint8_t *)&y[t][i0] + offsetof(ag_block_q8a, d), sizeof(ag_block_q8a), kn)); \
+        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, q8a_lanes(&y[t][i0], offsetof(ag_block_q8a, d), kn)); \
         if (HAS_M) { /* m: the fp16 after d */                                                          \
             const __m256 mw = f16_lanes((const uint8_t *)&b[i0] + 2, sizeof(BT), kn);                   \
             UNROLL for (int t = 0; t < NX; t++) {                                                       \
                 float ms[8];                                                                            \
-                _mm256_storeu_ps(ms, _mm256_mul_ps(mw, f32_lanes((const uint8_t *)&y[t][i0] + offsetof(ag_block_q8a, s), sizeof(ag_block_q8a), kn))); \
+                _mm256_storeu_ps(ms, _mm256_mul_ps(mw, q8a_lanes(&y[t][i0], offsetof(ag_block_q8a, s), kn))); \
                 for (int k = 0; k < kn; k++) sm[t] += ms[k];                                            \
             }                                                                                           \
         }                                                                                               \
