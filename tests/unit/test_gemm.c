@@ -205,10 +205,13 @@ static void multi_equals_separate(void **state) {
  * window of 1..16 tokens gives each token the bits it gets alone (n_tok = 1,
  * the nx = 1 dot kernel), through ag_matmul and ag_matmul_multi, one thread
  * or three, with the caller's scratch sized by the *_scratch_size functions
- * and misaligned (the bytes past it stay untouched). Q4_K / Q6_K windows of
- * 3+ / 7+ take the window panels on AVX2 (decode_panel_kernel: 1..4 panels
- * of 4, ragged); the legacy types must stay on their dot kernels. Ragged shapes: n_out not a multiple of 4,
- * super-block counts off a multiple of 4 (1280 = 5). */
+ * and misaligned (the bytes past it stay untouched). Q4_K / Q6_K windows
+ * take panel kernels from a few rows (decode_panel_kernel): the window
+ * panels at the AVX2 level (1..4 panels of 4, ragged), the VNNI token
+ * panels at the AVX-512 level (1..2 panels of 8); every SIMD level the CPU
+ * has is run. The legacy types must stay on their dot kernels. Ragged
+ * shapes: n_out not a multiple of 4, super-block counts off a multiple of 4
+ * (1280 = 5). */
 static void decode_window_invariance(void **state) {
     static const uint32_t types[] = {AG_TYPE_Q4_K, AG_TYPE_Q6_K, AG_TYPE_Q4_1, AG_TYPE_Q8_0, AG_TYPE_Q5_0};
     const int64_t         n_out = 37, n_win = 16;
@@ -216,7 +219,10 @@ static void decode_window_invariance(void **state) {
     ag_threadpool_params  prm = {.n_threads = 3, .spin_us = 20};
     assert_int_equal(ag_threadpool_create(&prm, &pool), AG_OK);
     int checks = 0;
+    const int lowest = ag_cpu_isa_best() < AG_CPU_ISA_AVX2 ? (int)ag_cpu_isa_best() : AG_CPU_ISA_AVX2;
+    for (int isa = lowest; isa <= (int)ag_cpu_isa_best(); isa++)
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        assert_int_equal(ag_cpu_isa_set((ag_cpu_isa)isa), AG_OK);
         const uint32_t t = types[ti];
         uint32_t       be;
         ag_quant_block(t, &be, NULL);
@@ -265,7 +271,8 @@ static void decode_window_invariance(void **state) {
             }
         free(w), free(w2), free(x), free(alone), free(y), free(alone2), free(y2);
     }
-    print_message("decode windows: %d bit-identity checks\n", checks);
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    print_message("decode windows: %d bit-identity checks (SIMD levels %s..%s)\n", checks, ag_cpu_isa_name((ag_cpu_isa)lowest), ag_cpu_isa_name(ag_cpu_isa_best()));
     ag_threadpool_free(pool);
 }
 
@@ -323,9 +330,11 @@ static void kquant_paths_bit_identical(void **state) {
                 size_t need = ag_matmul_prompt_scratch_size(pool, t, n_in, n_tok);
                 scratch = malloc(need);
                 memset(y, 0, ny);
-                /* w is not read when a packed copy is given: pass garbage */
+                /* past one token tile w is not read when a packed copy is
+                 * given: pass garbage there (a window of up to 16 reads w) */
                 uint8_t *junk = random_matrix(t, n_out, n_in);
-                assert_int_equal(ag_matmul_prompt(pool, t, junk, packed, n_out, n_in, x, n_in, n_tok, y, n_out, scratch, need),
+                assert_int_equal(ag_matmul_prompt(pool, t, n_tok > 16 ? junk : w, packed, n_out, n_in, x, n_in, n_tok, y,
+                                                  n_out, scratch, need),
                                  AG_OK);
                 if (memcmp(y, ref, ny)) fail_msg("type %u n_in %lld n_tok %lld: AMX (packed) differs from the dot kernels",
                                                  t, (long long)n_in, (long long)n_tok);

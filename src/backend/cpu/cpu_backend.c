@@ -471,14 +471,14 @@ void ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, size_t 
     size_t      len = 0;
     const char *isa = ag_cpu_isa_name(ag_cpu_isa_active());
     report_add(buf, n, &len, "isa %s (best %s); decode: %s dot", isa, ag_cpu_isa_name(ag_cpu_isa_best()), isa);
-    bool amx_decode = false;
-    const int amx_min = ag_matmul_amx_decode_min();
-    for (int i = 0; i < n_types; i++) amx_decode = amx_decode || ag_matmul_decode_on_amx(types[i], amx_min);
-    if (amx_decode) report_add(buf, n, &len, ", amx from %d rows (Q4_K Q6_K)", amx_min);
-    for (int i = 0; i < n_types; i++)
-        if (ag_matmul_decode_panel_min(types[i]))
-            report_add(buf, n, &len, ", window panels from %d rows (%s)", ag_matmul_decode_panel_min(types[i]),
+    for (int i = 0; i < n_types; i++) {
+        const int amx_min = ag_matmul_amx_decode_min(types[i]), pmin = ag_matmul_decode_panel_min(types[i]);
+        const bool amx = ag_matmul_decode_on_amx(types[i], amx_min);
+        if (pmin && (!amx || pmin < amx_min))
+            report_add(buf, n, &len, ", %s from %d rows (%s)", ag_matmul_decode_panel_name(types[i]), pmin,
                        ag_tensor_type_name(types[i]));
+        if (amx) report_add(buf, n, &len, ", amx from %d rows (%s)", amx_min, ag_tensor_type_name(types[i]));
+    }
     /* the prompt kernels, one group per kind, types in the order given */
     static const char *kinds[] = {"amx", "panel", "tile", "dot"};
     report_add(buf, n, &len, "; prompt:");

@@ -2,7 +2,9 @@
  *
  * Two kinds of rows (see ag_batch.n_prompt): decode rows go through the dot
  * kernels (ag_matmul, ag_matmul_multi), Q4_K / Q6_K windows of a few
- * tokens through the AVX2 window panels (same bits); prompt rows through
+ * tokens through panel kernels with the same bits (the AVX2 window panels,
+ * the AVX-512 VNNI token panels; with AMX the backend sends them to the
+ * tiles from ag_matmul_amx_decode_min rows); prompt rows through
  * AMX tiles where the CPU has them (matmul_amx.c), else through the same
  * driver with the
  * AVX2 token-panel kernels (X packed eight tokens at a time, see
@@ -33,9 +35,16 @@ static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok);
 static size_t      panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok, bool window);
 static void        panel_quantize(ag_threadpool *pool, ag_act_format fmt, bool window, const float *x, int64_t ldx,
                                   int64_t n_tok, int64_t n_in, void *buf, uint8_t **rows, uint8_t **panels);
-static ag_status   matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, bool window, const void *w,
-                                 int64_t n_out, int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y,
+static ag_status   matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, bool window, bool decode,
+                                 const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y,
                                  int64_t ldy, void *scratch, size_t scratch_size);
+
+/* The panels decode rows are packed in: window panels for the AVX2
+ * window kernels, token panels where the ISA has decode-panel kernels
+ * (AVX-512 VNNI, dpanel). */
+static bool decode_windows(uint32_t w_type) {
+    return w_type >= AG_TYPE_COUNT || !ag_quant_kernels_active()->dpanel[w_type];
+}
 
 /* Tokens per panel and bytes per panel row of each kind. */
 static int    panel_tokens(bool window) { return window ? AG_WPANEL_NT : AG_PANEL_NT; }
@@ -280,6 +289,17 @@ static bool multi_wants_panels(const ag_matmul_part *parts, int n_parts, ag_act_
     return false;
 }
 
+/* The panel kind of format f's decode rows in a multi call: that of its
+ * first part with a panel kernel (Q4_K and Q6_K share their ISA's kind). */
+static bool multi_windows(const ag_matmul_part *parts, int n_parts, ag_act_format f, int64_t n_tok) {
+    for (int p = 0; p < n_parts; p++) {
+        ag_act_format pf;
+        if (ag_quant_act_format(parts[p].w_type, &pf) == AG_OK && pf == f && decode_panel_kernel(parts[p].w_type, n_tok))
+            return decode_windows(parts[p].w_type);
+    }
+    return true;
+}
+
 size_t ag_matmul_multi_scratch_size(const ag_matmul_part *parts, int n_parts, int64_t n_in, int64_t n_tok) {
     ag_act_format fmts[AG_MATMUL_MAX_PARTS];
     if (n_parts < 1 || n_parts > AG_MATMUL_MAX_PARTS || n_tok < 0) return 0;
@@ -289,7 +309,8 @@ size_t ag_matmul_multi_scratch_size(const ag_matmul_part *parts, int n_parts, in
         if (fmts[k] == AG_ACT_F32) continue;
         size_t rb = ag_act_row_bytes(fmts[k], n_in), b;
         if (rb == 0 || __builtin_mul_overflow(rb, (size_t)n_tok, &b)) return 0;
-        if (multi_wants_panels(parts, n_parts, fmts[k], n_tok) && (b = panel_scratch_size(fmts[k], n_in, n_tok, true)) == 0)
+        if (multi_wants_panels(parts, n_parts, fmts[k], n_tok) &&
+            (b = panel_scratch_size(fmts[k], n_in, n_tok, multi_windows(parts, n_parts, fmts[k], n_tok))) == 0)
             return 0;
         if (b > SIZE_MAX / 2 - total) return 0;
         total += (b + 63) & ~(size_t)63;
@@ -318,6 +339,7 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
     ag_act_format fmts[AG_MATMUL_MAX_PARTS];
     const void   *xa[AG_MATMUL_MAX_PARTS], *xp[AG_MATMUL_MAX_PARTS];
     size_t        stride[AG_MATMUL_MAX_PARTS];
+    bool          win[AG_MATMUL_MAX_PARTS];
     int           nf = multi_formats(parts, n_parts, fmts);
     uint8_t      *at = (uint8_t *)(((uintptr_t)buf + 63) & ~(uintptr_t)63);
     ag_status     st = AG_OK;
@@ -331,9 +353,10 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
         stride[k] = rb;
         if (multi_wants_panels(parts, n_parts, fmts[k], n_tok)) {
             uint8_t *rows, *panels;
-            panel_quantize(pool, fmts[k], true, x, ldx, n_tok, n_in, at, &rows, &panels);
+            win[k] = multi_windows(parts, n_parts, fmts[k], n_tok);
+            panel_quantize(pool, fmts[k], win[k], x, ldx, n_tok, n_in, at, &rows, &panels);
             xa[k] = rows, xp[k] = panels;
-            at += (panel_scratch_size(fmts[k], n_in, n_tok, true) + 63) & ~(size_t)63;
+            at += (panel_scratch_size(fmts[k], n_in, n_tok, win[k]) + 63) & ~(size_t)63;
             continue;
         }
         st = ag_matmul_quantize_x(pool, fmts[k], x, ldx, n_tok, n_in, at, bytes);
@@ -354,8 +377,9 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
             ag_panel_fn pk = xp[k] ? decode_panel_kernel(parts[p].w_type, n_tok) : NULL;
             m.first[p + 1] = m.first[p] + (parts[p].n_out == 0 ? 0
                                            : mm_plan(&m.jobs[p], parts[p].w_type, parts[p].w, parts[p].n_out, n_in,
-                                                     pk ? xp[k] : xa[k], pk ? panel_row_bytes(fmts[k], n_in, true) : stride[k],
-                                                     n_tok, parts[p].y, parts[p].ldy, false, pk, true, want < 1 ? 1 : want));
+                                                     pk ? xp[k] : xa[k], pk ? panel_row_bytes(fmts[k], n_in, win[k]) : stride[k],
+                                                     n_tok, parts[p].y, parts[p].ldy, false, pk, pk && win[k],
+                                                     want < 1 ? 1 : want));
         }
         ag_threadpool_run(pool, m.first[n_parts], mm_multi_task, &m);
     }
@@ -384,7 +408,9 @@ static ag_status matmul_any(ag_threadpool *pool, uint32_t w_type, const void *w,
     if (n_out == 0 || n_tok == 0) return AG_OK;
 
     ag_panel_fn pk = tiles ? NULL : decode_panel_kernel(w_type, n_tok);
-    if (pk) return matmul_panels(pool, w_type, pk, true, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size);
+    if (pk)
+        return matmul_panels(pool, w_type, pk, decode_windows(w_type), true, w, n_out, n_in, x, ldx, n_tok, y, ldy,
+                             scratch, scratch_size);
     if (fmt == AG_ACT_F32) { /* float weights read X in place */
         matmul_run(pool, w_type, w, n_out, n_in, x, (size_t)ldx * sizeof(float), n_tok, y, ldy, tiles, NULL, false);
         return AG_OK;
@@ -454,14 +480,35 @@ static size_t panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok, b
 }
 
 /* The panel kernel for n_tok decode rows of w_type, or NULL (dot kernels). */
-static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok) {
-    const int min = window_panel_min(w_type);
-    if (min == 0 || n_tok < min || use_amx(w_type)) return NULL;
-    return ag_quant_kernels_active()->wpanel[w_type];
+/* The same for the AVX-512 VNNI token panels (dpanel). */
+static int dpanel_min(uint32_t w_type) {
+    static _Atomic int env; /* AUGUR_DPANEL_MIN (A/B), read once; -1 unset */
+    if (!env) {
+        const char *e = getenv("AUGUR_DPANEL_MIN");
+        env = e && atoi(e) > 0 ? atoi(e) : -1;
+    }
+    if (env > 0) return canonical_kquant(w_type) ? env : 0;
+    return w_type == AG_TYPE_Q4_K ? 5 : w_type == AG_TYPE_Q6_K ? 8 : 0;
 }
 
+static int decode_panel_min_rows(uint32_t w_type) { return decode_windows(w_type) ? window_panel_min(w_type) : dpanel_min(w_type); }
+
+static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok) {
+    if (w_type >= AG_TYPE_COUNT) return NULL;
+    const int min = decode_panel_min_rows(w_type);
+    if (min == 0 || n_tok < min) return NULL;
+    /* (with AMX the backend sends the larger batches to the tiles first:
+     * ag_matmul_decode_on_amx) */
+    const ag_quant_kernels *k = ag_quant_kernels_active();
+    return k->dpanel[w_type] ? k->dpanel[w_type] : k->wpanel[w_type];
+}
+
+const char *ag_matmul_decode_panel_name(uint32_t w_type) { return decode_windows(w_type) ? "window panels" : "vnni panels"; }
+
 int ag_matmul_decode_panel_min(uint32_t w_type) {
-    return w_type < AG_TYPE_COUNT && decode_panel_kernel(w_type, window_panel_min(w_type)) ? window_panel_min(w_type) : 0;
+    if (w_type >= AG_TYPE_COUNT) return 0;
+    const int min = decode_panel_min_rows(w_type);
+    return min && decode_panel_kernel(w_type, min) ? min : 0;
 }
 
 typedef struct {
@@ -488,8 +535,8 @@ static void panel_quant_task(void *ctx, int64_t p, int thread) {
 
 /* W·X for prompt rows through the panel kernel pk: X quantized exactly as
  * for the dot kernels (same rows), then packed into panels. */
-static ag_status matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, bool window, const void *w,
-                               int64_t n_out, int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y,
+static ag_status matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn pk, bool window, bool decode,
+                               const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y,
                                int64_t ldy, void *scratch, size_t scratch_size) {
     ag_act_format fmt;
     ag_status     st = check_common(w_type, w, n_out, n_in, n_tok, y, ldy, &fmt);
@@ -508,7 +555,7 @@ static ag_status matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_fn
      * dot kernels, faster there; the other types' panels have their own
      * arithmetic and take every token whatever the batch; window panels
      * were chosen for this batch by the caller (decode_panel_kernel) */
-    if (!window && canonical_kquant(w_type) && n_tok <= PANEL_DOT_TAIL)
+    if (!decode && canonical_kquant(w_type) && n_tok <= PANEL_DOT_TAIL)
         matmul_run(pool, w_type, w, n_out, n_in, rows, rb, n_tok, y, ldy, false, NULL, false);
     else
         matmul_run(pool, w_type, w, n_out, n_in, panels, pb, n_tok, y, ldy, false, pk, window);
@@ -542,25 +589,29 @@ size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64
     return ag_matmul_scratch_size(w_type, n_in, n_tok);
 }
 
-int ag_matmul_amx_decode_min(void) {
+int ag_matmul_amx_decode_min(uint32_t w_type) {
     const char *e = getenv("AUGUR_AMX_DECODE_MIN");
-    return e && atoi(e) > 0 ? atoi(e) : AG_MATMUL_AMX_MIN_TOK;
+    if (e && atoi(e) > 0) return atoi(e);
+    return w_type == AG_TYPE_Q6_K ? AG_MATMUL_AMX_MIN_TOK_Q6K : AG_MATMUL_AMX_MIN_TOK;
 }
 
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode) {
     /* every ISA level's dot kernels compute the K-quants' canonical
      * arithmetic (scalar, AVX2, AVX-512: test_gemm, test_quant); read once:
      * getenv per matmul would cost, and a process keeps one choice */
-    static _Atomic int min;
-    if (!min) min = ag_matmul_amx_decode_min();
-    return n_decode >= min && canonical_kquant(w_type) && use_amx(w_type);
+    static _Atomic int min4, min6;
+    if (!min4) {
+        min6 = ag_matmul_amx_decode_min(AG_TYPE_Q6_K);
+        min4 = ag_matmul_amx_decode_min(AG_TYPE_Q4_K);
+    }
+    return n_decode >= (w_type == AG_TYPE_Q6_K ? min6 : min4) && canonical_kquant(w_type) && use_amx(w_type);
 }
 
 ag_status ag_matmul_prompt(ag_threadpool *pool, uint32_t w_type, const void *w, const void *packed, int64_t n_out,
                            int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
                            void *scratch, size_t scratch_size) {
     ag_panel_fn pk = prompt_panel_kernel(w_type);
-    if (pk) return matmul_panels(pool, w_type, pk, false, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size);
+    if (pk) return matmul_panels(pool, w_type, pk, false, false, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size);
     if (!use_amx(w_type))
         return matmul_any(pool, w_type, w, n_out, n_in, x, ldx, n_tok, y, ldy, scratch, scratch_size, true);
     ag_act_format fmt;

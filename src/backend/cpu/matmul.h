@@ -79,25 +79,32 @@ const char *ag_matmul_prompt_kernel(uint32_t w_type);
 /* Q4_K and Q6_K are the exception to the split above: their AMX tiles
  * compute the dot kernels' arithmetic bit for bit (ag_kquant_fold), so
  * decode rows of these types may take ag_matmul_prompt's AMX path too, and
- * do from ag_matmul_amx_decode_min() rows on: a verify window or a batch of
- * that many sequences reads the AMX copy of the weights (~1.3 bytes a
- * weight) once, where the dot kernels read Q4_K's 0.56 once per 4 rows and
- * do far more work per weight. On a 2-thread Xeon, Qwen2.5-1.5B Q4_K_M
- * aggregate decode from 6 rows on: 8 sequences 46 -> 62 tok/s, 12 50 -> 91,
- * 6 level; an n-gram verify window 1.58x -> 1.77x plain (bench/RESULTS.md,
- * 2026-12-05; the minimum was 16). True when n_decode rows of w_type
- * should: AMX present (the dot kernels of every ISA level are canonical). */
-#define AG_MATMUL_AMX_MIN_TOK 6
-/* AG_MATMUL_AMX_MIN_TOK, or AUGUR_AMX_DECODE_MIN (a positive integer; A/B). */
-int  ag_matmul_amx_decode_min(void);
+ * do from ag_matmul_amx_decode_min(type) rows on: a verify window or a
+ * small batch (one tile of at most 16 tokens) reads the weights' own blocks
+ * once (matmul_amx.c, window_task), a larger batch the tile-ready copy.
+ * 8960x1536 Q4_K, cold, 2 threads of an AMX Xeon, ms (n = 1: 0.43-0.45):
+ * dot kernels n = 5 / 8 / 12 1.15 / 1.60 / 2.40, AMX window 1.0-1.07 for
+ * every n up to 12; Q6_K dot n = 8 / 12 1.44 / 2.1, AMX window 1.8-1.95
+ * (Q6_K's 16-element groups: twice the tile products and their scaling);
+ * bench/RESULTS.md, 2026-12-05 afternoon. True when n_decode rows of
+ * w_type should: AMX present (the dot kernels of every ISA level are
+ * canonical). */
+#define AG_MATMUL_AMX_MIN_TOK     5 /* Q4_K */
+#define AG_MATMUL_AMX_MIN_TOK_Q6K 9
+/* The minimum for w_type, or AUGUR_AMX_DECODE_MIN (a positive integer, any
+ * type; A/B). */
+int  ag_matmul_amx_decode_min(uint32_t w_type);
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode);
 
-/* Likewise without AMX: on the AVX2 level, ag_matmul and ag_matmul_multi
- * run a speculative verify window of Q4_K (3+ tokens) or Q6_K (7+) decode
- * rows through the window-panel kernels (ag_wpanel_q8k), whose bits are
- * the dot kernels'. The fewest decode rows of w_type that do at the active
- * ISA, 0 for never (for reports; the callers need do nothing). */
-int ag_matmul_decode_panel_min(uint32_t w_type);
+/* Without AMX (or below its minimum): ag_matmul and ag_matmul_multi run a
+ * verify window of Q4_K / Q6_K decode rows through panel kernels whose
+ * bits are the dot kernels': on the AVX2 level the window panels
+ * (ag_wpanel_q8k; Q4_K from 3 rows, Q6_K from 7), on the AVX-512 level the
+ * VNNI token panels (Q4_K from 5, Q6_K from 8). The fewest decode rows of
+ * w_type that do at the active ISA, 0 for never (for reports; the callers
+ * need do nothing), and the kernels' name ("window panels", "vnni panels"). */
+int         ag_matmul_decode_panel_min(uint32_t w_type);
+const char *ag_matmul_decode_panel_name(uint32_t w_type);
 
 /* Decode rows against several weight matrices that read the same X (Q/K/V,
  * gate/up): X is quantized once per activation format and all the rows go

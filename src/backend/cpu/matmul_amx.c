@@ -55,9 +55,9 @@ static void amx_probe(void) {
     if (env && *env == '0') return;
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
-    /* EDX bit 24: AMX-TILE, bit 25: AMX-INT8; AVX-512 BW/VL for the rest */
+    /* EDX bit 24: AMX-TILE, bit 25: AMX-INT8; AVX-512 F/BW/VL and VNNI (ECX bit 11) for the rest */
     if (!(d & (1u << 24)) || !(d & (1u << 25))) return;
-    if (!(b & (1u << 30)) || !(b & (1u << 31)) || !(b & (1u << 16))) return;
+    if (!(b & (1u << 30)) || !(b & (1u << 31)) || !(b & (1u << 16)) || !(c & (1u << 11))) return; /* + VNNI */
     if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return;
     amx_ok = 1;
 }
@@ -163,11 +163,11 @@ size_t ag_amx_scratch_size(int n_threads, int64_t n_in, int64_t n_tok) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c"))), \
+#pragma clang attribute push(__attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"))), \
                              apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c")
+#pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")
 #endif
 
 #include "backend/cpu/quant_x86.h"
@@ -179,6 +179,13 @@ typedef struct __attribute__((packed, aligned(64))) {
     uint8_t  rows[16];
 } tile_config;
 
+/* ldtilecfg with the whole 64-byte configuration as its memory operand.
+ * GCC 12's _tile_loadconfig names only the first 8 bytes ("m" of a
+ * pointer), so the compiler may drop the stores of colsb / rows before it
+ * as dead (seen when this file was built with -mamx-tile: every later tile
+ * instruction faulted). */
+AI void tile_config_load(const tile_config *c) { __asm__ volatile("ldtilecfg %0" ::"m"(*c)); }
+
 /* Tiles: 0,1,6 = C (16x16 int32); 2,4 = A (16 weight rows x K bytes);
  * 3,5 = B (K/4 rows x 64 bytes). K = 32, or 16 for Q6_K's groups. */
 static void load_tiles(int k) {
@@ -188,7 +195,7 @@ static void load_tiles(int k) {
     c.colsb[0] = c.colsb[1] = c.colsb[6] = 64, c.rows[0] = c.rows[1] = c.rows[6] = 16;
     c.colsb[2] = c.colsb[4] = (uint16_t)k, c.rows[2] = c.rows[4] = 16;
     c.colsb[3] = c.colsb[5] = 64, c.rows[3] = c.rows[5] = (uint8_t)(k / 4);
-    _tile_loadconfig(&c);
+    tile_config_load(&c);
 }
 
 /* 16 nibble bytes -> 32 bytes: low nibbles (elements 0..15), then high. */
@@ -594,6 +601,248 @@ static void mm_task(void *ctx, int64_t task, int thread) {
     _tile_release();
 }
 
+/* ---- decode windows: one token tile against the K-quant blocks as stored ----
+ *
+ * A verify window (or a small decode batch) of at most 16 rows reads each
+ * weight once, from its Q4_K / Q6_K blocks: no tile-ready copy (~1.3
+ * bytes a weight, 2.3x Q4_K's bytes) streams from memory. Per task, a few
+ * consecutive 16-row panels; per super-block, the 16 rows' blocks are
+ * unpacked into a small double-buffered slot (int8 values, the scales of
+ * all 16 rows at once by gathers) while the tiles work on the other slot.
+ * The arithmetic is kquant_tile's, ag_kquant_fold's bits. What it costs is
+ * the vector work per group (a C tile of 16 rows x 16 tokens times the
+ * rows' scales), so it is kept to that: the mins' sums (msum) come once per
+ * super-block from int16 pairs (vpdpwssd over the tokens' 32-block sums),
+ * not per group, and isum stays in 16 registers. Four C tiles rotate so a
+ * group's C is read one step after its store. */
+typedef struct {
+    /* Q4_K: [slot][plane 0..3][row][64]: plane 2j + h holds the nibbles h
+     * (0 low, 1 high) of the row's qs bytes 64j..64j+63, that is groups
+     * 4j + h (bytes 0..31) and 4j + 2 + h (32..63). Q6_K: [slot][group][row][16]. */
+    _Alignas(64) int8_t q[2][4 * TILE * 64];
+    _Alignas(64) int32_t sc[2][16][TILE]; /* [slot][group][row] */
+    _Alignas(64) int32_t mp[2][4][TILE];  /* Q4_K mins as int16 pairs: groups 2i | 2i+1 << 16 */
+    _Alignas(64) float dd[2][TILE], dm[2][TILE];
+} wslot;
+
+/* Super-block s of the rows (`rows` of them real, row_bytes apart from w)
+ * into slot b. Rows past `rows` read nothing and get zero scales, mins, d
+ * and dmin, so whatever values they hold contribute 0. */
+AI void window_unpack(const uint8_t *w, size_t row_bytes, int rows, int64_t s, const int Q6, wslot *ws, int b) {
+    const __mmask16 rm = (__mmask16)((1u << rows) - 1);
+    const __m512i   idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32((int)row_bytes));
+    const __m512i   z = _mm512_setzero_si512(), FF = _mm512_set1_epi32(0xFF);
+    if (!Q6) {
+        const uint8_t *base = w + (size_t)s * sizeof(ag_block_q4_K);
+        const __m512i  m4 = _mm512_set1_epi8(0xF);
+        int8_t        *q = ws->q[b];
+        for (int r = 0; r < rows; r++) {
+            const uint8_t *qs = ((const ag_block_q4_K *)(base + (size_t)r * row_bytes))->qs;
+            for (int j = 0; j < 2; j++) {
+                const __m512i v = _mm512_loadu_si512(qs + 64 * j);
+                _mm512_store_si512(q + ((2 * j) * TILE + r) * 64, _mm512_and_si512(v, m4));
+                _mm512_store_si512(q + ((2 * j + 1) * TILE + r) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
+            }
+        }
+        const __m512i ud = _mm512_mask_i32gather_epi32(z, rm, idx, base, 1);
+        const __m512i u0 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 4, 1);
+        const __m512i u1 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 8, 1);
+        const __m512i u2 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 12, 1);
+        const __m512i M6 = _mm512_set1_epi32(0x3F3F3F3F), M4 = _mm512_set1_epi32(0x0F0F0F0F),
+                      M2 = _mm512_set1_epi32(0x03030303);
+        /* ag_k4_scales_unpack in 16 lanes: w0 = scales 0-3, w1 = 4-7, w2 = mins 0-3, w3 = mins 4-7 */
+        const __m512i w0 = _mm512_and_si512(u0, M6),
+                      w1 = _mm512_or_si512(_mm512_and_si512(u2, M4),
+                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), M2), 4)),
+                      w2 = _mm512_and_si512(u1, M6),
+                      w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), M4),
+                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), M2), 4));
+        for (int j = 0; j < 4; j++) {
+            _mm512_store_si512(ws->sc[b][j], _mm512_and_si512(_mm512_srli_epi32(w0, 8 * j), FF));
+            _mm512_store_si512(ws->sc[b][4 + j], _mm512_and_si512(_mm512_srli_epi32(w1, 8 * j), FF));
+        }
+        /* bytes (m0, m1, m2, m3) -> int16 pairs (m0, m1) and (m2, m3) */
+        const __m512i b0 = _mm512_set1_epi32(0xFF), b2 = _mm512_set1_epi32(0xFF0000);
+        _mm512_store_si512(ws->mp[b][0], _mm512_or_si512(_mm512_and_si512(w2, b0), _mm512_and_si512(_mm512_slli_epi32(w2, 8), b2)));
+        _mm512_store_si512(ws->mp[b][1], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 16), b0), _mm512_and_si512(_mm512_srli_epi32(w2, 8), b2)));
+        _mm512_store_si512(ws->mp[b][2], _mm512_or_si512(_mm512_and_si512(w3, b0), _mm512_and_si512(_mm512_slli_epi32(w3, 8), b2)));
+        _mm512_store_si512(ws->mp[b][3], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w3, 16), b0), _mm512_and_si512(_mm512_srli_epi32(w3, 8), b2)));
+        _mm512_store_ps(ws->dd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ud)));
+        _mm512_store_ps(ws->dm[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ud, 16))));
+    } else {
+        const uint8_t *base = w + (size_t)s * sizeof(ag_block_q6_K);
+        const __m256i  o = _mm256_set1_epi8(32);
+        for (int r = 0; r < rows; r++) {
+            const ag_block_q6_K *x = (const ag_block_q6_K *)(base + (size_t)r * row_bytes);
+            for (int h = 0; h < 2; h++) {
+                __m256i v[4];
+                q6k_unpack_half(x->ql + 64 * h, x->qh + 32 * h, v);
+                for (int c = 0; c < 4; c++) { /* elements 128h + 32c.. = groups 8h + 2c, 8h + 2c + 1 */
+                    const __m256i e = _mm256_sub_epi8(v[c], o);
+                    const int     g = 8 * h + 2 * c;
+                    _mm_store_si128((__m128i *)(ws->q[b] + (g * TILE + r) * 16), _mm256_castsi256_si128(e));
+                    _mm_store_si128((__m128i *)(ws->q[b] + ((g + 1) * TILE + r) * 16), _mm256_extracti128_si256(e, 1));
+                }
+            }
+        }
+        const size_t so = offsetof(ag_block_q6_K, scales);
+        for (int i = 0; i < 4; i++) {
+            const __m512i u = _mm512_mask_i32gather_epi32(z, rm, idx, base + so + 4 * i, 1);
+            for (int j = 0; j < 4; j++) /* byte j, sign-extended */
+                _mm512_store_si512(ws->sc[b][4 * i + j], _mm512_srai_epi32(_mm512_slli_epi32(u, 24 - 8 * j), 24));
+        }
+        /* d is the block's last two bytes: gather the dword ending there */
+        const __m512i ud = _mm512_mask_i32gather_epi32(z, rm, idx, base + sizeof(ag_block_q6_K) - 4, 1);
+        _mm512_store_ps(ws->dd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ud, 16))));
+    }
+}
+
+/* Tiles of the window kernel: C 0..3 in turn, A 4/5 and B 6/7 for even /
+ * odd groups. K = 32 (Q4_K) or 16 (Q6_K). */
+static void load_window_tiles(int k) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 4; i++) c.colsb[i] = 64, c.rows[i] = 16;
+    c.colsb[4] = c.colsb[5] = (uint16_t)k, c.rows[4] = c.rows[5] = 16;
+    c.colsb[6] = c.colsb[7] = 64, c.rows[6] = c.rows[7] = (uint8_t)(k / 4);
+    tile_config_load(&c);
+}
+
+/* The fold of super-block s (kquant_tile's arithmetic) into acc[s % 4]:
+ * msum per row from the mins' pairs and the tokens' 32-block sums as int16
+ * pairs (exact: |msum| < 2^31, and the float it becomes is the one the
+ * other kernels accumulate exactly in float). */
+AI void window_fold(int64_t s, const int Q6, const wslot *ws, const float *xd, const float *xs, const __m512i isum[16],
+                    __m512 acc[4][16]) {
+    const int    a = (int)(s & 3), b = (int)(s & 1);
+    const __m512 dy = _mm512_loadu_ps(xd + s * 8 * TILE);
+    __m512i      bp[4];
+    if (!Q6)
+        for (int i = 0; i < 4; i++) { /* tokens' sums of 32-blocks 8s + 2i and 8s + 2i + 1, as int16 pairs */
+            const __m512i e = _mm512_cvtps_epi32(_mm512_loadu_ps(xs + (8 * s + 2 * i) * TILE));
+            const __m512i o = _mm512_cvtps_epi32(_mm512_loadu_ps(xs + (8 * s + 2 * i + 1) * TILE));
+            bp[i] = _mm512_or_si512(_mm512_and_si512(e, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(o, 16));
+        }
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        acc[a][r] = _mm512_fmadd_ps(_mm512_mul_ps(dy, _mm512_set1_ps(ws->dd[b][r])), _mm512_cvtepi32_ps(isum[r]), acc[a][r]);
+        if (!Q6) {
+            __m512i m = _mm512_setzero_si512();
+            for (int i = 0; i < 4; i++) m = _mm512_dpwssd_epi32(m, bp[i], _mm512_set1_epi32(ws->mp[b][i][r]));
+            acc[a][r] = _mm512_fnmadd_ps(_mm512_mul_ps(dy, _mm512_set1_ps(ws->dm[b][r])), _mm512_cvtepi32_ps(m), acc[a][r]);
+        }
+    }
+}
+
+/* One 16-row panel (`rows` of them real, row_bytes apart from w) against
+ * the token tile: out[r] = row r for the tile's 16 tokens. next: the
+ * panel the task does after this one (prefetched), or NULL. */
+AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int rows, int64_t nsb, const uint8_t *tile,
+                     const int Q6, wslot *ws, const uint8_t *next) {
+    const int     gps = Q6 ? 16 : 8, K = Q6 ? 16 : 32; /* groups per super-block, elements per group */
+    const size_t  bsz = Q6 ? sizeof(ag_block_q6_K) : sizeof(ag_block_q4_K);
+    const int64_t ng = nsb * gps, nb = nsb * 8;
+    const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
+    _Alignas(64) int32_t c[2][16][16];
+    __m512i              isum[16];
+    __m512               acc[4][16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        acc[0][r] = acc[1][r] = acc[2][r] = acc[3][r] = _mm512_setzero_ps();
+        isum[r] = _mm512_setzero_si512(); /* set by each super-block's first group; this quiets -Wmaybe-uninitialized */
+    }
+    /* group g's A tile and its row stride, B tile */
+#define WA(g)                                                                                                     \
+    (Q6 ? ws->q[((g) / 16) & 1] + (size_t)((g) % 16) * TILE * 16                                                  \
+        : ws->q[((g) / 8) & 1] + (size_t)((((g) % 8) >> 2) * 2 + ((g) & 1)) * TILE * 64 + (((g) >> 1) & 1) * 32)
+#define WAS (Q6 ? 16 : 64)
+#define WB(g) (Q6 ? tile + (size_t)((g) >> 1) * BT_BYTES + ((g) & 1) * 256 : tile + (size_t)(g) * BT_BYTES)
+#define WISSUE(g, A, B, C)             \
+    do {                               \
+        _tile_loadd(A, WA(g), WAS);    \
+        _tile_loadd(B, WB(g), 64);     \
+        _tile_zero(C);                 \
+        _tile_dpbssd(C, A, B);         \
+    } while (0)
+    (void)K;
+    window_unpack(w, row_bytes, rows, 0, Q6, ws, 0);
+    WISSUE(0, 4, 6, 0);
+    if (ng > 1) WISSUE(1, 5, 7, 1);
+    for (int64_t g = 0; g < ng; g++) {
+        /* store C(g); issue g + 2 into g's A/B tiles and C((g + 2) % 4) */
+        switch (g & 3) {
+        case 0: _tile_stored(0, c[0], 64); if (g + 2 < ng) WISSUE(g + 2, 4, 6, 2); break;
+        case 1: _tile_stored(1, c[1], 64); if (g + 2 < ng) WISSUE(g + 2, 5, 7, 3); break;
+        case 2: _tile_stored(2, c[0], 64); if (g + 2 < ng) WISSUE(g + 2, 4, 6, 0); break;
+        default: _tile_stored(3, c[1], 64); if (g + 2 < ng) WISSUE(g + 2, 5, 7, 1); break;
+        }
+        /* group g - 1, stored a step ago (a tile store read back at once stalls) */
+        if (g > 0) {
+            const int64_t  gp = g - 1, gs = gp % gps, sp = gp / gps;
+            const int32_t *scg = ws->sc[sp & 1][gs];
+            if (gs == 0) {
+#pragma GCC unroll 16
+                for (int r = 0; r < 16; r++) isum[r] = _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][r]), _mm512_set1_epi32(scg[r]));
+            } else {
+#pragma GCC unroll 16
+                for (int r = 0; r < 16; r++)
+                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][r]), _mm512_set1_epi32(scg[r])));
+            }
+            if (gs == gps - 1) window_fold(sp, Q6, ws, xd, xs, isum, acc);
+        }
+        const int64_t gs = g % gps, s = g / gps;
+        /* super-block s + 1 into the slot s - 1 used: its last group was
+         * issued two steps ago and folded just now */
+        if (gs == 0 && s + 1 < nsb) window_unpack(w, row_bytes, rows, s + 1, Q6, ws, (int)((s + 1) & 1));
+        if (gs == 1) { /* prefetch super-block s + 2 of the rows, or the next panel's first */
+            const uint8_t *pf = s + 2 < nsb ? w + (size_t)(s + 2) * bsz : next ? next + (size_t)(s + 2 - nsb) * bsz : NULL;
+            for (int r = 0; pf && r < 16; r++)
+                for (size_t l = 0; l < bsz + 63; l += 64) _mm_prefetch((const char *)pf + (size_t)r * row_bytes + l, _MM_HINT_T0);
+        }
+    }
+    {
+        const int64_t  gp = ng - 1, gs = gp % gps;
+        const int32_t *scg = ws->sc[(gp / gps) & 1][gs];
+#pragma GCC unroll 16
+        for (int r = 0; r < 16; r++)
+            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][r]), _mm512_set1_epi32(scg[r])));
+        window_fold(nsb - 1, Q6, ws, xd, xs, isum, acc);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++)
+        out[r] = _mm512_add_ps(_mm512_add_ps(acc[0][r], acc[2][r]), _mm512_add_ps(acc[1][r], acc[3][r]));
+#undef WA
+#undef WAS
+#undef WB
+#undef WISSUE
+}
+
+/* Task: panels [task * ppt, (task + 1) * ppt) of a window call (one token
+ * tile; ppt in j->tiles_per_task). */
+static void window_task(void *ctx, int64_t task, int thread) {
+    const amx_job *j = ctx;
+    const int64_t  nsb = j->n_in / 256, p0 = task * j->tiles_per_task;
+    const int64_t  p1 = p0 + j->tiles_per_task < j->n_panels ? p0 + j->tiles_per_task : j->n_panels;
+    const int      q6 = j->type == AG_TYPE_Q6_K;
+    wslot          ws;
+    load_window_tiles(q6 ? 16 : 32);
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t  row0 = p * TILE;
+        const int      rows = (int)(j->n_out - row0 < TILE ? j->n_out - row0 : TILE);
+        const uint8_t *w = j->w + (size_t)row0 * j->w_row_bytes, *next = p + 1 < p1 ? w + TILE * j->w_row_bytes : NULL;
+        if (rows < TILE) memset(ws.q, 0, sizeof ws.q); /* rows past n_out: defined values (scaled by 0) */
+        __m512 acc[16];
+        if (q6) window_panel(acc, w, j->w_row_bytes, rows, nsb, j->act, 1, &ws, next);
+        else window_panel(acc, w, j->w_row_bytes, rows, nsb, j->act, 0, &ws, next);
+        transpose16(acc);
+        const __mmask16 rm = (__mmask16)((1u << rows) - 1);
+        for (int64_t t = 0; t < j->n_tok; t++) _mm512_mask_storeu_ps(j->y + t * j->ldy + row0, rm, acc[t]);
+    }
+    _tile_release();
+}
+
 typedef struct {
     uint32_t       type;
     const uint8_t *w;
@@ -616,6 +865,16 @@ static void pack_task(void *ctx, int64_t p, int thread) {
 #else
 #pragma GCC pop_options
 #endif
+
+/* AUGUR_AMX_WINDOW=0: windows take the tile-ready copy too (A/B). */
+static bool amx_window_on(void) {
+    static _Atomic int on; /* 0 unknown, 1 on, 2 off */
+    if (!on) {
+        const char *e = getenv("AUGUR_AMX_WINDOW");
+        on = e && *e == '0' ? 2 : 1;
+    }
+    return on == 1;
+}
 
 size_t ag_amx_packed_size(uint32_t w_type, int64_t n_out, int64_t n_in) {
     if (!is_kquant(w_type) || n_out <= 0 || n_in <= 0 || n_in % 256) return 0;
@@ -655,6 +914,12 @@ ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, con
     ag_threadpool_run(pool, j.n_tiles, act_task, &j);
 
     j.n_panels = (n_out + TILE - 1) / TILE;
+    if (is_kquant(w_type) && j.n_tiles == 1 && amx_window_on()) {
+        /* a window: the blocks as stored, a few consecutive panels a task */
+        j.tiles_per_task = j.n_panels / (8 * threads) > 1 ? j.n_panels / (8 * threads) : 1;
+        ag_threadpool_run(pool, (j.n_panels + j.tiles_per_task - 1) / j.tiles_per_task, window_task, &j);
+        return AG_OK;
+    }
     /* tokens per task: enough tiles to amortize unpacking the panel, few
      * enough that the tasks still spread over the threads */
     j.tiles_per_task = j.n_tiles;

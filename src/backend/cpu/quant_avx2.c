@@ -655,6 +655,62 @@ AI __m256i kq_corr(const __m256i *corr, const int16_t (*pairs)[AG_PANEL_NT][2], 
 KQ_PANEL(panel_q4_K, ag_block_q4_K, q4k_row, q4k_panel_isum, 1)
 KQ_PANEL(panel_q6_K, ag_block_q6_K, q6k_row, q6k_panel_isum, 0)
 
+/* The same K-quant panels with AVX-512 VNNI (CPUs of the AVX-512 level;
+ * the panel machinery lives here, so the VNNI variants do too): vpdpbusd
+ * adds a chunk's four byte products into each token's int32 lane at once,
+ * where maddubs + add leave int16 sums that need a madd per scale; so a
+ * sub-block / group costs its chunks' vpdpbusd plus one int32 multiply by
+ * its scale. Same exact isum, same fold: the dot kernels' bits. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
+#endif
+
+AI void q4k_panel_isum_vnni(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum) {
+    UNROLL for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i a[AG_GEMM_RM], b[AG_GEMM_RM];
+        UNROLL for (int r = 0; r < NR; r++) a[r] = b[r] = _mm256_setzero_si256();
+        UNROLL for (int c = 0; c < 8; c += 2) { /* two chains per row */
+            const __m256i y0 = load256a(x->qs[8 * j + c]), y1 = load256a(x->qs[8 * j + c + 1]);
+            UNROLL for (int r = 0; r < NR; r++) {
+                a[r] = _mm256_dpbusd_epi32(a[r], bcast32(w[r].u + 32 * j + 4 * c), y0);
+                b[r] = _mm256_dpbusd_epi32(b[r], bcast32(w[r].u + 32 * j + 4 * c + 4), y1);
+            }
+        }
+        UNROLL for (int r = 0; r < NR; r++)
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(_mm256_add_epi32(a[r], b[r]),
+                                                                   _mm256_set1_epi32((int16_t)w[r].mul[j])));
+    }
+}
+
+AI void q6k_panel_isum_vnni(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum) {
+    UNROLL for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
+    for (int g = 0; g < 16; g++) {
+        __m256i yv[4];
+        UNROLL for (int k = 0; k < 4; k++) yv[k] = load256a(x->qs[4 * g + k]);
+        UNROLL for (int r = 0; r < NR; r++) {
+            const uint8_t *u = w[r].u + 16 * g;
+            __m256i        a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), bcast32(u), yv[0]);
+            __m256i        b = _mm256_dpbusd_epi32(_mm256_setzero_si256(), bcast32(u + 4), yv[1]);
+            a = _mm256_dpbusd_epi32(a, bcast32(u + 8), yv[2]);
+            b = _mm256_dpbusd_epi32(b, bcast32(u + 12), yv[3]);
+            isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(_mm256_add_epi32(a, b), _mm256_set1_epi32((int16_t)w[r].mul[g])));
+        }
+    }
+}
+
+KQ_PANEL(panel_q4_K_vnni, ag_block_q4_K, q4k_row, q4k_panel_isum_vnni, 1)
+KQ_PANEL(panel_q6_K_vnni, ag_block_q6_K, q6k_row, q6k_panel_isum_vnni, 0)
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
 /* ---- window panels: nr weight rows x np panels of 4 tokens (verify windows) ----
  *
  * As the token panels, with eight bytes of each of four tokens per vector
@@ -1008,8 +1064,15 @@ void ag_quant_kernels_avx2(ag_quant_kernels *k) {
     k->quant_q8k = quant_q8k;
 }
 
+/* The K-quant token panels on AVX-512 VNNI (see panel_q4_K_vnni). */
+void ag_quant_panels_vnni(ag_quant_kernels *k) {
+    k->dpanel[AG_TYPE_Q4_K] = panel_q4_K_vnni;
+    k->dpanel[AG_TYPE_Q6_K] = panel_q6_K_vnni;
+}
+
 #else /* not x86 */
 
 void ag_quant_kernels_avx2(ag_quant_kernels *k) { (void)k; }
+void ag_quant_panels_vnni(ag_quant_kernels *k) { (void)k; }
 
 #endif

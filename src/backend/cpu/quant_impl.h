@@ -297,6 +297,7 @@ typedef struct {
     ag_gemm_fn      gemm[AG_TYPE_COUNT];
     ag_panel_fn     panel[AG_TYPE_COUNT];
     ag_panel_fn     wpanel[AG_TYPE_COUNT]; /* the same on window panels (AG_WPANEL_NT tokens each) */
+    ag_panel_fn     dpanel[AG_TYPE_COUNT]; /* decode rows on token panels (the dot kernels' bits), or NULL */
     ag_act_quant_fn quant_q8a;
     ag_act_quant_fn quant_q8k;
 } ag_quant_kernels;
@@ -306,6 +307,9 @@ typedef struct {
 void ag_quant_kernels_scalar(ag_quant_kernels *k);
 void ag_quant_kernels_avx2(ag_quant_kernels *k);
 void ag_quant_kernels_avx512(ag_quant_kernels *k);
+/* The AVX-512 VNNI token-panel kernels of Q4_K / Q6_K (dpanel), defined
+ * beside the AVX2 panels they share their machinery with. */
+void ag_quant_panels_vnni(ag_quant_kernels *k);
 
 /* The kernels for the active ISA (chosen once, see ag_cpu_isa_set). */
 const ag_quant_kernels *ag_quant_kernels_active(void);
