@@ -614,18 +614,36 @@ static float verify_row_cost(const ag_engine *e) {
     return w > 0 ? (float)(sum / w) : -1.0f;
 }
 
-/* What one draft row costs a sequence that decodes among m: a verify row
- * slows the whole step, so its cost is weighed against m sequences'
- * progress, not one: c * m / (T_m / T_1), with T_m the step time of m rows
- * (measured, else the linear estimate). Drafting therefore thins out as the
- * batch grows towards being compute-bound. */
-static float draft_row_cost(const ag_engine *e, int m) {
-    float c = verify_row_cost(e);
+/* The step time of r decode rows relative to one row's: measured where
+ * that row count has been seen (AUGUR_SPEC_ROW_COST unset), else the
+ * linear estimate 1 + (r - 1) * c. */
+static double rel_step_time(const ag_engine *e, int r, double c) {
+    if (e->fixed_row_cost < 0 && r >= 1 && r <= COST_ROWS && e->step_seen[r] >= 2 && e->step_seen[1] >= 3 &&
+        e->step_ms[1] > 0)
+        return e->step_ms[r] / e->step_ms[1];
+    return 1.0 + (r - 1) * c;
+}
+
+/* cost[d], d = 0..cap: what a step costs a sequence that decodes among m
+ * when it adds d verify rows, in its plain steps: 1 + m (T(m + d) - T(m)) /
+ * T(m), T the step time by row count (rel_step_time). A verify row slows
+ * the whole step, so its time is weighed against m sequences' progress:
+ * drafting thins out as the batch grows towards being compute-bound. The
+ * measured curve is used as it is (a SIMD or tile kernel takes several rows
+ * for the price of one up to its width, then steps up), made
+ * non-decreasing against noise; row counts not seen yet take the linear
+ * estimate from the average slope, so they get tried. */
+static void draft_step_costs(const ag_engine *e, int m, int cap, float *cost) {
+    double c = verify_row_cost(e);
     if (c < 0) c = e->p.spec.verify_row_cost;
-    if (m <= 1) return c;
-    const bool measured = e->fixed_row_cost < 0 && m <= COST_ROWS && e->step_seen[m] >= 2 && e->step_ms[1] > 0;
-    double     tm = measured ? e->step_ms[m] / e->step_ms[1] : 1.0 + (m - 1) * (double)c;
-    return (float)((double)c * m / (tm > 1.0 ? tm : 1.0));
+    if (m < 1) m = 1;
+    const double tm = rel_step_time(e, m, c);
+    cost[0] = 1.0f;
+    for (int d = 1; d <= cap; d++) {
+        double v = 1.0 + m * (rel_step_time(e, m + d, c) - tm) / (tm > 0 ? tm : 1.0);
+        if (v < cost[d - 1]) v = cost[d - 1];
+        cost[d] = (float)v;
+    }
 }
 
 /* Gives a choice its draft source, told the prompt. Failing that, the
@@ -856,7 +874,8 @@ static bool step(ag_engine *e) {
     for (request *r = e->running; r; r = r->next)
         for (int i = 0; i < r->n_choices; i++) m += r->ch[i].state == CH_DECODE;
     spare -= m;
-    float row_cost = draft_row_cost(e, m);
+    float step_cost[AG_SPEC_MAX_DRAFT + 1];
+    draft_step_costs(e, m, spare < AG_SPEC_MAX_DRAFT ? (spare > 0 ? spare : 0) : AG_SPEC_MAX_DRAFT, step_cost);
     for (request *r = e->running; r; r = r->next)
         for (int i = 0; i < r->n_choices; i++) {
             choice *c = &r->ch[i];
@@ -868,7 +887,8 @@ static bool step(ag_engine *e) {
                 int cap = r->max_tokens - c->n_gen - 1;
                 if (cap > spare) cap = spare;
                 if (cap > e->p.n_batch - n - 1) cap = e->p.n_batch - n - 1;
-                if (cap > 0) c->d = ag_spec_propose(c->spec, c->sampled, c->n_gen, cap, row_cost);
+                if (cap > AG_SPEC_MAX_DRAFT) cap = AG_SPEC_MAX_DRAFT;
+                if (cap > 0) c->d = ag_spec_propose(c->spec, c->sampled, c->n_gen, cap, step_cost);
                 spare -= c->d;
             }
             /* a choice that only takes argmaxes (or tokens drawn with its

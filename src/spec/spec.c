@@ -133,18 +133,20 @@ size_t ag_spec_resident_bytes(const ag_spec_seq *s) {
 
 /* The draft length that maximises expected tokens per unit of cost, given
  * the acceptance estimate a: E(d) = 1 + a + ... + a^d tokens for
- * 1 + d * c decode steps. Speculation must beat plain decoding (d = 0,
+ * step_cost[d] (NULL: 1 + d * verify_row_cost) + d * the source's cost per
+ * token, in decode steps. Speculation must beat plain decoding (d = 0,
  * value 1) by the margin; among the lengths that do, the best wins. (The
  * margin used to apply between consecutive lengths too, which on a
  * code edit at 88% acceptance stopped the draft at 2 where 4-5 pay most.) */
-static int best_length(const ag_spec_seq *s, int cap, float row_cost) {
-    double a = s->accept, c = (double)(row_cost >= 0 ? row_cost : s->p.verify_row_cost) + (double)s->src->cost_per_token;
-    double best = 0.0, e = 1.0, ak = 1.0;
-    int    best_d = 0;
+static int best_length(const ag_spec_seq *s, int cap, const float *step_cost) {
+    const double a = s->accept, src = (double)s->src->cost_per_token;
+    double       best = 0.0, e = 1.0, ak = 1.0;
+    int          best_d = 0;
     for (int d = 1; d <= cap; d++) {
         ak *= a;
         e += ak;
-        double v = e / (1.0 + d * c);
+        const double step = step_cost ? (double)step_cost[d] : 1.0 + d * (double)s->p.verify_row_cost;
+        const double v = e / (step + d * src);
         if (v > best) {
             best = v;
             best_d = d;
@@ -153,14 +155,14 @@ static int best_length(const ag_spec_seq *s, int cap, float row_cost) {
     return best > spec_margin() ? best_d : 0;
 }
 
-int ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap, float row_cost) {
+int ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap, const float *step_cost) {
     s->d = 0;
     if (!s->active) return 0;
     if (cap > s->p.draft_max) cap = s->p.draft_max;
     if (cap < 0) cap = 0;
     int want = cap;
     if (s->p.adaptive && cap > 0) {
-        want = best_length(s, cap, row_cost);
+        want = best_length(s, cap, step_cost);
         if (want == 0 && ++s->idle >= s->p.probe_every) {
             /* probe: a short draft keeps the estimate alive */
             want = cap < 2 ? cap : 2;

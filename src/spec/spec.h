@@ -35,7 +35,7 @@
  * Adaptive length. Each sequence keeps an exponential average of the
  * per-position acceptance rate a. Drafting d tokens yields on average
  * (1 - a^(d+1)) / (1 - a) tokens per target forward and costs
- * 1 + d * (verify_row_cost + source cost_per_token) decode steps; the
+ * step_cost[d] + d * source cost_per_token decode steps; the
  * executor drafts the d in [0, cap] that maximises the ratio (0: plain
  * decoding), and while that is 0 it still probes with a short draft every
  * `probe_every` rounds so a sequence that starts copying is noticed. */
@@ -110,11 +110,14 @@ ag_status ag_spec_prefill(ag_spec_seq *s, const int32_t *prompt, int n);
  * the source what it has not seen. cap: the most tokens this round may
  * draft (room in the batch, max_tokens, context), further limited by the
  * adaptive length and draft_max. Returns d; the drafts are then at
- * ag_spec_drafts(s). row_cost: what one more verify row costs as a
- * fraction of a decode step, as measured by the caller on this machine
- * (< 0: the params' verify_row_cost). A source error drops speculation for
- * this sequence (logged once) and returns 0. */
-int            ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap, float row_cost);
+ * ag_spec_drafts(s). step_cost: NULL, or step_cost[d] for d = 0..cap:
+ * what the step costs when this sequence verifies d drafts, as a multiple
+ * of its plain step (step_cost[0] = 1), measured by the caller on this
+ * machine; the cost is rarely linear in d (a SIMD or tile kernel takes
+ * several rows for the price of one up to its width, then steps up). NULL:
+ * 1 + d * the params' verify_row_cost. A source error drops speculation
+ * for this sequence (logged once) and returns 0. */
+int            ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap, const float *step_cost);
 const int32_t *ag_spec_drafts(const ag_spec_seq *s);
 /* The sequence's counters so far (borrowed; valid until ag_spec_seq_free). */
 const ag_spec_stats *ag_spec_get_stats(const ag_spec_seq *s);

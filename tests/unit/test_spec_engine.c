@@ -667,6 +667,42 @@ static void test_sampled_windows_from_candidates(void **state) {
     ag_draft_model_close(self);
 }
 
+/* The adaptive length follows the step-cost curve the engine measures,
+ * not a slope: at the prior acceptance (0.6), a curve flat up to 7 rows
+ * then steep drafts 7; NULL (1 + 0.1 d) drafts 3; a steep curve (1 + 2 d)
+ * drafts nothing. A source that always proposes as much as it may. */
+static ag_status f_prefill(ag_draft_source *s, const int32_t *prompt, int n) { return AG_OK; }
+static int       f_draft(ag_draft_source *s, const int32_t *feed, int n_feed, int max, int32_t *out, float *probs) {
+    for (int i = 0; i < max; i++) out[i] = 1;
+    return max;
+}
+static void   f_commit(ag_draft_source *s, int d, int k) {}
+static size_t f_bytes(const ag_draft_source *s) { return sizeof *s; }
+static void   f_free(ag_draft_source *s) { free(s); }
+static const ag_draft_ops k_full_ops = {f_prefill, f_draft, f_commit, f_bytes, f_free};
+
+static void test_length_follows_step_cost(void **state) {
+    ag_spec_params p = ag_spec_default_params();
+    p.draft_max = 16;
+    p.verify_row_cost = 0.1f;
+    float flat[17], steep[17];
+    for (int d = 0; d <= 16; d++) flat[d] = d <= 7 ? 1.0f : 5.0f, steep[d] = 1.0f + 2.0f * (float)d;
+    const float  *curves[] = {flat, NULL, steep};
+    const int     want[] = {7, 3, 0};
+    const int32_t out[1] = {5};
+    for (int i = 0; i < 3; i++) {
+        ag_draft_source *src = calloc(1, sizeof *src);
+        assert_non_null(src);
+        *src = (ag_draft_source){.ops = &k_full_ops, .name = "full"};
+        ag_spec_seq *seq;
+        assert_int_equal(ag_spec_seq_new(src, &p, 32, &seq), AG_OK);
+        assert_int_equal(ag_spec_prefill(seq, out, 1), AG_OK);
+        int d = ag_spec_propose(seq, out, 1, 16, curves[i]);
+        if (d != want[i]) fail_msg("curve %d: drafted %d, want %d", i, d, want[i]);
+        ag_spec_seq_free(seq);
+    }
+}
+
 int main(void) {
     /* the models loaded here leave NaN in the output rows a device would not
      * copy back (their tokens or candidates computed), so a row read
@@ -679,6 +715,7 @@ int main(void) {
         cmocka_unit_test(test_eos_and_stop_strings),
         cmocka_unit_test(test_sampling_distribution),
         cmocka_unit_test(test_sampled_windows_from_candidates),
+        cmocka_unit_test(test_length_follows_step_cost),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
