@@ -84,13 +84,14 @@ const char *ag_matmul_prompt_kernel(uint32_t w_type);
  * once (matmul_amx.c, window_task), a larger batch the tile-ready copy.
  * 8960x1536 Q4_K, cold, 2 threads of an AMX Xeon, ms (n = 1: 0.43-0.45):
  * dot kernels n = 5 / 8 / 12 1.15 / 1.60 / 2.40, AMX window 1.0-1.07 for
- * every n up to 12; Q6_K dot n = 8 / 12 1.44 / 2.1, AMX window 1.8-1.95
- * (Q6_K's 16-element groups: twice the tile products and their scaling);
+ * every n up to 12; Q6_K dot n = 8 / 10 / 11 / 12 1.44 / 1.9 / 2.0 /
+ * 2.1, AMX window 1.8-1.95 for every n (Q6_K's 16-element groups: twice
+ * the tile products and their scaling);
  * bench/RESULTS.md, 2026-12-05 afternoon. True when n_decode rows of
  * w_type should: AMX present (the dot kernels of every ISA level are
  * canonical). */
 #define AG_MATMUL_AMX_MIN_TOK     5 /* Q4_K */
-#define AG_MATMUL_AMX_MIN_TOK_Q6K 9
+#define AG_MATMUL_AMX_MIN_TOK_Q6K 11
 /* The minimum for w_type, or AUGUR_AMX_DECODE_MIN (a positive integer, any
  * type; A/B). */
 int  ag_matmul_amx_decode_min(uint32_t w_type);
@@ -100,7 +101,7 @@ bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode);
  * verify window of Q4_K / Q6_K decode rows through panel kernels whose
  * bits are the dot kernels': on the AVX2 level the window panels
  * (ag_wpanel_q8k; Q4_K from 3 rows, Q6_K from 7), on the AVX-512 level the
- * VNNI token panels (Q4_K from 5, Q6_K from 8). The fewest decode rows of
+ * VNNI token panels (Q4_K from 5; Q6_K stays on the dot kernels). The fewest decode rows of
  * w_type that do at the active ISA, 0 for never (for reports; the callers
  * need do nothing), and the kernels' name ("window panels", "vnni panels"). */
 int         ag_matmul_decode_panel_min(uint32_t w_type);

@@ -686,24 +686,7 @@ AI void q4k_panel_isum_vnni(const kq_row *w, const ag_panel_q8k *x, const int NR
     }
 }
 
-AI void q6k_panel_isum_vnni(const kq_row *w, const ag_panel_q8k *x, const int NR, __m256i *isum) {
-    UNROLL for (int r = 0; r < NR; r++) isum[r] = _mm256_setzero_si256();
-    for (int g = 0; g < 16; g++) {
-        __m256i yv[4];
-        UNROLL for (int k = 0; k < 4; k++) yv[k] = load256a(x->qs[4 * g + k]);
-        UNROLL for (int r = 0; r < NR; r++) {
-            const uint8_t *u = w[r].u + 16 * g;
-            __m256i        a = _mm256_dpbusd_epi32(_mm256_setzero_si256(), bcast32(u), yv[0]);
-            __m256i        b = _mm256_dpbusd_epi32(_mm256_setzero_si256(), bcast32(u + 4), yv[1]);
-            a = _mm256_dpbusd_epi32(a, bcast32(u + 8), yv[2]);
-            b = _mm256_dpbusd_epi32(b, bcast32(u + 12), yv[3]);
-            isum[r] = _mm256_add_epi32(isum[r], _mm256_mullo_epi32(_mm256_add_epi32(a, b), _mm256_set1_epi32((int16_t)w[r].mul[g])));
-        }
-    }
-}
-
 KQ_PANEL(panel_q4_K_vnni, ag_block_q4_K, q4k_row, q4k_panel_isum_vnni, 1)
-KQ_PANEL(panel_q6_K_vnni, ag_block_q6_K, q6k_row, q6k_panel_isum_vnni, 0)
 
 #if defined(__clang__)
 #pragma clang attribute pop
@@ -1064,11 +1047,9 @@ void ag_quant_kernels_avx2(ag_quant_kernels *k) {
     k->quant_q8k = quant_q8k;
 }
 
-/* The K-quant token panels on AVX-512 VNNI (see panel_q4_K_vnni). */
-void ag_quant_panels_vnni(ag_quant_kernels *k) {
-    k->dpanel[AG_TYPE_Q4_K] = panel_q4_K_vnni;
-    k->dpanel[AG_TYPE_Q6_K] = panel_q6_K_vnni;
-}
+/* The Q4_K token panels on AVX-512 VNNI (see panel_q4_K_vnni; a Q6_K
+ * variant did not beat the dot kernels: matmul.c dpanel_min). */
+void ag_quant_panels_vnni(ag_quant_kernels *k) { k->dpanel[AG_TYPE_Q4_K] = panel_q4_K_vnni; }
 
 #else /* not x86 */
 

@@ -562,8 +562,8 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
      * them (A/B). */
     const char *wp = getenv("AUGUR_CPU_WPANELS");
     if (!(wp && *wp == '1')) memset(k->wpanel, 0, sizeof k->wpanel);
-    /* Decode rows of Q4_K / Q6_K (verify windows, small decode batches)
-     * take the VNNI token panels instead (ag_matmul_decode_panel_min);
+    /* Decode rows of Q4_K (verify windows, small decode batches) take the
+     * VNNI token panels instead (ag_matmul_decode_panel_min);
      * AUGUR_CPU_DPANELS=0 keeps them on the dot kernels (A/B). */
     const char *dp = getenv("AUGUR_CPU_DPANELS");
     if (!(dp && *dp == '0')) ag_quant_panels_vnni(k);
