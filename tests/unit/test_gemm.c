@@ -276,6 +276,40 @@ static void decode_window_invariance(void **state) {
     ag_threadpool_free(pool);
 }
 
+/* Q4_K and Q6_K parts in one ag_matmul_multi call share their activation
+ * format (Q8_K) but may want different panel kinds (AVX-512: Q4_K on VNNI
+ * token panels; Q6_K on the dot kernels, or on window panels under
+ * AUGUR_CPU_WPANELS=1): every window of 1..16 rows gives each token the
+ * bits it gets alone, at every SIMD level. */
+static void multi_mixed_kquants(void **state) {
+    const int64_t n_in = 768, n4 = 21, n6 = 13, n_win = 16;
+    uint8_t      *w4 = random_matrix(AG_TYPE_Q4_K, n4, n_in), *w6 = random_matrix(AG_TYPE_Q6_K, n6, n_in);
+    float        *x = malloc(sizeof(float) * (size_t)(n_win * n_in));
+    float        *a4 = malloc(sizeof(float) * (size_t)(n_win * n4)), *a6 = malloc(sizeof(float) * (size_t)(n_win * n6));
+    float        *y4 = malloc(sizeof(float) * (size_t)(n_win * n4)), *y6 = malloc(sizeof(float) * (size_t)(n_win * n6));
+    for (int64_t i = 0; i < n_win * n_in; i++) x[i] = nrand();
+    int       checks = 0;
+    const int lowest = ag_cpu_isa_best() < AG_CPU_ISA_AVX2 ? (int)ag_cpu_isa_best() : AG_CPU_ISA_AVX2;
+    for (int isa = lowest; isa <= (int)ag_cpu_isa_best(); isa++) {
+        assert_int_equal(ag_cpu_isa_set((ag_cpu_isa)isa), AG_OK);
+        for (int64_t t = 0; t < n_win; t++) {
+            assert_int_equal(ag_matmul(NULL, AG_TYPE_Q4_K, w4, n4, n_in, x + t * n_in, n_in, 1, a4 + t * n4, n4, NULL, 0), AG_OK);
+            assert_int_equal(ag_matmul(NULL, AG_TYPE_Q6_K, w6, n6, n_in, x + t * n_in, n_in, 1, a6 + t * n6, n6, NULL, 0), AG_OK);
+        }
+        for (int64_t n_tok = 1; n_tok <= n_win; n_tok++) {
+            ag_matmul_part parts[2] = {{AG_TYPE_Q4_K, w4, n4, y4, n4}, {AG_TYPE_Q6_K, w6, n6, y6, n6}};
+            assert_int_equal(ag_matmul_multi(NULL, parts, 2, n_in, x, n_in, n_tok, NULL, 0), AG_OK);
+            if (memcmp(y4, a4, sizeof(float) * (size_t)(n_tok * n4)) || memcmp(y6, a6, sizeof(float) * (size_t)(n_tok * n6)))
+                fail_msg("%s: a window of %lld rows of Q4_K + Q6_K parts differs from its tokens alone",
+                         ag_cpu_isa_name((ag_cpu_isa)isa), (long long)n_tok);
+            checks++;
+        }
+    }
+    assert_int_equal(ag_cpu_isa_set(ag_cpu_isa_best()), AG_OK);
+    print_message("mixed K-quant parts: %d checks\n", checks);
+    free(w4), free(w6), free(x), free(a4), free(a6), free(y4), free(y6);
+}
+
 /* Q4_K and Q6_K: the dot kernels (scalar, AVX2, AVX-512), the prompt path
  * without AMX (AVX2: the token-panel kernels, one thread or three), the AMX
  * tiles unpacking per call and the AMX tiles on a packed copy give the same bits
@@ -355,6 +389,7 @@ int main(void) {
         cmocka_unit_test(prompt_scratch_is_enough),
         cmocka_unit_test(multi_equals_separate),
         cmocka_unit_test(decode_window_invariance),
+        cmocka_unit_test(multi_mixed_kquants),
         cmocka_unit_test(kquant_paths_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -374,7 +374,10 @@ ag_status ag_matmul_multi(ag_threadpool *pool, const ag_matmul_part *parts, int 
             int k = 0;
             while (fmts[k] != f) k++;
             int64_t     want = threads == 1 ? 1 : (threads * 8 * parts[p].n_out + rows - 1) / (rows ? rows : 1);
-            ag_panel_fn pk = xp[k] ? decode_panel_kernel(parts[p].w_type, n_tok) : NULL;
+            /* a part whose kernel wants the other panel kind (Q4_K on VNNI
+             * token panels, Q6_K on window panels under AUGUR_CPU_WPANELS=1)
+             * takes the dot kernels on the rows */
+            ag_panel_fn pk = xp[k] && decode_windows(parts[p].w_type) == win[k] ? decode_panel_kernel(parts[p].w_type, n_tok) : NULL;
             m.first[p + 1] = m.first[p] + (parts[p].n_out == 0 ? 0
                                            : mm_plan(&m.jobs[p], parts[p].w_type, parts[p].w, parts[p].n_out, n_in,
                                                      pk ? xp[k] : xa[k], pk ? panel_row_bytes(fmts[k], n_in, win[k]) : stride[k],
@@ -479,8 +482,7 @@ static size_t panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok, b
     return ((rows + 63) & ~(size_t)63) + panels + 64;
 }
 
-/* The panel kernel for n_tok decode rows of w_type, or NULL (dot kernels). */
-/* The same for the AVX-512 VNNI token panels (dpanel, Q4_K). quant_bench
+/* The fewest decode rows of Q4_K for the AVX-512 VNNI token panels (dpanel, Q4_K). quant_bench
  * --window, 8960x1536, cold, 2 threads of an AMX Xeon, ms, dot kernels ->
  * VNNI panels: 5 rows 1.15 -> 1.0-1.3, 8: 1.6 -> 1.0-1.3, 12: 2.4 ->
  * 1.6-2.3 (n = 1: 0.44). A Q6_K VNNI panel (1.4 for 2-8 rows) beat the
@@ -498,6 +500,7 @@ static int dpanel_min(uint32_t w_type) {
 
 static int decode_panel_min_rows(uint32_t w_type) { return decode_windows(w_type) ? window_panel_min(w_type) : dpanel_min(w_type); }
 
+/* The panel kernel for n_tok decode rows of w_type, or NULL (dot kernels). */
 static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok) {
     if (w_type >= AG_TYPE_COUNT) return NULL;
     const int min = decode_panel_min_rows(w_type);
