@@ -874,8 +874,9 @@ static bool step(ag_engine *e) {
     for (request *r = e->running; r; r = r->next)
         for (int i = 0; i < r->n_choices; i++) m += r->ch[i].state == CH_DECODE;
     spare -= m;
-    float step_cost[AG_SPEC_MAX_DRAFT + 1];
-    draft_step_costs(e, m, spare < AG_SPEC_MAX_DRAFT ? (spare > 0 ? spare : 0) : AG_SPEC_MAX_DRAFT, step_cost);
+    float     step_cost[AG_SPEC_MAX_DRAFT + 1];
+    const int max_d = spare < AG_SPEC_MAX_DRAFT ? spare : AG_SPEC_MAX_DRAFT; /* no choice drafts more */
+    if (e->p.draft && max_d > 0) draft_step_costs(e, m, max_d, step_cost);
     for (request *r = e->running; r; r = r->next)
         for (int i = 0; i < r->n_choices; i++) {
             choice *c = &r->ch[i];

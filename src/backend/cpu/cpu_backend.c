@@ -100,7 +100,8 @@ static ag_status cpu_matmul(ag_backend *be, const ag_tensor *w, const float *x, 
     const int n_prompt = n - n_decode;
     if (!st && n_prompt > 0 &&
         !(st = grow_mm_scratch(s, ag_matmul_prompt_scratch_size(s->pool, w->type, n_in, n_prompt))))
-        st = ag_matmul_prompt(s->pool, w->type, w->data, amx_packed(s, w), n_out, n_in, x + (size_t)n_decode * n_in,
+        st = ag_matmul_prompt(s->pool, w->type, w->data, ag_amx_reads_packed(w->type, n_prompt) ? amx_packed(s, w) : NULL,
+                              n_out, n_in, x + (size_t)n_decode * n_in,
                               n_in, n_prompt,
                               y + (size_t)n_decode * n_out, n_out, s->mm_scratch, s->mm_scratch_size);
     if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
@@ -134,7 +135,8 @@ static ag_status cpu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int
         const float *xp = x + (size_t)n_decode * n_in;
         float       *yp = y[i] + (size_t)n_decode * w[i]->ne[1];
         if (!(st = grow_mm_scratch(s, ag_matmul_prompt_scratch_size(s->pool, w[i]->type, n_in, n - n_decode))))
-            st = ag_matmul_prompt(s->pool, w[i]->type, w[i]->data, amx_packed(s, w[i]), w[i]->ne[1], n_in, xp, n_in,
+            st = ag_matmul_prompt(s->pool, w[i]->type, w[i]->data,
+                                  ag_amx_reads_packed(w[i]->type, n - n_decode) ? amx_packed(s, w[i]) : NULL, w[i]->ne[1], n_in, xp, n_in,
                                   n - n_decode, yp,
                                   w[i]->ne[1], s->mm_scratch, s->mm_scratch_size);
         if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());

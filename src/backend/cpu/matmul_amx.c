@@ -876,6 +876,11 @@ static bool amx_window_on(void) {
     return on == 1;
 }
 
+/* One token tile of a K-quant is a window (window_task): the weights' own blocks. */
+static bool amx_is_window(uint32_t w_type, int64_t n_tok) { return is_kquant(w_type) && n_tok <= TILE && amx_window_on(); }
+
+bool ag_amx_reads_packed(uint32_t w_type, int64_t n_tok) { return is_kquant(w_type) && !amx_is_window(w_type, n_tok); }
+
 size_t ag_amx_packed_size(uint32_t w_type, int64_t n_out, int64_t n_in) {
     if (!is_kquant(w_type) || n_out <= 0 || n_in <= 0 || n_in % 256) return 0;
     return (size_t)((n_out + TILE - 1) / TILE) * kpanel_bytes(w_type, n_in);
@@ -914,7 +919,7 @@ ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, con
     ag_threadpool_run(pool, j.n_tiles, act_task, &j);
 
     j.n_panels = (n_out + TILE - 1) / TILE;
-    if (is_kquant(w_type) && j.n_tiles == 1 && amx_window_on()) {
+    if (amx_is_window(w_type, n_tok)) {
         /* a window: the blocks as stored, a few consecutive panels a task */
         j.tiles_per_task = j.n_panels / (8 * threads) > 1 ? j.n_panels / (8 * threads) : 1;
         ag_threadpool_run(pool, (j.n_panels + j.tiles_per_task - 1) / j.tiles_per_task, window_task, &j);
@@ -932,6 +937,8 @@ ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, con
 }
 
 #else
+
+bool ag_amx_reads_packed(uint32_t w_type, int64_t n_tok) { return false; }
 
 size_t ag_amx_packed_size(uint32_t w_type, int64_t n_out, int64_t n_in) { return 0; }
 

@@ -35,6 +35,11 @@ ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, con
                         int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y, int64_t ldy,
                         void *scratch, size_t scratch_size);
 
+/* Whether ag_matmul_amx reads the tile-ready copy (below) for n_tok tokens
+ * of w_type: K-quants past one tile of 16 tokens (a window reads the
+ * weights' own blocks), so a caller makes the copy only then. */
+bool ag_amx_reads_packed(uint32_t w_type, int64_t n_tok);
+
 /* Bytes of the AMX-ready copy of an n_out x n_in weight (int8 values and
  * integer scales, ~1.3 bytes per weight); 0 where the type has none (only
  * Q4_K and Q6_K do). */

@@ -655,12 +655,13 @@ AI __m256i kq_corr(const __m256i *corr, const int16_t (*pairs)[AG_PANEL_NT][2], 
 KQ_PANEL(panel_q4_K, ag_block_q4_K, q4k_row, q4k_panel_isum, 1)
 KQ_PANEL(panel_q6_K, ag_block_q6_K, q6k_row, q6k_panel_isum, 0)
 
-/* The same K-quant panels with AVX-512 VNNI (CPUs of the AVX-512 level;
+/* The Q4_K token panels with AVX-512 VNNI (CPUs of the AVX-512 level;
  * the panel machinery lives here, so the VNNI variants do too): vpdpbusd
  * adds a chunk's four byte products into each token's int32 lane at once,
  * where maddubs + add leave int16 sums that need a madd per scale; so a
- * sub-block / group costs its chunks' vpdpbusd plus one int32 multiply by
- * its scale. Same exact isum, same fold: the dot kernels' bits. */
+ * 32-element sub-block costs its 8 vpdpbusd plus one int32 multiply by its
+ * scale. Q4_K only (matmul.c dpanel_min). Same exact isum, same fold: the
+ * dot kernels' bits. */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
 #else

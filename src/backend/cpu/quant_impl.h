@@ -307,8 +307,8 @@ typedef struct {
 void ag_quant_kernels_scalar(ag_quant_kernels *k);
 void ag_quant_kernels_avx2(ag_quant_kernels *k);
 void ag_quant_kernels_avx512(ag_quant_kernels *k);
-/* The AVX-512 VNNI token-panel kernel of Q4_K (dpanel), defined
- * beside the AVX2 panels they share their machinery with. */
+/* The AVX-512 VNNI token-panel kernel of Q4_K (dpanel), defined beside
+ * the AVX2 panels whose machinery it shares. */
 void ag_quant_panels_vnni(ag_quant_kernels *k);
 
 /* The kernels for the active ISA (chosen once, see ag_cpu_isa_set). */
