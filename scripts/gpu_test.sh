@@ -42,6 +42,9 @@ AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (Q4_K pairs of a matmul_multi in separate launches, AUGUR_CUDA_PAIR=0; argmax one block a row, AUGUR_CUDA_ARGMAX_SPLIT=0; serial launches, AUGUR_CUDA_PDL=0)"
 AUGUR_CUDA_PAIR=0 AUGUR_CUDA_ARGMAX_SPLIT=0 AUGUR_CUDA_PDL=0 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
+echo "== op harness on the GPU (dp4a K-quant GEMVs reading their rows from global memory, not staged in shared memory: AUGUR_CUDA_STAGE=0; gate/up pairs only: AUGUR_CUDA_PAIR=2)"
+AUGUR_CUDA_STAGE=0 AUGUR_CUDA_PAIR=2 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+
 echo "== op harness on the GPU (two-pass prompt attention, AUGUR_CUDA_FA=2pass; the pick and cands ops one block a row, AUGUR_CUDA_SAMPLE_SPLIT=0)"
 AUGUR_CUDA_FA=2pass AUGUR_CUDA_SAMPLE_SPLIT=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
@@ -175,16 +178,33 @@ for m in $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m
     else echo "FAIL fused != unfused: $(basename $m) $mode"; rc=1; fi
   done
 done
-echo "== Q4_K pairs in one dp4a launch (the default) give the separate launches' bits (AUGUR_CUDA_PAIR=0)"
-# Llama shapes (K a multiple of 256, so gate and up are Q4_K); not among the compared models (size)
+echo "== dp4a weights grouped in one launch (q/k/v, gate/up: the default; gate/up pairs only: AUGUR_CUDA_PAIR=2) give the separate launches' bits (AUGUR_CUDA_PAIR=0)"
+# Llama shapes (K a multiple of 256: q, k, gate and up Q4_K, v Q4_K or Q6_K, k and v split over 4 warps), Qwen
+# shapes (split over 2), Gemma; the Llama model is not among the compared models (size)
 m=build/cuda/llama8b-2layers-q4_k_m.gguf
 build/cuda/bench/gen_model $m llama8b --type Q4_K_M --layers 2 >/dev/null
-for mode in "--decode --chunk 1" "--decode --chunk 3"; do
-  AUGUR_CUDA_MMQ=0 AUGUR_CUDA_PAIR=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/single.bin 2>/dev/null
-  AUGUR_CUDA_MMQ=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
-    -o build/cuda/pair.bin 2>/dev/null
-  if cmp -s build/cuda/single.bin build/cuda/pair.bin; then echo "PASS pair == single: $mode"
-  else echo "FAIL pair != single: $mode"; rc=1; fi
+for m2 in $m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf; do
+  for mode in "--decode --chunk 1" "--decode --chunk 2" "--decode --chunk 3"; do
+    AUGUR_CUDA_MMQ=0 AUGUR_CUDA_PAIR=0 build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode -o build/cuda/single.bin 2>/dev/null
+    for pm in 1 2; do
+      AUGUR_CUDA_MMQ=0 AUGUR_CUDA_PAIR=$pm build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
+        -o build/cuda/pair.bin 2>/dev/null
+      if cmp -s build/cuda/single.bin build/cuda/pair.bin; then echo "PASS grouped (PAIR=$pm) == single: $(basename $m2) $mode"
+      else echo "FAIL grouped (PAIR=$pm) != single: $(basename $m2) $mode"; rc=1; fi
+    done
+  done
+done
+echo "== dp4a GEMVs with their rows staged in shared memory (AUGUR_CUDA_STAGE=2: every kernel, 1: group launches) give the bits of global loads (AUGUR_CUDA_STAGE=0)"
+for m2 in $m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf; do
+  for mode in "--decode --chunk 1" "--decode --chunk 3" "--decode --chunk 9"; do
+    AUGUR_CUDA_MMQ=0 AUGUR_CUDA_STAGE=0 build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
+      -o build/cuda/global.bin 2>/dev/null
+    for sm in 1 2; do
+      AUGUR_CUDA_MMQ=0 AUGUR_CUDA_STAGE=$sm build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode -o build/cuda/staged.bin 2>/dev/null
+      if cmp -s build/cuda/staged.bin build/cuda/global.bin; then echo "PASS staged (STAGE=$sm) == global loads: $(basename $m2) $mode"
+      else echo "FAIL staged (STAGE=$sm) != global loads: $(basename $m2) $mode"; rc=1; fi
+    done
+  done
 done
 echo "== kernels launched early (programmatic dependent launch, the default) give the bits of serial launches (AUGUR_CUDA_PDL=0)"
 # a missing wait in a kernel would read its input before its producer finished: different bits, or a moving error

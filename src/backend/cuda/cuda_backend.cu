@@ -110,6 +110,55 @@ static __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes) 
 #endif
 }
 
+/* ---- staged weight rows (s->stage_mode) ----
+ *
+ * A dp4a GEMV block's rows lie back to back in W, so one bulk copy (the
+ * TMA's cp.async.bulk) brings all of them into shared memory, and it is
+ * issued before the PDL wait. A warp then has its whole row in flight at
+ * once instead of MMV_G4 groups of blocks in registers, and the copy
+ * overlaps the previous kernel's tail. The arithmetic is the same, lane
+ * for lane: the bits do not change. Where it pays was measured (H100, 8B
+ * Q4_K_M, batch 1, tok/s, two rounds; ncu before: the GEMVs at 1.1-2.0 TB/s
+ * of 3.35, 76% of the warps' time waiting on L1TEX loads): in the group
+ * launches (q/k/v, gate/up) 320.9 / 319.5, against 301.7 / 302.6 unstaged
+ * and 299.2 / 299.4 with gate/up pairs alone (the earlier default); staged
+ * in every kernel 301.5 / 300.2: the single weights (o, down, the output)
+ * lose as much, long Q6_K rows most (46 KB a block: 4 blocks an SM, each
+ * waiting for all its rows before any arithmetic). stage_rows: thread 0
+ * sets up the block's barrier and issues the copy (bytes a multiple of 16,
+ * both ends 16-byte aligned: mmv_stage_bytes checks); then every thread
+ * must pass the block barrier before stage_wait. */
+template <bool ST, class T>
+static __device__ __forceinline__ T wld(const T *p) { /* a weight load: staged copy, or global through the read-only path */
+    if constexpr (ST) return *p;
+    else return __ldg(p);
+}
+static __device__ __forceinline__ void stage_rows(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+        const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar), d = (uint32_t)__cvta_generic_to_shared(dst);
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d),
+                     "l"(src), "r"(bytes), "r"(b)
+                     : "memory");
+    }
+    __syncthreads();
+#endif
+}
+static __device__ __forceinline__ void stage_wait(uint64_t *bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t       done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done)
+                     : "r"(b)
+                     : "memory");
+#endif
+}
+
 /* argmax_split_k: blocks per row */
 #define ARGMAX_SLICES 16
 
@@ -212,6 +261,10 @@ typedef struct {
     bool fa_one_pass;
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
+    /* the dp4a GEMVs' rows staged in shared memory (stage_rows): 1 in group
+     * launches (the default), 2 in every kernel, 0 none (AUGUR_CUDA_STAGE=0|1|2;
+     * why 1: see stage_rows) */
+    int stage_mode;
     /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
      * counters, for cap_am_rows rows (reserved in begin for the pass) */
     bool    argmax_split; /* argmax_split_k (AUGUR_CUDA_ARGMAX_SPLIT=0: one block a row) */
@@ -232,7 +285,10 @@ typedef struct {
     int      *d_cs_nf, *d_split_cnt;
     double   *d_split_sum, *d_sp_part;
     float    *d_sp_slice_m, *d_sp_m;
-    bool pair_on;     /* matmul_multi's Q4_K pairs in one dp4a launch (AUGUR_CUDA_PAIR=0: one launch each) */
+    /* matmul_multi's dp4a weights in one launch (dp4a_group_len): 1 groups of
+     * up to 3 of any kind (the default), 2 only pairs of unsplit Q4_K (A/B),
+     * 0 none (AUGUR_CUDA_PAIR=0|2) */
+    int pair_mode;
     bool fuse_on;     /* add_rmsnorm and rope_kv_store in one kernel each (the default; AUGUR_CUDA_FUSE=0: the
                          separate ops' kernels, for A/B) */
 
@@ -759,30 +815,37 @@ struct act_q8 {
 /* The loop of the GEMVs over 256-element K-quant blocks, one warp per row:
  * KIND::U blocks' raw bytes loaded (KIND::load) before any is decoded
  * (KIND::apply), then the tail one block at a time. */
-template <class KIND, int NT, int ks = 1, class ACT>
+template <class KIND, int NT, int ks = 1, bool ST = false, class ACT>
 static __device__ __forceinline__ void mmv_kblocks(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                                                   const ACT act, int n_tok, float *__restrict__ y) {
+                                                   const ACT act, int n_tok, float *__restrict__ y, int bx) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = blockIdx.x * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
+    const int row = bx * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
     const int      nt = min(NT, n_tok - tok0), nb = K / 256;
     const uint8_t *wr = W + (size_t)min(row, n_out - 1) * row_bytes;
     int            b = 0, b_end = nb;
     if constexpr (ks > 1) mmv_split_range(row < n_out ? nb : 0, ks, warp % ks, &b, &b_end);
-    if (lane == 0 && row < n_out && b < b_end)
+    __shared__ uint64_t stage_bar;
+    if constexpr (ST) {
+        extern __shared__ __align__(128) uint8_t mmv_stage[];
+        const int row0 = bx * (MMV_WARPS / ks), rows = min(MMV_WARPS / ks, n_out - row0);
+        stage_rows(mmv_stage, W + (size_t)row0 * row_bytes, (uint32_t)(rows * row_bytes), &stage_bar);
+        wr = mmv_stage + (size_t)min(warp / ks, rows - 1) * row_bytes;
+    } else if (lane == 0 && row < n_out && b < b_end)
         prefetch_l2(wr + (size_t)b * (row_bytes / nb), (size_t)min(PDL_PF_MUL * KIND::U, b_end - b) * (row_bytes / nb));
     pdl_entry();
     if (ks == 1 && row >= n_out) return;
+    if constexpr (ST) stage_wait(&stage_bar);
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     for (; b + KIND::U <= b_end; b += KIND::U) {
         typename KIND::raw r[KIND::U];
 #pragma unroll
-        for (int u = 0; u < KIND::U; u++) r[u] = KIND::load(wr, b + u, lane);
+        for (int u = 0; u < KIND::U; u++) r[u] = KIND::template load<ST>(wr, b + u, lane);
 #pragma unroll
         for (int u = 0; u < KIND::U; u++) KIND::template apply<NT>(r[u], b + u, lane, act, K, tok0, nt, acc);
     }
-    for (; b < b_end; b++) KIND::template apply<NT>(KIND::load(wr, b, lane), b, lane, act, K, tok0, nt, acc);
+    for (; b < b_end; b++) KIND::template apply<NT>(KIND::template load<ST>(wr, b, lane), b, lane, act, K, tok0, nt, acc);
     mmv_store_split<NT>(acc, nt, lane, warp, ks, tok0, n_out, row, y);
 }
 
@@ -834,6 +897,7 @@ static __device__ __forceinline__ void q4k_block(const q4k_raw r, int b, int lan
 struct q4k_kind {
     typedef q4k_raw raw;
     static const int U = MMV_U4;
+    template <bool ST>
     static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q4k_load(wr, b, lane); }
     template <int NT>
     static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_f32 a, int K, int tok0, int nt,
@@ -844,7 +908,7 @@ struct q4k_kind {
 template <int NT>
 __global__ void mmv_q4k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
                         int n_tok, float *__restrict__ y) {
-    mmv_kblocks<q4k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y);
+    mmv_kblocks<q4k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y, blockIdx.x);
 }
 
 /* Q6_K the same way: lane l takes half h = l/16 of a block and positions
@@ -896,6 +960,7 @@ static __device__ __forceinline__ void q6k_block(const q6k_raw r, int b, int lan
 struct q6k_kind {
     typedef q6k_raw raw;
     static const int U = MMV_U6;
+    template <bool ST>
     static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q6k_load(wr, b, lane); }
     template <int NT>
     static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_f32 a, int K, int tok0, int nt,
@@ -906,7 +971,7 @@ struct q6k_kind {
 template <int NT>
 __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
                         int n_tok, float *__restrict__ y) {
-    mmv_kblocks<q6k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y);
+    mmv_kblocks<q6k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y, blockIdx.x);
 }
 
 /* ---- K-quant GEMVs on int8 activations (dp4a) ----
@@ -987,7 +1052,7 @@ static __device__ __forceinline__ void q4k_dp4a_block(const q4k_raw16 r, int b, 
 }
 /* bx: the block's index along W's rows (blockIdx.x, or its place in a
  * paired launch). */
-template <int NT, int ks>
+template <int NT, int ks, bool ST>
 static __device__ __forceinline__ void q4k_dp4a_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                      const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
                                                      int n_tok, float *__restrict__ y, int bx) {
@@ -1003,17 +1068,25 @@ static __device__ __forceinline__ void q4k_dp4a_rows(const uint8_t *__restrict__
         b4 = 4 * g0, nb_w = min(nb, 4 * g1);
     }
     const uint8_t *row_start = W + (size_t)row_c * row_bytes;
+    __shared__ uint64_t stage_bar;
+    if constexpr (ST) {
+        extern __shared__ __align__(128) uint8_t mmv_stage[];
+        const int row0 = bx * (MMV_WARPS / ks), rows = min(MMV_WARPS / ks, n_out - row0);
+        stage_rows(mmv_stage, W + (size_t)row0 * row_bytes, (uint32_t)(rows * row_bytes), &stage_bar);
+        row_start = mmv_stage + (size_t)min(warp / ks, rows - 1) * row_bytes;
+        wr = row_start + 16 * (lane & 7);
+    } else if (lane == 0 && row < n_out && b4 < nb_w)
+        prefetch_l2(row_start + (size_t)b4 * 144, (size_t)min(PDL_PF_MUL * 4 * MMV_G4, nb_w - b4) * 144);
     /* block b as this lane holds it: the header, and its 16 quant bytes */
     auto load = [&](int b) {
         q4k_raw16 r;
-        r.head = __ldg((const uint4 *)(row_start + (size_t)b * 144));
-        r.q = __ldg((const uint4 *)(wr + (size_t)b * 144 + 16));
+        r.head = wld<ST>((const uint4 *)(row_start + (size_t)b * 144));
+        r.q = wld<ST>((const uint4 *)(wr + (size_t)b * 144 + 16));
         return r;
     };
-    if (lane == 0 && row < n_out && b4 < nb_w)
-        prefetch_l2(row_start + (size_t)b4 * 144, (size_t)min(PDL_PF_MUL * 4 * MMV_G4, nb_w - b4) * 144);
     pdl_entry();
     if (ks == 1 && row >= n_out) return;
+    if constexpr (ST) stage_wait(&stage_bar);
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
@@ -1036,31 +1109,17 @@ static __device__ __forceinline__ void q4k_dp4a_rows(const uint8_t *__restrict__
  * the split ones are held to 64 (unbounded, Q6_K took 125, a quarter of the
  * warp slots). */
 #define MMV_SPLIT_BOUNDS __launch_bounds__(32 * MMV_WARPS, 8)
-template <int NT>
+template <int NT, bool ST>
 __global__ void mmv_q4k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                              const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
                              float *__restrict__ y) {
-    q4k_dp4a_rows<NT, 1>(W, row_bytes, K, n_out, xq, xs, n_tok, y, blockIdx.x);
+    q4k_dp4a_rows<NT, 1, ST>(W, row_bytes, K, n_out, xq, xs, n_tok, y, blockIdx.x);
 }
-/* Two Q4_K weights of one K (a matmul_multi's gate and up) in one launch:
- * blocks [0, nb0) take W0's rows, the others W1's, each row with
- * mmv_q4k_dp4a's arithmetic (so the same bits). Saves a launch a layer at
- * batch 1: 8B Q4_K_M 314 -> 324 tok/s (H200, with PDL; AUGUR_CUDA_PAIR=0
- * gives separate launches). */
-template <int NT>
-__global__ void mmv_q4k_dp4a_pair(const uint8_t *__restrict__ W0, const uint8_t *__restrict__ W1, size_t row_bytes,
-                                  int K, int n_out0, int n_out1, int nb0, const int8_t *__restrict__ xq,
-                                  const float2 *__restrict__ xs, int n_tok, float *__restrict__ y0,
-                                  float *__restrict__ y1) {
-    const bool second = (int)blockIdx.x >= nb0;
-    q4k_dp4a_rows<NT, 1>(second ? W1 : W0, row_bytes, K, second ? n_out1 : n_out0, xq, xs, n_tok, second ? y1 : y0,
-                         second ? (int)blockIdx.x - nb0 : (int)blockIdx.x);
-}
-template <int NT, int ks>
+template <int NT, int ks, bool ST>
 __global__ void MMV_SPLIT_BOUNDS mmv_q4k_dp4a_split(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                     const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
                                                     int n_tok, float *__restrict__ y) {
-    q4k_dp4a_rows<NT, ks>(W, row_bytes, K, n_out, xq, xs, n_tok, y, blockIdx.x);
+    q4k_dp4a_rows<NT, ks, ST>(W, row_bytes, K, n_out, xq, xs, n_tok, y, blockIdx.x);
 }
 
 /* Q6_K: lane l takes half hf = l/16 of a block, quadrant pair c = (l/8)%2
@@ -1073,16 +1132,17 @@ __global__ void MMV_SPLIT_BOUNDS mmv_q4k_dp4a_split(const uint8_t *__restrict__ 
 struct q6k_raw8 {
     uint32_t ql, qh, sc, d;
 };
+template <bool ST>
 static __device__ __forceinline__ q6k_raw8 q6k_dp4a_load(const uint8_t *wr, int b, int lane) {
     const int      hf = lane >> 4, c = (lane >> 3) & 1, l0 = 4 * (lane & 7);
     const uint8_t *blk = wr + (size_t)b * 210;
     const uint16_t *ql = (const uint16_t *)(blk + 64 * hf + 32 * c + l0), *qh = (const uint16_t *)(blk + 128 + 32 * hf + l0);
     const uint8_t *sc = blk + 192 + 8 * hf + 2 * c + (l0 >> 4);
     q6k_raw8       r;
-    r.ql = (uint32_t)__ldg(ql) | (uint32_t)__ldg(ql + 1) << 16;
-    r.qh = (uint32_t)__ldg(qh) | (uint32_t)__ldg(qh + 1) << 16;
-    r.sc = (uint32_t)__ldg(sc) | (uint32_t)__ldg(sc + 4) << 8; /* quadrants c and c+2 */
-    r.d = __ldg((const uint16_t *)(blk + 208));
+    r.ql = (uint32_t)wld<ST>(ql) | (uint32_t)wld<ST>(ql + 1) << 16;
+    r.qh = (uint32_t)wld<ST>(qh) | (uint32_t)wld<ST>(qh + 1) << 16;
+    r.sc = (uint32_t)wld<ST>(sc) | (uint32_t)wld<ST>(sc + 4) << 8; /* quadrants c and c+2 */
+    r.d = wld<ST>((const uint16_t *)(blk + 208));
     return r;
 }
 template <int NT>
@@ -1110,24 +1170,25 @@ static __device__ __forceinline__ void q6k_dp4a_block(const q6k_raw8 r, int b, i
 struct q6k_dp4a_kind {
     typedef q6k_raw8 raw;
     static const int U = MMV_U6D;
-    static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q6k_dp4a_load(wr, b, lane); }
+    template <bool ST>
+    static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q6k_dp4a_load<ST>(wr, b, lane); }
     template <int NT>
     static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_q8 a, int K, int tok0, int nt,
                                                  float acc[NT]) {
         q6k_dp4a_block<NT>(r, b, lane, a.xq, a.xs, K, tok0, nt, acc);
     }
 };
-template <int NT>
+template <int NT, bool ST>
 __global__ void mmv_q6k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                              const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
                              float *__restrict__ y) {
-    mmv_kblocks<q6k_dp4a_kind, NT, 1>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y);
+    mmv_kblocks<q6k_dp4a_kind, NT, 1, ST>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y, blockIdx.x);
 }
-template <int NT, int ks>
+template <int NT, int ks, bool ST>
 __global__ void MMV_SPLIT_BOUNDS mmv_q6k_dp4a_split(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
                                                     const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
                                                     int n_tok, float *__restrict__ y) {
-    mmv_kblocks<q6k_dp4a_kind, NT, ks>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y);
+    mmv_kblocks<q6k_dp4a_kind, NT, ks, ST>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y, blockIdx.x);
 }
 
 /* The dp4a GEMVs; ks, the K split (mmv_split: 1, 2 or 4), is a template
@@ -1135,16 +1196,79 @@ __global__ void MMV_SPLIT_BOUNDS mmv_q6k_dp4a_split(const uint8_t *__restrict__ 
  * Q6_K kernel 40 registers, and half its occupancy). */
 typedef void (*mmv_q8_kernel)(const uint8_t *, size_t, int, int, const int8_t *, const float2 *, int, float *);
 
-template <int NT, int ks>
+template <int NT, int ks, bool ST>
 static mmv_q8_kernel mmv_q8_for_ks(uint32_t type) {
-    return type == CQ_Q4_K ? mmv_q4k_dp4a_split<NT, ks> : type == CQ_Q6_K ? mmv_q6k_dp4a_split<NT, ks> : NULL;
+    return type == CQ_Q4_K ? mmv_q4k_dp4a_split<NT, ks, ST> : type == CQ_Q6_K ? mmv_q6k_dp4a_split<NT, ks, ST> : NULL;
 }
+template <int NT, bool ST>
+static mmv_q8_kernel mmv_q8_for_st(uint32_t type, int ks) {
+    if (ks == 1) return type == CQ_Q4_K ? mmv_q4k_dp4a<NT, ST> : type == CQ_Q6_K ? mmv_q6k_dp4a<NT, ST> : NULL;
+    return ks == 4 ? mmv_q8_for_ks<NT, 4, ST>(type) : mmv_q8_for_ks<NT, 2, ST>(type);
+}
+/* st: the staged kernels (stage_rows), launched with mmv_stage_bytes of shared memory */
 template <int NT>
-static mmv_q8_kernel mmv_q8_for_nt(uint32_t type, int ks) {
-    if (ks == 1) return type == CQ_Q4_K ? mmv_q4k_dp4a<NT> : type == CQ_Q6_K ? mmv_q6k_dp4a<NT> : NULL;
-    return ks == 4 ? mmv_q8_for_ks<NT, 4>(type) : mmv_q8_for_ks<NT, 2>(type);
+static mmv_q8_kernel mmv_q8_for_nt(uint32_t type, int ks, bool st) {
+    return st ? mmv_q8_for_st<NT, true>(type, ks) : mmv_q8_for_st<NT, false>(type, ks);
 }
 
+
+/* Up to MMV_GROUP_MAX dp4a weights of one K over the same decode rows in
+ * one launch (a matmul_multi's q/k/v, or gate/up): blocks [blk0[i],
+ * blk0[i + 1]) take part i's rows, each with its own kernel's arithmetic
+ * (type and K split: part_kind), so the bits of separate launches. Saves
+ * launches at batch 1, where each costs a ramp and a drain: gate/up paired
+ * took 8B Q4_K_M 314 -> 324 tok/s (H200, with PDL); AUGUR_CUDA_PAIR=0 gives
+ * one launch a weight. Two kernels: mmv_dp4a_pair for parts that are all
+ * unsplit Q4_K (the compiler's own register choice, as mmv_q4k_dp4a), and
+ * mmv_dp4a_group for any mix, held to 64 registers as the split kernels. */
+#define MMV_GROUP_MAX 3
+enum { PART_Q4K_1, PART_Q4K_2, PART_Q4K_4, PART_Q6K_1, PART_Q6K_2, PART_Q6K_4 };
+struct mmv_group {
+    const uint8_t *W[MMV_GROUP_MAX];
+    float         *y[MMV_GROUP_MAX];
+    size_t         row_bytes[MMV_GROUP_MAX];
+    int            n_out[MMV_GROUP_MAX], kind[MMV_GROUP_MAX], blk0[MMV_GROUP_MAX + 1], n;
+};
+template <int NT, bool ST, bool MIXED>
+static __device__ __forceinline__ void mmv_group_part(const mmv_group &g, int K, const int8_t *__restrict__ xq,
+                                                      const float2 *__restrict__ xs, int n_tok) {
+    const int      bx = (int)blockIdx.x, i = g.n > 2 && bx >= g.blk0[2] ? 2 : g.n > 1 && bx >= g.blk0[1] ? 1 : 0;
+    const uint8_t *W = i == 0 ? g.W[0] : i == 1 ? g.W[1] : g.W[2];
+    float         *y = i == 0 ? g.y[0] : i == 1 ? g.y[1] : g.y[2];
+    const size_t   rb = i == 0 ? g.row_bytes[0] : i == 1 ? g.row_bytes[1] : g.row_bytes[2];
+    const int      n_out = i == 0 ? g.n_out[0] : i == 1 ? g.n_out[1] : g.n_out[2];
+    const int      kind = i == 0 ? g.kind[0] : i == 1 ? g.kind[1] : g.kind[2];
+    const int      b = bx - (i == 0 ? 0 : i == 1 ? g.blk0[1] : g.blk0[2]);
+    if constexpr (!MIXED) {
+        q4k_dp4a_rows<NT, 1, ST>(W, rb, K, n_out, xq, xs, n_tok, y, b);
+    } else {
+        const act_q8 a{xq, xs};
+        switch (kind) {
+        case PART_Q4K_1: q4k_dp4a_rows<NT, 1, ST>(W, rb, K, n_out, xq, xs, n_tok, y, b); break;
+        case PART_Q4K_2: q4k_dp4a_rows<NT, 2, ST>(W, rb, K, n_out, xq, xs, n_tok, y, b); break;
+        case PART_Q4K_4: q4k_dp4a_rows<NT, 4, ST>(W, rb, K, n_out, xq, xs, n_tok, y, b); break;
+        case PART_Q6K_1: mmv_kblocks<q6k_dp4a_kind, NT, 1, ST>(W, rb, K, n_out, a, n_tok, y, b); break;
+        case PART_Q6K_2: mmv_kblocks<q6k_dp4a_kind, NT, 2, ST>(W, rb, K, n_out, a, n_tok, y, b); break;
+        default: mmv_kblocks<q6k_dp4a_kind, NT, 4, ST>(W, rb, K, n_out, a, n_tok, y, b); break;
+        }
+    }
+}
+template <int NT, bool ST>
+__global__ void mmv_dp4a_pair(const mmv_group g, int K, const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
+                              int n_tok) {
+    mmv_group_part<NT, ST, false>(g, K, xq, xs, n_tok);
+}
+template <int NT, bool ST>
+__global__ void MMV_SPLIT_BOUNDS mmv_dp4a_group(const mmv_group g, int K, const int8_t *__restrict__ xq,
+                                                const float2 *__restrict__ xs, int n_tok) {
+    mmv_group_part<NT, ST, true>(g, K, xq, xs, n_tok);
+}
+typedef void (*mmv_group_kernel)(const mmv_group, int, const int8_t *, const float2 *, int);
+template <int NT>
+static mmv_group_kernel mmv_group_for_nt(bool mixed, bool st) {
+    return mixed ? (st ? mmv_dp4a_group<NT, true> : mmv_dp4a_group<NT, false>)
+                 : (st ? mmv_dp4a_pair<NT, true> : mmv_dp4a_pair<NT, false>);
+}
 
 /* F16/BF16 rows with K % 8 == 0: 16-byte loads of 8 halves per lane (a warp
  * reads 512 contiguous bytes), MMV_UH of them in flight per lane. */
@@ -2094,6 +2218,16 @@ static ag_status ensure_q8(cuda_state *s, const float *x, int n, int K, int *x_r
     return AG_OK;
 }
 
+/* The shared memory a staged dp4a GEMV block of `rows` rows of w needs, or
+ * 0 where it takes the unstaged kernel: staging off, a bulk copy's 16-byte
+ * alignment not met, or more than the 48 KB a block gets without opting in
+ * (4 rows of K = 14336 Q6_K are 46 KB). */
+static size_t mmv_stage_bytes(const cuda_state *s, const ag_tensor *w, int rows) {
+    const size_t bytes = (size_t)rows * w->row_bytes;
+    if (!s->stage_mode || ((uintptr_t)w->data | w->row_bytes) % 16 != 0 || bytes > 48 * 1024) return 0;
+    return bytes;
+}
+
 static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
     const int K = (int)w->ne[0], n_out = (int)w->ne[1];
@@ -2131,10 +2265,13 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
         } else {
             const int     nt = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; /* as mmv_for */
             const int     ks = s->mmv_split_on ? mmv_split(n_out, K / 256) : 1, rows = MMV_WARPS / ks;
-            mmv_q8_kernel k = nt == 1 ? mmv_q8_for_nt<1>(w->type, ks) : nt == 2 ? mmv_q8_for_nt<2>(w->type, ks)
-                            : nt == 4 ? mmv_q8_for_nt<4>(w->type, ks) : mmv_q8_for_nt<8>(w->type, ks);
+            const size_t  smem = s->stage_mode == 2 ? mmv_stage_bytes(s, w, rows) : 0;
+            mmv_q8_kernel k = nt == 1   ? mmv_q8_for_nt<1>(w->type, ks, smem != 0)
+                            : nt == 2 ? mmv_q8_for_nt<2>(w->type, ks, smem != 0)
+                            : nt == 4 ? mmv_q8_for_nt<4>(w->type, ks, smem != 0)
+                                      : mmv_q8_for_nt<8>(w->type, ks, smem != 0);
             dim3          grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + nt - 1) / nt));
-            launch_k(s, k, grid, 32 * MMV_WARPS, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
+            launch_k(s, k, grid, 32 * MMV_WARPS, smem, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
                      s->d_xs, n, y);
         }
         LAUNCHED();
@@ -2204,44 +2341,69 @@ static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, i
     return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready);
 }
 
-/* Whether a and b's decode rows may share one dp4a launch: both Q4_K of
- * one K, unsplit (mmv_split 1), on the GEMV path (not mmq), opted in. */
-static bool pairs_q4k(const cuda_state *s, const ag_tensor *a, const ag_tensor *b, int n_decode) {
-    if (!s->pair_on || s->mmq_on || !s->mmv_dp4a || n_decode < 1) return false;
-    if (a->type != CQ_Q4_K || b->type != CQ_Q4_K || a->ne[0] != b->ne[0] || a->row_bytes != b->row_bytes) return false;
-    const int nb = (int)(a->ne[0] / 256);
-    return !s->mmv_split_on || (mmv_split((int)a->ne[1], nb) == 1 && mmv_split((int)b->ne[1], nb) == 1);
+/* The part kind (PART_*: type and K split) of w's dp4a GEMV, or -1 where
+ * its decode rows take another kernel. */
+static int dp4a_part_kind(const cuda_state *s, const ag_tensor *w) {
+    if (!uses_dp4a(s, w) || s->mmq_on) return -1;
+    const int ks = s->mmv_split_on ? mmv_split((int)w->ne[1], (int)(w->ne[0] / 256)) : 1;
+    return (w->type == CQ_Q4_K ? PART_Q4K_1 : PART_Q6K_1) + (ks == 1 ? 0 : ks == 2 ? 1 : 2);
+}
+static int part_ks(int kind) { return kind % 3 == 0 ? 1 : kind % 3 == 1 ? 2 : 4; }
+
+/* How many weights from w[0] share one dp4a group launch (mmv_group): 2 to
+ * MMV_GROUP_MAX of one K on the GEMV path, or 0. Split or Q6_K parts join
+ * only at 1-2 decode rows: mmv_dp4a_group at 4-8 tokens spills (64
+ * registers), and the launch saved matters most at batch 1. s->pair_mode 2
+ * groups only unsplit Q4_K pairs (as before q/k/v joined; A/B), 0 none. */
+static int dp4a_group_len(const cuda_state *s, const ag_tensor *const *w, int n_w, int n_decode) {
+    if (!s->pair_mode || n_decode < 1) return 0;
+    const bool mixed_ok = s->pair_mode == 1 && n_decode <= 2;
+    int        n = 0;
+    for (; n < n_w && n < (mixed_ok ? MMV_GROUP_MAX : 2) && w[n]->ne[0] == w[0]->ne[0]; n++) {
+        const int kind = dp4a_part_kind(s, w[n]);
+        if (kind < 0 || (!mixed_ok && kind != PART_Q4K_1)) break;
+    }
+    return n >= 2 ? n : 0;
 }
 
-/* w[0] and w[1] (pairs_q4k) over x: the decode rows in one mmv_q4k_dp4a_pair
+/* w[0..n_g) (dp4a_group_len) over x: the decode rows in one mmv_group
  * launch, then each weight's prompt rows. */
-static ag_status matmul_pair_q4k(cuda_state *s, const ag_tensor *const *w, const float *x, int n, int n_decode,
-                                 float *const *y, int *x_ready) {
-    const int K = (int)w[0]->ne[0], n0 = (int)w[0]->ne[1], n1 = (int)w[1]->ne[1];
-    for (int i = 0; i < 2; i++) prep_forget(s, y[i], (size_t)n * w[i]->ne[1] * sizeof(float));
+static ag_status matmul_group_dp4a(cuda_state *s, const ag_tensor *const *w, int n_g, const float *x, int n,
+                                   int n_decode, float *const *y, int *x_ready) {
+    const int K = (int)w[0]->ne[0];
+    for (int i = 0; i < n_g; i++) prep_forget(s, y[i], (size_t)n * w[i]->ne[1] * sizeof(float));
     ag_status st = ensure_q8(s, x, n_decode, K, x_ready);
     if (st) return st;
-    const int nt = n_decode <= 1 ? 1 : n_decode <= 2 ? 2 : n_decode <= 4 ? 4 : 8; /* as matmul_decode */
-    const int nb0 = (n0 + MMV_WARPS - 1) / MMV_WARPS, nb1 = (n1 + MMV_WARPS - 1) / MMV_WARPS;
-    dim3      grid((unsigned)(nb0 + nb1), (unsigned)((n_decode + nt - 1) / nt));
-#define PAIR_LAUNCH(NT)                                                                                                 \
-    launch_k(s, mmv_q4k_dp4a_pair<NT>, grid, 32 * MMV_WARPS, 0, (const uint8_t *)w[0]->data,                           \
-             (const uint8_t *)w[1]->data, w[0]->row_bytes, K, n0, n1, nb0, s->d_xq, s->d_xs, n_decode, y[0], y[1])
-    if (nt == 1) PAIR_LAUNCH(1);
-    else if (nt == 2) PAIR_LAUNCH(2);
-    else if (nt == 4) PAIR_LAUNCH(4);
-    else PAIR_LAUNCH(8);
-#undef PAIR_LAUNCH
+    mmv_group g;
+    memset(&g, 0, sizeof g);
+    g.n = n_g;
+    bool   mixed = false, staged = true;
+    size_t smem = 0;
+    for (int i = 0; i < n_g; i++) {
+        const int kind = dp4a_part_kind(s, w[i]), rows = MMV_WARPS / part_ks(kind);
+        g.W[i] = (const uint8_t *)w[i]->data, g.y[i] = y[i], g.row_bytes[i] = w[i]->row_bytes;
+        g.n_out[i] = (int)w[i]->ne[1], g.kind[i] = kind;
+        g.blk0[i + 1] = g.blk0[i] + (g.n_out[i] + rows - 1) / rows;
+        mixed |= kind != PART_Q4K_1;
+        const size_t b = mmv_stage_bytes(s, w[i], rows);
+        staged = staged && b, smem = b > smem ? b : smem;
+    }
+    if (!staged || s->stage_mode == 0) smem = 0;
+    const int        nt = n_decode <= 1 ? 1 : n_decode <= 2 ? 2 : n_decode <= 4 ? 4 : 8; /* as matmul_decode */
+    mmv_group_kernel k = nt == 1   ? mmv_group_for_nt<1>(mixed, smem != 0)
+                       : nt == 2 ? mmv_group_for_nt<2>(mixed, smem != 0)
+                       : nt == 4 ? mmv_group_for_nt<4>(mixed, smem != 0)
+                                 : mmv_group_for_nt<8>(mixed, smem != 0);
+    dim3 grid((unsigned)g.blk0[n_g], (unsigned)((n_decode + nt - 1) / nt));
+    launch_k(s, k, grid, 32 * MMV_WARPS, smem, g, K, (const int8_t *)s->d_xq, (const float2 *)s->d_xs, n_decode);
     LAUNCHED();
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < n_g; i++) {
         st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1]);
         if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());
     }
     return AG_OK;
 }
 
-/* The weights share x (and so K): its decode rows are converted once per
- * activation format (int8 for the K-quant kernels, BF16 for mmt_bf16). */
 static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
                                  int n_decode, float *const *y) {
     cuda_state *s = st_of(be);
@@ -2271,9 +2433,10 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
     }
     for (int i = 0; i < n_w; i++) {
         ag_status st;
-        if (i + 1 < n_w && pairs_q4k(s, w[i], w[i + 1], n_decode)) { /* both decode parts in one launch */
-            if ((st = matmul_pair_q4k(s, w + i, x, n, n_decode, y + i, &x_ready))) return st;
-            i++;
+        const int n_g = dp4a_group_len(s, w + i, n_w - i, n_decode);
+        if (n_g) { /* their decode rows in one launch */
+            if ((st = matmul_group_dp4a(s, w + i, n_g, x, n, n_decode, y + i, &x_ready))) return st;
+            i += n_g - 1;
             continue;
         }
         if ((st = matmul_rows(s, w[i], x, n, n_decode, y[i], &x_ready))) return st;
@@ -4910,7 +5073,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
     s->argmax_split = !(amsplit && *amsplit == '0');
     const char *pair = getenv("AUGUR_CUDA_PAIR");
-    s->pair_on = !(pair && *pair == '0');
+    s->pair_mode = pair && *pair ? (*pair == '0' ? 0 : *pair == '2' ? 2 : 1) : 1;
     const char *prep = getenv("AUGUR_CUDA_PREP");
     s->prep_on = !(prep && *prep == '0');
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
@@ -4931,6 +5094,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     cudaFuncAttributes kattr; /* and only where the kernels were built for it (their waits compiled in) */
     s->pdl_on = !(pdl && *pdl == '0') && prop.major >= 9 && cudaFuncGetAttributes(&kattr, add_k) == cudaSuccess &&
                 kattr.ptxVersion >= 90;
+    const char *stage = getenv("AUGUR_CUDA_STAGE"); /* bulk copies (cp.async.bulk): Hopper and later, as PDL */
+    s->stage_mode = prop.major >= 9 && kattr.ptxVersion >= 90 ? (stage && *stage ? *stage - '0' : 1) : 0;
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d, kernels launched early (PDL): %s", prop.name,
             prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor,
             s->pdl_on ? "on" : "off");
