@@ -84,14 +84,13 @@ const char *ag_matmul_prompt_kernel(uint32_t w_type);
  * once (matmul_amx.c, window_task), a larger batch the tile-ready copy.
  * 8960x1536 Q4_K, cold, 2 threads of an AMX Xeon, ms (n = 1: 0.43-0.45):
  * dot kernels n = 5 / 8 / 12 1.15 / 1.60 / 2.40, AMX window 1.0-1.07 for
- * every n up to 12; Q6_K dot n = 8 / 10 / 11 / 12 1.44 / 1.9 / 2.0 /
- * 2.1, AMX window 1.8-1.95 for every n (Q6_K's 16-element groups: twice
- * the tile products and their scaling);
- * bench/RESULTS.md, 2026-12-05 afternoon. True when n_decode rows of
+ * every n up to 12; Q6_K dot n = 7 / 8 / 12 1.27-1.45 / 1.37-1.59 /
+ * 2.1-2.4, AMX window (scales folded into the weights, window_panel_q6)
+ * 1.2-1.6 for every n; bench/RESULTS.md, 2026-12-05. True when n_decode rows of
  * w_type should: AMX present (the dot kernels of every ISA level are
  * canonical). */
 #define AG_MATMUL_AMX_MIN_TOK     5 /* Q4_K */
-#define AG_MATMUL_AMX_MIN_TOK_Q6K 11
+#define AG_MATMUL_AMX_MIN_TOK_Q6K 8
 /* The minimum for w_type, or AUGUR_AMX_DECODE_MIN (a positive integer, any
  * type; A/B). */
 int  ag_matmul_amx_decode_min(uint32_t w_type);

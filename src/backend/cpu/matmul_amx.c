@@ -607,106 +607,81 @@ static void mm_task(void *ctx, int64_t task, int thread) {
  * weight once, from its Q4_K / Q6_K blocks: no tile-ready copy (~1.3
  * bytes a weight, 2.3x Q4_K's bytes) streams from memory. Per task, a few
  * consecutive 16-row panels; per super-block, the 16 rows' blocks are
- * unpacked into a small double-buffered slot (int8 values, the scales of
- * all 16 rows at once by gathers) while the tiles work on the other slot.
- * The arithmetic is kquant_tile's, ag_kquant_fold's bits. What it costs is
- * the vector work per group (a C tile of 16 rows x 16 tokens times the
- * rows' scales), so it is kept to that: the mins' sums (msum) come once per
- * super-block from int16 pairs (vpdpwssd over the tokens' 32-block sums),
- * not per group, and isum stays in 16 registers. Four C tiles rotate so a
- * group's C is read one step after its store. */
+ * unpacked into a small double-buffered slot while the tiles work on the
+ * other slot. The arithmetic is kquant_tile's, ag_kquant_fold's bits.
+ *
+ * Q4_K (window_panel): int8 values, the scales of all 16 rows at once by
+ * gathers. What it costs is the vector work per group (a C tile of 16 rows
+ * x 16 tokens times the rows' scales), so it is kept to that: the mins'
+ * sums (msum) come once per super-block from int16 pairs (vpdpwssd over
+ * the tokens' 32-block sums), not per group, and isum stays in 16
+ * registers. Four C tiles rotate so a group's C is read one step after its
+ * store. Q6_K (window_panel_q6, below): the scales go into the weights. */
 typedef struct {
-    /* Q4_K: [slot][plane 0..3][row][64]: plane 2j + h holds the nibbles h
-     * (0 low, 1 high) of the row's qs bytes 64j..64j+63, that is groups
-     * 4j + h (bytes 0..31) and 4j + 2 + h (32..63). Q6_K: [slot][group][row][16]. */
+    /* [slot][plane 0..3][row][64]: plane 2j + h holds the nibbles h (0 low,
+     * 1 high) of the row's qs bytes 64j..64j+63, that is groups 4j + h
+     * (bytes 0..31) and 4j + 2 + h (32..63) */
     _Alignas(64) int8_t q[2][4 * TILE * 64];
-    _Alignas(64) int32_t sc[2][16][TILE]; /* [slot][group][row] */
+    _Alignas(64) int32_t sc[2][8][TILE];  /* [slot][group][row] */
     _Alignas(64) int32_t mp[2][4][TILE];  /* Q4_K mins as int16 pairs: groups 2i | 2i+1 << 16 */
     _Alignas(64) float dd[2][TILE], dm[2][TILE];
 } wslot;
 
-/* Super-block s of the rows (`rows` of them real, row_bytes apart from w)
- * into slot b. Rows past `rows` read nothing and get zero scales, mins, d
- * and dmin, so whatever values they hold contribute 0. */
-AI void window_unpack(const uint8_t *w, size_t row_bytes, int rows, int64_t s, const int Q6, wslot *ws, int b) {
+/* Q4_K super-block s of the rows (`rows` of them real, row_bytes apart
+ * from w) into slot b. Rows past `rows` read nothing and get zero scales,
+ * mins, d and dmin, so whatever values they hold contribute 0. */
+AI void window_unpack(const uint8_t *w, size_t row_bytes, int rows, int64_t s, wslot *ws, int b) {
     const __mmask16 rm = (__mmask16)((1u << rows) - 1);
     const __m512i   idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                              _mm512_set1_epi32((int)row_bytes));
     const __m512i   z = _mm512_setzero_si512(), FF = _mm512_set1_epi32(0xFF);
-    if (!Q6) {
-        const uint8_t *base = w + (size_t)s * sizeof(ag_block_q4_K);
-        const __m512i  m4 = _mm512_set1_epi8(0xF);
-        int8_t        *q = ws->q[b];
-        for (int r = 0; r < rows; r++) {
-            const uint8_t *qs = ((const ag_block_q4_K *)(base + (size_t)r * row_bytes))->qs;
-            for (int j = 0; j < 2; j++) {
-                const __m512i v = _mm512_loadu_si512(qs + 64 * j);
-                _mm512_store_si512(q + ((2 * j) * TILE + r) * 64, _mm512_and_si512(v, m4));
-                _mm512_store_si512(q + ((2 * j + 1) * TILE + r) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
-            }
+    const uint8_t *base = w + (size_t)s * sizeof(ag_block_q4_K);
+    const __m512i  m4 = _mm512_set1_epi8(0xF);
+    int8_t        *q = ws->q[b];
+    for (int r = 0; r < rows; r++) {
+        const uint8_t *qs = ((const ag_block_q4_K *)(base + (size_t)r * row_bytes))->qs;
+        for (int j = 0; j < 2; j++) {
+            const __m512i v = _mm512_loadu_si512(qs + 64 * j);
+            _mm512_store_si512(q + ((2 * j) * TILE + r) * 64, _mm512_and_si512(v, m4));
+            _mm512_store_si512(q + ((2 * j + 1) * TILE + r) * 64, _mm512_and_si512(_mm512_srli_epi16(v, 4), m4));
         }
-        const __m512i ud = _mm512_mask_i32gather_epi32(z, rm, idx, base, 1);
-        const __m512i u0 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 4, 1);
-        const __m512i u1 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 8, 1);
-        const __m512i u2 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 12, 1);
-        const __m512i M6 = _mm512_set1_epi32(0x3F3F3F3F), M4 = _mm512_set1_epi32(0x0F0F0F0F),
-                      M2 = _mm512_set1_epi32(0x03030303);
-        /* ag_k4_scales_unpack in 16 lanes: w0 = scales 0-3, w1 = 4-7, w2 = mins 0-3, w3 = mins 4-7 */
-        const __m512i w0 = _mm512_and_si512(u0, M6),
-                      w1 = _mm512_or_si512(_mm512_and_si512(u2, M4),
-                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), M2), 4)),
-                      w2 = _mm512_and_si512(u1, M6),
-                      w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), M4),
-                                           _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), M2), 4));
-        for (int j = 0; j < 4; j++) {
-            _mm512_store_si512(ws->sc[b][j], _mm512_and_si512(_mm512_srli_epi32(w0, 8 * j), FF));
-            _mm512_store_si512(ws->sc[b][4 + j], _mm512_and_si512(_mm512_srli_epi32(w1, 8 * j), FF));
-        }
-        /* bytes (m0, m1, m2, m3) -> int16 pairs (m0, m1) and (m2, m3) */
-        const __m512i b0 = _mm512_set1_epi32(0xFF), b2 = _mm512_set1_epi32(0xFF0000);
-        _mm512_store_si512(ws->mp[b][0], _mm512_or_si512(_mm512_and_si512(w2, b0), _mm512_and_si512(_mm512_slli_epi32(w2, 8), b2)));
-        _mm512_store_si512(ws->mp[b][1], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 16), b0), _mm512_and_si512(_mm512_srli_epi32(w2, 8), b2)));
-        _mm512_store_si512(ws->mp[b][2], _mm512_or_si512(_mm512_and_si512(w3, b0), _mm512_and_si512(_mm512_slli_epi32(w3, 8), b2)));
-        _mm512_store_si512(ws->mp[b][3], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w3, 16), b0), _mm512_and_si512(_mm512_srli_epi32(w3, 8), b2)));
-        _mm512_store_ps(ws->dd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ud)));
-        _mm512_store_ps(ws->dm[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ud, 16))));
-    } else {
-        const uint8_t *base = w + (size_t)s * sizeof(ag_block_q6_K);
-        const __m256i  o = _mm256_set1_epi8(32);
-        for (int r = 0; r < rows; r++) {
-            const ag_block_q6_K *x = (const ag_block_q6_K *)(base + (size_t)r * row_bytes);
-            for (int h = 0; h < 2; h++) {
-                __m256i v[4];
-                q6k_unpack_half(x->ql + 64 * h, x->qh + 32 * h, v);
-                for (int c = 0; c < 4; c++) { /* elements 128h + 32c.. = groups 8h + 2c, 8h + 2c + 1 */
-                    const __m256i e = _mm256_sub_epi8(v[c], o);
-                    const int     g = 8 * h + 2 * c;
-                    _mm_store_si128((__m128i *)(ws->q[b] + (g * TILE + r) * 16), _mm256_castsi256_si128(e));
-                    _mm_store_si128((__m128i *)(ws->q[b] + ((g + 1) * TILE + r) * 16), _mm256_extracti128_si256(e, 1));
-                }
-            }
-        }
-        const size_t so = offsetof(ag_block_q6_K, scales);
-        for (int i = 0; i < 4; i++) {
-            const __m512i u = _mm512_mask_i32gather_epi32(z, rm, idx, base + so + 4 * i, 1);
-            for (int j = 0; j < 4; j++) /* byte j, sign-extended */
-                _mm512_store_si512(ws->sc[b][4 * i + j], _mm512_srai_epi32(_mm512_slli_epi32(u, 24 - 8 * j), 24));
-        }
-        /* d is the block's last two bytes: gather the dword ending there */
-        const __m512i ud = _mm512_mask_i32gather_epi32(z, rm, idx, base + sizeof(ag_block_q6_K) - 4, 1);
-        _mm512_store_ps(ws->dd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ud, 16))));
     }
+    const __m512i ud = _mm512_mask_i32gather_epi32(z, rm, idx, base, 1);
+    const __m512i u0 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 4, 1);
+    const __m512i u1 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 8, 1);
+    const __m512i u2 = _mm512_mask_i32gather_epi32(z, rm, idx, base + 12, 1);
+    const __m512i M6 = _mm512_set1_epi32(0x3F3F3F3F), M4 = _mm512_set1_epi32(0x0F0F0F0F),
+                  M2 = _mm512_set1_epi32(0x03030303);
+    /* ag_k4_scales_unpack in 16 lanes: w0 = scales 0-3, w1 = 4-7, w2 = mins 0-3, w3 = mins 4-7 */
+    const __m512i w0 = _mm512_and_si512(u0, M6),
+                  w1 = _mm512_or_si512(_mm512_and_si512(u2, M4),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), M2), 4)),
+                  w2 = _mm512_and_si512(u1, M6),
+                  w3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), M4),
+                                       _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), M2), 4));
+    for (int j = 0; j < 4; j++) {
+        _mm512_store_si512(ws->sc[b][j], _mm512_and_si512(_mm512_srli_epi32(w0, 8 * j), FF));
+        _mm512_store_si512(ws->sc[b][4 + j], _mm512_and_si512(_mm512_srli_epi32(w1, 8 * j), FF));
+    }
+    /* bytes (m0, m1, m2, m3) -> int16 pairs (m0, m1) and (m2, m3) */
+    const __m512i b0 = _mm512_set1_epi32(0xFF), b2 = _mm512_set1_epi32(0xFF0000);
+    _mm512_store_si512(ws->mp[b][0], _mm512_or_si512(_mm512_and_si512(w2, b0), _mm512_and_si512(_mm512_slli_epi32(w2, 8), b2)));
+    _mm512_store_si512(ws->mp[b][1], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 16), b0), _mm512_and_si512(_mm512_srli_epi32(w2, 8), b2)));
+    _mm512_store_si512(ws->mp[b][2], _mm512_or_si512(_mm512_and_si512(w3, b0), _mm512_and_si512(_mm512_slli_epi32(w3, 8), b2)));
+    _mm512_store_si512(ws->mp[b][3], _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w3, 16), b0), _mm512_and_si512(_mm512_srli_epi32(w3, 8), b2)));
+    _mm512_store_ps(ws->dd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(ud)));
+    _mm512_store_ps(ws->dm[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ud, 16))));
 }
 
-/* Tiles of the window kernel: C 0..3 in turn, A 4/5 and B 6/7 for even /
- * odd groups. K = 32 (Q4_K) or 16 (Q6_K). */
-static void load_window_tiles(int k) {
+/* Tiles of the Q4_K window kernel: C 0..3 in turn, A 4/5 and B 6/7 for
+ * even / odd groups (K = 32). */
+static void load_window_tiles(void) {
     tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int i = 0; i < 4; i++) c.colsb[i] = 64, c.rows[i] = 16;
-    c.colsb[4] = c.colsb[5] = (uint16_t)k, c.rows[4] = c.rows[5] = 16;
-    c.colsb[6] = c.colsb[7] = 64, c.rows[6] = c.rows[7] = (uint8_t)(k / 4);
+    c.colsb[4] = c.colsb[5] = 32, c.rows[4] = c.rows[5] = 16;
+    c.colsb[6] = c.colsb[7] = 64, c.rows[6] = c.rows[7] = 8;
     tile_config_load(&c);
 }
 
@@ -714,9 +689,9 @@ static void load_window_tiles(int k) {
  * msum per row from the mins' pairs and the tokens' 32-block sums as int16
  * pairs (exact: |msum| < 2^31, and the float it becomes is the one the
  * other kernels accumulate exactly in float). */
-AI void window_fold(int64_t s, const int Q6, const wslot *ws, const float *xd, const float *xs, const __m512i isum[16],
-                    __m512 acc[4][16]) {
-    const int    a = (int)(s & 3), b = (int)(s & 1);
+AI void window_fold(int64_t s, const int Q6, const float *dd, const float *dm, const int32_t (*mp)[TILE], const float *xd,
+                    const float *xs, const __m512i isum[16], __m512 acc[4][16]) {
+    const int    a = (int)(s & 3);
     const __m512 dy = _mm512_loadu_ps(xd + s * 8 * TILE);
     __m512i      bp[4];
     if (!Q6)
@@ -727,22 +702,22 @@ AI void window_fold(int64_t s, const int Q6, const wslot *ws, const float *xd, c
         }
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) {
-        acc[a][r] = _mm512_fmadd_ps(_mm512_mul_ps(dy, _mm512_set1_ps(ws->dd[b][r])), _mm512_cvtepi32_ps(isum[r]), acc[a][r]);
+        acc[a][r] = _mm512_fmadd_ps(_mm512_mul_ps(dy, _mm512_set1_ps(dd[r])), _mm512_cvtepi32_ps(isum[r]), acc[a][r]);
         if (!Q6) {
             __m512i m = _mm512_setzero_si512();
-            for (int i = 0; i < 4; i++) m = _mm512_dpwssd_epi32(m, bp[i], _mm512_set1_epi32(ws->mp[b][i][r]));
-            acc[a][r] = _mm512_fnmadd_ps(_mm512_mul_ps(dy, _mm512_set1_ps(ws->dm[b][r])), _mm512_cvtepi32_ps(m), acc[a][r]);
+            for (int i = 0; i < 4; i++) m = _mm512_dpwssd_epi32(m, bp[i], _mm512_set1_epi32(mp[i][r]));
+            acc[a][r] = _mm512_fnmadd_ps(_mm512_mul_ps(dy, _mm512_set1_ps(dm[r])), _mm512_cvtepi32_ps(m), acc[a][r]);
         }
     }
 }
 
-/* One 16-row panel (`rows` of them real, row_bytes apart from w) against
- * the token tile: out[r] = row r for the tile's 16 tokens. next: the
- * panel the task does after this one (prefetched), or NULL. */
+/* One 16-row Q4_K panel (`rows` of them real, row_bytes apart from w)
+ * against the token tile: out[r] = row r for the tile's 16 tokens. next:
+ * the panel the task does after this one (prefetched), or NULL. */
 AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int rows, int64_t nsb, const uint8_t *tile,
-                     const int Q6, wslot *ws, const uint8_t *next) {
-    const int     gps = Q6 ? 16 : 8, K = Q6 ? 16 : 32; /* groups per super-block, elements per group */
-    const size_t  bsz = Q6 ? sizeof(ag_block_q6_K) : sizeof(ag_block_q4_K);
+                     wslot *ws, const uint8_t *next) {
+    const int     gps = 8; /* groups per super-block */
+    const size_t  bsz = sizeof(ag_block_q4_K);
     const int64_t ng = nsb * gps, nb = nsb * 8;
     const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
     _Alignas(64) int32_t c[2][16][16];
@@ -754,11 +729,9 @@ AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int row
         isum[r] = _mm512_setzero_si512(); /* set by each super-block's first group; this quiets -Wmaybe-uninitialized */
     }
     /* group g's A tile and its row stride, B tile */
-#define WA(g)                                                                                                     \
-    (Q6 ? ws->q[((g) / 16) & 1] + (size_t)((g) % 16) * TILE * 16                                                  \
-        : ws->q[((g) / 8) & 1] + (size_t)((((g) % 8) >> 2) * 2 + ((g) & 1)) * TILE * 64 + (((g) >> 1) & 1) * 32)
-#define WAS (Q6 ? 16 : 64)
-#define WB(g) (Q6 ? tile + (size_t)((g) >> 1) * BT_BYTES + ((g) & 1) * 256 : tile + (size_t)(g) * BT_BYTES)
+#define WA(g) (ws->q[((g) / 8) & 1] + (size_t)((((g) % 8) >> 2) * 2 + ((g) & 1)) * TILE * 64 + (((g) >> 1) & 1) * 32)
+#define WAS   64
+#define WB(g) (tile + (size_t)(g) * BT_BYTES)
 #define WISSUE(g, A, B, C)             \
     do {                               \
         _tile_loadd(A, WA(g), WAS);    \
@@ -766,8 +739,7 @@ AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int row
         _tile_zero(C);                 \
         _tile_dpbssd(C, A, B);         \
     } while (0)
-    (void)K;
-    window_unpack(w, row_bytes, rows, 0, Q6, ws, 0);
+    window_unpack(w, row_bytes, rows, 0, ws, 0);
     WISSUE(0, 4, 6, 0);
     if (ng > 1) WISSUE(1, 5, 7, 1);
     for (int64_t g = 0; g < ng; g++) {
@@ -790,12 +762,12 @@ AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int row
                 for (int r = 0; r < 16; r++)
                     isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][r]), _mm512_set1_epi32(scg[r])));
             }
-            if (gs == gps - 1) window_fold(sp, Q6, ws, xd, xs, isum, acc);
+            if (gs == gps - 1) window_fold(sp, 0, ws->dd[sp & 1], ws->dm[sp & 1], ws->mp[sp & 1], xd, xs, isum, acc);
         }
         const int64_t gs = g % gps, s = g / gps;
         /* super-block s + 1 into the slot s - 1 used: its last group was
          * issued two steps ago and folded just now */
-        if (gs == 0 && s + 1 < nsb) window_unpack(w, row_bytes, rows, s + 1, Q6, ws, (int)((s + 1) & 1));
+        if (gs == 0 && s + 1 < nsb) window_unpack(w, row_bytes, rows, s + 1, ws, (int)((s + 1) & 1));
         if (gs == 1) { /* prefetch super-block s + 2 of the rows, or the next panel's first */
             const uint8_t *pf = s + 2 < nsb ? w + (size_t)(s + 2) * bsz : next ? next + (size_t)(s + 2 - nsb) * bsz : NULL;
             for (int r = 0; pf && r < 16; r++)
@@ -808,7 +780,8 @@ AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int row
 #pragma GCC unroll 16
         for (int r = 0; r < 16; r++)
             isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][r]), _mm512_set1_epi32(scg[r])));
-        window_fold(nsb - 1, Q6, ws, xd, xs, isum, acc);
+        const int b = (int)((nsb - 1) & 1);
+        window_fold(nsb - 1, 0, ws->dd[b], ws->dm[b], ws->mp[b], xd, xs, isum, acc);
     }
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++)
@@ -819,6 +792,133 @@ AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int row
 #undef WISSUE
 }
 
+/* ---- Q6_K windows on whole super-blocks: the scale folded into the weights ----
+ *
+ * Q6_K's groups are 16 elements: window_panel's way would spend 16 tile
+ * products of K = 16 (a quarter of a tile's depth) and 16 C-tile scalings
+ * per super-block (it did, until 2026-12-05: 1.8-2.6 ms against 1.3 for
+ * `quant_bench --window` Q6_K 8960x1536 on 2 threads of the AMX Xeon,
+ * alternated). Here each weight is multiplied by its group's scale while
+ * unpacking: w = sc * (q - 32), |w| <= 4096, split into a low byte (w &
+ * 0xFF, unsigned) and a high byte (w >> 8, signed, -16..16). Then isum =
+ * Σ lo·x + 256 Σ hi·x is the same exact integer Σ_g sc_g (q_g · x_g) that
+ * ag_kquant_fold takes (the bits of every other kernel), from 4 + 4 tile
+ * products of K = 64 (TDPBUSD for the low bytes, TDPBSSD for the high) and
+ * one C read per super-block. */
+typedef struct {
+    _Alignas(64) uint8_t lo[2][4][TILE][64]; /* [slot][K chunk][row][64]: elements 64c.. of the super-block */
+    _Alignas(64) int8_t hi[2][4][TILE][64];
+    _Alignas(64) float dd[2][TILE];
+} wslot6;
+
+/* Super-block s of the rows (`rows` real, row_bytes apart from w) into
+ * slot b; rows past `rows` keep what they hold and get d = 0. */
+AI void window_unpack_q6(const uint8_t *w, size_t row_bytes, int rows, int64_t s, wslot6 *ws, int b) {
+    const uint8_t *base = w + (size_t)s * sizeof(ag_block_q6_K);
+    const __m512i  m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30), lo8 = _mm512_set1_epi16(0xFF),
+                  hi8 = _mm512_set1_epi16((short)0xFF00), k32 = _mm512_set1_epi16(32);
+    /* the qh shifts of chunks 0/2 (words 0-15: 0, 16-31: 2) and 1/3 (4, 6) */
+    const __m512i sh_even = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);
+    const __m512i sh_odd = _mm512_add_epi16(sh_even, _mm512_set1_epi16(4));
+    /* chunk c's scale words: group 4c + lane, 8 words a lane */
+    const __m512i lane_grp = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0,
+                                              0, 0, 0, 0, 0, 0);
+    for (int r = 0; r < rows; r++) {
+        const ag_block_q6_K *x = (const ag_block_q6_K *)(base + (size_t)r * row_bytes);
+        const __m512i        sc = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales)));
+        for (int h = 0; h < 2; h++) {
+            const __m512i L = _mm512_loadu_si512(x->ql + 64 * h);
+            const __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * h)));
+            for (int o = 0; o < 2; o++) { /* chunk c = 2h + o: elements 128h + 64o .. + 63 */
+                const int     c = 2 * h + o;
+                const __m512i nib = o ? _mm512_and_si512(_mm512_srli_epi16(L, 4), m4) : _mm512_and_si512(L, m4);
+                const __m512i hb = _mm512_slli_epi16(_mm512_srlv_epi16(H, o ? sh_odd : sh_even), 4);
+                const __m512i q = _mm512_ternarylogic_epi32(nib, hb, m30, 0xF8); /* nib | (hb & 0x30): 0..63 */
+                const __m512i scv = _mm512_permutexvar_epi16(_mm512_add_epi16(lane_grp, _mm512_set1_epi16((short)(4 * c))), sc);
+                const __m512i pe = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_and_si512(q, lo8), k32), scv);
+                const __m512i po = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_srli_epi16(q, 8), k32), scv);
+                /* low bytes (pe & 0xFF) | (po << 8); high bytes (pe >> 8 & 0xFF) | (po & 0xFF00)
+                 * (ternary logic 0xEA: (a & b) | c; 0xF8: a | (b & c)) */
+                _mm512_store_si512(ws->lo[b][c][r], _mm512_ternarylogic_epi32(pe, lo8, _mm512_slli_epi16(po, 8), 0xEA));
+                _mm512_store_si512(ws->hi[b][c][r], _mm512_ternarylogic_epi32(po, hi8, _mm512_srli_epi16(pe, 8), 0xEA));
+            }
+        }
+    }
+    const __mmask16 rm = (__mmask16)((1u << rows) - 1);
+    const __m512i   idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                             _mm512_set1_epi32((int)row_bytes));
+    /* d is the block's last two bytes: gather the dword ending there */
+    const __m512i ud = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, idx, base + sizeof(ag_block_q6_K) - 4, 1);
+    _mm512_store_ps(ws->dd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ud, 16))));
+}
+
+/* Tiles of the Q6_K window: C 0/1 (low, high bytes) for even super-blocks,
+ * 2/3 for odd ones; A 4 (low), 5 (high); B 6. All 16 rows x 64 bytes. */
+static void load_window_q6_tiles(void) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 7; i++) c.colsb[i] = 64, c.rows[i] = 16;
+    tile_config_load(&c);
+}
+
+/* One 16-row Q6_K panel against the token tile (window_panel's contract). */
+AI void window_panel_q6(__m512 out[16], const uint8_t *w, size_t row_bytes, int rows, int64_t nsb, const uint8_t *tile,
+                        wslot6 *ws, const uint8_t *next) {
+    const size_t bsz = sizeof(ag_block_q6_K);
+    const float *xd = (const float *)(tile + (size_t)nsb * 8 * BT_BYTES);
+    _Alignas(64) int32_t c[2][16][16];
+    __m512               acc[4][16];
+    __m512i              isum[16];
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) acc[0][r] = acc[1][r] = acc[2][r] = acc[3][r] = _mm512_setzero_ps();
+    /* super-block s's products into C tiles cl (low bytes) and ch (high) */
+#define W6ISSUE(s, cl, ch)                                                                        \
+    do {                                                                                         \
+        _tile_zero(cl);                                                                          \
+        _tile_zero(ch);                                                                          \
+        for (int k = 0; k < 4; k++) {                                                            \
+            _tile_loadd(6, tile + ((size_t)(s) * 8 + 2 * k) * BT_BYTES, 64);                     \
+            _tile_loadd(4, ws->lo[(s) & 1][k], 64);                                              \
+            _tile_dpbusd(cl, 4, 6);                                                              \
+            _tile_loadd(5, ws->hi[(s) & 1][k], 64);                                              \
+            _tile_dpbssd(ch, 5, 6);                                                              \
+        }                                                                                        \
+    } while (0)
+    window_unpack_q6(w, row_bytes, rows, 0, ws, 0);
+    for (int64_t s = 0; s <= nsb; s++) {
+        if (s < nsb) {
+            if (s & 1) W6ISSUE(s, 2, 3);
+            else W6ISSUE(s, 0, 1);
+        }
+        if (s > 0) { /* super-block s - 1: its products were issued a step ago */
+            const int64_t sp = s - 1;
+            if (sp & 1) {
+                _tile_stored(2, c[0], 64);
+                _tile_stored(3, c[1], 64);
+            } else {
+                _tile_stored(0, c[0], 64);
+                _tile_stored(1, c[1], 64);
+            }
+#pragma GCC unroll 16
+            for (int r = 0; r < 16; r++)
+                isum[r] = _mm512_add_epi32(_mm512_load_si512(c[0][r]), _mm512_slli_epi32(_mm512_load_si512(c[1][r]), 8));
+            window_fold(sp, 1, ws->dd[sp & 1], NULL, NULL, xd, NULL, isum, acc);
+        }
+        if (s + 1 < nsb) window_unpack_q6(w, row_bytes, rows, s + 1, ws, (int)((s + 1) & 1));
+        { /* prefetch super-block s + 2 of the rows, or of the next panel */
+            const int64_t  ps = s + 2;
+            const uint8_t *pf = ps < nsb ? w + (size_t)ps * bsz : next && ps - nsb < nsb ? next + (size_t)(ps - nsb) * bsz : NULL;
+            for (int r = 0; pf && r < 16; r++)
+                for (size_t l = 0; l < bsz + 63; l += 64) _mm_prefetch((const char *)pf + (size_t)r * row_bytes + l, _MM_HINT_T0);
+        }
+    }
+#undef W6ISSUE
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++)
+        out[r] = _mm512_add_ps(_mm512_add_ps(acc[0][r], acc[2][r]), _mm512_add_ps(acc[1][r], acc[3][r]));
+}
+
 /* Task: panels [task * ppt, (task + 1) * ppt) of a window call (one token
  * tile; ppt in j->tiles_per_task). */
 static void window_task(void *ctx, int64_t task, int thread) {
@@ -827,15 +927,20 @@ static void window_task(void *ctx, int64_t task, int thread) {
     const int64_t  p1 = p0 + j->tiles_per_task < j->n_panels ? p0 + j->tiles_per_task : j->n_panels;
     const int      q6 = j->type == AG_TYPE_Q6_K;
     wslot          ws;
-    load_window_tiles(q6 ? 16 : 32);
+    wslot6         ws6;
+    if (q6) load_window_q6_tiles();
+    else load_window_tiles();
     for (int64_t p = p0; p < p1; p++) {
         const int64_t  row0 = p * TILE;
         const int      rows = (int)(j->n_out - row0 < TILE ? j->n_out - row0 : TILE);
         const uint8_t *w = j->w + (size_t)row0 * j->w_row_bytes, *next = p + 1 < p1 ? w + TILE * j->w_row_bytes : NULL;
-        if (rows < TILE) memset(ws.q, 0, sizeof ws.q); /* rows past n_out: defined values (scaled by 0) */
+        if (rows < TILE) { /* rows past n_out: defined values (scaled by 0) */
+            if (q6) memset(ws6.lo, 0, sizeof ws6.lo), memset(ws6.hi, 0, sizeof ws6.hi);
+            else memset(ws.q, 0, sizeof ws.q);
+        }
         __m512 acc[16];
-        if (q6) window_panel(acc, w, j->w_row_bytes, rows, nsb, j->act, 1, &ws, next);
-        else window_panel(acc, w, j->w_row_bytes, rows, nsb, j->act, 0, &ws, next);
+        if (q6) window_panel_q6(acc, w, j->w_row_bytes, rows, nsb, j->act, &ws6, next);
+        else window_panel(acc, w, j->w_row_bytes, rows, nsb, j->act, &ws, next);
         transpose16(acc);
         const __mmask16 rm = (__mmask16)((1u << rows) - 1);
         for (int64_t t = 0; t < j->n_tok; t++) _mm512_mask_storeu_ps(j->y + t * j->ldy + row0, rm, acc[t]);
