@@ -36,6 +36,7 @@ static const char usage[] =
     "  --ctx N         context per sequence (default: serve's, the model's at most 4096)\n"
     "  --parallel N    sequences at once (default: serve's, 4)\n"
     "  --batch N       tokens per engine step (default: serve's, 512)\n"
+    "  --kv-mem SIZE   KV pool (default: serve's, --parallel full contexts)\n"
     "  --draft ngram|MODEL.gguf  the speculative decoding source serve would use\n"
     "  --no-kv-disk    serve without the prefix cache's disk tier (no write-behind buffer)\n"
     "  -t THREADS      CPU threads (default: all cores)\n"
@@ -172,6 +173,7 @@ int ag_cli_fit(int argc, char **argv) {
     const ag_engine_params defaults = ag_engine_default_params();
     const char *model_path = NULL;
     long        ctx = 0, parallel = defaults.n_parallel, batch = defaults.n_batch, threads = 0;
+    uint64_t    kv_mem = 0;
     bool        json = false, no_kv_disk = false;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
@@ -191,6 +193,7 @@ int ag_cli_fit(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) ok = ag_cli_parse_long(v, 2, 1 << 24, &ctx);
         else if (!strcmp(a, "--parallel")) ok = ag_cli_parse_long(v, 1, AG_CLI_MAX_PARALLEL, &parallel);
         else if (!strcmp(a, "--batch")) ok = ag_cli_parse_long(v, 1, 1 << 16, &batch);
+        else if (!strcmp(a, "--kv-mem")) ok = ag_cli_parse_size(v, &kv_mem) && kv_mem > 0 && kv_mem <= SIZE_MAX;
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
         else return ag_cli_usage_error(usage, "fit: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "fit: %s needs a value", a);
@@ -210,6 +213,7 @@ int ag_cli_fit(int argc, char **argv) {
     ep.n_parallel = (int)parallel;
     ep.n_ctx = (int)ctx;
     ep.n_batch = (int)batch;
+    ep.kv_bytes = (size_t)kv_mem;
     /* the plan only asks whether there is a disk tier, not where */
     ep.cache_dir = no_kv_disk ? NULL : "disk tier";
     const char *model_files[2] = {model_path, dopt.draft};
@@ -303,7 +307,10 @@ int ag_cli_fit(int argc, char **argv) {
             printf("  of which on the GPU (KV pool, scratch): %.1f MiB; in host memory: %.1f MiB\n", mib(mem.device),
                    mib(host));
             printf("GPU: %.1f MiB free of %.1f MiB with the weights loaded: %s\n", mib(r.device_free),
-                   mib(r.device_total), mem.device <= r.device_free ? "fits" : "DOES NOT FIT");
+                   mib(r.device_total),
+                   mem.device <= r.device_free ? "fits"
+                                               : "DOES NOT FIT (serve, without --kv-mem, makes the KV pool what fits "
+                                                 "and queues the requests it cannot hold)");
         }
         printf("available: %.1f MiB (%s): %s\n", mib(avail), source,
                host <= avail ? "fits" : "DOES NOT FIT");

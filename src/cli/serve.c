@@ -26,6 +26,8 @@ static const char usage[] =
     "  --ctx N             context per sequence (default: the model's, at most 4096)\n"
     "  --max-queue N       requests waiting for a slot before 429s (default 64)\n"
     "  --batch N           tokens per engine step; smaller prompt chunks keep streams smoother (default 512)\n"
+    "  --kv-mem SIZE       KV pool (e.g. 8G): default --parallel full contexts, on a GPU at most what its free\n"
+    "                      memory holds (requests that do not fit wait); more gives the prefix cache room\n"
     "  -t THREADS          CPU threads (default: all cores)\n"
     "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
     "  --max-body BYTES    request body limit (default 8388608)\n"
@@ -81,7 +83,7 @@ int ag_cli_serve(int argc, char **argv) {
          max_body = 8L << 20, max_conn = 256, timeout = 60, batch = 0;
     const char *kv_disk = NULL;
     bool        no_kv_disk = false, no_webui = false;
-    uint64_t    kv_disk_max = 0;
+    uint64_t    kv_disk_max = 0, kv_mem = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
@@ -121,6 +123,7 @@ int ag_cli_serve(int argc, char **argv) {
             ok = v && *v;
         }
         else if (!strcmp(a, "--kv-disk-max")) ok = ag_cli_parse_size(v, &kv_disk_max) && kv_disk_max > 0;
+        else if (!strcmp(a, "--kv-mem")) ok = ag_cli_parse_size(v, &kv_mem) && kv_mem > 0 && kv_mem <= SIZE_MAX;
         else return ag_cli_usage_error(usage, "serve: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "serve: %s needs a value", a);
         if (!ok) return ag_cli_usage_error(usage, "serve: invalid value '%s' for %s", v, a);
@@ -158,6 +161,7 @@ int ag_cli_serve(int argc, char **argv) {
     ep.n_ctx = (int)ctx;
     ep.max_queue = (int)max_queue;
     if (batch) ep.n_batch = (int)batch;
+    ep.kv_bytes = (size_t)kv_mem;
     char kv_dir[4300];
     if (!no_kv_disk) {
         if (kv_disk) snprintf(kv_dir, sizeof kv_dir, "%s", kv_disk);

@@ -1129,9 +1129,19 @@ static ag_status resolve_params(ag_model *m, const ag_tok *tok, ag_engine_params
     return AG_OK;
 }
 
+/* GPU memory the KV pool leaves to the device's own needs (the context,
+ * cuBLAS's workspace, recorded graphs): 1/32 of it, at least 512 MiB. */
+static uint64_t device_headroom(uint64_t total) { return total / 32 > (512u << 20) ? total / 32 : (512u << 20); }
+
 /* The KV pool of an engine with resolved params p; p->kv_bytes 0 becomes
- * n_parallel full contexts. */
-static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp, ag_kv_layout *lay) {
+ * n_parallel full contexts and, where capped is given (the engine; the
+ * plan, for augur fit, passes NULL and keeps the full size), on a device
+ * at most what its free memory holds beside the scratch (*capped then says
+ * so): admission books each request's worst case (prompt + max_tokens) in
+ * blocks, so a smaller pool runs fewer long sequences at once and queues
+ * the rest, rather than failing to start. A pool that cannot hold one full
+ * context is an error. */
+static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp, ag_kv_layout *lay, bool *capped) {
     *kp = ag_kv_default_params();
     ag_model_kv_shape(m, &kp->n_layers, &kp->n_kv_heads, &kp->head_dim_k, &kp->head_dim_v);
     kp->dtype = p->kv_dtype;
@@ -1140,7 +1150,29 @@ static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp,
     kp->max_seqs = p->n_parallel + 1;
     ag_status st = ag_kv_layout_for(kp, lay, NULL);
     if (st) return st;
-    if (!p->kv_bytes) p->kv_bytes = ag_kv_budget_for(lay, p->n_parallel, p->n_ctx);
+    uint64_t     free_b, total_b;
+    const size_t one = ag_kv_budget_for(lay, 1, p->n_ctx);
+    if (capped) *capped = false;
+    if (p->kv_bytes && p->kv_bytes < one)
+        return ag_errorf(AG_ERR_RANGE, "a KV pool of %.1f MiB holds less than one %d-token context (%.1f MiB)",
+                         p->kv_bytes / 1048576.0, p->n_ctx, one / 1048576.0);
+    if (!p->kv_bytes) {
+        p->kv_bytes = ag_kv_budget_for(lay, p->n_parallel, p->n_ctx);
+        if (capped && ag_model_device(m) != AG_DEVICE_CPU && ag_model_device_memory(m, &free_b, &total_b) == AG_OK) {
+            const uint64_t reserve = ag_model_scratch_bytes(m, p->n_batch, p->n_ctx) + device_headroom(total_b);
+            const uint64_t room = free_b > reserve ? (free_b - reserve) / lay->block_bytes * lay->block_bytes : 0;
+            if (p->kv_bytes > room) {
+                if (room < one)
+                    return ag_errorf(AG_ERR_NOMEM,
+                                     "the GPU has %.2f GiB free with the weights loaded; one %d-token context needs "
+                                     "%.2f GiB of KV beside %.2f GiB of scratch and headroom: lower --ctx (augur fit "
+                                     "shows the plan)",
+                                     free_b / 1073741824.0, p->n_ctx, one / 1073741824.0, reserve / 1073741824.0);
+                p->kv_bytes = room;
+                if (capped) *capped = true;
+            }
+        }
+    }
     kp->budget_bytes = p->kv_bytes;
     return AG_OK;
 }
@@ -1159,7 +1191,7 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
     ag_kv_params     kp;
     ag_kv_layout     lay;
     ag_status        st;
-    if ((st = resolve_params(m, tok, &p)) || (st = pool_params(m, &p, &kp, &lay))) return st;
+    if ((st = resolve_params(m, tok, &p)) || (st = pool_params(m, &p, &kp, &lay, NULL))) return st;
     int32_t n_blocks;
     size_t  kv;
     if ((st = ag_kv_layout_for(&kp, &lay, &n_blocks)) || (st = ag_kv_memory_bytes(&kp, p.n_ctx, &kv))) return st;
@@ -1222,7 +1254,8 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
 
     ag_kv_params kp;
     ag_kv_layout L;
-    if ((st = pool_params(m, &p, &kp, &L))) goto fail;
+    bool         capped;
+    if ((st = pool_params(m, &p, &kp, &L, &capped))) goto fail;
     e->p = p;
     e->block_size = L.block_size;
     if ((st = ag_kv_init(&kp, &e->kv))) goto fail;
@@ -1231,6 +1264,12 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         ag_kv_get_stats(e->kv, &ks);
         e->n_blocks = ks.n_blocks;
     }
+    if (capped)
+        AG_LOGW("KV pool: %.2f GiB, what the GPU's memory holds: %d blocks of %d tokens, %.1f full %d-token contexts "
+                "(--parallel %d of them need %.2f GiB); requests book their own prompt + max_tokens, and those "
+                "that do not fit wait",
+                p.kv_bytes / 1073741824.0, e->n_blocks, L.block_size, (double)e->n_blocks * L.block_size / p.n_ctx,
+                p.n_ctx, p.n_parallel, ag_kv_budget_for(&L, p.n_parallel, p.n_ctx) / 1073741824.0);
     if (p.prefix_cache) {
         ag_cache_params cp = ag_cache_default_params();
         cp.model_fingerprint = ag_model_fingerprint(m);

@@ -48,7 +48,8 @@ typedef struct {
     int         n_batch;    /* tokens per forward step; default 512 */
     int         n_prefill_decoding; /* prompt tokens per step while other streams decode; default 64 */
     int         max_queue;  /* requests waiting for admission; more are refused; default 64 */
-    size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts */
+    size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts, on a GPU at most what
+                               its free memory holds (admission then queues what does not fit) */
     ag_kv_dtype kv_dtype;   /* default F16 */
     /* Speculative decoding (spec/spec.h): NULL = off. The factory is
      * borrowed and must outlive the engine; each choice gets its own source

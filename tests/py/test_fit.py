@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import QWEN_05B, SMOLLM2, AugurServer, require_model, run_augur
+from conftest import QWEN_05B, SMOLLM2, TINY_GGUF, AugurServer, require_model, run_augur
 
 WORDS = "harbor lantern quiet meadow copper thunder violet orchard glacier saddle ember willow".split()
 
@@ -172,3 +172,25 @@ def test_bad_flags():
     assert p.returncode == 2
     p = run_augur("fit", "-m", "/nonexistent/model.gguf")
     assert p.returncode == 1 and b"/nonexistent/model.gguf" in p.stderr
+
+
+def test_kv_mem_sets_the_pool_and_admission_queues_what_it_cannot_hold(augur_server):
+    """--kv-mem: a pool of one 256-token context under --parallel 4. Requests
+    that each book most of it (prompt + max_tokens) run one after another and
+    all complete; fit plans the same pool; a pool under one context is refused."""
+    one = fit(TINY_GGUF, "--ctx", "256", "--parallel", "1")
+    kv_mem = str(one["parts"]["kv"])  # the pool and its tables: one context, not two
+    planned = fit(TINY_GGUF, "--ctx", "256", "--parallel", "4", "--kv-mem", kv_mem)
+    assert planned["kv_blocks"] == one["kv_blocks"]
+    s = augur_server(TINY_GGUF, "--ctx", "256", "--parallel", "4", "--kv-mem", kv_mem)
+    c = s.client()
+
+    def one_request(i):
+        r = c.completions.create(model=s.model_id, prompt=f"Once upon a time {i}", max_tokens=200, temperature=0,
+                                 extra_body={"ignore_eos": True})
+        return r.usage.completion_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(3) as ex:
+        assert list(ex.map(one_request, range(3))) == [200, 200, 200]
+    p = run_augur("serve", "-m", TINY_GGUF, "--ctx", "256", "--kv-mem", "1K", "--no-kv-disk", check=False)
+    assert p.returncode != 0 and b"holds less than one 256-token context" in p.stderr
