@@ -737,6 +737,18 @@ static __device__ __forceinline__ void mmv_split_range(int n_units, int ks, int 
     *g0 = min(n_units, sub * per);
     *g1 = min(n_units, *g0 + per);
 }
+/* A staged block (stage_rows): its rows of W (MMV_WARPS / ks, fewer at the
+ * end) into the dynamic shared memory; returns where this warp's row lies
+ * there. Every thread of the block must call it. */
+template <int ks>
+static __device__ __forceinline__ const uint8_t *stage_block_rows(const uint8_t *W, size_t row_bytes, int n_out, int bx,
+                                                                  uint64_t *bar) {
+    extern __shared__ __align__(128) uint8_t mmv_stage[];
+    const int row0 = bx * (MMV_WARPS / ks), rows = min(MMV_WARPS / ks, n_out - row0);
+    stage_rows(mmv_stage, W + (size_t)row0 * row_bytes, (uint32_t)(rows * row_bytes), bar);
+    return mmv_stage + (size_t)min((int)(threadIdx.x >> 5) / ks, rows - 1) * row_bytes;
+}
+
 /* As mmv_store, for a row split over ks adjacent warps: each warp's lane sum,
  * then the warps' sums in warp order, written by the first warp's lane 0.
  * Every warp of the block must call it (a barrier). */
@@ -825,12 +837,8 @@ static __device__ __forceinline__ void mmv_kblocks(const uint8_t *__restrict__ W
     int            b = 0, b_end = nb;
     if constexpr (ks > 1) mmv_split_range(row < n_out ? nb : 0, ks, warp % ks, &b, &b_end);
     __shared__ uint64_t stage_bar;
-    if constexpr (ST) {
-        extern __shared__ __align__(128) uint8_t mmv_stage[];
-        const int row0 = bx * (MMV_WARPS / ks), rows = min(MMV_WARPS / ks, n_out - row0);
-        stage_rows(mmv_stage, W + (size_t)row0 * row_bytes, (uint32_t)(rows * row_bytes), &stage_bar);
-        wr = mmv_stage + (size_t)min(warp / ks, rows - 1) * row_bytes;
-    } else if (lane == 0 && row < n_out && b < b_end)
+    if constexpr (ST) wr = stage_block_rows<ks>(W, row_bytes, n_out, bx, &stage_bar);
+    else if (lane == 0 && row < n_out && b < b_end)
         prefetch_l2(wr + (size_t)b * (row_bytes / nb), (size_t)min(PDL_PF_MUL * KIND::U, b_end - b) * (row_bytes / nb));
     pdl_entry();
     if (ks == 1 && row >= n_out) return;
@@ -1070,10 +1078,7 @@ static __device__ __forceinline__ void q4k_dp4a_rows(const uint8_t *__restrict__
     const uint8_t *row_start = W + (size_t)row_c * row_bytes;
     __shared__ uint64_t stage_bar;
     if constexpr (ST) {
-        extern __shared__ __align__(128) uint8_t mmv_stage[];
-        const int row0 = bx * (MMV_WARPS / ks), rows = min(MMV_WARPS / ks, n_out - row0);
-        stage_rows(mmv_stage, W + (size_t)row0 * row_bytes, (uint32_t)(rows * row_bytes), &stage_bar);
-        row_start = mmv_stage + (size_t)min(warp / ks, rows - 1) * row_bytes;
+        row_start = stage_block_rows<ks>(W, row_bytes, n_out, bx, &stage_bar);
         wr = row_start + 16 * (lane & 7);
     } else if (lane == 0 && row < n_out && b4 < nb_w)
         prefetch_l2(row_start + (size_t)b4 * 144, (size_t)min(PDL_PF_MUL * 4 * MMV_G4, nb_w - b4) * 144);
