@@ -20,6 +20,16 @@
  * prior as 4 observations 6 misses bring it below 0.25. */
 #define ACCEPT_PRIOR 0.6
 #define ACCEPT_PRIOR_N 4
+/* While the estimate is still mostly that prior (fewer than
+ * PROBE_LEARN_OBS verified positions), a sequence whose length says 0
+ * probes every PROBE_LEARN_EVERY rounds rather than every probe_every. A
+ * draft model costing 0.4 of a target step does not pay at the prior (a
+ * 2-token draft promises 1.07x, under the margin), so it learned its
+ * 90-100% acceptance from one 2-token probe every 8 rounds, and a short
+ * answer ended before it drafted at all (Qwen2.5-0.5B for the 1.5B on the
+ * AMX Xeon, 2026-12-05). The n-gram source (cost 0) drafts at the prior. */
+#define PROBE_LEARN_OBS   8
+#define PROBE_LEARN_EVERY 2
 /* How much more than plain decoding a draft must promise (expected tokens
  * per unit of cost) to be made at all: the model is rough (acceptance falls along a draft;
  * step times are noisy), and on open chat a predicted 2-10% gain measured
@@ -163,7 +173,9 @@ int ag_spec_propose(ag_spec_seq *s, const int32_t *output, int n_output, int cap
     int want = cap;
     if (s->p.adaptive && cap > 0) {
         want = best_length(s, cap, step_cost);
-        if (want == 0 && ++s->idle >= s->p.probe_every) {
+        const int every =
+            s->n_obs < PROBE_LEARN_OBS && s->p.probe_every > PROBE_LEARN_EVERY ? PROBE_LEARN_EVERY : s->p.probe_every;
+        if (want == 0 && ++s->idle >= every) {
             /* probe: a short draft keeps the estimate alive */
             want = cap < 2 ? cap : 2;
             s->idle = 0;
