@@ -38,7 +38,8 @@
  * step_cost[d] + d * source cost_per_token decode steps; the
  * executor drafts the d in [0, cap] that maximises the ratio (0: plain
  * decoding), and while that is 0 it still probes with a short draft every
- * `probe_every` rounds so a sequence that starts copying is noticed. */
+ * `probe_every` rounds (every 2 while the estimate is mostly its prior) so
+ * a sequence that starts copying is noticed. */
 #ifndef AG_SPEC_SPEC_H
 #define AG_SPEC_SPEC_H
 
