@@ -183,29 +183,27 @@ echo "== dp4a weights grouped in one launch (q/k/v, gate/up: the default; gate/u
 # shapes (split over 2), Gemma; the Llama model is not among the compared models (size)
 m=build/cuda/llama8b-2layers-q4_k_m.gguf
 build/cuda/bench/gen_model $m llama8b --type Q4_K_M --layers 2 >/dev/null
-for m2 in $m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf; do
-  for mode in "--decode --chunk 1" "--decode --chunk 2" "--decode --chunk 3"; do
-    AUGUR_CUDA_MMQ=0 AUGUR_CUDA_PAIR=0 build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode -o build/cuda/single.bin 2>/dev/null
-    for pm in 1 2; do
-      AUGUR_CUDA_MMQ=0 AUGUR_CUDA_PAIR=$pm build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
-        -o build/cuda/pair.bin 2>/dev/null
-      if cmp -s build/cuda/single.bin build/cuda/pair.bin; then echo "PASS grouped (PAIR=$pm) == single: $(basename $m2) $mode"
-      else echo "FAIL grouped (PAIR=$pm) != single: $(basename $m2) $mode"; rc=1; fi
+# bits_vs VAR BASE "VALUES" MODE...: decode-row logits of the dp4a GEMVs (AUGUR_CUDA_MMQ=0) with VAR set to
+# each of VALUES equal those with VAR=BASE, byte for byte, on the Llama, Qwen and Gemma Q4_K_M shapes
+bits_vs() {
+  local var=$1 base=$2 values=$3 m2 mode v
+  shift 3
+  for m2 in $m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf; do
+    for mode in "$@"; do
+      env AUGUR_CUDA_MMQ=0 $var=$base build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
+        -o build/cuda/base.bin 2>/dev/null
+      for v in $values; do
+        env AUGUR_CUDA_MMQ=0 $var=$v build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
+          -o build/cuda/variant.bin 2>/dev/null
+        if cmp -s build/cuda/base.bin build/cuda/variant.bin; then echo "PASS $var=$v == $var=$base: $(basename $m2) $mode"
+        else echo "FAIL $var=$v != $var=$base: $(basename $m2) $mode"; rc=1; fi
+      done
     done
   done
-done
+}
+bits_vs AUGUR_CUDA_PAIR 0 "1 2" "--decode --chunk 1" "--decode --chunk 2" "--decode --chunk 3"
 echo "== dp4a GEMVs with their rows staged in shared memory (AUGUR_CUDA_STAGE=2: every kernel, 1: group launches) give the bits of global loads (AUGUR_CUDA_STAGE=0)"
-for m2 in $m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf; do
-  for mode in "--decode --chunk 1" "--decode --chunk 3" "--decode --chunk 9"; do
-    AUGUR_CUDA_MMQ=0 AUGUR_CUDA_STAGE=0 build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
-      -o build/cuda/global.bin 2>/dev/null
-    for sm in 1 2; do
-      AUGUR_CUDA_MMQ=0 AUGUR_CUDA_STAGE=$sm build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode -o build/cuda/staged.bin 2>/dev/null
-      if cmp -s build/cuda/staged.bin build/cuda/global.bin; then echo "PASS staged (STAGE=$sm) == global loads: $(basename $m2) $mode"
-      else echo "FAIL staged (STAGE=$sm) != global loads: $(basename $m2) $mode"; rc=1; fi
-    done
-  done
-done
+bits_vs AUGUR_CUDA_STAGE 0 "1 2" "--decode --chunk 1" "--decode --chunk 3" "--decode --chunk 9"
 echo "== kernels launched early (programmatic dependent launch, the default) give the bits of serial launches (AUGUR_CUDA_PDL=0)"
 # a missing wait in a kernel would read its input before its producer finished: different bits, or a moving error
 for m in $m $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf; do

@@ -1133,6 +1133,18 @@ static ag_status resolve_params(ag_model *m, const ag_tok *tok, ag_engine_params
  * cuBLAS's workspace, recorded graphs): 1/32 of it, at least 512 MiB. */
 static uint64_t device_headroom(uint64_t total) { return total / 32 > (512u << 20) ? total / 32 : (512u << 20); }
 
+/* The KV bytes (whole blocks) the device of m holds beside its scratch and
+ * headroom, in *room; false on the CPU (no such limit). *free_b, *reserve:
+ * the figures, for an error message. */
+static bool device_kv_room(ag_model *m, const ag_engine_params *p, const ag_kv_layout *lay, uint64_t *room,
+                           uint64_t *free_b, uint64_t *reserve) {
+    uint64_t total_b;
+    if (ag_model_device(m) == AG_DEVICE_CPU || ag_model_device_memory(m, free_b, &total_b) != AG_OK) return false;
+    *reserve = ag_model_scratch_bytes(m, p->n_batch, p->n_ctx) + device_headroom(total_b);
+    *room = *free_b > *reserve ? (*free_b - *reserve) / lay->block_bytes * lay->block_bytes : 0;
+    return true;
+}
+
 /* The KV pool of an engine with resolved params p; p->kv_bytes 0 becomes
  * n_parallel full contexts and, where capped is given (the engine; the
  * plan, for augur fit, passes NULL and keeps the full size), on a device
@@ -1150,27 +1162,23 @@ static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp,
     kp->max_seqs = p->n_parallel + 1;
     ag_status st = ag_kv_layout_for(kp, lay, NULL);
     if (st) return st;
-    uint64_t     free_b, total_b;
     const size_t one = ag_kv_budget_for(lay, 1, p->n_ctx);
     if (capped) *capped = false;
     if (p->kv_bytes && p->kv_bytes < one)
         return ag_errorf(AG_ERR_RANGE, "a KV pool of %.1f MiB holds less than one %d-token context (%.1f MiB)",
                          p->kv_bytes / 1048576.0, p->n_ctx, one / 1048576.0);
+    uint64_t room, free_b, reserve;
     if (!p->kv_bytes) {
         p->kv_bytes = ag_kv_budget_for(lay, p->n_parallel, p->n_ctx);
-        if (capped && ag_model_device(m) != AG_DEVICE_CPU && ag_model_device_memory(m, &free_b, &total_b) == AG_OK) {
-            const uint64_t reserve = ag_model_scratch_bytes(m, p->n_batch, p->n_ctx) + device_headroom(total_b);
-            const uint64_t room = free_b > reserve ? (free_b - reserve) / lay->block_bytes * lay->block_bytes : 0;
-            if (p->kv_bytes > room) {
-                if (room < one)
-                    return ag_errorf(AG_ERR_NOMEM,
-                                     "the GPU has %.2f GiB free with the weights loaded; one %d-token context needs "
-                                     "%.2f GiB of KV beside %.2f GiB of scratch and headroom: lower --ctx (augur fit "
-                                     "shows the plan)",
-                                     free_b / 1073741824.0, p->n_ctx, one / 1073741824.0, reserve / 1073741824.0);
-                p->kv_bytes = room;
-                if (capped) *capped = true;
-            }
+        if (capped && device_kv_room(m, p, lay, &room, &free_b, &reserve) && p->kv_bytes > room) {
+            if (room < one)
+                return ag_errorf(AG_ERR_NOMEM,
+                                 "the GPU has %.2f GiB free with the weights loaded; one %d-token context needs %.2f "
+                                 "GiB of KV beside %.2f GiB of scratch and headroom: lower --ctx (augur fit shows the "
+                                 "plan)",
+                                 free_b / 1073741824.0, p->n_ctx, one / 1073741824.0, reserve / 1073741824.0);
+            p->kv_bytes = room;
+            *capped = true;
         }
     }
     kp->budget_bytes = p->kv_bytes;

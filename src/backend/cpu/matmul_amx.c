@@ -627,13 +627,18 @@ typedef struct {
     _Alignas(64) float dd[2][TILE], dm[2][TILE];
 } wslot;
 
+/* The byte offsets of a panel's 16 rows, row_bytes apart: the gathers' index. */
+AI __m512i row_offsets(size_t row_bytes) {
+    return _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                              _mm512_set1_epi32((int)row_bytes));
+}
+
 /* Q4_K super-block s of the rows (`rows` of them real, row_bytes apart
  * from w) into slot b. Rows past `rows` read nothing and get zero scales,
  * mins, d and dmin, so whatever values they hold contribute 0. */
 AI void window_unpack(const uint8_t *w, size_t row_bytes, int rows, int64_t s, wslot *ws, int b) {
     const __mmask16 rm = (__mmask16)((1u << rows) - 1);
-    const __m512i   idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                             _mm512_set1_epi32((int)row_bytes));
+    const __m512i   idx = row_offsets(row_bytes);
     const __m512i   z = _mm512_setzero_si512(), FF = _mm512_set1_epi32(0xFF);
     const uint8_t *base = w + (size_t)s * sizeof(ag_block_q4_K);
     const __m512i  m4 = _mm512_set1_epi8(0xF);
@@ -845,8 +850,7 @@ AI void window_unpack_q6(const uint8_t *w, size_t row_bytes, int rows, int64_t s
         }
     }
     const __mmask16 rm = (__mmask16)((1u << rows) - 1);
-    const __m512i   idx = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                             _mm512_set1_epi32((int)row_bytes));
+    const __m512i   idx = row_offsets(row_bytes);
     /* d is the block's last two bytes: gather the dword ending there */
     const __m512i ud = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rm, idx, base + sizeof(ag_block_q6_K) - 4, 1);
     _mm512_store_ps(ws->dd[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ud, 16))));

@@ -2393,14 +2393,14 @@ static ag_status matmul_group_dp4a(cuda_state *s, const ag_tensor *const *w, int
         const size_t b = mmv_stage_bytes(s, w[i], rows);
         staged = staged && b, smem = b > smem ? b : smem;
     }
-    if (!staged || s->stage_mode == 0) smem = 0;
+    if (!staged) smem = 0; /* (mmv_stage_bytes is 0 with staging off) */
     const int        nt = n_decode <= 1 ? 1 : n_decode <= 2 ? 2 : n_decode <= 4 ? 4 : 8; /* as matmul_decode */
     mmv_group_kernel k = nt == 1   ? mmv_group_for_nt<1>(mixed, smem != 0)
                        : nt == 2 ? mmv_group_for_nt<2>(mixed, smem != 0)
                        : nt == 4 ? mmv_group_for_nt<4>(mixed, smem != 0)
                                  : mmv_group_for_nt<8>(mixed, smem != 0);
     dim3 grid((unsigned)g.blk0[n_g], (unsigned)((n_decode + nt - 1) / nt));
-    launch_k(s, k, grid, 32 * MMV_WARPS, smem, g, K, (const int8_t *)s->d_xq, (const float2 *)s->d_xs, n_decode);
+    launch_k(s, k, grid, 32 * MMV_WARPS, smem, g, K, s->d_xq, s->d_xs, n_decode);
     LAUNCHED();
     for (int i = 0; i < n_g; i++) {
         st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1]);
@@ -5100,7 +5100,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->pdl_on = !(pdl && *pdl == '0') && prop.major >= 9 && cudaFuncGetAttributes(&kattr, add_k) == cudaSuccess &&
                 kattr.ptxVersion >= 90;
     const char *stage = getenv("AUGUR_CUDA_STAGE"); /* bulk copies (cp.async.bulk): Hopper and later, as PDL */
-    s->stage_mode = prop.major >= 9 && kattr.ptxVersion >= 90 ? (stage && *stage ? *stage - '0' : 1) : 0;
+    const int   stage_asked = stage && *stage == '0' ? 0 : stage && *stage == '2' ? 2 : 1;
+    s->stage_mode = prop.major >= 9 && kattr.ptxVersion >= 90 ? stage_asked : 0;
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d, kernels launched early (PDL): %s", prop.name,
             prop.multiProcessorCount, prop.totalGlobalMem / 1073741824.0, prop.major, prop.minor,
             s->pdl_on ? "on" : "off");
