@@ -193,6 +193,133 @@ __attribute__((target("avx2,fma,f16c"))) static void axpy_many_f16_avx2(float *y
 }
 #endif
 
+#if defined(__x86_64__)
+/* ---- AVX-512: several queries against several keys from float rows ----
+ *
+ * A verify window (or a KV head's query group at decode) asks for many
+ * dots against the same K rows and many axpys of the same V rows. The AVX2
+ * loops above convert each fp16 element once per query, so an 8-row window
+ * of Qwen2.5 (6 query heads a KV head) converted every cached element 48
+ * times; here a block's rows are converted to float once (rows_f32), and
+ * 4 queries x 4 keys share their loads in registers.
+ *
+ * The bits are the AVX2 loops': a zmm lane l of a dot's accumulator holds
+ * what lane l % 8 of s0 (l < 8) or s1 (l >= 8) held, the same fmas in the
+ * same order, and reduce16 below adds the lanes in dot_f16_avx2's tree; an
+ * axpy is one fma per element in position order, as axpy_many_f16_avx2. */
+#define AVX512_ATTN __attribute__((target("avx512f,avx2,fma,f16c")))
+
+/* z[a] for a in 0..15, each 16 lanes of one dot's partial sums: returns the
+ * 16 dots, lane a = dot_f16_avx2's tree over z[a] (t_k = z_k + z_{k+8},
+ * h_k = t_k + t_{k+4}, (h_0 + h_2) + (h_1 + h_3)). Each stage adds the
+ * same pairs for 16 / 8 / 4 / 2 accumulators at once. */
+AVX512_ATTN __attribute__((always_inline)) static inline __m512 reduce16(const __m512 z[16]) {
+    __m512 t[8], h[4], g[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) /* [t of z[2i] (8 lanes), t of z[2i+1]] */
+        t[i] = _mm512_add_ps(_mm512_shuffle_f32x4(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) /* [h of z[4j], z[4j+1], z[4j+2], z[4j+3]], 4 lanes each */
+        h[j] = _mm512_add_ps(_mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(t[2 * j], t[2 * j + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+    for (int m = 0; m < 2; m++) { /* 128-bit lane l: (h0+h2, h1+h3) of z[8m+l], then of z[8m+4+l] */
+        const __m512d p = _mm512_castps_pd(h[2 * m]), q = _mm512_castps_pd(h[2 * m + 1]);
+        g[m] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p, q)), _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)));
+    }
+    /* 128-bit lane l: the dots of z[l], z[4+l], z[8+l], z[12+l] */
+    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(g[0], g[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), f);
+}
+
+/* out[4 qi + ki] = dot(q + qi * qs, k + ki * dk) over dk floats (dk % 16
+ * == 0), qi < 4, ki < 4; callers pass repeated rows where they have fewer. */
+AVX512_ATTN static void dots_4x4(const float *q0, const float *q1, const float *q2, const float *q3, const float *k0,
+                                 const float *k1, const float *k2, const float *k3, int dk, float out[16]) {
+    __m512 z[16];
+#pragma GCC unroll 16
+    for (int a = 0; a < 16; a++) z[a] = _mm512_setzero_ps();
+    for (int i = 0; i < dk; i += 16) {
+        const __m512 a0 = _mm512_loadu_ps(q0 + i), a1 = _mm512_loadu_ps(q1 + i), a2 = _mm512_loadu_ps(q2 + i),
+                     a3 = _mm512_loadu_ps(q3 + i);
+        const __m512 b[4] = {_mm512_loadu_ps(k0 + i), _mm512_loadu_ps(k1 + i), _mm512_loadu_ps(k2 + i),
+                             _mm512_loadu_ps(k3 + i)};
+#pragma GCC unroll 4
+        for (int kk = 0; kk < 4; kk++) {
+            z[kk] = _mm512_fmadd_ps(a0, b[kk], z[kk]);
+            z[4 + kk] = _mm512_fmadd_ps(a1, b[kk], z[4 + kk]);
+            z[8 + kk] = _mm512_fmadd_ps(a2, b[kk], z[8 + kk]);
+            z[12 + kk] = _mm512_fmadd_ps(a3, b[kk], z[12 + kk]);
+        }
+    }
+    _mm512_storeu_ps(out, reduce16(z));
+}
+
+/* acc[qi] (acc + qi * as, dv floats) += Σ_j p[qi][j] · v[j] for j in [0, m),
+ * p[qi] = p + qi * ps, v[j] = v + j * dv: one fma per element in j order.
+ * nq 1..4 queries; dv % 64 == 0. */
+AVX512_ATTN __attribute__((always_inline)) static inline void axpys_nq(float *acc, size_t as, const float *p, size_t ps, int nq, const float *v, int m,
+                                        int dv) {
+    for (int d = 0; d < dv; d += 64) {
+        __m512 y[4][4];
+#pragma GCC unroll 4
+        for (int qi = 0; qi < nq; qi++)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) y[qi][u] = _mm512_loadu_ps(acc + qi * as + d + 16 * u);
+        for (int j = 0; j < m; j++) {
+            const float *vr = v + (size_t)j * dv + d;
+            const __m512 x0 = _mm512_loadu_ps(vr), x1 = _mm512_loadu_ps(vr + 16), x2 = _mm512_loadu_ps(vr + 32),
+                         x3 = _mm512_loadu_ps(vr + 48);
+#pragma GCC unroll 4
+            for (int qi = 0; qi < nq; qi++) {
+                const __m512 w = _mm512_set1_ps(p[qi * ps + j]);
+                y[qi][0] = _mm512_fmadd_ps(w, x0, y[qi][0]);
+                y[qi][1] = _mm512_fmadd_ps(w, x1, y[qi][1]);
+                y[qi][2] = _mm512_fmadd_ps(w, x2, y[qi][2]);
+                y[qi][3] = _mm512_fmadd_ps(w, x3, y[qi][3]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int qi = 0; qi < nq; qi++)
+#pragma GCC unroll 4
+            for (int u = 0; u < 4; u++) _mm512_storeu_ps(acc + qi * as + d + 16 * u, y[qi][u]);
+    }
+}
+
+/* max(-inf, row[0..n)) as the scalar loop `mx = row[j] > mx ? row[j] : mx`
+ * finds it (vmaxps keeps its second operand on NaN and on equality, the
+ * same choice; max is order-free, so the lanes may split the row). */
+AVX512_ATTN static float row_max16(const float *row, int n) {
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    int    j = 0;
+    for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(row + j), m);
+    if (j < n) m = _mm512_mask_max_ps(m, (__mmask16)((1u << (n - j)) - 1), _mm512_maskz_loadu_ps((__mmask16)((1u << (n - j)) - 1), row + j), m);
+    float l[16], mx = -INFINITY;
+    _mm512_storeu_ps(l, m);
+    for (int k = 0; k < 16; k++) mx = l[k] > mx ? l[k] : mx;
+    return mx;
+}
+
+/* row[0..n) *= f, elementwise (the scalar loop's products). */
+AVX512_ATTN static void row_mul16(float *row, int n, float f) {
+    const __m512 fv = _mm512_set1_ps(f);
+    int          j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_loadu_ps(row + j), fv));
+    for (; j < n; j++) row[j] *= f;
+}
+
+AVX512_ATTN static void axpys_4(float *acc, size_t as, const float *p, size_t ps, int nq, const float *v, int m, int dv) {
+    switch (nq) { /* the count a constant in each, so y stays in registers */
+    case 1: axpys_nq(acc, as, p, ps, 1, v, m, dv); break;
+    case 2: axpys_nq(acc, as, p, ps, 2, v, m, dv); break;
+    case 3: axpys_nq(acc, as, p, ps, 3, v, m, dv); break;
+    default: axpys_nq(acc, as, p, ps, 4, v, m, dv); break;
+    }
+}
+#endif
+
 static int direct_f16; /* dot/axpy read the F16 cache in place (AVX2, head dims % 8 == 0) */
 #if defined(__x86_64__)
 #define dot_f16 dot_f16_avx2
@@ -211,9 +338,13 @@ static void axpy_many_f16(float *y, const float *w, const uint16_t *x, size_t st
 static float (*dot_f32)(const float *, const float *, int) = dot_c;
 static void (*axpy_f32)(float *, float, const float *, int) = axpy_c;
 
+static int wide_f32; /* AVX-512: 4 x 4 dots and 4-query axpys over float rows (head dims % 64 == 0) */
+
 void ag_cpu_attention_init(void) {
+    wide_f32 = 0;
 #if defined(__x86_64__)
     if (ag_cpu_isa_active() != AG_CPU_ISA_SCALAR) {
+        wide_f32 = ag_cpu_isa_active() == AG_CPU_ISA_AVX512;
         dot_f32 = dot_avx2;
         axpy_f32 = axpy_avx2;
         direct_f16 = 1;
@@ -239,7 +370,8 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     const int dk = s->head_dim_k, dv = s->head_dim_v, bs = L->block_size;
     const int nt = t1 - t0;
     /* F16 rows are contiguous within a (block, head) region: read them in place */
-    const int in_place = direct_f16 && L->dtype == AG_KV_F16 && dk % 8 == 0 && dv % 8 == 0 &&
+    const int wide = wide_f32 && dk % 16 == 0 && dv % 64 == 0; /* the AVX-512 loops over float rows */
+    const int in_place = !wide && direct_f16 && L->dtype == AG_KV_F16 && dk % 8 == 0 && dv % 8 == 0 &&
                          L->row_bytes_k == (size_t)dk * 2 && L->row_bytes_v == (size_t)dv * 2;
     int32_t n_blocks;
     const int32_t *table = ag_kv_seq_blocks(kv, b->seq[t0], &n_blocks);
@@ -275,7 +407,29 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
         for (int i = 0; i < nt; i++) {
             int j0, j1;
             block_span(bi * bs, bs, lo[i], b->pos[t0 + i], &j0, &j1);
-            for (int h = 0; h < group; h++) {
+#if defined(__x86_64__)
+            if (wide) /* the row's query heads 4 at a time against 4 positions at a time */
+                for (int h0 = 0; h0 < group; h0 += 4) {
+                    const int    nq = group - h0 < 4 ? group - h0 : 4;
+                    const float *qv[4];
+                    float       *row[4];
+                    for (int c = 0; c < 4; c++) {
+                        const int h = h0 + (c < nq ? c : 0);
+                        qv[c] = qh + ((size_t)i * group + h) * dk;
+                        row[c] = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
+                    }
+                    for (int j = j0; j < j1; j += 4) {
+                        const int    nk = j1 - j < 4 ? j1 - j : 4;
+                        const float *kr[4];
+                        float        d[16];
+                        for (int c = 0; c < 4; c++) kr[c] = K + (size_t)(j + (c < nk ? c : 0)) * dk;
+                        dots_4x4(qv[0], qv[1], qv[2], qv[3], kr[0], kr[1], kr[2], kr[3], dk, d);
+                        for (int c = 0; c < nq; c++)
+                            for (int e = 0; e < nk; e++) row[c][j + e] = d[4 * c + e];
+                    }
+                }
+#endif
+            for (int h = 0; h < group && !wide; h++) {
                 const float *qv = qh + ((size_t)i * group + h) * dk;
                 float *row = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
                 int j = j0;
@@ -283,7 +437,16 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
                     for (; j + 4 <= j1; j += 4) dot4_f16(qv, K16 + (size_t)j * dk, (size_t)dk, dk, row + j);
                 for (; j < j1; j++)
                     row[j] = in_place ? dot_f16(qv, K16 + (size_t)j * dk, dk) : dot_f32(qv, K + (size_t)j * dk, dk);
-                for (j = j0; j < j1; j++) {
+            }
+            for (int h = 0; h < group; h++) {
+                float *row = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
+#if defined(__x86_64__)
+                if (wide && s->softcap <= 0) {
+                    row_mul16(row + j0, j1 - j0, s->scale);
+                    continue;
+                }
+#endif
+                for (int j = j0; j < j1; j++) {
                     float d = row[j] * s->scale;
                     if (s->softcap > 0) d = s->softcap * tanhf(d / s->softcap);
                     row[j] = d;
@@ -297,14 +460,22 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             const int n_pos = b->pos[t0 + i] - lo[i] + 1;
             float *row = sc + ((size_t)i * group + h) * stride;
             float mx = -INFINITY;
-            for (int j = 0; j < n_pos; j++) mx = row[j] > mx ? row[j] : mx;
+#if defined(__x86_64__)
+            if (wide) mx = row_max16(row, n_pos);
+            else
+#endif
+                for (int j = 0; j < n_pos; j++) mx = row[j] > mx ? row[j] : mx;
             double sum = 0;
             for (int j = 0; j < n_pos; j++) {
                 row[j] = expf(row[j] - mx);
                 sum += row[j];
             }
             float inv = (float)(1.0 / sum);
-            for (int j = 0; j < n_pos; j++) row[j] *= inv;
+#if defined(__x86_64__)
+            if (wide) row_mul16(row, n_pos, inv);
+            else
+#endif
+                for (int j = 0; j < n_pos; j++) row[j] *= inv;
             round_f16(row, row, n_pos);
         }
     /* pass 2: weighted sum of V (each V block converted once for all rows and heads) */
@@ -318,7 +489,14 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
         for (int i = 0; i < nt; i++) {
             int j0, j1;
             block_span(bi * bs, bs, lo[i], b->pos[t0 + i], &j0, &j1);
-            for (int h = 0; h < group; h++) {
+#if defined(__x86_64__)
+            if (wide && j1 > j0) /* 4 query heads a pass over the block's V rows */
+                for (int h0 = 0; h0 < group; h0 += 4)
+                    axpys_4(acc + ((size_t)i * group + h0) * dv, (size_t)dv,
+                            sc + ((size_t)i * group + h0) * stride + (bi * bs - lo[i]) + j0, (size_t)stride,
+                            group - h0 < 4 ? group - h0 : 4, V + (size_t)j0 * dv, j1 - j0, dv);
+#endif
+            for (int h = 0; h < group && !wide; h++) {
                 const float *p = sc + ((size_t)i * group + h) * stride + (bi * bs - lo[i]);
                 float *a = acc + ((size_t)i * group + h) * dv;
                 if (in_place) /* all positions of the block per 32 elements of a (the same bits) */
