@@ -1059,6 +1059,28 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
     ag_kv_free(f.kv);
 }
 
+/* The softmax's own exp against libm's double exp: within one float ulp
+ * everywhere in [-110, 0], expf's float almost always, 0 below expf's
+ * underflow, NaN kept. */
+static void softmax_exp_accuracy(void **state) {
+    int n = 0, same = 0;
+    for (float x = -110.0f; x <= 0.0f; x += 0.00123f, n++) {
+        const float  e = ag_cpu_softmax_exp(x);
+        const double r = exp((double)x);
+        same += e == expf(x);
+        if (r < 7e-46) { /* below half the least subnormal: expf's 0 */
+            if (e != 0.0f) fail_msg("exp(%g) = %g, not 0", x, e);
+            continue;
+        }
+        const float lo = nextafterf((float)r, -INFINITY), hi = nextafterf((float)r, INFINITY);
+        if (e < lo || e > hi) fail_msg("exp(%.9g) = %.9g, reference %.17g", x, e, r);
+    }
+    assert_true(same >= n - n / 1000);
+    assert_true(ag_cpu_softmax_exp(0.0f) == 1.0f);
+    assert_true(ag_cpu_softmax_exp(-INFINITY) == 0.0f);
+    assert_true(isnan(ag_cpu_softmax_exp(NAN)));
+}
+
 /* Head dims and query groups of the real models (a CUDA kernel takes a KV
  * head's query heads together, up to 8, at head dims 64 and 128). */
 static void attention_paged(void **state) {
@@ -1075,6 +1097,7 @@ static void attention_paged(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(matmul_all_types),
+        cmocka_unit_test(softmax_exp_accuracy),
         cmocka_unit_test(matmul_decode_wide_batch),
         cmocka_unit_test(matmul_multi_mixed_shapes),
         cmocka_unit_test(get_rows_exact),

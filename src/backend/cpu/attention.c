@@ -67,6 +67,68 @@ static void round_f16(const float *src, float *dst, int n) {
     }
 }
 
+/* ---- the softmax's exponentials and their sum: one definition, every ISA ----
+ *
+ * libm's expf cannot be vectorised to its own bits, and at 2000 positions
+ * it was a third of a verify window's attention. So the softmax uses its
+ * own exp, the same double-precision operations in the scalar code and in
+ * the AVX-512 lanes: z = x log2(e), n = nearest integer, f = z - n (exact),
+ * 2^f by a degree-10 Taylor polynomial in Horner's fmas (relative error
+ * < 3e-13, so the float it rounds to is expf's but for rare last-bit
+ * ties), times 2^n. The row's sum likewise: 16 double lanes, lane l adding
+ * the e_j with j % 16 == l in j order, then lanes k + 8, k + 4, k + 2 and 1
+ * into k. Every path (decode, verify window, prompt, AVX2 or AVX-512 or
+ * scalar) takes the same bits. */
+#define SM_LOG2E 1.4426950408889634
+#define SM_C10   7.054911620801121e-09
+#define SM_C9    1.0178086009239696e-07
+#define SM_C8    1.3215486790144305e-06
+#define SM_C7    1.5252733804059838e-05
+#define SM_C6    0.00015403530393381606
+#define SM_C5    0.0013333558146428441
+#define SM_C4    0.009618129107628477
+#define SM_C3    0.055504108664821576
+#define SM_C2    0.2402265069591007
+#define SM_C1    0.6931471805599453
+
+/* e^x for x <= 0 (the softmax's x - max); NaN stays NaN, below -104 is 0
+ * (expf's float result there rounds to 0 too). */
+__attribute__((always_inline)) static inline float sm_exp(float x) {
+    if (!(x >= -104.0f)) return x != x ? x : 0.0f;
+    const double z = (double)x * SM_LOG2E, n = nearbyint(z), f = z - n;
+    double       p = SM_C10;
+    p = fma(p, f, SM_C9), p = fma(p, f, SM_C8), p = fma(p, f, SM_C7), p = fma(p, f, SM_C6), p = fma(p, f, SM_C5);
+    p = fma(p, f, SM_C4), p = fma(p, f, SM_C3), p = fma(p, f, SM_C2), p = fma(p, f, SM_C1), p = fma(p, f, 1.0);
+    union {
+        uint64_t u;
+        double   d;
+    } two_n = {.u = (uint64_t)((int64_t)n + 1023) << 52};
+    return (float)(p * two_n.d);
+}
+
+/* row[j] = sm_exp(row[j] - mx) for j < n; returns their sum (the lanes above). */
+__attribute__((always_inline)) static inline double sm_exp_sum_body(float *row, int n, float mx) {
+    double lane[16] = {0};
+    for (int j = 0; j < n; j++) {
+        row[j] = sm_exp(row[j] - mx);
+        lane[j & 15] += row[j];
+    }
+    for (int k = 0; k < 8; k++) lane[k] += lane[k + 8];
+    for (int k = 0; k < 4; k++) lane[k] += lane[k + 4];
+    for (int k = 0; k < 2; k++) lane[k] += lane[k + 2];
+    return lane[0] + lane[1];
+}
+
+static double sm_exp_sum_c(float *row, int n, float mx) { return sm_exp_sum_body(row, n, mx); }
+
+float ag_cpu_softmax_exp(float x) { return sm_exp(x); }
+#if defined(__x86_64__)
+/* the same, with fma and nearbyint as instructions */
+__attribute__((target("avx2,fma"))) static double sm_exp_sum_fma(float *row, int n, float mx) {
+    return sm_exp_sum_body(row, n, mx);
+}
+#endif
+
 /* The two inner loops, vectorised: dot(a, b) and y += w * x over n floats.
  * Plain C float reductions are not vectorised without -ffast-math, and
  * attention is most of a long prefill, so both have an AVX2+FMA version
@@ -310,6 +372,48 @@ AVX512_ATTN static void row_mul16(float *row, int n, float f) {
     for (; j < n; j++) row[j] *= f;
 }
 
+/* sm_exp of 8 floats in double lanes (sm_exp's operations). */
+AVX512_ATTN __attribute__((always_inline)) static inline __m512d sm_exp8(__m256 x) {
+    const __m512d  xd = _mm512_cvtps_pd(x);
+    const __mmask8 ok = _mm512_cmp_pd_mask(xd, _mm512_set1_pd(-104.0), _CMP_GE_OQ);
+    const __m512d  z = _mm512_mul_pd(xd, _mm512_set1_pd(SM_LOG2E));
+    const __m512d  n = _mm512_roundscale_pd(z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_pd(z, n);
+    __m512d        p = _mm512_set1_pd(SM_C10);
+    p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C9)), p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C8));
+    p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C7)), p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C6));
+    p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C5)), p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C4));
+    p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C3)), p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C2));
+    p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C1)), p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(1.0));
+    const __m512i e = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(n)), _mm512_set1_epi64(1023)), 52);
+    /* lanes not >= -104: NaN keeps itself, the rest 0 */
+    const __m512d nan_or_0 = _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(xd, xd, _CMP_UNORD_Q), xd);
+    return _mm512_mask_blend_pd(ok, nan_or_0, _mm512_mul_pd(p, _mm512_castsi512_pd(e)));
+}
+
+/* sm_exp_sum_c's results with 16 floats a step: lanes 0-7 of the sum in a,
+ * 8-15 in b. */
+AVX512_ATTN static double sm_exp_sum16(float *row, int n, float mx) {
+    const __m512 m = _mm512_set1_ps(mx);
+    __m512d      a = _mm512_setzero_pd(), b = _mm512_setzero_pd();
+    for (int j = 0; j < n; j += 16) {
+        const __mmask16 live = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
+        const __m512    x = _mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), m);
+        const __m512d   lo = sm_exp8(_mm512_castps512_ps256(x));
+        const __m512d   hi = sm_exp8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+        const __m256    flo = _mm512_cvtpd_ps(lo), fhi = _mm512_cvtpd_ps(hi);
+        _mm512_mask_storeu_ps(row + j, live,
+                              _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(flo)),
+                                                                  _mm256_castps_pd(fhi), 1)));
+        /* the floats stored, back in double (exact), added lane by lane */
+        a = _mm512_mask_add_pd(a, (__mmask8)live, a, _mm512_cvtps_pd(flo));
+        b = _mm512_mask_add_pd(b, (__mmask8)(live >> 8), b, _mm512_cvtps_pd(fhi));
+    }
+    const __m512d s8 = _mm512_add_pd(a, b);
+    const __m256d s4 = _mm256_add_pd(_mm512_castpd512_pd256(s8), _mm512_extractf64x4_pd(s8, 1));
+    const __m128d s2 = _mm_add_pd(_mm256_castpd256_pd128(s4), _mm256_extractf128_pd(s4, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s2, _mm_unpackhi_pd(s2, s2)));
+}
+
 AVX512_ATTN static void axpys_4(float *acc, size_t as, const float *p, size_t ps, int nq, const float *v, int m, int dv) {
     switch (nq) { /* the count a constant in each, so y stays in registers */
     case 1: axpys_nq(acc, as, p, ps, 1, v, m, dv); break;
@@ -465,11 +569,13 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             else
 #endif
                 for (int j = 0; j < n_pos; j++) mx = row[j] > mx ? row[j] : mx;
-            double sum = 0;
-            for (int j = 0; j < n_pos; j++) {
-                row[j] = expf(row[j] - mx);
-                sum += row[j];
-            }
+#if defined(__x86_64__)
+            const double sum = wide ? sm_exp_sum16(row, n_pos, mx)
+                             : direct_f16 ? sm_exp_sum_fma(row, n_pos, mx)
+                                          : sm_exp_sum_c(row, n_pos, mx);
+#else
+            const double sum = sm_exp_sum_c(row, n_pos, mx);
+#endif
             float inv = (float)(1.0 / sum);
 #if defined(__x86_64__)
             if (wide) row_mul16(row, n_pos, inv);

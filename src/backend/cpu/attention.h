@@ -22,6 +22,10 @@ ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layo
 #define AG_ATTN_MAX_ROWS 8
 void   ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *q,
                              float *out, int t0, int t1, int g, float *scratch);
+/* The softmax's e^x for x <= 0 (the same bits on every ISA; expf's value
+ * but for rare last-bit ties). Exposed for tests. */
+float ag_cpu_softmax_exp(float x);
+
 /* Scratch for calls whose rows sit at positions <= max_pos, over a KV of
  * block_size positions per block. */
 size_t ag_cpu_attention_scratch_floats(int block_size, const ag_attn_shape *s, int max_pos);
