@@ -1662,6 +1662,15 @@ static int mmt_slices(int n_out, int target) {
     const int tiles = (n_out + 15) / 16;
     return tiles * 4 >= target ? 4 : tiles * 8 >= target ? 8 : 16;
 }
+/* The target of the BF16 kernels: AUGUR_CUDA_MMT_WARPS (tuning) or MMT_TARGET_WARPS. */
+static int mmt_target_warps(void) {
+    static int target = -1;
+    if (target < 0) {
+        const char *e = getenv("AUGUR_CUDA_MMT_WARPS");
+        target = e && atoi(e) > 0 ? atoi(e) : MMT_TARGET_WARPS;
+    }
+    return target;
+}
 /* The target of the K-quant kernels: AUGUR_CUDA_MMQ_WARPS (tuning) or MMT_TARGET_WARPS. */
 static int mmq_target_warps(void) {
     static int target = -1;
@@ -1675,7 +1684,7 @@ static int mmq_target_warps(void) {
 /* More than 16 decode rows of one BF16 weight: two row tiles by 32 tokens
  * per block, KS warps. */
 static mmt_kernel mmt_for(int n_out, int *rows, int *toks, int *warps) {
-    *warps = mmt_slices(n_out, MMT_TARGET_WARPS);
+    *warps = mmt_slices(n_out, mmt_target_warps());
     *rows = 32, *toks = 32;
     return *warps == 4 ? mmt_bf16<4, 2, 4> : *warps == 8 ? mmt_bf16<8, 2, 4> : mmt_bf16<16, 2, 4>;
 }
@@ -1688,7 +1697,7 @@ static void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int
     memset(&grp, 0, sizeof grp);
     int ksmax = 4, blocks = 0;
     for (int i = 0; i < n_w; i++) {
-        grp.ks[i] = mmt_slices((int)w[i]->ne[1], MMT_TARGET_WARPS);
+        grp.ks[i] = mmt_slices((int)w[i]->ne[1], mmt_target_warps());
         if (grp.ks[i] > ksmax) ksmax = grp.ks[i];
     }
     for (int i = 0; i < n_w; i++) {
