@@ -89,7 +89,7 @@ const char *ag_matmul_prompt_kernel(uint32_t w_type);
  * 1.2-1.6 for every n; bench/RESULTS.md, 2026-12-05. True when n_decode rows of
  * w_type should: AMX present (the dot kernels of every ISA level are
  * canonical). */
-#define AG_MATMUL_AMX_MIN_TOK     4 /* Q4_K (window_panel_t: 4 rows 0.52 / 0.64 ms min / median against the dot kernels' 0.68 / 0.74) */
+#define AG_MATMUL_AMX_MIN_TOK     4 /* Q4_K (window_panel, T = 1: 4 rows 0.52 / 0.64 ms min / median against the dot kernels' 0.68 / 0.74) */
 #define AG_MATMUL_AMX_MIN_TOK_Q6K 8
 /* The minimum for w_type, or AUGUR_AMX_DECODE_MIN (a positive integer, any
  * type; A/B). */

@@ -725,6 +725,89 @@ AI void window_fold(int64_t s, const int Q6, const float *dd, const float *dm, c
     }
 }
 
+/* ---- Q4_K windows with the tokens as the A tiles ----
+ *
+ * window_panel (T = 0) computes C = 16 weight rows x 16 token lanes per
+ * group, whatever the window's size: a 9-row verify window paid for 16
+ * tokens in every tile product, C store and scaling. With T = 1 the roles
+ * swap: A = the window's n tokens (their int8 rows, j->xrows), B = the
+ * group's 32 weights of the 16 rows in VNNI order (B[k / 4][4 r + k % 4]
+ * = q_r[k], window_unpack_t), C = n tokens x 16 rows, so a tile product,
+ * its C store and the scaling (one vpmulld a token: the 16 rows' scales
+ * are one vector) cost n rows, not 16. The fold is window_fold's with
+ * rows and tokens swapped (products commute), so the bits are the same. */
+typedef struct {
+    _Alignas(64) uint8_t b[2][8][8][64]; /* [slot][group][k / 4][4 r + k % 4] */
+} wslot_t;
+
+/* Windows of up to this many tokens take window_panel's T mode: its cost
+ * grows with the tokens, the 16-lane mode's does not. `quant_bench --window` Q4_K
+ * 8960x1536, one thread, weights in cache, best of 6 alternated (ms):
+ * 16 lanes 1.17-1.32 at every n; T mode 0.72 (1 token), 0.93
+ * (5), 1.12 (8), 1.22 (9, 10), 1.28 / 1.36 at 11 / 12. Cold, 2 threads,
+ * 8 alternated rounds, min / median: 16 lanes 0.66-0.71 / 0.73-0.84
+ * at every n; T mode at 4 tokens 0.52 / 0.64, 8: 0.61 / 0.84, 9:
+ * 0.68 / 0.89 (2026-12-05, the AMX Xeon). So up to 8. */
+#define WINDOW_T_MAX_TOK 8
+
+/* Super-block s's weights of the rows into slot bs (rows past `rows` read
+ * zeros). Per 32-byte chunk c of qs: Z_p = [row p | row p + 8] (8 dwords
+ * each), an 8 x 8 dword transpose in both 256-bit halves at once
+ * (unpack 32, unpack 64), then one two-source permute a pair of outputs
+ * joins rows 0-3 / 4-7 / 8-11 / 12-15: O_k = dword k of the 16 rows, the
+ * B rows of groups 2c (low nibbles) and 2c + 1 (high). */
+AI void window_unpack_t(const uint8_t *w, size_t row_bytes, int rows, int64_t s, wslot_t *wt, int bs) {
+    static const _Alignas(64) uint8_t zeros[128];
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i lo_idx = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi_idx = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    const uint8_t *src[16];
+    for (int r = 0; r < 16; r++)
+        src[r] = r < rows ? w + (size_t)r * row_bytes + (size_t)s * sizeof(ag_block_q4_K) + offsetof(ag_block_q4_K, qs)
+                          : zeros;
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        __m512i z[8], t[8], u[8];
+#pragma GCC unroll 8
+        for (int p = 0; p < 8; p++)
+            z[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(src[p] + 32 * c))),
+                                      _mm256_loadu_si256((const __m256i *)(src[p + 8] + 32 * c)), 1);
+#pragma GCC unroll 4
+        for (int p = 0; p < 8; p += 2) {
+            t[p] = _mm512_unpacklo_epi32(z[p], z[p + 1]);     /* dwords 0, 1 | 4, 5 of rows p, p + 1 */
+            t[p + 1] = _mm512_unpackhi_epi32(z[p], z[p + 1]); /* 2, 3 | 6, 7 */
+        }
+#pragma GCC unroll 2
+        for (int h = 0; h < 8; h += 4) { /* rows h..h+3 (and + 8): u[h + k] = dword k | k + 4 */
+            u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
+            u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
+            u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+            u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+        }
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m512i o[2] = {_mm512_permutex2var_epi64(u[k], lo_idx, u[4 + k]),  /* dword k of rows 0..15 */
+                                  _mm512_permutex2var_epi64(u[k], hi_idx, u[4 + k])}; /* dword k + 4 */
+#pragma GCC unroll 2
+            for (int e = 0; e < 2; e++) {
+                _mm512_store_si512(wt->b[bs][2 * c][k + 4 * e], _mm512_and_si512(o[e], m4));
+                _mm512_store_si512(wt->b[bs][2 * c + 1][k + 4 * e], _mm512_and_si512(_mm512_srli_epi32(o[e], 4), m4));
+            }
+        }
+    }
+}
+
+/* Tiles: C 0..3 in turn (n tokens x 16 rows), A 4/5 (n tokens x 32
+ * bytes), B 6/7 (8 x 64 bytes) for even / odd groups. */
+static void load_window_t_tiles(int n) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 4; i++) c.colsb[i] = 64, c.rows[i] = (uint8_t)n;
+    c.colsb[4] = c.colsb[5] = 32, c.rows[4] = c.rows[5] = (uint8_t)n;
+    c.colsb[6] = c.colsb[7] = 64, c.rows[6] = c.rows[7] = 8;
+    tile_config_load(&c);
+}
+
 /* window_fold with tokens and rows swapped: isum[t] and acc[.][t] hold
  * token t's 16 rows; dy_t dd_r and the msum integers are the same
  * products (they commute), so every element gets window_fold's bits. */
@@ -747,13 +830,16 @@ AI void window_fold_t(int64_t s, const float *dd, const float *dm, const int32_t
 }
 
 /* One 16-row Q4_K panel (`rows` of them real, row_bytes apart from w)
- * against the token tile: out[r] = row r for the tile's 16 tokens. next:
- * the panel the task does after this one (prefetched), or NULL. */
+ * against the token tile. T = 0: out[r] = row r for the tile's 16
+ * tokens. T = 1 (the roles swapped, see above; wt and the tokens' rows xr,
+ * n_in bytes apart): out[t] = token t's 16 rows, t < n. next: the panel
+ * the task does after this one (prefetched), or NULL. */
 AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int rows, int64_t nsb, const uint8_t *tile,
-                     wslot *ws, const uint8_t *next) {
+                     wslot *ws, const uint8_t *next, const int T, const int8_t *xr, int64_t n_in, int n, wslot_t *wt) {
     const int     gps = 8; /* groups per super-block */
     const size_t  bsz = sizeof(ag_block_q4_K);
     const int64_t ng = nsb * gps, nb = nsb * 8;
+    const int     lanes = T ? n : 16; /* the C rows: tokens (T) or weight rows */
     const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
     _Alignas(64) int32_t c[2][16][16];
     __m512i              isum[16];
@@ -763,18 +849,38 @@ AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int row
         acc[0][r] = acc[1][r] = acc[2][r] = acc[3][r] = _mm512_setzero_ps();
         isum[r] = _mm512_setzero_si512(); /* set by each super-block's first group; this quiets -Wmaybe-uninitialized */
     }
-    /* group g's A tile and its row stride, B tile */
-#define WA(g) (ws->q[((g) / 8) & 1] + (size_t)((((g) % 8) >> 2) * 2 + ((g) & 1)) * TILE * 64 + (((g) >> 1) & 1) * 32)
-#define WAS   64
-#define WB(g) (tile + (size_t)(g) * BT_BYTES)
-#define WISSUE(g, A, B, C)             \
-    do {                               \
-        _tile_loadd(A, WA(g), WAS);    \
-        _tile_loadd(B, WB(g), 64);     \
-        _tile_zero(C);                 \
-        _tile_dpbssd(C, A, B);         \
+    /* group g's A tile and its row stride, B tile; T: the tokens' rows and
+     * the weights in VNNI order */
+#define WA(g)  (T ? (const void *)(xr + (size_t)(g) * 32) \
+                  : (const void *)(ws->q[((g) / 8) & 1] + (size_t)((((g) % 8) >> 2) * 2 + ((g) & 1)) * TILE * 64 + (((g) >> 1) & 1) * 32))
+#define WAS    (T ? (int)n_in : 64)
+#define WB(g)  (T ? (const void *)wt->b[((g) / 8) & 1][(g) % 8][0] : (const void *)(tile + (size_t)(g) * BT_BYTES))
+#define WISSUE(g, A, B, C)                               \
+    do {                                                 \
+        _tile_loadd(A, WA(g), WAS);                      \
+        _tile_loadd(B, WB(g), 64);                       \
+        _tile_zero(C);                                   \
+        if (T) _tile_dpbsud(C, A, B); /* s8 x u8 */      \
+        else _tile_dpbssd(C, A, B);                      \
     } while (0)
-    window_unpack(w, row_bytes, rows, 0, ws, 0, 1);
+    /* C's lane i (a weight row, or with T a token) times its group's scales, into isum */
+#define WSCALE(first, gp)                                                                                        \
+    do {                                                                                                         \
+        const int32_t *scg = ws->sc[((gp) / gps) & 1][(gp) % gps];                                               \
+        const __m512i  scv = _mm512_load_si512(scg);                                                             \
+        _Pragma("GCC unroll 16") for (int i = 0; i < lanes; i++) {                                               \
+            const __m512i p = _mm512_mullo_epi32(_mm512_load_si512(c[(gp) & 1][i]), T ? scv : _mm512_set1_epi32(scg[i])); \
+            isum[i] = (first) ? p : _mm512_add_epi32(isum[i], p);                                                \
+        }                                                                                                        \
+    } while (0)
+#define WFOLD(sp)                                                                                                     \
+    do {                                                                                                              \
+        const int b_ = (int)((sp) & 1);                                                                               \
+        if (T) window_fold_t(sp, ws->dd[b_], ws->dm[b_], ws->mp[b_], xd, xs, n, isum, acc);                           \
+        else window_fold(sp, 0, ws->dd[b_], ws->dm[b_], ws->mp[b_], xd, xs, isum, acc);                               \
+    } while (0)
+    window_unpack(w, row_bytes, rows, 0, ws, 0, !T);
+    if (T) window_unpack_t(w, row_bytes, rows, 0, wt, 0);
     WISSUE(0, 4, 6, 0);
     if (ng > 1) WISSUE(1, 5, 7, 1);
     for (int64_t g = 0; g < ng; g++) {
@@ -787,44 +893,34 @@ AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int row
         }
         /* group g - 1, stored a step ago (a tile store read back at once stalls) */
         if (g > 0) {
-            const int64_t  gp = g - 1, gs = gp % gps, sp = gp / gps;
-            const int32_t *scg = ws->sc[sp & 1][gs];
-            if (gs == 0) {
-#pragma GCC unroll 16
-                for (int r = 0; r < 16; r++) isum[r] = _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][r]), _mm512_set1_epi32(scg[r]));
-            } else {
-#pragma GCC unroll 16
-                for (int r = 0; r < 16; r++)
-                    isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][r]), _mm512_set1_epi32(scg[r])));
-            }
-            if (gs == gps - 1) window_fold(sp, 0, ws->dd[sp & 1], ws->dm[sp & 1], ws->mp[sp & 1], xd, xs, isum, acc);
+            const int64_t gp = g - 1;
+            WSCALE(gp % gps == 0, gp);
+            if (gp % gps == gps - 1) WFOLD(gp / gps);
         }
         const int64_t gs = g % gps, s = g / gps;
         /* super-block s + 1 into the slot s - 1 used: its last group was
          * issued two steps ago and folded just now */
-        if (gs == 0 && s + 1 < nsb) window_unpack(w, row_bytes, rows, s + 1, ws, (int)((s + 1) & 1), 1);
+        if (gs == 0 && s + 1 < nsb) {
+            window_unpack(w, row_bytes, rows, s + 1, ws, (int)((s + 1) & 1), !T);
+            if (T) window_unpack_t(w, row_bytes, rows, s + 1, wt, (int)((s + 1) & 1));
+        }
         if (gs == 1) { /* prefetch super-block s + 2 of the rows, or the next panel's first */
             const uint8_t *pf = s + 2 < nsb ? w + (size_t)(s + 2) * bsz : next ? next + (size_t)(s + 2 - nsb) * bsz : NULL;
             for (int r = 0; pf && r < 16; r++)
                 for (size_t l = 0; l < bsz + 63; l += 64) _mm_prefetch((const char *)pf + (size_t)r * row_bytes + l, _MM_HINT_T0);
         }
     }
-    {
-        const int64_t  gp = ng - 1, gs = gp % gps;
-        const int32_t *scg = ws->sc[(gp / gps) & 1][gs];
+    WSCALE((ng - 1) % gps == 0, ng - 1);
+    WFOLD(nsb - 1);
 #pragma GCC unroll 16
-        for (int r = 0; r < 16; r++)
-            isum[r] = _mm512_add_epi32(isum[r], _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][r]), _mm512_set1_epi32(scg[r])));
-        const int b = (int)((nsb - 1) & 1);
-        window_fold(nsb - 1, 0, ws->dd[b], ws->dm[b], ws->mp[b], xd, xs, isum, acc);
-    }
-#pragma GCC unroll 16
-    for (int r = 0; r < 16; r++)
-        out[r] = _mm512_add_ps(_mm512_add_ps(acc[0][r], acc[2][r]), _mm512_add_ps(acc[1][r], acc[3][r]));
+    for (int i = 0; i < lanes; i++)
+        out[i] = _mm512_add_ps(_mm512_add_ps(acc[0][i], acc[2][i]), _mm512_add_ps(acc[1][i], acc[3][i]));
 #undef WA
 #undef WAS
 #undef WB
 #undef WISSUE
+#undef WSCALE
+#undef WFOLD
 }
 
 /* ---- Q6_K windows on whole super-blocks: the scale folded into the weights ----
@@ -953,162 +1049,6 @@ AI void window_panel_q6(__m512 out[16], const uint8_t *w, size_t row_bytes, int 
         out[r] = _mm512_add_ps(_mm512_add_ps(acc[0][r], acc[2][r]), _mm512_add_ps(acc[1][r], acc[3][r]));
 }
 
-/* ---- Q4_K windows with the tokens as the A tiles ----
- *
- * window_panel computes C = 16 weight rows x 16 token lanes per group,
- * whatever the window's size: a 9-row verify window paid for 16 tokens in
- * every tile product, C store and scaling. Here the roles swap: A = the
- * window's n tokens (their int8 rows, j->xrows), B = the group's 32
- * weights of the 16 rows in VNNI order (B[k / 4][4 r + k % 4] = q_r[k]),
- * C = n tokens x 16 rows, so a tile product, its C store and the scaling
- * (one vpmulld a token: the 16 rows' scales are one vector) cost n rows,
- * not 16. B comes from the blocks by gathers: dword k/4 of the 16 rows'
- * qs chunk is one 16-lane gather, whose low and high nibbles are the two
- * groups of that chunk. The fold is window_fold's with rows and tokens
- * swapped (products commute), so the bits are the same. */
-typedef struct {
-    _Alignas(64) uint8_t b[2][8][8][64]; /* [slot][group][k / 4][4 r + k % 4] */
-} wslot_t;
-
-/* Windows of up to this many tokens take window_panel_t: its cost grows
- * with the tokens, window_panel's does not. `quant_bench --window` Q4_K
- * 8960x1536, one thread, weights in cache, best of 6 alternated (ms):
- * window_panel 1.17-1.32 at every n; window_panel_t 0.72 (1 token), 0.93
- * (5), 1.12 (8), 1.22 (9, 10), 1.28 / 1.36 at 11 / 12. Cold, 2 threads,
- * 8 alternated rounds, min / median: window_panel 0.66-0.71 / 0.73-0.84
- * at every n; window_panel_t at 4 tokens 0.52 / 0.64, 8: 0.61 / 0.84, 9:
- * 0.68 / 0.89 (2026-12-05, the AMX Xeon). So up to 8. */
-#define WINDOW_T_MAX_TOK 8
-
-/* Super-block s's weights of the rows into slot bs (rows past `rows` read
- * zeros). Per 32-byte chunk c of qs: Z_p = [row p | row p + 8] (8 dwords
- * each), an 8 x 8 dword transpose in both 256-bit halves at once
- * (unpack 32, unpack 64), then one two-source permute a pair of outputs
- * joins rows 0-3 / 4-7 / 8-11 / 12-15: O_k = dword k of the 16 rows, the
- * B rows of groups 2c (low nibbles) and 2c + 1 (high). */
-AI void window_unpack_t(const uint8_t *w, size_t row_bytes, int rows, int64_t s, wslot_t *wt, int bs) {
-    static const _Alignas(64) uint8_t zeros[128];
-    const __m512i m4 = _mm512_set1_epi8(0xF);
-    const __m512i lo_idx = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi_idx = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
-    const uint8_t *src[16];
-    for (int r = 0; r < 16; r++)
-        src[r] = r < rows ? w + (size_t)r * row_bytes + (size_t)s * sizeof(ag_block_q4_K) + offsetof(ag_block_q4_K, qs)
-                          : zeros;
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; c++) {
-        __m512i z[8], t[8], u[8];
-#pragma GCC unroll 8
-        for (int p = 0; p < 8; p++)
-            z[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(src[p] + 32 * c))),
-                                      _mm256_loadu_si256((const __m256i *)(src[p + 8] + 32 * c)), 1);
-#pragma GCC unroll 4
-        for (int p = 0; p < 8; p += 2) {
-            t[p] = _mm512_unpacklo_epi32(z[p], z[p + 1]);     /* dwords 0, 1 | 4, 5 of rows p, p + 1 */
-            t[p + 1] = _mm512_unpackhi_epi32(z[p], z[p + 1]); /* 2, 3 | 6, 7 */
-        }
-#pragma GCC unroll 2
-        for (int h = 0; h < 8; h += 4) { /* rows h..h+3 (and + 8): u[h + k] = dword k | k + 4 */
-            u[h] = _mm512_unpacklo_epi64(t[h], t[h + 2]);
-            u[h + 1] = _mm512_unpackhi_epi64(t[h], t[h + 2]);
-            u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
-            u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
-        }
-#pragma GCC unroll 4
-        for (int k = 0; k < 4; k++) {
-            const __m512i o[2] = {_mm512_permutex2var_epi64(u[k], lo_idx, u[4 + k]),  /* dword k of rows 0..15 */
-                                  _mm512_permutex2var_epi64(u[k], hi_idx, u[4 + k])}; /* dword k + 4 */
-#pragma GCC unroll 2
-            for (int e = 0; e < 2; e++) {
-                _mm512_store_si512(wt->b[bs][2 * c][k + 4 * e], _mm512_and_si512(o[e], m4));
-                _mm512_store_si512(wt->b[bs][2 * c + 1][k + 4 * e], _mm512_and_si512(_mm512_srli_epi32(o[e], 4), m4));
-            }
-        }
-    }
-}
-
-/* Tiles: C 0..3 in turn (n tokens x 16 rows), A 4/5 (n tokens x 32
- * bytes), B 6/7 (8 x 64 bytes) for even / odd groups. */
-static void load_window_t_tiles(int n) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int i = 0; i < 4; i++) c.colsb[i] = 64, c.rows[i] = (uint8_t)n;
-    c.colsb[4] = c.colsb[5] = 32, c.rows[4] = c.rows[5] = (uint8_t)n;
-    c.colsb[6] = c.colsb[7] = 64, c.rows[6] = c.rows[7] = 8;
-    tile_config_load(&c);
-}
-
-/* window_panel's contract with out[t] = token t's 16 rows, t < n. xr: the
- * tokens' int8 rows, n_in bytes apart. */
-AI void window_panel_t(__m512 out[16], const uint8_t *w, size_t row_bytes, int rows, int64_t nsb, const uint8_t *tile,
-                       const int8_t *xr, int64_t n_in, int n, wslot *ws, wslot_t *wt, const uint8_t *next) {
-    const int     gps = 8;
-    const size_t  bsz = sizeof(ag_block_q4_K);
-    const int64_t ng = nsb * gps, nb = nsb * 8;
-    const float  *xd = (const float *)(tile + (size_t)nb * BT_BYTES), *xs = xd + nb * TILE;
-    _Alignas(64) int32_t c[2][16][16];
-    __m512i              isum[16];
-    __m512               acc[4][16];
-    for (int t = 0; t < 16; t++) {
-        acc[0][t] = acc[1][t] = acc[2][t] = acc[3][t] = _mm512_setzero_ps();
-        isum[t] = _mm512_setzero_si512();
-    }
-#define TA(g) (xr + (size_t)(g) * 32)
-#define TB(g) (wt->b[((g) / 8) & 1][(g) % 8][0])
-#define TISSUE(g, A, B, C)                \
-    do {                                  \
-        _tile_loadd(A, TA(g), (int)n_in); \
-        _tile_loadd(B, TB(g), 64);        \
-        _tile_zero(C);                    \
-        _tile_dpbsud(C, A, B);            \
-    } while (0)
-    window_unpack(w, row_bytes, rows, 0, ws, 0, 0);
-    window_unpack_t(w, row_bytes, rows, 0, wt, 0);
-    TISSUE(0, 4, 6, 0);
-    if (ng > 1) TISSUE(1, 5, 7, 1);
-    for (int64_t g = 0; g < ng; g++) {
-        switch (g & 3) {
-        case 0: _tile_stored(0, c[0], 64); if (g + 2 < ng) TISSUE(g + 2, 4, 6, 2); break;
-        case 1: _tile_stored(1, c[1], 64); if (g + 2 < ng) TISSUE(g + 2, 5, 7, 3); break;
-        case 2: _tile_stored(2, c[0], 64); if (g + 2 < ng) TISSUE(g + 2, 4, 6, 0); break;
-        default: _tile_stored(3, c[1], 64); if (g + 2 < ng) TISSUE(g + 2, 5, 7, 1); break;
-        }
-        if (g > 0) {
-            const int64_t gp = g - 1, gs = gp % gps, sp = gp / gps;
-            const __m512i scv = _mm512_load_si512(ws->sc[sp & 1][gs]);
-            if (gs == 0)
-                for (int t = 0; t < n; t++) isum[t] = _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][t]), scv);
-            else
-                for (int t = 0; t < n; t++)
-                    isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][t]), scv));
-            if (gs == gps - 1) window_fold_t(sp, ws->dd[sp & 1], ws->dm[sp & 1], ws->mp[sp & 1], xd, xs, n, isum, acc);
-        }
-        const int64_t gs = g % gps, s = g / gps;
-        if (gs == 0 && s + 1 < nsb) {
-            window_unpack(w, row_bytes, rows, s + 1, ws, (int)((s + 1) & 1), 0);
-            window_unpack_t(w, row_bytes, rows, s + 1, wt, (int)((s + 1) & 1));
-        }
-        if (gs == 1) {
-            const uint8_t *pf = s + 2 < nsb ? w + (size_t)(s + 2) * bsz : next ? next + (size_t)(s + 2 - nsb) * bsz : NULL;
-            for (int r = 0; pf && r < 16; r++)
-                for (size_t l = 0; l < bsz + 63; l += 64) _mm_prefetch((const char *)pf + (size_t)r * row_bytes + l, _MM_HINT_T0);
-        }
-    }
-    {
-        const int64_t gp = ng - 1, gs = gp % gps;
-        const __m512i scv = _mm512_load_si512(ws->sc[(gp / gps) & 1][gs]);
-        for (int t = 0; t < n; t++)
-            isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(_mm512_load_si512(c[gp & 1][t]), scv));
-        const int b = (int)((nsb - 1) & 1);
-        window_fold_t(nsb - 1, ws->dd[b], ws->dm[b], ws->mp[b], xd, xs, n, isum, acc);
-    }
-    for (int t = 0; t < n; t++)
-        out[t] = _mm512_add_ps(_mm512_add_ps(acc[0][t], acc[2][t]), _mm512_add_ps(acc[1][t], acc[3][t]));
-#undef TA
-#undef TB
-#undef TISSUE
-}
-
 static bool amx_window_t_on(void);
 
 /* Task: panels [task * ppt, (task + 1) * ppt) of a window call (one token
@@ -1135,12 +1075,12 @@ static void window_task(void *ctx, int64_t task, int thread) {
         __m512          acc[16];
         const __mmask16 rm = (__mmask16)((1u << rows) - 1);
         if (tr) { /* acc[t]: token t's rows */
-            window_panel_t(acc, w, j->w_row_bytes, rows, nsb, j->act, j->xrows, j->n_in, (int)j->n_tok, &ws, &wt, next);
+            window_panel(acc, w, j->w_row_bytes, rows, nsb, j->act, &ws, next, 1, j->xrows, j->n_in, (int)j->n_tok, &wt);
             for (int64_t t = 0; t < j->n_tok; t++) _mm512_mask_storeu_ps(j->y + t * j->ldy + row0, rm, acc[t]);
             continue;
         }
         if (q6) window_panel_q6(acc, w, j->w_row_bytes, rows, nsb, j->act, &ws6, next);
-        else window_panel(acc, w, j->w_row_bytes, rows, nsb, j->act, &ws, next);
+        else window_panel(acc, w, j->w_row_bytes, rows, nsb, j->act, &ws, next, 0, NULL, 0, 16, &wt);
         transpose16(acc);
         for (int64_t t = 0; t < j->n_tok; t++) _mm512_mask_storeu_ps(j->y + t * j->ldy + row0, rm, acc[t]);
     }
@@ -1181,7 +1121,7 @@ static bool amx_window_on(void) {
 }
 
 /* AUGUR_AMX_WINDOW_T=0: Q4_K windows take window_panel (16 token lanes
- * whatever the window) instead of window_panel_t (A/B; the same bits). */
+ * whatever the window) instead of its T mode (A/B; the same bits). */
 static bool amx_window_t_on(void) {
     static _Atomic int on; /* 0 unknown, 1 on, 2 off */
     if (!on) {
