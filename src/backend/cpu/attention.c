@@ -296,8 +296,8 @@ AVX512_ATTN __attribute__((always_inline)) static inline __m512 reduce16(const _
     return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), f);
 }
 
-/* out[4 qi + ki] = dot(q + qi * qs, k + ki * dk) over dk floats (dk % 16
- * == 0), qi < 4, ki < 4; callers pass repeated rows where they have fewer. */
+/* out[4 i + k] = dot(q_i, k_k) over dk floats (dk % 16 == 0), i, k < 4;
+ * callers pass repeated rows where they have fewer. */
 AVX512_ATTN static void dots_4x4(const float *q0, const float *q1, const float *q2, const float *q3, const float *k0,
                                  const float *k1, const float *k2, const float *k3, int dk, float out[16]) {
     __m512 z[16];
@@ -322,8 +322,9 @@ AVX512_ATTN static void dots_4x4(const float *q0, const float *q1, const float *
 /* acc[qi] (acc + qi * as, dv floats) += Σ_j p[qi][j] · v[j] for j in [0, m),
  * p[qi] = p + qi * ps, v[j] = v + j * dv: one fma per element in j order.
  * nq 1..4 queries; dv % 64 == 0. */
-AVX512_ATTN __attribute__((always_inline)) static inline void axpys_nq(float *acc, size_t as, const float *p, size_t ps, int nq, const float *v, int m,
-                                        int dv) {
+AVX512_ATTN __attribute__((always_inline)) static inline void axpys_nq(float *acc, size_t as, const float *p,
+                                                                       size_t ps, int nq, const float *v, int m,
+                                                                       int dv) {
     for (int d = 0; d < dv; d += 64) {
         __m512 y[4][4];
 #pragma GCC unroll 4
@@ -357,7 +358,10 @@ AVX512_ATTN static float row_max16(const float *row, int n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
     int    j = 0;
     for (; j + 16 <= n; j += 16) m = _mm512_max_ps(_mm512_loadu_ps(row + j), m);
-    if (j < n) m = _mm512_mask_max_ps(m, (__mmask16)((1u << (n - j)) - 1), _mm512_maskz_loadu_ps((__mmask16)((1u << (n - j)) - 1), row + j), m);
+    if (j < n) {
+        const __mmask16 live = (__mmask16)((1u << (n - j)) - 1);
+        m = _mm512_mask_max_ps(m, live, _mm512_maskz_loadu_ps(live, row + j), m);
+    }
     float l[16], mx = -INFINITY;
     _mm512_storeu_ps(l, m);
     for (int k = 0; k < 16; k++) mx = l[k] > mx ? l[k] : mx;
@@ -384,7 +388,8 @@ AVX512_ATTN __attribute__((always_inline)) static inline __m512d sm_exp8(__m256 
     p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C5)), p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C4));
     p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C3)), p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C2));
     p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(SM_C1)), p = _mm512_fmadd_pd(p, f, _mm512_set1_pd(1.0));
-    const __m512i e = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(n)), _mm512_set1_epi64(1023)), 52);
+    const __m512i e =
+        _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(n)), _mm512_set1_epi64(1023)), 52);
     /* lanes not >= -104: NaN keeps itself, the rest 0 */
     const __m512d nan_or_0 = _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(xd, xd, _CMP_UNORD_Q), xd);
     return _mm512_mask_blend_pd(ok, nan_or_0, _mm512_mul_pd(p, _mm512_castsi512_pd(e)));

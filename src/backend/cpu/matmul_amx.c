@@ -851,8 +851,10 @@ AI void window_panel(__m512 out[16], const uint8_t *w, size_t row_bytes, int row
     }
     /* group g's A tile and its row stride, B tile; T: the tokens' rows and
      * the weights in VNNI order */
-#define WA(g)  (T ? (const void *)(xr + (size_t)(g) * 32) \
-                  : (const void *)(ws->q[((g) / 8) & 1] + (size_t)((((g) % 8) >> 2) * 2 + ((g) & 1)) * TILE * 64 + (((g) >> 1) & 1) * 32))
+#define WA(g)                                                                                                   \
+    (T ? (const void *)(xr + (size_t)(g) * 32)                                                                  \
+       : (const void *)(ws->q[((g) / 8) & 1] + (size_t)((((g) % 8) >> 2) * 2 + ((g) & 1)) * TILE * 64 +         \
+                        (((g) >> 1) & 1) * 32))
 #define WAS    (T ? (int)n_in : 64)
 #define WB(g)  (T ? (const void *)wt->b[((g) / 8) & 1][(g) % 8][0] : (const void *)(tile + (size_t)(g) * BT_BYTES))
 #define WISSUE(g, A, B, C)                               \
