@@ -515,7 +515,7 @@ typedef struct {
     float         *y;
     int64_t        ldy;
     uint8_t       *act;       /* token tiles, act_tile_bytes each */
-    int8_t        *xrows;     /* a window's tokens' int8 rows, n_in bytes apart (K-quants), or NULL */
+    int8_t        *xrows;     /* a T-mode Q4_K window's tokens' int8 rows, n_in bytes apart, or NULL */
     const uint8_t *packed;    /* K-quants: the weights as panels (ag_amx_pack), or NULL */
     uint8_t       *per_thread; /* panel + one Q8A row, per thread */
     size_t         per_thread_bytes;
@@ -687,14 +687,16 @@ AI void window_unpack(const uint8_t *w, size_t row_bytes, int rows, int64_t s, w
     _mm512_store_ps(ws->dm[b], _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(ud, 16))));
 }
 
-/* Tiles of the Q4_K window kernel: C 0..3 in turn, A 4/5 and B 6/7 for
- * even / odd groups (K = 32). */
-static void load_window_tiles(void) {
+/* Tiles of the Q4_K window kernel: C 0..3 in turn (lanes x 64 bytes), A
+ * 4/5 (lanes x 32 bytes) and B 6/7 (8 x 64 bytes) for even / odd groups
+ * (K = 32). lanes: 16 weight rows, or with window_panel's T mode the
+ * window's tokens. */
+static void load_window_tiles(int lanes) {
     tile_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int i = 0; i < 4; i++) c.colsb[i] = 64, c.rows[i] = 16;
-    c.colsb[4] = c.colsb[5] = 32, c.rows[4] = c.rows[5] = 16;
+    for (int i = 0; i < 4; i++) c.colsb[i] = 64, c.rows[i] = (uint8_t)lanes;
+    c.colsb[4] = c.colsb[5] = 32, c.rows[4] = c.rows[5] = (uint8_t)lanes;
     c.colsb[6] = c.colsb[7] = 64, c.rows[6] = c.rows[7] = 8;
     tile_config_load(&c);
 }
@@ -794,18 +796,6 @@ AI void window_unpack_t(const uint8_t *w, size_t row_bytes, int rows, int64_t s,
             }
         }
     }
-}
-
-/* Tiles: C 0..3 in turn (n tokens x 16 rows), A 4/5 (n tokens x 32
- * bytes), B 6/7 (8 x 64 bytes) for even / odd groups. */
-static void load_window_t_tiles(int n) {
-    tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int i = 0; i < 4; i++) c.colsb[i] = 64, c.rows[i] = (uint8_t)n;
-    c.colsb[4] = c.colsb[5] = 32, c.rows[4] = c.rows[5] = (uint8_t)n;
-    c.colsb[6] = c.colsb[7] = 64, c.rows[6] = c.rows[7] = 8;
-    tile_config_load(&c);
 }
 
 /* window_fold with tokens and rows swapped: isum[t] and acc[.][t] hold
@@ -1059,13 +1049,12 @@ static void window_task(void *ctx, int64_t task, int thread) {
     const amx_job *j = ctx;
     const int64_t  nsb = j->n_in / 256, p0 = task * j->tiles_per_task;
     const int64_t  p1 = p0 + j->tiles_per_task < j->n_panels ? p0 + j->tiles_per_task : j->n_panels;
-    const int      q6 = j->type == AG_TYPE_Q6_K, tr = !q6 && j->xrows && j->n_tok <= WINDOW_T_MAX_TOK && amx_window_t_on();
+    const int      q6 = j->type == AG_TYPE_Q6_K, tr = j->xrows != NULL; /* set for T-mode windows alone */
     wslot          ws;
     wslot6         ws6;
     wslot_t        wt;
     if (q6) load_window_q6_tiles();
-    else if (tr) load_window_t_tiles((int)j->n_tok);
-    else load_window_tiles();
+    else load_window_tiles(tr ? (int)j->n_tok : 16);
     for (int64_t p = p0; p < p1; p++) {
         const int64_t  row0 = p * TILE;
         const int      rows = (int)(j->n_out - row0 < TILE ? j->n_out - row0 : TILE);
@@ -1172,7 +1161,10 @@ ag_status ag_matmul_amx(ag_threadpool *pool, uint32_t w_type, const void *w, con
     j.n_tiles = (n_tok + TILE - 1) / TILE;
     j.act = base;
     j.per_thread_bytes = amx_thread_bytes(n_in);
-    j.xrows = amx_rows_bytes(n_in, n_tok) ? (int8_t *)(base + amx_tiles_bytes(n_in, n_tok)) : NULL;
+    /* the tokens' int8 rows only for a window that reads them (Q4_K, T mode) */
+    const bool t_mode = w_type == AG_TYPE_Q4_K && n_tok <= WINDOW_T_MAX_TOK && amx_is_window(w_type, n_tok) &&
+                        amx_window_t_on();
+    j.xrows = t_mode ? (int8_t *)(base + amx_tiles_bytes(n_in, n_tok)) : NULL;
     j.per_thread = base + amx_tiles_bytes(n_in, n_tok) + amx_rows_bytes(n_in, n_tok);
     ag_threadpool_run(pool, j.n_tiles, act_task, &j);
 

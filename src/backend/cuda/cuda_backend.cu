@@ -1662,23 +1662,23 @@ static int mmt_slices(int n_out, int target) {
     const int tiles = (n_out + 15) / 16;
     return tiles * 4 >= target ? 4 : tiles * 8 >= target ? 8 : 16;
 }
-/* The target of the BF16 kernels: AUGUR_CUDA_MMT_WARPS (tuning) or MMT_TARGET_WARPS. */
+/* A warp target from the environment variable `name` (tuning), else
+ * MMT_TARGET_WARPS; read once into *cache (-1 until then). */
+static int target_warps(const char *name, int *cache) {
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e && atoi(e) > 0 ? atoi(e) : MMT_TARGET_WARPS;
+    }
+    return *cache;
+}
+/* The targets of the BF16 kernels (AUGUR_CUDA_MMT_WARPS) and the K-quant ones (AUGUR_CUDA_MMQ_WARPS). */
 static int mmt_target_warps(void) {
     static int target = -1;
-    if (target < 0) {
-        const char *e = getenv("AUGUR_CUDA_MMT_WARPS");
-        target = e && atoi(e) > 0 ? atoi(e) : MMT_TARGET_WARPS;
-    }
-    return target;
+    return target_warps("AUGUR_CUDA_MMT_WARPS", &target);
 }
-/* The target of the K-quant kernels: AUGUR_CUDA_MMQ_WARPS (tuning) or MMT_TARGET_WARPS. */
 static int mmq_target_warps(void) {
     static int target = -1;
-    if (target < 0) {
-        const char *e = getenv("AUGUR_CUDA_MMQ_WARPS");
-        target = e && atoi(e) > 0 ? atoi(e) : MMT_TARGET_WARPS;
-    }
-    return target;
+    return target_warps("AUGUR_CUDA_MMQ_WARPS", &target);
 }
 
 /* More than 16 decode rows of one BF16 weight: two row tiles by 32 tokens
