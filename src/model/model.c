@@ -21,6 +21,11 @@ struct ag_model {
     void            *act;       /* activations of one forward pass, in backend memory */
     size_t           act_bytes; /* its size (grown on demand) */
     uint64_t         weight_bytes;
+    /* ag_model_set_output_rows: logits of ids >= output_rows are not
+     * computed (-inf); n_vocab when all are */
+    int              output_rows;
+    float           *extra_out;     /* [extra_out_cap] ag_batch.head_extra's logits before they are placed */
+    size_t           extra_out_cap; /* floats */
     char             path[512];
     bool             argmax_off; /* AUGUR_ARGMAX=0 (A/B, tests): rows' argmax never computed by the backend */
     bool             pick_off;   /* AUGUR_PICK=0 (A/B, tests): picked tokens never computed by the backend */
@@ -263,6 +268,7 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
         goto fail_named;
     }
     m->weight_bytes = m->output.row_bytes * (uint64_t)c->n_vocab;
+    m->output_rows = c->n_vocab;
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(m, l))) goto fail_named;
     if ((st = ag_backend_new(p->device, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
@@ -292,6 +298,7 @@ void ag_model_free(ag_model *m) {
     ag_backend_free(m->be);
     ag_gguf_free(m->gguf);
     free(m->poison_saved);
+    free(m->extra_out);
     free(m);
 }
 
@@ -305,7 +312,29 @@ float *ag_model_host_floats(ag_model *m, size_t n) {
 void ag_model_host_free(ag_model *m, float *p) { ag_kv_mem_host_free(ag_model_kv_mem(m), p); }
 ag_device ag_model_device(const ag_model *m) { return m->be->ops->host_memory ? AG_DEVICE_CPU : AG_DEVICE_CUDA; }
 const struct ag_kv_mem *ag_model_kv_mem(const ag_model *m) { return m->be->ops->kv_mem ? m->be->ops->kv_mem(m->be) : NULL; }
-uint64_t               ag_model_weight_bytes(const ag_model *m) { return m->weight_bytes; }
+size_t ag_model_head_row_bytes(const ag_model *m) { return m->output.row_bytes; }
+
+ag_status ag_model_head_rows_copy(const ag_model *m, const int32_t *ids, int n, void *dst) {
+    const size_t rb = m->output.row_bytes;
+    for (int i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= m->cfg.n_vocab)
+            return ag_errorf(AG_ERR_INVALID, "head row %d out of range [0, %d)", ids[i], m->cfg.n_vocab);
+        memcpy((char *)dst + (size_t)i * rb, (const char *)m->output.host + (size_t)ids[i] * rb, rb);
+    }
+    return AG_OK;
+}
+
+uint64_t ag_model_weight_bytes(const ag_model *m) {
+    return m->weight_bytes - m->output.row_bytes * (uint64_t)(m->cfg.n_vocab - m->output_rows);
+}
+
+int ag_model_set_output_rows(ag_model *m, int n) {
+    const int n_vocab = m->cfg.n_vocab;
+    if (n <= 0 || n >= n_vocab || !m->be->ops->host_memory || m->cfg.final_softcap > 0) n = n_vocab;
+    m->output_rows = n;
+    return n;
+}
+
 
 ag_status ag_model_device_memory(const ag_model *m, uint64_t *free_bytes, uint64_t *total_bytes) {
     *free_bytes = *total_bytes = 0;
@@ -622,6 +651,40 @@ static void edit_rows_host(const ag_batch *b, int n_out, int n_vocab, float *row
     }
 }
 
+/* The output matmul over the head's first output_rows rows (a view of the
+ * same weights: a row's dot product is the one the whole head computes),
+ * its n_out rows of output_rows logits then spread to n_vocab strides from
+ * the last one down (each moves to a higher address) and the rest of each
+ * row set to -inf, but for the ids of `extra` (may be NULL), computed from
+ * their copied rows. Host memory. */
+static ag_status head_prefix(ag_model *m, const ag_head_extra *extra, const float *x, int n_out, int n_out_dec,
+                             float *out) {
+    const size_t n_vocab = (size_t)m->cfg.n_vocab, rows = (size_t)m->output_rows;
+    ag_tensor    head = m->output;
+    head.ne[1] = (int64_t)rows;
+    ag_status st = m->be->ops->matmul(m->be, &head, x, n_out, n_out_dec, out);
+    if (st) return st;
+    for (int k = n_out - 1; k >= 0; k--) {
+        float *row = out + (size_t)k * n_vocab;
+        if (k > 0) memmove(row, out + (size_t)k * rows, sizeof(float) * rows);
+        for (size_t i = rows; i < n_vocab; i++) row[i] = -INFINITY;
+    }
+    if (!extra || extra->n <= 0) return AG_OK;
+    const size_t need = (size_t)n_out * (size_t)extra->n;
+    if (need > m->extra_out_cap) {
+        float *p = realloc(m->extra_out, sizeof(float) * need);
+        if (!p) return ag_errorf(AG_ERR_NOMEM, "out of memory for %d extra head rows", extra->n);
+        m->extra_out = p, m->extra_out_cap = need;
+    }
+    head.ne[1] = extra->n;
+    head.data = head.host = extra->rows;
+    if ((st = m->be->ops->matmul(m->be, &head, x, n_out, n_out_dec, m->extra_out))) return st;
+    for (int k = 0; k < n_out; k++)
+        for (int j = 0; j < extra->n; j++)
+            out[(size_t)k * n_vocab + (size_t)extra->ids[j]] = m->extra_out[(size_t)k * extra->n + j];
+    return AG_OK;
+}
+
 static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
                             int n_out, const out_kinds *ok, const fwd_bufs *f, float *logits) {
     const ag_model_config *c = &m->cfg;
@@ -646,7 +709,11 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     if (n_out == 0) return AG_OK;
     if ((st = op->rmsnorm(be, f->x, m->output_norm.data, n_out, c->n_embd, c->rms_eps, f->x))) return st;
     float *out = op->host_memory ? logits : f->logits;
-    if ((st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out))) return st;
+    if (m->output_rows < c->n_vocab) /* (host memory only: ag_model_set_output_rows) */
+        st = head_prefix(m, b->head_extra, f->x, n_out, n_out_dec, out);
+    else
+        st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out);
+    if (st) return st;
     /* the samplers' steps 1-2 before anything reads the rows */
     if (ok->edits == EDITS_IN_PASS) {
         if (op->host_memory) edit_rows_host(b, n_out, c->n_vocab, out);
@@ -791,6 +858,13 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     for (int32_t i = 0; any_edits && i < b->edit_start[n_out]; i++)
         if (b->edits[i].id < 0 || b->edits[i].id >= c->n_vocab)
             return ag_errorf(AG_ERR_INVALID, "edit %d names token %d, not in [0, %d)", (int)i, (int)b->edits[i].id,
+                             c->n_vocab);
+    const ag_head_extra *hx = m->output_rows < c->n_vocab ? b->head_extra : NULL;
+    if (hx && (hx->n < 0 || (hx->n > 0 && (!hx->ids || !hx->rows))))
+        return ag_errorf(AG_ERR_INVALID, "head_extra: %d rows without ids or rows", hx->n);
+    for (int i = 0; hx && i < hx->n; i++)
+        if (hx->ids[i] < m->output_rows || hx->ids[i] >= c->n_vocab)
+            return ag_errorf(AG_ERR_INVALID, "head_extra id %d is not in [%d, %d)", hx->ids[i], m->output_rows,
                              c->n_vocab);
     /* a device without the edit op (or the mask op, for masks) edits (and
      * masks) the rows on the host, so nothing may be computed from them on

@@ -91,7 +91,8 @@ ag_device ag_model_device(const ag_model *m);
  * reads it whole). */
 void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t *row_bytes);
 
-/* Bytes of weights a decode step reads (every weight used per token). */
+/* Bytes of weights a decode step reads (every weight used per token; the
+ * output matrix as far as ag_model_set_output_rows limits it). */
 uint64_t ag_model_weight_bytes(const ag_model *m);
 /* The model's device memory (a GPU backend's) free now, with its weights
  * loaded, and in all; AG_ERR_UNSUPPORTED for a host-memory backend. */
@@ -124,6 +125,16 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx);
 
 /* Per-sequence KV geometry for this model, to create a matching ag_kv. */
 void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v);
+
+/* Output-matrix rows beyond ag_model_set_output_rows' prefix that a pass
+ * computes too (ag_batch.head_extra): ids[n] (each past the prefix) and
+ * their rows, copied from the head by ag_model_head_rows_copy,
+ * n * ag_model_head_row_bytes bytes in ids' order. */
+typedef struct {
+    int            n;
+    const int32_t *ids;
+    const void    *rows;
+} ag_head_extra;
 
 /* want_logits values: the row's logits, or only its argmax (the lowest id
  * among its largest logits, +inf and FLT_MAX alike, NaN skipped), or only a
@@ -194,6 +205,10 @@ typedef struct {
      * the same tokens' KV written as prompt: a cached prefix must be reused
      * only as far as it was computed as prompt (see the engine). */
     int n_prompt;
+    /* NULL: none. Under ag_model_set_output_rows, these ids' logits are
+     * computed too (the others past the prefix stay -inf); ignored when the
+     * whole head is computed. */
+    const ag_head_extra *head_extra;
 } ag_batch;
 
 /* Runs the model over the batch. Contract:
@@ -231,6 +246,23 @@ bool ag_model_can_edit(const ag_model *m);
  * (on the host, or by the backend's mask op, without a final softcap on a
  * device); false: callers mask the copied rows themselves. */
 bool ag_model_can_mask(const ag_model *m);
+
+/* Limits the output head to the first n rows: forward computes the logits
+ * of ids [0, n) only and sets the others to -inf, reading n / n_vocab of
+ * the output matrix (a draft model's vocabulary prefix: byte-level BPE
+ * vocabularies put their frequent tokens first). n <= 0 or >= n_vocab
+ * computes every row again. Returns the limit in force: n_vocab where the
+ * model cannot limit its rows (a device backend, or a final logit
+ * softcap, which would turn -inf into a finite logit). */
+int ag_model_set_output_rows(ag_model *m, int n);
+
+/* Bytes of one row of the output matrix (in its file type). */
+size_t ag_model_head_row_bytes(const ag_model *m);
+
+/* Copies the output-matrix rows of ids[0..n) into dst (n *
+ * ag_model_head_row_bytes bytes), for ag_head_extra. AG_ERR_INVALID for an
+ * id outside the vocabulary. */
+ag_status ag_model_head_rows_copy(const ag_model *m, const int32_t *ids, int n, void *dst);
 
 /* Copies output row k (in batch order, as the logits array counts them) of
  * the last forward pass into out[n_vocab]: for an AG_WANT_CANDS row whose

@@ -41,6 +41,7 @@ struct ag_draft_model {
     int       n_vocab_target; /* q / sampler width */
     int       n_vocab_draft;  /* draft logits row width */
     int       n_valid;        /* ids [0, n_valid) can be drafted and fed */
+    int       head_rows;      /* the head's prefix the draft computes (n_vocab_draft: all of it) */
     int       n_ctx;
     int       n_sources;
     int       max_seqs;
@@ -81,6 +82,14 @@ typedef struct {
     ag_cand_probs    cp;      /* q from them */
     int32_t          b_tok[CHUNK], b_pos[CHUNK], b_seq[CHUNK];
     uint8_t          b_want[CHUNK];
+    /* With a head prefix (dm->head_rows < n_vocab_draft): the ids past it
+     * that this sequence has seen (prompt and output, up to
+     * AG_DRAFT_MODEL_EXTRA_MAX) and their head rows, computed every step as
+     * well, so that what the context copies can still be drafted. */
+    uint8_t         *x_seen; /* bitmap over n_vocab_draft */
+    int32_t         *x_ids;
+    uint8_t         *x_rows;
+    ag_head_extra    hx;
 } dm_source;
 
 /* ---- the draft model ---------------------------------------------------- */
@@ -161,8 +170,9 @@ static ag_status check_vocab(const char *path, const ag_tok *d, const ag_tok *t)
 
 /* A source's own memory: its sampler over the target's vocabulary, its
  * logits and probability rows, and its draft buffers of `cap` tokens. */
-static size_t source_bytes(int32_t n_vocab_target, int32_t n_vocab_draft, size_t n_accepted, int cap) {
-    return sizeof(dm_source) + ag_sampler_bytes(n_vocab_target, n_accepted) +
+static size_t source_bytes(int32_t n_vocab_target, int32_t n_vocab_draft, size_t n_accepted, int cap,
+                           size_t extra_bytes) {
+    return sizeof(dm_source) + extra_bytes + ag_sampler_bytes(n_vocab_target, n_accepted) +
            sizeof(float) * (2 * (size_t)n_vocab_target + (size_t)n_vocab_draft) +
            (sizeof(int32_t) + sizeof(float)) * (size_t)cap;
 }
@@ -185,6 +195,13 @@ static int clamp_ctx(const ag_model *m, int n_ctx) {
     return train > 0 && n_ctx > train ? train : n_ctx;
 }
 
+/* A source's buffers for the ids past the head prefix (none without one). */
+static size_t extra_bytes(const ag_draft_model *dm) {
+    if (dm->head_rows >= dm->n_vocab_draft) return 0;
+    return ((size_t)dm->n_vocab_draft + 7) / 8 +
+           (size_t)AG_DRAFT_MODEL_EXTRA_MAX * (sizeof(int32_t) + ag_model_head_row_bytes(dm->model));
+}
+
 size_t ag_draft_model_plan_bytes(ag_draft_model *dm, int max_seqs, int n_ctx) {
     ag_model *draft = dm->model;
     n_ctx = clamp_ctx(draft, n_ctx);
@@ -193,7 +210,7 @@ size_t ag_draft_model_plan_bytes(ag_draft_model *dm, int max_seqs, int n_ctx) {
     size_t       kv = 0;
     if (draft_kv_params(draft, max_seqs, n_ctx, &kp) || ag_kv_memory_bytes(&kp, n_ctx, &kv)) return 0;
     return ag_gguf_file_size(ag_model_gguf(draft)) + kv + ag_model_scratch_bytes(draft, CHUNK, n_ctx) +
-           (size_t)max_seqs * source_bytes(n_vocab, n_vocab, (size_t)n_ctx, AG_SPEC_MAX_DRAFT);
+           (size_t)max_seqs * source_bytes(n_vocab, n_vocab, (size_t)n_ctx, AG_SPEC_MAX_DRAFT, extra_bytes(dm));
 }
 
 ag_status ag_draft_model_open(const char *path, const ag_model_params *mp, const ag_tok *target_tok,
@@ -250,6 +267,9 @@ ag_status ag_draft_model_open(const char *path, const ag_model_params *mp, const
     dm->file_bytes = ag_gguf_file_size(ag_model_gguf(dm->model));
     if ((st = ag_model_reserve_scratch(dm->model, CHUNK))) goto fail_kv;
     dm->scratch_bytes = ag_model_scratch_bytes(dm->model, CHUNK, n_ctx);
+    const char *hv = getenv("AUGUR_DRAFT_VOCAB");
+    int         rows = hv ? atoi(hv) : dm->n_vocab_draft > 2 * AG_DRAFT_MODEL_HEAD_ROWS ? AG_DRAFT_MODEL_HEAD_ROWS : 0;
+    dm->head_rows = ag_model_set_output_rows(dm->model, rows);
     *out = dm;
     return AG_OK;
 
@@ -314,13 +334,30 @@ static ag_status run_tokens(dm_source *s, int32_t head, const int32_t *toks, int
         bool want = want_last && p0 + k == n;
         s->b_want[k - 1] = !want ? 0 : s->cands_on ? AG_WANT_CANDS : AG_WANT_LOGITS;
         ag_batch  b = {.n = k, .token = s->b_tok, .pos = s->b_pos, .seq = s->b_seq, .want_logits = s->b_want,
-                       .cands_req = &s->cands_req, .cands = &s->cands, .n_prompt = as_prompt ? k : 0};
+                       .cands_req = &s->cands_req, .cands = &s->cands, .n_prompt = as_prompt ? k : 0,
+                       .head_extra = s->hx.n > 0 ? &s->hx : NULL};
         ag_status st = ag_kv_seq_reserve(dm->kv, s->seq, k);
         if (!st) st = ag_model_forward(dm->model, dm->kv, &b, want ? s->logits : NULL);
         if (st) return st;
         if ((st = ag_kv_seq_commit(dm->kv, s->seq, len + k))) return st;
     }
     return AG_OK;
+}
+
+/* Adds the ids of toks[0..n) past the head prefix that are new to the
+ * source to the rows it computes beside the prefix (until
+ * AG_DRAFT_MODEL_EXTRA_MAX). */
+static void note_tokens(dm_source *s, const int32_t *toks, int n) {
+    const ag_draft_model *dm = s->dm;
+    if (!s->x_seen) return;
+    const size_t rb = ag_model_head_row_bytes(dm->model);
+    for (int i = 0; i < n && s->hx.n < AG_DRAFT_MODEL_EXTRA_MAX; i++) {
+        const int32_t t = toks[i];
+        if (t < dm->head_rows || t >= dm->n_vocab_draft || (s->x_seen[t >> 3] >> (t & 7) & 1)) continue;
+        if (ag_model_head_rows_copy(dm->model, &t, 1, s->x_rows + (size_t)s->hx.n * rb)) continue;
+        s->x_seen[t >> 3] |= (uint8_t)(1u << (t & 7));
+        s->x_ids[s->hx.n++] = t;
+    }
 }
 
 /* The draft's logits in the target vocabulary: ids neither side can draft
@@ -341,6 +378,8 @@ static ag_status src_prefill(ag_draft_source *base, const int32_t *prompt, int n
     s->dead = false;
     s->d_open = -1;
     s->n_last = 0;
+    if (s->x_seen) memset(s->x_seen, 0, ((size_t)dm->n_vocab_draft + 7) / 8);
+    s->hx.n = 0;
     if (n < 0 || (n > 0 && !prompt)) return ag_errorf(AG_ERR_INVALID, "draft-model: prefill: bad prompt (%d tokens)", n);
     for (int i = 0; i < n; i++)
         if (prompt[i] < 0 || prompt[i] >= dm->n_valid) {
@@ -354,6 +393,7 @@ static ag_status src_prefill(ag_draft_source *base, const int32_t *prompt, int n
         s->dead = true;
         return AG_OK;
     }
+    note_tokens(s, prompt, n);
     ag_status st = run_tokens(s, -1, prompt, n - 1, true, false);
     if (st) {
         char inner[1024];
@@ -472,6 +512,7 @@ static int src_draft(ag_draft_source *base, const int32_t *feed, int n_feed, int
         return 0;
     }
     if (h_new == 0) return 0; /* nothing to condition on */
+    note_tokens(s, feed, n_feed);
     for (int i = 0; i < n_feed; i++)
         if (ag_sampler_accept(s->sampler, feed[i])) return fail(s, AG_ERR_INTERNAL, "sampler");
 
@@ -547,7 +588,8 @@ static void src_commit(ag_draft_source *base, int d, int k) {
 static size_t src_resident_bytes(const ag_draft_source *base) {
     const dm_source      *s = (const dm_source *)base;
     const ag_draft_model *dm = s->dm;
-    return source_bytes(dm->n_vocab_target, dm->n_vocab_draft, ag_sampler_n_accepted(s->sampler), s->cap);
+    return source_bytes(dm->n_vocab_target, dm->n_vocab_draft, ag_sampler_n_accepted(s->sampler), s->cap,
+                        extra_bytes(dm));
 }
 
 static void src_free(ag_draft_source *base) {
@@ -562,6 +604,9 @@ static void src_free(ag_draft_source *base) {
     free(s->confs);
     free(s->row);
     free(s->proc);
+    free(s->x_seen);
+    free(s->x_ids);
+    free(s->x_rows);
     if (s->dm) ag_model_host_free(s->dm->model, s->logits); /* before s->dm is set, the constructor frees it */
     free(s);
 }
@@ -598,7 +643,15 @@ ag_status ag_draft_model_source_new(ag_draft_model *dm, const ag_sample_params *
     s->row = malloc(sizeof(float) * (size_t)dm->n_vocab_target);
     s->proc = malloc(sizeof(float) * (size_t)dm->n_vocab_target);
     s->logits = ag_model_host_floats(dm->model, (size_t)dm->n_vocab_draft); /* downloaded every draft step */
-    if (!s->row || !s->proc || !s->logits) {
+    bool x_ok = true;
+    if (dm->head_rows < dm->n_vocab_draft) {
+        s->x_seen = calloc(((size_t)dm->n_vocab_draft + 7) / 8, 1);
+        s->x_ids = malloc(sizeof(int32_t) * AG_DRAFT_MODEL_EXTRA_MAX);
+        s->x_rows = malloc(ag_model_head_row_bytes(dm->model) * AG_DRAFT_MODEL_EXTRA_MAX);
+        s->hx = (ag_head_extra){.n = 0, .ids = s->x_ids, .rows = s->x_rows};
+        x_ok = s->x_seen && s->x_ids && s->x_rows;
+    }
+    if (!s->row || !s->proc || !s->logits || !x_ok) {
         ag_model_host_free(dm->model, s->logits);
         s->logits = NULL;
         src_free(&s->base);

@@ -49,6 +49,17 @@
  * llama.cpp's server uses 0.75. */
 #define AG_DRAFT_MODEL_P_MIN 0.7f
 
+/* The draft's output head: of a vocabulary over twice this size only the
+ * first AG_DRAFT_MODEL_HEAD_ROWS ids (byte-level BPE puts the frequent
+ * tokens first) plus, per sequence, the ids past them that its prompt and
+ * output hold (up to AG_DRAFT_MODEL_EXTRA_MAX), whose head rows are copied
+ * aside. The draft can then not propose other ids (q = 0 there, which the
+ * verify rule handles exactly), and a step reads less: Qwen2.5-0.5B's Q8_0
+ * head is 146 MB of the 485 MB a step reads. AUGUR_DRAFT_VOCAB=N sets the
+ * prefix (0: the whole head). Only on the CPU (ag_model_set_output_rows). */
+#define AG_DRAFT_MODEL_HEAD_ROWS 32768
+#define AG_DRAFT_MODEL_EXTRA_MAX 2048
+
 typedef struct ag_draft_model ag_draft_model;
 
 /* Loads the draft model at `path` (with `mp`, NULL = defaults) and checks its

@@ -224,6 +224,69 @@ static void argmax_rows_match_their_logits(void **state) {
     ag_kv_free(kv);
 }
 
+/* ag_model_set_output_rows: a limited head gives each row the full head's
+ * logits for ids below the limit, bit for bit, and -inf above it, for
+ * prompt rows and decode rows and for several output rows at once (the
+ * rows are spread from the prefix's width to the vocabulary's); argmax
+ * rows pick inside the limit; 0 restores the whole head. */
+static void output_rows_limit_the_head(void **state) {
+    const int limit = g_vocab / 2 + 3;
+    float    *ref = malloc(sizeof(float) * N_TOK * (size_t)g_vocab);
+    float    *out = malloc(sizeof(float) * N_TOK * (size_t)g_vocab);
+    for (int kind = 0; kind < 2; kind++) { /* prompt rows, then decode rows */
+        ag_kv  *kv = new_kv(1, 16);
+        int32_t s, pos[N_TOK], seq[N_TOK];
+        assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+        for (int i = 0; i < N_TOK; i++) pos[i] = i, seq[i] = s;
+        ag_batch b = {.n = N_TOK, .token = k_tokens, .pos = pos, .seq = seq, .want_logits = NULL,
+                      .n_prompt = kind == 0 ? N_TOK : 0};
+        uint8_t want[N_TOK];
+        for (int i = 0; i < N_TOK; i++) want[i] = 1;
+        b.want_logits = want;
+        assert_int_equal(ag_kv_seq_reserve(kv, s, N_TOK), AG_OK);
+        assert_int_equal(ag_model_set_output_rows(g_model, 0), g_vocab);
+        const uint64_t whole = ag_model_weight_bytes(g_model);
+        assert_int_equal(ag_model_forward(g_model, kv, &b, ref), AG_OK);
+        assert_int_equal(ag_model_set_output_rows(g_model, limit), limit);
+        assert_true(ag_model_weight_bytes(g_model) < whole); /* a step reads less of the head */
+        /* and the rows of two ids past the prefix, given as copies */
+        const int32_t ids[2] = {g_vocab - 1, limit + 7};
+        uint8_t      *rows = malloc(2 * ag_model_head_row_bytes(g_model));
+        assert_int_equal(ag_model_head_rows_copy(g_model, ids, 2, rows), AG_OK);
+        ag_head_extra hx = {.n = 2, .ids = ids, .rows = rows};
+        b.head_extra = &hx;
+        assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_OK); /* the same positions again */
+        for (int k = 0; k < N_TOK; k++) {
+            const float *r = ref + (size_t)k * g_vocab, *o = out + (size_t)k * g_vocab;
+            assert_memory_equal(o, r, sizeof(float) * (size_t)limit);
+            for (int v = limit; v < g_vocab; v++)
+                if (v == ids[0] || v == ids[1]) assert_memory_equal(&o[v], &r[v], sizeof(float));
+                else assert_true(isinf(o[v]) && o[v] < 0);
+        }
+        const int32_t inside = limit - 1; /* an id the prefix has is refused */
+        hx.ids = &inside, hx.n = 1;
+        assert_int_equal(ag_model_forward(g_model, kv, &b, out), AG_ERR_INVALID);
+        b.head_extra = NULL;
+        free(rows);
+        /* one decode row wanting its argmax: found inside the prefix */
+        int32_t am = -1;
+        uint8_t w1 = AG_WANT_ARGMAX;
+        ag_batch one = {.n = 1, .token = k_tokens, .pos = pos, .seq = seq, .want_logits = &w1, .argmax = &am};
+        assert_int_equal(ag_model_forward(g_model, kv, &one, out), AG_OK);
+        int32_t best = 0;
+        for (int v = 1; v < g_vocab; v++)
+            if (out[v] > out[best]) best = v;
+        assert_true(best < limit);
+        assert_int_equal(am, best);
+        if (kind == 1) assert_memory_equal(out, ref, sizeof(float) * (size_t)limit); /* ref's row 0, a decode row */
+        assert_int_equal(ag_model_set_output_rows(g_model, 0), g_vocab);
+        assert_int_equal(ag_model_set_output_rows(g_model, g_vocab + 5), g_vocab);
+        ag_kv_free(kv);
+    }
+    free(ref);
+    free(out);
+}
+
 /* Rows that want a token drawn with a sampler's uniform (AG_WANT_PICK) get
  * ag_pick_f32 of their logits and their draw, in output-row order, beside
  * argmax rows; a batch without draws is refused. */
@@ -474,6 +537,7 @@ int main(void) {
         cmocka_unit_test(forked_sequences_do_not_disturb_each_other),
         cmocka_unit_test(ragged_batch_of_two_sequences_equals_separate_runs),
         cmocka_unit_test(argmax_rows_match_their_logits),
+        cmocka_unit_test(output_rows_limit_the_head),
         cmocka_unit_test(pick_rows_draw_from_their_logits),
         cmocka_unit_test(picked_rows_with_candidates),
         cmocka_unit_test(cands_rows_are_their_rows_best),

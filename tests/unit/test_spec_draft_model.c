@@ -170,6 +170,53 @@ static void self_draft_is_target_greedy(void **state) {
     ag_draft_model_close(dm);
 }
 
+/* With a head prefix (AUGUR_DRAFT_VOCAB), a self-draft proposes the
+ * target's greedy continuation among the ids it may draft: those below the
+ * prefix and those its prompt and feeds hold (their rows computed beside
+ * the prefix); and drafts some of the latter. */
+static void head_prefix_drafts_seen_ids(void **state) {
+    enum { PREFIX = 256, D = 8 };
+    setenv("AUGUR_DRAFT_VOCAB", "256", 1);
+    ag_draft_model *dm = open_self(2, 512);
+    unsetenv("AUGUR_DRAFT_VOCAB");
+    ag_draft_model_set_p_min(dm, 0);
+    assert_true(ag_draft_model_cost(dm, g_model) < 1.0f); /* a step reads half the head */
+    ag_draft_source *s = greedy_source(dm);
+    assert_int_equal(s->ops->prefill(s, k_prompt, N_PROMPT), AG_OK);
+    bool allowed[4096] = {false};
+    assert_true(g_vocab <= 4096);
+    for (int v = 0; v < PREFIX; v++) allowed[v] = true;
+    for (int i = 0; i < N_PROMPT; i++) allowed[k_prompt[i]] = true;
+    /* the first output token: the target's own (unrestricted) greedy pick */
+    int32_t first;
+    ref_greedy(k_prompt, N_PROMPT, N_PROMPT, 1, &first, NULL);
+    allowed[first] = true;
+    int32_t out[D];
+    assert_int_equal(s->ops->draft(s, &first, 1, D, out, NULL), D);
+    /* the reference: the target run greedily over [prompt, first], picking among the allowed ids */
+    int32_t seq;
+    assert_int_equal(ag_kv_seq_new(g_kv, &seq), AG_OK);
+    float *logits = malloc(sizeof(float) * (size_t)g_vocab);
+    target_run(seq, k_prompt, N_PROMPT - 1, 1, NULL);
+    target_run(seq, k_prompt + N_PROMPT - 1, 1, 0, NULL);
+    target_run(seq, &first, 1, 0, logits);
+    int past_prefix = 0;
+    for (int i = 0; i < D; i++) {
+        int32_t best = -1;
+        for (int v = 0; v < g_vocab; v++)
+            if (allowed[v] && (best < 0 || logits[v] > logits[best])) best = v;
+        assert_int_equal(out[i], best);
+        past_prefix += best >= PREFIX;
+        if (i + 1 < D) target_run(seq, &best, 1, 0, logits);
+    }
+    assert_true(past_prefix > 0); /* the copied rows were used */
+    free(logits);
+    assert_int_equal(ag_kv_seq_free(g_kv, seq), AG_OK);
+    s->ops->commit(s, D, 0);
+    ag_draft_free(s);
+    ag_draft_model_close(dm);
+}
+
 /* After partial acceptances (random k < d), corrections that differ from
  * the draft, rounds that did not draft (feeds of several tokens) and empty
  * feeds, the proposals are still the greedy continuation of the history the
@@ -729,6 +776,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(self_draft_is_target_greedy),
         cmocka_unit_test(rewind_keeps_proposals_exact),
+        cmocka_unit_test(head_prefix_drafts_seen_ids),
         cmocka_unit_test(penalties_follow_the_history),
         cmocka_unit_test(p_min_stops_at_low_confidence),
         cmocka_unit_test(long_prompt_prefills_in_chunks),
