@@ -270,6 +270,9 @@ ag_status ag_draft_model_open(const char *path, const ag_model_params *mp, const
     const char *hv = getenv("AUGUR_DRAFT_VOCAB");
     int         rows = hv ? atoi(hv) : dm->n_vocab_draft > 2 * AG_DRAFT_MODEL_HEAD_ROWS ? AG_DRAFT_MODEL_HEAD_ROWS : 0;
     dm->head_rows = ag_model_set_output_rows(dm->model, rows);
+    if (dm->head_rows < dm->n_vocab_draft)
+        AG_LOGI("draft model %s: its output head computes ids below %d of %d, and those its context holds "
+                "(AUGUR_DRAFT_VOCAB=0: all)", path, dm->head_rows, dm->n_vocab_draft);
     *out = dm;
     return AG_OK;
 
