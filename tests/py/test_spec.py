@@ -250,6 +250,30 @@ def test_draft_model_self_draft_equals_plain(augur_server):
     assert "speculative decoding: draft draft-model" in spec.stderr()
 
 
+def test_draft_head_prefix_under_batching_equals_plain(smol_pair):
+    """A draft model computing part of its head (AUGUR_DRAFT_VOCAB: the
+    first 8192 of SmolLM2's 49152 ids and the ids each sequence's context
+    holds), 16 concurrent greedy streams: plain decoding's text, and the
+    copied rows make drafts (the prefix alone lacks most of the prompts'
+    words)."""
+    import os
+    from conftest import AugurServer
+    plain, _ = smol_pair
+    env = dict(os.environ, AUGUR_DRAFT_VOCAB="8192", AUGUR_LOG="info")
+    spec = AugurServer(SMOLLM2, "--parallel", "16", "--ctx", "1024", "--draft", SMOLLM2, "--draft-max", "6", env=env)
+    try:
+        prompts = (COPY_PROMPTS + CHAT_PROMPTS) * 2
+        solo = [chat(plain.base, p, max_tokens=40)["choices"][0]["message"]["content"] for p in prompts]
+        with concurrent.futures.ThreadPoolExecutor(16) as ex:
+            got = list(ex.map(lambda p: chat(spec.base, p, max_tokens=40), prompts))
+        assert [g["choices"][0]["message"]["content"] for g in got] == solo
+        copy = [g["usage"]["completion_tokens_details"] for g in got[:len(COPY_PROMPTS)]]
+        assert sum(d["accepted_prediction_tokens"] for d in copy) > 0
+    finally:
+        assert spec.stop() == 0, spec.final_stderr[-3000:]
+    assert "computes ids below 8192 of 49152" in spec.final_stderr
+
+
 def test_incompatible_draft_vocab_is_refused(augur_server):
     require_model(SMOLLM2)
     p = run_augur("run", "-m", TINY_GGUF, "-p", "Once", "-n", "4", "--draft", SMOLLM2)
