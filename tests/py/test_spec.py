@@ -256,7 +256,6 @@ def test_draft_head_prefix_under_batching_equals_plain(smol_pair):
     holds), 16 concurrent greedy streams: plain decoding's text, and the
     copied rows make drafts (the prefix alone lacks most of the prompts'
     words)."""
-    import os
     from conftest import AugurServer
     plain, _ = smol_pair
     env = dict(os.environ, AUGUR_DRAFT_VOCAB="8192", AUGUR_LOG="info")

@@ -1101,25 +1101,27 @@ static void pack_task(void *ctx, int64_t p, int thread) {
 #pragma GCC pop_options
 #endif
 
+/* Whether the A/B switch `name` is on: off only when it is set to 0; read
+ * once into *state (0 unknown, 1 on, 2 off). */
+static bool switch_on(const char *name, _Atomic int *state) {
+    if (!*state) {
+        const char *e = getenv(name);
+        *state = e && *e == '0' ? 2 : 1;
+    }
+    return *state == 1;
+}
+
 /* AUGUR_AMX_WINDOW=0: windows take the tile-ready copy too (A/B). */
 static bool amx_window_on(void) {
-    static _Atomic int on; /* 0 unknown, 1 on, 2 off */
-    if (!on) {
-        const char *e = getenv("AUGUR_AMX_WINDOW");
-        on = e && *e == '0' ? 2 : 1;
-    }
-    return on == 1;
+    static _Atomic int state;
+    return switch_on("AUGUR_AMX_WINDOW", &state);
 }
 
 /* AUGUR_AMX_WINDOW_T=0: Q4_K windows take window_panel (16 token lanes
  * whatever the window) instead of its T mode (A/B; the same bits). */
 static bool amx_window_t_on(void) {
-    static _Atomic int on; /* 0 unknown, 1 on, 2 off */
-    if (!on) {
-        const char *e = getenv("AUGUR_AMX_WINDOW_T");
-        on = e && *e == '0' ? 2 : 1;
-    }
-    return on == 1;
+    static _Atomic int state;
+    return switch_on("AUGUR_AMX_WINDOW_T", &state);
 }
 
 /* One token tile of a K-quant is a window (window_task): the weights' own blocks. */
