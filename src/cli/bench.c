@@ -12,9 +12,10 @@
 #include "sample/sample.h"
 
 static const char usage[] =
-    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
+    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-u 512] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
     "                   [--penalties] [--json]\n"
-    "  -p N   prompt tokens processed in one batch (0 = skip)\n"
+    "  -p N   prompt tokens to prefill (0 = skip)\n"
+    "  -u N   prompt rows per forward (default 512, as the server's --batch)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
     "  -d N   decode after N positions of context (filled untimed first; default 0)\n"
     "  -b N   decode N sequences in lockstep (one token of each per step, as the\n"
@@ -57,13 +58,16 @@ double ag_cli_sorted_median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* prompt rows per forward (-u), as the engine's n_batch cuts a prompt */
+static int bench_ubatch = 512;
+
 /* Feeds n random tokens at positions p0.. of sequence `seq` as prompt rows,
- * in forwards of at most 512 rows; logits: room for one row. */
+ * in forwards of at most bench_ubatch rows; logits: room for one row. */
 static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, float *logits, uint64_t *rng) {
     const ag_model_config *c = ag_model_config_of(m);
-    enum { CHUNK = 512 };
-    int32_t   tok[CHUNK], pos[CHUNK], seqs[CHUNK];
-    ag_status st = AG_OK;
+    const int CHUNK = bench_ubatch;
+    int32_t  *tok = malloc(sizeof(int32_t) * 3 * (size_t)CHUNK), *pos = tok + CHUNK, *seqs = pos + CHUNK;
+    ag_status st = tok ? AG_OK : ag_errorf(AG_ERR_NOMEM, "out of memory");
     for (int done = 0; done < n && !st; done += CHUNK) {
         int k = n - done < CHUNK ? n - done : CHUNK;
         for (int i = 0; i < k; i++) {
@@ -77,10 +81,11 @@ static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, fl
         if (!st) st = ag_model_forward(m, kv, &b, logits);
         if (!st) st = ag_kv_seq_commit(kv, seq, p0 + done + k);
     }
+    free(tok);
     return st;
 }
 
-/* Runs one prefill of n tokens (chunks of at most 512) on a fresh sequence,
+/* Runs one prefill of n tokens (forwards of bench_ubatch rows) on a fresh sequence,
  * or n decode steps on each of n_seq fresh sequences (one batch of n_seq
  * decode rows per step) whose first `depth` positions were filled beforehand
  * (untimed); returns tokens per second over all sequences, or a negative
@@ -215,7 +220,11 @@ int ag_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "-n")) ok = ag_cli_parse_long(v, 0, 1 << 20, &tg);
         else if (!strcmp(a, "-d")) ok = ag_cli_parse_long(v, 0, 1 << 20, &depth);
         else if (!strcmp(a, "-b")) ok = ag_cli_parse_long(v, 1, AG_BENCH_MAX_SEQ, &n_seq);
-        else if (!strcmp(a, "-r")) ok = ag_cli_parse_long(v, 1, 1000, &reps);
+        else if (!strcmp(a, "-u")) {
+            long u = 0;
+            ok = ag_cli_parse_long(v, 1, 1 << 16, &u);
+            bench_ubatch = (int)u;
+        } else if (!strcmp(a, "-r")) ok = ag_cli_parse_long(v, 1, 1000, &reps);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
         else return ag_cli_usage_error(usage, "bench: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "bench: %s needs a value", a);
@@ -296,7 +305,7 @@ int ag_cli_bench(int argc, char **argv) {
     if (json) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"reps\": %ld, \"weight_gb\": %.4f", model_path, nthreads, reps, gb);
         if (*kernels) printf(", \"cpu_kernels\": \"%s\"", kernels);
-        if (pp) printf(", \"pp\": %ld, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, pp_med, pps[0], pps[reps - 1]);
+        if (pp) printf(", \"pp\": %ld, \"ubatch\": %d, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, bench_ubatch, pp_med, pps[0], pps[reps - 1]);
         if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"argmax\": %s, \"pick\": %s, \"sample\": %s, \"penalties\": %s, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, argmax ? "true" : "false", pick ? (ag_model_can_pick(m) ? "true" : "\"rows copied\"") : "false", !sample ? "false" : cands ? "\"candidates\"" : "\"rows\"", !penalties ? "false" : edits_off ? "\"by the samplers\"" : "\"edited rows\"", tg_med, tgs[0], tgs[reps - 1]);
         printf("}\n");
     } else {
