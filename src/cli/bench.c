@@ -7,15 +7,16 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "engine/engine.h"
 #include "kv/kv.h"
 #include "model/model.h"
 #include "sample/sample.h"
 
 static const char usage[] =
-    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-u 512] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
+    "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-u N] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
     "                   [--penalties] [--json]\n"
     "  -p N   prompt tokens to prefill (0 = skip)\n"
-    "  -u N   prompt rows per forward (default 512, as the server's --batch)\n"
+    "  -u N   prompt rows per forward (default: the server's --batch default, 512, or 2048 on a GPU)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
     "  -d N   decode after N positions of context (filled untimed first; default 0)\n"
     "  -b N   decode N sequences in lockstep (one token of each per step, as the\n"
@@ -58,8 +59,9 @@ double ag_cli_sorted_median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* prompt rows per forward (-u), as the engine's n_batch cuts a prompt */
-static int bench_ubatch = 512;
+/* prompt rows per forward (-u; 0 until the model is loaded: the engine's
+ * default n_batch for its device), as the engine cuts a prompt */
+static int bench_ubatch = 0;
 
 /* Feeds n random tokens at positions p0.. of sequence `seq` as prompt rows,
  * in forwards of at most bench_ubatch rows; logits: room for one row. */
@@ -245,6 +247,7 @@ int ag_cli_bench(int argc, char **argv) {
     ag_model *m;
     if (ag_model_load(model_path, &mp, &m)) return ag_cli_fail("%s", ag_error_message());
     const ag_model_config *c = ag_model_config_of(m);
+    bench_ubatch = ag_engine_resolve_batch(m, bench_ubatch);
     long need = pp > depth + tg ? pp : depth + tg;
     if (need > c->n_ctx_train)
         fprintf(stderr, "augur: note: %ld tokens exceed the model's training context %d\n", need, c->n_ctx_train);

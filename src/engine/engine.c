@@ -154,7 +154,7 @@ static double now_ms(void) {
 }
 
 ag_engine_params ag_engine_default_params(void) {
-    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 512, .n_prefill_decoding = 64, .max_queue = 64,
+    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 0, .n_prefill_decoding = 64, .max_queue = 64,
                           .kv_bytes = 0, .kv_dtype = AG_KV_F16, .draft = NULL, .spec = ag_spec_default_params(),
                           .spec_max_rows = 16, .prefix_cache = true, .cache_dir = NULL, .cache_disk_max = 0};
     return p;
@@ -164,6 +164,11 @@ int ag_engine_resolve_ctx(const ag_model *m, int n_ctx) {
     if (n_ctx > 0) return n_ctx;
     int train = ag_model_config_of(m)->n_ctx_train;
     return train < 4096 ? train : 4096;
+}
+
+int ag_engine_resolve_batch(const ag_model *m, int n_batch) {
+    if (n_batch > 0) return n_batch;
+    return ag_model_device(m) == AG_DEVICE_CPU ? AG_ENGINE_BATCH_CPU : AG_ENGINE_BATCH_GPU;
 }
 
 static int blocks_for(const ag_engine *e, int tokens) { return (tokens + e->block_size - 1) / e->block_size; }
@@ -1112,7 +1117,8 @@ static void cache_notify(void *user) {
 static ag_status resolve_params(ag_model *m, const ag_tok *tok, ag_engine_params *p) {
     const ag_model_config *cfg = ag_model_config_of(m);
     if (p->n_parallel < 1 || p->n_parallel > 256) return ag_errorf(AG_ERR_RANGE, "n_parallel must be in [1, 256]");
-    if (p->n_batch < 1) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1");
+    if (p->n_batch < 0) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1 (or 0: the device's default)");
+    p->n_batch = ag_engine_resolve_batch(m, p->n_batch);
     if (p->n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
     if (p->max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
     if (p->spec_max_rows < 0 || p->spec_max_rows > 1024)

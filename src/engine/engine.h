@@ -45,7 +45,7 @@ typedef struct ag_engine ag_engine;
 typedef struct {
     int         n_parallel; /* sequences running at once (choices count); default 4 */
     int         n_ctx;      /* tokens per sequence (prompt + output); default min(train ctx, 4096) */
-    int         n_batch;    /* tokens per forward step; default 512 */
+    int         n_batch;    /* tokens per forward step; 0 (default): the device's, ag_engine_resolve_batch */
     int         n_prefill_decoding; /* prompt tokens per step while other streams decode; default 64 */
     int         max_queue;  /* requests waiting for admission; more are refused; default 64 */
     size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts, on a GPU at most what
@@ -80,6 +80,14 @@ ag_engine_params ag_engine_default_params(void);
  * most 4096). Everything sized for an engine (a draft model's KV, `augur
  * fit`) asks this, so they agree with the engine. */
 int ag_engine_resolve_ctx(const ag_model *m, int n_ctx);
+
+/* Tokens per forward step: n_batch when > 0, else the default for m's
+ * device: AG_ENGINE_BATCH_CPU on the CPU, AG_ENGINE_BATCH_GPU on a GPU
+ * (whose tensor cores need more rows per weight read to be busy; while
+ * streams decode, n_prefill_decoding still caps the prompt rows a step). */
+#define AG_ENGINE_BATCH_CPU 512
+#define AG_ENGINE_BATCH_GPU 2048
+int ag_engine_resolve_batch(const ag_model *m, int n_batch);
 
 /* The memory an engine holds at most, in bytes, by part. */
 typedef struct {

@@ -52,6 +52,7 @@ typedef struct {
     ng_table       *tab;  /* [nn] */
     int32_t        *prop; /* the last proposal, [prop_cap] */
     int32_t         prop_cap, last_d;
+    int             last_n; /* the suffix length the last proposal matched (0: none) */
     ng_vote        *vote; /* [cand] scratch for ranking */
 } ngram;
 
@@ -194,6 +195,7 @@ static int ng_draft(ag_draft_source *src, const int32_t *feed, int n_feed, int m
     (void)probs; /* deterministic: q is one-hot on the guess (draft.h) */
     ngram *s = (ngram *)src;
     s->last_d = 0;
+    s->last_n = 0;
     if (n_feed < 0 || (n_feed > 0 && !feed) || max < 0 || (max > 0 && !out)) {
         ag_errorf(AG_ERR_INVALID, "ngram: draft with n_feed %d (feed %p), max %d (out %p)", n_feed, (const void *)feed,
                   max, (void *)out);
@@ -241,9 +243,14 @@ static int ng_draft(ag_draft_source *src, const int32_t *feed, int n_feed, int m
         memcpy(out, s->hist + from, (size_t)d * sizeof *out);
         memcpy(s->prop, s->hist + from, (size_t)d * sizeof *out);
         s->last_d = d;
+        s->last_n = n;
         return d;
     }
     return 0;
+}
+
+int ag_ngram_last_match(const ag_draft_source *src) {
+    return src && src->ops->draft == ng_draft ? ((const ngram *)src)->last_n : 0;
 }
 
 static void ng_commit(ag_draft_source *src, int d, int k) {

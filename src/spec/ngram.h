@@ -75,4 +75,9 @@ ag_status ag_draft_ngram_new(const ag_ngram_params *p, ag_draft_source **out);
  * planning. */
 size_t ag_ngram_plan_bytes(const ag_ngram_params *p, int32_t n_tokens, int max_draft);
 
+/* The suffix length n (n_min..n_max) whose earlier occurrence the last
+ * draft() copied from, or 0 when it proposed nothing (or s is not a
+ * prompt-lookup source): how specific the match was. */
+int ag_ngram_last_match(const ag_draft_source *s);
+
 #endif

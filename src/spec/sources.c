@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "spec/combined.h"
 #include "spec/draft_model.h"
 #include "spec/ngram.h"
 
@@ -12,16 +13,39 @@ struct ag_draft_setup {
     ag_ngram_params  ngram;
     ag_draft_model  *dm;   /* a draft model, else NULL */
     float            cost; /* its decode cost relative to the target's */
+    int              min_match; /* with a draft model: prompt lookup drafts first from matches this long; 0 never */
 };
 
 static ag_status make_model_source(void *ctx, const ag_sample_params *sp, uint64_t stream, ag_draft_source **out) {
     const ag_draft_setup *s = ctx;
-    return ag_draft_model_source_new(s->dm, sp, stream, s->cost, out);
+    ag_draft_source      *model, *lookup;
+    ag_status             st = ag_draft_model_source_new(s->dm, sp, stream, s->cost, &model);
+    if (st || !s->min_match) {
+        *out = st ? NULL : model;
+        return st;
+    }
+    if ((st = ag_draft_ngram_new(&s->ngram, &lookup))) {
+        ag_draft_free(model);
+        return st;
+    }
+    return ag_draft_combined_new(lookup, model, s->min_match, ag_draft_model_n_vocab(s->dm), out);
 }
 
 static size_t plan_model(void *ctx, int n_parallel, int n_ctx) {
     const ag_draft_setup *s = ctx;
-    return ag_draft_model_plan_bytes(s->dm, n_parallel, n_ctx);
+    size_t b = ag_draft_model_plan_bytes(s->dm, n_parallel, n_ctx);
+    if (s->min_match) /* each sequence's lookup index, and the backlogs (at most its tokens, twice) */
+        b += (size_t)n_parallel * (ag_ngram_plan_bytes(&s->ngram, n_ctx, AG_SPEC_MAX_DRAFT) +
+                                   2 * sizeof(int32_t) * (size_t)n_ctx);
+    return b;
+}
+
+/* AUGUR_DRAFT_LOOKUP=0 turns the draft model's lookup off; AUGUR_LOOKUP_MIN_MATCH=N
+ * sets its shortest match (tuning; default AG_COMBINED_MIN_MATCH). */
+static int lookup_min_match(void) {
+    const char *off = getenv("AUGUR_DRAFT_LOOKUP"), *mm = getenv("AUGUR_LOOKUP_MIN_MATCH");
+    if (off && *off == '0') return 0;
+    return mm && atoi(mm) > 0 ? atoi(mm) : AG_COMBINED_MIN_MATCH;
 }
 
 static size_t plan_ngram(void *ctx, int n_parallel, int n_ctx) {
@@ -63,7 +87,9 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
         return st;
     }
     s->cost = ag_draft_model_cost(s->dm, target);
-    s->factory = (ag_draft_factory){.name = "draft-model", .make = make_model_source, .ctx = s,
+    s->ngram = ag_ngram_default_params();
+    s->min_match = lookup_min_match();
+    s->factory = (ag_draft_factory){.name = s->min_match ? "draft-model+ngram" : "draft-model", .make = make_model_source, .ctx = s,
                                     .shared_bytes = ag_draft_model_resident_bytes(s->dm), .plan_bytes = plan_model};
     *out = s;
     return AG_OK;

@@ -21,7 +21,9 @@
 #include "gguf/gguf.h"
 #include "kv/kv.h"
 #include "model/model.h"
+#include "spec/combined.h"
 #include "spec/draft_model.h"
+#include "spec/ngram.h"
 #include "tok/tok.h"
 #include "model_testutil.h"
 
@@ -280,6 +282,91 @@ static void rewind_keeps_proposals_exact(void **state) {
     ag_draft_free(other);
     ag_draft_free(s);
     ag_draft_model_close(dm);
+}
+
+/* The combined source (spec/combined.h) over a self-draft: each round it
+ * proposes what prompt lookup proposes on the history when that match is at
+ * least min_match long, else the target's greedy continuation (the draft
+ * model's), after random partial acceptances and corrections; both kinds of
+ * round happen. The lookup's reference is a second prompt-lookup source told
+ * the whole history as feed (its rule depends on the history only). At a
+ * temperature above 0 a lookup round's q rows are one-hot on its guesses. */
+static void combined_lookup_first_else_model(void **state) {
+    enum { MM = 3, MAXD = 6 };
+    for (int sampled = 0; sampled < 2; sampled++) {
+        ag_draft_model *dm = open_self(1, 512);
+        ag_draft_model_set_p_min(dm, 0);
+        ag_sample_params sp = ag_sample_default_params();
+        sp.temperature = sampled ? 0.8f : 0.0f;
+        sp.seed = 99;
+        ag_draft_source *model = NULL, *lookup = NULL, *s = NULL, *ref_ng = NULL;
+        assert_int_equal(ag_draft_model_source_new(dm, &sp, 1, 0.3f, &model), AG_OK);
+        assert_int_equal(ag_draft_ngram_new(NULL, &lookup), AG_OK);
+        assert_int_equal(ag_draft_combined_new(lookup, model, MM, g_vocab, &s), AG_OK);
+        assert_string_equal(s->name, "draft-model+ngram");
+        assert_true(s->stochastic == (sampled != 0));
+        assert_true(s->cost_per_token == 0.3f);
+        assert_int_equal(ag_draft_ngram_new(NULL, &ref_ng), AG_OK);
+        /* a prompt that repeats itself, so the lookup has matches from the start */
+        int32_t hist[MAX_HIST], feed[8], out[MAXD], ref[MAXD + 1], ng_out[MAXD];
+        int     h = 0;
+        for (int r = 0; r < 3; r++) memcpy(hist + h, k_prompt, sizeof k_prompt), h += N_PROMPT;
+        const int n_prompt = h;
+        assert_int_equal(s->ops->prefill(s, hist, n_prompt), AG_OK);
+        assert_int_equal(ref_ng->ops->prefill(ref_ng, hist, n_prompt), AG_OK);
+        float *q = sampled ? malloc(sizeof(float) * (size_t)g_vocab * MAXD) : NULL;
+        int    told = n_prompt; /* history the reference lookup has */
+        int    n_feed = 1, lookup_rounds = 0, model_rounds = 0;
+        feed[0] = k_prompt[0];
+        for (int round = 0; round < 40 && h + n_feed + MAXD + 2 < 500; round++) {
+            memcpy(hist + h, feed, sizeof(int32_t) * (size_t)n_feed);
+            h += n_feed;
+            int dr = ref_ng->ops->draft(ref_ng, hist + told, h - told, MAXD, ng_out, NULL);
+            const bool by_lookup = dr > 0 && ag_ngram_last_match(ref_ng) >= MM;
+            ref_ng->ops->commit(ref_ng, dr, 0);
+            told = h;
+            int d = s->ops->draft(s, feed, n_feed, MAXD, out, q);
+            if (by_lookup) {
+                lookup_rounds++;
+                assert_int_equal(d, dr);
+                assert_memory_equal(out, ng_out, sizeof(int32_t) * (size_t)d);
+                for (int i = 0; q && i < d; i++)
+                    for (int v = 0; v < g_vocab; v++) assert_true(q[(size_t)i * g_vocab + v] == (v == out[i] ? 1.0f : 0.0f));
+            } else {
+                model_rounds++;
+                assert_int_equal(d, MAXD);
+                if (!sampled) { /* the self-draft's greedy pick is the target's */
+                    ref_greedy(hist, h, n_prompt, d, ref, NULL);
+                    assert_memory_equal(out, ref, sizeof(int32_t) * (size_t)d);
+                }
+            }
+            int k = (int)rnd((uint32_t)d + 1);
+            s->ops->commit(s, d, k);
+            memcpy(hist + h, out, sizeof(int32_t) * (size_t)k);
+            h += k;
+            /* a correction (or bonus) from the prompt; every other round a run of
+             * 4 of its tokens (as after rounds without drafts), whose suffix
+             * the lookup then finds */
+            if (rnd(2)) {
+                feed[0] = k_prompt[rnd(N_PROMPT)];
+                n_feed = 1;
+            } else {
+                const int j = (int)rnd(N_PROMPT - 4);
+                memcpy(feed, k_prompt + j, sizeof(int32_t) * 4);
+                n_feed = 4;
+            }
+        }
+        int64_t by_l = 0, by_m = 0;
+        ag_draft_combined_counts(s, &by_l, &by_m);
+        fprintf(stderr, "%s: %d lookup rounds, %d model rounds\n", sampled ? "sampled" : "greedy", lookup_rounds, model_rounds);
+        assert_true(lookup_rounds > 3 && model_rounds > 3);
+        assert_int_equal(by_l, lookup_rounds);
+        assert_int_equal(by_m, model_rounds);
+        free(q);
+        ag_draft_free(ref_ng);
+        ag_draft_free(s);
+        ag_draft_model_close(dm);
+    }
 }
 
 /* Penalties are part of the chain: the draft applies them over the output
@@ -777,6 +864,7 @@ int main(void) {
         cmocka_unit_test(self_draft_is_target_greedy),
         cmocka_unit_test(rewind_keeps_proposals_exact),
         cmocka_unit_test(head_prefix_drafts_seen_ids),
+        cmocka_unit_test(combined_lookup_first_else_model),
         cmocka_unit_test(penalties_follow_the_history),
         cmocka_unit_test(p_min_stops_at_low_confidence),
         cmocka_unit_test(long_prompt_prefills_in_chunks),

@@ -181,7 +181,7 @@ static __device__ __forceinline__ void stage_wait(uint64_t *bar) {
 
 /* Activation formats of decode rows (bit flags): int8 per 32 with scales
  * (quantize_q8_32), BF16 (f32_to_bf16). */
-enum { XR_Q8 = 1, XR_BF16 = 2 };
+enum { XR_Q8 = 1, XR_BF16 = 2, XR_PROMPT_BF16 = 4 }; /* XR_PROMPT_BF16: x's prompt rows as BF16 in d_xbf */
 
 typedef struct {
     const void *host;
@@ -2303,8 +2303,10 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
 /* Prompt rows on the tensor cores. Quantized and BF16 weights: BF16
  * operands (the weight dequantized, the activations rounded). F32 and F16
  * weights keep their precision: FP32 operands, full FP32 for F32 weights
- * (small models: tiny cost) and TF32 for F16 (10 mantissa bits, like F16). */
-static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y) {
+ * (small models: tiny cost) and TF32 for F16 (10 mantissa bits, like F16).
+ * *x_ready: XR_PROMPT_BF16 when d_xbf holds x already (an earlier weight
+ * of the same matmul_multi); set once it does. */
+static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
     const int   K = (int)w->ne[0], n_out = (int)w->ne[1];
     const float one = 1.0f, zero = 0.0f;
@@ -2330,9 +2332,12 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
             return st;
         wb = s->d_wbf;
     }
-    if ((st = grow((void **)&s->d_xbf, &s->cap_xbf, (size_t)K * n, sizeof(__nv_bfloat16)))) return st;
-    launch_k(s, f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, x, (size_t)K * n, s->d_xbf);
-    LAUNCHED();
+    if (!(*x_ready & XR_PROMPT_BF16)) {
+        if ((st = grow((void **)&s->d_xbf, &s->cap_xbf, (size_t)K * n, sizeof(__nv_bfloat16)))) return st;
+        launch_k(s, f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, x, (size_t)K * n, s->d_xbf);
+        LAUNCHED();
+        *x_ready |= XR_PROMPT_BF16;
+    }
     /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
     BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, s->d_xbf,
                           CUDA_R_16BF, K, &zero, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -2345,7 +2350,8 @@ static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, 
     prep_forget(s, y, (size_t)n * w->ne[1] * sizeof(float));
     ag_status st = matmul_decode(s, w, x, n_decode, y, x_ready);
     if (!st)
-        st = matmul_prompt(s, w, x + (size_t)n_decode * w->ne[0], n - n_decode, y + (size_t)n_decode * w->ne[1]);
+        st = matmul_prompt(s, w, x + (size_t)n_decode * w->ne[0], n - n_decode, y + (size_t)n_decode * w->ne[1],
+                           x_ready);
     if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
     return AG_OK;
 }
@@ -2412,7 +2418,8 @@ static ag_status matmul_group_dp4a(cuda_state *s, const ag_tensor *const *w, int
     launch_k(s, k, grid, 32 * MMV_WARPS, smem, g, K, s->d_xq, s->d_xs, n_decode);
     LAUNCHED();
     for (int i = 0; i < n_g; i++) {
-        st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1]);
+        st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1],
+                           x_ready);
         if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());
     }
     return AG_OK;
@@ -2440,7 +2447,8 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
         launch_mmt_group(s, w, n_w, K, s->d_xh, n_decode, y);
         LAUNCHED();
         for (int i = 0; i < n_w; i++) {
-            st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1]);
+            st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1],
+                               &x_ready);
             if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());
         }
         return AG_OK;
