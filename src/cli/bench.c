@@ -16,7 +16,7 @@ static const char usage[] =
     "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-u N] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
     "                   [--penalties] [--json]\n"
     "  -p N   prompt tokens to prefill (0 = skip)\n"
-    "  -u N   prompt rows per forward (default: the server's --batch default, 512, or 2048 on a GPU)\n"
+    "  -u N   prompt rows per forward (default: the server's --batch default for the device)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
     "  -d N   decode after N positions of context (filled untimed first; default 0)\n"
     "  -b N   decode N sequences in lockstep (one token of each per step, as the\n"

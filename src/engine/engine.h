@@ -82,11 +82,13 @@ ag_engine_params ag_engine_default_params(void);
 int ag_engine_resolve_ctx(const ag_model *m, int n_ctx);
 
 /* Tokens per forward step: n_batch when > 0, else the default for m's
- * device: AG_ENGINE_BATCH_CPU on the CPU, AG_ENGINE_BATCH_GPU on a GPU
- * (whose tensor cores need more rows per weight read to be busy; while
- * streams decode, n_prefill_decoding still caps the prompt rows a step). */
+ * device: AG_ENGINE_BATCH_CPU on the CPU, AG_ENGINE_BATCH_GPU on a GPU.
+ * (A GPU's tensor cores may want more rows per weight read, and while
+ * streams decode n_prefill_decoding caps the prompt rows of a step anyway;
+ * the GPU's value stays 512 until a device measures a larger one: `augur
+ * bench --device cuda -p 4096 -u N`.) */
 #define AG_ENGINE_BATCH_CPU 512
-#define AG_ENGINE_BATCH_GPU 2048
+#define AG_ENGINE_BATCH_GPU 512
 int ag_engine_resolve_batch(const ag_model *m, int n_batch);
 
 /* The memory an engine holds at most, in bytes, by part. */
