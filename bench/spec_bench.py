@@ -69,10 +69,14 @@ AUGUR = os.environ.get("AUGUR_BIN", os.path.join(ROOT, "build", "augur"))
 PROMPTS = os.path.join(ROOT, "bench", "prompts")
 DEFAULT_MODEL = "models/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf"
 DEFAULT_DRAFT = "models/qwen2.5-0.5b-Q4.gguf"  # the default draft for the default target only
-MODES = ["augur", "augur-ngram", "augur-draft", "llama", "llama-lookup"]
-BASE = {"augur": "augur", "augur-ngram": "augur", "augur-draft": "augur", "llama": "llama", "llama-lookup": "llama"}
+MODES = ["augur", "augur-ngram", "augur-draft", "llama", "llama-lookup"]  # the default run
+# augur-draft-alone: the draft model without its prompt lookup (AUGUR_DRAFT_LOOKUP=0), on request
+ALL_MODES = MODES + ["augur-draft-alone"]
+BASE = {"augur": "augur", "augur-ngram": "augur", "augur-draft": "augur", "augur-draft-alone": "augur",
+        "llama": "llama", "llama-lookup": "llama"}
 LABEL = {"augur": "augur plain", "augur-ngram": "augur ngram", "augur-draft": "augur draft-model",
-         "llama": "llama.cpp plain", "llama-lookup": "llama.cpp lookup"}
+         "augur-draft-alone": "augur draft-model, no lookup", "llama": "llama.cpp plain",
+         "llama-lookup": "llama.cpp lookup"}
 
 RUN_RE = re.compile(r"augur: prompt (\d+) tokens, prefill ([\d.]+) tok/s \(([\d.]+) ms\); generated (\d+) tokens, "
                     r"decode ([\d.]+) tok/s; (.*)")
@@ -124,14 +128,15 @@ def augur_gen(a, prompt, mode, temp, seed):
            "--seed", str(seed), "-t", str(a.t)]
     if mode == "augur-ngram":
         cmd += ["--draft", "ngram", "--draft-max", str(a.draft_max)]
-    elif mode == "augur-draft":
+    elif mode in ("augur-draft", "augur-draft-alone"):
         cmd += ["--draft", a.draft_model, "--draft-max", str(a.draft_max)]
-    r = subprocess.run(cmd, capture_output=True, timeout=1800)
+    env = dict(os.environ, AUGUR_DRAFT_LOOKUP="0") if mode == "augur-draft-alone" else None
+    r = subprocess.run(cmd, capture_output=True, timeout=1800, env=env)
     err = r.stderr.decode("utf-8", "replace")
     if r.returncode != 0:
         if NOT_SUPPORTED in err:
             return {"na": NOT_SUPPORTED}
-        if mode == "augur-draft":  # e.g. a draft whose vocabulary does not match: the mode is n/a, the rest goes on
+        if mode in ("augur-draft", "augur-draft-alone"):  # e.g. a draft whose vocabulary does not match: the mode is n/a, the rest goes on
             return {"na": (err.strip().splitlines() or [f"exit status {r.returncode}"])[-1]}
         raise RuntimeError(f"{' '.join(cmd)}: exit status {r.returncode}: {err.strip()[-500:]}")
     m = RUN_RE.search(err)
@@ -374,15 +379,15 @@ def print_tables(table, modes, na):
     for m, why in na.items():
         print(f"{LABEL[m]}: n/a: {why}")
 
-    print("\n| set | T | mode | decode tok/s median | min | max | draft acceptance | τ | tokens generated (mean) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| set | T | mode | decode tok/s median | min | max | speedup | draft acceptance | τ | tokens generated (mean) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (s, temp), row in table.items():
         for m in modes:
             v = row[m]
             if v["tok_s"] is None:
                 continue
             print(f"| {s} | {temp:g} | {LABEL[m]} | {v['tok_s']:.1f} | {fmt(v['min'])} | {fmt(v['max'])} | "
-                  f"{fmt(None if v['accept'] is None else 100 * v['accept'], '.1f', '%')} | {fmt(v['tau'], '.2f')} | "
+                  f"{fmt(v.get('speedup'), '.2f', 'x') if m != BASE[m] else '-'} | {fmt(None if v['accept'] is None else 100 * v['accept'], '.1f', '%')} | {fmt(v['tau'], '.2f')} | "
                   f"{fmt(v['n_gen'], '.0f')} |")
 
 
@@ -429,16 +434,18 @@ def main():
     temps = [float(x) for x in a.temps.split(",")]
     modes = [m for m in a.modes.split(",") if m]
     for m in modes:
-        if m not in MODES:
-            sys.exit(f"spec_bench: unknown mode '{m}' (modes: {', '.join(MODES)})")
+        if m not in ALL_MODES:
+            sys.exit(f"spec_bench: unknown mode '{m}' (modes: {', '.join(ALL_MODES)})")
     na = {}
-    if "augur-draft" in modes:
+    for dm in ("augur-draft", "augur-draft-alone"):
+        if dm not in modes:
+            continue
         if a.draft_model is None:
             a.draft_model = DEFAULT_DRAFT if default_target or a.model == DEFAULT_MODEL else "none"
         if a.draft_model == "none":
-            na["augur-draft"] = "no draft model for this target (--draft-model PATH)"
+            na[dm] = "no draft model for this target (--draft-model PATH)"
         elif not os.path.exists(a.draft_model):
-            na["augur-draft"] = f"{a.draft_model} not found"
+            na[dm] = f"{a.draft_model} not found"
     sets = load_sets([s for s in a.sets.split(",") if s], a.prompts)
 
     # ---- header
@@ -537,7 +544,7 @@ def main():
                     log(f"[{done}/{total}, {el:.0f}s] rep {rep + 1} {p['name']} T={temp:g} {m}: {res['tok_s']:.1f} tok/s, "
                         f"{res['n_gen']} tokens" + (f", τ {res['tau']:.2f}" if res.get("tau") else ""))
                 if temp == 0 and "augur" in texts:
-                    for m in ("augur-ngram", "augur-draft"):
+                    for m in ("augur-ngram", "augur-draft", "augur-draft-alone"):
                         if m in texts and texts[m] != texts["augur"]:
                             mismatches += 1
                             log(f"\n!!! MISMATCH at temperature 0: {p['name']} rep {rep + 1}: {m} output differs from "
@@ -553,8 +560,9 @@ def main():
 
     table = summarize(runs, list(sets), temps, modes, a.r)
     print_tables(table, modes, na)
-    n_checked = sum(1 for r in raw if r["temp"] == 0 and r["mode"] in ("augur-ngram", "augur-draft"))
-    if 0 in temps and ("augur-ngram" in active or "augur-draft" in active):
+    spec_modes = ("augur-ngram", "augur-draft", "augur-draft-alone")
+    n_checked = sum(1 for r in raw if r["temp"] == 0 and r["mode"] in spec_modes)
+    if 0 in temps and any(m in active for m in spec_modes):
         print(f"\ntemperature 0, augur speculative vs plain output: {n_checked - mismatches}/{n_checked} identical"
               + (f" — {mismatches} MISMATCH(ES)" if mismatches else ""))
     if same_plain[1]:
