@@ -35,7 +35,7 @@ static const char usage[] =
     "  -m MODEL        GGUF model (default: $AUGUR_MODEL, else models/SmolLM2-135M-Instruct.Q4_1.gguf)\n"
     "  --ctx N         context per sequence (default: serve's, the model's at most 4096)\n"
     "  --parallel N    sequences at once (default: serve's, 4)\n"
-    "  --batch N       tokens per engine step (default: serve's, 512)\n"
+    "  --batch N       tokens per engine step (default: serve's, 512; 4096 on a GPU)\n"
     "  --kv-mem SIZE   KV pool (default: serve's, --parallel full contexts)\n"
     "  --draft ngram|MODEL.gguf  the speculative decoding source serve would use\n"
     "  --no-kv-disk    serve without the prefix cache's disk tier (no write-behind buffer)\n"

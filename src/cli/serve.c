@@ -25,7 +25,7 @@ static const char usage[] =
     "  --parallel N        sequences generated at once (default 4)\n"
     "  --ctx N             context per sequence (default: the model's, at most 4096)\n"
     "  --max-queue N       requests waiting for a slot before 429s (default 64)\n"
-    "  --batch N           tokens per engine step; smaller prompt chunks keep streams smoother (default 512)\n"
+    "  --batch N           tokens per engine step; smaller prompt chunks keep streams smoother (default 512; 4096 on a GPU)\n"
     "  --kv-mem SIZE       KV pool (e.g. 8G): default --parallel full contexts, on a GPU at most what its free\n"
     "                      memory holds (requests that do not fit wait); more gives the prefix cache room\n"
     "  -t THREADS          CPU threads (default: all cores)\n"

@@ -82,13 +82,15 @@ ag_engine_params ag_engine_default_params(void);
 int ag_engine_resolve_ctx(const ag_model *m, int n_ctx);
 
 /* Tokens per forward step: n_batch when > 0, else the default for m's
- * device: AG_ENGINE_BATCH_CPU on the CPU, AG_ENGINE_BATCH_GPU on a GPU.
- * (A GPU's tensor cores may want more rows per weight read, and while
- * streams decode n_prefill_decoding caps the prompt rows of a step anyway;
- * the GPU's value stays 512 until a device measures a larger one: `augur
- * bench --device cuda -p 4096 -u N`.) */
+ * device: AG_ENGINE_BATCH_CPU on the CPU, AG_ENGINE_BATCH_GPU on a GPU,
+ * whose GEMMs want more rows per weight read (and whose quantized weights
+ * are dequantized once per forward): `augur bench --device cuda -p 4096 -u
+ * N`, 8B BF16 / Q4_K_M on an H100 (2026-12-06), N = 512 / 1024 / 2048 /
+ * 4096: 24876 / 26551 / 27539 / 28836 and 15464 / 20245 / 23771 / 26100
+ * tok/s. While streams decode, n_prefill_decoding caps a step's prompt rows
+ * anyway, so the larger chunk does not stall them. */
 #define AG_ENGINE_BATCH_CPU 512
-#define AG_ENGINE_BATCH_GPU 512
+#define AG_ENGINE_BATCH_GPU 4096
 int ag_engine_resolve_batch(const ag_model *m, int n_batch);
 
 /* The memory an engine holds at most, in bytes, by part. */
