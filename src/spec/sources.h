@@ -1,7 +1,9 @@
 /* spec/sources.h: turning a user's `--draft` choice into a draft factory.
  *
  * "ngram" is prompt lookup (ngram.h); anything else is the path of a draft
- * model GGUF (draft_model.h), which must share the target's vocabulary. The
+ * model GGUF (draft_model.h), which must share the target's vocabulary; its
+ * sequences' sources let prompt lookup draft first (combined.h) unless
+ * AUGUR_DRAFT_LOOKUP=0. The
  * setup owns whatever the factory needs for the engine's lifetime (a draft
  * model's weights and KV pool). */
 #ifndef AG_SPEC_SOURCES_H
