@@ -59,8 +59,8 @@ double ag_cli_sorted_median(double *v, int n) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-/* prompt rows per forward (-u; 0 until the model is loaded: the engine's
- * default n_batch for its device), as the engine cuts a prompt */
+/* prompt rows per forward (-u, else the engine's default n_batch for the
+ * model's device), as the engine cuts a prompt; set once the model is loaded */
 static int bench_ubatch = 0;
 
 /* Feeds n random tokens at positions p0.. of sequence `seq` as prompt rows,
@@ -197,7 +197,7 @@ static void cpu_kernels(ag_model *m, char *buf, size_t n) {
 
 int ag_cli_bench(int argc, char **argv) {
     const char *model_path = NULL, *prompt_file = NULL;
-    long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1, depth = 0;
+    long pp = 512, tg = 128, reps = 5, threads = 0, n_seq = 1, depth = 0, ubatch = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
     bool json = false, argmax = false, pick = false, sample = false, penalties = false;
@@ -222,11 +222,8 @@ int ag_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "-n")) ok = ag_cli_parse_long(v, 0, 1 << 20, &tg);
         else if (!strcmp(a, "-d")) ok = ag_cli_parse_long(v, 0, 1 << 20, &depth);
         else if (!strcmp(a, "-b")) ok = ag_cli_parse_long(v, 1, AG_BENCH_MAX_SEQ, &n_seq);
-        else if (!strcmp(a, "-u")) {
-            long u = 0;
-            ok = ag_cli_parse_long(v, 1, 1 << 16, &u);
-            bench_ubatch = (int)u;
-        } else if (!strcmp(a, "-r")) ok = ag_cli_parse_long(v, 1, 1000, &reps);
+        else if (!strcmp(a, "-u")) ok = ag_cli_parse_long(v, 1, 1 << 16, &ubatch);
+        else if (!strcmp(a, "-r")) ok = ag_cli_parse_long(v, 1, 1000, &reps);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
         else return ag_cli_usage_error(usage, "bench: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "bench: %s needs a value", a);
@@ -247,7 +244,7 @@ int ag_cli_bench(int argc, char **argv) {
     ag_model *m;
     if (ag_model_load(model_path, &mp, &m)) return ag_cli_fail("%s", ag_error_message());
     const ag_model_config *c = ag_model_config_of(m);
-    bench_ubatch = ag_engine_resolve_batch(m, bench_ubatch);
+    bench_ubatch = ag_engine_resolve_batch(m, (int)ubatch);
     long need = pp > depth + tg ? pp : depth + tg;
     if (need > c->n_ctx_train)
         fprintf(stderr, "augur: note: %ld tokens exceed the model's training context %d\n", need, c->n_ctx_train);
