@@ -39,7 +39,7 @@ token for token; a difference is printed as MISMATCH and counted (exit 1).
 
 usage: bench/spec_bench.py [-m MODEL] [-t 2] [-n 128] [-r 3] [--sets code_edit,summarise,chat]
            [--temps 0,0.7] [--modes augur,augur-ngram,augur-draft,llama,llama-lookup]
-           [--draft-model PATH|none] [--draft-max 8] [--prompts K] [--seed 1] [--json FILE]
+           [--draft-model PATH|none] [--draft-max N] [--peer-draft-max 8] [--prompts K] [--seed 1] [--json FILE]
 needs: build/augur (make), the model (scripts/fetch_models.py qwen-1.5b), and
 for the llama modes llama-cpp-python built for this CPU (make bench-peer);
 without it those modes are reported n/a. llama.cpp runs in a child process,
@@ -80,7 +80,7 @@ LABEL = {"augur": "augur plain", "augur-ngram": "augur ngram", "augur-draft": "a
 
 RUN_RE = re.compile(r"augur: prompt (\d+) tokens, prefill ([\d.]+) tok/s \(([\d.]+) ms\); generated (\d+) tokens, "
                     r"decode ([\d.]+) tok/s; (.*)")
-DRAFT_RE = re.compile(r"augur: draft (.+): drafted (\d+), accepted (\d+) \(([\d.]+)%\), ([\d.]+) tokens per verify step")
+DRAFT_RE = re.compile(r"augur: draft (\S+)(?: \(up to \d+ per step\))?: drafted (\d+), accepted (\d+) \(([\d.]+)%\), ([\d.]+) tokens per verify step")
 NOT_SUPPORTED = "draft models are not supported yet"
 
 
@@ -127,9 +127,11 @@ def augur_gen(a, prompt, mode, temp, seed):
     cmd = [AUGUR, "run", "-m", a.model, "--chat", "-f", prompt["path"], "-n", str(a.n), "--temp", str(temp),
            "--seed", str(seed), "-t", str(a.t)]
     if mode == "augur-ngram":
-        cmd += ["--draft", "ngram", "--draft-max", str(a.draft_max)]
+        cmd += ["--draft", "ngram"]
     elif mode in ("augur-draft", "augur-draft-alone"):
-        cmd += ["--draft", a.draft_model, "--draft-max", str(a.draft_max)]
+        cmd += ["--draft", a.draft_model]
+    if mode != "augur" and a.draft_max:
+        cmd += ["--draft-max", str(a.draft_max)]
     env = dict(os.environ, AUGUR_DRAFT_LOOKUP="0") if mode == "augur-draft-alone" else None
     r = subprocess.run(cmd, capture_output=True, timeout=1800, env=env)
     err = r.stderr.decode("utf-8", "replace")
@@ -259,7 +261,7 @@ class Peer:
     def __init__(self, a, n_ctx):
         self.dead = None
         self.p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--peer-worker", a.model, str(a.t),
-                                   str(n_ctx), str(a.peer_ngram), str(a.draft_max)],
+                                   str(n_ctx), str(a.peer_ngram), str(a.peer_draft_max)],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         hello = self._read()
         if hello and "error" in hello:
@@ -406,8 +408,12 @@ def main():
     ap.add_argument("--draft-model", default=None,
                     help=f"draft GGUF for augur-draft (default: {DEFAULT_DRAFT} when -m is the default target; "
                          "'none': skip the mode)")
-    ap.add_argument("--draft-max", type=int, default=8,
-                    help="most tokens drafted per step: augur --draft-max and llama.cpp num_pred_tokens (default 8)")
+    ap.add_argument("--draft-max", type=int, default=0,
+                    help="augur --draft-max (default: none given, each source's own: 16 for ngram, 8 for a "
+                         "draft model)")
+    ap.add_argument("--peer-draft-max", type=int, default=8,
+                    help="llama.cpp lookup num_pred_tokens (default 8: 1.16x on whole code-edit answers where "
+                         "16 gave 1.11x, bench/RESULTS.md 2026-12-06)")
     ap.add_argument("--peer-ngram", type=int, default=2, help="llama.cpp lookup max_ngram_size (default 2)")
     ap.add_argument("--prompts", type=int, default=0, help="use only the first K prompts of each set")
     ap.add_argument("--seed", type=int, default=1, help="base seed (prompt i, repetition r: seed + i + 1000 r)")
@@ -462,7 +468,8 @@ def main():
               "2 threads on 2 busy cores); OMP_WAIT_POLICY=PASSIVE in the environment (passed to llama.cpp) "
               "softens that")
     print(f"model {a.model}, {a.t} threads, {a.n} tokens, {a.r} repetitions, temps {a.temps}, "
-          f"draft-max {a.draft_max} (llama.cpp lookup: num_pred_tokens {a.draft_max}, max_ngram_size {a.peer_ngram}); "
+          f"augur --draft-max {a.draft_max or 'default'} (llama.cpp lookup: num_pred_tokens {a.peer_draft_max}, "
+          f"max_ngram_size {a.peer_ngram}); "
           f"augur-draft: {a.draft_model if 'augur-draft' not in na else 'n/a'}")
 
     # ---- prompt tokens, the same for both engines
@@ -573,7 +580,7 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"model": a.model, "threads": a.t, "n": a.n, "reps": a.r, "temps": temps, "modes": modes,
-                       "draft_model": a.draft_model, "draft_max": a.draft_max, "na": na, "mismatches": mismatches,
+                       "draft_model": a.draft_model, "draft_max": a.draft_max, "peer_draft_max": a.peer_draft_max, "na": na, "mismatches": mismatches,
                        "same_plain_text_t0": same_plain,
                        "cpu": cpu_report(), "peer_build": peer_build_report(), "runs": raw,
                        "summary": [{"set": s, "temp": t, **row} for (s, t), row in table.items()]}, f, indent=1)

@@ -93,7 +93,8 @@ typedef struct {
      * are accepted): NULL = off (default); "ngram" = prompt lookup; or the
      * path of a smaller GGUF model with the same vocabulary. */
     const char *draft;
-    int         draft_max; /* most tokens drafted per step, 1..16; default 8 */
+    int         draft_max; /* most tokens drafted per step, 1..32; 0 = the source's
+                              own (default): 16 for "ngram", 8 for a draft model */
     int         draft_min; /* drafts shorter than this are not verified; default 0 */
 } augur_model_params;
 
@@ -125,6 +126,7 @@ typedef struct {
     int32_t     bos, eos;      /* special token ids, -1 when the model has none */
     bool        chat_template; /* the model has its own template (false: ChatML is used) */
     const char *draft;         /* the draft source in use ("ngram", "draft-model"), or NULL */
+    int         draft_max;     /* its most tokens per step (the default resolved), 0 without one */
 } augur_model_info;
 
 /* Describes a loaded model. The strings are borrowed from the model and live

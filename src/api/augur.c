@@ -40,6 +40,7 @@ struct augur_model {
     ag_status       chat_status; /* then: why */
     char            chat_error[512];
     ag_draft_setup *draft;
+    int             draft_max; /* as resolved (0 without a draft) */
     ag_engine      *engine;
     int             n_ctx;
     char            name[256];
@@ -63,7 +64,7 @@ static ag_status check_utf8(const char *what, const char *s, size_t len) {
 
 augur_model_params augur_model_default_params(void) {
     ag_spec_params sp = ag_spec_default_params();
-    return (augur_model_params){.n_threads = 0, .n_ctx = 0, .draft = NULL, .draft_max = sp.draft_max,
+    return (augur_model_params){.n_threads = 0, .n_ctx = 0, .draft = NULL, .draft_max = 0,
                                 .draft_min = sp.draft_min};
 }
 
@@ -100,7 +101,13 @@ augur_status augur_model_load(const char *path, const augur_model_params *params
     ep.max_queue = API_MAX_QUEUE;
     m->n_ctx = ag_engine_resolve_ctx(m->model, p.n_ctx);
     if (p.draft) {
-        ep.spec.draft_max = p.draft_max;
+        /* draft_max 0: the source's own, known once it is open; the ranges
+         * are checked before the (maybe slow) open, the pair after it */
+        if (p.draft_max < 0 || p.draft_max > AG_SPEC_MAX_DRAFT) {
+            st = ag_errorf(AG_ERR_RANGE, "draft_max must be in [0, %d] (0: the source's own)", AG_SPEC_MAX_DRAFT);
+            goto fail;
+        }
+        ep.spec.draft_max = p.draft_max ? p.draft_max : AG_SPEC_MAX_DRAFT;
         ep.spec.draft_min = p.draft_min;
         if ((st = ag_spec_params_check(&ep.spec))) goto fail;
         ag_draft_setup_params dp = {.draft = p.draft, .n_parallel = 1, .n_ctx = m->n_ctx, .n_threads = p.n_threads};
@@ -111,6 +118,15 @@ augur_status augur_model_load(const char *path, const augur_model_params *params
             goto fail;
         }
         ep.draft = ag_draft_setup_factory(m->draft);
+        if (!p.draft_max) {
+            ep.spec.draft_max = ag_draft_default_max(ep.draft);
+            if (ep.spec.draft_min > ep.spec.draft_max) {
+                st = ag_errorf(AG_ERR_RANGE, "draft_min %d is above %s's default draft_max %d", ep.spec.draft_min,
+                               ep.draft->name, ep.spec.draft_max);
+                goto fail;
+            }
+        }
+        m->draft_max = ep.spec.draft_max;
     }
     if ((st = ag_engine_new(m->model, m->tok, &ep, &m->engine))) goto fail;
     *out = m;
@@ -148,6 +164,7 @@ augur_status augur_model_get_info(const augur_model *m, augur_model_info *out) {
         .eos = ag_tok_eos(m->tok),
         .chat_template = m->chat && !ag_chat_is_default(m->chat),
         .draft = m->draft ? ag_draft_setup_factory(m->draft)->name : NULL,
+        .draft_max = m->draft_max,
     };
     return AUGUR_OK;
 }

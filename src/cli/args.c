@@ -27,7 +27,7 @@ int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok)
 
 void ag_cli_draft_defaults(ag_cli_draft_opts *o) {
     ag_spec_params sp = ag_spec_default_params();
-    *o = (ag_cli_draft_opts){.draft = NULL, .draft_max = sp.draft_max, .draft_min = sp.draft_min};
+    *o = (ag_cli_draft_opts){.draft = NULL, .draft_max = 0, .draft_min = sp.draft_min};
 }
 
 int ag_cli_draft_flag(const char *flag, const char *value, ag_cli_draft_opts *o) {
@@ -44,13 +44,22 @@ int ag_cli_draft_open(const ag_cli_draft_opts *o, ag_model *m, const ag_tok *tok
                       ag_engine_params *ep, ag_draft_setup **setup) {
     *setup = NULL;
     if (!o->draft) return 0;
-    if (o->draft_min > o->draft_max) return ag_cli_fail("--draft-min %ld is above --draft-max %ld", o->draft_min, o->draft_max);
+    if (o->draft_max && o->draft_min > o->draft_max)
+        return ag_cli_fail("--draft-min %ld is above --draft-max %ld", o->draft_min, o->draft_max);
     ag_draft_setup_params dp = {.draft = o->draft, .n_parallel = ep->n_parallel,
                               .n_ctx = ag_engine_resolve_ctx(m, ep->n_ctx), .n_threads = threads};
     if (ag_draft_setup_open(&dp, m, tok, setup)) return ag_cli_fail("draft: %s", ag_error_message());
     ep->draft = ag_draft_setup_factory(*setup);
-    ep->spec.draft_max = (int)o->draft_max;
+    ep->spec.draft_max = o->draft_max ? (int)o->draft_max : ag_draft_default_max(ep->draft);
     ep->spec.draft_min = (int)o->draft_min;
+    if (ep->spec.draft_min > ep->spec.draft_max) {
+        ag_cli_fail("--draft-min %ld is above %s's default --draft-max %d", o->draft_min, ep->draft->name,
+                    ep->spec.draft_max);
+        ep->draft = NULL;
+        ag_draft_setup_close(*setup);
+        *setup = NULL;
+        return 1;
+    }
     return 0;
 }
 

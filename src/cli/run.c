@@ -91,7 +91,7 @@ int ag_cli_run(int argc, char **argv) {
     }
 
     /* the flag's own message (the library's would name the field, not the flag) */
-    if (dopt.draft && dopt.draft_min > dopt.draft_max)
+    if (dopt.draft && dopt.draft_max && dopt.draft_min > dopt.draft_max)
         return ag_cli_fail("--draft-min %ld is above --draft-max %ld", dopt.draft_min, dopt.draft_max);
     int rc = 1;
     augur_model *m = NULL;
@@ -147,8 +147,9 @@ int ag_cli_run(int argc, char **argv) {
             u.finish == AUGUR_FINISH_STOP ? "stopped" : u.finish == AUGUR_FINISH_LENGTH ? "length limit" : "cancelled");
     augur_model_info info;
     if (dopt.draft && !augur_model_get_info(m, &info))
-        fprintf(stderr, "augur: draft %s: drafted %d, accepted %d (%.1f%%), %.2f tokens per verify step\n",
-                info.draft, u.drafted_tokens, u.accepted_tokens,
+        fprintf(stderr,
+                "augur: draft %s (up to %d per step): drafted %d, accepted %d (%.1f%%), %.2f tokens per verify step\n",
+                info.draft, info.draft_max, u.drafted_tokens, u.accepted_tokens,
                 u.drafted_tokens ? 100.0 * u.accepted_tokens / u.drafted_tokens : 0.0,
                 u.verify_steps ? (double)u.verify_tokens / u.verify_steps : 0.0);
     rc = 0;

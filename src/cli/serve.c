@@ -208,7 +208,7 @@ int ag_cli_serve(int argc, char **argv) {
         else AG_LOGI("prefix cache: memory only");
         if (draft)
             AG_LOGI("speculative decoding: draft %s, up to %ld tokens per step (%.1f MiB for the draft)",
-                    ag_draft_setup_factory(draft)->name, dopt.draft_max, (double)st.draft_bytes / (1 << 20));
+                    ag_draft_setup_factory(draft)->name, (long)ep.spec.draft_max, (double)st.draft_bytes / (1 << 20));
         if (strcmp(host, "127.0.0.1") && strcmp(host, "localhost") && strcmp(host, "::1") && !sp.api_key)
             AG_LOGW("listening on %s without --api-key: anyone who can reach it can use it", host);
         printf("augur: serving %s on http://%s%s%s:%d\n", sp.model_id, v6 ? "[" : "", host, v6 ? "]" : "",

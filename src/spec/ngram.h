@@ -58,6 +58,13 @@ typedef struct {
 
 enum { AG_NGRAM_N_LIMIT = 64, AG_NGRAM_CANDIDATES_LIMIT = 4096 };
 
+/* The draft_max prompt lookup runs with when the user names none
+ * (ag_draft_factory.draft_max). Code edits copy runs of dozens of tokens;
+ * whole answers to bench/prompts/code_edit ran 1.1-1.2x faster at 16 than
+ * at 8 (bench/RESULTS.md, 2026-12-06), and the adaptive length keeps short
+ * windows where matches fail early. */
+enum { AG_NGRAM_DRAFT_MAX = 16 };
+
 /* Defaults: n_min 2, n_max 12, max_candidates 8 (measurements behind them
  * are in ngram.c beside the function). Pure; no allocation. */
 ag_ngram_params ag_ngram_default_params(void);

@@ -68,7 +68,7 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
     if (!strcmp(p->draft, "ngram")) {
         s->ngram = ag_ngram_default_params();
         s->factory = (ag_draft_factory){.name = "ngram", .make = make_ngram, .ctx = s, .shared_bytes = 0,
-                                        .plan_bytes = plan_ngram};
+                                        .plan_bytes = plan_ngram, .draft_max = AG_NGRAM_DRAFT_MAX};
         *out = s;
         return AG_OK;
     }

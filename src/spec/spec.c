@@ -67,6 +67,10 @@ ag_spec_params ag_spec_default_params(void) {
                             .adaptive = true};
 }
 
+int ag_draft_default_max(const ag_draft_factory *f) {
+    return f && f->draft_max > 0 ? f->draft_max : ag_spec_default_params().draft_max;
+}
+
 ag_status ag_spec_params_check(const ag_spec_params *p) {
     if (p->draft_max < 1 || p->draft_max > AG_SPEC_MAX_DRAFT)
         return ag_errorf(AG_ERR_RANGE, "draft_max must be in [1, %d]", AG_SPEC_MAX_DRAFT);

@@ -55,7 +55,7 @@
 #define AG_SPEC_MAX_DRAFT 32 /* longest draft in one round */
 
 typedef struct {
-    int   draft_max;       /* most tokens drafted per round (1..AG_SPEC_MAX_DRAFT); default 8 */
+    int   draft_max;       /* most tokens drafted per round (1..AG_SPEC_MAX_DRAFT); default 8 (see ag_draft_factory.draft_max) */
     int   draft_min;       /* a draft shorter than this is not verified (0/1: any); default 0 */
     float verify_row_cost; /* one extra verify row as a fraction of a decode step; default 0.1 (CPU) */
     int   probe_every;     /* rounds between probes while the adaptive length is 0; default 8 */
@@ -93,7 +93,16 @@ typedef struct {
      * histories of n_ctx tokens hold, for an engine of that size (its
      * shared_bytes are for the size it was made for). NULL: shared_bytes. */
     size_t (*plan_bytes)(void *ctx, int n_parallel, int n_ctx);
+    /* The draft_max this source is tuned for, which the CLI and the C API
+     * use when the user names none (0: ag_spec_default_params()'s). Prompt
+     * lookup copies long runs verbatim and costs nothing to draft, so it
+     * asks for longer windows than a draft model, whose every token costs
+     * a forward of its own. */
+    int draft_max;
 } ag_draft_factory;
+
+/* f's draft_max, or ag_spec_default_params()'s when f names none. */
+int ag_draft_default_max(const ag_draft_factory *f);
 
 typedef struct ag_spec_seq ag_spec_seq;
 

@@ -105,7 +105,7 @@ static void test_bad_load_params(void **state) {
     assert_non_null(strstr(augur_last_error(), "draft"));
     assert_null(m);
     p.draft = "ngram";
-    p.draft_max = 0; /* must be 1..16 */
+    p.draft_max = 33; /* must be 0 (the source's own) or 1..32 */
     assert_int_equal(augur_model_load(g_path, &p, &m), AUGUR_ERR_RANGE);
     assert_non_null(strstr(augur_last_error(), "draft_max"));
     assert_null(m);
