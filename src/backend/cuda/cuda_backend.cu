@@ -3456,7 +3456,8 @@ template <int HD>
 static __device__ __forceinline__ void fa_tile_setup(const int32_t *__restrict__ pos, int t0, int nt, int window,
                                                      int n_head, int h, const float *__restrict__ q, int g, int t,
                                                      int *row_lo, int *row_hi, uint32_t (&qa)[HD / 16][4], int *ch0,
-                                                     int *ch1, int *c_hi_out, int (&lo)[2], int (&hi)[2]) {
+                                                     int *ch1, int *c_hi_out, int (&lo)[2], int (&hi)[2],
+                                                     int *all_lo = nullptr, int *all_hi = nullptr) {
     if (threadIdx.x < 16) {
         const int r = threadIdx.x, rh = r < nt ? pos[t0 + r] : -1;
         row_hi[r] = rh;
@@ -3475,41 +3476,73 @@ static __device__ __forceinline__ void fa_tile_setup(const int32_t *__restrict__
             }
     }
     __syncthreads();
-    int c_lo = INT_MAX, c_hi = -1;
-    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+    int c_lo = INT_MAX, c_hi = -1, a_lo = 0, a_hi = INT_MAX;
+    for (int r = 0; r < nt; r++) {
+        c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+        a_lo = max(a_lo, row_lo[r]), a_hi = min(a_hi, row_hi[r]);
+    }
     *ch0 = c_lo / ATT_TK, *ch1 = c_hi / ATT_TK, *c_hi_out = c_hi;
+    if (all_lo) *all_lo = a_lo, *all_hi = a_hi; /* positions every row of the tile sees */
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[g + 8 * hr], hi[hr] = row_hi[g + 8 * hr];
+}
+
+/* Four 8x8 fp16 tiles of a row-major shared matrix: lane l gives the
+ * address of row l % 8 of tile l / 8; tile i lands in r[i] (lane l: row
+ * l / 4, columns 2 (l % 4), +1: an mma B fragment when the rows are n). */
+static __device__ __forceinline__ void ldmatrix_x4(const __half *row_addr, uint32_t (&r)[4]) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(row_addr);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
 }
 
 /* Chunk c's scores for the warp's 16 rows (Q as A fragments qa) against the
  * 64 staged K rows ks ([64][HD + ATM_PAD]): s[i][e], position tile i
  * (64c + 8i ..), e as an mma accumulator (rows g, g + 8; positions 2t,
- * 2t + 1); scaled, softcapped, and -inf outside each row's [lo, hi]. The
- * tensor-core prompt attention kernels' score step. */
+ * 2t + 1); scaled, softcapped, times `post` (1, or log2 e for exp2
+ * weights), and, when `mask`, -inf outside each row's [lo, hi] (a chunk
+ * every row sees whole needs none). K's B fragments come by ldmatrix, two
+ * position tiles a load. The tensor-core prompt attention kernels' score
+ * step. */
 template <bool SOFTCAP, int HD>
 static __device__ __forceinline__ void fa_chunk_scores(const __half *ks, const uint32_t (&qa)[HD / 16][4], int c, int g,
-                                                       int t, float scale, float softcap, const int (&lo)[2],
-                                                       const int (&hi)[2], float (&s)[8][4]) {
+                                                       int t, float scale, float softcap, float post, bool mask,
+                                                       const int (&lo)[2], const int (&hi)[2], float (&s)[8][4]) {
     constexpr int KSTR = HD + ATM_PAD;
+    const int     lane = threadIdx.x & 31;
+    (void)g;
 #pragma unroll
     for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+    /* lane l's row: position 8 (i + l / 16) + l % 8, dims 16kk + 8 ((l / 8) % 2) */
+    const __half *krow = ks + (8 * (lane >> 4) + (lane & 7)) * KSTR + 8 * ((lane >> 3) & 1);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++)
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const __half *kr = ks + (8 * i + g) * KSTR + 16 * kk + 2 * t;
-            mma_f16_16816(s[i], qa[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+        for (int i = 0; i < 8; i += 2) {
+            uint32_t kb[4];
+            ldmatrix_x4(krow + 8 * i * KSTR + 16 * kk, kb);
+            mma_f16_16816(s[i], qa[kk], kb[0], kb[1]);
+            mma_f16_16816(s[i + 1], qa[kk], kb[2], kb[3]);
         }
+    const float sp = SOFTCAP ? scale / softcap : scale * post, cp = softcap * post;
 #pragma unroll
     for (int i = 0; i < 8; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int hr = e >> 1, p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
-            float     v = s[i][e] * scale;
-            if (SOFTCAP) v = softcap * tanhf(v / softcap);
-            s[i][e] = p < lo[hr] || p > hi[hr] ? -INFINITY : v;
+            float     v = s[i][e] * sp;
+            if (SOFTCAP) v = cp * tanhf(v);
+            s[i][e] = mask && (p < lo[hr] || p > hi[hr]) ? -INFINITY : v;
         }
+}
+
+/* 2^x by the SFU (ex2.approx: about 2 ulp; 2^-inf = 0): the one-pass
+ * kernel's weights (FlashAttention's exp2, log2 e folded into the scale). */
+static __device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
 }
 
 /* Prompt rows on the tensor cores, one block per (tile of up to 16 rows,
@@ -3553,7 +3586,7 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
         stage_kv_chunk(g_, table, kvh, HD, c, c_hi, ks, KSTR, nullptr, VSTR);
         __syncthreads();
         float s[8][4];
-        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, lo, hi, s);
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, 1.0f, true, lo, hi, s);
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float m = -INFINITY;
@@ -3584,7 +3617,7 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
         stage_kv_chunk(g_, table, kvh, HD, c, c_hi, ks, KSTR, vt, VSTR);
         __syncthreads();
         float s[8][4];
-        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, lo, hi, s);
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, 1.0f, true, lo, hi, s);
 #pragma unroll
         for (int i = 0; i < 8; i++)
 #pragma unroll
@@ -3625,7 +3658,12 @@ static size_t attention_fa_smem(int hd) {
  * positions with an online softmax (FlashAttention-2): per chunk of 64
  * positions a row's running max M and sum L, the output rescaled by
  * exp(M_old - M_new) and the unnormalized weights exp(s - M), rounded to
- * fp16, multiplied with V; O / L at the end. attention_fa_k stages and
+ * fp16, multiplied with V; O / L at the end. As in FlashAttention the
+ * scores are kept in log2 units (log2 e folded into the scale) so each
+ * weight is one ex2.approx, and only the chunks at a tile's edges (the
+ * causal diagonal, a sliding window's start) are masked: the rest are seen
+ * whole by every row. (Rows past the tile read Q = 0: their scores are 0,
+ * their output is never written.) attention_fa_k stages and
  * scores every chunk twice (the exact max and sum first) and transposes V
  * with 2-byte shared stores; at 4096 tokens attention was ~40% of an 8B
  * prefill. Here the chunks come in by cp.async, two buffers deep (chunk
@@ -3691,8 +3729,10 @@ __global__ void __launch_bounds__(256) attention_fa1_k(kv_geom g_, const int32_t
     const int     h = kvh * G + warp;
     const int32_t *table = tables + tok_table[t0];
     uint32_t qa[HD / 16][4];
-    int      ch0, ch1, c_hi, lo[2], hi[2];
-    fa_tile_setup<HD>(pos, t0, nt, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi);
+    int      ch0, ch1, c_hi, lo[2], hi[2], all_lo, all_hi;
+    fa_tile_setup<HD>(pos, t0, nt, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi, &all_lo,
+                      &all_hi);
+    const float LOG2E = 1.4426950408889634f; /* scores in log2 units: weights 2^(s - M) */
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}; /* L: this lane's part of the row's sum */
     float o[HD / 8][4];
 #pragma unroll
@@ -3708,7 +3748,8 @@ __global__ void __launch_bounds__(256) attention_fa1_k(kv_geom g_, const int32_t
         __syncthreads(); /* chunk c's bytes from every thread */
         const __half *ks = kbuf + b * BUF, *vs = vbuf + b * BUF;
         float         s[8][4];
-        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, lo, hi, s);
+        const bool    edge = c * ATT_TK < all_lo || c * ATT_TK + ATT_TK - 1 > all_hi; /* block-uniform */
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, LOG2E, edge, lo, hi, s);
         float alpha[2];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
@@ -3719,14 +3760,14 @@ __global__ void __launch_bounds__(256) attention_fa1_k(kv_geom g_, const int32_t
             m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
             const float m_new = fmaxf(M[hr], m);
             /* nothing visible yet (m_new -inf): weights 0, nothing to rescale */
-            alpha[hr] = m_new == -INFINITY ? 1.0f : expf(M[hr] - m_new); /* exp(-inf) = 0 while M is -inf */
+            alpha[hr] = m_new == -INFINITY ? 1.0f : fast_exp2(M[hr] - m_new); /* 2^-inf = 0 while M is -inf */
             const float base = m_new == -INFINITY ? 0.0f : m_new;
             float       l = 0.0f;
 #pragma unroll
             for (int i = 0; i < 8; i++)
 #pragma unroll
                 for (int e = 2 * hr; e < 2 * hr + 2; e++) {
-                    const float w = expf(s[i][e] - base); /* masked: exp(-inf) = 0 */
+                    const float w = fast_exp2(s[i][e] - base); /* masked: 2^-inf = 0 */
                     s[i][e] = w;
                     l += w;
                 }
