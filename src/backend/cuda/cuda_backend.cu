@@ -3671,7 +3671,9 @@ static size_t attention_fa_smem(int hd) {
  * fragments come from ldmatrix.trans. The numerics differ from the two-pass
  * kernels in the weights' rounding (unnormalized, then one division), as
  * in llama.cpp's flash attention; the harness holds both to the CPU with
- * the same tolerance. */
+ * the same tolerance. At most 168 registers a thread (__maxnreg__, up to
+ * 256 threads a block): at 174 an SM held two blocks of 4 warps (HD 128,
+ * 4 query heads a KV head), at 168 three fit. */
 
 /* 16 bytes global -> shared, asynchronously; src_bytes 0: zeros */
 static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
@@ -3711,7 +3713,7 @@ static __device__ __forceinline__ void stage_kv_async(const kv_geom &g_, const i
 }
 
 template <bool SOFTCAP, int HD>
-__global__ void __launch_bounds__(256) attention_fa1_k(kv_geom g_, const int32_t *__restrict__ pos,
+__global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__restrict__ pos,
                                                        const int32_t *__restrict__ tok_table,
                                                        const int32_t *__restrict__ tables,
                                                        const int32_t *__restrict__ tiles, int n_head, int n_kv,
@@ -3723,7 +3725,10 @@ __global__ void __launch_bounds__(256) attention_fa1_k(kv_geom g_, const int32_t
     __half       *kbuf = (__half *)smem;                  /* [2][64][STR] */
     __half       *vbuf = kbuf + 2 * BUF;                  /* [2][64][STR] */
     int          *row_lo = (int *)(vbuf + 2 * BUF), *row_hi = row_lo + 16;
-    const int     t0 = tiles[blockIdx.x], nt = tiles[blockIdx.x + 1] - t0;
+    /* the last tiles first: a causal tile's work grows with its position, and
+     * the longest blocks started last would run alone at the end */
+    const int     tile = gridDim.x - 1 - blockIdx.x;
+    const int     t0 = tiles[tile], nt = tiles[tile + 1] - t0;
     const int     kvh = blockIdx.y, G = n_head / n_kv;
     const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int     h = kvh * G + warp;
