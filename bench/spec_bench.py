@@ -409,8 +409,7 @@ def main():
                     help=f"draft GGUF for augur-draft (default: {DEFAULT_DRAFT} when -m is the default target; "
                          "'none': skip the mode)")
     ap.add_argument("--draft-max", type=int, default=0,
-                    help="augur --draft-max (default: none given, each source's own: 16 for ngram, 8 for a "
-                         "draft model)")
+                    help="augur --draft-max (default: none given, each source's own)")
     ap.add_argument("--peer-draft-max", type=int, default=8,
                     help="llama.cpp lookup num_pred_tokens (default 8: 1.16x on whole code-edit answers where "
                          "16 gave 1.11x, bench/RESULTS.md 2026-12-06)")

@@ -94,7 +94,8 @@ typedef struct {
      * path of a smaller GGUF model with the same vocabulary. */
     const char *draft;
     int         draft_max; /* most tokens drafted per step, 1..32; 0 = the source's
-                              own (default): 16 for "ngram", 8 for a draft model */
+                              own (default): 16 for "ngram" and for a draft model with
+                              its prompt lookup, 8 without (AUGUR_DRAFT_LOOKUP=0) */
     int         draft_min; /* drafts shorter than this are not verified; default 0 */
 } augur_model_params;
 

@@ -52,8 +52,8 @@ typedef struct {
 #define AG_CLI_DRAFT_USAGE                                                                              \
     "  --draft ngram|MODEL.gguf  speculative decoding: prompt lookup, or a smaller draft model with the\n" \
     "                  target's vocabulary (same output, faster when drafts are accepted)\n"             \
-    "  --draft-max N   most tokens drafted per step, 1..32 (default: 16 for ngram, 8 for a draft\n"     \
-    "                  model; the length adapts to acceptance)\n"                                        \
+    "  --draft-max N   most tokens drafted per step, 1..32 (default 16; 8 for a draft model without\n" \
+    "                  its prompt lookup; the length adapts to acceptance)\n"                           \
     "  --draft-min N   do not verify drafts shorter than N (default 0)\n"
 
 void ag_cli_draft_defaults(ag_cli_draft_opts *o);

@@ -90,7 +90,9 @@ ag_status ag_draft_setup_open(const ag_draft_setup_params *p, ag_model *target, 
     s->ngram = ag_ngram_default_params();
     s->min_match = lookup_min_match();
     s->factory = (ag_draft_factory){.name = s->min_match ? "draft-model+ngram" : "draft-model", .make = make_model_source, .ctx = s,
-                                    .shared_bytes = ag_draft_model_resident_bytes(s->dm), .plan_bytes = plan_model};
+                                    .shared_bytes = ag_draft_model_resident_bytes(s->dm), .plan_bytes = plan_model,
+                                    /* lookup rounds copy long runs as prompt lookup alone does */
+                                    .draft_max = s->min_match ? AG_NGRAM_DRAFT_MAX : 0};
     *out = s;
     return AG_OK;
 }

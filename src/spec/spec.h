@@ -96,8 +96,8 @@ typedef struct {
     /* The draft_max this source is tuned for, which the CLI and the C API
      * use when the user names none (0: ag_spec_default_params()'s). Prompt
      * lookup copies long runs verbatim and costs nothing to draft, so it
-     * asks for longer windows than a draft model, whose every token costs
-     * a forward of its own. */
+     * (and a draft model that lets it draft first) asks for longer windows
+     * than a draft model alone, whose every token costs a forward. */
     int draft_max;
 } ag_draft_factory;
 

@@ -80,11 +80,14 @@ def test_run_self_draft_refuses_bad_drafts():
     p = run_augur("run", "-m", TINY_GGUF, "-p", "Once", "-n", "4", "--draft", "ngram", "--draft-min", "9",
                   "--draft-max", "4")
     assert p.returncode == 1 and b"--draft-min" in p.stderr
-    # without --draft-max each source has its own default: 16 for prompt lookup, 8 for a draft model
+    # without --draft-max each source has its own default: 16 for prompt lookup and for a draft model
+    # with its lookup (8 for a draft model alone, AUGUR_DRAFT_LOOKUP=0)
     p = run_augur("run", "-m", TINY_GGUF, "-p", "Once", "-n", "4", "--draft", "ngram", "--draft-min", "12")
     assert p.returncode == 0 and b"augur: draft ngram (up to 16 per step)" in p.stderr
     p = run_augur("run", "-m", TINY_GGUF, "-p", "Once", "-n", "4", "--draft", TINY_GGUF, "--draft-min", "12")
-    assert p.returncode == 1 and b"draft_min 12 is above draft-model+ngram's default draft_max 8" in p.stderr
+    assert p.returncode == 0 and b"augur: draft draft-model+ngram (up to 16 per step)" in p.stderr
+    p = run_augur("run", "-m", TINY_GGUF, "-p", "Once", "-n", "4", "--draft", TINY_GGUF, "--draft-min", "20")
+    assert p.returncode == 1 and b"draft_min 20 is above draft-model+ngram's default draft_max 16" in p.stderr
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +316,7 @@ def test_qwen_draft_model_pair_equals_plain():
         spec = run_augur("run", "-m", QWEN_15B, "--chat", "-p", prompt, "-n", "64", "--temp", "0", "--draft",
                          QWEN_05B, check=True, timeout=900)
         assert spec.stdout == plain.stdout
-        assert b"augur: draft draft-model+ngram (up to 8 per step): drafted" in spec.stderr
+        assert b"augur: draft draft-model+ngram (up to 16 per step): drafted" in spec.stderr
         ngram = run_augur("run", "-m", QWEN_15B, "--chat", "-p", prompt, "-n", "64", "--temp", "0", "--draft",
                           "ngram", check=True, timeout=900)
         assert ngram.stdout == plain.stdout
