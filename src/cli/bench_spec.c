@@ -158,14 +158,16 @@ int ag_cli_bench_spec(const char *model_path, const char *prompt_file, const ag_
     double acc = st.spec.drafted ? (double)st.spec.accepted / (double)st.spec.drafted : 0;
     double per_step = st.spec.rounds ? (double)st.spec.emitted / (double)st.spec.rounds : 0;
     if (json) {
-        printf("{\"model\": \"%s\", \"draft\": \"%s\", \"draft_max\": %d, \"prompt_tokens\": %zu, \"tokens\": %d, \"reps\": %d, "
-               "\"plain_tok_s\": %.2f, \"spec_tok_s\": %.2f, \"speedup\": %.3f, \"acceptance\": %.4f, "
+        printf("{\"model\": \"%s\", \"draft\": \"%s\", \"draft_max\": %d, \"prompt_tokens\": %zu, "
+               "\"tokens\": %d, \"reps\": %d, \"plain_tok_s\": %.2f, \"spec_tok_s\": %.2f, \"speedup\": %.3f, \"acceptance\": %.4f, "
                "\"tokens_per_verify\": %.3f, \"drafted\": %llu, \"accepted\": %llu, \"mismatches\": %d}\n",
-               model_path, dopt->draft, ep.spec.draft_max, n_ids, n_plain, reps, mp, ms, mp > 0 ? ms / mp : 0, acc, per_step,
+               model_path, dopt->draft, ep.spec.draft_max, n_ids, n_plain, reps, mp, ms, mp > 0 ? ms / mp : 0, acc,
+               per_step,
                (unsigned long long)st.spec.drafted, (unsigned long long)st.spec.accepted, mismatches);
     } else {
         printf("model: %s, draft: %s (up to %d per step), prompt %zu tokens, %d generated, %d threads, %d reps\n",
-               model_path, dopt->draft, ep.spec.draft_max, n_ids, n_plain, ag_cpu_backend_threads(ag_model_backend(m)), reps);
+               model_path, dopt->draft, ep.spec.draft_max, n_ids, n_plain, ag_cpu_backend_threads(ag_model_backend(m)),
+               reps);
         printf("plain decode   %8.2f tok/s\n", mp);
         printf("speculative    %8.2f tok/s  (%.2fx)\n", ms, mp > 0 ? ms / mp : 0);
         printf("drafted %llu, accepted %llu (%.1f%%), %.2f tokens per verify step\n",

@@ -55,7 +55,8 @@
 #define AG_SPEC_MAX_DRAFT 32 /* longest draft in one round */
 
 typedef struct {
-    int   draft_max;       /* most tokens drafted per round (1..AG_SPEC_MAX_DRAFT); default 8 (see ag_draft_factory.draft_max) */
+    int   draft_max;       /* most tokens drafted per round (1..AG_SPEC_MAX_DRAFT); default 8
+                              (the CLI's and C API's default: ag_draft_factory.draft_max) */
     int   draft_min;       /* a draft shorter than this is not verified (0/1: any); default 0 */
     float verify_row_cost; /* one extra verify row as a fraction of a decode step; default 0.1 (CPU) */
     int   probe_every;     /* rounds between probes while the adaptive length is 0; default 8 */

@@ -3506,12 +3506,11 @@ static __device__ __forceinline__ void ldmatrix_x4(const __half *row_addr, uint3
  * position tiles a load. The tensor-core prompt attention kernels' score
  * step. */
 template <bool SOFTCAP, int HD>
-static __device__ __forceinline__ void fa_chunk_scores(const __half *ks, const uint32_t (&qa)[HD / 16][4], int c, int g,
-                                                       int t, float scale, float softcap, float post, bool mask,
+static __device__ __forceinline__ void fa_chunk_scores(const __half *ks, const uint32_t (&qa)[HD / 16][4], int c, int t,
+                                                       float scale, float softcap, float post, bool mask,
                                                        const int (&lo)[2], const int (&hi)[2], float (&s)[8][4]) {
     constexpr int KSTR = HD + ATM_PAD;
     const int     lane = threadIdx.x & 31;
-    (void)g;
 #pragma unroll
     for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
     /* lane l's row: position 8 (i + l / 16) + l % 8, dims 16kk + 8 ((l / 8) % 2) */
@@ -3586,7 +3585,7 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
         stage_kv_chunk(g_, table, kvh, HD, c, c_hi, ks, KSTR, nullptr, VSTR);
         __syncthreads();
         float s[8][4];
-        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, 1.0f, true, lo, hi, s);
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, t, scale, softcap, 1.0f, true, lo, hi, s);
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
             float m = -INFINITY;
@@ -3617,7 +3616,7 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
         stage_kv_chunk(g_, table, kvh, HD, c, c_hi, ks, KSTR, vt, VSTR);
         __syncthreads();
         float s[8][4];
-        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, 1.0f, true, lo, hi, s);
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, t, scale, softcap, 1.0f, true, lo, hi, s);
 #pragma unroll
         for (int i = 0; i < 8; i++)
 #pragma unroll
@@ -3754,7 +3753,7 @@ __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__re
         const __half *ks = kbuf + b * BUF, *vs = vbuf + b * BUF;
         float         s[8][4];
         const bool    edge = c * ATT_TK < all_lo || c * ATT_TK + ATT_TK - 1 > all_hi; /* block-uniform */
-        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, g, t, scale, softcap, LOG2E, edge, lo, hi, s);
+        fa_chunk_scores<SOFTCAP, HD>(ks, qa, c, t, scale, softcap, LOG2E, edge, lo, hi, s);
         float alpha[2];
 #pragma unroll
         for (int hr = 0; hr < 2; hr++) {
