@@ -51,6 +51,10 @@ AUGUR_CUDA_FA=2pass AUGUR_CUDA_SAMPLE_SPLIT=0 AUGUR_TEST_DEVICE=cuda build/cuda/
 echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0)"
 AUGUR_CUDA_PREP=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
+echo "== op harness on the GPU (one-pass prompt attention in blocks of 1 and 2 row tiles instead of 3, AUGUR_CUDA_FA_ROWS; the feed-forward op as the three ops, AUGUR_CUDA_FFN16=0)"
+AUGUR_CUDA_FA_ROWS=2 AUGUR_CUDA_FFN16=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+AUGUR_CUDA_FA_ROWS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+
 echo "== op harness on the GPU (decode attention one block per row and head instead of split-K: AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
@@ -169,11 +173,14 @@ echo "== whole models with the two-pass prompt attention (AUGUR_CUDA_FA=2pass)"
 AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
 echo "== fused ops (add_rmsnorm, rope_kv_store, activations left converted by their producer) give the separate ops' bits"
+# (the feed-forward op's BF16 prompt rows round otherwise: AUGUR_CUDA_FFN16=0 on both sides; the GPU-vs-CPU
+# comparisons above hold them to the CPU)
 for m in $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf; do
-  for mode in "--chunk 7" "--decode --chunk 3"; do
-    build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/fused.bin 2>/dev/null
-    AUGUR_CUDA_FUSE=0 AUGUR_CUDA_PREP=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
-      -o build/cuda/unfused.bin 2>/dev/null
+  for mode in "--chunk 7" "--chunk 100" "--decode --chunk 3"; do
+    AUGUR_CUDA_FFN16=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
+      -o build/cuda/fused.bin 2>/dev/null
+    AUGUR_CUDA_FFN16=0 AUGUR_CUDA_FUSE=0 AUGUR_CUDA_PREP=0 build/cuda/augur logits --device cuda -m "$m" \
+      --tokens build/cuda/ids.txt $mode -o build/cuda/unfused.bin 2>/dev/null
     if cmp -s build/cuda/fused.bin build/cuda/unfused.bin; then echo "PASS fused == unfused: $(basename $m) $mode"
     else echo "FAIL fused != unfused: $(basename $m) $mode"; rc=1; fi
   done
@@ -184,11 +191,12 @@ echo "== dp4a weights grouped in one launch (q/k/v, gate/up: the default; gate/u
 m=build/cuda/llama8b-2layers-q4_k_m.gguf
 build/cuda/bench/gen_model $m llama8b --type Q4_K_M --layers 2 >/dev/null
 # bits_vs VAR BASE "VALUES" MODE...: decode-row logits of the dp4a GEMVs (AUGUR_CUDA_MMQ=0) with VAR set to
-# each of VALUES equal those with VAR=BASE, byte for byte, on the Llama, Qwen and Gemma Q4_K_M shapes
+# each of VALUES equal those with VAR=BASE, byte for byte, on the Llama, Qwen and Gemma Q4_K_M shapes (or the
+# models in BITS_MODELS)
 bits_vs() {
   local var=$1 base=$2 values=$3 m2 mode v
   shift 3
-  for m2 in $m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf; do
+  for m2 in ${BITS_MODELS:-$m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf}; do
     for mode in "$@"; do
       env AUGUR_CUDA_MMQ=0 $var=$base build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
         -o build/cuda/base.bin 2>/dev/null
@@ -217,5 +225,9 @@ for m in $m $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_
     done
   done
 done
+echo "== the one-pass prompt attention in blocks of 1, 2 or 3 row tiles (AUGUR_CUDA_FA_ROWS) gives the same bits"
+# (a warp's rows see the chunks of the block's other rows as wholly masked: weights 0, nothing rescaled)
+BITS_MODELS="$R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf $R/smollm2-q4_1.gguf" \
+  bits_vs AUGUR_CUDA_FA_ROWS 1 "2 3" "--chunk 100" "--chunk 37"
 [ $rc = 0 ] && echo "gpu_test: all passed" || echo "gpu_test: FAILED"
 exit $rc

@@ -172,6 +172,15 @@ typedef struct {
     /* gate[i] = act(gate[i]) * up[i], n elements; act is SiLU or GELU (tanh approx.). */
     ag_status (*silu_mul)(ag_backend *, float *gate, const float *up, size_t n);
     ag_status (*gelu_mul)(ag_backend *, float *gate, const float *up, size_t n);
+    /* The feed-forward block: o[n][down.ne[1]] = (act(h·gateᵀ) * (h·upᵀ)) ·
+     * downᵀ, act SiLU or (gelu) GELU. gate and up ([n][gate.ne[1]] each)
+     * are the op's scratch: what they hold after is unspecified. Decode rows
+     * [0, n_decode) give the bits of matmul_multi, silu_mul/gelu_mul and
+     * matmul; prompt rows may keep the products in a narrower type (CUDA:
+     * BF16, which its prompt GEMMs read anyway). NULL: the model calls
+     * those three ops. */
+    ag_status (*ffn)(ag_backend *, const ag_tensor *gate_w, const ag_tensor *up_w, const ag_tensor *down_w,
+                     const float *h, int n, int n_decode, bool gelu, float *gate, float *up, float *o);
     /* Stores k[n][n_head_kv*hd_k], v[n][n_head_kv*hd_v] at each token's (seq, pos)
      * in the layer's KV cache (the caller reserved the slots). */
     ag_status (*kv_store)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,

@@ -542,12 +542,16 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         TRY(op->matmul(be, &w->wo, att, n, n_dec, o));
         if (w->post_attn_norm.data) TRY(op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o));
         ADD_NORM(w->ffn_norm.data);
-        const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
-        float *const     gu[2] = {gate, up};
-        TRY(op->matmul_multi(be, gu_w, 2, h, n, n_dec, gu));
-        if (c->gelu) TRY(op->gelu_mul(be, gate, up, (size_t)n * c->n_ff));
-        else TRY(op->silu_mul(be, gate, up, (size_t)n * c->n_ff));
-        TRY(op->matmul(be, &w->ffn_down, gate, n, n_dec, o));
+        if (op->ffn) {
+            TRY(op->ffn(be, &w->ffn_gate, &w->ffn_up, &w->ffn_down, h, n, n_dec, c->gelu, gate, up, o));
+        } else {
+            const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
+            float *const     gu[2] = {gate, up};
+            TRY(op->matmul_multi(be, gu_w, 2, h, n, n_dec, gu));
+            if (c->gelu) TRY(op->gelu_mul(be, gate, up, (size_t)n * c->n_ff));
+            else TRY(op->silu_mul(be, gate, up, (size_t)n * c->n_ff));
+            TRY(op->matmul(be, &w->ffn_down, gate, n, n_dec, o));
+        }
         if (w->post_ffn_norm.data) TRY(op->rmsnorm(be, o, w->post_ffn_norm.data, n, c->n_embd, c->rms_eps, o));
         if (l + 1 < c->n_layer) ADD_NORM(m->layers[l + 1].attn_norm.data); /* the next layer's input norm */
         else TRY(op->add(be, x, o, (size_t)n * c->n_embd));

@@ -49,7 +49,7 @@ static bool        g_is_cpu;
 /* Host copies of test weights live until teardown: a device backend keys
  * its weight copies by host address (a model's mapping never moves), so a
  * freed and reused address must not come back as another weight. */
-static void  *g_weights[64];
+static void  *g_weights[128];
 static size_t g_n_weights;
 
 static int setup(void **state) {
@@ -637,6 +637,77 @@ static void matmul_after_producers(void **state) {
     ag_kv_free(f.kv);
 }
 
+/* The feed-forward op, where a backend has one, against the three ops it
+ * stands for (matmul_multi of gate and up, silu_mul or gelu_mul, matmul of
+ * down): decode rows bit for bit against the same backend's three ops
+ * (also after an rmsnorm left its rows prepared), prompt rows within 3e-2
+ * of the CPU backend's three ops (CUDA keeps the prompt rows' products in
+ * BF16), 6e-2 for Q4_K weights (two matmuls, each within 2e-2 of exact
+ * on the CPU: its activations go through int8); passes of decode rows
+ * only, prompt rows only, and both. */
+static void ffn_against_three_ops(void **state) {
+    (void)state;
+    if (!g_be->ops->ffn) skip();
+    enum { N = 21, K = 256, N_FF = 512 };
+    static const uint32_t types[] = {AG_TYPE_BF16, AG_TYPE_Q4_K};
+    static const int      n_decs[] = {5, 0, N};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (int gelu = 0; gelu < 2; gelu++) {
+            float    *dg, *du, *dd;
+            ag_tensor gw = make_weight(g_be, types[t], K, N_FF, &dg), uw = make_weight(g_be, types[t], K, N_FF, &du),
+                      dw = make_weight(g_be, types[t], N_FF, K, &dd);
+            float *x = randn((size_t)N * K, 1.0f), *gain = randn(K, 1.0f);
+            float *dx = dev_put(g_be, x, sizeof(float) * N * K), *dgain = dev_put(g_be, gain, sizeof(float) * K);
+            float *dh = dev_floats(g_be, (size_t)N * K), *gate = dev_floats(g_be, (size_t)N * N_FF),
+                  *up = dev_floats(g_be, (size_t)N * N_FF), *o1 = dev_floats(g_be, (size_t)N * K),
+                  *o3 = dev_floats(g_be, (size_t)N * K);
+            /* the CPU backend's three ops over rmsnorm(x): the reference for prompt rows */
+            ag_tensor gc = gw, uc = uw, dc = dw;
+            gc.data = gc.host, uc.data = uc.host, dc.data = dc.host;
+            float *h = malloc(sizeof(float) * N * K), *cg = malloc(sizeof(float) * N * N_FF),
+                  *cu = malloc(sizeof(float) * N * N_FF), *co = malloc(sizeof(float) * N * K);
+            assert_int_equal(g_cpu->ops->rmsnorm(g_cpu, x, gain, N, K, 1e-6f, h), AG_OK);
+            const double tol = types[t] == AG_TYPE_BF16 ? 3e-2 : 6e-2;
+            for (size_t c = 0; c < sizeof n_decs / sizeof n_decs[0]; c++) {
+                const int        n_dec = n_decs[c];
+                const ag_tensor *cws[2] = {&gc, &uc}, *ws[2] = {&gw, &uw};
+                float *const     cys[2] = {cg, cu}, *ys[2] = {gate, up};
+                assert_int_equal(g_cpu->ops->matmul_multi(g_cpu, cws, 2, h, N, n_dec, cys), AG_OK);
+                assert_int_equal((gelu ? g_cpu->ops->gelu_mul : g_cpu->ops->silu_mul)(g_cpu, cg, cu, (size_t)N * N_FF),
+                                 AG_OK);
+                assert_int_equal(g_cpu->ops->matmul(g_cpu, &dc, cg, N, n_dec, co), AG_OK);
+                /* the op, its input left by an rmsnorm (which may prepare it) */
+                assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
+                assert_int_equal(g_be->ops->ffn(g_be, &gw, &uw, &dw, dh, N, n_dec, gelu, gate, up, o1), AG_OK);
+                /* the same backend's three ops */
+                assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
+                assert_int_equal(g_be->ops->matmul_multi(g_be, ws, 2, dh, N, n_dec, ys), AG_OK);
+                assert_int_equal((gelu ? g_be->ops->gelu_mul : g_be->ops->silu_mul)(g_be, gate, up, (size_t)N * N_FF),
+                                 AG_OK);
+                assert_int_equal(g_be->ops->matmul(g_be, &dw, gate, N, n_dec, o3), AG_OK);
+                float *a = host_get(g_be, o1, (size_t)N * K), *b = host_get(g_be, o3, (size_t)N * K);
+                if (memcmp(a, b, sizeof(float) * n_dec * K))
+                    fail_msg("%s ffn %s %s: decode rows (%d of %d) differ from the three ops'", g_be->ops->name,
+                             ag_tensor_type_name(types[t]), gelu ? "GELU" : "SiLU", n_dec, N);
+                const double e = rel_err_f(a + (size_t)n_dec * K, co + (size_t)n_dec * K, (size_t)(N - n_dec) * K);
+                if (n_dec < N && !(e <= tol))
+                    fail_msg("%s ffn %s %s: prompt rows (%d of %d) err %.3g against the CPU's three ops",
+                             g_be->ops->name, ag_tensor_type_name(types[t]), gelu ? "GELU" : "SiLU", N - n_dec, N, e);
+                const double e3 = rel_err_f(b, co, (size_t)N * K);
+                if (!(e3 <= tol))
+                    fail_msg("%s three ops %s %s (%d decode rows of %d) against the CPU's: err %.3g", g_be->ops->name,
+                             ag_tensor_type_name(types[t]), gelu ? "GELU" : "SiLU", n_dec, N, e3);
+                fprintf(stderr, "ffn %s %s, %2d decode rows of %d: prompt rows err %.3g, three ops %.3g (vs CPU)\n",
+                        ag_tensor_type_name(types[t]), gelu ? "GELU" : "SiLU", n_dec, N, e, e3);
+                free(a), free(b);
+            }
+            free(x), free(gain), free(h), free(cg), free(cu), free(co), free(dg), free(du), free(dd);
+            g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dgain), g_be->ops->free(g_be, dh),
+                g_be->ops->free(g_be, gate), g_be->ops->free(g_be, up), g_be->ops->free(g_be, o1),
+                g_be->ops->free(g_be, o3);
+        }
+}
+
 /* The argmax op against the sampler's greedy rule: the lowest index among
  * the largest values, +inf and FLT_MAX alike, NaN skipped, -2 for a row
  * with no finite value; rows of 4k + 1 values too (a kernel's scalar path). */
@@ -1104,6 +1175,7 @@ int main(void) {
         cmocka_unit_test(small_ops),
         cmocka_unit_test(rope_kv_store_fused),
         cmocka_unit_test(matmul_after_producers),
+        cmocka_unit_test(ffn_against_three_ops),
         cmocka_unit_test(argmax_rows),
         cmocka_unit_test(pick_rows),
         cmocka_unit_test(cands_rows),

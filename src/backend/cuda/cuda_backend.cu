@@ -175,6 +175,7 @@ static __device__ __forceinline__ void stage_wait(uint64_t *bar) {
 
 /* attention tiles of prompt rows: query rows per tile, positions per chunk */
 #define ATT_TQ 16
+#define FA_ROWS_MAX 3 /* row tiles a block of attention_fa1_k */
 #define ATT_TK 64
 
 /* ---- state ---- */
@@ -214,6 +215,10 @@ typedef struct {
     size_t         cap_pinned;
     int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
     int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
+    /* [n_btiles[r] + 1]: the same runs in tiles of up to (r + 2) ATT_TQ rows
+     * (attention_fa1_k's blocks of r + 2 row tiles) */
+    int32_t       *d_btiles[FA_ROWS_MAX - 1];
+    int            n_btiles[FA_ROWS_MAX - 1];
     int32_t       *d_draws; /* [3 n_out]: the pass's pick draws (begin) */
     int32_t       *d_cand_reqs; /* [n_out]: the pass's cands requests, a word each (cands_req_word; begin) */
     /* the pass's edits (begin; the edit op): a count, padding, then
@@ -259,6 +264,9 @@ typedef struct {
      * -> one-pass: BF16 24730 / 14708 -> 29020 / 24564, Q4_K_M 16396 / 11287
      * -> 18212 / 16398 (2026-12-05) */
     bool fa_one_pass;
+    /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
+     * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
+    int fa_rows;
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     /* the dp4a GEMVs' rows staged in shared memory (stage_rows): 1 in group
@@ -304,9 +312,10 @@ typedef struct {
     const float *prep_x;
     int          prep_rows, prep_dim, prep_fmt, prep_want;
     bool         prep_on;
-    /* Prompt rows likewise: silu_mul leaves the pass's prompt rows also as
-     * BF16 in d_xbf, which the down projection's GEMM then reads instead of
-     * converting them (at 4096 rows the conversion read 235 MB of an 8B's
+    bool         ffn16_on; /* cu_ffn's prompt rows in BF16 (AUGUR_CUDA_FFN16=0: off, for A/B) */
+    /* Prompt rows likewise: silu_mul and the rmsnorms over the pass's rows
+     * leave its prompt rows also as BF16 in d_xbf, which the next GEMM
+     * (down; q/k/v; gate/up) then reads instead of converting them (at 4096 rows the conversion read 235 MB of an 8B's
      * F32 activations a layer). d_xbf[0..pp_elems) holds pp_x[0..pp_elems);
      * used once, forgotten as prep_x is; AUGUR_CUDA_PREP=0 turns it off too. */
     const float   *pp_x;
@@ -584,7 +593,8 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         ag_kv_seq_blocks(kv, lay->seq[i], &nb);
         n_table += (size_t)nb;
     }
-    size_t need = 9 * (size_t)n + 1 + n_table; /* tables after the draws and requests, which sit at fixed offsets */
+    /* tables after the draws and requests, which sit at fixed offsets; then the big tiles */
+    size_t need = 9 * (size_t)n + 1 + n_table + (FA_ROWS_MAX - 1) * ((size_t)n + 1);
     if (need > s->cap_pinned) {
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
         s->h_pinned = NULL;
@@ -640,6 +650,21 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         i = k;
     }
     h_tiles[n_tiles] = n;
+    /* the same runs in tiles of up to r ATT_TQ rows, after the tables */
+    int32_t *h_btiles = h_tab + n_table;
+    for (int r = 2; r <= FA_ROWS_MAX; r++) {
+        int32_t *bt = h_btiles + (size_t)(r - 2) * ((size_t)n + 1);
+        int      nb = 0;
+        for (int i = 0; i < n_tiles;) {
+            bt[nb++] = h_tiles[i];
+            int k = i + 1;
+            while (k < n_tiles && k - i < r && lay->seq[h_tiles[k]] == lay->seq[h_tiles[i]]) k++;
+            i = k;
+        }
+        bt[nb] = n;
+        s->n_btiles[r - 2] = nb;
+        s->d_btiles[r - 2] = s->d_ints + 9 * n + 1 + n_table + (size_t)(r - 2) * ((size_t)n + 1);
+    }
     const ag_kv_layout *L = ag_kv_get_layout(kv);
     size_t used = 0;
     for (int i = 0; i < n; i++) {
@@ -661,6 +686,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         memcpy(h_tab + used, t, sizeof(int32_t) * (size_t)nb);
         used += (size_t)nb;
     }
+    if (used != n_table) return ag_errorf(AG_ERR_INTERNAL, "CUDA begin: block tables %zu != %zu", used, n_table);
     CUDA_TRY(cudaMemcpyAsync(s->d_ints, h, need * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
     s->n = n;
     s->pass_n_decode = lay->n_decode < 0 ? 0 : lay->n_decode < n ? lay->n_decode : n;
@@ -2329,12 +2355,67 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
     return AG_OK;
 }
 
+/* w as the BF16 operand of a prompt GEMM: the weight itself, or (other
+ * types) dequantized into d_wbf, which the next call rewrites. */
+static ag_status prompt_weight_bf16(cuda_state *s, const ag_tensor *w, const __nv_bfloat16 **wb) {
+    if (w->type == CQ_BF16) {
+        *wb = (const __nv_bfloat16 *)w->data;
+        return AG_OK;
+    }
+    const int K = (int)w->ne[0], n_out = (int)w->ne[1];
+    ag_status st;
+    if ((st = grow((void **)&s->d_wbf, &s->cap_wbf, (size_t)K * n_out, sizeof(__nv_bfloat16)))) return st;
+    if ((st = launch_dequant(s, w->type, w->data, w->row_bytes, K, (const int32_t *)NULL, n_out, s->d_wbf))) return st;
+    *wb = s->d_wbf;
+    return AG_OK;
+}
+
+/* x's n prompt rows of K as the BF16 operand of a prompt GEMM (in d_xbf):
+ * where their producer left them (pp_x), or converted here.
+ * *x_ready: XR_PROMPT_BF16 when d_xbf holds x already (an earlier weight
+ * of the same matmul_multi); set once it does. */
+static ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int *x_ready, const __nv_bfloat16 **out) {
+    if (*x_ready & XR_PROMPT_BF16) {
+        *out = s->pp_xbf_now;
+        return AG_OK;
+    }
+    const size_t   elems = (size_t)K * n;
+    __nv_bfloat16 *xbf;
+    if (s->pp_x && x >= s->pp_x && (size_t)(x - s->pp_x) % (size_t)K == 0 &&
+        (size_t)(x - s->pp_x) + elems <= s->pp_elems) {
+        xbf = s->d_xbf + (x - s->pp_x); /* its producer left these rows in d_xbf (silu_mul, rmsnorm) */
+    } else {
+        s->pp_x = NULL; /* d_xbf is rewritten */
+        ag_status st = grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16));
+        if (st) return st;
+        xbf = s->d_xbf;
+        if (elems % 4 == 0 && ((uintptr_t)x & 15) == 0)
+            launch_k(s, f32_to_bf16_4, grid_for(elems / 4, 256), 256, 0, x, elems, xbf);
+        else
+            launch_k(s, f32_to_bf16, grid_for(elems, 256), 256, 0, x, elems, xbf);
+        LAUNCHED();
+    }
+    s->pp_x = NULL; /* used once (what the weights of a matmul_multi share goes by x_ready) */
+    *x_ready |= XR_PROMPT_BF16;
+    *out = s->pp_xbf_now = xbf;
+    return AG_OK;
+}
+
+/* y[n][n_out] (F32 or BF16, yt) = xbf[n][K] · wbᵀ, FP32 accumulation. */
+static ag_status gemm_bf16(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out, int n,
+                           void *y, cudaDataType yt) {
+    const float one = 1.0f, zero = 0.0f;
+    /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
+    BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, xbf, CUDA_R_16BF,
+                          K, &zero, y, yt, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return AG_OK;
+}
+
 /* Prompt rows on the tensor cores. Quantized and BF16 weights: BF16
  * operands (the weight dequantized, the activations rounded). F32 and F16
  * weights keep their precision: FP32 operands, full FP32 for F32 weights
  * (small models: tiny cost) and TF32 for F16 (10 mantissa bits, like F16).
- * *x_ready: XR_PROMPT_BF16 when d_xbf holds x already (an earlier weight
- * of the same matmul_multi); set once it does. */
+ * x_ready: as prompt_x_bf16's. */
 static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
     const int   K = (int)w->ne[0], n_out = (int)w->ne[1];
@@ -2354,40 +2435,9 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
                               CUBLAS_GEMM_DEFAULT));
         return AG_OK;
     }
-    const __nv_bfloat16 *wb = (const __nv_bfloat16 *)w->data;
-    if (w->type != CQ_BF16) {
-        if ((st = grow((void **)&s->d_wbf, &s->cap_wbf, (size_t)K * n_out, sizeof(__nv_bfloat16)))) return st;
-        if ((st = launch_dequant(s, w->type, w->data, w->row_bytes, K, (const int32_t *)NULL, n_out, s->d_wbf)))
-            return st;
-        wb = s->d_wbf;
-    }
-    const size_t   elems = (size_t)K * n;
-    __nv_bfloat16 *xbf = s->d_xbf;
-    if (!(*x_ready & XR_PROMPT_BF16)) {
-        if (s->pp_x && x >= s->pp_x && (size_t)(x - s->pp_x) % (size_t)K == 0 &&
-            (size_t)(x - s->pp_x) + elems <= s->pp_elems) {
-            /* its producer left these rows in d_xbf (silu_mul) */
-            xbf = s->d_xbf + (x - s->pp_x);
-        } else {
-            s->pp_x = NULL; /* d_xbf is rewritten */
-            if ((st = grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16)))) return st;
-            xbf = s->d_xbf;
-            if (elems % 4 == 0 && ((uintptr_t)x & 15) == 0)
-                launch_k(s, f32_to_bf16_4, grid_for(elems / 4, 256), 256, 0, x, elems, xbf);
-            else
-                launch_k(s, f32_to_bf16, grid_for(elems, 256), 256, 0, x, elems, xbf);
-            LAUNCHED();
-        }
-        s->pp_x = NULL; /* used once (what the weights of a matmul_multi share goes by x_ready) */
-        *x_ready |= XR_PROMPT_BF16;
-        s->pp_xbf_now = xbf;
-    } else {
-        xbf = s->pp_xbf_now;
-    }
-    /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
-    BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, xbf,
-                          CUDA_R_16BF, K, &zero, y, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return AG_OK;
+    const __nv_bfloat16 *wb, *xbf;
+    if ((st = prompt_weight_bf16(s, w, &wb)) || (st = prompt_x_bf16(s, x, K, n, x_ready, &xbf))) return st;
+    return gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
 }
 
 static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, int n, int n_decode, float *y,
@@ -2552,11 +2602,12 @@ static __device__ float block_max(float v, float *red) {
  * back), in the same pass. The sum of squares is the same loop over the
  * same values either way, so add_rmsnorm gives add's and rmsnorm's bits.
  * PREP (dim % 32 == 0): rows below prep_rows are also left in the formats
- * fmt (prep_store4). */
+ * fmt (prep_store4), and, when pb is not NULL, the rows from prep_rows on
+ * (prompt rows) as BF16 in pb (from its start), f32_to_bf16's rounding. */
 template <bool ADD, bool PREP>
 __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, const float *__restrict__ w, int dim,
                           float eps, float *__restrict__ out, int prep_rows, int fmt, int8_t *__restrict__ xq,
-                          float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
+                          float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *__restrict__ pb) {
     pdl_entry();
     __shared__ float red[32];
     float       *xr = x + (size_t)blockIdx.x * dim;
@@ -2586,6 +2637,13 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
             }
             ((float4 *)res)[i] = v;
             if (PREP && (int)blockIdx.x < prep_rows) prep_store4(v, (size_t)blockIdx.x * dim + 4 * (size_t)i, fmt, xq, xs, xh);
+            else if (PREP && pb) {
+                __nv_bfloat162 lo, hi;
+                lo.x = __float2bfloat16_rn(v.x), lo.y = __float2bfloat16_rn(v.y);
+                hi.x = __float2bfloat16_rn(v.z), hi.y = __float2bfloat16_rn(v.w);
+                __nv_bfloat162 *d = (__nv_bfloat162 *)(pb + (size_t)((int)blockIdx.x - prep_rows) * dim + 4 * (size_t)i);
+                d[0] = lo, d[1] = hi;
+            }
         }
         return;
     }
@@ -2605,21 +2663,31 @@ static unsigned threads_for(int work) {
     return (unsigned)(t < 32 ? 32 : t > 1024 ? 1024 : t);
 }
 
-/* rmsnorm_k, with the decode rows' formats where prep_formats says so. */
+/* rmsnorm_k, with the decode rows' formats where prep_formats says so, and
+ * the prompt rows also as BF16 for the next prompt GEMM (pp_x, as
+ * silu_mul leaves them) when the norm is over the pass's rows. */
 template <bool ADD>
 static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const float *w, int n, int dim, float eps,
                                 float *out) {
     const int      fmt = prep_formats(s, n, dim);
     const unsigned th = threads_for(dim % 4 == 0 ? dim / 4 : dim);
+    const int      n_dec = s->pass_n_decode;
+    const size_t   n_pp = s->prep_on && n == s->n && n > n_dec && dim % 4 == 0 ? (size_t)(n - n_dec) * dim : 0;
+    __nv_bfloat16 *pb = NULL;
+    if (n_pp && !grow((void **)&s->d_xbf, &s->cap_xbf, n_pp, sizeof(__nv_bfloat16))) pb = s->d_xbf; /* (else: no copy) */
     if (ADD) prep_forget(s, x, (size_t)n * dim * sizeof(float));
-    if (fmt)
-        launch_k(s, rmsnorm_k<ADD, true>, (unsigned)n, th, 0, x, o, w, dim, eps, out, s->pass_n_decode, fmt,
-                 s->d_xq, s->d_xs, s->d_xh);
+    if (fmt || pb)
+        launch_k(s, rmsnorm_k<ADD, true>, (unsigned)n, th, 0, x, o, w, dim, eps, out, n_dec, fmt, s->d_xq, s->d_xs,
+                 s->d_xh, pb);
     else
         launch_k(s, rmsnorm_k<ADD, false>, (unsigned)n, th, 0, x, o, w, dim, eps, out, 0, 0, nullptr, nullptr,
-                 nullptr);
+                 nullptr, nullptr);
     LAUNCHED();
     prep_made(s, out, n, dim, fmt);
+    if (pb) {
+        s->pp_x = out + (size_t)n_dec * dim;
+        s->pp_elems = n_pp;
+    }
     return AG_OK;
 }
 
@@ -2712,19 +2780,35 @@ __global__ void silu_mul_prep_k(float *g, const float *u, size_t n, size_t n_pre
 }
 /* GELU (tanh form) the way the CPU backend (and llama.cpp's) computes it:
  * of x rounded to fp16, rounded to fp16, exact limits beyond |x| >= 10. */
+static __device__ __forceinline__ float gelu_f16(float v) {
+    const float k = 0.7978845608028654f;
+    if (v <= -10.0f) return 0.0f;
+    if (v >= 10.0f) return v;
+    const float h = __half2float(__float2half_rn(v));
+    return __half2float(__float2half_rn(0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)))));
+}
 __global__ void gelu_mul_k(float *g, const float *u, size_t n) {
     pdl_entry();
-    const float k = 0.7978845608028654f;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float v = g[i];
-        float       y;
-        if (v <= -10.0f) y = 0.0f;
-        else if (v >= 10.0f) y = v;
-        else {
-            const float h = __half2float(__float2half_rn(v));
-            y = __half2float(__float2half_rn(0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)))));
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        g[i] = gelu_f16(g[i]) * u[i];
+}
+/* g = act(g) * u over n8 groups of 8 BF16 values, in place, computed in
+ * F32 and rounded once: the feed-forward block's prompt rows (cu_ffn). */
+template <bool GELU>
+__global__ void glu_bf16_k(__nv_bfloat16 *__restrict__ g, const __nv_bfloat16 *__restrict__ u, size_t n8) {
+    pdl_entry();
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        uint4                  gv = ((const uint4 *)g)[i];
+        const uint4            uv = ((const uint4 *)u)[i];
+        __nv_bfloat162        *gp = (__nv_bfloat162 *)&gv;
+        const __nv_bfloat162 *up = (const __nv_bfloat162 *)&uv;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float2 a = __bfloat1622float2(gp[j]), b = __bfloat1622float2(up[j]);
+            gp[j] = GELU ? __floats2bfloat162_rn(gelu_f16(a.x) * b.x, gelu_f16(a.y) * b.y)
+                         : __floats2bfloat162_rn(silu_times(a.x, b.x), silu_times(a.y, b.y));
         }
-        g[i] = y * u[i];
+        ((uint4 *)g)[i] = gv;
     }
 }
 
@@ -2788,6 +2872,59 @@ static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n)
     prep_forget(st_of(be), g, n * sizeof(float));
     launch_k(st_of(be), gelu_mul_k, grid_for(n, 256), 256, 0, g, u, n);
     LAUNCHED();
+    return AG_OK;
+}
+
+/* The feed-forward block (ag_backend_ops.ffn). Decode rows: the three ops
+ * (their bits). Prompt rows of quantized or BF16 weights: the gate and up
+ * GEMMs write BF16 (over the first half of gate's and up's rows), the
+ * activation reads and writes BF16 in place, and the down GEMM reads that
+ * as its operand. At 4096 rows of an 8B that skips writing and reading
+ * 470 MB of F32 products a layer (AUGUR_CUDA_FFN16=0: the three ops). */
+static ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw, const float *h,
+                        int n, int n_decode, bool gelu, float *gate, float *up, float *o) {
+    cuda_state *s = st_of(be);
+    if (n_decode < 0 || n_decode > n) n_decode = n;
+    const int        K = (int)gw->ne[0], n_ff = (int)gw->ne[1], n_out = (int)dw->ne[1], n_pp = n - n_decode;
+    const ag_tensor *gu_w[2] = {gw, uw};
+    float *const     gu[2] = {gate, up};
+    const bool       bf16_ok = gw->type != CQ_F32 && gw->type != CQ_F16 && uw->type != CQ_F32 && uw->type != CQ_F16 &&
+                         dw->type != CQ_F32 && dw->type != CQ_F16;
+    ag_status        st;
+    if (!s->ffn16_on || n_pp <= 0 || !bf16_ok || n_ff % 8 || uw->ne[1] != n_ff || dw->ne[0] != n_ff ||
+        (((uintptr_t)gate | (uintptr_t)up) & 15)) { /* (glu_bf16_k's 16-byte loads) */
+        if ((st = cu_matmul_multi(be, gu_w, 2, h, n, n_decode, gu))) return st;
+        st = gelu ? cu_gelu_mul(be, gate, up, (size_t)n * n_ff) : cu_silu_mul(be, gate, up, (size_t)n * n_ff);
+        return st ? st : cu_matmul(be, dw, gate, n, n_decode, o);
+    }
+    prep_forget(s, gate, (size_t)n * n_ff * sizeof(float));
+    prep_forget(s, up, (size_t)n * n_ff * sizeof(float));
+    if (n_decode > 0) { /* the decode rows' kernels, bit for bit (down converts its input itself) */
+        if ((st = cu_matmul_multi(be, gu_w, 2, h, n_decode, n_decode, gu))) return st;
+        const size_t e = (size_t)n_decode * n_ff;
+        if (gelu) launch_k(s, gelu_mul_k, grid_for(e, 256), 256, 0, gate, (const float *)up, e);
+        else launch_k(s, silu_mul_k, grid_for(e, 256), 256, 0, gate, (const float *)up, e);
+        LAUNCHED();
+        prep_forget(s, gate, e * sizeof(float));
+        if ((st = cu_matmul(be, dw, gate, n_decode, n_decode, o))) return st;
+    }
+    prep_forget(s, o, (size_t)n * n_out * sizeof(float));
+    __nv_bfloat16       *gb = (__nv_bfloat16 *)(gate + (size_t)n_decode * n_ff),
+                  *ub = (__nv_bfloat16 *)(up + (size_t)n_decode * n_ff);
+    const __nv_bfloat16 *xbf, *wb;
+    int                  x_ready = 0;
+    if ((st = prompt_x_bf16(s, h + (size_t)n_decode * K, K, n_pp, &x_ready, &xbf))) return st;
+    if ((st = prompt_weight_bf16(s, gw, &wb)) || (st = gemm_bf16(s, wb, xbf, K, n_ff, n_pp, gb, CUDA_R_16BF)))
+        return ag_errorf(st, "ffn with '%s': %s", gw->name ? gw->name : "?", ag_error_message());
+    if ((st = prompt_weight_bf16(s, uw, &wb)) || (st = gemm_bf16(s, wb, xbf, K, n_ff, n_pp, ub, CUDA_R_16BF)))
+        return ag_errorf(st, "ffn with '%s': %s", uw->name ? uw->name : "?", ag_error_message());
+    const size_t n8 = (size_t)n_pp * n_ff / 8;
+    if (gelu) launch_k(s, glu_bf16_k<true>, grid_for(n8, 256), 256, 0, gb, (const __nv_bfloat16 *)ub, n8);
+    else launch_k(s, glu_bf16_k<false>, grid_for(n8, 256), 256, 0, gb, (const __nv_bfloat16 *)ub, n8);
+    LAUNCHED();
+    if ((st = prompt_weight_bf16(s, dw, &wb)) ||
+        (st = gemm_bf16(s, wb, gb, n_ff, n_out, n_pp, o + (size_t)n_decode * n_out, CUDA_R_32F)))
+        return ag_errorf(st, "ffn with '%s': %s", dw->name ? dw->name : "?", ag_error_message());
     return AG_OK;
 }
 
@@ -3445,25 +3582,27 @@ static __device__ __forceinline__ void frag_a_smem(const __half *m, int stride, 
 }
 
 /* The prologue of the tensor-core prompt attention kernels (attention_fa_k,
- * attention_fa1_k), for the tile of nt rows from t0 and query head h: each
- * row's visible positions [row_lo, row_hi] (shared, 16 each); Q's rows g
- * and g + 8 as mma A fragments, rounded to fp16 ([kk][0] row g, dims
- * 16kk + 2t, +1; [1] row g + 8; [2], [3] the same 8 dims on; rows past
- * the tile zeros); the chunks [*ch0, *ch1] the tile sees and its last
- * position *c_hi; rows g and g + 8's ranges in lo, hi. Has a barrier:
- * every thread of the block calls it. */
-template <int HD>
-static __device__ __forceinline__ void fa_tile_setup(const int32_t *__restrict__ pos, int t0, int nt, int window,
-                                                     int n_head, int h, const float *__restrict__ q, int g, int t,
-                                                     int *row_lo, int *row_hi, uint32_t (&qa)[HD / 16][4], int *ch0,
-                                                     int *ch1, int *c_hi_out, int (&lo)[2], int (&hi)[2],
+ * attention_fa1_k), for the block's tile of NT rows from T0 (R row tiles
+ * of 16) and the warp's query head h and row tile rt (rows T0 + 16rt ..):
+ * each row's visible positions [row_lo, row_hi] (shared, 16R each); the
+ * warp's rows g and g + 8 of Q as mma A fragments, rounded to fp16
+ * ([kk][0] row g, dims 16kk + 2t, +1; [1] row g + 8; [2], [3] the same 8
+ * dims on; rows past the tile zeros); the chunks [*ch0, *ch1] the block's
+ * rows see and their last position *c_hi; the warp's rows g and g + 8's
+ * ranges in lo, hi. Has a barrier: every thread of the block calls it. */
+template <int HD, int R = 1>
+static __device__ __forceinline__ void fa_tile_setup(const int32_t *__restrict__ pos, int T0, int NT, int rt,
+                                                     int window, int n_head, int h, const float *__restrict__ q, int g,
+                                                     int t, int *row_lo, int *row_hi, uint32_t (&qa)[HD / 16][4],
+                                                     int *ch0, int *ch1, int *c_hi_out, int (&lo)[2], int (&hi)[2],
                                                      int *all_lo = nullptr, int *all_hi = nullptr) {
-    if (threadIdx.x < 16) {
-        const int r = threadIdx.x, rh = r < nt ? pos[t0 + r] : -1;
+    if (threadIdx.x < ATT_TQ * R) {
+        const int r = threadIdx.x, rh = r < NT ? pos[T0 + r] : -1;
         row_hi[r] = rh;
-        row_lo[r] = r < nt && window > 0 ? max(0, rh - window + 1) : 0;
+        row_lo[r] = r < NT && window > 0 ? max(0, rh - window + 1) : 0;
     }
     {
+        const int    t0 = T0 + ATT_TQ * rt, nt = NT - ATT_TQ * rt; /* the warp's rows (none when nt <= 0) */
         const float *q0 = q + ((size_t)(t0 + g) * n_head + h) * HD, *q1 = q + ((size_t)(t0 + g + 8) * n_head + h) * HD;
         const bool   v0 = g < nt, v1 = g + 8 < nt;
 #pragma unroll
@@ -3477,14 +3616,14 @@ static __device__ __forceinline__ void fa_tile_setup(const int32_t *__restrict__
     }
     __syncthreads();
     int c_lo = INT_MAX, c_hi = -1, a_lo = 0, a_hi = INT_MAX;
-    for (int r = 0; r < nt; r++) {
+    for (int r = 0; r < NT; r++) {
         c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
         a_lo = max(a_lo, row_lo[r]), a_hi = min(a_hi, row_hi[r]);
     }
     *ch0 = c_lo / ATT_TK, *ch1 = c_hi / ATT_TK, *c_hi_out = c_hi;
-    if (all_lo) *all_lo = a_lo, *all_hi = a_hi; /* positions every row of the tile sees */
+    if (all_lo) *all_lo = a_lo, *all_hi = a_hi; /* positions every row of the block sees */
 #pragma unroll
-    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[g + 8 * hr], hi[hr] = row_hi[g + 8 * hr];
+    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[ATT_TQ * rt + g + 8 * hr], hi[hr] = row_hi[ATT_TQ * rt + g + 8 * hr];
 }
 
 /* Four 8x8 fp16 tiles of a row-major shared matrix: lane l gives the
@@ -3577,7 +3716,7 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
     const int32_t *table = tables + tok_table[t0];
     uint32_t qa[HD / 16][4];
     int      ch0, ch1, c_hi, lo[2], hi[2];
-    fa_tile_setup<HD>(pos, t0, nt, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi);
+    fa_tile_setup<HD>(pos, t0, nt, 0, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi);
     /* pass 1: each row's max and sum (the 4 lanes of a row's group hold the same pair) */
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
     for (int c = ch0; c <= ch1; c++) {
@@ -3711,31 +3850,33 @@ static __device__ __forceinline__ void stage_kv_async(const kv_geom &g_, const i
     }
 }
 
-template <bool SOFTCAP, int HD>
+template <bool SOFTCAP, int HD, int R>
 __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__restrict__ pos,
                                                        const int32_t *__restrict__ tok_table,
                                                        const int32_t *__restrict__ tables,
                                                        const int32_t *__restrict__ tiles, int n_head, int n_kv,
                                                        float scale, int window, float softcap,
-                                                       const float *__restrict__ q, float *__restrict__ out) {
+                                                       const float *__restrict__ q, float *__restrict__ out,
+                                                       __nv_bfloat16 *__restrict__ ob, int n_dec) {
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int STR = HD + ATM_PAD, BUF = ATT_TK * STR; /* halves per K (or V) buffer */
     __half       *kbuf = (__half *)smem;                  /* [2][64][STR] */
     __half       *vbuf = kbuf + 2 * BUF;                  /* [2][64][STR] */
-    int          *row_lo = (int *)(vbuf + 2 * BUF), *row_hi = row_lo + 16;
+    int          *row_lo = (int *)(vbuf + 2 * BUF), *row_hi = row_lo + ATT_TQ * R;
     /* the last tiles first: a causal tile's work grows with its position, and
      * the longest blocks started last would run alone at the end */
     const int     tile = gridDim.x - 1 - blockIdx.x;
-    const int     t0 = tiles[tile], nt = tiles[tile + 1] - t0;
+    const int     T0 = tiles[tile], NT = tiles[tile + 1] - T0;
     const int     kvh = blockIdx.y, G = n_head / n_kv;
     const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int     h = kvh * G + warp;
-    const int32_t *table = tables + tok_table[t0];
+    const int     rt = warp / G, h = kvh * G + warp % G; /* the warp's row tile and query head */
+    const int     t0 = T0 + ATT_TQ * rt, nt = NT - ATT_TQ * rt;
+    const int32_t *table = tables + tok_table[T0];
     uint32_t qa[HD / 16][4];
     int      ch0, ch1, c_hi, lo[2], hi[2], all_lo, all_hi;
-    fa_tile_setup<HD>(pos, t0, nt, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi, &all_lo,
-                      &all_hi);
+    fa_tile_setup<HD, R>(pos, T0, NT, rt, window, n_head, h, q, g, t, row_lo, row_hi, qa, &ch0, &ch1, &c_hi, lo, hi,
+                         &all_lo, &all_hi);
     const float LOG2E = 1.4426950408889634f; /* scores in log2 units: weights 2^(s - M) */
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f}; /* L: this lane's part of the row's sum */
     float o[HD / 8][4];
@@ -3811,32 +3952,59 @@ __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__re
 #pragma unroll
     for (int i = 0; i < HD / 8; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = g + 8 * (e >> 1), d = 8 * i + 2 * t + (e & 1);
-            if (r < nt) out[((size_t)(t0 + r) * n_head + h) * HD + d] = o[i][e] * inv[e >> 1];
+        for (int hr = 0; hr < 2; hr++) {
+            const int    r = g + 8 * hr, d = 8 * i + 2 * t;
+            const float2 v = make_float2(o[i][2 * hr] * inv[hr], o[i][2 * hr + 1] * inv[hr]);
+            if (r >= nt) continue;
+            *(float2 *)(out + ((size_t)(t0 + r) * n_head + h) * HD + d) = v;
+            if (ob) /* also BF16, for the output projection's GEMM (pp_x) */
+                *(__nv_bfloat162 *)(ob + ((size_t)(t0 + r - n_dec) * n_head + h) * HD + d) = __floats2bfloat162_rn(v.x, v.y);
         }
 }
 
-static size_t attention_fa1_smem(int hd) {
-    return sizeof(__half) * 4 * (size_t)ATT_TK * (hd + ATM_PAD) + sizeof(int) * 32;
+static size_t attention_fa1_smem(int hd, int r) {
+    return sizeof(__half) * 4 * (size_t)ATT_TK * (hd + ATM_PAD) + sizeof(int) * 2 * ATT_TQ * r;
 }
 
 /* Launches attention_fa_k, or attention_fa1_k (s->fa_one_pass), for head dim HD (softcap or not). */
 template <int HD>
 static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q,
                                      float *out) {
-    typedef void (*fa_kernel)(kv_geom, const int32_t *, const int32_t *, const int32_t *, const int32_t *, int, int,
-                              float, int, float, const float *, float *);
-    const bool   softcap = sh->softcap > 0.0f;
-    fa_kernel    k = s->fa_one_pass ? (softcap ? attention_fa1_k<true, HD> : attention_fa1_k<false, HD>)
-                                    : (softcap ? attention_fa_k<true, HD> : attention_fa_k<false, HD>);
-    const dim3   grid((unsigned)s->n_tiles, (unsigned)sh->n_head_kv);
-    const int    threads = 32 * (sh->n_head / sh->n_head_kv);
-    const size_t shm = s->fa_one_pass ? attention_fa1_smem(HD) : attention_fa_smem(HD);
+    const bool softcap = sh->softcap > 0.0f;
+    const int  G = sh->n_head / sh->n_head_kv;
+    if (!s->fa_one_pass) {
+        auto         k = softcap ? attention_fa_k<true, HD> : attention_fa_k<false, HD>;
+        const size_t shm = attention_fa_smem(HD);
+        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        launch_k(s, k, dim3((unsigned)s->n_tiles, (unsigned)sh->n_head_kv), 32 * G, shm, g, s->d_pos,
+                 s->d_tok_table, s->d_tables, s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window,
+                 sh->softcap, q, out);
+        LAUNCHED();
+        return AG_OK;
+    }
+    /* row tiles a block: its 32 G r threads at 168 registers within the
+     * SM's 64K (G r <= 12) */
+    int r = s->fa_rows;
+    while (r > 1 && G * r > 12) r--;
+    auto k = r == 1   ? (softcap ? attention_fa1_k<true, HD, 1> : attention_fa1_k<false, HD, 1>)
+             : r == 2 ? (softcap ? attention_fa1_k<true, HD, 2> : attention_fa1_k<false, HD, 2>)
+                      : (softcap ? attention_fa1_k<true, HD, 3> : attention_fa1_k<false, HD, 3>);
+    const int      n_blk = r == 1 ? s->n_tiles : s->n_btiles[r - 2];
+    const int32_t *tiles = r == 1 ? s->d_tiles : s->d_btiles[r - 2];
+    const size_t   shm = attention_fa1_smem(HD, r);
+    /* the prompt rows also as BF16 for the output projection (pp_x), as silu_mul leaves its */
+    const int      n_dec = s->pass_n_decode;
+    const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
+    __nv_bfloat16 *ob = NULL;
+    if (s->prep_on && n_pp && !grow((void **)&s->d_xbf, &s->cap_xbf, n_pp, sizeof(__nv_bfloat16))) ob = s->d_xbf;
     CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-    launch_k(s, k, grid, threads, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_tiles, sh->n_head,
-             sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out);
+    launch_k(s, k, dim3((unsigned)n_blk, (unsigned)sh->n_head_kv), 32 * G * r, shm, g, s->d_pos, s->d_tok_table,
+             s->d_tables, tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
     LAUNCHED();
+    if (ob) {
+        s->pp_x = out + (size_t)n_dec * sh->n_head * HD;
+        s->pp_elems = n_pp;
+    }
     return AG_OK;
 }
 
@@ -5099,6 +5267,7 @@ static ag_backend_ops make_ops(void) {
     o.scale = cu_scale;
     o.silu_mul = cu_silu_mul;
     o.gelu_mul = cu_gelu_mul;
+    o.ffn = cu_ffn;
     o.kv_store = cu_kv_store;
     o.rope_kv_store = cu_rope_kv_store;
     o.argmax = cu_argmax;
@@ -5197,12 +5366,16 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
+    const char *far = getenv("AUGUR_CUDA_FA_ROWS");
+    s->fa_rows = far && atoi(far) >= 1 && atoi(far) <= FA_ROWS_MAX ? atoi(far) : FA_ROWS_MAX;
     const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
     s->argmax_split = !(amsplit && *amsplit == '0');
     const char *pair = getenv("AUGUR_CUDA_PAIR");
     s->pair_mode = pair && *pair ? (*pair == '0' ? 0 : *pair == '2' ? 2 : 1) : 1;
     const char *prep = getenv("AUGUR_CUDA_PREP");
     s->prep_on = !(prep && *prep == '0');
+    const char *ffn16 = getenv("AUGUR_CUDA_FFN16");
+    s->ffn16_on = !(ffn16 && *ffn16 == '0');
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
     s->fuse_on = !(fuse && *fuse == '0');
     const char *sk = getenv("AUGUR_CUDA_SPLITK");
