@@ -313,11 +313,13 @@ typedef struct {
     int          prep_rows, prep_dim, prep_fmt, prep_want;
     bool         prep_on;
     bool         ffn16_on; /* cu_ffn's prompt rows in BF16 (AUGUR_CUDA_FFN16=0: off, for A/B) */
-    /* Prompt rows likewise: silu_mul and the rmsnorms over the pass's rows
-     * leave its prompt rows also as BF16 in d_xbf, which the next GEMM
-     * (down; q/k/v; gate/up) then reads instead of converting them (at 4096 rows the conversion read 235 MB of an 8B's
-     * F32 activations a layer). d_xbf[0..pp_elems) holds pp_x[0..pp_elems);
-     * used once, forgotten as prep_x is; AUGUR_CUDA_PREP=0 turns it off too. */
+    /* Prompt rows likewise: silu_mul, the rmsnorms over the pass's rows and
+     * the one-pass prompt attention leave the pass's prompt rows also as
+     * BF16 in d_xbf, which the next GEMM (down; q/k/v and gate/up; the
+     * output projection) reads instead of converting them (at 4096 rows the
+     * conversion read 235 MB of an 8B's F32 activations a layer).
+     * d_xbf[0..pp_elems) holds pp_x[0..pp_elems); used once, forgotten as
+     * prep_x is; AUGUR_CUDA_PREP=0 turns it off too. */
     const float   *pp_x;
     size_t         pp_elems;
     __nv_bfloat16 *pp_xbf_now; /* where the current matmul_multi's x sits as BF16 (in d_xbf) */
@@ -2383,7 +2385,7 @@ static ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int 
     __nv_bfloat16 *xbf;
     if (s->pp_x && x >= s->pp_x && (size_t)(x - s->pp_x) % (size_t)K == 0 &&
         (size_t)(x - s->pp_x) + elems <= s->pp_elems) {
-        xbf = s->d_xbf + (x - s->pp_x); /* its producer left these rows in d_xbf (silu_mul, rmsnorm) */
+        xbf = s->d_xbf + (x - s->pp_x); /* its producer left these rows in d_xbf (pp_x) */
     } else {
         s->pp_x = NULL; /* d_xbf is rewritten */
         ag_status st = grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16));
@@ -3958,7 +3960,8 @@ __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__re
             if (r >= nt) continue;
             *(float2 *)(out + ((size_t)(t0 + r) * n_head + h) * HD + d) = v;
             if (ob) /* also BF16, for the output projection's GEMM (pp_x) */
-                *(__nv_bfloat162 *)(ob + ((size_t)(t0 + r - n_dec) * n_head + h) * HD + d) = __floats2bfloat162_rn(v.x, v.y);
+                *(__nv_bfloat162 *)(ob + ((size_t)(t0 + r - n_dec) * n_head + h) * HD + d) =
+                    __floats2bfloat162_rn(v.x, v.y);
         }
 }
 
