@@ -2143,18 +2143,22 @@ __global__ void f32_to_bf16(const float *__restrict__ x, size_t n, __nv_bfloat16
         o[i] = __float2bfloat16_rn(x[i]);
 }
 
+/* Four floats rounded to BF16 (round to nearest even) at d (8-byte aligned):
+ * the one rounding every BF16 copy of activations uses. */
+static __device__ __forceinline__ void store_bf16x4(__nv_bfloat16 *d, float4 v) {
+    __nv_bfloat162 lo, hi;
+    lo.x = __float2bfloat16_rn(v.x), lo.y = __float2bfloat16_rn(v.y);
+    hi.x = __float2bfloat16_rn(v.z), hi.y = __float2bfloat16_rn(v.w);
+    ((__nv_bfloat162 *)d)[0] = lo, ((__nv_bfloat162 *)d)[1] = hi;
+}
+
 /* f32_to_bf16 four at a time (n % 4 == 0, 16-byte aligned): the same
  * rounding, so the same bits, at ~2.5x the scalar kernel's 1.1 TB/s (ncu,
  * an 8B's 4096-row prompt, H100). */
 __global__ void f32_to_bf16_4(const float *__restrict__ x, size_t n, __nv_bfloat16 *__restrict__ o) {
     pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n / 4; i += (size_t)gridDim.x * blockDim.x) {
-        const float4   v = ((const float4 *)x)[i];
-        __nv_bfloat162 lo, hi;
-        lo.x = __float2bfloat16_rn(v.x), lo.y = __float2bfloat16_rn(v.y);
-        hi.x = __float2bfloat16_rn(v.z), hi.y = __float2bfloat16_rn(v.w);
-        ((__nv_bfloat162 *)o)[2 * i] = lo;
-        ((__nv_bfloat162 *)o)[2 * i + 1] = hi;
+        store_bf16x4(o + 4 * i, ((const float4 *)x)[i]);
     }
 }
 
@@ -2204,6 +2208,19 @@ static void prep_made(cuda_state *s, const float *out, int n, int dim, int fmt) 
     s->prep_fmt = fmt;
 }
 
+/* Room in d_xbf for a producer's BF16 copy of elems prompt-row values (the
+ * next GEMM's operand, pp_x): d_xbf, or NULL (copies off, nothing to copy,
+ * or no memory: the GEMM converts them itself). */
+static __nv_bfloat16 *pp_reserve(cuda_state *s, size_t elems) {
+    if (!s->prep_on || !elems) return NULL;
+    return grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16)) ? NULL : s->d_xbf;
+}
+/* After the producer's launch: d_xbf holds x[0..elems) as BF16. */
+static void pp_made(cuda_state *s, const float *x, size_t elems) {
+    s->pp_x = x;
+    s->pp_elems = elems;
+}
+
 /* A warp's 32 values of one 32-block (lane i: element e, e - i aligned to
  * 32) left in the formats fmt: quantize_q8_32's and f32_to_bf16's code. */
 static __device__ __forceinline__ void prep_store1(float v, size_t e, int fmt, int8_t *__restrict__ xq,
@@ -2229,13 +2246,7 @@ static __device__ __forceinline__ void prep_store1(float v, size_t e, int fmt, i
  * order). Every lane of the group must call it. */
 static __device__ __forceinline__ void prep_store4(float4 v, size_t e, int fmt, int8_t *__restrict__ xq,
                                                    float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
-    if (fmt & XR_BF16) {
-        __nv_bfloat162 lo, hi;
-        lo.x = __float2bfloat16_rn(v.x), lo.y = __float2bfloat16_rn(v.y);
-        hi.x = __float2bfloat16_rn(v.z), hi.y = __float2bfloat16_rn(v.w);
-        ((__nv_bfloat162 *)(xh + e))[0] = lo;
-        ((__nv_bfloat162 *)(xh + e))[1] = hi;
-    }
+    if (fmt & XR_BF16) store_bf16x4(xh + e, v);
     if (fmt & XR_Q8) {
         const unsigned m = 0xffu << (threadIdx.x & 24);
         float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
@@ -2639,13 +2650,7 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
             }
             ((float4 *)res)[i] = v;
             if (PREP && (int)blockIdx.x < prep_rows) prep_store4(v, (size_t)blockIdx.x * dim + 4 * (size_t)i, fmt, xq, xs, xh);
-            else if (PREP && pb) {
-                __nv_bfloat162 lo, hi;
-                lo.x = __float2bfloat16_rn(v.x), lo.y = __float2bfloat16_rn(v.y);
-                hi.x = __float2bfloat16_rn(v.z), hi.y = __float2bfloat16_rn(v.w);
-                __nv_bfloat162 *d = (__nv_bfloat162 *)(pb + (size_t)((int)blockIdx.x - prep_rows) * dim + 4 * (size_t)i);
-                d[0] = lo, d[1] = hi;
-            }
+            else if (PREP && pb) store_bf16x4(pb + (size_t)((int)blockIdx.x - prep_rows) * dim + 4 * (size_t)i, v);
         }
         return;
     }
@@ -2674,9 +2679,8 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
     const int      fmt = prep_formats(s, n, dim);
     const unsigned th = threads_for(dim % 4 == 0 ? dim / 4 : dim);
     const int      n_dec = s->pass_n_decode;
-    const size_t   n_pp = s->prep_on && n == s->n && n > n_dec && dim % 4 == 0 ? (size_t)(n - n_dec) * dim : 0;
-    __nv_bfloat16 *pb = NULL;
-    if (n_pp && !grow((void **)&s->d_xbf, &s->cap_xbf, n_pp, sizeof(__nv_bfloat16))) pb = s->d_xbf; /* (else: no copy) */
+    const size_t   n_pp = n == s->n && n > n_dec && dim % 4 == 0 ? (size_t)(n - n_dec) * dim : 0;
+    __nv_bfloat16 *pb = pp_reserve(s, n_pp);
     if (ADD) prep_forget(s, x, (size_t)n * dim * sizeof(float));
     if (fmt || pb)
         launch_k(s, rmsnorm_k<ADD, true>, (unsigned)n, th, 0, x, o, w, dim, eps, out, n_dec, fmt, s->d_xq, s->d_xs,
@@ -2686,10 +2690,7 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
                  nullptr, nullptr);
     LAUNCHED();
     prep_made(s, out, n, dim, fmt);
-    if (pb) {
-        s->pp_x = out + (size_t)n_dec * dim;
-        s->pp_elems = n_pp;
-    }
+    if (pb) pp_made(s, out + (size_t)n_dec * dim, n_pp);
     return AG_OK;
 }
 
@@ -2771,13 +2772,7 @@ __global__ void silu_mul_prep_k(float *g, const float *u, size_t n, size_t n_pre
         v.x = silu_times(v.x, a.x), v.y = silu_times(v.y, a.y), v.z = silu_times(v.z, a.z), v.w = silu_times(v.w, a.w);
         ((float4 *)g)[i] = v;
         if (4 * i < n_prep) prep_store4(v, 4 * i, fmt, xq, xs, xh);
-        else if (pb) { /* a prompt row: f32_to_bf16's rounding into pb (from element n_prep) */
-            __nv_bfloat162 lo, hi;
-            lo.x = __float2bfloat16_rn(v.x), lo.y = __float2bfloat16_rn(v.y);
-            hi.x = __float2bfloat16_rn(v.z), hi.y = __float2bfloat16_rn(v.w);
-            ((__nv_bfloat162 *)(pb + (4 * i - n_prep)))[0] = lo;
-            ((__nv_bfloat162 *)(pb + (4 * i - n_prep)))[1] = hi;
-        }
+        else if (pb) store_bf16x4(pb + (4 * i - n_prep), v); /* a prompt row (from element n_prep) */
     }
 }
 /* GELU (tanh form) the way the CPU backend (and llama.cpp's) computes it:
@@ -2853,9 +2848,8 @@ static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n)
     const int   dim = s->n > 0 && n % (size_t)s->n == 0 && n / (size_t)s->n <= (size_t)INT32_MAX ? (int)(n / (size_t)s->n) : 0;
     const int   fmt = dim ? prep_formats(s, s->n, dim) : 0;
     /* the prompt rows' BF16 copy for the next GEMM (pp_x), when there are some */
-    const size_t n_dec = (size_t)s->pass_n_decode * (size_t)dim, n_pp = dim && s->prep_on && dim % 4 == 0 ? n - n_dec : 0;
-    __nv_bfloat16 *pb = NULL;
-    if (n_pp && !grow((void **)&s->d_xbf, &s->cap_xbf, n_pp, sizeof(__nv_bfloat16))) pb = s->d_xbf; /* (else: no copy) */
+    const size_t   n_dec = (size_t)s->pass_n_decode * (size_t)dim, n_pp = dim && dim % 4 == 0 ? n - n_dec : 0;
+    __nv_bfloat16 *pb = pp_reserve(s, n_pp);
     if (fmt || pb)
         launch_k(s, silu_mul_prep_k, grid_for(n / 4, 256), 256, 0, g, u, n, n_dec, fmt, s->d_xq, s->d_xs, s->d_xh, pb);
     else
@@ -2863,10 +2857,7 @@ static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n)
     LAUNCHED();
     if (fmt) prep_made(s, g, s->n, dim, fmt);
     else prep_forget(s, g, n * sizeof(float));
-    if (pb) {
-        s->pp_x = g + n_dec;
-        s->pp_elems = n_pp;
-    }
+    if (pb) pp_made(s, g + n_dec, n_pp);
     return AG_OK;
 }
 static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
@@ -3998,16 +3989,12 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
     /* the prompt rows also as BF16 for the output projection (pp_x), as silu_mul leaves its */
     const int      n_dec = s->pass_n_decode;
     const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
-    __nv_bfloat16 *ob = NULL;
-    if (s->prep_on && n_pp && !grow((void **)&s->d_xbf, &s->cap_xbf, n_pp, sizeof(__nv_bfloat16))) ob = s->d_xbf;
+    __nv_bfloat16 *ob = pp_reserve(s, n_pp);
     CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
     launch_k(s, k, dim3((unsigned)n_blk, (unsigned)sh->n_head_kv), 32 * G * r, shm, g, s->d_pos, s->d_tok_table,
              s->d_tables, tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
     LAUNCHED();
-    if (ob) {
-        s->pp_x = out + (size_t)n_dec * sh->n_head * HD;
-        s->pp_elems = n_pp;
-    }
+    if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
     return AG_OK;
 }
 
