@@ -42,9 +42,11 @@ comma     := ,
 CUDA      ?= 0
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(shell command -v nvcc 2>/dev/null))
 NVCC      ?= $(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc,nvcc)
-CUDA_ARCH ?= -gencode=arch=compute_90,code=sm_90
+# sm_90a: Hopper's architecture-specific features (wgmma: attention_wg_k);
+# a CUDA_ARCH without 90a builds the other kernels only
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
 CU_SRC    := $(sort $(shell find src -name '*.cu'))
-NVCCFLAGS := -std=c++17 -O3 $(CUDA_ARCH) -Isrc -Iinclude -DAUGUR_CUDA -Xcompiler -Wall,-fno-strict-aliasing \
+NVCCFLAGS := -std=c++17 -O3 $(CUDA_ARCH) $(if $(findstring 90a,$(CUDA_ARCH)),-DAUGUR_SM90A) -Isrc -Iinclude -DAUGUR_CUDA -Xcompiler -Wall,-fno-strict-aliasing \
              -lineinfo -MMD -MP
 ifeq ($(CUDA),1)
 CFLAGS_ALL += -DAUGUR_CUDA

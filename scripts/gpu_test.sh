@@ -55,6 +55,9 @@ echo "== op harness on the GPU (one-pass prompt attention in blocks of 1 and 2 r
 AUGUR_CUDA_FA_ROWS=2 AUGUR_CUDA_FFN16=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 AUGUR_CUDA_FA_ROWS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
+echo "== op harness on the GPU (prompt attention on wgmma, AUGUR_CUDA_FA=wg)"
+AUGUR_CUDA_FA=wg AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+
 echo "== op harness on the GPU (decode attention one block per row and head instead of split-K: AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
@@ -172,6 +175,9 @@ python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf ||
 echo "== whole models with the two-pass prompt attention (AUGUR_CUDA_FA=2pass)"
 AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
+echo "== whole models with the prompt attention on wgmma (AUGUR_CUDA_FA=wg)"
+AUGUR_CUDA_FA=wg python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
+AUGUR_CUDA_FA=wg python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
 echo "== fused ops (add_rmsnorm, rope_kv_store, activations left converted by their producer) give the separate ops' bits"
 # (the feed-forward op's BF16 prompt rows round otherwise: AUGUR_CUDA_FFN16=0 on both sides; the GPU-vs-CPU
 # comparisons above hold them to the CPU)

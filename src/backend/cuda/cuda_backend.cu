@@ -176,6 +176,7 @@ static __device__ __forceinline__ void stage_wait(uint64_t *bar) {
 /* attention tiles of prompt rows: query rows per tile, positions per chunk */
 #define ATT_TQ 16
 #define FA_ROWS_MAX 3 /* row tiles a block of attention_fa1_k */
+#define BTILE_MAX 4   /* row tiles in the longest tiles begin lists (attention_wg_k's 64 rows) */
 #define ATT_TK 64
 
 /* ---- state ---- */
@@ -216,9 +217,9 @@ typedef struct {
     int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
     int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
     /* [n_btiles[r] + 1]: the same runs in tiles of up to (r + 2) ATT_TQ rows
-     * (attention_fa1_k's blocks of r + 2 row tiles) */
-    int32_t       *d_btiles[FA_ROWS_MAX - 1];
-    int            n_btiles[FA_ROWS_MAX - 1];
+     * (attention_fa1_k's blocks of r + 2 row tiles; attention_wg_k's 64 rows) */
+    int32_t       *d_btiles[BTILE_MAX - 1];
+    int            n_btiles[BTILE_MAX - 1];
     int32_t       *d_draws; /* [3 n_out]: the pass's pick draws (begin) */
     int32_t       *d_cand_reqs; /* [n_out]: the pass's cands requests, a word each (cands_req_word; begin) */
     /* the pass's edits (begin; the edit op): a count, padding, then
@@ -264,6 +265,9 @@ typedef struct {
      * -> one-pass: BF16 24730 / 14708 -> 29020 / 24564, Q4_K_M 16396 / 11287
      * -> 18212 / 16398 (2026-12-05) */
     bool fa_one_pass;
+    /* fa_wg: attention_wg_k (wgmma, sm_90a builds on a CC 9.0 device) for
+     * the prompt rows of head dims 64 and 128 (AUGUR_CUDA_FA=wg) */
+    bool fa_wg;
     /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
@@ -596,7 +600,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         n_table += (size_t)nb;
     }
     /* tables after the draws and requests, which sit at fixed offsets; then the big tiles */
-    size_t need = 9 * (size_t)n + 1 + n_table + (FA_ROWS_MAX - 1) * ((size_t)n + 1);
+    size_t need = 9 * (size_t)n + 1 + n_table + (BTILE_MAX - 1) * ((size_t)n + 1);
     if (need > s->cap_pinned) {
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
         s->h_pinned = NULL;
@@ -654,7 +658,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     h_tiles[n_tiles] = n;
     /* the same runs in tiles of up to r ATT_TQ rows, after the tables */
     int32_t *h_btiles = h_tab + n_table;
-    for (int r = 2; r <= FA_ROWS_MAX; r++) {
+    for (int r = 2; r <= BTILE_MAX; r++) {
         int32_t *bt = h_btiles + (size_t)(r - 2) * ((size_t)n + 1);
         int      nb = 0;
         for (int i = 0; i < n_tiles;) {
@@ -3960,12 +3964,426 @@ static size_t attention_fa1_smem(int hd, int r) {
     return sizeof(__half) * 4 * (size_t)ATT_TK * (hd + ATM_PAD) + sizeof(int) * 2 * ATT_TQ * r;
 }
 
+/* ---- prompt attention on wgmma (sm_90a; AUGUR_CUDA_FA=wg) ----
+ *
+ * FlashAttention-3's MMA layout, without its producer/consumer warp
+ * specialization: a warpgroup (4 warps) per 64 query rows of one query
+ * head, WG_HEADS query heads of one KV head a block sharing the K/V chunks
+ * (64 positions, staged by cp.async three buffers deep; a group of odd
+ * size repeats its last head). S = Q·Kᵀ by m64n64k16 wgmma with both operands in
+ * shared memory; the online softmax of attention_fa1_k on S's accumulators
+ * (an m64nN accumulator is, per warp, mma.sync's m16n8 C layout for rows
+ * 16w ..); O += P·V by wgmma with P in registers (eight consecutive
+ * accumulators packed to fp16 pairs are the next k16 step's A registers)
+ * and V row-major as an N-major B. Operands live in 128B-swizzled panels:
+ * [64 rows][64 halves] of 128-byte rows, the 16-byte chunk c of row r at
+ * r·128 + 16 (c ^ r % 8), a head dim of 128 in two panels 8 KB apart.
+ * The facts behind the descriptors and fences: docs/design-notes.md.
+ * Opt-in (AUGUR_CUDA_FA=wg) until its speed is measured on a GPU: an
+ * earlier version of it was 8% faster than attention_fa1_k a layer (ncu,
+ * H100, 8B at 4096 rows), this one (the overlap below, a third fewer
+ * instructions) passed the op harness but was not timed. */
+#define WG_ROWS  64 /* query rows a warpgroup (one head) */
+#define WG_HEADS 2  /* query heads (warpgroups) a block */
+#define WG_PANEL 8192 /* bytes of a [64][64] fp16 swizzled panel */
+
+#if defined(AUGUR_SM90A)
+/* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [64][HD]
+ * fp16 operand of 128B-swizzled panels. */
+static __device__ __forceinline__ uint32_t wg_swz(int r, int d8) {
+    return (uint32_t)((d8 >> 3) * WG_PANEL + r * 128 + (((d8 & 7) ^ (r & 7)) << 4));
+}
+
+/* A shared-memory matrix descriptor for 128B swizzle: start address,
+ * leading and stride byte offsets (bits 0-13, 16-29, 32-45, each >> 4),
+ * base offset 0 (panels 1024-byte aligned), layout 1 (128B) at bits 62-63. */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
+           (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Generic-proxy shared stores (st.shared, cp.async) made visible to wgmma
+ * (the async proxy); a barrier must follow before another thread's wgmma. */
+static __device__ __forceinline__ void fence_proxy_async() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* Pins accumulator registers after a wait: the compiler may not move
+ * their reads above it (the asm statements keep their order). */
+template <int N>
+static __device__ __forceinline__ void wg_hold(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/* D (+)= A·B, m64n64k16, A and B from shared memory (descriptors da, db; both K-major):
+ * D = A·B when acc is 0. Asynchronous: commit, then wait before reading d. */
+static __device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+/* D += A·B, m64n64k16, A from registers (the warp's 16 rows as an mma.sync
+ * m16k16 A fragment), B from shared memory N-major (descriptor db, trans-b).
+ * Asynchronous: commit, then wait before reading d. */
+static __device__ __forceinline__ void wgmma_m64n64_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+/* D += A·B, m64n128k16, A from registers (the warp's 16 rows as an mma.sync
+ * m16k16 A fragment), B from shared memory N-major (descriptor db, trans-b).
+ * Asynchronous: commit, then wait before reading d. */
+static __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+
+/* O += P·V over one 64-position chunk: 4 k16 steps, P's A registers pa[j],
+ * V's swizzled panels by descriptor dv (wg_desc of their address, LBO the
+ * next 64-dim panel; a descriptor's address field is the byte address
+ * >> 4, so an offset adds). N = HD. */
+template <int HD>
+static __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t (&pa)[4][4], uint64_t dv) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const uint64_t db = dv + (2048 * j >> 4); /* 16 positions of 128 B a k16 step */
+        if constexpr (HD == 128) wgmma_m64n128_rs(o, pa[j], db);
+        else wgmma_m64n64_rs(o, pa[j], db);
+    }
+}
+
+/* Chunk of K and V positions 64c .. (zeros past c_hi) of KV head kvh into
+ * swizzled panels at kdst, vdst by cp.async; the caller commits. Thread i
+ * of the block's 256 copies a quarter of position i / 4's K and V rows
+ * (one block-table read a thread: a read per 16 bytes stalled each
+ * thread's issue on eight dependent loads). */
+template <int HD>
+static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t *__restrict__ table, int kvh, int c,
+                                                int c_hi, unsigned char *kdst, unsigned char *vdst) {
+    static_assert(ATT_TK * 4 == 128 * WG_HEADS, "a thread per quarter row");
+    constexpr int  Q8 = HD / 32; /* 16-byte chunks a quarter row */
+    const int      j = threadIdx.x >> 2, d0 = (threadIdx.x & 3) * Q8, p = c * ATT_TK + j, pc = min(p, c_hi);
+    const uint8_t *blk = g_.k0 + (size_t)table[pc >> g_.block_shift] * g_.block_bytes;
+    const size_t   off = (size_t)(pc & g_.block_mask);
+    const int      n = p <= c_hi ? 16 : 0;
+    const uint8_t *kr = blk + kvh * g_.head_stride_k + off * g_.row_bytes_k,
+                  *vr = blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v;
+#pragma unroll
+    for (int d8 = d0; d8 < d0 + Q8; d8++) {
+        const uint32_t o = wg_swz(j, d8);
+        cp_async16(kdst + o, kr + 16 * d8, n);
+        cp_async16(vdst + o, vr + 16 * d8, n);
+    }
+}
+#endif
+
+#if defined(AUGUR_SM90A)
+/* S = Q·Kᵀ for one chunk: HD / 16 k16 steps of m64n64k16 over the Q and
+ * K panels of descriptors dq, dk (a step is +32 bytes inside a 64-dim
+ * panel, the next panel 8 KB on). */
+template <int HD>
+static __device__ __forceinline__ void wg_scores(float (&s)[32], uint64_t dq, uint64_t dk) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) {
+        const uint32_t ko = ((kk >> 2) * WG_PANEL + (kk & 3) * 32) >> 4;
+        wgmma_m64n64_ss(s, dq + ko, dk + ko, kk > 0);
+    }
+}
+
+/* O's rows times alpha (rows g, g + 8: accumulators 4i, 4i + 1 and
+ * 4i + 2, 4i + 3). */
+template <int HD>
+static __device__ __forceinline__ void wg_rescale(float (&o)[HD / 2], const float (&alpha)[2]) {
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) {
+        o[4 * i] *= alpha[0], o[4 * i + 1] *= alpha[0];
+        o[4 * i + 2] *= alpha[1], o[4 * i + 3] *= alpha[1];
+    }
+}
+
+/* The weights s as P·V's A registers: positions 16j .. are accumulator
+ * tiles 2j and 2j + 1, eight consecutive floats as four fp16 pairs. */
+static __device__ __forceinline__ void wg_pack(const float (&s)[32], uint32_t (&pa)[4][4]) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int r = 0; r < 4; r++) pa[j][r] = pack_half2(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
+}
+
+/* Waits for chunk c's K/V (the one cp.async group in flight) and makes
+ * it visible to wgmma; past its barrier every warpgroup is done with
+ * chunk c - 2's buffers. */
+static __device__ __forceinline__ void wg_chunk_ready() {
+    cp_async_wait<0>();
+    fence_proxy_async(); /* this thread's cp.async bytes, for wgmma */
+    __syncthreads();     /* ... and every thread's */
+}
+
+/* Starts loading chunk c + 1 (when c < ch1) into the buffers chunk c - 2
+ * used (three deep, from ch0). */
+template <int HD>
+static __device__ __forceinline__ void wg_stage_next(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
+                                                     int c, int ch0, int ch1, int c_hi, unsigned char *kbuf,
+                                                     unsigned char *vbuf, int op) {
+    if (c < ch1) {
+        const int bn = (c + 1 - ch0) % 3;
+        wg_stage<HD>(g_, table, kvh, c + 1, c_hi, kbuf + bn * op, vbuf + bn * op);
+        cp_async_commit();
+    }
+}
+
+/* The online softmax of attention_fa1_k on a warpgroup's S accumulators of
+ * chunk c (s[4i + e]: position tile i, rows g / g + 8 as e / 2), in log2
+ * units: without a softcap the raw scores stay as they are and the scale
+ * sp > 0 goes into each weight's exponent (2^(s sp - M), one FFMA; the
+ * row max of s sp is sp times the max of s); with one, s becomes
+ * cp tanh(s sp) first. Positions outside [lo, hi] are masked (-inf) only in
+ * an edge chunk (a block-uniform branch: the mask's compares and selects
+ * were a third of the loop's instructions). Updates each row's running max
+ * M and this lane's part of its sum L; s becomes the unnormalized weights,
+ * alpha the factors that rescale O to the new max. */
+template <bool SOFTCAP>
+static __device__ __forceinline__ void wg_softmax(float (&s)[32], int c, int t, float sp, float cp, bool edge,
+                                                  const int (&lo)[2], const int (&hi)[2], float (&M)[2], float (&L)[2],
+                                                  float (&alpha)[2]) {
+    if (SOFTCAP)
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = cp * tanhf(s[i] * sp);
+    if (edge)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hr = e >> 1, p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
+                if (p < lo[hr] || p > hi[hr]) s[4 * i + e] = -INFINITY;
+            }
+    const float f = SOFTCAP ? 1.0f : sp; /* s to log2 units */
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float m = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 8; i++) m = fmaxf(m, fmaxf(s[4 * i + 2 * hr], s[4 * i + 2 * hr + 1]));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float m_new = fmaxf(M[hr], m * f); /* -inf stays -inf */
+        /* nothing visible yet (m_new -inf): weights 0, nothing to rescale */
+        alpha[hr] = m_new == -INFINITY ? 1.0f : fast_exp2(M[hr] - m_new);
+        const float base = m_new == -INFINITY ? 0.0f : -m_new;
+        float       l = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int e = 2 * hr; e < 2 * hr + 2; e++) {
+                const float wt = fast_exp2(fmaf(s[4 * i + e], f, base)); /* masked: 2^-inf = 0 */
+                s[4 * i + e] = wt;
+                l += wt;
+            }
+        L[hr] = L[hr] * alpha[hr] + l;
+        M[hr] = m_new;
+    }
+}
+#endif
+
+template <bool SOFTCAP, int HD>
+__global__ void __launch_bounds__(128 * WG_HEADS, 1)
+    attention_wg_k(kv_geom g_, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
+                   const int32_t *__restrict__ tables, const int32_t *__restrict__ tiles, int n_head, int n_kv,
+                   float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
+                   __nv_bfloat16 *__restrict__ ob, int n_dec) {
+#if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    pdl_entry();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int OP = WG_PANEL * (HD / 64); /* bytes of one [64][HD] operand */
+    /* panels 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
+    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = smem;                    /* [WG_HEADS] operands */
+    unsigned char *kbuf = qs + WG_HEADS * OP;    /* [3] */
+    unsigned char *vbuf = kbuf + 3 * OP;         /* [3] */
+    int           *row_lo = (int *)(vbuf + 3 * OP), *row_hi = row_lo + WG_ROWS;
+    const int      tile = gridDim.x - 1 - blockIdx.x; /* the last (longest) tiles first */
+    const int      T0 = tiles[tile], NT = tiles[tile + 1] - T0;
+    const int      kvh = blockIdx.y, G = n_head / n_kv;
+    const int      wg = threadIdx.x >> 7, tw = threadIdx.x & 127; /* warpgroup, thread within it */
+    const int      gh = blockIdx.z * WG_HEADS + wg;                /* the warpgroup's head in the group */
+    const bool     active = gh < G; /* past an odd group: repeats the last head, stores nothing */
+    const int      h = kvh * G + min(gh, G - 1);
+    const int      lane = threadIdx.x & 31, w = tw >> 5, g = lane >> 2, t = lane & 3;
+    const int32_t *table = tables + tok_table[T0];
+    if (threadIdx.x < WG_ROWS) {
+        const int r = threadIdx.x, rh = r < NT ? pos[T0 + r] : -1;
+        row_hi[r] = rh;
+        row_lo[r] = r < NT && window > 0 ? max(0, rh - window + 1) : 0;
+    }
+    /* the warpgroup's Q rows, rounded to fp16 (rows past the tile: zeros) */
+    for (int e = tw; e < WG_ROWS * (HD / 8); e += 128) {
+        const int r = e / (HD / 8), d8 = e % (HD / 8);
+        uint4     v = make_uint4(0, 0, 0, 0);
+        if (r < NT) {
+            const float4 *src = (const float4 *)(q + ((size_t)(T0 + r) * n_head + h) * HD + 8 * d8);
+            const float4  a = src[0], b = src[1];
+            v = make_uint4(pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w));
+        }
+        *(uint4 *)(qs + wg * OP + wg_swz(r, d8)) = v;
+    }
+    fence_proxy_async();
+    __syncthreads();
+    int c_lo = INT_MAX, c_hi = -1, all_lo = 0, all_hi = INT_MAX;
+    for (int r = 0; r < NT; r++) {
+        c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+        all_lo = max(all_lo, row_lo[r]), all_hi = min(all_hi, row_hi[r]);
+    }
+    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
+    int       lo[2], hi[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[16 * w + g + 8 * hr], hi[hr] = row_hi[16 * w + g + 8 * hr];
+    const uint64_t dq = wg_desc((uint32_t)__cvta_generic_to_shared(qs + wg * OP), 16, 1024),
+                   dk = wg_desc((uint32_t)__cvta_generic_to_shared(kbuf), 16, 1024),
+                   dv = wg_desc((uint32_t)__cvta_generic_to_shared(vbuf), WG_PANEL, 1024); /* buffer b: + b OP / 16 */
+    const float    LOG2E = 1.4426950408889634f;
+    const float    sp = SOFTCAP ? scale / softcap : scale * LOG2E, cp = softcap * LOG2E;
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    uint32_t pa[4][4]; /* P of the chunk whose P·V is issued, as A registers */
+    float    s[32], alpha[2];
+    /* FlashAttention-3's overlap inside a warpgroup: chunk c's S = Q·Kᵀ and
+     * chunk c - 1's O += P·V are issued together and the softmax of c runs
+     * while P·V is on the tensor cores; P·V is waited for at the next
+     * chunk's top, where the weights are packed into pa and O is rescaled.
+     * Two things ptxas does shape this: it schedules a wait ahead of
+     * independent work in its basic block (a wait after the softmax made
+     * the exponentials wait for P·V), and it does not see that an in-flight
+     * wgmma still reads its A registers (packing the next P during P·V
+     * reused them). Chunk c + 1 loads meanwhile: three K/V buffers (c + 1
+     * loads, K of c and V of c - 1 are read). No wgmma or wait sits under a
+     * branch ptxas cannot prove uniform (it would serialize them all): the
+     * first chunk is peeled, and the idle warpgroup of an odd group repeats
+     * the last head without storing it. */
+    wg_stage<HD>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
+    cp_async_commit();
+    wg_chunk_ready();
+    wg_fence();
+    wg_scores<HD>(s, dq, dk);
+    wg_commit();
+    wg_stage_next<HD>(g_, table, kvh, ch0, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
+    wg_wait<0>();
+    wg_hold(s);
+    wg_softmax<SOFTCAP>(s, ch0, t, sp, cp, ch0 * ATT_TK < all_lo || ch0 * ATT_TK + ATT_TK - 1 > all_hi, lo, hi, M, L,
+                        alpha);
+    for (int c = ch0 + 1; c <= ch1; c++) {
+        const int b = (c - ch0) % 3, bp = (c - ch0 + 2) % 3; /* chunk c's buffers, chunk c - 1's */
+        wg_wait<0>(); /* chunk c - 2's P·V: O and pa free; before the barrier, so its V buffer is too */
+        wg_hold(o);
+        wg_chunk_ready();
+        wg_pack(s, pa); /* chunk c - 1's weights */
+        wg_rescale<HD>(o, alpha);
+        wg_fence(); /* O rescaled, P packed (registers) before wgmma reads or writes them */
+        wg_scores<HD>(s, dq, dk + b * (OP >> 4));
+        wg_commit();
+        wg_pv<HD>(o, pa, dv + bp * (OP >> 4));
+        wg_commit();
+        wg_stage_next<HD>(g_, table, kvh, c, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
+        wg_wait<1>(); /* S is done, P·V may still run */
+        wg_hold(s);
+        wg_softmax<SOFTCAP>(s, c, t, sp, cp, c * ATT_TK < all_lo || c * ATT_TK + ATT_TK - 1 > all_hi, lo, hi, M, L,
+                            alpha);
+    }
+    wg_wait<0>(); /* the last chunk's P·V */
+    wg_hold(o);
+    wg_pack(s, pa);
+    wg_rescale<HD>(o, alpha);
+    wg_fence();
+    wg_pv<HD>(o, pa, dv + ((ch1 - ch0) % 3) * (OP >> 4));
+    wg_commit();
+    wg_wait<0>();
+    wg_hold(o);
+    if (!active) return; /* the repeated head */
+    float inv[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float l = L[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int    r = 16 * w + g + 8 * hr, d = 8 * i + 2 * t;
+            const float2 v = make_float2(o[4 * i + 2 * hr] * inv[hr], o[4 * i + 2 * hr + 1] * inv[hr]);
+            if (r >= NT) continue;
+            *(float2 *)(out + ((size_t)(T0 + r) * n_head + h) * HD + d) = v;
+            if (ob)
+                *(__nv_bfloat162 *)(ob + ((size_t)(T0 + r - n_dec) * n_head + h) * HD + d) =
+                    __floats2bfloat162_rn(v.x, v.y);
+        }
+#endif
+}
+
+static size_t attention_wg_smem(int hd) {
+    return 1024 /* alignment */ + (size_t)(WG_HEADS + 6) * WG_PANEL * (hd / 64) + sizeof(int) * 2 * WG_ROWS;
+}
+
 /* Launches attention_fa_k, or attention_fa1_k (s->fa_one_pass), for head dim HD (softcap or not). */
 template <int HD>
 static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q,
                                      float *out) {
     const bool softcap = sh->softcap > 0.0f;
     const int  G = sh->n_head / sh->n_head_kv;
+    const int      n_dec = s->pass_n_decode;
+    const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
+    if (s->fa_wg) { /* 64-row tiles (begin's last list), WG_HEADS query heads a block */
+        auto         k = softcap ? attention_wg_k<true, HD> : attention_wg_k<false, HD>;
+        const size_t shm = attention_wg_smem(HD);
+        __nv_bfloat16 *ob = pp_reserve(s, n_pp);
+        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv,
+                            (unsigned)((G + WG_HEADS - 1) / WG_HEADS)),
+                 128 * WG_HEADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2],
+                 sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
+        LAUNCHED();
+        if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
+        return AG_OK;
+    }
     if (!s->fa_one_pass) {
         auto         k = softcap ? attention_fa_k<true, HD> : attention_fa_k<false, HD>;
         const size_t shm = attention_fa_smem(HD);
@@ -3987,8 +4405,6 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
     const int32_t *tiles = r == 1 ? s->d_tiles : s->d_btiles[r - 2];
     const size_t   shm = attention_fa1_smem(HD, r);
     /* the prompt rows also as BF16 for the output projection (pp_x), as silu_mul leaves its */
-    const int      n_dec = s->pass_n_decode;
-    const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
     __nv_bfloat16 *ob = pp_reserve(s, n_pp);
     CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
     launch_k(s, k, dim3((unsigned)n_blk, (unsigned)sh->n_head_kv), 32 * G * r, shm, g, s->d_pos, s->d_tok_table,
@@ -5356,6 +5772,11 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
+#if defined(AUGUR_SM90A)
+    s->fa_wg = fa && !strcmp(fa, "wg") && prop.major == 9 && prop.minor == 0;
+#else
+    s->fa_wg = false;
+#endif
     const char *far = getenv("AUGUR_CUDA_FA_ROWS");
     s->fa_rows = far && atoi(far) >= 1 && atoi(far) <= FA_ROWS_MAX ? atoi(far) : FA_ROWS_MAX;
     const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
