@@ -3847,6 +3847,38 @@ static __device__ __forceinline__ void stage_kv_async(const kv_geom &g_, const i
     }
 }
 
+/* The tensor-core prompt attention kernels' last step, for a warp's 16
+ * rows (rows g and g + 8 of the rows from t0; nt of them are real) of
+ * query head h: each row's output O / L (L summed over the row's 4 lanes)
+ * into out (F32) and, when ob, BF16 into ob from row n_dec on, for the
+ * output projection's GEMM (pp_x). oat(i, e): the O accumulator of dims
+ * 8i .. in mma's m16n8 C layout (e: rows g, g + 8 as e / 2; dims 2t, +1). */
+template <int HD, class OAT>
+static __device__ __forceinline__ void fa_store_rows(OAT oat, const float (&L)[2], int g, int t, int t0, int nt,
+                                                     int n_head, int h, float *__restrict__ out,
+                                                     __nv_bfloat16 *__restrict__ ob, int n_dec) {
+    float inv[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) {
+        float l = L[hr];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++)
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const int    r = g + 8 * hr, d = 8 * i + 2 * t;
+            const float2 v = make_float2(oat(i, 2 * hr) * inv[hr], oat(i, 2 * hr + 1) * inv[hr]);
+            if (r >= nt) continue;
+            *(float2 *)(out + ((size_t)(t0 + r) * n_head + h) * HD + d) = v;
+            if (ob)
+                *(__nv_bfloat162 *)(ob + ((size_t)(t0 + r - n_dec) * n_head + h) * HD + d) =
+                    __floats2bfloat162_rn(v.x, v.y);
+        }
+}
+
 template <bool SOFTCAP, int HD, int R>
 __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__restrict__ pos,
                                                        const int32_t *__restrict__ tok_table,
@@ -3938,26 +3970,7 @@ __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__re
         }
         __syncthreads(); /* every warp is done with buffer b before it is staged again */
     }
-    float inv[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float l = L[hr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < HD / 8; i++)
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int    r = g + 8 * hr, d = 8 * i + 2 * t;
-            const float2 v = make_float2(o[i][2 * hr] * inv[hr], o[i][2 * hr + 1] * inv[hr]);
-            if (r >= nt) continue;
-            *(float2 *)(out + ((size_t)(t0 + r) * n_head + h) * HD + d) = v;
-            if (ob) /* also BF16, for the output projection's GEMM (pp_x) */
-                *(__nv_bfloat162 *)(ob + ((size_t)(t0 + r - n_dec) * n_head + h) * HD + d) =
-                    __floats2bfloat162_rn(v.x, v.y);
-        }
+    fa_store_rows<HD>([&](int i, int e) { return o[i][e]; }, L, g, t, t0, nt, n_head, h, out, ob, n_dec);
 }
 
 static size_t attention_fa1_smem(int hd, int r) {
@@ -4336,26 +4349,8 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
     wg_wait<0>();
     wg_hold(o);
     if (!active) return; /* the repeated head */
-    float inv[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float l = L[hr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < HD / 8; i++)
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int    r = 16 * w + g + 8 * hr, d = 8 * i + 2 * t;
-            const float2 v = make_float2(o[4 * i + 2 * hr] * inv[hr], o[4 * i + 2 * hr + 1] * inv[hr]);
-            if (r >= NT) continue;
-            *(float2 *)(out + ((size_t)(T0 + r) * n_head + h) * HD + d) = v;
-            if (ob)
-                *(__nv_bfloat162 *)(ob + ((size_t)(T0 + r - n_dec) * n_head + h) * HD + d) =
-                    __floats2bfloat162_rn(v.x, v.y);
-        }
+    fa_store_rows<HD>([&](int i, int e) { return o[4 * i + e]; }, L, g, t, T0 + 16 * w, NT - 16 * w, n_head, h, out, ob,
+                      n_dec);
 #endif
 }
 
