@@ -268,6 +268,7 @@ typedef struct {
     /* fa_wg: attention_wg_k (wgmma, sm_90a builds on a CC 9.0 device) for
      * the prompt rows of head dims 64 and 128 (AUGUR_CUDA_FA=wg) */
     bool fa_wg;
+    int  wg_var; /* attention_wg_k's untimed variants (WG_SPAN | WG_SKIP; AUGUR_CUDA_WG_VAR, default 0) */
     /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
@@ -3999,6 +4000,8 @@ static size_t attention_fa1_smem(int hd, int r) {
 #define WG_ROWS  64 /* query rows a warpgroup (one head) */
 #define WG_HEADS 2  /* query heads (warpgroups) a block */
 #define WG_PANEL 8192 /* bytes of a [64][64] fp16 swizzled panel */
+#define WG_SPAN  1    /* variant: a row's 4 threads copy contiguous bytes (wg_stage) */
+#define WG_SKIP  2    /* variant: no rescale of O where no max rose (wg_rescale) */
 
 #if defined(AUGUR_SM90A)
 /* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [64][HD]
@@ -4106,20 +4109,24 @@ static __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t 
  * swizzled panels at kdst, vdst by cp.async; the caller commits. Thread i
  * of the block's 256 copies a quarter of position i / 4's K and V rows
  * (one block-table read a thread: a read per 16 bytes stalled each
- * thread's issue on eight dependent loads). */
-template <int HD>
+ * thread's issue on eight dependent loads): chunks 4 (i % 4) .. of 16
+ * bytes, or with SPAN (WG_SPAN) chunks i % 4, + 4, ..., so that the four
+ * threads of a row copy 64 contiguous bytes an instruction (whole 32-byte
+ * sectors; ncu counted 48% excess sectors the other way). */
+template <int HD, bool SPAN>
 static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t *__restrict__ table, int kvh, int c,
                                                 int c_hi, unsigned char *kdst, unsigned char *vdst) {
     static_assert(ATT_TK * 4 == 128 * WG_HEADS, "a thread per quarter row");
     constexpr int  Q8 = HD / 32; /* 16-byte chunks a quarter row */
-    const int      j = threadIdx.x >> 2, d0 = (threadIdx.x & 3) * Q8, p = c * ATT_TK + j, pc = min(p, c_hi);
+    const int      j = threadIdx.x >> 2, q = threadIdx.x & 3, p = c * ATT_TK + j, pc = min(p, c_hi);
     const uint8_t *blk = g_.k0 + (size_t)table[pc >> g_.block_shift] * g_.block_bytes;
     const size_t   off = (size_t)(pc & g_.block_mask);
     const int      n = p <= c_hi ? 16 : 0;
     const uint8_t *kr = blk + kvh * g_.head_stride_k + off * g_.row_bytes_k,
                   *vr = blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v;
 #pragma unroll
-    for (int d8 = d0; d8 < d0 + Q8; d8++) {
+    for (int k = 0; k < Q8; k++) {
+        const int      d8 = SPAN ? q + 4 * k : q * Q8 + k;
         const uint32_t o = wg_swz(j, d8);
         cp_async16(kdst + o, kr + 16 * d8, n);
         cp_async16(vdst + o, vr + 16 * d8, n);
@@ -4141,9 +4148,12 @@ static __device__ __forceinline__ void wg_scores(float (&s)[32], uint64_t dq, ui
 }
 
 /* O's rows times alpha (rows g, g + 8: accumulators 4i, 4i + 1 and
- * 4i + 2, 4i + 3). */
-template <int HD>
+ * 4i + 2, 4i + 3). SKIP (WG_SKIP): not when every alpha of the warp is 1
+ * (no row's max rose: the product would give O's bits again), a vote
+ * making the branch warp-uniform; most chunks past the first few. */
+template <int HD, bool SKIP>
 static __device__ __forceinline__ void wg_rescale(float (&o)[HD / 2], const float (&alpha)[2]) {
+    if (SKIP && __all_sync(0xffffffffu, alpha[0] == 1.0f && alpha[1] == 1.0f)) return;
 #pragma unroll
     for (int i = 0; i < HD / 8; i++) {
         o[4 * i] *= alpha[0], o[4 * i + 1] *= alpha[0];
@@ -4171,13 +4181,13 @@ static __device__ __forceinline__ void wg_chunk_ready() {
 
 /* Starts loading chunk c + 1 (when c < ch1) into the buffers chunk c - 2
  * used (three deep, from ch0). */
-template <int HD>
+template <int HD, bool SPAN>
 static __device__ __forceinline__ void wg_stage_next(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
                                                      int c, int ch0, int ch1, int c_hi, unsigned char *kbuf,
                                                      unsigned char *vbuf, int op) {
     if (c < ch1) {
         const int bn = (c + 1 - ch0) % 3;
-        wg_stage<HD>(g_, table, kvh, c + 1, c_hi, kbuf + bn * op, vbuf + bn * op);
+        wg_stage<HD, SPAN>(g_, table, kvh, c + 1, c_hi, kbuf + bn * op, vbuf + bn * op);
         cp_async_commit();
     }
 }
@@ -4234,13 +4244,15 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[32], int c, int t, 
 }
 #endif
 
-template <bool SOFTCAP, int HD>
+/* VAR: the untimed variants, bits WG_SPAN and WG_SKIP (AUGUR_CUDA_WG_VAR) */
+template <bool SOFTCAP, int HD, int VAR>
 __global__ void __launch_bounds__(128 * WG_HEADS, 1)
     attention_wg_k(kv_geom g_, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
                    const int32_t *__restrict__ tables, const int32_t *__restrict__ tiles, int n_head, int n_kv,
                    float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
                    __nv_bfloat16 *__restrict__ ob, int n_dec) {
 #if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool SPAN = VAR & WG_SPAN, SKIP = VAR & WG_SKIP;
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int OP = WG_PANEL * (HD / 64); /* bytes of one [64][HD] operand */
@@ -4310,13 +4322,13 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
      * branch ptxas cannot prove uniform (it would serialize them all): the
      * first chunk is peeled, and the idle warpgroup of an odd group repeats
      * the last head without storing it. */
-    wg_stage<HD>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
+    wg_stage<HD, SPAN>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
     cp_async_commit();
     wg_chunk_ready();
     wg_fence();
     wg_scores<HD>(s, dq, dk);
     wg_commit();
-    wg_stage_next<HD>(g_, table, kvh, ch0, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
+    wg_stage_next<HD, SPAN>(g_, table, kvh, ch0, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
     wg_wait<0>();
     wg_hold(s);
     wg_softmax<SOFTCAP>(s, ch0, t, sp, cp, ch0 * ATT_TK < all_lo || ch0 * ATT_TK + ATT_TK - 1 > all_hi, lo, hi, M, L,
@@ -4327,13 +4339,13 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
         wg_hold(o);
         wg_chunk_ready();
         wg_pack(s, pa); /* chunk c - 1's weights */
-        wg_rescale<HD>(o, alpha);
+        wg_rescale<HD, SKIP>(o, alpha);
         wg_fence(); /* O rescaled, P packed (registers) before wgmma reads or writes them */
         wg_scores<HD>(s, dq, dk + b * (OP >> 4));
         wg_commit();
         wg_pv<HD>(o, pa, dv + bp * (OP >> 4));
         wg_commit();
-        wg_stage_next<HD>(g_, table, kvh, c, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
+        wg_stage_next<HD, SPAN>(g_, table, kvh, c, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
         wg_wait<1>(); /* S is done, P·V may still run */
         wg_hold(s);
         wg_softmax<SOFTCAP>(s, c, t, sp, cp, c * ATT_TK < all_lo || c * ATT_TK + ATT_TK - 1 > all_hi, lo, hi, M, L,
@@ -4342,7 +4354,7 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
     wg_wait<0>(); /* the last chunk's P·V */
     wg_hold(o);
     wg_pack(s, pa);
-    wg_rescale<HD>(o, alpha);
+    wg_rescale<HD, SKIP>(o, alpha);
     wg_fence();
     wg_pv<HD>(o, pa, dv + ((ch1 - ch0) % 3) * (OP >> 4));
     wg_commit();
@@ -4367,7 +4379,15 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
     const int      n_dec = s->pass_n_decode;
     const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
     if (s->fa_wg) { /* 64-row tiles (begin's last list), WG_HEADS query heads a block */
-        auto         k = softcap ? attention_wg_k<true, HD> : attention_wg_k<false, HD>;
+        const int    v = s->wg_var;
+        auto         k = softcap ? (v == 1   ? attention_wg_k<true, HD, 1>
+                                    : v == 2 ? attention_wg_k<true, HD, 2>
+                                    : v == 3 ? attention_wg_k<true, HD, 3>
+                                             : attention_wg_k<true, HD, 0>)
+                                 : (v == 1   ? attention_wg_k<false, HD, 1>
+                                    : v == 2 ? attention_wg_k<false, HD, 2>
+                                    : v == 3 ? attention_wg_k<false, HD, 3>
+                                             : attention_wg_k<false, HD, 0>);
         const size_t shm = attention_wg_smem(HD);
         __nv_bfloat16 *ob = pp_reserve(s, n_pp);
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
@@ -5767,6 +5787,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
+    const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
+    s->wg_var = wgv ? atoi(wgv) & (WG_SPAN | WG_SKIP) : 0;
 #if defined(AUGUR_SM90A)
     s->fa_wg = fa && !strcmp(fa, "wg") && prop.major == 9 && prop.minor == 0;
 #else
