@@ -268,7 +268,8 @@ typedef struct {
     /* fa_wg: attention_wg_k (wgmma, sm_90a builds on a CC 9.0 device) for
      * the prompt rows of head dims 64 and 128 (AUGUR_CUDA_FA=wg) */
     bool fa_wg;
-    int  wg_var; /* attention_wg_k's untimed variants (WG_SPAN | WG_SKIP; AUGUR_CUDA_WG_VAR, default 0) */
+    int  wg_var; /* attention_wg_k's untimed variants (WG_SPAN | WG_SKIP | WG_SOLO; AUGUR_CUDA_WG_VAR, default 0) */
+    bool wg_base_aligned; /* dynamic shared memory starts 1024-byte aligned (probed once): no slack to allocate */
     /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
@@ -4002,6 +4003,7 @@ static size_t attention_fa1_smem(int hd, int r) {
 #define WG_PANEL 8192 /* bytes of a [64][64] fp16 swizzled panel */
 #define WG_SPAN  1    /* variant: a row's 4 threads copy contiguous bytes (wg_stage) */
 #define WG_SKIP  2    /* variant: no rescale of O where no max rose (wg_rescale) */
+#define WG_SOLO  4    /* variant: one query head a block of 128 threads (two blocks an SM, not in lockstep) */
 
 #if defined(AUGUR_SM90A)
 /* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [64][HD]
@@ -4113,12 +4115,11 @@ static __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t 
  * bytes, or with SPAN (WG_SPAN) chunks i % 4, + 4, ..., so that the four
  * threads of a row copy 64 contiguous bytes an instruction (whole 32-byte
  * sectors; ncu counted 48% excess sectors the other way). */
-template <int HD, bool SPAN>
+template <int HD, bool SPAN, int NH>
 static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t *__restrict__ table, int kvh, int c,
                                                 int c_hi, unsigned char *kdst, unsigned char *vdst) {
-    static_assert(ATT_TK * 4 == 128 * WG_HEADS, "a thread per quarter row");
-    constexpr int  Q8 = HD / 32; /* 16-byte chunks a quarter row */
-    const int      j = threadIdx.x >> 2, q = threadIdx.x & 3, p = c * ATT_TK + j, pc = min(p, c_hi);
+    constexpr int  TPR = 128 * NH / ATT_TK, Q8 = HD / 8 / TPR; /* threads a row, 16-byte chunks a thread */
+    const int      j = threadIdx.x / TPR, q = threadIdx.x % TPR, p = c * ATT_TK + j, pc = min(p, c_hi);
     const uint8_t *blk = g_.k0 + (size_t)table[pc >> g_.block_shift] * g_.block_bytes;
     const size_t   off = (size_t)(pc & g_.block_mask);
     const int      n = p <= c_hi ? 16 : 0;
@@ -4126,7 +4127,7 @@ static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t
                   *vr = blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v;
 #pragma unroll
     for (int k = 0; k < Q8; k++) {
-        const int      d8 = SPAN ? q + 4 * k : q * Q8 + k;
+        const int      d8 = SPAN ? q + TPR * k : q * Q8 + k;
         const uint32_t o = wg_swz(j, d8);
         cp_async16(kdst + o, kr + 16 * d8, n);
         cp_async16(vdst + o, vr + 16 * d8, n);
@@ -4181,13 +4182,13 @@ static __device__ __forceinline__ void wg_chunk_ready() {
 
 /* Starts loading chunk c + 1 (when c < ch1) into the buffers chunk c - 2
  * used (three deep, from ch0). */
-template <int HD, bool SPAN>
+template <int HD, bool SPAN, int NH>
 static __device__ __forceinline__ void wg_stage_next(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
                                                      int c, int ch0, int ch1, int c_hi, unsigned char *kbuf,
                                                      unsigned char *vbuf, int op) {
     if (c < ch1) {
         const int bn = (c + 1 - ch0) % 3;
-        wg_stage<HD, SPAN>(g_, table, kvh, c + 1, c_hi, kbuf + bn * op, vbuf + bn * op);
+        wg_stage<HD, SPAN, NH>(g_, table, kvh, c + 1, c_hi, kbuf + bn * op, vbuf + bn * op);
         cp_async_commit();
     }
 }
@@ -4244,29 +4245,30 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[32], int c, int t, 
 }
 #endif
 
-/* VAR: the untimed variants, bits WG_SPAN and WG_SKIP (AUGUR_CUDA_WG_VAR) */
+/* VAR: the untimed variants, bits WG_SPAN, WG_SKIP, WG_SOLO (AUGUR_CUDA_WG_VAR) */
 template <bool SOFTCAP, int HD, int VAR>
-__global__ void __launch_bounds__(128 * WG_HEADS, 1)
+__global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_SOLO ? 2 : 1)
     attention_wg_k(kv_geom g_, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
                    const int32_t *__restrict__ tables, const int32_t *__restrict__ tiles, int n_head, int n_kv,
                    float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
                    __nv_bfloat16 *__restrict__ ob, int n_dec) {
 #if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool SPAN = VAR & WG_SPAN, SKIP = VAR & WG_SKIP;
+    constexpr int  NH = VAR & WG_SOLO ? 1 : WG_HEADS; /* warpgroups (query heads) a block */
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int OP = WG_PANEL * (HD / 64); /* bytes of one [64][HD] operand */
     /* panels 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char *qs = smem;                    /* [WG_HEADS] operands */
-    unsigned char *kbuf = qs + WG_HEADS * OP;    /* [3] */
+    unsigned char *qs = smem;                    /* [NH] operands */
+    unsigned char *kbuf = qs + NH * OP;          /* [3] */
     unsigned char *vbuf = kbuf + 3 * OP;         /* [3] */
     int           *row_lo = (int *)(vbuf + 3 * OP), *row_hi = row_lo + WG_ROWS;
     const int      tile = gridDim.x - 1 - blockIdx.x; /* the last (longest) tiles first */
     const int      T0 = tiles[tile], NT = tiles[tile + 1] - T0;
     const int      kvh = blockIdx.y, G = n_head / n_kv;
     const int      wg = threadIdx.x >> 7, tw = threadIdx.x & 127; /* warpgroup, thread within it */
-    const int      gh = blockIdx.z * WG_HEADS + wg;                /* the warpgroup's head in the group */
+    const int      gh = blockIdx.z * NH + wg;                      /* the warpgroup's head in the group */
     const bool     active = gh < G; /* past an odd group: repeats the last head, stores nothing */
     const int      h = kvh * G + min(gh, G - 1);
     const int      lane = threadIdx.x & 31, w = tw >> 5, g = lane >> 2, t = lane & 3;
@@ -4322,13 +4324,13 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
      * branch ptxas cannot prove uniform (it would serialize them all): the
      * first chunk is peeled, and the idle warpgroup of an odd group repeats
      * the last head without storing it. */
-    wg_stage<HD, SPAN>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
+    wg_stage<HD, SPAN, NH>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
     cp_async_commit();
     wg_chunk_ready();
     wg_fence();
     wg_scores<HD>(s, dq, dk);
     wg_commit();
-    wg_stage_next<HD, SPAN>(g_, table, kvh, ch0, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
+    wg_stage_next<HD, SPAN, NH>(g_, table, kvh, ch0, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
     wg_wait<0>();
     wg_hold(s);
     wg_softmax<SOFTCAP>(s, ch0, t, sp, cp, ch0 * ATT_TK < all_lo || ch0 * ATT_TK + ATT_TK - 1 > all_hi, lo, hi, M, L,
@@ -4345,7 +4347,7 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
         wg_commit();
         wg_pv<HD>(o, pa, dv + bp * (OP >> 4));
         wg_commit();
-        wg_stage_next<HD, SPAN>(g_, table, kvh, c, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
+        wg_stage_next<HD, SPAN, NH>(g_, table, kvh, c, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
         wg_wait<1>(); /* S is done, P·V may still run */
         wg_hold(s);
         wg_softmax<SOFTCAP>(s, c, t, sp, cp, c * ATT_TK < all_lo || c * ATT_TK + ATT_TK - 1 > all_hi, lo, hi, M, L,
@@ -4366,8 +4368,34 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
 #endif
 }
 
-static size_t attention_wg_smem(int hd) {
-    return 1024 /* alignment */ + (size_t)(WG_HEADS + 6) * WG_PANEL * (hd / 64) + sizeof(int) * 2 * WG_ROWS;
+/* Dynamic shared memory attention_wg_k needs: NH Q operands, three K and
+ * three V buffers, the rows' ranges, and 1024 bytes to align the panels
+ * unless the base is aligned already (two WG_SOLO blocks an SM fit only
+ * without them: 2 x (113.5 KB + the 1 KB reserved a block) > 228 KB). */
+static size_t attention_wg_smem(int hd, int nh, bool base_aligned) {
+    return (base_aligned ? 0 : 1024) + (size_t)(nh + 6) * WG_PANEL * (hd / 64) + sizeof(int) * 2 * WG_ROWS;
+}
+
+/* Writes where a kernel's dynamic shared memory starts, modulo 1024, as
+ * attention_wg_k's would (no static shared memory either). */
+__global__ void wg_smem_base_k(int *out) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    *out = (int)((uint32_t)__cvta_generic_to_shared(smem_raw) & 1023u);
+}
+
+/* attention_wg_k for variant bits v (WG_SPAN | WG_SKIP | WG_SOLO) */
+template <bool SOFTCAP, int HD>
+static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
+    switch (v) {
+    case 1: return attention_wg_k<SOFTCAP, HD, 1>;
+    case 2: return attention_wg_k<SOFTCAP, HD, 2>;
+    case 3: return attention_wg_k<SOFTCAP, HD, 3>;
+    case 4: return attention_wg_k<SOFTCAP, HD, 4>;
+    case 5: return attention_wg_k<SOFTCAP, HD, 5>;
+    case 6: return attention_wg_k<SOFTCAP, HD, 6>;
+    case 7: return attention_wg_k<SOFTCAP, HD, 7>;
+    default: return attention_wg_k<SOFTCAP, HD, 0>;
+    }
 }
 
 /* Launches attention_fa_k, or attention_fa1_k (s->fa_one_pass), for head dim HD (softcap or not). */
@@ -4378,23 +4406,15 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
     const int  G = sh->n_head / sh->n_head_kv;
     const int      n_dec = s->pass_n_decode;
     const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
-    if (s->fa_wg) { /* 64-row tiles (begin's last list), WG_HEADS query heads a block */
-        const int    v = s->wg_var;
-        auto         k = softcap ? (v == 1   ? attention_wg_k<true, HD, 1>
-                                    : v == 2 ? attention_wg_k<true, HD, 2>
-                                    : v == 3 ? attention_wg_k<true, HD, 3>
-                                             : attention_wg_k<true, HD, 0>)
-                                 : (v == 1   ? attention_wg_k<false, HD, 1>
-                                    : v == 2 ? attention_wg_k<false, HD, 2>
-                                    : v == 3 ? attention_wg_k<false, HD, 3>
-                                             : attention_wg_k<false, HD, 0>);
-        const size_t shm = attention_wg_smem(HD);
+    if (s->fa_wg) { /* 64-row tiles (begin's last list), WG_HEADS query heads a block (WG_SOLO: one) */
+        const int    v = s->wg_var, nh = v & WG_SOLO ? 1 : WG_HEADS;
+        auto         k = softcap ? wg_kernel_for<true, HD>(v) : wg_kernel_for<false, HD>(v);
+        const size_t shm = attention_wg_smem(HD, nh, s->wg_base_aligned);
         __nv_bfloat16 *ob = pp_reserve(s, n_pp);
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-        launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv,
-                            (unsigned)((G + WG_HEADS - 1) / WG_HEADS)),
-                 128 * WG_HEADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2],
-                 sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
+        launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv, (unsigned)((G + nh - 1) / nh)),
+                 128 * nh, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
+                 sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
         LAUNCHED();
         if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
         return AG_OK;
@@ -5788,9 +5808,20 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
     const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
-    s->wg_var = wgv ? atoi(wgv) & (WG_SPAN | WG_SKIP) : 0;
+    s->wg_var = wgv ? atoi(wgv) & (WG_SPAN | WG_SKIP | WG_SOLO) : 0;
 #if defined(AUGUR_SM90A)
     s->fa_wg = fa && !strcmp(fa, "wg") && prop.major == 9 && prop.minor == 0;
+    if (s->fa_wg) { /* where dynamic shared memory starts (attention_wg_smem) */
+        int *d_off = NULL, off = -1;
+        if (cudaMalloc((void **)&d_off, sizeof(int)) == cudaSuccess) {
+            wg_smem_base_k<<<1, 1, 16, s->stream>>>(d_off);
+            if (cudaMemcpyAsync(&off, d_off, sizeof(int), cudaMemcpyDeviceToHost, s->stream) == cudaSuccess)
+                cudaStreamSynchronize(s->stream);
+            cudaFree(d_off);
+        }
+        (void)cudaGetLastError(); /* a failed probe leaves the slack in */
+        s->wg_base_aligned = off == 0;
+    }
 #else
     s->fa_wg = false;
 #endif
