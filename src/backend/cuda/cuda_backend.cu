@@ -4412,6 +4412,8 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
         const size_t shm = attention_wg_smem(HD, nh, s->wg_base_aligned);
         __nv_bfloat16 *ob = pp_reserve(s, n_pp);
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        /* all of the SM's 228 KB as shared memory (a hint): two WG_SOLO blocks need it */
+        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv, (unsigned)((G + nh - 1) / nh)),
                  128 * nh, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
                  sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
