@@ -4108,13 +4108,14 @@ static __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t 
 }
 
 /* Chunk of K and V positions 64c .. (zeros past c_hi) of KV head kvh into
- * swizzled panels at kdst, vdst by cp.async; the caller commits. Thread i
- * of the block's 256 copies a quarter of position i / 4's K and V rows
- * (one block-table read a thread: a read per 16 bytes stalled each
- * thread's issue on eight dependent loads): chunks 4 (i % 4) .. of 16
- * bytes, or with SPAN (WG_SPAN) chunks i % 4, + 4, ..., so that the four
- * threads of a row copy 64 contiguous bytes an instruction (whole 32-byte
- * sectors; ncu counted 48% excess sectors the other way). */
+ * swizzled panels at kdst, vdst by cp.async; the caller commits. The
+ * block's 128 NH threads take TPR = 2 NH a position (one block-table read
+ * a thread: a read per 16 bytes stalled each thread's issue on eight
+ * dependent loads); thread i copies a 1 / TPR share of position i / TPR's
+ * K and V rows: its own run of 16-byte chunks, or with SPAN (WG_SPAN)
+ * chunks i % TPR, + TPR, ..., so that a row's threads copy contiguous
+ * bytes an instruction (whole 32-byte sectors; ncu counted 48% excess
+ * sectors the other way, at TPR 4). */
 template <int HD, bool SPAN, int NH>
 static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t *__restrict__ table, int kvh, int c,
                                                 int c_hi, unsigned char *kdst, unsigned char *vdst) {
