@@ -55,9 +55,10 @@ echo "== op harness on the GPU (one-pass prompt attention in blocks of 1 and 2 r
 AUGUR_CUDA_FA_ROWS=2 AUGUR_CUDA_FFN16=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 AUGUR_CUDA_FA_ROWS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (prompt attention on wgmma, AUGUR_CUDA_FA=wg; and its variants, AUGUR_CUDA_WG_VAR=7)"
+echo "== op harness on the GPU (prompt attention on wgmma, AUGUR_CUDA_FA=wg; and its variants, AUGUR_CUDA_WG_VAR=7 and 11)"
 AUGUR_CUDA_FA=wg AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=7 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=11 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
 echo "== op harness on the GPU (decode attention one block per row and head instead of split-K: AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops

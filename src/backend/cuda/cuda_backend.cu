@@ -4004,12 +4004,13 @@ static size_t attention_fa1_smem(int hd, int r) {
 #define WG_SPAN  1    /* variant: a row's 4 threads copy contiguous bytes (wg_stage) */
 #define WG_SKIP  2    /* variant: no rescale of O where no max rose (wg_rescale) */
 #define WG_SOLO  4    /* variant: one query head a block of 128 threads (two blocks an SM, not in lockstep) */
+#define WG_N128  8    /* variant: chunks of 128 positions (S by m64n128k16; not with WG_SOLO) */
 
 #if defined(AUGUR_SM90A)
-/* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [64][HD]
- * fp16 operand of 128B-swizzled panels. */
-static __device__ __forceinline__ uint32_t wg_swz(int r, int d8) {
-    return (uint32_t)((d8 >> 3) * WG_PANEL + r * 128 + (((d8 & 7) ^ (r & 7)) << 4));
+/* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [rows][HD]
+ * fp16 operand of 128B-swizzled panels of `panel` bytes (rows x 128). */
+static __device__ __forceinline__ uint32_t wg_swz(int r, int d8, int panel = WG_PANEL) {
+    return (uint32_t)((d8 >> 3) * panel + r * 128 + (((d8 & 7) ^ (r & 7)) << 4));
 }
 
 /* A shared-memory matrix descriptor for 128B swizzle: start address,
@@ -4054,6 +4055,27 @@ static __device__ __forceinline__ void wgmma_m64n64_ss(float (&d)[32], uint64_t 
                  : "l"(da), "l"(db), "r"(acc));
 }
 
+/* D (+)= A·B, m64n128k16, A and B from shared memory (descriptors da, db; both K-major):
+ * D = A·B when acc is 0. Asynchronous: commit, then wait before reading d. */
+static __device__ __forceinline__ void wgmma_m64n128_ss(float (&d)[64], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
 /* D += A·B, m64n64k16, A from registers (the warp's 16 rows as an mma.sync
  * m16k16 A fragment), B from shared memory N-major (descriptor db, trans-b).
  * Asynchronous: commit, then wait before reading d. */
@@ -4093,34 +4115,35 @@ static __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const ui
 }
 
 
-/* O += P·V over one 64-position chunk: 4 k16 steps, P's A registers pa[j],
- * V's swizzled panels by descriptor dv (wg_desc of their address, LBO the
- * next 64-dim panel; a descriptor's address field is the byte address
- * >> 4, so an offset adds). N = HD. */
-template <int HD>
-static __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t (&pa)[4][4], uint64_t dv) {
+/* O += P·V over one chunk of TK positions: TK / 16 k16 steps, P's A
+ * registers pa[j], V's swizzled panels by descriptor dv (wg_desc of their
+ * address, LBO the next 64-dim panel; a descriptor's address field is the
+ * byte address >> 4, so an offset adds). N = HD. */
+template <int HD, int TK>
+static __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t (&pa)[TK / 16][4], uint64_t dv) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
+    for (int j = 0; j < TK / 16; j++) {
         const uint64_t db = dv + (2048 * j >> 4); /* 16 positions of 128 B a k16 step */
         if constexpr (HD == 128) wgmma_m64n128_rs(o, pa[j], db);
         else wgmma_m64n64_rs(o, pa[j], db);
     }
 }
 
-/* Chunk of K and V positions 64c .. (zeros past c_hi) of KV head kvh into
+/* Chunk of K and V positions TK c .. (zeros past c_hi) of KV head kvh into
  * swizzled panels at kdst, vdst by cp.async; the caller commits. The
- * block's 128 NH threads take TPR = 2 NH a position (one block-table read
+ * block's 128 NH threads take TPR = 128 NH / TK a position (one block-table read
  * a thread: a read per 16 bytes stalled each thread's issue on eight
  * dependent loads); thread i copies a 1 / TPR share of position i / TPR's
  * K and V rows: its own run of 16-byte chunks, or with SPAN (WG_SPAN)
  * chunks i % TPR, + TPR, ..., so that a row's threads copy contiguous
  * bytes an instruction (whole 32-byte sectors; ncu counted 48% excess
  * sectors the other way, at TPR 4). */
-template <int HD, bool SPAN, int NH>
+template <int HD, bool SPAN, int NH, int TK>
 static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t *__restrict__ table, int kvh, int c,
                                                 int c_hi, unsigned char *kdst, unsigned char *vdst) {
-    constexpr int  TPR = 128 * NH / ATT_TK, Q8 = HD / 8 / TPR; /* threads a row, 16-byte chunks a thread */
-    const int      j = threadIdx.x / TPR, q = threadIdx.x % TPR, p = c * ATT_TK + j, pc = min(p, c_hi);
+    constexpr int  TPR = 128 * NH / TK, Q8 = HD / 8 / TPR; /* threads a row, 16-byte chunks a thread */
+    static_assert(TPR >= 1 && Q8 >= 1, "a row's chunks over its threads");
+    const int      j = threadIdx.x / TPR, q = threadIdx.x % TPR, p = c * TK + j, pc = min(p, c_hi);
     const uint8_t *blk = g_.k0 + (size_t)table[pc >> g_.block_shift] * g_.block_bytes;
     const size_t   off = (size_t)(pc & g_.block_mask);
     const int      n = p <= c_hi ? 16 : 0;
@@ -4129,7 +4152,7 @@ static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t
 #pragma unroll
     for (int k = 0; k < Q8; k++) {
         const int      d8 = SPAN ? q + TPR * k : q * Q8 + k;
-        const uint32_t o = wg_swz(j, d8);
+        const uint32_t o = wg_swz(j, d8, TK * 128);
         cp_async16(kdst + o, kr + 16 * d8, n);
         cp_async16(vdst + o, vr + 16 * d8, n);
     }
@@ -4137,15 +4160,17 @@ static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t
 #endif
 
 #if defined(AUGUR_SM90A)
-/* S = Q·Kᵀ for one chunk: HD / 16 k16 steps of m64n64k16 over the Q and
- * K panels of descriptors dq, dk (a step is +32 bytes inside a 64-dim
- * panel, the next panel 8 KB on). */
-template <int HD>
-static __device__ __forceinline__ void wg_scores(float (&s)[32], uint64_t dq, uint64_t dk) {
+/* S = Q·Kᵀ for one chunk of TK positions: HD / 16 k16 steps of m64nTKk16
+ * over the Q and K panels of descriptors dq, dk (a step is +32 bytes
+ * inside a 64-dim panel; the next panel is 64 rows x 128 B on for Q, TK
+ * rows for K). */
+template <int HD, int TK>
+static __device__ __forceinline__ void wg_scores(float (&s)[TK / 2], uint64_t dq, uint64_t dk) {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
-        const uint32_t ko = ((kk >> 2) * WG_PANEL + (kk & 3) * 32) >> 4;
-        wgmma_m64n64_ss(s, dq + ko, dk + ko, kk > 0);
+        const uint32_t qo = ((kk >> 2) * WG_PANEL + (kk & 3) * 32) >> 4, ko = ((kk >> 2) * TK * 128 + (kk & 3) * 32) >> 4;
+        if constexpr (TK == 128) wgmma_m64n128_ss(s, dq + qo, dk + ko, kk > 0);
+        else wgmma_m64n64_ss(s, dq + qo, dk + ko, kk > 0);
     }
 }
 
@@ -4165,9 +4190,10 @@ static __device__ __forceinline__ void wg_rescale(float (&o)[HD / 2], const floa
 
 /* The weights s as P·V's A registers: positions 16j .. are accumulator
  * tiles 2j and 2j + 1, eight consecutive floats as four fp16 pairs. */
-static __device__ __forceinline__ void wg_pack(const float (&s)[32], uint32_t (&pa)[4][4]) {
+template <int TK>
+static __device__ __forceinline__ void wg_pack(const float (&s)[TK / 2], uint32_t (&pa)[TK / 16][4]) {
 #pragma unroll
-    for (int j = 0; j < 4; j++)
+    for (int j = 0; j < TK / 16; j++)
 #pragma unroll
         for (int r = 0; r < 4; r++) pa[j][r] = pack_half2(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
 }
@@ -4183,13 +4209,13 @@ static __device__ __forceinline__ void wg_chunk_ready() {
 
 /* Starts loading chunk c + 1 (when c < ch1) into the buffers chunk c - 2
  * used (three deep, from ch0). */
-template <int HD, bool SPAN, int NH>
+template <int HD, bool SPAN, int NH, int TK>
 static __device__ __forceinline__ void wg_stage_next(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
                                                      int c, int ch0, int ch1, int c_hi, unsigned char *kbuf,
                                                      unsigned char *vbuf, int op) {
     if (c < ch1) {
         const int bn = (c + 1 - ch0) % 3;
-        wg_stage<HD, SPAN, NH>(g_, table, kvh, c + 1, c_hi, kbuf + bn * op, vbuf + bn * op);
+        wg_stage<HD, SPAN, NH, TK>(g_, table, kvh, c + 1, c_hi, kbuf + bn * op, vbuf + bn * op);
         cp_async_commit();
     }
 }
@@ -4204,19 +4230,19 @@ static __device__ __forceinline__ void wg_stage_next(const kv_geom &g_, const in
  * were a third of the loop's instructions). Updates each row's running max
  * M and this lane's part of its sum L; s becomes the unnormalized weights,
  * alpha the factors that rescale O to the new max. */
-template <bool SOFTCAP>
-static __device__ __forceinline__ void wg_softmax(float (&s)[32], int c, int t, float sp, float cp, bool edge,
+template <bool SOFTCAP, int TK>
+static __device__ __forceinline__ void wg_softmax(float (&s)[TK / 2], int c, int t, float sp, float cp, bool edge,
                                                   const int (&lo)[2], const int (&hi)[2], float (&M)[2], float (&L)[2],
                                                   float (&alpha)[2]) {
     if (SOFTCAP)
 #pragma unroll
-        for (int i = 0; i < 32; i++) s[i] = cp * tanhf(s[i] * sp);
+        for (int i = 0; i < TK / 2; i++) s[i] = cp * tanhf(s[i] * sp);
     if (edge)
 #pragma unroll
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < TK / 8; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int hr = e >> 1, p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
+                const int hr = e >> 1, p = c * TK + 8 * i + 2 * t + (e & 1);
                 if (p < lo[hr] || p > hi[hr]) s[4 * i + e] = -INFINITY;
             }
     const float f = SOFTCAP ? 1.0f : sp; /* s to log2 units */
@@ -4224,7 +4250,7 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[32], int c, int t, 
     for (int hr = 0; hr < 2; hr++) {
         float m = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 8; i++) m = fmaxf(m, fmaxf(s[4 * i + 2 * hr], s[4 * i + 2 * hr + 1]));
+        for (int i = 0; i < TK / 8; i++) m = fmaxf(m, fmaxf(s[4 * i + 2 * hr], s[4 * i + 2 * hr + 1]));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         const float m_new = fmaxf(M[hr], m * f); /* -inf stays -inf */
@@ -4233,7 +4259,7 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[32], int c, int t, 
         const float base = m_new == -INFINITY ? 0.0f : -m_new;
         float       l = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < TK / 8; i++)
 #pragma unroll
             for (int e = 2 * hr; e < 2 * hr + 2; e++) {
                 const float wt = fast_exp2(fmaf(s[4 * i + e], f, base)); /* masked: 2^-inf = 0 */
@@ -4246,7 +4272,7 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[32], int c, int t, 
 }
 #endif
 
-/* VAR: the untimed variants, bits WG_SPAN, WG_SKIP, WG_SOLO (AUGUR_CUDA_WG_VAR) */
+/* VAR: the untimed variants, bits WG_SPAN, WG_SKIP, WG_SOLO, WG_N128 (AUGUR_CUDA_WG_VAR) */
 template <bool SOFTCAP, int HD, int VAR>
 __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_SOLO ? 2 : 1)
     attention_wg_k(kv_geom g_, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
@@ -4256,15 +4282,17 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
 #if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool SPAN = VAR & WG_SPAN, SKIP = VAR & WG_SKIP;
     constexpr int  NH = VAR & WG_SOLO ? 1 : WG_HEADS; /* warpgroups (query heads) a block */
+    constexpr int  TK = VAR & WG_N128 ? 128 : ATT_TK; /* positions a chunk */
+    static_assert(!(VAR & WG_SOLO) || TK == ATT_TK, "WG_N128 blocks take two warpgroups");
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    constexpr int OP = WG_PANEL * (HD / 64); /* bytes of one [64][HD] operand */
+    constexpr int OP = WG_PANEL * (HD / 64), OPK = TK * 128 * (HD / 64); /* bytes of Q's [64][HD], K's [TK][HD] */
     /* panels 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     unsigned char *qs = smem;                    /* [NH] operands */
     unsigned char *kbuf = qs + NH * OP;          /* [3] */
-    unsigned char *vbuf = kbuf + 3 * OP;         /* [3] */
-    int           *row_lo = (int *)(vbuf + 3 * OP), *row_hi = row_lo + WG_ROWS;
+    unsigned char *vbuf = kbuf + 3 * OPK;        /* [3] */
+    int           *row_lo = (int *)(vbuf + 3 * OPK), *row_hi = row_lo + WG_ROWS;
     const int      tile = gridDim.x - 1 - blockIdx.x; /* the last (longest) tiles first */
     const int      T0 = tiles[tile], NT = tiles[tile + 1] - T0;
     const int      kvh = blockIdx.y, G = n_head / n_kv;
@@ -4297,21 +4325,21 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
         c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
         all_lo = max(all_lo, row_lo[r]), all_hi = min(all_hi, row_hi[r]);
     }
-    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
+    const int ch0 = c_lo / TK, ch1 = c_hi / TK;
     int       lo[2], hi[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[16 * w + g + 8 * hr], hi[hr] = row_hi[16 * w + g + 8 * hr];
     const uint64_t dq = wg_desc((uint32_t)__cvta_generic_to_shared(qs + wg * OP), 16, 1024),
                    dk = wg_desc((uint32_t)__cvta_generic_to_shared(kbuf), 16, 1024),
-                   dv = wg_desc((uint32_t)__cvta_generic_to_shared(vbuf), WG_PANEL, 1024); /* buffer b: + b OP / 16 */
+                   dv = wg_desc((uint32_t)__cvta_generic_to_shared(vbuf), TK * 128, 1024); /* buffer b: + b OPK / 16 */
     const float    LOG2E = 1.4426950408889634f;
     const float    sp = SOFTCAP ? scale / softcap : scale * LOG2E, cp = softcap * LOG2E;
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
     float o[HD / 2];
 #pragma unroll
     for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
-    uint32_t pa[4][4]; /* P of the chunk whose P·V is issued, as A registers */
-    float    s[32], alpha[2];
+    uint32_t pa[TK / 16][4]; /* P of the chunk whose P·V is issued, as A registers */
+    float    s[TK / 2], alpha[2];
     /* FlashAttention-3's overlap inside a warpgroup: chunk c's S = Q·Kᵀ and
      * chunk c - 1's O += P·V are issued together and the softmax of c runs
      * while P·V is on the tensor cores; P·V is waited for at the next
@@ -4325,41 +4353,39 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
      * branch ptxas cannot prove uniform (it would serialize them all): the
      * first chunk is peeled, and the idle warpgroup of an odd group repeats
      * the last head without storing it. */
-    wg_stage<HD, SPAN, NH>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
+    wg_stage<HD, SPAN, NH, TK>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
     cp_async_commit();
     wg_chunk_ready();
     wg_fence();
-    wg_scores<HD>(s, dq, dk);
+    wg_scores<HD, TK>(s, dq, dk);
     wg_commit();
-    wg_stage_next<HD, SPAN, NH>(g_, table, kvh, ch0, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
+    wg_stage_next<HD, SPAN, NH, TK>(g_, table, kvh, ch0, ch0, ch1, c_hi, kbuf, vbuf, OPK); /* while the tensor cores run */
     wg_wait<0>();
     wg_hold(s);
-    wg_softmax<SOFTCAP>(s, ch0, t, sp, cp, ch0 * ATT_TK < all_lo || ch0 * ATT_TK + ATT_TK - 1 > all_hi, lo, hi, M, L,
-                        alpha);
+    wg_softmax<SOFTCAP, TK>(s, ch0, t, sp, cp, ch0 * TK < all_lo || ch0 * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
     for (int c = ch0 + 1; c <= ch1; c++) {
         const int b = (c - ch0) % 3, bp = (c - ch0 + 2) % 3; /* chunk c's buffers, chunk c - 1's */
         wg_wait<0>(); /* chunk c - 2's P·V: O and pa free; before the barrier, so its V buffer is too */
         wg_hold(o);
         wg_chunk_ready();
-        wg_pack(s, pa); /* chunk c - 1's weights */
+        wg_pack<TK>(s, pa); /* chunk c - 1's weights */
         wg_rescale<HD, SKIP>(o, alpha);
         wg_fence(); /* O rescaled, P packed (registers) before wgmma reads or writes them */
-        wg_scores<HD>(s, dq, dk + b * (OP >> 4));
+        wg_scores<HD, TK>(s, dq, dk + b * (OPK >> 4));
         wg_commit();
-        wg_pv<HD>(o, pa, dv + bp * (OP >> 4));
+        wg_pv<HD, TK>(o, pa, dv + bp * (OPK >> 4));
         wg_commit();
-        wg_stage_next<HD, SPAN, NH>(g_, table, kvh, c, ch0, ch1, c_hi, kbuf, vbuf, OP); /* while the tensor cores run */
+        wg_stage_next<HD, SPAN, NH, TK>(g_, table, kvh, c, ch0, ch1, c_hi, kbuf, vbuf, OPK); /* while the tensor cores run */
         wg_wait<1>(); /* S is done, P·V may still run */
         wg_hold(s);
-        wg_softmax<SOFTCAP>(s, c, t, sp, cp, c * ATT_TK < all_lo || c * ATT_TK + ATT_TK - 1 > all_hi, lo, hi, M, L,
-                            alpha);
+        wg_softmax<SOFTCAP, TK>(s, c, t, sp, cp, c * TK < all_lo || c * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
     }
     wg_wait<0>(); /* the last chunk's P·V */
     wg_hold(o);
-    wg_pack(s, pa);
+    wg_pack<TK>(s, pa);
     wg_rescale<HD, SKIP>(o, alpha);
     wg_fence();
-    wg_pv<HD>(o, pa, dv + ((ch1 - ch0) % 3) * (OP >> 4));
+    wg_pv<HD, TK>(o, pa, dv + ((ch1 - ch0) % 3) * (OPK >> 4));
     wg_commit();
     wg_wait<0>();
     wg_hold(o);
@@ -4370,11 +4396,12 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
 }
 
 /* Dynamic shared memory attention_wg_k needs: NH Q operands, three K and
- * three V buffers, the rows' ranges, and 1024 bytes to align the panels
+ * three V buffers of tk positions, the rows' ranges, and 1024 bytes to align the panels
  * unless the base is aligned already (two WG_SOLO blocks an SM fit only
  * without them: 2 x (113.5 KB + the 1 KB reserved a block) > 228 KB). */
-static size_t attention_wg_smem(int hd, int nh, bool base_aligned) {
-    return (base_aligned ? 0 : 1024) + (size_t)(nh + 6) * WG_PANEL * (hd / 64) + sizeof(int) * 2 * WG_ROWS;
+static size_t attention_wg_smem(int hd, int nh, int tk, bool base_aligned) {
+    return (base_aligned ? 0 : 1024) + ((size_t)nh * WG_PANEL + 6 * (size_t)tk * 128) * (hd / 64) +
+           sizeof(int) * 2 * WG_ROWS;
 }
 
 /* Writes where a kernel's dynamic shared memory starts, modulo 1024, as
@@ -4384,7 +4411,8 @@ __global__ void wg_smem_base_k(int *out) {
     *out = (int)((uint32_t)__cvta_generic_to_shared(smem_raw) & 1023u);
 }
 
-/* attention_wg_k for variant bits v (WG_SPAN | WG_SKIP | WG_SOLO) */
+/* attention_wg_k for variant bits v (WG_SPAN | WG_SKIP | WG_SOLO; WG_N128 alone or with
+ * WG_SPAN | WG_SKIP: 8, 11; anything else: 0) */
 template <bool SOFTCAP, int HD>
 static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     switch (v) {
@@ -4395,6 +4423,8 @@ static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     case 5: return attention_wg_k<SOFTCAP, HD, 5>;
     case 6: return attention_wg_k<SOFTCAP, HD, 6>;
     case 7: return attention_wg_k<SOFTCAP, HD, 7>;
+    case 8: return attention_wg_k<SOFTCAP, HD, 8>;
+    case 11: return attention_wg_k<SOFTCAP, HD, 11>;
     default: return attention_wg_k<SOFTCAP, HD, 0>;
     }
 }
@@ -4410,7 +4440,7 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
     if (s->fa_wg) { /* 64-row tiles (begin's last list), WG_HEADS query heads a block (WG_SOLO: one) */
         const int    v = s->wg_var, nh = v & WG_SOLO ? 1 : WG_HEADS;
         auto         k = softcap ? wg_kernel_for<true, HD>(v) : wg_kernel_for<false, HD>(v);
-        const size_t shm = attention_wg_smem(HD, nh, s->wg_base_aligned);
+        const size_t shm = attention_wg_smem(HD, nh, v & WG_N128 ? 128 : ATT_TK, s->wg_base_aligned);
         __nv_bfloat16 *ob = pp_reserve(s, n_pp);
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
         /* all of the SM's 228 KB as shared memory (a hint): two WG_SOLO blocks need it */
@@ -5811,7 +5841,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
     const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
-    s->wg_var = wgv ? atoi(wgv) & (WG_SPAN | WG_SKIP | WG_SOLO) : 0;
+    s->wg_var = wgv ? atoi(wgv) & (WG_SPAN | WG_SKIP | WG_SOLO | WG_N128) : 0;
+    if ((s->wg_var & WG_N128) && s->wg_var != 8 && s->wg_var != 11) s->wg_var = 0; /* the built N128 variants */
 #if defined(AUGUR_SM90A)
     s->fa_wg = fa && !strcmp(fa, "wg") && prop.major == 9 && prop.minor == 0;
     if (s->fa_wg) { /* where dynamic shared memory starts (attention_wg_smem) */
