@@ -32,7 +32,7 @@ make -j"$JOBS" CUDA=1 BUILD=build/cuda all build/cuda/bench/gen_model >/dev/null
 echo "gpu_test: built build/cuda/augur ($(nvcc --version | tail -1))"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-echo "== op harness on the GPU (default kernels: tensor-core K-quant decode rows, one-pass tensor-core prompt attention, the pick and cands ops, split grids for few rows)"
+echo "== op harness on the GPU (default kernels: tensor-core K-quant decode rows, prompt attention on wgmma on an H100/H200 (sm_90a), else one-pass on mma.sync, the pick and cands ops, split grids for few rows)"
 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (the other kernels: dp4a K-quant GEMVs, SIMT prompt attention, split-K attention in splits of 8 positions)"
 AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
@@ -48,18 +48,18 @@ AUGUR_CUDA_STAGE=0 AUGUR_CUDA_PAIR=2 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda bui
 echo "== op harness on the GPU (two-pass prompt attention, AUGUR_CUDA_FA=2pass; the pick and cands ops one block a row, AUGUR_CUDA_SAMPLE_SPLIT=0)"
 AUGUR_CUDA_FA=2pass AUGUR_CUDA_SAMPLE_SPLIT=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0)"
-AUGUR_CUDA_PREP=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (conversions of decode rows' activations by the matmul, not their producer: AUGUR_CUDA_PREP=0; rope_kv_store's scalar kernel, AUGUR_CUDA_ROPE_VEC=0)"
+AUGUR_CUDA_PREP=0 AUGUR_CUDA_ROPE_VEC=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (one-pass prompt attention in blocks of 1 and 2 row tiles instead of 3, AUGUR_CUDA_FA_ROWS; the feed-forward op as the three ops, AUGUR_CUDA_FFN16=0)"
-AUGUR_CUDA_FA_ROWS=2 AUGUR_CUDA_FFN16=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
-AUGUR_CUDA_FA_ROWS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (one-pass prompt attention on mma.sync, AUGUR_CUDA_FA=1, in blocks of 3, 2 and 1 row tiles, AUGUR_CUDA_FA_ROWS; the feed-forward op as the three ops, AUGUR_CUDA_FFN16=0)"
+AUGUR_CUDA_FA=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+AUGUR_CUDA_FA=1 AUGUR_CUDA_FA_ROWS=2 AUGUR_CUDA_FFN16=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+AUGUR_CUDA_FA=1 AUGUR_CUDA_FA_ROWS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (prompt attention on wgmma, AUGUR_CUDA_FA=wg; and its variants, AUGUR_CUDA_WG_VAR=7 and 11)"
-AUGUR_CUDA_FA=wg AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (the variants of the prompt attention on wgmma, AUGUR_CUDA_WG_VAR=6 and 10; sm_90a on an H100/H200 only)"
 # the variants' failures are counted, not fatal: the rest of this script still runs (its result fails at the end)
 wg_var_rc=0
-for v in 7 11; do
+for v in 6 10; do
   AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=$v AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops ||
     { echo "FAIL op harness with AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=$v"; wg_var_rc=1; }
 done
@@ -181,9 +181,9 @@ python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf ||
 echo "== whole models with the two-pass prompt attention (AUGUR_CUDA_FA=2pass)"
 AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
-echo "== whole models with the prompt attention on wgmma (AUGUR_CUDA_FA=wg)"
-AUGUR_CUDA_FA=wg python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
-AUGUR_CUDA_FA=wg python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
+echo "== whole models with the one-pass prompt attention on mma.sync (AUGUR_CUDA_FA=1; the default off sm_90a)"
+AUGUR_CUDA_FA=1 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
+AUGUR_CUDA_FA=1 python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
 echo "== fused ops (add_rmsnorm, rope_kv_store, activations left converted by their producer) give the separate ops' bits"
 # (the feed-forward op's BF16 prompt rows round otherwise: AUGUR_CUDA_FFN16=0 on both sides; the GPU-vs-CPU
 # comparisons above hold them to the CPU)

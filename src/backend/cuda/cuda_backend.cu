@@ -265,11 +265,12 @@ typedef struct {
      * -> one-pass: BF16 24730 / 14708 -> 29020 / 24564, Q4_K_M 16396 / 11287
      * -> 18212 / 16398 (2026-12-05) */
     bool fa_one_pass;
-    /* fa_wg: attention_wg_k (wgmma, sm_90a builds on a CC 9.0 device) for
-     * the prompt rows of head dims 64 and 128 (AUGUR_CUDA_FA=wg) */
+    /* fa_wg: attention_wg_k (wgmma) for the prompt rows of head dims 64
+     * and 128, the default of sm_90a builds on a CC 9.0 device (AUGUR_CUDA_FA=1:
+     * attention_fa1_k there too) */
     bool fa_wg;
-    int  wg_var; /* attention_wg_k's untimed variants (WG_SPAN | WG_SKIP | WG_SOLO; AUGUR_CUDA_WG_VAR, default 0) */
-    bool wg_base_aligned; /* dynamic shared memory starts 1024-byte aligned (probed once): no slack to allocate */
+    bool rope_vec_on; /* rope_kv_store_vec_k where the shapes allow (AUGUR_CUDA_ROPE_VEC=0: the scalar kernel, A/B) */
+    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128; AUGUR_CUDA_WG_VAR, default 0) */
     /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
@@ -2958,6 +2959,14 @@ static __device__ __forceinline__ void kv_put(uint8_t *p, int d, float v) {
     if (F16) ((__half *)p)[d] = __float2half_rn(v);
     else ((float *)p)[d] = v;
 }
+/* kv_put of v.x .. v.w at d .. d + 3 (d % 4 == 0, the row 16-byte aligned) */
+template <bool F16>
+static __device__ __forceinline__ void kv_put4(uint8_t *p, int d, float4 v) {
+    if (F16) {
+        const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+        *(uint2 *)((__half *)p + d) = make_uint2(*(const uint32_t *)&a, *(const uint32_t *)&b);
+    } else *(float4 *)((float *)p + d) = v;
+}
 template <bool F16>
 static __device__ __forceinline__ float kv_get(const uint8_t *p, int d) {
     if (F16) return __half2float(((const __half *)p)[d]);
@@ -3062,6 +3071,78 @@ __global__ void rope_kv_store_k(kv_geom g, const int32_t *__restrict__ slot, con
     }
 }
 
+/* rope_kv_store_k four values a thread (rope_kv_vec_ok): two rotary pairs
+ * by float4 (adjacent pairs) or two pairs by two float2 (neox: i, i + 1
+ * with i + half, i + half + 1), v and k's dims past rope_dim by float4,
+ * the KV rows by 8- or 16-byte stores; the same pairs and products, so
+ * the same bits (the scalar kernel ran at ~1.3 TB/s on 4096-row passes). */
+template <bool F16, bool NEOX>
+__global__ void rope_kv_store_vec_k(kv_geom g, const int32_t *__restrict__ slot, const int32_t *__restrict__ pos,
+                                    const float2 *__restrict__ tab, float *__restrict__ q, float *__restrict__ k,
+                                    const float *__restrict__ v, int n_head, int n_kv, int hd_k, int hd_v, int rope_dim,
+                                    float base, float freq_scale) {
+    pdl_entry();
+    __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
+    const int        t = blockIdx.x, half = rope_dim / 2, quads = half / 2; /* a thread's share: pairs 2j, 2j + 1 */
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        if (tab) {
+            const float2 c = tab[(size_t)t * half + i];
+            cs[i] = c.x, sn[i] = c.y;
+        } else {
+            const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
+            cs[i] = (float)cos(theta), sn[i] = (float)sin(theta);
+        }
+    }
+    __syncthreads();
+    const int      sl = slot[t];
+    uint8_t *const blk = g.k0 + (size_t)(sl >> g.block_shift) * g.block_bytes;
+    const int      off = sl & g.block_mask;
+    for (int e = threadIdx.x; e < (n_head + n_kv) * quads; e += blockDim.x) {
+        const int  hh = e / quads, j = e % quads, i = 2 * j;
+        const bool is_k = hh >= n_head;
+        float *row = is_k ? k + ((size_t)t * n_kv + (hh - n_head)) * hd_k : q + ((size_t)t * n_head + hh) * hd_k;
+        uint8_t *kr = is_k ? blk + (hh - n_head) * g.head_stride_k + off * g.row_bytes_k : nullptr;
+        if (NEOX) { /* pairs (i, i + half), (i + 1, i + half + 1) */
+            const float2 a = *(const float2 *)(row + i), b = *(const float2 *)(row + i + half);
+            float2       ra, rb;
+            rope_pair(a.x, b.x, cs[i], sn[i], &ra.x, &rb.x);
+            rope_pair(a.y, b.y, cs[i + 1], sn[i + 1], &ra.y, &rb.y);
+            *(float2 *)(row + i) = ra, *(float2 *)(row + i + half) = rb;
+            if (is_k) {
+                kv_put<F16>(kr, i, ra.x), kv_put<F16>(kr, i + 1, ra.y);
+                kv_put<F16>(kr, i + half, rb.x), kv_put<F16>(kr, i + half + 1, rb.y);
+            }
+        } else { /* pairs (2i, 2i + 1), (2i + 2, 2i + 3) */
+            const float4 a = *(const float4 *)(row + 2 * i);
+            float4       r;
+            rope_pair(a.x, a.y, cs[i], sn[i], &r.x, &r.y);
+            rope_pair(a.z, a.w, cs[i + 1], sn[i + 1], &r.z, &r.w);
+            *(float4 *)(row + 2 * i) = r;
+            if (is_k) kv_put4<F16>(kr, 2 * i, r);
+        }
+    }
+    const int rest4 = (hd_k - rope_dim) / 4; /* k's dims past the rotary ones, in fours */
+    for (int e = threadIdx.x; e < n_kv * rest4; e += blockDim.x) {
+        const int h = e / rest4, d = rope_dim + 4 * (e % rest4);
+        kv_put4<F16>(blk + h * g.head_stride_k + off * g.row_bytes_k, d,
+                     *(const float4 *)(k + ((size_t)t * n_kv + h) * hd_k + d));
+    }
+    const int v4 = hd_v / 4;
+    for (int e = threadIdx.x; e < n_kv * v4; e += blockDim.x) {
+        const int h = e / v4, d = 4 * (e % v4);
+        kv_put4<F16>(blk + g.v_off + h * g.head_stride_v + off * g.row_bytes_v, d,
+                     *(const float4 *)(v + (size_t)t * n_kv * hd_v + h * hd_v + d));
+    }
+}
+
+/* Whether rope_kv_store_vec_k can take these shapes: whole float4s of
+ * rows and rotary pairs, and 16-byte aligned KV rows. */
+static bool rope_kv_vec_ok(const kv_geom &g, int hd_k, int hd_v, int rope_dim) {
+    const size_t strides = g.v_off | g.block_bytes | g.head_stride_k | g.head_stride_v | g.row_bytes_k | g.row_bytes_v;
+    return rope_dim % 4 == 0 && hd_k % 4 == 0 && hd_v % 4 == 0 && (hd_k - rope_dim) % 4 == 0 && strides % 16 == 0 &&
+           (uintptr_t)g.k0 % 16 == 0;
+}
+
 static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
                                   float *q, float *k, const float *v, int rope_dim, const int32_t *pos, float base,
                                   float freq_scale, bool neox) {
@@ -3096,8 +3177,18 @@ static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape
     }
     kv_geom        g = geom_of(kv, sh->layer);
     const int      pairs = (sh->n_head + sh->n_head_kv) * (rope_dim / 2), vals = sh->n_head_kv * sh->head_dim_v;
+    const bool     f16 = ag_kv_get_layout(kv)->dtype == AG_KV_F16;
+    if (s->rope_vec_on && rope_kv_vec_ok(g, sh->head_dim_k, sh->head_dim_v, rope_dim)) {
+        const unsigned th4 = threads_for(pairs / 2 > vals / 4 ? pairs / 2 : vals / 4); /* a thread per four values */
+        auto           kern = f16 ? (neox ? rope_kv_store_vec_k<true, true> : rope_kv_store_vec_k<true, false>)
+                                  : (neox ? rope_kv_store_vec_k<false, true> : rope_kv_store_vec_k<false, false>);
+        launch_k(s, kern, (unsigned)b->n, th4, 0, g, s->d_slot, d_pos, tab, q, k, v, sh->n_head, sh->n_head_kv,
+                 sh->head_dim_k, sh->head_dim_v, rope_dim, base, freq_scale);
+        LAUNCHED();
+        return AG_OK;
+    }
     const unsigned th = threads_for(pairs > vals ? pairs : vals);
-    if (ag_kv_get_layout(kv)->dtype == AG_KV_F16)
+    if (f16)
         launch_k(s, rope_kv_store_k<true>, (unsigned)b->n, th, 0, g, s->d_slot, d_pos, tab, q, k, v, sh->n_head,
                  sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, rope_dim, base, freq_scale, neox);
     else
@@ -3994,17 +4085,15 @@ static size_t attention_fa1_smem(int hd, int r) {
  * [64 rows][64 halves] of 128-byte rows, the 16-byte chunk c of row r at
  * r·128 + 16 (c ^ r % 8), a head dim of 128 in two panels 8 KB apart.
  * The facts behind the descriptors and fences: docs/design-notes.md.
- * Opt-in (AUGUR_CUDA_FA=wg) until its speed is measured on a GPU: an
- * earlier version of it was 8% faster than attention_fa1_k a layer (ncu,
- * H100, 8B at 4096 rows), this one (the overlap below, a third fewer
- * instructions) passed the op harness but was not timed. */
+ * The default for prompt rows on a CC 9.0 GPU in an sm_90a build
+ * (AUGUR_CUDA_FA=1: attention_fa1_k): 8B BF16 prefill of 4096 tokens
+ * 35.4k -> 37.7k tok/s on an H200, 34.8k -> 37.0k on an H100 (2026-12-06). */
 #define WG_ROWS  64 /* query rows a warpgroup (one head) */
 #define WG_HEADS 2  /* query heads (warpgroups) a block */
 #define WG_PANEL 8192 /* bytes of a [64][64] fp16 swizzled panel */
-#define WG_SPAN  1    /* variant: a row's 4 threads copy contiguous bytes (wg_stage) */
 #define WG_SKIP  2    /* variant: no rescale of O where no max rose (wg_rescale) */
-#define WG_SOLO  4    /* variant: one query head a block of 128 threads (two blocks an SM, not in lockstep) */
-#define WG_N128  8    /* variant: chunks of 128 positions (S by m64n128k16; not with WG_SOLO) */
+#define WG_DEEP  4    /* variant: four K/V buffers, chunk c + 2 loading while c is computed */
+#define WG_N128  8    /* variant: chunks of 128 positions (S by m64n128k16; not with WG_DEEP) */
 
 #if defined(AUGUR_SM90A)
 /* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [rows][HD]
@@ -4015,11 +4104,16 @@ static __device__ __forceinline__ uint32_t wg_swz(int r, int d8, int panel = WG_
 
 /* A shared-memory matrix descriptor for 128B swizzle: start address,
  * leading and stride byte offsets (bits 0-13, 16-29, 32-45, each >> 4),
- * base offset 0 (panels 1024-byte aligned), layout 1 (128B) at bits 62-63. */
-static __device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((saddr & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
-           (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
+ * base offset 0 (panels 1024-byte aligned), layout 1 (128B) at bits 62-63.
+ * Kept as its two words: the low one (address, LBO) takes the offsets of
+ * k-steps and buffers by a 32-bit add (an address below 256 KB never
+ * carries out of its 14 bits), the high one (SBO, layout) is constant;
+ * 64-bit adds cost three instructions each, twelve times a chunk. */
+static __device__ __forceinline__ uint32_t wg_desc_lo(uint32_t saddr, uint32_t lbo) {
+    return ((saddr & 0x3FFFF) >> 4) | ((lbo & 0x3FFFF) >> 4) << 16;
 }
+static __device__ __forceinline__ uint32_t wg_desc_hi(uint32_t sbo) { return ((sbo & 0x3FFFF) >> 4) | 1u << 30; }
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t lo, uint32_t hi) { return (uint64_t)hi << 32 | lo; }
 
 static __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 static __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -4091,61 +4185,84 @@ static __device__ __forceinline__ void wgmma_m64n128_rs(float (&d)[64], const ui
 #undef WG_R32
 
 /* O += P·V over one chunk of TK positions: TK / 16 k16 steps, P's A
- * registers pa[j], V's swizzled panels by descriptor dv (wg_desc of their
+ * registers pa[j], V's swizzled panels by descriptor words dv, hi (their
  * address, LBO the next 64-dim panel; a descriptor's address field is the
  * byte address >> 4, so an offset adds). N = HD. */
 template <int HD, int TK>
-static __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t (&pa)[TK / 16][4], uint64_t dv) {
+static __device__ __forceinline__ void wg_pv(float (&o)[HD / 2], const uint32_t (&pa)[TK / 16][4], uint32_t dv,
+                                             uint32_t hi) {
 #pragma unroll
     for (int j = 0; j < TK / 16; j++) {
-        const uint64_t db = dv + (2048 * j >> 4); /* 16 positions of 128 B a k16 step */
+        const uint64_t db = wg_desc(dv + (2048 * j >> 4), hi); /* 16 positions of 128 B a k16 step */
         if constexpr (HD == 128) wgmma_m64n128_rs(o, pa[j], db);
         else wgmma_m64n64_rs(o, pa[j], db);
     }
 }
 
-/* Chunk of K and V positions TK c .. (zeros past c_hi) of KV head kvh into
- * swizzled panels at kdst, vdst by cp.async; the caller commits. The
- * block's 128 NH threads take TPR = 128 NH / TK a position (one block-table read
- * a thread: a read per 16 bytes stalled each thread's issue on eight
- * dependent loads); thread i copies a 1 / TPR share of position i / TPR's
- * K and V rows: its own run of 16-byte chunks, or with SPAN (WG_SPAN)
- * chunks i % TPR, + TPR, ..., so that a row's threads copy contiguous
- * bytes an instruction (whole 32-byte sectors; ncu counted 48% excess
- * sectors the other way, at TPR 4). */
-template <int HD, bool SPAN, int NH, int TK>
-static __device__ __forceinline__ void wg_stage(const kv_geom &g_, const int32_t *__restrict__ table, int kvh, int c,
-                                                int c_hi, unsigned char *kdst, unsigned char *vdst) {
-    constexpr int  TPR = 128 * NH / TK, Q8 = HD / 8 / TPR; /* threads a row, 16-byte chunks a thread */
-    static_assert(TPR >= 1 && Q8 >= 1, "a row's chunks over its threads");
-    const int      j = threadIdx.x / TPR, q = threadIdx.x % TPR, p = c * TK + j, pc = min(p, c_hi);
-    const uint8_t *blk = g_.k0 + (size_t)table[pc >> g_.block_shift] * g_.block_bytes;
-    const size_t   off = (size_t)(pc & g_.block_mask);
-    const int      n = p <= c_hi ? 16 : 0;
-    const uint8_t *kr = blk + kvh * g_.head_stride_k + off * g_.row_bytes_k,
-                  *vr = blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v;
-#pragma unroll
-    for (int k = 0; k < Q8; k++) {
-        const int      d8 = SPAN ? q + TPR * k : q * Q8 + k;
-        const uint32_t o = wg_swz(j, d8, TK * 128);
-        cp_async16(kdst + o, kr + 16 * d8, n);
-        cp_async16(vdst + o, vr + 16 * d8, n);
-    }
+/* 16 bytes global -> shared (a shared-window address), asynchronously;
+ * src_bytes 0: zeros */
+static __device__ __forceinline__ void cp_async16_s(uint32_t dst, const void *src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
+
+/* Stages chunks of K and V positions (TK c .., zeros past c_hi) of one KV
+ * head into swizzled panels by cp.async; the caller commits. The block's
+ * 128 NH threads take TPR = 128 NH / TK a position (one block-table read
+ * a thread: a read per 16 bytes stalled each thread's issue on eight
+ * dependent loads); thread i copies chunks i % TPR, + TPR, ... of
+ * position i / TPR's K and V rows, so that a row's threads copy
+ * contiguous bytes an instruction (whole 32-byte sectors: a run of chunks
+ * a thread left 48% excess sectors by ncu and was 3% slower a forward).
+ * What does not change from chunk to chunk (the head's rows, this
+ * thread's columns and swizzled offsets) is computed once: recomputed in
+ * 64-bit arithmetic it was ~60 of the loop's ~470 instructions a warp. */
+template <int HD, int NH, int TK>
+struct wg_stager {
+    static constexpr int TPR = 128 * NH / TK, Q8 = HD / 8 / TPR; /* threads a row, 16-byte chunks a thread */
+    static_assert(TPR >= 1 && Q8 >= 1, "a row's chunks over its threads");
+    const int32_t *table;
+    const uint8_t *kb, *vb; /* KV head kvh's rows in block 0, plus this thread's first column */
+    size_t         block_bytes;
+    uint32_t       rk, rv, so[Q8]; /* row strides; the thread's offsets in a panel pair */
+    int            j, shift, mask;
+
+    __device__ __forceinline__ wg_stager(const kv_geom &g_, const int32_t *__restrict__ tab, int kvh) {
+        const int q = threadIdx.x % TPR;
+        j = threadIdx.x / TPR;
+        table = tab, block_bytes = g_.block_bytes, shift = g_.block_shift, mask = g_.block_mask;
+        rk = (uint32_t)g_.row_bytes_k, rv = (uint32_t)g_.row_bytes_v;
+        kb = g_.k0 + kvh * g_.head_stride_k + 16 * q;
+        vb = g_.k0 + g_.v_off + kvh * g_.head_stride_v + 16 * q;
+#pragma unroll
+        for (int k = 0; k < Q8; k++) so[k] = wg_swz(j, q + TPR * k, TK * 128);
+    }
+    /* chunk c into the K and V buffers at shared addresses kdst, vdst */
+    __device__ __forceinline__ void stage(int c, int c_hi, uint32_t kdst, uint32_t vdst) const {
+        const int      p = c * TK + j, pc = min(p, c_hi), n = p <= c_hi ? 16 : 0;
+        const size_t   bo = (size_t)table[pc >> shift] * block_bytes;
+        const uint32_t off = (uint32_t)(pc & mask);
+        const uint8_t *kr = kb + bo + off * rk, *vr = vb + bo + off * rv;
+#pragma unroll
+        for (int k = 0; k < Q8; k++) {
+            cp_async16_s(kdst + so[k], kr + 16 * TPR * k, n);
+            cp_async16_s(vdst + so[k], vr + 16 * TPR * k, n);
+        }
+    }
+};
 #endif
 
 #if defined(AUGUR_SM90A)
 /* S = Q·Kᵀ for one chunk of TK positions: HD / 16 k16 steps of m64nTKk16
- * over the Q and K panels of descriptors dq, dk (a step is +32 bytes
+ * over the Q and K panels of descriptor words dq, dk, hi (a step is +32 bytes
  * inside a 64-dim panel; the next panel is 64 rows x 128 B on for Q, TK
  * rows for K). */
 template <int HD, int TK>
-static __device__ __forceinline__ void wg_scores(float (&s)[TK / 2], uint64_t dq, uint64_t dk) {
+static __device__ __forceinline__ void wg_scores(float (&s)[TK / 2], uint32_t dq, uint32_t dk, uint32_t hi) {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
         const uint32_t qo = ((kk >> 2) * WG_PANEL + (kk & 3) * 32) >> 4, ko = ((kk >> 2) * TK * 128 + (kk & 3) * 32) >> 4;
-        if constexpr (TK == 128) wgmma_m64n128_ss(s, dq + qo, dk + ko, kk > 0);
-        else wgmma_m64n64_ss(s, dq + qo, dk + ko, kk > 0);
+        if constexpr (TK == 128) wgmma_m64n128_ss(s, wg_desc(dq + qo, hi), wg_desc(dk + ko, hi), kk > 0);
+        else wgmma_m64n64_ss(s, wg_desc(dq + qo, hi), wg_desc(dk + ko, hi), kk > 0);
     }
 }
 
@@ -4173,26 +4290,15 @@ static __device__ __forceinline__ void wg_pack(const float (&s)[TK / 2], uint32_
         for (int r = 0; r < 4; r++) pa[j][r] = pack_half2(s[8 * j + 2 * r], s[8 * j + 2 * r + 1]);
 }
 
-/* Waits for chunk c's K/V (the one cp.async group in flight) and makes
- * it visible to wgmma; past its barrier every warpgroup is done with
+/* Waits for chunk c's K/V (with NB buffers the cp.async groups of chunks
+ * c .. c + NB - 3 are in flight: all but the last NB - 3 must land) and
+ * makes it visible to wgmma; past its barrier every warpgroup is done with
  * chunk c - 2's buffers. */
+template <int NB>
 static __device__ __forceinline__ void wg_chunk_ready() {
-    cp_async_wait<0>();
+    cp_async_wait<NB - 3>();
     fence_proxy_async(); /* this thread's cp.async bytes, for wgmma */
     __syncthreads();     /* ... and every thread's */
-}
-
-/* Starts loading chunk c + 1 (when c < ch1) into the buffers chunk c - 2
- * used (three deep, from ch0). */
-template <int HD, bool SPAN, int NH, int TK>
-static __device__ __forceinline__ void wg_stage_next(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
-                                                     int c, int ch0, int ch1, int c_hi, unsigned char *kbuf,
-                                                     unsigned char *vbuf, int op) {
-    if (c < ch1) {
-        const int bn = (c + 1 - ch0) % 3;
-        wg_stage<HD, SPAN, NH, TK>(g_, table, kvh, c + 1, c_hi, kbuf + bn * op, vbuf + bn * op);
-        cp_async_commit();
-    }
 }
 
 /* The online softmax of attention_fa1_k on a warpgroup's S accumulators of
@@ -4247,31 +4353,34 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[TK / 2], int c, int
 }
 #endif
 
-/* VAR: the untimed variants, bits WG_SPAN, WG_SKIP, WG_SOLO, WG_N128 (AUGUR_CUDA_WG_VAR) */
+/* VAR: the variants, bits WG_SKIP, WG_DEEP, WG_N128 (AUGUR_CUDA_WG_VAR) */
 template <bool SOFTCAP, int HD, int VAR>
-__global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_SOLO ? 2 : 1)
+__global__ void __launch_bounds__(128 * WG_HEADS, 1)
     attention_wg_k(kv_geom g_, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
                    const int32_t *__restrict__ tables, const int32_t *__restrict__ tiles, int n_head, int n_kv,
                    float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
                    __nv_bfloat16 *__restrict__ ob, int n_dec) {
 #if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool SPAN = VAR & WG_SPAN, SKIP = VAR & WG_SKIP;
-    constexpr int  NH = VAR & WG_SOLO ? 1 : WG_HEADS; /* warpgroups (query heads) a block */
+    constexpr bool SKIP = VAR & WG_SKIP;
+    constexpr int  NH = WG_HEADS;                     /* warpgroups (query heads) a block */
     constexpr int  TK = VAR & WG_N128 ? 128 : ATT_TK; /* positions a chunk */
-    static_assert(!(VAR & WG_SOLO) || TK == ATT_TK, "WG_N128 blocks take two warpgroups");
+    constexpr int  NB = VAR & WG_DEEP ? 4 : 3;        /* K/V buffers */
+    static_assert(!(VAR & WG_DEEP) || TK == ATT_TK, "four buffers of 128 positions do not fit");
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int OP = WG_PANEL * (HD / 64), OPK = TK * 128 * (HD / 64); /* bytes of Q's [64][HD], K's [TK][HD] */
     /* panels 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
     unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     unsigned char *qs = smem;                    /* [NH] operands */
-    unsigned char *kbuf = qs + NH * OP;          /* [3] */
-    unsigned char *vbuf = kbuf + 3 * OPK;        /* [3] */
-    int           *row_lo = (int *)(vbuf + 3 * OPK), *row_hi = row_lo + WG_ROWS;
+    unsigned char *kbuf = qs + NH * OP;          /* [NB] */
+    unsigned char *vbuf = kbuf + NB * OPK;       /* [NB] */
+    int           *row_lo = (int *)(vbuf + NB * OPK), *row_hi = row_lo + WG_ROWS;
     const int      tile = gridDim.x - 1 - blockIdx.x; /* the last (longest) tiles first */
     const int      T0 = tiles[tile], NT = tiles[tile + 1] - T0;
     const int      kvh = blockIdx.y, G = n_head / n_kv;
-    const int      wg = threadIdx.x >> 7, tw = threadIdx.x & 127; /* warpgroup, thread within it */
+    /* the warpgroup, from lane 0: ptxas then knows it is warp-uniform and
+     * keeps the descriptors derived from it in uniform registers */
+    const int      wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), tw = threadIdx.x & 127;
     const int      gh = blockIdx.z * NH + wg;                      /* the warpgroup's head in the group */
     const bool     active = gh < G; /* past an odd group: repeats the last head, stores nothing */
     const int      h = kvh * G + min(gh, G - 1);
@@ -4282,16 +4391,27 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
         row_hi[r] = rh;
         row_lo[r] = r < NT && window > 0 ? max(0, rh - window + 1) : 0;
     }
-    /* the warpgroup's Q rows, rounded to fp16 (rows past the tile: zeros) */
-    for (int e = tw; e < WG_ROWS * (HD / 8); e += 128) {
-        const int r = e / (HD / 8), d8 = e % (HD / 8);
-        uint4     v = make_uint4(0, 0, 0, 0);
-        if (r < NT) {
-            const float4 *src = (const float4 *)(q + ((size_t)(T0 + r) * n_head + h) * HD + 8 * d8);
-            const float4  a = src[0], b = src[1];
-            v = make_uint4(pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w));
+    /* the warpgroup's Q rows, rounded to fp16 (rows past the tile: zeros);
+     * every load first, then the stores (a load, pack and store at a time
+     * left each thread waiting on eight loads in turn: 6% of the samples) */
+    {
+        constexpr int QI = WG_ROWS * (HD / 8) / 128; /* 16-byte chunks a thread */
+        float4        qa[QI][2];
+#pragma unroll
+        for (int i = 0; i < QI; i++) {
+            const int e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
+            if (r < NT) {
+                const float4 *src = (const float4 *)(q + ((size_t)(T0 + r) * n_head + h) * HD + 8 * d8);
+                qa[i][0] = src[0], qa[i][1] = src[1];
+            } else qa[i][0] = qa[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        *(uint4 *)(qs + wg * OP + wg_swz(r, d8)) = v;
+#pragma unroll
+        for (int i = 0; i < QI; i++) {
+            const int    e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
+            const float4 a = qa[i][0], b = qa[i][1];
+            *(uint4 *)(qs + wg * OP + wg_swz(r, d8)) =
+                make_uint4(pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w));
+        }
     }
     fence_proxy_async();
     __syncthreads();
@@ -4300,13 +4420,17 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
         c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
         all_lo = max(all_lo, row_lo[r]), all_hi = min(all_hi, row_hi[r]);
     }
-    const int ch0 = c_lo / TK, ch1 = c_hi / TK;
-    int       lo[2], hi[2];
+    /* the same in every thread; from lane 0, so that ptxas sees the chunk
+     * loop's counter, and the buffers and descriptors it selects, as uniform */
+    const int ch0 = __shfl_sync(0xffffffffu, c_lo / TK, 0), ch1 = __shfl_sync(0xffffffffu, c_hi / TK, 0);
+    all_lo = __shfl_sync(0xffffffffu, all_lo, 0), all_hi = __shfl_sync(0xffffffffu, all_hi, 0);
+    int lo[2], hi[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[16 * w + g + 8 * hr], hi[hr] = row_hi[16 * w + g + 8 * hr];
-    const uint64_t dq = wg_desc((uint32_t)__cvta_generic_to_shared(qs + wg * OP), 16, 1024),
-                   dk = wg_desc((uint32_t)__cvta_generic_to_shared(kbuf), 16, 1024),
-                   dv = wg_desc((uint32_t)__cvta_generic_to_shared(vbuf), TK * 128, 1024); /* buffer b: + b OPK / 16 */
+    const uint32_t ks = (uint32_t)__cvta_generic_to_shared(kbuf), vs = (uint32_t)__cvta_generic_to_shared(vbuf);
+    const uint32_t dq = wg_desc_lo((uint32_t)__cvta_generic_to_shared(qs + wg * OP), 16), dk = wg_desc_lo(ks, 16),
+                   dv = wg_desc_lo(vs, TK * 128), dhi = wg_desc_hi(1024); /* buffer at byte b: + b / 16 */
+    const wg_stager<HD, NH, TK> st(g_, table, kvh);
     const float    LOG2E = 1.4426950408889634f;
     const float    sp = SOFTCAP ? scale / softcap : scale * LOG2E, cp = softcap * LOG2E;
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
@@ -4328,29 +4452,39 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
      * branch ptxas cannot prove uniform (it would serialize them all): the
      * first chunk is peeled, and the idle warpgroup of an odd group repeats
      * the last head without storing it. */
-    wg_stage<HD, SPAN, NH, TK>(g_, table, kvh, ch0, c_hi, kbuf, vbuf);
+    /* byte offsets of the buffers of chunk c, of chunk c - 1 and of the
+     * chunk loading next (c + NB - 2, into the buffers of c - 2), rotating */
+    const auto next_buf = [](uint32_t b) { return b + OPK == NB * OPK ? 0u : b + OPK; };
+    uint32_t   cur = 0, prv = 0, nxt = (NB - 2) * OPK;
+    st.stage(ch0, c_hi, ks, vs);
     cp_async_commit();
-    wg_chunk_ready();
+    if (NB == 4) { /* chunk ch0 + 1 too (an empty group past ch1): one group a chunk */
+        if (ch0 < ch1) st.stage(ch0 + 1, c_hi, ks + OPK, vs + OPK);
+        cp_async_commit();
+    }
+    wg_chunk_ready<NB>();
     wg_fence();
-    wg_scores<HD, TK>(s, dq, dk);
+    wg_scores<HD, TK>(s, dq, dk, dhi);
     wg_commit();
-    wg_stage_next<HD, SPAN, NH, TK>(g_, table, kvh, ch0, ch0, ch1, c_hi, kbuf, vbuf, OPK); /* while the tensor cores run */
+    if (ch0 + NB - 2 <= ch1) st.stage(ch0 + NB - 2, c_hi, ks + nxt, vs + nxt); /* while the tensor cores run */
+    cp_async_commit(); /* possibly empty: one group a chunk keeps wg_chunk_ready's count */
     wg_wait<0>();
     wg_hold(s);
     wg_softmax<SOFTCAP, TK>(s, ch0, t, sp, cp, ch0 * TK < all_lo || ch0 * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
     for (int c = ch0 + 1; c <= ch1; c++) {
-        const int b = (c - ch0) % 3, bp = (c - ch0 + 2) % 3; /* chunk c's buffers, chunk c - 1's */
+        prv = cur, cur = next_buf(cur), nxt = next_buf(nxt);
         wg_wait<0>(); /* chunk c - 2's P·V: O and pa free; before the barrier, so its V buffer is too */
         wg_hold(o);
-        wg_chunk_ready();
+        wg_chunk_ready<NB>();
         wg_pack<TK>(s, pa); /* chunk c - 1's weights */
         wg_rescale<HD, SKIP>(o, alpha);
         wg_fence(); /* O rescaled, P packed (registers) before wgmma reads or writes them */
-        wg_scores<HD, TK>(s, dq, dk + b * (OPK >> 4));
+        wg_scores<HD, TK>(s, dq, dk + (cur >> 4), dhi);
         wg_commit();
-        wg_pv<HD, TK>(o, pa, dv + bp * (OPK >> 4));
+        wg_pv<HD, TK>(o, pa, dv + (prv >> 4), dhi);
         wg_commit();
-        wg_stage_next<HD, SPAN, NH, TK>(g_, table, kvh, c, ch0, ch1, c_hi, kbuf, vbuf, OPK); /* while the tensor cores run */
+        if (c + NB - 2 <= ch1) st.stage(c + NB - 2, c_hi, ks + nxt, vs + nxt); /* while the tensor cores run */
+        cp_async_commit();
         wg_wait<1>(); /* S is done, P·V may still run */
         wg_hold(s);
         wg_softmax<SOFTCAP, TK>(s, c, t, sp, cp, c * TK < all_lo || c * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
@@ -4360,7 +4494,7 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
     wg_pack<TK>(s, pa);
     wg_rescale<HD, SKIP>(o, alpha);
     wg_fence();
-    wg_pv<HD, TK>(o, pa, dv + ((ch1 - ch0) % 3) * (OPK >> 4));
+    wg_pv<HD, TK>(o, pa, dv + (cur >> 4), dhi);
     wg_commit();
     wg_wait<0>();
     wg_hold(o);
@@ -4370,36 +4504,23 @@ __global__ void __launch_bounds__(VAR &WG_SOLO ? 128 : 128 * WG_HEADS, VAR &WG_S
 #endif
 }
 
-/* Dynamic shared memory attention_wg_k needs: NH Q operands, three K and
- * three V buffers of tk positions, the rows' ranges, and 1024 bytes to align the panels
- * unless the base is aligned already (two WG_SOLO blocks an SM fit only
- * without them: 2 x (113.5 KB + the 1 KB reserved a block) > 228 KB). */
-static size_t attention_wg_smem(int hd, int nh, int tk, bool base_aligned) {
-    return (base_aligned ? 0 : 1024) + ((size_t)nh * WG_PANEL + 6 * (size_t)tk * 128) * (hd / 64) +
-           sizeof(int) * 2 * WG_ROWS;
+/* Dynamic shared memory attention_wg_k needs: WG_HEADS Q operands, nb K
+ * and nb V buffers of tk positions, the rows' ranges, and 1024 bytes to
+ * align the panels. */
+static size_t attention_wg_smem(int hd, int tk, int nb) {
+    return 1024 + ((size_t)WG_HEADS * WG_PANEL + 2 * (size_t)nb * tk * 128) * (hd / 64) + sizeof(int) * 2 * WG_ROWS;
 }
 
-/* Writes where a kernel's dynamic shared memory starts, modulo 1024, as
- * attention_wg_k's would (no static shared memory either). */
-__global__ void wg_smem_base_k(int *out) {
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    *out = (int)((uint32_t)__cvta_generic_to_shared(smem_raw) & 1023u);
-}
-
-/* attention_wg_k for variant bits v (WG_SPAN | WG_SKIP | WG_SOLO; WG_N128 alone or with
- * WG_SPAN | WG_SKIP: 8, 11; anything else: 0) */
+/* attention_wg_k for variant bits v (WG_SKIP | WG_DEEP, or WG_N128 with
+ * or without WG_SKIP; anything else: 0) */
 template <bool SOFTCAP, int HD>
 static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     switch (v) {
-    case 1: return attention_wg_k<SOFTCAP, HD, 1>;
-    case 2: return attention_wg_k<SOFTCAP, HD, 2>;
-    case 3: return attention_wg_k<SOFTCAP, HD, 3>;
-    case 4: return attention_wg_k<SOFTCAP, HD, 4>;
-    case 5: return attention_wg_k<SOFTCAP, HD, 5>;
-    case 6: return attention_wg_k<SOFTCAP, HD, 6>;
-    case 7: return attention_wg_k<SOFTCAP, HD, 7>;
-    case 8: return attention_wg_k<SOFTCAP, HD, 8>;
-    case 11: return attention_wg_k<SOFTCAP, HD, 11>;
+    case WG_SKIP: return attention_wg_k<SOFTCAP, HD, WG_SKIP>;
+    case WG_DEEP: return attention_wg_k<SOFTCAP, HD, WG_DEEP>;
+    case WG_SKIP | WG_DEEP: return attention_wg_k<SOFTCAP, HD, WG_SKIP | WG_DEEP>;
+    case WG_N128: return attention_wg_k<SOFTCAP, HD, WG_N128>;
+    case WG_N128 | WG_SKIP: return attention_wg_k<SOFTCAP, HD, WG_N128 | WG_SKIP>;
     default: return attention_wg_k<SOFTCAP, HD, 0>;
     }
 }
@@ -4412,16 +4533,16 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
     const int  G = sh->n_head / sh->n_head_kv;
     const int      n_dec = s->pass_n_decode;
     const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
-    if (s->fa_wg) { /* 64-row tiles (begin's last list), WG_HEADS query heads a block (WG_SOLO: one) */
-        const int    v = s->wg_var, nh = v & WG_SOLO ? 1 : WG_HEADS;
+    if (s->fa_wg) { /* 64-row tiles (begin's last list), WG_HEADS query heads a block */
+        const int    v = s->wg_var;
         auto         k = softcap ? wg_kernel_for<true, HD>(v) : wg_kernel_for<false, HD>(v);
-        const size_t shm = attention_wg_smem(HD, nh, v & WG_N128 ? 128 : ATT_TK, s->wg_base_aligned);
+        const size_t shm = attention_wg_smem(HD, v & WG_N128 ? 128 : ATT_TK, v & WG_DEEP ? 4 : 3);
         __nv_bfloat16 *ob = pp_reserve(s, n_pp);
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-        /* all of the SM's 228 KB as shared memory (a hint): two WG_SOLO blocks need it */
+        /* all of the SM's 228 KB as shared memory (a hint; a block takes 113-161 KB) */
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-        launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv, (unsigned)((G + nh - 1) / nh)),
-                 128 * nh, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
+        launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv, (unsigned)((G + WG_HEADS - 1) / WG_HEADS)),
+                 128 * WG_HEADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
                  sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
         LAUNCHED();
         if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
@@ -5815,22 +5936,14 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
+    const char *rv = getenv("AUGUR_CUDA_ROPE_VEC");
+    s->rope_vec_on = !(rv && *rv == '0');
     const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
-    s->wg_var = wgv ? atoi(wgv) & (WG_SPAN | WG_SKIP | WG_SOLO | WG_N128) : 0;
-    if ((s->wg_var & WG_N128) && s->wg_var != 8 && s->wg_var != 11) s->wg_var = 0; /* the built N128 variants */
+    s->wg_var = wgv ? atoi(wgv) & (WG_SKIP | WG_DEEP | WG_N128) : 0;
+    if ((s->wg_var & WG_N128) && (s->wg_var & WG_DEEP)) s->wg_var = 0; /* not built */
 #if defined(AUGUR_SM90A)
-    s->fa_wg = fa && !strcmp(fa, "wg") && prop.major == 9 && prop.minor == 0;
-    if (s->fa_wg) { /* where dynamic shared memory starts (attention_wg_smem) */
-        int *d_off = NULL, off = -1;
-        if (cudaMalloc((void **)&d_off, sizeof(int)) == cudaSuccess) {
-            wg_smem_base_k<<<1, 1, 16, s->stream>>>(d_off);
-            if (cudaMemcpyAsync(&off, d_off, sizeof(int), cudaMemcpyDeviceToHost, s->stream) == cudaSuccess)
-                cudaStreamSynchronize(s->stream);
-            cudaFree(d_off);
-        }
-        (void)cudaGetLastError(); /* a failed probe leaves the slack in */
-        s->wg_base_aligned = off == 0;
-    }
+    /* the default on an H100/H200 (fa1 with AUGUR_CUDA_FA=1, or one of the others) */
+    s->fa_wg = (!fa || !*fa || !strcmp(fa, "wg")) && prop.major == 9 && prop.minor == 0;
 #else
     s->fa_wg = false;
 #endif
