@@ -270,7 +270,7 @@ typedef struct {
      * attention_fa1_k there too) */
     bool fa_wg;
     bool rope_vec_on; /* rope_kv_store_vec_k where the shapes allow (AUGUR_CUDA_ROPE_VEC=0: the scalar kernel, A/B) */
-    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128; AUGUR_CUDA_WG_VAR, default 0) */
+    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD; AUGUR_CUDA_WG_VAR, default 0) */
     /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
@@ -4094,6 +4094,7 @@ static size_t attention_fa1_smem(int hd, int r) {
 #define WG_SKIP  2    /* variant: no rescale of O where no max rose (wg_rescale) */
 #define WG_DEEP  4    /* variant: four K/V buffers, chunk c + 2 loading while c is computed */
 #define WG_N128  8    /* variant: chunks of 128 positions (S by m64n128k16; not with WG_DEEP) */
+#define WG_PROD  16   /* variant: attention_wgp_k, a producer warpgroup stages K/V (with WG_DEEP or not) */
 
 #if defined(AUGUR_SM90A)
 /* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [rows][HD]
@@ -4226,9 +4227,10 @@ struct wg_stager {
     uint32_t       rk, rv, so[Q8]; /* row strides; the thread's offsets in a panel pair */
     int            j, shift, mask;
 
-    __device__ __forceinline__ wg_stager(const kv_geom &g_, const int32_t *__restrict__ tab, int kvh) {
-        const int q = threadIdx.x % TPR;
-        j = threadIdx.x / TPR;
+    /* tid: the thread's index among the 128 NH that stage */
+    __device__ __forceinline__ wg_stager(const kv_geom &g_, const int32_t *__restrict__ tab, int kvh, int tid) {
+        const int q = tid % TPR;
+        j = tid / TPR;
         table = tab, block_bytes = g_.block_bytes, shift = g_.block_shift, mask = g_.block_mask;
         rk = (uint32_t)g_.row_bytes_k, rv = (uint32_t)g_.row_bytes_v;
         kb = g_.k0 + kvh * g_.head_stride_k + 16 * q;
@@ -4430,7 +4432,7 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
     const uint32_t ks = (uint32_t)__cvta_generic_to_shared(kbuf), vs = (uint32_t)__cvta_generic_to_shared(vbuf);
     const uint32_t dq = wg_desc_lo((uint32_t)__cvta_generic_to_shared(qs + wg * OP), 16), dk = wg_desc_lo(ks, 16),
                    dv = wg_desc_lo(vs, TK * 128), dhi = wg_desc_hi(1024); /* buffer at byte b: + b / 16 */
-    const wg_stager<HD, NH, TK> st(g_, table, kvh);
+    const wg_stager<HD, NH, TK> st(g_, table, kvh, threadIdx.x);
     const float    LOG2E = 1.4426950408889634f;
     const float    sp = SOFTCAP ? scale / softcap : scale * LOG2E, cp = softcap * LOG2E;
     float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
@@ -4447,8 +4449,9 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
      * independent work in its basic block (a wait after the softmax made
      * the exponentials wait for P·V), and it does not see that an in-flight
      * wgmma still reads its A registers (packing the next P during P·V
-     * reused them). Chunk c + 1 loads meanwhile: three K/V buffers (c + 1
-     * loads, K of c and V of c - 1 are read). No wgmma or wait sits under a
+     * reused them). Chunk c + 1 (WG_DEEP: c + 2) loads meanwhile: NB = 3
+     * (4) K/V buffers (c + 1 (and c + 2) load, K of c and V of c - 1 are
+     * read). No wgmma or wait sits under a
      * branch ptxas cannot prove uniform (it would serialize them all): the
      * first chunk is peeled, and the idle warpgroup of an odd group repeats
      * the last head without storing it. */
@@ -4504,15 +4507,192 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
 #endif
 }
 
+#if defined(AUGUR_SM90A)
+/* mbarriers in shared memory (shared-window addresses) for attention_wgp_k */
+static __device__ __forceinline__ void mbar_init(uint32_t b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void mbar_arrive(uint32_t b) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
+}
+/* until the phase of parity `parity` has completed */
+static __device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWG_MBAR_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WG_MBAR_WAIT;\n}\n" ::"r"(b),
+                 "r"(parity)
+                 : "memory");
+}
+#endif
+
+/* attention_wg_k with FlashAttention-3's warp specialization (variant
+ * WG_PROD): a third warpgroup, the producer, stages the K/V chunks (all of
+ * wg_stager's address arithmetic and cp.async waits), and the two consumer
+ * warpgroups only compute, without a block barrier a chunk. Buffers are
+ * handed over by mbarriers: full[b] (the producer's 128 threads arrive
+ * once their copies of chunk i landed and were fenced for wgmma; the
+ * producer signals chunk i - 1 after issuing chunk i's copies, so loads
+ * stay in flight) and empty[b] (the consumers' 256 threads arrive when
+ * their P·V of the chunk is done; the producer waits for it before
+ * refilling b). A warpgroup's own chunk loop is attention_wg_k's. */
+template <bool SOFTCAP, int HD, int VAR>
+__global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
+    attention_wgp_k(kv_geom g_, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
+                    const int32_t *__restrict__ tables, const int32_t *__restrict__ tiles, int n_head, int n_kv,
+                    float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
+                    __nv_bfloat16 *__restrict__ ob, int n_dec) {
+#if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool SKIP = VAR & WG_SKIP;
+    constexpr int  NH = WG_HEADS;                     /* consumer warpgroups (query heads) a block */
+    constexpr int  TK = VAR & WG_N128 ? 128 : ATT_TK; /* positions a chunk */
+    constexpr int  NB = VAR & WG_DEEP ? 4 : 3;        /* K/V buffers */
+    static_assert(!(VAR & WG_DEEP) || TK == ATT_TK, "four buffers of 128 positions do not fit");
+    pdl_entry();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr int  OP = WG_PANEL * (HD / 64), OPK = TK * 128 * (HD / 64); /* bytes of Q's [64][HD], K's [TK][HD] */
+    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    unsigned char *qs = smem;              /* [NH] operands */
+    unsigned char *kbuf = qs + NH * OP;    /* [NB] */
+    unsigned char *vbuf = kbuf + NB * OPK; /* [NB] */
+    int           *row_lo = (int *)(vbuf + NB * OPK), *row_hi = row_lo + WG_ROWS;
+    const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(row_hi + WG_ROWS), empty0 = full0 + 8 * NB; /* [NB] each */
+    const int      tile = gridDim.x - 1 - blockIdx.x; /* the last (longest) tiles first */
+    const int      T0 = tiles[tile], NT = tiles[tile + 1] - T0;
+    const int      kvh = blockIdx.y, G = n_head / n_kv;
+    const int      wg = __shfl_sync(0xffffffffu, (int)threadIdx.x >> 7, 0), tw = threadIdx.x & 127;
+    const bool     producer = wg == NH;
+    const int      gh = blockIdx.z * NH + wg;
+    const bool     active = gh < G; /* past an odd group: repeats the last head, stores nothing */
+    const int      h = kvh * G + min(gh, G - 1);
+    const int      lane = threadIdx.x & 31, w = tw >> 5, g = lane >> 2, t = lane & 3;
+    const int32_t *table = tables + tok_table[T0];
+    if (threadIdx.x < WG_ROWS) {
+        const int r = threadIdx.x, rh = r < NT ? pos[T0 + r] : -1;
+        row_hi[r] = rh;
+        row_lo[r] = r < NT && window > 0 ? max(0, rh - window + 1) : 0;
+    }
+    if (threadIdx.x == 0)
+        for (int b = 0; b < NB; b++) mbar_init(full0 + 8 * b, 128), mbar_init(empty0 + 8 * b, 128 * NH);
+    if (!producer) { /* the warpgroup's Q rows, as attention_wg_k */
+        constexpr int QI = WG_ROWS * (HD / 8) / 128;
+        float4        qa[QI][2];
+#pragma unroll
+        for (int i = 0; i < QI; i++) {
+            const int e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
+            if (r < NT) {
+                const float4 *src = (const float4 *)(q + ((size_t)(T0 + r) * n_head + h) * HD + 8 * d8);
+                qa[i][0] = src[0], qa[i][1] = src[1];
+            } else qa[i][0] = qa[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < QI; i++) {
+            const int    e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
+            const float4 a = qa[i][0], b = qa[i][1];
+            *(uint4 *)(qs + wg * OP + wg_swz(r, d8)) =
+                make_uint4(pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w));
+        }
+        fence_proxy_async();
+    }
+    __syncthreads(); /* the rows' ranges, Q, the mbarriers' initialization */
+    int c_lo = INT_MAX, c_hi = -1, all_lo = 0, all_hi = INT_MAX;
+    for (int r = 0; r < NT; r++) {
+        c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+        all_lo = max(all_lo, row_lo[r]), all_hi = min(all_hi, row_hi[r]);
+    }
+    const int ch0 = __shfl_sync(0xffffffffu, c_lo / TK, 0), ch1 = __shfl_sync(0xffffffffu, c_hi / TK, 0);
+    all_lo = __shfl_sync(0xffffffffu, all_lo, 0), all_hi = __shfl_sync(0xffffffffu, all_hi, 0);
+    const uint32_t ks = (uint32_t)__cvta_generic_to_shared(kbuf), vs = (uint32_t)__cvta_generic_to_shared(vbuf);
+    if (producer) {
+        const wg_stager<HD, 1, TK> st(g_, table, kvh, tw);
+        /* chunk i's buffer, chunk i - 1's, and the parity of empty[b]'s phase
+         * to wait for: 0 for the first release of b (needed from i = NB on;
+         * 1 before, when nothing is waited for), flipping at each wrap */
+        uint32_t b = 0, bp = 0, ph = 1;
+        for (int i = 0; i <= ch1 - ch0; i++) {
+            if (i >= NB) mbar_wait(empty0 + 8 * b, ph); /* chunk i - NB's P·V done in both consumers */
+            st.stage(ch0 + i, c_hi, ks + b * OPK, vs + b * OPK);
+            cp_async_commit();
+            if (i > 0) { /* chunk i - 1 landed: fenced for wgmma, handed over */
+                cp_async_wait<1>();
+                fence_proxy_async();
+                mbar_arrive(full0 + 8 * bp);
+            }
+            bp = b;
+            if (++b == NB) b = 0, ph ^= 1u;
+        }
+        cp_async_wait<0>();
+        fence_proxy_async();
+        mbar_arrive(full0 + 8 * bp);
+        return;
+    }
+    int lo[2], hi[2];
+#pragma unroll
+    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[16 * w + g + 8 * hr], hi[hr] = row_hi[16 * w + g + 8 * hr];
+    const uint32_t dq = wg_desc_lo((uint32_t)__cvta_generic_to_shared(qs + wg * OP), 16), dk = wg_desc_lo(ks, 16),
+                   dv = wg_desc_lo(vs, TK * 128), dhi = wg_desc_hi(1024);
+    const float    LOG2E = 1.4426950408889634f;
+    const float    sp = SOFTCAP ? scale / softcap : scale * LOG2E, cp = softcap * LOG2E;
+    float M[2] = {-INFINITY, -INFINITY}, L[2] = {0.0f, 0.0f};
+    float o[HD / 2];
+#pragma unroll
+    for (int i = 0; i < HD / 2; i++) o[i] = 0.0f;
+    uint32_t pa[TK / 16][4];
+    float    s[TK / 2], alpha[2];
+    /* buffer indices of chunks i, i - 1 and i - 2, and full's parity at cur */
+    uint32_t cur = 0, prv = 0, old = 0, ph = 0;
+    mbar_wait(full0, 0);
+    fence_proxy_async();
+    wg_fence();
+    wg_scores<HD, TK>(s, dq, dk, dhi);
+    wg_commit();
+    wg_wait<0>();
+    wg_hold(s);
+    wg_softmax<SOFTCAP, TK>(s, ch0, t, sp, cp, ch0 * TK < all_lo || ch0 * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
+    for (int c = ch0 + 1; c <= ch1; c++) {
+        old = prv, prv = cur;
+        if (++cur == NB) cur = 0, ph ^= 1u;
+        wg_wait<0>(); /* chunk c - 2's P·V: O and pa free, and its buffers */
+        wg_hold(o);
+        if (c - ch0 >= 2) mbar_arrive(empty0 + 8 * old);
+        mbar_wait(full0 + 8 * cur, ph);
+        fence_proxy_async();
+        wg_pack<TK>(s, pa); /* chunk c - 1's weights */
+        wg_rescale<HD, SKIP>(o, alpha);
+        wg_fence();
+        wg_scores<HD, TK>(s, dq, dk + (cur * OPK >> 4), dhi);
+        wg_commit();
+        wg_pv<HD, TK>(o, pa, dv + (prv * OPK >> 4), dhi);
+        wg_commit();
+        wg_wait<1>(); /* S is done, P·V may still run */
+        wg_hold(s);
+        wg_softmax<SOFTCAP, TK>(s, c, t, sp, cp, c * TK < all_lo || c * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
+    }
+    wg_wait<0>();
+    wg_hold(o);
+    wg_pack<TK>(s, pa);
+    wg_rescale<HD, SKIP>(o, alpha);
+    wg_fence();
+    wg_pv<HD, TK>(o, pa, dv + (cur * OPK >> 4), dhi);
+    wg_commit();
+    wg_wait<0>();
+    wg_hold(o);
+    if (!active) return;
+    fa_store_rows<HD>([&](int i, int e) { return o[4 * i + e]; }, L, g, t, T0 + 16 * w, NT - 16 * w, n_head, h, out, ob,
+                      n_dec);
+#endif
+}
+
 /* Dynamic shared memory attention_wg_k needs: WG_HEADS Q operands, nb K
  * and nb V buffers of tk positions, the rows' ranges, and 1024 bytes to
  * align the panels. */
 static size_t attention_wg_smem(int hd, int tk, int nb) {
-    return 1024 + ((size_t)WG_HEADS * WG_PANEL + 2 * (size_t)nb * tk * 128) * (hd / 64) + sizeof(int) * 2 * WG_ROWS;
+    return 1024 + ((size_t)WG_HEADS * WG_PANEL + 2 * (size_t)nb * tk * 128) * (hd / 64) + sizeof(int) * 2 * WG_ROWS +
+           2 * sizeof(uint64_t) * nb; /* attention_wgp_k's mbarriers */
 }
 
 /* attention_wg_k for variant bits v (WG_SKIP | WG_DEEP, or WG_N128 with
- * or without WG_SKIP; anything else: 0) */
+ * or without WG_SKIP), attention_wgp_k for WG_PROD (with WG_DEEP or not);
+ * anything else: 0 */
 template <bool SOFTCAP, int HD>
 static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     switch (v) {
@@ -4521,6 +4701,8 @@ static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     case WG_SKIP | WG_DEEP: return attention_wg_k<SOFTCAP, HD, WG_SKIP | WG_DEEP>;
     case WG_N128: return attention_wg_k<SOFTCAP, HD, WG_N128>;
     case WG_N128 | WG_SKIP: return attention_wg_k<SOFTCAP, HD, WG_N128 | WG_SKIP>;
+    case WG_PROD: return attention_wgp_k<SOFTCAP, HD, 0>;
+    case WG_PROD | WG_DEEP: return attention_wgp_k<SOFTCAP, HD, WG_DEEP>;
     default: return attention_wg_k<SOFTCAP, HD, 0>;
     }
 }
@@ -4542,7 +4724,7 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
         /* all of the SM's 228 KB as shared memory (a hint; a block takes 113-161 KB) */
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
         launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv, (unsigned)((G + WG_HEADS - 1) / WG_HEADS)),
-                 128 * WG_HEADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
+                 128 * (WG_HEADS + (v & WG_PROD ? 1 : 0)), shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
                  sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
         LAUNCHED();
         if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
@@ -5939,8 +6121,10 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *rv = getenv("AUGUR_CUDA_ROPE_VEC");
     s->rope_vec_on = !(rv && *rv == '0');
     const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
-    s->wg_var = wgv ? atoi(wgv) & (WG_SKIP | WG_DEEP | WG_N128) : 0;
-    if ((s->wg_var & WG_N128) && (s->wg_var & WG_DEEP)) s->wg_var = 0; /* not built */
+    s->wg_var = wgv ? atoi(wgv) & (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD) : 0;
+    if (((s->wg_var & WG_N128) && (s->wg_var & WG_DEEP)) ||
+        ((s->wg_var & WG_PROD) && (s->wg_var & ~(WG_PROD | WG_DEEP))))
+        s->wg_var = 0; /* not built */
 #if defined(AUGUR_SM90A)
     /* the default on an H100/H200 (fa1 with AUGUR_CUDA_FA=1, or one of the others) */
     s->fa_wg = (!fa || !*fa || !strcmp(fa, "wg")) && prop.major == 9 && prop.minor == 0;
