@@ -3022,6 +3022,24 @@ __global__ void rope_table_k(const int32_t *__restrict__ pos, float base, float 
     }
 }
 
+/* Token t's rotation angles into cs/sn (shared, rope_dim / 2 each): from
+ * tab (rope_table_k's), or, tab NULL, computed here; then the block's
+ * barrier. */
+static __device__ __forceinline__ void rope_angles(const float2 *__restrict__ tab, const int32_t *__restrict__ pos, int t,
+                                                   int rope_dim, float base, float freq_scale, float *cs, float *sn) {
+    const int half = rope_dim / 2;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        if (tab) {
+            const float2 c = tab[(size_t)t * half + i];
+            cs[i] = c.x, sn[i] = c.y;
+        } else {
+            const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
+            cs[i] = (float)cos(theta), sn[i] = (float)sin(theta);
+        }
+    }
+    __syncthreads();
+}
+
 /* rope_k on q's and k's heads of token blockIdx.x, then kv_store_k of its
  * k and v rows: one launch instead of three. The angles come from tab
  * (rope_table_k), or, tab NULL, are computed once per token here.
@@ -3034,16 +3052,7 @@ __global__ void rope_kv_store_k(kv_geom g, const int32_t *__restrict__ slot, con
     pdl_entry();
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     const int        t = blockIdx.x, half = rope_dim / 2;
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        if (tab) {
-            const float2 c = tab[(size_t)t * half + i];
-            cs[i] = c.x, sn[i] = c.y;
-        } else {
-            const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
-            cs[i] = (float)cos(theta), sn[i] = (float)sin(theta);
-        }
-    }
-    __syncthreads();
+    rope_angles(tab, pos, t, rope_dim, base, freq_scale, cs, sn);
     const int      sl = slot[t];
     uint8_t *const blk = g.k0 + (size_t)(sl >> g.block_shift) * g.block_bytes;
     const int      off = sl & g.block_mask;
@@ -3084,16 +3093,7 @@ __global__ void rope_kv_store_vec_k(kv_geom g, const int32_t *__restrict__ slot,
     pdl_entry();
     __shared__ float cs[ROPE_MAX_HALF], sn[ROPE_MAX_HALF];
     const int        t = blockIdx.x, half = rope_dim / 2, quads = half / 2; /* a thread's share: pairs 2j, 2j + 1 */
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        if (tab) {
-            const float2 c = tab[(size_t)t * half + i];
-            cs[i] = c.x, sn[i] = c.y;
-        } else {
-            const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
-            cs[i] = (float)cos(theta), sn[i] = (float)sin(theta);
-        }
-    }
-    __syncthreads();
+    rope_angles(tab, pos, t, rope_dim, base, freq_scale, cs, sn);
     const int      sl = slot[t];
     uint8_t *const blk = g.k0 + (size_t)(sl >> g.block_shift) * g.block_bytes;
     const int      off = sl & g.block_mask;
@@ -4355,6 +4355,86 @@ static __device__ __forceinline__ void wg_softmax(float (&s)[TK / 2], int c, int
 }
 #endif
 
+#if defined(AUGUR_SM90A)
+/* The warpgroup's 64 Q rows (T0 .. T0 + NT - 1 of head h; rows past NT:
+ * zeros) into its swizzled operand qw, rounded to fp16; tw is the thread's
+ * index in the warpgroup. Every load first, then the stores (a load, pack
+ * and store at a time left each thread waiting on eight loads in turn: 6%
+ * of the kernel's samples). The caller fences and syncs. */
+template <int HD>
+static __device__ __forceinline__ void wg_load_q(unsigned char *qw, const float *__restrict__ q, int T0, int NT,
+                                                 int n_head, int h, int tw) {
+    constexpr int QI = WG_ROWS * (HD / 8) / 128; /* 16-byte chunks a thread */
+    float4        qa[QI][2];
+#pragma unroll
+    for (int i = 0; i < QI; i++) {
+        const int e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
+        if (r < NT) {
+            const float4 *src = (const float4 *)(q + ((size_t)(T0 + r) * n_head + h) * HD + 8 * d8);
+            qa[i][0] = src[0], qa[i][1] = src[1];
+        } else qa[i][0] = qa[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < QI; i++) {
+        const int    e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
+        const float4 a = qa[i][0], b = qa[i][1];
+        *(uint4 *)(qw + wg_swz(r, d8)) =
+            make_uint4(pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w));
+    }
+}
+
+/* Each of the tile's 64 rows' visible positions [row_lo, row_hi] into
+ * shared memory (rows past NT: none, hi -1), by the block's first 64
+ * threads; the caller's barrier publishes them. */
+static __device__ __forceinline__ void wg_row_ranges(int *row_lo, int *row_hi, const int32_t *__restrict__ pos, int T0,
+                                                     int NT, int window) {
+    if (threadIdx.x < WG_ROWS) {
+        const int r = threadIdx.x, rh = r < NT ? pos[T0 + r] : -1;
+        row_hi[r] = rh;
+        row_lo[r] = r < NT && window > 0 ? max(0, rh - window + 1) : 0;
+    }
+}
+
+/* The positions a tile's rows see: chunks ch0 .. ch1 of TK positions, the
+ * last position c_hi, and the range [all_lo, all_hi] every row sees (a
+ * chunk inside it needs no mask). */
+struct wg_span {
+    int ch0, ch1, c_hi, all_lo, all_hi;
+};
+/* wg_span of the NT rows' ranges row_lo/row_hi (shared memory, after the
+ * barrier that published them). The same in every thread, but taken from
+ * lane 0 so that ptxas sees the chunk loop's counter, and the buffers and
+ * descriptors it selects, as warp-uniform (uniform registers). */
+template <int TK>
+static __device__ __forceinline__ wg_span wg_chunks(const int *row_lo, const int *row_hi, int NT) {
+    int c_lo = INT_MAX, c_hi = -1, all_lo = 0, all_hi = INT_MAX;
+    for (int r = 0; r < NT; r++) {
+        c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+        all_lo = max(all_lo, row_lo[r]), all_hi = min(all_hi, row_hi[r]);
+    }
+    return {__shfl_sync(0xffffffffu, c_lo / TK, 0), __shfl_sync(0xffffffffu, c_hi / TK, 0), c_hi,
+            __shfl_sync(0xffffffffu, all_lo, 0), __shfl_sync(0xffffffffu, all_hi, 0)};
+}
+
+/* After the chunk loop: waits for the next-to-last chunk's P·V, then adds
+ * the last chunk's (weights s, rescale alpha, V at descriptor words dv,
+ * dhi) and waits for it: O is final (unnormalized). */
+template <int HD, int TK, bool SKIP>
+static __device__ __forceinline__ void wg_last_pv(float (&o)[HD / 2], const float (&s)[TK / 2],
+                                                  uint32_t (&pa)[TK / 16][4], const float (&alpha)[2], uint32_t dv,
+                                                  uint32_t dhi) {
+    wg_wait<0>();
+    wg_hold(o);
+    wg_pack<TK>(s, pa);
+    wg_rescale<HD, SKIP>(o, alpha);
+    wg_fence();
+    wg_pv<HD, TK>(o, pa, dv, dhi);
+    wg_commit();
+    wg_wait<0>();
+    wg_hold(o);
+}
+#endif
+
 /* VAR: the variants, bits WG_SKIP, WG_DEEP, WG_N128 (AUGUR_CUDA_WG_VAR) */
 template <bool SOFTCAP, int HD, int VAR>
 __global__ void __launch_bounds__(128 * WG_HEADS, 1)
@@ -4388,44 +4468,12 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
     const int      h = kvh * G + min(gh, G - 1);
     const int      lane = threadIdx.x & 31, w = tw >> 5, g = lane >> 2, t = lane & 3;
     const int32_t *table = tables + tok_table[T0];
-    if (threadIdx.x < WG_ROWS) {
-        const int r = threadIdx.x, rh = r < NT ? pos[T0 + r] : -1;
-        row_hi[r] = rh;
-        row_lo[r] = r < NT && window > 0 ? max(0, rh - window + 1) : 0;
-    }
-    /* the warpgroup's Q rows, rounded to fp16 (rows past the tile: zeros);
-     * every load first, then the stores (a load, pack and store at a time
-     * left each thread waiting on eight loads in turn: 6% of the samples) */
-    {
-        constexpr int QI = WG_ROWS * (HD / 8) / 128; /* 16-byte chunks a thread */
-        float4        qa[QI][2];
-#pragma unroll
-        for (int i = 0; i < QI; i++) {
-            const int e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
-            if (r < NT) {
-                const float4 *src = (const float4 *)(q + ((size_t)(T0 + r) * n_head + h) * HD + 8 * d8);
-                qa[i][0] = src[0], qa[i][1] = src[1];
-            } else qa[i][0] = qa[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int i = 0; i < QI; i++) {
-            const int    e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
-            const float4 a = qa[i][0], b = qa[i][1];
-            *(uint4 *)(qs + wg * OP + wg_swz(r, d8)) =
-                make_uint4(pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w));
-        }
-    }
+    wg_row_ranges(row_lo, row_hi, pos, T0, NT, window);
+    wg_load_q<HD>(qs + wg * OP, q, T0, NT, n_head, h, tw);
     fence_proxy_async();
     __syncthreads();
-    int c_lo = INT_MAX, c_hi = -1, all_lo = 0, all_hi = INT_MAX;
-    for (int r = 0; r < NT; r++) {
-        c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
-        all_lo = max(all_lo, row_lo[r]), all_hi = min(all_hi, row_hi[r]);
-    }
-    /* the same in every thread; from lane 0, so that ptxas sees the chunk
-     * loop's counter, and the buffers and descriptors it selects, as uniform */
-    const int ch0 = __shfl_sync(0xffffffffu, c_lo / TK, 0), ch1 = __shfl_sync(0xffffffffu, c_hi / TK, 0);
-    all_lo = __shfl_sync(0xffffffffu, all_lo, 0), all_hi = __shfl_sync(0xffffffffu, all_hi, 0);
+    const wg_span sp_ = wg_chunks<TK>(row_lo, row_hi, NT);
+    const int     ch0 = sp_.ch0, ch1 = sp_.ch1, c_hi = sp_.c_hi, all_lo = sp_.all_lo, all_hi = sp_.all_hi;
     int lo[2], hi[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[16 * w + g + 8 * hr], hi[hr] = row_hi[16 * w + g + 8 * hr];
@@ -4492,15 +4540,7 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
         wg_hold(s);
         wg_softmax<SOFTCAP, TK>(s, c, t, sp, cp, c * TK < all_lo || c * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
     }
-    wg_wait<0>(); /* the last chunk's P·V */
-    wg_hold(o);
-    wg_pack<TK>(s, pa);
-    wg_rescale<HD, SKIP>(o, alpha);
-    wg_fence();
-    wg_pv<HD, TK>(o, pa, dv + (cur >> 4), dhi);
-    wg_commit();
-    wg_wait<0>();
-    wg_hold(o);
+    wg_last_pv<HD, TK, SKIP>(o, s, pa, alpha, dv + (cur >> 4), dhi);
     if (!active) return; /* the repeated head */
     fa_store_rows<HD>([&](int i, int e) { return o[4 * i + e]; }, L, g, t, T0 + 16 * w, NT - 16 * w, n_head, h, out, ob,
                       n_dec);
@@ -4566,41 +4606,16 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
     const int      h = kvh * G + min(gh, G - 1);
     const int      lane = threadIdx.x & 31, w = tw >> 5, g = lane >> 2, t = lane & 3;
     const int32_t *table = tables + tok_table[T0];
-    if (threadIdx.x < WG_ROWS) {
-        const int r = threadIdx.x, rh = r < NT ? pos[T0 + r] : -1;
-        row_hi[r] = rh;
-        row_lo[r] = r < NT && window > 0 ? max(0, rh - window + 1) : 0;
-    }
+    wg_row_ranges(row_lo, row_hi, pos, T0, NT, window);
     if (threadIdx.x == 0)
         for (int b = 0; b < NB; b++) mbar_init(full0 + 8 * b, 128), mbar_init(empty0 + 8 * b, 128 * NH);
-    if (!producer) { /* the warpgroup's Q rows, as attention_wg_k */
-        constexpr int QI = WG_ROWS * (HD / 8) / 128;
-        float4        qa[QI][2];
-#pragma unroll
-        for (int i = 0; i < QI; i++) {
-            const int e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
-            if (r < NT) {
-                const float4 *src = (const float4 *)(q + ((size_t)(T0 + r) * n_head + h) * HD + 8 * d8);
-                qa[i][0] = src[0], qa[i][1] = src[1];
-            } else qa[i][0] = qa[i][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int i = 0; i < QI; i++) {
-            const int    e = tw + 128 * i, r = e / (HD / 8), d8 = e % (HD / 8);
-            const float4 a = qa[i][0], b = qa[i][1];
-            *(uint4 *)(qs + wg * OP + wg_swz(r, d8)) =
-                make_uint4(pack_half2(a.x, a.y), pack_half2(a.z, a.w), pack_half2(b.x, b.y), pack_half2(b.z, b.w));
-        }
+    if (!producer) {
+        wg_load_q<HD>(qs + wg * OP, q, T0, NT, n_head, h, tw);
         fence_proxy_async();
     }
     __syncthreads(); /* the rows' ranges, Q, the mbarriers' initialization */
-    int c_lo = INT_MAX, c_hi = -1, all_lo = 0, all_hi = INT_MAX;
-    for (int r = 0; r < NT; r++) {
-        c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
-        all_lo = max(all_lo, row_lo[r]), all_hi = min(all_hi, row_hi[r]);
-    }
-    const int ch0 = __shfl_sync(0xffffffffu, c_lo / TK, 0), ch1 = __shfl_sync(0xffffffffu, c_hi / TK, 0);
-    all_lo = __shfl_sync(0xffffffffu, all_lo, 0), all_hi = __shfl_sync(0xffffffffu, all_hi, 0);
+    const wg_span sp_ = wg_chunks<TK>(row_lo, row_hi, NT);
+    const int     ch0 = sp_.ch0, ch1 = sp_.ch1, c_hi = sp_.c_hi, all_lo = sp_.all_lo, all_hi = sp_.all_hi;
     const uint32_t ks = (uint32_t)__cvta_generic_to_shared(kbuf), vs = (uint32_t)__cvta_generic_to_shared(vbuf);
     if (producer) {
         const wg_stager<HD, 1, TK> st(g_, table, kvh, tw);
@@ -4667,16 +4682,8 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
         wg_hold(s);
         wg_softmax<SOFTCAP, TK>(s, c, t, sp, cp, c * TK < all_lo || c * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
     }
-    wg_wait<0>();
-    wg_hold(o);
-    wg_pack<TK>(s, pa);
-    wg_rescale<HD, SKIP>(o, alpha);
-    wg_fence();
-    wg_pv<HD, TK>(o, pa, dv + (cur * OPK >> 4), dhi);
-    wg_commit();
-    wg_wait<0>();
-    wg_hold(o);
-    if (!active) return;
+    wg_last_pv<HD, TK, SKIP>(o, s, pa, alpha, dv + (cur * OPK >> 4), dhi);
+    if (!active) return; /* the repeated head */
     fa_store_rows<HD>([&](int i, int e) { return o[4 * i + e]; }, L, g, t, T0 + 16 * w, NT - 16 * w, n_head, h, out, ob,
                       n_dec);
 #endif
