@@ -270,7 +270,7 @@ typedef struct {
      * attention_fa1_k there too) */
     bool fa_wg;
     bool rope_vec_on; /* rope_kv_store_vec_k where the shapes allow (AUGUR_CUDA_ROPE_VEC=0: the scalar kernel, A/B) */
-    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD; AUGUR_CUDA_WG_VAR, default 0) */
+    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING; AUGUR_CUDA_WG_VAR, default 0) */
     /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
@@ -4095,6 +4095,7 @@ static size_t attention_fa1_smem(int hd, int r) {
 #define WG_DEEP  4    /* variant: four K/V buffers, chunk c + 2 loading while c is computed */
 #define WG_N128  8    /* variant: chunks of 128 positions (S by m64n128k16; not with WG_DEEP) */
 #define WG_PROD  16   /* variant: attention_wgp_k, a producer warpgroup stages K/V (with WG_DEEP or not) */
+#define WG_PING  32   /* variant of attention_wgp_k: the consumers take turns issuing their wgmmas */
 
 #if defined(AUGUR_SM90A)
 /* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [rows][HD]
@@ -4555,6 +4556,14 @@ static __device__ __forceinline__ void mbar_init(uint32_t b, int count) {
 static __device__ __forceinline__ void mbar_arrive(uint32_t b) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
 }
+/* Named barrier id (1..15; 0 is __syncthreads') of `count` threads:
+ * sync waits for the count, arrive adds to it without waiting. */
+static __device__ __forceinline__ void named_bar_sync(int id, int count) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void named_bar_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
 /* until the phase of parity `parity` has completed */
 static __device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity) {
     asm volatile("{\n.reg .pred p;\nWG_MBAR_WAIT:\n"
@@ -4586,6 +4595,8 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
     constexpr int  NH = WG_HEADS;                     /* consumer warpgroups (query heads) a block */
     constexpr int  TK = VAR & WG_N128 ? 128 : ATT_TK; /* positions a chunk */
     constexpr int  NB = VAR & WG_DEEP ? 4 : 3;        /* K/V buffers */
+    constexpr bool PING = VAR & WG_PING;
+    static_assert(!PING || NH == 2, "turns between two consumer warpgroups");
     static_assert(!(VAR & WG_DEEP) || TK == ATT_TK, "four buffers of 128 positions do not fit");
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -4663,6 +4674,13 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
     wg_wait<0>();
     wg_hold(s);
     wg_softmax<SOFTCAP, TK>(s, ch0, t, sp, cp, ch0 * TK < all_lo || ch0 * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
+    /* PING (FlashAttention-3's ping-pong): in the loop the two consumers
+     * issue their wgmmas in turns, by named barriers 1 (consumer 0's turn)
+     * and 2 (consumer 1's), so that one's softmax runs while the other's
+     * wgmmas hold the tensor cores. Consumer 1 lets consumer 0 go first and
+     * gives the turn back after each issue but its last: every sync has
+     * its arrival (no barrier is left half-arrived at exit). */
+    if (PING && wg == 1 && ch1 > ch0) named_bar_arrive(1, 256);
     for (int c = ch0 + 1; c <= ch1; c++) {
         old = prv, prv = cur;
         if (++cur == NB) cur = 0, ph ^= 1u;
@@ -4673,11 +4691,13 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
         fence_proxy_async();
         wg_pack<TK>(s, pa); /* chunk c - 1's weights */
         wg_rescale<HD, SKIP>(o, alpha);
+        if (PING) named_bar_sync(1 + wg, 256); /* this consumer's turn */
         wg_fence();
         wg_scores<HD, TK>(s, dq, dk + (cur * OPK >> 4), dhi);
         wg_commit();
         wg_pv<HD, TK>(o, pa, dv + (prv * OPK >> 4), dhi);
         wg_commit();
+        if (PING && (wg == 0 || c < ch1)) named_bar_arrive(2 - wg, 256); /* the other's turn */
         wg_wait<1>(); /* S is done, P·V may still run */
         wg_hold(s);
         wg_softmax<SOFTCAP, TK>(s, c, t, sp, cp, c * TK < all_lo || c * TK + TK - 1 > all_hi, lo, hi, M, L, alpha);
@@ -4698,8 +4718,8 @@ static size_t attention_wg_smem(int hd, int tk, int nb) {
 }
 
 /* attention_wg_k for variant bits v (WG_SKIP | WG_DEEP, or WG_N128 with
- * or without WG_SKIP), attention_wgp_k for WG_PROD (with WG_DEEP or not);
- * anything else: 0 */
+ * or without WG_SKIP), attention_wgp_k for WG_PROD (with WG_DEEP or not,
+ * and WG_PROD | WG_DEEP | WG_PING); anything else: 0 */
 template <bool SOFTCAP, int HD>
 static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     switch (v) {
@@ -4710,6 +4730,7 @@ static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     case WG_N128 | WG_SKIP: return attention_wg_k<SOFTCAP, HD, WG_N128 | WG_SKIP>;
     case WG_PROD: return attention_wgp_k<SOFTCAP, HD, 0>;
     case WG_PROD | WG_DEEP: return attention_wgp_k<SOFTCAP, HD, WG_DEEP>;
+    case WG_PROD | WG_DEEP | WG_PING: return attention_wgp_k<SOFTCAP, HD, WG_DEEP | WG_PING>;
     default: return attention_wg_k<SOFTCAP, HD, 0>;
     }
 }
@@ -6128,9 +6149,10 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *rv = getenv("AUGUR_CUDA_ROPE_VEC");
     s->rope_vec_on = !(rv && *rv == '0');
     const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
-    s->wg_var = wgv ? atoi(wgv) & (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD) : 0;
+    s->wg_var = wgv ? atoi(wgv) & (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING) : 0;
     if (((s->wg_var & WG_N128) && (s->wg_var & WG_DEEP)) ||
-        ((s->wg_var & WG_PROD) && (s->wg_var & ~(WG_PROD | WG_DEEP))))
+        ((s->wg_var & WG_PROD) && (s->wg_var & ~(WG_PROD | WG_DEEP | WG_PING))) ||
+        ((s->wg_var & WG_PING) && s->wg_var != (WG_PROD | WG_DEEP | WG_PING)))
         s->wg_var = 0; /* not built */
 #if defined(AUGUR_SM90A)
     /* the default on an H100/H200 (fa1 with AUGUR_CUDA_FA=1, or one of the others) */
