@@ -4628,7 +4628,12 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
     const wg_span sp_ = wg_chunks<TK>(row_lo, row_hi, NT);
     const int     ch0 = sp_.ch0, ch1 = sp_.ch1, c_hi = sp_.c_hi, all_lo = sp_.all_lo, all_hi = sp_.all_hi;
     const uint32_t ks = (uint32_t)__cvta_generic_to_shared(kbuf), vs = (uint32_t)__cvta_generic_to_shared(vbuf);
+    /* 128-position chunks (WG_N128) need more registers than a 384-thread
+     * block gives each thread (168): the producer hands most of its own to
+     * the consumers (128 x 40 + 256 x 232 = 64512 of 65536) */
+    constexpr bool REBALANCE = TK == 128;
     if (producer) {
+        if (REBALANCE) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
         const wg_stager<HD, 1, TK> st(g_, table, kvh, tw);
         /* chunk i's buffer, chunk i - 1's, and the parity of empty[b]'s phase
          * to wait for: 0 for the first release of b (needed from i = NB on;
@@ -4651,6 +4656,7 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
         mbar_arrive(full0 + 8 * bp);
         return;
     }
+    if (REBALANCE) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     int lo[2], hi[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[16 * w + g + 8 * hr], hi[hr] = row_hi[16 * w + g + 8 * hr];
@@ -4731,6 +4737,7 @@ static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     case WG_PROD: return attention_wgp_k<SOFTCAP, HD, 0>;
     case WG_PROD | WG_DEEP: return attention_wgp_k<SOFTCAP, HD, WG_DEEP>;
     case WG_PROD | WG_DEEP | WG_PING: return attention_wgp_k<SOFTCAP, HD, WG_DEEP | WG_PING>;
+    case WG_PROD | WG_N128: return attention_wgp_k<SOFTCAP, HD, WG_N128>;
     default: return attention_wg_k<SOFTCAP, HD, 0>;
     }
 }
@@ -6151,7 +6158,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
     s->wg_var = wgv ? atoi(wgv) & (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING) : 0;
     if (((s->wg_var & WG_N128) && (s->wg_var & WG_DEEP)) ||
-        ((s->wg_var & WG_PROD) && (s->wg_var & ~(WG_PROD | WG_DEEP | WG_PING))) ||
+        ((s->wg_var & WG_PROD) && (s->wg_var & ~(WG_PROD | WG_DEEP | WG_PING | WG_N128))) ||
         ((s->wg_var & WG_PING) && s->wg_var != (WG_PROD | WG_DEEP | WG_PING)))
         s->wg_var = 0; /* not built */
 #if defined(AUGUR_SM90A)
