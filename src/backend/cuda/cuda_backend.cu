@@ -4072,10 +4072,11 @@ static size_t attention_fa1_smem(int hd, int r) {
 
 /* ---- prompt attention on wgmma (sm_90a; AUGUR_CUDA_FA=wg) ----
  *
- * FlashAttention-3's MMA layout, without its producer/consumer warp
- * specialization: a warpgroup (4 warps) per 64 query rows of one query
- * head, WG_HEADS query heads of one KV head a block sharing the K/V chunks
- * (64 positions, staged by cp.async three buffers deep; a group of odd
+ * FlashAttention-3's MMA layout; attention_wg_k without its producer/
+ * consumer warp specialization (attention_wgp_k, below, has it): a
+ * warpgroup (4 warps) per 64 query rows of one query head, WG_HEADS query
+ * heads of one KV head a block sharing the K/V chunks (64 positions,
+ * staged by cp.async three buffers deep, WG_DEEP four; a group of odd
  * size repeats its last head). S = Q·Kᵀ by m64n64k16 wgmma with both operands in
  * shared memory; the online softmax of attention_fa1_k on S's accumulators
  * (an m64nN accumulator is, per warp, mma.sync's m16n8 C layout for rows
