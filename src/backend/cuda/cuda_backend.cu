@@ -4397,6 +4397,36 @@ static __device__ __forceinline__ void wg_row_ranges(int *row_lo, int *row_hi, c
     }
 }
 
+/* attention_wg_k's and attention_wgp_k's shapes for head dim HD and
+ * variant bits VAR: NH query heads (warpgroups computing) a block, TK
+ * positions a chunk, NB K/V buffers, OP and OPK bytes of a Q operand
+ * [64][HD] and of a K or V buffer [TK][HD] (swizzled panels). */
+template <int HD, int VAR>
+struct wg_cfg {
+    static constexpr bool SKIP = VAR & WG_SKIP;
+    static constexpr int  NH = WG_HEADS, TK = VAR & WG_N128 ? 128 : ATT_TK, NB = VAR & WG_DEEP ? 4 : 3;
+    static constexpr int  OP = WG_PANEL * (HD / 64), OPK = TK * 128 * (HD / 64);
+    static_assert(!(VAR & WG_DEEP) || TK == ATT_TK, "four buffers of 128 positions do not fit");
+};
+/* Where the kernels' dynamic shared memory goes (attention_wg_smem sizes
+ * it): NH Q operands, NB K and NB V buffers, the rows' ranges; the panels
+ * 1024-byte aligned (the swizzle pattern repeats every 1024 bytes). What
+ * follows row_hi (attention_wgp_k's mbarriers) is the caller's. */
+struct wg_smem {
+    unsigned char *qs, *kbuf, *vbuf;
+    int           *row_lo, *row_hi;
+};
+template <class C>
+static __device__ __forceinline__ wg_smem wg_smem_of(unsigned char *smem_raw) {
+    wg_smem m;
+    m.qs = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    m.kbuf = m.qs + C::NH * C::OP;
+    m.vbuf = m.kbuf + C::NB * C::OPK;
+    m.row_lo = (int *)(m.vbuf + C::NB * C::OPK);
+    m.row_hi = m.row_lo + WG_ROWS;
+    return m;
+}
+
 /* The positions a tile's rows see: chunks ch0 .. ch1 of TK positions, the
  * last position c_hi, and the range [all_lo, all_hi] every row sees (a
  * chunk inside it needs no mask). */
@@ -4445,20 +4475,14 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
                    float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
                    __nv_bfloat16 *__restrict__ ob, int n_dec) {
 #if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool SKIP = VAR & WG_SKIP;
-    constexpr int  NH = WG_HEADS;                     /* warpgroups (query heads) a block */
-    constexpr int  TK = VAR & WG_N128 ? 128 : ATT_TK; /* positions a chunk */
-    constexpr int  NB = VAR & WG_DEEP ? 4 : 3;        /* K/V buffers */
-    static_assert(!(VAR & WG_DEEP) || TK == ATT_TK, "four buffers of 128 positions do not fit");
+    using C = wg_cfg<HD, VAR>;
+    constexpr bool SKIP = C::SKIP;
+    constexpr int  NH = C::NH, TK = C::TK, NB = C::NB, OP = C::OP, OPK = C::OPK;
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    constexpr int OP = WG_PANEL * (HD / 64), OPK = TK * 128 * (HD / 64); /* bytes of Q's [64][HD], K's [TK][HD] */
-    /* panels 1024-byte aligned (the swizzle pattern repeats every 1024 bytes) */
-    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char *qs = smem;                    /* [NH] operands */
-    unsigned char *kbuf = qs + NH * OP;          /* [NB] */
-    unsigned char *vbuf = kbuf + NB * OPK;       /* [NB] */
-    int           *row_lo = (int *)(vbuf + NB * OPK), *row_hi = row_lo + WG_ROWS;
+    const wg_smem  sm = wg_smem_of<C>(smem_raw);
+    unsigned char *qs = sm.qs, *kbuf = sm.kbuf, *vbuf = sm.vbuf;
+    int           *row_lo = sm.row_lo, *row_hi = sm.row_hi;
     const int      tile = gridDim.x - 1 - blockIdx.x; /* the last (longest) tiles first */
     const int      T0 = tiles[tile], NT = tiles[tile + 1] - T0;
     const int      kvh = blockIdx.y, G = n_head / n_kv;
@@ -4592,21 +4616,15 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
                     float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
                     __nv_bfloat16 *__restrict__ ob, int n_dec) {
 #if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    constexpr bool SKIP = VAR & WG_SKIP;
-    constexpr int  NH = WG_HEADS;                     /* consumer warpgroups (query heads) a block */
-    constexpr int  TK = VAR & WG_N128 ? 128 : ATT_TK; /* positions a chunk */
-    constexpr int  NB = VAR & WG_DEEP ? 4 : 3;        /* K/V buffers */
-    constexpr bool PING = VAR & WG_PING;
+    using C = wg_cfg<HD, VAR>;
+    constexpr bool SKIP = C::SKIP, PING = VAR & WG_PING;
+    constexpr int  NH = C::NH, TK = C::TK, NB = C::NB, OP = C::OP, OPK = C::OPK; /* NH consumer warpgroups */
     static_assert(!PING || NH == 2, "turns between two consumer warpgroups");
-    static_assert(!(VAR & WG_DEEP) || TK == ATT_TK, "four buffers of 128 positions do not fit");
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    constexpr int  OP = WG_PANEL * (HD / 64), OPK = TK * 128 * (HD / 64); /* bytes of Q's [64][HD], K's [TK][HD] */
-    unsigned char *smem = (unsigned char *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
-    unsigned char *qs = smem;              /* [NH] operands */
-    unsigned char *kbuf = qs + NH * OP;    /* [NB] */
-    unsigned char *vbuf = kbuf + NB * OPK; /* [NB] */
-    int           *row_lo = (int *)(vbuf + NB * OPK), *row_hi = row_lo + WG_ROWS;
+    const wg_smem  sm = wg_smem_of<C>(smem_raw);
+    unsigned char *qs = sm.qs, *kbuf = sm.kbuf, *vbuf = sm.vbuf;
+    int           *row_lo = sm.row_lo, *row_hi = sm.row_hi;
     const uint32_t full0 = (uint32_t)__cvta_generic_to_shared(row_hi + WG_ROWS), empty0 = full0 + 8 * NB; /* [NB] each */
     const int      tile = gridDim.x - 1 - blockIdx.x; /* the last (longest) tiles first */
     const int      T0 = tiles[tile], NT = tiles[tile + 1] - T0;
@@ -4742,6 +4760,9 @@ static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     default: return attention_wg_k<SOFTCAP, HD, 0>;
     }
 }
+/* Whether variant bits v name a built kernel (wg_kernel_for's cases: the
+ * one list of them) */
+static bool wg_var_built(int v) { return v == 0 || wg_kernel_for<false, 64>(v) != attention_wg_k<false, 64, 0>; }
 
 /* Launches attention_fa_k, or attention_fa1_k (s->fa_one_pass), for head dim HD (softcap or not). */
 template <int HD>
@@ -6157,11 +6178,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *rv = getenv("AUGUR_CUDA_ROPE_VEC");
     s->rope_vec_on = !(rv && *rv == '0');
     const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
-    s->wg_var = wgv ? atoi(wgv) & (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING) : 0;
-    if (((s->wg_var & WG_N128) && (s->wg_var & WG_DEEP)) ||
-        ((s->wg_var & WG_PROD) && (s->wg_var & ~(WG_PROD | WG_DEEP | WG_PING | WG_N128))) ||
-        ((s->wg_var & WG_PING) && s->wg_var != (WG_PROD | WG_DEEP | WG_PING)))
-        s->wg_var = 0; /* not built */
+    s->wg_var = wgv ? atoi(wgv) : 0;
+    if (!wg_var_built(s->wg_var)) s->wg_var = 0;
 #if defined(AUGUR_SM90A)
     /* the default on an H100/H200 (fa1 with AUGUR_CUDA_FA=1, or one of the others) */
     s->fa_wg = (!fa || !*fa || !strcmp(fa, "wg")) && prop.major == 9 && prop.minor == 0;
