@@ -270,11 +270,12 @@ typedef struct {
      * attention_fa1_k there too) */
     bool fa_wg;
     bool rope_vec_on; /* rope_kv_store_vec_k where the shapes allow (AUGUR_CUDA_ROPE_VEC=0: the scalar kernel, A/B) */
-    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING; AUGUR_CUDA_WG_VAR, default 0) */
+    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING; AUGUR_CUDA_WG_VAR, default WG_PROD | WG_DEEP) */
     /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
+    int  mmt_tile;     /* the BF16 decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMT_TILE, mmt_for; -1: by the batch) */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     /* the dp4a GEMVs' rows staged in shared memory (stage_rows): 1 in group
      * launches (the default), 2 in every kernel, 0 none (AUGUR_CUDA_STAGE=0|1|2;
@@ -1658,12 +1659,14 @@ template <int KSMAX, int NTL>
 __global__ void __launch_bounds__(32 * KSMAX) mmt_bf16_group(const mmt_group grp, int K,
                                                              const __nv_bfloat16 *__restrict__ x, int n_tok) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    /* the token tiles of a block of row tiles are consecutive blocks (read the weight from L2 but the first) */
+    const int n_tt = (n_tok + 8 * NTL - 1) / (8 * NTL), bx = (int)blockIdx.x / n_tt, tt = (int)blockIdx.x % n_tt;
     int       i = 0;
 #pragma unroll
     for (int j = 1; j < MMT_GROUP_MAX; j++)
-        if (j < grp.n && (int)blockIdx.x >= grp.first_block[j]) i = j;
+        if (j < grp.n && bx >= grp.first_block[j]) i = j;
     const int ks = grp.ks[i], tiles = KSMAX / ks, n_out = grp.n_out[i];
-    const int tile0 = ((int)blockIdx.x - grp.first_block[i]) * tiles, tok0 = blockIdx.y * 8 * NTL;
+    const int tile0 = (bx - grp.first_block[i]) * tiles, tok0 = tt * 8 * NTL;
     int       s0, s1;
     mmt_slice_range(K, ks, warp % ks, &s0, &s1);
     float c[1][NTL][4];
@@ -1725,16 +1728,35 @@ static int mmq_target_warps(void) {
     return target_warps("AUGUR_CUDA_MMQ_WARPS", &target);
 }
 
-/* More than 16 decode rows of one BF16 weight: two row tiles by 32 tokens
- * per block, KS warps. */
-static mmt_kernel mmt_for(int n_out, int *rows, int *toks, int *warps) {
+/* The kernel for n > 16 decode rows of a weight of n_out rows: *rows and
+ * *toks a block, *warps = its K slices. The tile changes no bits (the mmas
+ * on an accumulator are the same whatever the tile), only the speed.
+ * AUGUR_CUDA_MMT_TILE (A/B): 0 two row tiles by 32 tokens, 1
+ * mmt_bf16_group's tiles (one row tile by 16 tokens, grouped launches), 2
+ * one row tile by 32 tokens, 3 two by 16; unset (-1): 2 up to 32 rows,
+ * else 0. H100, 8B BF16, tok/s at 24 / 32 / 64 sequences: tile 0 2685 /
+ * 3319 / 4906, 1 2588 / 3117 / 3405, 2 2932 / 3571 / 4489, 3 2661 / 3318 /
+ * 3896 (64-token tiles, one or two row tiles, measured 3347 / 3560 against
+ * 5155 at 64 and were dropped). */
+static mmt_kernel mmt_for(int n_out, int n, int tile, int *rows, int *toks, int *warps) {
     *warps = mmt_slices(n_out, mmt_target_warps());
+    const int ks = *warps == 4 ? 0 : *warps == 8 ? 1 : 2;
+    if (tile < 0) tile = n <= 32 ? 2 : 0;
+    if (tile == 2) {
+        *rows = 16, *toks = 32;
+        return ks == 0 ? mmt_bf16<4, 1, 4> : ks == 1 ? mmt_bf16<8, 1, 4> : mmt_bf16<16, 1, 4>;
+    }
+    if (tile == 3) {
+        *rows = 32, *toks = 16;
+        return ks == 0 ? mmt_bf16<4, 2, 2> : ks == 1 ? mmt_bf16<8, 2, 2> : mmt_bf16<16, 2, 2>;
+    }
     *rows = 32, *toks = 32;
-    return *warps == 4 ? mmt_bf16<4, 2, 4> : *warps == 8 ? mmt_bf16<8, 2, 4> : mmt_bf16<16, 2, 4>;
+    return ks == 0 ? mmt_bf16<4, 2, 4> : ks == 1 ? mmt_bf16<8, 2, 4> : mmt_bf16<16, 2, 4>;
 }
 
-/* Up to 16 decode rows of n_w BF16 weights of K columns that share x (BF16,
- * in s->d_xh): one mmt_bf16_group launch. */
+/* Decode rows of n_w BF16 weights of K columns that share x (BF16, in
+ * s->d_xh): one mmt_bf16_group launch. Up to 16 rows by default; more with
+ * AUGUR_CUDA_MMT_TILE=1 (tiles of 16 tokens; slower, A/B only: mmt_for). */
 static void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int n_w, int K, const __nv_bfloat16 *x,
                              int n, float *const *y) {
     mmt_group grp;
@@ -1755,7 +1777,7 @@ static void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int
     }
     grp.n = n_w;
     const bool two = n > 8; /* NTL = 2: 16 tokens per block */
-    dim3       grid((unsigned)blocks, 1);
+    dim3       grid((unsigned)blocks * (two ? (n + 15) / 16 : 1), 1);
     const int  threads = 32 * ksmax;
 #define MMT_GROUP_LAUNCH(KSM)                                                                                    \
     launch_k(s, (two ? mmt_bf16_group<KSM, 2> : mmt_bf16_group<KSM, 1>), grid, threads, 0, grp, K, x, n)
@@ -2330,11 +2352,11 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             LAUNCHED();
             *x_ready |= XR_BF16;
         }
-        if (n <= 16) {
+        if (n <= 16 || s->mmt_tile == 1) {
             launch_mmt_group(s, &w, 1, K, s->d_xh, n, &y);
         } else {
             int        rows, toks, warps;
-            mmt_kernel k = mmt_for(n_out, &rows, &toks, &warps);
+            mmt_kernel k = mmt_for(n_out, n, s->mmt_tile, &rows, &toks, &warps);
             dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
             launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n,
                      y);
@@ -2546,7 +2568,8 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
     cuda_state *s = st_of(be);
     int         x_ready = 0;
     if (n_decode < 0 || n_decode > n) n_decode = n;
-    bool group = s->group_on && n_decode > 0 && n_decode <= 16 && n_w > 1 && n_w <= MMT_GROUP_MAX;
+    bool group = s->group_on && n_decode > 0 && (n_decode <= 16 || s->mmt_tile == 1) && n_w > 1 &&
+                 n_w <= MMT_GROUP_MAX;
     for (int i = 0; group && i < n_w; i++) group = uses_mmt(s, w[i]) && w[i]->ne[0] == w[0]->ne[0];
     if (group) { /* the decode rows of all in one launch, then each weight's prompt rows */
         const int K = (int)w[0]->ne[0];
@@ -6178,8 +6201,10 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *rv = getenv("AUGUR_CUDA_ROPE_VEC");
     s->rope_vec_on = !(rv && *rv == '0');
     const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
-    s->wg_var = wgv ? atoi(wgv) : 0;
-    if (!wg_var_built(s->wg_var)) s->wg_var = 0;
+    /* the default: attention_wgp_k with four buffers (389 vs 414 us a layer of
+     * the 8B at 4096 rows, H100); AUGUR_CUDA_WG_VAR=0 gives attention_wg_k */
+    s->wg_var = wgv && *wgv ? atoi(wgv) : WG_PROD | WG_DEEP;
+    if (!wg_var_built(s->wg_var)) s->wg_var = WG_PROD | WG_DEEP;
 #if defined(AUGUR_SM90A)
     /* the default on an H100/H200 (fa1 with AUGUR_CUDA_FA=1, or one of the others) */
     s->fa_wg = (!fa || !*fa || !strcmp(fa, "wg")) && prop.major == 9 && prop.minor == 0;
@@ -6208,6 +6233,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->att_fit = !(afit && *afit == '0');
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
+    const char *mtile = getenv("AUGUR_CUDA_MMT_TILE");
+    s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 3 ? atoi(mtile) : -1;
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
     s->mmv_split_on = !(split && *split == '0');
     const char *pdl = getenv("AUGUR_CUDA_PDL"); /* programmatic dependent launch: Hopper and later */
