@@ -59,10 +59,17 @@ AUGUR_CUDA_FA=1 AUGUR_CUDA_FA_ROWS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/tes
 echo "== op harness on the GPU (the variants of the prompt attention on wgmma, AUGUR_CUDA_WG_VAR=0, 6, 10, 16, 24 and 52 (the default is 20); sm_90a on an H100/H200 only)"
 # the variants' failures are counted, not fatal: the rest of this script still runs (its result fails at the end);
 # a time limit, as a variant with mbarriers or named barriers that never ran could hang
-wg_var_rc=0
+variant_rc=0
 for v in 0 6 10 16 24 52; do
   AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=$v AUGUR_TEST_DEVICE=cuda timeout 300 build/cuda/tests/test_backend_ops ||
-    { echo "FAIL op harness with AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=$v"; wg_var_rc=1; }
+    { echo "FAIL op harness with AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=$v"; variant_rc=1; }
+done
+
+echo "== op harness on the GPU (BF16 decode tiles beyond 16 rows: AUGUR_CUDA_MMT_TILE=2, the default's up to 32 rows, at every batch; 4, the staged kernel, opt-in)"
+# (the harness's wide batches are 70 rows, which the default gives tile 0; the tiles change no bits)
+for t in 2 4; do
+  AUGUR_CUDA_MMT_TILE=$t AUGUR_TEST_DEVICE=cuda timeout 300 build/cuda/tests/test_backend_ops ||
+    { echo "FAIL op harness with AUGUR_CUDA_MMT_TILE=$t"; variant_rc=1; }
 done
 
 echo "== op harness on the GPU (decode attention one block per row and head instead of split-K: AUGUR_CUDA_SPLITK=0)"
@@ -174,7 +181,7 @@ build/cuda/bench/gen_model $R/qwen05b-q4_k_m.gguf qwen05b --type Q4_K_M --layers
 build/cuda/bench/gen_model $R/gemma270m-q4_k_m.gguf gemma270m --type Q4_K_M --layers 6
 build/cuda/bench/gen_model $R/llama8b-2layers-bf16.gguf llama8b --type BF16 --layers 2
 build/cuda/bench/gen_model $R/qwen05b-q8_0.gguf qwen05b --type Q8_0 --layers 4
-rc=$wg_var_rc
+rc=$variant_rc
 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 echo "== whole models with the one-block decode attention (AUGUR_CUDA_SPLITK=0)"
 AUGUR_CUDA_SPLITK=0 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1

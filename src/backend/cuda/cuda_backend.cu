@@ -101,6 +101,17 @@ static __device__ __forceinline__ void pdl_entry() {
 #endif
 }
 
+/* 16 bytes global -> shared, asynchronously; src_bytes 0: zeros */
+static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 /* Bytes [p, p + bytes) of a weight into L2, one bulk prefetch (the 16-byte
  * aligned inside of the range; nothing if that is empty). */
 static __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes) {
@@ -1636,6 +1647,113 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ 
     mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
 }
 
+/* mmt_bf16 with the loads staged in shared memory (AUGUR_CUDA_MMT_TILE=4,
+ * beyond 32 decode rows; written, not yet run on a GPU). mmt_bf16's warps
+ * hold U steps of loads in registers, wait, then run their mmas: at 64
+ * tokens (two row tiles by 32 tokens, two token blocks) gate/up ran at 1.4
+ * TB/s and the 8B's output head at 1.8 (ncu, H100); more steps in flight
+ * do not fit the registers. Here each lane copies the 16-byte fragments it
+ * would load (its weight rows' and its token's) into its own slots of a
+ * P-stage ring in shared memory by cp.async, P - 1 steps ahead of its
+ * mmas, so bytes in flight cost no registers; a block takes up to 64
+ * tokens (NTL = 8), so a weight is read from DRAM once. A lane reads back
+ * only what it copied itself (cp.async.wait_group makes that visible to
+ * it; no barrier). The fragments, each accumulator's mmas in step order,
+ * the K slices and mmt_finish's sums are mmt_bf16's: the same bits. */
+template <int KS, int MT, int NTL, int P>
+static constexpr size_t mmt_staged_smem() {
+    return (size_t)KS * P * (2 * MT + NTL) * 32 * sizeof(uint4);
+}
+template <int KS, int MT, int NTL, int P>
+__global__ void __launch_bounds__(32 * KS) mmt_bf16_staged(const uint8_t *__restrict__ W, size_t row_bytes, int K,
+                                                           int n_out, const __nv_bfloat16 *__restrict__ x, int n_tok,
+                                                           float *__restrict__ y) {
+    static_assert(P >= 2, "a stage read while the next is copied");
+    constexpr int F = 2 * MT + NTL; /* a lane's 16-byte fragments a step: MT x 2 of weights, NTL of activations */
+    extern __shared__ uint4 mmt_ring[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.y * 16 * MT, tok0 = blockIdx.x * 8 * NTL;
+    int       s0, s1;
+    mmt_slice_range(K, KS, warp, &s0, &s1);
+    const int s_full = max(s0, min(s1, K / 32)); /* steps [s0, s_full) staged; the rest (past K) as mmt_slice's tail */
+    uint4    *ring = mmt_ring + (size_t)warp * P * F * 32 + lane; /* fragment f of stage q: ring[32 (q F + f)] */
+    const uint4 *wp[MT][2];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wp[m][h] = (const uint4 *)(W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes) + t;
+    const uint4 *xp[NTL];
+    int          xb[NTL]; /* 16, or 0 for a token past n_tok: cp.async then writes zeros */
+#pragma unroll
+    for (int j = 0; j < NTL; j++) {
+        const int tok = tok0 + 8 * j + g;
+        xb[j] = tok < n_tok ? 16 : 0;
+        xp[j] = (const uint4 *)(x + (size_t)min(tok, n_tok - 1) * K) + t;
+    }
+    /* the first P - 1 steps: weights before the previous kernel's end (PDL),
+     * activations after; one group a step (the first also holds the other
+     * steps' weights), so step i is complete once P - 2 later groups are
+     * left pending */
+#pragma unroll
+    for (int q = 0; q < P - 1; q++)
+        if (s0 + q < s_full)
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) cp_async16(ring + 32 * (q * F + 2 * m + h), wp[m][h] + 4 * (s0 + q), 16);
+    pdl_entry();
+#pragma unroll
+    for (int q = 0; q < P - 1; q++) {
+        if (s0 + q < s_full)
+#pragma unroll
+            for (int j = 0; j < NTL; j++) cp_async16(ring + 32 * (q * F + 2 * MT + j), xp[j] + 4 * (s0 + q), xb[j]);
+        cp_async_commit();
+    }
+    float c[MT][NTL][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
+    int q = 0; /* the stage of step st */
+    for (int st = s0; st < s_full; st++) {
+        cp_async_wait<P - 2>();
+        uint4        A[MT][2], X[NTL];
+        const uint4 *slot = ring + 32 * q * F;
+#pragma unroll
+        for (int m = 0; m < MT; m++) A[m][0] = slot[32 * (2 * m)], A[m][1] = slot[32 * (2 * m + 1)];
+#pragma unroll
+        for (int j = 0; j < NTL; j++) X[j] = slot[32 * (2 * MT + j)];
+        /* step st + P - 1 into the stage read one step ago (its values are
+         * in the registers of the mmas already issued) */
+        const int nx = st + P - 1, qn = q == 0 ? P - 1 : q - 1;
+        if (nx < s_full) {
+#pragma unroll
+            for (int m = 0; m < MT; m++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) cp_async16(ring + 32 * (qn * F + 2 * m + h), wp[m][h] + 4 * nx, 16);
+#pragma unroll
+            for (int j = 0; j < NTL; j++) cp_async16(ring + 32 * (qn * F + 2 * MT + j), xp[j] + 4 * nx, xb[j]);
+        }
+        cp_async_commit(); /* possibly empty: one group a step keeps the count */
+        mmt_step<MT, NTL>(A, X, c);
+        q = q + 1 == P ? 0 : q + 1;
+    }
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    for (int st = s_full; st < s1; st++) { /* a last step past K (zeros there), as mmt_slice */
+        const bool valid = 32 * st + 8 * t + 8 <= K;
+        uint4      A[MT][2], X[NTL];
+#pragma unroll
+        for (int m = 0; m < MT; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) A[m][h] = valid ? __ldg(wp[m][h] + 4 * st) : zero;
+#pragma unroll
+        for (int j = 0; j < NTL; j++) X[j] = valid && xb[j] ? __ldg(xp[j] + 4 * st) : zero;
+        mmt_step<MT, NTL>(A, X, c);
+    }
+    mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
+}
+
 /* Up to 16 decode rows of up to MMT_GROUP_MAX BF16 weights that share x
  * (Q/K/V, gate/up, or one weight alone) in one launch: a decode step of an
  * 8B model spent ~4 us of ramp and drain per matmul launch, and its k and v
@@ -1733,15 +1851,29 @@ static int mmq_target_warps(void) {
  * on an accumulator are the same whatever the tile), only the speed.
  * AUGUR_CUDA_MMT_TILE (A/B): 0 two row tiles by 32 tokens, 1
  * mmt_bf16_group's tiles (one row tile by 16 tokens, grouped launches), 2
- * one row tile by 32 tokens, 3 two by 16; unset (-1): 2 up to 32 rows,
- * else 0. H100, 8B BF16, tok/s at 24 / 32 / 64 sequences: tile 0 2685 /
+ * one row tile by 32 tokens, 3 two by 16, 4 mmt_bf16_staged (64 tokens);
+ * unset (-1): 2 up to 32 rows, else 0. H100, 8B BF16, tok/s at 24 / 32 / 64 sequences: tile 0 2685 /
  * 3319 / 4906, 1 2588 / 3117 / 3405, 2 2932 / 3571 / 4489, 3 2661 / 3318 /
  * 3896 (64-token tiles, one or two row tiles, measured 3347 / 3560 against
  * 5155 at 64 and were dropped). */
-static mmt_kernel mmt_for(int n_out, int n, int tile, int *rows, int *toks, int *warps) {
+static mmt_kernel mmt_for(int n_out, int n, int tile, int *rows, int *toks, int *warps, size_t *smem) {
     *warps = mmt_slices(n_out, mmt_target_warps());
     const int ks = *warps == 4 ? 0 : *warps == 8 ? 1 : 2;
+    *smem = 0;
     if (tile < 0) tile = n <= 32 ? 2 : 0;
+    if (tile == 4) { /* staged, 64 tokens; stages by the warps: 98, 147 and 160 KB of shared memory */
+        *toks = 64, *rows = ks == 2 ? 16 : 32;
+        if (ks == 0) {
+            *smem = mmt_staged_smem<4, 2, 8, 4>();
+            return mmt_bf16_staged<4, 2, 8, 4>;
+        }
+        if (ks == 1) {
+            *smem = mmt_staged_smem<8, 2, 8, 3>();
+            return mmt_bf16_staged<8, 2, 8, 3>;
+        }
+        *smem = mmt_staged_smem<16, 1, 8, 2>();
+        return mmt_bf16_staged<16, 1, 8, 2>;
+    }
     if (tile == 2) {
         *rows = 16, *toks = 32;
         return ks == 0 ? mmt_bf16<4, 1, 4> : ks == 1 ? mmt_bf16<8, 1, 4> : mmt_bf16<16, 1, 4>;
@@ -2356,9 +2488,11 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             launch_mmt_group(s, &w, 1, K, s->d_xh, n, &y);
         } else {
             int        rows, toks, warps;
-            mmt_kernel k = mmt_for(n_out, n, s->mmt_tile, &rows, &toks, &warps);
+            size_t     smem;
+            mmt_kernel k = mmt_for(n_out, n, s->mmt_tile, &rows, &toks, &warps, &smem);
             dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-            launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n,
+            if (smem > 48 * 1024) CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            launch_k(s, k, grid, 32 * warps, smem, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n,
                      y);
         }
         LAUNCHED();
@@ -3925,17 +4059,6 @@ static size_t attention_fa_smem(int hd) {
  * the same tolerance. At most 168 registers a thread (__maxnreg__, up to
  * 256 threads a block): at 174 an SM held two blocks of 4 warps (HD 128,
  * 4 query heads a KV head), at 168 three fit. */
-
-/* 16 bytes global -> shared, asynchronously; src_bytes 0: zeros */
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 /* Four 8x8 fp16 tiles of a row-major shared matrix, transposed: lane l
  * gives the address of row l % 8 of tile l / 8; tile i lands in r[i]. */
@@ -6234,7 +6357,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
     const char *mtile = getenv("AUGUR_CUDA_MMT_TILE");
-    s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 3 ? atoi(mtile) : -1;
+    s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 4 ? atoi(mtile) : -1;
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
     s->mmv_split_on = !(split && *split == '0');
     const char *pdl = getenv("AUGUR_CUDA_PDL"); /* programmatic dependent launch: Hopper and later */
