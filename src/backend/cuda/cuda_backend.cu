@@ -1542,6 +1542,24 @@ static __device__ __forceinline__ void mmt_finish(const float (&c)[MT][NTL][4], 
     }
 }
 
+/* Step st of a slice by plain loads, zeros past K (a slice's tail, and a
+ * last step past K): rows' pointers wp, tokens' xp (xv: the token exists). */
+template <int MT, int NTL>
+static __device__ __forceinline__ void mmt_step_direct(const uint4 *const (&wp)[MT][2], const uint4 *const (&xp)[NTL],
+                                                       const bool (&xv)[NTL], int K, int t, int st,
+                                                       float (&c)[MT][NTL][4]) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    const bool  valid = 32 * st + 8 * t + 8 <= K;
+    uint4       A[MT][2], X[NTL];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) A[m][h] = valid ? __ldg(wp[m][h] + 4 * st) : zero;
+#pragma unroll
+    for (int j = 0; j < NTL; j++) X[j] = valid && xv[j] ? __ldg(xp[j] + 4 * st) : zero;
+    mmt_step<MT, NTL>(A, X, c);
+}
+
 /* The accumulators of one warp: row tiles [row0, +16 MT) by token tiles
  * [tok0, +8 NTL), over the 32-wide k steps [s0, s1); rows past n_out read
  * the last row (their results are dropped), tokens past n_tok zeros. U
@@ -1606,17 +1624,7 @@ static __device__ __forceinline__ void mmt_slice(const uint8_t *__restrict__ W, 
 #pragma unroll
         for (int u = 0; u < U; u++) mmt_step<MT, NTL>(A[u], X[u], c);
     }
-    for (; st < s1; st++) { /* the slice's tail, and a last step past K (zeros there) */
-        const bool valid = 32 * st + 8 * t + 8 <= K;
-        uint4      A[MT][2], X[NTL];
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) A[m][h] = valid ? __ldg(wp[m][h] + 4 * st) : zero;
-#pragma unroll
-        for (int j = 0; j < NTL; j++) X[j] = valid && xv[j] ? __ldg(xp[j] + 4 * st) : zero;
-        mmt_step<MT, NTL>(A, X, c);
-    }
+    for (; st < s1; st++) mmt_step_direct<MT, NTL>(wp, xp, xv, K, t, st, c); /* the tail, a last step past K */
 }
 
 /* The slice [*s0, *s1) of the 32-wide k steps that slice w of ks takes. */
@@ -1684,11 +1692,11 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16_staged(const uint8_t *__rest
         for (int h = 0; h < 2; h++)
             wp[m][h] = (const uint4 *)(W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes) + t;
     const uint4 *xp[NTL];
-    int          xb[NTL]; /* 16, or 0 for a token past n_tok: cp.async then writes zeros */
+    bool         xv[NTL]; /* the token exists (else cp.async copies 0 bytes and writes zeros) */
 #pragma unroll
     for (int j = 0; j < NTL; j++) {
         const int tok = tok0 + 8 * j + g;
-        xb[j] = tok < n_tok ? 16 : 0;
+        xv[j] = tok < n_tok;
         xp[j] = (const uint4 *)(x + (size_t)min(tok, n_tok - 1) * K) + t;
     }
     /* the first P - 1 steps: weights before the previous kernel's end (PDL),
@@ -1707,7 +1715,7 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16_staged(const uint8_t *__rest
     for (int q = 0; q < P - 1; q++) {
         if (s0 + q < s_full)
 #pragma unroll
-            for (int j = 0; j < NTL; j++) cp_async16(ring + 32 * (q * F + 2 * MT + j), xp[j] + 4 * (s0 + q), xb[j]);
+            for (int j = 0; j < NTL; j++) cp_async16(ring + 32 * (q * F + 2 * MT + j), xp[j] + 4 * (s0 + q), xv[j] ? 16 : 0);
         cp_async_commit();
     }
     float c[MT][NTL][4];
@@ -1733,24 +1741,13 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16_staged(const uint8_t *__rest
 #pragma unroll
                 for (int h = 0; h < 2; h++) cp_async16(ring + 32 * (qn * F + 2 * m + h), wp[m][h] + 4 * nx, 16);
 #pragma unroll
-            for (int j = 0; j < NTL; j++) cp_async16(ring + 32 * (qn * F + 2 * MT + j), xp[j] + 4 * nx, xb[j]);
+            for (int j = 0; j < NTL; j++) cp_async16(ring + 32 * (qn * F + 2 * MT + j), xp[j] + 4 * nx, xv[j] ? 16 : 0);
         }
         cp_async_commit(); /* possibly empty: one group a step keeps the count */
         mmt_step<MT, NTL>(A, X, c);
         q = q + 1 == P ? 0 : q + 1;
     }
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (int st = s_full; st < s1; st++) { /* a last step past K (zeros there), as mmt_slice */
-        const bool valid = 32 * st + 8 * t + 8 <= K;
-        uint4      A[MT][2], X[NTL];
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) A[m][h] = valid ? __ldg(wp[m][h] + 4 * st) : zero;
-#pragma unroll
-        for (int j = 0; j < NTL; j++) X[j] = valid && xb[j] ? __ldg(xp[j] + 4 * st) : zero;
-        mmt_step<MT, NTL>(A, X, c);
-    }
+    for (int st = s_full; st < s1; st++) mmt_step_direct<MT, NTL>(wp, xp, xv, K, t, st, c); /* a last step past K */
     mmt_finish<KS, MT, NTL>(c, warp, g, t, row0, tok0, n_out, n_tok, y);
 }
 
