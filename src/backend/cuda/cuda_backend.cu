@@ -1542,6 +1542,31 @@ static __device__ __forceinline__ void mmt_finish(const float (&c)[MT][NTL][4], 
     }
 }
 
+/* Where lane (g, t) of a tensor-core decode warp reads: rows g and g + 8
+ * of each of its MT row tiles from row0 (clamped to the matrix; their
+ * results are dropped), 16 bytes at 16 t of each 64-byte step ... */
+template <int MT>
+static __device__ __forceinline__ void mmt_lane_rows(const uint8_t *W, size_t row_bytes, int n_out, int row0, int g,
+                                                     int t, const uint4 *(&wp)[MT][2]) {
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            wp[m][h] = (const uint4 *)(W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes) + t;
+}
+/* ... and token g of each of its NTL token tiles from tok0 (clamped; xv:
+ * whether it exists, else it reads zeros). */
+template <int NTL>
+static __device__ __forceinline__ void mmt_lane_tokens(const __nv_bfloat16 *x, int K, int n_tok, int tok0, int g, int t,
+                                                       const uint4 *(&xp)[NTL], bool (&xv)[NTL]) {
+#pragma unroll
+    for (int j = 0; j < NTL; j++) {
+        const int tok = tok0 + 8 * j + g;
+        xv[j] = tok < n_tok;
+        xp[j] = (const uint4 *)(x + (size_t)min(tok, n_tok - 1) * K) + t;
+    }
+}
+
 /* Step st of a slice by plain loads, zeros past K (a slice's tail, and a
  * last step past K): rows' pointers wp, tokens' xp (xv: the token exists). */
 template <int MT, int NTL>
@@ -1572,11 +1597,7 @@ static __device__ __forceinline__ void mmt_slice(const uint8_t *__restrict__ W, 
                                                  int s0, int s1, float (&c)[MT][NTL][4]) {
     const int    lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const uint4 *wp[MT][2];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            wp[m][h] = (const uint4 *)(W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes) + t;
+    mmt_lane_rows<MT>(W, row_bytes, n_out, row0, g, t, wp);
     const int  full = K / 32; /* steps whose 32 k's all exist */
     uint4      A0[U][MT][2];     /* the first U steps' weights, loaded before the wait */
     const bool first = s0 + U <= min(s1, full);
@@ -1589,12 +1610,7 @@ static __device__ __forceinline__ void mmt_slice(const uint8_t *__restrict__ W, 
     pdl_entry();
     const uint4 *xp[NTL];
     bool         xv[NTL];
-#pragma unroll
-    for (int j = 0; j < NTL; j++) {
-        const int tok = tok0 + 8 * j + g;
-        xv[j] = tok < n_tok;
-        xp[j] = (const uint4 *)(x + (size_t)min(tok, n_tok - 1) * K) + t;
-    }
+    mmt_lane_tokens<NTL>(x, K, n_tok, tok0, g, t, xp, xv);
     const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -1686,19 +1702,10 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16_staged(const uint8_t *__rest
     const int s_full = max(s0, min(s1, K / 32)); /* steps [s0, s_full) staged; the rest (past K) as mmt_slice's tail */
     uint4    *ring = mmt_ring + (size_t)warp * P * F * 32 + lane; /* fragment f of stage q: ring[32 (q F + f)] */
     const uint4 *wp[MT][2];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            wp[m][h] = (const uint4 *)(W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes) + t;
+    mmt_lane_rows<MT>(W, row_bytes, n_out, row0, g, t, wp);
     const uint4 *xp[NTL];
     bool         xv[NTL]; /* the token exists (else cp.async copies 0 bytes and writes zeros) */
-#pragma unroll
-    for (int j = 0; j < NTL; j++) {
-        const int tok = tok0 + 8 * j + g;
-        xv[j] = tok < n_tok;
-        xp[j] = (const uint4 *)(x + (size_t)min(tok, n_tok - 1) * K) + t;
-    }
+    mmt_lane_tokens<NTL>(x, K, n_tok, tok0, g, t, xp, xv);
     /* the first P - 1 steps: weights before the previous kernel's end (PDL),
      * activations after; one group a step (the first also holds the other
      * steps' weights), so step i is complete once P - 2 later groups are
