@@ -1653,8 +1653,8 @@ static __device__ __forceinline__ void mmt_slice_range(int K, int ks, int w, int
 /* y[t][r] = Σ_k W[r][k] x[t][k] for rows [16 MT blockIdx.y, +16 MT) and
  * tokens [8 NTL blockIdx.x, +8 NTL); x is BF16, K % 8 == 0. KS warps per
  * block, warp w taking slice w of the 32-wide k steps; the slices' sums are
- * added in warp order. Batches of more than 16 decode rows (MT = 2); up to
- * 16, mmt_bf16_group. The token tiles of a row tile are consecutive blocks,
+ * added in warp order. Batches of more than 16 decode rows (mmt_for picks
+ * MT and NTL); up to 16, mmt_bf16_group. The token tiles of a row tile are consecutive blocks,
  * so they run together and all but the first read the weight from L2 (with
  * row tiles first, a batch of 64 streamed every weight from DRAM twice). */
 template <int KS, int MT, int NTL>
@@ -1820,9 +1820,9 @@ typedef void (*mmt_kernel)(const uint8_t *, size_t, int, int, const __nv_bfloat1
  * which the matrix's 16-row tiles times the slices reach MMT_TARGET_WARPS,
  * so a small matrix (an 8B model's k/v projection) still has loads in
  * flight on every SM. The tile: one row tile per warp and up to 16 tokens
- * at small batches; two row tiles by 32 tokens beyond (each activation
- * load feeds twice the mmas); larger batches take several blocks along y
- * (a 64-token tile was 3.7x slower per call than a 32-token one). */
+ * at small batches; beyond, mmt_for's tiles by 32 tokens (larger batches
+ * take several blocks along x, adjacent: all but the first read the weight
+ * from L2). */
 #define MMT_TARGET_WARPS 2048 /* H200, 8B BF16 (tok/s at batch 1 / 8 / 64): 1024: 161 / 1223 / 4027;
                                  2048: 174 / 1334 / 3724; 4096: 144 / - / 3422; 8192: 142 / - / 3148 */
 /* The K slices (= warps per block) of a weight of n_out rows, for every
@@ -1856,10 +1856,10 @@ static int mmq_target_warps(void) {
  * AUGUR_CUDA_MMT_TILE (A/B): 0 two row tiles by 32 tokens, 1
  * mmt_bf16_group's tiles (one row tile by 16 tokens, grouped launches), 2
  * one row tile by 32 tokens, 3 two by 16, 4 mmt_bf16_staged (64 tokens);
- * unset (-1): 2 up to 32 rows, else 0. H100, 8B BF16, tok/s at 24 / 32 / 64 sequences: tile 0 2685 /
- * 3319 / 4906, 1 2588 / 3117 / 3405, 2 2932 / 3571 / 4489, 3 2661 / 3318 /
- * 3896 (64-token tiles, one or two row tiles, measured 3347 / 3560 against
- * 5155 at 64 and were dropped). */
+ * unset (-1): 2 up to 32 rows, else 0. H100, 8B BF16, tok/s at 24 / 32 /
+ * 64 sequences: tile 0 2685 / 3319 / 4906, 1 2588 / 3117 / 3405, 2 2932 /
+ * 3571 / 4489, 3 2661 / 3318 / 3896 (mmt_bf16 with 64-token tiles, one or
+ * two row tiles, measured 3347 / 3560 against 5155 at 64: dropped). */
 static mmt_kernel mmt_for(int n_out, int n, int tile, int *rows, int *toks, int *warps, size_t *smem) {
     *warps = mmt_slices(n_out, mmt_target_warps());
     const int ks = *warps == 4 ? 0 : *warps == 8 ? 1 : 2;
