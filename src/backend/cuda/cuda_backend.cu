@@ -287,6 +287,7 @@ typedef struct {
     int fa_rows;
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     int  mmt_tile;     /* the BF16 decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMT_TILE, mmt_for; -1: by the batch) */
+    bool mmt_staged_ready[3]; /* mmt_bf16_staged's shared-memory limit raised, by 4, 8 or 16 warps */
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     /* the dp4a GEMVs' rows staged in shared memory (stage_rows): 1 in group
      * launches (the default), 2 in every kernel, 0 none (AUGUR_CUDA_STAGE=0|1|2;
@@ -2495,7 +2496,10 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             size_t     smem;
             mmt_kernel k = mmt_for(n_out, n, s->mmt_tile, &rows, &toks, &warps, &smem);
             dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-            if (smem > 48 * 1024) CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            if (smem > 48 * 1024 && !s->mmt_staged_ready[warps / 8]) { /* once a kernel (4, 8, 16 warps: 0, 1, 2) */
+                CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+                s->mmt_staged_ready[warps / 8] = true;
+            }
             launch_k(s, k, grid, 32 * warps, smem, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n,
                      y);
         }
