@@ -288,6 +288,28 @@ typedef struct {
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     int  mmt_tile;     /* the BF16 decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMT_TILE, mmt_for; -1: by the batch) */
     bool mmt_staged_ready[3]; /* mmt_bf16_staged's shared-memory limit raised, by 4, 8 or 16 warps */
+    /* The prompt rows of a matmul's (or the feed-forward block's down)
+     * BF16 GEMM, held back (AUGUR_CUDA_DEFER=1, opt-in; written, not yet
+     * run on a GPU): when the next op is the residual add (add_rmsnorm or
+     * add) of exactly those rows, the GEMM adds into the residual stream
+     * itself (cuBLAS's beta = 1: x + acc, one rounding, as x + o; prompt
+     * rows only, so bits may move where cuBLAS picks another algorithm
+     * for beta 1, within the GPU-vs-CPU tolerances) and the
+     * norm reads x alone: at 4096 rows of an 8B, 128 MB less traffic per
+     * residual add (o written and read, x written by the norm, against x
+     * read by the GEMM). Every other op first launches it as it was
+     * (defer_flush, through the op table's flush_first wrappers), so no
+     * op ever sees y unwritten. The price, why it is opt-in: once a
+     * residual add took the GEMM in, y's prompt rows stay unwritten. The
+     * model never reads them (it writes o anew before reading it again);
+     * a caller that reads a matmul's output after adding it must not turn
+     * this on. */
+    bool defer_on;
+    struct {
+        const __nv_bfloat16 *wb, *xbf; /* the operands as the GEMM would have read them */
+        int                  K, n_out, rows;
+        float               *y; /* its output rows (the pass's prompt rows) */
+    } defer;
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     /* the dp4a GEMVs' rows staged in shared memory (stage_rows): 1 in group
      * launches (the default), 2 in every kernel, 0 none (AUGUR_CUDA_STAGE=0|1|2;
@@ -2585,22 +2607,60 @@ static ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int 
     return AG_OK;
 }
 
-/* y[n][n_out] (F32 or BF16, yt) = xbf[n][K] · wbᵀ, FP32 accumulation. */
+/* y[n][n_out] (F32 or BF16, yt) = xbf[n][K] · wbᵀ (+ y with beta 1), FP32 accumulation. */
 static ag_status gemm_bf16(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out, int n,
-                           void *y, cudaDataType yt) {
-    const float one = 1.0f, zero = 0.0f;
+                           void *y, cudaDataType yt, float beta = 0.0f) {
+    const float one = 1.0f;
     /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
     BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, xbf, CUDA_R_16BF,
-                          K, &zero, y, yt, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                          K, &beta, y, yt, n_out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return AG_OK;
+}
+
+/* The F32 prompt-row GEMM y = xbf · wbᵀ, or, with deferral on, its operands
+ * kept in s->defer for the next op (see cuda_state.defer). */
+static ag_status gemm_bf16_out(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out,
+                               int n, float *y) {
+    if (!s->defer_on || n <= 0) return gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
+    s->defer.wb = wb, s->defer.xbf = xbf, s->defer.K = K, s->defer.n_out = n_out, s->defer.rows = n, s->defer.y = y;
+    return AG_OK;
+}
+
+/* Launches a held-back GEMM as it was (into its y); nothing when none is. */
+static ag_status defer_flush(cuda_state *s) {
+    if (!s->defer.y) return AG_OK;
+    float *y = s->defer.y;
+    s->defer.y = NULL;
+    return gemm_bf16(s, s->defer.wb, s->defer.xbf, s->defer.K, s->defer.n_out, s->defer.rows, y, CUDA_R_32F);
+}
+
+/* The held-back GEMM's first row within o[.][dim] when it is exactly o's
+ * rows [r0, r0 + rows) up to the last of `total` elements (its prompt
+ * rows), else -1. */
+static long defer_row0(const cuda_state *s, const float *o, size_t total, int dim) {
+    if (!s->defer.y || s->defer.n_out != dim || total % (size_t)dim) return -1;
+    const long r0 = (long)(total / (size_t)dim) - s->defer.rows;
+    return r0 >= 0 && s->defer.y == o + (size_t)r0 * dim ? r0 : -1;
+}
+
+/* With the held-back GEMM over o's rows [r0, ..): those rows of x get
+ * x + acc from the GEMM itself (beta 1); the caller then adds o's rows
+ * [0, r0) only. */
+static ag_status defer_into(cuda_state *s, float *x, long r0, int dim) {
+    float *xr = x + (size_t)r0 * dim;
+    s->defer.y = NULL;
+    prep_forget(s, xr, (size_t)s->defer.rows * dim * sizeof(float));
+    return gemm_bf16(s, s->defer.wb, s->defer.xbf, s->defer.K, dim, s->defer.rows, xr, CUDA_R_32F, 1.0f);
 }
 
 /* Prompt rows on the tensor cores. Quantized and BF16 weights: BF16
  * operands (the weight dequantized, the activations rounded). F32 and F16
  * weights keep their precision: FP32 operands, full FP32 for F32 weights
  * (small models: tiny cost) and TF32 for F16 (10 mantissa bits, like F16).
- * x_ready: as prompt_x_bf16's. */
-static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
+ * x_ready: as prompt_x_bf16's. hold: the BF16 GEMM may be held back
+ * (gemm_bf16_out; a single weight's matmul only). */
+static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready,
+                               bool hold = false) {
     if (n <= 0) return AG_OK;
     const int   K = (int)w->ne[0], n_out = (int)w->ne[1];
     const float one = 1.0f, zero = 0.0f;
@@ -2621,24 +2681,24 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
     }
     const __nv_bfloat16 *wb, *xbf;
     if ((st = prompt_weight_bf16(s, w, &wb)) || (st = prompt_x_bf16(s, x, K, n, x_ready, &xbf))) return st;
-    return gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
+    return hold ? gemm_bf16_out(s, wb, xbf, K, n_out, n, y) : gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
 }
 
 static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, int n, int n_decode, float *y,
-                             int *x_ready) {
+                             int *x_ready, bool hold = false) {
     if (n_decode < 0 || n_decode > n) n_decode = n;
     prep_forget(s, y, (size_t)n * w->ne[1] * sizeof(float));
     ag_status st = matmul_decode(s, w, x, n_decode, y, x_ready);
     if (!st)
         st = matmul_prompt(s, w, x + (size_t)n_decode * w->ne[0], n - n_decode, y + (size_t)n_decode * w->ne[1],
-                           x_ready);
+                           x_ready, hold);
     if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
     return AG_OK;
 }
 
 static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
     int x_ready = 0;
-    return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready);
+    return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready, true);
 }
 
 /* The part kind (PART_*: type and K split) of w's dp4a GEMV, or -1 where
@@ -2788,15 +2848,19 @@ static __device__ float block_max(float v, float *red) {
  * same values either way, so add_rmsnorm gives add's and rmsnorm's bits.
  * PREP (dim % 32 == 0): rows below prep_rows are also left in the formats
  * fmt (prep_store4), and, when pb is not NULL, the rows from prep_rows on
- * (prompt rows) as BF16 in pb (from its start), f32_to_bf16's rounding. */
+ * (prompt rows) as BF16 in pb (from its start), f32_to_bf16's rounding.
+ * With ADD, rows from add_rows on skip the add (a held-back GEMM added
+ * them: cuda_state.defer). */
 template <bool ADD, bool PREP>
 __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, const float *__restrict__ w, int dim,
                           float eps, float *__restrict__ out, int prep_rows, int fmt, int8_t *__restrict__ xq,
-                          float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *__restrict__ pb) {
+                          float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *__restrict__ pb,
+                          int add_rows) {
     pdl_entry();
     __shared__ float red[32];
+    const bool   add = ADD && (int)blockIdx.x < add_rows;
     float       *xr = x + (size_t)blockIdx.x * dim;
-    const float *orow = ADD ? o + (size_t)blockIdx.x * dim : nullptr;
+    const float *orow = add ? o + (size_t)blockIdx.x * dim : nullptr;
     float       *res = out + (size_t)blockIdx.x * dim;
     float        ss = 0.0f;
     if ((dim & 3) == 0) {
@@ -2804,7 +2868,7 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
         const int    n4 = dim >> 2;
         for (int i = threadIdx.x; i < n4; i += blockDim.x) {
             float4 v = x4[i];
-            if (ADD) {
+            if (add) {
                 const float4 a = ((const float4 *)orow)[i];
                 v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
                 x4[i] = v;
@@ -2827,7 +2891,7 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
         return;
     }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        if (ADD) xr[i] += orow[i];
+        if (add) xr[i] += orow[i];
         ss = fmaf(xr[i], xr[i], ss);
     }
     ss = block_sum(ss, red);
@@ -2847,7 +2911,7 @@ static unsigned threads_for(int work) {
  * silu_mul leaves them) when the norm is over the pass's rows. */
 template <bool ADD>
 static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const float *w, int n, int dim, float eps,
-                                float *out) {
+                                float *out, int add_rows = INT_MAX) {
     const int      fmt = prep_formats(s, n, dim);
     const unsigned th = threads_for(dim % 4 == 0 ? dim / 4 : dim);
     const int      n_dec = s->pass_n_decode;
@@ -2856,10 +2920,10 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
     if (ADD) prep_forget(s, x, (size_t)n * dim * sizeof(float));
     if (fmt || pb)
         launch_k(s, rmsnorm_k<ADD, true>, (unsigned)n, th, 0, x, o, w, dim, eps, out, n_dec, fmt, s->d_xq, s->d_xs,
-                 s->d_xh, pb);
+                 s->d_xh, pb, add_rows);
     else
         launch_k(s, rmsnorm_k<ADD, false>, (unsigned)n, th, 0, x, o, w, dim, eps, out, 0, 0, nullptr, nullptr,
-                 nullptr, nullptr);
+                 nullptr, nullptr, add_rows);
     LAUNCHED();
     prep_made(s, out, n, dim, fmt);
     if (pb) pp_made(s, out + (size_t)n_dec * dim, n_pp);
@@ -2992,13 +3056,30 @@ static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n);
 static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
                                 float *out) {
     if (n <= 0) return AG_OK;
-    if (!st_of(be)->fuse_on) { /* AUGUR_CUDA_FUSE=0, for A/B: two launches, the same bits */
+    cuda_state *s = st_of(be);
+    const long  r0 = defer_row0(s, o, (size_t)n * dim, dim);
+    if (r0 >= 0 && s->fuse_on) { /* the held-back GEMM adds its rows into x; the norm adds o's rows before them */
+        ag_status st = defer_into(s, x, r0, dim);
+        return st ? st : launch_rmsnorm<true>(s, x, o, w, n, dim, eps, out, (int)r0);
+    }
+    ag_status st = defer_flush(s);
+    if (st) return st;
+    if (!s->fuse_on) { /* AUGUR_CUDA_FUSE=0, for A/B: two launches, the same bits */
         ag_status st = cu_add(be, x, o, (size_t)n * dim);
         return st ? st : cu_rmsnorm(be, x, w, n, dim, eps, out);
     }
     return launch_rmsnorm<true>(st_of(be), x, o, w, n, dim, eps, out);
 }
 static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
+    if (!n) return AG_OK;
+    cuda_state *s = st_of(be);
+    /* y += x where x's last rows are a held-back GEMM's: those rows of y by
+     * the GEMM itself (beta 1), the rest here */
+    const int  dim = s->defer.n_out;
+    const long r0 = s->defer.y ? defer_row0(s, x, n, dim) : -1;
+    ag_status  st = r0 >= 0 ? defer_into(s, y, r0, dim) : defer_flush(s);
+    if (st) return st;
+    if (r0 >= 0) n = (size_t)r0 * dim; /* the rows before the GEMM's */
     if (!n) return AG_OK;
     prep_forget(st_of(be), y, n * sizeof(float));
     launch_k(st_of(be), add_k, grid_for(n, 256), 256, 0, y, x, n);
@@ -3088,7 +3169,7 @@ static ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw
     else launch_k(s, glu_bf16_k<false>, grid_for(n8, 256), 256, 0, gb, (const __nv_bfloat16 *)ub, n8);
     LAUNCHED();
     if ((st = prompt_weight_bf16(s, dw, &wb)) ||
-        (st = gemm_bf16(s, wb, gb, n_ff, n_out, n_pp, o + (size_t)n_decode * n_out, CUDA_R_32F)))
+        (st = gemm_bf16_out(s, wb, gb, n_ff, n_out, n_pp, o + (size_t)n_decode * n_out)))
         return ag_errorf(st, "ffn with '%s': %s", dw->name ? dw->name : "?", ag_error_message());
     return AG_OK;
 }
@@ -6202,40 +6283,61 @@ static void cu_destroy(ag_backend *be) {
     free(be);
 }
 
+/* An op that first launches a held-back GEMM (cuda_state.defer), so that
+ * it never sees the GEMM's output unwritten: every op but the residual
+ * adds, which may take the GEMM in (cu_add_rmsnorm, cu_add), and destroy.
+ * (An op's failure to launch it is its error; free and alloc, which report
+ * none, leave it in the stream's error state.) */
+template <auto F>
+struct flush_first;
+template <typename R, typename... A, R (*F)(ag_backend *, A...)>
+struct flush_first<F> {
+    static R call(ag_backend *be, A... a) {
+        const ag_status st = defer_flush(st_of(be));
+        if constexpr (std::is_same<R, ag_status>::value) {
+            if (st) return st;
+        } else {
+            (void)st;
+        }
+        return F(be, a...);
+    }
+};
+#define FLUSHED(f) flush_first<f>::call
+
 static ag_backend_ops make_ops(void) {
     ag_backend_ops o;
     memset(&o, 0, sizeof o);
     o.name = "cuda";
     o.host_memory = false;
-    o.alloc = cu_alloc;
-    o.free = cu_free;
-    o.upload = cu_upload;
-    o.download = cu_download;
-    o.copy = cu_copy;
-    o.prepare_weight = cu_prepare_weight;
-    o.kv_mem = cu_kv_mem;
-    o.sync = cu_sync;
-    o.destroy = cu_destroy;
-    o.begin = cu_begin;
-    o.graph_begin = cu_graph_begin;
-    o.graph_end = cu_graph_end;
-    o.matmul = cu_matmul;
-    o.matmul_multi = cu_matmul_multi;
-    o.get_rows = cu_get_rows;
-    o.rmsnorm = cu_rmsnorm;
-    o.add_rmsnorm = cu_add_rmsnorm;
-    o.rope = cu_rope;
-    o.add_bias = cu_add_bias;
-    o.add = cu_add;
-    o.scale = cu_scale;
-    o.silu_mul = cu_silu_mul;
-    o.gelu_mul = cu_gelu_mul;
-    o.ffn = cu_ffn;
-    o.kv_store = cu_kv_store;
-    o.rope_kv_store = cu_rope_kv_store;
-    o.argmax = cu_argmax;
-    o.device_memory = cu_device_memory;
-    o.attention = cu_attention;
+    o.alloc = FLUSHED(cu_alloc);
+    o.free = FLUSHED(cu_free);
+    o.upload = FLUSHED(cu_upload);
+    o.download = FLUSHED(cu_download);
+    o.copy = FLUSHED(cu_copy);
+    o.prepare_weight = FLUSHED(cu_prepare_weight);
+    o.kv_mem = cu_kv_mem; /* reads no device memory */
+    o.sync = FLUSHED(cu_sync);
+    o.destroy = cu_destroy; /* drops a held-back GEMM with the state */
+    o.begin = FLUSHED(cu_begin);
+    o.graph_begin = FLUSHED(cu_graph_begin);
+    o.graph_end = FLUSHED(cu_graph_end);
+    o.matmul = FLUSHED(cu_matmul);
+    o.matmul_multi = FLUSHED(cu_matmul_multi);
+    o.get_rows = FLUSHED(cu_get_rows);
+    o.rmsnorm = FLUSHED(cu_rmsnorm);
+    o.add_rmsnorm = cu_add_rmsnorm; /* takes the held-back GEMM in, or flushes */
+    o.rope = FLUSHED(cu_rope);
+    o.add_bias = FLUSHED(cu_add_bias);
+    o.add = cu_add; /* likewise */
+    o.scale = FLUSHED(cu_scale);
+    o.silu_mul = FLUSHED(cu_silu_mul);
+    o.gelu_mul = FLUSHED(cu_gelu_mul);
+    o.ffn = FLUSHED(cu_ffn);
+    o.kv_store = FLUSHED(cu_kv_store);
+    o.rope_kv_store = FLUSHED(cu_rope_kv_store);
+    o.argmax = FLUSHED(cu_argmax);
+    o.device_memory = FLUSHED(cu_device_memory);
+    o.attention = FLUSHED(cu_attention);
     return o;
 }
 /* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off),
@@ -6246,9 +6348,9 @@ static ag_backend_ops make_ops(void) {
  * copied to the host (for A/B and as a fallback). */
 static ag_backend_ops make_ops_with(int which) {
     ag_backend_ops o = make_ops();
-    if (which & 1) o.pick = cu_pick;
-    if (which & 2) o.cands = cu_cands;
-    if (which & 4) o.edit = cu_edit, o.mask = cu_mask;
+    if (which & 1) o.pick = FLUSHED(cu_pick);
+    if (which & 2) o.cands = FLUSHED(cu_cands);
+    if (which & 4) o.edit = FLUSHED(cu_edit), o.mask = FLUSHED(cu_mask);
     return o;
 }
 static const ag_backend_ops cuda_ops_variants[8] = {make_ops_with(0), make_ops_with(1), make_ops_with(2),
@@ -6364,6 +6466,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->att_fit = !(afit && *afit == '0');
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
+    const char *dfr = getenv("AUGUR_CUDA_DEFER");
+    s->defer_on = dfr && *dfr == '1';
     const char *mtile = getenv("AUGUR_CUDA_MMT_TILE");
     s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 4 ? atoi(mtile) : -1;
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
