@@ -289,7 +289,7 @@ typedef struct {
     int  mmt_tile;     /* the BF16 decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMT_TILE, mmt_for; -1: by the batch) */
     bool mmt_staged_ready[3]; /* mmt_bf16_staged's shared-memory limit raised, by 4, 8 or 16 warps */
     /* The prompt rows of a matmul's (or the feed-forward block's down)
-     * BF16 GEMM, held back (AUGUR_CUDA_DEFER=1, opt-in; written, not yet
+     * BF16 GEMM, held back (AUGUR_CUDA_DEFER bit 1, opt-in; written, not yet
      * run on a GPU): when the next op is the residual add (add_rmsnorm or
      * add) of exactly those rows, the GEMM adds into the residual stream
      * itself (cuBLAS's beta = 1: x + acc, one rounding, as x + o; prompt
@@ -304,12 +304,26 @@ typedef struct {
      * model never reads them (it writes o anew before reading it again);
      * a caller that reads a matmul's output after adding it must not turn
      * this on. */
-    bool defer_on;
+    int  defer_mode; /* AUGUR_CUDA_DEFER bits: 1 the GEMM above, 2 the norm's rows below (lazy) */
     struct {
         const __nv_bfloat16 *wb, *xbf; /* the operands as the GEMM would have read them */
         int                  K, n_out, rows;
         float               *y; /* its output rows (the pass's prompt rows) */
     } defer;
+    /* With bit 2: a norm over the pass's rows whose prompt rows go to
+     * their BF16 copy (pp_x) leaves their F32 rows unwritten (64 MB a norm
+     * at 4096 rows of an 8B). The next op that reads h is meant to be the
+     * matmul_multi or ffn taking the BF16 copy (the model's order); it
+     * drops the record, and h's F32 prompt rows stay unwritten (the model
+     * never reads them). Any other op, or a GEMM path that reads F32 rows
+     * (lazy_need), first writes them (lazy_flush: the norm again over x's
+     * rows, which nothing changed since: the same bits). */
+    struct {
+        float       *out;     /* h's prompt rows, unwritten; NULL: none */
+        const float *x, *w;   /* the norm's input rows (after its add) and gain */
+        float        eps;
+        int          dim, rows;
+    } lazy;
     bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
     /* the dp4a GEMVs' rows staged in shared memory (stage_rows): 1 in group
      * launches (the default), 2 in every kernel, 0 none (AUGUR_CUDA_STAGE=0|1|2;
@@ -2576,6 +2590,8 @@ static ag_status prompt_weight_bf16(cuda_state *s, const ag_tensor *w, const __n
     return AG_OK;
 }
 
+static ag_status lazy_need(cuda_state *s, const float *p, size_t elems);
+
 /* x's n prompt rows of K as the BF16 operand of a prompt GEMM (in d_xbf):
  * where their producer left them (pp_x), or converted here.
  * *x_ready: XR_PROMPT_BF16 when d_xbf holds x already (an earlier weight
@@ -2592,8 +2608,8 @@ static ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int 
         xbf = s->d_xbf + (x - s->pp_x); /* its producer left these rows in d_xbf (pp_x) */
     } else {
         s->pp_x = NULL; /* d_xbf is rewritten */
-        ag_status st = grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16));
-        if (st) return st;
+        ag_status st = lazy_need(s, x, elems);
+        if (st || (st = grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16)))) return st;
         xbf = s->d_xbf;
         if (elems % 4 == 0 && ((uintptr_t)x & 15) == 0)
             launch_k(s, f32_to_bf16_4, grid_for(elems / 4, 256), 256, 0, x, elems, xbf);
@@ -2621,7 +2637,7 @@ static ag_status gemm_bf16(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bf
  * kept in s->defer for the next op (see cuda_state.defer). */
 static ag_status gemm_bf16_out(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out,
                                int n, float *y) {
-    if (!s->defer_on || n <= 0) return gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
+    if (!(s->defer_mode & 1) || n <= 0) return gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
     s->defer.wb = wb, s->defer.xbf = xbf, s->defer.K = K, s->defer.n_out = n_out, s->defer.rows = n, s->defer.y = y;
     return AG_OK;
 }
@@ -2666,6 +2682,7 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
     const float one = 1.0f, zero = 0.0f;
     ag_status   st;
     if (w->type == CQ_F32 || w->type == CQ_F16) {
+        if ((st = lazy_need(s, x, (size_t)n * K))) return st;
         const float *wf = (const float *)w->data;
         if (w->type == CQ_F16) {
             if ((st = grow((void **)&s->d_wf, &s->cap_wf, (size_t)K * n_out, sizeof(float)))) return st;
@@ -2850,12 +2867,13 @@ static __device__ float block_max(float v, float *red) {
  * fmt (prep_store4), and, when pb is not NULL, the rows from prep_rows on
  * (prompt rows) as BF16 in pb (from its start), f32_to_bf16's rounding.
  * With ADD, rows from add_rows on skip the add (a held-back GEMM added
- * them: cuda_state.defer). */
+ * them: cuda_state.defer). With PREP, rows from f32_rows on (prompt rows
+ * whose BF16 copy pb holds) skip their F32 store (cuda_state.lazy). */
 template <bool ADD, bool PREP>
 __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, const float *__restrict__ w, int dim,
                           float eps, float *__restrict__ out, int prep_rows, int fmt, int8_t *__restrict__ xq,
                           float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *__restrict__ pb,
-                          int add_rows) {
+                          int add_rows, int f32_rows) {
     pdl_entry();
     __shared__ float red[32];
     const bool   add = ADD && (int)blockIdx.x < add_rows;
@@ -2884,7 +2902,7 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
                 const float4 g = ((const float4 *)w)[i];
                 v.x *= g.x, v.y *= g.y, v.z *= g.z, v.w *= g.w;
             }
-            ((float4 *)res)[i] = v;
+            if (!PREP || (int)blockIdx.x < f32_rows) ((float4 *)res)[i] = v;
             if (PREP && (int)blockIdx.x < prep_rows) prep_store4(v, (size_t)blockIdx.x * dim + 4 * (size_t)i, fmt, xq, xs, xh);
             else if (PREP && pb) store_bf16x4(pb + (size_t)((int)blockIdx.x - prep_rows) * dim + 4 * (size_t)i, v);
         }
@@ -2918,13 +2936,19 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
     const size_t   n_pp = n == s->n && n > n_dec && dim % 4 == 0 ? (size_t)(n - n_dec) * dim : 0;
     __nv_bfloat16 *pb = pp_reserve(s, n_pp);
     if (ADD) prep_forget(s, x, (size_t)n * dim * sizeof(float));
+    /* the F32 prompt rows left unwritten (cuda_state.lazy): out apart from x */
+    const bool lazy = (s->defer_mode & 2) && pb && (out + (size_t)n * dim <= x || x + (size_t)n * dim <= out);
     if (fmt || pb)
         launch_k(s, rmsnorm_k<ADD, true>, (unsigned)n, th, 0, x, o, w, dim, eps, out, n_dec, fmt, s->d_xq, s->d_xs,
-                 s->d_xh, pb, add_rows);
+                 s->d_xh, pb, add_rows, lazy ? n_dec : INT_MAX);
     else
         launch_k(s, rmsnorm_k<ADD, false>, (unsigned)n, th, 0, x, o, w, dim, eps, out, 0, 0, nullptr, nullptr,
-                 nullptr, nullptr, add_rows);
+                 nullptr, nullptr, add_rows, INT_MAX);
     LAUNCHED();
+    if (lazy) {
+        s->lazy.out = out + (size_t)n_dec * dim, s->lazy.x = x + (size_t)n_dec * dim, s->lazy.w = w;
+        s->lazy.eps = eps, s->lazy.dim = dim, s->lazy.rows = n - n_dec;
+    }
     prep_made(s, out, n, dim, fmt);
     if (pb) pp_made(s, out + (size_t)n_dec * dim, n_pp);
     return AG_OK;
@@ -2933,6 +2957,26 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
 static ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
     if (n <= 0) return AG_OK;
     return launch_rmsnorm<false>(st_of(be), (float *)x, nullptr, w, n, dim, eps, out); /* x is only read without ADD */
+}
+
+/* Writes a lazy norm's F32 prompt rows (cuda_state.lazy): the norm again
+ * over its input rows, the same loop over the same values; nothing when
+ * none is pending. */
+static ag_status lazy_flush(cuda_state *s) {
+    if (!s->lazy.out) return AG_OK;
+    const int dim = s->lazy.dim;
+    float    *out = s->lazy.out;
+    s->lazy.out = NULL;
+    launch_k(s, rmsnorm_k<false, false>, (unsigned)s->lazy.rows, threads_for(dim / 4), 0, (float *)s->lazy.x,
+             (const float *)nullptr, s->lazy.w, dim, s->lazy.eps, out, 0, 0, nullptr, nullptr, nullptr, nullptr, 0,
+             INT_MAX);
+    LAUNCHED();
+    return AG_OK;
+}
+/* lazy_flush where [p, p + elems) overlaps the unwritten rows. */
+static ag_status lazy_need(cuda_state *s, const float *p, size_t elems) {
+    const float *o = s->lazy.out;
+    return o && p < o + (size_t)s->lazy.rows * s->lazy.dim && o < p + elems ? lazy_flush(s) : AG_OK;
 }
 
 /* theta_i = pos * freq_scale * base^(-2i/rope_dim), in double as on the CPU */
@@ -3057,13 +3101,14 @@ static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const 
                                 float *out) {
     if (n <= 0) return AG_OK;
     cuda_state *s = st_of(be);
-    const long  r0 = defer_row0(s, o, (size_t)n * dim, dim);
+    ag_status   st = lazy_flush(s); /* (x changes) */
+    if (st) return st;
+    const long r0 = defer_row0(s, o, (size_t)n * dim, dim);
     if (r0 >= 0 && s->fuse_on) { /* the held-back GEMM adds its rows into x; the norm adds o's rows before them */
-        ag_status st = defer_into(s, x, r0, dim);
+        st = defer_into(s, x, r0, dim);
         return st ? st : launch_rmsnorm<true>(s, x, o, w, n, dim, eps, out, (int)r0);
     }
-    ag_status st = defer_flush(s);
-    if (st) return st;
+    if ((st = defer_flush(s))) return st;
     if (!s->fuse_on) { /* AUGUR_CUDA_FUSE=0, for A/B: two launches, the same bits */
         ag_status st = cu_add(be, x, o, (size_t)n * dim);
         return st ? st : cu_rmsnorm(be, x, w, n, dim, eps, out);
@@ -3077,8 +3122,8 @@ static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
      * the GEMM itself (beta 1), the rest here */
     const int  dim = s->defer.n_out;
     const long r0 = s->defer.y ? defer_row0(s, x, n, dim) : -1;
-    ag_status  st = r0 >= 0 ? defer_into(s, y, r0, dim) : defer_flush(s);
-    if (st) return st;
+    ag_status  st = lazy_flush(s); /* (y may be its input) */
+    if (st || (st = r0 >= 0 ? defer_into(s, y, r0, dim) : defer_flush(s))) return st;
     if (r0 >= 0) n = (size_t)r0 * dim; /* the rows before the GEMM's */
     if (!n) return AG_OK;
     prep_forget(st_of(be), y, n * sizeof(float));
@@ -6288,12 +6333,16 @@ static void cu_destroy(ag_backend *be) {
  * adds, which may take the GEMM in (cu_add_rmsnorm, cu_add), and destroy.
  * (An op's failure to launch it is its error; free and alloc, which report
  * none, leave it in the stream's error state.) */
+static ag_status pending_flush(cuda_state *s) {
+    const ag_status st = defer_flush(s);
+    return st ? st : lazy_flush(s);
+}
 template <auto F>
 struct flush_first;
 template <typename R, typename... A, R (*F)(ag_backend *, A...)>
 struct flush_first<F> {
     static R call(ag_backend *be, A... a) {
-        const ag_status st = defer_flush(st_of(be));
+        const ag_status st = pending_flush(st_of(be));
         if constexpr (std::is_same<R, ag_status>::value) {
             if (st) return st;
         } else {
@@ -6303,6 +6352,42 @@ struct flush_first<F> {
     }
 };
 #define FLUSHED(f) flush_first<f>::call
+
+/* The GEMM ops, which read a lazy norm's rows (cuda_state.lazy) as their
+ * BF16 copy: a held-back GEMM is launched first; a lazy norm over exactly
+ * this op's prompt rows of x is dropped after it (its F32 rows, unread,
+ * stay unwritten; a path that read them wrote them first, lazy_need); one
+ * over other rows is written first. */
+static ag_status lazy_take(cuda_state *s, const float *x, int n, int n_decode, int K) {
+    ag_status st = defer_flush(s);
+    if (st || !s->lazy.out) return st;
+    if (n_decode < 0 || n_decode > n) n_decode = n;
+    const bool mine = s->lazy.out == x + (size_t)n_decode * K && s->lazy.rows == n - n_decode && s->lazy.dim == K;
+    return mine ? AG_OK : lazy_flush(s);
+}
+static ag_status cu_matmul_op(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
+    cuda_state *s = st_of(be);
+    ag_status   st = lazy_take(s, x, n, n_decode, (int)w->ne[0]);
+    if (!st) st = cu_matmul(be, w, x, n, n_decode, y);
+    s->lazy.out = NULL;
+    return st;
+}
+static ag_status cu_matmul_multi_op(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
+                                    int n_decode, float *const *y) {
+    cuda_state *s = st_of(be);
+    ag_status   st = n_w > 0 ? lazy_take(s, x, n, n_decode, (int)w[0]->ne[0]) : pending_flush(s);
+    if (!st) st = cu_matmul_multi(be, w, n_w, x, n, n_decode, y);
+    s->lazy.out = NULL;
+    return st;
+}
+static ag_status cu_ffn_op(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw,
+                           const float *h, int n, int n_decode, bool gelu, float *gate, float *up, float *o) {
+    cuda_state *s = st_of(be);
+    ag_status   st = lazy_take(s, h, n, n_decode, (int)gw->ne[0]);
+    if (!st) st = cu_ffn(be, gw, uw, dw, h, n, n_decode, gelu, gate, up, o);
+    s->lazy.out = NULL;
+    return st;
+}
 
 static ag_backend_ops make_ops(void) {
     ag_backend_ops o;
@@ -6321,8 +6406,8 @@ static ag_backend_ops make_ops(void) {
     o.begin = FLUSHED(cu_begin);
     o.graph_begin = FLUSHED(cu_graph_begin);
     o.graph_end = FLUSHED(cu_graph_end);
-    o.matmul = FLUSHED(cu_matmul);
-    o.matmul_multi = FLUSHED(cu_matmul_multi);
+    o.matmul = cu_matmul_op;             /* lazy_take */
+    o.matmul_multi = cu_matmul_multi_op; /* likewise */
     o.get_rows = FLUSHED(cu_get_rows);
     o.rmsnorm = FLUSHED(cu_rmsnorm);
     o.add_rmsnorm = cu_add_rmsnorm; /* takes the held-back GEMM in, or flushes */
@@ -6332,7 +6417,7 @@ static ag_backend_ops make_ops(void) {
     o.scale = FLUSHED(cu_scale);
     o.silu_mul = FLUSHED(cu_silu_mul);
     o.gelu_mul = FLUSHED(cu_gelu_mul);
-    o.ffn = FLUSHED(cu_ffn);
+    o.ffn = cu_ffn_op; /* likewise */
     o.kv_store = FLUSHED(cu_kv_store);
     o.rope_kv_store = FLUSHED(cu_rope_kv_store);
     o.argmax = FLUSHED(cu_argmax);
@@ -6467,7 +6552,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
     const char *dfr = getenv("AUGUR_CUDA_DEFER");
-    s->defer_on = dfr && *dfr == '1';
+    s->defer_mode = dfr ? atoi(dfr) & 3 : 0;
     const char *mtile = getenv("AUGUR_CUDA_MMT_TILE");
     s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 4 ? atoi(mtile) : -1;
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
