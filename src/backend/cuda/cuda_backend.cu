@@ -3110,10 +3110,10 @@ static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const 
     }
     if ((st = defer_flush(s))) return st;
     if (!s->fuse_on) { /* AUGUR_CUDA_FUSE=0, for A/B: two launches, the same bits */
-        ag_status st = cu_add(be, x, o, (size_t)n * dim);
+        st = cu_add(be, x, o, (size_t)n * dim);
         return st ? st : cu_rmsnorm(be, x, w, n, dim, eps, out);
     }
-    return launch_rmsnorm<true>(st_of(be), x, o, w, n, dim, eps, out);
+    return launch_rmsnorm<true>(s, x, o, w, n, dim, eps, out);
 }
 static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
     if (!n) return AG_OK;
