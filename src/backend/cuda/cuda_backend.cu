@@ -3126,8 +3126,8 @@ static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
     if (st || (st = r0 >= 0 ? defer_into(s, y, r0, dim) : defer_flush(s))) return st;
     if (r0 >= 0) n = (size_t)r0 * dim; /* the rows before the GEMM's */
     if (!n) return AG_OK;
-    prep_forget(st_of(be), y, n * sizeof(float));
-    launch_k(st_of(be), add_k, grid_for(n, 256), 256, 0, y, x, n);
+    prep_forget(s, y, n * sizeof(float));
+    launch_k(s, add_k, grid_for(n, 256), 256, 0, y, x, n);
     LAUNCHED();
     return AG_OK;
 }
