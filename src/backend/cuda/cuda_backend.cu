@@ -1709,7 +1709,7 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16(const uint8_t *__restrict__ 
 }
 
 /* mmt_bf16 with the loads staged in shared memory (AUGUR_CUDA_MMT_TILE=4,
- * beyond 32 decode rows; written, not yet run on a GPU). mmt_bf16's warps
+ * the default beyond 32 decode rows). mmt_bf16's warps
  * hold U steps of loads in registers, wait, then run their mmas: at 64
  * tokens (two row tiles by 32 tokens, two token blocks) gate/up ran at 1.4
  * TB/s and the 8B's output head at 1.8 (ncu, H100); more steps in flight
@@ -1893,15 +1893,17 @@ static int mmq_target_warps(void) {
  * AUGUR_CUDA_MMT_TILE (A/B): 0 two row tiles by 32 tokens, 1
  * mmt_bf16_group's tiles (one row tile by 16 tokens, grouped launches), 2
  * one row tile by 32 tokens, 3 two by 16, 4 mmt_bf16_staged (64 tokens);
- * unset (-1): 2 up to 32 rows, else 0. H100, 8B BF16, tok/s at 24 / 32 /
+ * unset (-1): 2 up to 32 rows, else 4. H100, 8B BF16, tok/s at 24 / 32 /
  * 64 sequences: tile 0 2685 / 3319 / 4906, 1 2588 / 3117 / 3405, 2 2932 /
  * 3571 / 4489, 3 2661 / 3318 / 3896 (mmt_bf16 with 64-token tiles, one or
- * two row tiles, measured 3347 / 3560 against 5155 at 64: dropped). */
+ * two row tiles, measured 3347 / 3560 against 5155 at 64: dropped). Tile 4
+ * against 0, same binary: 48 sequences 4443 / 4033, 64: 5488 / 4898, 128:
+ * 7020 / 5768; ncu at 64 rows: gate/up 70 us / 85, output head 520 / 569. */
 static mmt_kernel mmt_for(int n_out, int n, int tile, int *rows, int *toks, int *warps, size_t *smem) {
     *warps = mmt_slices(n_out, mmt_target_warps());
     const int ks = *warps == 4 ? 0 : *warps == 8 ? 1 : 2;
     *smem = 0;
-    if (tile < 0) tile = n <= 32 ? 2 : 0;
+    if (tile < 0) tile = n <= 32 ? 2 : 4;
     if (tile == 4) { /* staged, 64 tokens; stages by the warps: 98, 147 and 160 KB of shared memory */
         *toks = 64, *rows = ks == 2 ? 16 : 32;
         if (ks == 0) {
