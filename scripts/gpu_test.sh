@@ -240,6 +240,8 @@ bits_vs() {
 bits_vs AUGUR_CUDA_PAIR 0 "1 2" "--decode --chunk 1" "--decode --chunk 2" "--decode --chunk 3"
 echo "== dp4a GEMVs with their rows staged in shared memory (AUGUR_CUDA_STAGE=2: every kernel, 1: group launches) give the bits of global loads (AUGUR_CUDA_STAGE=0)"
 bits_vs AUGUR_CUDA_STAGE 0 "1 2" "--decode --chunk 1" "--decode --chunk 3" "--decode --chunk 9"
+echo "== one to eight BF16 decode rows of q/k/v in the 64-register kernel (the default) give the bits of the 126-register one (AUGUR_CUDA_MMT_LEAN=0)"
+BITS_MODELS=$R/llama8b-2layers-bf16.gguf bits_vs AUGUR_CUDA_MMT_LEAN 0 1 "--decode --chunk 1" "--decode --chunk 8" "--decode --chunk 9"
 echo "== kernels launched early (programmatic dependent launch, the default) give the bits of serial launches (AUGUR_CUDA_PDL=0)"
 # a missing wait in a kernel would read its input before its producer finished: different bits, or a moving error
 for m in $m $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf; do

@@ -287,6 +287,7 @@ typedef struct {
     int fa_rows;
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
     int  mmt_tile;     /* the BF16 decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMT_TILE, mmt_for; -1: by the batch) */
+    bool mmt_lean;     /* up to 8 rows at 16 warps a block: mmt_bf16_group_lean (AUGUR_CUDA_MMT_LEAN=0: off) */
     bool mmt_staged_ready[3]; /* mmt_bf16_staged's shared-memory limit raised, by 4, 8 or 16 warps */
     /* The prompt rows of a matmul's (or the feed-forward block's down)
      * BF16 GEMM, held back (AUGUR_CUDA_DEFER bit 1, opt-in; written, not yet
@@ -1814,9 +1815,9 @@ struct mmt_group {
     int            first_block[MMT_GROUP_MAX]; /* weight i's blocks: [first_block[i], first_block[i + 1]) */
     int            n;
 };
-template <int KSMAX, int NTL>
-__global__ void __launch_bounds__(32 * KSMAX) mmt_bf16_group(const mmt_group grp, int K,
-                                                             const __nv_bfloat16 *__restrict__ x, int n_tok) {
+template <int KSMAX, int NTL, int U>
+static __device__ __forceinline__ void mmt_bf16_group_body(const mmt_group &grp, int K,
+                                                           const __nv_bfloat16 *__restrict__ x, int n_tok) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     /* the token tiles of a block of row tiles are consecutive blocks (read the weight from L2 but the first) */
     const int n_tt = (n_tok + 8 * NTL - 1) / (8 * NTL), bx = (int)blockIdx.x / n_tt, tt = (int)blockIdx.x % n_tt;
@@ -1829,7 +1830,7 @@ __global__ void __launch_bounds__(32 * KSMAX) mmt_bf16_group(const mmt_group grp
     int       s0, s1;
     mmt_slice_range(K, ks, warp % ks, &s0, &s1);
     float c[1][NTL][4];
-    mmt_slice<1, NTL, 8>(grp.W[i], grp.row_bytes[i], K, n_out, x, n_tok, 16 * (tile0 + warp / ks), tok0, s0, s1, c);
+    mmt_slice<1, NTL, U>(grp.W[i], grp.row_bytes[i], K, n_out, x, n_tok, 16 * (tile0 + warp / ks), tok0, s0, s1, c);
     constexpr int C = NTL * 8 + 1;
     __shared__ float part[KSMAX][16][C];
 #pragma unroll
@@ -1846,6 +1847,23 @@ __global__ void __launch_bounds__(32 * KSMAX) mmt_bf16_group(const mmt_group grp
         for (int w = 1; w < ks; w++) v = __fadd_rn(v, part[tl * ks + w][r][tk]);
         y[(size_t)(tok0 + tk) * n_out + row] = v;
     }
+}
+template <int KSMAX, int NTL>
+__global__ void __launch_bounds__(32 * KSMAX) mmt_bf16_group(const mmt_group grp, int K,
+                                                             const __nv_bfloat16 *__restrict__ x, int n_tok) {
+    mmt_bf16_group_body<KSMAX, NTL, 8>(grp, K, x, n_tok);
+}
+/* One token at 16 warps a block (an 8B's q/k/v launch): 4 steps of loads in
+ * flight a warp instead of 8, registers held to 64 so that two blocks fit
+ * an SM. At 126 registers one did, so the launch's 256 blocks ran in two
+ * waves, and the second wave's first weights were not loaded before the
+ * previous kernel ended (PDL). The same mmas in the same order: the same
+ * bits. H100, 8B BF16 batch 1: 174.2 -> 174.7 tok/s (two rounds each);
+ * the same at 8 warps (four blocks an SM) 172.0 and also at 4 (eight)
+ * 165.5, at 8 sequences 1290 -> 1197: so 16 warps only. */
+__global__ void __launch_bounds__(32 * 16, 2)
+    mmt_bf16_group_lean(const mmt_group grp, int K, const __nv_bfloat16 *__restrict__ x, int n_tok) {
+    mmt_bf16_group_body<16, 1, 4>(grp, K, x, n_tok);
 }
 
 typedef void (*mmt_kernel)(const uint8_t *, size_t, int, int, const __nv_bfloat16 *, int, float *);
@@ -1958,6 +1976,7 @@ static void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int
     launch_k(s, (two ? mmt_bf16_group<KSM, 2> : mmt_bf16_group<KSM, 1>), grid, threads, 0, grp, K, x, n)
     if (ksmax == 4) MMT_GROUP_LAUNCH(4);
     else if (ksmax == 8) MMT_GROUP_LAUNCH(8);
+    else if (!two && s->mmt_lean) launch_k(s, mmt_bf16_group_lean, grid, threads, 0, grp, K, x, n); /* two blocks an SM */
     else MMT_GROUP_LAUNCH(16);
 #undef MMT_GROUP_LAUNCH
 }
@@ -6557,6 +6576,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->defer_mode = dfr ? atoi(dfr) & 3 : 0;
     const char *mtile = getenv("AUGUR_CUDA_MMT_TILE");
     s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 4 ? atoi(mtile) : -1;
+    const char *lean = getenv("AUGUR_CUDA_MMT_LEAN");
+    s->mmt_lean = !(lean && *lean == '0');
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
     s->mmv_split_on = !(split && *split == '0');
     const char *pdl = getenv("AUGUR_CUDA_PDL"); /* programmatic dependent launch: Hopper and later */
