@@ -369,6 +369,10 @@ typedef struct {
     const float *prep_x;
     int          prep_rows, prep_dim, prep_fmt, prep_want;
     bool         prep_on;
+    /* where prep_x's BF16 rows are: d_xh, or (ffn_decode_glu's product,
+     * made while its input is read from d_xh) the other half of d_xh */
+    const __nv_bfloat16 *prep_h;
+    bool glu_on; /* ffn_decode_glu: gate/up and the SiLU product in one launch (AUGUR_CUDA_GLU=1, opt-in) */
     bool         ffn16_on; /* cu_ffn's prompt rows in BF16 (AUGUR_CUDA_FFN16=0: off, for A/B) */
     /* Prompt rows likewise: silu_mul, the rmsnorms over the pass's rows and
      * the one-pass prompt attention leave the pass's prompt rows also as
@@ -663,7 +667,8 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     }
     ag_status st = grow((void **)&s->d_ints, &s->cap_ints, need, sizeof(int32_t));
     if (!st && s->mmv_dp4a && s->max_k > 0 && lay->n_decode > 0) st = reserve_xq(s, lay->n_decode, s->max_k);
-    if (!st && s->mmv_dp4a && s->max_k_bf16 > 0 && lay->n_decode > 0) st = reserve_xh(s, lay->n_decode, s->max_k_bf16);
+    if (!st && s->mmv_dp4a && s->max_k_bf16 > 0 && lay->n_decode > 0) /* (both halves: ffn_decode_glu) */
+        st = reserve_xh(s, (s->glu_on ? 2 : 1) * lay->n_decode, s->max_k_bf16);
     if (!st && lay->n_decode > 0) st = reserve_att(s, lay->n_decode < n ? lay->n_decode : n);
     if (!st && 2 * (size_t)n * ROPE_MAX_HALF > s->cap_rope) {
         graphs_clear(s);
@@ -2429,6 +2434,7 @@ static void prep_made(cuda_state *s, const float *out, int n, int dim, int fmt) 
     s->prep_rows = s->pass_n_decode;
     s->prep_dim = dim;
     s->prep_fmt = fmt;
+    s->prep_h = s->d_xh;
 }
 
 /* Room in d_xbf for a producer's BF16 copy of elems prompt-row values (the
@@ -2507,6 +2513,11 @@ static bool uses_mmt(const cuda_state *s, const ag_tensor *w) {
 static int prep_ready(const cuda_state *s, const float *x, int n, int K) {
     return s->prep_x == x && n <= s->prep_rows && K == s->prep_dim ? s->prep_fmt : 0;
 }
+/* Where x's n rows of K are as BF16 once XR_BF16 is ready for them: their
+ * producer's copy (prep_h), else d_xh (converted there by the caller). */
+static const __nv_bfloat16 *xh_of(const cuda_state *s, const float *x, int n, int K) {
+    return prep_ready(s, x, n, K) & XR_BF16 ? s->prep_h : s->d_xh;
+}
 
 /* x's n rows of K as int8 per 32 in d_xq/d_xs, unless *x_ready says they
  * are there already (a matmul_multi's earlier weight, or their producer). */
@@ -2546,8 +2557,9 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
             LAUNCHED();
             *x_ready |= XR_BF16;
         }
+        const __nv_bfloat16 *xh = xh_of(s, x, n, K);
         if (n <= 16 || s->mmt_tile == 1) {
-            launch_mmt_group(s, &w, 1, K, s->d_xh, n, &y);
+            launch_mmt_group(s, &w, 1, K, xh, n, &y);
         } else {
             int        rows, toks, warps;
             size_t     smem;
@@ -2557,8 +2569,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
                 CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
                 s->mmt_staged_ready[warps / 8] = true;
             }
-            launch_k(s, k, grid, 32 * warps, smem, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xh, n,
-                     y);
+            launch_k(s, k, grid, 32 * warps, smem, (const uint8_t *)w->data, w->row_bytes, K, n_out, xh, n, y);
         }
         LAUNCHED();
         return AG_OK;
@@ -2823,7 +2834,7 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
             LAUNCHED();
         }
         ag_status st;
-        launch_mmt_group(s, w, n_w, K, s->d_xh, n_decode, y);
+        launch_mmt_group(s, w, n_w, K, xh_of(s, x, n_decode, K), n_decode, y);
         LAUNCHED();
         for (int i = 0; i < n_w; i++) {
             st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1],
@@ -3187,6 +3198,87 @@ static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n)
     return AG_OK;
 }
 
+/* Up to 8 decode rows of a SiLU feed-forward block's gate and up (BF16,
+ * one K split ks = KS for both) and their product, in one launch: block b
+ * takes row tile b of both weights, warps [0, KS) gate's slices and [KS,
+ * 2 KS) up's, each with mmt_bf16_group's arithmetic (mmt_slice, the
+ * slices' sums added in order), then g[t][r] = silu_times(gate, up), the
+ * bits of matmul_multi then silu_mul; with xh, also g's BF16 copy
+ * (prep_store4's rounding) for the down matmul. Saves silu_mul's launch
+ * and its wait between the two GEMVs (AUGUR_CUDA_GLU=1). */
+template <int KS>
+__global__ void __launch_bounds__(64 * KS) mmt_bf16_glu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu,
+                                                        size_t row_bytes_g, size_t row_bytes_u, int K, int n_ff,
+                                                        const __nv_bfloat16 *__restrict__ x, int n_tok,
+                                                        float *__restrict__ g_out, __nv_bfloat16 *__restrict__ xh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int row0 = 16 * (int)blockIdx.x;
+    int       s0, s1;
+    mmt_slice_range(K, KS, warp % KS, &s0, &s1);
+    float c[1][1][4];
+    mmt_slice<1, 1, 8>(warp < KS ? Wg : Wu, warp < KS ? row_bytes_g : row_bytes_u, K, n_ff, x, n_tok, row0, 0, s0, s1,
+                       c);
+    __shared__ float part[2 * KS][16][9];
+#pragma unroll
+    for (int e = 0; e < 4; e++) part[warp][g + 8 * (e >> 1)][2 * t + (e & 1)] = c[0][0][e];
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * 8; e += blockDim.x) {
+        const int r = e % 16, tk = e / 16, row = row0 + r;
+        if (row >= n_ff || tk >= n_tok) continue;
+        float gv = part[0][r][tk], uv = part[KS][r][tk];
+        for (int w = 1; w < KS; w++) gv = __fadd_rn(gv, part[w][r][tk]), uv = __fadd_rn(uv, part[KS + w][r][tk]);
+        const float v = silu_times(gv, uv);
+        g_out[(size_t)tk * n_ff + row] = v;
+        if (xh) xh[(size_t)tk * n_ff + row] = __float2bfloat16_rn(v);
+    }
+}
+
+/* The decode rows of a SiLU feed-forward block through mmt_bf16_glu, then
+ * the down matmul: *done false (nothing launched) where it does not apply:
+ * not asked for, GELU, prompt rows or more than 8 rows, a weight not on
+ * mmt_bf16, a K split beyond 8, or activations the down weight reads as
+ * int8 (only BF16 copies are made here). */
+static ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw,
+                                const float *h, int n, int n_decode, bool gelu, float *gate, float *o, bool *done) {
+    cuda_state *s = st_of(be);
+    *done = false;
+    const int K = (int)gw->ne[0], n_ff = (int)gw->ne[1];
+    if (!s->glu_on || gelu || n_decode != n || n < 1 || n > 8 || !s->group_on || !uses_mmt(s, gw) ||
+        !uses_mmt(s, uw) || uw->ne[0] != K || uw->ne[1] != n_ff || n != s->n || s->pass_n_decode != n)
+        return AG_OK;
+    const int ks = mmt_slices(n_ff, mmt_target_warps());
+    const int fmt = prep_formats(s, n, n_ff);
+    if (ks > 8 || (fmt & XR_Q8)) return AG_OK;
+    /* the product's BF16 copy goes to the half of d_xh that x is not in */
+    const size_t half = (size_t)n * (size_t)s->max_k_bf16;
+    const bool   copy = (fmt & XR_BF16) && n_ff <= s->max_k_bf16 && K <= s->max_k_bf16 && s->cap_xh >= 2 * half;
+    if ((fmt & XR_BF16) && !copy) return AG_OK;
+    prep_forget(s, gate, (size_t)n * n_ff * sizeof(float));
+    if (!(prep_ready(s, h, n, K) & XR_BF16)) {
+        ag_status st = reserve_xh(s, n, K);
+        if (st) return st;
+        s->prep_x = NULL; /* the buffer now holds h */
+        launch_k(s, f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, h, (size_t)K * n, s->d_xh);
+        LAUNCHED();
+    }
+    const __nv_bfloat16 *xin = xh_of(s, h, n, K);
+    __nv_bfloat16       *xout = copy ? (xin == s->d_xh ? s->d_xh + half : s->d_xh) : NULL;
+    const unsigned       blocks = (unsigned)((n_ff + 15) / 16);
+    if (ks == 4)
+        launch_k(s, mmt_bf16_glu<4>, blocks, 64 * 4, 0, (const uint8_t *)gw->data, (const uint8_t *)uw->data,
+                 gw->row_bytes, uw->row_bytes, K, n_ff, xin, n, gate, xout);
+    else
+        launch_k(s, mmt_bf16_glu<8>, blocks, 64 * 8, 0, (const uint8_t *)gw->data, (const uint8_t *)uw->data,
+                 gw->row_bytes, uw->row_bytes, K, n_ff, xin, n, gate, xout);
+    LAUNCHED();
+    if (copy) {
+        prep_made(s, gate, n, n_ff, XR_BF16);
+        s->prep_h = xout;
+    }
+    *done = true;
+    return cu_matmul(be, dw, gate, n, n, o);
+}
+
 /* The feed-forward block (ag_backend_ops.ffn). Decode rows: the three ops
  * (their bits). Prompt rows of quantized or BF16 weights: the gate and up
  * GEMMs write BF16 (over the first half of gate's and up's rows), the
@@ -3203,6 +3295,8 @@ static ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw
     const bool       bf16_ok = gw->type != CQ_F32 && gw->type != CQ_F16 && uw->type != CQ_F32 && uw->type != CQ_F16 &&
                          dw->type != CQ_F32 && dw->type != CQ_F16;
     ag_status        st;
+    bool             fused;
+    if ((st = ffn_decode_glu(be, gw, uw, dw, h, n, n_decode, gelu, gate, o, &fused)) || fused) return st;
     if (!s->ffn16_on || n_pp <= 0 || !bf16_ok || n_ff % 8 || uw->ne[1] != n_ff || dw->ne[0] != n_ff ||
         (((uintptr_t)gate | (uintptr_t)up) & 15)) { /* (glu_bf16_k's 16-byte loads) */
         if ((st = cu_matmul_multi(be, gu_w, 2, h, n, n_decode, gu))) return st;
@@ -6576,6 +6670,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->defer_mode = dfr ? atoi(dfr) & 3 : 0;
     const char *mtile = getenv("AUGUR_CUDA_MMT_TILE");
     s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 4 ? atoi(mtile) : -1;
+    const char *glu = getenv("AUGUR_CUDA_GLU");
+    s->glu_on = glu && *glu == '1';
     const char *lean = getenv("AUGUR_CUDA_MMT_LEAN");
     s->mmt_lean = !(lean && *lean == '0');
     const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
