@@ -2518,6 +2518,15 @@ static int prep_ready(const cuda_state *s, const float *x, int n, int K) {
 static const __nv_bfloat16 *xh_of(const cuda_state *s, const float *x, int n, int K) {
     return prep_ready(s, x, n, K) & XR_BF16 ? s->prep_h : s->d_xh;
 }
+/* Converts x's n rows of K into d_xh as BF16 (for the mmt kernels). */
+static ag_status to_bf16(cuda_state *s, const float *x, int n, int K) {
+    ag_status st = reserve_xh(s, n, K);
+    if (st) return st;
+    s->prep_x = NULL; /* the buffer now holds x */
+    launch_k(s, f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, x, (size_t)K * n, s->d_xh);
+    LAUNCHED();
+    return AG_OK;
+}
 
 /* x's n rows of K as int8 per 32 in d_xq/d_xs, unless *x_ready says they
  * are there already (a matmul_multi's earlier weight, or their producer). */
@@ -2550,11 +2559,8 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
     *x_ready |= prep_ready(s, x, n, K);
     if (uses_mmt(s, w)) {
         if (!(*x_ready & XR_BF16)) {
-            ag_status st = reserve_xh(s, n, K);
+            ag_status st = to_bf16(s, x, n, K);
             if (st) return st;
-            s->prep_x = NULL; /* the buffer now holds x */
-            launch_k(s, f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, x, (size_t)K * n, s->d_xh);
-            LAUNCHED();
             *x_ready |= XR_BF16;
         }
         const __nv_bfloat16 *xh = xh_of(s, x, n, K);
@@ -2825,15 +2831,8 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
     if (group) { /* the decode rows of all in one launch, then each weight's prompt rows */
         const int K = (int)w[0]->ne[0];
         for (int i = 0; i < n_w; i++) prep_forget(s, y[i], (size_t)n * w[i]->ne[1] * sizeof(float));
-        if (!(prep_ready(s, x, n_decode, K) & XR_BF16)) {
-            ag_status st = reserve_xh(s, n_decode, K);
-            if (st) return st;
-            s->prep_x = NULL;
-            launch_k(s, f32_to_bf16, grid_for((size_t)K * n_decode, 256), 256, 0, x, (size_t)K * n_decode,
-                     s->d_xh);
-            LAUNCHED();
-        }
         ag_status st;
+        if (!(prep_ready(s, x, n_decode, K) & XR_BF16) && (st = to_bf16(s, x, n_decode, K))) return st;
         launch_mmt_group(s, w, n_w, K, xh_of(s, x, n_decode, K), n_decode, y);
         LAUNCHED();
         for (int i = 0; i < n_w; i++) {
@@ -3254,13 +3253,8 @@ static ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_te
     const bool   copy = (fmt & XR_BF16) && n_ff <= s->max_k_bf16 && K <= s->max_k_bf16 && s->cap_xh >= 2 * half;
     if ((fmt & XR_BF16) && !copy) return AG_OK;
     prep_forget(s, gate, (size_t)n * n_ff * sizeof(float));
-    if (!(prep_ready(s, h, n, K) & XR_BF16)) {
-        ag_status st = reserve_xh(s, n, K);
-        if (st) return st;
-        s->prep_x = NULL; /* the buffer now holds h */
-        launch_k(s, f32_to_bf16, grid_for((size_t)K * n, 256), 256, 0, h, (size_t)K * n, s->d_xh);
-        LAUNCHED();
-    }
+    ag_status st;
+    if (!(prep_ready(s, h, n, K) & XR_BF16) && (st = to_bf16(s, h, n, K))) return st;
     const __nv_bfloat16 *xin = xh_of(s, h, n, K);
     __nv_bfloat16       *xout = copy ? (xin == s->d_xh ? s->d_xh + half : s->d_xh) : NULL;
     const unsigned       blocks = (unsigned)((n_ff + 15) / 16);
