@@ -3248,10 +3248,11 @@ static ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_te
     const int ks = mmt_slices(n_ff, mmt_target_warps());
     const int fmt = prep_formats(s, n, n_ff);
     if (ks > 8 || (fmt & XR_Q8)) return AG_OK;
-    /* the product's BF16 copy goes to the half of d_xh that x is not in */
+    /* the product's BF16 copy goes to the half of d_xh that x is not in
+     * (x fits a half: K <= max_k_bf16, gate being a BF16 weight) */
     const size_t half = (size_t)n * (size_t)s->max_k_bf16;
-    const bool   copy = (fmt & XR_BF16) && n_ff <= s->max_k_bf16 && K <= s->max_k_bf16 && s->cap_xh >= 2 * half;
-    if ((fmt & XR_BF16) && !copy) return AG_OK;
+    const bool   copy = fmt & XR_BF16;
+    if (copy && (n_ff > s->max_k_bf16 || s->cap_xh < 2 * half)) return AG_OK;
     prep_forget(s, gate, (size_t)n * n_ff * sizeof(float));
     ag_status st;
     if (!(prep_ready(s, h, n, K) & XR_BF16) && (st = to_bf16(s, h, n, K))) return st;
