@@ -709,10 +709,10 @@ static void ffn_against_three_ops(void **state) {
 }
 
 /* The feed-forward op's decode-only passes of 1 to 8 rows with BF16 weights
- * wide enough for a K split of 4 or 8 (CUDA: where AUGUR_CUDA_GLU=1 makes
- * gate, up and the SiLU product in one launch): bit for bit against the
- * same backend's three ops, its input left by an rmsnorm (prepared) or not,
- * and within 3e-2 of the CPU's three ops. */
+ * wide enough for a K split of 4 or 8 (CUDA: gate, up and the SiLU or GELU
+ * product in one launch, mmt_bf16_glu), SiLU and GELU: bit for bit against
+ * the same backend's three ops, its input left by an rmsnorm (prepared) or
+ * not, and within 3e-2 of the CPU's three ops. */
 static void ffn_decode_rows_wide(void **state) {
     (void)state;
     if (!g_be->ops->ffn) skip();
@@ -733,38 +733,41 @@ static void ffn_decode_rows_wide(void **state) {
               *o3 = dev_floats(g_be, (size_t)N_MAX * K);
         float *h = malloc(sizeof(float) * N_MAX * K), *cg = malloc(sizeof(float) * N_MAX * N_FF),
               *cu = malloc(sizeof(float) * N_MAX * N_FF), *co = malloc(sizeof(float) * N_MAX * K);
-        for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++)
-            for (int prepared = 0; prepared < 2; prepared++) {
-                const int N = ns[c];
-                int32_t   ids[N_MAX], pos[N_MAX], seq[N_MAX];
-                for (int i = 0; i < N; i++) ids[i] = i, pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
-                ag_batch_layout lay = {N, pos, seq, N, NULL, NULL, 0, NULL, NULL, NULL, 0};
-                begin_pass(g_be, f.kv, &lay, ids);
-                const ag_tensor *cws[2] = {&gc, &uc}, *ws[2] = {&gw, &uw};
-                float *const     cys[2] = {cg, cu}, *ys[2] = {gate, up};
-                assert_int_equal(g_cpu->ops->rmsnorm(g_cpu, x, gain, N, K, 1e-6f, h), AG_OK);
-                assert_int_equal(g_cpu->ops->matmul_multi(g_cpu, cws, 2, h, N, N, cys), AG_OK);
-                assert_int_equal(g_cpu->ops->silu_mul(g_cpu, cg, cu, (size_t)N * N_FF), AG_OK);
-                assert_int_equal(g_cpu->ops->matmul(g_cpu, &dc, cg, N, N, co), AG_OK);
-                /* the op; unprepared: a scale by 1 after the norm (a write) forgets any prepared copy */
-                assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
-                if (!prepared) assert_int_equal(g_be->ops->scale(g_be, dh, 1.0f, (size_t)N * K), AG_OK);
-                assert_int_equal(g_be->ops->ffn(g_be, &gw, &uw, &dw, dh, N, N, false, gate, up, o1), AG_OK);
-                assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
-                assert_int_equal(g_be->ops->matmul_multi(g_be, ws, 2, dh, N, N, ys), AG_OK);
-                assert_int_equal(g_be->ops->silu_mul(g_be, gate, up, (size_t)N * N_FF), AG_OK);
-                assert_int_equal(g_be->ops->matmul(g_be, &dw, gate, N, N, o3), AG_OK);
-                commit_pass(f.kv, &lay);
-                float *r1 = host_get(g_be, o1, (size_t)N * K), *r3 = host_get(g_be, o3, (size_t)N * K);
-                if (memcmp(r1, r3, sizeof(float) * N * K))
-                    fail_msg("%s ffn BF16 SiLU, n_ff %d, %d decode rows (%s): differs from the three ops'",
-                             g_be->ops->name, N_FF, N, prepared ? "prepared" : "unprepared");
-                const double e = rel_err_f(r1, co, (size_t)N * K);
-                if (!(e <= 3e-2))
-                    fail_msg("%s ffn BF16 SiLU, n_ff %d, %d decode rows: err %.3g against the CPU's three ops",
-                             g_be->ops->name, N_FF, N, e);
-                free(r1), free(r3);
-            }
+        for (int combo = 0; combo < 4 * (int)(sizeof ns / sizeof ns[0]); combo++) {
+            const int  N = ns[combo / 4], prepared = combo & 1;
+            const bool gelu = combo & 2;
+            const char *act = gelu ? "GELU" : "SiLU";
+            int32_t   ids[N_MAX], pos[N_MAX], seq[N_MAX];
+            for (int i = 0; i < N; i++) ids[i] = i, pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
+            ag_batch_layout lay = {N, pos, seq, N, NULL, NULL, 0, NULL, NULL, NULL, 0};
+            begin_pass(g_be, f.kv, &lay, ids);
+            const ag_tensor *cws[2] = {&gc, &uc}, *ws[2] = {&gw, &uw};
+            float *const     cys[2] = {cg, cu}, *ys[2] = {gate, up};
+            assert_int_equal(g_cpu->ops->rmsnorm(g_cpu, x, gain, N, K, 1e-6f, h), AG_OK);
+            assert_int_equal(g_cpu->ops->matmul_multi(g_cpu, cws, 2, h, N, N, cys), AG_OK);
+            assert_int_equal((gelu ? g_cpu->ops->gelu_mul : g_cpu->ops->silu_mul)(g_cpu, cg, cu, (size_t)N * N_FF),
+                             AG_OK);
+            assert_int_equal(g_cpu->ops->matmul(g_cpu, &dc, cg, N, N, co), AG_OK);
+            /* the op; unprepared: a scale by 1 after the norm (a write) forgets any prepared copy */
+            assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
+            if (!prepared) assert_int_equal(g_be->ops->scale(g_be, dh, 1.0f, (size_t)N * K), AG_OK);
+            assert_int_equal(g_be->ops->ffn(g_be, &gw, &uw, &dw, dh, N, N, gelu, gate, up, o1), AG_OK);
+            assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
+            assert_int_equal(g_be->ops->matmul_multi(g_be, ws, 2, dh, N, N, ys), AG_OK);
+            assert_int_equal((gelu ? g_be->ops->gelu_mul : g_be->ops->silu_mul)(g_be, gate, up, (size_t)N * N_FF),
+                             AG_OK);
+            assert_int_equal(g_be->ops->matmul(g_be, &dw, gate, N, N, o3), AG_OK);
+            commit_pass(f.kv, &lay);
+            float *r1 = host_get(g_be, o1, (size_t)N * K), *r3 = host_get(g_be, o3, (size_t)N * K);
+            if (memcmp(r1, r3, sizeof(float) * N * K))
+                fail_msg("%s ffn BF16 %s, n_ff %d, %d decode rows (%s): differs from the three ops'",
+                         g_be->ops->name, act, N_FF, N, prepared ? "prepared" : "unprepared");
+            const double e = rel_err_f(r1, co, (size_t)N * K);
+            if (!(e <= 3e-2))
+                fail_msg("%s ffn BF16 %s, n_ff %d, %d decode rows: err %.3g against the CPU's three ops",
+                         g_be->ops->name, act, N_FF, N, e);
+            free(r1), free(r3);
+        }
         free(x), free(gain), free(h), free(cg), free(cu), free(co), free(dg), free(du), free(dd);
         g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dgain), g_be->ops->free(g_be, dh);
         g_be->ops->free(g_be, gate), g_be->ops->free(g_be, up), g_be->ops->free(g_be, o1), g_be->ops->free(g_be, o3);

@@ -3197,17 +3197,18 @@ static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n)
     return AG_OK;
 }
 
-/* Up to 8 decode rows of a SiLU feed-forward block's gate and up (BF16,
- * one K split ks = KS for both) and their product, in one launch: block b
- * takes row tile b of both weights, warps [0, KS) gate's slices and [KS,
- * 2 KS) up's, each with mmt_bf16_group's arithmetic (mmt_slice, the
- * slices' sums added in order), then g[t][r] = silu_times(gate, up), the
- * bits of matmul_multi then silu_mul; with xh, also g's BF16 copy
+/* Up to 8 decode rows of a feed-forward block's gate and up (BF16, one K
+ * split ks = KS for both) and their product, in one launch: block b takes
+ * row tile b of both weights, warps [0, KS) gate's slices and [KS, 2 KS)
+ * up's, each with mmt_bf16_group's arithmetic (mmt_slice, the slices' sums
+ * added in order), then g[t][r] = silu_times(gate, up) (GELU:
+ * gelu_f16(gate) * up), the bits of matmul_multi then silu_mul (gelu_mul);
+ * with xh, also g's BF16 copy
  * (prep_store4's rounding) for the down matmul. Saves silu_mul's launch
  * and its wait between the two GEMVs: 8B BF16 on an H100, batch 1
  * 178.0 -> 179.0 tok/s, 8 sequences 1315.7 -> 1339.0 (2026-12-06; the
  * default, AUGUR_CUDA_GLU=0 runs the three ops). */
-template <int KS>
+template <int KS, bool GELU>
 __global__ void __launch_bounds__(64 * KS) mmt_bf16_glu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu,
                                                         size_t row_bytes_g, size_t row_bytes_u, int K, int n_ff,
                                                         const __nv_bfloat16 *__restrict__ x, int n_tok,
@@ -3228,15 +3229,15 @@ __global__ void __launch_bounds__(64 * KS) mmt_bf16_glu(const uint8_t *__restric
         if (row >= n_ff || tk >= n_tok) continue;
         float gv = part[0][r][tk], uv = part[KS][r][tk];
         for (int w = 1; w < KS; w++) gv = __fadd_rn(gv, part[w][r][tk]), uv = __fadd_rn(uv, part[KS + w][r][tk]);
-        const float v = silu_times(gv, uv);
+        const float v = GELU ? gelu_f16(gv) * uv : silu_times(gv, uv);
         g_out[(size_t)tk * n_ff + row] = v;
         if (xh) xh[(size_t)tk * n_ff + row] = __float2bfloat16_rn(v);
     }
 }
 
-/* The decode rows of a SiLU feed-forward block through mmt_bf16_glu, then
- * the down matmul: *done false (nothing launched) where it does not apply:
- * not asked for, GELU, prompt rows or more than 8 rows, a weight not on
+/* The decode rows of a feed-forward block through mmt_bf16_glu, then the
+ * down matmul: *done false (nothing launched) where it does not apply:
+ * turned off, prompt rows or more than 8 rows, a weight not on
  * mmt_bf16, a K split beyond 8, or activations the down weight reads as
  * int8 (only BF16 copies are made here). */
 static ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw,
@@ -3244,7 +3245,7 @@ static ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_te
     cuda_state *s = st_of(be);
     *done = false;
     const int K = (int)gw->ne[0], n_ff = (int)gw->ne[1];
-    if (!s->glu_on || gelu || n_decode != n || n < 1 || n > 8 || !s->group_on || !uses_mmt(s, gw) ||
+    if (!s->glu_on || n_decode != n || n < 1 || n > 8 || !s->group_on || !uses_mmt(s, gw) ||
         !uses_mmt(s, uw) || uw->ne[0] != K || uw->ne[1] != n_ff || n != s->n || s->pass_n_decode != n)
         return AG_OK;
     const int ks = mmt_slices(n_ff, mmt_target_warps());
@@ -3261,12 +3262,10 @@ static ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_te
     const __nv_bfloat16 *xin = xh_of(s, h, n, K);
     __nv_bfloat16       *xout = copy ? (xin == s->d_xh ? s->d_xh + half : s->d_xh) : NULL;
     const unsigned       blocks = (unsigned)((n_ff + 15) / 16);
-    if (ks == 4)
-        launch_k(s, mmt_bf16_glu<4>, blocks, 64 * 4, 0, (const uint8_t *)gw->data, (const uint8_t *)uw->data,
-                 gw->row_bytes, uw->row_bytes, K, n_ff, xin, n, gate, xout);
-    else
-        launch_k(s, mmt_bf16_glu<8>, blocks, 64 * 8, 0, (const uint8_t *)gw->data, (const uint8_t *)uw->data,
-                 gw->row_bytes, uw->row_bytes, K, n_ff, xin, n, gate, xout);
+    auto kern = ks == 4 ? (gelu ? mmt_bf16_glu<4, true> : mmt_bf16_glu<4, false>)
+                        : (gelu ? mmt_bf16_glu<8, true> : mmt_bf16_glu<8, false>);
+    launch_k(s, kern, blocks, 64 * (unsigned)ks, 0, (const uint8_t *)gw->data, (const uint8_t *)uw->data,
+             gw->row_bytes, uw->row_bytes, K, n_ff, xin, n, gate, xout);
     LAUNCHED();
     if (copy) {
         prep_made(s, gate, n, n_ff, XR_BF16);
