@@ -637,6 +637,18 @@ static void matmul_after_producers(void **state) {
     ag_kv_free(f.kv);
 }
 
+/* o = (act(h·gateᵀ) * (h·upᵀ)) · downᵀ by the three ops the ffn op stands
+ * for (matmul_multi, silu_mul or gelu_mul, matmul) on backend be; gate and
+ * up ([N][n_ff] each) are scratch. */
+static void ffn_three_ops(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw, const float *h,
+                          int N, int n_dec, int n_ff, bool gelu, float *gate, float *up, float *o) {
+    const ag_tensor *ws[2] = {gw, uw};
+    float *const     ys[2] = {gate, up};
+    assert_int_equal(be->ops->matmul_multi(be, ws, 2, h, N, n_dec, ys), AG_OK);
+    assert_int_equal((gelu ? be->ops->gelu_mul : be->ops->silu_mul)(be, gate, up, (size_t)N * n_ff), AG_OK);
+    assert_int_equal(be->ops->matmul(be, dw, gate, N, n_dec, o), AG_OK);
+}
+
 /* The feed-forward op, where a backend has one, against the three ops it
  * stands for (matmul_multi of gate and up, silu_mul or gelu_mul, matmul of
  * down): decode rows bit for bit against the same backend's three ops
@@ -669,22 +681,14 @@ static void ffn_against_three_ops(void **state) {
             assert_int_equal(g_cpu->ops->rmsnorm(g_cpu, x, gain, N, K, 1e-6f, h), AG_OK);
             const double tol = types[t] == AG_TYPE_BF16 ? 3e-2 : 6e-2;
             for (size_t c = 0; c < sizeof n_decs / sizeof n_decs[0]; c++) {
-                const int        n_dec = n_decs[c];
-                const ag_tensor *cws[2] = {&gc, &uc}, *ws[2] = {&gw, &uw};
-                float *const     cys[2] = {cg, cu}, *ys[2] = {gate, up};
-                assert_int_equal(g_cpu->ops->matmul_multi(g_cpu, cws, 2, h, N, n_dec, cys), AG_OK);
-                assert_int_equal((gelu ? g_cpu->ops->gelu_mul : g_cpu->ops->silu_mul)(g_cpu, cg, cu, (size_t)N * N_FF),
-                                 AG_OK);
-                assert_int_equal(g_cpu->ops->matmul(g_cpu, &dc, cg, N, n_dec, co), AG_OK);
+                const int n_dec = n_decs[c];
+                ffn_three_ops(g_cpu, &gc, &uc, &dc, h, N, n_dec, N_FF, gelu, cg, cu, co);
                 /* the op, its input left by an rmsnorm (which may prepare it) */
                 assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
                 assert_int_equal(g_be->ops->ffn(g_be, &gw, &uw, &dw, dh, N, n_dec, gelu, gate, up, o1), AG_OK);
                 /* the same backend's three ops */
                 assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
-                assert_int_equal(g_be->ops->matmul_multi(g_be, ws, 2, dh, N, n_dec, ys), AG_OK);
-                assert_int_equal((gelu ? g_be->ops->gelu_mul : g_be->ops->silu_mul)(g_be, gate, up, (size_t)N * N_FF),
-                                 AG_OK);
-                assert_int_equal(g_be->ops->matmul(g_be, &dw, gate, N, n_dec, o3), AG_OK);
+                ffn_three_ops(g_be, &gw, &uw, &dw, dh, N, n_dec, N_FF, gelu, gate, up, o3);
                 float *a = host_get(g_be, o1, (size_t)N * K), *b = host_get(g_be, o3, (size_t)N * K);
                 if (memcmp(a, b, sizeof(float) * n_dec * K))
                     fail_msg("%s ffn %s %s: decode rows (%d of %d) differ from the three ops'", g_be->ops->name,
@@ -741,22 +745,14 @@ static void ffn_decode_rows_wide(void **state) {
             for (int i = 0; i < N; i++) ids[i] = i, pos[i] = ag_kv_seq_len(f.kv, f.seq[0]) + i, seq[i] = f.seq[0];
             ag_batch_layout lay = {N, pos, seq, N, NULL, NULL, 0, NULL, NULL, NULL, 0};
             begin_pass(g_be, f.kv, &lay, ids);
-            const ag_tensor *cws[2] = {&gc, &uc}, *ws[2] = {&gw, &uw};
-            float *const     cys[2] = {cg, cu}, *ys[2] = {gate, up};
             assert_int_equal(g_cpu->ops->rmsnorm(g_cpu, x, gain, N, K, 1e-6f, h), AG_OK);
-            assert_int_equal(g_cpu->ops->matmul_multi(g_cpu, cws, 2, h, N, N, cys), AG_OK);
-            assert_int_equal((gelu ? g_cpu->ops->gelu_mul : g_cpu->ops->silu_mul)(g_cpu, cg, cu, (size_t)N * N_FF),
-                             AG_OK);
-            assert_int_equal(g_cpu->ops->matmul(g_cpu, &dc, cg, N, N, co), AG_OK);
+            ffn_three_ops(g_cpu, &gc, &uc, &dc, h, N, N, N_FF, gelu, cg, cu, co);
             /* the op; unprepared: a scale by 1 after the norm (a write) forgets any prepared copy */
             assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
             if (!prepared) assert_int_equal(g_be->ops->scale(g_be, dh, 1.0f, (size_t)N * K), AG_OK);
             assert_int_equal(g_be->ops->ffn(g_be, &gw, &uw, &dw, dh, N, N, gelu, gate, up, o1), AG_OK);
             assert_int_equal(g_be->ops->rmsnorm(g_be, dx, dgain, N, K, 1e-6f, dh), AG_OK);
-            assert_int_equal(g_be->ops->matmul_multi(g_be, ws, 2, dh, N, N, ys), AG_OK);
-            assert_int_equal((gelu ? g_be->ops->gelu_mul : g_be->ops->silu_mul)(g_be, gate, up, (size_t)N * N_FF),
-                             AG_OK);
-            assert_int_equal(g_be->ops->matmul(g_be, &dw, gate, N, N, o3), AG_OK);
+            ffn_three_ops(g_be, &gw, &uw, &dw, dh, N, N, N_FF, gelu, gate, up, o3);
             commit_pass(f.kv, &lay);
             float *r1 = host_get(g_be, o1, (size_t)N * K), *r3 = host_get(g_be, o3, (size_t)N * K);
             if (memcmp(r1, r3, sizeof(float) * N * K))
