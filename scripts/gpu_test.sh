@@ -59,11 +59,11 @@ AUGUR_CUDA_FA=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 AUGUR_CUDA_FA=1 AUGUR_CUDA_FA_ROWS=2 AUGUR_CUDA_FFN16=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 AUGUR_CUDA_FA=1 AUGUR_CUDA_FA_ROWS=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (the variants of the prompt attention on wgmma, AUGUR_CUDA_WG_VAR=0, 6, 10, 16, 24 and 52 (the default is 20); sm_90a on an H100/H200 only)"
+echo "== op harness on the GPU (the variants of the prompt attention on wgmma, AUGUR_CUDA_WG_VAR=0, 6, 10, 16, 24, 52 and 84 (the default is 20); sm_90a on an H100/H200 only)"
 # the variants' failures are counted, not fatal: the rest of this script still runs (its result fails at the end);
 # a time limit, as a variant with mbarriers or named barriers that never ran could hang
 variant_rc=0
-for v in 0 6 10 16 24 52; do
+for v in 0 6 10 16 24 52 84; do
   AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=$v AUGUR_TEST_DEVICE=cuda timeout 300 build/cuda/tests/test_backend_ops ||
     { echo "FAIL op harness with AUGUR_CUDA_FA=wg AUGUR_CUDA_WG_VAR=$v"; variant_rc=1; }
 done

@@ -281,7 +281,7 @@ typedef struct {
      * attention_fa1_k there too) */
     bool fa_wg;
     bool rope_vec_on; /* rope_kv_store_vec_k where the shapes allow (AUGUR_CUDA_ROPE_VEC=0: the scalar kernel, A/B) */
-    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING; AUGUR_CUDA_WG_VAR, default WG_PROD | WG_DEEP) */
+    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING | WG_PIN; AUGUR_CUDA_WG_VAR, default WG_PROD | WG_DEEP) */
     /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
@@ -4488,6 +4488,7 @@ static size_t attention_fa1_smem(int hd, int r) {
 #define WG_N128  8    /* variant: chunks of 128 positions (S by m64n128k16; not with WG_DEEP) */
 #define WG_PROD  16   /* variant: attention_wgp_k, a producer warpgroup stages K/V (with WG_DEEP or not) */
 #define WG_PING  32   /* variant of attention_wgp_k: the consumers take turns issuing their wgmmas */
+#define WG_PIN   64   /* variant of attention_wgp_k: O's rescale pinned before the fence (see the chunk loop) */
 
 #if defined(AUGUR_SM90A)
 /* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [rows][HD]
@@ -5107,6 +5108,13 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
         fence_proxy_async();
         wg_pack<TK>(s, pa); /* chunk c - 1's weights */
         wg_rescale<HD, SKIP>(o, alpha);
+        /* WG_PIN: without this hold the compiler sinks the rescale's
+         * multiplies past wg_fence (which does not name O) to just before
+         * P·V, and ptxas then injects a warpgroup.arrive there (its info
+         * C7519, in every attention_wgp_k, none in attention_wg_k); with
+         * it the multiplies precede the fence and nothing is injected.
+         * Which schedule is faster is the variant's question. */
+        if (VAR & WG_PIN) wg_hold(o);
         if (PING) named_bar_sync(1 + wg, 256); /* this consumer's turn */
         wg_fence();
         wg_scores<HD, TK>(s, dq, dk + (cur * OPK >> 4), dhi);
@@ -5135,7 +5143,8 @@ static size_t attention_wg_smem(int hd, int tk, int nb) {
 
 /* attention_wg_k for variant bits v (WG_SKIP | WG_DEEP, or WG_N128 with
  * or without WG_SKIP), attention_wgp_k for WG_PROD (with WG_DEEP or not,
- * and WG_PROD | WG_DEEP | WG_PING); anything else: 0 */
+ * WG_PROD | WG_DEEP | WG_PING and WG_PROD | WG_DEEP | WG_PIN); anything
+ * else: 0 */
 template <bool SOFTCAP, int HD>
 static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     switch (v) {
@@ -5147,6 +5156,7 @@ static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
     case WG_PROD: return attention_wgp_k<SOFTCAP, HD, 0>;
     case WG_PROD | WG_DEEP: return attention_wgp_k<SOFTCAP, HD, WG_DEEP>;
     case WG_PROD | WG_DEEP | WG_PING: return attention_wgp_k<SOFTCAP, HD, WG_DEEP | WG_PING>;
+    case WG_PROD | WG_DEEP | WG_PIN: return attention_wgp_k<SOFTCAP, HD, WG_DEEP | WG_PIN>;
     case WG_PROD | WG_N128: return attention_wgp_k<SOFTCAP, HD, WG_N128>;
     default: return attention_wg_k<SOFTCAP, HD, 0>;
     }
