@@ -372,7 +372,7 @@ typedef struct {
     /* where prep_x's BF16 rows are: d_xh, or (ffn_decode_glu's product,
      * made while its input is read from d_xh) the other half of d_xh */
     const __nv_bfloat16 *prep_h;
-    bool glu_on; /* ffn_decode_glu: gate/up and the SiLU product in one launch (AUGUR_CUDA_GLU=0: off, for A/B) */
+    bool glu_on; /* ffn_decode_glu: gate/up and the SiLU or GELU product in one launch (AUGUR_CUDA_GLU=0: off, for A/B) */
     bool         ffn16_on; /* cu_ffn's prompt rows in BF16 (AUGUR_CUDA_FFN16=0: off, for A/B) */
     /* Prompt rows likewise: silu_mul, the rmsnorms over the pass's rows and
      * the one-pass prompt attention leave the pass's prompt rows also as
