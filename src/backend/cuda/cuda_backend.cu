@@ -3095,6 +3095,12 @@ static __device__ __forceinline__ float gelu_f16(float v) {
     const float h = __half2float(__float2half_rn(v));
     return __half2float(__float2half_rn(0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)))));
 }
+/* act(g) * u, act SiLU or GELU (gelu_f16): the one expression of the
+ * activation product for every kernel that has both forms */
+template <bool GELU>
+static __device__ __forceinline__ float act_times(float g, float u) {
+    return GELU ? gelu_f16(g) * u : silu_times(g, u);
+}
 __global__ void gelu_mul_k(float *g, const float *u, size_t n) {
     pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -3113,8 +3119,7 @@ __global__ void glu_bf16_k(__nv_bfloat16 *__restrict__ g, const __nv_bfloat16 *_
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const float2 a = __bfloat1622float2(gp[j]), b = __bfloat1622float2(up[j]);
-            gp[j] = GELU ? __floats2bfloat162_rn(gelu_f16(a.x) * b.x, gelu_f16(a.y) * b.y)
-                         : __floats2bfloat162_rn(silu_times(a.x, b.x), silu_times(a.y, b.y));
+            gp[j] = __floats2bfloat162_rn(act_times<GELU>(a.x, b.x), act_times<GELU>(a.y, b.y));
         }
         ((uint4 *)g)[i] = gv;
     }
@@ -3229,7 +3234,7 @@ __global__ void __launch_bounds__(64 * KS) mmt_bf16_glu(const uint8_t *__restric
         if (row >= n_ff || tk >= n_tok) continue;
         float gv = part[0][r][tk], uv = part[KS][r][tk];
         for (int w = 1; w < KS; w++) gv = __fadd_rn(gv, part[w][r][tk]), uv = __fadd_rn(uv, part[KS + w][r][tk]);
-        const float v = GELU ? gelu_f16(gv) * uv : silu_times(gv, uv);
+        const float v = act_times<GELU>(gv, uv);
         g_out[(size_t)tk * n_ff + row] = v;
         if (xh) xh[(size_t)tk * n_ff + row] = __float2bfloat16_rn(v);
     }
