@@ -213,6 +213,9 @@ bool srv_parse_sampling(json_t *b, double max_temperature, srv_opts *o, srv_resp
 bool srv_parse_extensions(ag_server *s, json_t *b, srv_opts *o, srv_resp *out) {
     long long n;
     bool present;
+    /* "ignore_eos": generate max_tokens tokens past end-of-text (vLLM's
+     * field; benchmarks and tests that need a known length use it) */
+    if (!srv_get_bool(b, "ignore_eos", &o->ignore_eos, out)) return false;
     /* "speculative": true (the server's setting), false (off), or
      * {"max": N} (at most N draft tokens per step; 0 = off). An augur
      * extension: the output is the same either way. */
@@ -376,7 +379,6 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, srv_opts *o, srv_re
         }
         o->include_usage = json_is_true(iu);
     }
-    if (!srv_get_bool(b, "ignore_eos", &o->ignore_eos, out)) return false;
     if (!parse_response_format(b, o, out)) return false;
 
     if (chat) {

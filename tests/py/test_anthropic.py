@@ -128,6 +128,25 @@ def test_max_tokens_stop_reason(smol_server):
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
 
 
+def test_ignore_eos_runs_past_the_answer(smol_server):
+    # sampled answers mostly end within a few tokens (the greedy one loops);
+    # take the first seed whose answer ends, then the same seed with
+    # ignore_eos keeps going past the end, through the same tokens
+    c = client(smol_server)
+    for seed in range(1, 17):
+        short = c.messages.create(model="x", max_tokens=48, messages=ASK, extra_body={"seed": seed})
+        if short.stop_reason == "end_turn":
+            break
+    assert short.stop_reason == "end_turn"
+    m = c.messages.create(model="x", max_tokens=48, messages=ASK, extra_body={"seed": seed, "ignore_eos": True})
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 48
+    assert m.content[0].text.startswith(short.content[0].text)
+    expect_error(anthropic.BadRequestError,
+                 lambda: client(smol_server).messages.create(model="x", max_tokens=4, messages=ASK,
+                                                             extra_body={"ignore_eos": "yes"}),
+                 "invalid_request_error", "ignore_eos")
+
+
 def first_stop(text, stops):
     """The stop string whose first occurrence ends first (ties: the longer)."""
     found = [(text.index(s) + len(s), -len(s), s) for s in stops if s in text]
@@ -200,7 +219,9 @@ def test_stream_helper(smol_server):
 
 def test_client_disconnect_mid_stream(smol_server):
     before = metrics(smol_server)["augur_client_cancels_total"]
-    body = json.dumps({"model": "x", "max_tokens": 400, "messages": ASK, "stream": True,
+    # ignore_eos: the short answer must not end (and flush) before the server
+    # sees the closed socket; a race that CI's 2 cores once lost
+    body = json.dumps({"model": "x", "max_tokens": 400, "messages": ASK, "stream": True, "ignore_eos": True,
                        "metadata": {"user_id": "u-1"}}).encode()
     for _ in range(2):
         s = socket.create_connection(("127.0.0.1", smol_server.port), timeout=30)
