@@ -142,8 +142,7 @@ def test_ignore_eos_runs_past_the_answer(smol_server):
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 48
     assert m.content[0].text.startswith(short.content[0].text)
     expect_error(anthropic.BadRequestError,
-                 lambda: client(smol_server).messages.create(model="x", max_tokens=4, messages=ASK,
-                                                             extra_body={"ignore_eos": "yes"}),
+                 lambda: c.messages.create(model="x", max_tokens=4, messages=ASK, extra_body={"ignore_eos": "yes"}),
                  "invalid_request_error", "ignore_eos")
 
 
