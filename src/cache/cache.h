@@ -117,8 +117,8 @@
  *    record (bad checksum, short read, mismatching header) is deleted with a
  *    warning and ends the prefix there: the rest of the prompt is
  *    prefilled. Why staging and not a read straight into kv blocks: the
- *    blocks are then taken from the pool only on the engine thread, inside
- *    the request's booking, and a request that is cancelled mid-read gives
+ *    blocks are then taken from the pool only on the engine thread, and a
+ *    request that is cancelled mid-read gives
  *    everything back at once (the reader never holds a kv block), at the
  *    price of one memcpy per record, small next to the read.
  *  - A write that fails (full disk, read-only directory, quota, I/O error)
@@ -143,11 +143,11 @@
  *    ag_model_fingerprint, the tokenizer's ag_tok_fingerprint, and a notify
  *    callback that wakes the engine thread (see below). The kv must outlive
  *    the cache: ag_cache_free before ag_kv_free.
- *  - Admission, memory: before booking a request's blocks, make room:
- *        int over = booked + need + ag_cache_reclaimable(c) - n_blocks;
- *        if (over > 0) ag_cache_evict(c, over);
- *    (blocks only the cache holds are free space to the engine; blocks it
- *    shares with running sequences are already in those sequences' booking).
+ *  - Memory: blocks only the cache holds are free space to the engine
+ *    (admission and step sizing count ag_cache_reclaimable with the free
+ *    blocks; blocks it shares with running sequences are theirs); before a
+ *    step reserves what it needs, it makes room:
+ *        if (need > free) ag_cache_evict(c, need - free);
  *  - Admission, lookup: right after ag_kv_seq_new for choice 0, unless the
  *    request wants prompt logprobs (every prompt position's logits):
  *        int32_t n = ag_cache_lookup_start(c, seq, prompt, n_prompt, n_prompt - 1, ns,
@@ -156,11 +156,10 @@
  *    max_len = n_prompt - 1 leaves at least one prompt token to compute, for
  *    the logits that sample the first output token. The adopted length may
  *    end inside a block (the prompt again: n_prompt - 1), whose first write
- *    then copies it (copy-on-write) while the cache keeps the original: the
- *    engine's worst-case booking counts that one extra block, and a request
- *    that cannot book it passes max_len rounded down to a multiple of the
- *    block size (whole blocks: the next write starts a fresh block). Blocks
- *    restored from disk are taken from the pool, inside that booking.
+ *    then copies it (copy-on-write) while the cache keeps the original,
+ *    which is then the cache's alone (reclaimable): the engine's step
+ *    sizing counts the copy (ag_kv_reserve_cost). Blocks restored from
+ *    disk are taken from the pool.
  *    When r->restore is set, records are being read: the request stays out
  *    of the batch (it computes nothing) while the others go on stepping, and
  *    at every step (and whenever notify fired):
@@ -180,13 +179,14 @@
  *    decoding is never published, so no trim is needed first. Why the
  *    partial block only at the end: published at prefill it would be shared
  *    while the request itself decodes into it, which would then copy it at
- *    its first decode step (a copy and a booked block per request);
+ *    its first decode step (a copy and a block more per request);
  *    published at the end it costs nothing, its decode-written positions
  *    being past what any adopter reads. Publishing twice is harmless. Then
  *    the engine frees the sequence as usual (ag_kv_seq_free); the cache
  *    keeps its refs. (This replaces the engine's `struct retained`.)
  *  - Memory pressure: on AG_ERR_NOMEM from ag_kv_seq_reserve (should not
- *    happen with exact booking) ag_cache_evict(c, blocks needed) and retry.
+ *    happen: the step was sized to the free blocks) ag_cache_evict(c,
+ *    blocks needed) and retry.
  *  - Idle: in the engine loop, when a step had nothing to do:
  *        if (ag_cache_idle(c, 8u << 20)) continue;   // re-check the queue
  *        ... then wait on the condition variable, waking also when the

@@ -22,12 +22,19 @@ static const char usage[] =
     "  --port N            port (default 8080; 0 = any free port)\n"
     "  --api-key KEY       require 'Authorization: Bearer KEY' (default: $AUGUR_API_KEY, else none)\n"
     "  --alias NAME        the model name clients see (default: the file name without .gguf)\n"
-    "  --parallel N        sequences generated at once (default 4)\n"
+    "  --parallel N        sequences generated at once (default 4, at most 256); on a GPU the KV pool, not\n"
+    "                      N x --ctx, bounds how many run: the rest wait, and the newest is preempted\n"
+    "                      (its KV moved to host memory) when the running ones outgrow the pool\n"
     "  --ctx N             context per sequence (default: the model's, at most 4096)\n"
     "  --max-queue N       requests waiting for a slot before 429s (default 64)\n"
     "  --batch N           tokens per engine step; smaller prompt chunks keep streams smoother (default 512; 4096 on a GPU)\n"
-    "  --kv-mem SIZE       KV pool (e.g. 8G): default --parallel full contexts, on a GPU at most what its free\n"
-    "                      memory holds (requests that do not fit wait); more gives the prefix cache room\n"
+    "  --kv-mem SIZE       KV pool (e.g. 8G): default --parallel full contexts on the CPU, and on a GPU all\n"
+    "                      that its free memory holds (requests that do not fit wait); room beyond the\n"
+    "                      running sequences holds the prefix cache\n"
+    "  --itl-target MS     while streams decode, a step takes as many prompt tokens as fit this step time\n"
+    "                      (their inter-token latency), from the measured costs, at least 64; default 200\n"
+    "                      on a GPU (waiting prompts enter in one or a few steps), none on the CPU (64 a\n"
+    "                      step); 0: the device's default, -1: none\n"
     "  -t THREADS          CPU threads (default: all cores)\n"
     "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
     "  --max-body BYTES    request body limit (default 8388608)\n"
@@ -83,6 +90,7 @@ int ag_cli_serve(int argc, char **argv) {
          max_body = 8L << 20, max_conn = 256, timeout = 60, batch = 0;
     const char *kv_disk = NULL;
     bool        no_kv_disk = false, no_webui = false;
+    double   itl_target = 0;
     uint64_t    kv_disk_max = 0, kv_mem = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
@@ -114,6 +122,7 @@ int ag_cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) ok = ag_cli_parse_long(v, 2, 1 << 24, &ctx);
         else if (!strcmp(a, "--max-queue")) ok = ag_cli_parse_long(v, 0, 1 << 20, &max_queue);
         else if (!strcmp(a, "--batch")) ok = ag_cli_parse_long(v, 1, 1 << 16, &batch);
+        else if (!strcmp(a, "--itl-target")) ok = ag_cli_parse_float(v, -1, 60000, &itl_target);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
         else if (!strcmp(a, "--max-body")) ok = ag_cli_parse_long(v, 1, 1L << 30, &max_body);
         else if (!strcmp(a, "--max-connections")) ok = ag_cli_parse_long(v, 1, 65536, &max_conn);
@@ -161,6 +170,7 @@ int ag_cli_serve(int argc, char **argv) {
     ep.n_ctx = (int)ctx;
     ep.max_queue = (int)max_queue;
     if (batch) ep.n_batch = (int)batch;
+    ep.itl_target_ms = itl_target;
     ep.kv_bytes = (size_t)kv_mem;
     char kv_dir[4300];
     if (!no_kv_disk) {

@@ -21,8 +21,10 @@
  * at most this many tokens per step. */
 #define AG_ENGINE_SCORE_ROWS 64
 
-/* Decode-only steps of up to this many rows are timed (verify_row_cost). */
-#define COST_ROWS 64
+/* Forgetting factor of the prompt-cost fit (prompt_cost_note): each
+ * prompt-carrying step weighs this much less than the next one, so the fit
+ * follows a backend whose speed changes (clocks, other processes). */
+#define PROMPT_FIT_DECAY 0.9
 
 typedef enum { CH_WAIT, CH_DECODE, CH_DONE } choice_state;
 
@@ -43,6 +45,12 @@ typedef struct {
     bool         edits_failed; /* this step's rows lack its sampler's edits (out of memory): it ends */
     bool         masked_in_pass; /* this step's row comes with its structured output's mask (note_row_mask) */
     int32_t      stop_index; /* the stop string that ended it, or -1 */
+    /* Preempted (its request is on the swapped list): the KV history of its
+     * sequence, ag_kv_seq_swap_out's copy in host memory, until swap_in. */
+    bool         swapped; /* its sequence was swapped out (swap_len may be 0: nothing computed yet) */
+    void        *swap;
+    size_t       swap_bytes;
+    int32_t      swap_len;
 } choice;
 
 typedef struct request {
@@ -63,13 +71,11 @@ typedef struct request {
     int              spec_max;    /* ag_gen_request.spec_max */
     uint64_t         cache_ns;    /* ag_gen_request.cache_ns */
     int              n_published; /* prompt tokens given to the prefix cache so far */
-    bool             cow_booked;  /* booked holds the block a partial prefix adoption copies (admit) */
     ag_cache_restore *restore;    /* its prefix is being read from the disk tier: out of the batch until done */
     ag_spec_stats    spec;        /* rounds of finished choices */
     /* engine-thread state */
     int              n_prefilled; /* prompt tokens already in choice 0's KV */
     int              in_batch;    /* prompt tokens in the current step's batch */
-    int              booked;      /* KV blocks reserved for the worst case */
     int              n_done;
     int              n_cached;    /* prompt tokens whose KV came from the prefix cache */
     choice          *ch;
@@ -91,8 +97,14 @@ struct ag_engine {
     request        *queue_head, *queue_tail; /* guarded by mu */
     int             queue_len;
     uint64_t        next_id;
-    request        *running; /* engine thread only (and mu for cancel lookups) */
-    int             running_choices, booked;
+    request        *running; /* engine thread only (and mu for cancel lookups); newest first */
+    /* Requests preempted for KV blocks (preempt): their sequences' KV is in
+     * host memory until resume_swapped brings them back, oldest first, ahead
+     * of anything queued. Written by the engine thread under mu. */
+    request        *swapped;
+    /* Choices of running and swapped requests that have not finished: the
+     * slots of --parallel in use. */
+    int             running_choices;
     ag_engine_stats stats; /* guarded by mu */
 
     /* The prefix cache (NULL: off). Called only from the engine thread,
@@ -102,15 +114,23 @@ struct ag_engine {
     int       n_restoring; /* running requests with a pending restore (engine thread) */
     bool      admit_blocked; /* the queue head did not fit at the last admission (guarded by mu) */
     bool     spec_warned; /* a draft source could not be made: said once */
-    /* Measured time of decode-only steps by their row count (exponential
-     * averages), from which the cost of one more verify row on this machine
-     * and model follows (verify_row_cost). */
-    double   step_ms[COST_ROWS + 1];
+    /* Measured time of decode-only steps by their row count, 1..cost_rows
+     * (exponential averages), from which the cost of one more verify row on
+     * this machine and model follows (verify_row_cost), and what the decode
+     * rows of a mixed step cost (decode_ms). */
+    double  *step_ms;
+    int     *step_seen;
+    int      cost_rows;
+    /* The cost of prompt rows beside the decode rows of a step: a weighted
+     * least-squares fit of (step ms - decode_ms(decode rows)) = fixed + per
+     * token x prompt tokens over the prompt-carrying steps (sums with
+     * exponential forgetting), from which prompt_budget sizes a step for
+     * the inter-token latency target. */
+    double   pf_w, pf_x, pf_y, pf_xx, pf_xy;
     /* AUGUR_SPEC_ROW_COST=x (>= 0): the cost of a verify row, fixed instead
      * of measured, so that sampled speculative runs draft the same lengths
      * every time (A/B comparisons, tests); -1: measured */
     float    fixed_row_cost;
-    int      step_seen[COST_ROWS + 1];
 
     /* per-step buffers */
     int32_t *b_tok, *b_pos, *b_seq;
@@ -154,7 +174,8 @@ static double now_ms(void) {
 }
 
 ag_engine_params ag_engine_default_params(void) {
-    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 0, .n_prefill_decoding = 64, .max_queue = 64,
+    ag_engine_params p = {.n_parallel = 4, .n_ctx = 0, .n_batch = 0, .n_prefill_decoding = 64, .itl_target_ms = 0,
+                          .max_queue = 64,
                           .kv_bytes = 0, .kv_dtype = AG_KV_F16, .draft = NULL, .spec = ag_spec_default_params(),
                           .spec_max_rows = 16, .prefix_cache = true, .cache_dir = NULL, .cache_disk_max = 0};
     return p;
@@ -166,6 +187,11 @@ int ag_engine_resolve_ctx(const ag_model *m, int n_ctx) {
     return train < 4096 ? train : 4096;
 }
 
+double ag_engine_resolve_itl_target(const ag_model *m, double itl_target_ms) {
+    if (itl_target_ms != 0) return itl_target_ms;
+    return ag_model_device(m) == AG_DEVICE_CPU ? -1.0 : AG_ENGINE_ITL_TARGET_GPU_MS;
+}
+
 int ag_engine_resolve_batch(const ag_model *m, int n_batch) {
     if (n_batch > 0) return n_batch;
     return ag_model_device(m) == AG_DEVICE_CPU ? AG_ENGINE_BATCH_CPU : AG_ENGINE_BATCH_GPU;
@@ -173,10 +199,31 @@ int ag_engine_resolve_batch(const ag_model *m, int n_batch) {
 
 static int blocks_for(const ag_engine *e, int tokens) { return (tokens + e->block_size - 1) / e->block_size; }
 
-/* Worst-case KV blocks of a request: each choice may own all its blocks
- * (after copy-on-write), plus nothing else. */
+/* Worst-case KV blocks of a request running alone: choice 0's whole
+ * length, and for each other choice all but the prompt's full blocks,
+ * which the choices share (fork; a request alone is never preempted, which
+ * would copy them apart). A request over the whole pool can never run and
+ * is refused at submit; every other one can. */
 static int request_blocks(const ag_engine *e, const request *r) {
-    return r->n_choices * blocks_for(e, r->n_prompt + r->max_tokens);
+    const int whole = blocks_for(e, r->n_prompt + r->max_tokens);
+    return whole + (r->n_choices - 1) * (whole - r->n_prompt / e->block_size);
+}
+
+/* Blocks new work may take now: the pool's free ones and those only the
+ * prefix cache holds (ag_cache_evict frees them on demand). */
+static int blocks_available(const ag_engine *e) {
+    ag_kv_stats ks;
+    ag_kv_get_stats(e->kv, &ks);
+    return ks.blocks_free + (e->cache ? ag_cache_reclaimable(e->cache) : 0);
+}
+
+/* Frees reclaimable prefix-cache blocks until the pool has `need` free
+ * (what the reservations about to be made take). */
+static void make_room(ag_engine *e, int need) {
+    if (!e->cache) return;
+    ag_kv_stats ks;
+    ag_kv_get_stats(e->kv, &ks);
+    if (need > ks.blocks_free) ag_cache_evict(e->cache, need - ks.blocks_free);
 }
 
 static void request_free(request *r) {
@@ -243,7 +290,7 @@ static void update_kv_stats(ag_engine *e) {
  * prompt is prefilled. Published at prefill, it would be shared with the
  * cache while this very request decodes into it, so every request would
  * copy it at its first decode step (copy-on-write: one block more per
- * request, in the booking too). Published when choice 0 ends, it costs
+ * request). Published when choice 0 ends, it costs
  * nothing: its positions past the prompt, written by decode, are never
  * read by an adopter, which adopts at most the prompt's positions of it
  * and copies the block before it writes. The full blocks still go at
@@ -276,31 +323,33 @@ static void release_seq(ag_engine *e, request *r, choice *c, ag_finish why) {
     c->seq = -1;
 }
 
-/* r's first sequence starts with n cached prompt tokens. The block booked
- * for a copy-on-write (admit) is given back when n ends on a block
- * boundary: the first write then starts a fresh block. */
+/* Drops a preempted choice's host copy of its KV (it ended while swapped,
+ * or was brought back). */
+static void drop_swap(ag_engine *e, choice *c) {
+    if (!c->swap) return;
+    ag_kv_host_free(e->kv, c->swap);
+    c->swap = NULL;
+    c->swap_bytes = 0;
+}
+
+/* r's first sequence starts with n cached prompt tokens. */
 static void prefix_adopted(ag_engine *e, request *r, int32_t n) {
+    if (n <= 0) return;
     pthread_mutex_lock(&e->mu);
-    if (r->cow_booked && n % e->block_size == 0) {
-        r->cow_booked = false;
-        r->booked--;
-        e->booked--;
-    }
-    if (n > 0) e->stats.cached_tokens += (uint64_t)n;
+    e->stats.cached_tokens += (uint64_t)n;
     pthread_mutex_unlock(&e->mu);
-    if (n > 0) r->n_prefilled = r->n_cached = n;
+    r->n_prefilled = r->n_cached = n;
 }
 
 /* Starts r's first sequence from the longest cached prefix of its prompt
  * (at least one prompt token is left to compute, for the logits); it may
- * end inside a block only when admit booked the block that the first
- * write then copies (r->cow_booked), else it is whole blocks. When part of
- * it is read from disk, r waits out of the batch (r->restore) while the
- * other requests go on; poll_restores brings it in. */
+ * end inside a block, which the first write then copies (a block the
+ * step's sizing counts: ag_kv_reserve_cost). When part of it is read from
+ * disk, r waits out of the batch (r->restore) while the other requests go
+ * on; poll_restores brings it in. */
 static void reuse_prefix(ag_engine *e, request *r) {
     if (!e->cache || r->prompt_logprobs) return; /* every position's logits are wanted */
     int32_t max_len = r->n_prompt - 1;
-    if (!r->cow_booked) max_len -= max_len % e->block_size;
     int32_t n = ag_cache_lookup_start(e->cache, r->ch[0].seq, r->prompt, r->n_prompt, max_len, r->cache_ns,
                                       &r->restore);
     if (r->restore) e->n_restoring++;
@@ -338,6 +387,7 @@ static void finish_choice(ag_engine *e, request *r, choice *c, ag_finish why, co
         }
     }
     release_seq(e, r, c, why);
+    drop_swap(e, c);
     if (c->spec) { /* its counters stay in the request's usage; its memory goes now */
         ag_spec_stats_add(&r->spec, ag_spec_get_stats(c->spec));
         ag_spec_seq_free(c->spec);
@@ -354,16 +404,33 @@ static void finish_choice(ag_engine *e, request *r, choice *c, ag_finish why, co
     r->cb(r->user, &ev);
 }
 
-/* The running list is written only by the engine thread and only under mu
- * (ag_engine_cancel reads it from other threads). */
-static void unlink_running(ag_engine *e, request *r) {
-    pthread_mutex_lock(&e->mu);
-    for (request **pp = &e->running; *pp; pp = &(*pp)->next)
+/* Takes r out of the list at *head (the running or the swapped list);
+ * mu held. */
+static void list_remove(request **head, request *r) {
+    for (request **pp = head; *pp; pp = &(*pp)->next)
         if (*pp == r) {
             *pp = r->next;
-            break;
+            r->next = NULL;
+            return;
         }
-    e->booked -= r->booked;
+}
+
+/* Puts r into the list at *head, which stays ordered newest (highest id)
+ * first; mu held. */
+static void list_insert(request **head, request *r) {
+    request **pp = head;
+    while (*pp && (*pp)->id > r->id) pp = &(*pp)->next;
+    r->next = *pp;
+    *pp = r;
+}
+
+/* Ends a finished request's life: out of the running or swapped list,
+ * counted, freed. The lists are written only by the engine thread and only
+ * under mu (ag_engine_cancel reads them from other threads). */
+static void unlink_running(ag_engine *e, request *r) {
+    pthread_mutex_lock(&e->mu);
+    list_remove(&e->running, r);
+    list_remove(&e->swapped, r);
     e->stats.requests_finished++;
     e->stats.running = e->running_choices;
     pthread_mutex_unlock(&e->mu);
@@ -589,7 +656,7 @@ static void advance_choice(ag_engine *e, request *r, choice *c, const float *row
 
 /* Records a decode-only step of `rows` rows that took ms. */
 static void note_step_time(ag_engine *e, int rows, double ms) {
-    if (rows < 1 || rows > COST_ROWS) return;
+    if (rows < 1 || rows > e->cost_rows) return;
     double *t = &e->step_ms[rows];
     *t = e->step_seen[rows]++ ? *t + 0.2 * (ms - *t) : ms;
 }
@@ -610,7 +677,7 @@ static float verify_row_cost(const ag_engine *e) {
     if (e->fixed_row_cost >= 0) return e->fixed_row_cost;
     if (e->step_seen[1] < 3 || e->step_ms[1] <= 0) return -1.0f;
     double sum = 0, w = 0;
-    for (int r = 2; r <= COST_ROWS; r++) {
+    for (int r = 2; r <= e->cost_rows; r++) {
         if (e->step_seen[r] < 2) continue;
         double c = (e->step_ms[r] / e->step_ms[1] - 1.0) / (r - 1), wr = e->step_seen[r] < 20 ? e->step_seen[r] : 20;
         sum += wr * (c > 0 ? c : 0);
@@ -623,7 +690,7 @@ static float verify_row_cost(const ag_engine *e) {
  * that row count has been seen (AUGUR_SPEC_ROW_COST unset), else the
  * linear estimate 1 + (r - 1) * c. */
 static double rel_step_time(const ag_engine *e, int r, double c) {
-    if (e->fixed_row_cost < 0 && r >= 1 && r <= COST_ROWS && e->step_seen[r] >= 2 && e->step_seen[1] >= 3 &&
+    if (e->fixed_row_cost < 0 && r >= 1 && r <= e->cost_rows && e->step_seen[r] >= 2 && e->step_seen[1] >= 3 &&
         e->step_ms[1] > 0)
         return e->step_ms[r] / e->step_ms[1];
     return 1.0 + (r - 1) * c;
@@ -651,6 +718,81 @@ static void draft_step_costs(const ag_engine *e, int m, int cap, float *cost) {
     }
 }
 
+/* What the decode rows of a step cost, in ms: the measured time of
+ * decode-only steps of that many rows where it has been seen, else
+ * interpolated between the nearest row counts seen (beyond the largest,
+ * scaled up with the rows: an over-estimate on a device that takes more
+ * rows almost free, which leaves prompts less room, never more); 0 when no
+ * decode step has been timed yet. */
+static double decode_ms(const ag_engine *e, int rows) {
+    if (rows <= 0) return 0.0;
+    if (rows > e->cost_rows) rows = e->cost_rows;
+    if (e->step_seen[rows]) return e->step_ms[rows];
+    int lo = rows - 1, hi = rows + 1;
+    while (lo >= 1 && !e->step_seen[lo]) lo--;
+    while (hi <= e->cost_rows && !e->step_seen[hi]) hi++;
+    if (lo >= 1 && hi <= e->cost_rows)
+        return e->step_ms[lo] + (e->step_ms[hi] - e->step_ms[lo]) * (rows - lo) / (double)(hi - lo);
+    if (lo >= 1) return e->step_ms[lo] * rows / lo;
+    if (hi <= e->cost_rows) return e->step_ms[hi];
+    return 0.0;
+}
+
+/* Records a step that carried `prompt` prompt tokens beside `decode`
+ * decode rows and took ms: one point (prompt, ms - decode_ms(decode)) of
+ * the prompt-cost fit. */
+static void prompt_cost_note(ag_engine *e, int prompt, int decode, double ms) {
+    const double x = prompt, y = ms - decode_ms(e, decode), k = PROMPT_FIT_DECAY;
+    e->pf_w = k * e->pf_w + 1.0;
+    e->pf_x = k * e->pf_x + x;
+    e->pf_y = k * e->pf_y + (y > 0 ? y : 0);
+    e->pf_xx = k * e->pf_xx + x * x;
+    e->pf_xy = k * e->pf_xy + x * (y > 0 ? y : 0);
+}
+
+/* The fitted cost of prompt rows in a step: *fixed ms for having any
+ * (a quantized model's GPU path dequantizes every weight once per such
+ * step, for instance) plus *per_token ms each. A fit that does not make
+ * sense (points too alike, a negative term) falls back to a cost
+ * proportional to the tokens (fixed 0), which over-charges small chunks.
+ * false while no prompt step has been timed. */
+static bool prompt_cost(const ag_engine *e, double *fixed, double *per_token) {
+    if (e->pf_w <= 0 || e->pf_x <= 0) return false;
+    const double det = e->pf_w * e->pf_xx - e->pf_x * e->pf_x, mx = e->pf_x / e->pf_w;
+    double c = -1, f = -1;
+    if (det > 1e-6 * e->pf_w * e->pf_w * (mx * mx + 1.0)) {
+        c = (e->pf_w * e->pf_xy - e->pf_x * e->pf_y) / det;
+        f = (e->pf_y - c * e->pf_x) / e->pf_w;
+    }
+    if (!(c > 0) || f < 0) {
+        c = e->pf_y / e->pf_x;
+        f = 0;
+    }
+    *fixed = f;
+    *per_token = c;
+    return c > 0;
+}
+
+/* Prompt tokens a step may carry beside `decode` decode rows. None
+ * decoding: a whole batch (nobody waits for the step). Otherwise the step
+ * is every running stream's inter-token latency, so it takes as many
+ * prompt tokens as the fitted costs let it take while staying within the
+ * target (itl_target_ms; on a GPU that is thousands: all waiting prompts
+ * enter in one or a few steps), never fewer than n_prefill_decoding (so
+ * prompts always progress), and just those without a target (the CPU's
+ * default, where a chunk of 64 already costs about a decode step). */
+static int prompt_budget(const ag_engine *e, int decode) {
+    const int room = e->p.n_batch - decode;
+    if (decode == 0 || room <= e->p.n_prefill_decoding) return room > 0 ? room : 0;
+    int    budget = e->p.n_prefill_decoding;
+    double fixed, per_token;
+    if (e->p.itl_target_ms > 0 && prompt_cost(e, &fixed, &per_token)) {
+        const double fit = (e->p.itl_target_ms - decode_ms(e, decode) - fixed) / per_token;
+        if (fit > budget) budget = fit < room ? (int)fit : room;
+    }
+    return budget;
+}
+
 /* Gives a choice its draft source, told the prompt. Failing that, the
  * choice decodes plainly (warned once per engine). */
 static void start_speculation(ag_engine *e, request *r, choice *c) {
@@ -672,32 +814,47 @@ static void start_speculation(ag_engine *e, request *r, choice *c) {
     }
 }
 
-/* Moves requests from the queue into the running set while they fit. */
+/* The choices of running requests that have not finished: each may need
+ * a fresh block at its next step, which admission keeps free for them. */
+static int running_growth(const ag_engine *e) {
+    int n = 0;
+    for (const request *r = e->running; r; r = r->next) n += r->n_choices - r->n_done;
+    return n;
+}
+
+/* Blocks a request takes to start: its prompt's (a cached prefix, not
+ * known before the lookup, only makes it fewer), the first output block
+ * of each choice and the copy of a shared partial block. */
+static int start_blocks(const ag_engine *e, const request *r) {
+    return blocks_for(e, r->n_prompt) + r->n_choices + (e->cache ? 1 : 0);
+}
+
+/* Moves requests from the queue into the running set while they fit: a
+ * slot of --parallel for each choice, and the blocks to start beside a
+ * block for every running choice's next step. Nothing is booked for the
+ * rest of a request's life: sequences take blocks as they grow, and when
+ * the pool runs out the newest request is preempted (preempt), as vLLM
+ * does; so a pool smaller than --parallel full contexts (a GPU's memory,
+ * --kv-mem) runs as many sequences as their actual lengths allow, and the
+ * rest wait here. Preempted requests go first: none is admitted while one
+ * waits to come back. */
 static void admit(ag_engine *e) {
+    int avail = -1, growth = 0;
     pthread_mutex_lock(&e->mu);
-    while (e->queue_head) {
+    while (e->queue_head && !e->swapped) {
         request *r = e->queue_head;
-        int need = request_blocks(e, r);
-        if (e->running && e->running_choices + r->n_choices > e->p.n_parallel) break;
-        if (e->running && (e->running_choices + r->n_choices > e->p.n_parallel || e->booked + need > e->n_blocks))
-            break;
+        if (e->running_choices + r->n_choices > e->p.n_parallel) break;
+        if (e->running) {
+            pthread_mutex_unlock(&e->mu);
+            if (avail < 0) avail = blocks_available(e), growth = running_growth(e);
+            bool fits = start_blocks(e, r) + growth <= avail;
+            pthread_mutex_lock(&e->mu);
+            if (!fits) break;
+        }
         e->queue_head = r->next;
         if (!e->queue_head) e->queue_tail = NULL;
         e->queue_len--;
         r->next = NULL;
-        r->booked = need;
-        e->booked += need;
-        /* A cached prefix that ends inside a block (ag_cache_lookup_start)
-         * is adopted shared, so the request's first write copies that
-         * block while the cache keeps the original: one block beyond the
-         * request's own worst case, booked here if the pool has it (else
-         * the request adopts whole blocks only), and given back at once
-         * when the prefix found ends on a block boundary (prefix_adopted). */
-        r->cow_booked = e->cache && !r->prompt_logprobs && e->booked < e->n_blocks;
-        if (r->cow_booked) {
-            r->booked++;
-            e->booked++;
-        }
         e->running_choices += r->n_choices;
         e->stats.queue_depth = e->queue_len;
         e->stats.running = e->running_choices;
@@ -725,30 +882,15 @@ static void admit(ag_engine *e) {
         }
         if (!st) st = ag_kv_seq_new(e->kv, &r->ch[0].seq);
         if (!st) reuse_prefix(e, r);
-        if (e->cache) {
-            /* Blocks only the cache holds are free space to the engine:
-             * give way to the new work, but only after its own prefix was
-             * adopted (least-recently-used eviction would otherwise take
-             * the very blocks it is about to reuse, e.g. a long prompt
-             * asked again when the pool holds just one such prompt). The
-             * cache is not called with mu held. */
-            pthread_mutex_lock(&e->mu);
-            int booked = e->booked;
-            pthread_mutex_unlock(&e->mu);
-            int over = booked + ag_cache_reclaimable(e->cache) - e->n_blocks;
-            if (over > 0) ag_cache_evict(e->cache, over);
-        }
         /* link first so that finishing unlinks it cleanly */
         pthread_mutex_lock(&e->mu);
-        r->next = e->running;
-        e->running = r;
+        list_insert(&e->running, r);
         pthread_mutex_unlock(&e->mu);
         if (st) {
             if (!r->ch) {
                 /* cannot report per choice without choices: fabricate one */
                 pthread_mutex_lock(&e->mu);
-                e->running = r->next;
-                e->booked -= r->booked;
+                list_remove(&e->running, r);
                 e->running_choices -= r->n_choices;
                 pthread_mutex_unlock(&e->mu);
                 ag_gen_event ev = {.choice = 0, .token = -1, .text = "", .finish = AG_FINISH_ERROR, .stop_index = -1,
@@ -760,10 +902,107 @@ static void admit(ag_engine *e) {
                 unlink_running(e, r);
             }
         }
+        avail = -1; /* the adopted prefix and the new sequence changed what is free */
         pthread_mutex_lock(&e->mu);
     }
     e->admit_blocked = e->queue_head != NULL;
     pthread_mutex_unlock(&e->mu);
+}
+
+/* Preempts running request r for its KV blocks: every live sequence's
+ * history is copied to host memory (ag_kv_seq_swap_out) and freed, and r
+ * moves to the swapped list, from which resume_swapped brings it back bit
+ * for bit (no recomputation, so its output is what it would have been).
+ * Its slots stay taken. A request that cannot be swapped (host memory)
+ * ends with an error instead. */
+static void preempt(ag_engine *e, request *r) {
+    ag_status st = AG_OK;
+    for (int i = 0; i < r->n_choices && !st; i++) {
+        choice *c = &r->ch[i];
+        if (c->seq < 0 || c->state == CH_DONE) continue;
+        const int32_t len = ag_kv_seq_len(e->kv, c->seq);
+        c->swap_bytes = ag_kv_swap_bytes(e->kv, len);
+        c->swap = c->swap_bytes ? ag_kv_host_alloc(e->kv, c->swap_bytes) : NULL;
+        if (c->swap_bytes && !c->swap) {
+            st = ag_errorf(AG_ERR_NOMEM, "out of host memory to preempt a request (%zu bytes of KV)", c->swap_bytes);
+            break;
+        }
+        if ((st = ag_kv_seq_swap_out(e->kv, c->seq, c->swap, c->swap_bytes, &c->swap_len))) break;
+        ag_kv_seq_free(e->kv, c->seq);
+        c->seq = -1;
+        c->swapped = true;
+    }
+    if (st) {
+        AG_LOGW("preemption failed: %s", ag_error_message());
+        finish_request(e, r, AG_FINISH_ERROR, ag_error_message());
+        unlink_running(e, r);
+        return;
+    }
+    pthread_mutex_lock(&e->mu);
+    list_remove(&e->running, r);
+    list_insert(&e->swapped, r);
+    e->stats.preemptions++;
+    e->stats.swapped++;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Brings preempted requests back, oldest first, while their histories and
+ * a block of growth for each running choice fit the pool (all of them when
+ * nothing runs: each fits an empty pool). */
+static void resume_swapped(ag_engine *e) {
+    while (e->swapped) {
+        request *r = e->swapped;
+        while (r->next) r = r->next; /* the oldest */
+        int need = 0;
+        for (int i = 0; i < r->n_choices; i++)
+            if (r->ch[i].swapped) need += blocks_for(e, r->ch[i].swap_len) + 1;
+        if (e->running && need + running_growth(e) > blocks_available(e)) return;
+        make_room(e, need);
+        ag_status st = AG_OK;
+        for (int i = 0; i < r->n_choices && !st; i++) {
+            choice *c = &r->ch[i];
+            if (!c->swapped) continue;
+            c->swapped = false;
+            if (!(st = ag_kv_seq_new(e->kv, &c->seq))) st = ag_kv_seq_swap_in(e->kv, c->seq, c->swap_len, c->swap, c->swap_bytes);
+            drop_swap(e, c);
+        }
+        pthread_mutex_lock(&e->mu);
+        list_remove(&e->swapped, r);
+        list_insert(&e->running, r);
+        e->stats.swapped--;
+        pthread_mutex_unlock(&e->mu);
+        if (st) {
+            AG_LOGW("a preempted request could not be brought back: %s", ag_error_message());
+            finish_request(e, r, AG_FINISH_ERROR, ag_error_message());
+            unlink_running(e, r);
+        }
+    }
+}
+
+/* Makes sure this step can run: every decoding choice's next row and, when
+ * nothing decodes, a token of the oldest prompt must find a block, else
+ * the newest running requests are preempted until they do. Returns the
+ * blocks left beyond the decode rows' own, for drafts and prompt chunks
+ * (the batch builder stays within them, so no reservation of the step
+ * fails). */
+static int secure_step_blocks(ag_engine *e) {
+    for (;;) {
+        int need = 0, first = 0, n_active = 0;
+        request *oldest_prefill = NULL, *newest = NULL;
+        for (request *r = e->running; r; r = r->next) {
+            if (r->restore) continue;
+            if (!newest) newest = r;
+            n_active++;
+            for (int i = 0; i < r->n_choices; i++)
+                if (r->ch[i].state == CH_DECODE) need += ag_kv_reserve_cost(e->kv, r->ch[i].seq, 1);
+            if (r->n_prefilled < r->n_prompt && r->ch[0].state == CH_WAIT) oldest_prefill = r;
+        }
+        if (!need && oldest_prefill) first = ag_kv_reserve_cost(e->kv, oldest_prefill->ch[0].seq, 1);
+        const int avail = blocks_available(e);
+        /* (one request alone always fits: it was checked against the whole pool at submit) */
+        if (need + first <= avail || n_active <= 1) return avail - need > 0 ? avail - need : 0;
+        preempt(e, newest);
+    }
 }
 
 /* After the prompt: give choices 1..n-1 the prompt's KV (shared blocks) and
@@ -850,21 +1089,30 @@ static void note_row_edits(ag_engine *e, int k, choice *c, const int32_t *x, int
 
 /* One engine step. Returns false when there was nothing to do. */
 static bool step(ag_engine *e) {
-    /* cancellations */
+    /* cancellations, of running and of preempted requests */
     bool cancelled = false;
-    for (request *r = e->running, *next; r; r = next) {
-        next = r->next;
-        if (atomic_load(&r->cancel)) {
-            finish_request(e, r, AG_FINISH_CANCELLED, NULL);
-            unlink_running(e, r);
-            cancelled = true;
+    for (int l = 0; l < 2; l++)
+        for (request *r = l ? e->swapped : e->running, *next; r; r = next) {
+            next = r->next;
+            if (atomic_load(&r->cancel)) {
+                if (l) {
+                    pthread_mutex_lock(&e->mu);
+                    e->stats.swapped--;
+                    pthread_mutex_unlock(&e->mu);
+                }
+                finish_request(e, r, AG_FINISH_CANCELLED, NULL);
+                unlink_running(e, r);
+                cancelled = true;
+            }
         }
-    }
     /* the freed blocks must show in the stats even if no step follows */
     if (cancelled) update_kv_stats(e);
+    resume_swapped(e);
     admit(e);
     poll_restores(e);
     if (!e->running) return false;
+    /* blocks for drafts and prompt chunks once every decode row has its own */
+    int left = secure_step_blocks(e);
 
     int n = 0, rows = 0, n_prefill = 0;
     e->n_edits = 0;
@@ -894,8 +1142,12 @@ static bool step(ag_engine *e) {
                 if (cap > spare) cap = spare;
                 if (cap > e->p.n_batch - n - 1) cap = e->p.n_batch - n - 1;
                 if (cap > AG_SPEC_MAX_DRAFT) cap = AG_SPEC_MAX_DRAFT;
+                /* and what the free blocks hold */
+                const int32_t base = ag_kv_reserve_cost(e->kv, c->seq, 1);
+                while (cap > 0 && ag_kv_reserve_cost(e->kv, c->seq, 1 + cap) - base > left) cap--;
                 if (cap > 0) c->d = ag_spec_propose(c->spec, c->sampled, c->n_gen, cap, step_cost);
                 spare -= c->d;
+                left -= ag_kv_reserve_cost(e->kv, c->seq, 1 + c->d) - base;
             }
             /* a choice that only takes argmaxes (or tokens drawn with its
              * uniform, without drafts) leaves its rows where they are */
@@ -921,13 +1173,14 @@ static bool step(ag_engine *e) {
             }
         }
     /* then prompt chunks, oldest request first (the list is newest first, so
-     * walk to the end). While streams are decoding, prompt tokens per step are
-     * capped: a step's time is every running stream's inter-token latency,
-     * and on a CPU a 512-token chunk costs seconds. */
-    const int limit = n > 0 && e->p.n_prefill_decoding < e->p.n_batch ? n + e->p.n_prefill_decoding : e->p.n_batch;
-    request *order[256];
+     * walk to the end). While streams are decoding, a step's time is every
+     * running stream's inter-token latency: prompt_budget sizes the chunks
+     * from the measured costs and the latency target. */
+    const int budget = prompt_budget(e, n);
+    const int limit = n + budget < e->p.n_batch ? n + budget : e->p.n_batch;
+    request *order[AG_ENGINE_MAX_PARALLEL];
     int n_order = 0;
-    for (request *r = e->running; r && n_order < 256; r = r->next)
+    for (request *r = e->running; r && n_order < AG_ENGINE_MAX_PARALLEL; r = r->next)
         if (r->n_prefilled < r->n_prompt && !r->restore) order[n_order++] = r;
     for (int oi = n_order - 1; oi >= 0 && n < limit; oi--) {
         request *r = order[oi];
@@ -935,7 +1188,18 @@ static bool step(ag_engine *e) {
         if (k > limit - n) k = limit - n;
         /* a scored prompt wants logits for every row: as many as fit */
         if (r->prompt_logprobs && k > e->logit_rows - rows) k = e->logit_rows - rows;
+        /* and what the free blocks hold */
+        if (k > 0 && ag_kv_reserve_cost(e->kv, r->ch[0].seq, k) > left) {
+            int lo = 0, hi = k; /* the cost only grows with k */
+            while (lo < hi) {
+                int mid = (lo + hi + 1) / 2;
+                if (ag_kv_reserve_cost(e->kv, r->ch[0].seq, mid) <= left) lo = mid;
+                else hi = mid - 1;
+            }
+            k = lo;
+        }
         if (k <= 0) continue;
+        left -= ag_kv_reserve_cost(e->kv, r->ch[0].seq, k);
         r->in_batch = k;
         for (int j = 0; j < k; j++) {
             int p = r->n_prefilled + j;
@@ -953,16 +1217,42 @@ static bool step(ag_engine *e) {
         }
         n_prefill += k;
     }
-    if (n == 0) return false;
+    if (n == 0) {
+        /* Nothing could take a row although requests run (secure_step_blocks
+         * should prevent it): rather than idle forever, make room by
+         * preempting the newest, or end a lone request that cannot fit. */
+        request *newest = NULL;
+        int      active = 0;
+        for (request *r = e->running; r; r = r->next)
+            if (!r->restore) active++, newest = newest ? newest : r;
+        if (!newest) return false;
+        AG_LOGW("no row of %d running requests found a KV block: %s", active,
+                active > 1 ? "preempting the newest" : "ending the request");
+        if (active > 1) preempt(e, newest);
+        else {
+            finish_request(e, newest, AG_FINISH_ERROR, "the KV cache has no room for this request");
+            unlink_running(e, newest);
+        }
+        return true;
+    }
 
-    /* reserve KV per sequence (tokens of one sequence are contiguous in the batch) */
+    /* reserve KV per sequence (tokens of one sequence are contiguous in the
+     * batch), first freeing what of the prefix cache that takes */
     ag_status st = AG_OK;
+    int step_need = 0;
+    for (int i = 0; i < n;) {
+        int j = i;
+        while (j < n && e->b_seq[j] == e->b_seq[i]) j++;
+        step_need += ag_kv_reserve_cost(e->kv, e->b_seq[i], j - i);
+        i = j;
+    }
+    make_room(e, step_need);
     for (int i = 0; i < n && !st;) {
         int j = i;
         while (j < n && e->b_seq[j] == e->b_seq[i]) j++;
         st = ag_kv_seq_reserve(e->kv, e->b_seq[i], j - i);
         if (st == AG_ERR_NOMEM && e->cache) {
-            /* exact booking should prevent this; blocks only the cache holds can go */
+            /* the step was sized to the free blocks, so this should not happen; blocks only the cache holds can go */
             if (ag_cache_evict(e->cache, blocks_for(e, j - i) + 1) > 0)
                 st = ag_kv_seq_reserve(e->kv, e->b_seq[i], j - i);
         }
@@ -996,12 +1286,23 @@ static bool step(ag_engine *e) {
         ag_kv_seq_commit(e->kv, e->b_seq[i], e->b_pos[j - 1] + 1);
         i = j;
     }
+    double fixed = 0, per_token = 0;
+    if (!n_prefill) note_step_time(e, n, dt);
+    else prompt_cost_note(e, n_prefill, n - n_prefill, dt);
+    const bool fitted = n_prefill && prompt_cost(e, &fixed, &per_token);
     pthread_mutex_lock(&e->mu);
     e->stats.prompt_tokens += (uint64_t)n_prefill;
     if (n_prefill) e->stats.prefill_seconds += dt / 1e3;
     else e->stats.decode_seconds += dt / 1e3;
+    e->stats.steps++;
+    if (n_prefill && n > n_prefill) e->stats.mixed_steps++;
+    if (n > n_prefill && n_prefill > e->stats.max_mixed_prompt_tokens) e->stats.max_mixed_prompt_tokens = n_prefill;
+    if (fitted) {
+        e->stats.prompt_step_fixed_ms = fixed;
+        e->stats.prompt_token_ms = per_token;
+    }
+    if (n > n_prefill) e->stats.prompt_budget = budget;
     pthread_mutex_unlock(&e->mu);
-    if (!n_prefill) note_step_time(e, n, dt);
 
     for (request *r = e->running; r; r = r->next) {
         r->n_prefilled += r->in_batch;
@@ -1076,12 +1377,16 @@ static void *engine_main(void *arg) {
         e->cache_wake = false;
         pthread_mutex_unlock(&e->mu);
     }
-    /* shutdown: cancel everything still running or queued */
-    for (request *r = e->running, *next; r; r = next) {
-        next = r->next;
-        finish_request(e, r, AG_FINISH_CANCELLED, NULL);
-        unlink_running(e, r);
-    }
+    /* shutdown: cancel everything still running, preempted or queued */
+    for (int l = 0; l < 2; l++)
+        for (request *r = l ? e->swapped : e->running, *next; r; r = next) {
+            next = r->next;
+            finish_request(e, r, AG_FINISH_CANCELLED, NULL);
+            unlink_running(e, r);
+        }
+    pthread_mutex_lock(&e->mu);
+    e->stats.swapped = 0;
+    pthread_mutex_unlock(&e->mu);
     pthread_mutex_lock(&e->mu);
     request *q = e->queue_head;
     e->queue_head = e->queue_tail = NULL;
@@ -1116,10 +1421,13 @@ static void cache_notify(void *user) {
  * ag_engine_new and ag_engine_plan_memory share. */
 static ag_status resolve_params(ag_model *m, const ag_tok *tok, ag_engine_params *p) {
     const ag_model_config *cfg = ag_model_config_of(m);
-    if (p->n_parallel < 1 || p->n_parallel > 256) return ag_errorf(AG_ERR_RANGE, "n_parallel must be in [1, 256]");
+    if (p->n_parallel < 1 || p->n_parallel > AG_ENGINE_MAX_PARALLEL)
+        return ag_errorf(AG_ERR_RANGE, "n_parallel must be in [1, %d]", AG_ENGINE_MAX_PARALLEL);
     if (p->n_batch < 0) return ag_errorf(AG_ERR_RANGE, "n_batch must be >= 1 (or 0: the device's default)");
     p->n_batch = ag_engine_resolve_batch(m, p->n_batch);
     if (p->n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
+    if (!(p->itl_target_ms <= 60000.0)) return ag_errorf(AG_ERR_RANGE, "itl_target_ms must be at most 60000");
+    if (p->itl_target_ms == 0) p->itl_target_ms = ag_engine_resolve_itl_target(m, 0);
     if (p->max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
     if (p->spec_max_rows < 0 || p->spec_max_rows > 1024)
         return ag_errorf(AG_ERR_RANGE, "spec_max_rows must be in [0, 1024]");
@@ -1152,13 +1460,13 @@ static bool device_kv_room(ag_model *m, const ag_engine_params *p, const ag_kv_l
 }
 
 /* The KV pool of an engine with resolved params p; p->kv_bytes 0 becomes
- * n_parallel full contexts and, where capped is given (the engine; the
- * plan, for augur fit, passes NULL and keeps the full size), on a device
- * at most what its free memory holds beside the scratch (*capped then says
- * so): admission books each request's worst case (prompt + max_tokens) in
- * blocks, so a smaller pool runs fewer long sequences at once and queues
- * the rest, rather than failing to start. A pool that cannot hold one full
- * context is an error. */
+ * n_parallel full contexts on the CPU, and on a device all that its free
+ * memory holds beside the scratch and headroom (as vLLM and SGLang size
+ * theirs): sequences take blocks as they grow (admit, preempt), so the
+ * pool, not --parallel x --ctx, bounds what runs at once, and blocks no
+ * sequence uses hold the prefix cache. *capped says the pool holds fewer
+ * than n_parallel full contexts. A pool that cannot hold one full context
+ * is an error. The engine and its plan (augur fit) both size it here. */
 static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp, ag_kv_layout *lay, bool *capped) {
     *kp = ag_kv_default_params();
     ag_model_kv_shape(m, &kp->n_layers, &kp->n_kv_heads, &kp->head_dim_k, &kp->head_dim_v);
@@ -1176,15 +1484,15 @@ static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp,
     uint64_t room, free_b, reserve;
     if (!p->kv_bytes) {
         p->kv_bytes = ag_kv_budget_for(lay, p->n_parallel, p->n_ctx);
-        if (capped && device_kv_room(m, p, lay, &room, &free_b, &reserve) && p->kv_bytes > room) {
+        if (device_kv_room(m, p, lay, &room, &free_b, &reserve)) {
             if (room < one)
                 return ag_errorf(AG_ERR_NOMEM,
                                  "the GPU has %.2f GiB free with the weights loaded; one %d-token context needs %.2f "
                                  "GiB of KV beside %.2f GiB of scratch and headroom: lower --ctx (augur fit shows the "
                                  "plan)",
                                  free_b / 1073741824.0, p->n_ctx, one / 1073741824.0, reserve / 1073741824.0);
+            if (capped) *capped = room < p->kv_bytes;
             p->kv_bytes = room;
-            *capped = true;
         }
     }
     kp->budget_bytes = p->kv_bytes;
@@ -1205,7 +1513,8 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
     ag_kv_params     kp;
     ag_kv_layout     lay;
     ag_status        st;
-    if ((st = resolve_params(m, tok, &p)) || (st = pool_params(m, &p, &kp, &lay, NULL))) return st;
+    bool             capped;
+    if ((st = resolve_params(m, tok, &p)) || (st = pool_params(m, &p, &kp, &lay, &capped))) return st;
     int32_t n_blocks;
     size_t  kv;
     if ((st = ag_kv_layout_for(&kp, &lay, &n_blocks)) || (st = ag_kv_memory_bytes(&kp, p.n_ctx, &kv))) return st;
@@ -1278,12 +1587,12 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         ag_kv_get_stats(e->kv, &ks);
         e->n_blocks = ks.n_blocks;
     }
-    if (capped)
-        AG_LOGW("KV pool: %.2f GiB, what the GPU's memory holds: %d blocks of %d tokens, %.1f full %d-token contexts "
-                "(--parallel %d of them need %.2f GiB); requests book their own prompt + max_tokens, and those "
-                "that do not fit wait",
+    if (ag_model_device(m) != AG_DEVICE_CPU && !pp->kv_bytes)
+        AG_LOGI("KV pool: %.2f GiB, what the GPU's memory holds: %d blocks of %d tokens, %.1f full %d-token contexts "
+                "(--parallel %d%s); sequences take blocks as they grow, requests wait for blocks, and the newest "
+                "is preempted (its KV moved to host memory) if the running ones outgrow the pool",
                 p.kv_bytes / 1073741824.0, e->n_blocks, L.block_size, (double)e->n_blocks * L.block_size / p.n_ctx,
-                p.n_ctx, p.n_parallel, ag_kv_budget_for(&L, p.n_parallel, p.n_ctx) / 1073741824.0);
+                p.n_ctx, p.n_parallel, capped ? ": fewer than it" : "");
     if (p.prefix_cache) {
         ag_cache_params cp = ag_cache_default_params();
         cp.model_fingerprint = ag_model_fingerprint(m);
@@ -1306,6 +1615,9 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     const char *mk = getenv("AUGUR_MASKS");
     e->masks_off = (mk && *mk == '0') || !ag_model_can_mask(m);
     step_rows(&p, &e->max_rows, &e->logit_rows);
+    e->cost_rows = e->max_rows;
+    e->step_ms = calloc((size_t)e->cost_rows + 1, sizeof *e->step_ms);
+    e->step_seen = calloc((size_t)e->cost_rows + 1, sizeof *e->step_seen);
     /* activations for a full batch in one piece, as ag_engine_plan_memory counts them */
     if ((st = ag_model_reserve_scratch(m, p.n_batch))) goto fail;
     e->b_tok = malloc(sizeof(int32_t) * p.n_batch);
@@ -1323,7 +1635,8 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     e->logits = ag_model_host_floats(e->model, (size_t)e->n_vocab * (size_t)e->logit_rows);
     e->masked = malloc(sizeof(float) * (size_t)e->n_vocab);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_want || !e->b_pick || !e->b_cands_req || !e->cands ||
-        !e->argmax || !e->b_edit_start || !e->b_allow || !e->rows || !e->logits || !e->masked) {
+        !e->argmax || !e->b_edit_start || !e->b_allow || !e->rows || !e->logits || !e->masked || !e->step_ms ||
+        !e->step_seen) {
         st = ag_errorf(AG_ERR_NOMEM, "out of memory for engine buffers");
         goto fail;
     }
@@ -1369,6 +1682,8 @@ void ag_engine_free(ag_engine *e) {
     free(e->b_allow);
     free(e->allow_bits);
     free(e->rows);
+    free(e->step_ms);
+    free(e->step_seen);
     ag_model_host_free(e->model, e->logits);
     free(e->masked);
     ag_schema_vocab_free(e->schema_vocab);
@@ -1474,6 +1789,8 @@ void ag_engine_cancel(ag_engine *e, uint64_t id) {
     for (request *r = e->queue_head; r; r = r->next)
         if (r->id == id) atomic_store(&r->cancel, true);
     for (request *r = e->running; r; r = r->next)
+        if (r->id == id) atomic_store(&r->cancel, true);
+    for (request *r = e->swapped; r; r = r->next)
         if (r->id == id) atomic_store(&r->cancel, true);
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);

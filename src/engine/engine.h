@@ -8,11 +8,21 @@
  * samples, and reports each choice's new text through the request's
  * callback.
  *
- * Admission books KV blocks for a request's worst case (prompt + max_tokens,
- * for every choice) before it starts, so a running sequence never runs out
- * of KV mid-generation; a request that does not fit waits in the queue, and
- * a full queue is refused (AG_ERR_BUSY-style: AG_ERR_NOMEM with a message).
- * n > 1 choices share the prompt's KV blocks by fork (copy-on-write).
+ * While streams decode, a step's prompt tokens are chosen from the measured
+ * cost of prompt and decode rows and a target inter-token latency
+ * (itl_target_ms): on a GPU, where thousands of prompt tokens cost one
+ * step, waiting prompts enter together; on a CPU, 64 a step keep the
+ * streams smooth.
+ *
+ * KV blocks are taken as sequences grow, not booked for a request's worst
+ * case: admission needs a slot (n_parallel) per choice and the blocks to
+ * start, beside a block for every running choice's next step; when the
+ * running sequences outgrow the pool, the newest request is preempted (its
+ * KV copied to host memory and brought back bit for bit when blocks free
+ * up), as vLLM does. A request that does not fit waits in the queue (behind
+ * preempted ones), and a full queue is refused (AG_ERR_NOMEM with a
+ * message). n > 1 choices share the prompt's KV blocks by fork
+ * (copy-on-write).
  *
  * Prefix cache (cache/cache.h): at admission a request adopts the longest
  * cached run of full prompt blocks (memory, else disk) and prefills only
@@ -42,11 +52,27 @@
 
 typedef struct ag_engine ag_engine;
 
+/* Sequences an engine runs at most (n_parallel). */
+#define AG_ENGINE_MAX_PARALLEL 256
+/* The default latency target on a GPU (ag_engine_params.itl_target_ms):
+ * an 8B Q4_K_M step of 64 decode rows takes about 16 ms on an H100 and its
+ * prompt rows about 0.03-0.05 ms each, so 200 ms lets some 4,000 prompt
+ * tokens in with them (vLLM and SGLang admit up to 8,192 a step there). */
+#define AG_ENGINE_ITL_TARGET_GPU_MS 200.0
+
 typedef struct {
     int         n_parallel; /* sequences running at once (choices count); default 4 */
     int         n_ctx;      /* tokens per sequence (prompt + output); default min(train ctx, 4096) */
     int         n_batch;    /* tokens per forward step; 0 (default): the device's, ag_engine_resolve_batch */
-    int         n_prefill_decoding; /* prompt tokens per step while other streams decode; default 64 */
+    /* Prompt tokens per step while other streams decode, at least; default
+     * 64. More when the latency target allows (itl_target_ms). */
+    int         n_prefill_decoding;
+    /* Target time of a step that carries prompt tokens beside decoding
+     * streams (their inter-token latency while prompts arrive), in ms: a
+     * step takes as many prompt tokens as the measured costs fit in it.
+     * 0 (default): the device's (ag_engine_resolve_itl_target); < 0: none,
+     * n_prefill_decoding tokens a step. */
+    double      itl_target_ms;
     int         max_queue;  /* requests waiting for admission; more are refused; default 64 */
     size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts, on a GPU at most what
                                its free memory holds (admission then queues what does not fit) */
@@ -92,6 +118,12 @@ int ag_engine_resolve_ctx(const ag_model *m, int n_ctx);
 #define AG_ENGINE_BATCH_CPU 512
 #define AG_ENGINE_BATCH_GPU 4096
 int ag_engine_resolve_batch(const ag_model *m, int n_batch);
+
+/* The latency target for m's device: itl_target_ms itself when != 0, else
+ * AG_ENGINE_ITL_TARGET_GPU_MS on a GPU and none (-1) on the CPU, whose
+ * steps keep n_prefill_decoding prompt tokens (inter-token latency as it
+ * always was there). */
+double ag_engine_resolve_itl_target(const ag_model *m, double itl_target_ms);
 
 /* The memory an engine holds at most, in bytes, by part. */
 typedef struct {
@@ -222,11 +254,17 @@ typedef struct {
     uint64_t requests_total, requests_finished;
     uint64_t prompt_tokens, generated_tokens, cached_tokens;
     double   prefill_seconds, decode_seconds; /* engine thread time in steps that prefilled / only decoded */
-    int      queue_depth, running;
+    int      queue_depth, running; /* running: choices started and not finished (preempted ones too) */
+    int      swapped;               /* requests preempted, their KV in host memory */
+    uint64_t preemptions;           /* requests preempted for KV blocks, in all */
+    uint64_t steps, mixed_steps;    /* forward steps; those with prompt and decode rows together */
+    int      max_mixed_prompt_tokens; /* the most prompt tokens a step carried beside decode rows */
+    int      prompt_budget;         /* prompt tokens the last step with decode rows could take */
+    double   prompt_step_fixed_ms, prompt_token_ms; /* the fitted cost of a step's prompt rows */
     int      kv_blocks_used, kv_blocks_free;
     int      kv_blocks_cached;  /* of the used ones, those only the prefix cache holds (reclaimable) */
     uint64_t kv_cow_copies;     /* shared blocks copied before a write (ag_kv_stats.cow_copies) */
-    uint64_t kv_nomem_errors;   /* KV reservations the full pool refused (should stay 0: booking) */
+    uint64_t kv_nomem_errors;   /* KV reservations the full pool refused (should stay 0: steps are sized to the free blocks) */
     int      n_ctx, n_parallel;
     ag_spec_stats spec;        /* speculative decoding, over finished and running choices' past rounds */
     uint64_t decode_forwards;  /* target forwards that decoded (each choice's row window counts once) */

@@ -460,6 +460,17 @@ ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new) {
     return AG_OK;
 }
 
+int32_t ag_kv_reserve_cost(const ag_kv *kv, int32_t seq, int32_t n_new) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s || n_new < 0) return -1;
+    if (n_new == 0) return 0;
+    int32_t first = s->len >> kv->lay.block_shift, last = (int32_t)(((int64_t)s->len + n_new - 1) >> kv->lay.block_shift);
+    int32_t need = 0; /* as ag_kv_seq_reserve counts it */
+    for (int32_t i = first; i < s->n_blocks; i++) need += kv->ref[s->blocks[i]] > 1;
+    if (last >= s->n_blocks) need += last + 1 - s->n_blocks;
+    return need;
+}
+
 /* The slot check shared by ag_kv_slot and ag_kv_write. */
 static ag_status slot_check(const ag_kv *kv, int32_t seq, int32_t pos, int32_t *block,
                             int32_t *offset) {
@@ -647,6 +658,53 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
     size_t   kb = (size_t)kv->lay.n_kv_heads * kv->lay.head_stride_k;
     if (pool_from_host(kv, base, src, kb) || pool_from_host(kv, base + kv->v_offset, (const uint8_t *)src + kb, size - kb))
         return ag_errorf(AG_ERR_IO, "kv: copy_in: device copy failed");
+    return AG_OK;
+}
+
+/* ---- swap (preemption) --------------------------------------------------- */
+
+size_t ag_kv_swap_bytes(const ag_kv *kv, int32_t len) {
+    return (size_t)blocks_for(kv, len < 0 ? 0 : len) * kv->lay.block_bytes;
+}
+
+ag_status ag_kv_seq_swap_out(const ag_kv *kv, int32_t seq, void *dst, size_t size, int32_t *len) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: swap_out: sequence %d is not live", seq);
+    const int32_t nb = blocks_for(kv, s->len);
+    if (size != (size_t)nb * kv->lay.block_bytes || (nb && !dst))
+        return ag_errorf(AG_ERR_INVALID, "kv: swap_out: buffer of %zu bytes, need %zu", size,
+                         (size_t)nb * kv->lay.block_bytes);
+    for (int32_t i = 0; i < nb; i++)
+        if (pool_to_host(kv, (uint8_t *)dst + (size_t)i * kv->lay.block_bytes, block_base(kv, s->blocks[i]),
+                         kv->lay.block_bytes))
+            return ag_errorf(AG_ERR_IO, "kv: swap_out: device copy failed");
+    *len = s->len;
+    return AG_OK;
+}
+
+ag_status ag_kv_seq_swap_in(ag_kv *kv, int32_t seq, int32_t len, const void *src, size_t size) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return ag_errorf(AG_ERR_INVALID, "kv: swap_in: sequence %d is not live", seq);
+    if (len < 0) return ag_errorf(AG_ERR_RANGE, "kv: swap_in: length %d < 0", len);
+    const int32_t nb = blocks_for(kv, len);
+    if (size != (size_t)nb * kv->lay.block_bytes || (nb && !src))
+        return ag_errorf(AG_ERR_INVALID, "kv: swap_in: buffer of %zu bytes, need %zu", size,
+                         (size_t)nb * kv->lay.block_bytes);
+    seq_release_from(kv, s, 0);
+    s->len = s->reserved = 0;
+    if (nb > kv->n_free) return full_error(kv, nb);
+    ag_status st = table_grow(kv, s, nb);
+    if (st != AG_OK) return st;
+    for (int32_t i = 0; i < nb; i++) {
+        s->blocks[i] = block_take(kv);
+        s->n_blocks = i + 1;
+        if (pool_from_host(kv, block_base(kv, s->blocks[i]), (const uint8_t *)src + (size_t)i * kv->lay.block_bytes,
+                           kv->lay.block_bytes)) {
+            seq_release_from(kv, s, 0);
+            return ag_errorf(AG_ERR_IO, "kv: swap_in: device copy failed");
+        }
+    }
+    s->len = s->reserved = len;
     return AG_OK;
 }
 

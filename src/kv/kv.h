@@ -233,6 +233,13 @@ const int32_t *ag_kv_seq_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks)
  * leaves the cache unchanged. AG_ERR_INVALID for a bad seq or n_new < 0. */
 ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new);
 
+/* The blocks ag_kv_seq_reserve(kv, seq, n_new) would take from the pool
+ * now: the missing ones plus a copy of each shared block in the range (0
+ * when the range is already reserved and owned). -1 for a sequence that is
+ * not live or n_new < 0. Lets a scheduler size a step to the free blocks
+ * before it reserves anything. */
+int32_t ag_kv_reserve_cost(const ag_kv *kv, int32_t seq, int32_t n_new);
+
 /* Locates the storage of position `pos` for writing: *block (pool id) and
  * *offset (0..block_size-1). Requires len <= pos < reserved end and that the
  * block is owned by this sequence alone; otherwise AG_ERR_INVALID (which
@@ -320,6 +327,27 @@ ag_status ag_kv_block_copy_out(const ag_kv *kv, int32_t block, int32_t layer, vo
  * shared blocks are immutable. */
 ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const void *src,
                               size_t size);
+
+/* ---- swap (preemption) --------------------------------------------------- */
+
+/* Bytes of host memory a sequence of len committed positions takes when
+ * swapped out: its blocks whole, every layer, as the pool stores them. */
+size_t ag_kv_swap_bytes(const ag_kv *kv, int32_t len);
+
+/* Copies the committed history of `seq` (its first blocks_for(len) blocks,
+ * whole) into dst (ag_kv_swap_bytes(kv, len) bytes, host memory: pinned
+ * from ag_kv_host_alloc moves fastest), so that the sequence can be freed
+ * and later rebuilt bit for bit by ag_kv_seq_swap_in. *len gets the
+ * committed length. Errors: AG_ERR_INVALID (not live, wrong size),
+ * AG_ERR_IO (a device copy failed). The sequence is not changed. */
+ag_status ag_kv_seq_swap_out(const ag_kv *kv, int32_t seq, void *dst, size_t size, int32_t *len);
+
+/* Rebuilds a swapped-out history: `seq` (live; whatever it held is
+ * released first) gets blocks_for(len) fresh blocks of its own, filled from
+ * src (what ag_kv_seq_swap_out wrote for that len), and length len.
+ * All-or-nothing: AG_ERR_NOMEM when the pool has too few free blocks,
+ * AG_ERR_IO when a device copy failed (the sequence is then empty). */
+ag_status ag_kv_seq_swap_in(ag_kv *kv, int32_t seq, int32_t len, const void *src, size_t size);
 
 /* ---- data access -------------------------------------------------------- */
 

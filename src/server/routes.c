@@ -147,7 +147,21 @@ void srv_route_metrics(srv_req *rq, srv_resp *out) {
         ag_buf_printf(b, "augur_spec_acceptance_by_position{position=\"%d\"} %.6f\n", i,
                       (double)st.spec.accepted_at[i] / (double)st.spec.drafted_at[i]);
     metric(b, "queue_depth", "gauge", "Requests waiting for admission.", st.queue_depth);
-    metric(b, "running_sequences", "gauge", "Sequences (choices) running.", st.running);
+    metric(b, "running_sequences", "gauge", "Sequences (choices) running (preempted ones too).", st.running);
+    metric(b, "swapped_requests", "gauge", "Requests preempted for KV blocks, their KV in host memory.", st.swapped);
+    metric(b, "preemptions_total", "counter", "Requests preempted because the running ones outgrew the KV pool.",
+           (double)st.preemptions);
+    metric(b, "engine_steps_total", "counter", "Forward steps.", (double)st.steps);
+    metric(b, "engine_mixed_steps_total", "counter", "Forward steps with prompt and decode rows together.",
+           (double)st.mixed_steps);
+    metric(b, "step_prompt_budget", "gauge",
+           "Prompt tokens the last step with decode rows could take (--itl-target and the measured costs).",
+           st.prompt_budget);
+    metric(b, "step_prompt_tokens_max", "gauge", "The most prompt tokens a step carried beside decode rows.",
+           st.max_mixed_prompt_tokens);
+    metric(b, "step_prompt_fixed_ms", "gauge", "Fitted cost of having prompt rows in a step, ms.",
+           st.prompt_step_fixed_ms);
+    metric(b, "step_prompt_token_ms", "gauge", "Fitted cost of one prompt token in a step, ms.", st.prompt_token_ms);
     metric(b, "kv_blocks_used", "gauge", "KV cache blocks in use.", st.kv_blocks_used);
     metric(b, "kv_blocks_free", "gauge", "KV cache blocks free.", st.kv_blocks_free);
     metric(b, "kv_blocks_cached", "gauge",

@@ -1,14 +1,17 @@
 /* The engine with the prefix cache on stories260K: a prompt seen before is
  * adopted up to its last token (the last block in part, copied at the
- * first write), the KV booking counts that copy, and the output at
- * temperature 0 is the cold one.
+ * first write), also when the request then fills the whole pool, and the
+ * output at temperature 0 is the cold one.
  *
- * The booking rule under test (engine.c, admit): a request whose own worst
- * case leaves no spare block in the pool adopts whole blocks only; one that
- * leaves a block adopts in part. A pool of 4 blocks (1 sequence of 64
- * positions) puts a request right at that edge. The reference output is
- * the same engine's first, cold run of the prompt (no cached KV); its
- * equality with cold runs of other engines is what tests/py checks. */
+ * The rule under test (engine.c, admit and secure_step_blocks): blocks are
+ * taken as a sequence grows, and blocks only the cache holds are free
+ * space, so a request at the pool's edge still adopts its prefix in part:
+ * the copy of the shared partial block is made from a free block, and the
+ * original, then the cache's alone, gives way when the request needs it.
+ * A pool of 4 blocks (1 sequence of 64 positions) puts a request right at
+ * that edge. The reference output is the same engine's first, cold run of
+ * the prompt (no cached KV); its equality with cold runs of other engines
+ * is what tests/py checks. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -106,7 +109,7 @@ static ag_engine_stats idle_stats(ag_engine *e, uint64_t finished) {
     return st;
 }
 
-static void booking_counts_the_copy_of_a_partial_block(void **state) {
+static void partial_prefix_at_the_pools_edge(void **state) {
     ag_engine_params p = ag_engine_default_params();
     p.n_parallel = 1;
     p.n_ctx = 64;
@@ -119,29 +122,31 @@ static void booking_counts_the_copy_of_a_partial_block(void **state) {
                                        260, 343, 443, 300, 362, 430, 272, 336, 279, 282, 316, 300, 263,
                                        432, 270, 315, 280, 260, 343, 443, 300, 362, 430, 272};
     result cold, r;
-    /* 37 + 27 = 64 positions: the request's worst case is the whole pool */
+    /* 37 + 27 = 64 positions: the request fills the whole pool */
     generate(e, prompt, 37, 27, &cold);
     assert_int_equal(cold.n_cached, 0);
-    idle_stats(e, 1);
+    ag_engine_stats s0 = idle_stats(e, 1);
 
-    /* at the edge: no block left for a copy, so whole blocks only (32);
-     * the rest goes into fresh blocks, no copy-on-write, no failed
-     * reservation */
+    /* at the edge: all but the last prompt token is adopted (36), the
+     * partial block copied once at the first write; when the request
+     * reaches its 4th block the cache's original gives way; no failed
+     * reservation, no preemption */
     generate(e, prompt, 37, 27, &r);
-    assert_int_equal(r.n_cached, 32);
+    assert_int_equal(r.n_cached, 36);
     assert_memory_equal(r.tok, cold.tok, sizeof(int32_t) * 27);
     ag_engine_stats s1 = idle_stats(e, 2);
+    assert_int_equal(s1.kv_cow_copies, s0.kv_cow_copies + 1);
     assert_int_equal(s1.kv_nomem_errors, 0);
+    assert_int_equal(s1.preemptions, 0);
 
-    /* 37 + 11 positions leave a block: all but the last prompt token is
-     * adopted, its block copied once at the first write */
+    /* and with room to spare, the same */
     generate(e, prompt, 37, 11, &r);
     assert_int_equal(r.n_cached, 36);
     assert_memory_equal(r.tok, cold.tok, sizeof(int32_t) * 11);
     ag_engine_stats s2 = idle_stats(e, 3);
     assert_int_equal(s2.kv_cow_copies, s1.kv_cow_copies + 1);
     assert_int_equal(s2.kv_nomem_errors, 0);
-    assert_int_equal(s2.cached_tokens, 32 + 36);
+    assert_int_equal(s2.cached_tokens, 36 + 36);
     /* every block a request held is back: what is used, only the cache holds */
     assert_true(s2.kv_blocks_cached > 0);
     ag_engine_free(e);
@@ -149,7 +154,7 @@ static void booking_counts_the_copy_of_a_partial_block(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(booking_counts_the_copy_of_a_partial_block),
+        cmocka_unit_test(partial_prefix_at_the_pools_edge),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
