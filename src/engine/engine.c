@@ -127,6 +127,11 @@ struct ag_engine {
      * exponential forgetting), from which prompt_budget sizes a step for
      * the inter-token latency target. */
     double   pf_w, pf_x, pf_y, pf_xx, pf_xy;
+    /* Requests admitted, ended, preempted or resumed so far, and as of the
+     * last refresh of the stats' KV counters (update_kv_stats_if), and its
+     * time. */
+    uint64_t set_changes, stats_changes;
+    double   stats_ms;
     /* AUGUR_SPEC_ROW_COST=x (>= 0): the cost of a verify row, fixed instead
      * of measured, so that sampled speculative runs draft the same lengths
      * every time (A/B comparisons, tests); -1: measured */
@@ -210,20 +215,21 @@ static int request_blocks(const ag_engine *e, const request *r) {
 }
 
 /* Blocks new work may take now: the pool's free ones and those only the
- * prefix cache holds (ag_cache_evict frees them on demand). */
-static int blocks_available(const ag_engine *e) {
-    ag_kv_stats ks;
-    ag_kv_get_stats(e->kv, &ks);
-    return ks.blocks_free + (e->cache ? ag_cache_reclaimable(e->cache) : 0);
+ * prefix cache holds (ag_cache_evict frees them on demand). The cache's
+ * count walks its memory tier, so it is only asked when the free blocks
+ * alone fall short of `want` (a long-running GPU server holds tens of
+ * thousands of cached blocks, and this is asked every step). */
+static int blocks_available(const ag_engine *e, int want) {
+    const int free_now = ag_kv_free_blocks(e->kv);
+    if (free_now >= want || !e->cache) return free_now;
+    return free_now + ag_cache_reclaimable(e->cache);
 }
 
 /* Frees reclaimable prefix-cache blocks until the pool has `need` free
  * (what the reservations about to be made take). */
 static void make_room(ag_engine *e, int need) {
-    if (!e->cache) return;
-    ag_kv_stats ks;
-    ag_kv_get_stats(e->kv, &ks);
-    if (need > ks.blocks_free) ag_cache_evict(e->cache, need - ks.blocks_free);
+    const int free_now = ag_kv_free_blocks(e->kv);
+    if (e->cache && need > free_now) ag_cache_evict(e->cache, need - free_now);
 }
 
 static void request_free(request *r) {
@@ -267,7 +273,16 @@ static void fill_usage(const request *r, ag_gen_event *ev) {
     ev->t_decode_ms = r->t_first > 0 && r->t_last > r->t_first ? r->t_last - r->t_first : 0;
 }
 
-static void update_kv_stats(ag_engine *e) {
+/* Refreshes the KV counters of the stats: when forced, when requests
+ * started, ended or moved since the last refresh, and otherwise every 100
+ * ms at most (the pool's and the cache's counts scan every block, which at
+ * a GPU pool's tens of thousands of blocks costs a fair share of a
+ * batch-1 decode step). */
+static void update_kv_stats_if(ag_engine *e, bool force) {
+    const double t = now_ms();
+    if (!force && e->set_changes == e->stats_changes && t - e->stats_ms < 100.0) return;
+    e->stats_changes = e->set_changes;
+    e->stats_ms = t;
     ag_kv_stats ks;
     ag_kv_get_stats(e->kv, &ks);
     int cached = e->cache ? ag_cache_reclaimable(e->cache) : 0;
@@ -279,6 +294,8 @@ static void update_kv_stats(ag_engine *e) {
     e->stats.kv_nomem_errors = ks.nomem_errors;
     pthread_mutex_unlock(&e->mu);
 }
+
+static void update_kv_stats(ag_engine *e) { update_kv_stats_if(e, true); }
 
 /* Gives r's prompt KV to the prefix cache: positions computed as prompt
  * so far ([0, n_prefilled), all of the prompt once it is prefilled), in
@@ -431,6 +448,7 @@ static void unlink_running(ag_engine *e, request *r) {
     pthread_mutex_lock(&e->mu);
     list_remove(&e->running, r);
     list_remove(&e->swapped, r);
+    e->set_changes++;
     e->stats.requests_finished++;
     e->stats.running = e->running_choices;
     pthread_mutex_unlock(&e->mu);
@@ -846,7 +864,7 @@ static void admit(ag_engine *e) {
         if (e->running_choices + r->n_choices > e->p.n_parallel) break;
         if (e->running) {
             pthread_mutex_unlock(&e->mu);
-            if (avail < 0) avail = blocks_available(e), growth = running_growth(e);
+            if (avail < 0) growth = running_growth(e), avail = blocks_available(e, start_blocks(e, r) + growth);
             bool fits = start_blocks(e, r) + growth <= avail;
             pthread_mutex_lock(&e->mu);
             if (!fits) break;
@@ -885,6 +903,7 @@ static void admit(ag_engine *e) {
         /* link first so that finishing unlinks it cleanly */
         pthread_mutex_lock(&e->mu);
         list_insert(&e->running, r);
+        e->set_changes++;
         pthread_mutex_unlock(&e->mu);
         if (st) {
             if (!r->ch) {
@@ -941,6 +960,7 @@ static void preempt(ag_engine *e, request *r) {
     pthread_mutex_lock(&e->mu);
     list_remove(&e->running, r);
     list_insert(&e->swapped, r);
+    e->set_changes++;
     e->stats.preemptions++;
     e->stats.swapped++;
     pthread_mutex_unlock(&e->mu);
@@ -956,7 +976,8 @@ static void resume_swapped(ag_engine *e) {
         int need = 0;
         for (int i = 0; i < r->n_choices; i++)
             if (r->ch[i].swapped) need += blocks_for(e, r->ch[i].swap_len) + 1;
-        if (e->running && need + running_growth(e) > blocks_available(e)) return;
+        const int growth = e->running ? running_growth(e) : 0;
+        if (e->running && need + growth > blocks_available(e, need + growth)) return;
         make_room(e, need);
         ag_status st = AG_OK;
         for (int i = 0; i < r->n_choices && !st; i++) {
@@ -969,6 +990,7 @@ static void resume_swapped(ag_engine *e) {
         pthread_mutex_lock(&e->mu);
         list_remove(&e->swapped, r);
         list_insert(&e->running, r);
+        e->set_changes++;
         e->stats.swapped--;
         pthread_mutex_unlock(&e->mu);
         if (st) {
@@ -998,7 +1020,8 @@ static int secure_step_blocks(ag_engine *e) {
             if (r->n_prefilled < r->n_prompt && r->ch[0].state == CH_WAIT) oldest_prefill = r;
         }
         if (!need && oldest_prefill) first = ag_kv_reserve_cost(e->kv, oldest_prefill->ch[0].seq, 1);
-        const int avail = blocks_available(e);
+        /* (enough to know whether the largest step fits: the cache's blocks are counted only below that) */
+        const int avail = blocks_available(e, need + first + blocks_for(e, e->p.n_batch) + e->max_rows);
         /* (one request alone always fits: it was checked against the whole pool at submit) */
         if (need + first <= avail || n_active <= 1) return avail - need > 0 ? avail - need : 0;
         preempt(e, newest);
@@ -1340,7 +1363,7 @@ static bool step(ag_engine *e) {
         next = r->next;
         if (r->n_done == r->n_choices) unlink_running(e, r);
     }
-    update_kv_stats(e);
+    update_kv_stats_if(e, false);
     return true;
 }
 

@@ -308,6 +308,8 @@ void ag_kv_free(ag_kv *kv) {
 
 const ag_kv_layout *ag_kv_get_layout(const ag_kv *kv) { return &kv->lay; }
 
+int32_t ag_kv_free_blocks(const ag_kv *kv) { return kv->n_free; }
+
 void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out) {
     memset(out, 0, sizeof *out);
     out->pool_bytes = kv->pool_bytes;

@@ -196,6 +196,9 @@ void  ag_kv_mem_host_free(const ag_kv_mem *mem, void *p); /* NULL-safe */
 void *ag_kv_host_alloc(ag_kv *kv, size_t bytes);
 void  ag_kv_host_free(ag_kv *kv, void *p);
 
+/* Blocks free in the pool now; O(1) (a scheduler asks every step). */
+int32_t ag_kv_free_blocks(const ag_kv *kv);
+
 /* Fills *out with counters; O(n_blocks) (scans refcounts for `shared`). */
 void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out);
 
