@@ -270,8 +270,8 @@ void      ag_cpu_kernel_report(const uint32_t *types, int n_types, char *buf, si
 
 /* Creates the backend for `dev` (AUTO resolved as above); the CPU params
  * apply to the CPU backend (and its host-side helpers). decode_rows_hint:
- * as ag_model_params' (the CUDA backend picks its K-quant decode kernels by
- * it). AG_ERR_UNSUPPORTED when CUDA is asked for in a build without it or
+ * as ag_model_params' (no backend uses it now: the CUDA backend picks its
+ * K-quant decode kernels per matmul, with the same bits either way). AG_ERR_UNSUPPORTED when CUDA is asked for in a build without it or
  * with no GPU present. */
 ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, int decode_rows_hint, ag_backend **out);
 

@@ -25,7 +25,7 @@
 extern "C" {
 #include "base/argmax.h"
 }
-struct dim3_ { unsigned x; };
+struct dim3_ { unsigned x, y; };
 static thread_local dim3_ threadIdx, blockIdx;
 static dim3_ blockDim, gridDim;
 static pthread_barrier_t g_bar;
@@ -33,7 +33,7 @@ static pthread_barrier_t w_bar[32];
 #define __global__
 #define __device__
 #define __forceinline__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
 #define __restrict__
 #define __shared__ static
 static inline void __syncthreads() { pthread_barrier_wait(&g_bar); }
@@ -82,26 +82,27 @@ static inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
-/* Runs kern(args...) as n_blocks blocks of `threads` threads, one block at
- * a time (the statics that stand for shared memory are one block's): the
- * threads are made once and take the blocks in turn, meeting at a barrier
- * between blocks. */
-template <typename... A> static void emu_launch(void (*kern)(A...), int n_blocks, int threads, A... args) {
+/* Runs kern(args...) as n_blocks (x) by grid_y blocks of `threads`
+ * threads, one block at a time (the statics that stand for shared memory
+ * are one block's): the threads are made once and take the blocks in turn,
+ * x fastest, meeting at a barrier between blocks. */
+template <typename... A>
+static void emu_launch_xy(void (*kern)(A...), int n_blocks, int grid_y, int threads, A... args) {
     /* the block's barrier for this launch's thread count (whole warps) */
     pthread_barrier_init(&g_bar, NULL, (unsigned)threads);
     for (int w = 0; w < 32; w++) pthread_barrier_init(&w_bar[w], NULL, 32);
     blockDim.x = (unsigned)threads;
-    gridDim.x = (unsigned)n_blocks;
-    struct targ { void (*k)(A...); unsigned t; int nb; std::tuple<A...> a; };
+    gridDim.x = (unsigned)n_blocks, gridDim.y = (unsigned)grid_y;
+    struct targ { void (*k)(A...); unsigned t; int nb, ny; std::tuple<A...> a; };
     std::vector<pthread_t> th((size_t)threads);
     std::vector<targ>      ta((size_t)threads);
     for (int t = 0; t < threads; t++) {
-        ta[(size_t)t] = targ{kern, (unsigned)t, n_blocks, std::tuple<A...>(args...)};
+        ta[(size_t)t] = targ{kern, (unsigned)t, n_blocks, grid_y, std::tuple<A...>(args...)};
         pthread_create(&th[(size_t)t], NULL, [](void *p) -> void * {
             targ *x = (targ *)p;
             threadIdx.x = x->t;
-            for (int b = 0; b < x->nb; b++) {
-                blockIdx.x = (unsigned)b;
+            for (int b = 0; b < x->nb * x->ny; b++) {
+                blockIdx.x = (unsigned)(b % x->nb), blockIdx.y = (unsigned)(b / x->nb);
                 std::apply(x->k, x->a);
                 pthread_barrier_wait(&g_bar); /* the block is done before the next one starts */
             }
@@ -111,6 +112,9 @@ template <typename... A> static void emu_launch(void (*kern)(A...), int n_blocks
     for (int t = 0; t < threads; t++) pthread_join(th[(size_t)t], NULL);
     pthread_barrier_destroy(&g_bar);
     for (int w = 0; w < 32; w++) pthread_barrier_destroy(&w_bar[w]);
+}
+template <typename... A> static void emu_launch(void (*kern)(A...), int n_blocks, int threads, A... args) {
+    emu_launch_xy(kern, n_blocks, 1, threads, args...);
 }
 
 #endif

@@ -323,6 +323,138 @@ static void matmul_multi_mixed_shapes(void **state) {
     }
 }
 
+/* The rows [off, off + n) of a batch's output against the same rows of a
+ * reference batch's output (ref: [*][n_out] host floats), bit for bit. */
+static void expect_rows(const float *dev_y, int n, int n_out, const float *ref, int off, const char *what) {
+    float *got = host_get(g_be, dev_y, (size_t)n * n_out);
+    for (int t = 0; t < n; t++)
+        if (memcmp(got + (size_t)t * n_out, ref + (size_t)(off + t) * n_out, sizeof(float) * n_out))
+            fail_msg("%s: row %d of a batch of %d (row %d of the reference batch) differs", what, t, n, off + t);
+    free(got);
+}
+
+/* A few decode rows of Q4_K/Q6_K weights give the bits the same rows get
+ * in a wide batch (CUDA: up to a few rows a matmul take the few-row kernels
+ * mmqv, more the tensor-core mmq; a row must have one bit pattern
+ * whichever runs): rows of a batch of 33 against the same rows in batches
+ * of 1, 2, 3, 4, 8 and 9 at several offsets, through matmul (decode rows
+ * alone, and before prompt rows), matmul_multi of three weights of one K
+ * (types, row counts and so K splits mixed in one launch) and the
+ * feed-forward op; the batch of 33 within tol_matmul of the exact product.
+ * The row counts take each K split of the CUDA kernels (16 slices over 4
+ * warps a row or 1, 8, 4) and the K's leave slices short or empty (nb =
+ * K / 256 of 5, 8, 11, 18 blocks); Q6_K rows of 8 blocks are 16-byte
+ * multiples, which the grouped launch stages in shared memory. */
+static void matmul_few_rows_mmq_bits(void **state) {
+    (void)state;
+    enum { N = 33 };
+    static const struct {
+        uint32_t type;
+        int      K, n_out;
+    } cases[] = {{AG_TYPE_Q4_K, 4608, 67},  {AG_TYPE_Q6_K, 4608, 67},  {AG_TYPE_Q4_K, 2816, 2100},
+                 {AG_TYPE_Q6_K, 2816, 2100}, {AG_TYPE_Q4_K, 2816, 4100}, {AG_TYPE_Q6_K, 2048, 4100},
+                 {AG_TYPE_Q4_K, 1280, 8208}, {AG_TYPE_Q6_K, 1280, 8208}};
+    static const int ns[] = {1, 2, 3, 4, 8, 9};
+    char             what[160];
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const uint32_t type = cases[c].type;
+        const int      K = cases[c].K, n_out = cases[c].n_out;
+        float         *deq;
+        ag_tensor      w = make_weight(g_be, type, K, n_out, &deq);
+        float         *x = randn((size_t)N * K, 1.0f), *dx = dev_put(g_be, x, sizeof(float) * N * K);
+        float         *dy = dev_floats(g_be, (size_t)N * n_out), *dn = dev_floats(g_be, (size_t)N * n_out);
+        assert_int_equal(g_be->ops->matmul(g_be, &w, dx, N, N, dy), AG_OK);
+        float *y = host_get(g_be, dy, (size_t)N * n_out);
+        double num = 0, den = 0; /* the wide batch is right too: tokens 0 and N - 1 against the exact product */
+        for (int t = 0; t < N; t += N - 1)
+            for (int o = 0; o < n_out; o++) {
+                double s = 0;
+                for (int k = 0; k < K; k++) s += (double)deq[(size_t)o * K + k] * x[(size_t)t * K + k];
+                num += (y[(size_t)t * n_out + o] - s) * (y[(size_t)t * n_out + o] - s), den += s * s;
+            }
+        if (!(sqrt(num / den) <= tol_matmul(g_is_cpu, type, false)))
+            fail_msg("%s matmul %s K=%d, %d rows: %d decode rows err %.3g", g_be->ops->name, ag_tensor_type_name(type),
+                     K, n_out, N, sqrt(num / den));
+        for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++) {
+            const int n = ns[b], offs[3] = {0, N - n, (N - n) / 2};
+            for (int i = 0; i < 3; i++) {
+                assert_int_equal(g_be->ops->matmul(g_be, &w, dx + (size_t)offs[i] * K, n, n, dn), AG_OK);
+                snprintf(what, sizeof what, "%s matmul %s K=%d, %d rows", g_be->ops->name, ag_tensor_type_name(type),
+                         K, n_out);
+                expect_rows(dn, n, n_out, y, offs[i], what);
+            }
+        }
+        /* 2 decode rows, then 3 prompt rows */
+        assert_int_equal(g_be->ops->matmul(g_be, &w, dx + (size_t)7 * K, 5, 2, dn), AG_OK);
+        snprintf(what, sizeof what, "%s matmul %s K=%d, %d rows, 2 decode rows before 3 prompt rows", g_be->ops->name,
+                 ag_tensor_type_name(type), K, n_out);
+        expect_rows(dn, 2, n_out, y, 7, what);
+        free(y), free(x), free(deq);
+        g_be->ops->free(g_be, dx), g_be->ops->free(g_be, dy), g_be->ops->free(g_be, dn);
+    }
+
+    /* matmul_multi: three weights of one K in one launch (q/k/v-like: a split Q6_K "v"), against each weight's
+     * own rows of a batch of 33 */
+    static const struct {
+        int      K;
+        uint32_t type[3];
+        int      n_out[3];
+    } groups[] = {{2816, {AG_TYPE_Q4_K, AG_TYPE_Q4_K, AG_TYPE_Q6_K}, {4100, 67, 1030}},
+                  {2048, {AG_TYPE_Q4_K, AG_TYPE_Q6_K, AG_TYPE_Q4_K}, {2100, 67, 8208}},
+                  {1280, {AG_TYPE_Q6_K, AG_TYPE_Q4_K, AG_TYPE_Q4_K}, {8208, 4100, 67}}};
+    for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+        const int K = groups[gi].K;
+        ag_tensor w[3];
+        float    *deq[3], *dm[3], *y[3];
+        for (int i = 0; i < 3; i++) {
+            w[i] = make_weight(g_be, groups[gi].type[i], K, groups[gi].n_out[i], &deq[i]);
+            free(deq[i]);
+            dm[i] = dev_floats(g_be, (size_t)N * groups[gi].n_out[i]);
+        }
+        float *x = randn((size_t)N * K, 1.0f), *dx = dev_put(g_be, x, sizeof(float) * N * K);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(g_be->ops->matmul(g_be, &w[i], dx, N, N, dm[i]), AG_OK);
+            y[i] = host_get(g_be, dm[i], (size_t)N * groups[gi].n_out[i]);
+        }
+        const ag_tensor *ws[3] = {&w[0], &w[1], &w[2]};
+        for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++) {
+            const int n = ns[b], off = (int)b % 2 ? N - n : 0;
+            assert_int_equal(g_be->ops->matmul_multi(g_be, ws, 3, dx + (size_t)off * K, n, n, dm), AG_OK);
+            for (int i = 0; i < 3; i++) {
+                snprintf(what, sizeof what, "%s matmul_multi K=%d: weight %d (%s, %d rows)", g_be->ops->name, K, i,
+                         ag_tensor_type_name(groups[gi].type[i]), groups[gi].n_out[i]);
+                expect_rows(dm[i], n, groups[gi].n_out[i], y[i], off, what);
+            }
+        }
+        free(x);
+        g_be->ops->free(g_be, dx);
+        for (int i = 0; i < 3; i++) free(y[i]), g_be->ops->free(g_be, dm[i]);
+    }
+
+    /* the feed-forward op (Q4_K gate and up, a Q6_K down): its decode rows' kernels follow the batch too */
+    if (!g_be->ops->ffn) return;
+    enum { KF = 1280, N_FF = 4352 };
+    float    *dg, *du, *dd;
+    ag_tensor gw = make_weight(g_be, AG_TYPE_Q4_K, KF, N_FF, &dg), uw = make_weight(g_be, AG_TYPE_Q4_K, KF, N_FF, &du),
+              dw = make_weight(g_be, AG_TYPE_Q6_K, N_FF, KF, &dd);
+    free(dg), free(du), free(dd);
+    float *x = randn((size_t)N * KF, 0.5f), *dx = dev_put(g_be, x, sizeof(float) * N * KF);
+    float *gate = dev_floats(g_be, (size_t)N * N_FF), *up = dev_floats(g_be, (size_t)N * N_FF),
+          *o = dev_floats(g_be, (size_t)N * KF);
+    for (int gelu = 0; gelu < 2; gelu++) {
+        assert_int_equal(g_be->ops->ffn(g_be, &gw, &uw, &dw, dx, N, N, gelu, gate, up, o), AG_OK);
+        float *ref = host_get(g_be, o, (size_t)N * KF);
+        for (int n = 1; n <= 3; n++) {
+            assert_int_equal(g_be->ops->ffn(g_be, &gw, &uw, &dw, dx, n, n, gelu, gate, up, o), AG_OK);
+            snprintf(what, sizeof what, "%s ffn (Q4_K gate/up, Q6_K down, %s)", g_be->ops->name, gelu ? "GELU" : "SiLU");
+            expect_rows(o, n, KF, ref, 0, what);
+        }
+        free(ref);
+    }
+    free(x);
+    g_be->ops->free(g_be, dx), g_be->ops->free(g_be, gate), g_be->ops->free(g_be, up), g_be->ops->free(g_be, o);
+}
+
 /* ---- a KV cache and a pass for the ops that need `begin` ---- */
 
 typedef struct {
@@ -1234,6 +1366,7 @@ int main(void) {
         cmocka_unit_test(softmax_exp_accuracy),
         cmocka_unit_test(matmul_decode_wide_batch),
         cmocka_unit_test(matmul_multi_mixed_shapes),
+        cmocka_unit_test(matmul_few_rows_mmq_bits),
         cmocka_unit_test(get_rows_exact),
         cmocka_unit_test(small_ops),
         cmocka_unit_test(rope_kv_store_fused),

@@ -261,15 +261,20 @@ typedef struct {
     size_t  cap_xq, cap_xs; /* elements */
     int     max_k;          /* largest ne[0] of a prepared K-quant weight */
     bool    mmv_dp4a;       /* on unless AUGUR_CUDA_MMV=fp32 */
-    /* mmq_on: Q4_K/Q6_K decode rows go to the tensor-core kernels
-     * (mmq_q4k/mmq_q6k), else to the dp4a GEMVs; chosen once at creation
-     * (ag_cuda_backend_new's hint, AUGUR_CUDA_MMQ=0/1), never per batch, so
-     * a row's bits do not depend on its batch. H200, 8B Q4_K_M, tok/s at 1 /
-     * 8 / 64 sequences: dp4a 250 / 626 / 799, mmq 203 / 1412 / 3510.
+    /* mmq_on: Q4_K/Q6_K decode rows have mmq's bits: up to few_rows rows
+     * a matmul take mmqv (the few-row kernels with mmq's arithmetic), more
+     * the tensor-core kernels (mmq_q4k/mmq_q6k), chosen per call since both
+     * give a row the same bits. AUGUR_CUDA_MMQ=0: the dp4a GEMVs at every
+     * batch instead (other bits: an A/B switch; a row's bits still do not
+     * depend on its batch); =1: mmq at every batch (few_rows 0). H200, 8B
+     * Q4_K_M, tok/s at 1 / 8 / 64 sequences: dp4a 250 / 626 / 799, mmq 203
+     * / 1412 / 3510. few_rows: MMQV_FEW, AUGUR_CUDA_FEW=0..MMQV_NT_MAX.
      * fa_on: prompt-row attention over fp16 KV on the tensor cores
      * (attention_mma_k) unless AUGUR_CUDA_FA=0 (the SIMT tile kernel): 8B
      * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
     bool mmq_on, fa_on;
+    int  few_rows;
+    bool mmqv_smem_ready[3]; /* the staged mmqv<NT, true>'s dynamic shared memory opted in to 48 KB (NT 1, 2, 4) */
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
     /* fa_one_pass: attention_fa1_k, the default; AUGUR_CUDA_FA=2pass:
      * attention_fa_k. H200, 8B prefill at 512 / 4096 tokens, tok/s, two-pass
@@ -2298,6 +2303,361 @@ static mmq_kernel mmq_for(uint32_t type, int n_out, int n, int *rows, int *toks,
     return q6 ? mmq_for_ks<16, true>(n, rows, toks) : mmq_for_ks<16, false>(n, rows, toks);
 }
 
+/* mmqv's staged rows (stage_rows): the block's rows [bx rpb, +rpb) of W
+ * (fewer at the end) into the dynamic shared memory; returns where row
+ * r_in of them lies there. Every thread of the block must call it. */
+static __device__ __forceinline__ const uint8_t *mmqv_stage(const uint8_t *W, size_t row_bytes, int n_out, int bx,
+                                                            int rpb, int r_in, uint64_t *bar) {
+    extern __shared__ __align__(128) uint8_t mmv_stage[];
+    const int row0 = bx * rpb, rows = min(rpb, n_out - row0);
+    stage_rows(mmv_stage, W + (size_t)row0 * row_bytes, (uint32_t)(rows * row_bytes), bar);
+    return mmv_stage + (size_t)min(r_in, rows - 1) * row_bytes;
+}
+
+/* ---- few decode rows of K-quants with mmq's bits (mmqv) ----
+ *
+ * Batch invariance asks that a row's bits never depend on its batch, so
+ * the Q4_K/Q6_K decode rows of a process used to take one family for every
+ * batch, chosen at creation: the dp4a GEMVs above (fast at 1 row) or mmq
+ * (fast from 8). A server has slots, so it took mmq even for one stream
+ * (H200, 8B Q4_K_M, tok/s at 1 / 8 / 64 sequences: dp4a 250 / 626 / 799,
+ * mmq 203 / 1412 / 3510). mmqv computes, for every (row, token), exactly
+ * the float operations mmq computes, in mmq's order, from the same inputs:
+ * the few-row kernel can then follow the batch (matmul_decode: rows <=
+ * s->few_rows here, more to mmq) and a row still has one bit pattern.
+ *
+ * WHAT MMQ COMPUTES for row r and token t (mmq_lane, mmq_q4k_block,
+ * mmq_q6k_block, mmt_finish): the row's nb = K / 256 blocks cut into KS =
+ * mmt_slices(n_out, mmq_target_warps()) slices (4, 8 or 16, by the row
+ * count only) of per = ceil(nb / KS) whole blocks, slice s = blocks
+ * [min(nb, s per), min(nb, s per + per)) (the last ones short or empty);
+ * in each slice c = 0.0f, then block by block in order, unit by unit in
+ * order,
+ *   Q4_K (8 sub-blocks of 32): c = c + ((a xd) isum - m xsum), with
+ *        a = d sc and m = dmin mn (half2float, cq_k4_scale_min_w), xd and
+ *        xsum = quantize_q8_32's (d, d Σq) of the sub-block;
+ *   Q6_K (16 groups of 16):    c = c + (sw xd) isum, sw = d (int8) scale,
+ *        xd the d of the group's 32-element activation block;
+ * every product and sum rounded alone (__fmul_rn / __fsub_rn / __fadd_rn)
+ * and isum the exact int32 Σ q·xq of the unit (any order gives the same
+ * int); then y = ((c_0 + c_1) + c_2) + ... + c_{KS-1}, empty slices too.
+ *
+ * MAPPING. A warp takes a row, four slices at a time (a "quad": slices
+ * 4q .. 4q + 3): lane group gr = lane / 8 takes slice 4q + gr and walks it
+ * block by block, so one warp load reads four slices' 128-byte pieces,
+ * each coalesced over its 8 lanes. KS = 4 is one quad, 8 and 16 are two
+ * and four; a weight of fewer than 2048 rows spreads its quads over ws =
+ * KS / 4 warps (mmqv_ws, as mmv_split spreads the dp4a GEMVs' rows: the
+ * k/v projections of an 8B have 1024 rows), else one warp walks them all.
+ * Within a block, lane p of the group:
+ *   Q4_K: quant bytes 16p .. 16p + 15 (the dp4a GEMV's layout: half p % 2
+ *         of sub-blocks 2(p / 2) and 2(p / 2) + 1, low and high nibbles),
+ *         one 16-byte load, and the 16-byte header; 8 dp4a per token give
+ *         the two half sums, one shuffle with lane p ^ 1 completes sub-block
+ *         p's isum, and lane p forms sub-block p's term v_p;
+ *   Q6_K: groups gi = 8(p / 4) + p % 4 and gi + 4 (quadrants c and c + 2
+ *         of one 16-element run: the same 16 ql bytes, low and high
+ *         nibbles, and 16 qh bytes), each 16 bytes at a 2-byte aligned
+ *         offset (210-byte blocks) read as three aligned 8-byte loads and
+ *         funnel-shifted; per token 8 dp4a for Σ q x and 8 for Σ 32 x (the
+ *         6-bit weights stay unsigned), two terms, no shuffle.
+ * The chain is serial, so the lanes leave their terms in shared memory and
+ * every lane of a group reads its block's 8 (16) terms back and adds them
+ * in unit order (the 8 lanes compute the same chain: no lane idles while
+ * another does it). At the end of a quad each group's lane 0 writes its
+ * slice's c; a lane per token then adds the KS slices in order.
+ *
+ * BYTES IN FLIGHT AND COUNTS. A warp step is 4 blocks: 576 B of Q4_K,
+ * 840 B of Q6_K; MMQV_U = 2 steps are loaded before either is used (1152 /
+ * 1680 B a warp, the dp4a GEMVs' 8 blocks), 64 registers at one token (8
+ * blocks an SM). An H100 issues 0.28 warp instructions per byte of weight
+ * at full DRAM speed (132 SMs x 4 schedulers x 1.755 GHz / 3.35 TB/s).
+ * SASS of the main loop (sm_90a), warp instructions a byte, at 1 / 2 / 4
+ * tokens: Q4_K 0.19 / 0.25 / 0.36, Q6_K 0.22 / 0.28 / 0.42 (the dp4a GEMVs
+ * at one token: Q4_K 0.21, Q6_K 0.30). Each token adds 8 (Q4_K) or 16
+ * (Q6_K) dp4a, its activation loads, its terms and its chain of 8 or 16
+ * dependent adds; the weights' loads and unpacking are shared. One token
+ * leaves a third of the issue slots free, two use about all of them at
+ * full DRAM speed, four are issue-bound (about 1.4x the DRAM time), where
+ * mmq costs at 4 rows what it costs at 1. Hence MMQV_FEW = 2: 1-2 decode
+ * rows take mmqv, 3 and more mmq (AUGUR_CUDA_FEW=0..4 to tune: the bits
+ * are the same either way). */
+#define MMQV_WARPS  4 /* warps a block */
+#define MMQV_U      2 /* steps (a block of each of a quad's 4 slices) loaded before any is used */
+#define MMQV_PARTS  3 /* weights of one K in one launch (q/k/v, gate/up) */
+#define MMQV_NT_MAX 4 /* the most tokens a block (the largest instantiation) */
+#ifndef MMQV_FEW
+#define MMQV_FEW 2 /* decode rows up to which a matmul takes mmqv (s->few_rows; AUGUR_CUDA_FEW) */
+#endif
+
+/* Q4_K's 6-bit scale and min of sub-block j, the values cq_k4_scale_min_w
+ * returns, without its branch on j (the lanes of a warp hold different j). */
+static __device__ __forceinline__ void k4_scale_min_lane(int j, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t *d,
+                                                         uint32_t *m) {
+    const int      sh = 8 * (j & 3);
+    const uint32_t A = (w0 >> sh) & 0xFF, B = (w1 >> sh) & 0xFF, C = (w2 >> sh) & 0xFF;
+    *d = j >= 4 ? (C & 0xF) | ((A >> 6) << 4) : A & 63;
+    *m = j >= 4 ? (C >> 4) | ((B >> 6) << 4) : B & 63;
+}
+
+/* A block as lane p of its group holds it (MAPPING above). */
+struct mmqv_q4 {
+    uint4 head, q;
+};
+struct mmqv_q6 {
+    uint32_t ql[4], qh[4], sc, d; /* sc: the two groups' scale bytes */
+};
+
+template <bool ST>
+static __device__ __forceinline__ mmqv_q4 mmqv_q4_load(const uint8_t *blk, int p) {
+    return mmqv_q4{wld<ST>((const uint4 *)blk), wld<ST>((const uint4 *)(blk + 16 + 16 * p))};
+}
+
+/* The 16 bytes at p (2-byte aligned) as 4 words: three aligned 8-byte
+ * loads, then a word and a half-word shift. */
+template <bool ST>
+static __device__ __forceinline__ void mmqv_ld16_at2(const uint8_t *p, uint32_t (&o)[4]) {
+    const int      s = (int)((uintptr_t)p & 7);
+    const uint2   *q = (const uint2 *)(p - s);
+    const uint2    v0 = wld<ST>(q), v1 = wld<ST>(q + 1), v2 = wld<ST>(q + 2);
+    const uint32_t w[6] = {v0.x, v0.y, v1.x, v1.y, v2.x, v2.y};
+    uint32_t       r[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++) r[i] = s & 4 ? w[i + 1] : w[i];
+#pragma unroll
+    for (int i = 0; i < 4; i++) o[i] = __funnelshift_r(r[i], r[i + 1], 8 * (s & 2));
+}
+
+template <bool ST>
+static __device__ __forceinline__ mmqv_q6 mmqv_q6_load(const uint8_t *blk, int p) {
+    const int h = p >> 2, c = (p >> 1) & 1, q = p & 1, gi = 8 * h + 2 * c + q;
+    mmqv_q6   r;
+    mmqv_ld16_at2<ST>(blk + 64 * h + 32 * c + 16 * q, r.ql);
+    mmqv_ld16_at2<ST>(blk + 128 + 32 * h + 16 * q, r.qh);
+    r.sc = (uint32_t)wld<ST>(blk + 192 + gi) | (uint32_t)wld<ST>(blk + 196 + gi) << 8;
+    r.d = wld<ST>((const uint16_t *)(blk + 208));
+    return r;
+}
+
+/* Sub-block p's term of a block for each token, mmq_q4k_block's
+ * operations: the block's int8 activations and scales of token t at xb +
+ * xo[t] and sb + xo[t] / 32. Every lane of the warp must call it (a
+ * shuffle). */
+template <int NT>
+static __device__ __forceinline__ void mmqv_q4_terms(const mmqv_q4 &r, int p, const int8_t *xb,
+                                                     const float2 *sb, const int (&xo)[NT], float (&v)[NT]) {
+    const int g = p >> 1, h = p & 1;
+    uint32_t  sc, mn;
+    k4_scale_min_lane(p, r.head.y, r.head.z, r.head.w, &sc, &mn);
+    const float    a = __fmul_rn(__half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF))), (float)sc);
+    const float    m = __fmul_rn(__half2float(__ushort_as_half((uint16_t)(r.head.x >> 16))), (float)mn);
+    const uint32_t qw[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const int8_t *x = xb + xo[t] + 64 * g + 16 * h;
+        const int4    xl = __ldg((const int4 *)x), xh = __ldg((const int4 *)(x + 32));
+        const int     xlw[4] = {xl.x, xl.y, xl.z, xl.w}, xhw[4] = {xh.x, xh.y, xh.z, xh.w};
+        int           il = 0, ih = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            il = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xlw[k], il);
+            ih = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xhw[k], ih);
+        }
+        /* lane p ^ 1 holds the sub-blocks' other halves: give it the half it lacks */
+        const int    isum = (h ? ih : il) + __shfl_xor_sync(0xffffffffu, h ? il : ih, 1);
+        const float2 xe = __ldg(sb + xo[t] / 32 + p);
+        v[t] = __fsub_rn(__fmul_rn(__fmul_rn(a, xe.x), (float)isum), __fmul_rn(m, xe.y));
+    }
+}
+
+/* Groups gi and gi + 4's terms of a block (v1, v2), mmq_q6k_block's
+ * operations (arguments as mmqv_q4_terms'). The weights stay unsigned
+ * (0..63): Σ (q - 32) x = Σ q x - Σ 32 x, both by dp4a (exact), which at 1-2
+ * tokens costs fewer instructions than making them signed bytes. */
+template <int NT>
+static __device__ __forceinline__ void mmqv_q6_terms(const mmqv_q6 &r, int p, const int8_t *xb,
+                                                     const float2 *sb, const int (&xo)[NT], float (&v1)[NT],
+                                                     float (&v2)[NT]) {
+    const int   h = p >> 2, c = (p >> 1) & 1, gi = 8 * h + 2 * c + (p & 1), u = gi >> 1;
+    const float d = __half2float(__ushort_as_half((uint16_t)r.d));
+    const float s1 = __fmul_rn(d, (float)(int8_t)(r.sc & 0xFF)), s2 = __fmul_rn(d, (float)(int8_t)(r.sc >> 8));
+    int         w1[4], w2[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) { /* quadrant c: low nibbles, qh bits 2c; c + 2: high nibbles, bits 2c + 4 */
+        w1[k] = (int)((r.ql[k] & 0x0F0F0F0Fu) | ((r.qh[k] << (4 - 2 * c)) & 0x30303030u));
+        w2[k] = (int)(((r.ql[k] >> 4) & 0x0F0F0F0Fu) | ((r.qh[k] >> (2 * c)) & 0x30303030u));
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const int8_t *x = xb + xo[t] + 16 * gi;
+        const int4    x1 = __ldg((const int4 *)x), x2 = __ldg((const int4 *)(x + 64));
+        const int     x1w[4] = {x1.x, x1.y, x1.z, x1.w}, x2w[4] = {x2.x, x2.y, x2.z, x2.w};
+        int           i1 = 0, i2 = 0, z1 = 0, z2 = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            i1 = __dp4a(w1[k], x1w[k], i1), i2 = __dp4a(w2[k], x2w[k], i2);
+            z1 = __dp4a(0x20202020, x1w[k], z1), z2 = __dp4a(0x20202020, x2w[k], z2);
+        }
+        const float2 *s = sb + xo[t] / 32 + u;
+        const float   xd1 = __ldg(&s[0].x), xd2 = __ldg(&s[2].x);
+        v1[t] = __fmul_rn(__fmul_rn(s1, xd1), (float)(i1 - z1));
+        v2[t] = __fmul_rn(__fmul_rn(s2, xd2), (float)(i2 - z2));
+    }
+}
+
+/* The shared memory of an mmqv block: a step's terms per warp, [group][unit]
+ * (Q4_K uses 32 of the 64), and the slices' sums, [row][token][slice]. */
+template <int NT>
+struct mmqv_smem {
+    float    vb[MMQV_WARPS][MMQV_U][NT][4 * 16];
+    float    part[MMQV_WARPS][NT][16];
+    uint64_t stage_bar;
+};
+
+/* The decode rows [blockIdx.y NT, +NT) of one part of an mmqv launch
+ * (bx: the block's index within the part): ks slices (mmt_slices), ws
+ * warps a row (mmqv_ws). Every thread of the block must call it. */
+template <int NT, bool ST, bool Q6>
+static __device__ __forceinline__ void mmqv_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
+                                                 int ks, int ws, const int8_t *__restrict__ xq,
+                                                 const float2 *__restrict__ xs, int n_tok, float *__restrict__ y,
+                                                 int bx, mmqv_smem<NT> &sm) {
+    constexpr int BB = Q6 ? 210 : 144, V = Q6 ? 16 : 8; /* a block's bytes; its terms a group adds */
+    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 3, p = lane & 7;
+    const int     rpb = MMQV_WARPS / ws, r_in = warp / ws, sub = warp % ws;
+    const int     row = bx * rpb + r_in, nb = K / 256, per = (nb + ks - 1) / ks;
+    const int     nq = ks / (4 * ws), q0 = sub * nq; /* this warp's quads [q0, q0 + nq) */
+    const int     tok0 = (int)blockIdx.y * NT, nt = min(NT, n_tok - tok0);
+    const uint8_t *rowp = W + (size_t)min(row, n_out - 1) * row_bytes;
+    if constexpr (ST) rowp = mmqv_stage(W, row_bytes, n_out, bx, rpb, r_in, &sm.stage_bar);
+    else if (p == 0 && (4 * q0 + gr) * per < nb) { /* the group's first steps into L2 while the previous kernel ends */
+        const int b0 = (4 * q0 + gr) * per;
+        prefetch_l2(rowp + (size_t)b0 * BB, (size_t)min(PDL_PF_MUL * MMQV_U, min(per, nb - b0)) * BB);
+    }
+    pdl_entry();
+    if (ws == 1 && row >= n_out) return;
+    if constexpr (ST) stage_wait(&sm.stage_bar);
+    float *const vw = &sm.vb[warp][0][0][0];
+    int          xo[NT]; /* token tok0 + t's activations from token tok0's (tokens past the batch: computed, not stored) */
+#pragma unroll
+    for (int t = 0; t < NT; t++) xo[t] = (min(tok0 + t, n_tok - 1) - tok0) * K;
+    xq += (size_t)tok0 * K, xs += (size_t)tok0 * (K / 32);
+    for (int qi = 0; qi < nq; qi++) {
+        const int s = 4 * (q0 + qi) + gr, b0 = s * per, len = min(per, nb - b0); /* len <= 0: an empty slice */
+        float     c[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) c[t] = 0.0f;
+        /* steps j .. j + NU - 1 of the slices: their blocks loaded, their terms to vb, then added in order */
+        auto steps = [&](int j, auto nu) {
+            constexpr int NU = decltype(nu)::value;
+            typename std::conditional<Q6, mmqv_q6, mmqv_q4>::type r[NU];
+            bool has[NU];
+            int  bl[NU]; /* the block read: a slice's missing blocks read the row's last, never added */
+#pragma unroll
+            for (int u = 0; u < NU; u++) {
+                has[u] = j + u < len;
+                bl[u] = min(b0 + j + u, nb - 1);
+                if constexpr (Q6) r[u] = mmqv_q6_load<ST>(rowp + (size_t)bl[u] * BB, p);
+                else r[u] = mmqv_q4_load<ST>(rowp + (size_t)bl[u] * BB, p);
+            }
+#pragma unroll
+            for (int u = 0; u < NU; u++) {
+                const int8_t *xu = xq + (size_t)bl[u] * 256;
+                const float2 *su = xs + 8 * bl[u];
+                float        *vu = vw + u * NT * 64 + gr * V;
+                if constexpr (Q6) {
+                    float v1[NT], v2[NT];
+                    mmqv_q6_terms<NT>(r[u], p, xu, su, xo, v1, v2);
+#pragma unroll /* group gi at 2 p' + (gi >> 2 & 1), p' = 4 (gi >> 3) + gi % 4: one 8-byte store */
+                    for (int t = 0; t < NT; t++) *(float2 *)(vu + t * 64 + 2 * p) = make_float2(v1[t], v2[t]);
+                } else {
+                    float v[NT];
+                    mmqv_q4_terms<NT>(r[u], p, xu, su, xo, v);
+#pragma unroll
+                    for (int t = 0; t < NT; t++) vu[t * 64 + p] = v[t];
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int u = 0; u < NU; u++) {
+                if (!has[u]) continue;
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float4 *v4 = (const float4 *)(vw + u * NT * 64 + t * 64 + gr * V);
+                    float         e[V];
+#pragma unroll
+                    for (int i = 0; i < V / 4; i++) {
+                        const float4 f = v4[i];
+                        e[4 * i] = f.x, e[4 * i + 1] = f.y, e[4 * i + 2] = f.z, e[4 * i + 3] = f.w;
+                    }
+#pragma unroll
+                    for (int i = 0; i < V; i++) /* unit order (Q6_K: group i's slot, as stored above) */
+                        c[t] = __fadd_rn(c[t], e[Q6 ? 8 * (i >> 3) + 2 * (i & 3) + ((i >> 2) & 1) : i]);
+                }
+            }
+            __syncwarp(); /* (vb is rewritten by the next steps) */
+        };
+        int j = 0;
+        for (; j + MMQV_U <= per; j += MMQV_U) steps(j, std::integral_constant<int, MMQV_U>());
+        for (; j < per; j++) steps(j, std::integral_constant<int, 1>());
+        if (p == 0)
+#pragma unroll
+            for (int t = 0; t < NT; t++) sm.part[r_in][t][s] = c[t];
+    }
+    if (ws == 1) __syncwarp();
+    else __syncthreads();
+    if (sub == 0 && lane < nt && row < n_out) { /* mmt_finish's sum: ((c_0 + c_1) + c_2) + ... */
+        const float *pr = sm.part[r_in][lane];
+        float        v = pr[0];
+        for (int s = 1; s < ks; s++) v = __fadd_rn(v, pr[s]);
+        y[(size_t)(tok0 + lane) * n_out + row] = v;
+    }
+}
+
+/* Up to MMQV_PARTS Q4_K/Q6_K weights of one K over the same decode rows in
+ * one launch: blocks [blk0[i], blk0[i + 1]) take weight i, with its own
+ * type, slices and warps a row (each weight's bits are its own matmul's). */
+struct mmqv_group {
+    const uint8_t *W[MMQV_PARTS];
+    float         *y[MMQV_PARTS];
+    size_t         row_bytes[MMQV_PARTS];
+    int            n_out[MMQV_PARTS], q6[MMQV_PARTS], ks[MMQV_PARTS], ws[MMQV_PARTS], blk0[MMQV_PARTS + 1], n;
+};
+template <int NT, bool ST>
+static __device__ __forceinline__ void mmqv_body(const mmqv_group g, int K, const int8_t *__restrict__ xq,
+                                                 const float2 *__restrict__ xs, int n_tok) {
+    /* the part by constant indices (a run-time index would copy the parameters to local memory) */
+    const int      bx = (int)blockIdx.x, i = g.n > 2 && bx >= g.blk0[2] ? 2 : g.n > 1 && bx >= g.blk0[1] ? 1 : 0;
+    const uint8_t *W = i == 0 ? g.W[0] : i == 1 ? g.W[1] : g.W[2];
+    float         *y = i == 0 ? g.y[0] : i == 1 ? g.y[1] : g.y[2];
+    const size_t   rb = i == 0 ? g.row_bytes[0] : i == 1 ? g.row_bytes[1] : g.row_bytes[2];
+    const int      n_out = i == 0 ? g.n_out[0] : i == 1 ? g.n_out[1] : g.n_out[2];
+    const int      ks = i == 0 ? g.ks[0] : i == 1 ? g.ks[1] : g.ks[2];
+    const int      ws = i == 0 ? g.ws[0] : i == 1 ? g.ws[1] : g.ws[2];
+    const int      b = bx - (i == 0 ? 0 : i == 1 ? g.blk0[1] : g.blk0[2]);
+    __shared__ __align__(16) mmqv_smem<NT> sm; /* (one for both types' code) */
+    if (i == 0 ? g.q6[0] : i == 1 ? g.q6[1] : g.q6[2])
+        mmqv_rows<NT, ST, true>(W, rb, K, n_out, ks, ws, xq, xs, n_tok, y, b, sm);
+    else mmqv_rows<NT, ST, false>(W, rb, K, n_out, ks, ws, xq, xs, n_tok, y, b, sm);
+}
+/* Registers: left to itself ptxas gave the one-token kernel 56 and issued
+ * a step's loads only after the previous step's arithmetic; held to 64 (8
+ * blocks an SM, as the dp4a split kernels) both steps' loads go out first.
+ * Two tokens: 96 (at 64, and unbounded, it spilled); four: unbounded (80,
+ * where any bound made it spill). */
+template <int NT, bool ST>
+__global__ void __launch_bounds__(32 * MMQV_WARPS, NT == 1 ? 8 : 5)
+    mmqv(const mmqv_group g, int K, const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok) {
+    mmqv_body<NT, ST>(g, K, xq, xs, n_tok);
+}
+template <bool ST>
+__global__ void mmqv4(const mmqv_group g, int K, const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
+                      int n_tok) {
+    mmqv_body<4, ST>(g, K, xq, xs, n_tok);
+}
+
+/* ---- end of the mmqv kernel ---- */
+
 /* ---- dequantization (get_rows, prompt GEMM) ---- */
 
 /* A unit's 32 values to 32 consecutive outputs in 16-byte stores: o is a
@@ -2553,6 +2913,50 @@ static size_t mmv_stage_bytes(const cuda_state *s, const ag_tensor *w, int rows)
     return bytes;
 }
 
+/* mmqv's warps a row for a weight of n_out rows in ks slices: below 2048
+ * rows a row's quads go to ks / 4 warps (as mmv_split spreads the dp4a
+ * GEMVs' rows: an 8B's k/v projections have 1024 rows, 256 blocks of one
+ * row a warp would leave SMs idle), else one warp walks them all. Only who
+ * computes a slice moves, never what it computes: the same bits. */
+static int mmqv_ws(const cuda_state *s, int n_out, int ks) { return s->mmv_split_on && n_out < 2048 ? ks / 4 : 1; }
+
+/* The decode rows of w[0..n_w) (Q4_K/Q6_K weights of K columns) over x's
+ * n rows, quantized in d_xq/d_xs (1 <= n <= MMQV_NT_MAX), in one mmqv
+ * launch, y[i] weight i's output: each row the bits mmq gives it. The rows
+ * are staged in shared memory as the dp4a GEMVs' are (s->stage_mode: 1,
+ * the default, in launches of several weights; 2 in every one) where
+ * every weight's rows can be (mmv_stage_bytes). */
+static ag_status launch_mmqv(cuda_state *s, const ag_tensor *const *w, int n_w, int K, int n, float *const *y) {
+    mmqv_group g;
+    memset(&g, 0, sizeof g);
+    g.n = n_w;
+    bool   staged = s->stage_mode == 2 || (s->stage_mode == 1 && n_w > 1);
+    size_t smem = 0;
+    for (int i = 0; i < n_w; i++) {
+        const int n_out = (int)w[i]->ne[1], ks = mmt_slices(n_out, mmq_target_warps()), ws = mmqv_ws(s, n_out, ks);
+        const int rows = MMQV_WARPS / ws; /* a block's */
+        g.W[i] = (const uint8_t *)w[i]->data, g.y[i] = y[i], g.row_bytes[i] = w[i]->row_bytes;
+        g.n_out[i] = n_out, g.q6[i] = w[i]->type == CQ_Q6_K, g.ks[i] = ks, g.ws[i] = ws;
+        g.blk0[i + 1] = g.blk0[i] + (n_out + rows - 1) / rows;
+        const size_t b = mmv_stage_bytes(s, w[i], rows);
+        staged = staged && b, smem = b > smem ? b : smem;
+    }
+    if (!staged) smem = 0;
+    const int nt = n <= 1 ? 1 : n <= 2 ? 2 : 4, nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
+    void (*k)(const mmqv_group, int, const int8_t *, const float2 *, int) =
+        nt == 1 ? (smem ? mmqv<1, true> : mmqv<1, false>)
+        : nt == 2 ? (smem ? mmqv<2, true> : mmqv<2, false>)
+                  : (smem ? mmqv4<true> : mmqv4<false>);
+    if (smem && !s->mmqv_smem_ready[nti]) { /* up to 48 KB of rows beside the kernel's own shared memory */
+        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024));
+        s->mmqv_smem_ready[nti] = true;
+    }
+    dim3 grid((unsigned)g.blk0[n_w], (unsigned)((n + nt - 1) / nt));
+    launch_k(s, k, grid, 32 * MMQV_WARPS, smem, g, K, s->d_xq, s->d_xs, n);
+    LAUNCHED();
+    return AG_OK;
+}
+
 static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
     const int K = (int)w->ne[0], n_out = (int)w->ne[1];
@@ -2583,6 +2987,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
     if (uses_dp4a(s, w)) {
         ag_status st = ensure_q8(s, x, n, K, x_ready);
         if (st) return st;
+        if (s->mmq_on && n <= s->few_rows) return launch_mmqv(s, &w, 1, K, n, &y);
         if (s->mmq_on) {
             int        rows, toks, warps;
             mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
@@ -2757,7 +3162,7 @@ static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, i
 }
 
 /* The part kind (PART_*: type and K split) of w's dp4a GEMV, or -1 where
- * its decode rows take another kernel. */
+ * its decode rows take another kernel (mmq_on: mmqv or mmq). */
 static int dp4a_part_kind(const cuda_state *s, const ag_tensor *w) {
     if (!uses_dp4a(s, w) || s->mmq_on) return -1;
     const int ks = s->mmv_split_on ? mmv_split((int)w->ne[1], (int)(w->ne[0] / 256)) : 1;
@@ -2769,9 +3174,19 @@ static int part_ks(int kind) { return kind % 3 == 0 ? 1 : kind % 3 == 1 ? 2 : 4;
  * MMV_GROUP_MAX of one K on the GEMV path, or 0. Split or Q6_K parts join
  * only at 1-2 decode rows: mmv_dp4a_group at 4-8 tokens spills (64
  * registers), and the launch saved matters most at batch 1. s->pair_mode 2
- * groups only unsplit Q4_K pairs (as before q/k/v joined; A/B), 0 none. */
+ * groups only unsplit Q4_K pairs (as before q/k/v joined; A/B), 0 none.
+ * With mmq_on, the weights of one mmqv launch (launch_mmqv): 2 to
+ * MMQV_PARTS Q4_K/Q6_K weights of one K at up to few_rows decode rows
+ * (pair_mode 2: 2, 0: none), or 0 (beyond few_rows mmq, a launch each). */
 static int dp4a_group_len(const cuda_state *s, const ag_tensor *const *w, int n_w, int n_decode) {
     if (!s->pair_mode || n_decode < 1) return 0;
+    if (s->mmq_on) { /* mmqv: up to MMQV_PARTS weights of any of its types (pair_mode 2: two) */
+        if (n_decode > s->few_rows) return 0;
+        int n = 0;
+        while (n < n_w && n < (s->pair_mode == 2 ? 2 : MMQV_PARTS) && uses_dp4a(s, w[n]) && w[n]->ne[0] == w[0]->ne[0])
+            n++;
+        return n >= 2 ? n : 0;
+    }
     const bool mixed_ok = s->pair_mode == 1 && n_decode <= 2;
     int        n = 0;
     for (; n < n_w && n < (mixed_ok ? MMV_GROUP_MAX : 2) && w[n]->ne[0] == w[0]->ne[0]; n++) {
@@ -2781,14 +3196,30 @@ static int dp4a_group_len(const cuda_state *s, const ag_tensor *const *w, int n_
     return n >= 2 ? n : 0;
 }
 
+/* The prompt rows of w[0..n_g) over x's rows [n_decode, n), weight by weight. */
+static ag_status matmul_group_prompt(cuda_state *s, const ag_tensor *const *w, int n_g, const float *x, int n,
+                                     int n_decode, float *const *y, int *x_ready) {
+    const int K = (int)w[0]->ne[0];
+    for (int i = 0; i < n_g; i++) {
+        ag_status st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode,
+                                     y[i] + (size_t)n_decode * w[i]->ne[1], x_ready);
+        if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());
+    }
+    return AG_OK;
+}
+
 /* w[0..n_g) (dp4a_group_len) over x: the decode rows in one mmv_group
- * launch, then each weight's prompt rows. */
+ * launch (mmq_on: one mmqv launch), then each weight's prompt rows. */
 static ag_status matmul_group_dp4a(cuda_state *s, const ag_tensor *const *w, int n_g, const float *x, int n,
                                    int n_decode, float *const *y, int *x_ready) {
     const int K = (int)w[0]->ne[0];
     for (int i = 0; i < n_g; i++) prep_forget(s, y[i], (size_t)n * w[i]->ne[1] * sizeof(float));
     ag_status st = ensure_q8(s, x, n_decode, K, x_ready);
     if (st) return st;
+    if (s->mmq_on) {
+        if ((st = launch_mmqv(s, w, n_g, K, n_decode, y))) return st;
+        return matmul_group_prompt(s, w, n_g, x, n, n_decode, y, x_ready);
+    }
     mmv_group g;
     memset(&g, 0, sizeof g);
     g.n = n_g;
@@ -2812,12 +3243,7 @@ static ag_status matmul_group_dp4a(cuda_state *s, const ag_tensor *const *w, int
     dim3 grid((unsigned)g.blk0[n_g], (unsigned)((n_decode + nt - 1) / nt));
     launch_k(s, k, grid, 32 * MMV_WARPS, smem, g, K, s->d_xq, s->d_xs, n_decode);
     LAUNCHED();
-    for (int i = 0; i < n_g; i++) {
-        st = matmul_prompt(s, w[i], x + (size_t)n_decode * K, n - n_decode, y[i] + (size_t)n_decode * w[i]->ne[1],
-                           x_ready);
-        if (st) return ag_errorf(st, "matmul with '%s': %s", w[i]->name ? w[i]->name : "?", ag_error_message());
-    }
-    return AG_OK;
+    return matmul_group_prompt(s, w, n_g, x, n, n_decode, y, x_ready);
 }
 
 static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
@@ -6637,8 +7063,12 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->graphs_on = !(gr && *gr == '0');
     const char *mmv = getenv("AUGUR_CUDA_MMV");
     s->mmv_dp4a = !(mmv && !strcmp(mmv, "fp32"));
-    const char *mmq = getenv("AUGUR_CUDA_MMQ"), *fa = getenv("AUGUR_CUDA_FA");
-    s->mmq_on = mmq && *mmq ? *mmq == '1' : decode_rows_hint != 1;
+    /* decode_rows_hint no longer picks the K-quant kernels: every batch has mmq's bits (mmqv up to few_rows) */
+    const char *mmq = getenv("AUGUR_CUDA_MMQ"), *fa = getenv("AUGUR_CUDA_FA"), *few = getenv("AUGUR_CUDA_FEW");
+    s->mmq_on = !(mmq && *mmq == '0');
+    s->few_rows = mmq && *mmq == '1' ? 0
+                  : few && *few && atoi(few) >= 0 && atoi(few) <= MMQV_NT_MAX ? atoi(few)
+                                                                           : MMQV_FEW;
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
