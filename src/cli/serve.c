@@ -39,8 +39,9 @@ static const char usage[] =
     "                      its own DIR: records of another model found there are deleted). Default:\n"
     "                      $XDG_CACHE_HOME/augur/kv/<model fingerprint>, else\n"
     "                      ~/.cache/augur/kv/<model fingerprint>\n"
-    "  --kv-disk-max SIZE  byte cap of the disk cache, least recently used records go first (e.g. 512M,\n"
-    "                      32G, or bytes; default: 32G or 10% of the free space, whichever is less)\n"
+    "  --kv-disk-max SIZE  byte cap of the disk cache, a hard bound counting records still being written;\n"
+    "                      least recently used records go first (e.g. 512M, 32G, or bytes; default: 32G or\n"
+    "                      10% of the free space, whichever is less; a full disk lowers it to half the room)\n"
     "  --no-kv-disk        no disk cache (prompt prefixes are still shared in memory)\n"
     "  a disk cache directory that cannot be used is reported once and the server runs without it\n"
     AG_CLI_DRAFT_USAGE

@@ -96,11 +96,22 @@ static void cache_metrics(ag_buf *b, const ag_cache_stats *c) {
            (double)c->dropped_records);
     metric(b, "prefix_cache_disk_restore_failures_total", "counter", "Disk restores that failed (then prefilled).",
            (double)c->restore_failures);
-    metric(b, "prefix_cache_disk_write_failures_total", "counter", "Disk writes that failed (writing then stops).",
-           (double)c->write_failures);
+    metric(b, "prefix_cache_disk_write_failures_total", "counter",
+           "Disk writes that failed (a full disk pauses writing; other errors stop it).", (double)c->write_failures);
+    metric(b, "prefix_cache_disk_full_total", "counter",
+           "Times writing paused because the disk was full (then the cap in force drops to half the room there).",
+           (double)c->space_pauses);
+    metric(b, "prefix_cache_disk_write_paused", "gauge", "1 while writing is paused after a full disk.",
+           c->disk_paused);
+    metric(b, "prefix_cache_disk_records_skipped_total", "counter",
+           "Blocks the byte cap left unwritten (less recently used than every record it could delete).",
+           (double)c->records_skipped);
     metric(b, "prefix_cache_disk_records", "gauge", "Records in the disk tier.", (double)c->records_on_disk);
     metric(b, "prefix_cache_disk_bytes", "gauge", "Bytes of records in the disk tier.", (double)c->disk_bytes);
-    metric(b, "prefix_cache_disk_max_bytes", "gauge", "The disk tier's byte cap.", (double)c->disk_max_bytes);
+    metric(b, "prefix_cache_disk_queued_bytes", "gauge",
+           "Bytes of records queued for the writer or being written (with disk_bytes, at most the cap).",
+           (double)c->queued_bytes);
+    metric(b, "prefix_cache_disk_max_bytes", "gauge", "The disk tier's byte cap in force.", (double)c->disk_max_bytes);
     metric(b, "prefix_cache_disk_scan_seconds", "gauge", "Duration of the disk tier's start-up scan.",
            (double)c->scan_ns / 1e9);
 }
