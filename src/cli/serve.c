@@ -34,6 +34,8 @@ static const char usage[] =
     "  --max-connections N concurrent connections (default 256)\n"
     "  --timeout S         idle connection timeout in seconds (default 60)\n"
     "  --no-webui          no chat page at / (GET / answers 404)\n"
+    "  --lenient-fields    ignore request fields the API does not define, or that this server does not\n"
+    "                      implement, instead of answering 400 naming them\n"
     "  --kv-disk DIR       keep the prefix cache's KV blocks in DIR too, so that prompts seen before a\n"
     "                      restart are restored instead of recomputed (DIR is created; give each model\n"
     "                      its own DIR: records of another model found there are deleted). Default:\n"
@@ -83,7 +85,7 @@ int ag_cli_serve(int argc, char **argv) {
     long port = 8080, parallel = defaults.n_parallel, ctx = 0, max_queue = defaults.max_queue, threads = 0,
          max_body = 8L << 20, max_conn = 256, timeout = 60, batch = 0;
     const char *kv_disk = NULL;
-    bool        no_kv_disk = false, no_webui = false;
+    bool        no_kv_disk = false, no_webui = false, lenient = false;
     uint64_t    kv_disk_max = 0, kv_mem = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
@@ -99,6 +101,10 @@ int ag_cli_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-webui")) {
             no_webui = true;
+            continue;
+        }
+        if (!strcmp(a, "--lenient-fields")) {
+            lenient = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -193,6 +199,7 @@ int ag_cli_serve(int argc, char **argv) {
     sp.max_connections = (unsigned)max_conn;
     sp.timeout_s = (unsigned)timeout;
     sp.webui = !no_webui;
+    sp.lenient_fields = lenient;
     if (ag_server_new(&sp, eng, m, tok, chat, &srv)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;

@@ -99,7 +99,17 @@ json_t *srv_parse_body(srv_req *rq, srv_resp *out) {
         return NULL;
     }
     json_error_t err;
-    json_t *v = json_loadb(rq->body, rq->body_len, 0, &err);
+    /* \u0000 is valid JSON: text keeps it (the tokenizer has a token for
+     * byte 0); srv_check_fields rejects it where a string is read as a C
+     * string */
+    json_t *v = json_loadb(rq->body, rq->body_len, JSON_ALLOW_NUL, &err);
+    if (!v && json_error_code(&err) == json_error_null_byte_in_key) {
+        srv_error(out, 400, "invalid_request_error", NULL, "invalid_json",
+                  "an object key at line %d, column %d (byte %d) contains a NUL character (\\u0000), which this "
+                  "server does not accept in keys",
+                  err.line, err.column, err.position);
+        return NULL;
+    }
     if (!v) {
         srv_error(out, 400, "invalid_request_error", NULL, "invalid_json",
                   "malformed JSON at line %d, column %d (byte %d): %s", err.line, err.column, err.position, err.text);

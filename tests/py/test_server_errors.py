@@ -54,7 +54,6 @@ def test_malformed_json_reports_position(tiny_server):
     assert_error(r, 400, code="invalid_json", contains="column 15")
     assert_error(raw(tiny_server, "POST", CHAT, "[1, 2]"), 400, code="invalid_json")
     assert_error(raw(tiny_server, "POST", CHAT, ""), 400, code="invalid_json")
-    assert_error(raw(tiny_server, "POST", COMP, '{"prompt": "a\\u0000b"}'), 400, code="invalid_json")
 
 
 def test_invalid_utf8_body(tiny_server):
@@ -147,10 +146,140 @@ def test_completion_bad_params(tiny_server):
     assert_error(raw(tiny_server, "POST", COMP, {"prompt": "a", "best_of": 3}), 400, param="best_of")
 
 
-def test_unknown_fields_and_nulls_are_ignored(tiny_server):
-    st, _, body = raw(tiny_server, "POST", CHAT, {"messages": MSG, "max_tokens": 2, "frobnicate": {"x": 1},
-                                                  "temperature": None, "user": "u1", "stop": None})
+def test_nulls_and_documented_fields_are_accepted(tiny_server):
+    st, _, body = raw(tiny_server, "POST", CHAT, {"messages": MSG, "max_tokens": 2, "temperature": None,
+                                                  "user": "u1", "stop": None})
     assert st == 200 and body["choices"][0]["message"]["role"] == "assistant"
+
+
+MESSAGES = "/v1/messages"
+COUNT = "/v1/messages/count_tokens"
+
+
+def assert_anthropic_error(resp, status, contains):
+    st, _, body = resp
+    assert st == status, body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    assert contains in body["error"]["message"], body
+
+
+def test_unknown_field_is_a_400_naming_it(tiny_server):
+    """A misspelled field used to be ignored, changing the request's meaning
+    without a word ({"max_tok{ns": 8} ran to the end of the context; issue
+    51). OpenAI's wording on the OpenAI routes, Anthropic's on its own."""
+    for path, body in [(CHAT, {"messages": MSG}), (COMP, {"prompt": "Once"})]:
+        r = raw(tiny_server, "POST", path, {**body, "max_tok{ns": 8})
+        assert_error(r, 400, param="max_tok{ns", code="unknown_parameter",
+                     contains="Unrecognized request argument supplied: max_tok{ns")
+    for path in (MESSAGES, COUNT):
+        r = raw(tiny_server, "POST", path, {"messages": MSG, "max_tokens": 8, "max_tok{ns": 8})
+        assert_anthropic_error(r, 400, "max_tok{ns: Extra inputs are not permitted")
+    # through the official client, as a caller's typo in extra_body arrives
+    c = tiny_server.client()
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model="x", messages=MSG, max_tokens=2, extra_body={"frobnicate": 1})
+    assert e.value.code == "unknown_parameter" and "frobnicate" in str(e.value)
+
+
+# Fields of the documented request schemas that cannot change the output:
+# accepted, and the greedy text is the one without them.
+IGNORED_CHAT = {"metadata": {"k": "v"}, "store": True, "user": "u1", "safety_identifier": "s",
+                "prompt_cache_key": "k", "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "implicit"},
+                "service_tier": "auto", "prediction": {"type": "content", "content": "Hello"},
+                "modalities": ["text"], "parallel_tool_calls": True, "functions": [], "audio": None}
+IGNORED_COMP = {"user": "u1", "suffix": ""}
+IGNORED_MSG = {"metadata": {"user_id": "u"}, "service_tier": "auto", "inference_geo": "us", "speed": "standard",
+               "cache_control": {"type": "ephemeral"}, "diagnostics": None, "user_profile_id": "p",
+               "workspace_id": "w", "thinking": {"type": "disabled"}, "mcp_servers": [], "container": None}
+
+
+def test_fields_that_cannot_change_the_output_are_accepted(tiny_server):
+    base = {"messages": MSG, "max_tokens": 6, "temperature": 0}
+    st, _, a = raw(tiny_server, "POST", CHAT, base)
+    st2, _, b = raw(tiny_server, "POST", CHAT, {**base, **IGNORED_CHAT})
+    assert st == st2 == 200, b
+    assert a["choices"][0]["message"]["content"] == b["choices"][0]["message"]["content"]
+    base = {"prompt": "Once upon", "max_tokens": 6, "temperature": 0}
+    st, _, a = raw(tiny_server, "POST", COMP, base)
+    st2, _, b = raw(tiny_server, "POST", COMP, {**base, **IGNORED_COMP})
+    assert st == st2 == 200, b
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    base = {"messages": MSG, "max_tokens": 6, "temperature": 0}
+    st, _, a = raw(tiny_server, "POST", MESSAGES, base)
+    st2, _, b = raw(tiny_server, "POST", MESSAGES, {**base, **IGNORED_MSG})
+    assert st == st2 == 200, b
+    assert a["content"] == b["content"]
+    st, _, b = raw(tiny_server, "POST", COUNT, {**base, **IGNORED_MSG})
+    assert st == 200 and b["input_tokens"] > 0
+
+
+@pytest.mark.parametrize("path,field,value", [
+    (CHAT, "reasoning_effort", "low"),
+    (CHAT, "verbosity", "low"),
+    (CHAT, "audio", {"voice": "alloy", "format": "mp3"}),
+    (CHAT, "modalities", ["text", "audio"]),
+    (CHAT, "web_search_options", {}),
+    (CHAT, "moderation", {"model": "omni-moderation-latest"}),
+    (CHAT, "functions", [{"name": "f", "parameters": {}}]),
+    (CHAT, "function_call", "auto"),
+    (COMP, "suffix", "the end"),
+    (MESSAGES, "thinking", {"type": "enabled", "budget_tokens": 2048}),
+    (MESSAGES, "container", "c1"),
+    (MESSAGES, "mcp_servers", [{"type": "url", "url": "https://x", "name": "x"}]),
+    (MESSAGES, "context_management", {"edits": []}),
+])
+def test_unsupported_fields_are_a_400(tiny_server, path, field, value):
+    body = {"prompt": "Once"} if path == COMP else {"messages": MSG, "max_tokens": 4}
+    r = raw(tiny_server, "POST", path, {**body, field: value})
+    if path == MESSAGES:
+        assert_anthropic_error(r, 400, f"'{field}' is not supported")
+    else:
+        assert_error(r, 400, param=field, code="unsupported_parameter", contains=f"'{field}' is not supported")
+
+
+def test_lenient_fields_flag(augur_server):
+    s = augur_server(TINY_GGUF, "--lenient-fields")
+    for path, body in [(CHAT, {"messages": MSG}), (COMP, {"prompt": "Once"}), (MESSAGES, {"messages": MSG})]:
+        st, _, b = raw(s, "POST", path, {**body, "max_tokens": 2, "max_tok{ns": 8, "reasoning_effort": "high",
+                                         "thinking": {"type": "enabled", "budget_tokens": 2048}})
+        assert st == 200, b
+    # NUL stays refused where it cannot be represented, lenient or not
+    assert_error(raw(s, "POST", COMP, {"prompt": "Once", "stop": "a\u0000b"}), 400, param="stop")
+
+
+def test_nul_in_text_is_accepted(tiny_server):
+    """\u0000 is valid JSON (issue 51: it was refused with a message naming a
+    library flag). Text keeps it, tokenized as the tokenizer does byte 0;
+    where a string is read as a C string the request is refused with a
+    message about the content."""
+    text = "Once upon\u0000a time"
+    want = raw(tiny_server, "POST", "/tokenize", {"content": text, "add_special": True})[2]["tokens"]
+    st, _, b = raw(tiny_server, "POST", COMP, {"prompt": text, "max_tokens": 2, "echo": True, "temperature": 0})
+    assert st == 200, b
+    assert b["usage"]["prompt_tokens"] == len(want) == len(raw(tiny_server, "POST", "/tokenize", {
+        "content": "Once upona time", "add_special": True})[2]["tokens"]) + 1
+    assert b["choices"][0]["text"].startswith(text)
+    st, _, b = raw(tiny_server, "POST", CHAT, {"messages": [{"role": "user", "content": "Hi\u0000there"}],
+                                               "max_tokens": 2})
+    assert st == 200, b
+    st, _, b = raw(tiny_server, "POST", MESSAGES, {"system": "be\u0000brief", "max_tokens": 2, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "Hi\u0000"}]}]})
+    assert st == 200, b
+    for path, body, param in [
+        (COMP, {"prompt": "Once", "stop": ["x", "a\u0000b"]}, "stop[1]"),
+        (CHAT, {"messages": [{"role": "us\u0000er", "content": "Hi"}]}, "messages[0].role"),
+        (CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f\u0000g"}}]},
+         "tools[0].function.name"),
+    ]:
+        r = raw(tiny_server, "POST", path, body)
+        assert_error(r, 400, param=param, contains="NUL character")
+        assert "JSON_" not in r[2]["error"]["message"]
+    r = raw(tiny_server, "POST", MESSAGES, {"messages": MSG, "max_tokens": 2, "stop_sequences": ["\u0000"]})
+    assert_anthropic_error(r, 400, "'stop_sequences.0' contains a NUL character")
+    # a key cannot hold one (the JSON library refuses): said about the content
+    r = raw(tiny_server, "POST", COMP, '{"prompt": "a", "x\\u0000y": 1}')
+    assert_error(r, 400, code="invalid_json", contains="NUL character")
+    assert "JSON_" not in r[2]["error"]["message"]
 
 
 def test_context_length_exceeded(tiny_server):
