@@ -31,8 +31,13 @@ static const char usage[] =
     "  -t THREADS          CPU threads (default: all cores)\n"
     "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
     "  --max-body BYTES    request body limit (default 8388608)\n"
-    "  --max-connections N concurrent connections (default 256)\n"
+    "  --max-connections N concurrent connections (default 256); clients still sending a request may hold\n"
+    "                      7/8 of them: past that the one waiting longest is closed\n"
+    "  --max-connections-per-ip N  connections one client address may hold (default 0: no limit)\n"
     "  --timeout S         idle connection timeout in seconds (default 60)\n"
+    "  --header-timeout S  a request's headers must arrive within S seconds of its connection opening (or\n"
+    "                      of the previous response on it), then its body at 1 KiB/s on average; else a\n"
+    "                      408 and the connection is closed (default 20; responses are never cut)\n"
     "  --no-webui          no chat page at / (GET / answers 404)\n"
     "  --lenient-fields    ignore request fields the API does not define, or that this server does not\n"
     "                      implement, instead of answering 400 naming them\n"
@@ -83,7 +88,7 @@ int ag_cli_serve(int argc, char **argv) {
     /* the engine's defaults, which `augur fit` plans with too */
     const ag_engine_params defaults = ag_engine_default_params();
     long port = 8080, parallel = defaults.n_parallel, ctx = 0, max_queue = defaults.max_queue, threads = 0,
-         max_body = 8L << 20, max_conn = 256, timeout = 60, batch = 0;
+         max_body = 8L << 20, max_conn = 256, timeout = 60, header_timeout = 20, max_per_ip = 0, batch = 0;
     const char *kv_disk = NULL;
     bool        no_kv_disk = false, no_webui = false, lenient = false;
     uint64_t    kv_disk_max = 0, kv_mem = 0;
@@ -125,6 +130,8 @@ int ag_cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body")) ok = ag_cli_parse_long(v, 1, 1L << 30, &max_body);
         else if (!strcmp(a, "--max-connections")) ok = ag_cli_parse_long(v, 1, 65536, &max_conn);
         else if (!strcmp(a, "--timeout")) ok = ag_cli_parse_long(v, 1, 86400, &timeout);
+        else if (!strcmp(a, "--header-timeout")) ok = ag_cli_parse_long(v, 1, 86400, &header_timeout);
+        else if (!strcmp(a, "--max-connections-per-ip")) ok = ag_cli_parse_long(v, 0, 65536, &max_per_ip);
         else if (!strcmp(a, "--kv-disk")) {
             kv_disk = v;
             ok = v && *v;
@@ -198,6 +205,8 @@ int ag_cli_serve(int argc, char **argv) {
     sp.max_body = (size_t)max_body;
     sp.max_connections = (unsigned)max_conn;
     sp.timeout_s = (unsigned)timeout;
+    sp.header_timeout_s = (unsigned)header_timeout;
+    sp.max_connections_per_ip = (unsigned)max_per_ip;
     sp.webui = !no_webui;
     sp.lenient_fields = lenient;
     if (ag_server_new(&sp, eng, m, tok, chat, &srv)) {

@@ -168,6 +168,12 @@ void srv_route_metrics(srv_req *rq, srv_resp *out) {
     metric(b, "n_parallel", "gauge", "Sequences run at once.", st.n_parallel);
     metric(b, "client_cancels_total", "counter", "Generations cancelled because the client went away.",
            (double)atomic_load(&s->client_cancels));
+    metric(b, "http_request_timeouts_total", "counter",
+           "Connections closed (408) because a request's headers or body did not arrive in time.",
+           (double)atomic_load(&s->conn_timeouts));
+    metric(b, "http_slow_connections_closed_total", "counter",
+           "Connections still sending a request closed to keep slots for requests that arrived whole.",
+           (double)atomic_load(&s->conn_evictions));
     ag_buf_printf(b, "# HELP augur_http_requests_total HTTP responses by status code.\n"
                      "# TYPE augur_http_requests_total counter\n");
     for (int i = 0; i < SRV_CODE_SLOTS; i++)

@@ -56,6 +56,16 @@ typedef struct {
     size_t      max_body;        /* request body limit in bytes (413 past it); default 8 MiB */
     unsigned    max_connections; /* concurrent connections; default 256 */
     unsigned    timeout_s;       /* idle connection timeout; default 60 */
+    /* A request's headers must be in this many seconds after its connection
+     * opened, or after the previous response on it ended (a kept-alive
+     * connection waits that long for its next request); then its body must
+     * keep coming at 1 KiB/s on average. Past that the connection gets a
+     * 408 and is closed. Default 20. A response (a stream of any length) is
+     * never cut by it. */
+    unsigned    header_timeout_s;
+    /* Connections one client address may hold at once; 0 (default): no
+     * limit. Beyond it a connection is closed at once. */
+    unsigned    max_connections_per_ip;
     bool        webui;           /* serve the chat page at / (default true) */
     /* Ignore request fields the API does not define, or that augur does not
      * implement, instead of answering 400 (default false; see fields.c). */

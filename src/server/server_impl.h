@@ -18,6 +18,7 @@ struct MHD_Daemon;
 struct MHD_Connection;
 typedef struct srv_gen srv_gen;
 typedef struct srv_event srv_event;
+struct srv_conn;
 
 /* Status codes counted for /metrics. */
 enum { SRV_CODE_SLOTS = 14 };
@@ -48,10 +49,50 @@ struct ag_server {
     pthread_mutex_t  gens_mu; /* guards the list of live generations */
     srv_gen         *gens;
 
+    /* Open connections, for the request deadline and the readers' share of
+     * the slots (conns.c). */
+    pthread_mutex_t  conns_mu;
+    pthread_cond_t   conns_cv; /* the watchdog waits for the next deadline */
+    struct srv_conn *conns;
+    int              n_reading;   /* connections waiting for a request */
+    int              max_reading; /* at most this many: the rest of the slots are for answered requests */
+    pthread_t        conns_watchdog;
+    bool             conns_init, watchdog_started, conns_stop;
+    atomic_uint_least64_t conn_timeouts;  /* closed: a request not in by its deadline */
+    atomic_uint_least64_t conn_evictions; /* closed: the readers' share was full */
+
     atomic_uint_least64_t http_count[SRV_CODE_SLOTS + 1]; /* last: other codes */
     atomic_uint_least64_t client_cancels;
     atomic_uint_least64_t completions_ok;
 };
+
+/* ---- connections (conns.c) ---- */
+
+/* After the headers, a body must keep coming at this many bytes a second on
+ * average (over header_timeout_s of grace). */
+#define SRV_BODY_MIN_RATE 1024
+
+/* Initializes the connection list and starts its watchdog thread (before
+ * the daemon starts), and stops it (after the daemon stopped: no callback
+ * runs any more). stop is safe after a failed or no start. */
+ag_status srv_conns_start(ag_server *s);
+void      srv_conns_stop(ag_server *s);
+#ifdef MHD_VERSION
+/* libmicrohttpd's MHD_OPTION_NOTIFY_CONNECTION callback (cls: the server):
+ * lists a connection from its start to its close, and at its start closes
+ * the READING connection that has waited longest when readers are over
+ * their share. */
+void srv_conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                     enum MHD_ConnectionNotificationCode code);
+#endif
+/* A connection's request: its headers are in (the deadline becomes the
+ * body's), body bytes arrived, a response is queued (no deadline while it
+ * is answered, a stream included), the response is done (kept alive: the
+ * wait for the next request begins). No-ops for untracked connections. */
+void srv_conn_headers_in(ag_server *s, struct MHD_Connection *c);
+void srv_conn_body(ag_server *s, struct MHD_Connection *c, size_t bytes);
+void srv_conn_answering(ag_server *s, struct MHD_Connection *c);
+void srv_conn_completed(ag_server *s, struct MHD_Connection *c);
 
 /* ---- responses ---- */
 

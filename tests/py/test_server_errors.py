@@ -5,11 +5,12 @@ import json
 import random
 import socket
 import threading
+import time
 
 import openai
 import pytest
 
-from conftest import TINY_GGUF
+from conftest import SMOLLM2, TINY_GGUF, require_model
 
 
 def raw(server, method, path, body=None, headers=None, timeout=60):
@@ -437,3 +438,139 @@ def test_serve_cli_errors(tiny_server):
     p = run_augur("serve", "-m", TINY_GGUF, "--port", str(tiny_server.port))
     assert p.returncode == 1 and b"cannot listen on 127.0.0.1:" in p.stderr and b"in use" in p.stderr
     assert p.stdout == b""  # no ready line
+
+
+# ---- slow clients ----
+
+class Trickler(threading.Thread):
+    """A slowloris client: sends a request's headers one byte every 0.3 s
+    (which resets any idle timeout) until the server closes the connection.
+    Records what the server answered and how long the connection lived."""
+
+    def __init__(self, port):
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.opened = time.time()
+        self.answer, self.lived = None, None
+
+    def run(self):
+        data = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 1000
+        try:
+            for i in range(len(data)):
+                self.sock.send(data[i:i + 1])
+                time.sleep(0.3)
+        except OSError:
+            pass
+        try:
+            self.sock.settimeout(5)
+            self.answer = self.sock.recv(200)
+        except OSError:
+            self.answer = b""
+        self.lived = time.time() - self.opened
+        self.sock.close()
+
+
+def metric(server, name):
+    st, _, body = raw(server, "GET", "/metrics")
+    for line in body.decode().splitlines() if isinstance(body, bytes) else []:
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no metric {name}")
+
+
+def test_slow_headers_cannot_hold_every_slot(augur_server):
+    """Clients trickling their headers get a deadline, and may hold only
+    7/8 of the connection slots (issue 51: 260 of them held all 256 slots
+    and every other client got resets until they gave up)."""
+    s = augur_server(TINY_GGUF, "--max-connections", "32", "--header-timeout", "2")
+    slow = [Trickler(s.port) for _ in range(40)]
+    for t in slow:
+        t.start()
+    time.sleep(0.5)
+    # everyone else is served meanwhile, at once
+    for _ in range(10):
+        t0 = time.time()
+        st, _, body = raw(s, "POST", COMP, {"prompt": "Once", "max_tokens": 2}, timeout=10)
+        assert st == 200, body
+        assert time.time() - t0 < 1.5
+    for t in slow:
+        t.join(timeout=15)
+    assert not any(t.is_alive() for t in slow)
+    # none lived much past the deadline; those that reached it got a 408
+    assert max(t.lived for t in slow) < 2 + 2.5, sorted(t.lived for t in slow)
+    assert sum(t.answer.startswith(b"HTTP/1.1 408") for t in slow) >= 20, [t.answer for t in slow]
+    # (a burst of connections may also meet the connection limit itself
+    # while closed ones are being cleaned up: those are refused at once)
+    closed = metric(s, "augur_http_request_timeouts_total") + metric(s, "augur_http_slow_connections_closed_total")
+    assert closed >= 20
+    assert raw(s, "GET", "/health")[0] == 200
+
+
+def test_a_stream_longer_than_the_header_deadline_is_not_cut(augur_server):
+    require_model(SMOLLM2)
+    s = augur_server(SMOLLM2, "--header-timeout", "1")
+    c = s.client()
+    t0 = time.time()
+    text, usage = "", None
+    for ch in c.chat.completions.create(model="x", messages=MSG, max_tokens=250, stream=True,
+                                        stream_options={"include_usage": True},
+                                        extra_body={"ignore_eos": True}):
+        if ch.choices:
+            text += ch.choices[0].delta.content or ""
+        if ch.usage:
+            usage = ch.usage
+    assert time.time() - t0 > 1.5  # (longer than the deadline, or the test proves nothing)
+    assert usage.completion_tokens == 250 and text
+    # a kept-alive connection waits for its next request up to the deadline
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+    conn.request("GET", "/health")
+    assert conn.getresponse().read() is not None
+    time.sleep(0.3)
+    conn.request("GET", "/health")
+    r = conn.getresponse()
+    assert r.status == 200
+    r.read()
+    conn.close()
+
+
+def test_slow_body_gets_a_deadline_too(augur_server):
+    s = augur_server(TINY_GGUF, "--header-timeout", "1")
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 100000\r\n\r\n")
+    t0, answer = time.time(), b""
+    try:
+        for _ in range(40):
+            sock.send(b" ")
+            time.sleep(0.2)
+    except OSError:
+        pass
+    try:
+        answer = sock.recv(200)
+    except OSError:
+        pass
+    sock.close()
+    assert answer.startswith(b"HTTP/1.1 408") or answer == b"", answer
+    assert time.time() - t0 < 6
+    # a body that keeps coming is taken whatever its size
+    st, _, _ = raw(s, "POST", COMP, {"prompt": "Once " * 20000, "max_tokens": 1})
+    assert st == 400  # (over the context: it was read whole and parsed)
+
+
+def test_connections_per_address(augur_server):
+    s = augur_server(TINY_GGUF, "--max-connections-per-ip", "3")
+    held = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(3)]
+    time.sleep(0.2)
+    extra = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    try:
+        extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = extra.recv(200)
+    except OSError:
+        got = b""
+    extra.close()
+    assert got == b""  # closed at once, without an answer
+    held.pop().close()
+    time.sleep(0.2)
+    assert raw(s, "GET", "/health")[0] == 200
+    for h in held:
+        h.close()
