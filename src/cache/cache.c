@@ -18,6 +18,10 @@ ag_cache_params ag_cache_default_params(void) {
     p.read_staging_bytes = (size_t)32 << 20;
     p.disk_sync = true;
     p.background_scan = true;
+    p.space_retry_ms = 10000;
+    /* test hook: the engine builds its params from these defaults */
+    const char *retry = getenv("AUGUR_TEST_KV_SPACE_RETRY_MS");
+    if (retry && atoi(retry) > 0) p.space_retry_ms = (uint32_t)atoi(retry);
     return p;
 }
 
@@ -30,6 +34,12 @@ uint64_t ag_cache_namespace(const void *data, size_t len) {
 int64_t cache_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t cache_real_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
@@ -308,7 +318,9 @@ static void refresh_stats(ag_cache *c) {
     c->st.index_nodes = c->n_used;
     c->st.records_on_disk = (uint64_t)c->n_on_disk;
     c->st.disk_bytes = (uint64_t)c->n_on_disk * c->record_bytes;
+    c->st.queued_bytes = (uint64_t)c->n_queued * c->record_bytes;
     c->st.disk_max_bytes = c->disk_max;
+    c->st.disk_paused = c->space_retry_ns != 0;
     c->st.index_bytes = (size_t)c->cap * (sizeof(cache_node) + sizeof(int32_t) * (size_t)c->bs) +
                         sizeof(int32_t) * 2 * ((size_t)c->bucket_mask + 1) + sizeof(int32_t) * 2 * (size_t)c->path_cap;
     pthread_mutex_unlock(&c->mu);
@@ -387,9 +399,11 @@ static int32_t best_continuation(ag_cache *c, ag_cache_key parent, int32_t prev,
  * leaves every parent more recent than its children, so the LRU end of the
  * list is made of leaves. */
 static void touch_path(ag_cache *c, int32_t n) {
+    int64_t now = cache_real_now_ns();
     for (int32_t i = n - 1; i >= 0; i--) {
         int32_t id = c->path[i];
         if (id < 0) continue; /* (no longer indexed) */
+        c->nodes[id].used_ns = now - c->nodes[id].depth;
         if (c->nodes[id].block >= 0) cache_list_push_head(c, L_MEM, id);
         if (c->nodes[id].disk == D_ON) cache_list_push_head(c, L_DISK, id);
     }
@@ -493,7 +507,14 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
     atomic_init(&c->write_on, false);
     for (int l = 0; l < L_COUNT; l++) c->list[l].head = c->list[l].tail = -1;
     pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
+    {
+        /* the writer waits on cv until a pause ends: a monotonic deadline */
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&c->cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     pthread_cond_init(&c->cv_done, NULL);
     pthread_cond_init(&c->cv_read, NULL);
     if (!rehash(c, 256) || !grow(c) || !path_reserve(c, 64)) {

@@ -121,17 +121,39 @@
  *    request that is cancelled mid-read gives
  *    everything back at once (the reader never holds a kv block), at the
  *    price of one memcpy per record, small next to the read.
- *  - A write that fails (full disk, read-only directory, quota, I/O error)
- *    turns WRITING off with one warning; serving goes on, and records
- *    already on disk are still restored (a read-only directory is a valid
- *    pre-filled cache). A directory that cannot be created or opened turns
- *    the disk tier off entirely, with one warning. No error reaches the
- *    caller in either case.
+ *  - A write that finds the disk full (ENOSPC, EDQUOT, or EFBIG: a size
+ *    limit) PAUSES writing: the cap in force becomes half of what this
+ *    process's records and the free space hold together (so the disk is
+ *    not filled again and other programs keep room), least recently used
+ *    records are deleted down to it at once, the records queued behind the
+ *    failed one go back to wait, and writing resumes after a pause
+ *    (params.space_retry_ms, doubling while the disk stays full, back to
+ *    the first length after a record is written), with the cap recomputed
+ *    from the space there is then. One warning the first time, an info
+ *    line at later pauses. Any other failure (read-only directory,
+ *    permissions, I/O error) turns WRITING off with one warning; serving
+ *    goes on, and records already on disk are still restored (a read-only
+ *    directory is a valid pre-filled cache). A directory that cannot be
+ *    created or opened turns the disk tier off entirely, with one warning.
+ *    No error reaches the caller in any case.
  *  - Byte cap (params.disk_max_bytes; default min(32 GiB, 10% of the free
- *    space plus what the records already use)): least recently used records
- *    are deleted, leaf first, when the cap is exceeded (checked in
- *    ag_cache_idle). The file mtime is the clock across restarts: a disk hit
- *    bumps it; memory hits reorder this process's list only.
+ *    space plus what the records already use)), a HARD bound on this
+ *    process's records: a record is copied out for the writer only once it
+ *    fits under the cap together with every record on disk and every
+ *    record already queued or being written (temp files included); to make
+ *    room, least recently used records on disk are deleted, leaf first,
+ *    unless the record to write is itself less recently used than all of
+ *    them (then it is not written: deeper blocks of a prompt count as
+ *    older than their parents, so a prompt longer than the cap keeps its
+ *    first blocks, not its last). So the records of this process never
+ *    take more than the cap, at any moment, counted in file bytes (the
+ *    file system's allocation adds up to a block per record). Exceptions:
+ *    a directory that held more than the cap when the server started
+ *    (the scan's merge deletes down to the cap before anything is
+ *    written), and records another process writes to the same directory
+ *    (each process counts its own). The file mtime is the clock across
+ *    restarts: a disk hit bumps it; memory hits reorder this process's
+ *    list only.
  *
  * THREADING. Every function is called from the one thread that owns the kv
  * (the engine thread), except ag_cache_get_stats, which any thread may call.
@@ -254,6 +276,11 @@ typedef struct {
     /* Test hook: the reader sleeps this long before reading each record, so
      * that a test can watch what happens while a restore runs. 0: none. */
     uint32_t read_delay_us;
+    /* After a full disk, writing pauses this long (doubling, up to 64
+     * times, while the disk stays full); default 10 s, or
+     * $AUGUR_TEST_KV_SPACE_RETRY_MS (a test hook: the engine builds these
+     * params from the defaults). */
+    uint32_t space_retry_ms;
 } ag_cache_params;
 
 ag_cache_params ag_cache_default_params(void);
@@ -365,8 +392,9 @@ int32_t ag_cache_reclaimable(const ag_cache *c);
 bool ag_cache_idle(ag_cache *c, size_t max_bytes);
 
 /* Blocks until the background scan is merged and every indexed block that
- * is not on disk has been written (or the tier is off). For shutdown and
- * tests. */
+ * is not on disk has been written, or was left out by the byte cap (or the
+ * tier is off, or writing is paused after a full disk: a flush does not
+ * wait for the pause to end). For shutdown and tests. */
 void ag_cache_flush(ag_cache *c);
 
 typedef struct {
@@ -383,14 +411,20 @@ typedef struct {
     uint64_t partials_superseded; /* partial blocks dropped because a longer block of
                                      the same parent starts with their tokens */
     uint64_t restore_failures;
-    uint64_t write_failures;
+    uint64_t write_failures; /* writes that failed, for a full disk too */
+    uint64_t space_pauses;   /* writing paused after a full disk */
+    uint64_t records_skipped; /* blocks the byte cap left unwritten (less recently used than
+                                 every record on disk, or larger than the cap) */
+    uint64_t queued_bytes;   /* records copied out for the writer, not yet on disk: with
+                                disk_bytes, never more than disk_max_bytes */
     uint64_t records_on_disk, disk_bytes, disk_max_bytes;
     uint64_t scan_ns;       /* duration of the start-up scan */
     int32_t  memory_blocks; /* blocks the memory tier holds a reference on */
     int32_t  index_nodes;   /* blocks known to either tier */
     size_t   index_bytes;   /* heap the index uses */
     bool     disk_enabled;  /* a directory is in use (reads) */
-    bool     disk_writable; /* and records are being written */
+    bool     disk_writable; /* and records are being written (or will be again after a pause) */
+    bool     disk_paused;   /* writing is paused after a full disk */
     bool     scan_done;
 } ag_cache_stats;
 

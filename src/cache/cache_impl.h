@@ -34,6 +34,11 @@ typedef struct {
     ag_cache_key key, parent;
     uint64_t     ns;
     int64_t      mtime_ns; /* disk record's mtime (scan order) */
+    /* Recency, CLOCK_REALTIME ns like the records' mtimes: a touch sets
+     * now - depth (a parent is always more recent than its continuation);
+     * the scan sets the record's mtime. The disk cap compares a record it
+     * would write with the one it would delete for it. */
+    int64_t      used_ns;
     uint32_t     gen;
     int32_t      depth;     /* block index within the prompt */
     int32_t      n_tok;     /* valid tokens: the block size, or fewer for a partial block */
@@ -69,7 +74,10 @@ typedef struct write_job {
     size_t            size;
 } write_job;
 
-enum { W_WRITTEN = 0, W_EXISTS, W_FAILED };
+/* What became of a queued record. W_NOSPACE: the file system is full (or
+ * a size limit was hit): writing pauses (see disk_space_pause). W_DEFERRED:
+ * not tried, because a write before it found the disk full. */
+enum { W_WRITTEN = 0, W_EXISTS, W_FAILED, W_NOSPACE, W_DEFERRED };
 
 /* What became of one block of a restore. */
 enum { RS_PENDING = 0, RS_OK, RS_BAD, RS_GONE };
@@ -150,8 +158,22 @@ struct ag_cache {
     int         dirfd;   /* -1: tier off */
     bool        disk_on; /* reads */
     atomic_bool write_on;
-    uint64_t    disk_max;
+    uint64_t    disk_max;   /* the cap in force: cap_base, or less after a full disk */
+    uint64_t    cap_base;   /* the cap asked for (params), or the default */
     int64_t     n_on_disk;  /* records this process knows are on disk */
+    /* Records handed to the writer and not yet drained (D_QUEUED): they
+     * count against the cap as if written, so that the records of this
+     * process, written, being written or queued, never exceed it. */
+    int64_t     n_queued;
+    /* A full disk pauses writing until space_retry_ns (monotonic; 0: not
+     * paused), for space_backoff_ns (doubling while it stays full; 0 again
+     * after a record is written). */
+    int64_t     space_retry_ns;
+    int64_t     space_backoff_ns;
+    bool        space_warned; /* the one warning was logged */
+    bool        cap_warned;   /* "the cap holds no record" was logged */
+    atomic_bool space_short;  /* the writer defers its queue (W_DEFERRED) */
+    atomic_int  space_errno;  /* what the failed write said, for the log */
     uint64_t    free_at_start; /* bytes free when the tier opened */
     bool        cap_explicit;
     bool        scan_merged;
@@ -163,6 +185,7 @@ struct ag_cache {
     pthread_t       thread;
     bool            thread_started, stop;
     int32_t         writers_busy;  /* records being written (the writer, and a flush helping) */
+    int64_t         writer_wake_ns; /* monotonic: the writer fires notify then (a pause ends); 0 none */
     write_job      *q_head, *q_tail;
     size_t          q_bytes;
     write_done     *done;
@@ -219,13 +242,17 @@ void         cache_list_remove(ag_cache *c, int which, int32_t id);
 static inline int32_t *cache_node_tokens(const ag_cache *c, int32_t id) { return c->tokens + (size_t)id * c->bs; }
 void         cache_parent_link(ag_cache *c, int32_t id, int32_t parent); /* sets parent_id/gen */
 int32_t      cache_parent(const ag_cache *c, int32_t id); /* valid parent id or -1 */
-int64_t      cache_now_ns(void);
+int64_t      cache_now_ns(void);      /* CLOCK_MONOTONIC */
+int64_t      cache_real_now_ns(void); /* CLOCK_REALTIME: the records' mtime clock */
 
 /* disk.c */
 void    disk_open(ag_cache *c);   /* from ag_cache_new */
 void    disk_close(ag_cache *c);  /* from ag_cache_free: stops the thread */
 void    disk_drain(ag_cache *c);  /* merge scan results and finished writes */
 void    disk_enforce_cap(ag_cache *c);
+/* A write found the disk full: lowers the cap in force, deletes down to
+ * it and pauses writing (see cache.h). */
+void    disk_space_pause(ag_cache *c);
 bool    disk_queue_writes(ag_cache *c, size_t max_bytes);
 /* Restores (disk.c; engine thread unless said). */
 bool    disk_can_read(const ag_cache *c); /* the reader runs: records can be restored */

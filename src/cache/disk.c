@@ -263,17 +263,11 @@ static int64_t mtime_ns(const struct stat *st) {
     return (int64_t)st->st_mtim.tv_sec * 1000000000 + st->st_mtim.tv_nsec;
 }
 
-static int64_t real_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* The mtime of a record: now, minus its block index in nanoseconds, so a
  * parent always looks more recently used than its continuations and the
  * least recently used end of the order holds leaves. */
 static void set_mtime(int fd, int32_t depth) {
-    int64_t         t = real_now_ns() - depth;
+    int64_t         t = cache_real_now_ns() - depth;
     struct timespec ts[2] = {{0, UTIME_OMIT}, {t / 1000000000, t % 1000000000}};
     futimens(fd, ts);
 }
@@ -294,7 +288,7 @@ static void scan_dir(ag_cache *c) {
     }
     struct dirent *e;
     char           why[300];
-    int64_t        now = real_now_ns();
+    int64_t        now = cache_real_now_ns();
     while (d && (e = readdir(d))) {
         const char *name = e->d_name;
         long        pid;
@@ -373,8 +367,22 @@ static void writes_off(ag_cache *c, const char *what, int err) {
 
 static atomic_ullong g_tmp_counter;
 
+/* A write failed with err: a full disk (or a size limit) pauses writing,
+ * which the engine thread handles when it drains the result
+ * (disk_space_pause); anything else turns writing off. */
+static int write_error(ag_cache *c, const char *what, int err) {
+    if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+        atomic_store(&c->space_errno, err);
+        atomic_store(&c->space_short, true); /* the rest of the queue would fail the same way */
+        return W_NOSPACE;
+    }
+    writes_off(c, what, err);
+    return W_FAILED;
+}
+
 static int write_record(ag_cache *c, write_job *job) {
     if (!atomic_load(&c->write_on)) return W_FAILED;
+    if (atomic_load(&c->space_short)) return W_DEFERRED;
     char        name[40];
     struct stat st;
     ag_cache_key_name(job->key, name);
@@ -392,10 +400,7 @@ static int write_record(ag_cache *c, write_job *job) {
         fd = openat(c->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd < 0 && errno != EEXIST) break;
     }
-    if (fd < 0) {
-        writes_off(c, what, errno);
-        return W_FAILED;
-    }
+    if (fd < 0) return write_error(c, what, errno);
     what = "writing a record";
     for (size_t off = 0; !err && off < job->size;) {
         ssize_t w = write(fd, job->buf + off, job->size - off);
@@ -421,8 +426,7 @@ static int write_record(ag_cache *c, write_job *job) {
     }
     if (err) {
         unlinkat(c->dirfd, tmp, 0);
-        writes_off(c, what, err);
-        return W_FAILED;
+        return write_error(c, what, err);
     }
     return W_WRITTEN;
 }
@@ -460,7 +464,7 @@ static void write_next_locked(ag_cache *c) {
         c->st.records_written++;
         c->st.bytes_written += job->size;
         c->dir_dirty = true;
-    } else if (res == W_FAILED) {
+    } else if (res == W_FAILED || res == W_NOSPACE) {
         c->st.write_failures++;
     }
     c->writers_busy--;
@@ -492,7 +496,24 @@ static void *writer_main(void *arg) {
     pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle_prio);
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        while (!c->q_head && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
+        while (!c->q_head && !c->stop) {
+            if (!c->writer_wake_ns) {
+                pthread_cond_wait(&c->cv, &c->mu);
+                continue;
+            }
+            /* a pause after a full disk ends: wake the engine so that its
+             * next ag_cache_idle writes again (nothing else would call it
+             * on an idle server) */
+            if (cache_now_ns() >= c->writer_wake_ns) {
+                c->writer_wake_ns = 0;
+                pthread_mutex_unlock(&c->mu);
+                notify(c);
+                pthread_mutex_lock(&c->mu);
+                continue;
+            }
+            struct timespec ts = {c->writer_wake_ns / 1000000000, c->writer_wake_ns % 1000000000};
+            pthread_cond_timedwait(&c->cv, &c->mu, &ts);
+        }
         if (!c->q_head) break;
         write_next_locked(c);
     }
@@ -539,7 +560,7 @@ void disk_open(ag_cache *c) {
     c->cap_explicit = c->p.disk_max_bytes > 0;
     uint64_t def = (uint64_t)32 << 30;
     if (c->free_at_start / 10 < def) def = c->free_at_start / 10;
-    c->disk_max = c->cap_explicit ? c->p.disk_max_bytes : def;
+    c->cap_base = c->disk_max = c->cap_explicit ? c->p.disk_max_bytes : def;
     if (!c->p.background_scan) {
         scan_dir(c);
         disk_drain(c);
@@ -686,6 +707,7 @@ static void merge_scan(ag_cache *c, scan_item *items, int32_t n, const int32_t *
         for (int32_t k = 0; k < m; k++) cache_list_push_head(c, L_DISK, ids[k]); /* oldest first in */
         qsort_ctx = NULL;
     }
+    for (int32_t k = 0; ids && k < m; k++) c->nodes[ids[k]].used_ns = c->nodes[ids[k]].mtime_ns;
     /* Partial records that a sibling covers (its write was in flight when
      * the sibling was published, or another process wrote them) go now. */
     for (int32_t k = 0; ids && k < m; k++)
@@ -696,7 +718,7 @@ static void merge_scan(ag_cache *c, scan_item *items, int32_t n, const int32_t *
     pthread_mutex_unlock(&c->mu);
     if (!c->cap_explicit) {
         uint64_t def = (uint64_t)32 << 30, tenth = (c->free_at_start + (uint64_t)c->n_on_disk * c->record_bytes) / 10;
-        c->disk_max = tenth < def ? tenth : def;
+        c->cap_base = c->disk_max = tenth < def ? tenth : def; /* (nothing was written yet: no pause) */
     }
 }
 
@@ -727,18 +749,43 @@ void disk_drain(ag_cache *c) {
         free(scan);
         free(stoks);
     }
+    bool full = false;
     for (int32_t i = 0; i < nd; i++) {
         int32_t     id = d[i].node;
         cache_node *n = &c->nodes[id];
-        if (!n->used || n->disk != D_QUEUED) continue;
-        if (d[i].result == W_FAILED) {
+        if (!n->used || n->disk != D_QUEUED) {
+            d[i].node = -1; /* (not for the second pass) */
+            continue;
+        }
+        c->n_queued--;
+        switch (d[i].result) {
+        case W_FAILED:
             n->disk = D_NONE;
             n->no_write = 1;
             cache_node_maybe_remove(c, id);
-        } else {
-            set_on_disk(c, id, real_now_ns());
+            d[i].node = -1;
+            break;
+        case W_NOSPACE:
+        case W_DEFERRED:
+            n->disk = D_NONE; /* to be written after the pause (second pass) */
+            full |= d[i].result == W_NOSPACE;
+            break;
+        default:
+            if (d[i].result == W_WRITTEN) c->space_backoff_ns = 0; /* the disk took it: pauses start short again */
+            set_on_disk(c, id, cache_real_now_ns());
+            d[i].node = -1;
         }
     }
+    /* Records that met a full disk wait again at the head of the dirty
+     * list, in their order (parents before their continuations). */
+    for (int32_t i = nd - 1; i >= 0; i--) {
+        int32_t id = d[i].node;
+        if (id < 0) continue;
+        cache_node *n = &c->nodes[id];
+        if (n->block >= 0 && !n->no_write) cache_list_push_head(c, L_DIRTY, id);
+        else cache_node_maybe_remove(c, id);
+    }
+    if (full) disk_space_pause(c);
     if (!atomic_load(&c->write_on))
         while (c->list[L_DIRTY].head >= 0) cache_list_remove(c, L_DIRTY, c->list[L_DIRTY].head);
 }
@@ -754,32 +801,129 @@ bool disk_delete_record(ag_cache *c, int32_t id) {
     return true;
 }
 
+/* The least recently used record on disk that no other record on disk
+ * continues (a leaf: deleting it leaves no record without its parent), or
+ * -1 when nothing is on disk. */
+static int32_t disk_victim(const ag_cache *c) {
+    for (int32_t id = c->list[L_DISK].tail; id >= 0; id = c->nodes[id].link[L_DISK].prev)
+        if (c->nodes[id].n_disk_children == 0) return id;
+    return c->list[L_DISK].tail; /* a cycle of colliding keys: cannot happen at 128 bits */
+}
+
+/* Deletes the record of node id to keep the cap; false (writing turned
+ * off) if the file could not be deleted. */
+static bool evict_record(ag_cache *c, int32_t id) {
+    if (!disk_delete_record(c, id)) return false;
+    c->nodes[id].no_write = 1; /* the cap chose it: do not write it back */
+    cache_list_remove(c, L_DIRTY, id);
+    cache_node_maybe_remove(c, id);
+    pthread_mutex_lock(&c->mu);
+    c->st.evictions_disk++;
+    pthread_mutex_unlock(&c->mu);
+    return true;
+}
+
+/* Bytes of this process's records on disk and queued (the cap counts
+ * both); while writing is paused the queued ones come back unwritten
+ * (W_DEFERRED), so only those on disk count. */
+static uint64_t disk_held(const ag_cache *c) {
+    return (uint64_t)(c->n_on_disk + (c->space_retry_ns ? 0 : c->n_queued)) * c->record_bytes;
+}
+
 void disk_enforce_cap(ag_cache *c) {
     if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on)) return;
-    uint64_t evicted = 0;
-    while ((uint64_t)c->n_on_disk * c->record_bytes > c->disk_max && c->list[L_DISK].n > 0) {
-        int32_t victim = -1;
-        for (int32_t id = c->list[L_DISK].tail; id >= 0; id = c->nodes[id].link[L_DISK].prev)
-            if (c->nodes[id].n_disk_children == 0) {
-                victim = id;
-                break;
-            }
-        if (victim < 0) victim = c->list[L_DISK].tail; /* a cycle of colliding keys: cannot happen at 128 bits */
-        if (!disk_delete_record(c, victim)) break;
-        c->nodes[victim].no_write = 1; /* the cap chose it: do not write it back */
-        cache_list_remove(c, L_DIRTY, victim);
-        cache_node_maybe_remove(c, victim);
-        evicted++;
+    while (disk_held(c) > c->disk_max && c->list[L_DISK].n > 0)
+        if (!evict_record(c, disk_victim(c))) break;
+}
+
+/* The cap after a full disk: what half of the room this process's records
+ * and the free space take together holds (never above the cap asked for).
+ * Half, so that the disk is not filled again at once and other writers
+ * there keep room; recomputed when each pause ends, so that the cap grows
+ * back when space has been freed meanwhile. Counted in records as the file
+ * system allocates them (whole fragments: a small record takes a page of
+ * a tmpfs), then as the cap counts them (file bytes). */
+static void space_cap(ag_cache *c) {
+    struct statvfs vfs;
+    uint64_t       avail = 0, frag = 4096;
+    if (fstatvfs(c->dirfd, &vfs) == 0) {
+        avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+        if (vfs.f_frsize > 0) frag = vfs.f_frsize;
     }
-    if (evicted) {
-        pthread_mutex_lock(&c->mu);
-        c->st.evictions_disk += evicted;
-        pthread_mutex_unlock(&c->mu);
+    uint64_t alloc = (c->record_bytes + frag - 1) / frag * frag;
+    uint64_t fit = ((uint64_t)c->n_on_disk * alloc + avail) / 2 / alloc * c->record_bytes;
+    c->disk_max = fit < c->cap_base ? fit : c->cap_base;
+}
+
+void disk_space_pause(ag_cache *c) {
+    int64_t now = cache_now_ns();
+    if (c->space_retry_ns > now) return; /* (more failures of the same moment) */
+    int64_t first = (int64_t)(c->p.space_retry_ms ? c->p.space_retry_ms : 10000) * 1000000;
+    c->space_backoff_ns = c->space_backoff_ns ? c->space_backoff_ns * 2 : first;
+    if (c->space_backoff_ns > 64 * first) c->space_backoff_ns = 64 * first;
+    c->space_retry_ns = now + c->space_backoff_ns;
+    uint64_t had = (uint64_t)c->n_on_disk * c->record_bytes;
+    space_cap(c);
+    int err = atomic_load(&c->space_errno);
+    if (!c->space_warned)
+        AG_LOGW("kv disk cache: %s is full (%s) with %.1f MiB of records; keeping at most %.1f MiB there (half of "
+                "what the records and the free space hold), the least recently used go now, and writing resumes "
+                "in %.0f s; serving continues",
+                c->dir, strerror(err), had / 1048576.0, c->disk_max / 1048576.0, c->space_backoff_ns / 1e9);
+    else
+        AG_LOGI("kv disk cache: %s is full again (%s); keeping at most %.1f MiB, writing resumes in %.0f s", c->dir,
+                strerror(err), c->disk_max / 1048576.0, c->space_backoff_ns / 1e9);
+    c->space_warned = true;
+    pthread_mutex_lock(&c->mu);
+    c->st.space_pauses++;
+    c->writer_wake_ns = c->space_retry_ns; /* the writer wakes the engine then */
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    disk_enforce_cap(c);
+}
+
+/* Whether records may be written now: no pause, or the pause is over (the
+ * cap then follows the space there is now, and the writer writes again). */
+static bool space_ok(ag_cache *c) {
+    if (!c->space_retry_ns) return true;
+    if (cache_now_ns() < c->space_retry_ns) return false;
+    c->space_retry_ns = 0;
+    space_cap(c);
+    atomic_store(&c->space_short, false);
+    AG_LOGI("kv disk cache: writing to %s again (at most %.1f MiB)", c->dir, c->disk_max / 1048576.0);
+    disk_enforce_cap(c);
+    return true;
+}
+
+/* What make_room found for the next record to write. */
+enum { ROOM_OK, ROOM_WAIT, ROOM_SKIP };
+
+/* Makes room under the cap for node x's record: deletes least recently
+ * used records on disk while the records on disk, the queued ones and x's
+ * would exceed it. ROOM_WAIT: the queued records alone fill the cap (the
+ * writer's results will make deletable records of them), or a delete
+ * failed. ROOM_SKIP: x is not to be written, being less recently used than
+ * every record the cap would delete for it (a prompt's deeper blocks count
+ * as older, so a prompt longer than the cap keeps its first blocks), or
+ * larger than the cap itself. */
+static int make_room(ag_cache *c, int32_t x) {
+    while (disk_held(c) + c->record_bytes > c->disk_max) {
+        if (c->list[L_DISK].n == 0) return c->n_queued > 0 ? ROOM_WAIT : ROOM_SKIP;
+        int32_t v = disk_victim(c);
+        if (c->nodes[v].used_ns >= c->nodes[x].used_ns) return ROOM_SKIP;
+        if (!evict_record(c, v)) return ROOM_WAIT;
     }
+    return ROOM_OK;
 }
 
 bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
     if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on) || c->list[L_DIRTY].n == 0) return false;
+    if (!space_ok(c)) return false;
+    if (c->disk_max < c->record_bytes && !c->cap_warned) {
+        AG_LOGW("kv disk cache: the byte cap (%llu bytes) is smaller than one record (%zu bytes): nothing is "
+                "written to %s", (unsigned long long)c->disk_max, c->record_bytes, c->dir);
+        c->cap_warned = true;
+    }
     pthread_mutex_lock(&c->mu);
     size_t q = c->q_bytes;
     bool   idle = !c->q_head && !c->writers_busy;
@@ -789,12 +933,27 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
     if (idle && budget < c->record_bytes) budget = c->record_bytes;
     write_job *head = NULL, **tail = &head;
     size_t     used = 0;
+    uint64_t   skipped = 0;
+    bool       wait = false;
     const size_t cb = c->lay->copy_bytes;
     while (c->list[L_DIRTY].head >= 0 && used + c->record_bytes <= budget) {
         int32_t id = c->list[L_DIRTY].head;
-        cache_list_remove(c, L_DIRTY, id);
         cache_node *n = &c->nodes[id];
-        if (n->block < 0 || n->disk != D_NONE || n->no_write) continue;
+        if (n->block < 0 || n->disk != D_NONE || n->no_write) {
+            cache_list_remove(c, L_DIRTY, id);
+            continue;
+        }
+        int room = make_room(c, id);
+        if (room == ROOM_WAIT) {
+            wait = true; /* (it stays first in line) */
+            break;
+        }
+        cache_list_remove(c, L_DIRTY, id);
+        if (room == ROOM_SKIP) {
+            n->no_write = 1;
+            skipped++;
+            continue;
+        }
         write_job *job = malloc(sizeof *job + c->record_bytes);
         if (!job) {
             cache_list_push_head(c, L_DIRTY, id);
@@ -817,11 +976,13 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
         job->key = n->key;
         job->size = c->record_bytes;
         n->disk = D_QUEUED;
+        c->n_queued++;
         *tail = job;
         tail = &job->next;
         used += c->record_bytes;
     }
     pthread_mutex_lock(&c->mu);
+    c->st.records_skipped += skipped;
     if (head) {
         if (c->q_tail) c->q_tail->next = head;
         else c->q_head = head;
@@ -831,7 +992,8 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
     }
     q = c->q_bytes;
     pthread_mutex_unlock(&c->mu);
-    return c->list[L_DIRTY].n > 0 && q + c->record_bytes <= c->p.write_queue_bytes && used > 0;
+    return c->list[L_DIRTY].n > 0 && q + c->record_bytes <= c->p.write_queue_bytes && (used > 0 || skipped > 0) &&
+           !wait;
 }
 
 /* ---- restores: the reader thread and its staging buffers ---- */
@@ -1077,7 +1239,9 @@ void disk_flush_wait(ag_cache *c) {
             pthread_mutex_unlock(&c->mu);
             continue;
         }
-        bool queued = disk_queue_writes(c, SIZE_MAX);
+        int32_t dirty = c->list[L_DIRTY].n;
+        int64_t on = c->n_on_disk, queued = c->n_queued;
+        disk_queue_writes(c, SIZE_MAX);
         pthread_mutex_lock(&c->mu);
         while (c->thread_started && (c->q_head || c->writers_busy)) {
             if (c->q_head) write_next_locked(c); /* help: see write_next_locked */
@@ -1085,8 +1249,10 @@ void disk_flush_wait(ag_cache *c) {
         }
         pthread_mutex_unlock(&c->mu);
         disk_drain(c);
-        (void)queued;
-        if (c->list[L_DIRTY].n == 0 || !atomic_load(&c->write_on) || !c->thread_started) break;
+        if (c->list[L_DIRTY].n == 0 || !atomic_load(&c->write_on) || !c->thread_started || c->space_retry_ns) break;
+        /* no progress (a result lost to an allocation failure keeps a
+         * record queued for ever): do not spin */
+        if (c->list[L_DIRTY].n == dirty && c->n_on_disk == on && c->n_queued == queued) break;
     }
     disk_enforce_cap(c);
 }

@@ -38,16 +38,24 @@ static const char usage[] =
     "  -t THREADS          CPU threads (default: all cores)\n"
     "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
     "  --max-body BYTES    request body limit (default 8388608)\n"
-    "  --max-connections N concurrent connections (default 256)\n"
+    "  --max-connections N concurrent connections (default 256); clients still sending a request may hold\n"
+    "                      7/8 of them: past that the one waiting longest is closed\n"
+    "  --max-connections-per-ip N  connections one client address may hold (default 0: no limit)\n"
     "  --timeout S         idle connection timeout in seconds (default 60)\n"
+    "  --header-timeout S  a request's headers must arrive within S seconds of its connection opening (or\n"
+    "                      of the previous response on it), then its body at 1 KiB/s on average; else a\n"
+    "                      408 and the connection is closed (default 20; responses are never cut)\n"
     "  --no-webui          no chat page at / (GET / answers 404)\n"
+    "  --lenient-fields    ignore request fields the API does not define, or that this server does not\n"
+    "                      implement, instead of answering 400 naming them\n"
     "  --kv-disk DIR       keep the prefix cache's KV blocks in DIR too, so that prompts seen before a\n"
     "                      restart are restored instead of recomputed (DIR is created; give each model\n"
     "                      its own DIR: records of another model found there are deleted). Default:\n"
     "                      $XDG_CACHE_HOME/augur/kv/<model fingerprint>, else\n"
     "                      ~/.cache/augur/kv/<model fingerprint>\n"
-    "  --kv-disk-max SIZE  byte cap of the disk cache, least recently used records go first (e.g. 512M,\n"
-    "                      32G, or bytes; default: 32G or 10% of the free space, whichever is less)\n"
+    "  --kv-disk-max SIZE  byte cap of the disk cache, a hard bound counting records still being written;\n"
+    "                      least recently used records go first (e.g. 512M, 32G, or bytes; default: 32G or\n"
+    "                      10% of the free space, whichever is less; a full disk lowers it to half the room)\n"
     "  --no-kv-disk        no disk cache (prompt prefixes are still shared in memory)\n"
     "  a disk cache directory that cannot be used is reported once and the server runs without it\n"
     AG_CLI_DRAFT_USAGE
@@ -87,10 +95,10 @@ int ag_cli_serve(int argc, char **argv) {
     /* the engine's defaults, which `augur fit` plans with too */
     const ag_engine_params defaults = ag_engine_default_params();
     long port = 8080, parallel = defaults.n_parallel, ctx = 0, max_queue = defaults.max_queue, threads = 0,
-         max_body = 8L << 20, max_conn = 256, timeout = 60, batch = 0;
+         max_body = 8L << 20, max_conn = 256, timeout = 60, header_timeout = 20, max_per_ip = 0, batch = 0;
     const char *kv_disk = NULL;
-    bool        no_kv_disk = false, no_webui = false;
-    double   itl_target = 0;
+    bool        no_kv_disk = false, no_webui = false, lenient = false;
+    double      itl_target = 0;
     uint64_t    kv_disk_max = 0, kv_mem = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
@@ -106,6 +114,10 @@ int ag_cli_serve(int argc, char **argv) {
         }
         if (!strcmp(a, "--no-webui")) {
             no_webui = true;
+            continue;
+        }
+        if (!strcmp(a, "--lenient-fields")) {
+            lenient = true;
             continue;
         }
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -127,6 +139,8 @@ int ag_cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-body")) ok = ag_cli_parse_long(v, 1, 1L << 30, &max_body);
         else if (!strcmp(a, "--max-connections")) ok = ag_cli_parse_long(v, 1, 65536, &max_conn);
         else if (!strcmp(a, "--timeout")) ok = ag_cli_parse_long(v, 1, 86400, &timeout);
+        else if (!strcmp(a, "--header-timeout")) ok = ag_cli_parse_long(v, 1, 86400, &header_timeout);
+        else if (!strcmp(a, "--max-connections-per-ip")) ok = ag_cli_parse_long(v, 0, 65536, &max_per_ip);
         else if (!strcmp(a, "--kv-disk")) {
             kv_disk = v;
             ok = v && *v;
@@ -201,7 +215,10 @@ int ag_cli_serve(int argc, char **argv) {
     sp.max_body = (size_t)max_body;
     sp.max_connections = (unsigned)max_conn;
     sp.timeout_s = (unsigned)timeout;
+    sp.header_timeout_s = (unsigned)header_timeout;
+    sp.max_connections_per_ip = (unsigned)max_per_ip;
     sp.webui = !no_webui;
+    sp.lenient_fields = lenient;
     if (ag_server_new(&sp, eng, m, tok, chat, &srv)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;

@@ -420,6 +420,42 @@ done:
     return ok;
 }
 
+/* output_config: {"format": {"type": "json_schema", "schema": object}}
+ * makes the output one JSON value of the schema (as OpenAI's
+ * response_format); "effort" (how hard a reasoning model thinks) is not
+ * something this model does. */
+static bool parse_output_config(json_t *oc, srv_opts *o, srv_resp *out) {
+    if (!oc || json_is_null(oc)) return true;
+    if (!json_is_object(oc)) {
+        BAD(out, "output_config", "output_config: must be an object, got %s", srv_type_name(oc));
+        return false;
+    }
+    const char *k;
+    json_t *v;
+    json_object_foreach(oc, k, v) {
+        if (!strcmp(k, "format")) continue;
+        if (!strcmp(k, "effort")) {
+            if (json_is_null(v)) continue;
+            srv_error(out, 400, "invalid_request_error", "output_config.effort", "unsupported_parameter",
+                      "output_config.effort: not supported by this server (this model does not reason before "
+                      "answering)");
+            return false;
+        }
+        BAD(out, "output_config", "output_config.%s: Extra inputs are not permitted", k);
+        return false;
+    }
+    json_t *f = json_object_get(oc, "format");
+    if (!f || json_is_null(f)) return true;
+    const char *type = json_string_value(json_object_get(f, "type"));
+    json_t *schema = json_object_get(f, "schema");
+    if (!json_is_object(f) || !type || strcmp(type, "json_schema") || !json_is_object(schema)) {
+        BAD(out, "output_config.format",
+            "output_config.format: must be {\"type\": \"json_schema\", \"schema\": object}");
+        return false;
+    }
+    return srv_output_schema(schema, "output_config.format.schema", o, out);
+}
+
 /* ---- response ---- */
 
 /* usage: Anthropic counts cached prompt tokens apart from input_tokens. */
@@ -455,8 +491,7 @@ static json_t *message_json(srv_job *j, json_t *content, const char *stop_reason
 static json_t *tool_use_blocks(srv_job *j, srv_choice *c, ag_buf *rest) {
     json_t *calls = NULL;
     ag_buf text = {0};
-    if (!j->tools || !ag_server_parse_tool_calls(j->tf, c->text.data ? c->text.data : "", c->text.len, j->tool_list,
-                                                 &calls, &text))
+    if (!j->tools || !srv_job_tool_calls(j, c->text.data ? c->text.data : "", c->text.len, &calls, &text))
         return NULL;
     json_t *blocks = json_array();
     size_t i;
@@ -647,6 +682,7 @@ void srv_route_messages(srv_req *rq, srv_resp *out) {
     srv_opts o;
     srv_opts_init(&o);
     msg_prompt p = {0};
+    if (!srv_check_fields(s, b, SRV_ROUTE_MESSAGES, out)) goto done;
     json_t *max_tokens = json_object_get(b, "max_tokens");
     json_t *stops = json_object_get(b, "stop_sequences");
     json_t *metadata = json_object_get(b, "metadata");
@@ -671,6 +707,14 @@ void srv_route_messages(srv_req *rq, srv_resp *out) {
         BAD(out, "metadata", "metadata: must be an object like {\"user_id\": string}");
         goto done;
     }
+    if (!parse_output_config(json_object_get(b, "output_config"), &o, out)) goto done;
+    /* tool_choice.disable_parallel_tool_use: at most one tool_use block */
+    json_t *dp = json_object_get(json_object_get(b, "tool_choice"), "disable_parallel_tool_use");
+    if (dp && !json_is_null(dp) && !json_is_boolean(dp)) {
+        BAD(out, "tool_choice", "tool_choice.disable_parallel_tool_use: must be a boolean, got %s", srv_type_name(dp));
+        goto done;
+    }
+    o.one_tool_call = json_is_true(dp);
     if (!parse_prompt(s, b, &p, out)) goto done;
     srv_job *j = srv_job_new(rq, &k_messages_proto, &o, 1);
     if (j && o.stream && !(j->proto_state = calloc(1, sizeof(msg_stream)))) {
@@ -695,8 +739,8 @@ done:
 void srv_route_messages_count_tokens(srv_req *rq, srv_resp *out) {
     json_t *b = srv_parse_body(rq, out);
     if (!b) return;
-    msg_prompt p;
-    if (parse_prompt(rq->s, b, &p, out))
+    msg_prompt p = {0};
+    if (srv_check_fields(rq->s, b, SRV_ROUTE_MESSAGES, out) && parse_prompt(rq->s, b, &p, out))
         srv_json(out, 200, json_pack("{s:I}", "input_tokens", (json_int_t)p.n_ids));
     prompt_free(&p);
     json_decref(b);

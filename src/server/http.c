@@ -22,7 +22,7 @@ const int srv_codes[SRV_CODE_SLOTS] = {200, 204, 400, 401, 404, 405, 413, 429, 4
 ag_server_params ag_server_default_params(void) {
     ag_server_params p = {.host = "127.0.0.1", .port = 8080, .api_key = NULL, .cors_origin = NULL,
                           .model_id = "model", .max_body = (size_t)8 << 20, .max_connections = 256,
-                          .timeout_s = 60, .webui = true};
+                          .timeout_s = 60, .header_timeout_s = 20, .webui = true};
     return p;
 }
 
@@ -99,7 +99,17 @@ json_t *srv_parse_body(srv_req *rq, srv_resp *out) {
         return NULL;
     }
     json_error_t err;
-    json_t *v = json_loadb(rq->body, rq->body_len, 0, &err);
+    /* \u0000 is valid JSON: text keeps it (the tokenizer has a token for
+     * byte 0); srv_check_fields rejects it where a string is read as a C
+     * string */
+    json_t *v = json_loadb(rq->body, rq->body_len, JSON_ALLOW_NUL, &err);
+    if (!v && json_error_code(&err) == json_error_null_byte_in_key) {
+        srv_error(out, 400, "invalid_request_error", NULL, "invalid_json",
+                  "an object key at line %d, column %d (byte %d) contains a NUL character (\\u0000), which this "
+                  "server does not accept in keys",
+                  err.line, err.column, err.position);
+        return NULL;
+    }
     if (!v) {
         srv_error(out, 400, "invalid_request_error", NULL, "invalid_json",
                   "malformed JSON at line %d, column %d (byte %d): %s", err.line, err.column, err.position, err.text);
@@ -137,6 +147,7 @@ typedef struct {
 } conn_req;
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    srv_conn_completed(cls, c);
     conn_req *cr = *con_cls;
     if (cr) {
         ag_buf_free(&cr->body);
@@ -162,6 +173,7 @@ static bool is_anthropic_url(const char *url) {
 static enum MHD_Result send_resp(ag_server *s, struct MHD_Connection *c, const char *method, const char *url,
                                  srv_resp *r, const char *allow) {
     struct MHD_Response *resp;
+    srv_conn_answering(s, c);
     if (!r->stream && r->status >= 400 && is_anthropic_url(url)) srv_anthropic_error(r);
     if (r->stream) {
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, srv_job_read, r->stream, srv_job_free);
@@ -255,6 +267,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cr = calloc(1, sizeof *cr);
         if (!cr) return MHD_NO;
         *con_cls = cr;
+        srv_conn_headers_in(s, c);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl) {
             char *end;
@@ -273,6 +286,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
+        srv_conn_body(s, c, *upload_size);
         if (!cr->too_large && cr->body.len + *upload_size <= s->p.max_body) {
             if (ag_buf_append(&cr->body, upload_data, *upload_size)) return MHD_NO;
         } else {
@@ -321,6 +335,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         if (!resp) return MHD_NO;
         MHD_add_response_header(resp, "Allow", allow);
+        srv_conn_answering(s, c);
         if (s->p.cors_origin && *s->p.cors_origin) {
             MHD_add_response_header(resp, "Access-Control-Allow-Origin", s->p.cors_origin);
             MHD_add_response_header(resp, "Access-Control-Allow-Methods", allow);
@@ -425,6 +440,7 @@ ag_status ag_server_new(const ag_server_params *pp, ag_engine *eng, ag_model *mo
     if (!p.max_body) p.max_body = (size_t)8 << 20;
     if (!p.max_connections) p.max_connections = 256;
     if (!p.timeout_s) p.timeout_s = 60;
+    if (!p.header_timeout_s) p.header_timeout_s = 20;
     if (p.port < 0 || p.port > 65535) return ag_errorf(AG_ERR_RANGE, "port %d is out of range", p.port);
     ag_server *s = calloc(1, sizeof *s);
     if (!s) return ag_errorf(AG_ERR_NOMEM, "out of memory");
@@ -441,6 +457,8 @@ ag_status ag_server_new(const ag_server_params *pp, ag_engine *eng, ag_model *mo
     for (int i = 0; i <= SRV_CODE_SLOTS; i++) atomic_init(&s->http_count[i], 0);
     atomic_init(&s->client_cancels, 0);
     atomic_init(&s->completions_ok, 0);
+    atomic_init(&s->conn_timeouts, 0);
+    atomic_init(&s->conn_evictions, 0);
 
     ag_engine_stats es;
     ag_engine_get_stats(eng, &es);
@@ -464,7 +482,9 @@ ag_status ag_server_new(const ag_server_params *pp, ag_engine *eng, ag_model *mo
 
     int fd = -1;
     ag_status st = open_listener(p.host, p.port, &fd, &s->port);
+    if (!st) st = srv_conns_start(s);
     if (st) {
+        if (fd >= 0) close(fd);
         ag_server_free(s);
         return st;
     }
@@ -475,6 +495,8 @@ ag_status ag_server_new(const ag_server_params *pp, ag_engine *eng, ag_model *mo
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)p.max_connections,
                                  MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)p.timeout_s,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_NOTIFY_CONNECTION, srv_conn_notify, s,
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)p.max_connections_per_ip,
                                  MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                                  MHD_OPTION_END);
     if (!s->daemon) {
@@ -505,6 +527,7 @@ void ag_server_free(ag_server *s) {
     if (!s) return;
     ag_server_stop(s);
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    srv_conns_stop(s);
     pthread_rwlock_destroy(&s->eng_lock);
     pthread_mutex_destroy(&s->gens_mu);
     free(s);

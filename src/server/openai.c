@@ -5,7 +5,7 @@
  *
  * A request is validated completely before anything reaches the engine:
  * every known field with a wrong type or an out-of-range value is a 400
- * naming the field; unknown fields are ignored. The prompt is rendered
+ * naming the field, and so is an unknown one (fields.c). The prompt is rendered
  * (chat template) and tokenized on the connection's thread. Output is then
  * collected from the generation's event queue, either into one JSON
  * response or as SSE chunks, one per engine event. */
@@ -172,6 +172,11 @@ static bool parse_response_format(json_t *b, srv_opts *o, srv_resp *out) {
                           out);
 }
 
+bool srv_output_schema(json_t *schema, const char *param, srv_opts *o, srv_resp *out) {
+    const char *bare = "";
+    return compile_schema(&bare, (const json_t *const *)&schema, 1, NULL, param, o, out);
+}
+
 bool srv_parse_sampling(json_t *b, double max_temperature, srv_opts *o, srv_resp *out) {
     double d;
     long long n;
@@ -292,8 +297,8 @@ bool srv_parse_stops(json_t *stop, const char *param, srv_opts *o, srv_resp *out
     return true;
 }
 
+/* o: as srv_opts_init left it. */
 static bool parse_common(ag_server *s, json_t *b, bool chat, srv_opts *o, srv_resp *out) {
-    srv_opts_init(o);
     o->max_tokens = chat ? 0 : 16; /* OpenAI's defaults */
     json_t *model = json_object_get(b, "model");
     if (model && !json_is_null(model) && !json_is_string(model)) {
@@ -382,6 +387,9 @@ static bool parse_common(ag_server *s, json_t *b, bool chat, srv_opts *o, srv_re
     if (!parse_response_format(b, o, out)) return false;
 
     if (chat) {
+        bool parallel = true;
+        if (!srv_get_bool(b, "parallel_tool_calls", &parallel, out)) return false;
+        o->one_tool_call = !parallel;
         if (!srv_get_bool(b, "logprobs", &o->logprobs, out)) return false;
         n = 0;
         present = false;
@@ -453,6 +461,7 @@ srv_job *srv_job_new(srv_req *rq, const srv_protocol *proto, const srv_opts *o, 
     j->include_usage = o->include_usage;
     j->logprobs = o->logprobs;
     j->top_logprobs = o->top_logprobs;
+    j->one_call = o->one_tool_call;
     j->n_prompts = n_prompts;
     j->n_choices = o->n * n_prompts;
     j->created = time(NULL);
@@ -469,6 +478,14 @@ srv_job *srv_job_new(srv_req *rq, const srv_protocol *proto, const srv_opts *o, 
     }
     for (int i = 0; i < j->n_choices; i++) j->ch[i].prompt = i / o->n;
     return j;
+}
+
+bool srv_job_tool_calls(srv_job *j, const char *text, size_t len, json_t **calls, ag_buf *content) {
+    if (!ag_server_parse_tool_calls(j->tf, text, len, j->tool_list, calls, content)) return false;
+    /* one call allowed: the rest are dropped (their text too), as a server
+     * enforcing it while generating would never have written them */
+    while (j->one_call && json_array_size(*calls) > 1) json_array_remove(*calls, json_array_size(*calls) - 1);
+    return true;
 }
 
 static const srv_protocol k_chat_proto, k_completions_proto;
@@ -757,8 +774,7 @@ static void stream_event(srv_job *j, srv_event *e) {
     json_t *calls = NULL;
     if (j->tools) {
         ag_buf rest = {0};
-        if (ag_server_parse_tool_calls(j->tf, c->text.data, c->text.len, j->tool_list, &calls, &rest) &&
-            e->finish == AG_FINISH_STOP)
+        if (srv_job_tool_calls(j, c->text.data, c->text.len, &calls, &rest) && e->finish == AG_FINISH_STOP)
             reason = "tool_calls";
         ag_buf_free(&rest);
     }
@@ -960,7 +976,7 @@ static void respond_collected(srv_job *j, srv_resp *out) {
             json_object_set_new(msg, "role", json_string("assistant"));
             json_t *calls = NULL;
             ag_buf content = {0};
-            if (j->tools && ag_server_parse_tool_calls(j->tf, text, c->text.len, j->tool_list, &calls, &content)) {
+            if (j->tools && srv_job_tool_calls(j, text, c->text.len, &calls, &content)) {
                 json_object_set_new(msg, "content", content.len ? srv_jstr(content.data, content.len) : json_null());
                 json_object_set_new(msg, "tool_calls", calls);
                 if (c->finish == AG_FINISH_STOP) reason = "tool_calls";
@@ -1460,7 +1476,8 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     json_t *tools = NULL, *msgs = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    if (!parse_common(s, b, true, &o, out)) goto done;
+    srv_opts_init(&o);
+    if (!srv_check_fields(s, b, SRV_ROUTE_CHAT, out) || !parse_common(s, b, true, &o, out)) goto done;
     bool failed, forced;
     tools = srv_parse_tools(b, out, &failed, &forced);
     if (failed) goto done;
@@ -1518,7 +1535,8 @@ void srv_route_completions(srv_req *rq, srv_resp *out) {
     json_t *texts[MAX_PROMPTS] = {0};
     int n_prompts = 0;
     srv_job *j = NULL;
-    if (!parse_common(s, b, false, &o, out)) goto done;
+    srv_opts_init(&o);
+    if (!srv_check_fields(s, b, SRV_ROUTE_COMPLETIONS, out) || !parse_common(s, b, false, &o, out)) goto done;
     json_t *prompt = json_object_get(b, "prompt");
     if (!prompt || json_is_null(prompt)) {
         srv_error(out, 400, "invalid_request_error", "prompt", "missing_required_parameter", "'prompt' is required");

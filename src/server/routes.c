@@ -96,11 +96,22 @@ static void cache_metrics(ag_buf *b, const ag_cache_stats *c) {
            (double)c->dropped_records);
     metric(b, "prefix_cache_disk_restore_failures_total", "counter", "Disk restores that failed (then prefilled).",
            (double)c->restore_failures);
-    metric(b, "prefix_cache_disk_write_failures_total", "counter", "Disk writes that failed (writing then stops).",
-           (double)c->write_failures);
+    metric(b, "prefix_cache_disk_write_failures_total", "counter",
+           "Disk writes that failed (a full disk pauses writing; other errors stop it).", (double)c->write_failures);
+    metric(b, "prefix_cache_disk_full_total", "counter",
+           "Times writing paused because the disk was full (then the cap in force drops to half the room there).",
+           (double)c->space_pauses);
+    metric(b, "prefix_cache_disk_write_paused", "gauge", "1 while writing is paused after a full disk.",
+           c->disk_paused);
+    metric(b, "prefix_cache_disk_records_skipped_total", "counter",
+           "Blocks the byte cap left unwritten (less recently used than every record it could delete).",
+           (double)c->records_skipped);
     metric(b, "prefix_cache_disk_records", "gauge", "Records in the disk tier.", (double)c->records_on_disk);
     metric(b, "prefix_cache_disk_bytes", "gauge", "Bytes of records in the disk tier.", (double)c->disk_bytes);
-    metric(b, "prefix_cache_disk_max_bytes", "gauge", "The disk tier's byte cap.", (double)c->disk_max_bytes);
+    metric(b, "prefix_cache_disk_queued_bytes", "gauge",
+           "Bytes of records queued for the writer or being written (with disk_bytes, at most the cap).",
+           (double)c->queued_bytes);
+    metric(b, "prefix_cache_disk_max_bytes", "gauge", "The disk tier's byte cap in force.", (double)c->disk_max_bytes);
     metric(b, "prefix_cache_disk_scan_seconds", "gauge", "Duration of the disk tier's start-up scan.",
            (double)c->scan_ns / 1e9);
 }
@@ -171,6 +182,12 @@ void srv_route_metrics(srv_req *rq, srv_resp *out) {
     metric(b, "n_parallel", "gauge", "Sequences run at once.", st.n_parallel);
     metric(b, "client_cancels_total", "counter", "Generations cancelled because the client went away.",
            (double)atomic_load(&s->client_cancels));
+    metric(b, "http_request_timeouts_total", "counter",
+           "Connections closed (408) because a request's headers or body did not arrive in time.",
+           (double)atomic_load(&s->conn_timeouts));
+    metric(b, "http_slow_connections_closed_total", "counter",
+           "Connections still sending a request closed to keep slots for requests that arrived whole.",
+           (double)atomic_load(&s->conn_evictions));
     ag_buf_printf(b, "# HELP augur_http_requests_total HTTP responses by status code.\n"
                      "# TYPE augur_http_requests_total counter\n");
     for (int i = 0; i < SRV_CODE_SLOTS; i++)

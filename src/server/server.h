@@ -9,8 +9,10 @@
  * accepted as "Authorization: Bearer" or "x-api-key". Errors use OpenAI's shape
  * {"error": {"message", "type", "param", "code"}} (Anthropic's routes:
  * {"type": "error", "error": {"type", "message"}}): 400 for malformed JSON
- * (with its position), wrong types, out-of-range values and prompts over
- * the context (code "context_length_exceeded"), 401 without the API key,
+ * (with its position), wrong types, out-of-range values, fields the API does
+ * not define or augur does not implement (naming them; params.lenient_fields
+ * ignores them instead) and prompts over the context (code
+ * "context_length_exceeded"), 401 without the API key,
  * 404 unknown route, 405 wrong method, 413 body too large, 429 when the
  * engine's queue is full, 503 while shutting down. A client fault never
  * gets a 5xx.
@@ -54,7 +56,20 @@ typedef struct {
     size_t      max_body;        /* request body limit in bytes (413 past it); default 8 MiB */
     unsigned    max_connections; /* concurrent connections; default 256 */
     unsigned    timeout_s;       /* idle connection timeout; default 60 */
+    /* A request's headers must be in this many seconds after its connection
+     * opened, or after the previous response on it ended (a kept-alive
+     * connection waits that long for its next request); then its body must
+     * keep coming at 1 KiB/s on average. Past that the connection gets a
+     * 408 and is closed. Default 20. A response (a stream of any length) is
+     * never cut by it. */
+    unsigned    header_timeout_s;
+    /* Connections one client address may hold at once; 0 (default): no
+     * limit. Beyond it a connection is closed at once. */
+    unsigned    max_connections_per_ip;
     bool        webui;           /* serve the chat page at / (default true) */
+    /* Ignore request fields the API does not define, or that augur does not
+     * implement, instead of answering 400 (default false; see fields.c). */
+    bool        lenient_fields;
 } ag_server_params;
 
 ag_server_params ag_server_default_params(void);

@@ -18,6 +18,7 @@ struct MHD_Daemon;
 struct MHD_Connection;
 typedef struct srv_gen srv_gen;
 typedef struct srv_event srv_event;
+struct srv_conn;
 
 /* Status codes counted for /metrics. */
 enum { SRV_CODE_SLOTS = 14 };
@@ -48,10 +49,50 @@ struct ag_server {
     pthread_mutex_t  gens_mu; /* guards the list of live generations */
     srv_gen         *gens;
 
+    /* Open connections, for the request deadline and the readers' share of
+     * the slots (conns.c). */
+    pthread_mutex_t  conns_mu;
+    pthread_cond_t   conns_cv; /* the watchdog waits for the next deadline */
+    struct srv_conn *conns;
+    int              n_reading;   /* connections waiting for a request */
+    int              max_reading; /* at most this many: the rest of the slots are for answered requests */
+    pthread_t        conns_watchdog;
+    bool             conns_init, watchdog_started, conns_stop;
+    atomic_uint_least64_t conn_timeouts;  /* closed: a request not in by its deadline */
+    atomic_uint_least64_t conn_evictions; /* closed: the readers' share was full */
+
     atomic_uint_least64_t http_count[SRV_CODE_SLOTS + 1]; /* last: other codes */
     atomic_uint_least64_t client_cancels;
     atomic_uint_least64_t completions_ok;
 };
+
+/* ---- connections (conns.c) ---- */
+
+/* After the headers, a body must keep coming at this many bytes a second on
+ * average (over header_timeout_s of grace). */
+#define SRV_BODY_MIN_RATE 1024
+
+/* Initializes the connection list and starts its watchdog thread (before
+ * the daemon starts), and stops it (after the daemon stopped: no callback
+ * runs any more). stop is safe after a failed or no start. */
+ag_status srv_conns_start(ag_server *s);
+void      srv_conns_stop(ag_server *s);
+#ifdef MHD_VERSION
+/* libmicrohttpd's MHD_OPTION_NOTIFY_CONNECTION callback (cls: the server):
+ * lists a connection from its start to its close, and at its start closes
+ * the READING connection that has waited longest when readers are over
+ * their share. */
+void srv_conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                     enum MHD_ConnectionNotificationCode code);
+#endif
+/* A connection's request: its headers are in (the deadline becomes the
+ * body's), body bytes arrived, a response is queued (no deadline while it
+ * is answered, a stream included), the response is done (kept alive: the
+ * wait for the next request begins). No-ops for untracked connections. */
+void srv_conn_headers_in(ag_server *s, struct MHD_Connection *c);
+void srv_conn_body(ag_server *s, struct MHD_Connection *c, size_t bytes);
+void srv_conn_answering(ag_server *s, struct MHD_Connection *c);
+void srv_conn_completed(ag_server *s, struct MHD_Connection *c);
 
 /* ---- responses ---- */
 
@@ -163,6 +204,7 @@ typedef struct {
     ag_schema       *schema;      /* structured output: response_format or a forced tool call; else NULL */
     int              spec_max;    /* "speculative": 0 the server's setting, -1 off, n > 0 at most n drafts */
     uint64_t         cache_ns;    /* prefix cache namespace: the API key and "cache_salt" */
+    bool             one_tool_call; /* parallel_tool_calls false (Anthropic: disable_parallel_tool_use) */
 } srv_opts;
 
 /* Defaults: the sampler's, one choice, no limit, a fresh random seed. */
@@ -177,6 +219,26 @@ bool srv_parse_extensions(ag_server *s, json_t *b, srv_opts *o, srv_resp *out);
 /* Stop strings from `stop` (a string or a list of at most SRV_MAX_STOPS
  * strings; NULL/null: none), named `param` in errors. */
 bool srv_parse_stops(json_t *stop, const char *param, srv_opts *o, srv_resp *out);
+/* Structured output: the output is made one JSON value of `schema` (an
+ * object or a boolean), as response_format's json_schema does; false with a
+ * 400 naming `param` when it does not compile. */
+bool srv_output_schema(json_t *schema, const char *param, srv_opts *o, srv_resp *out);
+
+/* ---- request fields (fields.c) ---- */
+
+typedef enum { SRV_ROUTE_CHAT, SRV_ROUTE_COMPLETIONS, SRV_ROUTE_MESSAGES } srv_route_kind;
+
+/* Checks the top-level fields of body b for a route before it is parsed:
+ * a field the route's API does not define is a 400 naming it (code
+ * "unknown_parameter"), one it defines but augur does not implement a 400
+ * (code "unsupported_parameter") unless its value asks for nothing augur
+ * does not do (null, modalities ["text"], ...), and with --lenient-fields
+ * (params.lenient_fields) both are ignored instead. A string holding NUL
+ * (\u0000) outside the text the model reads (prompts, message content) is
+ * a 400 naming where it is, lenient or not. True when the body may be
+ * parsed; false with `out` filled. SRV_ROUTE_MESSAGES is also
+ * count_tokens' (the same body). */
+bool srv_check_fields(ag_server *s, json_t *b, srv_route_kind route, srv_resp *out);
 
 /* OpenAI tools + tool_choice of body b: the tools the prompt gets (a new
  * reference; NULL for none, or on error with *failed and `out` filled).
@@ -232,6 +294,7 @@ struct srv_job {
     struct MHD_Connection *conn;
     const srv_protocol    *proto;
     bool                   chat, stream, include_usage, logprobs, tools;
+    bool                   one_call; /* keep the first tool call only (srv_opts.one_tool_call) */
     int                    top_logprobs;
     ag_tool_format         tf;
     json_t                *tool_list; /* the request's tools (owned), when tools are active */
@@ -267,6 +330,10 @@ void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_i
 /* Not streaming: false (with a 500 or 503 in `out`) when a choice failed
  * or was cancelled. */
 bool srv_job_choices_ok(srv_job *j, srv_resp *out);
+/* The tool calls in `text` (ag_server_parse_tool_calls with the job's format
+ * and tools), only the first when the request allows one call; false when
+ * there are none. */
+bool srv_job_tool_calls(srv_job *j, const char *text, size_t len, json_t **calls, ag_buf *content);
 /* Streaming: the bytes of c's text that may go out now (*fresh, the return
  * value), marked as sent. With tools, text that may still become a tool
  * call is held back unless release_all. */

@@ -289,6 +289,24 @@ def test_count_tokens(smol_server):
                                  + ASK)
 
 
+def test_output_config_format_is_a_json_schema(smol_server):
+    """output_config.format makes the reply one JSON value of the schema, as
+    OpenAI's response_format does; effort (a reasoning model's) is a 400."""
+    c = client(smol_server)
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                               "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+              "required": ["city", "days"]}
+    m = c.messages.create(model="x", max_tokens=60, messages=ASK,
+                          extra_body={"temperature": 0,
+                                      "output_config": {"format": {"type": "json_schema", "schema": schema}}})
+    v = json.loads(m.content[0].text)
+    assert isinstance(v["city"], str) and 1 <= v["days"] <= 9 and set(v) == {"city", "days"}
+    expect_error(anthropic.BadRequestError,
+                 lambda: c.messages.create(model="x", max_tokens=5, messages=ASK,
+                                           extra_body={"output_config": {"effort": "high"}}),
+                 "invalid_request_error", "output_config.effort")
+
+
 # ---- errors ----
 
 def expect_error(exc, call, error_type, needle):

@@ -11,6 +11,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -24,6 +25,7 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -578,6 +580,28 @@ static ag_cache *disk_cache(ag_kv *kv, const char *dir, uint64_t cap) {
     return disk_cache_fp(kv, dir, cap, 11, 22);
 }
 
+/* A disk cache whose pause after a full disk is 50 ms (10 s by default). */
+static ag_cache *short_pause_cache(ag_kv *kv, const char *dir, uint64_t cap) {
+    ag_cache_params p = ag_cache_default_params();
+    p.model_fingerprint = 11;
+    p.tok_fingerprint = 22;
+    p.disk_dir = dir;
+    p.disk_max_bytes = cap;
+    p.disk_sync = false;
+    p.notify = on_notify;
+    p.space_retry_ms = 50;
+    ag_cache *c = NULL;
+    assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+    return c;
+}
+
+/* Waits (up to 10 s) for notify to have fired since g_notified was zeroed:
+ * the writer drained its queue (or a pause ended). */
+static bool wait_notified(void) {
+    for (int i = 0; i < 10000 && atomic_load(&g_notified) == 0; i++) usleep(1000);
+    return atomic_load(&g_notified) > 0;
+}
+
 static int count_files(const char *dir, const char *suffix) {
     DIR *d = opendir(dir);
     if (!d) return -1;
@@ -1039,15 +1063,20 @@ static void disk_byte_cap_evicts_lru_leaves(void **state) {
         ag_cache_flush(c);
         ag_cache_stats st = stats(c);
         assert_int_equal(st.disk_max_bytes, 3 * rec + 10);
-        assert_int_equal(st.records_written, 8);
+        /* a's 3 full blocks, then b's, which are more recent: a's go to
+         * make room; each prompt's last record, older than the blocks
+         * before it, is not written at all */
+        assert_int_equal(st.records_written, 6);
+        assert_int_equal(st.records_skipped, 2);
         assert_int_equal(st.records_on_disk, 3);
-        assert_int_equal(st.evictions_disk, 5);
+        assert_int_equal(st.evictions_disk, 3);
         assert_true(st.disk_bytes <= 3 * rec + 10);
+        assert_int_equal(st.queued_bytes, 0);
         assert_int_equal(count_files(dir, ".agkv"), 3);
         /* the cap chose them: they are not written back */
         assert_false(ag_cache_idle(c, SIZE_MAX));
         ag_cache_flush(c);
-        assert_int_equal(stats(c).records_written, 8);
+        assert_int_equal(stats(c).records_written, 6);
         ag_cache_free(c);
         ag_kv_free(kv);
     }
@@ -1063,6 +1092,91 @@ static void disk_byte_cap_evicts_lru_leaves(void **state) {
     assert_int_equal(ag_cache_lookup(c, s, a, 25, 24, 0), 0);
     assert_int_equal(ag_cache_lookup(c, s, b, 25, 24, 0), 16);
     check_seq(kv, s, b, 16);
+    ag_kv_seq_free(kv, s);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+}
+
+/* Bytes of the record files and temp files in dir (files that vanish
+ * while it looks are skipped). */
+static uint64_t dir_record_bytes(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    uint64_t       n = 0;
+    struct dirent *e;
+    struct stat    st;
+    while ((e = readdir(d))) {
+        size_t l = strlen(e->d_name);
+        bool   ours = (l > 5 && !strcmp(e->d_name + l - 5, ".agkv")) || (l > 4 && !strcmp(e->d_name + l - 4, ".tmp"));
+        if (ours && fstatat(dirfd(d), e->d_name, &st, 0) == 0) n += (uint64_t)st.st_size;
+    }
+    closedir(d);
+    return n;
+}
+
+typedef struct {
+    const char   *dir;
+    atomic_bool   stop;
+    atomic_ullong peak;
+} dir_sampler;
+
+static void *sample_dir(void *arg) {
+    dir_sampler *s = arg;
+    while (!atomic_load(&s->stop)) {
+        uint64_t b = dir_record_bytes(s->dir);
+        if (b > atomic_load(&s->peak)) atomic_store(&s->peak, b);
+    }
+    return NULL;
+}
+
+/* The cap is a hard bound: records queued for the writer count against it
+ * as if written, so the directory never holds more than the cap, not even
+ * while a prompt many times the cap is written (issue 51: with
+ * --kv-disk-max 2M one prompt peaked at 26-38 MiB on disk, the write queue
+ * of up to 64 MiB being outside the count). A thread samples the directory
+ * all along; and the prompt's first blocks are what stays (its deeper
+ * blocks count as less recently used). */
+static void disk_cap_counts_queued_writes(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "hardcap");
+    ag_kv   *kv = make_kv(32);
+    size_t   rec = record_bytes(kv);
+    uint64_t cap = 3 * rec + rec / 2;
+    ag_cache *c = disk_cache(kv, dir, cap);
+    ag_cache_flush(c); /* (the scan merged) */
+    dir_sampler smp = {.dir = dir};
+    pthread_t   th;
+    assert_int_equal(pthread_create(&th, NULL, sample_dir, &smp), 0);
+    int32_t t[161];
+    make_tokens(t, 161, 57);
+    serve_prompt(c, kv, t, 161, 0); /* 20 blocks and 1 token: 21 records */
+    atomic_store(&g_notified, 0);
+    /* no byte limit per call: whatever may be written goes to the writer at once */
+    while (ag_cache_idle(c, SIZE_MAX)) {
+    }
+    assert_true(wait_notified());
+    /* what the writer wrote, before any later call could delete some */
+    assert_true(count_files(dir, ".agkv") <= 3);
+    ag_cache_flush(c);
+    atomic_store(&smp.stop, true);
+    pthread_join(th, NULL);
+    assert_true(atomic_load(&smp.peak) > 0);
+    assert_true(atomic_load(&smp.peak) <= cap);
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.records_on_disk, 3);
+    assert_int_equal(st.records_written, 3);
+    assert_int_equal(st.records_skipped, 18);
+    assert_int_equal(st.evictions_disk, 0);
+    assert_int_equal(st.queued_bytes, 0);
+    ag_cache_free(c);
+    ag_kv_free(kv);
+    /* the first three blocks are on disk */
+    kv = make_kv(32);
+    c = disk_cache(kv, dir, cap);
+    ag_cache_flush(c);
+    int32_t s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 161, 160, 0), 3 * BS);
+    check_seq(kv, s, t, 3 * BS);
     ag_kv_seq_free(kv, s);
     ag_cache_free(c);
     ag_kv_free(kv);
@@ -1136,32 +1250,49 @@ static void disk_dir_impossible_turns_tier_off(void **state) {
 }
 
 /* In a child process, so that the file size limit (and its signal) stay
- * there: every write fails with EFBIG, as on a full disk. The tier turns
- * writing off once; serving goes on from memory and from what is already on
- * disk. Exit status 0 = pass. */
+ * there: while the limit is low every write fails with EFBIG, as on a full
+ * disk. Writing pauses (it is not turned off: issue 51, a full disk used to
+ * stop writing for the rest of the server's life), serving goes on from
+ * memory and from what is already on disk, and once the limit is lifted
+ * the records are written after the pause. Exit status 0 = pass. */
 static int full_disk_child(const char *dir, const int32_t *t, int32_t n) {
     signal(SIGXFSZ, SIG_IGN);
-    struct rlimit rl = {100, 100};
-    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) return 10;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_FSIZE, &rl) != 0) return 10;
+    rlim_t        was = rl.rlim_cur;
+    rl.rlim_cur = 100;
     ag_kv    *kv = make_kv(16);
-    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache *c = short_pause_cache(kv, dir, 0);
     ag_cache_flush(c);
     ag_cache_stats st = stats(c);
     if (!st.disk_enabled || !st.disk_writable || st.records_on_disk != 3) return 11;
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) return 10;
     int32_t u[25];
     make_tokens(u, 25, 81);
     serve_prompt(c, kv, u, 25, 0);
     ag_cache_flush(c);
     st = stats(c);
-    if (st.disk_writable || st.records_written != 0 || st.write_failures < 1) return 12;
+    if (!st.disk_writable || !st.disk_paused || st.records_written != 0 || st.write_failures < 1 ||
+        st.space_pauses != 1)
+        return 12;
     if (count_files(dir, ".tmp") != 0) return 13;
     /* still serving: u from memory, t from disk */
     int32_t s = new_seq(kv);
     if (ag_cache_lookup(c, s, u, 25, 24, 0) != 24) return 14;
     if (ag_cache_lookup(c, s, t, n, n - 1, 0) != 16) return 15;
     ag_kv_seq_free(kv, s);
-    serve_prompt(c, kv, u, 25, 0);
-    if (ag_cache_idle(c, SIZE_MAX)) return 16;
+    if (ag_cache_idle(c, SIZE_MAX)) return 16; /* paused: nothing is copied out */
+    /* the limit goes away; after the pause u's records are written */
+    rl.rlim_cur = was;
+    if (setrlimit(RLIMIT_FSIZE, &rl) != 0) return 10;
+    for (int i = 0; i < 5000 && stats(c).records_written < 4; i++) {
+        ag_cache_idle(c, SIZE_MAX);
+        usleep(1000);
+    }
+    ag_cache_flush(c);
+    st = stats(c);
+    if (st.records_written != 4 || st.disk_paused || st.space_pauses != 1 || st.records_on_disk != 7) return 17;
+    if (count_files(dir, ".agkv") != 7 || count_files(dir, ".tmp") != 0) return 18;
     ag_cache_free(c);
     ag_kv_free(kv);
     return 0;
@@ -1179,7 +1310,7 @@ static int run_child(int (*fn)(const char *, const int32_t *, int32_t), const ch
     return WEXITSTATUS(status);
 }
 
-static void disk_full_turns_writing_off(void **state) {
+static void disk_full_pauses_writing_then_resumes(void **state) {
     char dir[300];
     subdir(dir, sizeof dir, "full");
     int32_t t[17];
@@ -1193,7 +1324,7 @@ static void disk_full_turns_writing_off(void **state) {
         ag_kv_free(kv);
     }
     assert_int_equal(run_child(full_disk_child, dir, t, 17), 0);
-    assert_int_equal(count_files(dir, ".agkv"), 3);
+    assert_int_equal(count_files(dir, ".agkv"), 7);
 }
 
 /* How many of the prompt's blocks, from block 0 on, have a record in dir.
@@ -1213,20 +1344,43 @@ static int ns_child(const char *dir, const int32_t *t, int32_t n) {
     if (unshare(CLONE_NEWNS) != 0) return 77;
     if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0) return 77;
     if (mount("augur-test", dir, "tmpfs", 0, "size=64k") != 0) return 77;
-    /* 1. full: a 64 KiB tmpfs holds a few records, then ENOSPC */
+    /* 1. full: a 64 KiB tmpfs holds a few records (a page each), then
+     * ENOSPC. Writing pauses; the cap in force drops to half of what the
+     * records and the free space hold, the least recently used records go
+     * at once, so the disk does not stay full; after the pause writing
+     * resumes under that cap (issue 51). */
     ag_kv    *kv = make_kv(64);
-    ag_cache *c = disk_cache(kv, dir, 0);
+    ag_cache *c = short_pause_cache(kv, dir, (uint64_t)1 << 30);
     ag_cache_flush(c);
     int32_t big[401];
     make_tokens(big, 401, 90);
     serve_prompt(c, kv, big, 401, 0); /* 50 blocks and 1 token: 51 records */
     ag_cache_flush(c);
     ag_cache_stats st = stats(c);
-    if (st.disk_writable || st.write_failures < 1 || st.records_written < 1 || st.records_written >= 51) return 20;
+    if (!st.disk_writable || !st.disk_paused || st.write_failures < 1 || st.space_pauses != 1 ||
+        st.records_written < 1 || st.records_written >= 51)
+        return 20;
     if (count_files(dir, ".tmp") != 0) return 21;
+    if (st.disk_max_bytes >= 64 * 1024 || st.disk_bytes > st.disk_max_bytes || st.evictions_disk < 1) return 27;
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) != 0 || (uint64_t)vfs.f_bavail * vfs.f_frsize < 16 * 1024) return 28; /* not left full */
     int32_t s = new_seq(kv);
     if (ag_cache_lookup(c, s, big, 401, 400, 0) != 400) return 22; /* memory */
     ag_kv_seq_free(kv, s);
+    /* after the pause, a new prompt is written (older records make room) */
+    usleep(100 * 1000);
+    uint64_t written = st.records_written;
+    serve_prompt(c, kv, t, n, 0);
+    for (int i = 0; i < 5000 && stats(c).records_written < written + 3; i++) {
+        ag_cache_idle(c, SIZE_MAX);
+        usleep(1000);
+    }
+    ag_cache_flush(c);
+    st = stats(c);
+    /* (a record of big that waited through the pause may go in too, when
+     * the cap recomputed at the end of the pause holds one more) */
+    if (st.records_written < written + 3 || st.disk_paused || st.space_pauses != 1) return 29;
+    if (count_files(dir, ".tmp") != 0) return 21;
     uint64_t on_disk = st.records_on_disk;
     int32_t  prefix = blocks_in_a_row(dir, big);
     if (prefix > 50) prefix = 50; /* (the 51st record holds 1 token, past max_len 400) */
@@ -1240,8 +1394,12 @@ static int ns_child(const char *dir, const int32_t *t, int32_t n) {
     s = new_seq(kv);
     if (prefix < 1 || ag_cache_lookup(c, s, big, 401, 400, 0) != prefix * BS) return 25;
     check_seq(kv, s, big, prefix * BS);
+    if (ag_cache_lookup(c, s, t, n, n - 1, 0) != n - 1) return 30; /* written after the pause */
+    check_seq(kv, s, t, n - 1);
     ag_kv_seq_free(kv, s);
-    serve_prompt(c, kv, t, n, 0);
+    int32_t other[17];
+    make_tokens(other, 17, 92);
+    serve_prompt(c, kv, other, 17, 0);
     ag_cache_flush(c);
     if (stats(c).records_written != 0) return 26;
     ag_cache_free(c);
@@ -1702,9 +1860,10 @@ int main(void) {
         cmocka_unit_test(disk_scan_drops_bad_records),
         cmocka_unit_test(disk_failed_restore_deletes_and_falls_back),
         cmocka_unit_test(disk_byte_cap_evicts_lru_leaves),
+        cmocka_unit_test(disk_cap_counts_queued_writes),
         cmocka_unit_test(disk_two_caches_share_a_directory),
         cmocka_unit_test(disk_dir_impossible_turns_tier_off),
-        cmocka_unit_test(disk_full_turns_writing_off),
+        cmocka_unit_test(disk_full_pauses_writing_then_resumes),
         cmocka_unit_test(disk_real_full_and_read_only_filesystems),
         cmocka_unit_test(record_parse_checks_everything),
         cmocka_unit_test(disk_partial_records_are_checked),

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "server/server.h"
+#include "server/server_impl.h"
 
 static json_t *tools_fixture(void) {
     json_error_t err;
@@ -75,6 +76,26 @@ static void hermes_content_and_two_calls(void **state) {
                             json_string_value(json_object_get(json_array_get(calls, 1), "id")));
     json_decref(calls);
     ag_buf_free(&content);
+}
+
+/* parallel_tool_calls false (Anthropic: disable_parallel_tool_use): the
+ * job keeps the first call of an output that makes two; allowed, both. */
+static void one_call_keeps_the_first(void **state) {
+    const char *out = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n"
+                      "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+    json_t *tools = tools_fixture();
+    srv_job j = {.tf = AG_TOOLS_HERMES, .tool_list = tools, .tools = true};
+    for (int one = 0; one < 2; one++) {
+        j.one_call = one;
+        json_t *calls = NULL;
+        ag_buf content = {0};
+        assert_true(srv_job_tool_calls(&j, out, strlen(out), &calls, &content));
+        assert_int_equal(json_array_size(calls), one ? 1 : 2);
+        check_call(calls, 0, "get_weather", "{\"city\": \"Oslo\"}");
+        json_decref(calls);
+        ag_buf_free(&content);
+    }
+    json_decref(tools);
 }
 
 static void hermes_unterminated_and_string_args(void **state) {
@@ -255,6 +276,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hermes_single_call),
         cmocka_unit_test(hermes_content_and_two_calls),
+        cmocka_unit_test(one_call_keeps_the_first),
         cmocka_unit_test(hermes_unterminated_and_string_args),
         cmocka_unit_test(hermes_malformed_falls_back),
         cmocka_unit_test(fenced_bare_call),
