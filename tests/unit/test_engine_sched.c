@@ -45,7 +45,7 @@ static int teardown(void **state) {
     return 0;
 }
 
-enum { MAX_OUT = 160, MAX_CHOICES = 2 };
+enum { MAX_OUT = 256, MAX_CHOICES = 2 };
 
 /* One request's events, collected on the engine thread. */
 typedef struct {
@@ -55,13 +55,20 @@ typedef struct {
     int32_t         tok[MAX_CHOICES][MAX_OUT];
     int             n[MAX_CHOICES];
     ag_finish       finish[MAX_CHOICES];
+    int             first_at, final_at; /* event numbers (g_events) of the first token and the last final */
 } result;
+
+/* Events of every request, in the order the engine sent them. */
+static int g_events;
 
 static void on_event(void *user, const ag_gen_event *ev) {
     result *r = user;
     pthread_mutex_lock(&r->mu);
     int c = ev->choice;
+    const int at = ++g_events; /* (callbacks all run on the engine thread) */
     if (ev->prompt_pos == 0 && ev->token >= 0 && r->n[c] < MAX_OUT) r->tok[c][r->n[c]++] = ev->token;
+    if (ev->token >= 0 && !r->first_at) r->first_at = at;
+    if (ev->finish != AG_FINISH_NONE) r->final_at = at;
     if (ev->finish != AG_FINISH_NONE) {
         if (ev->finish == AG_FINISH_ERROR) fprintf(stderr, "choice %d failed: %s\n", c, ev->error);
         r->finish[c] = ev->finish;
@@ -276,6 +283,45 @@ static void outgrown_pool_preempts_and_resumes_exactly(void **state) {
     ag_engine_free(e);
 }
 
+/* Issue 51, item 3: --parallel 8 requests sharing a cached partial block
+ * all run at once. The old worst-case booking gave each one block more
+ * for its copy of that block, so that 8 x (16 + 1) exceeded the 128-block
+ * pool of 8 full contexts and the last one waited for a whole generation;
+ * blocks taken as sequences grow (the copy, then one more block each) fit. */
+static void every_slot_runs_with_a_shared_partial_block(void **state) {
+    enum { N = 8, PROMPT = 37, OUT = 219 };
+    ag_engine_params p = ag_engine_default_params();
+    p.n_parallel = N;
+    p.n_ctx = PROMPT + OUT; /* 256 positions, 16 blocks */
+    ag_engine *e = NULL;
+    assert_int_equal(ag_engine_new(g_model, g_tok, &p, &e), AG_OK);
+    ag_engine_stats st;
+    ag_engine_get_stats(e, &st);
+    assert_int_equal(st.kv_blocks_free, N * 16);
+    int32_t prompt[PROMPT], ref[OUT];
+    make_prompt(prompt, PROMPT, 41);
+    result warm, r[N];
+    submit(e, prompt, PROMPT, OUT, 1, &warm); /* leaves 2 full blocks and a partial one cached */
+    wait_done(&warm, OUT);
+    memcpy(ref, warm.tok[0], sizeof ref);
+    idle_stats(e, 1);
+    for (int i = 0; i < N; i++) submit(e, prompt, PROMPT, OUT, 1, &r[i]);
+    int last_first = 0, first_final = 1 << 30;
+    for (int i = 0; i < N; i++) {
+        wait_done(&r[i], OUT);
+        assert_memory_equal(r[i].tok[0], ref, sizeof ref);
+        if (r[i].first_at > last_first) last_first = r[i].first_at;
+        if (r[i].final_at < first_final) first_final = r[i].final_at;
+    }
+    /* every request had its first token before any of them ended: none waited for a slot's blocks */
+    assert_true(last_first < first_final);
+    st = idle_stats(e, N + 1);
+    assert_int_equal(st.kv_nomem_errors, 0);
+    assert_int_equal(st.preemptions, 0);
+    assert_int_equal(st.cached_tokens, N * (PROMPT - 1));
+    ag_engine_free(e);
+}
+
 static void cancel_a_preempted_request(void **state) {
     enum { PROMPT = 10, OUT = 100 };
     int32_t pa[PROMPT], pb[PROMPT], ra[OUT];
@@ -332,6 +378,7 @@ int main(void) {
         cmocka_unit_test(a_small_pool_queues_requests),
         cmocka_unit_test(outgrown_pool_preempts_and_resumes_exactly),
         cmocka_unit_test(cancel_a_preempted_request),
+        cmocka_unit_test(every_slot_runs_with_a_shared_partial_block),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
