@@ -716,6 +716,10 @@ def main():
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--report", nargs="+", metavar="JSONL", help="no runs: the table of these files' lines")
     args = ap.parse_args()
+    # stopped by SIGTERM or SIGINT (even where a background shell ignores
+    # SIGINT): exit through the finally clauses, which stop the servers
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda s, f: sys.exit(f"serve_bench: signal {s}"))
 
     if args.report:
         recs = []
