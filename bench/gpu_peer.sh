@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The llama.cpp CUDA peer on the GPU machine, with llama.cpp's own benchmark
-# tools (llama-bench, llama-batched-bench) built from the llama.cpp that
+# tools (llama-bench, llama-batched-bench) and its server (llama-server, for
+# bench/gpu_serve.sh) built from the llama.cpp that
 # llama-cpp-python 0.3.36 vendors (.peer/, made by bench/gpu_peer_sdist.sh;
 # that machine has no package registry, so no pip build).
 #
@@ -16,8 +17,10 @@
 #
 # The build is llama.cpp's best for this GPU: GGML_CUDA=ON, native sm_90
 # code, its defaults otherwise (CUDA graphs on, MMQ/cuBLAS chosen by
-# llama.cpp per shape). Start it with setsid in the background while other
-# work uses the GPU, then `wait` and `run` in a later call.
+# llama.cpp per shape). llama-server is built without its web UI
+# (LLAMA_BUILD_UI=OFF, LLAMA_USE_PREBUILT_UI=OFF: it would try npm or a
+# download) and without OpenSSL. Start it with setsid in the background
+# while other work uses the GPU, then `wait` and `run` in a later call.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=/tmp/peer-build
@@ -26,10 +29,14 @@ build)
   rm -rf /tmp/llama_cpp_python-* "$B" && mkdir -p "$B"
   tar xzf .peer/llama_cpp_python-*.tar.gz -C /tmp
   L=$(echo /tmp/llama_cpp_python-*/vendor/llama.cpp)
+  [ -f "$L/tools/ui/CMakeLists.txt" ] ||
+    { echo "gpu_peer: .peer's sdist lacks tools/ui (needed by llama-server): run bench/gpu_peer_sdist.sh again" |
+      tee "$B/build.log"; echo failed >"$B/DONE"; exit 1; }
   {
     cmake -S "$L" -B "$B" -G Ninja -DCMAKE_CUDA_COMPILER="$(command -v nvcc)" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-      -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON &&
-      cmake --build "$B" -j "$(nproc)" --target llama-bench llama-batched-bench &&
+      -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DGGML_NATIVE=ON \
+      -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF &&
+      cmake --build "$B" -j "$(nproc)" --target llama-bench llama-batched-bench llama-server &&
       echo ok >"$B/DONE"
   } >"$B/build.log" 2>&1 || { echo failed >"$B/DONE"; exit 1; }
   ;;
