@@ -1160,6 +1160,10 @@ static void disk_cap_counts_queued_writes(void **state) {
     ag_cache_flush(c);
     atomic_store(&smp.stop, true);
     pthread_join(th, NULL);
+    /* the written records are there now, whether or not a loaded machine
+     * let the sampler run while they were written */
+    const uint64_t now_b = dir_record_bytes(dir);
+    if (now_b > atomic_load(&smp.peak)) atomic_store(&smp.peak, now_b);
     assert_true(atomic_load(&smp.peak) > 0);
     assert_true(atomic_load(&smp.peak) <= cap);
     ag_cache_stats st = stats(c);
