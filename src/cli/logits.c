@@ -102,19 +102,16 @@ int ag_cli_logits(int argc, char **argv) {
     kp.dtype = dtype;
     kp.max_seqs = 1;
     kp.mem = ag_model_kv_mem(m);
-    const ag_kv_layout *L;
     {
-        /* Size the pool for exactly this sequence. */
-        ag_kv_params probe = kp;
-        probe.budget_bytes = (size_t)1 << 20;
-        ag_kv *tmp;
-        if ((st = ag_kv_init(&probe, &tmp))) {
+        /* Size the pool for exactly this sequence (its layout needs no
+         * allocation: a probe pool of a fixed size was below one block of
+         * an 8B model's) */
+        ag_kv_layout L;
+        if ((st = ag_kv_layout_for(&kp, &L, NULL))) {
             ag_cli_fail("%s", ag_error_message());
             goto done;
         }
-        L = ag_kv_get_layout(tmp);
-        kp.budget_bytes = L->block_bytes * (size_t)((n + L->block_size - 1) / L->block_size + 1);
-        ag_kv_free(tmp);
+        kp.budget_bytes = L.block_bytes * (size_t)((n + L.block_size - 1) / L.block_size + 1);
     }
     if ((st = ag_kv_init(&kp, &kv))) {
         ag_cli_fail("%s", ag_error_message());

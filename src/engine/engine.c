@@ -811,6 +811,24 @@ static int prompt_budget(const ag_engine *e, int decode) {
     return budget;
 }
 
+/* Whether this step, with `decode` decode rows, leaves the waiting prompts
+ * for a later one (ag_engine_params.prefill_hold_ms): none has started,
+ * their work is below the fitted fixed cost of a prompt-carrying step, and
+ * the oldest has waited less than the hold. */
+static bool prompt_held(const ag_engine *e, int decode) {
+    double fixed, per_token;
+    if (decode == 0 || e->p.prefill_hold_ms <= 0 || !prompt_cost(e, &fixed, &per_token) || fixed <= 0) return false;
+    const double now = now_ms();
+    double       oldest = now, work = 0;
+    for (const request *r = e->running; r; r = r->next) {
+        if (r->n_prefilled >= r->n_prompt || r->restore) continue;
+        if (r->n_prefilled > r->n_cached) return false; /* a prompt in chunks: no pause */
+        work += per_token * (r->n_prompt - r->n_prefilled);
+        if (r->t_admit < oldest) oldest = r->t_admit;
+    }
+    return work > 0 && work < fixed && now - oldest < e->p.prefill_hold_ms;
+}
+
 /* Gives a choice its draft source, told the prompt. Failing that, the
  * choice decodes plainly (warned once per engine). */
 static void start_speculation(ag_engine *e, request *r, choice *c) {
@@ -1199,7 +1217,7 @@ static bool step(ag_engine *e) {
      * walk to the end). While streams are decoding, a step's time is every
      * running stream's inter-token latency: prompt_budget sizes the chunks
      * from the measured costs and the latency target. */
-    const int budget = prompt_budget(e, n);
+    const int budget = prompt_held(e, n) ? 0 : prompt_budget(e, n);
     const int limit = n + budget < e->p.n_batch ? n + budget : e->p.n_batch;
     request *order[AG_ENGINE_MAX_PARALLEL];
     int n_order = 0;
@@ -1450,6 +1468,8 @@ static ag_status resolve_params(ag_model *m, const ag_tok *tok, ag_engine_params
     p->n_batch = ag_engine_resolve_batch(m, p->n_batch);
     if (p->n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
     if (!(p->itl_target_ms <= 60000.0)) return ag_errorf(AG_ERR_RANGE, "itl_target_ms must be at most 60000");
+    if (!(p->prefill_hold_ms >= 0 && p->prefill_hold_ms <= 60000.0))
+        return ag_errorf(AG_ERR_RANGE, "prefill_hold_ms must be in [0, 60000]");
     if (p->itl_target_ms == 0) p->itl_target_ms = ag_engine_resolve_itl_target(m, 0);
     if (p->max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
     if (p->spec_max_rows < 0 || p->spec_max_rows > 1024)

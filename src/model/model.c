@@ -572,9 +572,10 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
     const ag_model_config *c = &m->cfg;
     ag_backend *be = m->be;
     int block_size = ag_kv_default_params().block_size;
-    /* the activation buffer (ag_model_reserve_scratch); in backend memory,
-     * so host memory only for a host-memory backend */
-    uint64_t arena = be->ops->host_memory ? fwd_layout(m, (size_t)n_tokens, (size_t)n_tokens, NULL) : 0;
+    /* the activation buffer (ag_model_reserve_scratch), in the backend's
+     * memory (a device's: the engine sizes a GPU's KV pool to what is left
+     * beside it, so leaving it out made the pool take the arena's room) */
+    uint64_t arena = fwd_layout(m, (size_t)n_tokens, (size_t)n_tokens, NULL);
     /* the backend's matmul buffer is grown to the largest call: the groups
      * and singles ag_model_forward makes */
     size_t mm = 0, copies = 0, attn = 0;
