@@ -554,7 +554,13 @@ def spread(row, key, nd=1):
     return s + (f" ({fmt(lo, nd)}-{fmt(hi, nd)})" if row["rounds"] > 1 else "")
 
 
-def print_table(records, markdown):
+def print_table(records, markdown, max_others=None):
+    if max_others is not None:
+        noisy = [r for r in records if (r.get("others_cpu") or 0) > max_others]
+        if noisy:
+            print(f"(left out: {len(noisy)} of {len(records)} runs during which the rest of the machine used more "
+                  f"than {max_others} cores)")
+        records = [r for r in records if (r.get("others_cpu") or 0) <= max_others]
     rows = group(records)
     head = ["server", "dataset", "load", "reqs", "req/s", "out tok/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
             "TPOT p50 ms", "prompt / output tokens", "CPU server / client / others"]
@@ -712,6 +718,8 @@ def main():
                     help="before each run, wait until the rest of the machine used fewer than CORES cores over 2 s "
                          "(a shared machine's noise; at most --wait-quiet-max seconds, then run anyway)")
     ap.add_argument("--wait-quiet-max", type=float, default=300)
+    ap.add_argument("--max-others", type=float, default=None, metavar="CORES",
+                    help="the table leaves out runs during which the rest of the machine used more than CORES cores")
     ap.add_argument("--jsonl", help="append the JSON lines to this file too")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--report", nargs="+", metavar="JSONL", help="no runs: the table of these files' lines")
@@ -726,7 +734,7 @@ def main():
         for f in args.report:
             with open(f) as fh:
                 recs += [json.loads(ln) for ln in fh if ln.startswith("{")]
-        print_table(recs, args.markdown)
+        print_table(recs, args.markdown, args.max_others)
         return 0
 
     if args.rate and args.concurrency:
@@ -770,7 +778,7 @@ def main():
         if jl:
             jl.close()
     print()
-    print_table(records, args.markdown)
+    print_table(records, args.markdown, args.max_others)
     bad = [r for r in records if r.get("failed") or r.get("length_mismatches")]
     for r in bad:
         print(f"warning: {r['server']} {r['dataset']} {r['load']} round {r['round']}: {r.get('failed', 0)} failed, "
