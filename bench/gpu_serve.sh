@@ -4,7 +4,8 @@
 # slots, context, requests and client (bench/serve_bench.py; standard library
 # only, so nothing to carry).
 #
-#   bench/gpu_serve.sh            (after the builds below; ~6 min, at most ~9)
+#   bench/gpu_serve.sh            (after the builds below; expected 5-6 min:
+#                                 about 2 min a server, plus the model file)
 #
 # Needs: augur built with CUDA (make -j16 CUDA=1 BUILD=build/cuda all
 # build/cuda/bench/gen_model) and llama-server built by `bench/gpu_peer.sh

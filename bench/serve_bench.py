@@ -20,15 +20,18 @@ Datasets (--dataset, a comma list):
              output mean 183, median 129, p90 395). ShareGPT itself cannot be
              downloaded here: this is a stand-in of its shape, not a fit.
 Loads: --concurrency 1,8,32,64,128 (closed loop: N clients, each sending its
-next request when the last one ends) or --rate R1,R2 (Poisson arrivals of R
-requests/s, optionally capped by --max-concurrency).
+next request when the last one ends; max(8, 2 x N) requests a run unless
+--requests) or --rate R1,R2 (Poisson arrivals of R requests/s, 64 requests,
+optionally capped by --max-concurrency); --duration S stops sending after S
+seconds. Every dataset runs at every load, or --runs lists the runs.
 
 Per run (one dataset at one load): requests completed and failed, duration
 (first send to last byte), requests/s, output tok/s, total tok/s, prompt and
 output token totals (from the usage the server reports), TTFT mean/p50/p99,
 ITL p50/p99 (gaps between the chunks that carry text, over all requests),
 TPOT p50/p99 ((end - first token) / (output tokens - 1) per request), E2E
-p50, and CPU use in cores (CPU seconds / wall seconds) of the server, of
+p50 (without streaming, --no-stream or /nostream, TTFT is the whole
+request's latency and there is no ITL or TPOT), and CPU use in cores (CPU seconds / wall seconds) of the server, of
 this client (near 1.0 would mean the client is the bottleneck) and of the
 rest of the machine ("others": noise on a shared machine; --wait-quiet
 waits for a quiet machine before each run). One JSON line per run (stdout, and
