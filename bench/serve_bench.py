@@ -20,15 +20,18 @@ Datasets (--dataset, a comma list):
              output mean 183, median 129, p90 395). ShareGPT itself cannot be
              downloaded here: this is a stand-in of its shape, not a fit.
 Loads: --concurrency 1,8,32,64,128 (closed loop: N clients, each sending its
-next request when the last one ends) or --rate R1,R2 (Poisson arrivals of R
-requests/s, optionally capped by --max-concurrency).
+next request when the last one ends; max(8, 2 x N) requests a run unless
+--requests) or --rate R1,R2 (Poisson arrivals of R requests/s, 64 requests,
+optionally capped by --max-concurrency); --duration S stops sending after S
+seconds. Every dataset runs at every load, or --runs lists the runs.
 
 Per run (one dataset at one load): requests completed and failed, duration
 (first send to last byte), requests/s, output tok/s, total tok/s, prompt and
 output token totals (from the usage the server reports), TTFT mean/p50/p99,
 ITL p50/p99 (gaps between the chunks that carry text, over all requests),
 TPOT p50/p99 ((end - first token) / (output tokens - 1) per request), E2E
-p50, and CPU use in cores (CPU seconds / wall seconds) of the server, of
+p50 (without streaming, --no-stream or /nostream, TTFT is the whole
+request's latency and there is no ITL or TPOT), and CPU use in cores (CPU seconds / wall seconds) of the server, of
 this client (near 1.0 would mean the client is the bottleneck) and of the
 rest of the machine ("others": noise on a shared machine; --wait-quiet
 waits for a quiet machine before each run). One JSON line per run (stdout, and
@@ -523,13 +526,21 @@ KEYS = ["request_throughput", "output_throughput", "total_token_throughput", "me
 
 
 def group(records):
-    """Medians over rounds per (server, dataset, load, stream), in first-seen order."""
+    """Medians over rounds per (server, dataset, load, stream); servers and
+    datasets in first-seen order, loads by kind and size."""
     groups = {}
     for r in records:
         k = (r["server"], r["dataset"], r["load"], r["stream"])
         groups.setdefault(k, []).append(r)
+    s_order = list(dict.fromkeys(r["server"] for r in records))
+    d_order = list(dict.fromkeys(r["dataset"] for r in records))
+
+    def load_key(load):
+        kind, _, v = load.partition("=")
+        return kind, float(v.rstrip("/s"))
     rows = []
-    for k, rs in groups.items():
+    for k in sorted(groups, key=lambda k: (s_order.index(k[0]), d_order.index(k[1]), not k[3], load_key(k[2]))):
+        rs = groups[k]
         row = {"server": k[0], "dataset": k[1], "load": k[2], "stream": k[3], "rounds": len(rs)}
         for key in KEYS:
             v = [r[key] for r in rs if r.get(key) is not None]
@@ -554,14 +565,20 @@ def spread(row, key, nd=1):
     return s + (f" ({fmt(lo, nd)}-{fmt(hi, nd)})" if row["rounds"] > 1 else "")
 
 
-def print_table(records, markdown):
+def print_table(records, markdown, max_others=None):
+    if max_others is not None:
+        noisy = [r for r in records if (r.get("others_cpu") or 0) > max_others]
+        if noisy:
+            print(f"(left out: {len(noisy)} of {len(records)} runs during which the rest of the machine used more "
+                  f"than {max_others} cores)")
+        records = [r for r in records if (r.get("others_cpu") or 0) <= max_others]
     rows = group(records)
-    head = ["server", "dataset", "load", "reqs", "req/s", "out tok/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
+    head = ["server", "dataset", "load", "rounds", "reqs", "req/s", "out tok/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
             "TPOT p50 ms", "prompt / output tokens", "CPU server / client / others"]
     lines = []
     for r in rows:
         stream = "" if r["stream"] else " (no stream)"
-        lines.append([r["server"], r["dataset"] + stream, r["load"], f"{r.get('completed', 0):.0f}",
+        lines.append([r["server"], r["dataset"] + stream, r["load"], str(r["rounds"]), f"{r.get('completed', 0):.0f}",
                       fmt(r.get("request_throughput"), 2), spread(r, "output_throughput"),
                       f"{fmt(r.get('p50_ttft_ms'), 0)} / {spread(r, 'p99_ttft_ms', 0)}",
                       f"{fmt(r.get('p50_itl_ms'), 1)} / {spread(r, 'p99_itl_ms', 1)}",
@@ -569,13 +586,15 @@ def print_table(records, markdown):
                       f"{r.get('total_input_tokens', 0):.0f} / {r.get('total_output_tokens', 0):.0f}",
                       f"{fmt(r.get('server_cpu'), 2)} / {fmt(r.get('client_cpu'), 2)} / {fmt(r.get('others_cpu'), 2)}"])
     emit(head, lines, markdown)
-    n_rounds = max((r["rounds"] for r in rows), default=0)
-    if n_rounds > 1:
-        print(f"(medians over {n_rounds} rounds; ranges in parentheses)")
+    if any(r["rounds"] > 1 for r in rows):
+        print("(medians over the rounds; ranges in parentheses)")
     servers = list(dict.fromkeys(r["server"] for r in rows))
     for other in servers[1:]:
         base = servers[0]
         by = {(r["server"], r["dataset"], r["load"], r["stream"]): r for r in rows}
+        # a round is one seed's round of one file: the same requests for every server
+        per_round = {(r["server"], r["dataset"], r["load"], r["stream"], (r.get("seed"), r.get("_file"), r["round"])): r
+                     for r in records}
         rl = []
         for r in rows:
             if r["server"] != base:
@@ -585,13 +604,24 @@ def print_table(records, markdown):
                 continue
 
             def ratio(key):
+                # the median of the rounds' ratios where both ran a round
+                # (the same requests), else the ratio of the medians
+                pairs = []
+                for (srv, d, ld, st, rnd), x in per_round.items():
+                    y = per_round.get((other, d, ld, st, rnd))
+                    if srv == base and (d, ld, st) == (r["dataset"], r["load"], r["stream"]) and y \
+                            and x.get(key) and y.get(key):
+                        pairs.append(x[key] / y[key])
+                if pairs:
+                    return f"{statistics.median(pairs):.2f}x"
                 a, b = r.get(key), o.get(key)
                 return f"{a / b:.2f}x" if a and b else "-"
             rl.append([r["dataset"] + ("" if r["stream"] else " (no stream)"), r["load"],
                        ratio("output_throughput"), ratio("request_throughput"), ratio("p50_ttft_ms"),
                        ratio("p99_ttft_ms"), ratio("p50_itl_ms"), ratio("p99_itl_ms"), ratio("p50_tpot_ms")])
         if rl:
-            print(f"\n{base} / {other} (throughput above 1 and latency below 1 favour {base}):")
+            print(f"\n{base} / {other}, median of the rounds' ratios (throughput above 1 and latency below 1 "
+                  f"favour {base}):")
             emit(["dataset", "load", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "TPOT p50"],
                  rl, markdown)
 
@@ -653,7 +683,7 @@ def one_run(srv, ds, kind, v, stream, rnd, parallel, args):
     sys1, srv1 = cpu_seconds(), cpu_seconds(pid) if pid else None
     cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     rec = {"server": srv.name, "kind": srv.kind, "model": os.path.basename(args.model),
-           "dataset": dataset_label(ds), "load": load, kind: v, "stream": stream, "round": rnd,
+           "dataset": dataset_label(ds), "load": load, kind: v, "stream": stream, "seed": args.seed, "round": rnd,
            "parallel": None if srv.url else parallel, "ctx": None if srv.url else args.ctx,
            "threads": args.threads or None, "device": args.device or "cpu",
            "command": getattr(srv, "cmdline", srv.url)}
@@ -712,6 +742,8 @@ def main():
                     help="before each run, wait until the rest of the machine used fewer than CORES cores over 2 s "
                          "(a shared machine's noise; at most --wait-quiet-max seconds, then run anyway)")
     ap.add_argument("--wait-quiet-max", type=float, default=300)
+    ap.add_argument("--max-others", type=float, default=None, metavar="CORES",
+                    help="the table leaves out runs during which the rest of the machine used more than CORES cores")
     ap.add_argument("--jsonl", help="append the JSON lines to this file too")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--report", nargs="+", metavar="JSONL", help="no runs: the table of these files' lines")
@@ -723,10 +755,10 @@ def main():
 
     if args.report:
         recs = []
-        for f in args.report:
+        for i, f in enumerate(args.report):
             with open(f) as fh:
-                recs += [json.loads(ln) for ln in fh if ln.startswith("{")]
-        print_table(recs, args.markdown)
+                recs += [dict(json.loads(ln), _file=i) for ln in fh if ln.startswith("{")]
+        print_table(recs, args.markdown, args.max_others)
         return 0
 
     if args.rate and args.concurrency:
@@ -770,7 +802,7 @@ def main():
         if jl:
             jl.close()
     print()
-    print_table(records, args.markdown)
+    print_table(records, args.markdown, args.max_others)
     bad = [r for r in records if r.get("failed") or r.get("length_mismatches")]
     for r in bad:
         print(f"warning: {r['server']} {r['dataset']} {r['load']} round {r['round']}: {r.get('failed', 0)} failed, "
