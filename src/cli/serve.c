@@ -35,8 +35,6 @@ static const char usage[] =
     "                      (their inter-token latency), from the measured costs, at least 64; default 200\n"
     "                      on a GPU (waiting prompts enter in one or a few steps), none on the CPU (64 a\n"
     "                      step); 0: the device's default, -1: none\n"
-    "  --prefill-hold MS   while streams decode, a prompt waits up to MS ms for others to join it when the\n"
-    "                      step's fixed cost of prompt rows exceeds their work (default 0: no wait)\n"
     "  -t THREADS          CPU threads (default: all cores)\n"
     "  --cors-origin ORIG  send Access-Control-Allow-Origin: ORIG (e.g. '*' or https://app.example)\n"
     "  --max-body BYTES    request body limit (default 8388608)\n"
@@ -100,7 +98,7 @@ int ag_cli_serve(int argc, char **argv) {
          max_body = 8L << 20, max_conn = 256, timeout = 60, header_timeout = 20, max_per_ip = 0, batch = 0;
     const char *kv_disk = NULL;
     bool        no_kv_disk = false, no_webui = false, lenient = false;
-    double      itl_target = 0, prefill_hold = 0;
+    double      itl_target = 0;
     uint64_t    kv_disk_max = 0, kv_mem = 0;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
@@ -137,7 +135,6 @@ int ag_cli_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-queue")) ok = ag_cli_parse_long(v, 0, 1 << 20, &max_queue);
         else if (!strcmp(a, "--batch")) ok = ag_cli_parse_long(v, 1, 1 << 16, &batch);
         else if (!strcmp(a, "--itl-target")) ok = ag_cli_parse_float(v, -1, 60000, &itl_target);
-        else if (!strcmp(a, "--prefill-hold")) ok = ag_cli_parse_float(v, 0, 60000, &prefill_hold);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
         else if (!strcmp(a, "--max-body")) ok = ag_cli_parse_long(v, 1, 1L << 30, &max_body);
         else if (!strcmp(a, "--max-connections")) ok = ag_cli_parse_long(v, 1, 65536, &max_conn);
@@ -188,7 +185,6 @@ int ag_cli_serve(int argc, char **argv) {
     ep.max_queue = (int)max_queue;
     if (batch) ep.n_batch = (int)batch;
     ep.itl_target_ms = itl_target;
-    ep.prefill_hold_ms = prefill_hold;
     ep.kv_bytes = (size_t)kv_mem;
     char kv_dir[4300];
     if (!no_kv_disk) {

@@ -738,10 +738,15 @@ static void draft_step_costs(const ag_engine *e, int m, int cap, float *cost) {
 
 /* What the decode rows of a step cost, in ms: the measured time of
  * decode-only steps of that many rows where it has been seen, else
- * interpolated between the nearest row counts seen (beyond the largest,
- * scaled up with the rows: an over-estimate on a device that takes more
- * rows almost free, which leaves prompts less room, never more); 0 when no
- * decode step has been timed yet. */
+ * interpolated between the nearest row counts seen, else (beyond them) a
+ * least-squares line through every row count seen, never below the
+ * nearest one's time: a GPU's steps cost nearly the same from 8 rows to
+ * 64, a CPU's grow with the rows, and scaling the nearest time with the
+ * rows (as this first did) made a GPU's 64 rows cost 8 times its 8 rows',
+ * more than whole mixed steps, so the prompt-cost fit saw nothing left for
+ * the prompt and prompts fell back to the floor of n_prefill_decoding a
+ * step (an H100 at 64 clients: 58 prompt tokens a step). 0 when no decode
+ * step has been timed yet. */
 static double decode_ms(const ag_engine *e, int rows) {
     if (rows <= 0) return 0.0;
     if (rows > e->cost_rows) rows = e->cost_rows;
@@ -751,9 +756,18 @@ static double decode_ms(const ag_engine *e, int rows) {
     while (hi <= e->cost_rows && !e->step_seen[hi]) hi++;
     if (lo >= 1 && hi <= e->cost_rows)
         return e->step_ms[lo] + (e->step_ms[hi] - e->step_ms[lo]) * (rows - lo) / (double)(hi - lo);
-    if (lo >= 1) return e->step_ms[lo] * rows / lo;
-    if (hi <= e->cost_rows) return e->step_ms[hi];
-    return 0.0;
+    if (lo < 1 && hi > e->cost_rows) return 0.0;
+    const double nearest = lo >= 1 ? e->step_ms[lo] : e->step_ms[hi];
+    double w = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+    for (int r = 1; r <= e->cost_rows; r++) {
+        if (!e->step_seen[r]) continue;
+        w += 1, sx += r, sy += e->step_ms[r], sxx += (double)r * r, sxy += r * e->step_ms[r];
+    }
+    const double det = w * sxx - sx * sx;
+    double       slope = det > 0 ? (w * sxy - sx * sy) / det : 0;
+    if (slope < 0) slope = 0;
+    const double line = (sy - slope * sx) / w + slope * rows;
+    return lo >= 1 ? (line > nearest ? line : nearest) : (line < nearest ? line : nearest);
 }
 
 /* Records a step that carried `prompt` prompt tokens beside `decode`
@@ -761,11 +775,12 @@ static double decode_ms(const ag_engine *e, int rows) {
  * the prompt-cost fit. */
 static void prompt_cost_note(ag_engine *e, int prompt, int decode, double ms) {
     const double x = prompt, y = ms - decode_ms(e, decode), k = PROMPT_FIT_DECAY;
+    if (!(y > 0)) return; /* noise (or a decode estimate off): it says nothing of the prompt's cost */
     e->pf_w = k * e->pf_w + 1.0;
     e->pf_x = k * e->pf_x + x;
-    e->pf_y = k * e->pf_y + (y > 0 ? y : 0);
+    e->pf_y = k * e->pf_y + y;
     e->pf_xx = k * e->pf_xx + x * x;
-    e->pf_xy = k * e->pf_xy + x * (y > 0 ? y : 0);
+    e->pf_xy = k * e->pf_xy + x * y;
 }
 
 /* The fitted cost of prompt rows in a step: *fixed ms for having any
@@ -809,24 +824,6 @@ static int prompt_budget(const ag_engine *e, int decode) {
         if (fit > budget) budget = fit < room ? (int)fit : room;
     }
     return budget;
-}
-
-/* Whether this step, with `decode` decode rows, leaves the waiting prompts
- * for a later one (ag_engine_params.prefill_hold_ms): none has started,
- * their work is below the fitted fixed cost of a prompt-carrying step, and
- * the oldest has waited less than the hold. */
-static bool prompt_held(const ag_engine *e, int decode) {
-    double fixed, per_token;
-    if (decode == 0 || e->p.prefill_hold_ms <= 0 || !prompt_cost(e, &fixed, &per_token) || fixed <= 0) return false;
-    const double now = now_ms();
-    double       oldest = now, work = 0;
-    for (const request *r = e->running; r; r = r->next) {
-        if (r->n_prefilled >= r->n_prompt || r->restore) continue;
-        if (r->n_prefilled > r->n_cached) return false; /* a prompt in chunks: no pause */
-        work += per_token * (r->n_prompt - r->n_prefilled);
-        if (r->t_admit < oldest) oldest = r->t_admit;
-    }
-    return work > 0 && work < fixed && now - oldest < e->p.prefill_hold_ms;
 }
 
 /* Gives a choice its draft source, told the prompt. Failing that, the
@@ -1217,7 +1214,7 @@ static bool step(ag_engine *e) {
      * walk to the end). While streams are decoding, a step's time is every
      * running stream's inter-token latency: prompt_budget sizes the chunks
      * from the measured costs and the latency target. */
-    const int budget = prompt_held(e, n) ? 0 : prompt_budget(e, n);
+    const int budget = prompt_budget(e, n);
     const int limit = n + budget < e->p.n_batch ? n + budget : e->p.n_batch;
     request *order[AG_ENGINE_MAX_PARALLEL];
     int n_order = 0;
@@ -1468,8 +1465,6 @@ static ag_status resolve_params(ag_model *m, const ag_tok *tok, ag_engine_params
     p->n_batch = ag_engine_resolve_batch(m, p->n_batch);
     if (p->n_prefill_decoding < 1) return ag_errorf(AG_ERR_RANGE, "n_prefill_decoding must be >= 1");
     if (!(p->itl_target_ms <= 60000.0)) return ag_errorf(AG_ERR_RANGE, "itl_target_ms must be at most 60000");
-    if (!(p->prefill_hold_ms >= 0 && p->prefill_hold_ms <= 60000.0))
-        return ag_errorf(AG_ERR_RANGE, "prefill_hold_ms must be in [0, 60000]");
     if (p->itl_target_ms == 0) p->itl_target_ms = ag_engine_resolve_itl_target(m, 0);
     if (p->max_queue < 0) return ag_errorf(AG_ERR_RANGE, "max_queue must be >= 0");
     if (p->spec_max_rows < 0 || p->spec_max_rows > 1024)

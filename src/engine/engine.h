@@ -73,16 +73,9 @@ typedef struct {
      * 0 (default): the device's (ag_engine_resolve_itl_target); < 0: none,
      * n_prefill_decoding tokens a step. */
     double      itl_target_ms;
-    /* While streams decode, prompts wait up to this many ms (from their
-     * admission) for more prompts to join them, as long as their work is
-     * less than the fitted fixed cost of a step's prompt rows (a quantized
-     * model's GPU step dequantizes every weight once if it has any): fewer
-     * prompt-carrying steps, at the price of that wait in their time to
-     * first token. 0 (default): none. */
-    double      prefill_hold_ms;
     int         max_queue;  /* requests waiting for admission; more are refused; default 64 */
-    size_t      kv_bytes;   /* KV pool; 0: enough for n_parallel full contexts, on a GPU at most what
-                               its free memory holds (admission then queues what does not fit) */
+    size_t      kv_bytes;   /* KV pool; 0: n_parallel full contexts on the CPU, all that a GPU's free
+                               memory holds beside the scratch (admission queues what does not fit) */
     ag_kv_dtype kv_dtype;   /* default F16 */
     /* Speculative decoding (spec/spec.h): NULL = off. The factory is
      * borrowed and must outlive the engine; each choice gets its own source
