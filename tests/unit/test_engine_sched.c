@@ -85,8 +85,9 @@ static void make_prompt(int32_t *out, int n, int seed) {
 }
 
 /* Submits a greedy request that ignores end-of-text (exactly max_tokens
- * tokens per choice) without waiting. */
-static void submit(ag_engine *e, const int32_t *prompt, int n_prompt, int max_tokens, int n_choices, result *out) {
+ * tokens per choice) without waiting; its id into *id when id is given. */
+static void submit_id(ag_engine *e, const int32_t *prompt, int n_prompt, int max_tokens, int n_choices, result *out,
+                      uint64_t *id) {
     memset(out, 0, sizeof *out);
     pthread_mutex_init(&out->mu, NULL);
     pthread_cond_init(&out->cv, NULL);
@@ -101,7 +102,11 @@ static void submit(ag_engine *e, const int32_t *prompt, int n_prompt, int max_to
     r.ignore_eos = true;
     r.cb = on_event;
     r.user = out;
-    assert_int_equal(ag_engine_submit(e, &r, NULL), AG_OK);
+    assert_int_equal(ag_engine_submit(e, &r, id), AG_OK);
+}
+
+static void submit(ag_engine *e, const int32_t *prompt, int n_prompt, int max_tokens, int n_choices, result *out) {
+    submit_id(e, prompt, n_prompt, max_tokens, n_choices, out, NULL);
 }
 
 static void wait_done(result *out, int max_tokens) {
@@ -337,23 +342,7 @@ static void cancel_a_preempted_request(void **state) {
     result a, b;
     uint64_t id_b = 0;
     submit(e, pa, PROMPT, OUT, 1, &a);
-    {
-        memset(&b, 0, sizeof b);
-        pthread_mutex_init(&b.mu, NULL);
-        pthread_cond_init(&b.cv, NULL);
-        b.n_choices = 1;
-        ag_gen_request r = {0};
-        r.prompt = pb;
-        r.n_prompt = PROMPT;
-        r.max_tokens = OUT;
-        r.n_choices = 1;
-        r.sample = ag_sample_default_params();
-        r.sample.temperature = 0;
-        r.ignore_eos = true;
-        r.cb = on_event;
-        r.user = &b;
-        assert_int_equal(ag_engine_submit(e, &r, &id_b), AG_OK);
-    }
+    submit_id(e, pb, PROMPT, OUT, 1, &b, &id_b);
     /* cancel b once it is swapped out (or, if the race goes the other way, whenever) */
     ag_engine_stats st;
     for (int guard = 0; guard < 20000; guard++) {
