@@ -8,7 +8,9 @@ import threading
 import time
 import urllib.request
 
-from conftest import TINY_GGUF
+import pytest
+
+from conftest import TINY_GGUF, AugurServer
 
 ANIMALS = ["dog", "cat", "bird", "fish", "frog", "bear", "duck", "lion"]
 
@@ -99,25 +101,37 @@ def test_32_concurrent_streams_equal_solo(tiny_server):
     wait_idle(tiny_server)
 
 
-def test_disconnects_cancel_and_free(tiny_server):
-    before = metrics(tiny_server)["augur_client_cancels_total"]
-    body = {"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True, "stream": True}
-    socks = [open_stream(tiny_server, body)[0] for _ in range(5)]
-    m = metrics(tiny_server)
+@pytest.fixture(scope="module")
+def long_server():
+    """stories260K with a 16k context: a request of 15,000 tokens runs for
+    seconds however fast the engine steps (the session's tiny_server has
+    the model's 512, which a fast engine writes in a tenth of a second, less
+    than the 200 ms a non-streaming request takes to notice its client is
+    gone)."""
+    s = AugurServer(TINY_GGUF, "--parallel", "8", "--ctx", "16384")
+    yield s
+    assert s.stop() == 0, s.final_stderr[-4000:]
+
+
+def test_disconnects_cancel_and_free(long_server):
+    before = metrics(long_server)["augur_client_cancels_total"]
+    body = {"prompt": "Once upon a time", "max_tokens": 15000, "ignore_eos": True, "stream": True}
+    socks = [open_stream(long_server, body)[0] for _ in range(5)]
+    m = metrics(long_server)
     assert m["augur_running_sequences"] >= 1 and m["augur_kv_blocks_used"] > 0
     for s in socks:
         s.close()
     # a non-streaming client that leaves while its request runs
-    sock = socket.create_connection(("127.0.0.1", tiny_server.port), timeout=30)
-    data = json.dumps({"prompt": "Once upon a time", "max_tokens": 1500, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", long_server.port), timeout=30)
+    data = json.dumps({"prompt": "Once upon a time", "max_tokens": 15000, "ignore_eos": True}).encode()
     sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(data)).encode() +
                  b"\r\n\r\n" + data)
     time.sleep(0.3)
     sock.close()
-    m = wait_idle(tiny_server, timeout=10)  # 1500 tokens would take several seconds more
+    m = wait_idle(long_server, timeout=10)  # 15,000 tokens would take seconds more
     assert m["augur_client_cancels_total"] >= before + 6
     # healthy afterwards: the greedy reference still comes out
-    r = tiny_server.client().completions.create(model="x", prompt="Once upon a time", max_tokens=12,
+    r = long_server.client().completions.create(model="x", prompt="Once upon a time", max_tokens=12,
                                                 temperature=0)
     assert r.choices[0].text.startswith(", there was a little girl named Lily")
 
