@@ -25,24 +25,8 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
-#include "model_testutil.h"
+#include "engine_testutil.h"
 
-static ag_model *g_model;
-static ag_tok   *g_tok;
-
-static int setup(void **state) {
-    char path[4096];
-    stories_path(path, sizeof path);
-    if (load_model_2t(path, &g_model, &g_tok)) return -1;
-    return 0;
-}
-
-static int teardown(void **state) {
-    ag_tok_free(g_tok);
-    ag_model_free(g_model);
-    return 0;
-}
 
 enum { MAX_OUT = 64 };
 
@@ -92,21 +76,6 @@ static void generate(ag_engine *e, const int32_t *prompt, int n_prompt, int max_
     pthread_cond_destroy(&out->cv);
     assert_int_equal(out->finish, AG_FINISH_LENGTH);
     assert_int_equal(out->n, max_tokens);
-}
-
-/* The engine's stats once it is idle after `finished` requests (its KV
- * counters are refreshed at the end of the step that ended the last one,
- * just after that request's final event). */
-static ag_engine_stats idle_stats(ag_engine *e, uint64_t finished) {
-    ag_engine_stats st;
-    for (int guard = 0; guard < 5000; guard++) {
-        ag_engine_get_stats(e, &st);
-        if (st.requests_finished == finished && st.running == 0 && st.kv_blocks_used == st.kv_blocks_cached)
-            return st;
-        usleep(1000);
-    }
-    fail_msg("the engine did not go idle with only cached blocks in use");
-    return st;
 }
 
 static void partial_prefix_at_the_pools_edge(void **state) {

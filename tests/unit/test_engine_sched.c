@@ -25,25 +25,9 @@
 
 #include <cmocka.h>
 
-#include "engine/engine.h"
 #include "kv/kv.h"
-#include "model_testutil.h"
+#include "engine_testutil.h"
 
-static ag_model *g_model;
-static ag_tok   *g_tok;
-
-static int setup(void **state) {
-    char path[4096];
-    stories_path(path, sizeof path);
-    if (load_model_2t(path, &g_model, &g_tok)) return -1;
-    return 0;
-}
-
-static int teardown(void **state) {
-    ag_tok_free(g_tok);
-    ag_model_free(g_model);
-    return 0;
-}
 
 enum { MAX_OUT = 256, MAX_CHOICES = 2 };
 
@@ -133,19 +117,6 @@ static void wait_first(result *out) {
     fail_msg("the request never started decoding");
 }
 
-/* The engine's stats once it is idle after `finished` requests (counted
- * just after each one's final event): nothing running or preempted. */
-static ag_engine_stats idle_stats(ag_engine *e, uint64_t finished) {
-    ag_engine_stats st;
-    for (int guard = 0; guard < 5000; guard++) {
-        ag_engine_get_stats(e, &st);
-        if (st.requests_finished == finished && st.running == 0 && st.swapped == 0) return st;
-        usleep(1000);
-    }
-    fail_msg("the engine did not go idle");
-    return st;
-}
-
 /* The KV bytes of a pool of n blocks for this model. */
 static size_t pool_of(int n_blocks) {
     ag_kv_params kp = ag_kv_default_params();
@@ -153,6 +124,19 @@ static size_t pool_of(int n_blocks) {
     ag_kv_layout lay;
     assert_int_equal(ag_kv_layout_for(&kp, &lay, NULL), AG_OK);
     return (size_t)n_blocks * lay.block_bytes;
+}
+
+/* An engine of n_parallel sequences of 128 positions over a pool of
+ * n_blocks blocks (the prefix cache as asked). */
+static ag_engine *pool_engine(int n_parallel, int n_blocks, bool prefix_cache) {
+    ag_engine_params p = ag_engine_default_params();
+    p.n_parallel = n_parallel;
+    p.n_ctx = 128;
+    p.kv_bytes = pool_of(n_blocks);
+    p.prefix_cache = prefix_cache;
+    ag_engine *e = NULL;
+    assert_int_equal(ag_engine_new(g_model, g_tok, &p, &e), AG_OK);
+    return e;
 }
 
 /* Greedy output of one request alone (a fresh engine of its own, no prefix
@@ -215,13 +199,7 @@ static void a_small_pool_queues_requests(void **state) {
         solo(prompts[i], PROMPT, OUT, ref[i]);
     }
     /* 8 blocks of 16 positions: two of these 60-position requests at a time */
-    ag_engine_params p = ag_engine_default_params();
-    p.n_parallel = N;
-    p.n_ctx = 128;
-    p.kv_bytes = pool_of(8);
-    p.prefix_cache = false;
-    ag_engine *e = NULL;
-    assert_int_equal(ag_engine_new(g_model, g_tok, &p, &e), AG_OK);
+    ag_engine *e = pool_engine(N, 8, false);
     result r[N];
     for (int i = 0; i < N; i++) submit(e, prompts[i], PROMPT, OUT, 1, &r[i]);
     ag_engine_stats st;
@@ -245,12 +223,7 @@ static void outgrown_pool_preempts_and_resumes_exactly(void **state) {
     solo(pb, PROMPT, OUT, rb);
     /* 8 blocks: each 110-position request (7 blocks) fits alone, both start
      * (3 blocks each), and they outgrow the pool together */
-    ag_engine_params p = ag_engine_default_params();
-    p.n_parallel = 2;
-    p.n_ctx = 128;
-    p.kv_bytes = pool_of(8);
-    ag_engine *e = NULL;
-    assert_int_equal(ag_engine_new(g_model, g_tok, &p, &e), AG_OK);
+    ag_engine *e = pool_engine(2, 8, true);
     result a, b;
     submit(e, pa, PROMPT, OUT, 1, &a);
     submit(e, pb, PROMPT, OUT, 1, &b);
@@ -271,9 +244,7 @@ static void outgrown_pool_preempts_and_resumes_exactly(void **state) {
     int32_t pc[PROMPT2], rc[OUT2];
     make_prompt(pc, PROMPT2, 23);
     solo(pc, PROMPT2, OUT2, rc);
-    p.n_parallel = 3;
-    p.kv_bytes = pool_of(12);
-    assert_int_equal(ag_engine_new(g_model, g_tok, &p, &e), AG_OK);
+    e = pool_engine(3, 12, true);
     result c, d;
     submit(e, pc, PROMPT2, OUT2, 2, &c);
     submit(e, pb, PROMPT, OUT, 1, &d);
@@ -333,12 +304,7 @@ static void cancel_a_preempted_request(void **state) {
     make_prompt(pa, PROMPT, 31);
     make_prompt(pb, PROMPT, 32);
     solo(pa, PROMPT, OUT, ra);
-    ag_engine_params p = ag_engine_default_params();
-    p.n_parallel = 2;
-    p.n_ctx = 128;
-    p.kv_bytes = pool_of(8);
-    ag_engine *e = NULL;
-    assert_int_equal(ag_engine_new(g_model, g_tok, &p, &e), AG_OK);
+    ag_engine *e = pool_engine(2, 8, true);
     result a, b;
     uint64_t id_b = 0;
     submit(e, pa, PROMPT, OUT, 1, &a);
