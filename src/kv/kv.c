@@ -425,6 +425,19 @@ const int32_t *ag_kv_seq_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks)
     return s->blocks;
 }
 
+/* The blocks reserving n_new (> 0) positions after s's length takes: every
+ * existing block from the one holding position len onwards may be written
+ * from then on, so any that is shared must be copied, and the missing ones
+ * are new. */
+static int32_t reserve_need(const ag_kv *kv, const kv_seq *s, int32_t n_new) {
+    const int32_t first = s->len >> kv->lay.block_shift;
+    const int32_t last = (int32_t)(((int64_t)s->len + n_new - 1) >> kv->lay.block_shift);
+    int32_t       need = 0;
+    for (int32_t i = first; i < s->n_blocks; i++) need += kv->ref[s->blocks[i]] > 1;
+    if (last >= s->n_blocks) need += last + 1 - s->n_blocks;
+    return need;
+}
+
 ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: reserve: sequence %d is not live", seq);
@@ -435,11 +448,7 @@ ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new) {
     int32_t end = s->len + n_new;
     int32_t first = s->len >> kv->lay.block_shift;
     int32_t last = (end - 1) >> kv->lay.block_shift;
-    /* Every existing block from the one holding position len onwards may be
-     * written from now on: any that is shared must be copied. */
-    int32_t need = 0;
-    for (int32_t i = first; i < s->n_blocks; i++) need += kv->ref[s->blocks[i]] > 1;
-    if (last >= s->n_blocks) need += last + 1 - s->n_blocks;
+    int32_t need = reserve_need(kv, s, n_new);
     if (need > kv->n_free) return full_error(kv, need);
     ag_status st = table_grow(kv, s, last + 1);
     if (st != AG_OK) return st;
@@ -465,12 +474,7 @@ ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new) {
 int32_t ag_kv_reserve_cost(const ag_kv *kv, int32_t seq, int32_t n_new) {
     kv_seq *s = seq_get(kv, seq);
     if (!s || n_new < 0) return -1;
-    if (n_new == 0) return 0;
-    int32_t first = s->len >> kv->lay.block_shift, last = (int32_t)(((int64_t)s->len + n_new - 1) >> kv->lay.block_shift);
-    int32_t need = 0; /* as ag_kv_seq_reserve counts it */
-    for (int32_t i = first; i < s->n_blocks; i++) need += kv->ref[s->blocks[i]] > 1;
-    if (last >= s->n_blocks) need += last + 1 - s->n_blocks;
-    return need;
+    return n_new == 0 ? 0 : reserve_need(kv, s, n_new);
 }
 
 /* The slot check shared by ag_kv_slot and ag_kv_write. */
