@@ -23,8 +23,8 @@ int ag_cli_serve(int argc, char **argv);
 int ag_cli_cache(int argc, char **argv);
 int ag_cli_fit(int argc, char **argv);
 
-/* The most sequences `augur serve --parallel` (and `augur fit`) accept. */
-#define AG_CLI_MAX_PARALLEL 256
+/* The most sequences `augur serve --parallel` (and `augur fit`) accept: the engine's. */
+#define AG_CLI_MAX_PARALLEL AG_ENGINE_MAX_PARALLEL
 
 /* Loads a model (threads: 0 = all cores) and its tokenizer; on failure
  * prints the error, leaves both NULL and returns 1. */
