@@ -114,13 +114,12 @@ struct ag_engine {
     int       n_restoring; /* running requests with a pending restore (engine thread) */
     bool      admit_blocked; /* the queue head did not fit at the last admission (guarded by mu) */
     bool     spec_warned; /* a draft source could not be made: said once */
-    /* Measured time of decode-only steps by their row count, 1..cost_rows
+    /* Measured time of decode-only steps by their row count, 1..max_rows
      * (exponential averages), from which the cost of one more verify row on
      * this machine and model follows (verify_row_cost), and what the decode
      * rows of a mixed step cost (decode_ms). */
     double  *step_ms;
     int     *step_seen;
-    int      cost_rows;
     /* The cost of prompt rows beside the decode rows of a step: a weighted
      * least-squares fit of (step ms - decode_ms(decode rows)) = fixed + per
      * token x prompt tokens over the prompt-carrying steps (sums with
@@ -674,7 +673,7 @@ static void advance_choice(ag_engine *e, request *r, choice *c, const float *row
 
 /* Records a decode-only step of `rows` rows that took ms. */
 static void note_step_time(ag_engine *e, int rows, double ms) {
-    if (rows < 1 || rows > e->cost_rows) return;
+    if (rows < 1 || rows > e->max_rows) return;
     double *t = &e->step_ms[rows];
     *t = e->step_seen[rows]++ ? *t + 0.2 * (ms - *t) : ms;
 }
@@ -695,7 +694,7 @@ static float verify_row_cost(const ag_engine *e) {
     if (e->fixed_row_cost >= 0) return e->fixed_row_cost;
     if (e->step_seen[1] < 3 || e->step_ms[1] <= 0) return -1.0f;
     double sum = 0, w = 0;
-    for (int r = 2; r <= e->cost_rows; r++) {
+    for (int r = 2; r <= e->max_rows; r++) {
         if (e->step_seen[r] < 2) continue;
         double c = (e->step_ms[r] / e->step_ms[1] - 1.0) / (r - 1), wr = e->step_seen[r] < 20 ? e->step_seen[r] : 20;
         sum += wr * (c > 0 ? c : 0);
@@ -708,7 +707,7 @@ static float verify_row_cost(const ag_engine *e) {
  * that row count has been seen (AUGUR_SPEC_ROW_COST unset), else the
  * linear estimate 1 + (r - 1) * c. */
 static double rel_step_time(const ag_engine *e, int r, double c) {
-    if (e->fixed_row_cost < 0 && r >= 1 && r <= e->cost_rows && e->step_seen[r] >= 2 && e->step_seen[1] >= 3 &&
+    if (e->fixed_row_cost < 0 && r >= 1 && r <= e->max_rows && e->step_seen[r] >= 2 && e->step_seen[1] >= 3 &&
         e->step_ms[1] > 0)
         return e->step_ms[r] / e->step_ms[1];
     return 1.0 + (r - 1) * c;
@@ -749,17 +748,17 @@ static void draft_step_costs(const ag_engine *e, int m, int cap, float *cost) {
  * step has been timed yet. */
 static double decode_ms(const ag_engine *e, int rows) {
     if (rows <= 0) return 0.0;
-    if (rows > e->cost_rows) rows = e->cost_rows;
+    if (rows > e->max_rows) rows = e->max_rows;
     if (e->step_seen[rows]) return e->step_ms[rows];
     int lo = rows - 1, hi = rows + 1;
     while (lo >= 1 && !e->step_seen[lo]) lo--;
-    while (hi <= e->cost_rows && !e->step_seen[hi]) hi++;
-    if (lo >= 1 && hi <= e->cost_rows)
+    while (hi <= e->max_rows && !e->step_seen[hi]) hi++;
+    if (lo >= 1 && hi <= e->max_rows)
         return e->step_ms[lo] + (e->step_ms[hi] - e->step_ms[lo]) * (rows - lo) / (double)(hi - lo);
-    if (lo < 1 && hi > e->cost_rows) return 0.0;
+    if (lo < 1 && hi > e->max_rows) return 0.0;
     const double nearest = lo >= 1 ? e->step_ms[lo] : e->step_ms[hi];
     double w = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
-    for (int r = 1; r <= e->cost_rows; r++) {
+    for (int r = 1; r <= e->max_rows; r++) {
         if (!e->step_seen[r]) continue;
         w += 1, sx += r, sy += e->step_ms[r], sxx += (double)r * r, sxy += r * e->step_ms[r];
     }
@@ -1653,9 +1652,8 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
     const char *mk = getenv("AUGUR_MASKS");
     e->masks_off = (mk && *mk == '0') || !ag_model_can_mask(m);
     step_rows(&p, &e->max_rows, &e->logit_rows);
-    e->cost_rows = e->max_rows;
-    e->step_ms = calloc((size_t)e->cost_rows + 1, sizeof *e->step_ms);
-    e->step_seen = calloc((size_t)e->cost_rows + 1, sizeof *e->step_seen);
+    e->step_ms = calloc((size_t)e->max_rows + 1, sizeof *e->step_ms);
+    e->step_seen = calloc((size_t)e->max_rows + 1, sizeof *e->step_seen);
     /* activations for a full batch in one piece, as ag_engine_plan_memory counts them */
     if ((st = ag_model_reserve_scratch(m, p.n_batch))) goto fail;
     e->b_tok = malloc(sizeof(int32_t) * p.n_batch);
