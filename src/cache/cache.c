@@ -19,9 +19,6 @@ ag_cache_params ag_cache_default_params(void) {
     p.disk_sync = true;
     p.background_scan = true;
     p.space_retry_ms = 10000;
-    /* test hook: the engine builds its params from these defaults */
-    const char *retry = getenv("AUGUR_TEST_KV_SPACE_RETRY_MS");
-    if (retry && atoi(retry) > 0) p.space_retry_ms = (uint32_t)atoi(retry);
     return p;
 }
 

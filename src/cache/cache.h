@@ -277,9 +277,8 @@ typedef struct {
      * that a test can watch what happens while a restore runs. 0: none. */
     uint32_t read_delay_us;
     /* After a full disk, writing pauses this long (doubling, up to 64
-     * times, while the disk stays full); default 10 s, or
-     * $AUGUR_TEST_KV_SPACE_RETRY_MS (a test hook: the engine builds these
-     * params from the defaults). */
+     * times, while the disk stays full); default 10 s (the engine takes
+     * $AUGUR_TEST_KV_SPACE_RETRY_MS instead, a test hook). */
     uint32_t space_retry_ms;
 } ag_cache_params;
 

@@ -1641,6 +1641,9 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         /* test hook: slow every record read down, to watch a restore run */
         const char *delay = getenv("AUGUR_TEST_KV_READ_DELAY_MS");
         if (delay && atoi(delay) > 0) cp.read_delay_us = (uint32_t)atoi(delay) * 1000u;
+        /* test hook: retry writing soon after a full disk, to watch it resume */
+        const char *retry = getenv("AUGUR_TEST_KV_SPACE_RETRY_MS");
+        if (retry && atoi(retry) > 0) cp.space_retry_ms = (uint32_t)atoi(retry);
         if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
