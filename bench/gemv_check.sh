@@ -1,19 +1,18 @@
 #!/usr/bin/env bash
 # The few-row K-quant kernels (mmqv: Q4_K/Q6_K decode rows with mmq's
-# bits, issue 43) on the GPU machine, in ~8 minutes on 16 cores + an H100:
+# bits, issue 43) on the GPU machine, in a few minutes on 16 cores + an H100:
 #   1. builds with CUDA=1 (build/cuda) and runs mmqv's CPU emulation
 #      (tests/emu/mmqv_emu.cpp: the kernel against mmq's arithmetic);
 #   2. the op harness on the GPU (test_backend_ops: matmul_few_rows_mmq_bits
-#      and the rest), with the default few-row limit (2) and with 4;
+#      and the rest);
 #   3. an 8B-shaped Q4_K_M (bench/gen_model, random weights) and `augur bench
-#      -p 0 -n 128` at batch 1 in alternation: the default (mmqv), mmq forced
-#      (AUGUR_CUDA_MMQ=1: what a server ran before), the old dp4a GEMVs
-#      (AUGUR_CUDA_MMQ=0: what `bench -b 1` ran before; other bits); batch 2
-#      and 4 with few-row limits 2 and 4 (the choice of MMQV_FEW); batch 8
-#      and 64 (mmq, as before);
+#      -p 0` at batch 1 (two rounds, -n 128) and 2 (mmqv), 4, 8 and 64 (mmq);
 #   4. whole-model decode-row logits, bytewise: chunks of 1 (mmqv) == 2
-#      (mmqv, 2 tokens a block) == 8 (mmq) == chunks of 1 with mmq forced;
+#      (mmqv, 2 tokens a block) == 3 (mmq, one row past MMQV_FEW) == 8 (mmq);
 #   5. a table.
+# (The A/B runs against mmq at every batch and the old dp4a GEMVs, and of
+# the few-row limits 2 vs 4, went with switches since retired: figures in
+# docs/design-notes.md.)
 # Usage (repo root, GPU machine): bash bench/gemv_check.sh
 # (.devrun/gemv.sh is a copy.) Build dependencies as scripts/gpu_test.sh finds them.
 set -uo pipefail
@@ -42,11 +41,9 @@ declare -A R  # results for the table
 make BUILD=build/cuda build/cuda/emu/mmqv_emu >/dev/null 2>&1 && build/cuda/emu/mmqv_emu && R[emu]=PASS || R[emu]=FAIL
 stamp "emulation: ${R[emu]}"
 
-for few in 2 4; do
-  if AUGUR_CUDA_FEW=$few AUGUR_TEST_DEVICE=cuda timeout 240 build/cuda/tests/test_backend_ops > $OUT_DIR/harness-few$few.log 2>&1
-  then R[harness$few]=PASS; else R[harness$few]=FAIL; tail -30 $OUT_DIR/harness-few$few.log; fi
-  stamp "op harness, AUGUR_CUDA_FEW=$few: ${R[harness$few]} (log: $OUT_DIR/harness-few$few.log)"
-done
+if AUGUR_TEST_DEVICE=cuda timeout 240 build/cuda/tests/test_backend_ops > $OUT_DIR/harness.log 2>&1
+then R[harness]=PASS; else R[harness]=FAIL; tail -30 $OUT_DIR/harness.log; fi
+stamp "op harness: ${R[harness]} (log: $OUT_DIR/harness.log)"
 
 wait $GEN
 [ -f $M ] || { echo "gemv_check: no $M"; exit 1; }
@@ -58,15 +55,12 @@ tg() { # ENV... -- bench args: prints tok/s
     python3 -c 'import json,sys; print("%.1f" % json.loads(sys.stdin.read())["tg_tok_s"])' 2>/dev/null || echo "-"
 }
 for round in 1 2; do
-  R[b1_new_$round]=$(tg AUGUR_X=0 -- -n 128 -b 1 -r 3)
-  R[b1_mmq_$round]=$(tg AUGUR_CUDA_MMQ=1 -- -n 128 -b 1 -r 3)
-  R[b1_old_$round]=$(tg AUGUR_CUDA_MMQ=0 -- -n 128 -b 1 -r 3)
-  stamp "batch 1, round $round: new ${R[b1_new_$round]}, mmq ${R[b1_mmq_$round]}, old dp4a ${R[b1_old_$round]} tok/s"
+  R[b1_$round]=$(tg AUGUR_X=0 -- -n 128 -b 1 -r 3)
+  stamp "batch 1, round $round: ${R[b1_$round]} tok/s"
 done
 for b in 2 4; do
-  for few in 2 4; do R[b${b}_few$few]=$(tg AUGUR_CUDA_FEW=$few -- -n 64 -b $b -r 3); done
-  R[b${b}_mmq]=$(tg AUGUR_CUDA_MMQ=1 -- -n 64 -b $b -r 3)
-  stamp "batch $b: few-row limit 2 ${R[b${b}_few2]}, 4 ${R[b${b}_few4]}, mmq ${R[b${b}_mmq]} tok/s"
+  R[b$b]=$(tg AUGUR_X=0 -- -n 64 -b $b -r 3)
+  stamp "batch $b: ${R[b$b]} tok/s"
 done
 for b in 8 64; do
   R[b${b}]=$(tg AUGUR_X=0 -- -n 64 -b $b -r 2)
@@ -81,31 +75,23 @@ lg() { # name ENV... -- chunk
   env "${e[@]}" build/cuda/augur logits --device cuda -m $M --tokens build/cuda/gemv-ids.txt --decode --chunk "$1" \
     -o build/cuda/gemv-$n.bin 2>/dev/null
 }
-lg c1 AUGUR_X=0 -- 1; lg c2 AUGUR_X=0 -- 2; lg c8 AUGUR_X=0 -- 8; lg m1 AUGUR_CUDA_MMQ=1 -- 1; lg m8 AUGUR_CUDA_MMQ=1 -- 8
-lg f3 AUGUR_CUDA_FEW=4 -- 3; lg o1 AUGUR_CUDA_MMQ=0 -- 1
+lg c1 AUGUR_X=0 -- 1; lg c2 AUGUR_X=0 -- 2; lg c3 AUGUR_X=0 -- 3; lg c8 AUGUR_X=0 -- 8
 same() { cmp -s build/cuda/gemv-$1.bin build/cuda/gemv-$2.bin && echo identical || echo DIFFERENT; }
-R[l_c1_c8]=$(same c1 c8); R[l_c1_c2]=$(same c1 c2); R[l_c1_m1]=$(same c1 m1); R[l_m1_m8]=$(same m1 m8)
-R[l_c1_f3]=$(same c1 f3); R[l_c1_o1]=$(same c1 o1)
+R[l_c1_c8]=$(same c1 c8); R[l_c1_c2]=$(same c1 c2); R[l_c1_c3]=$(same c1 c3)
 stamp "logits compared"
 
 cat <<EOF
 
 == gemv_check: few-row K-quant kernels (mmqv), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 emulation (mmqv vs mmq's arithmetic)      ${R[emu]}
-op harness (few-row limit 2 / 4)          ${R[harness2]} / ${R[harness4]}
-8B Q4_K_M decode tok/s (-p 0), round 1 | 2:
-  batch 1  new default (mmqv)             ${R[b1_new_1]} | ${R[b1_new_2]}
-  batch 1  AUGUR_CUDA_MMQ=1 (mmq)         ${R[b1_mmq_1]} | ${R[b1_mmq_2]}
-  batch 1  AUGUR_CUDA_MMQ=0 (old dp4a)    ${R[b1_old_1]} | ${R[b1_old_2]}
-  batch 2  few-row limit 2 / 4 / mmq      ${R[b2_few2]} / ${R[b2_few4]} / ${R[b2_mmq]}
-  batch 4  few-row limit 2 / 4 / mmq      ${R[b4_few2]} / ${R[b4_few4]} / ${R[b4_mmq]}
-  batch 8, 64 (mmq)                       ${R[b8]}, ${R[b64]}
+op harness                                ${R[harness]}
+8B Q4_K_M decode tok/s (-p 0):
+  batch 1 (mmqv), round 1 | 2             ${R[b1_1]} | ${R[b1_2]}
+  batch 2 (mmqv)                          ${R[b2]}
+  batch 4, 8, 64 (mmq)                    ${R[b4]}, ${R[b8]}, ${R[b64]}
 decode-row logits, bytewise (48 tokens):
   chunks of 1 (mmqv) vs 8 (mmq)           ${R[l_c1_c8]}
   chunks of 1 vs 2 (mmqv, 2 a block)      ${R[l_c1_c2]}
-  chunks of 1 vs 3 with limit 4 (4 a blk) ${R[l_c1_f3]}
-  chunks of 1: default vs mmq forced      ${R[l_c1_m1]}
-  control: mmq forced, chunks of 1 vs 8   ${R[l_m1_m8]}
-  info: old dp4a vs default (other bits)  ${R[l_c1_o1]}  (expected DIFFERENT)
+  chunks of 1 vs 3 (mmq)                  ${R[l_c1_c3]}
 total $(( $(date +%s) - T0 )) s
 EOF

@@ -37,19 +37,18 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 
 echo "== op harness on the GPU (default kernels: K-quant decode rows through mmqv up to 2 rows a matmul and the tensor cores beyond, with the same bits, prompt attention on wgmma on an H100/H200 (sm_90a), else one-pass on mma.sync, the pick and cands ops, split grids for few rows)"
 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
-echo "== op harness on the GPU (the other kernels: dp4a K-quant GEMVs, the A/B switch AUGUR_CUDA_MMQ=0 (other bits than mmq's, still batch-invariant), SIMT prompt attention, split-K attention in splits of 8 positions)"
-AUGUR_CUDA_MMQ=0 AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
-echo "== op harness on the GPU (K-quant decode rows: mmqv up to 4 rows, AUGUR_CUDA_FEW=4, with every launch's rows staged in shared memory, AUGUR_CUDA_STAGE=2; then mmq at every batch, AUGUR_CUDA_MMQ=1)"
-AUGUR_CUDA_FEW=4 AUGUR_CUDA_STAGE=2 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
-AUGUR_CUDA_MMQ=1 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (the other kernels: SIMT prompt attention, split-K attention in splits of 8 positions)"
+AUGUR_CUDA_FA=0 AUGUR_CUDA_ATT_MIN=8 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (K-quant decode rows through mmqv with every launch's rows staged in shared memory, AUGUR_CUDA_STAGE=2)"
+AUGUR_CUDA_STAGE=2 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 echo "== op harness on the GPU (add, then rmsnorm, instead of the fused add_rmsnorm: AUGUR_CUDA_FUSE=0)"
 AUGUR_CUDA_FUSE=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (Q4_K pairs of a matmul_multi in separate launches, AUGUR_CUDA_PAIR=0; argmax one block a row, AUGUR_CUDA_ARGMAX_SPLIT=0; serial launches, AUGUR_CUDA_PDL=0)"
-AUGUR_CUDA_PAIR=0 AUGUR_CUDA_ARGMAX_SPLIT=0 AUGUR_CUDA_PDL=0 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (the K-quant weights of a matmul_multi in separate mmqv launches, AUGUR_CUDA_PAIR=0; argmax one block a row, AUGUR_CUDA_ARGMAX_SPLIT=0; serial launches, AUGUR_CUDA_PDL=0)"
+AUGUR_CUDA_PAIR=0 AUGUR_CUDA_ARGMAX_SPLIT=0 AUGUR_CUDA_PDL=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
-echo "== op harness on the GPU (dp4a K-quant GEMVs reading their rows from global memory, not staged in shared memory: AUGUR_CUDA_STAGE=0; gate/up pairs only: AUGUR_CUDA_PAIR=2)"
-AUGUR_CUDA_STAGE=0 AUGUR_CUDA_PAIR=2 AUGUR_CUDA_MMQ=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
+echo "== op harness on the GPU (mmqv reading its rows from global memory, not staged in shared memory: AUGUR_CUDA_STAGE=0; pairs only in one launch: AUGUR_CUDA_PAIR=2)"
+AUGUR_CUDA_STAGE=0 AUGUR_CUDA_PAIR=2 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
 
 echo "== op harness on the GPU (two-pass prompt attention, AUGUR_CUDA_FA=2pass; the pick and cands ops one block a row, AUGUR_CUDA_SAMPLE_SPLIT=0)"
 AUGUR_CUDA_FA=2pass AUGUR_CUDA_SAMPLE_SPLIT=0 AUGUR_TEST_DEVICE=cuda build/cuda/tests/test_backend_ops
@@ -220,23 +219,21 @@ for m in $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m
     else echo "FAIL fused != unfused: $(basename $m) $mode"; rc=1; fi
   done
 done
-echo "== dp4a weights grouped in one launch (q/k/v, gate/up: the default; gate/up pairs only: AUGUR_CUDA_PAIR=2) give the separate launches' bits (AUGUR_CUDA_PAIR=0)"
-# Llama shapes (K a multiple of 256: q, k, gate and up Q4_K, v Q4_K or Q6_K, k and v split over 4 warps), Qwen
-# shapes (split over 2), Gemma; the Llama model is not among the compared models (size)
+# Llama shapes (K a multiple of 256: q, k, gate and up Q4_K, v Q4_K or Q6_K, k and v over 4 warps a row), Qwen
+# shapes, Gemma; the Llama model is not among the compared models (size)
 m=build/cuda/llama8b-2layers-q4_k_m.gguf
 build/cuda/bench/gen_model $m llama8b --type Q4_K_M --layers 2 >/dev/null
-# bits_vs VAR BASE "VALUES" MODE...: decode-row logits of the dp4a GEMVs (AUGUR_CUDA_MMQ=0; BITS_MMQ= for
-# the default kernels) with VAR set to each of VALUES equal those with VAR=BASE, byte for byte, on the Llama, Qwen
-# and Gemma Q4_K_M shapes (or the models in BITS_MODELS)
+# bits_vs VAR BASE "VALUES" MODE...: decode-row logits of the default kernels with VAR set to each of VALUES equal
+# those with VAR=BASE, byte for byte, on the Llama, Qwen and Gemma Q4_K_M shapes (or the models in BITS_MODELS)
 bits_vs() {
   local var=$1 base=$2 values=$3 m2 mode v
   shift 3
   for m2 in ${BITS_MODELS:-$m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf}; do
     for mode in "$@"; do
-      env AUGUR_CUDA_MMQ=${BITS_MMQ-0} $var=$base build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
+      env $var=$base build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
         -o build/cuda/base.bin 2>/dev/null
       for v in $values; do
-        env AUGUR_CUDA_MMQ=${BITS_MMQ-0} $var=$v build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
+        env $var=$v build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt $mode \
           -o build/cuda/variant.bin 2>/dev/null
         if cmp -s build/cuda/base.bin build/cuda/variant.bin; then echo "PASS $var=$v == $var=$base: $(basename $m2) $mode"
         else echo "FAIL $var=$v != $var=$base: $(basename $m2) $mode"; rc=1; fi
@@ -244,14 +241,19 @@ bits_vs() {
     done
   done
 }
-bits_vs AUGUR_CUDA_PAIR 0 "1 2" "--decode --chunk 1" "--decode --chunk 2" "--decode --chunk 3"
-echo "== dp4a GEMVs with their rows staged in shared memory (AUGUR_CUDA_STAGE=2: every kernel, 1: group launches) give the bits of global loads (AUGUR_CUDA_STAGE=0)"
-bits_vs AUGUR_CUDA_STAGE 0 "1 2" "--decode --chunk 1" "--decode --chunk 3" "--decode --chunk 9"
-echo "== few K-quant decode rows through mmqv (up to AUGUR_CUDA_FEW rows a matmul: 2, the default, 1 or 4) give mmq's bits (AUGUR_CUDA_FEW=0: mmq at every batch), whole models"
-BITS_MMQ= bits_vs AUGUR_CUDA_FEW 0 "1 2 4" "--decode --chunk 1" "--decode --chunk 2" "--decode --chunk 3" "--decode --chunk 4"
+echo "== few K-quant decode rows through mmqv (up to 2 rows a matmul: chunks of 1 and 2) give mmq's bits (3 rows and more: chunks of 3 and 8), whole models"
+for m2 in $m $R/qwen05b-q4_k_m.gguf $R/gemma270m-q4_k_m.gguf; do
+  build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt --decode --chunk 8 -o build/cuda/base.bin 2>/dev/null
+  for c in 1 2 3; do
+    build/cuda/augur logits --device cuda -m "$m2" --tokens build/cuda/ids.txt --decode --chunk $c \
+      -o build/cuda/variant.bin 2>/dev/null
+    if cmp -s build/cuda/base.bin build/cuda/variant.bin; then echo "PASS decode chunks of $c == of 8: $(basename $m2)"
+    else echo "FAIL decode chunks of $c != of 8: $(basename $m2)"; rc=1; fi
+  done
+done
 echo "== mmqv grouped (q/k/v, gate/up: the default; pairs only: AUGUR_CUDA_PAIR=2) and staged (group launches: the default; every launch: AUGUR_CUDA_STAGE=2) give the bits of separate, unstaged launches"
-BITS_MMQ= bits_vs AUGUR_CUDA_PAIR 0 "1 2" "--decode --chunk 1" "--decode --chunk 2"
-BITS_MMQ= bits_vs AUGUR_CUDA_STAGE 0 "1 2" "--decode --chunk 1" "--decode --chunk 2"
+bits_vs AUGUR_CUDA_PAIR 0 "1 2" "--decode --chunk 1" "--decode --chunk 2"
+bits_vs AUGUR_CUDA_STAGE 0 "1 2" "--decode --chunk 1" "--decode --chunk 2"
 echo "== one to eight BF16 decode rows of q/k/v in the 64-register kernel (the default) give the bits of the 126-register one (AUGUR_CUDA_MMT_LEAN=0)"
 BITS_MODELS=$R/llama8b-2layers-bf16.gguf bits_vs AUGUR_CUDA_MMT_LEAN 0 1 "--decode --chunk 1" "--decode --chunk 8" "--decode --chunk 9"
 echo "== a SiLU feed-forward block's BF16 gate, up and product in one launch (the default) gives the three ops' bits (AUGUR_CUDA_GLU=0)"
@@ -259,14 +261,12 @@ BITS_MODELS=$R/llama8b-2layers-bf16.gguf bits_vs AUGUR_CUDA_GLU 0 1 "--decode --
 echo "== kernels launched early (programmatic dependent launch, the default) give the bits of serial launches (AUGUR_CUDA_PDL=0)"
 # a missing wait in a kernel would read its input before its producer finished: different bits, or a moving error
 for m in $m $R/qwen05b-q4_k_m.gguf $R/llama8b-2layers-bf16.gguf $R/gemma270m-q4_k_m.gguf; do
-  for mode in "--chunk 7" "--decode --chunk 1" "--decode --chunk 3"; do
-    for mmq in 0 1 ""; do # (the dp4a GEMVs, mmq, the default: mmqv and mmq)
-      AUGUR_CUDA_MMQ=$mmq build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/pdl.bin 2>/dev/null
-      AUGUR_CUDA_MMQ=$mmq AUGUR_CUDA_PDL=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
-        -o build/cuda/serial.bin 2>/dev/null
-      if cmp -s build/cuda/pdl.bin build/cuda/serial.bin; then echo "PASS pdl == serial: $(basename $m) $mode mmq=$mmq"
-      else echo "FAIL pdl != serial: $(basename $m) $mode mmq=$mmq"; rc=1; fi
-    done
+  for mode in "--chunk 7" "--decode --chunk 1" "--decode --chunk 2" "--decode --chunk 3"; do # (mmqv at 1-2 rows, mmq at 3)
+    build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode -o build/cuda/pdl.bin 2>/dev/null
+    AUGUR_CUDA_PDL=0 build/cuda/augur logits --device cuda -m "$m" --tokens build/cuda/ids.txt $mode \
+      -o build/cuda/serial.bin 2>/dev/null
+    if cmp -s build/cuda/pdl.bin build/cuda/serial.bin; then echo "PASS pdl == serial: $(basename $m) $mode"
+    else echo "FAIL pdl != serial: $(basename $m) $mode"; rc=1; fi
   done
 done
 echo "== the one-pass prompt attention in blocks of 1, 2 or 3 row tiles (AUGUR_CUDA_FA_ROWS) gives the same bits"

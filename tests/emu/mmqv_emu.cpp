@@ -6,8 +6,8 @@
  * __fadd_rn from 0.0f, exact integer sums, the slices added in order.
  * Every output must be equal bit for bit: Q4_K and Q6_K, nb = 1 .. 56
  * blocks a row (slices short and empty), 4, 8 and 16 slices over 1, 2 or
- * 4 warps a row, 1, 2 and 4 tokens a block (and batches wider than a
- * block), rows read from global memory or staged, rows past the last
+ * 4 warps a row, 1 and 2 tokens a block (MMQV_NT_MAX; and batches wider
+ * than a block), rows read from global memory or staged, rows past the last
  * block's, and launches of three weights of different types and splits.
  * On the GPU, test_backend_ops holds the kernel to mmq itself; this runs
  * where there is no GPU (`make cuda-emu`). Exit status 1 on a mismatch. */
@@ -177,9 +177,7 @@ static void run(const std::vector<weight *> &w, int K, int n_tok) {
         g.n_out[i] = w[i]->n_out, g.q6[i] = w[i]->q6, g.ks[i] = w[i]->ks, g.ws[i] = w[i]->ws;
         g.blk0[i + 1] = g.blk0[i] + (w[i]->n_out + rows - 1) / rows;
     }
-    void (*k)(const mmqv_group, int, const int8_t *, const float2 *, int);
-    if constexpr (NT == 4) k = mmqv4<ST>;
-    else k = mmqv<NT, ST>;
+    void (*k)(const mmqv_group, int, const int8_t *, const float2 *, int) = mmqv<NT, ST>;
     emu_launch_xy(k, g.blk0[g.n], (n_tok + NT - 1) / NT, 32 * MMQV_WARPS, (const mmqv_group)g, K,
                   (const int8_t *)xq.data(), (const float2 *)xs.data(), n_tok);
     for (int i = 0; i < g.n; i++)
@@ -205,8 +203,7 @@ static void run_nt(const std::vector<weight *> &w, int K, int n_tok, bool staged
 }
 static void run_any(const std::vector<weight *> &w, int K, int nt, int n_tok, bool staged) {
     if (nt == 1) run_nt<1>(w, K, n_tok, staged);
-    else if (nt == 2) run_nt<2>(w, K, n_tok, staged);
-    else run_nt<4>(w, K, n_tok, staged);
+    else run_nt<2>(w, K, n_tok, staged);
 }
 
 int main() {
@@ -218,7 +215,8 @@ int main() {
                 for (int ws = 1; ws <= ks / 4 && ws <= 4; ws *= 2) {
                     const int n_out = 5 + (case_i % 3) * 2; /* 5, 7, 9: a last block short of rows */
                     weight    w = make_weight(q6, 256 * nb, n_out, ks, ws);
-                    const int nt = 1 << (case_i % 3), n_tok = case_i % 4 == 3 ? nt + 1 : 1 + case_i % nt;
+                    /* every (type, staged, tokens a block, batch of 1 .. nt + 1) occurs */
+                    const int nt = 1 + (case_i / 2) % 2, n_tok = case_i % 3 == 2 ? nt + 1 : 1 + (case_i / 4) % nt;
                     /* staged where the real launch may stage (16-byte rows) */
                     const bool staged = w.row_bytes % 16 == 0 && case_i % 2;
                     run_any({&w}, 256 * nb, nt, n_tok, staged);
@@ -228,7 +226,9 @@ int main() {
     for (int nb : {5, 16, 18}) {
         weight a = make_weight(false, 256 * nb, 9, 8, 1), b = make_weight(false, 256 * nb, 6, 16, 4),
                c = make_weight(true, 256 * nb, 7, 4, 1);
-        for (int nt = 1; nt <= 4; nt *= 2) run_any({&a, &b, &c}, 256 * nb, nt, nt == 4 ? 3 : nt, nb == 16 && nt != 2);
+        run_any({&a, &b, &c}, 256 * nb, 1, 1, nb == 16);
+        run_any({&a, &b, &c}, 256 * nb, 2, 2, false);
+        run_any({&a, &b, &c}, 256 * nb, 2, 3, nb == 16); /* and a second block of one token */
         weight d = make_weight(true, 256 * nb, 3, 16, 2), e = make_weight(false, 256 * nb, 10, 4, 1);
         run_any({&d, &e}, 256 * nb, 2, 2, false);
     }

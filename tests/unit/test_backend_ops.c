@@ -13,8 +13,8 @@
  *   matmul, decode rows:  CPU 2e-2 for quantized weights (activations go
  *                         through int8 as in llama.cpp), 1e-5 for float
  *                         weights; CUDA 1e-5 (fp32 activations), 2e-2
- *                         for Q4_K/Q6_K (int8 activations: dp4a, or the
- *                         tensor cores with AUGUR_CUDA_MMQ=1), 1e-2
+ *                         for Q4_K/Q6_K (int8 activations: mmqv's dp4a
+ *                         at 1-2 rows, the tensor cores beyond), 1e-2
  *                         for BF16 (BF16 activations, tensor cores)
  *   matmul, prompt rows:  CPU as above; CUDA 1e-2 (BF16 tensor cores)
  *   get_rows:             exact (== ag_dequant_row)
@@ -60,7 +60,7 @@ static int setup(void **state) {
     if (ag_backend_new(AG_DEVICE_CPU, &cp, 0, &g_cpu)) return -1;
     if (dev == AG_DEVICE_CPU) {
         g_be = g_cpu;
-    } else if (ag_backend_new(dev, &cp, 0, &g_be)) { /* kernels: AUGUR_CUDA_MMQ / _FA (gpu_test.sh runs both) */
+    } else if (ag_backend_new(dev, &cp, 0, &g_be)) { /* kernels: AUGUR_CUDA_* switches (gpu_test.sh runs several) */
         fprintf(stderr, "cannot open %s: %s\n", ag_device_name(dev), ag_error_message());
         return -1;
     }
@@ -241,7 +241,8 @@ static void matmul_decode_wide_batch(void **state) {
                  {AG_TYPE_BF16, 200, 8208}, {AG_TYPE_Q4_K, 512, 67},  {AG_TYPE_Q4_K, 256, 4100},
                  {AG_TYPE_Q4_K, 512, 8208}, {AG_TYPE_Q6_K, 768, 67},  {AG_TYPE_Q6_K, 256, 4100},
                  {AG_TYPE_Q6_K, 512, 8208},
-                 /* the CUDA dp4a GEMVs' K splits over 4 and 2 warps (mmv_split) */
+                 /* K's of 8, 4, 9 and 4 blocks (written for the retired dp4a GEMVs' K splits; now more slice
+                  * lengths for mmq and, in the rows computed alone, for mmqv over several warps a row) */
                  {AG_TYPE_Q4_K, 2048, 67},  {AG_TYPE_Q4_K, 1024, 4100}, {AG_TYPE_Q6_K, 2304, 67},
                  {AG_TYPE_Q6_K, 1024, 4100},
                  {AG_TYPE_Q8_0, 896, 67},   {AG_TYPE_F16, 200, 67}};

@@ -81,11 +81,12 @@ static ag_status blas_fail(const char *file, int line, const char *what, cublasS
  * its predecessor, completion is transitive along the stream, as without
  * PDL. launch_dependents then lets the next kernel start early in turn.
  * Weights never change during a pass, so a GEMV may read them before the
- * wait, overlapping that DRAM traffic with the previous kernel: the dp4a
- * K-quant GEMVs prefetch each warp's first loop iteration into L2
- * (prefetch_l2), the tensor-core BF16 kernels (mmt_slice) load their first
- * steps' weights into registers. Which one where was measured (8B, H200,
- * batch 1, tok/s): Q4_K_M 306 with PDL alone, 314 with the prefetch, 309
+ * wait, overlapping that DRAM traffic with the previous kernel: the
+ * K-quant GEMVs (mmqv, the fp32 ones) prefetch each warp's first loop
+ * iteration into L2 (prefetch_l2), the tensor-core BF16 kernels
+ * (mmt_slice) load their first steps' weights into registers. Which one
+ * where was measured (8B, H200, batch 1, tok/s; Q4_K_M on the dp4a GEMVs
+ * that mmqv replaced): Q4_K_M 306 with PDL alone, 314 with the prefetch, 309
  * with register loads instead (298 serial, AUGUR_CUDA_PDL=0, prefetching);
  * BF16 214 with PDL alone, 174 with the prefetch (many small bulk
  * prefetches per warp), 227 with register loads (211 serial). Without the attribute (or before sm_90) the two
@@ -123,19 +124,20 @@ static __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes) 
 
 /* ---- staged weight rows (s->stage_mode) ----
  *
- * A dp4a GEMV block's rows lie back to back in W, so one bulk copy (the
- * TMA's cp.async.bulk) brings all of them into shared memory, and it is
- * issued before the PDL wait. A warp then has its whole row in flight at
- * once instead of MMV_G4 groups of blocks in registers, and the copy
- * overlaps the previous kernel's tail. The arithmetic is the same, lane
- * for lane: the bits do not change. Where it pays was measured (H100, 8B
- * Q4_K_M, batch 1, tok/s, two rounds; ncu before: the GEMVs at 1.1-2.0 TB/s
- * of 3.35, 76% of the warps' time waiting on L1TEX loads): in the group
- * launches (q/k/v, gate/up) 320.9 / 319.5, against 301.7 / 302.6 unstaged
- * and 299.2 / 299.4 with gate/up pairs alone (the earlier default); staged
- * in every kernel 301.5 / 300.2: the single weights (o, down, the output)
- * lose as much, long Q6_K rows most (46 KB a block: 4 blocks an SM, each
- * waiting for all its rows before any arithmetic). stage_rows: thread 0
+ * An mmqv block's rows lie back to back in W, so one bulk copy (the TMA's
+ * cp.async.bulk) brings all of them into shared memory, and it is issued
+ * before the PDL wait. A warp then has its whole row in flight at once
+ * instead of a few steps of blocks in registers, and the copy overlaps the
+ * previous kernel's tail. The arithmetic is the same, lane for lane: the
+ * bits do not change. Where it pays was measured on the dp4a GEMVs that
+ * mmqv replaced, which staged the same way (H100, 8B Q4_K_M, batch 1,
+ * tok/s, two rounds; ncu before: the GEMVs at 1.1-2.0 TB/s of 3.35, 76% of
+ * the warps' time waiting on L1TEX loads): in the group launches (q/k/v,
+ * gate/up) 320.9 / 319.5, against 301.7 / 302.6 unstaged and 299.2 / 299.4
+ * with gate/up pairs alone (the earlier default); staged in every kernel
+ * 301.5 / 300.2: the single weights (o, down, the output) lose as much,
+ * long Q6_K rows most (46 KB a block: 4 blocks an SM, each waiting for all
+ * its rows before any arithmetic). stage_rows: thread 0
  * sets up the block's barrier and issues the copy (bytes a multiple of 16,
  * both ends 16-byte aligned: mmv_stage_bytes checks); then every thread
  * must pass the block barrier before stage_wait. */
@@ -254,27 +256,22 @@ typedef struct {
     ag_kv_mem kvmem;
 
     /* decode rows' activations as int8 per 32 (quantize_q8_32) for the
-     * dp4a K-quant GEMVs; sized in begin for n rows of the widest weight
-     * (max_k), so a recorded pass never regrows them */
+     * K-quant kernels (mmqv, mmq); sized in begin for n rows of the widest
+     * weight (max_k), so a recorded pass never regrows them */
     int8_t *d_xq;
     float2 *d_xs;
     size_t  cap_xq, cap_xs; /* elements */
     int     max_k;          /* largest ne[0] of a prepared K-quant weight */
-    bool    mmv_dp4a;       /* on unless AUGUR_CUDA_MMV=fp32 */
-    /* mmq_on: Q4_K/Q6_K decode rows have mmq's bits: up to few_rows rows
-     * a matmul take mmqv (the few-row kernels with mmq's arithmetic), more
-     * the tensor-core kernels (mmq_q4k/mmq_q6k), chosen per call since both
-     * give a row the same bits. AUGUR_CUDA_MMQ=0: the dp4a GEMVs at every
-     * batch instead (other bits: an A/B switch; a row's bits still do not
-     * depend on its batch); =1: mmq at every batch (few_rows 0). H200, 8B
-     * Q4_K_M, tok/s at 1 / 8 / 64 sequences: dp4a 250 / 626 / 799, mmq 203
-     * / 1412 / 3510. few_rows: MMQV_FEW, AUGUR_CUDA_FEW=0..MMQV_NT_MAX.
-     * fa_on: prompt-row attention over fp16 KV on the tensor cores
+    /* mmv_dp4a: decode rows of Q4_K/Q6_K on int8 activations (uses_dp4a:
+     * up to MMQV_FEW rows a matmul mmqv, more mmq, both with mmq's bits)
+     * and of BF16 on mmt_bf16 (uses_mmt); AUGUR_CUDA_MMV=fp32: the fp32
+     * GEMVs for every type (an A/B switch) */
+    bool    mmv_dp4a;
+    /* fa_on: prompt-row attention over fp16 KV on the tensor cores
      * (attention_mma_k) unless AUGUR_CUDA_FA=0 (the SIMT tile kernel): 8B
      * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
-    bool mmq_on, fa_on;
-    int  few_rows;
-    bool mmqv_smem_ready[3]; /* the staged mmqv<NT, true>'s dynamic shared memory opted in to 48 KB (NT 1, 2, 4) */
+    bool fa_on;
+    bool mmqv_smem_ready[2]; /* the staged mmqv<NT, true>'s dynamic shared memory opted in to 48 KB (NT 1, 2) */
     bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
     /* fa_one_pass: attention_fa1_k, the default; AUGUR_CUDA_FA=2pass:
      * attention_fa_k. H200, 8B prefill at 512 / 4096 tokens, tok/s, two-pass
@@ -330,9 +327,9 @@ typedef struct {
         float        eps;
         int          dim, rows;
     } lazy;
-    bool mmv_split_on; /* the dp4a GEMVs' K split for weights of few rows (AUGUR_CUDA_MMV_SPLIT=0: off, for A/B) */
-    /* the dp4a GEMVs' rows staged in shared memory (stage_rows): 1 in group
-     * launches (the default), 2 in every kernel, 0 none (AUGUR_CUDA_STAGE=0|1|2;
+    bool mmv_split_on; /* mmqv's rows over several warps for few-row weights (mmqv_ws; AUGUR_CUDA_MMV_SPLIT=0: off, A/B) */
+    /* mmqv's rows staged in shared memory (stage_rows): 1 in group
+     * launches (the default), 2 in every launch, 0 none (AUGUR_CUDA_STAGE=0|1|2;
      * why 1: see stage_rows) */
     int stage_mode;
     /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
@@ -355,9 +352,9 @@ typedef struct {
     int      *d_cs_nf, *d_split_cnt;
     double   *d_split_sum, *d_sp_part;
     float    *d_sp_slice_m, *d_sp_m;
-    /* matmul_multi's dp4a weights in one launch (dp4a_group_len): 1 groups of
-     * up to 3 of any kind (the default), 2 only pairs of unsplit Q4_K (A/B),
-     * 0 none (AUGUR_CUDA_PAIR=0|2) */
+    /* matmul_multi's Q4_K/Q6_K weights' few decode rows in one mmqv launch
+     * (mmqv_group_len): 1 groups of up to MMQV_PARTS (the default), 2 only
+     * pairs (A/B), 0 none (AUGUR_CUDA_PAIR=0|2) */
     int pair_mode;
     bool fuse_on;     /* add_rmsnorm and rope_kv_store in one kernel each (the default; AUGUR_CUDA_FUSE=0: the
                          separate ops' kernels, for A/B) */
@@ -820,66 +817,6 @@ static __device__ __forceinline__ void mmv_store(const float acc[NT], int nt, in
     }
 }
 
-/* The dp4a GEMVs split the K range of a row over ks warps (4, or 2 for short
- * rows) when the weight has few rows: one warp per row left most SMs empty
- * on an 8B model's k/v projections (1024 rows: 256 blocks, 12% of the warp
- * slots active, 7-8% of the DRAM peak; ncu, H200). ks depends
- * on the weight's shape only (mmv_split), never on the batch, and the
- * warps' sums are added in warp order: batch invariance holds. The warps of
- * a row are adjacent in the block (warp = MMV_WARPS / ks rows x ks). */
-static int mmv_split(int n_out, int nb) {
-    /* 4 warps per row below 2048 rows. At 4096 rows (q, o, down of an 8B
-     * model) 2 warps were slower: Q4_K 7.55 -> 7.90 us, Q6_K down 32.4 ->
-     * 41.6 us (ncu, H200); 1024 rows: Q4_K 6.1 -> 4.2 us, Q6_K 9.9 -> 6.4. */
-    int ks = n_out >= 2048 ? 1 : 4;
-    while (ks > 1 && nb < 2 * ks) ks >>= 1; /* at least two K blocks per warp */
-    return ks;
-}
-/* The range [*g0, *g1) of units (of n_units along K) that warp sub of ks takes. */
-static __device__ __forceinline__ void mmv_split_range(int n_units, int ks, int sub, int *g0, int *g1) {
-    const int per = (n_units + ks - 1) / ks;
-    *g0 = min(n_units, sub * per);
-    *g1 = min(n_units, *g0 + per);
-}
-/* A staged block (stage_rows): its rows of W (MMV_WARPS / ks, fewer at the
- * end) into the dynamic shared memory; returns where this warp's row lies
- * there. Every thread of the block must call it. */
-template <int ks>
-static __device__ __forceinline__ const uint8_t *stage_block_rows(const uint8_t *W, size_t row_bytes, int n_out, int bx,
-                                                                  uint64_t *bar) {
-    extern __shared__ __align__(128) uint8_t mmv_stage[];
-    const int row0 = bx * (MMV_WARPS / ks), rows = min(MMV_WARPS / ks, n_out - row0);
-    stage_rows(mmv_stage, W + (size_t)row0 * row_bytes, (uint32_t)(rows * row_bytes), bar);
-    return mmv_stage + (size_t)min((int)(threadIdx.x >> 5) / ks, rows - 1) * row_bytes;
-}
-
-/* As mmv_store, for a row split over ks adjacent warps: each warp's lane sum,
- * then the warps' sums in warp order, written by the first warp's lane 0.
- * Every warp of the block must call it (a barrier). */
-template <int NT>
-static __device__ __forceinline__ void mmv_store_split(const float acc[NT], int nt, int lane, int warp, int ks, int tok0,
-                                                       int n_out, int row, float *__restrict__ y) {
-    if (ks == 1) {
-        if (row < n_out) mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
-        return;
-    }
-    __shared__ float part[MMV_WARPS][NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]);
-        if (lane == 0) part[warp][t] = v;
-    }
-    __syncthreads();
-    if (lane != 0 || warp % ks != 0 || row >= n_out) return;
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        float v = part[warp][t];
-        for (int w = 1; w < ks; w++) v = __fadd_rn(v, part[warp + w][t]);
-        y[(size_t)(tok0 + t) * n_out + row] = v;
-    }
-}
-
 /* y[t][row] = Σ_k W[row][k] x[t][k] for the block's rows and tokens. One warp
  * per row; lane l takes units l, l+32, ... (the legacy 32-element types:
  * small models only, so no load batching). */
@@ -918,47 +855,38 @@ __global__ void mmv_quant(const uint8_t *__restrict__ W, size_t row_bytes, int K
     mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
 }
 
-/* Activations as the block kernels read them: fp32, or int8 per 32
- * elements with (d, d * Σq) per block (quantize_q8_32). */
+/* Activations as the block kernels read them (fp32). */
 struct act_f32 {
     const float *__restrict__ x;
-};
-struct act_q8 {
-    const int8_t *__restrict__ xq;
-    const float2 *__restrict__ xs;
 };
 
 /* The loop of the GEMVs over 256-element K-quant blocks, one warp per row:
  * KIND::U blocks' raw bytes loaded (KIND::load) before any is decoded
  * (KIND::apply), then the tail one block at a time. */
-template <class KIND, int NT, int ks = 1, bool ST = false, class ACT>
+template <class KIND, int NT, class ACT>
 static __device__ __forceinline__ void mmv_kblocks(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                                                   const ACT act, int n_tok, float *__restrict__ y, int bx) {
+                                                   const ACT act, int n_tok, float *__restrict__ y) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = bx * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
+    const int row = blockIdx.x * MMV_WARPS + warp, tok0 = blockIdx.y * NT;
     const int      nt = min(NT, n_tok - tok0), nb = K / 256;
     const uint8_t *wr = W + (size_t)min(row, n_out - 1) * row_bytes;
-    int            b = 0, b_end = nb;
-    if constexpr (ks > 1) mmv_split_range(row < n_out ? nb : 0, ks, warp % ks, &b, &b_end);
-    __shared__ uint64_t stage_bar;
-    if constexpr (ST) wr = stage_block_rows<ks>(W, row_bytes, n_out, bx, &stage_bar);
-    else if (lane == 0 && row < n_out && b < b_end)
-        prefetch_l2(wr + (size_t)b * (row_bytes / nb), (size_t)min(PDL_PF_MUL * KIND::U, b_end - b) * (row_bytes / nb));
+    int            b = 0;
+    if (lane == 0 && row < n_out && b < nb)
+        prefetch_l2(wr, (size_t)min(PDL_PF_MUL * KIND::U, nb) * (row_bytes / nb));
     pdl_entry();
-    if (ks == 1 && row >= n_out) return;
-    if constexpr (ST) stage_wait(&stage_bar);
+    if (row >= n_out) return;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (; b + KIND::U <= b_end; b += KIND::U) {
+    for (; b + KIND::U <= nb; b += KIND::U) {
         typename KIND::raw r[KIND::U];
 #pragma unroll
-        for (int u = 0; u < KIND::U; u++) r[u] = KIND::template load<ST>(wr, b + u, lane);
+        for (int u = 0; u < KIND::U; u++) r[u] = KIND::load(wr, b + u, lane);
 #pragma unroll
         for (int u = 0; u < KIND::U; u++) KIND::template apply<NT>(r[u], b + u, lane, act, K, tok0, nt, acc);
     }
-    for (; b < b_end; b++) KIND::template apply<NT>(KIND::template load<ST>(wr, b, lane), b, lane, act, K, tok0, nt, acc);
-    mmv_store_split<NT>(acc, nt, lane, warp, ks, tok0, n_out, row, y);
+    for (; b < nb; b++) KIND::template apply<NT>(KIND::load(wr, b, lane), b, lane, act, K, tok0, nt, acc);
+    mmv_store<NT>(acc, nt, lane, tok0, n_out, row, y);
 }
 
 /* Q4_K with the warp on one 256-element block at a time: lane l holds
@@ -1009,7 +937,6 @@ static __device__ __forceinline__ void q4k_block(const q4k_raw r, int b, int lan
 struct q4k_kind {
     typedef q4k_raw raw;
     static const int U = MMV_U4;
-    template <bool ST>
     static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q4k_load(wr, b, lane); }
     template <int NT>
     static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_f32 a, int K, int tok0, int nt,
@@ -1020,7 +947,7 @@ struct q4k_kind {
 template <int NT>
 __global__ void mmv_q4k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
                         int n_tok, float *__restrict__ y) {
-    mmv_kblocks<q4k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y, blockIdx.x);
+    mmv_kblocks<q4k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y);
 }
 
 /* Q6_K the same way: lane l takes half h = l/16 of a block and positions
@@ -1072,7 +999,6 @@ static __device__ __forceinline__ void q6k_block(const q6k_raw r, int b, int lan
 struct q6k_kind {
     typedef q6k_raw raw;
     static const int U = MMV_U6;
-    template <bool ST>
     static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q6k_load(wr, b, lane); }
     template <int NT>
     static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_f32 a, int K, int tok0, int nt,
@@ -1083,19 +1009,19 @@ struct q6k_kind {
 template <int NT>
 __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out, const float *__restrict__ x,
                         int n_tok, float *__restrict__ y) {
-    mmv_kblocks<q6k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y, blockIdx.x);
+    mmv_kblocks<q6k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y);
 }
 
-/* ---- K-quant GEMVs on int8 activations (dp4a) ----
+/* ---- K-quant decode rows' activations as int8 (dp4a) ----
  *
  * The fp32-activation kernels above spend most of their instructions
  * turning nibbles into floats (8 conversions and 8 FMAs per 8 weights and
- * token). These take the activations as int8 per 32 elements, as the CPU's
- * K-quant kernels (Q8_K) and llama.cpp's MMVQ (Q8_1) do: one dp4a per 4
- * weights and token, exact int32 sums, the scales applied per sub-block.
- * Used for Q4_K and Q6_K decode rows in a process that carries one row per
- * pass (mmq_on false: ag_cuda_backend_new's hint); otherwise the
- * tensor-core kernels (mmq_q4k, mmq_q6k below) take them.
+ * token). The Q4_K/Q6_K decode-row kernels (mmqv and mmq below) take the
+ * activations as int8 per 32 elements instead, as the CPU's K-quant
+ * kernels (Q8_K) and llama.cpp's MMVQ (Q8_1) do: exact int32 sums (dp4a,
+ * or the tensor cores' s8 mma), the scales applied per sub-block. (The
+ * dp4a GEMVs that once took them at every batch were retired: mmqv is
+ * faster at 1-2 rows and has mmq's bits; docs/design-notes.md.)
  * AUGUR_CUDA_MMV=fp32 selects the fp32 kernels (an A/B switch). */
 
 /* Decode rows' activations as int8 per 32 elements: q = round(x / d) with
@@ -1117,266 +1043,6 @@ __global__ void quantize_q8_32(const float *__restrict__ x, int n_blocks32, int8
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) xs[blk] = make_float2(d, __fmul_rn(d, (float)sum));
-}
-
-/* Q4_K: the warp on 4 blocks at a time, 8 lanes a block; lane p of a block
- * holds 16 quant bytes (qs[16p..16p+15]: group g = p/2, half h = p%2), i.e.
- * 16 low-nibble weights of sub-block 2g and 16 high-nibble weights of
- * sub-block 2g+1, and the block's 16-byte header (d, dmin, scales). Per
- * token: 8 dp4a. The min term (dmin * m * Σx) is added once per sub-block,
- * by the h = 0 lane, from the activation block's d * Σq. */
-#ifndef MMV_G4 /* (-D for tuning experiments) */
-#define MMV_G4 2 /* groups of 4 blocks loaded ahead */
-#endif
-struct q4k_raw16 {
-    uint4 head, q;
-};
-template <int NT>
-static __device__ __forceinline__ void q4k_dp4a_block(const q4k_raw16 r, int b, int lane, const int8_t *__restrict__ xq,
-                                                      const float2 *__restrict__ xs, int K, int tok0, int nt,
-                                                      float acc[NT]) {
-    const int   p = lane & 7, g = p >> 1, h = p & 1;
-    const float d = __half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF)));
-    const float dmin = __half2float(__ushort_as_half((uint16_t)(r.head.x >> 16)));
-    float       sc0, mn0, sc1, mn1;
-    cq_k4_scale_min_w(2 * g, r.head.y, r.head.z, r.head.w, &sc0, &mn0);
-    cq_k4_scale_min_w(2 * g + 1, r.head.y, r.head.z, r.head.w, &sc1, &mn1);
-    const float    a0 = __fmul_rn(d, sc0), a1 = __fmul_rn(d, sc1), m0 = __fmul_rn(dmin, mn0), m1 = __fmul_rn(dmin, mn1);
-    const uint32_t qw[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        const int8_t *xr = xq + (size_t)(tok0 + t) * K + (size_t)b * 256 + 64 * g + 16 * h;
-        const int4    xl = __ldg((const int4 *)xr), xh = __ldg((const int4 *)(xr + 32));
-        const int     xlw[4] = {xl.x, xl.y, xl.z, xl.w}, xhw[4] = {xh.x, xh.y, xh.z, xh.w};
-        const float2 *sr = xs + (size_t)(tok0 + t) * (K / 32) + 8 * b + 2 * g;
-        const float2  sl = __ldg(sr), sh = __ldg(sr + 1);
-        int           il = 0, ih = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            il = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xlw[k], il);
-            ih = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xhw[k], ih);
-        }
-        float v = __fadd_rn(__fmul_rn(__fmul_rn(a0, sl.x), (float)il), __fmul_rn(__fmul_rn(a1, sh.x), (float)ih));
-        if (h == 0) v = __fsub_rn(v, __fadd_rn(__fmul_rn(m0, sl.y), __fmul_rn(m1, sh.y)));
-        acc[t] = __fadd_rn(acc[t], v);
-    }
-}
-/* bx: the block's index along W's rows (blockIdx.x, or its place in a
- * paired launch). */
-template <int NT, int ks, bool ST>
-static __device__ __forceinline__ void q4k_dp4a_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                                                     const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
-                                                     int n_tok, float *__restrict__ y, int bx) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int row = bx * (MMV_WARPS / ks) + warp / ks, tok0 = blockIdx.y * NT;
-    const int      nt = min(NT, n_tok - tok0), nb = K / 256, bi = lane >> 3;
-    const int      row_c = min(row, n_out - 1);
-    const uint8_t *wr = W + (size_t)row_c * row_bytes + 16 * (lane & 7);
-    int            b4 = 0, nb_w = nb; /* this warp's blocks: [b4, nb_w), whole groups of 4 */
-    if constexpr (ks > 1) {
-        int g0, g1;
-        mmv_split_range(row < n_out ? (nb + 3) / 4 : 0, ks, warp % ks, &g0, &g1);
-        b4 = 4 * g0, nb_w = min(nb, 4 * g1);
-    }
-    const uint8_t *row_start = W + (size_t)row_c * row_bytes;
-    __shared__ uint64_t stage_bar;
-    if constexpr (ST) {
-        row_start = stage_block_rows<ks>(W, row_bytes, n_out, bx, &stage_bar);
-        wr = row_start + 16 * (lane & 7);
-    } else if (lane == 0 && row < n_out && b4 < nb_w)
-        prefetch_l2(row_start + (size_t)b4 * 144, (size_t)min(PDL_PF_MUL * 4 * MMV_G4, nb_w - b4) * 144);
-    /* block b as this lane holds it: the header, and its 16 quant bytes */
-    auto load = [&](int b) {
-        q4k_raw16 r;
-        r.head = wld<ST>((const uint4 *)(row_start + (size_t)b * 144));
-        r.q = wld<ST>((const uint4 *)(wr + (size_t)b * 144 + 16));
-        return r;
-    };
-    pdl_entry();
-    if (ks == 1 && row >= n_out) return;
-    if constexpr (ST) stage_wait(&stage_bar);
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (; b4 + 4 * MMV_G4 <= nb_w; b4 += 4 * MMV_G4) {
-        q4k_raw16 r[MMV_G4];
-#pragma unroll
-        for (int u = 0; u < MMV_G4; u++) r[u] = load(b4 + 4 * u + bi);
-#pragma unroll
-        for (int u = 0; u < MMV_G4; u++) q4k_dp4a_block<NT>(r[u], b4 + 4 * u + bi, lane, xq, xs, K, tok0, nt, acc);
-    }
-    for (; b4 < nb_w; b4 += 4) {
-        const int b = b4 + bi;
-        if (b >= nb_w) continue; /* the last group's missing blocks: the lane adds nothing */
-        q4k_dp4a_block<NT>(load(b), b, lane, xq, xs, K, tok0, nt, acc);
-    }
-    mmv_store_split<NT>(acc, nt, lane, warp, ks, tok0, n_out, row, y);
-}
-/* The unsplit kernels keep the compiler's own register choice (48 for Q4_K,
- * 56 for Q6_K at NT = 1: any __launch_bounds__ changed it, to 60 and 70);
- * the split ones are held to 64 (unbounded, Q6_K took 125, a quarter of the
- * warp slots). */
-#define MMV_SPLIT_BOUNDS __launch_bounds__(32 * MMV_WARPS, 8)
-template <int NT, bool ST>
-__global__ void mmv_q4k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                             const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
-                             float *__restrict__ y) {
-    q4k_dp4a_rows<NT, 1, ST>(W, row_bytes, K, n_out, xq, xs, n_tok, y, blockIdx.x);
-}
-template <int NT, int ks, bool ST>
-__global__ void MMV_SPLIT_BOUNDS mmv_q4k_dp4a_split(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                                                    const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
-                                                    int n_tok, float *__restrict__ y) {
-    q4k_dp4a_rows<NT, ks, ST>(W, row_bytes, K, n_out, xq, xs, n_tok, y, blockIdx.x);
-}
-
-/* Q6_K: lane l takes half hf = l/16 of a block, quadrant pair c = (l/8)%2
- * and positions l0..l0+3 (l0 = 4(l%8)): one ql word (low nibbles: quadrant
- * c, high: c+2) and one qh word, read as 2-byte halves (blocks are 210
- * bytes, 2-byte aligned); the weights as signed bytes, 2 dp4a per token. */
-#ifndef MMV_U6D
-#define MMV_U6D 8
-#endif
-struct q6k_raw8 {
-    uint32_t ql, qh, sc, d;
-};
-template <bool ST>
-static __device__ __forceinline__ q6k_raw8 q6k_dp4a_load(const uint8_t *wr, int b, int lane) {
-    const int      hf = lane >> 4, c = (lane >> 3) & 1, l0 = 4 * (lane & 7);
-    const uint8_t *blk = wr + (size_t)b * 210;
-    const uint16_t *ql = (const uint16_t *)(blk + 64 * hf + 32 * c + l0), *qh = (const uint16_t *)(blk + 128 + 32 * hf + l0);
-    const uint8_t *sc = blk + 192 + 8 * hf + 2 * c + (l0 >> 4);
-    q6k_raw8       r;
-    r.ql = (uint32_t)wld<ST>(ql) | (uint32_t)wld<ST>(ql + 1) << 16;
-    r.qh = (uint32_t)wld<ST>(qh) | (uint32_t)wld<ST>(qh + 1) << 16;
-    r.sc = (uint32_t)wld<ST>(sc) | (uint32_t)wld<ST>(sc + 4) << 8; /* quadrants c and c+2 */
-    r.d = wld<ST>((const uint16_t *)(blk + 208));
-    return r;
-}
-template <int NT>
-static __device__ __forceinline__ void q6k_dp4a_block(const q6k_raw8 r, int b, int lane, const int8_t *__restrict__ xq,
-                                                      const float2 *__restrict__ xs, int K, int tok0, int nt,
-                                                      float acc[NT]) {
-    const int   hf = lane >> 4, c = (lane >> 3) & 1, l0 = 4 * (lane & 7);
-    const float d = __half2float(__ushort_as_half((uint16_t)r.d));
-    const float s0 = __fmul_rn(d, (float)(int8_t)(r.sc & 0xFF)), s1 = __fmul_rn(d, (float)(int8_t)(r.sc >> 8));
-    const int   w0 = (int)__vsubss4((r.ql & 0x0F0F0F0Fu) | (((r.qh >> (2 * c)) & 0x03030303u) << 4), 0x20202020u);
-    const int   w1 =
-        (int)__vsubss4(((r.ql >> 4) & 0x0F0F0F0Fu) | (((r.qh >> (2 * c + 4)) & 0x03030303u) << 4), 0x20202020u);
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        if (t >= nt) break;
-        const int8_t *xr = xq + (size_t)(tok0 + t) * K + (size_t)b * 256 + 128 * hf + 32 * c + l0;
-        const int     x0 = __ldg((const int *)xr), x1 = __ldg((const int *)(xr + 64));
-        const float2 *sr = xs + (size_t)(tok0 + t) * (K / 32) + 8 * b + 4 * hf + c;
-        const float   d0 = __ldg(&sr->x), d1 = __ldg(&sr[2].x);
-        const float   v = __fadd_rn(__fmul_rn(__fmul_rn(s0, d0), (float)__dp4a(w0, x0, 0)),
-                                    __fmul_rn(__fmul_rn(s1, d1), (float)__dp4a(w1, x1, 0)));
-        acc[t] = __fadd_rn(acc[t], v);
-    }
-}
-struct q6k_dp4a_kind {
-    typedef q6k_raw8 raw;
-    static const int U = MMV_U6D;
-    template <bool ST>
-    static __device__ __forceinline__ raw load(const uint8_t *wr, int b, int lane) { return q6k_dp4a_load<ST>(wr, b, lane); }
-    template <int NT>
-    static __device__ __forceinline__ void apply(const raw r, int b, int lane, const act_q8 a, int K, int tok0, int nt,
-                                                 float acc[NT]) {
-        q6k_dp4a_block<NT>(r, b, lane, a.xq, a.xs, K, tok0, nt, acc);
-    }
-};
-template <int NT, bool ST>
-__global__ void mmv_q6k_dp4a(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                             const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok,
-                             float *__restrict__ y) {
-    mmv_kblocks<q6k_dp4a_kind, NT, 1, ST>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y, blockIdx.x);
-}
-template <int NT, int ks, bool ST>
-__global__ void MMV_SPLIT_BOUNDS mmv_q6k_dp4a_split(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                                                    const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
-                                                    int n_tok, float *__restrict__ y) {
-    mmv_kblocks<q6k_dp4a_kind, NT, ks, ST>(W, row_bytes, K, n_out, act_q8{xq, xs}, n_tok, y, blockIdx.x);
-}
-
-/* The dp4a GEMVs; ks, the K split (mmv_split: 1, 2 or 4), is a template
- * parameter, so that ks = 1 is the unsplit kernel (a runtime ks cost the
- * Q6_K kernel 40 registers, and half its occupancy). */
-typedef void (*mmv_q8_kernel)(const uint8_t *, size_t, int, int, const int8_t *, const float2 *, int, float *);
-
-template <int NT, int ks, bool ST>
-static mmv_q8_kernel mmv_q8_for_ks(uint32_t type) {
-    return type == CQ_Q4_K ? mmv_q4k_dp4a_split<NT, ks, ST> : type == CQ_Q6_K ? mmv_q6k_dp4a_split<NT, ks, ST> : NULL;
-}
-template <int NT, bool ST>
-static mmv_q8_kernel mmv_q8_for_st(uint32_t type, int ks) {
-    if (ks == 1) return type == CQ_Q4_K ? mmv_q4k_dp4a<NT, ST> : type == CQ_Q6_K ? mmv_q6k_dp4a<NT, ST> : NULL;
-    return ks == 4 ? mmv_q8_for_ks<NT, 4, ST>(type) : mmv_q8_for_ks<NT, 2, ST>(type);
-}
-/* st: the staged kernels (stage_rows), launched with mmv_stage_bytes of shared memory */
-template <int NT>
-static mmv_q8_kernel mmv_q8_for_nt(uint32_t type, int ks, bool st) {
-    return st ? mmv_q8_for_st<NT, true>(type, ks) : mmv_q8_for_st<NT, false>(type, ks);
-}
-
-
-/* Up to MMV_GROUP_MAX dp4a weights of one K over the same decode rows in
- * one launch (a matmul_multi's q/k/v, or gate/up): blocks [blk0[i],
- * blk0[i + 1]) take part i's rows, each with its own kernel's arithmetic
- * (type and K split: part_kind), so the bits of separate launches. Saves
- * launches at batch 1, where each costs a ramp and a drain: gate/up paired
- * took 8B Q4_K_M 314 -> 324 tok/s (H200, with PDL); AUGUR_CUDA_PAIR=0 gives
- * one launch a weight. Two kernels: mmv_dp4a_pair for parts that are all
- * unsplit Q4_K (the compiler's own register choice, as mmv_q4k_dp4a), and
- * mmv_dp4a_group for any mix, held to 64 registers as the split kernels. */
-#define MMV_GROUP_MAX 3
-enum { PART_Q4K_1, PART_Q4K_2, PART_Q4K_4, PART_Q6K_1, PART_Q6K_2, PART_Q6K_4 };
-struct mmv_group {
-    const uint8_t *W[MMV_GROUP_MAX];
-    float         *y[MMV_GROUP_MAX];
-    size_t         row_bytes[MMV_GROUP_MAX];
-    int            n_out[MMV_GROUP_MAX], kind[MMV_GROUP_MAX], blk0[MMV_GROUP_MAX + 1], n;
-};
-template <int NT, bool ST, bool MIXED>
-static __device__ __forceinline__ void mmv_group_part(const mmv_group &g, int K, const int8_t *__restrict__ xq,
-                                                      const float2 *__restrict__ xs, int n_tok) {
-    const int      bx = (int)blockIdx.x, i = g.n > 2 && bx >= g.blk0[2] ? 2 : g.n > 1 && bx >= g.blk0[1] ? 1 : 0;
-    const uint8_t *W = i == 0 ? g.W[0] : i == 1 ? g.W[1] : g.W[2];
-    float         *y = i == 0 ? g.y[0] : i == 1 ? g.y[1] : g.y[2];
-    const size_t   rb = i == 0 ? g.row_bytes[0] : i == 1 ? g.row_bytes[1] : g.row_bytes[2];
-    const int      n_out = i == 0 ? g.n_out[0] : i == 1 ? g.n_out[1] : g.n_out[2];
-    const int      kind = i == 0 ? g.kind[0] : i == 1 ? g.kind[1] : g.kind[2];
-    const int      b = bx - (i == 0 ? 0 : i == 1 ? g.blk0[1] : g.blk0[2]);
-    if constexpr (!MIXED) {
-        q4k_dp4a_rows<NT, 1, ST>(W, rb, K, n_out, xq, xs, n_tok, y, b);
-    } else {
-        const act_q8 a{xq, xs};
-        switch (kind) {
-        case PART_Q4K_1: q4k_dp4a_rows<NT, 1, ST>(W, rb, K, n_out, xq, xs, n_tok, y, b); break;
-        case PART_Q4K_2: q4k_dp4a_rows<NT, 2, ST>(W, rb, K, n_out, xq, xs, n_tok, y, b); break;
-        case PART_Q4K_4: q4k_dp4a_rows<NT, 4, ST>(W, rb, K, n_out, xq, xs, n_tok, y, b); break;
-        case PART_Q6K_1: mmv_kblocks<q6k_dp4a_kind, NT, 1, ST>(W, rb, K, n_out, a, n_tok, y, b); break;
-        case PART_Q6K_2: mmv_kblocks<q6k_dp4a_kind, NT, 2, ST>(W, rb, K, n_out, a, n_tok, y, b); break;
-        default: mmv_kblocks<q6k_dp4a_kind, NT, 4, ST>(W, rb, K, n_out, a, n_tok, y, b); break;
-        }
-    }
-}
-template <int NT, bool ST>
-__global__ void mmv_dp4a_pair(const mmv_group g, int K, const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
-                              int n_tok) {
-    mmv_group_part<NT, ST, false>(g, K, xq, xs, n_tok);
-}
-template <int NT, bool ST>
-__global__ void MMV_SPLIT_BOUNDS mmv_dp4a_group(const mmv_group g, int K, const int8_t *__restrict__ xq,
-                                                const float2 *__restrict__ xs, int n_tok) {
-    mmv_group_part<NT, ST, true>(g, K, xq, xs, n_tok);
-}
-typedef void (*mmv_group_kernel)(const mmv_group, int, const int8_t *, const float2 *, int);
-template <int NT>
-static mmv_group_kernel mmv_group_for_nt(bool mixed, bool st) {
-    return mixed ? (st ? mmv_dp4a_group<NT, true> : mmv_dp4a_group<NT, false>)
-                 : (st ? mmv_dp4a_pair<NT, true> : mmv_dp4a_pair<NT, false>);
 }
 
 /* F16/BF16 rows with K % 8 == 0: 16-byte loads of 8 halves per lane (a warp
@@ -1994,8 +1660,8 @@ static void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int
 /* ---- matmul: decode rows of Q4_K weights on the tensor cores ---- */
 
 /* mmq_q4k: the int8 counterpart of mmt_bf16 for Q4_K weights, with the
- * activations quantized per 32 (quantize_q8_32), as the dp4a GEMV reads
- * them. One mma.sync m16n8k32 (s8 x s8 -> s32) per 32-element sub-block:
+ * activations quantized per 32 (quantize_q8_32), as mmqv reads them.
+ * One mma.sync m16n8k32 (s8 x s8 -> s32) per 32-element sub-block:
  * its integer sums Σ q·xq are exact, and the sub-block's scales are
  * applied after, per output: acc += (d·sc)·d_x·isum − (dmin·m)·(d_x·Σxq).
  * The same batch invariance as mmt_bf16 (K split by the weight's shape in
@@ -2318,13 +1984,13 @@ static __device__ __forceinline__ const uint8_t *mmqv_stage(const uint8_t *W, si
  *
  * Batch invariance asks that a row's bits never depend on its batch, so
  * the Q4_K/Q6_K decode rows of a process used to take one family for every
- * batch, chosen at creation: the dp4a GEMVs above (fast at 1 row) or mmq
- * (fast from 8). A server has slots, so it took mmq even for one stream
- * (H200, 8B Q4_K_M, tok/s at 1 / 8 / 64 sequences: dp4a 250 / 626 / 799,
- * mmq 203 / 1412 / 3510). mmqv computes, for every (row, token), exactly
- * the float operations mmq computes, in mmq's order, from the same inputs:
- * the few-row kernel can then follow the batch (matmul_decode: rows <=
- * s->few_rows here, more to mmq) and a row still has one bit pattern.
+ * batch, chosen at creation: the dp4a GEMVs (fast at 1 row; since retired)
+ * or mmq (fast from 8). A server has slots, so it took mmq even for one
+ * stream (H200, 8B Q4_K_M, tok/s at 1 / 8 / 64 sequences: dp4a 250 / 626
+ * / 799, mmq 203 / 1412 / 3510). mmqv computes, for every (row, token),
+ * exactly the float operations mmq computes, in mmq's order, from the same
+ * inputs: the few-row kernel can then follow the batch (matmul_decode:
+ * rows <= MMQV_FEW here, more to mmq) and a row still has one bit pattern.
  *
  * WHAT MMQ COMPUTES for row r and token t (mmq_lane, mmq_q4k_block,
  * mmq_q6k_block, mmt_finish): the row's nb = K / 256 blocks cut into KS =
@@ -2347,10 +2013,10 @@ static __device__ __forceinline__ const uint8_t *mmqv_stage(const uint8_t *W, si
  * block by block, so one warp load reads four slices' 128-byte pieces,
  * each coalesced over its 8 lanes. KS = 4 is one quad, 8 and 16 are two
  * and four; a weight of fewer than 2048 rows spreads its quads over ws =
- * KS / 4 warps (mmqv_ws, as mmv_split spreads the dp4a GEMVs' rows: the
- * k/v projections of an 8B have 1024 rows), else one warp walks them all.
+ * KS / 4 warps (mmqv_ws, as the dp4a GEMVs spread theirs: the k/v
+ * projections of an 8B have 1024 rows), else one warp walks them all.
  * Within a block, lane p of the group:
- *   Q4_K: quant bytes 16p .. 16p + 15 (the dp4a GEMV's layout: half p % 2
+ *   Q4_K: quant bytes 16p .. 16p + 15 (the dp4a GEMVs' layout: half p % 2
  *         of sub-blocks 2(p / 2) and 2(p / 2) + 1, low and high nibbles),
  *         one 16-byte load, and the 16-byte header; 8 dp4a per token give
  *         the two half sums, one shuffle with lane p ^ 1 completes sub-block
@@ -2380,15 +2046,18 @@ static __device__ __forceinline__ const uint8_t *mmqv_stage(const uint8_t *W, si
  * leaves a third of the issue slots free, two use about all of them at
  * full DRAM speed, four are issue-bound (about 1.4x the DRAM time), where
  * mmq costs at 4 rows what it costs at 1. Hence MMQV_FEW = 2: 1-2 decode
- * rows take mmqv, 3 and more mmq (AUGUR_CUDA_FEW=0..4 to tune: the bits
- * are the same either way). */
+ * rows take mmqv, 3 and more mmq (the bits are the same either way).
+ * Measured (H100, 8B Q4_K_M, tok/s): batch 2 mmqv 502-504, mmq 415; batch
+ * 4 mmqv 662, mmq 803; so the switch that tuned it and the 4-token
+ * kernel only it reached were retired. */
 #define MMQV_WARPS  4 /* warps a block */
 #define MMQV_U      2 /* steps (a block of each of a quad's 4 slices) loaded before any is used */
 #define MMQV_PARTS  3 /* weights of one K in one launch (q/k/v, gate/up) */
-#define MMQV_NT_MAX 4 /* the most tokens a block (the largest instantiation) */
+#define MMQV_NT_MAX 2 /* the most tokens a block (the largest instantiation) */
 #ifndef MMQV_FEW
-#define MMQV_FEW 2 /* decode rows up to which a matmul takes mmqv (s->few_rows; AUGUR_CUDA_FEW) */
+#define MMQV_FEW 2 /* decode rows up to which a matmul takes mmqv (the rest: mmq) */
 #endif
+static_assert(MMQV_FEW >= 0 && MMQV_FEW <= MMQV_NT_MAX, "mmqv has kernels for up to MMQV_NT_MAX tokens a block");
 
 /* Q4_K's 6-bit scale and min of sub-block j, the values cq_k4_scale_min_w
  * returns, without its branch on j (the lanes of a warp hold different j). */
@@ -2642,18 +2311,13 @@ static __device__ __forceinline__ void mmqv_body(const mmqv_group g, int K, cons
 }
 /* Registers: left to itself ptxas gave the one-token kernel 56 and issued
  * a step's loads only after the previous step's arithmetic; held to 64 (8
- * blocks an SM, as the dp4a split kernels) both steps' loads go out first.
- * Two tokens: 96 (at 64, and unbounded, it spilled); four: unbounded (80,
- * where any bound made it spill). */
+ * blocks an SM, as the dp4a split kernels were) both steps' loads go out
+ * first. Two tokens: 96 (at 64, and unbounded, it spilled). */
 template <int NT, bool ST>
 __global__ void __launch_bounds__(32 * MMQV_WARPS, NT == 1 ? 8 : 5)
     mmqv(const mmqv_group g, int K, const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok) {
+    static_assert(NT >= 1 && NT <= MMQV_NT_MAX, "mmqv: 1 or 2 tokens a block");
     mmqv_body<NT, ST>(g, K, xq, xs, n_tok);
-}
-template <bool ST>
-__global__ void mmqv4(const mmqv_group g, int K, const int8_t *__restrict__ xq, const float2 *__restrict__ xs,
-                      int n_tok) {
-    mmqv_body<4, ST>(g, K, xq, xs, n_tok);
 }
 
 /* ---- end of the mmqv kernel ---- */
@@ -2853,8 +2517,8 @@ static __device__ __forceinline__ void prep_store4(float4 v, size_t e, int fmt, 
 }
 
 /* Whether decode rows of this weight read the activations quantized by
- * quantize_q8_32: Q4_K and Q6_K, through the dp4a GEMVs or (AUGUR_CUDA_MMQ=1)
- * mmq_q4k / mmq_q6k. */
+ * quantize_q8_32: Q4_K and Q6_K, through mmqv (up to MMQV_FEW rows) or
+ * mmq_q4k / mmq_q6k (more). */
 static bool uses_dp4a(const cuda_state *s, const ag_tensor *w) {
     return s->mmv_dp4a && (w->type == CQ_Q4_K || w->type == CQ_Q6_K);
 }
@@ -2903,7 +2567,7 @@ static ag_status ensure_q8(cuda_state *s, const float *x, int n, int K, int *x_r
     return AG_OK;
 }
 
-/* The shared memory a staged dp4a GEMV block of `rows` rows of w needs, or
+/* The shared memory a staged mmqv block of `rows` rows of w needs, or
  * 0 where it takes the unstaged kernel: staging off, a bulk copy's 16-byte
  * alignment not met, or more than the 48 KB a block gets without opting in
  * (4 rows of K = 14336 Q6_K are 46 KB). */
@@ -2914,18 +2578,22 @@ static size_t mmv_stage_bytes(const cuda_state *s, const ag_tensor *w, int rows)
 }
 
 /* mmqv's warps a row for a weight of n_out rows in ks slices: below 2048
- * rows a row's quads go to ks / 4 warps (as mmv_split spreads the dp4a
- * GEMVs' rows: an 8B's k/v projections have 1024 rows, 256 blocks of one
- * row a warp would leave SMs idle), else one warp walks them all. Only who
- * computes a slice moves, never what it computes: the same bits. */
+ * rows a row's quads go to ks / 4 warps (an 8B's k/v projections have 1024
+ * rows, 256 blocks of one row a warp would leave SMs idle), else one warp
+ * walks them all. The threshold is the dp4a GEMVs' (retired), where one
+ * warp a row left most SMs empty on the k/v projections (12% of the warp
+ * slots active, 7-8% of the DRAM peak; ncu, H200) and, at 4096 rows (q, o,
+ * down), 2 warps were slower: Q4_K 7.55 -> 7.90 us, Q6_K down 32.4 -> 41.6
+ * us; at 1024 rows 4 warps took Q4_K 6.1 -> 4.2 us, Q6_K 9.9 -> 6.4. Only
+ * who computes a slice moves, never what it computes: the same bits. */
 static int mmqv_ws(const cuda_state *s, int n_out, int ks) { return s->mmv_split_on && n_out < 2048 ? ks / 4 : 1; }
 
 /* The decode rows of w[0..n_w) (Q4_K/Q6_K weights of K columns) over x's
  * n rows, quantized in d_xq/d_xs (1 <= n <= MMQV_NT_MAX), in one mmqv
  * launch, y[i] weight i's output: each row the bits mmq gives it. The rows
- * are staged in shared memory as the dp4a GEMVs' are (s->stage_mode: 1,
- * the default, in launches of several weights; 2 in every one) where
- * every weight's rows can be (mmv_stage_bytes). */
+ * are staged in shared memory (stage_rows; s->stage_mode: 1, the default,
+ * in launches of several weights; 2 in every one) where every weight's
+ * rows can be (mmv_stage_bytes). */
 static ag_status launch_mmqv(cuda_state *s, const ag_tensor *const *w, int n_w, int K, int n, float *const *y) {
     mmqv_group g;
     memset(&g, 0, sizeof g);
@@ -2942,11 +2610,9 @@ static ag_status launch_mmqv(cuda_state *s, const ag_tensor *const *w, int n_w, 
         staged = staged && b, smem = b > smem ? b : smem;
     }
     if (!staged) smem = 0;
-    const int nt = n <= 1 ? 1 : n <= 2 ? 2 : 4, nti = nt == 1 ? 0 : nt == 2 ? 1 : 2;
+    const int nt = n <= 1 ? 1 : 2, nti = nt - 1;
     void (*k)(const mmqv_group, int, const int8_t *, const float2 *, int) =
-        nt == 1 ? (smem ? mmqv<1, true> : mmqv<1, false>)
-        : nt == 2 ? (smem ? mmqv<2, true> : mmqv<2, false>)
-                  : (smem ? mmqv4<true> : mmqv4<false>);
+        nt == 1 ? (smem ? mmqv<1, true> : mmqv<1, false>) : (smem ? mmqv<2, true> : mmqv<2, false>);
     if (smem && !s->mmqv_smem_ready[nti]) { /* up to 48 KB of rows beside the kernel's own shared memory */
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024));
         s->mmqv_smem_ready[nti] = true;
@@ -2987,25 +2653,12 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
     if (uses_dp4a(s, w)) {
         ag_status st = ensure_q8(s, x, n, K, x_ready);
         if (st) return st;
-        if (s->mmq_on && n <= s->few_rows) return launch_mmqv(s, &w, 1, K, n, &y);
-        if (s->mmq_on) {
-            int        rows, toks, warps;
-            mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
-            dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-            launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
-                     s->d_xs, n, y);
-        } else {
-            const int     nt = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : 8; /* as mmv_for */
-            const int     ks = s->mmv_split_on ? mmv_split(n_out, K / 256) : 1, rows = MMV_WARPS / ks;
-            const size_t  smem = s->stage_mode == 2 ? mmv_stage_bytes(s, w, rows) : 0;
-            mmv_q8_kernel k = nt == 1   ? mmv_q8_for_nt<1>(w->type, ks, smem != 0)
-                            : nt == 2 ? mmv_q8_for_nt<2>(w->type, ks, smem != 0)
-                            : nt == 4 ? mmv_q8_for_nt<4>(w->type, ks, smem != 0)
-                                      : mmv_q8_for_nt<8>(w->type, ks, smem != 0);
-            dim3          grid((unsigned)((n_out + rows - 1) / rows), (unsigned)((n + nt - 1) / nt));
-            launch_k(s, k, grid, 32 * MMV_WARPS, smem, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq,
-                     s->d_xs, n, y);
-        }
+        if (n <= MMQV_FEW) return launch_mmqv(s, &w, 1, K, n, &y);
+        int        rows, toks, warps;
+        mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
+        dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
+        launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs, n,
+                 y);
         LAUNCHED();
         return AG_OK;
     }
@@ -3161,38 +2814,14 @@ static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, i
     return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready, true);
 }
 
-/* The part kind (PART_*: type and K split) of w's dp4a GEMV, or -1 where
- * its decode rows take another kernel (mmq_on: mmqv or mmq). */
-static int dp4a_part_kind(const cuda_state *s, const ag_tensor *w) {
-    if (!uses_dp4a(s, w) || s->mmq_on) return -1;
-    const int ks = s->mmv_split_on ? mmv_split((int)w->ne[1], (int)(w->ne[0] / 256)) : 1;
-    return (w->type == CQ_Q4_K ? PART_Q4K_1 : PART_Q6K_1) + (ks == 1 ? 0 : ks == 2 ? 1 : 2);
-}
-static int part_ks(int kind) { return kind % 3 == 0 ? 1 : kind % 3 == 1 ? 2 : 4; }
-
-/* How many weights from w[0] share one dp4a group launch (mmv_group): 2 to
- * MMV_GROUP_MAX of one K on the GEMV path, or 0. Split or Q6_K parts join
- * only at 1-2 decode rows: mmv_dp4a_group at 4-8 tokens spills (64
- * registers), and the launch saved matters most at batch 1. s->pair_mode 2
- * groups only unsplit Q4_K pairs (as before q/k/v joined; A/B), 0 none.
- * With mmq_on, the weights of one mmqv launch (launch_mmqv): 2 to
- * MMQV_PARTS Q4_K/Q6_K weights of one K at up to few_rows decode rows
- * (pair_mode 2: 2, 0: none), or 0 (beyond few_rows mmq, a launch each). */
-static int dp4a_group_len(const cuda_state *s, const ag_tensor *const *w, int n_w, int n_decode) {
-    if (!s->pair_mode || n_decode < 1) return 0;
-    if (s->mmq_on) { /* mmqv: up to MMQV_PARTS weights of any of its types (pair_mode 2: two) */
-        if (n_decode > s->few_rows) return 0;
-        int n = 0;
-        while (n < n_w && n < (s->pair_mode == 2 ? 2 : MMQV_PARTS) && uses_dp4a(s, w[n]) && w[n]->ne[0] == w[0]->ne[0])
-            n++;
-        return n >= 2 ? n : 0;
-    }
-    const bool mixed_ok = s->pair_mode == 1 && n_decode <= 2;
-    int        n = 0;
-    for (; n < n_w && n < (mixed_ok ? MMV_GROUP_MAX : 2) && w[n]->ne[0] == w[0]->ne[0]; n++) {
-        const int kind = dp4a_part_kind(s, w[n]);
-        if (kind < 0 || (!mixed_ok && kind != PART_Q4K_1)) break;
-    }
+/* How many weights from w[0] share one mmqv launch (launch_mmqv): 2 to
+ * MMQV_PARTS Q4_K/Q6_K weights of one K at up to MMQV_FEW decode rows
+ * (s->pair_mode 2: 2, 0: none), or 0 (beyond MMQV_FEW mmq, a launch each). */
+static int mmqv_group_len(const cuda_state *s, const ag_tensor *const *w, int n_w, int n_decode) {
+    if (!s->pair_mode || n_decode < 1 || n_decode > MMQV_FEW) return 0;
+    int n = 0;
+    while (n < n_w && n < (s->pair_mode == 2 ? 2 : MMQV_PARTS) && uses_dp4a(s, w[n]) && w[n]->ne[0] == w[0]->ne[0])
+        n++;
     return n >= 2 ? n : 0;
 }
 
@@ -3208,41 +2837,14 @@ static ag_status matmul_group_prompt(cuda_state *s, const ag_tensor *const *w, i
     return AG_OK;
 }
 
-/* w[0..n_g) (dp4a_group_len) over x: the decode rows in one mmv_group
- * launch (mmq_on: one mmqv launch), then each weight's prompt rows. */
-static ag_status matmul_group_dp4a(cuda_state *s, const ag_tensor *const *w, int n_g, const float *x, int n,
+/* w[0..n_g) (mmqv_group_len) over x: the decode rows in one mmqv launch,
+ * then each weight's prompt rows. */
+static ag_status matmul_group_mmqv(cuda_state *s, const ag_tensor *const *w, int n_g, const float *x, int n,
                                    int n_decode, float *const *y, int *x_ready) {
     const int K = (int)w[0]->ne[0];
     for (int i = 0; i < n_g; i++) prep_forget(s, y[i], (size_t)n * w[i]->ne[1] * sizeof(float));
     ag_status st = ensure_q8(s, x, n_decode, K, x_ready);
-    if (st) return st;
-    if (s->mmq_on) {
-        if ((st = launch_mmqv(s, w, n_g, K, n_decode, y))) return st;
-        return matmul_group_prompt(s, w, n_g, x, n, n_decode, y, x_ready);
-    }
-    mmv_group g;
-    memset(&g, 0, sizeof g);
-    g.n = n_g;
-    bool   mixed = false, staged = true;
-    size_t smem = 0;
-    for (int i = 0; i < n_g; i++) {
-        const int kind = dp4a_part_kind(s, w[i]), rows = MMV_WARPS / part_ks(kind);
-        g.W[i] = (const uint8_t *)w[i]->data, g.y[i] = y[i], g.row_bytes[i] = w[i]->row_bytes;
-        g.n_out[i] = (int)w[i]->ne[1], g.kind[i] = kind;
-        g.blk0[i + 1] = g.blk0[i] + (g.n_out[i] + rows - 1) / rows;
-        mixed |= kind != PART_Q4K_1;
-        const size_t b = mmv_stage_bytes(s, w[i], rows);
-        staged = staged && b, smem = b > smem ? b : smem;
-    }
-    if (!staged) smem = 0; /* (mmv_stage_bytes is 0 with staging off) */
-    const int        nt = n_decode <= 1 ? 1 : n_decode <= 2 ? 2 : n_decode <= 4 ? 4 : 8; /* as matmul_decode */
-    mmv_group_kernel k = nt == 1   ? mmv_group_for_nt<1>(mixed, smem != 0)
-                       : nt == 2 ? mmv_group_for_nt<2>(mixed, smem != 0)
-                       : nt == 4 ? mmv_group_for_nt<4>(mixed, smem != 0)
-                                 : mmv_group_for_nt<8>(mixed, smem != 0);
-    dim3 grid((unsigned)g.blk0[n_g], (unsigned)((n_decode + nt - 1) / nt));
-    launch_k(s, k, grid, 32 * MMV_WARPS, smem, g, K, s->d_xq, s->d_xs, n_decode);
-    LAUNCHED();
+    if (st || (st = launch_mmqv(s, w, n_g, K, n_decode, y))) return st;
     return matmul_group_prompt(s, w, n_g, x, n, n_decode, y, x_ready);
 }
 
@@ -3270,9 +2872,9 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
     }
     for (int i = 0; i < n_w; i++) {
         ag_status st;
-        const int n_g = dp4a_group_len(s, w + i, n_w - i, n_decode);
+        const int n_g = mmqv_group_len(s, w + i, n_w - i, n_decode);
         if (n_g) { /* their decode rows in one launch */
-            if ((st = matmul_group_dp4a(s, w + i, n_g, x, n, n_decode, y + i, &x_ready))) return st;
+            if ((st = matmul_group_mmqv(s, w + i, n_g, x, n, n_decode, y + i, &x_ready))) return st;
             i += n_g - 1;
             continue;
         }
@@ -7063,12 +6665,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->graphs_on = !(gr && *gr == '0');
     const char *mmv = getenv("AUGUR_CUDA_MMV");
     s->mmv_dp4a = !(mmv && !strcmp(mmv, "fp32"));
-    /* decode_rows_hint no longer picks the K-quant kernels: every batch has mmq's bits (mmqv up to few_rows) */
-    const char *mmq = getenv("AUGUR_CUDA_MMQ"), *fa = getenv("AUGUR_CUDA_FA"), *few = getenv("AUGUR_CUDA_FEW");
-    s->mmq_on = !(mmq && *mmq == '0');
-    s->few_rows = mmq && *mmq == '1' ? 0
-                  : few && *few && atoi(few) >= 0 && atoi(few) <= MMQV_NT_MAX ? atoi(few)
-                                                                           : MMQV_FEW;
+    /* decode_rows_hint picks no kernel: every batch has mmq's bits (mmqv up to MMQV_FEW rows a matmul) */
+    const char *fa = getenv("AUGUR_CUDA_FA");
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
