@@ -20,13 +20,7 @@ cd "$(dirname "$0")/.."
 
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-if ! echo '#include <jansson.h>' | cc -E -x c - >/dev/null 2>&1; then
-  [ -d .gpudeps ] || { echo "gemv_check: jansson & co. are missing and there is no .gpudeps/"; exit 1; }
-  D=$PWD/build/deps
-  mkdir -p "$D"
-  for f in .gpudeps/*.deb; do dpkg -x "$f" "$D"; done
-  export CFLAGS="-I$D/usr/include" LDLIBS="-L$D/usr/lib/x86_64-linux-gnu -Wl,-rpath,$D/usr/lib/x86_64-linux-gnu"
-fi
+. scripts/gpu_build_env.sh || exit 1
 OUT_DIR=${OUT:-build/cuda}
 mkdir -p build/cuda/random "$OUT_DIR"
 M=build/cuda/random/llama8b-q4_k_m.gguf

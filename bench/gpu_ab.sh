@@ -49,12 +49,7 @@ run() {
     esac
   done
   [ -d .ab-base ] || { echo "gpu_ab: no .ab-base (run 'bench/gpu_ab.sh prepare REF' first)"; exit 2; }
-  if ! echo '#include <jansson.h>' | cc -E -x c - >/dev/null 2>&1; then
-    local d=$PWD/build/deps
-    mkdir -p "$d"
-    for f in .gpudeps/*.deb; do dpkg -x "$f" "$d"; done
-    export CFLAGS="-I$d/usr/include" LDLIBS="-L$d/usr/lib/x86_64-linux-gnu -Wl,-rpath,$d/usr/lib/x86_64-linux-gnu"
-  fi
+  . scripts/gpu_build_env.sh || exit 1
   local base=/tmp/ab-base jobs
   jobs=$(nproc)
   rm -rf $base && mkdir -p $base

@@ -24,13 +24,7 @@ same() {
   if cmp -s "$1" "$2"; then echo "PASS $3"; else echo "FAIL $3"; exit 1; fi
 }
 
-if ! echo '#include <jansson.h>' | cc -E -x c - >/dev/null 2>&1; then
-  [ -d .gpudeps ] || { echo "gpu_test: jansson & co. are missing and there is no .gpudeps/ (run scripts/gpu_deps.sh)"; exit 1; }
-  D=$PWD/build/deps
-  mkdir -p "$D"
-  for f in .gpudeps/*.deb; do dpkg -x "$f" "$D"; done
-  export CFLAGS="-I$D/usr/include" LDLIBS="-L$D/usr/lib/x86_64-linux-gnu -Wl,-rpath,$D/usr/lib/x86_64-linux-gnu"
-fi
+. scripts/gpu_build_env.sh || exit 1
 make -j"$JOBS" CUDA=1 BUILD=build/cuda all build/cuda/bench/gen_model >/dev/null
 echo "gpu_test: built build/cuda/augur ($(nvcc --version | tail -1))"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
