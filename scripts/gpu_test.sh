@@ -16,6 +16,9 @@
 # works); on a machine without a package registry, the .deb files in
 # .gpudeps/ (fetch them with `scripts/gpu_deps.sh` where apt works) are
 # unpacked into build/deps and used from there.
+# --prebuilt: skip the build and use build/cuda/augur, build/cuda/tests/test_backend_ops
+# and build/cuda/bench/gen_model as they are (built elsewhere with the same
+# Makefile and carried to the GPU machine, whose device time is short).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS=$(nproc)
@@ -24,9 +27,16 @@ same() {
   if cmp -s "$1" "$2"; then echo "PASS $3"; else echo "FAIL $3"; exit 1; fi
 }
 
-. scripts/gpu_build_env.sh || exit 1
-make -j"$JOBS" CUDA=1 BUILD=build/cuda all build/cuda/bench/gen_model >/dev/null
-echo "gpu_test: built build/cuda/augur ($(nvcc --version | tail -1))"
+if [ "${1:-}" = --prebuilt ]; then
+  for b in build/cuda/augur build/cuda/tests/test_backend_ops build/cuda/bench/gen_model; do
+    [ -x $b ] || { echo "gpu_test: --prebuilt, but $b is missing"; exit 1; }
+  done
+  echo "gpu_test: prebuilt binaries (built $(date -r build/cuda/augur '+%F %T'))"
+else
+  . scripts/gpu_build_env.sh || exit 1
+  make -j"$JOBS" CUDA=1 BUILD=build/cuda all build/cuda/bench/gen_model >/dev/null
+  echo "gpu_test: built build/cuda/augur ($(nvcc --version | tail -1))"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
 echo "== op harness on the GPU (default kernels: K-quant decode rows through mmqv up to 2 rows a matmul and the tensor cores beyond, with the same bits, prompt attention on wgmma on an H100/H200 (sm_90a), else one-pass on mma.sync, the pick and cands ops, split grids for few rows)"

@@ -15,7 +15,11 @@
 static const char usage[] =
     "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-u N] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
     "                   [--penalties] [--json]\n"
-    "  -p N   prompt tokens to prefill (0 = skip)\n"
+    "  -p N   prompt tokens to prefill (0 = skip); with -b B, N tokens on each of B sequences,\n"
+    "         packed into forwards of -u rows as the server packs waiting prompts (pp is then\n"
+    "         the aggregate prompt tok/s); with -n G too, `lockstep` is the output tok/s of B\n"
+    "         requests of N prompt and G answer tokens run in lockstep: B*G over the time of the\n"
+    "         prefill plus G decode steps (add -d N to decode after the prompt's context)\n"
     "  -u N   prompt rows per forward (default: the server's --batch default for the device)\n"
     "  -n N   tokens decoded one at a time (0 = skip)\n"
     "  -d N   decode after N positions of context (filled untimed first; default 0)\n"
@@ -63,32 +67,49 @@ double ag_cli_sorted_median(double *v, int n) {
  * model's device), as the engine cuts a prompt; set once the model is loaded */
 static int bench_ubatch = 0;
 
-/* Feeds n random tokens at positions p0.. of sequence `seq` as prompt rows,
- * in forwards of at most bench_ubatch rows; logits: room for one row. */
-static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, float *logits, uint64_t *rng) {
+/* Feeds n random tokens at positions p0.. of each of the n_seq sequences
+ * seqs[] as prompt rows, the sequences one after another packed into forwards
+ * of at most bench_ubatch rows (as the engine packs the prompts waiting for a
+ * step); the last row of each sequence wants its logits. logits: room for
+ * n_seq rows. */
+static ag_status fill_seqs(ag_model *m, ag_kv *kv, const int32_t *seqs_in, int n_seq, int p0, int n, float *logits,
+                           uint64_t *rng) {
     const ag_model_config *c = ag_model_config_of(m);
     const int CHUNK = bench_ubatch;
     int32_t  *tok = malloc(sizeof(int32_t) * 3 * (size_t)CHUNK), *pos = tok + CHUNK, *seqs = pos + CHUNK;
-    ag_status st = tok ? AG_OK : ag_errorf(AG_ERR_NOMEM, "out of memory");
-    for (int done = 0; done < n && !st; done += CHUNK) {
-        int k = n - done < CHUNK ? n - done : CHUNK;
+    uint8_t  *want = malloc((size_t)CHUNK);
+    ag_status st = tok && want ? AG_OK : ag_errorf(AG_ERR_NOMEM, "out of memory");
+    const long total = (long)n * n_seq;
+    for (long done = 0; done < total && !st;) {
+        const int k = total - done < CHUNK ? (int)(total - done) : CHUNK;
         for (int i = 0; i < k; i++) {
+            const long r = done + i;
             *rng ^= *rng << 13, *rng ^= *rng >> 7, *rng ^= *rng << 17;
             tok[i] = (int32_t)(*rng % (uint64_t)c->n_vocab);
-            pos[i] = p0 + done + i;
-            seqs[i] = seq;
+            pos[i] = p0 + (int)(r % n);
+            seqs[i] = seqs_in[r / n];
+            want[i] = r % n == n - 1 ? AG_WANT_LOGITS : 0;
         }
-        ag_batch b = {.n = k, .token = tok, .pos = pos, .seq = seqs, .n_prompt = k};
-        st = ag_kv_seq_reserve(kv, seq, k);
-        if (!st) st = ag_model_forward(m, kv, &b, logits);
-        if (!st) st = ag_kv_seq_commit(kv, seq, p0 + done + k);
+        /* each sequence's rows in this forward: reserve before, commit after */
+        for (long s = done / n; s <= (done + k - 1) / n && !st; s++) {
+            const long a = s * n > done ? s * n : done, b = (s + 1) * n < done + k ? (s + 1) * n : done + k;
+            st = ag_kv_seq_reserve(kv, seqs_in[s], (int)(b - a));
+        }
+        ag_batch bt = {.n = k, .token = tok, .pos = pos, .seq = seqs, .want_logits = want, .n_prompt = k};
+        if (!st) st = ag_model_forward(m, kv, &bt, logits);
+        for (long s = done / n; s <= (done + k - 1) / n && !st; s++) {
+            const long b = (s + 1) * n < done + k ? (s + 1) * n : done + k;
+            st = ag_kv_seq_commit(kv, seqs_in[s], p0 + (int)(b - s * n));
+        }
+        done += k;
     }
     free(tok);
+    free(want);
     return st;
 }
 
-/* Runs one prefill of n tokens (forwards of bench_ubatch rows) on a fresh sequence,
- * or n decode steps on each of n_seq fresh sequences (one batch of n_seq
+/* Runs one prefill of n tokens on each of n_seq fresh sequences (packed into
+ * forwards of bench_ubatch rows; fill_seqs), or n decode steps on each of n_seq fresh sequences (one batch of n_seq
  * decode rows per step) whose first `depth` positions were filled beforehand
  * (untimed); returns tokens per second over all sequences, or a negative
  * value on error. logits: room for n_seq rows. kind: the decode rows'
@@ -98,7 +119,7 @@ static ag_status fill_seq(ag_model *m, ag_kv *kv, int32_t seq, int p0, int n, fl
 static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, int depth, uint8_t kind, float *logits,
                        ag_sampler **samplers, bool edit) {
     const ag_model_config *c = ag_model_config_of(m);
-    if (!decode || n_seq < 1) n_seq = 1;
+    if (n_seq < 1) n_seq = 1;
     if (!decode) depth = 0;
     int32_t seq_ids[AG_BENCH_MAX_SEQ];
     int     made = 0;
@@ -123,9 +144,9 @@ static double run_once(ag_model *m, ag_kv *kv, int n, bool decode, int n_seq, in
     for (int i = 0; i < n_seq && samplers && kind == AG_WANT_CANDS; i++) ag_sampler_cands_req(samplers[i], &reqs[i]);
     memset(want, kind, (size_t)n_seq);
     uint64_t rng = 0x9E3779B97F4A7C15ull;
-    for (int s = 0; s < n_seq && !st && depth > 0; s++) st = fill_seq(m, kv, seq_ids[s], 0, depth, logits, &rng);
+    for (int s = 0; s < n_seq && !st && depth > 0; s++) st = fill_seqs(m, kv, &seq_ids[s], 1, 0, depth, logits, &rng);
     double t0 = now_s();
-    if (!decode && !st) st = fill_seq(m, kv, seq_ids[0], 0, n, logits, &rng);
+    if (!decode && !st) st = fill_seqs(m, kv, seq_ids, n_seq, 0, n, logits, &rng);
     for (int p = depth; decode && p < depth + n && !st; p++) {
         for (int i = 0; i < n_seq; i++) {
             rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
@@ -289,7 +310,7 @@ int ag_cli_bench(int argc, char **argv) {
     for (long s = 0; samplers && penalties && !edits_off && s < n_seq; s++) ag_sampler_take_edited_rows(samplers[s]);
     double *pps = calloc((size_t)reps, sizeof(double)), *tgs = calloc((size_t)reps, sizeof(double));
     for (long r = -1; r < reps; r++) { /* r = -1: warm-up */
-        double a = pp ? run_once(m, kv, (int)pp, false, 1, 0, AG_WANT_LOGITS, logits, NULL, false) : 0;
+        double a = pp ? run_once(m, kv, (int)pp, false, (int)n_seq, 0, AG_WANT_LOGITS, logits, NULL, false) : 0;
         double b = tg ? run_once(m, kv, (int)tg, true, (int)n_seq, (int)depth, kind, logits, samplers, penalties && !edits_off) : 0;
         if (a < 0 || b < 0) goto done_free;
         if (r >= 0) {
@@ -298,6 +319,9 @@ int ag_cli_bench(int argc, char **argv) {
         }
     }
     double pp_med = ag_cli_sorted_median(pps, (int)reps), tg_med = ag_cli_sorted_median(tgs, (int)reps);
+    /* B requests of pp prompt and tg answer tokens in lockstep: B*tg tokens out over
+     * B*pp/pp_med + B*tg/tg_med seconds (the medians' times) */
+    const double lockstep = pp && tg && n_seq > 1 ? tg / (pp / pp_med + tg / tg_med) : 0;
     int nthreads = ag_cpu_backend_threads(ag_model_backend(m));
     char kernels[512] = "";
     if (nthreads > 0) cpu_kernels(m, kernels, sizeof kernels);
@@ -307,6 +331,7 @@ int ag_cli_bench(int argc, char **argv) {
         if (*kernels) printf(", \"cpu_kernels\": \"%s\"", kernels);
         if (pp) printf(", \"pp\": %ld, \"ubatch\": %d, \"pp_tok_s\": %.2f, \"pp_min\": %.2f, \"pp_max\": %.2f", pp, bench_ubatch, pp_med, pps[0], pps[reps - 1]);
         if (tg) printf(", \"tg\": %ld, \"depth\": %ld, \"batch\": %ld, \"argmax\": %s, \"pick\": %s, \"sample\": %s, \"penalties\": %s, \"tg_tok_s\": %.2f, \"tg_min\": %.2f, \"tg_max\": %.2f", tg, depth, n_seq, argmax ? "true" : "false", pick ? (ag_model_can_pick(m) ? "true" : "\"rows copied\"") : "false", !sample ? "false" : cands ? "\"candidates\"" : "\"rows\"", !penalties ? "false" : edits_off ? "\"by the samplers\"" : "\"edited rows\"", tg_med, tgs[0], tgs[reps - 1]);
+        if (lockstep) printf(", \"lockstep_tok_s\": %.2f", lockstep);
         printf("}\n");
     } else {
         printf("model: %s (%s, %.1f MB of weights read per token), %d threads, %ld reps\n", model_path,
@@ -324,9 +349,11 @@ int ag_cli_bench(int argc, char **argv) {
         if (tg && penalties)
             printf(edits_off ? "(with penalties, applied by the samplers to the copied rows)\n"
                              : "(with penalties, applied to the rows where the logits are)\n");
-        if (pp) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
+        if (pp && n_seq == 1) printf("pp%-6ld %12.2f %12.2f %12.2f\n", pp, pp_med, pps[0], pps[reps - 1]);
+        if (pp && n_seq > 1) printf("pp%ldx%-3ld %12.2f %12.2f %12.2f  (aggregate over %ld prompts)\n", pp, n_seq, pp_med, pps[0], pps[reps - 1], n_seq);
         if (tg && n_seq == 1) printf("tg%-6ld %12.2f %12.2f %12.2f\n", tg, tg_med, tgs[0], tgs[reps - 1]);
         if (tg && n_seq > 1) printf("tg%ldx%-3ld %12.2f %12.2f %12.2f  (aggregate over %ld sequences)\n", tg, n_seq, tg_med, tgs[0], tgs[reps - 1], n_seq);
+        if (lockstep) printf("lockstep %12.2f  (output tok/s of %ld requests of %ld + %ld tokens: prefill, then decode)\n", lockstep, n_seq, pp, tg);
         if (tg && n_seq == 1) printf("decode reads %.2f GB/s of weights\n", tg_med * gb);
     }
     rc = 0;
