@@ -370,6 +370,7 @@ def summarize(results, stream):
     tpot = [(r["t_end"] - r["times"][0]) * 1e3 / (r["completion_tokens"] - 1)
             for r in ok if r["times"] and r["completion_tokens"] > 1]
     e2e = [(r["t_end"] - r["t0"]) * 1e3 for r in ok]
+    first = min(ok, key=lambda r: r["t0"])  # the run's first request sent: a cold start shows in its TTFT
     out.update({
         "duration_s": round(dur, 3),
         "request_throughput": round(len(ok) / dur, 4),
@@ -383,6 +384,8 @@ def summarize(results, stream):
         "text_chunks_per_token": round(sum(len(r["times"]) for r in ok) / max(1, n_out), 4) if stream else None,
         "mean_ttft_ms": round(statistics.mean(ttft), 2) if ttft else None,
         "p50_ttft_ms": round(pct(ttft, 50), 2), "p99_ttft_ms": round(pct(ttft, 99), 2),
+        "max_ttft_ms": round(max(ttft), 2) if ttft else None,
+        "first_ttft_ms": round((first["times"][0] - first["t0"]) * 1e3, 2) if first["times"] else None,
         "p50_itl_ms": round(pct(itl, 50), 3) if stream else None,
         "p99_itl_ms": round(pct(itl, 99), 3) if stream else None,
         "p50_tpot_ms": round(pct(tpot, 50), 3) if stream else None,

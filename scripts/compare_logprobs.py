@@ -44,7 +44,8 @@ REQUESTS = [  # the kinds of rows that carry logprobs without copying a row back
 def serve(binary, model, env_words, extra):
     env = dict(os.environ)
     env.update(w.split("=", 1) for w in env_words.split())
-    p = subprocess.Popen([binary, "serve", "-m", model, "--port", "0", "--no-kv-disk", *extra],
+    # two servers run at once: each a bounded KV pool (on a GPU the default takes all the free memory)
+    p = subprocess.Popen([binary, "serve", "-m", model, "--port", "0", "--no-kv-disk", "--kv-mem", "256M", *extra],
                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=env)
     r, _, _ = select.select([p.stdout], [], [], 300)
     line = p.stdout.readline().decode() if r else ""
