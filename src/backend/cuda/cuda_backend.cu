@@ -288,6 +288,7 @@ typedef struct {
      * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
     int fa_rows;
     bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
+    int  mmq_tile;     /* the K-quant decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMQ_TILE, mmq_for; 0: default) */
     int  mmt_tile;     /* the BF16 decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMT_TILE, mmt_for; -1: by the batch) */
     bool mmt_lean;     /* up to 8 rows at 16 warps a block: mmt_bf16_group_lean (AUGUR_CUDA_MMT_LEAN=0: off) */
     bool mmt_staged_ready[3]; /* mmt_bf16_staged's shared-memory limit raised, by 4, 8 or 16 warps */
@@ -1945,7 +1946,7 @@ __global__ void __launch_bounds__(32 * KS) mmq_q6k(const uint8_t *__restrict__ W
 typedef void (*mmq_kernel)(const uint8_t *, size_t, int, int, const int8_t *, const float2 *, int, float *);
 
 template <int KS, bool Q6>
-static mmq_kernel mmq_for_ks(int n, int *rows, int *toks) {
+static mmq_kernel mmq_for_ks(int n, int tile, int *rows, int *toks) {
     mmq_kernel k;
     if (n <= 8) k = Q6 ? mmq_q6k<KS, 1, 1> : mmq_q4k<KS, 1, 1>, *rows = 16, *toks = 8;
     else k = Q6 ? mmq_q6k<KS, 1, 2> : mmq_q4k<KS, 1, 2>, *rows = 16, *toks = 16;
@@ -1953,7 +1954,12 @@ static mmq_kernel mmq_for_ks(int n, int *rows, int *toks) {
      * a Q6_K block held for two row tiles spills too */
     if constexpr (KS < 16)
         if (n > 16) {
-            if (Q6) k = mmq_q6k<KS, 1, 4>, *rows = 16, *toks = 32;
+            /* AUGUR_CUDA_MMQ_TILE (A/B, no bits change): 1 one row tile by 32 tokens, 2 two by 16,
+             * 3 one by 64, 4 two by 64 (Q6_K: one row tile); else two by 32 (Q6_K one) */
+            if (tile == 1 || (Q6 && tile != 3 && tile != 4)) k = Q6 ? mmq_q6k<KS, 1, 4> : mmq_q4k<KS, 1, 4>, *rows = 16, *toks = 32;
+            else if (tile == 2) k = mmq_q4k<KS, 2, 2>, *rows = 32, *toks = 16;
+            else if (tile == 3 || (Q6 && tile == 4)) k = Q6 ? mmq_q6k<KS, 1, 8> : mmq_q4k<KS, 1, 8>, *rows = 16, *toks = 64;
+            else if (tile == 4) k = mmq_q4k<KS, 2, 8>, *rows = 32, *toks = 64;
             else k = mmq_q4k<KS, 2, 4>, *rows = 32, *toks = 32;
         }
     return k;
@@ -1961,12 +1967,12 @@ static mmq_kernel mmq_for_ks(int n, int *rows, int *toks) {
 
 /* As mmt_for, for Q4_K and Q6_K: the K split is in whole blocks, by the
  * weight's row count only. */
-static mmq_kernel mmq_for(uint32_t type, int n_out, int n, int *rows, int *toks, int *warps) {
+static mmq_kernel mmq_for(uint32_t type, int n_out, int n, int tile, int *rows, int *toks, int *warps) {
     const bool q6 = type == CQ_Q6_K;
     *warps = mmt_slices(n_out, mmq_target_warps());
-    if (*warps == 4) return q6 ? mmq_for_ks<4, true>(n, rows, toks) : mmq_for_ks<4, false>(n, rows, toks);
-    if (*warps == 8) return q6 ? mmq_for_ks<8, true>(n, rows, toks) : mmq_for_ks<8, false>(n, rows, toks);
-    return q6 ? mmq_for_ks<16, true>(n, rows, toks) : mmq_for_ks<16, false>(n, rows, toks);
+    if (*warps == 4) return q6 ? mmq_for_ks<4, true>(n, tile, rows, toks) : mmq_for_ks<4, false>(n, tile, rows, toks);
+    if (*warps == 8) return q6 ? mmq_for_ks<8, true>(n, tile, rows, toks) : mmq_for_ks<8, false>(n, tile, rows, toks);
+    return q6 ? mmq_for_ks<16, true>(n, tile, rows, toks) : mmq_for_ks<16, false>(n, tile, rows, toks);
 }
 
 /* mmqv's staged rows (stage_rows): the block's rows [bx rpb, +rpb) of W
@@ -2655,7 +2661,7 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
         if (st) return st;
         if (n <= MMQV_FEW) return launch_mmqv(s, &w, 1, K, n, &y);
         int        rows, toks, warps;
-        mmq_kernel k = mmq_for(w->type, n_out, n, &rows, &toks, &warps);
+        mmq_kernel k = mmq_for(w->type, n_out, n, s->mmq_tile, &rows, &toks, &warps);
         dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
         launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs, n,
                  y);
@@ -6709,6 +6715,8 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->defer_mode = dfr ? atoi(dfr) & 3 : 0;
     const char *mtile = getenv("AUGUR_CUDA_MMT_TILE");
     s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 4 ? atoi(mtile) : -1;
+    const char *qtile = getenv("AUGUR_CUDA_MMQ_TILE");
+    s->mmq_tile = qtile ? atoi(qtile) : 0;
     const char *glu = getenv("AUGUR_CUDA_GLU");
     s->glu_on = !(glu && *glu == '0');
     const char *lean = getenv("AUGUR_CUDA_MMT_LEAN");
