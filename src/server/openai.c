@@ -447,7 +447,8 @@ static void job_free(srv_job *j) {
     free(j->echo_len);
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     ag_buf_free(&j->out);
-    free(j->proto_state);
+    if (j->proto && j->proto->state_free) j->proto->state_free(j->proto_state);
+    else free(j->proto_state);
     free(j);
 }
 
@@ -725,14 +726,69 @@ static json_t *content_delta(const char *text, size_t len) {
     return d;
 }
 
+void srv_job_think(srv_job *j, bool opened) {
+    if (!j->s->thinks) return;
+    for (int i = 0; i < j->n_choices; i++) {
+        j->ch[i].think_on = true;
+        ag_think_init(&j->ch[i].think, opened);
+    }
+}
+
+void srv_choice_scan(srv_job *j, srv_choice *c, bool final) {
+    (void)j;
+    if (c->think_on) ag_think_scan(&c->think, c->text.data ? c->text.data : "", c->text.len, final);
+}
+
+void srv_choice_add(srv_job *j, srv_choice *c, const srv_event *e) {
+    size_t before = c->text.len;
+    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    if (!c->think_on) return;
+    srv_choice_scan(j, c, e->finish != AG_FINISH_NONE);
+    /* a token whose text lies before the answer's start was reasoning */
+    if (e->len && (!ag_think_answer_known(&c->think) || c->think.answer_start >= before + e->len))
+        c->reasoning_tokens++;
+}
+
+size_t srv_choice_answer(const srv_choice *c, const char **text) {
+    const char *t = c->text.data ? c->text.data : "";
+    if (!c->think_on) {
+        *text = t;
+        return c->text.len;
+    }
+    if (!ag_think_answer_known(&c->think)) {
+        *text = "";
+        return 0;
+    }
+    *text = t + c->think.answer_start;
+    return c->text.len - c->think.answer_start;
+}
+
+size_t srv_choice_reasoning(const srv_choice *c, const char **text) {
+    *text = "";
+    if (!c->think_on || c->think.phase == AG_THINK_LEAD || c->think.phase == AG_THINK_NONE) return 0;
+    *text = c->text.data + c->think.reason_start;
+    return c->think.reason_end - c->think.reason_start;
+}
+
 size_t srv_stream_fresh(srv_job *j, srv_choice *c, bool release_all, const char **fresh) {
-    size_t safe = c->text.len;
-    if (j->tools && !release_all)
-        safe = ag_server_tool_safe_prefix(j->tf, c->text.data ? c->text.data : "", c->text.len);
+    const char *a;
+    size_t alen = srv_choice_answer(c, &a);
+    size_t safe = alen;
+    if (j->tools && !release_all) safe = ag_server_tool_safe_prefix(j->tf, a, alen);
     if (safe < c->sent) safe = c->sent;
-    *fresh = c->text.data ? c->text.data + c->sent : "";
+    *fresh = a + c->sent;
     size_t n = safe - c->sent;
     c->sent = safe;
+    return n;
+}
+
+size_t srv_stream_reasoning(srv_choice *c, const char **fresh) {
+    const char *r;
+    size_t len = srv_choice_reasoning(c, &r);
+    *fresh = r + c->rsent;
+    if (len <= c->rsent) return 0;
+    size_t n = len - c->rsent;
+    c->rsent = len;
     return n;
 }
 
@@ -750,7 +806,7 @@ static void stream_event(srv_job *j, srv_event *e) {
             completion_lp_add(j, lp, c, e);
         }
     }
-    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    srv_choice_add(j, c, e);
     if (e->finish == AG_FINISH_ERROR || e->finish == AG_FINISH_CANCELLED) {
         json_decref(lp);
         c->done = true;
@@ -760,6 +816,12 @@ static void stream_event(srv_job *j, srv_event *e) {
         return;
     }
     const char *fresh;
+    size_t reasoning_len = j->chat ? srv_stream_reasoning(c, &fresh) : 0;
+    if (reasoning_len) {
+        json_t *d = json_object();
+        json_object_set_new(d, "reasoning_content", srv_jstr(fresh, reasoning_len));
+        emit_chat_chunk(j, e->choice, d, NULL, NULL);
+    }
     if (e->finish == AG_FINISH_NONE) {
         size_t fresh_len = srv_stream_fresh(j, c, false, &fresh);
         if (!fresh_len && !lp) return;
@@ -774,7 +836,9 @@ static void stream_event(srv_job *j, srv_event *e) {
     json_t *calls = NULL;
     if (j->tools) {
         ag_buf rest = {0};
-        if (srv_job_tool_calls(j, c->text.data, c->text.len, &calls, &rest) && e->finish == AG_FINISH_STOP)
+        const char *answer;
+        size_t answer_len = srv_choice_answer(c, &answer);
+        if (srv_job_tool_calls(j, answer, answer_len, &calls, &rest) && e->finish == AG_FINISH_STOP)
             reason = "tool_calls";
         ag_buf_free(&rest);
     }
@@ -903,7 +967,7 @@ static void collect_event(srv_job *j, srv_event *e) {
             completion_lp_add(j, c->lp, c, e);
         }
     }
-    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    srv_choice_add(j, c, e);
     if (e->finish != AG_FINISH_NONE) {
         c->done = true;
         c->finish = e->finish;
@@ -976,13 +1040,16 @@ static void respond_collected(srv_job *j, srv_resp *out) {
             json_object_set_new(msg, "role", json_string("assistant"));
             json_t *calls = NULL;
             ag_buf content = {0};
-            if (j->tools && srv_job_tool_calls(j, text, c->text.len, &calls, &content)) {
+            const char *answer, *reasoning;
+            size_t answer_len = srv_choice_answer(c, &answer), reasoning_len = srv_choice_reasoning(c, &reasoning);
+            if (j->tools && srv_job_tool_calls(j, answer, answer_len, &calls, &content)) {
                 json_object_set_new(msg, "content", content.len ? srv_jstr(content.data, content.len) : json_null());
                 json_object_set_new(msg, "tool_calls", calls);
                 if (c->finish == AG_FINISH_STOP) reason = "tool_calls";
             } else {
-                json_object_set_new(msg, "content", srv_jstr(text, c->text.len));
+                json_object_set_new(msg, "content", srv_jstr(answer, answer_len));
             }
+            if (reasoning_len) json_object_set_new(msg, "reasoning_content", srv_jstr(reasoning, reasoning_len));
             ag_buf_free(&content);
             json_object_set_new(msg, "refusal", json_null());
             json_object_set_new(ch, "message", msg);
@@ -1430,7 +1497,7 @@ static bool force_tool_call(srv_opts *o, json_t *tools, ag_tool_format tf, srv_r
 }
 
 bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
-                     const char *param, int32_t **ids, size_t *n_ids, srv_resp *out) {
+                     const char *param, int32_t **ids, size_t *n_ids, bool *opened, srv_resp *out) {
     if (!s->chat) {
         srv_error(out, 400, "invalid_request_error", NULL, "unsupported", "this model has no chat format");
         return false;
@@ -1444,6 +1511,7 @@ bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *pref
         goto done;
     }
     if (prefill_len) ag_buf_append(&prompt, prefill, prefill_len);
+    if (opened) *opened = s->thinks && ag_think_prompt_opens(ag_buf_cstr(&prompt), prompt.len);
     bool add_special = !ag_chat_has_bos(s->chat, ag_buf_cstr(&prompt), prompt.len);
     if ((st = ag_tok_encode(s->tok, ag_buf_cstr(&prompt), prompt.len, add_special, true, ids, n_ids))) {
         srv_error(out, 400, "invalid_request_error", param, "invalid_value", "cannot tokenize the prompt: %s",
@@ -1482,12 +1550,14 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     tools = srv_parse_tools(b, out, &failed, &forced);
     if (failed) goto done;
     if (!(msgs = srv_build_messages(s, json_object_get(b, "messages"), tools, out))) goto done;
-    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "messages", &ids, &n_ids, out)) goto done;
+    bool opened = false;
+    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "messages", &ids, &n_ids, &opened, out)) goto done;
     srv_job *j = job_new(rq, true, &o, 1);
     if (!j) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
+    srv_job_think(j, opened);
     if (tools && !srv_job_use_tools(j, &o, tools, forced, out)) {
         srv_job_free(j);
         goto done;
