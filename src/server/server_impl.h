@@ -217,6 +217,10 @@ typedef struct {
     int              top_logprobs;
     bool             no_output;   /* completions: max_tokens 0 with echo */
     ag_schema       *schema;      /* structured output: response_format or a forced tool call; else NULL */
+    /* The answer's schema (response_format, text.format, output_config.format;
+     * NULL: {"type": "object"}), kept to let tools be called beside it. */
+    json_t          *answer_schema;
+    bool             has_answer_schema;
     int              spec_max;    /* "speculative": 0 the server's setting, -1 off, n > 0 at most n drafts */
     uint64_t         cache_ns;    /* prefix cache namespace: the API key and "cache_salt" */
     bool             one_tool_call; /* parallel_tool_calls false (Anthropic: disable_parallel_tool_use) */

@@ -242,7 +242,8 @@ def test_text_format_json_schema(smol_server):
 def test_agents_run_with_a_function_tool_and_output_type(smol_server):
     """openai-agents' default model (Responses): the agent calls the tool
     (required on the first turn; the SDK resets tool_choice after a call),
-    gets its output back and ends with a value of output_type."""
+    gets its output back (function_call_output) and ends with a value of
+    output_type (text.format json_schema), parsed by the SDK."""
     agents = pytest.importorskip("agents")
     from agents.models.openai_responses import OpenAIResponsesModel
     from pydantic import BaseModel
@@ -250,7 +251,9 @@ def test_agents_run_with_a_function_tool_and_output_type(smol_server):
     agents.set_tracing_disabled(True)
     seen = []
 
-    @agents.function_tool
+    # called once: then the agent has no tool left and must answer (SmolLM2
+    # would go on calling a tool it is offered)
+    @agents.function_tool(is_enabled=lambda ctx, agent: not seen)
     def get_weather(city: str) -> str:
         """Get the current weather in a city."""
         seen.append(city)
@@ -265,7 +268,7 @@ def test_agents_run_with_a_function_tool_and_output_type(smol_server):
                          output_type=Weather, model=OpenAIResponsesModel(model="x", openai_client=client),
                          model_settings=agents.ModelSettings(tool_choice="required", temperature=0, max_tokens=96))
     result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=6))
-    assert seen and all(isinstance(c, str) for c in seen)
+    assert len(seen) == 1 and isinstance(seen[0], str)
     kinds = [type(i).__name__ for i in result.new_items]
     assert kinds[:2] == ["ToolCallItem", "ToolCallOutputItem"] and kinds[-1] == "MessageOutputItem"
     assert isinstance(result.final_output, Weather)
@@ -342,3 +345,58 @@ def test_client_disconnect_mid_stream(smol_server):
     assert m["augur_client_cancels_total"] >= before + 1
     r = smol_server.client().responses.create(model="x", input="Hi", max_output_tokens=4, **GREEDY)
     assert r.status in ("completed", "incomplete")
+
+
+# ---- tools beside an answer schema (tool_choice auto) ----
+
+WEATHER_ANSWER = {"type": "object", "properties": {"city": {"type": "string"}, "temperature_c": {"type": "integer"}},
+                  "required": ["city", "temperature_c"]}
+ASKS = ["What is the weather in Paris?", "Tell me a joke.", "Use the tool to get the weather in Oslo."]
+
+
+def test_tools_beside_an_answer_schema_on_every_api(smol_server):
+    """The grammar lets the model call a tool (arguments in the tool's
+    schema) or answer with a value of the answer's schema, nothing else; a
+    schema enforced from the first token never let it call one. SmolLM2
+    calls the tool for the weather questions (greedy, so every time)."""
+    import anthropic
+    c = smol_server.client()
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER_ANSWER}}
+    kinds = []
+    for ask in ASKS:
+        r = c.chat.completions.create(model="x", messages=[{"role": "user", "content": ask}], tools=[WEATHER_CHAT],
+                                      response_format=fmt, max_tokens=80, **GREEDY)
+        m = r.choices[0].message
+        if m.tool_calls:
+            assert r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls) == 1
+            jsonschema.validate(json.loads(m.tool_calls[0].function.arguments), WEATHER["parameters"])
+            kinds.append("call")
+        else:
+            jsonschema.validate(json.loads(m.content), WEATHER_ANSWER)
+            kinds.append("value")
+        # Responses (text.format) and Anthropic (output_config.format): the same choice
+        rr = c.responses.create(model="x", input=ask, tools=[WEATHER], max_output_tokens=80, **GREEDY,
+                                text={"format": {"type": "json_schema", "name": "weather", "schema": WEATHER_ANSWER}})
+        if kinds[-1] == "call":
+            assert [o.type for o in rr.output] == ["function_call"]
+            assert rr.output[0].arguments == m.tool_calls[0].function.arguments
+        else:
+            assert rr.output_text == m.content
+        a = anthropic.Anthropic(base_url=smol_server.base, api_key="none", max_retries=0)
+        am = a.messages.create(model="x", max_tokens=80, messages=[{"role": "user", "content": ask}],
+                               tools=[{"name": "get_weather", "description": WEATHER["description"],
+                                       "input_schema": WEATHER["parameters"]}],
+                               extra_body={"temperature": 0,
+                                           "output_config": {"format": {"type": "json_schema",
+                                                                        "schema": WEATHER_ANSWER}}})
+        if kinds[-1] == "call":
+            assert am.stop_reason == "tool_use" and am.content[-1].type == "tool_use"
+            jsonschema.validate(am.content[-1].input, WEATHER["parameters"])
+        else:
+            jsonschema.validate(json.loads(am.content[0].text), WEATHER_ANSWER)
+    assert "call" in kinds
+    # tool_choice none: the answer's schema alone
+    r = c.chat.completions.create(model="x", messages=[{"role": "user", "content": ASKS[0]}], tools=[WEATHER_CHAT],
+                                  tool_choice="none", response_format=fmt, max_tokens=80, **GREEDY)
+    assert not r.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(r.choices[0].message.content), WEATHER_ANSWER)
