@@ -19,7 +19,7 @@ APT_PACKAGES=(
   libmicrohttpd-dev libjansson-dev libpcre2-dev libutf8proc-dev libxxhash-dev libcmocka-dev
   python3 python3-pip
 )
-PY_PACKAGES=(pytest jinja2 gguf numpy openai anthropic jsonschema xxhash)
+PY_PACKAGES=(pytest jinja2 gguf numpy openai anthropic openai-agents jsonschema xxhash)
 
 WEBUI_APT_PACKAGES=(chromium fonts-dejavu-core)
 WEBUI_PY_PACKAGES=(playwright markdown-it-py)
@@ -51,7 +51,7 @@ pip_install() {
 }
 
 apt_install "${APT_PACKAGES[@]}"
-pip_install "pytest, jinja2, gguf, numpy, openai, anthropic, jsonschema, xxhash" "${PY_PACKAGES[@]}"
+pip_install "pytest, jinja2, gguf, numpy, openai, anthropic, agents, jsonschema, xxhash" "${PY_PACKAGES[@]}"
 
 case "${1:-}" in
   --no-model) ;;

@@ -68,15 +68,19 @@ struct ag_schema {
     atomic_int refs;
     sc_node   *nodes;
     int32_t    n_nodes, cap_nodes;
-    /* The output: one of n_roots (prefix, node) alternatives, sorted by
-     * prefix, then the suffix. A bare schema: one root, empty prefix. */
+    /* The output: one of n_roots alternatives (prefix, value, suffix). The
+     * prefixes are sorted; root[k] is the alternative (its index as
+     * compiled) of the k-th prefix, whose value is node[alt] (-1: a literal,
+     * no value) and suffix suf[alt]. A bare schema: one alternative with
+     * empty prefix and suffix. At most one prefix is empty; that
+     * alternative is taken by a first byte no other prefix starts with. */
     char    **pre;
     uint32_t *pre_len;
     int32_t  *root;
     uint32_t  n_roots;
-    char     *suf;
-    uint32_t  suf_len;
-    bool      bare; /* whitespace may precede the value */
+    int32_t  *node;
+    char    **suf;
+    uint32_t *suf_len;
 };
 
 static int class_of(unsigned c) {
@@ -835,11 +839,16 @@ void ag_schema_unref(ag_schema *s) {
     if (!s || atomic_fetch_sub(&s->refs, 1) != 1) return;
     for (int32_t i = 0; i < s->n_nodes; i++) free_node(&s->nodes[i]);
     free(s->nodes);
-    for (uint32_t i = 0; i < s->n_roots; i++) free(s->pre[i]);
+    for (uint32_t i = 0; i < s->n_roots; i++) {
+        if (s->pre) free(s->pre[i]);
+        if (s->suf) free(s->suf[i]);
+    }
     free(s->pre);
     free(s->pre_len);
     free(s->root);
+    free(s->node);
     free(s->suf);
+    free(s->suf_len);
     free(s);
 }
 
@@ -859,28 +868,59 @@ static ag_status compile_root(ag_schema *s, const json_t *schema, int32_t *id) {
 }
 
 ag_status ag_schema_compile(const json_t *schema, ag_schema **out) {
-    const char *empty = "";
-    return ag_schema_compile_calls(&empty, &schema, 1, NULL, out);
+    const ag_schema_alt alt = {.prefix = "", .schema = schema};
+    return ag_schema_compile_alts(&alt, 1, out);
 }
 
 ag_status ag_schema_compile_calls(const char *const *prefixes, const json_t *const *schemas, int n,
                                   const char *suffix, ag_schema **out) {
     *out = NULL;
     if (n < 1 || n > AG_SCHEMA_MAX_CALLS) return ag_errorf(AG_ERR_INVALID, "schema: %d alternatives", n);
+    ag_schema_alt alts[AG_SCHEMA_MAX_CALLS];
+    for (int i = 0; i < n; i++) alts[i] = (ag_schema_alt){.prefix = prefixes[i], .schema = schemas[i], .suffix = suffix};
+    return ag_schema_compile_alts(alts, n, out);
+}
+
+ag_status ag_schema_compile_literal(const char *text, ag_schema **out) {
+    *out = NULL;
+    if (!text || !*text) return ag_errorf(AG_ERR_INVALID, "schema: an empty literal");
+    const ag_schema_alt alt = {.prefix = text, .literal = true};
+    return ag_schema_compile_alts(&alt, 1, out);
+}
+
+/* Whether a value may start with byte c (whitespace included: a bare value
+ * may follow some). */
+static bool value_first_byte(unsigned c) { return class_of(c) >= 0 || c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+ag_status ag_schema_compile_alts(const ag_schema_alt *alts, int n, ag_schema **out) {
+    *out = NULL;
+    if (n < 1 || n > AG_SCHEMA_MAX_ALTS) return ag_errorf(AG_ERR_INVALID, "schema: %d alternatives", n);
     ag_schema *s = schema_new();
     if (!s) return ag_errorf(AG_ERR_NOMEM, "out of memory compiling a JSON schema");
-    s->bare = n == 1 && !prefixes[0][0] && !suffix;
     s->pre = calloc((size_t)n, sizeof *s->pre);
     s->pre_len = calloc((size_t)n, sizeof *s->pre_len);
     s->root = calloc((size_t)n, sizeof *s->root);
-    s->suf = strdup(suffix ? suffix : "");
-    if (!s->pre || !s->pre_len || !s->root || !s->suf) goto oom;
-    s->suf_len = (uint32_t)strlen(s->suf);
+    s->node = calloc((size_t)n, sizeof *s->node);
+    s->suf = calloc((size_t)n, sizeof *s->suf);
+    s->suf_len = calloc((size_t)n, sizeof *s->suf_len);
+    if (!s->pre || !s->pre_len || !s->root || !s->node || !s->suf || !s->suf_len) goto oom;
     for (int i = 0; i < n; i++) {
-        if (!(s->pre[i] = strdup(prefixes[i]))) goto oom;
-        s->pre_len[i] = (uint32_t)strlen(prefixes[i]);
         s->n_roots = (uint32_t)i + 1;
-        ag_status st = compile_root(s, schemas[i], &s->root[i]);
+        if (!(s->pre[i] = strdup(alts[i].prefix ? alts[i].prefix : "")) ||
+            !(s->suf[i] = strdup(alts[i].suffix ? alts[i].suffix : "")))
+            goto oom;
+        s->pre_len[i] = (uint32_t)strlen(s->pre[i]);
+        s->suf_len[i] = (uint32_t)strlen(s->suf[i]);
+        s->root[i] = i;
+        if (alts[i].literal) {
+            s->node[i] = -1;
+            if (!s->pre_len[i] && !s->suf_len[i]) {
+                ag_schema_unref(s);
+                return ag_errorf(AG_ERR_INVALID, "schema: an empty literal");
+            }
+            continue;
+        }
+        ag_status st = compile_root(s, alts[i].schema, &s->node[i]);
         if (st) {
             if (n > 1) {
                 char copy[512];
@@ -892,13 +932,21 @@ ag_status ag_schema_compile_calls(const char *const *prefixes, const json_t *con
         }
     }
     sort_texts(s->pre, s->pre_len, s->root, s->n_roots);
-    for (uint32_t i = 1; i < s->n_roots; i++)
-        if (s->pre_len[i - 1] <= s->pre_len[i] && !memcmp(s->pre[i - 1], s->pre[i], s->pre_len[i - 1])) {
-            ag_schema_unref(s);
-            return ag_errorf(AG_ERR_INVALID, "schema: a call prefix is a prefix of another");
+    /* the empty prefix sorts first; every other must be told apart from it
+     * and from each other by what has been read */
+    for (uint32_t i = 1; i < s->n_roots; i++) {
+        if (s->pre_len[i - 1] == 0) {
+            if (s->pre_len[i] == 0) goto ambiguous;
+            if (s->node[s->root[0]] >= 0 && value_first_byte((unsigned char)s->pre[i][0])) goto ambiguous;
+            continue;
         }
+        if (s->pre_len[i - 1] <= s->pre_len[i] && !memcmp(s->pre[i - 1], s->pre[i], s->pre_len[i - 1])) goto ambiguous;
+    }
     *out = s;
     return AG_OK;
+ambiguous:
+    ag_schema_unref(s);
+    return ag_errorf(AG_ERR_INVALID, "schema: a call prefix is a prefix of another, or may start the bare value");
 oom:
     ag_schema_unref(s);
     return ag_errorf(AG_ERR_NOMEM, "out of memory compiling a JSON schema");
@@ -973,7 +1021,7 @@ static bool lit_narrow(char *const *texts, const uint32_t *lens, uint32_t *lo, u
 static void value_end(const ag_schema *s, sc_state *t) {
     t->leaf = L_NONE;
     if (t->depth > 0) return;
-    t->mode = s->suf_len ? M_SUF : M_DONE;
+    t->mode = s->suf_len[s->root[t->root]] ? M_SUF : M_DONE;
     t->pos = 0;
 }
 
@@ -1263,9 +1311,11 @@ static bool is_ws(unsigned c) { return c == ' ' || c == '\t' || c == '\n' || c =
 static bool struct_step(const ag_schema *s, sc_state *t, unsigned c) {
     if (t->depth == 0) {
         if (t->root_started) return false;
-        if (is_ws(c)) return s->bare && ++t->ws <= AG_SCHEMA_MAX_WS;
+        const int32_t alt = s->root[t->root];
+        /* whitespace before a value that nothing precedes or follows */
+        if (is_ws(c)) return !s->pre_len[t->root] && !s->suf_len[alt] && ++t->ws <= AG_SCHEMA_MAX_WS;
         t->root_started = 1;
-        return value_start(s, t, s->root[t->root], c);
+        return value_start(s, t, s->node[alt], c);
     }
     if (is_ws(c)) return ++t->ws <= AG_SCHEMA_MAX_WS;
     t->ws = 0;
@@ -1326,8 +1376,17 @@ static bool struct_step(const ag_schema *s, sc_state *t, unsigned c) {
 static bool step(const ag_schema *s, sc_state *t, unsigned c) {
     switch (t->mode) {
     case M_PRE:
-        if (!lit_narrow(s->pre, s->pre_len, &t->lo, &t->hi, t->pos, c)) return false;
-        if (s->pre_len[t->lo] == ++t->pos) t->mode = M_BODY, t->root = (int32_t)t->lo, t->pos = 0;
+        if (!lit_narrow(s->pre, s->pre_len, &t->lo, &t->hi, t->pos, c)) {
+            /* no prefix goes on with c: the bare value, if there is one */
+            if (t->pos || s->pre_len[0]) return false;
+            t->mode = M_BODY, t->root = 0, t->pos = 0;
+            return struct_step(s, t, c);
+        }
+        if (s->pre_len[t->lo] == ++t->pos) {
+            t->root = (int32_t)t->lo, t->pos = 0;
+            const int32_t alt = s->root[t->root];
+            t->mode = s->node[alt] >= 0 ? M_BODY : s->suf_len[alt] ? M_SUF : M_DONE;
+        }
         return true;
     case M_BODY:
         switch (t->leaf) {
@@ -1338,10 +1397,12 @@ static bool step(const ag_schema *s, sc_state *t, unsigned c) {
         case L_KEY: return key_step(s, t, c);
         }
         return false;
-    case M_SUF:
-        if (t->pos >= s->suf_len || (unsigned char)s->suf[t->pos] != c) return false;
-        if (++t->pos == s->suf_len) t->mode = M_DONE;
+    case M_SUF: {
+        const int32_t alt = s->root[t->root];
+        if (t->pos >= s->suf_len[alt] || (unsigned char)s->suf[alt][t->pos] != c) return false;
+        if (++t->pos == s->suf_len[alt]) t->mode = M_DONE;
         return true;
+    }
     }
     return false;
 }
@@ -1358,7 +1419,7 @@ static bool state_done(const sc_state *t) { return t->mode == M_DONE; }
 static bool state_can_end(const ag_schema *s, const sc_state *t) {
     if (t->mode == M_DONE) return true;
     /* a number (or number literal) at the root may end where it is */
-    if (t->mode != M_BODY || t->depth || s->suf_len) return false;
+    if (t->mode != M_BODY || t->depth || s->suf_len[s->root[t->root]]) return false;
     if (t->leaf == L_NUM) return num_can_end(s, t);
     return t->leaf == L_LIT && s->nodes[t->lnode].lit_lens[t->lo] == t->pos;
 }

@@ -61,6 +61,7 @@
 #define AG_SCHEMA_MAX_DEPTH 48
 #define AG_SCHEMA_MAX_WS    24
 #define AG_SCHEMA_MAX_CALLS 64 /* forced tool call alternatives */
+#define AG_SCHEMA_MAX_ALTS  (AG_SCHEMA_MAX_CALLS + 1) /* calls + a bare value */
 
 typedef struct ag_schema         ag_schema;         /* compiled; immutable; reference counted */
 typedef struct ag_schema_vocab   ag_schema_vocab;   /* per-tokenizer tables for the mask */
@@ -81,6 +82,29 @@ ag_status ag_schema_compile(const json_t *schema, ag_schema **out);
  * message starts with "schema i: " for the schema at fault. */
 ag_status ag_schema_compile_calls(const char *const *prefixes, const json_t *const *schemas, int n,
                                   const char *suffix, ag_schema **out);
+
+/* One alternative of an output: a literal prefix, a value of `schema`
+ * (NULL: {"type": "object"}; none when `literal`), a literal suffix. */
+typedef struct {
+    const char   *prefix; /* NULL or "": none */
+    const json_t *schema;
+    const char   *suffix; /* NULL or "": none */
+    bool          literal; /* no value: the output is prefix + suffix */
+} ag_schema_alt;
+
+/* The output is one of n alternatives (1 <= n <= AG_SCHEMA_MAX_ALTS). The
+ * alternative is decided by the prefixes as they are read, so no prefix
+ * may be a prefix of another; at most one may be empty (a bare value, e.g.
+ * "either call a tool or answer with a value of this schema"), and then no
+ * other may start with a byte a value can start with (whitespace, '{',
+ * '[', '"', '-', a digit, 't', 'f', 'n'). Whitespace may precede a value
+ * only in an alternative with neither prefix nor suffix. Errors as
+ * ag_schema_compile_calls. */
+ag_status ag_schema_compile_alts(const ag_schema_alt *alts, int n, ag_schema **out);
+
+/* The output is exactly `text` (non-empty): a scripted output, for tests
+ * of what consumes generated text. */
+ag_status ag_schema_compile_literal(const char *text, ag_schema **out);
 
 /* Takes one more reference; returns s. Thread-safe (atomic count). */
 ag_schema *ag_schema_ref(ag_schema *s);

@@ -207,6 +207,10 @@ static bool convert_assistant(json_t *content, const char *path, json_t *res, bo
             }
             json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function",
                                                    "function", "name", name, "arguments", input));
+        } else if (!strcmp(type, "thinking") || !strcmp(type, "redacted_thinking")) {
+            /* earlier reasoning, which clients send back with tool results:
+             * not shown to the model again (thinking templates drop it from
+             * past turns themselves) */
         } else {
             unsupported_block(type, bpath, out);
             goto fail;
@@ -386,6 +390,7 @@ typedef struct {
     bool     forced; /* tool_choice any or tool */
     int32_t *ids;
     size_t   n_ids;
+    bool     opened; /* the prompt ends inside a <think> block */
 } msg_prompt;
 
 static void prompt_free(msg_prompt *p) {
@@ -412,7 +417,7 @@ static bool parse_prompt(ag_server *s, json_t *b, msg_prompt *p, srv_resp *out) 
     msgs = srv_build_messages(s, conv, p->tools, out);
     json_decref(conv);
     if (!msgs) goto done;
-    ok = srv_chat_prompt(s, msgs, p->tools, prefill.data, prefill.len, "messages", &p->ids, &p->n_ids, out);
+    ok = srv_chat_prompt(s, msgs, p->tools, prefill.data, prefill.len, "messages", &p->ids, &p->n_ids, &p->opened, out);
 done:
     ag_buf_free(&prefill);
     json_decref(msgs);
@@ -456,6 +461,35 @@ static bool parse_output_config(json_t *oc, srv_opts *o, srv_resp *out) {
     return srv_output_schema(schema, "output_config.format.schema", o, out);
 }
 
+/* thinking: {"type": "disabled"}, or "enabled" (with budget_tokens) /
+ * "adaptive" where the model thinks in tags anyway. Its reasoning comes
+ * back as thinking blocks either way; budget_tokens is not enforced
+ * (Anthropic calls it a target as well). A model that does not think
+ * cannot be asked to. */
+static bool parse_thinking(ag_server *s, json_t *th, srv_resp *out) {
+    if (!th || json_is_null(th)) return true;
+    const char *type = json_string_value(json_object_get(th, "type"));
+    if (!json_is_object(th) || !type) {
+        BAD(out, "thinking", "thinking: must be an object with a 'type', got %s", srv_type_name(th));
+        return false;
+    }
+    if (!strcmp(type, "disabled")) return true;
+    if (strcmp(type, "enabled") && strcmp(type, "adaptive")) {
+        BAD(out, "thinking", "thinking.type: must be \"enabled\", \"adaptive\" or \"disabled\", got '%s'", type);
+        return false;
+    }
+    json_t *budget = json_object_get(th, "budget_tokens");
+    if (budget && !json_is_null(budget) && !json_is_integer(budget)) {
+        BAD(out, "thinking", "thinking.budget_tokens: must be an integer, got %s", srv_type_name(budget));
+        return false;
+    }
+    if (s->thinks || s->p.lenient_fields) return true;
+    srv_error(out, 400, "invalid_request_error", "thinking", "unsupported_parameter",
+              "Unsupported parameter: 'thinking' is not supported by this server (this model does not think before "
+              "answering: thinking must be {\"type\": \"disabled\"})");
+    return false;
+}
+
 /* ---- response ---- */
 
 /* usage: Anthropic counts cached prompt tokens apart from input_tokens. */
@@ -491,8 +525,9 @@ static json_t *message_json(srv_job *j, json_t *content, const char *stop_reason
 static json_t *tool_use_blocks(srv_job *j, srv_choice *c, ag_buf *rest) {
     json_t *calls = NULL;
     ag_buf text = {0};
-    if (!j->tools || !srv_job_tool_calls(j, c->text.data ? c->text.data : "", c->text.len, &calls, &text))
-        return NULL;
+    const char *answer;
+    size_t answer_len = srv_choice_answer(c, &answer);
+    if (!j->tools || !srv_job_tool_calls(j, answer, answer_len, &calls, &text)) return NULL;
     json_t *blocks = json_array();
     size_t i;
     json_t *call;
@@ -537,14 +572,21 @@ static json_t *text_block(const char *text, size_t len) {
     return b;
 }
 
+static json_t *thinking_block(const char *text, size_t len) {
+    return json_pack("{s:s, s:o, s:s}", "type", "thinking", "thinking", srv_jstr(text, len), "signature", "");
+}
+
 static void respond_message(srv_job *j, srv_resp *out) {
     if (!srv_job_choices_ok(j, out)) return;
     srv_choice *c = &j->ch[0];
     ag_buf rest = {0};
     json_t *blocks = tool_use_blocks(j, c, &rest);
     json_t *content = json_array();
+    const char *answer, *reasoning;
+    size_t answer_len = srv_choice_answer(c, &answer), reasoning_len = srv_choice_reasoning(c, &reasoning);
+    if (reasoning_len) json_array_append_new(content, thinking_block(reasoning, reasoning_len));
     /* a message always has content: its text, unless it is only tool calls */
-    if (!blocks) json_array_append_new(content, text_block(c->text.data, c->text.len));
+    if (!blocks) json_array_append_new(content, text_block(answer, answer_len));
     else if (rest.len) json_array_append_new(content, text_block(rest.data, rest.len));
     if (blocks) json_array_extend(content, blocks);
     const char *seq;
@@ -558,7 +600,9 @@ static void respond_message(srv_job *j, srv_resp *out) {
 
 typedef struct {
     bool started;   /* message_start went out */
+    bool thinking_open; /* the last started block is a thinking block still open */
     bool text_open; /* the last started block is a text block still open */
+    bool had_text;  /* a text block was started */
     int  n_blocks;  /* content blocks started */
     bool tool_use;  /* tool_use blocks went out */
 } msg_stream;
@@ -598,11 +642,27 @@ static void block_stop(srv_job *j, msg_stream *st) {
                                                  st->n_blocks - 1));
 }
 
+/* Reasoning into the open thinking block (opened on first use). */
+static void stream_thinking(srv_job *j, msg_stream *st, const char *text, size_t len) {
+    if (!st->thinking_open) {
+        block_start(j, st, thinking_block("", 0));
+        st->thinking_open = true;
+    }
+    block_delta(j, st, json_pack("{s:s, s:o}", "type", "thinking_delta", "thinking", srv_jstr(text, len)));
+}
+
+static void close_thinking(srv_job *j, msg_stream *st) {
+    if (!st->thinking_open) return;
+    block_stop(j, st);
+    st->thinking_open = false;
+}
+
 /* Text into the open text block (opened on first use; len 0 only opens). */
 static void stream_text(srv_job *j, msg_stream *st, const char *text, size_t len) {
+    close_thinking(j, st);
     if (!st->text_open) {
         block_start(j, st, text_block("", 0));
-        st->text_open = true;
+        st->text_open = st->had_text = true;
     }
     if (len) block_delta(j, st, json_pack("{s:s, s:o}", "type", "text_delta", "text", srv_jstr(text, len)));
 }
@@ -619,7 +679,7 @@ static void stream_event(srv_job *j, srv_event *e) {
     srv_choice *c = &j->ch[0];
     if (c->done) return;
     stream_begin(j, st);
-    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    srv_choice_add(j, c, e);
     if (e->finish == AG_FINISH_ERROR || e->finish == AG_FINISH_CANCELLED) {
         c->done = true;
         if (e->finish == AG_FINISH_ERROR) stream_error(j, 500, e->error ? e->error : "generation failed");
@@ -627,6 +687,8 @@ static void stream_event(srv_job *j, srv_event *e) {
         return;
     }
     const char *fresh;
+    size_t reasoning_len = srv_stream_reasoning(c, &fresh);
+    if (reasoning_len) stream_thinking(j, st, fresh, reasoning_len);
     if (e->finish == AG_FINISH_NONE) {
         size_t n = srv_stream_fresh(j, c, false, &fresh);
         if (n) stream_text(j, st, fresh, n);
@@ -637,8 +699,9 @@ static void stream_event(srv_job *j, srv_event *e) {
     c->stop_index = e->stop_index;
     json_t *blocks = tool_use_blocks(j, c, NULL);
     size_t n = srv_stream_fresh(j, c, blocks == NULL, &fresh);
-    /* a message always has content: at least an (empty) text block */
-    if (n || (!blocks && st->n_blocks == 0)) stream_text(j, st, fresh, n);
+    /* a message always has an answer: at least an (empty) text block */
+    if (n || (!blocks && !st->had_text)) stream_text(j, st, fresh, n);
+    close_thinking(j, st);
     if (st->text_open) {
         block_stop(j, st);
         st->text_open = false;
@@ -707,7 +770,9 @@ void srv_route_messages(srv_req *rq, srv_resp *out) {
         BAD(out, "metadata", "metadata: must be an object like {\"user_id\": string}");
         goto done;
     }
-    if (!parse_output_config(json_object_get(b, "output_config"), &o, out)) goto done;
+    if (!parse_output_config(json_object_get(b, "output_config"), &o, out) ||
+        !parse_thinking(s, json_object_get(b, "thinking"), out))
+        goto done;
     /* tool_choice.disable_parallel_tool_use: at most one tool_use block */
     json_t *dp = json_object_get(json_object_get(b, "tool_choice"), "disable_parallel_tool_use");
     if (dp && !json_is_null(dp) && !json_is_boolean(dp)) {
@@ -725,6 +790,7 @@ void srv_route_messages(srv_req *rq, srv_resp *out) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
+    srv_job_think(j, p.opened);
     if (p.tools && !srv_job_use_tools(j, &o, p.tools, p.forced, out)) {
         srv_job_free(j);
         goto done;

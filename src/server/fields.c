@@ -50,10 +50,6 @@ static bool text_only(const json_t *v) {
     return json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
            !strcmp(json_string_value(json_array_get(v, 0)), "text");
 }
-static bool thinking_off(const json_t *v) {
-    const char *t = json_string_value(json_object_get(v, "type"));
-    return json_is_object(v) && t && !strcmp(t, "disabled");
-}
 
 /* augur's extensions, on every generation route (srv_parse_sampling and
  * srv_parse_extensions read them) */
@@ -154,11 +150,55 @@ static const field k_messages[] = {
     {"diagnostics", F_IGNORED, NULL, NULL},
     {"user_profile_id", F_IGNORED, NULL, NULL},
     {"workspace_id", F_IGNORED, NULL, NULL},
-    {"thinking", F_UNSUPPORTED, thinking_off, "this model does not think before answering: thinking must be "
-                                              "{\"type\": \"disabled\"}"},
+    {"thinking", F_READ, NULL, NULL}, /* (anthropic.c: only where the model thinks) */
     {"container", F_UNSUPPORTED, NULL, "this server runs no code containers"},
     {"mcp_servers", F_UNSUPPORTED, empty_list, "this server does not call MCP servers"},
     {"context_management", F_UNSUPPORTED, NULL, "this server does not edit the context"},
+    {NULL, 0, NULL, NULL},
+};
+
+/* /v1/responses. Fields whose value may ask for what augur does not do
+ * (background, conversation, prompt, include, reasoning, truncation, ...)
+ * are read and checked by responses.c, which says why. */
+static const field k_responses[] = {
+    {"input", F_READ, NULL, NULL},
+    {"model", F_READ, NULL, NULL},
+    {"instructions", F_READ, NULL, NULL},
+    {"previous_response_id", F_READ, NULL, NULL},
+    {"store", F_READ, NULL, NULL},
+    {"metadata", F_READ, NULL, NULL},
+    {"max_output_tokens", F_READ, NULL, NULL},
+    {"temperature", F_READ, NULL, NULL},
+    {"top_p", F_READ, NULL, NULL},
+    {"tools", F_READ, NULL, NULL},
+    {"tool_choice", F_READ, NULL, NULL},
+    {"parallel_tool_calls", F_READ, NULL, NULL},
+    {"text", F_READ, NULL, NULL},
+    {"stream", F_READ, NULL, NULL},
+    {"background", F_READ, NULL, NULL},
+    {"conversation", F_READ, NULL, NULL},
+    {"prompt", F_READ, NULL, NULL},
+    {"max_tool_calls", F_READ, NULL, NULL},
+    {"truncation", F_READ, NULL, NULL},
+    {"top_logprobs", F_READ, NULL, NULL},
+    {"include", F_READ, NULL, NULL},
+    {"reasoning", F_READ, NULL, NULL},
+    {"seed", F_READ, NULL, NULL},
+    EXTENSIONS,
+    /* (stream_options holds only include_obfuscation, padding for network
+     * observers) */
+    {"stream_options", F_IGNORED, NULL, NULL},
+    {"user", F_IGNORED, NULL, NULL},
+    {"safety_identifier", F_IGNORED, NULL, NULL},
+    {"prompt_cache_key", F_IGNORED, NULL, NULL},
+    {"prompt_cache_retention", F_IGNORED, NULL, NULL},
+    {"prompt_cache_options", F_IGNORED, NULL, NULL},
+    {"service_tier", F_IGNORED, NULL, NULL},
+    {"access_programs", F_IGNORED, NULL, NULL},
+    {"background_options", F_UNSUPPORTED, NULL, "responses are answered in the foreground"},
+    {"context_management", F_UNSUPPORTED, NULL, "this server does not compact the context"},
+    {"moderation", F_UNSUPPORTED, NULL, "this server does not moderate"},
+    {"image", F_UNSUPPORTED, NULL, "this model reads text only"},
     {NULL, 0, NULL, NULL},
 };
 
@@ -169,6 +209,10 @@ static const char *const k_chat_text[] = {
     "messages.*.tool_calls.*.function.arguments.**", "tools.*.function.description", "cache_salt", NULL,
 };
 static const char *const k_completions_text[] = {"prompt", "prompt.*", "cache_salt", NULL};
+static const char *const k_responses_text[] = {
+    "input", "input.*.content", "input.*.content.*.text", "input.*.output", "input.*.output.*.text",
+    "input.*.arguments", "instructions", "tools.*.description", "metadata.**", "cache_salt", NULL,
+};
 static const char *const k_messages_text[] = {
     "system", "system.*.text", "messages.*.content", "messages.*.content.*.text", "messages.*.content.*.content",
     "messages.*.content.*.content.*.text", "messages.*.content.*.input.**", "tools.*.description", "metadata.**",
@@ -255,10 +299,13 @@ static bool nul_walk(json_t *v, path *p, const char *const *text, bool anthropic
 }
 
 bool srv_check_fields(ag_server *s, json_t *b, srv_route_kind route, srv_resp *out) {
-    const field       *fields = route == SRV_ROUTE_CHAT ? k_chat : route == SRV_ROUTE_COMPLETIONS ? k_completions
-                                                                                                  : k_messages;
+    const field       *fields = route == SRV_ROUTE_CHAT          ? k_chat
+                                : route == SRV_ROUTE_COMPLETIONS ? k_completions
+                                : route == SRV_ROUTE_RESPONSES   ? k_responses
+                                                                 : k_messages;
     const char *const *text = route == SRV_ROUTE_CHAT          ? k_chat_text
                               : route == SRV_ROUTE_COMPLETIONS ? k_completions_text
+                              : route == SRV_ROUTE_RESPONSES   ? k_responses_text
                                                                : k_messages_text;
     const bool         anthropic = route == SRV_ROUTE_MESSAGES;
     const char        *k;

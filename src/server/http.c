@@ -217,7 +217,8 @@ static enum MHD_Result send_resp(ag_server *s, struct MHD_Connection *c, const c
 /* ---- routing ---- */
 
 typedef enum {
-    R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS
+    R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS,
+    R_RESPONSES, R_RESPONSE_ID
 } route_id;
 
 static const struct {
@@ -235,6 +236,8 @@ static const struct {
     {"/detokenize", R_DETOKENIZE, true, true},
     {"/v1/messages", R_MESSAGES, true, true},
     {"/v1/messages/count_tokens", R_COUNT_TOKENS, true, true},
+    {"/v1/responses", R_RESPONSES, true, true},
+    {"/v1/responses/", R_RESPONSE_ID, false, true}, /* + id: GET and DELETE */
 };
 
 /* Constant-time comparison of a presented key with ours. */
@@ -325,11 +328,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         found = 2;
         model_id = url + 11;
     }
+    const char *response_id = NULL;
+    bool response_route = found < 0 && !strncmp(url, "/v1/responses/", 14) && url[14] && !strchr(url + 14, '/');
+    if (response_route) {
+        for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+            if (routes[i].id == R_RESPONSE_ID) found = (int)i;
+        response_id = url + 14;
+    } else if (found >= 0 && routes[found].id == R_RESPONSE_ID) {
+        found = -1; /* "/v1/responses/" without an id */
+    }
     if (found < 0) {
         srv_error(&r, 404, "invalid_request_error", NULL, "not_found", "unknown route: %s %s", method, url);
         return send_resp(s, c, method, url, &r, NULL);
     }
-    allow = routes[found].post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+    allow = response_route ? "GET, HEAD, DELETE, OPTIONS" : routes[found].post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
     if (!strcmp(method, "OPTIONS")) {
         /* CORS preflight (and plain OPTIONS): no body, no auth */
         struct MHD_Response *resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
@@ -350,9 +362,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         MHD_destroy_response(resp);
         return ret;
     }
-    if (routes[found].post ? !is_post : !is_get) {
+    if (response_route ? !is_get && strcmp(method, "DELETE") : routes[found].post ? !is_post : !is_get) {
         srv_error(&r, 405, "invalid_request_error", NULL, "method_not_allowed", "%s %s is not allowed; use %s",
-                  method, url, routes[found].post ? "POST" : "GET");
+                  method, url, response_route ? "GET or DELETE" : routes[found].post ? "POST" : "GET");
         return send_resp(s, c, method, url, &r, allow);
     }
     if (cr->too_large) {
@@ -376,6 +388,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_COMPLETIONS: srv_route_completions(&rq, &r); break;
     case R_MESSAGES: srv_route_messages(&rq, &r); break;
     case R_COUNT_TOKENS: srv_route_messages_count_tokens(&rq, &r); break;
+    case R_RESPONSES: srv_route_responses(&rq, &r); break;
+    case R_RESPONSE_ID: srv_route_response_id(&rq, &r, response_id); break;
     case R_MODELS:
     case R_MODEL: srv_route_models(&rq, &r, model_id); break;
     case R_HEALTH: srv_route_health(&rq, &r); break;
@@ -453,6 +467,7 @@ ag_status ag_server_new(const ag_server_params *pp, ag_engine *eng, ag_model *mo
     s->chat = chat;
     pthread_rwlock_init(&s->eng_lock, NULL);
     pthread_mutex_init(&s->gens_mu, NULL);
+    srv_responses_init(s);
     atomic_init(&s->stopping, false);
     for (int i = 0; i <= SRV_CODE_SLOTS; i++) atomic_init(&s->http_count[i], 0);
     atomic_init(&s->client_cancels, 0);
@@ -468,6 +483,7 @@ ag_status ag_server_new(const ag_server_params *pp, ag_engine *eng, ag_model *mo
     uint64_t tlen = 0;
     const char *src = ag_gguf_get_str(ag_model_gguf(model), "tokenizer.chat_template", &tlen);
     s->tool_format = ag_server_tool_format(src, (size_t)tlen);
+    s->thinks = ag_think_template_thinks(src, (size_t)tlen);
     s->tmpl_has_tools = false;
     if (src)
         for (uint64_t i = 0; i + 5 <= tlen; i++)
@@ -530,5 +546,6 @@ void ag_server_free(ag_server *s) {
     srv_conns_stop(s);
     pthread_rwlock_destroy(&s->eng_lock);
     pthread_mutex_destroy(&s->gens_mu);
+    srv_responses_free(s);
     free(s);
 }

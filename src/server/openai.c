@@ -11,6 +11,8 @@
  * response or as SSE chunks, one per engine event. */
 #include <math.h>
 #include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,12 +114,15 @@ void srv_opts_free(srv_opts *o) {
     free(o->bias);
     for (int i = 0; i < o->n_stops; i++) free(o->stops[i]);
     ag_schema_unref(o->schema);
+    json_decref(o->answer_schema);
 }
 
 /* Compiles a schema for a request, or answers 400 naming `param` (a keyword
  * outside the supported language, a malformed schema). */
 static bool compile_schema(const char *const *prefixes, const json_t *const *schemas, int n, const char *suffix,
                            const char *param, srv_opts *o, srv_resp *out) {
+    ag_schema_unref(o->schema);
+    o->schema = NULL;
     ag_status st = ag_schema_compile_calls(prefixes, schemas, n, suffix, &o->schema);
     if (st == AG_ERR_NOMEM) {
         srv_error(out, 500, "server_error", NULL, NULL, "%s", ag_error_message());
@@ -126,6 +131,12 @@ static bool compile_schema(const char *const *prefixes, const json_t *const *sch
     if (st) {
         srv_error(out, 400, "invalid_request_error", param, "invalid_schema", "%s: %s", param, ag_error_message());
         return false;
+    }
+    /* an answer schema (no prefix): kept to combine with tools */
+    if (n == 1 && !prefixes[0][0] && !suffix) {
+        json_decref(o->answer_schema);
+        o->answer_schema = schemas[0] ? json_incref((json_t *)schemas[0]) : NULL;
+        o->has_answer_schema = true;
     }
     return true;
 }
@@ -447,7 +458,8 @@ static void job_free(srv_job *j) {
     free(j->echo_len);
     for (int i = 0; i < j->n_stops; i++) free(j->stops[i]);
     ag_buf_free(&j->out);
-    free(j->proto_state);
+    if (j->proto && j->proto->state_free) j->proto->state_free(j->proto_state);
+    else free(j->proto_state);
     free(j);
 }
 
@@ -725,14 +737,69 @@ static json_t *content_delta(const char *text, size_t len) {
     return d;
 }
 
+void srv_job_think(srv_job *j, bool opened) {
+    if (!j->s->thinks) return;
+    for (int i = 0; i < j->n_choices; i++) {
+        j->ch[i].think_on = true;
+        ag_think_init(&j->ch[i].think, opened);
+    }
+}
+
+void srv_choice_scan(srv_job *j, srv_choice *c, bool final) {
+    (void)j;
+    if (c->think_on) ag_think_scan(&c->think, c->text.data ? c->text.data : "", c->text.len, final);
+}
+
+void srv_choice_add(srv_job *j, srv_choice *c, const srv_event *e) {
+    size_t before = c->text.len;
+    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    if (!c->think_on) return;
+    srv_choice_scan(j, c, e->finish != AG_FINISH_NONE);
+    /* a token whose text lies before the answer's start was reasoning */
+    if (e->len && (!ag_think_answer_known(&c->think) || c->think.answer_start >= before + e->len))
+        c->reasoning_tokens++;
+}
+
+size_t srv_choice_answer(const srv_choice *c, const char **text) {
+    const char *t = c->text.data ? c->text.data : "";
+    if (!c->think_on) {
+        *text = t;
+        return c->text.len;
+    }
+    if (!ag_think_answer_known(&c->think)) {
+        *text = "";
+        return 0;
+    }
+    *text = t + c->think.answer_start;
+    return c->text.len - c->think.answer_start;
+}
+
+size_t srv_choice_reasoning(const srv_choice *c, const char **text) {
+    *text = "";
+    if (!c->think_on || c->think.phase == AG_THINK_LEAD || c->think.phase == AG_THINK_NONE) return 0;
+    *text = c->text.data + c->think.reason_start;
+    return c->think.reason_end - c->think.reason_start;
+}
+
 size_t srv_stream_fresh(srv_job *j, srv_choice *c, bool release_all, const char **fresh) {
-    size_t safe = c->text.len;
-    if (j->tools && !release_all)
-        safe = ag_server_tool_safe_prefix(j->tf, c->text.data ? c->text.data : "", c->text.len);
+    const char *a;
+    size_t alen = srv_choice_answer(c, &a);
+    size_t safe = alen;
+    if (j->tools && !release_all) safe = ag_server_tool_safe_prefix(j->tf, a, alen);
     if (safe < c->sent) safe = c->sent;
-    *fresh = c->text.data ? c->text.data + c->sent : "";
+    *fresh = a + c->sent;
     size_t n = safe - c->sent;
     c->sent = safe;
+    return n;
+}
+
+size_t srv_stream_reasoning(srv_choice *c, const char **fresh) {
+    const char *r;
+    size_t len = srv_choice_reasoning(c, &r);
+    *fresh = r + c->rsent;
+    if (len <= c->rsent) return 0;
+    size_t n = len - c->rsent;
+    c->rsent = len;
     return n;
 }
 
@@ -750,7 +817,7 @@ static void stream_event(srv_job *j, srv_event *e) {
             completion_lp_add(j, lp, c, e);
         }
     }
-    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    srv_choice_add(j, c, e);
     if (e->finish == AG_FINISH_ERROR || e->finish == AG_FINISH_CANCELLED) {
         json_decref(lp);
         c->done = true;
@@ -760,6 +827,12 @@ static void stream_event(srv_job *j, srv_event *e) {
         return;
     }
     const char *fresh;
+    size_t reasoning_len = j->chat ? srv_stream_reasoning(c, &fresh) : 0;
+    if (reasoning_len) {
+        json_t *d = json_object();
+        json_object_set_new(d, "reasoning_content", srv_jstr(fresh, reasoning_len));
+        emit_chat_chunk(j, e->choice, d, NULL, NULL);
+    }
     if (e->finish == AG_FINISH_NONE) {
         size_t fresh_len = srv_stream_fresh(j, c, false, &fresh);
         if (!fresh_len && !lp) return;
@@ -774,7 +847,9 @@ static void stream_event(srv_job *j, srv_event *e) {
     json_t *calls = NULL;
     if (j->tools) {
         ag_buf rest = {0};
-        if (srv_job_tool_calls(j, c->text.data, c->text.len, &calls, &rest) && e->finish == AG_FINISH_STOP)
+        const char *answer;
+        size_t answer_len = srv_choice_answer(c, &answer);
+        if (srv_job_tool_calls(j, answer, answer_len, &calls, &rest) && e->finish == AG_FINISH_STOP)
             reason = "tool_calls";
         ag_buf_free(&rest);
     }
@@ -903,7 +978,7 @@ static void collect_event(srv_job *j, srv_event *e) {
             completion_lp_add(j, c->lp, c, e);
         }
     }
-    if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    srv_choice_add(j, c, e);
     if (e->finish != AG_FINISH_NONE) {
         c->done = true;
         c->finish = e->finish;
@@ -976,13 +1051,16 @@ static void respond_collected(srv_job *j, srv_resp *out) {
             json_object_set_new(msg, "role", json_string("assistant"));
             json_t *calls = NULL;
             ag_buf content = {0};
-            if (j->tools && srv_job_tool_calls(j, text, c->text.len, &calls, &content)) {
+            const char *answer, *reasoning;
+            size_t answer_len = srv_choice_answer(c, &answer), reasoning_len = srv_choice_reasoning(c, &reasoning);
+            if (j->tools && srv_job_tool_calls(j, answer, answer_len, &calls, &content)) {
                 json_object_set_new(msg, "content", content.len ? srv_jstr(content.data, content.len) : json_null());
                 json_object_set_new(msg, "tool_calls", calls);
                 if (c->finish == AG_FINISH_STOP) reason = "tool_calls";
             } else {
-                json_object_set_new(msg, "content", srv_jstr(text, c->text.len));
+                json_object_set_new(msg, "content", srv_jstr(answer, answer_len));
             }
+            if (reasoning_len) json_object_set_new(msg, "reasoning_content", srv_jstr(reasoning, reasoning_len));
             ag_buf_free(&content);
             json_object_set_new(msg, "refusal", json_null());
             json_object_set_new(ch, "message", msg);
@@ -1036,24 +1114,58 @@ static void submit_error(srv_resp *out, ag_status st, const char *prompt_param) 
     }
 }
 
+/* Test hook: $AUGUR_TEST_SCRIPT names a JSON file holding a list of
+ * strings; the k-th request the server submits (counting from 0, cycling)
+ * writes the k-th string as every choice's output, token by token through
+ * the engine (a literal schema replaces the request's), whatever the model
+ * would have written. So the end-to-end tests of what is made of an output
+ * (reasoning in tags, tool calls) get outputs no small test model writes.
+ * Read once; NULL when unset or unusable. */
+static json_t *g_script;
+static atomic_uint g_script_next;
+static void script_load(void) {
+    const char *path = getenv("AUGUR_TEST_SCRIPT");
+    if (!path || !*path) return;
+    json_error_t err;
+    g_script = json_load_file(path, 0, &err);
+    if (!json_is_array(g_script) || !json_array_size(g_script)) {
+        AG_LOGW("AUGUR_TEST_SCRIPT=%s: not a non-empty JSON list of strings; ignored", path);
+        json_decref(g_script);
+        g_script = NULL;
+    }
+}
+static ag_schema *scripted_output(void) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, script_load);
+    if (!g_script) return NULL;
+    unsigned k = atomic_fetch_add(&g_script_next, 1);
+    const char *text = json_string_value(json_array_get(g_script, k % json_array_size(g_script)));
+    ag_schema *s = NULL;
+    if (text && ag_schema_compile_literal(text, &s)) s = NULL;
+    return s;
+}
+
 void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_ids, const char *prompt_param,
                  srv_resp *out) {
+    ag_schema *script = scripted_output();
     for (int p = 0; p < j->n_prompts; p++) {
         ag_gen_request r = {.prompt = ids[p], .n_prompt = (int)n_ids[p], .max_tokens = o->max_tokens,
                             .n_choices = o->n, .sample = o->sp, .stops = (const char *const *)o->stops,
                             .n_stops = o->n_stops, .ignore_eos = o->ignore_eos,
                             /* completions with echo + logprobs (not streamed): score the prompt */
                             .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
-                            .schema = o->schema, .no_output = o->no_output, .spec_max = o->spec_max,
-                            .cache_ns = o->cache_ns};
+                            .schema = script ? script : o->schema, .no_output = o->no_output,
+                            .spec_max = o->spec_max, .cache_ns = o->cache_ns};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
+            ag_schema_unref(script);
             submit_error(out, st, prompt_param);
             j->ended = true; /* nothing was streamed: not a client's loss */
             job_free(j);     /* cancels the prompts already submitted */
             return;
         }
     }
+    ag_schema_unref(script); /* the engine holds its own reference */
     if (j->stream) {
         out->status = 200;
         out->stream = j;
@@ -1378,18 +1490,23 @@ fail:
     return NULL;
 }
 
-/* tool_choice "required" or a named function: the output is made to be one
- * call, in the template family's syntax, of one of `tools`, its arguments
- * a value of that function's "parameters" schema (one prefix per function:
- * the call's start up to its arguments). Replaces any response_format.
- * More tools than a schema takes alternatives: not enforced, left to the
- * model. False (with a 400) when a parameters schema does not compile. */
-static bool force_tool_call(srv_opts *o, json_t *tools, ag_tool_format tf, srv_resp *out) {
+/* The grammar of a tool call: the output is one call, in the template
+ * family's syntax, of one of `tools`, its arguments a value of that
+ * function's "parameters" schema (one alternative per function: the call's
+ * start up to its arguments, the arguments, the call's end). With
+ * `answer` (tool_choice auto beside an answer schema: response_format,
+ * text.format, output_config.format) there is one more alternative: a bare
+ * value of the answer's schema, so the model either calls a tool or
+ * answers in the schema; OpenAI applies the schema to the final message
+ * only. Replaces o->schema. More tools than a schema takes alternatives:
+ * not enforced (with an answer, the answer's schema alone stays). False
+ * (with a 400) when a parameters schema does not compile. */
+static bool tool_grammar(srv_opts *o, json_t *tools, ag_tool_format tf, bool answer, srv_resp *out) {
     size_t n = json_array_size(tools), i;
     if (n == 0 || n > AG_SCHEMA_MAX_CALLS) return true;
     const bool    llama3 = tf == AG_TOOLS_LLAMA3;
     char         *pre[AG_SCHEMA_MAX_CALLS] = {0};
-    const json_t *params[AG_SCHEMA_MAX_CALLS] = {0};
+    ag_schema_alt alts[AG_SCHEMA_MAX_ALTS];
     bool          ok = true;
     json_t       *t;
     json_array_foreach(tools, i, t) {
@@ -1408,29 +1525,33 @@ static bool force_tool_call(srv_opts *o, json_t *tools, ag_tool_format tf, srv_r
         }
         pre[i] = ag_buf_take(&p);
         json_t *ps = json_object_get(fn, "parameters");
-        params[i] = json_is_null(ps) ? NULL : ps;
+        alts[i] = (ag_schema_alt){.prefix = pre[i], .schema = json_is_null(ps) ? NULL : ps,
+                                  .suffix = llama3 ? "}" : "}\n</tool_call>"};
     }
-    ag_schema_unref(o->schema);
-    o->schema = NULL;
-    ag_status st = ag_schema_compile_calls((const char *const *)pre, params, (int)n, llama3 ? "}" : "}\n</tool_call>",
-                                           &o->schema);
+    int n_alts = (int)n;
+    if (answer) alts[n_alts++] = (ag_schema_alt){.prefix = "", .schema = o->answer_schema};
+    ag_schema *g = NULL;
+    ag_status  st = ag_schema_compile_alts(alts, n_alts, &g);
     if (st) {
         /* "schema i: ..." names the tool */
         const char *msg = ag_error_message();
         int         idx = 0;
         if (sscanf(msg, "schema %d:", &idx) != 1) idx = 0;
         char param[48];
-        snprintf(param, sizeof param, "tools[%d].function.parameters", n > 1 ? idx : 0);
+        snprintf(param, sizeof param, "tools[%d].function.parameters", n_alts > 1 ? idx : 0);
         if (st == AG_ERR_NOMEM) srv_error(out, 500, "server_error", NULL, NULL, "%s", msg);
         else srv_error(out, 400, "invalid_request_error", param, "invalid_schema", "%s: %s", param, msg);
         ok = false;
+    } else {
+        ag_schema_unref(o->schema);
+        o->schema = g;
     }
     for (size_t k = 0; k < n; k++) free(pre[k]);
     return ok;
 }
 
 bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
-                     const char *param, int32_t **ids, size_t *n_ids, srv_resp *out) {
+                     const char *param, int32_t **ids, size_t *n_ids, bool *opened, srv_resp *out) {
     if (!s->chat) {
         srv_error(out, 400, "invalid_request_error", NULL, "unsupported", "this model has no chat format");
         return false;
@@ -1444,6 +1565,7 @@ bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *pref
         goto done;
     }
     if (prefill_len) ag_buf_append(&prompt, prefill, prefill_len);
+    if (opened) *opened = s->thinks && ag_think_prompt_opens(ag_buf_cstr(&prompt), prompt.len);
     bool add_special = !ag_chat_has_bos(s->chat, ag_buf_cstr(&prompt), prompt.len);
     if ((st = ag_tok_encode(s->tok, ag_buf_cstr(&prompt), prompt.len, add_special, true, ids, n_ids))) {
         srv_error(out, 400, "invalid_request_error", param, "invalid_value", "cannot tokenize the prompt: %s",
@@ -1465,7 +1587,12 @@ bool srv_job_use_tools(srv_job *j, srv_opts *o, json_t *tools, bool forced, srv_
     j->tools = true;
     j->tool_list = json_incref(tools);
     j->tf = j->s->tmpl_has_tools ? j->s->tool_format : AG_TOOLS_HERMES;
-    return !forced || force_tool_call(o, tools, j->tf, out);
+    if (forced) return tool_grammar(o, tools, j->tf, false, out);
+    if (!o->has_answer_schema) return true;
+    /* A call or the answer: a Llama 3 call starts like a JSON object, so
+     * there the calls take Hermes' tags, which are then what is parsed. */
+    if (j->tf != AG_TOOLS_HERMES) j->tf = AG_TOOLS_HERMES;
+    return tool_grammar(o, tools, j->tf, true, out);
 }
 
 void srv_route_chat(srv_req *rq, srv_resp *out) {
@@ -1482,12 +1609,14 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     tools = srv_parse_tools(b, out, &failed, &forced);
     if (failed) goto done;
     if (!(msgs = srv_build_messages(s, json_object_get(b, "messages"), tools, out))) goto done;
-    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "messages", &ids, &n_ids, out)) goto done;
+    bool opened = false;
+    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "messages", &ids, &n_ids, &opened, out)) goto done;
     srv_job *j = job_new(rq, true, &o, 1);
     if (!j) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
+    srv_job_think(j, opened);
     if (tools && !srv_job_use_tools(j, &o, tools, forced, out)) {
         srv_job_free(j);
         goto done;

@@ -131,4 +131,38 @@ bool ag_server_parse_tool_calls(ag_tool_format f, const char *text, size_t len, 
  * <tool_call> tag, or before a tail that could become one). */
 size_t ag_server_tool_safe_prefix(ag_tool_format f, const char *text, size_t len);
 
+/* ---- reasoning in <think> tags (reasoning.c; exposed for tests) ---- */
+
+typedef enum {
+    AG_THINK_LEAD,   /* nothing decided yet (whitespace, or the start of "<think>") */
+    AG_THINK_IN,     /* inside the reasoning */
+    AG_THINK_GAP,    /* after "</think>", in the whitespace before the answer */
+    AG_THINK_ANSWER, /* the answer is text[answer_start..) */
+    AG_THINK_NONE,   /* the output does not think: all of it is the answer */
+} ag_think_phase;
+
+/* Where the reasoning and the answer of one growing output lie. */
+typedef struct {
+    ag_think_phase phase;
+    size_t reason_start, reason_end; /* the reasoning certain so far: text[reason_start..reason_end) */
+    size_t answer_start;             /* with ANSWER or NONE: the answer is text[answer_start..len) */
+    size_t scan;                     /* where the search for "</think>" resumes */
+} ag_think;
+
+/* opened: the prompt ended inside a think block (the template wrote
+ * "<think>"), so the output starts with reasoning. */
+void ag_think_init(ag_think *t, bool opened);
+/* Advances over text[0..len), the whole output so far (it only grows
+ * between calls); final: no more text will come. reason_end and the answer
+ * only grow, so what was decided may be sent at once. */
+void ag_think_scan(ag_think *t, const char *text, size_t len, bool final);
+/* The answer's start is known (ANSWER or NONE). */
+bool ag_think_answer_known(const ag_think *t);
+/* Whether a chat template's model thinks in tags (its source names
+ * "</think>"). */
+bool ag_think_template_thinks(const char *src, size_t len);
+/* Whether a rendered prompt ends inside an opened think block ("<think>"
+ * and whitespace at its end). */
+bool ag_think_prompt_opens(const char *prompt, size_t len);
+
 #endif

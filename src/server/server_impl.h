@@ -18,6 +18,7 @@ struct MHD_Daemon;
 struct MHD_Connection;
 typedef struct srv_gen srv_gen;
 typedef struct srv_event srv_event;
+typedef struct srv_stored srv_stored;
 struct srv_conn;
 
 /* Status codes counted for /metrics. */
@@ -44,6 +45,12 @@ struct ag_server {
     const ag_chat   *chat;
     ag_tool_format   tool_format;
     bool             tmpl_has_tools; /* the template renders `tools` itself */
+    bool             thinks;         /* the template's model thinks in <think> tags (reasoning.c) */
+
+    /* Stored responses of /v1/responses (responses.c), oldest first. */
+    pthread_mutex_t  resp_mu;
+    struct srv_stored *resp_oldest, *resp_newest;
+    size_t           resp_count, resp_bytes;
 
     atomic_bool      stopping;
     pthread_mutex_t  gens_mu; /* guards the list of live generations */
@@ -164,6 +171,14 @@ void srv_route_webui(srv_req *rq, srv_resp *out, const srv_asset *a);
  * 400 and returns NULL. */
 json_t *srv_parse_body(srv_req *rq, srv_resp *out);
 
+/* /v1/responses (responses.c): create; GET or DELETE of a stored one. */
+void srv_route_responses(srv_req *rq, srv_resp *out);
+void srv_route_response_id(srv_req *rq, srv_resp *out, const char *id);
+/* The store of responses: set up before the daemon starts, freed after it
+ * stopped. */
+void srv_responses_init(ag_server *s);
+void srv_responses_free(ag_server *s);
+
 void srv_route_messages(srv_req *rq, srv_resp *out);              /* anthropic.c */
 void srv_route_messages_count_tokens(srv_req *rq, srv_resp *out); /* anthropic.c */
 
@@ -202,6 +217,10 @@ typedef struct {
     int              top_logprobs;
     bool             no_output;   /* completions: max_tokens 0 with echo */
     ag_schema       *schema;      /* structured output: response_format or a forced tool call; else NULL */
+    /* The answer's schema (response_format, text.format, output_config.format;
+     * NULL: {"type": "object"}), kept to let tools be called beside it. */
+    json_t          *answer_schema;
+    bool             has_answer_schema;
     int              spec_max;    /* "speculative": 0 the server's setting, -1 off, n > 0 at most n drafts */
     uint64_t         cache_ns;    /* prefix cache namespace: the API key and "cache_salt" */
     bool             one_tool_call; /* parallel_tool_calls false (Anthropic: disable_parallel_tool_use) */
@@ -226,7 +245,7 @@ bool srv_output_schema(json_t *schema, const char *param, srv_opts *o, srv_resp 
 
 /* ---- request fields (fields.c) ---- */
 
-typedef enum { SRV_ROUTE_CHAT, SRV_ROUTE_COMPLETIONS, SRV_ROUTE_MESSAGES } srv_route_kind;
+typedef enum { SRV_ROUTE_CHAT, SRV_ROUTE_COMPLETIONS, SRV_ROUTE_MESSAGES, SRV_ROUTE_RESPONSES } srv_route_kind;
 
 /* Checks the top-level fields of body b for a route before it is parsed:
  * a field the route's API does not define is a 400 naming it (code
@@ -253,10 +272,11 @@ json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *
 /* Renders srv_build_messages' list with the chat template (tools when the
  * template renders them), appends `prefill` (prefill_len bytes: the start
  * of the assistant's reply, which the output continues; NULL for none) and
- * tokenizes it into *ids (the caller frees). False with a 400 in `out`
- * (errors name `param`). */
+ * tokenizes it into *ids (the caller frees). *opened (may be NULL): the
+ * prompt ends inside a <think> block the template opened. False with a 400
+ * in `out` (errors name `param`). */
 bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
-                     const char *param, int32_t **ids, size_t *n_ids, srv_resp *out);
+                     const char *param, int32_t **ids, size_t *n_ids, bool *opened, srv_resp *out);
 
 /* ---- generation jobs (openai.c): one request's output, JSON or SSE ---- */
 
@@ -271,6 +291,12 @@ typedef struct {
     size_t    offset; /* completions text_offset of the next token */
     int       prompt; /* index of its prompt (completions) */
     int       lp_first; /* echo + logprobs: prompt position of lp's first entry (1 when BOS is not echoed) */
+    /* Reasoning in <think> tags (srv_job_think): where it and the answer
+     * lie in text; `sent` then counts bytes of the answer. */
+    bool      think_on;
+    ag_think  think;
+    size_t    rsent;            /* bytes of the reasoning already streamed */
+    int       reasoning_tokens; /* tokens generated before the answer began */
 } srv_choice;
 
 typedef struct srv_job srv_job;
@@ -287,6 +313,8 @@ typedef struct {
     void (*stream_end)(srv_job *j);
     /* Not streaming: the whole response, every choice being done. */
     void (*respond)(srv_job *j, srv_resp *out);
+    /* Frees j->proto_state (NULL: free()). */
+    void (*state_free)(void *state);
 } srv_protocol;
 
 struct srv_job {
@@ -311,7 +339,7 @@ struct srv_job {
     ag_buf                 out; /* SSE bytes not yet handed to MHD */
     size_t                 out_off;
     bool                   ended;
-    void                  *proto_state; /* the protocol's streaming state (malloc'd, freed with the job) */
+    void                  *proto_state; /* the protocol's state (freed with the job by proto->state_free, else free()) */
 };
 
 /* A job for n_prompts prompts of o->n choices each (copies what it needs
@@ -334,10 +362,28 @@ bool srv_job_choices_ok(srv_job *j, srv_resp *out);
  * and tools), only the first when the request allows one call; false when
  * there are none. */
 bool srv_job_tool_calls(srv_job *j, const char *text, size_t len, json_t **calls, ag_buf *content);
-/* Streaming: the bytes of c's text that may go out now (*fresh, the return
- * value), marked as sent. With tools, text that may still become a tool
- * call is held back unless release_all. */
+/* Streaming: the bytes of c's answer that may go out now (*fresh, the
+ * return value), marked as sent. With tools, text that may still become a
+ * tool call is held back unless release_all; with reasoning, nothing goes
+ * out before the answer begins. */
 size_t srv_stream_fresh(srv_job *j, srv_choice *c, bool release_all, const char **fresh);
+/* Streaming: the bytes of c's reasoning that may go out now (*fresh, the
+ * return value), marked as sent. */
+size_t srv_stream_reasoning(srv_choice *c, const char **fresh);
+
+/* The job's model thinks in tags (the server's template does): each choice
+ * splits its output into reasoning and answer; opened: the prompt ends
+ * inside the think block. A no-op for other templates. */
+void srv_job_think(srv_job *j, bool opened);
+/* Appends an event's text to c (counting reasoning tokens) and advances
+ * the split; final: the event ends the choice. */
+void srv_choice_add(srv_job *j, srv_choice *c, const srv_event *e);
+/* Advances c's split over its text (final: it is complete). */
+void srv_choice_scan(srv_job *j, srv_choice *c, bool final);
+/* c's answer and reasoning so far (after srv_choice_scan): without
+ * reasoning, the answer is the whole text and the reasoning empty. */
+size_t srv_choice_answer(const srv_choice *c, const char **text);
+size_t srv_choice_reasoning(const srv_choice *c, const char **text);
 
 /* The MHD content-reader and its free callback for an SSE stream
  * (srv_job_free also frees a job that never ran). */

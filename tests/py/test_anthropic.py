@@ -472,3 +472,36 @@ def test_queue_full_is_529_overloaded(augur_server):
             assert body["error"]["type"] == "overloaded_error", body
         else:
             assert body["type"] == "message"
+
+
+def test_messages_parse_with_a_pydantic_model(smol_server):
+    """The client's messages.parse(output_format=Model) sends
+    output_config.format: enforced, so the reply parses into the model."""
+    from pydantic import BaseModel
+
+    class Trip(BaseModel):
+        city: str
+        days: int
+
+    c = client(smol_server)
+    m = c.messages.parse(model="x", max_tokens=60, messages=ASK, output_format=Trip, extra_body=GREEDY)
+    assert isinstance(m.parsed_output, Trip)
+    # streamed, the same text
+    with c.messages.stream(model="x", max_tokens=60, messages=ASK, extra_body={
+            "temperature": 0, "output_config": {"format": {"type": "json_schema",
+                                                           "schema": Trip.model_json_schema()}}}) as s:
+        text = s.get_final_message().content[0].text
+    assert Trip.model_validate_json(text) == m.parsed_output
+
+
+@pytest.mark.parametrize("schema, keyword", [
+    ({"type": "string", "pattern": "^a+$"}, "pattern"),
+    ({"type": "object", "properties": {"x": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}}, "oneOf"),
+    ({"type": "object", "minProperties": 1}, "minProperties"),
+])
+def test_output_config_unsupported_keyword_is_a_400_naming_it(smol_server, schema, keyword):
+    c = client(smol_server)
+    expect_error(anthropic.BadRequestError,
+                 lambda: c.messages.create(model="x", max_tokens=5, messages=ASK, extra_body={
+                     "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+                 "invalid_request_error", f"'{keyword}'")

@@ -342,6 +342,68 @@ static void calls(void **state) {
     free(weather);
 }
 
+/* tool_choice auto with an answer schema: a call of either tool, or a
+ * bare value of the answer's schema, decided by the first byte. */
+static void calls_or_a_value(void **state) {
+    char   *weather = q("{'type':'object','properties':{'city':{'type':'string'}},'required':['city']}");
+    char   *answer = q("{'type':'object','properties':{'temp':{'type':'integer'}},'required':['temp']}");
+    json_t *wj = json_loads(weather, 0, NULL), *aj = json_loads(answer, 0, NULL);
+    const ag_schema_alt alts[] = {
+        {.prefix = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ", .schema = wj,
+         .suffix = "}\n</tool_call>"},
+        {.prefix = "", .schema = aj},
+        {.prefix = "<tool_call>\n{\"name\": \"get_time\", \"arguments\": ", .schema = NULL,
+         .suffix = "}\n</tool_call>"},
+    };
+    ag_schema *s;
+    assert_int_equal(ag_schema_compile_alts(alts, 3, &s), AG_OK);
+    static const char *const ok[] = {
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
+        "{\"temp\": 21}",
+        "\n {\"temp\": -3}", /* a bare value may follow whitespace */
+    };
+    static const char *const bad[] = {
+        "{\"city\": \"Paris\"}",                                                  /* not the answer's schema */
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>", /* city required */
+        "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"P\"}}",  /* no suffix */
+        "{\"temp\": 21}\n</tool_call>",                                          /* the value's end is the end */
+        "Sure: {\"temp\": 21}",
+        "\"temp\"",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        if (!accepts(s, ok[i])) fail_msg("rejected: %s", ok[i]);
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (accepts(s, bad[i])) fail_msg("accepted: %s", bad[i]);
+    ag_schema_unref(s);
+    /* a prefix that may start the bare value is ambiguous: refused */
+    const ag_schema_alt llama3[] = {{.prefix = "{\"name\": \"f\", \"parameters\": ", .suffix = "}"},
+                                    {.prefix = "", .schema = aj}};
+    assert_int_equal(ag_schema_compile_alts(llama3, 2, &s), AG_ERR_INVALID);
+    const ag_schema_alt two_bare[] = {{.prefix = "", .schema = aj}, {.prefix = "", .schema = wj}};
+    assert_int_equal(ag_schema_compile_alts(two_bare, 2, &s), AG_ERR_INVALID);
+    json_decref(wj);
+    json_decref(aj);
+    free(weather);
+    free(answer);
+}
+
+/* A literal: exactly its text, then done. */
+static void literal(void **state) {
+    ag_schema *s;
+    assert_int_equal(ag_schema_compile_literal("<think>\nhm\n</think>\n\nHi!", &s), AG_OK);
+    assert_true(accepts(s, "<think>\nhm\n</think>\n\nHi!"));
+    assert_false(accepts(s, "<think>\nhm\n</think>\n\nHi"));
+    assert_false(accepts(s, "<think>\nhm\n</think>\n\nHi!!"));
+    ag_schema_matcher *m;
+    assert_int_equal(ag_schema_matcher_new(s, NULL, &m), AG_OK);
+    assert_true(ag_schema_feed(m, "<think>\nhm\n</think>\n\nHi!", 24));
+    assert_true(ag_schema_done(m));
+    ag_schema_matcher_free(m);
+    ag_schema_unref(s);
+    assert_int_equal(ag_schema_compile_literal("", &s), AG_ERR_INVALID);
+}
+
 /* Limits that keep a greedy model from looping. */
 static void limits(void **state) {
     ag_schema *s = compile_q("{'type':'object'}");
@@ -480,6 +542,8 @@ int main(void) {
         cmocka_unit_test(bounded_numbers_refuse_dead_prefixes),
         cmocka_unit_test(compile_errors),
         cmocka_unit_test(calls),
+        cmocka_unit_test(calls_or_a_value),
+        cmocka_unit_test(literal),
         cmocka_unit_test(limits),
         cmocka_unit_test(mask_matches_the_automaton),
     };

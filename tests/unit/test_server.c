@@ -272,8 +272,64 @@ static void random_outputs_are_safe(void **state) {
     json_decref(tools);
 }
 
+/* The <think> split: what each output holds, and streaming it one byte
+ * at a time gives monotone pieces that end as the whole-text split does. */
+static void think_split(void **state) {
+    static const struct {
+        const char *text;
+        bool        opened;
+        const char *reasoning, *answer;
+    } cases[] = {
+        {"<think>\nWhy? Because.\n</think>\n\nThe answer.", false, "Why? Because.", "The answer."},
+        {"  <think>a</think>b", false, "a", "b"},
+        {"The answer <think>not</think>.", false, "", "The answer <think>not</think>."},
+        {"<thinking>x", false, "", "<thinking>x"},
+        {"<thi", false, "", "<thi"},                  /* a tag never finished: text */
+        {"<think>\nstill thinking", false, "still thinking", ""}, /* never closed */
+        {"reason\n</think>\nanswer", true, "reason", "answer"}, /* the prompt opened it */
+        {"</think>answer", true, "", "answer"},
+        {"<think>\n\n</think>\n\n", false, "", ""},
+        {"<think>a</th</think>b", false, "a</th", "b"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const char *t = cases[k].text;
+        size_t n = strlen(t);
+        ag_think whole;
+        ag_think_init(&whole, cases[k].opened);
+        ag_think_scan(&whole, t, n, true);
+        assert_true(ag_think_answer_known(&whole));
+        size_t rlen = whole.phase == AG_THINK_NONE ? 0 : whole.reason_end - whole.reason_start;
+        if (rlen != strlen(cases[k].reasoning) || memcmp(t + whole.reason_start, cases[k].reasoning, rlen))
+            fail_msg("case %zu: reasoning '%.*s'", k, (int)rlen, t + whole.reason_start);
+        if (strcmp(t + whole.answer_start, cases[k].answer)) fail_msg("case %zu: answer '%s'", k, t + whole.answer_start);
+        /* byte by byte: the reasoning and the answer only grow, to the same end */
+        ag_think inc;
+        ag_think_init(&inc, cases[k].opened);
+        size_t last_r = 0, last_a = 0;
+        bool answer_seen = false;
+        for (size_t len = 0; len <= n; len++) {
+            ag_think_scan(&inc, t, len, len == n);
+            size_t r = inc.phase == AG_THINK_LEAD || inc.phase == AG_THINK_NONE ? 0 : inc.reason_end - inc.reason_start;
+            assert_true(r >= last_r);
+            last_r = r;
+            if (ag_think_answer_known(&inc)) {
+                if (answer_seen) assert_int_equal(inc.answer_start, whole.answer_start);
+                answer_seen = true;
+                last_a = len - inc.answer_start;
+            }
+        }
+        assert_int_equal(last_r, rlen);
+        assert_int_equal(last_a, strlen(cases[k].answer));
+    }
+    assert_true(ag_think_template_thinks("{{ '</think>' }}", 15));
+    assert_false(ag_think_template_thinks("{{ messages }}", 14));
+    assert_true(ag_think_prompt_opens("<|Assistant|><think>\n", 21));
+    assert_false(ag_think_prompt_opens("<think>\n</think>\n", 18));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(think_split),
         cmocka_unit_test(hermes_single_call),
         cmocka_unit_test(hermes_content_and_two_calls),
         cmocka_unit_test(one_call_keeps_the_first),
