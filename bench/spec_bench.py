@@ -40,6 +40,11 @@ token for token; a difference is printed as MISMATCH and counted (exit 1).
 usage: bench/spec_bench.py [-m MODEL] [-t 2] [-n 128] [-r 3] [--sets code_edit,summarise,chat]
            [--temps 0,0.7] [--modes augur,augur-ngram,augur-draft,llama,llama-lookup]
            [--draft-model PATH|none] [--draft-max N] [--peer-draft-max 8] [--prompts K] [--seed 1] [--json FILE]
+           [--ab-env VAR=VALUE]
+--ab-env VAR=VALUE runs every augur mode a second time with VAR=VALUE in its
+environment (an A/B of a kernel or setting in one run: mode "augur-ngram+ab"
+etc., rotated with the others, its speedup over "augur+ab"); at temperature 0
+every augur output, either variant, must equal augur plain's.
 needs: build/augur (make), the model (scripts/fetch_models.py qwen-1.5b), and
 for the llama modes llama-cpp-python built for this CPU (make bench-peer);
 without it those modes are reported n/a. llama.cpp runs in a child process,
@@ -124,6 +129,8 @@ def augur_tokenize(model, text):
 # --------------------------------------------------------------------------- augur
 
 def augur_gen(a, prompt, mode, temp, seed):
+    ab = mode.endswith("+ab")
+    mode = mode.removesuffix("+ab")
     cmd = [AUGUR, "run", "-m", a.model, "--chat", "-f", prompt["path"], "-n", str(a.n), "--temp", str(temp),
            "--seed", str(seed), "-t", str(a.t)]
     if mode == "augur-ngram":
@@ -133,6 +140,9 @@ def augur_gen(a, prompt, mode, temp, seed):
     if mode != "augur" and a.draft_max:
         cmd += ["--draft-max", str(a.draft_max)]
     env = dict(os.environ, AUGUR_DRAFT_LOOKUP="0") if mode == "augur-draft-alone" else None
+    if ab:
+        var, _, val = a.ab_env.partition("=")
+        env = dict(env or os.environ, **{var: val})
     r = subprocess.run(cmd, capture_output=True, timeout=1800, env=env)
     err = r.stderr.decode("utf-8", "replace")
     if r.returncode != 0:
@@ -417,6 +427,7 @@ def main():
     ap.add_argument("--prompts", type=int, default=0, help="use only the first K prompts of each set")
     ap.add_argument("--seed", type=int, default=1, help="base seed (prompt i, repetition r: seed + i + 1000 r)")
     ap.add_argument("--json", help="write every run and the summary to this file")
+    ap.add_argument("--ab-env", help="VAR=VALUE: every augur mode also runs with it in its environment (A/B)")
     a = ap.parse_args()
 
     def resolve(path):  # as given from here, else relative to the repository; shown relative to it
@@ -441,8 +452,15 @@ def main():
     for m in modes:
         if m not in ALL_MODES:
             sys.exit(f"spec_bench: unknown mode '{m}' (modes: {', '.join(ALL_MODES)})")
+    if a.ab_env:
+        if "=" not in a.ab_env:
+            sys.exit("spec_bench: --ab-env wants VAR=VALUE")
+        for m in [m for m in modes if BASE[m] == "augur"]:
+            BASE[m + "+ab"] = "augur+ab" if BASE[m] == "augur" else BASE[m]
+            LABEL[m + "+ab"] = f"{LABEL[m]} [{a.ab_env}]"
+            modes.append(m + "+ab")
     na = {}
-    for dm in ("augur-draft", "augur-draft-alone"):
+    for dm in ("augur-draft", "augur-draft-alone", "augur-draft+ab", "augur-draft-alone+ab"):
         if dm not in modes:
             continue
         if a.draft_model is None:
@@ -530,7 +548,7 @@ def main():
                 for m in active[k:] + active[:k]:
                     if m in na:
                         continue
-                    if BASE[m] == "augur":
+                    if BASE[m] in ("augur", "augur+ab"):
                         res = augur_gen(a, p, m, temp, seed)
                         if "na" not in res and res["n_prompt"] != len(p["ids"]):
                             log(f"note: {p['name']}: augur run saw {res['n_prompt']} prompt tokens, the rendered "
@@ -550,8 +568,8 @@ def main():
                     log(f"[{done}/{total}, {el:.0f}s] rep {rep + 1} {p['name']} T={temp:g} {m}: {res['tok_s']:.1f} tok/s, "
                         f"{res['n_gen']} tokens" + (f", τ {res['tau']:.2f}" if res.get("tau") else ""))
                 if temp == 0 and "augur" in texts:
-                    for m in ("augur-ngram", "augur-draft", "augur-draft-alone"):
-                        if m in texts and texts[m] != texts["augur"]:
+                    for m in [m for m in texts if m != "augur" and BASE[m] in ("augur", "augur+ab")]:
+                        if texts[m] != texts["augur"]:
                             mismatches += 1
                             log(f"\n!!! MISMATCH at temperature 0: {p['name']} rep {rep + 1}: {m} output differs from "
                                 f"augur plain\n--- plain:\n{texts['augur']}\n--- {m}:\n{texts[m]}\n")
@@ -566,7 +584,7 @@ def main():
 
     table = summarize(runs, list(sets), temps, modes, a.r)
     print_tables(table, modes, na)
-    spec_modes = ("augur-ngram", "augur-draft", "augur-draft-alone")
+    spec_modes = [m for m in modes if m != "augur" and BASE[m] in ("augur", "augur+ab")]
     n_checked = sum(1 for r in raw if r["temp"] == 0 and r["mode"] in spec_modes)
     if 0 in temps and any(m in active for m in spec_modes):
         print(f"\ntemperature 0, augur speculative vs plain output: {n_checked - mismatches}/{n_checked} identical"

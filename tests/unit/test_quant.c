@@ -642,7 +642,7 @@ typedef struct {
 static size_t      wpanel_row_bytes(ag_act_format f, int64_t n) { return f == AG_ACT_Q8K ? ag_wpanel_row_bytes(n) : 0; }
 static void        wpanel_pack(ag_act_format f, const void *x, size_t x_stride, int nt, int64_t n, void *dst) {
     (void)f;
-    ag_wpanel_pack(x, x_stride, nt, n, dst);
+    ag_wpanel_pack(x, x_stride, nt, n, dst, ag_quant_kernels_active()->wpanel16);
 }
 static ag_panel_fn token_panel_kernel(uint32_t t) { return ag_quant_kernels_active()->panel[t]; }
 static ag_panel_fn window_panel_kernel(uint32_t t) { return ag_quant_kernels_active()->wpanel[t]; }
@@ -692,8 +692,6 @@ static void panel_kernels_agree(void **state) {
                         x[k * n + i] = pattern ? (k % 3 == 2 ? ((i + k) % 3 ? 1.0f : -1.0f) : k & 1 ? -1.0f : 1.0f)
                                                : nrand() * (k % 3 == 1 ? 300.0f : 1.0f);
                 for (int k = 0; k < NT; k++) assert_int_equal(ag_quantize_act_row(f, x + k * n, xq + k * xrb, n), AG_OK);
-                for (int p = 0; p < NP && PT * p < NT; p++)
-                    K->pack(f, xq + (size_t)p * PT * xrb, xrb, NT - PT * p < PT ? NT - PT * p : PT, n, panels + p * prb);
                 float  ref[NR][NT];
                 double absw[NR][NT];
                 assert_int_equal(ag_cpu_isa_set(AG_CPU_ISA_SCALAR), AG_OK);
@@ -706,6 +704,9 @@ static void panel_kernels_agree(void **state) {
                     assert_int_equal(ag_cpu_isa_set(isas[ik]), AG_OK);
                     ag_panel_fn pk = K->kernel(t);
                     if (!pk) continue;
+                    /* packed per level: the window panels' lane width is the kernels' */
+                    for (int p = 0; p < NP && PT * p < NT; p++)
+                        K->pack(f, xq + (size_t)p * PT * xrb, xrb, NT - PT * p < PT ? NT - PT * p : PT, n, panels + p * prb);
                     float alone[NR][NT];
                     for (int k = 0; k < NT; k++) {
                         K->pack(f, xq + k * xrb, xrb, 1, n, single);

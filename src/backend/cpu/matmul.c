@@ -39,11 +39,16 @@ static ag_status   matmul_panels(ag_threadpool *pool, uint32_t w_type, ag_panel_
                                  const void *w, int64_t n_out, int64_t n_in, const float *x, int64_t ldx, int64_t n_tok, float *y,
                                  int64_t ldy, void *scratch, size_t scratch_size);
 
-/* The panels decode rows are packed in: window panels for the AVX2
- * window kernels, token panels where the ISA has decode-panel kernels
- * (AVX-512 VNNI, dpanel). */
+static bool use_amx(uint32_t w_type);
+
+/* The panels decode rows are packed in: window panels for the window
+ * kernels (AVX2; AVX-512 VNNI without AMX), token panels where the ISA has
+ * decode-panel kernels and the CPU AMX (AVX-512 VNNI, dpanel: the choice
+ * measured beside the tiles, kept as it was). */
 static bool decode_windows(uint32_t w_type) {
-    return w_type >= AG_TYPE_COUNT || !ag_quant_kernels_active()->dpanel[w_type];
+    if (w_type >= AG_TYPE_COUNT) return true;
+    const ag_quant_kernels *k = ag_quant_kernels_active();
+    return !k->dpanel[w_type] || (k->wpanel16 && !use_amx(w_type));
 }
 
 /* Tokens per panel and bytes per panel row of each kind. */
@@ -454,16 +459,28 @@ static bool canonical_kquant(uint32_t w_type) { return w_type == AG_TYPE_Q4_K ||
 
 /* The fewest decode rows of Q4_K / Q6_K (whose panels give the dot
  * kernels' bits) that take the window panels (four tokens each): a
- * speculative verify window. quant_bench --window, 8960x1536, cold, 2
- * threads, ms, medians of 3 alternating runs on the shared VM (runs on
- * other hours moved single figures by 10-30%), dot kernels -> window panels:
+ * speculative verify window. quant_bench --window, 8960x1536, cold, ms,
+ * dot kernels -> window panels.
+ * AVX2 window panels, 2 threads, medians of 3 alternating runs on the
+ * shared VM (runs on other hours moved single figures by 10-30%):
  *   Q4_K  3 tokens 0.81 -> 0.59, 4: 1.06 -> 0.61, 8: 2.00 -> 0.86, 12: 3.14
  *         -> 1.31 (2 tokens: 0.71 / 0.67 in another run, a wash);
  *   Q6_K  5 tokens 1.25 -> 1.42, 6: 1.34 -> 1.52, 7: 1.45 -> 1.41, 8: 1.64
  *         -> 1.48, 12: 2.37 -> 2.22. Q6_K's panel does more work per element
  *         (a scale madd per 2 maddubs) and spills, so it pays only for longer
- *         windows. */
-static int window_panel_min(uint32_t w_type) { return w_type == AG_TYPE_Q4_K ? 3 : w_type == AG_TYPE_Q6_K ? 7 : 0; }
+ *         windows.
+ * AVX-512 VNNI window panels (wpanel16), 1 thread of a 2-core Zen 5 VM
+ * shared with two other builds, medians of 11, 2026-12-07 (n = 1: Q4_K
+ * 0.33-0.36, Q6_K 0.42-0.46; dot kernels for n = 5..8 include the VNNI
+ * token panels they replace):
+ *   Q4_K  2 tokens 0.44 -> 0.46, 3: 0.54 -> 0.49, 4: 0.66 -> 0.52,
+ *         5: 0.91 -> 0.67, 8: 0.90 -> 0.86;
+ *   Q6_K  2 tokens 0.46 -> 0.59, 3: 0.56 -> 0.60, 4: 0.64 -> 0.63,
+ *         5: 0.91 -> 0.87, 8: 1.24 -> 0.92. */
+static int window_panel_min(uint32_t w_type) {
+    const bool vnni = ag_quant_kernels_active()->wpanel16;
+    return w_type == AG_TYPE_Q4_K ? 3 : w_type == AG_TYPE_Q6_K ? (vnni ? 4 : 7) : 0;
+}
 
 /* The panel kernel for prompt rows of w_type, or NULL (AMX or none). */
 static ag_panel_fn prompt_panel_kernel(uint32_t w_type) {
@@ -508,10 +525,13 @@ static ag_panel_fn decode_panel_kernel(uint32_t w_type, int64_t n_tok) {
     /* (with AMX the backend sends the larger batches to the tiles first:
      * ag_matmul_decode_on_amx) */
     const ag_quant_kernels *k = ag_quant_kernels_active();
-    return k->dpanel[w_type] ? k->dpanel[w_type] : k->wpanel[w_type];
+    return decode_windows(w_type) ? k->wpanel[w_type] : k->dpanel[w_type];
 }
 
-const char *ag_matmul_decode_panel_name(uint32_t w_type) { return decode_windows(w_type) ? "window panels" : "vnni panels"; }
+const char *ag_matmul_decode_panel_name(uint32_t w_type) {
+    if (!decode_windows(w_type)) return "vnni panels";
+    return ag_quant_kernels_active()->wpanel16 ? "vnni window panels" : "window panels";
+}
 
 int ag_matmul_decode_panel_min(uint32_t w_type) {
     if (w_type >= AG_TYPE_COUNT) return 0;
@@ -537,7 +557,7 @@ static void panel_quant_task(void *ctx, int64_t p, int thread) {
     uint8_t         *rows = j->rows + (size_t)t0 * j->row_bytes;
     for (int t = 0; t < nt; t++) ag_quantize_act_row(j->fmt, j->x + (t0 + t) * j->ldx, rows + (size_t)t * j->row_bytes, j->n_in);
     uint8_t *dst = j->panels + (size_t)p * j->panel_bytes;
-    if (j->window) ag_wpanel_pack(rows, j->row_bytes, nt, j->n_in, dst);
+    if (j->window) ag_wpanel_pack(rows, j->row_bytes, nt, j->n_in, dst, ag_quant_kernels_active()->wpanel16);
     else ag_panel_pack(j->fmt, rows, j->row_bytes, nt, j->n_in, dst);
 }
 

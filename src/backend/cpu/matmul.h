@@ -100,9 +100,11 @@ bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode);
  * verify window of Q4_K / Q6_K decode rows through panel kernels whose
  * bits are the dot kernels': on the AVX2 level the window panels
  * (ag_wpanel_q8k; Q4_K from 3 rows, Q6_K from 7), on the AVX-512 level the
- * VNNI token panels (Q4_K from 5; Q6_K stays on the dot kernels). The fewest decode rows of
- * w_type that do at the active ISA, 0 for never (for reports; the callers
- * need do nothing), and the kernels' name ("window panels", "vnni panels"). */
+ * VNNI window panels (Q4_K from 3, Q6_K from 4), or where the CPU has AMX
+ * the VNNI token panels below the tiles (Q4_K from 5; Q6_K stays on the
+ * dot kernels). The fewest decode rows of w_type that do at the active
+ * ISA, 0 for never (for reports; the callers need do nothing), and the
+ * kernels' name ("window panels", "vnni window panels", "vnni panels"). */
 int         ag_matmul_decode_panel_min(uint32_t w_type);
 const char *ag_matmul_decode_panel_name(uint32_t w_type);
 

@@ -517,14 +517,17 @@ size_t ag_wpanel_row_bytes(int64_t n) {
     return n > 0 && n % AG_QK_K == 0 ? (size_t)(n / AG_QK_K) * sizeof(ag_wpanel_q8k) : 0;
 }
 
-void ag_wpanel_pack(const void *x, size_t x_stride, int nt, int64_t n, void *dst) {
+void ag_wpanel_pack(const void *x, size_t x_stride, int nt, int64_t n, void *dst, bool lanes16) {
     ag_wpanel_q8k *p = dst;
     for (int64_t b = 0; b < n / AG_QK_K; b++) {
         memset(&p[b], 0, sizeof p[b]);
         for (int t = 0; t < nt; t++) {
             const ag_block_q8_K *y = (const ag_block_q8_K *)((const uint8_t *)x + (size_t)t * x_stride) + b;
             PANEL_Q8K_SUMS(p[b], t, y);
-            for (int c = 0; c < AG_QK_K / 8; c++) memcpy(p[b].qs[c][t], y->qs + 8 * c, 8);
+            if (lanes16)
+                for (int g = 0; g < AG_QK_K / 16; g++) memcpy(p[b].qs16[g][t], y->qs + 16 * g, 16);
+            else
+                for (int c = 0; c < AG_QK_K / 8; c++) memcpy(p[b].qs[c][t], y->qs + 8 * c, 8);
         }
     }
 }

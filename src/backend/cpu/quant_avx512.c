@@ -481,6 +481,186 @@ AI void dot_q6_K_k(int64_t n, const void *w, const void *x, size_t x_stride, con
 }
 AG_DOT_DISPATCH(dot_q6_K)
 
+/* ---- window panels: verify windows of 2..8 decode rows (Q4_K, Q6_K) ----
+ *
+ * A speculative verify window runs a few decode rows, which must give the
+ * dot kernels' bits (ag_kquant_fold) and should cost about one row: the
+ * weights stream from DRAM once, so the rows' products must fit in the
+ * time of that stream. The dot kernels spend two multiplies (maddubs,
+ * vpdpwssd) per 64 products and token. Here the activations come as window
+ * panels (ag_wpanel_q8k: one zmm holds 16 consecutive elements of four
+ * tokens, one per 128-bit lane), so a weight group of 16 bytes broadcast
+ * from memory to the four lanes makes 64 products of four tokens in one
+ * vpdpbusd, four per int32 lane, and serves every panel. The lane sums fit
+ * int16 (Q4_K: a sub-block's lane after its two vpdpbusd holds 8 products
+ * <= 8 * 15 * 127; Q6_K: a 16-element group's lane 4 products <= 4 * 63 *
+ * 127 < 32768), so the lanes of two scales are packed (vpackssdw, exact) and
+ * one vpdpwssd applies both scales into the int32 sum. The sums are exact,
+ * so the fold per (row, token, super-block) is ag_kquant_fold's, in four
+ * token lanes.
+ *
+ * Rows one at a time (each streams its own weights, prefetched ahead as in
+ * the dot kernels), panels two at a time (eight tokens per weight unpack). */
+
+/* The 16 bytes at p in every 128-bit lane. */
+AI __m512i bcast128x4(const void *p) { return _mm512_broadcast_i32x4(loadu128(p)); }
+/* Group g (16 elements) of the four tokens of a window panel. */
+AI __m512i wp_group(const ag_wpanel_q8k *x, int g) { return _mm512_load_si512(x->qs16[g]); }
+/* Int16 scales a and b of the 8 in sc16b (every 128-bit lane) as the
+ * multipliers of _mm512_packs_epi32(A, B): a on int16 lanes 0..3 of each
+ * 128-bit lane, b on 4..7. */
+AI __m512i wp_scale2(__m512i sc16b, const int a, const int b) {
+    const char a0 = (char)(2 * a), a1 = (char)(2 * a + 1), b0 = (char)(2 * b), b1 = (char)(2 * b + 1);
+    return _mm512_shuffle_epi8(sc16b, _mm512_broadcast_i32x4(_mm_setr_epi8(a0, a1, a0, a1, a0, a1, a0, a1, b0, b1, b0, b1, b0, b1, b0, b1)));
+}
+/* Each 128-bit lane's (token's) int32 total, as [t0 t1 t2 t3]. */
+AI __m128i wp_tokens(__m512i v) {
+    v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, (_MM_PERM_ENUM)0x4E));
+    v = _mm512_add_epi32(v, _mm512_shuffle_epi32(v, (_MM_PERM_ENUM)0xB1));
+    return _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), v));
+}
+/* Σ_i pairs[i][t] · (c_2i, c_2i+1) over the i of one zmm of pair sums
+ * ([4 i][4 t][2] int16) against int16 pairs c (dword i0 + i of cz), per
+ * token as [4 i][4 t] int32: |pair| <= 32 * 127, |c| <= 128, exact. */
+AI __m512i wp_pairs(const void *pairs, __m512i cz, const int i0) {
+    const __m512i idx = _mm512_setr_epi32(i0, i0, i0, i0, i0 + 1, i0 + 1, i0 + 1, i0 + 1, i0 + 2, i0 + 2, i0 + 2, i0 + 2,
+                                          i0 + 3, i0 + 3, i0 + 3, i0 + 3);
+    return _mm512_madd_epi16(_mm512_loadu_si512(pairs), _mm512_permutexvar_epi32(idx, cz));
+}
+/* The token totals of a [4 i][4 t] int32 vector (summed over i). */
+AI __m128i wp_over_i(__m512i v) {
+    const __m256i s = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
+    return _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+}
+
+/* One Q4_K super-block of one row against NP (1..2) panels x: isum and msum
+ * per token. */
+AI void wp_q4k_sums(const ag_block_q4_K *b, const ag_wpanel_q8k *const *x, const int NP, __m128i *isum, __m128i *msum) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    UNROLL for (int o = 0; o < (int)sizeof(ag_block_q4_K); o += 64) _mm_prefetch((const char *)b + AG_PF_DIST + o, _MM_HINT_T0);
+    const __m128i sm = k4_scales_unpack_x(b->scales); /* bytes 0..7 scales, 8..15 mins */
+    const __m512i sc16b = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(sm));
+    const __m512i mz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_srli_si128(sm, 8)));
+    __m512i       is[2];
+    UNROLL for (int p = 0; p < NP; p++) is[p] = _mm512_setzero_si512();
+    UNROLL for (int j = 0; j < 4; j++) { /* qs[32j ..]: sub-blocks 2j (low nibbles), 2j + 1 (high) */
+        const __m512i r0 = bcast128x4(b->qs + 32 * j), r1 = bcast128x4(b->qs + 32 * j + 16);
+        const __m512i w0 = _mm512_and_si512(r0, m4), w1 = _mm512_and_si512(r1, m4);
+        const __m512i w2 = _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), w3 = _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4);
+        const __m512i sc = wp_scale2(sc16b, 2 * j, 2 * j + 1);
+        UNROLL for (int p = 0; p < NP; p++) {
+            const __m512i z = _mm512_setzero_si512();
+            const __m512i a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w0, wp_group(x[p], 4 * j)), w1, wp_group(x[p], 4 * j + 1));
+            const __m512i c = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, w2, wp_group(x[p], 4 * j + 2)), w3, wp_group(x[p], 4 * j + 3));
+            is[p] = _mm512_dpwssd_epi32(is[p], _mm512_packs_epi32(a, c), sc);
+        }
+    }
+    UNROLL for (int p = 0; p < NP; p++) {
+        isum[p] = wp_tokens(is[p]);
+        msum[p] = wp_over_i(wp_pairs(x[p]->bpair, mz, 0));
+    }
+}
+
+/* One Q6_K super-block of one row against NP panels: the exact isum per
+ * token (the -32 offset as -32 Σ sc · bsums). The six-bit values are
+ * unpacked as the dot kernel does, 64 at a time; each 16-element group then
+ * goes to the four lanes by one shuffle. */
+AI void wp_q6k_sums(const ag_block_q6_K *b, const ag_wpanel_q8k *const *x, const int NP, __m128i *isum) {
+    const __m512i m4 = _mm512_set1_epi8(0xF), m3 = _mm512_set1_epi8(3);
+    UNROLL for (int o = 0; o < (int)sizeof(ag_block_q6_K); o += 64) _mm_prefetch((const char *)b + AG_PF_DIST + o, _MM_HINT_T0);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(loadu128(b->scales));
+    __m512i       is[2];
+    UNROLL for (int p = 0; p < NP; p++) is[p] = _mm512_setzero_si512();
+    UNROLL for (int h = 0; h < 2; h++) {
+        const __m512i sc16b = _mm512_broadcast_i32x4(h ? _mm256_extracti128_si256(sc16, 1) : _mm256_castsi256_si128(sc16));
+        const __m512i ql = loadu512(b->ql + 64 * h);
+        const __m256i qh = loadu256(b->qh + 32 * h);
+        const __m512i qhz = pair_si(qh, _mm256_srli_epi16(qh, 2));
+        __m512i       g[2]; /* g[k]: elements 128h + 64k .. + 63 (as the dot kernel) */
+        g[0] = _mm512_or_si512(_mm512_and_si512(ql, m4), _mm512_slli_epi16(_mm512_and_si512(qhz, m3), 4));
+        g[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qhz, 4), m3), 4));
+        UNROLL for (int k = 0; k < 2; k++) {
+            const int     G = 4 * k; /* groups 8h + G .. 8h + G + 3 */
+            const __m512i w0 = _mm512_shuffle_i32x4(g[k], g[k], 0x00), w1 = _mm512_shuffle_i32x4(g[k], g[k], 0x55);
+            const __m512i w2 = _mm512_shuffle_i32x4(g[k], g[k], 0xAA), w3 = _mm512_shuffle_i32x4(g[k], g[k], 0xFF);
+            const __m512i s01 = wp_scale2(sc16b, G, G + 1), s23 = wp_scale2(sc16b, G + 2, G + 3);
+            UNROLL for (int p = 0; p < NP; p++) {
+                const __m512i z = _mm512_setzero_si512();
+                const int     g0 = 8 * h + G;
+                const __m512i a0 = _mm512_dpbusd_epi32(z, w0, wp_group(x[p], g0)), a1 = _mm512_dpbusd_epi32(z, w1, wp_group(x[p], g0 + 1));
+                const __m512i a2 = _mm512_dpbusd_epi32(z, w2, wp_group(x[p], g0 + 2)), a3 = _mm512_dpbusd_epi32(z, w3, wp_group(x[p], g0 + 3));
+                is[p] = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(is[p], _mm512_packs_epi32(a0, a1), s01), _mm512_packs_epi32(a2, a3), s23);
+            }
+        }
+    }
+    const __m512i scz = _mm512_castsi256_si512(sc16);
+    UNROLL for (int p = 0; p < NP; p++) {
+        const __m128i corr = wp_over_i(_mm512_add_epi32(wp_pairs(x[p]->bsums[0], scz, 0), wp_pairs(x[p]->bsums[4], scz, 4)));
+        isum[p] = _mm_sub_epi32(wp_tokens(is[p]), _mm_slli_epi32(corr, 5));
+    }
+}
+
+/* One weight row against NP (1..2) window panels (xp, xp_stride apart):
+ * per super-block s the exact sums, folded into accumulator s % 4 of the
+ * token lanes (ag_kquant_fold); out[p]: the tokens' results. */
+#define WP_ROW(name, BT, Q4K)                                                                                    \
+    AI void name##_row(int64_t nsb, const BT *b, const uint8_t *xp, size_t xp_stride, const int NP, __m128 *out) { \
+        __m128 acc[2][4];                                                                                        \
+        UNROLL for (int p = 0; p < NP; p++) UNROLL for (int k = 0; k < 4; k++) acc[p][k] = _mm_setzero_ps();     \
+        for (int64_t s0 = 0; s0 < nsb; s0 += 4)                                                                  \
+            UNROLL for (int k = 0; k < 4; k++) {                                                                 \
+                const int64_t s = s0 + k;                                                                        \
+                if (s >= nsb) break;                                                                             \
+                const ag_wpanel_q8k *x[2];                                                                       \
+                x[0] = (const ag_wpanel_q8k *)xp + s;                                                            \
+                x[1] = (const ag_wpanel_q8k *)(xp + (NP > 1 ? xp_stride : 0)) + s;                               \
+                __m128i isum[2], msum[2];                                                                        \
+                if (Q4K) wp_q4k_sums((const void *)&b[s], x, NP, isum, msum);                                    \
+                else wp_q6k_sums((const void *)&b[s], x, NP, isum);                                              \
+                const __m128 d = _mm_set1_ps(f16(b[s].d));                                                       \
+                UNROLL for (int p = 0; p < NP; p++) {                                                            \
+                    const __m128 dy = _mm_loadu_ps(x[p]->d);                                                     \
+                    acc[p][k] = _mm_fmadd_ps(_mm_mul_ps(dy, d), _mm_cvtepi32_ps(isum[p]), acc[p][k]);            \
+                    if (Q4K)                                                                                     \
+                        acc[p][k] = _mm_fnmadd_ps(_mm_mul_ps(dy, _mm_set1_ps(f16(WP_DMIN(b[s])))),                \
+                                                  _mm_cvtepi32_ps(msum[p]), acc[p][k]);                          \
+                }                                                                                                \
+            }                                                                                                    \
+        UNROLL for (int p = 0; p < NP; p++)                                                                      \
+            out[p] = _mm_add_ps(_mm_add_ps(acc[p][0], acc[p][2]), _mm_add_ps(acc[p][1], acc[p][3]));           \
+    }                                                                                                            \
+    AI void name##_k(int64_t n, const void *w, size_t w_stride, int nr, const void *xp, size_t xp_stride, int np,  \
+                     int64_t nt, float *y, int64_t ldy) {                                                        \
+        for (int r = 0; r < nr; r++) {                                                                           \
+            const BT *b = (const BT *)((const uint8_t *)w + (size_t)r * w_stride);                               \
+            for (int p0 = 0; p0 < np; p0 += 2) {                                                                 \
+                const uint8_t *x0 = (const uint8_t *)xp + (size_t)p0 * xp_stride;                                \
+                __m128         o[2];                                                                             \
+                const int      two = p0 + 1 < np;                                                                \
+                if (two) name##_row(n / AG_QK_K, b, x0, xp_stride, 2, o);                                        \
+                else name##_row(n / AG_QK_K, b, x0, xp_stride, 1, o);                                            \
+                for (int p = 0; p <= two; p++) {                                                                 \
+                    float v[4];                                                                                  \
+                    _mm_storeu_ps(v, o[p]);                                                                      \
+                    for (int t = 0; t < AG_WPANEL_NT && (p0 + p) * AG_WPANEL_NT + t < nt; t++)                   \
+                        y[((p0 + p) * AG_WPANEL_NT + t) * ldy + r] = v[t];                                       \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }                                                                                                            \
+    static void name(int64_t n, const void *w, size_t w_stride, int nr, const void *xp, size_t xp_stride, int np,  \
+                     int64_t nt, float *y, int64_t ldy) {                                                        \
+        name##_k(n, w, w_stride, nr, xp, xp_stride, np, nt, y, ldy);                                             \
+    }
+
+#define WP_DMIN(blk) (blk).dmin
+WP_ROW(wpanel_q4_K, ag_block_q4_K, 1)
+#undef WP_DMIN
+#define WP_DMIN(blk) (uint16_t)0
+WP_ROW(wpanel_q6_K, ag_block_q6_K, 0)
+#undef WP_DMIN
+
 /* ---- float weights ---- */
 
 AI __m512 wload16_f32(const uint8_t *p) { return _mm512_loadu_ps(p); }
@@ -554,19 +734,25 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
      * AUGUR_CPU_PANELS=0 drops the panels at this level (A/B). */
     const char *pp = getenv("AUGUR_CPU_PANELS");
     if (pp && *pp == '0') memset(k->panel, 0, sizeof k->panel);
-    /* The four-token window panels (decode rows) stay off at this level:
-     * on that Xeon without AMX they made Q4_K windows of 4-12 rows 20-30%
-     * cheaper than these dot kernels (bench/quant_bench --window) but Q6_K's
-     * no cheaper, and an n-gram verify's end-to-end speed-up moved within
-     * the noise (1.63-2.01x against 1.74-1.80x). AUGUR_CPU_WPANELS=1 keeps
-     * them (A/B). */
-    const char *wp = getenv("AUGUR_CPU_WPANELS");
-    if (!(wp && *wp == '1')) memset(k->wpanel, 0, sizeof k->wpanel);
-    /* Decode rows of Q4_K (verify windows, small decode batches) take the
-     * VNNI token panels instead (ag_matmul_decode_panel_min);
-     * AUGUR_CPU_DPANELS=0 keeps them on the dot kernels (A/B). */
+    /* Decode rows of Q4_K take the VNNI token panels (dpanel) from 5 rows
+     * where the CPU has AMX (below the tiles' minimum; measured there, so
+     * kept); AUGUR_CPU_DPANELS=0 keeps them on the dot kernels (A/B). */
     const char *dp = getenv("AUGUR_CPU_DPANELS");
     if (!(dp && *dp == '0')) ag_quant_panels_vnni(k);
+    /* Without AMX, verify windows of Q4_K / Q6_K decode rows take the VNNI
+     * window panels above (matmul.c window_panel_min: the AVX2 window
+     * panels this table inherits stayed off here, no cheaper than these dot
+     * kernels on a Xeon without AMX). AUGUR_CPU_WPANELS=0 keeps such a
+     * window on the dot kernels and Q4_K's VNNI token panels, as before
+     * issue 48 (A/B). */
+    const char *wp = getenv("AUGUR_CPU_WPANELS");
+    if (wp && *wp == '0') {
+        memset(k->wpanel, 0, sizeof k->wpanel);
+    } else {
+        k->wpanel[AG_TYPE_Q4_K] = wpanel_q4_K;
+        k->wpanel[AG_TYPE_Q6_K] = wpanel_q6_K;
+        k->wpanel16 = true;
+    }
 }
 
 #else

@@ -8,6 +8,7 @@
 #ifndef AG_BACKEND_CPU_QUANT_IMPL_H
 #define AG_BACKEND_CPU_QUANT_IMPL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -260,24 +261,34 @@ size_t ag_panel_row_bytes(ag_act_format f, int64_t n);
 /* ---- window panels (decode rows of a verify window, Q4_K / Q6_K) ----
  *
  * The same idea as the token panels for a window of a few tokens: four
- * tokens per panel, eight bytes of each per 32-byte vector, so a window of
- * 3..4 tokens fills a panel (an 8-token panel would be half empty) and one of
- * 5..8 takes two panels that share each broadcast of the weights. Packed by
- * ag_wpanel_pack from Q8_K rows (same values, plus exact sums); tokens past
- * the window are zero. 64-byte aligned in matmul.c. */
+ * tokens per panel, so a window of 2..4 tokens fills a panel (an 8-token
+ * panel would be half empty) and one of 5..8 takes two panels that share
+ * each unpacked weight block. Two lane widths, one per kernel family:
+ *  - 8 bytes (AVX2): qs[c][t][8], eight bytes of each of the four tokens
+ *    per 32-byte vector, met by eight weight bytes broadcast (vpbroadcastq);
+ *  - 16 bytes (AVX-512): qs16[g][t][16], 16 consecutive elements of each
+ *    token per 64-byte vector, one token per 128-bit lane, met by a weight
+ *    group's 16 bytes broadcast to the four lanes (a load, no shuffle).
+ * Packed by ag_wpanel_pack from Q8_K rows (same values, plus exact sums);
+ * tokens past the window are zero. 64-byte aligned in matmul.c, and the
+ * size a multiple of 64, so every block's rows of 64 bytes are too. */
 #define AG_WPANEL_NT 4
 typedef struct {
-    int8_t  qs[AG_QK_K / 8][AG_WPANEL_NT][8];     /* [c][t]: token t's elements 8c..8c+7 */
+    union {
+        int8_t qs[AG_QK_K / 8][AG_WPANEL_NT][8];     /* 8-byte lanes: [c][t] token t's elements 8c..8c+7 */
+        int8_t qs16[AG_QK_K / 16][AG_WPANEL_NT][16]; /* 16-byte lanes: [g][t] token t's elements 16g..16g+15 */
+    };
     int16_t bsums[AG_QK_K / 32][AG_WPANEL_NT][2]; /* [i][t]: token t's bsums 2i and 2i+1 */
     int16_t bpair[AG_QK_K / 64][AG_WPANEL_NT][2]; /* [i][t]: Σqs of t's 32-element sub-blocks 2i, 2i+1 */
     float   d[AG_WPANEL_NT];
-    float   pad[4]; /* to a multiple of 32 bytes */
+    float   pad[12]; /* to a multiple of 64 bytes */
 } ag_wpanel_q8k;
-_Static_assert(sizeof(ag_wpanel_q8k) == 1248 && sizeof(ag_wpanel_q8k) % 32 == 0, "wpanel q8k");
+_Static_assert(sizeof(ag_wpanel_q8k) == 1280 && sizeof(ag_wpanel_q8k) % 64 == 0, "wpanel q8k");
 
 /* Packs nt (1..AG_WPANEL_NT) Q8_K rows of n elements, x_stride bytes apart,
- * into one window-panel row at dst (zero tokens after nt). */
-void ag_wpanel_pack(const void *x, size_t x_stride, int nt, int64_t n, void *dst);
+ * into one window-panel row at dst (zero tokens after nt), in 16-byte
+ * lanes (lanes16) or 8-byte lanes. */
+void ag_wpanel_pack(const void *x, size_t x_stride, int nt, int64_t n, void *dst, bool lanes16);
 /* Bytes of one window-panel row of n elements (0 for a bad n). */
 size_t ag_wpanel_row_bytes(int64_t n);
 
@@ -297,6 +308,7 @@ typedef struct {
     ag_gemm_fn      gemm[AG_TYPE_COUNT];
     ag_panel_fn     panel[AG_TYPE_COUNT];
     ag_panel_fn     wpanel[AG_TYPE_COUNT]; /* the same on window panels (AG_WPANEL_NT tokens each) */
+    bool            wpanel16;              /* the wpanel kernels read 16-byte lanes (ag_wpanel_pack) */
     ag_panel_fn     dpanel[AG_TYPE_COUNT]; /* decode rows on token panels (the dot kernels' bits), or NULL */
     ag_act_quant_fn quant_q8a;
     ag_act_quant_fn quant_q8k;
