@@ -269,20 +269,17 @@ int ag_cli_bench(int argc, char **argv) {
     long need = pp > depth + tg ? pp : depth + tg;
     if (need > c->n_ctx_train)
         fprintf(stderr, "augur: note: %ld tokens exceed the model's training context %d\n", need, c->n_ctx_train);
-    ag_kv_params kp = ag_kv_default_params();
-    ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
-    kp.max_seqs = (int)n_seq;
-    kp.mem = ag_model_kv_mem(m);
     ag_kv *kv = NULL;
     float *logits = ag_model_host_floats(m, (size_t)c->n_vocab * (size_t)n_seq);
     int rc = 1;
+    ag_kv_params kp;
     ag_kv_layout L;
-    if (ag_kv_layout_for(&kp, &L, NULL)) {
+    if (ag_model_kv_params(m, AG_KV_F16, (int)n_seq, 0, &kp, &L)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
     }
     /* room for `need` positions per sequence (and one spare block each) */
-    kp.budget_bytes = L.block_bytes * (size_t)n_seq * (size_t)((need + L.block_size - 1) / L.block_size + 1);
+    kp.budget_bytes = ag_kv_budget_for(&L, (int32_t)n_seq, (int32_t)(need + L.block_size));
     if (ag_kv_init(&kp, &kv)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;

@@ -97,21 +97,17 @@ int ag_cli_logits(int argc, char **argv) {
         goto done;
     }
     const ag_model_config *c = ag_model_config_of(m);
-    ag_kv_params kp = ag_kv_default_params();
-    ag_model_kv_shape(m, &kp.n_layers, &kp.n_kv_heads, &kp.head_dim_k, &kp.head_dim_v);
-    kp.dtype = dtype;
-    kp.max_seqs = 1;
-    kp.mem = ag_model_kv_mem(m);
+    ag_kv_params kp;
     {
-        /* Size the pool for exactly this sequence (its layout needs no
-         * allocation: a probe pool of a fixed size was below one block of
-         * an 8B model's) */
+        /* Size the pool for exactly this sequence, and a spare block (its
+         * layout needs no allocation: a probe pool of a fixed size was below
+         * one block of an 8B model's) */
         ag_kv_layout L;
-        if ((st = ag_kv_layout_for(&kp, &L, NULL))) {
+        if ((st = ag_model_kv_params(m, dtype, 1, 0, &kp, &L))) {
             ag_cli_fail("%s", ag_error_message());
             goto done;
         }
-        kp.budget_bytes = L.block_bytes * (size_t)((n + L.block_size - 1) / L.block_size + 1);
+        kp.budget_bytes = ag_kv_budget_for(&L, 1, n + L.block_size);
     }
     if ((st = ag_kv_init(&kp, &kv))) {
         ag_cli_fail("%s", ag_error_message());

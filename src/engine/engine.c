@@ -1505,13 +1505,8 @@ static bool device_kv_room(ag_model *m, const ag_engine_params *p, const ag_kv_l
  * than n_parallel full contexts. A pool that cannot hold one full context
  * is an error. The engine and its plan (augur fit) both size it here. */
 static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp, ag_kv_layout *lay, bool *capped) {
-    *kp = ag_kv_default_params();
-    ag_model_kv_shape(m, &kp->n_layers, &kp->n_kv_heads, &kp->head_dim_k, &kp->head_dim_v);
-    kp->dtype = p->kv_dtype;
-    kp->mem = ag_model_kv_mem(m);
     /* the choices' sequences; the prefix cache holds blocks, not sequences */
-    kp->max_seqs = p->n_parallel + 1;
-    ag_status st = ag_kv_layout_for(kp, lay, NULL);
+    ag_status st = ag_model_kv_params(m, p->kv_dtype, p->n_parallel + 1, 0, kp, lay);
     if (st) return st;
     const size_t one = ag_kv_budget_for(lay, 1, p->n_ctx);
     if (capped) *capped = false;

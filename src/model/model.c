@@ -424,6 +424,20 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
     *head_dim_v = m->cfg.head_dim_v;
 }
 
+ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs, int n_pos, ag_kv_params *kp,
+                             ag_kv_layout *lay) {
+    *kp = ag_kv_default_params();
+    ag_model_kv_shape(m, &kp->n_layers, &kp->n_kv_heads, &kp->head_dim_k, &kp->head_dim_v);
+    kp->dtype = dtype;
+    kp->max_seqs = max_seqs;
+    kp->mem = ag_model_kv_mem(m);
+    ag_kv_layout L;
+    ag_status    st = ag_kv_layout_for(kp, &L, NULL);
+    if (!st && n_pos > 0) kp->budget_bytes = ag_kv_budget_for(&L, max_seqs, n_pos);
+    if (!st && lay) *lay = L;
+    return st;
+}
+
 /* ---- forward ---- */
 
 /* The activation buffers of one forward pass, carved from one backend

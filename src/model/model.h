@@ -19,6 +19,7 @@
 #include "base/argmax.h" /* ag_pick */
 #include "base/status.h"
 #include "gguf/gguf.h"
+#include "kv/kv.h" /* ag_model_kv_params */
 
 typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3 } ag_arch;
 
@@ -125,6 +126,16 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx);
 
 /* Per-sequence KV geometry for this model, to create a matching ag_kv. */
 void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v);
+
+/* The parameters of a KV pool for m, the one place they are built (engine,
+ * draft model, bench, logits): m's geometry (ag_model_kv_shape) and the
+ * memory its backend gives the pool (ag_model_kv_mem), elements of dtype,
+ * room for max_seqs sequences, and a budget of max_seqs sequences of n_pos
+ * positions each in whole blocks (n_pos 0: budget_bytes left 0 for the
+ * caller to set). *lay (may be NULL): the pool's layout. Errors: those of
+ * ag_kv_layout_for (a geometry or dtype the pool cannot hold). */
+ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs, int n_pos, ag_kv_params *kp,
+                             ag_kv_layout *lay);
 
 /* Output-matrix rows beyond ag_model_set_output_rows' prefix that a pass
  * computes too (ag_batch.head_extra): ids[n] (each past the prefix) and

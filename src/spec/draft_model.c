@@ -180,14 +180,7 @@ static size_t source_bytes(int32_t n_vocab_target, int32_t n_vocab_draft, size_t
 /* The draft's KV pool: max_seqs sequences of n_ctx (already clamped)
  * positions. */
 static ag_status draft_kv_params(const ag_model *m, int max_seqs, int n_ctx, ag_kv_params *kp) {
-    *kp = ag_kv_default_params();
-    ag_model_kv_shape(m, &kp->n_layers, &kp->n_kv_heads, &kp->head_dim_k, &kp->head_dim_v);
-    kp->max_seqs = max_seqs;
-    kp->mem = ag_model_kv_mem(m);
-    ag_kv_layout L;
-    ag_status    st = ag_kv_layout_for(kp, &L, NULL);
-    if (!st) kp->budget_bytes = ag_kv_budget_for(&L, max_seqs, n_ctx);
-    return st;
+    return ag_model_kv_params(m, AG_KV_F16, max_seqs, n_ctx, kp, NULL);
 }
 
 static int clamp_ctx(const ag_model *m, int n_ctx) {
