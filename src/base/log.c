@@ -6,10 +6,12 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/switches.h"
+
 static int g_level = -1; /* -1: not yet read from the environment */
 
 static int level_from_env(void) {
-    const char *s = getenv("AUGUR_LOG");
+    const char *s = ag_switch_text("AUGUR_LOG");
     if (!s) return AG_LOG_WARN;
     if (!strcmp(s, "error")) return AG_LOG_ERROR;
     if (!strcmp(s, "info")) return AG_LOG_INFO;

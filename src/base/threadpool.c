@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "base/threadpool.h"
+#include "base/switches.h"
 
 struct ag_threadpool {
     int        n_threads; /* incl. the caller */
@@ -141,11 +142,9 @@ static void *worker_main(void *arg_) {
 }
 
 static int default_threads(void) {
-    const char *env = getenv("AUGUR_THREADS");
-    if (env && *env) {
-        char *end;
-        long  v = strtol(env, &end, 10);
-        if (*end == '\0' && v > 0 && v <= 1024) return (int)v;
+    const long v = ag_switch_int("AUGUR_THREADS", 1, 1024, 0);
+    if (v) {
+        return (int)v;
     }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 && n <= 1024 ? (int)n : 1;

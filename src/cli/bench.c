@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "cli/cli.h"
+#include "base/switches.h"
 #include "engine/engine.h"
 #include "kv/kv.h"
 #include "model/model.h"
@@ -286,8 +287,7 @@ int ag_cli_bench(int argc, char **argv) {
     }
     /* --penalties with AUGUR_EDITS=0 (or a model that cannot edit its rows
      * where it computes them): the samplers edit the copied rows */
-    const char   *eo = getenv("AUGUR_EDITS");
-    const bool    edits_off = (eo && *eo == '0') || !ag_model_can_edit(m);
+    const bool    edits_off = ag_switch_off("AUGUR_EDITS") || !ag_model_can_edit(m);
     const bool    cands = sample && ag_model_can_cands(m) && !(penalties && edits_off);
     const uint8_t kind = argmax ? AG_WANT_ARGMAX : pick ? AG_WANT_PICK : cands ? AG_WANT_CANDS : AG_WANT_LOGITS;
     /* --sample: the CLI's default sampler, one per sequence */

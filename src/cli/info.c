@@ -9,16 +9,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/switches.h"
 #include "base/utf8.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
 
 static const char usage_text[] =
-    "usage: augur info [-m MODEL | MODEL] [--kv | --tensors]\n"
+    "usage: augur info [-m MODEL | MODEL] [--kv | --tensors] | --switches\n"
     "  -m, --model PATH  the GGUF file (default: $AUGUR_MODEL or the bundled SmolLM2)\n"
     "  --kv              print every metadata key: key<TAB>type<TAB>value\n"
     "  --items N         with --kv: array elements shown per array (default 8, 0: all)\n"
     "  --tensors         print every tensor: name<TAB>type<TAB>shape<TAB>offset<TAB>bytes\n"
+    "  --switches        print every environment switch augur reads (no model): a Markdown table of\n"
+    "                    name, kind, default, meaning and reader (the README's list)\n"
     "  -h, --help        this help\n";
 
 /* Prints s[0..n) quoted, JSON-style escapes; bytes that are not valid UTF-8
@@ -283,6 +286,30 @@ static void print_summary(const ag_gguf *g, const char *path) {
     }
 }
 
+/* s as a Markdown table cell: '|' escaped. */
+static void put_cell(const char *s) {
+    for (; *s; s++) {
+        if (*s == '|') putchar('\\');
+        putchar(*s);
+    }
+}
+
+/* The switch table as Markdown (the README's list is this output). */
+static int print_switches(void) {
+    static const char *const kinds[] = {"flag", "integer", "number", "text"};
+    int                        n;
+    const ag_switch_info      *t = ag_switch_table(&n);
+    printf("| switch | kind | unset | meaning | read by |\n|---|---|---|---|---|\n");
+    for (int i = 0; i < n; i++) {
+        printf("| `%s` | %s | ", t[i].name, kinds[t[i].kind]);
+        put_cell(t[i].deflt);
+        fputs(" | ", stdout);
+        put_cell(t[i].meaning);
+        printf(" | %s |\n", t[i].reader);
+    }
+    return 0;
+}
+
 int ag_cli_info(int argc, char **argv) {
     const char *path = NULL;
     enum { SUMMARY, KV, TENSORS } mode = SUMMARY;
@@ -299,6 +326,8 @@ int ag_cli_info(int argc, char **argv) {
         } else if (!strncmp(a, "--model=", 8)) {
             if (path) return ag_cli_usage_error(usage_text, "info: more than one model given");
             path = a + 8;
+        } else if (!strcmp(a, "--switches")) {
+            return print_switches();
         } else if (!strcmp(a, "--kv")) {
             mode = KV;
         } else if (!strcmp(a, "--items")) {

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/switches.h"
 #include "cli/cli.h"
 
 static const struct {
@@ -56,8 +57,8 @@ int ag_cli_usage_error(const char *usage_text, const char *fmt, ...) {
 const char *ag_cli_default_model(void) {
     static char path[4096];
     static const char rel[] = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    const char *env = getenv("AUGUR_MODEL");
-    if (env && *env) return env;
+    const char *env = ag_switch_text("AUGUR_MODEL");
+    if (env) return env;
     char exe[3072];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -82,8 +83,8 @@ ag_device ag_cli_device = AG_DEVICE_AUTO;
  * appears, so every command that loads a model honours it without parsing
  * it itself. Returns false (after a message) for a bad value. */
 static bool take_device_flag(int *argc, char **argv) {
-    const char *env = getenv("AUGUR_DEVICE");
-    if (env && *env && !ag_device_parse(env, &ag_cli_device)) {
+    const char *env = ag_switch_text("AUGUR_DEVICE");
+    if (env && !ag_device_parse(env, &ag_cli_device)) {
         ag_cli_fail("AUGUR_DEVICE=%s: expected cpu, cuda or auto", env);
         return false;
     }

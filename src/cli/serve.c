@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "base/log.h"
+#include "base/switches.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "server/server.h"
@@ -90,7 +91,7 @@ static void model_name(const char *path, char *out, size_t cap) {
 }
 
 int ag_cli_serve(int argc, char **argv) {
-    const char *model_path = NULL, *host = "127.0.0.1", *api_key = getenv("AUGUR_API_KEY"), *cors = NULL,
+    const char *model_path = NULL, *host = "127.0.0.1", *api_key = ag_switch_text("AUGUR_API_KEY"), *cors = NULL,
                *alias = NULL;
     /* the engine's defaults, which `augur fit` plans with too */
     const ag_engine_params defaults = ag_engine_default_params();
@@ -153,7 +154,7 @@ int ag_cli_serve(int argc, char **argv) {
         i++;
     }
     if (!model_path) model_path = ag_cli_default_model();
-    if (!getenv("AUGUR_LOG")) ag_log_set_level(AG_LOG_INFO);
+    if (!ag_switch_text("AUGUR_LOG")) ag_log_set_level(AG_LOG_INFO);
 
     /* Every thread created from here on (engine, CPU pool, HTTP) inherits
      * this mask, so the signals reach only sigwait below. */

@@ -13,6 +13,7 @@
 
 #include "base/buf.h"
 #include "base/log.h"
+#include "base/switches.h"
 #include "sample/schema.h"
 #include "sample/stop.h"
 
@@ -680,10 +681,7 @@ static void note_step_time(ag_engine *e, int rows, double ms) {
 
 /* AUGUR_SPEC_ROW_COST as a number in [0, 10], else -1 (measure it). */
 static float env_row_cost(void) {
-    const char *v = getenv("AUGUR_SPEC_ROW_COST");
-    char       *end = NULL;
-    double      x = v && *v ? strtod(v, &end) : -1.0;
-    return end && *end == '\0' && x >= 0.0 && x <= 10.0 ? (float)x : -1.0f;
+    return (float)ag_switch_real("AUGUR_SPEC_ROW_COST", 0.0, 10.0, -1.0);
 }
 
 /* One more verify row as a fraction of a one-row decode step, from the
@@ -1668,21 +1666,19 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         cp.notify = cache_notify;
         cp.notify_user = e;
         /* test hook: slow every record read down, to watch a restore run */
-        const char *delay = getenv("AUGUR_TEST_KV_READ_DELAY_MS");
-        if (delay && atoi(delay) > 0) cp.read_delay_us = (uint32_t)atoi(delay) * 1000u;
+        const long delay = ag_switch_int("AUGUR_TEST_KV_READ_DELAY_MS", 1, 60000, 0);
+        if (delay) cp.read_delay_us = (uint32_t)delay * 1000u;
         /* test hook: retry writing soon after a full disk, to watch it resume */
-        const char *retry = getenv("AUGUR_TEST_KV_SPACE_RETRY_MS");
-        if (retry && atoi(retry) > 0) cp.space_retry_ms = (uint32_t)atoi(retry);
+        const long retry = ag_switch_int("AUGUR_TEST_KV_SPACE_RETRY_MS", 1, 86400000, 0);
+        if (retry) cp.space_retry_ms = (uint32_t)retry;
         if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
     e->fixed_row_cost = env_row_cost();
     /* a model that cannot edit its rows where it computes them (a device
      * without the edit op): the samplers keep their bias and penalties */
-    const char *ed = getenv("AUGUR_EDITS");
-    e->edits_off = (ed && *ed == '0') || !ag_model_can_edit(m);
-    const char *mk = getenv("AUGUR_MASKS");
-    e->masks_off = (mk && *mk == '0') || !ag_model_can_mask(m);
+    e->edits_off = ag_switch_off("AUGUR_EDITS") || !ag_model_can_edit(m);
+    e->masks_off = ag_switch_off("AUGUR_MASKS") || !ag_model_can_mask(m);
     step_rows(&p, &e->max_rows, &e->logit_rows);
     e->step_ms = calloc((size_t)e->max_rows + 1, sizeof *e->step_ms);
     e->step_seen = calloc((size_t)e->max_rows + 1, sizeof *e->step_seen);

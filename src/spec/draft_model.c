@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/switches.h"
 #include "kv/kv.h"
 #include "spec/spec.h"
 
@@ -260,8 +261,8 @@ ag_status ag_draft_model_open(const char *path, const ag_model_params *mp, const
     dm->file_bytes = ag_gguf_file_size(ag_model_gguf(dm->model));
     if ((st = ag_model_reserve_scratch(dm->model, CHUNK))) goto fail_kv;
     dm->scratch_bytes = ag_model_scratch_bytes(dm->model, CHUNK, n_ctx);
-    const char *hv = getenv("AUGUR_DRAFT_VOCAB");
-    int         rows = hv ? atoi(hv) : dm->n_vocab_draft > 2 * AG_DRAFT_MODEL_HEAD_ROWS ? AG_DRAFT_MODEL_HEAD_ROWS : 0;
+    const int rows = (int)ag_switch_int("AUGUR_DRAFT_VOCAB", 0, 1 << 30,
+                                        dm->n_vocab_draft > 2 * AG_DRAFT_MODEL_HEAD_ROWS ? AG_DRAFT_MODEL_HEAD_ROWS : 0);
     dm->head_rows = ag_model_set_output_rows(dm->model, rows);
     if (dm->head_rows < dm->n_vocab_draft)
         AG_LOGI("draft model %s: its output head computes ids below %d of %d, and those its context holds "

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/switches.h"
 #include "spec/combined.h"
 #include "spec/draft_model.h"
 #include "spec/ngram.h"
@@ -43,9 +44,8 @@ static size_t plan_model(void *ctx, int n_parallel, int n_ctx) {
 /* AUGUR_DRAFT_LOOKUP=0 turns the draft model's lookup off; AUGUR_LOOKUP_MIN_MATCH=N
  * sets its shortest match (tuning; default AG_COMBINED_MIN_MATCH). */
 static int lookup_min_match(void) {
-    const char *off = getenv("AUGUR_DRAFT_LOOKUP"), *mm = getenv("AUGUR_LOOKUP_MIN_MATCH");
-    if (off && *off == '0') return 0;
-    return mm && atoi(mm) > 0 ? atoi(mm) : AG_COMBINED_MIN_MATCH;
+    if (ag_switch_off("AUGUR_DRAFT_LOOKUP")) return 0;
+    return (int)ag_switch_int("AUGUR_LOOKUP_MIN_MATCH", 1, 1 << 20, AG_COMBINED_MIN_MATCH);
 }
 
 static size_t plan_ngram(void *ctx, int n_parallel, int n_ctx) {

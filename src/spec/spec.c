@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/switches.h"
 
 /* Weight of the newest observation in the acceptance average: about the
  * last 16 verified positions matter. */
@@ -38,9 +39,7 @@
 static double spec_margin(void) {
     static double m = 0;
     if (m == 0) {
-        const char *v = getenv("AUGUR_SPEC_MARGIN");
-        double      x = v ? atof(v) : 0;
-        m = x >= 1.0 && x <= 3.0 ? x : 1.15;
+        m = ag_switch_real("AUGUR_SPEC_MARGIN", 1.0, 3.0, 1.15);
     }
     return m;
 }

@@ -455,3 +455,25 @@ def test_missing_file_and_bad_usage(tmp_path):
         p = run_augur("info", *args)
         assert p.returncode == 2, args
         assert b"usage: augur info" in p.stderr
+
+
+# ---- the environment switches (src/base/switches.c) ----
+
+def test_switch_table_is_the_readme_list_and_covers_every_variable_read():
+    """`augur info --switches` prints the one table of AUGUR_* variables;
+    the README's list is that output, every name the code asks for by a
+    string literal is in it, and every entry is read somewhere."""
+    out = subprocess.run([AUGUR, "info", "--switches"], capture_output=True, text=True, check=True).stdout
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    readme = open(os.path.join(root, "README.md"), encoding="utf-8").read()
+    listed = readme.split("<!-- switches:begin -->\n", 1)[1].split("<!-- switches:end -->", 1)[0]
+    assert listed == out, "README's switch list is not `augur info --switches` (paste its output between the markers)"
+    table = re.findall(r"^\| `(AUGUR_[A-Z0-9_]+)` \|", out, re.M)
+    assert table == sorted(table), "the table must stay in name order (the lookup bisects)"
+    read = set()
+    for d, _, files in os.walk(os.path.join(root, "src")):
+        for f in files:
+            if f.endswith((".c", ".h", ".cu", ".cuh")) and f not in ("switches.c", "switches.h"):
+                read |= set(re.findall(r'"(AUGUR_[A-Z0-9_]+)"', open(os.path.join(d, f), encoding="utf-8").read()))
+    assert read - set(table) == set(), f"read but not in the table: {sorted(read - set(table))}"
+    assert set(table) - read == set(), f"in the table but read nowhere: {sorted(set(table) - read)}"

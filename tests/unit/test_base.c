@@ -13,6 +13,7 @@
 #include "base/arena.h"
 #include "base/buf.h"
 #include "base/file.h"
+#include "base/switches.h"
 #include "base/utf8.h"
 
 static void utf8_decode_valid_and_invalid(void **state) {
@@ -100,6 +101,37 @@ static void file_atomic_write_then_read(void **state) {
     rmdir(dir);
 }
 
+/* The switch readers: unset, malformed and out-of-range values give the
+ * fallback; "0..." is off; a name outside the table reads as unset. */
+static void switches_parse_and_bound(void **state) {
+    (void)state;
+    unsetenv("AUGUR_THREADS");
+    assert_int_equal(ag_switch_int("AUGUR_THREADS", 1, 1024, 7), 7);
+    setenv("AUGUR_THREADS", "12", 1);
+    assert_int_equal(ag_switch_int("AUGUR_THREADS", 1, 1024, 7), 12);
+    setenv("AUGUR_THREADS", "12x", 1);
+    assert_int_equal(ag_switch_int("AUGUR_THREADS", 1, 1024, 7), 7);
+    setenv("AUGUR_THREADS", "5000", 1);
+    assert_int_equal(ag_switch_int("AUGUR_THREADS", 1, 1024, 7), 7);
+    setenv("AUGUR_THREADS", "", 1);
+    assert_null(ag_switch_text("AUGUR_THREADS"));
+    unsetenv("AUGUR_THREADS");
+    setenv("AUGUR_SPEC_MARGIN", "1.5", 1);
+    assert_true(ag_switch_real("AUGUR_SPEC_MARGIN", 1.0, 3.0, 1.15) == 1.5);
+    setenv("AUGUR_SPEC_MARGIN", "9", 1);
+    assert_true(ag_switch_real("AUGUR_SPEC_MARGIN", 1.0, 3.0, 1.15) == 1.15);
+    unsetenv("AUGUR_SPEC_MARGIN");
+    setenv("AUGUR_EDITS", "0", 1);
+    assert_true(ag_switch_off("AUGUR_EDITS"));
+    setenv("AUGUR_EDITS", "1", 1);
+    assert_false(ag_switch_off("AUGUR_EDITS"));
+    unsetenv("AUGUR_EDITS");
+    assert_false(ag_switch_off("AUGUR_EDITS"));
+    setenv("AUGUR_NOT_A_SWITCH", "1", 1);
+    assert_null(ag_switch_text("AUGUR_NOT_A_SWITCH"));
+    unsetenv("AUGUR_NOT_A_SWITCH");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(utf8_decode_valid_and_invalid),
@@ -107,6 +139,7 @@ int main(void) {
         cmocka_unit_test(buf_appends_and_grows),
         cmocka_unit_test(arena_alignment_and_reset),
         cmocka_unit_test(file_atomic_write_then_read),
+        cmocka_unit_test(switches_parse_and_bound),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
