@@ -26,6 +26,7 @@
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_amx.h"
 #include "backend/cpu/quant_impl.h"
+#include "base/switches.h"
 
 #define L2_ACT_BUDGET (512 * 1024) /* bytes of activations a task keeps hot */
 
@@ -508,8 +509,7 @@ static size_t panel_scratch_size(ag_act_format f, int64_t n_in, int64_t n_tok, b
 static int dpanel_min(uint32_t w_type) {
     static _Atomic int env; /* AUGUR_DPANEL_MIN (A/B), read once; -1 unset */
     if (!env) {
-        const char *e = getenv("AUGUR_DPANEL_MIN");
-        env = e && atoi(e) > 0 ? atoi(e) : -1;
+        env = (int)ag_switch_int("AUGUR_DPANEL_MIN", 1, 1 << 20, -1);
     }
     if (env > 0) return canonical_kquant(w_type) ? env : 0;
     return w_type == AG_TYPE_Q4_K ? 5 : 0;
@@ -618,15 +618,15 @@ size_t ag_matmul_prompt_scratch_size(ag_threadpool *pool, uint32_t w_type, int64
 }
 
 int ag_matmul_amx_decode_min(uint32_t w_type) {
-    const char *e = getenv("AUGUR_AMX_DECODE_MIN");
-    if (e && atoi(e) > 0) return atoi(e);
+    const long e = ag_switch_int("AUGUR_AMX_DECODE_MIN", 1, 1 << 20, 0);
+    if (e) return (int)e;
     return w_type == AG_TYPE_Q6_K ? AG_MATMUL_AMX_MIN_TOK_Q6K : AG_MATMUL_AMX_MIN_TOK;
 }
 
 bool ag_matmul_decode_on_amx(uint32_t w_type, int64_t n_decode) {
     /* every ISA level's dot kernels compute the K-quants' canonical
      * arithmetic (scalar, AVX2, AVX-512: test_gemm, test_quant); read once:
-     * getenv per matmul would cost, and a process keeps one choice */
+     * the environment per matmul would cost, and a process keeps one choice */
     static _Atomic int min4, min6;
     if (!min4) {
         min6 = ag_matmul_amx_decode_min(AG_TYPE_Q6_K);

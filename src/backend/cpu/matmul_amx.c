@@ -37,6 +37,7 @@
 
 #include "backend/cpu/matmul_amx.h"
 #include "backend/cpu/quant_impl.h"
+#include "base/switches.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 
@@ -52,8 +53,7 @@ static int             amx_ok;
 static pthread_once_t  amx_once = PTHREAD_ONCE_INIT;
 
 static void amx_probe(void) {
-    const char *env = getenv("AUGUR_AMX");
-    if (env && *env == '0') return;
+    if (ag_switch_off("AUGUR_AMX")) return;
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return;
     /* EDX bit 24: AMX-TILE, bit 25: AMX-INT8; AVX-512 F/BW/VL and VNNI (ECX bit 11) for the rest */
@@ -1104,10 +1104,7 @@ static void pack_task(void *ctx, int64_t p, int thread) {
 /* Whether the A/B switch `name` is on: off only when it is set to 0; read
  * once into *state (0 unknown, 1 on, 2 off). */
 static bool switch_on(const char *name, _Atomic int *state) {
-    if (!*state) {
-        const char *e = getenv(name);
-        *state = e && *e == '0' ? 2 : 1;
-    }
+    if (!*state) *state = ag_switch_off(name) ? 2 : 1;
     return *state == 1;
 }
 

@@ -13,6 +13,7 @@
 #include "backend/cpu/quant.h"
 #include "backend/cpu/quant_impl.h"
 #include "base/log.h"
+#include "base/switches.h"
 
 /* ------------------------------------------------------------------------ */
 /* fp16 / bf16                                                              */
@@ -842,8 +843,8 @@ static void isa_init(void) {
     if (g_best >= AG_CPU_ISA_AVX512) ag_quant_kernels_avx512(&g_kernels[2]);
 
     ag_cpu_isa  want = g_best;
-    const char *env = getenv("AUGUR_CPU_ISA");
-    if (env && *env) {
+    const char *env = ag_switch_text("AUGUR_CPU_ISA");
+    if (env) {
         if (!strcmp(env, "scalar")) want = AG_CPU_ISA_SCALAR;
         else if (!strcmp(env, "avx2")) want = AG_CPU_ISA_AVX2;
         else if (!strcmp(env, "avx512")) want = AG_CPU_ISA_AVX512;

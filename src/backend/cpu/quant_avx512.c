@@ -32,6 +32,7 @@
 #endif
 
 #include "backend/cpu/quant_x86.h"
+#include "base/switches.h"
 
 AI __m512i loadu512(const void *p) { return _mm512_loadu_si512(p); }
 AI __m512i pair_si(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
@@ -732,21 +733,18 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
      * panels give the dot kernels' bits; the legacy types' prompt rows
      * differ from their decode rows in rounding either way.
      * AUGUR_CPU_PANELS=0 drops the panels at this level (A/B). */
-    const char *pp = getenv("AUGUR_CPU_PANELS");
-    if (pp && *pp == '0') memset(k->panel, 0, sizeof k->panel);
+    if (ag_switch_off("AUGUR_CPU_PANELS")) memset(k->panel, 0, sizeof k->panel);
     /* Decode rows of Q4_K take the VNNI token panels (dpanel) from 5 rows
      * where the CPU has AMX (below the tiles' minimum; measured there, so
      * kept); AUGUR_CPU_DPANELS=0 keeps them on the dot kernels (A/B). */
-    const char *dp = getenv("AUGUR_CPU_DPANELS");
-    if (!(dp && *dp == '0')) ag_quant_panels_vnni(k);
+    if (!ag_switch_off("AUGUR_CPU_DPANELS")) ag_quant_panels_vnni(k);
     /* Without AMX, verify windows of Q4_K / Q6_K decode rows take the VNNI
      * window panels above (matmul.c window_panel_min: the AVX2 window
      * panels this table inherits stayed off here, no cheaper than these dot
      * kernels on a Xeon without AMX). AUGUR_CPU_WPANELS=0 keeps such a
      * window on the dot kernels and Q4_K's VNNI token panels, as before
      * issue 48 (A/B). */
-    const char *wp = getenv("AUGUR_CPU_WPANELS");
-    if (wp && *wp == '0') {
+    if (ag_switch_off("AUGUR_CPU_WPANELS")) {
         memset(k->wpanel, 0, sizeof k->wpanel);
     } else {
         k->wpanel[AG_TYPE_Q4_K] = wpanel_q4_K;
