@@ -27,9 +27,7 @@ checks the hash first). Each is run as prompt rows (chunks of 64), as decode
 rows (one token a pass) and as verify windows (decode rows in passes of 5),
 all against the same llama.cpp reference.
 """
-import hashlib
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -37,7 +35,6 @@ import pytest
 from conftest import GEMMA3, QWEN_05B, QWEN_15B, ROOT, SMOLLM2, TINY_GGUF, require_model, run_augur
 
 PARITY = os.path.join(ROOT, "tests", "data", "parity")
-GEN_MODEL = os.environ.get("AUGUR_GEN_MODEL", os.path.join(ROOT, "build", "bench", "gen_model"))
 
 
 def parity_stats(model_path, ref_name, tmp_path, chunk=64, extra=()):
@@ -108,31 +105,11 @@ def test_qwen_15b_matches_llama_cpp(tmp_path):
     check(QWEN_15B, "qwen-1.5b", tmp_path)
 
 
-@pytest.fixture(scope="module")
-def generated(tmp_path_factory):
-    """name -> the random-weight model its reference was made from, written by bench/gen_model."""
-    made = {}
-
-    def get(name):
-        if name not in made:
-            ref = np.load(os.path.join(PARITY, f"{name}.npz"))
-            preset, qtype = str(ref["gen_model"]).split()
-            path = str(tmp_path_factory.mktemp("gen") / f"{name}.gguf")
-            subprocess.run([GEN_MODEL, path, preset, "--type", qtype], check=True, capture_output=True)
-            digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
-            assert digest == str(ref["gguf_sha256"]), (
-                f"bench/gen_model {preset} --type {qtype} no longer writes the file the reference was made from: "
-                f"regenerate it (scripts/logits_reference.py {name})")
-            made[name] = path
-        return made[name]
-    return get
-
-
 ROW_KINDS = {"prompt": {}, "decode": {"chunk": 1, "extra": ("--decode",)},
              "verify": {"chunk": 5, "extra": ("--decode",)}}
 
 
 @pytest.mark.parametrize("kind", list(ROW_KINDS))
 @pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3moe-tiny"])
-def test_random_weights_match_llama_cpp(name, kind, generated, tmp_path):
-    check(generated(name), name, tmp_path, **ROW_KINDS[kind])
+def test_random_weights_match_llama_cpp(name, kind, random_model, tmp_path):
+    check(random_model(name), name, tmp_path, **ROW_KINDS[kind])
