@@ -1,6 +1,6 @@
 """Every architecture of the table on its random-weight model (no real
 qwen3/qwen3moe file can be fetched here): `augur info`, `augur run` and
-`augur serve` work end to end; loading on a device without the op a family
+`augur serve` work end to end, speculative decoding gives plain decoding's text; loading on a device without the op a family
 needs is a clear error. Their logits are checked against llama.cpp in
 test_parity.py."""
 import pytest
@@ -22,6 +22,11 @@ def test_info_run_serve(name, random_model):
                       check=True) for _ in range(2)]
     assert outs[0].stdout == outs[1].stdout and len(outs[0].stdout) > 0
     assert b"generated 12 tokens" in outs[0].stderr
+    # speculative decoding (verify windows) gives plain greedy's text
+    prompt = ("-p", "Hello Hello Hello world", "-n", "48", "--temp", "0", "--ignore-eos", "-t", "2")
+    plain = run_augur("run", "-m", path, *prompt, check=True)
+    spec = run_augur("run", "-m", path, *prompt, "--draft", "ngram", check=True)
+    assert spec.stdout == plain.stdout and b"drafted" in spec.stderr
     s = AugurServer(path, "--parallel", "2", "-t", "2")
     try:
         c = s.client()
