@@ -556,8 +556,11 @@ static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[12
      * CPU writes the caller's arrays directly (argmax: 4-byte ints in float
      * slots; candidates: ag_cands, a multiple of 8 bytes) */
     const bool   dev = !m->be->ops->host_memory;
-    const size_t floats[12] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd,      n * vd,
-                               n * od,        n * c->n_embd, n * c->n_ff, n * c->n_ff,
+    /* gate and up: the dense feed-forward's (a MoE model's layers are all
+     * routed, and the moe op keeps its own) */
+    const size_t ff = c->n_expert > 0 ? 0 : (size_t)c->n_ff;
+    const size_t floats[12] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd, n * vd,
+                               n * od,        n * c->n_embd, n * ff,      n * ff,
                                dev ? n_out * c->n_vocab : 0, dev ? n_out : 0,
                                dev && m->be->ops->cands ? n_out * (sizeof(ag_cands) / sizeof(float)) : 0};
     size_t off = 0;
@@ -709,9 +712,18 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
             if (need > mm) mm = need;
             for (int i = 0; i < sizes[g]; i++) copies += ag_backend_weight_copy_bytes(be, groups[g][i]);
         }
-        if (w->ffn_gate_exps.data) { /* the moe op's own buffers, and its matmul buffer */
+        if (w->ffn_gate_exps.data) { /* the moe op's own buffers, and its matmuls' (all n_tokens rows may pick one expert) */
             const ag_moe_weights mw = moe_weights(m, l);
             moe = ag_backend_moe_scratch_bytes(be, &mw, n_tokens);
+            const ag_tensor  gate = ag_moe_expert_view(&w->ffn_gate_exps, 0), up = ag_moe_expert_view(&w->ffn_up_exps, 0),
+                             down = ag_moe_expert_view(&w->ffn_down_exps, 0);
+            const ag_tensor *gu[2] = {&gate, &up}, *dn[1] = {&down}, *router[1] = {&w->ffn_gate_inp};
+            const ag_tensor *const *mgroups[3] = {gu, dn, router};
+            const int               msizes[3] = {2, 1, 1};
+            for (int g = 0; g < 3; g++) {
+                need = ag_backend_matmul_scratch_bytes(be, mgroups[g], msizes[g], n_tokens);
+                if (need > mm) mm = need;
+            }
         }
         ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
                                .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
