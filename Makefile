@@ -177,8 +177,9 @@ $(BUILD)/tests/%: tests/unit/%.c $(LIB)
 unit: $(TEST_BIN)
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
 
-e2e: $(BIN) $(SO) examples
-	AUGUR_BIN=$(abspath $(BIN)) $(PYTEST) $(PYTEST_ARGS) tests/py
+# (gen_model writes the random-weight models of the qwen3/qwen3moe parity tests)
+e2e: $(BIN) $(SO) examples $(BUILD)/bench/gen_model
+	AUGUR_BIN=$(abspath $(BIN)) AUGUR_GEN_MODEL=$(abspath $(BUILD)/bench/gen_model) $(PYTEST) $(PYTEST_ARGS) tests/py
 
 test: unit e2e cuda-emu $(if $(shell command -v nvcc 2>/dev/null),cuda-check)
 

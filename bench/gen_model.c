@@ -9,7 +9,18 @@
  * PRESET: llama8b (Llama-3.1-8B: 32 layers, 4096/14336, 32/8 heads, vocab
  * 128256), smollm2 (SmolLM2-135M), qwen05b (Qwen2.5-0.5B, QKV bias),
  * qwen15b (Qwen2.5-1.5B, the shape of Qwen2.5-Coder-1.5B),
- * gemma270m (Gemma 3 270M: sliding window, QK-norm, GELU).
+ * gemma270m (Gemma 3 270M: sliding window, QK-norm, GELU),
+ * qwen3-1.7b (Qwen3-1.7B: per-head q/k RMSNorm, no QKV bias, tied
+ * embeddings), qwen3moe-a3b (Qwen3-30B-A3B's shape, 48 layers, 2048 wide,
+ * 32/4 heads of 128, experts 768 wide, with 32 experts instead of 128 so
+ * that it fits 24 GB of memory, 8 of them used per token as in the real
+ * model: ~5 GB in Q4_K_M), and the small test shapes qwen3-tiny and
+ * qwen3moe-tiny (4 layers, 512 wide, 4/2 heads of 128, a 1024-token
+ * vocabulary; the MoE one with 8 experts of 512, 2 used; every matrix at
+ * least two 256-blocks wide, so that decode and prompt kernels sum
+ * differently, as in real shapes).
+ * For an MoE preset ffn_gate_inp (the router) stays F32, as llama.cpp's
+ * quantizer keeps it, and the experts are 3-D stacks ffn_{gate,up,down}_exps.
  * --type: the matrices' type (F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K;
  * "Q4_K_M" = Q4_K with Q6_K for the output and for attn_v and ffn_down in
  * the layers llama.cpp's Q4_K_M gives more bits: qwen15b --type Q4_K_M has
@@ -39,14 +50,22 @@ typedef struct {
     const char *name, *arch;
     int layers, embd, ff, heads, kv_heads, head_dim, vocab, ctx;
     float rope_base;
+    bool  tied;                          /* no output.weight: the embeddings are the head */
+    int   experts, experts_used, ff_exp; /* routed experts (0: a dense feed-forward) */
 } preset;
 
 static const preset k_presets[] = {
-    {"llama8b", "llama", 32, 4096, 14336, 32, 8, 128, 128256, 131072, 500000.0f},
-    {"smollm2", "llama", 30, 576, 1536, 9, 3, 64, 49152, 8192, 100000.0f},
-    {"qwen05b", "qwen2", 24, 896, 4864, 14, 2, 64, 151936, 32768, 1000000.0f},
-    {"qwen15b", "qwen2", 28, 1536, 8960, 12, 2, 128, 151936, 32768, 1000000.0f},
-    {"gemma270m", "gemma3", 18, 640, 2048, 4, 1, 256, 262144, 32768, 1000000.0f},
+    {"llama8b", "llama", 32, 4096, 14336, 32, 8, 128, 128256, 131072, 500000.0f, .tied = false},
+    {"smollm2", "llama", 30, 576, 1536, 9, 3, 64, 49152, 8192, 100000.0f, .tied = false},
+    {"qwen05b", "qwen2", 24, 896, 4864, 14, 2, 64, 151936, 32768, 1000000.0f, .tied = false},
+    {"qwen15b", "qwen2", 28, 1536, 8960, 12, 2, 128, 151936, 32768, 1000000.0f, .tied = false},
+    {"gemma270m", "gemma3", 18, 640, 2048, 4, 1, 256, 262144, 32768, 1000000.0f, .tied = true},
+    {"qwen3-1.7b", "qwen3", 28, 2048, 6144, 16, 8, 128, 151936, 40960, 1000000.0f, .tied = true},
+    {"qwen3moe-a3b", "qwen3moe", 48, 2048, 6144, 32, 4, 128, 151936, 40960, 1000000.0f, .experts = 32,
+     .experts_used = 8, .ff_exp = 768},
+    {"qwen3-tiny", "qwen3", 4, 512, 1536, 4, 2, 128, 1024, 4096, 1000000.0f, .tied = true},
+    {"qwen3moe-tiny", "qwen3moe", 4, 512, 1536, 4, 2, 128, 1024, 4096, 1000000.0f, .experts = 8, .experts_used = 2,
+     .ff_exp = 512},
 };
 
 /* Sets the fp16 at byte offset `off` of every block to `v` (times a random factor in [0.5, 1.5)). */
@@ -110,17 +129,23 @@ static uint8_t *random_matrix(uint32_t type, int64_t n_in, int64_t n_out, size_t
     return d;
 }
 
-static int add_matrix(ag_gguf_writer *w, const char *name, uint32_t type, int64_t n_in, int64_t n_out) {
+/* A stack of n_mat random matrices of n_out rows of n_in elements (n_mat
+ * 1: a plain 2-D matrix). */
+static int add_matrices(ag_gguf_writer *w, const char *name, uint32_t type, int64_t n_in, int64_t n_out, int64_t n_mat) {
     /* rows that do not fill the type's blocks fall back as llama.cpp's quantizer does */
     if (!ag_quant_row_bytes(type, n_in)) type = ag_quant_row_bytes(AG_TYPE_Q8_0, n_in) ? AG_TYPE_Q8_0 : AG_TYPE_F16;
     size_t   bytes;
-    uint8_t *d = random_matrix(type, n_in, n_out, &bytes);
+    uint8_t *d = random_matrix(type, n_in, n_out * n_mat, &bytes);
     if (!d) return fprintf(stderr, "gen_model: cannot make %s (%s)\n", name, ag_tensor_type_name(type)), 1;
-    uint64_t  ne[2] = {(uint64_t)n_in, (uint64_t)n_out};
-    ag_status st = ag_gguf_writer_add_tensor(w, name, type, 2, ne, d, bytes);
+    uint64_t  ne[3] = {(uint64_t)n_in, (uint64_t)n_out, (uint64_t)n_mat};
+    ag_status st = ag_gguf_writer_add_tensor(w, name, type, n_mat > 1 ? 3 : 2, ne, d, bytes);
     free(d);
     if (st) return fprintf(stderr, "gen_model: %s: %s\n", name, ag_error_message()), 1;
     return 0;
+}
+
+static int add_matrix(ag_gguf_writer *w, const char *name, uint32_t type, int64_t n_in, int64_t n_out) {
+    return add_matrices(w, name, type, n_in, n_out, 1);
 }
 
 static int add_vector(ag_gguf_writer *w, const char *name, int64_t n, float centre, float spread) {
@@ -185,7 +210,8 @@ static int add_vocab(ag_gguf_writer *w, int n) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: gen_model OUT.gguf llama8b|smollm2|qwen05b|qwen15b|gemma270m [--type T] [--layers N] [--seed S]\n");
+        fprintf(stderr, "usage: gen_model OUT.gguf llama8b|smollm2|qwen05b|qwen15b|gemma270m|qwen3-1.7b|qwen3moe-a3b|"
+                        "qwen3-tiny|qwen3moe-tiny [--type T] [--layers N] [--seed S]\n");
         return 2;
     }
     const preset *p = NULL;
@@ -207,6 +233,7 @@ int main(int argc, char **argv) {
         }
     }
     const bool   gemma = !strcmp(c.arch, "gemma3"), qwen = !strcmp(c.arch, "qwen2");
+    const bool   qwen3 = !strncmp(c.arch, "qwen3", 5), moe = c.experts > 0;
     const uint32_t t_big = k_m ? AG_TYPE_Q6_K : type; /* Q4_K_M's Q6_K tensors */
     ag_gguf_writer *w = ag_gguf_writer_new();
     char            key[128];
@@ -222,17 +249,24 @@ int main(int argc, char **argv) {
     bad |= ag_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)c.kv_heads) != AG_OK;
     bad |= ag_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-6f) != AG_OK;
     bad |= ag_gguf_writer_add_f32(w, KEY("rope.freq_base"), c.rope_base) != AG_OK;
-    if (gemma) {
+    if (gemma || qwen3) {
         bad |= ag_gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)c.head_dim) != AG_OK;
         bad |= ag_gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)c.head_dim) != AG_OK;
-        bad |= ag_gguf_writer_add_u32(w, KEY("attention.sliding_window"), 512) != AG_OK;
+    }
+    if (gemma) bad |= ag_gguf_writer_add_u32(w, KEY("attention.sliding_window"), 512) != AG_OK;
+    if (moe) { /* what convert_hf_to_gguf writes for Qwen3-MoE */
+        bad |= ag_gguf_writer_add_u32(w, KEY("expert_count"), (uint32_t)c.experts) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("expert_used_count"), (uint32_t)c.experts_used) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c.ff_exp) != AG_OK;
     }
     bad |= add_vocab(w, c.vocab);
     if (bad) return fprintf(stderr, "gen_model: metadata: %s\n", ag_error_message()), 1;
     const int64_t qd = (int64_t)c.heads * c.head_dim, kd = (int64_t)c.kv_heads * c.head_dim;
-    bad |= add_matrix(w, "token_embd.weight", k_m ? AG_TYPE_Q4_K : type, c.embd, c.vocab);
+    /* llama.cpp's Q4_K_M gives a tied table the output's Q6_K (done for
+     * qwen3 only: the gemma270m files of earlier benchmarks stay as they were) */
+    bad |= add_matrix(w, "token_embd.weight", k_m ? (c.tied && qwen3 ? t_big : AG_TYPE_Q4_K) : type, c.embd, c.vocab);
     bad |= add_vector(w, "output_norm.weight", c.embd, 1.0f, 0.1f);
-    if (!gemma) bad |= add_matrix(w, "output.weight", t_big, c.embd, c.vocab); /* Gemma 3 ties it */
+    if (!c.tied) bad |= add_matrix(w, "output.weight", t_big, c.embd, c.vocab);
     for (int l = 0; l < c.layers && !bad; l++) {
         char n[96];
 #define T(suffix) (snprintf(n, sizeof n, "blk.%d.%s", l, suffix), n)
@@ -252,16 +286,25 @@ int main(int argc, char **argv) {
             bad |= add_vector(w, T("attn_k.bias"), kd, 0.0f, 0.1f);
             bad |= add_vector(w, T("attn_v.bias"), kd, 0.0f, 0.1f);
         }
-        if (gemma) {
+        if (gemma || qwen3) {
             bad |= add_vector(w, T("attn_q_norm.weight"), c.head_dim, 1.0f, 0.1f);
             bad |= add_vector(w, T("attn_k_norm.weight"), c.head_dim, 1.0f, 0.1f);
+        }
+        if (gemma) {
             bad |= add_vector(w, T("post_attention_norm.weight"), c.embd, 1.0f, 0.1f);
             bad |= add_vector(w, T("post_ffw_norm.weight"), c.embd, 1.0f, 0.1f);
         }
         bad |= add_vector(w, T("ffn_norm.weight"), c.embd, 1.0f, 0.1f);
-        bad |= add_matrix(w, T("ffn_gate.weight"), type, c.embd, c.ff);
-        bad |= add_matrix(w, T("ffn_up.weight"), type, c.embd, c.ff);
-        bad |= add_matrix(w, T("ffn_down.weight"), t_vd, c.ff, c.embd);
+        if (moe) {
+            bad |= add_matrix(w, T("ffn_gate_inp.weight"), AG_TYPE_F32, c.embd, c.experts);
+            bad |= add_matrices(w, T("ffn_gate_exps.weight"), type, c.embd, c.ff_exp, c.experts);
+            bad |= add_matrices(w, T("ffn_up_exps.weight"), type, c.embd, c.ff_exp, c.experts);
+            bad |= add_matrices(w, T("ffn_down_exps.weight"), t_vd, c.ff_exp, c.embd, c.experts);
+        } else {
+            bad |= add_matrix(w, T("ffn_gate.weight"), type, c.embd, c.ff);
+            bad |= add_matrix(w, T("ffn_up.weight"), type, c.embd, c.ff);
+            bad |= add_matrix(w, T("ffn_down.weight"), t_vd, c.ff, c.embd);
+        }
 #undef T
     }
     if (!bad && ag_gguf_writer_write(w, argv[1]) != AG_OK) {

@@ -10,10 +10,18 @@ and compares (top-1 agreement, KL(llama.cpp || augur) over the top-K plus the
 tail mass). llama.cpp is the independent reference; CI reads the committed
 files and does not need llama-cpp-python.
 
+Models with random weights (architectures no real file of which can be
+fetched here: qwen3, qwen3moe) are written by bench/gen_model (deterministic:
+a preset, a type and the default seed give the same bytes every time) into
+build/parity/; the reference records the file's SHA-256, and the test
+regenerates the file and checks that hash before comparing.
+
 usage: scripts/logits_reference.py [NAME ...]   (default: every model present)
-needs: pip install llama-cpp-python numpy
+needs: pip install llama-cpp-python numpy; build/bench/gen_model (make build/bench/gen_model)
 """
+import hashlib
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -30,7 +38,24 @@ MODELS = {
     "gemma3": (os.path.join(ROOT, "models", "gemma-3-270m-Q4_K_M.gguf"), 1024),
     "qwen-0.5b": (os.path.join(ROOT, "models", "qwen2.5-0.5b-Q4.gguf"), 1024),
     "qwen-1.5b": (os.path.join(ROOT, "models", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf"), 1024),
+    "qwen3-tiny": (os.path.join(ROOT, "build", "parity", "qwen3-tiny.gguf"), 512),
+    "qwen3moe-tiny": (os.path.join(ROOT, "build", "parity", "qwen3moe-tiny.gguf"), 512),
 }
+
+# name -> (bench/gen_model preset, type): the random-weight models
+GENERATED = {
+    "qwen3-tiny": ("qwen3-tiny", "Q4_K_M"),
+    "qwen3moe-tiny": ("qwen3moe-tiny", "Q4_K_M"),
+}
+
+
+def generate(name, gen_model=os.path.join(ROOT, "build", "bench", "gen_model")):
+    """Writes a random-weight model with bench/gen_model; returns (path, sha256)."""
+    preset, qtype = GENERATED[name]
+    path = MODELS[name][0]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    subprocess.run([gen_model, path, preset, "--type", qtype], check=True, capture_output=True)
+    return path, hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 
 def log_softmax(logits):
@@ -54,6 +79,10 @@ def reference(name):
     from llama_cpp import Llama
 
     path, max_tokens = MODELS[name]
+    extra = {}
+    if name in GENERATED:
+        path, digest = generate(name)
+        extra = {"gguf_sha256": np.array(digest), "gen_model": np.array(" ".join(GENERATED[name]))}
     text = open(os.path.join(OUT, "text.txt"), "rb").read()
     vocab = Llama(path, vocab_only=True, verbose=False)
     tokens = vocab.tokenize(text, add_bos=True, special=False)[:max_tokens]
@@ -72,13 +101,13 @@ def reference(name):
     np.savez_compressed(out, tokens=np.array(tokens, dtype=np.int32), top_ids=top,
                         top_logprobs=top_logp, n_vocab=np.int32(logits.shape[1]),
                         self_top1=np.float64(self_top1), self_kl=np.float64(self_kl),
-                        llama_cpp_version=np.array(__import__("llama_cpp").__version__))
+                        llama_cpp_version=np.array(__import__("llama_cpp").__version__), **extra)
     print(f"{name}: {len(tokens)} tokens, vocab {logits.shape[1]}, llama.cpp batch vs one-by-one: "
           f"top-1 {self_top1:.4f}, KL {self_kl:.2e} -> {out}")
 
 
 def main(argv):
-    names = argv or [n for n, (p, _) in MODELS.items() if os.path.exists(p)]
+    names = argv or [n for n, (p, _) in MODELS.items() if n in GENERATED or os.path.exists(p)]
     for n in names:
         reference(n)
 

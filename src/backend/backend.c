@@ -33,6 +33,15 @@ bool ag_cuda_available(void) {
 #endif
 }
 
+ag_tensor ag_moe_expert_view(const ag_tensor *stack, int e) {
+    ag_tensor    v = *stack;
+    const size_t mat = stack->row_bytes * (size_t)stack->ne[1];
+    v.ne[2] = 1;
+    v.data = (const char *)stack->data + (size_t)e * mat;
+    v.host = stack->host ? (const char *)stack->host + (size_t)e * mat : NULL;
+    return v;
+}
+
 ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, int decode_rows_hint, ag_backend **out) {
     *out = NULL;
     if (dev == AG_DEVICE_AUTO) dev = ag_cuda_available() ? AG_DEVICE_CUDA : AG_DEVICE_CPU;

@@ -6,7 +6,8 @@
  * copies only what the host needs (the logits rows) back with download. The
  * CPU backend (src/backend/cpu) is the reference: every op of another backend
  * is tested against it with a stated tolerance (tests/unit/test_backend_ops.c).
- * Every backend implements every op: there is no per-op fallback to the CPU
+ * Every backend implements every op (but moe: a backend without it refuses
+ * MoE models at load): there is no per-op fallback to the CPU
  * (a device op that fell back would need its inputs copied back and forth
  * inside a step, which is never what a user of a GPU wants; a backend that
  * cannot run a model says so at load).
@@ -34,7 +35,8 @@ typedef struct ag_kv ag_kv;
 struct ag_kv_mem;
 
 /* A weight matrix or vector as stored in the model file: ne[0] elements per
- * row (contiguous), ne[1] rows. `data` is borrowed (mmapped file); after the
+ * row (contiguous), ne[1] rows (and ne[2] such matrices one after the other
+ * for a stack of experts' matrices; else ne[2] = 1). `data` is borrowed (mmapped file); after the
  * backend's prepare_weight it is the backend's copy (device memory for a GPU),
  * and `host` keeps the file's bytes for whoever needs them on the host. */
 typedef struct {
@@ -83,6 +85,29 @@ typedef struct {
     int   window; /* 0: attend to all earlier positions; w > 0: only to pos - w < p <= pos */
     float softcap; /* 0: off */
 } ag_attn_shape;
+
+/* One layer's routed experts (a mixture-of-experts feed-forward, Qwen3-MoE
+ * style): router logits h·gate_inpᵀ, softmax over the n_expert of them,
+ * the n_used largest probabilities chosen (ties: the lower expert id
+ * first), their weights those probabilities (divided by their sum, at
+ * least 2^-14, when norm_w; then times w_scale), and the output the
+ * weighted sum, in ascending expert id, of each chosen expert's SiLU-gated
+ * feed-forward (act(h·gateᵀ) * (h·upᵀ)) · downᵀ.
+ * Expert e's matrices are matrix e of the stacks (ne[2] = n_expert):
+ * gate_exps and up_exps of ne {n_embd, n_ff_exp}, down_exps of ne
+ * {n_ff_exp, n_embd}. */
+#define AG_MOE_MAX_EXPERTS 512
+typedef struct {
+    const ag_tensor *gate_inp; /* ne {n_embd, n_expert} */
+    const ag_tensor *gate_exps, *up_exps, *down_exps;
+    int              n_expert, n_used; /* 1 <= n_used <= n_expert <= AG_MOE_MAX_EXPERTS */
+    bool             norm_w;
+    float            w_scale;
+} ag_moe_weights;
+
+/* Expert e's matrix of a stack (ne[2] matrices): a 2-D view of the same
+ * bytes (data and host moved to matrix e), named as the stack. */
+ag_tensor ag_moe_expert_view(const ag_tensor *stack, int e);
 
 typedef struct ag_backend ag_backend;
 
@@ -181,6 +206,15 @@ typedef struct {
      * those three ops. */
     ag_status (*ffn)(ag_backend *, const ag_tensor *gate_w, const ag_tensor *up_w, const ag_tensor *down_w,
                      const float *h, int n, int n_decode, bool gelu, float *gate, float *up, float *o);
+    /* The mixture-of-experts feed-forward (ag_moe_weights):
+     * o[n][n_embd] from h[n][n_embd]. Rows [0, n_decode) are decode rows,
+     * the rest prompt rows, as in matmul; a row's result depends only on
+     * its own h and its kind (its experts' matmuls give it the bits they
+     * give a row of its kind whatever else shares them, and the weighted
+     * sum runs over its experts in a fixed order), so a token's bits never
+     * depend on the rest of the batch. NULL: the backend cannot run MoE models (the model refuses
+     * them at load). */
+    ag_status (*moe)(ag_backend *, const ag_moe_weights *, const float *h, int n, int n_decode, float *o);
     /* Stores k[n][n_head_kv*hd_k], v[n][n_head_kv*hd_v] at each token's (seq, pos)
      * in the layer's KV cache (the caller reserved the slots). */
     ag_status (*kv_store)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,
@@ -285,6 +319,11 @@ size_t ag_backend_matmul_scratch_bytes(ag_backend *be, const ag_tensor *const *w
 /* A copy of w the backend makes for its kernels on first use (e.g. AMX tile
  * layout), or 0. */
 size_t ag_backend_weight_copy_bytes(ag_backend *be, const ag_tensor *w);
+/* The moe op's own scratch (routing, one expert's group of rows and its
+ * activations) for batches of up to n_tokens rows; its matmuls use the
+ * matmul buffer above (over expert views, ag_moe_expert_view). 0 for a
+ * backend without the op. */
+size_t ag_backend_moe_scratch_bytes(ag_backend *be, const ag_moe_weights *w, int n_tokens);
 /* Attention scratch for batches of up to n_tokens rows at positions below
  * n_ctx over a KV of block_size positions per block, for every thread. */
 size_t ag_backend_attention_scratch_bytes(ag_backend *be, const ag_attn_shape *sh, int block_size, int n_tokens,

@@ -78,6 +78,76 @@ static ag_status need_int(const ag_gguf *g, const char *arch, const char *suffix
     return AG_OK;
 }
 
+/* ---- architectures ---- */
+
+/* What sets an architecture apart, as data: adding a family is one entry
+ * of k_archs (plus any op it needs that the backends lack). */
+typedef struct {
+    const char *name; /* general.architecture */
+    ag_arch     arch;
+    bool        rope_neox;  /* else adjacent pairs (llama) */
+    bool        qkv_bias;   /* attn_{q,k,v}.bias required */
+    bool        qk_norm;    /* attn_{q,k}_norm required: RMSNorm of each q and k head */
+    bool        post_norms; /* post_attention_norm and post_ffw_norm required (gemma3) */
+    bool        moe;        /* routed experts (ffn_*_exps) instead of the dense feed-forward */
+    /* Reads the family's own hyper-parameters after the common ones; NULL: none. */
+    ag_status (*config)(const ag_gguf *g, ag_model_config *c);
+} arch_desc;
+
+static ag_status gemma3_config(const ag_gguf *g, ag_model_config *c) {
+    c->gelu = true;
+    c->embd_scale = sqrtf((float)c->n_embd);
+    c->rope_base_swa = 10000.0f;
+    if (!get_int(g, c->arch_name, "attention.sliding_window", &c->sliding_window)) c->sliding_window = 0;
+    /* Gemma 3: five sliding-window layers, then one global layer. */
+    for (int l = 0; l < c->n_layer; l++) c->layer_swa[l] = c->sliding_window > 0 && (l % 6) < 5;
+    return AG_OK;
+}
+
+/* The routed experts' hyper-parameters, under llama.cpp's keys. */
+static ag_status moe_config(const ag_gguf *g, ag_model_config *c) {
+    const char *a = c->arch_name;
+    ag_status   st;
+    if ((st = need_int(g, a, "expert_count", &c->n_expert, 1))) return st;
+    if ((st = need_int(g, a, "expert_used_count", &c->n_expert_used, 1))) return st;
+    if (c->n_expert_used > c->n_expert || c->n_expert > AG_MAX_EXPERTS)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "%d of %d experts used: at most %d experts, and no more used than there are",
+                         c->n_expert_used, c->n_expert, AG_MAX_EXPERTS);
+    /* as llama.cpp: without the key an expert is n_ff / n_used wide */
+    if (!get_int(g, a, "expert_feed_forward_length", &c->n_ff_exp)) c->n_ff_exp = c->n_ff / c->n_expert_used;
+    if (c->n_ff_exp < 1) return ag_errorf(AG_ERR_FORMAT, "%s.expert_feed_forward_length is 0", a);
+    /* Gating: softmax over the experts (llama.cpp's only choice for
+     * qwen3moe); another function named by the file is refused, not
+     * silently replaced. */
+    int gating;
+    if (get_int(g, a, "expert_gating_func", &gating) && gating != 1)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "%s.expert_gating_func = %d: only softmax (1) is supported", a, gating);
+    /* Qwen3-MoE renormalises the chosen experts' weights (its config's
+     * norm_topk_prob, which llama.cpp assumes for qwen3moe); a file that
+     * says otherwise is obeyed. */
+    char key[160];
+    snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+    bool norm;
+    c->expert_weights_norm = ag_gguf_get_bool(g, key, &norm) ? norm : true;
+    if (!get_float(g, a, "expert_weights_scale", &c->expert_weights_scale) || c->expert_weights_scale == 0.0f)
+        c->expert_weights_scale = 1.0f;
+    return AG_OK;
+}
+
+static const arch_desc k_archs[] = {
+    {"llama", AG_ARCH_LLAMA, .rope_neox = false},
+    {"qwen2", AG_ARCH_QWEN2, .rope_neox = true, .qkv_bias = true},
+    {"qwen3", AG_ARCH_QWEN3, .rope_neox = true, .qk_norm = true},
+    {"qwen3moe", AG_ARCH_QWEN3MOE, .rope_neox = true, .qk_norm = true, .moe = true, .config = moe_config},
+    {"gemma3", AG_ARCH_GEMMA3, .rope_neox = true, .qk_norm = true, .post_norms = true, .config = gemma3_config},
+};
+
+static const arch_desc *arch_of(ag_arch a) {
+    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+        if (k_archs[i].arch == a) return &k_archs[i];
+    return NULL;
+}
+
 static ag_status read_config(const ag_gguf *g, ag_model_config *c) {
     memset(c, 0, sizeof *c);
     uint64_t len;
@@ -86,16 +156,21 @@ static ag_status read_config(const ag_gguf *g, ag_model_config *c) {
     if (len >= sizeof c->arch_name) len = sizeof c->arch_name - 1;
     memcpy(c->arch_name, arch, len);
     c->arch_name[len] = '\0';
-    const char *a = c->arch_name;
-    if (!strcmp(a, "llama")) c->arch = AG_ARCH_LLAMA;
-    else if (!strcmp(a, "qwen2")) c->arch = AG_ARCH_QWEN2;
-    else if (!strcmp(a, "gemma3")) c->arch = AG_ARCH_GEMMA3;
-    else return ag_errorf(AG_ERR_UNSUPPORTED, "unsupported architecture '%s' (supported: llama, qwen2, gemma3)", a);
+    const char      *a = c->arch_name;
+    const arch_desc *d = NULL;
+    char             names[128] = "";
+    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++) {
+        if (!strcmp(a, k_archs[i].name)) d = &k_archs[i];
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", k_archs[i].name);
+    }
+    if (!d) return ag_errorf(AG_ERR_UNSUPPORTED, "unsupported architecture '%s' (supported: %s)", a, names);
+    c->arch = d->arch;
 
     ag_status st;
     if ((st = need_int(g, a, "embedding_length", &c->n_embd, 1))) return st;
     if ((st = need_int(g, a, "block_count", &c->n_layer, 1))) return st;
-    if ((st = need_int(g, a, "feed_forward_length", &c->n_ff, 1))) return st;
+    if (d->moe && !get_int(g, a, "feed_forward_length", &c->n_ff)) c->n_ff = 0; /* (a MoE file may have none) */
+    else if ((st = need_int(g, a, "feed_forward_length", &c->n_ff, 1))) return st;
     if ((st = need_int(g, a, "attention.head_count", &c->n_head, 1))) return st;
     if (c->n_layer > AG_MAX_LAYERS)
         return ag_errorf(AG_ERR_UNSUPPORTED, "%d layers; at most %d are supported", c->n_layer, AG_MAX_LAYERS);
@@ -129,38 +204,28 @@ static ag_status read_config(const ag_gguf *g, ag_model_config *c) {
     if (!get_float(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps)) c->rms_eps = 1e-5f;
     c->embd_scale = 1.0f;
     c->attn_scale = 1.0f / sqrtf((float)c->head_dim_k);
-
-    switch (c->arch) {
-    case AG_ARCH_LLAMA: c->rope_neox = false; break;
-    case AG_ARCH_QWEN2: c->rope_neox = true; break;
-    case AG_ARCH_GEMMA3:
-        c->rope_neox = true;
-        c->gelu = true;
-        c->embd_scale = sqrtf((float)c->n_embd);
-        c->rope_base_swa = 10000.0f;
-        if (!get_int(g, a, "attention.sliding_window", &c->sliding_window)) c->sliding_window = 0;
-        /* Gemma 3: five sliding-window layers, then one global layer. */
-        for (int l = 0; l < c->n_layer; l++) c->layer_swa[l] = c->sliding_window > 0 && (l % 6) < 5;
-        break;
-    }
-    return AG_OK;
+    c->rope_neox = d->rope_neox;
+    return d->config ? d->config(g, c) : AG_OK;
 }
 
 /* ---- tensor binding ---- */
 
-static ag_status bind(ag_model *m, ag_tensor *t, const char *name, int64_t ne0, int64_t ne1, bool required) {
+/* Binds tensor `name` of shape [ne0, ne1, ne2] (ne1, ne2 0: 1) to *t, or
+ * leaves *t empty when it is missing and not required. */
+static ag_status bind3(ag_model *m, ag_tensor *t, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                       bool required) {
     memset(t, 0, sizeof *t);
     const ag_gguf_tensor *gt = ag_gguf_find_tensor(m->gguf, name);
     if (!gt) {
         if (required) return ag_errorf(AG_ERR_FORMAT, "missing tensor '%s'", name);
         return AG_OK;
     }
-    int64_t want1 = ne1 ? ne1 : 1;
-    if ((int64_t)gt->ne[0] != ne0 || (int64_t)gt->ne[1] != want1 || gt->ne[2] != 1 || gt->ne[3] != 1)
-        return ag_errorf(AG_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld]",
+    int64_t want1 = ne1 ? ne1 : 1, want2 = ne2 ? ne2 : 1;
+    if ((int64_t)gt->ne[0] != ne0 || (int64_t)gt->ne[1] != want1 || (int64_t)gt->ne[2] != want2 || gt->ne[3] != 1)
+        return ag_errorf(AG_ERR_FORMAT, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%lld, %lld, %lld]",
                          name, (unsigned long long)gt->ne[0], (unsigned long long)gt->ne[1],
                          (unsigned long long)gt->ne[2], (unsigned long long)gt->ne[3], (long long)ne0,
-                         (long long)want1);
+                         (long long)want1, (long long)want2);
     uint32_t be, bb;
     if (!ag_tensor_type_layout(gt->type, &be, &bb) || ne0 % be)
         return ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s': type %s unsupported here", name,
@@ -169,43 +234,57 @@ static ag_status bind(ag_model *m, ag_tensor *t, const char *name, int64_t ne0, 
     t->type = gt->type;
     t->ne[0] = ne0;
     t->ne[1] = want1;
-    t->ne[2] = t->ne[3] = 1;
+    t->ne[2] = want2;
+    t->ne[3] = 1;
     t->row_bytes = (size_t)(ne0 / be) * bb;
     t->data = gt->data;
     t->host = gt->data;
     return AG_OK;
 }
 
+static ag_status bind(ag_model *m, ag_tensor *t, const char *name, int64_t ne0, int64_t ne1, bool required) {
+    return bind3(m, t, name, ne0, ne1, 1, required);
+}
+
 static ag_status bind_layer(ag_model *m, int l) {
     const ag_model_config *c = &m->cfg;
+    const arch_desc       *d = arch_of(c->arch);
     ag_layer_weights *w = &m->layers[l];
     int64_t qd = (int64_t)c->n_head * c->head_dim_k, kd = (int64_t)c->n_head_kv * c->head_dim_k,
             vd = (int64_t)c->n_head_kv * c->head_dim_v, od = (int64_t)c->n_head * c->head_dim_v;
-    bool gemma = c->arch == AG_ARCH_GEMMA3, qwen = c->arch == AG_ARCH_QWEN2;
     char n[96];
     ag_status st;
-#define B(field, suffix, a, b, req)                                  \
+#define B3(field, suffix, a, b, e, req)                              \
     do {                                                             \
         snprintf(n, sizeof n, "blk.%d.%s", l, suffix);               \
-        if ((st = bind(m, &w->field, n, a, b, req))) return st;      \
+        if ((st = bind3(m, &w->field, n, a, b, e, req))) return st;  \
     } while (0)
+#define B(field, suffix, a, b, req) B3(field, suffix, a, b, 1, req)
     B(attn_norm, "attn_norm.weight", c->n_embd, 0, true);
     B(wq, "attn_q.weight", c->n_embd, qd, true);
     B(wk, "attn_k.weight", c->n_embd, kd, true);
     B(wv, "attn_v.weight", c->n_embd, vd, true);
     B(wo, "attn_output.weight", od, c->n_embd, true);
-    B(bq, "attn_q.bias", qd, 0, qwen);
-    B(bk, "attn_k.bias", kd, 0, qwen);
-    B(bv, "attn_v.bias", vd, 0, qwen);
-    B(q_norm, "attn_q_norm.weight", c->head_dim_k, 0, gemma);
-    B(k_norm, "attn_k_norm.weight", c->head_dim_k, 0, gemma);
-    B(post_attn_norm, "post_attention_norm.weight", c->n_embd, 0, gemma);
+    B(bq, "attn_q.bias", qd, 0, d->qkv_bias);
+    B(bk, "attn_k.bias", kd, 0, d->qkv_bias);
+    B(bv, "attn_v.bias", vd, 0, d->qkv_bias);
+    B(q_norm, "attn_q_norm.weight", c->head_dim_k, 0, d->qk_norm);
+    B(k_norm, "attn_k_norm.weight", c->head_dim_k, 0, d->qk_norm);
+    B(post_attn_norm, "post_attention_norm.weight", c->n_embd, 0, d->post_norms);
     B(ffn_norm, "ffn_norm.weight", c->n_embd, 0, true);
-    B(ffn_gate, "ffn_gate.weight", c->n_embd, c->n_ff, true);
-    B(ffn_up, "ffn_up.weight", c->n_embd, c->n_ff, true);
-    B(ffn_down, "ffn_down.weight", c->n_ff, c->n_embd, true);
-    B(post_ffn_norm, "post_ffw_norm.weight", c->n_embd, 0, gemma);
+    if (d->moe) {
+        B(ffn_gate_inp, "ffn_gate_inp.weight", c->n_embd, c->n_expert, true);
+        B3(ffn_gate_exps, "ffn_gate_exps.weight", c->n_embd, c->n_ff_exp, c->n_expert, true);
+        B3(ffn_up_exps, "ffn_up_exps.weight", c->n_embd, c->n_ff_exp, c->n_expert, true);
+        B3(ffn_down_exps, "ffn_down_exps.weight", c->n_ff_exp, c->n_embd, c->n_expert, true);
+    } else {
+        B(ffn_gate, "ffn_gate.weight", c->n_embd, c->n_ff, true);
+        B(ffn_up, "ffn_up.weight", c->n_embd, c->n_ff, true);
+        B(ffn_down, "ffn_down.weight", c->n_ff, c->n_embd, true);
+    }
+    B(post_ffn_norm, "post_ffw_norm.weight", c->n_embd, 0, d->post_norms);
 #undef B
+#undef B3
     /* Norm gains and biases are read as plain floats. */
     const ag_tensor *f32[] = {&w->attn_norm, &w->bq, &w->bk, &w->bv, &w->q_norm, &w->k_norm,
                               &w->post_attn_norm, &w->ffn_norm, &w->post_ffn_norm};
@@ -213,9 +292,14 @@ static ag_status bind_layer(ag_model *m, int l) {
         if (f32[i]->data && f32[i]->type != AG_TYPE_F32)
             return ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s' must be F32, is %s", f32[i]->name,
                              ag_tensor_type_name(f32[i]->type));
-    const ag_tensor *mats[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->ffn_gate, &w->ffn_up, &w->ffn_down};
+    const ag_tensor *mats[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->ffn_gate, &w->ffn_up, &w->ffn_down,
+                               &w->ffn_gate_inp};
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
         m->weight_bytes += mats[i]->row_bytes * (uint64_t)mats[i]->ne[1];
+    /* a decode step reads the experts its token chose: n_used of n_expert */
+    const ag_tensor *exps[] = {&w->ffn_gate_exps, &w->ffn_up_exps, &w->ffn_down_exps};
+    for (size_t i = 0; d->moe && i < sizeof exps / sizeof exps[0]; i++)
+        m->weight_bytes += exps[i]->row_bytes * (uint64_t)exps[i]->ne[1] * (uint64_t)c->n_expert_used;
     return AG_OK;
 }
 
@@ -234,7 +318,8 @@ static ag_status prepare_weights(ag_model *m) {
         ag_layer_weights *w = &m->layers[l];
         ag_tensor *all[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk, &w->bv,
                             &w->q_norm, &w->k_norm, &w->post_attn_norm, &w->ffn_norm, &w->ffn_gate,
-                            &w->ffn_up, &w->ffn_down, &w->post_ffn_norm};
+                            &w->ffn_up, &w->ffn_down, &w->post_ffn_norm, &w->ffn_gate_inp,
+                            &w->ffn_gate_exps, &w->ffn_up_exps, &w->ffn_down_exps};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             if (all[i]->data && (st = be->ops->prepare_weight(be, all[i]))) return st;
         if ((l + 1) % 8 == 0 || l + 1 == m->cfg.n_layer) AG_LOGI("  %d/%d layers", l + 1, m->cfg.n_layer);
@@ -272,6 +357,20 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(m, l))) goto fail_named;
     if ((st = ag_backend_new(p->device, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
+    if (c->n_expert > 0 && !m->be->ops->moe) {
+        /* a backend without the moe op cannot run this model: --device
+         * auto takes the CPU instead, an explicit device is an error */
+        if (p->device != AG_DEVICE_AUTO) {
+            st = ag_errorf(AG_ERR_UNSUPPORTED, "architecture '%s' (routed experts) is not supported on the %s backend yet; use --device cpu",
+                           c->arch_name, m->be->ops->name);
+            goto fail_named;
+        }
+        AG_LOGW("%s: architecture '%s' (routed experts) is not supported on the %s backend yet; running on the CPU",
+                path, c->arch_name, m->be->ops->name);
+        ag_backend_free(m->be);
+        m->be = NULL;
+        if ((st = ag_backend_new(AG_DEVICE_CPU, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
+    }
     const char *am = getenv("AUGUR_ARGMAX");
     m->argmax_off = am && *am == '0';
     const char *pk = getenv("AUGUR_PICK");
@@ -393,6 +492,11 @@ uint64_t ag_model_fingerprint(const ag_model *m) {
     const float floats[] = {c->rope_base, c->rope_base_swa, c->rope_freq_scale, c->rms_eps,
                             c->embd_scale, c->attn_scale, c->final_softcap};
     for (size_t i = 0; i < sizeof floats / sizeof floats[0]; i++) fp_f32(&s, floats[i]);
+    if (c->n_expert > 0) { /* (only then: dense models keep the fingerprints they had) */
+        const int moe[] = {c->n_expert, c->n_expert_used, c->n_ff_exp, c->expert_weights_norm};
+        for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) fp_u64(&s, (uint64_t)(int64_t)moe[i]);
+        fp_f32(&s, c->expert_weights_scale);
+    }
     fp_bytes(&s, c->layer_swa, (size_t)c->n_layer);
     int64_t nt = ag_gguf_n_tensors(m->gguf);
     fp_u64(&s, (uint64_t)nt);
@@ -466,8 +570,11 @@ static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[12
      * CPU writes the caller's arrays directly (argmax: 4-byte ints in float
      * slots; candidates: ag_cands, a multiple of 8 bytes) */
     const bool   dev = !m->be->ops->host_memory;
-    const size_t floats[12] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd,      n * vd,
-                               n * od,        n * c->n_embd, n * c->n_ff, n * c->n_ff,
+    /* gate and up: the dense feed-forward's (a MoE model's layers are all
+     * routed, and the moe op keeps its own) */
+    const size_t ff = c->n_expert > 0 ? 0 : (size_t)c->n_ff;
+    const size_t floats[12] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd, n * vd,
+                               n * od,        n * c->n_embd, n * ff,      n * ff,
                                dev ? n_out * c->n_vocab : 0, dev ? n_out : 0,
                                dev && m->be->ops->cands ? n_out * (sizeof(ag_cands) / sizeof(float)) : 0};
     size_t off = 0;
@@ -509,6 +616,15 @@ static ag_status add_norm(ag_backend *be, float *x, const float *o, const float 
     if (op->add_rmsnorm) return op->add_rmsnorm(be, x, o, w, n, dim, eps, h);
     ag_status st = op->add(be, x, o, (size_t)n * dim);
     return st ? st : op->rmsnorm(be, x, w, n, dim, eps, h);
+}
+
+/* Layer l's routed experts, as the moe op takes them. */
+static ag_moe_weights moe_weights(const ag_model *m, int l) {
+    const ag_layer_weights *w = &m->layers[l];
+    return (ag_moe_weights){.gate_inp = &w->ffn_gate_inp, .gate_exps = &w->ffn_gate_exps, .up_exps = &w->ffn_up_exps,
+                            .down_exps = &w->ffn_down_exps, .n_expert = m->cfg.n_expert,
+                            .n_used = m->cfg.n_expert_used, .norm_w = m->cfg.expert_weights_norm,
+                            .w_scale = m->cfg.expert_weights_scale};
 }
 
 static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
@@ -556,7 +672,10 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         TRY(op->matmul(be, &w->wo, att, n, n_dec, o));
         if (w->post_attn_norm.data) TRY(op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o));
         ADD_NORM(w->ffn_norm.data);
-        if (op->ffn) {
+        if (w->ffn_gate_exps.data) {
+            const ag_moe_weights mw = moe_weights(m, l);
+            TRY(op->moe(be, &mw, h, n, n_dec, o));
+        } else if (op->ffn) {
             TRY(op->ffn(be, &w->ffn_gate, &w->ffn_up, &w->ffn_down, h, n, n_dec, c->gelu, gate, up, o));
         } else {
             const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
@@ -592,7 +711,7 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
     uint64_t arena = fwd_layout(m, (size_t)n_tokens, (size_t)n_tokens, NULL);
     /* the backend's matmul buffer is grown to the largest call: the groups
      * and singles ag_model_forward makes */
-    size_t mm = 0, copies = 0, attn = 0;
+    size_t mm = 0, copies = 0, attn = 0, moe = 0;
     const ag_tensor *out[1] = {&m->output};
     size_t need = ag_backend_matmul_scratch_bytes(be, out, 1, n_tokens);
     mm = need;
@@ -602,10 +721,23 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
         const ag_tensor *groups[4][3] = {{&w->wq, &w->wk, &w->wv}, {&w->wo}, {&w->ffn_gate, &w->ffn_up},
                                          {&w->ffn_down}};
         const int        sizes[4] = {3, 1, 2, 1};
-        for (int g = 0; g < 4; g++) {
+        for (int g = 0; g < (w->ffn_gate_exps.data ? 2 : 4); g++) {
             need = ag_backend_matmul_scratch_bytes(be, groups[g], sizes[g], n_tokens);
             if (need > mm) mm = need;
             for (int i = 0; i < sizes[g]; i++) copies += ag_backend_weight_copy_bytes(be, groups[g][i]);
+        }
+        if (w->ffn_gate_exps.data) { /* the moe op's own buffers, and its matmuls' (all n_tokens rows may pick one expert) */
+            const ag_moe_weights mw = moe_weights(m, l);
+            moe = ag_backend_moe_scratch_bytes(be, &mw, n_tokens);
+            const ag_tensor  gate = ag_moe_expert_view(&w->ffn_gate_exps, 0), up = ag_moe_expert_view(&w->ffn_up_exps, 0),
+                             down = ag_moe_expert_view(&w->ffn_down_exps, 0);
+            const ag_tensor *gu[2] = {&gate, &up}, *dn[1] = {&down}, *router[1] = {&w->ffn_gate_inp};
+            const ag_tensor *const *mgroups[3] = {gu, dn, router};
+            const int               msizes[3] = {2, 1, 1};
+            for (int g = 0; g < 3; g++) {
+                need = ag_backend_matmul_scratch_bytes(be, mgroups[g], msizes[g], n_tokens);
+                if (need > mm) mm = need;
+            }
         }
         ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
                                .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
@@ -613,7 +745,7 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
         need = ag_backend_attention_scratch_bytes(be, &shape, block_size, n_tokens, n_ctx);
         if (need > attn) attn = need;
     }
-    return arena + mm + copies + attn;
+    return arena + mm + copies + attn + moe;
 }
 
 /* A walk over a batch's rows (want_logits set): batch row i, and k, the

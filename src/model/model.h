@@ -2,9 +2,11 @@
  * pass over a ragged batch.
  *
  * Supported architectures: llama (Llama 2/3, SmolLM2, stories), qwen2 (QKV
- * bias), gemma3 (sliding-window + global layers with their own RoPE bases,
- * QK-norm, pre- and post-norms, GELU, scaled embeddings). Anything else is a
- * clear AG_ERR_UNSUPPORTED at load.
+ * bias), qwen3 (per-head q/k RMSNorm, no QKV bias), qwen3moe (qwen3's
+ * attention, routed experts instead of the dense feed-forward), gemma3
+ * (sliding-window + global layers with their own RoPE bases, QK-norm, pre-
+ * and post-norms, GELU, scaled embeddings). Each is one entry of model.c's
+ * architecture table. Anything else is a clear AG_ERR_UNSUPPORTED at load.
  *
  * Threading: an ag_model is immutable after load except for its per-step
  * scratch, so ag_model_forward() must be called from one thread at a time
@@ -21,9 +23,10 @@
 #include "gguf/gguf.h"
 #include "kv/kv.h" /* ag_model_kv_params */
 
-typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3 } ag_arch;
+typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3, AG_ARCH_QWEN3, AG_ARCH_QWEN3MOE } ag_arch;
 
 #define AG_MAX_LAYERS 256
+#define AG_MAX_EXPERTS AG_MOE_MAX_EXPERTS
 
 typedef struct {
     ag_arch arch;
@@ -42,11 +45,18 @@ typedef struct {
     float   embd_scale;        /* 1, or sqrt(n_embd) for gemma */
     float   attn_scale;        /* multiplies q·k */
     float   final_softcap;     /* 0: off */
+    /* Routed experts (qwen3moe); n_expert 0: a dense feed-forward */
+    int     n_expert, n_expert_used, n_ff_exp;
+    bool    expert_weights_norm; /* the chosen experts' weights divided by their sum */
+    float   expert_weights_scale; /* then multiplied by this (1: none) */
 } ag_model_config;
 
 typedef struct {
     ag_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm;
     ag_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffn_norm;
+    /* routed experts: the router [n_expert][n_embd] and the experts'
+     * matrices, ne[2] = n_expert (see ag_moe_weights) */
+    ag_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
 } ag_layer_weights;
 
 typedef struct ag_model ag_model;

@@ -26,6 +26,10 @@ QWEN_05B = os.path.join(MODELS, "qwen2.5-0.5b-Q4.gguf")
 QWEN_15B = os.path.join(MODELS, "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf")
 
 
+GEN_MODEL = os.environ.get("AUGUR_GEN_MODEL", os.path.join(ROOT, "build", "bench", "gen_model"))
+PARITY = os.path.join(ROOT, "tests", "data", "parity")
+
+
 def run_augur(*args, input=None, check=False, timeout=120):
     """Runs the augur binary; returns CompletedProcess with bytes stdout/stderr."""
     p = subprocess.run([AUGUR, *args], input=input, capture_output=True, timeout=timeout)
@@ -137,3 +141,28 @@ def smol_server():
     yield s
     rc = s.stop()
     assert rc == 0, s.final_stderr[-4000:]
+
+
+@pytest.fixture(scope="session")
+def random_model(tmp_path_factory):
+    """name -> the path of a random-weight model (qwen3-tiny, qwen3moe-tiny)
+    that bench/gen_model writes, the very file tests/data/parity/NAME.npz
+    was made from (its SHA-256 is checked)."""
+    import hashlib
+
+    import numpy as np
+    made = {}
+
+    def get(name):
+        if name not in made:
+            ref = np.load(os.path.join(PARITY, f"{name}.npz"))
+            preset, qtype = str(ref["gen_model"]).split()
+            path = str(tmp_path_factory.mktemp("gen") / f"{name}.gguf")
+            subprocess.run([GEN_MODEL, path, preset, "--type", qtype], check=True, capture_output=True)
+            digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
+            assert digest == str(ref["gguf_sha256"]), (
+                f"bench/gen_model {preset} --type {qtype} no longer writes the file the reference was made from: "
+                f"regenerate it (scripts/logits_reference.py {name})")
+            made[name] = path
+        return made[name]
+    return get

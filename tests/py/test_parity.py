@@ -19,6 +19,13 @@ that floor, so the test holds us to it rather than to an unreachable 99%.
 
 stories260K and SmolLM2 run in `make test`; the bigger models are marked
 slow and run in `make test-models`.
+
+qwen3 and qwen3moe, whose real files cannot be fetched here, are checked on
+small models with random weights that bench/gen_model writes (the reference
+records the file's SHA-256 and the preset; the test writes the file again and
+checks the hash first). Each is run as prompt rows (chunks of 64), as decode
+rows (one token a pass) and as verify windows (decode rows in passes of 5),
+all against the same llama.cpp reference.
 """
 import os
 
@@ -96,3 +103,13 @@ def test_qwen_15b_matches_llama_cpp(tmp_path):
     if not os.path.exists(os.path.join(PARITY, "qwen-1.5b.npz")):
         pytest.skip("no reference yet: scripts/logits_reference.py qwen-1.5b")
     check(QWEN_15B, "qwen-1.5b", tmp_path)
+
+
+ROW_KINDS = {"prompt": {}, "decode": {"chunk": 1, "extra": ("--decode",)},
+             "verify": {"chunk": 5, "extra": ("--decode",)}}
+
+
+@pytest.mark.parametrize("kind", list(ROW_KINDS))
+@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3moe-tiny"])
+def test_random_weights_match_llama_cpp(name, kind, random_model, tmp_path):
+    check(random_model(name), name, tmp_path, **ROW_KINDS[kind])

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_amx.h"
+#include "backend/cpu/moe.h"
 #include "backend/cpu/quant.h"
 #include "base/log.h"
 #include "base/threadpool.h"
@@ -25,6 +26,7 @@ typedef struct {
     size_t         attn_scratch_floats;
     int32_t       *attn_tiles; /* [attn_tiles_cap]: tile starts of the current batch */
     size_t         attn_tiles_cap;
+    ag_cpu_moe    *moe; /* the moe op's buffers */
     /* AMX-ready copies of Q4_K / Q6_K weights (ag_amx_pack), made the first
      * time a weight goes through the AMX tiles; open addressing on w->data */
     struct amx_pack {
@@ -321,6 +323,10 @@ static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *s
     return AG_OK;
 }
 
+static ag_status cpu_moe(ag_backend *be, const ag_moe_weights *w, const float *h, int n, int n_decode, float *o) {
+    return ag_cpu_moe_run(be, &state_of(be)->moe, w, h, n, n_decode, o);
+}
+
 /* ---- memory: plain host memory ---- */
 static void *cpu_alloc(ag_backend *be, size_t bytes) { return aligned_alloc(256, (bytes + 255) & ~(size_t)255); }
 static void  cpu_free(ag_backend *be, void *p) { free(p); }
@@ -392,6 +398,7 @@ static const ag_backend_ops cpu_ops = {
     .scale = cpu_scale,
     .silu_mul = cpu_silu_mul,
     .gelu_mul = cpu_gelu_mul,
+    .moe = cpu_moe,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .argmax = cpu_argmax,
@@ -446,6 +453,7 @@ static void cpu_destroy(ag_backend *be) {
         free(s->attn_scratch);
         free(s->attn_tiles);
         free(s->mm_scratch);
+        ag_cpu_moe_free(s->moe);
         for (size_t i = 0; i < s->packs_cap; i++) free(s->packs[i].packed);
         free(s->packs);
         free(s);
