@@ -10,6 +10,7 @@
 
 #include "base/hash.h"
 #include "base/log.h"
+#include "base/switches.h"
 #include "kv/kv.h"
 
 struct ag_model {
@@ -371,14 +372,10 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
         m->be = NULL;
         if ((st = ag_backend_new(AG_DEVICE_CPU, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
     }
-    const char *am = getenv("AUGUR_ARGMAX");
-    m->argmax_off = am && *am == '0';
-    const char *pk = getenv("AUGUR_PICK");
-    m->pick_off = pk && *pk == '0';
-    const char *cd = getenv("AUGUR_CANDS");
-    m->cands_off = cd && *cd == '0';
-    const char *pr = getenv("AUGUR_POISON_ROWS");
-    m->poison_rows = pr && *pr == '1' && m->be->ops->host_memory;
+    m->argmax_off = ag_switch_off("AUGUR_ARGMAX");
+    m->pick_off = ag_switch_off("AUGUR_PICK");
+    m->cands_off = ag_switch_off("AUGUR_CANDS");
+    m->poison_rows = ag_switch_int("AUGUR_POISON_ROWS", 0, 1, 0) == 1 && m->be->ops->host_memory;
     if ((st = prepare_weights(m))) goto fail_named;
     *out = m;
     return AG_OK;

@@ -14,6 +14,7 @@
 #include "backend/cpu/moe.h"
 #include "backend/cpu/quant.h"
 #include "base/log.h"
+#include "base/switches.h"
 #include "base/threadpool.h"
 #include "kv/kv.h"
 
@@ -74,8 +75,7 @@ static const void *amx_packed(cpu_state *s, const ag_tensor *w) {
         free(s->packs);
         s->packs = t, s->packs_cap = cap;
     }
-    const char *env = getenv("AUGUR_AMX_PACK");
-    void       *p = env && *env == '0' ? NULL : aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    void *p = ag_switch_off("AUGUR_AMX_PACK") ? NULL : aligned_alloc(64, (bytes + 63) & ~(size_t)63);
     if (p && ag_amx_pack(s->pool, w->type, w->data, w->ne[1], w->ne[0], p) != AG_OK) {
         free(p);
         p = NULL;
@@ -361,8 +361,7 @@ size_t ag_backend_matmul_scratch_bytes(ag_backend *be, const ag_tensor *const *w
 
 size_t ag_backend_weight_copy_bytes(ag_backend *be, const ag_tensor *w) {
     if (!be->ops->host_memory) return 0;
-    const char *env = getenv("AUGUR_AMX_PACK");
-    if (!ag_amx_available() || (env && *env == '0')) return 0; /* amx_packed makes none */
+    if (!ag_amx_available() || ag_switch_off("AUGUR_AMX_PACK")) return 0; /* amx_packed makes none */
     size_t bytes = ag_amx_packed_size(w->type, w->ne[1], w->ne[0]);
     return bytes ? (bytes + 63) & ~(size_t)63 : 0;
 }
