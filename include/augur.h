@@ -109,7 +109,9 @@ augur_model_params augur_model_default_params(void);
  * file (AUGUR_ERR_IO), a corrupt or truncated one (AUGUR_ERR_FORMAT), an
  * architecture augur does not run (AUGUR_ERR_UNSUPPORTED), a draft model
  * that cannot be used. A chat template that does not compile is not a load
- * error: augur_chat_render reports it. */
+ * error: augur_chat_render reports it. The device is the environment's
+ * AUGUR_DEVICE (cpu, cuda or auto; unset: auto, a GPU when the library was
+ * built with CUDA and one is visible); another value is AUGUR_ERR_INVALID. */
 augur_status augur_model_load(const char *path, const augur_model_params *params, augur_model **out);
 
 /* Stops the model's thread and frees everything. NULL-safe. No other call on

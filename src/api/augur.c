@@ -10,6 +10,7 @@
 
 #include "base/buf.h"
 #include "base/status.h"
+#include "base/switches.h"
 #include "base/utf8.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -82,6 +83,12 @@ augur_status augur_model_load(const char *path, const augur_model_params *params
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = p.n_threads;
     mp.decode_rows_hint = p.draft ? 0 : 1; /* one sequence; a verify window carries several rows */
+    /* the device: AUGUR_DEVICE (the CLI's --device sets it for `augur run`) */
+    const char *dev = ag_switch_text("AUGUR_DEVICE");
+    if (dev && !ag_device_parse(dev, &mp.device)) {
+        st = ag_errorf(AG_ERR_INVALID, "AUGUR_DEVICE=%s: expected cpu, cuda or auto", dev);
+        goto fail;
+    }
     if ((st = ag_model_load(path, &mp, &m->model))) goto fail; /* the message names the file */
     if ((st = ag_tok_from_gguf(ag_model_gguf(m->model), &m->tok))) {
         char inner[1024];

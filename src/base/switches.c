@@ -60,7 +60,7 @@ static const ag_switch_info k_switches[] = {
     {"AUGUR_CUDA_SPLITK", F, "on", "0: decode attention one block per row and head", "cuda"},
     {"AUGUR_CUDA_STAGE", I, "1 (sm_90+)", "mmqv rows staged in shared memory by bulk copies: 0 never, 2 every launch", "cuda"},
     {"AUGUR_CUDA_WG_VAR", I, "20", "bits of the wgmma prompt attention's variant (0, 6, 10, 16, 24, 52, 84 tested)", "cuda"},
-    {"AUGUR_DEVICE", T, "auto", "user: cpu|cuda|auto, as --device", "cli"},
+    {"AUGUR_DEVICE", T, "auto", "user: cpu|cuda|auto, as --device; the C library's device", "cli, C library"},
     {"AUGUR_DPANEL_MIN", I, "Q4_K 5", "decode rows from which K-quants take the VNNI panels (A/B)", "cpu"},
     {"AUGUR_DRAFT_LOOKUP", F, "on", "0: the draft model's prompt lookup off", "spec"},
     {"AUGUR_DRAFT_VOCAB", I, "a draft's head rows", "rows of a draft model's output head computed (0: all)", "spec"},

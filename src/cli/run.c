@@ -113,6 +113,9 @@ int ag_cli_run(int argc, char **argv) {
     gp.ignore_eos = ignore_eos;
     const char *input = ag_buf_cstr(&text);
     size_t input_len = text.len;
+    /* --device reaches the C library through its switch (augur_model_params
+     * has no device field: adding one would change the library's ABI) */
+    if (ag_cli_device != AG_DEVICE_AUTO) setenv("AUGUR_DEVICE", ag_device_name(ag_cli_device), 1);
     if (augur_model_load(model_path, &mp, &m)) {
         ag_cli_fail("%s", augur_last_error());
         goto done;

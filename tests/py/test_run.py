@@ -209,3 +209,19 @@ def test_bad_inputs_fail_cleanly(tmp_path):
         assert p.returncode == rc, (args, p.returncode, p.stderr)
         assert msg in p.stderr, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) >= 1
+
+
+def test_run_honours_device():
+    """`augur run --device` reaches the C library (it used to be dropped:
+    run loads through the C API, which has no device field): --device cpu
+    runs, --device cuda on a build without CUDA is a clear error, not a
+    silent CPU run."""
+    r = subprocess.run([AUGUR, "run", "--device", "cpu", "-m", TINY_GGUF, "-p", "Once", "-n", "4", "--temp", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    if subprocess.run([AUGUR, "bench", "--device", "cuda", "-m", TINY_GGUF, "-p", "4", "-n", "0", "-r", "1"],
+                      capture_output=True, text=True, timeout=60).returncode == 0:
+        pytest.skip("a GPU is here: --device cuda runs")
+    r = subprocess.run([AUGUR, "run", "--device", "cuda", "-m", TINY_GGUF, "-p", "Once", "-n", "4"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "cuda" in r.stderr.lower(), (r.returncode, r.stderr)
