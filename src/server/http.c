@@ -80,6 +80,26 @@ void srv_error(srv_resp *r, int status, const char *type, const char *param, con
     srv_json(r, status, root);
 }
 
+void srv_status_error(srv_resp *r, ag_status st, const char *param) {
+    const char *msg = ag_error_message();
+    switch (st) {
+    case AG_ERR_STOPPED: srv_error(r, 503, "server_error", NULL, "shutting_down", "%s", msg); break;
+    case AG_ERR_CONTEXT:
+        srv_error(r, 400, "invalid_request_error", param, "context_length_exceeded", "%s", msg);
+        break;
+    case AG_ERR_BUSY:
+        srv_error(r, 429, "rate_limit_error", NULL, "server_busy", "%s; retry later", msg);
+        snprintf(r->retry_after, sizeof r->retry_after, "1");
+        break;
+    /* what the request asks is more than the server holds: its output
+     * length (max_tokens) is the part a client can lower */
+    case AG_ERR_CAPACITY: srv_error(r, 400, "invalid_request_error", "max_tokens", "invalid_value", "%s", msg); break;
+    case AG_ERR_RANGE:
+    case AG_ERR_INVALID: srv_error(r, 400, "invalid_request_error", NULL, "invalid_value", "%s", msg); break;
+    default: srv_error(r, 500, "server_error", NULL, NULL, "%s", msg); break;
+    }
+}
+
 json_t *srv_parse_body(srv_req *rq, srv_resp *out) {
     if (!ag_utf8_valid(rq->body, rq->body_len)) {
         size_t i = 0;

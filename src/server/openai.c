@@ -125,7 +125,7 @@ static bool compile_schema(const char *const *prefixes, const json_t *const *sch
     o->schema = NULL;
     ag_status st = ag_schema_compile_calls(prefixes, schemas, n, suffix, &o->schema);
     if (st == AG_ERR_NOMEM) {
-        srv_error(out, 500, "server_error", NULL, NULL, "%s", ag_error_message());
+        srv_status_error(out, st, NULL);
         return false;
     }
     if (st) {
@@ -1096,24 +1096,6 @@ static const srv_protocol k_completions_proto = {.id_prefix = "cmpl-", .stream_s
 
 /* ---- submission ---- */
 
-static void submit_error(srv_resp *out, ag_status st, const char *prompt_param) {
-    const char *msg = ag_error_message();
-    if (st == AG_ERR_UNSUPPORTED) {
-        srv_error(out, 503, "server_error", NULL, "shutting_down", "%s", msg);
-    } else if (st == AG_ERR_RANGE && strstr(msg, "context_length_exceeded")) {
-        srv_error(out, 400, "invalid_request_error", prompt_param, "context_length_exceeded", "%s", msg);
-    } else if (st == AG_ERR_NOMEM && strstr(msg, "busy")) {
-        srv_error(out, 429, "rate_limit_error", NULL, "server_busy", "%s; retry later", msg);
-        snprintf(out->retry_after, sizeof out->retry_after, "1");
-    } else if (st == AG_ERR_NOMEM && strstr(msg, "KV cache")) {
-        srv_error(out, 400, "invalid_request_error", "max_tokens", "invalid_value", "%s", msg);
-    } else if (st == AG_ERR_RANGE || st == AG_ERR_INVALID) {
-        srv_error(out, 400, "invalid_request_error", NULL, "invalid_value", "%s", msg);
-    } else {
-        srv_error(out, 500, "server_error", NULL, NULL, "%s", msg);
-    }
-}
-
 /* Test hook: $AUGUR_TEST_SCRIPT names a JSON file holding a list of
  * strings; the k-th request the server submits (counting from 0, cycling)
  * writes the k-th string as every choice's output, token by token through
@@ -1159,7 +1141,7 @@ void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_i
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             ag_schema_unref(script);
-            submit_error(out, st, prompt_param);
+            srv_status_error(out, st, prompt_param);
             j->ended = true; /* nothing was streamed: not a client's loss */
             job_free(j);     /* cancels the prompts already submitted */
             return;
@@ -1539,7 +1521,7 @@ static bool tool_grammar(srv_opts *o, json_t *tools, ag_tool_format tf, bool ans
         if (sscanf(msg, "schema %d:", &idx) != 1) idx = 0;
         char param[48];
         snprintf(param, sizeof param, "tools[%d].function.parameters", n_alts > 1 ? idx : 0);
-        if (st == AG_ERR_NOMEM) srv_error(out, 500, "server_error", NULL, NULL, "%s", msg);
+        if (st == AG_ERR_NOMEM) srv_status_error(out, st, NULL);
         else srv_error(out, 400, "invalid_request_error", param, "invalid_schema", "%s: %s", param, msg);
         ok = false;
     } else {

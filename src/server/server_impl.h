@@ -131,6 +131,13 @@ typedef struct {
 /* Fills resp with an OpenAI error. param/code may be NULL (JSON null). */
 void srv_error(srv_resp *r, int status, const char *type, const char *param, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+/* The one map from a status code to an HTTP error (the message is
+ * ag_error_message()): AG_ERR_STOPPED 503 "shutting_down", AG_ERR_BUSY 429
+ * "server_busy" with Retry-After, AG_ERR_CONTEXT 400
+ * "context_length_exceeded" naming `param` (the prompt's field; may be
+ * NULL), AG_ERR_CAPACITY 400 naming max_tokens, AG_ERR_RANGE and
+ * AG_ERR_INVALID 400 "invalid_value", anything else 500. */
+void srv_status_error(srv_resp *r, ag_status st, const char *param);
 /* Serializes a JSON value into resp with status (steals the reference). */
 void srv_json(srv_resp *r, int status, json_t *v);
 
@@ -415,8 +422,8 @@ typedef struct srv_event {
  * final event). */
 srv_gen *srv_gen_new(ag_server *s, int n_subs);
 /* Submits sub-request `sub` (its choices are numbered from choice_base).
- * Sets r->cb and r->user. Errors are the engine's, or AG_ERR_UNSUPPORTED
- * "shutting down" once the server stops. */
+ * Sets r->cb and r->user. Errors are the engine's, or AG_ERR_STOPPED
+ * "the server is shutting down" once the server stops. */
 ag_status srv_gen_submit(srv_gen *g, int sub, ag_gen_request *r, int choice_base);
 /* Pops the next event (caller frees it with free()), waiting up to
  * timeout_ms; NULL on timeout or when every choice has finished and the
