@@ -195,7 +195,7 @@ void srv_route_messages_count_tokens(srv_req *rq, srv_resp *out); /* anthropic.c
  * expect. Routes under /v1/messages answer through it. */
 void srv_anthropic_error(srv_resp *r);
 
-/* ---- request parsing shared by the protocols (openai.c) ---- */
+/* ---- request options shared by the protocols (request.c) ---- */
 
 /* "a string", "an object", ... ("nothing" for NULL): for error messages. */
 const char *srv_type_name(const json_t *v);
@@ -266,6 +266,8 @@ typedef enum { SRV_ROUTE_CHAT, SRV_ROUTE_COMPLETIONS, SRV_ROUTE_MESSAGES, SRV_RO
  * count_tokens' (the same body). */
 bool srv_check_fields(ag_server *s, json_t *b, srv_route_kind route, srv_resp *out);
 
+/* ---- chat messages and tools (messages.c) ---- */
+
 /* OpenAI tools + tool_choice of body b: the tools the prompt gets (a new
  * reference; NULL for none, or on error with *failed and `out` filled).
  * *forced: tool_choice "required" or a named function (then the result
@@ -285,7 +287,7 @@ json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *
 bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
                      const char *param, int32_t **ids, size_t *n_ids, bool *opened, srv_resp *out);
 
-/* ---- generation jobs (openai.c): one request's output, JSON or SSE ---- */
+/* ---- generation jobs (job.c): one request's output, JSON or SSE ---- */
 
 typedef struct {
     ag_buf    text;   /* everything generated (stop strings removed) */
@@ -318,6 +320,10 @@ typedef struct {
     void (*stream_start)(srv_job *j);
     void (*stream_event)(srv_job *j, srv_event *e);
     void (*stream_end)(srv_job *j);
+    /* Not streaming, optional: sees each event of a choice not yet done
+     * before it is added to the choice, and each prompt token's score
+     * (e->prompt_pos > 0), e.g. to keep logprobs. */
+    void (*collect)(srv_job *j, const srv_event *e);
     /* Not streaming: the whole response, every choice being done. */
     void (*respond)(srv_job *j, srv_resp *out);
     /* Frees j->proto_state (NULL: free()). */
