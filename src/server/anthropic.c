@@ -20,6 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/anthropic.h"
+#include "server/fields.h"
+#include "server/gen.h"
+#include "server/job.h"
+#include "server/messages.h"
+#include "server/reply.h"
+#include "server/request.h"
 #include "server/server_impl.h"
 
 /* ---- errors ---- */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "server/gen.h"
 #include "server/server_impl.h"
 
 typedef struct {

@@ -13,7 +13,16 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "server/anthropic.h"
+#include "server/conns.h"
+#include "server/gen.h"
+#include "server/job.h"
+#include "server/openai.h"
+#include "server/reply.h"
+#include "server/responses.h"
+#include "server/routes.h"
 #include "server/server_impl.h"
+#include "server/webui.h"
 
 const int srv_codes[SRV_CODE_SLOTS] = {200, 204, 400, 401, 404, 405, 413, 429, 431, 500, 503, 408, 304, 529};
 

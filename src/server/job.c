@@ -15,6 +15,10 @@
 
 #include "base/log.h"
 #include "sample/schema.h"
+#include "server/job.h"
+#include "server/gen.h"
+#include "server/reply.h"
+#include "server/request.h"
 #include "server/server_impl.h"
 
 /* ---- a job's life ---- */

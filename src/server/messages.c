@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "server/messages.h"
+#include "server/reply.h"
+#include "server/request.h"
 #include "server/server_impl.h"
 
 static bool is_role(const char *r) {

@@ -20,6 +20,13 @@
 
 #include "base/log.h"
 #include "sample/schema.h"
+#include "server/openai.h"
+#include "server/fields.h"
+#include "server/gen.h"
+#include "server/job.h"
+#include "server/messages.h"
+#include "server/reply.h"
+#include "server/request.h"
 #include "server/server_impl.h"
 
 #define MAX_PROMPTS 64

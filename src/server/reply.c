@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 
 #include "base/utf8.h"
+#include "server/reply.h"
 #include "server/server_impl.h"
 
 json_t *srv_jstr(const char *s, size_t len) {

@@ -11,6 +11,8 @@
 #include <time.h>
 
 #include "sample/schema.h"
+#include "server/request.h"
+#include "server/reply.h"
 #include "server/server_impl.h"
 
 /* ---- field readers ---- */

@@ -31,6 +31,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "server/responses.h"
+#include "server/fields.h"
+#include "server/gen.h"
+#include "server/job.h"
+#include "server/messages.h"
+#include "server/reply.h"
+#include "server/request.h"
 #include "server/server_impl.h"
 
 /* The in-memory store's bounds. */

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "server/server.h"
-#include "server/server_impl.h"
+#include "server/reply.h"
 
 static const char k_open[] = "<tool_call>";
 static const char k_close[] = "</tool_call>";
