@@ -226,6 +226,15 @@ size_t srv_stream_reasoning(srv_choice *c, const char **fresh) {
 
 /* ---- streaming ---- */
 
+void srv_job_sse(srv_job *j, const char *event, json_t *data) {
+    char *t = json_dumps(data, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(data);
+    if (!t) return;
+    if (event) ag_buf_printf(&j->out, "event: %s\n", event);
+    ag_buf_printf(&j->out, "data: %s\n\n", t);
+    free(t);
+}
+
 ssize_t srv_job_read(void *cls, uint64_t pos, char *buf, size_t max) {
     srv_job *j = cls;
     for (;;) {

@@ -121,6 +121,10 @@ void srv_choice_scan(srv_job *j, srv_choice *c, bool final);
 size_t srv_choice_answer(const srv_choice *c, const char **text);
 size_t srv_choice_reasoning(const srv_choice *c, const char **text);
 
+/* Streaming: appends one SSE event to j->out: "event: <event>" (none when
+ * event is NULL) and "data: <data as compact JSON>". Steals data. */
+void srv_job_sse(srv_job *j, const char *event, json_t *data);
+
 /* The MHD content-reader and its free callback for an SSE stream
  * (srv_job_free also frees a job that never ran). */
 ssize_t srv_job_read(void *job, uint64_t pos, char *buf, size_t max);

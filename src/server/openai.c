@@ -375,16 +375,6 @@ static json_t *envelope(srv_job *j, const char *object) {
 
 /* ---- streaming ---- */
 
-static void sse_emit(srv_job *j, json_t *v) {
-    char *t = json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(v);
-    if (!t) return;
-    ag_buf_append_str(&j->out, "data: ");
-    ag_buf_append_str(&j->out, t);
-    ag_buf_append_str(&j->out, "\n\n");
-    free(t);
-}
-
 static json_t *chunk_new(srv_job *j) {
     json_t *c = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion");
     json_object_set_new(c, "choices", json_array());
@@ -408,7 +398,7 @@ static void emit_chat_chunk(srv_job *j, int idx, json_t *delta, json_t *lp_entri
     }
     json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
     json_array_append_new(json_object_get(c, "choices"), ch);
-    sse_emit(j, c);
+    srv_job_sse(j, NULL, c);
 }
 
 static void emit_text_chunk(srv_job *j, int idx, const char *text, size_t len, json_t *lp, const char *finish) {
@@ -419,7 +409,7 @@ static void emit_text_chunk(srv_job *j, int idx, const char *text, size_t len, j
     json_object_set_new(ch, "logprobs", lp ? lp : json_null());
     json_object_set_new(ch, "finish_reason", finish ? json_string(finish) : json_null());
     json_array_append_new(json_object_get(c, "choices"), ch);
-    sse_emit(j, c);
+    srv_job_sse(j, NULL, c);
 }
 
 static void emit_stream_error(srv_job *j, int status, const char *type, const char *code, const char *msg) {
@@ -430,7 +420,7 @@ static void emit_stream_error(srv_job *j, int status, const char *type, const ch
     json_object_set_new(e, "code", code ? json_string(code) : json_integer(status));
     json_t *root = json_object();
     json_object_set_new(root, "error", e);
-    sse_emit(j, root);
+    srv_job_sse(j, NULL, root);
     j->ended = true;
 }
 
@@ -519,7 +509,7 @@ static void stream_end(srv_job *j) {
         json_t *c = envelope(j, j->chat ? "chat.completion.chunk" : "text_completion");
         json_object_set_new(c, "choices", json_array());
         json_object_set_new(c, "usage", usage_json(j));
-        sse_emit(j, c);
+        srv_job_sse(j, NULL, c);
     }
     ag_buf_append_str(&j->out, "data: [DONE]\n\n");
 }
