@@ -18,7 +18,9 @@
 #include "tmpl/chat.h"
 #include "tok/tok.h"
 
-/* The public codes are the internal ones, so a status passes through. */
+/* The public codes are the internal ones up to AG_ERR_INTERNAL, so those
+ * pass through; the refusals appended after them (status.h) reach a
+ * program as the public code it has always seen (public_status). */
 _Static_assert((int)AUGUR_OK == (int)AG_OK, "status codes");
 _Static_assert((int)AUGUR_ERR_IO == (int)AG_ERR_IO, "status codes");
 _Static_assert((int)AUGUR_ERR_FORMAT == (int)AG_ERR_FORMAT, "status codes");
@@ -29,6 +31,16 @@ _Static_assert((int)AUGUR_ERR_RANGE == (int)AG_ERR_RANGE, "status codes");
 _Static_assert((int)AUGUR_ERR_NOT_FOUND == (int)AG_ERR_NOT_FOUND, "status codes");
 _Static_assert((int)AUGUR_ERR_TEMPLATE == (int)AG_ERR_TEMPLATE, "status codes");
 _Static_assert((int)AUGUR_ERR_INTERNAL == (int)AG_ERR_INTERNAL, "status codes");
+
+static augur_status public_status(ag_status st) {
+    switch (st) {
+    case AG_ERR_BUSY:
+    case AG_ERR_CAPACITY: return AUGUR_ERR_NOMEM;
+    case AG_ERR_CONTEXT: return AUGUR_ERR_RANGE;
+    case AG_ERR_STOPPED: return AUGUR_ERR_INTERNAL;
+    default: return (augur_status)st;
+    }
+}
 
 /* Generations waiting behind the running one (augur_generate blocks the
  * caller, so this is the number of threads that may wait at once). */
@@ -392,7 +404,7 @@ augur_status augur_generate_tokens(augur_model *m, const int32_t *tokens, size_t
     free(w.ends);
     pthread_mutex_destroy(&w.mu);
     pthread_cond_destroy(&w.cv);
-    return (augur_status)st;
+    return public_status(st);
 }
 
 augur_status augur_generate(augur_model *m, const char *prompt, size_t len, const augur_gen_params *params,

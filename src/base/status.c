@@ -27,6 +27,10 @@ const char *ag_status_name(ag_status code) {
     case AG_ERR_NOT_FOUND: return "not found";
     case AG_ERR_TEMPLATE: return "template error";
     case AG_ERR_INTERNAL: return "internal error";
+    case AG_ERR_BUSY: return "busy";
+    case AG_ERR_CONTEXT: return "context exceeded";
+    case AG_ERR_CAPACITY: return "over capacity";
+    case AG_ERR_STOPPED: return "shutting down";
     }
     return "unknown error";
 }

@@ -19,6 +19,13 @@ typedef enum {
     AG_ERR_NOT_FOUND,   /* a looked-up key, file or item does not exist */
     AG_ERR_TEMPLATE,    /* chat template failed to parse or render */
     AG_ERR_INTERNAL,    /* an invariant broke; a bug */
+    /* Refusals a service makes of a well-formed request; the server maps
+     * each to its HTTP status (server/reply.c). Appended: the public API
+     * (include/augur.h) mirrors the codes above by number. */
+    AG_ERR_BUSY,        /* a queue is full now: the same call may succeed later */
+    AG_ERR_CONTEXT,     /* the input leaves no room in the model's context window */
+    AG_ERR_CAPACITY,    /* the request needs more than the service has in all (KV blocks) */
+    AG_ERR_STOPPED,     /* the service is shutting down */
 } ag_status;
 
 /* Records a printf-style message for the calling thread and returns `code`,

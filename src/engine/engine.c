@@ -1770,7 +1770,7 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
             return ag_errorf(AG_ERR_INVALID, "prompt token %d is out of the vocabulary [0, %d)", in->prompt[i],
                              e->n_vocab);
     if (in->n_prompt >= e->p.n_ctx)
-        return ag_errorf(AG_ERR_RANGE,
+        return ag_errorf(AG_ERR_CONTEXT,
                          "context_length_exceeded: the prompt has %d tokens; the context holds %d (prompt and "
                          "output together)",
                          in->n_prompt, e->p.n_ctx);
@@ -1820,7 +1820,7 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     }
     if (request_blocks(e, r) > e->n_blocks) {
         request_free(r);
-        return ag_errorf(AG_ERR_NOMEM,
+        return ag_errorf(AG_ERR_CAPACITY,
                          "the request needs more KV cache than the server has (%d blocks of %d tokens; "
                          "lower max_tokens or n)",
                          e->n_blocks, e->block_size);
@@ -1829,7 +1829,7 @@ ag_status ag_engine_submit(ag_engine *e, const ag_gen_request *in, uint64_t *id)
     if (e->queue_len >= e->p.max_queue && (e->queue_len > 0 || e->running)) {
         pthread_mutex_unlock(&e->mu);
         request_free(r);
-        return ag_errorf(AG_ERR_NOMEM, "the server is busy: %d requests are queued", e->p.max_queue);
+        return ag_errorf(AG_ERR_BUSY, "the server is busy: %d requests are queued", e->p.max_queue);
     }
     r->id = ++e->next_id;
     /* Read the id now: once the lock is released the engine thread may run

@@ -20,7 +20,7 @@
  * running sequences outgrow the pool, the newest request is preempted (its
  * KV copied to host memory and brought back bit for bit when blocks free
  * up), as vLLM does. A request that does not fit waits in the queue (behind
- * preempted ones), and a full queue is refused (AG_ERR_NOMEM with a
+ * preempted ones), and a full queue is refused (AG_ERR_BUSY with a
  * message). n > 1 choices share the prompt's KV blocks by fork
  * (copy-on-write).
  *
@@ -237,9 +237,10 @@ typedef struct {
 } ag_gen_request;
 
 /* Queues a request. Errors (nothing was queued, no callback will come):
- * AG_ERR_RANGE for a prompt that leaves no room in the context (message says
- * "context_length_exceeded"), AG_ERR_INVALID for bad parameters, AG_ERR_NOMEM
- * when the queue is full or the request can never fit the KV pool.
+ * AG_ERR_CONTEXT for a prompt that leaves no room in the context (message
+ * says "context_length_exceeded"), AG_ERR_INVALID or AG_ERR_RANGE for bad
+ * parameters, AG_ERR_BUSY when the queue is full, AG_ERR_CAPACITY when the
+ * request can never fit the KV pool, AG_ERR_NOMEM when out of memory.
  * On success *id names it for ag_engine_cancel; the callback receives a
  * final event (finish != NONE) for every choice, after which the engine
  * never touches `user` again. Callbacks may start (and even finish) before

@@ -20,6 +20,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/anthropic.h"
+#include "server/fields.h"
+#include "server/gen.h"
+#include "server/job.h"
+#include "server/messages.h"
+#include "server/reply.h"
+#include "server/request.h"
 #include "server/server_impl.h"
 
 /* ---- errors ---- */
@@ -607,38 +614,29 @@ typedef struct {
     bool tool_use;  /* tool_use blocks went out */
 } msg_stream;
 
-/* One SSE event (data is stolen). */
-static void sse_event(srv_job *j, const char *name, json_t *data) {
-    char *t = json_dumps(data, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(data);
-    if (!t) return;
-    ag_buf_printf(&j->out, "event: %s\ndata: %s\n\n", name, t);
-    free(t);
-}
-
 /* message_start goes out with the first engine event: usage then knows
  * how much of the prompt came from the prefix cache. */
 static void stream_begin(srv_job *j, msg_stream *st) {
     if (st->started) return;
     st->started = true;
-    sse_event(j, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message",
+    srv_job_sse(j, "message_start", json_pack("{s:s, s:o}", "type", "message_start", "message",
                                             message_json(j, json_array(), NULL, NULL)));
-    sse_event(j, "ping", json_pack("{s:s}", "type", "ping"));
+    srv_job_sse(j, "ping", json_pack("{s:s}", "type", "ping"));
 }
 
 static void block_start(srv_job *j, msg_stream *st, json_t *block) {
-    sse_event(j, "content_block_start", json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index",
+    srv_job_sse(j, "content_block_start", json_pack("{s:s, s:i, s:o}", "type", "content_block_start", "index",
                                                   st->n_blocks, "content_block", block));
     st->n_blocks++;
 }
 
 static void block_delta(srv_job *j, msg_stream *st, json_t *delta) {
-    sse_event(j, "content_block_delta", json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index",
+    srv_job_sse(j, "content_block_delta", json_pack("{s:s, s:i, s:o}", "type", "content_block_delta", "index",
                                                   st->n_blocks - 1, "delta", delta));
 }
 
 static void block_stop(srv_job *j, msg_stream *st) {
-    sse_event(j, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index",
+    srv_job_sse(j, "content_block_stop", json_pack("{s:s, s:i}", "type", "content_block_stop", "index",
                                                  st->n_blocks - 1));
 }
 
@@ -668,7 +666,7 @@ static void stream_text(srv_job *j, msg_stream *st, const char *text, size_t len
 }
 
 static void stream_error(srv_job *j, int status, const char *msg) {
-    sse_event(j, "error", json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", error_type(status),
+    srv_job_sse(j, "error", json_pack("{s:s, s:{s:s, s:o}}", "type", "error", "error", "type", error_type(status),
                                     "message", srv_jstr(msg, strlen(msg))));
     j->ended = true;
 }
@@ -728,9 +726,9 @@ static void stream_end(srv_job *j) {
     json_t *delta = json_object();
     json_object_set_new(delta, "stop_reason", json_string(reason));
     json_object_set_new(delta, "stop_sequence", seq ? srv_jstr(seq, strlen(seq)) : json_null());
-    sse_event(j, "message_delta", json_pack("{s:s, s:o, s:o}", "type", "message_delta", "delta", delta, "usage",
+    srv_job_sse(j, "message_delta", json_pack("{s:s, s:o, s:o}", "type", "message_delta", "delta", delta, "usage",
                                             usage_json(j)));
-    sse_event(j, "message_stop", json_pack("{s:s}", "type", "message_stop"));
+    srv_job_sse(j, "message_stop", json_pack("{s:s}", "type", "message_stop"));
 }
 
 static const srv_protocol k_messages_proto = {.id_prefix = "msg_", .stream_event = stream_event,

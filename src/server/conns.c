@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "base/log.h"
+#include "server/conns.h"
 #include "server/server_impl.h"
 
 /* One open connection (MHD's socket context). Fields under s->conns_mu. */

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "server/fields.h"
 #include "server/server_impl.h"
 
 typedef enum { F_READ, F_IGNORED, F_UNSUPPORTED } field_kind;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "server/gen.h"
 #include "server/server_impl.h"
 
 typedef struct {
@@ -148,7 +149,7 @@ ag_status srv_gen_submit(srv_gen *g, int si, ag_gen_request *r, int choice_base)
     pthread_mutex_unlock(&g->mu);
     ag_status st;
     pthread_rwlock_rdlock(&s->eng_lock);
-    if (!s->eng || atomic_load(&s->stopping)) st = ag_errorf(AG_ERR_UNSUPPORTED, "the server is shutting down");
+    if (!s->eng || atomic_load(&s->stopping)) st = ag_errorf(AG_ERR_STOPPED, "the server is shutting down");
     else st = ag_engine_submit(s->eng, r, &sub->id);
     pthread_rwlock_unlock(&s->eng_lock);
     pthread_mutex_lock(&g->mu);

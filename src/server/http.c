@@ -5,7 +5,6 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +13,16 @@
 #include <unistd.h>
 
 #include "base/log.h"
-#include "base/utf8.h"
+#include "server/anthropic.h"
+#include "server/conns.h"
+#include "server/gen.h"
+#include "server/job.h"
+#include "server/openai.h"
+#include "server/reply.h"
+#include "server/responses.h"
+#include "server/routes.h"
 #include "server/server_impl.h"
+#include "server/webui.h"
 
 const int srv_codes[SRV_CODE_SLOTS] = {200, 204, 400, 401, 404, 405, 413, 429, 431, 500, 503, 408, 304, 529};
 
@@ -24,118 +31,6 @@ ag_server_params ag_server_default_params(void) {
                           .model_id = "model", .max_body = (size_t)8 << 20, .max_connections = 256,
                           .timeout_s = 60, .header_timeout_s = 20, .webui = true};
     return p;
-}
-
-/* ---- helpers for routes ---- */
-
-json_t *srv_jstr(const char *s, size_t len) {
-    if (!s) return json_string("");
-    if (ag_utf8_valid(s, len)) return json_stringn(s, len);
-    ag_buf b = {0};
-    for (size_t i = 0; i < len;) {
-        uint32_t cp;
-        size_t k = ag_utf8_decode(s + i, len - i, &cp);
-        if (k == 0) {
-            ag_buf_append(&b, "\xEF\xBF\xBD", 3);
-            i++;
-        } else {
-            ag_buf_append(&b, s + i, k);
-            i += k;
-        }
-    }
-    json_t *v = json_stringn(b.data ? b.data : "", b.len);
-    ag_buf_free(&b);
-    return v;
-}
-
-void srv_json(srv_resp *r, int status, json_t *v) {
-    r->status = status;
-    r->content_type = "application/json";
-    ag_buf_clear(&r->body);
-    char *text = v ? json_dumps(v, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(v);
-    if (!text) {
-        r->status = 500;
-        ag_buf_append_str(&r->body, "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                                    "\"param\":null,\"code\":null}}");
-        return;
-    }
-    ag_buf_append_str(&r->body, text);
-    free(text);
-}
-
-void srv_error(srv_resp *r, int status, const char *type, const char *param, const char *code, const char *fmt, ...) {
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    json_t *e = json_object();
-    json_object_set_new(e, "message", srv_jstr(msg, strlen(msg)));
-    json_object_set_new(e, "type", json_string(type));
-    json_object_set_new(e, "param", param ? srv_jstr(param, strlen(param)) : json_null());
-    json_object_set_new(e, "code", code ? json_string(code) : json_null());
-    json_t *root = json_object();
-    json_object_set_new(root, "error", e);
-    srv_json(r, status, root);
-}
-
-json_t *srv_parse_body(srv_req *rq, srv_resp *out) {
-    if (!ag_utf8_valid(rq->body, rq->body_len)) {
-        size_t i = 0;
-        while (i < rq->body_len) {
-            uint32_t cp;
-            size_t k = ag_utf8_decode(rq->body + i, rq->body_len - i, &cp);
-            if (!k) break;
-            i += k;
-        }
-        srv_error(out, 400, "invalid_request_error", NULL, "invalid_json",
-                  "the request body is not valid UTF-8 (first bad byte at offset %zu)", i);
-        return NULL;
-    }
-    if (rq->body_len == 0) {
-        srv_error(out, 400, "invalid_request_error", NULL, "invalid_json",
-                  "the request body is empty; expected a JSON object");
-        return NULL;
-    }
-    json_error_t err;
-    /* \u0000 is valid JSON: text keeps it (the tokenizer has a token for
-     * byte 0); srv_check_fields rejects it where a string is read as a C
-     * string */
-    json_t *v = json_loadb(rq->body, rq->body_len, JSON_ALLOW_NUL, &err);
-    if (!v && json_error_code(&err) == json_error_null_byte_in_key) {
-        srv_error(out, 400, "invalid_request_error", NULL, "invalid_json",
-                  "an object key at line %d, column %d (byte %d) contains a NUL character (\\u0000), which this "
-                  "server does not accept in keys",
-                  err.line, err.column, err.position);
-        return NULL;
-    }
-    if (!v) {
-        srv_error(out, 400, "invalid_request_error", NULL, "invalid_json",
-                  "malformed JSON at line %d, column %d (byte %d): %s", err.line, err.column, err.position, err.text);
-        return NULL;
-    }
-    if (!json_is_object(v)) {
-        json_decref(v);
-        srv_error(out, 400, "invalid_request_error", NULL, "invalid_json", "the request body must be a JSON object");
-        return NULL;
-    }
-    return v;
-}
-
-bool srv_client_gone(struct MHD_Connection *conn) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci) return false;
-    struct pollfd pfd = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
-    if (poll(&pfd, 1, 0) <= 0) return false;
-    if (pfd.revents & (POLLERR | POLLHUP | POLLRDHUP | POLLNVAL)) return true;
-    if (pfd.revents & POLLIN) {
-        char b;
-        ssize_t r = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (r == 0) return true;
-        if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return true;
-    }
-    return false;
 }
 
 /* ---- per-request state ---- */

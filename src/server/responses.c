@@ -31,6 +31,13 @@
 #include <string.h>
 #include <time.h>
 
+#include "server/responses.h"
+#include "server/fields.h"
+#include "server/gen.h"
+#include "server/job.h"
+#include "server/messages.h"
+#include "server/reply.h"
+#include "server/request.h"
 #include "server/server_impl.h"
 
 /* The in-memory store's bounds. */
@@ -620,11 +627,7 @@ static void emit(srv_job *j, const char *type, json_t *data) {
     resp_state *rs = j->proto_state;
     json_object_set_new(data, "type", json_string(type));
     json_object_set_new(data, "sequence_number", json_integer(rs->seq++));
-    char *t = json_dumps(data, JSON_COMPACT);
-    json_decref(data);
-    if (!t) return;
-    ag_buf_printf(&j->out, "event: %s\ndata: %s\n\n", type, t);
-    free(t);
+    srv_job_sse(j, type, data);
 }
 
 static void emit_item(srv_job *j, const char *type, json_t *item) {

@@ -3,6 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/routes.h"
+#include "server/gen.h"
+#include "server/reply.h"
 #include "server/server_impl.h"
 
 static json_t *model_obj(ag_server *s) {

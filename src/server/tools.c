@@ -2,10 +2,9 @@
  * Llama 3.1's bare JSON objects, parsed back into OpenAI tool_calls. */
 #include <stdint.h>
 #include <string.h>
-#include <sys/random.h>
 
 #include "server/server.h"
-#include "server/server_impl.h"
+#include "server/reply.h"
 
 static const char k_open[] = "<tool_call>";
 static const char k_close[] = "</tool_call>";
@@ -28,16 +27,6 @@ ag_tool_format ag_server_tool_format(const char *src, size_t len) {
         find(src, len, "<|start_header_id|>"))
         return AG_TOOLS_LLAMA3;
     return AG_TOOLS_GENERIC;
-}
-
-void srv_random_id(char *out, size_t n_chars) {
-    static const char alnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-    unsigned char rnd[64];
-    if (n_chars > sizeof rnd) n_chars = sizeof rnd;
-    if (getrandom(rnd, n_chars, 0) != (ssize_t)n_chars)
-        for (size_t i = 0; i < n_chars; i++) rnd[i] = (unsigned char)(i * 37 + 11);
-    for (size_t i = 0; i < n_chars; i++) out[i] = alnum[rnd[i] % (sizeof alnum - 1)];
-    out[n_chars] = '\0';
 }
 
 /* One call object {"name": str, "arguments"|"parameters": object|string}

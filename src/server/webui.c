@@ -14,6 +14,8 @@
 #include <string.h>
 #include <xxhash.h>
 
+#include "server/webui.h"
+#include "server/reply.h"
 #include "server/server_impl.h"
 
 /* Defines webui_<sym>_start/_end around the bytes of webui/<file>; hidden,

@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "server/server.h"
+#include "server/job.h"
 #include "server/server_impl.h"
 
 static json_t *tools_fixture(void) {

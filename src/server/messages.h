@@ -1,0 +1,30 @@
+/* Chat messages and tools in OpenAI's shape, into a prompt (messages.c). */
+#ifndef AG_SERVER_MESSAGES_H
+#define AG_SERVER_MESSAGES_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "server/reply.h"
+
+/* OpenAI tools + tool_choice of body b: the tools the prompt gets (a new
+ * reference; NULL for none, or on error with *failed and `out` filled).
+ * *forced: tool_choice "required" or a named function (then the result
+ * holds just that one). */
+json_t *srv_parse_tools(json_t *b, srv_resp *out, bool *failed, bool *forced);
+/* Validates OpenAI chat messages and builds the list the template sees
+ * (tool calls as objects; for a template that does not render tools, the
+ * Hermes instructions in the system message and calls/results spelled out
+ * as text). A new reference, or NULL with `out` filled. */
+json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *out);
+/* Renders srv_build_messages' list with the chat template (tools when the
+ * template renders them), appends `prefill` (prefill_len bytes: the start
+ * of the assistant's reply, which the output continues; NULL for none) and
+ * tokenizes it into *ids (the caller frees). *opened (may be NULL): the
+ * prompt ends inside a <think> block the template opened. False with a 400
+ * in `out` (errors name `param`). */
+bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
+                     const char *param, int32_t **ids, size_t *n_ids, bool *opened, srv_resp *out);
+
+#endif
