@@ -75,7 +75,7 @@ static const ag_switch_info k_switches[] = {
     {"AUGUR_SPEC_ROW_COST", R, "measured", "a verify row's cost as a fraction of a step, fixed (tests)", "engine"},
     {"AUGUR_TEST_KV_READ_DELAY_MS", I, "0", "tests: each disk-cache record read slowed by this much", "engine"},
     {"AUGUR_TEST_KV_SPACE_RETRY_MS", I, "10000", "tests: retry writing this soon after a full disk", "engine"},
-    {"AUGUR_TEST_SCRIPT", T, "none", "tests: a JSON list of texts forced as the answers, one a request", "server"},
+    {"AUGUR_TEST_SCRIPT", T, "none", "tests: a file of a JSON list of texts forced as the answers, one a request", "server"},
     {"AUGUR_THREADS", I, "the CPUs online", "user: CPU threads (as -t)", "base"},
 };
 

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "base/log.h"
+#include "base/switches.h"
 #include "sample/schema.h"
 #include "server/job.h"
 #include "server/gen.h"
@@ -355,8 +356,8 @@ bool srv_job_choices_ok(srv_job *j, srv_resp *out) {
 static json_t *g_script;
 static atomic_uint g_script_next;
 static void script_load(void) {
-    const char *path = getenv("AUGUR_TEST_SCRIPT");
-    if (!path || !*path) return;
+    const char *path = ag_switch_text("AUGUR_TEST_SCRIPT");
+    if (!path) return;
     json_error_t err;
     g_script = json_load_file(path, 0, &err);
     if (!json_is_array(g_script) || !json_array_size(g_script)) {
