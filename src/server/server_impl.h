@@ -144,6 +144,7 @@ void srv_route_health(srv_req *rq, srv_resp *out);
 void srv_route_metrics(srv_req *rq, srv_resp *out);
 void srv_route_tokenize(srv_req *rq, srv_resp *out);
 void srv_route_detokenize(srv_req *rq, srv_resp *out);
+void srv_route_embeddings(srv_req *rq, srv_resp *out); /* embeddings.c */
 
 /* ---- the chat page (webui.c) ---- */
 
