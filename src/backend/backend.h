@@ -84,6 +84,12 @@ typedef struct {
     float scale;  /* multiplies q·k */
     int   window; /* 0: attend to all earlier positions; w > 0: only to pos - w < p <= pos */
     float softcap; /* 0: off */
+    /* true (encoders): a token attends to every position of its sequence
+     * up to the largest position of that sequence in this batch, later ones
+     * included (no causal mask; the whole sequence must be in the batch).
+     * Only backends with the layernorm op are given it (encoder models are
+     * refused elsewhere at load). */
+    bool  bidirectional;
 } ag_attn_shape;
 
 /* One layer's routed experts (a mixture-of-experts feed-forward, Qwen3-MoE
@@ -178,6 +184,12 @@ typedef struct {
     ag_status (*get_rows)(ag_backend *, const ag_tensor *w, const int32_t *ids, int n, float *out);
     /* out[i] = x[i] / rms(x[i]) * w, per row of `dim`; w may be NULL (no gain). out may alias x. */
     ag_status (*rmsnorm)(ag_backend *, const float *x, const float *w, int n, int dim, float eps, float *out);
+    /* out[i] = (x[i] - mean(x[i])) / sqrt(var(x[i]) + eps) * w + b, per row
+     * of `dim` (BERT's LayerNorm); w and b may be NULL (no gain, no bias).
+     * out may alias x. NULL: the backend cannot run encoder models (the
+     * model refuses them at load). */
+    ag_status (*layernorm)(ag_backend *, const float *x, const float *w, const float *b, int n, int dim, float eps,
+                           float *out);
     /* Rotary embedding in place on x[n][n_head][head_dim] over the first rope_dim
      * dims of each head, at positions pos[n]. neox: rotate pairs (i, i + rope_dim/2);
      * else adjacent pairs (2i, 2i + 1). */

@@ -22,6 +22,7 @@ int ag_cli_logits(int argc, char **argv);
 int ag_cli_serve(int argc, char **argv);
 int ag_cli_cache(int argc, char **argv);
 int ag_cli_fit(int argc, char **argv);
+int ag_cli_embed(int argc, char **argv);
 
 /* The most sequences `augur serve --parallel` (and `augur fit`) accept: the engine's. */
 #define AG_CLI_MAX_PARALLEL AG_ENGINE_MAX_PARALLEL

@@ -20,6 +20,7 @@ static const struct {
     {"run", ag_cli_run, "generate text from a prompt"},
     {"bench", ag_cli_bench, "measure prefill and decode speed"},
     {"logits", ag_cli_logits, "dump teacher-forced logits of token ids (parity tests)"},
+    {"embed", ag_cli_embed, "print embedding vectors of texts (an embedding model)"},
     {"serve", ag_cli_serve, "serve the OpenAI-compatible HTTP API"},
     {"fit", ag_cli_fit, "predict serve's memory use and the largest context / parallelism that fit"},
     {"cache", ag_cli_cache, "list, summarize or clear the KV prefix cache's disk tier (no model needed)"},

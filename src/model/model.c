@@ -17,6 +17,9 @@ struct ag_model {
     ag_gguf         *gguf;
     ag_model_config  cfg;
     ag_tensor        tok_embd, output_norm, output;
+    ag_tensor        type_embd, tok_norm, tok_norm_b; /* encoders: token-type rows, the embeddings' LayerNorm */
+    ag_kv           *enc_kv;      /* encoders: ag_model_embed's KV, grown to the largest call */
+    int              enc_kv_tokens, enc_kv_seqs;
     ag_layer_weights layers[AG_MAX_LAYERS];
     ag_backend      *be;
     void            *act;       /* activations of one forward pass, in backend memory */
@@ -91,6 +94,7 @@ typedef struct {
     bool        qk_norm;    /* attn_{q,k}_norm required: RMSNorm of each q and k head */
     bool        post_norms; /* post_attention_norm and post_ffw_norm required (gemma3) */
     bool        moe;        /* routed experts (ffn_*_exps) instead of the dense feed-forward */
+    bool        encoder;    /* an embedding model (BERT-like: post-LayerNorms, fused QKV, no logits) */
     /* Reads the family's own hyper-parameters after the common ones; NULL: none. */
     ag_status (*config)(const ag_gguf *g, ag_model_config *c);
 } arch_desc;
@@ -135,12 +139,32 @@ static ag_status moe_config(const ag_gguf *g, ag_model_config *c) {
     return AG_OK;
 }
 
+/* nomic-bert (nomic-embed-text): BERT post-LayerNorm layers with RoPE and
+ * SwiGLU; llama.cpp's keys. */
+static ag_status encoder_config(const ag_gguf *g, ag_model_config *c) {
+    const char *a = c->arch_name;
+    c->encoder = true;
+    if (!get_float(g, a, "attention.layer_norm_epsilon", &c->norm_eps) || !(c->norm_eps > 0)) c->norm_eps = 1e-12f;
+    char key[160];
+    snprintf(key, sizeof key, "%s.attention.causal", a);
+    bool causal = false;
+    if (ag_gguf_get_bool(g, key, &causal) && causal)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "%s: a causal encoder (attention.causal = true) is not supported", a);
+    c->bidirectional = true;
+    if (!get_int(g, a, "pooling_type", &c->pooling)) c->pooling = AG_POOL_MEAN;
+    if (c->pooling != AG_POOL_MEAN && c->pooling != AG_POOL_CLS && c->pooling != AG_POOL_LAST)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "%s.pooling_type = %d: only mean (1), cls (2) and last (3) are supported",
+                         a, c->pooling);
+    return AG_OK;
+}
+
 static const arch_desc k_archs[] = {
     {"llama", AG_ARCH_LLAMA, .rope_neox = false},
     {"qwen2", AG_ARCH_QWEN2, .rope_neox = true, .qkv_bias = true},
     {"qwen3", AG_ARCH_QWEN3, .rope_neox = true, .qk_norm = true},
     {"qwen3moe", AG_ARCH_QWEN3MOE, .rope_neox = true, .qk_norm = true, .moe = true, .config = moe_config},
     {"gemma3", AG_ARCH_GEMMA3, .rope_neox = true, .qk_norm = true, .post_norms = true, .config = gemma3_config},
+    {"nomic-bert", AG_ARCH_NOMIC_BERT, .rope_neox = true, .encoder = true, .config = encoder_config},
 };
 
 static const arch_desc *arch_of(ag_arch a) {
@@ -247,6 +271,54 @@ static ag_status bind(ag_model *m, ag_tensor *t, const char *name, int64_t ne0, 
     return bind3(m, t, name, ne0, ne1, 1, required);
 }
 
+/* Rows [r0, r0 + nr) of a matrix, as a matrix of its own (the same bytes). */
+static ag_tensor row_view(const ag_tensor *t, int64_t r0, int64_t nr) {
+    ag_tensor v = *t;
+    v.ne[1] = nr;
+    v.data = (const char *)t->data + (size_t)r0 * t->row_bytes;
+    v.host = (const char *)t->host + (size_t)r0 * t->row_bytes;
+    return v;
+}
+
+/* An encoder layer (nomic-bert): fused QKV (Q, K, V rows in that order, as
+ * llama.cpp splits it), attention output, its post-LayerNorm, the SwiGLU
+ * feed-forward, the layer's output LayerNorm. */
+static ag_status bind_encoder_layer(ag_model *m, int l) {
+    const ag_model_config *c = &m->cfg;
+    ag_layer_weights      *w = &m->layers[l];
+    const int64_t qd = (int64_t)c->n_head * c->head_dim_k, kd = (int64_t)c->n_head_kv * c->head_dim_k,
+                  vd = (int64_t)c->n_head_kv * c->head_dim_v, od = (int64_t)c->n_head * c->head_dim_v;
+    char      n[96];
+    ag_status st;
+#define B(field, suffix, a, b)                                      \
+    do {                                                            \
+        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);              \
+        if ((st = bind3(m, &w->field, n, a, b, 1, true))) return st; \
+    } while (0)
+    B(wqkv, "attn_qkv.weight", c->n_embd, qd + kd + vd);
+    B(wo, "attn_output.weight", od, c->n_embd);
+    B(attn_out_norm, "attn_output_norm.weight", c->n_embd, 0);
+    B(attn_out_norm_b, "attn_output_norm.bias", c->n_embd, 0);
+    B(ffn_gate, "ffn_gate.weight", c->n_embd, c->n_ff);
+    B(ffn_up, "ffn_up.weight", c->n_embd, c->n_ff);
+    B(ffn_down, "ffn_down.weight", c->n_ff, c->n_embd);
+    B(layer_out_norm, "layer_output_norm.weight", c->n_embd, 0);
+    B(layer_out_norm_b, "layer_output_norm.bias", c->n_embd, 0);
+#undef B
+    w->wq = row_view(&w->wqkv, 0, qd);
+    w->wk = row_view(&w->wqkv, qd, kd);
+    w->wv = row_view(&w->wqkv, qd + kd, vd);
+    const ag_tensor *f32[] = {&w->attn_out_norm, &w->attn_out_norm_b, &w->layer_out_norm, &w->layer_out_norm_b};
+    for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
+        if (f32[i]->type != AG_TYPE_F32)
+            return ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s' must be F32, is %s", f32[i]->name,
+                             ag_tensor_type_name(f32[i]->type));
+    const ag_tensor *mats[] = {&w->wqkv, &w->wo, &w->ffn_gate, &w->ffn_up, &w->ffn_down};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        m->weight_bytes += mats[i]->row_bytes * (uint64_t)mats[i]->ne[1];
+    return AG_OK;
+}
+
 static ag_status bind_layer(ag_model *m, int l) {
     const ag_model_config *c = &m->cfg;
     const arch_desc       *d = arch_of(c->arch);
@@ -261,6 +333,7 @@ static ag_status bind_layer(ag_model *m, int l) {
         if ((st = bind3(m, &w->field, n, a, b, e, req))) return st;  \
     } while (0)
 #define B(field, suffix, a, b, req) B3(field, suffix, a, b, 1, req)
+    if (d->encoder) return bind_encoder_layer(m, l);
     B(attn_norm, "attn_norm.weight", c->n_embd, 0, true);
     B(wq, "attn_q.weight", c->n_embd, qd, true);
     B(wk, "attn_k.weight", c->n_embd, kd, true);
@@ -310,7 +383,7 @@ static ag_status bind_layer(ag_model *m, int l) {
 static ag_status prepare_weights(ag_model *m) {
     ag_backend *be = m->be;
     if (!be->ops->prepare_weight) return AG_OK;
-    ag_tensor *top[] = {&m->tok_embd, &m->output_norm, &m->output};
+    ag_tensor *top[] = {&m->tok_embd, &m->output_norm, &m->output, &m->type_embd, &m->tok_norm, &m->tok_norm_b};
     ag_status  st;
     for (size_t i = 0; i < sizeof top / sizeof top[0]; i++)
         if (top[i]->data && (st = be->ops->prepare_weight(be, top[i]))) return st;
@@ -320,9 +393,18 @@ static ag_status prepare_weights(ag_model *m) {
         ag_tensor *all[] = {&w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk, &w->bv,
                             &w->q_norm, &w->k_norm, &w->post_attn_norm, &w->ffn_norm, &w->ffn_gate,
                             &w->ffn_up, &w->ffn_down, &w->post_ffn_norm, &w->ffn_gate_inp,
-                            &w->ffn_gate_exps, &w->ffn_up_exps, &w->ffn_down_exps};
+                            &w->ffn_gate_exps, &w->ffn_up_exps, &w->ffn_down_exps, &w->attn_out_norm,
+                            &w->attn_out_norm_b, &w->layer_out_norm, &w->layer_out_norm_b};
+        const bool fused = w->wqkv.data != NULL; /* wq, wk, wv are its views: moved with it */
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-            if (all[i]->data && (st = be->ops->prepare_weight(be, all[i]))) return st;
+            if (all[i]->data && !(fused && i >= 1 && i <= 3) && (st = be->ops->prepare_weight(be, all[i]))) return st;
+        if (fused) {
+            if ((st = be->ops->prepare_weight(be, &w->wqkv))) return st;
+            const int64_t qd = w->wq.ne[1], kd = w->wk.ne[1];
+            w->wq = row_view(&w->wqkv, 0, qd);
+            w->wk = row_view(&w->wqkv, qd, kd);
+            w->wv = row_view(&w->wqkv, qd + kd, w->wv.ne[1]);
+        }
         if ((l + 1) % 8 == 0 || l + 1 == m->cfg.n_layer) AG_LOGI("  %d/%d layers", l + 1, m->cfg.n_layer);
     }
     return be->ops->sync(be);
@@ -346,28 +428,42 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     }
     c->n_vocab = (int)emb->ne[1];
     if ((st = bind(m, &m->tok_embd, "token_embd.weight", c->n_embd, c->n_vocab, true))) goto fail_named;
-    if ((st = bind(m, &m->output_norm, "output_norm.weight", c->n_embd, 0, true))) goto fail_named;
-    if ((st = bind(m, &m->output, "output.weight", c->n_embd, c->n_vocab, false))) goto fail_named;
+    if (c->encoder) { /* no output norm or head; the embeddings' LayerNorm and token types instead */
+        if ((st = bind(m, &m->tok_norm, "token_embd_norm.weight", c->n_embd, 0, true))) goto fail_named;
+        if ((st = bind(m, &m->tok_norm_b, "token_embd_norm.bias", c->n_embd, 0, true))) goto fail_named;
+        const ag_gguf_tensor *tt = ag_gguf_find_tensor(m->gguf, "token_types.weight");
+        if (tt && (st = bind(m, &m->type_embd, "token_types.weight", c->n_embd, (int64_t)tt->ne[1], true)))
+            goto fail_named;
+        const ag_tensor *f32[] = {&m->tok_norm, &m->tok_norm_b, &m->type_embd};
+        for (size_t i = 0; i < 3; i++)
+            if (f32[i]->data && f32[i]->type != AG_TYPE_F32) {
+                st = ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s' must be F32", f32[i]->name);
+                goto fail_named;
+            }
+    } else if ((st = bind(m, &m->output_norm, "output_norm.weight", c->n_embd, 0, true))) goto fail_named;
+    if (!c->encoder && (st = bind(m, &m->output, "output.weight", c->n_embd, c->n_vocab, false))) goto fail_named;
     if (!m->output.data) m->output = m->tok_embd; /* tied embeddings */
-    if (m->output_norm.type != AG_TYPE_F32) {
+    if (!c->encoder && m->output_norm.type != AG_TYPE_F32) {
         st = ag_errorf(AG_ERR_UNSUPPORTED, "output_norm.weight must be F32");
         goto fail_named;
     }
-    m->weight_bytes = m->output.row_bytes * (uint64_t)c->n_vocab;
+    m->weight_bytes = c->encoder ? 0 : m->output.row_bytes * (uint64_t)c->n_vocab;
     m->output_rows = c->n_vocab;
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(m, l))) goto fail_named;
     if ((st = ag_backend_new(p->device, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
-    if (c->n_expert > 0 && !m->be->ops->moe) {
-        /* a backend without the moe op cannot run this model: --device
-         * auto takes the CPU instead, an explicit device is an error */
+    if ((c->n_expert > 0 && !m->be->ops->moe) || (c->encoder && !m->be->ops->layernorm)) {
+        /* a backend without the moe op (or, for an encoder, the layernorm
+         * op) cannot run this model: --device auto takes the CPU instead,
+         * an explicit device is an error */
+        const char *what = c->encoder ? "an embedding model" : "routed experts";
         if (p->device != AG_DEVICE_AUTO) {
-            st = ag_errorf(AG_ERR_UNSUPPORTED, "architecture '%s' (routed experts) is not supported on the %s backend yet; use --device cpu",
-                           c->arch_name, m->be->ops->name);
+            st = ag_errorf(AG_ERR_UNSUPPORTED, "architecture '%s' (%s) is not supported on the %s backend yet; use --device cpu",
+                           c->arch_name, what, m->be->ops->name);
             goto fail_named;
         }
-        AG_LOGW("%s: architecture '%s' (routed experts) is not supported on the %s backend yet; running on the CPU",
-                path, c->arch_name, m->be->ops->name);
+        AG_LOGW("%s: architecture '%s' (%s) is not supported on the %s backend yet; running on the CPU",
+                path, c->arch_name, what, m->be->ops->name);
         ag_backend_free(m->be);
         m->be = NULL;
         if ((st = ag_backend_new(AG_DEVICE_CPU, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
@@ -391,6 +487,7 @@ fail_named: {
 void ag_model_free(ag_model *m) {
     if (!m) return;
     if (m->be && m->act) m->be->ops->free(m->be, m->act);
+    ag_kv_free(m->enc_kv);
     ag_backend_free(m->be);
     ag_gguf_free(m->gguf);
     free(m->poison_saved);
@@ -965,6 +1062,9 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     const ag_backend_ops *op = be->ops;
     const int n = b->n;
     m->last_n_out = 0; /* (set again once this pass's rows are out) */
+    if (c->encoder)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "'%s' is an embedding model: it has no logits (use embeddings)",
+                         c->arch_name);
     if (n <= 0) return ag_errorf(AG_ERR_INVALID, "empty batch");
     for (int i = 0; i < n; i++) {
         if (b->token[i] < 0 || b->token[i] >= c->n_vocab)
@@ -1097,4 +1197,165 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
     }
     if (m->poison_rows) return poison_unread_rows(m, b, n_out, &ok, logits);
     return AG_OK;
+}
+
+/* ---- encoders ---- */
+
+bool ag_model_is_encoder(const ag_model *m) { return m && m->cfg.encoder; }
+
+/* ag_model_embed's KV: room for n tokens in n_seq sequences, each in
+ * blocks of its own; kept (grown) across calls. */
+static ag_status encoder_kv(ag_model *m, int n, int n_seq) {
+    if (m->enc_kv && n <= m->enc_kv_tokens && n_seq <= m->enc_kv_seqs) return AG_OK;
+    ag_kv_free(m->enc_kv);
+    m->enc_kv = NULL;
+    m->enc_kv_tokens = m->enc_kv_seqs = 0;
+    const ag_model_config *c = &m->cfg;
+    ag_kv_params           kp = ag_kv_default_params();
+    kp.n_layers = c->n_layer;
+    kp.n_kv_heads = c->n_head_kv;
+    kp.head_dim_k = c->head_dim_k;
+    kp.head_dim_v = c->head_dim_v;
+    kp.max_seqs = n_seq;
+    kp.mem = ag_model_kv_mem(m);
+    ag_kv_layout lay;
+    ag_status    st = ag_kv_layout_for(&kp, &lay, NULL);
+    if (st) return st;
+    /* every sequence may waste most of one block */
+    kp.budget_bytes = lay.block_bytes * ((size_t)n / (size_t)lay.block_size + (size_t)n_seq + 1);
+    if ((st = ag_kv_init(&kp, &m->enc_kv))) return st;
+    m->enc_kv_tokens = n;
+    m->enc_kv_seqs = n_seq;
+    return AG_OK;
+}
+
+/* The encoder layers over the batch (nomic-bert, as llama.cpp's BERT
+ * graph): x in (the embeddings after their LayerNorm), x out (the last
+ * hidden states). Per layer: attention over the whole sequence, then
+ * LayerNorm(x + attn), then LayerNorm(that + SwiGLU FFN(that)). */
+static ag_status run_encoder_layers(ag_model *m, ag_kv *kv, const ag_batch_layout *lay, const int32_t *pos,
+                                    const fwd_bufs *f) {
+    const ag_model_config *c = &m->cfg;
+    ag_backend            *be = m->be;
+    const ag_backend_ops  *op = be->ops;
+    const int              n = lay->n;
+    float *x = f->x, *h = f->h, *q = f->q, *k = f->k, *v = f->v, *att = f->att, *o = f->o;
+    ag_status st;
+#define TRY(call)                     \
+    do {                              \
+        if ((st = (call))) return st; \
+    } while (0)
+    for (int l = 0; l < c->n_layer; l++) {
+        const ag_layer_weights *w = &m->layers[l];
+        const ag_tensor *qkv_w[3] = {&w->wq, &w->wk, &w->wv};
+        float *const     qkv[3] = {q, k, v};
+        TRY(op->matmul_multi(be, qkv_w, 3, x, n, 0, qkv));
+        TRY(op->rope(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, pos, c->rope_base, c->rope_freq_scale,
+                     c->rope_neox));
+        TRY(op->rope(be, k, n, c->n_head_kv, c->head_dim_k, c->rope_dim, pos, c->rope_base, c->rope_freq_scale,
+                     c->rope_neox));
+        ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                               .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
+                               .scale = c->attn_scale, .bidirectional = c->bidirectional};
+        TRY(op->kv_store(be, kv, &shape, lay, k, v));
+        TRY(op->attention(be, kv, &shape, lay, q, att));
+        TRY(op->matmul(be, &w->wo, att, n, 0, o));
+        TRY(op->add(be, o, x, (size_t)n * c->n_embd));
+        TRY(op->layernorm(be, o, w->attn_out_norm.data, w->attn_out_norm_b.data, n, c->n_embd, c->norm_eps, h));
+        if (op->ffn) {
+            TRY(op->ffn(be, &w->ffn_gate, &w->ffn_up, &w->ffn_down, h, n, 0, false, f->gate, f->up, o));
+        } else {
+            const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
+            float *const     gu[2] = {f->gate, f->up};
+            TRY(op->matmul_multi(be, gu_w, 2, h, n, 0, gu));
+            TRY(op->silu_mul(be, f->gate, f->up, (size_t)n * c->n_ff));
+            TRY(op->matmul(be, &w->ffn_down, f->gate, n, 0, o));
+        }
+        TRY(op->add(be, o, h, (size_t)n * c->n_embd));
+        TRY(op->layernorm(be, o, w->layer_out_norm.data, w->layer_out_norm_b.data, n, c->n_embd, c->norm_eps, x));
+    }
+#undef TRY
+    return AG_OK;
+}
+
+ag_status ag_model_embed(ag_model *m, const int32_t *tok, const int32_t *start, int n_seq, float *out) {
+    const ag_model_config *c = &m->cfg;
+    if (!c->encoder)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "'%s' is a generative model, not an embedding model", c->arch_name);
+    if (n_seq < 1 || !start || start[0] != 0) return ag_errorf(AG_ERR_INVALID, "embed: no sequences");
+    for (int s = 0; s < n_seq; s++) {
+        const int len = start[s + 1] - start[s];
+        if (len < 1) return ag_errorf(AG_ERR_INVALID, "embed: sequence %d is empty", s);
+        if (len > c->n_ctx_train)
+            return ag_errorf(AG_ERR_INVALID, "embed: sequence %d has %d tokens, more than the model's context (%d)", s,
+                             len, c->n_ctx_train);
+    }
+    const int n = start[n_seq];
+    for (int i = 0; i < n; i++)
+        if (tok[i] < 0 || tok[i] >= c->n_vocab)
+            return ag_errorf(AG_ERR_INVALID, "token id %d out of range [0, %d)", tok[i], c->n_vocab);
+    ag_backend           *be = m->be;
+    const ag_backend_ops *op = be->ops;
+    ag_status             st = encoder_kv(m, n, n_seq);
+    if (st) return st;
+    int32_t *pos = malloc(sizeof(int32_t) * (size_t)n), *seq = malloc(sizeof(int32_t) * (size_t)n);
+    float   *hid = malloc(sizeof(float) * (size_t)n * c->n_embd);
+    int      n_live = 0;
+    if (!pos || !seq || !hid) {
+        st = ag_errorf(AG_ERR_NOMEM, "out of memory for a batch of %d tokens", n);
+        goto done;
+    }
+    for (int s = 0; s < n_seq; s++) {
+        int32_t id;
+        if ((st = ag_kv_seq_new(m->enc_kv, &id))) goto done;
+        n_live++;
+        if ((st = ag_kv_seq_reserve(m->enc_kv, id, start[s + 1] - start[s]))) goto done;
+        for (int i = start[s]; i < start[s + 1]; i++) pos[i] = i - start[s], seq[i] = id;
+    }
+    fwd_bufs f;
+    if ((st = fwd_buffers(m, n, 0, &f))) goto done;
+    ag_batch_layout lay = {.n = n, .pos = pos, .seq = seq, .n_decode = 0};
+    if (op->begin && (st = op->begin(be, m->enc_kv, &lay, tok))) goto done;
+    if ((st = op->get_rows(be, &m->tok_embd, tok, n, f.x))) goto done;
+    /* token type 0 ("sentence A") for every token, as llama.cpp */
+    if (m->type_embd.data && (st = op->add_bias(be, f.x, m->type_embd.data, n, c->n_embd))) goto done;
+    if ((st = op->layernorm(be, f.x, m->tok_norm.data, m->tok_norm_b.data, n, c->n_embd, c->norm_eps, f.x)))
+        goto done;
+    if ((st = run_encoder_layers(m, m->enc_kv, &lay, pos, &f))) goto done;
+    if ((st = op->download(be, hid, f.x, sizeof(float) * (size_t)n * c->n_embd))) goto done;
+    for (int s = 0; s < n_seq; s++) {
+        float       *e = out + (size_t)s * c->n_embd;
+        const int    r0 = start[s], r1 = start[s + 1];
+        const int    a = c->pooling == AG_POOL_CLS ? r0 : c->pooling == AG_POOL_LAST ? r1 - 1 : r0;
+        const int    b = c->pooling == AG_POOL_MEAN ? r1 : a + 1;
+        for (int j = 0; j < c->n_embd; j++) {
+            double sum = 0;
+            for (int r = a; r < b; r++) sum += hid[(size_t)r * c->n_embd + j];
+            e[j] = (float)(sum / (b - a));
+        }
+        double ss = 0;
+        for (int j = 0; j < c->n_embd; j++) ss += (double)e[j] * e[j];
+        const float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
+        for (int j = 0; j < c->n_embd; j++) e[j] *= inv;
+    }
+done:
+    for (int s = 0; s < n_live; s++) ag_kv_seq_free(m->enc_kv, s);
+    free(pos);
+    free(seq);
+    free(hid);
+    return st;
+}
+
+void ag_embed_truncate(const float *in, int n_embd, int dims, float *out) {
+    if (dims >= n_embd) {
+        if (out != in) memmove(out, in, sizeof(float) * (size_t)n_embd);
+        return;
+    }
+    double mean = 0;
+    for (int j = 0; j < n_embd; j++) mean += in[j];
+    mean /= n_embd;
+    double ss = 0;
+    for (int j = 0; j < dims; j++) ss += (in[j] - mean) * (in[j] - mean);
+    const double inv = ss > 0 ? 1.0 / sqrt(ss) : 0.0;
+    for (int j = 0; j < dims; j++) out[j] = (float)((in[j] - mean) * inv);
 }

@@ -5,7 +5,10 @@
  * bias), qwen3 (per-head q/k RMSNorm, no QKV bias), qwen3moe (qwen3's
  * attention, routed experts instead of the dense feed-forward), gemma3
  * (sliding-window + global layers with their own RoPE bases, QK-norm, pre-
- * and post-norms, GELU, scaled embeddings). Each is one entry of model.c's
+ * and post-norms, GELU, scaled embeddings), and one encoder: nomic-bert
+ * (nomic-embed-text: BERT post-LayerNorm layers with bias, fused QKV, RoPE,
+ * SwiGLU, bidirectional attention), an embedding model that runs through
+ * ag_model_embed only. Each is one entry of model.c's
  * architecture table. Anything else is a clear AG_ERR_UNSUPPORTED at load.
  *
  * Threading: an ag_model is immutable after load except for its per-step
@@ -23,7 +26,7 @@
 #include "gguf/gguf.h"
 #include "kv/kv.h" /* ag_model_kv_params */
 
-typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3, AG_ARCH_QWEN3, AG_ARCH_QWEN3MOE } ag_arch;
+typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3, AG_ARCH_QWEN3, AG_ARCH_QWEN3MOE, AG_ARCH_NOMIC_BERT } ag_arch;
 
 #define AG_MAX_LAYERS 256
 #define AG_MAX_EXPERTS AG_MOE_MAX_EXPERTS
@@ -49,7 +52,17 @@ typedef struct {
     int     n_expert, n_expert_used, n_ff_exp;
     bool    expert_weights_norm; /* the chosen experts' weights divided by their sum */
     float   expert_weights_scale; /* then multiplied by this (1: none) */
+    /* Encoders (embedding models): no logits; ag_model_embed instead of
+     * ag_model_forward */
+    bool    encoder;
+    bool    bidirectional;     /* attention.causal = false */
+    int     pooling;           /* AG_POOL_*: how token states become one vector */
+    float   norm_eps;          /* LayerNorm epsilon (attention.layer_norm_epsilon) */
 } ag_model_config;
+
+/* Pooling of an encoder's last hidden states (llama.cpp's pooling_type
+ * values: the GGUF key <arch>.pooling_type). */
+enum { AG_POOL_NONE = 0, AG_POOL_MEAN = 1, AG_POOL_CLS = 2, AG_POOL_LAST = 3 };
 
 typedef struct {
     ag_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, q_norm, k_norm, post_attn_norm;
@@ -57,6 +70,9 @@ typedef struct {
     /* routed experts: the router [n_expert][n_embd] and the experts'
      * matrices, ne[2] = n_expert (see ag_moe_weights) */
     ag_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+    /* encoders (nomic-bert): the fused QKV matrix (wq, wk, wv are views of
+     * its row ranges), and the post-LayerNorms with their biases */
+    ag_tensor wqkv, attn_out_norm, attn_out_norm_b, layer_out_norm, layer_out_norm_b;
 } ag_layer_weights;
 
 typedef struct ag_model ag_model;
@@ -146,6 +162,28 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
  * ag_kv_layout_for (a geometry or dtype the pool cannot hold). */
 ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs, int n_pos, ag_kv_params *kp,
                              ag_kv_layout *lay);
+
+/* Whether the model is an encoder (an embedding model): it has no logits,
+ * ag_model_forward refuses it, and ag_model_embed runs it. */
+bool ag_model_is_encoder(const ag_model *m);
+
+/* Embeds n_seq token sequences in one forward pass: sequence s is
+ * tok[start[s] .. start[s + 1]) (start[0] = 0; each 1 .. n_ctx_train
+ * tokens, the special tokens already added). Each sequence attends only to
+ * itself. out[n_seq][n_embd] (caller-allocated) receives each sequence's
+ * pooled vector (the model's pooling: mean, CLS or last token), L2-
+ * normalized. Uses the model's own scratch and KV (grown to the largest call),
+ * so calls must come from one thread at a time, as ag_model_forward's.
+ * Errors: AG_ERR_UNSUPPORTED for a decoder, AG_ERR_INVALID for bad ids or
+ * lengths, AG_ERR_NOMEM. */
+ag_status ag_model_embed(ag_model *m, const int32_t *tok, const int32_t *start, int n_seq, float *out);
+
+/* A Matryoshka truncation of one of ag_model_embed's vectors to its first
+ * `dims` of n_embd dimensions (1 <= dims <= n_embd), as nomic-embed's model
+ * card does it: LayerNorm without gain over all n_embd (centering; the
+ * scale goes with the normalization), then the first dims values,
+ * L2-normalized. dims == n_embd copies the vector unchanged. out may alias in. */
+void ag_embed_truncate(const float *in, int n_embd, int dims, float *out);
 
 /* Output-matrix rows beyond ag_model_set_output_rows' prefix that a pass
  * computes too (ag_batch.head_extra): ids[n] (each past the prefix) and

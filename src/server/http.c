@@ -15,6 +15,7 @@
 #include "base/log.h"
 #include "server/anthropic.h"
 #include "server/conns.h"
+#include "server/embeddings.h"
 #include "server/gen.h"
 #include "server/job.h"
 #include "server/openai.h"
@@ -113,7 +114,7 @@ static enum MHD_Result send_resp(ag_server *s, struct MHD_Connection *c, const c
 
 typedef enum {
     R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_TOKENIZE, R_DETOKENIZE, R_MESSAGES, R_COUNT_TOKENS,
-    R_RESPONSES, R_RESPONSE_ID
+    R_RESPONSES, R_RESPONSE_ID, R_EMBEDDINGS
 } route_id;
 
 static const struct {
@@ -133,6 +134,7 @@ static const struct {
     {"/v1/messages/count_tokens", R_COUNT_TOKENS, true, true},
     {"/v1/responses", R_RESPONSES, true, true},
     {"/v1/responses/", R_RESPONSE_ID, false, true}, /* + id: GET and DELETE */
+    {"/v1/embeddings", R_EMBEDDINGS, true, true},
 };
 
 /* Constant-time comparison of a presented key with ours. */
@@ -278,7 +280,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         srv_error(&r, 503, "server_error", NULL, "shutting_down", "the server is shutting down");
         return send_resp(s, c, method, url, &r, NULL);
     }
-    switch (routes[found].id) {
+    const route_id rid = routes[found].id;
+    if ((rid == R_CHAT || rid == R_COMPLETIONS || rid == R_MESSAGES || rid == R_RESPONSES) &&
+        ag_model_is_encoder(s->model)) {
+        srv_error(&r, 400, "invalid_request_error", "model", "model_not_supported",
+                  "'%s' is an embedding model: it cannot generate text (use /v1/embeddings)", s->model_id);
+        return send_resp(s, c, method, url, &r, NULL);
+    }
+    switch (rid) {
+    case R_EMBEDDINGS: srv_route_embeddings(&rq, &r); break;
     case R_CHAT: srv_route_chat(&rq, &r); break;
     case R_COMPLETIONS: srv_route_completions(&rq, &r); break;
     case R_MESSAGES: srv_route_messages(&rq, &r); break;

@@ -409,7 +409,7 @@ static ag_status piece_of(const ag_tok *tok, int32_t id, ag_buf *out) {
     if (e->attr & (AG_TOK_ATTR_UNKNOWN | AG_TOK_ATTR_CONTROL | AG_TOK_ATTR_USER_DEFINED))
         return ag_buf_append(out, s, e->len);
     if (e->attr & AG_TOK_ATTR_NORMAL) {
-        if (tok->kind == TOK_SPM || tok->escape_ws) {
+        if (tok->kind == TOK_SPM || tok->kind == TOK_WPM || tok->escape_ws) {
             for (uint32_t i = 0; i < e->len; i++) {
                 ag_status st;
                 if (i + 2 < e->len && !memcmp(s + i, "\xE2\x96\x81", 3)) {
@@ -578,8 +578,20 @@ ag_status ag_tok_new(const ag_tok_spec *spec, ag_tok **out) {
         tok->add_bos = pre_flags & PRE_ADD_BOS;
         tok->escape_ws = pre_flags & PRE_ESCAPE_WS;
         if (pre_flags & PRE_NO_BOS) tok->bos = -1;
+    } else if (!strcmp(spec->model, "bert")) {
+        /* WordPiece (llama.cpp's WPM defaults): [CLS] text [SEP] */
+        tok->kind = TOK_WPM;
+        tok->bos = 101;
+        tok->unk = 100;
+        tok->sep = 102;
+        tok->pad = 0;
+        tok->mask = 103;
+        tok->add_bos = true;
+        tok->add_sep = true;
+        tok->pre = strdup("default");
     } else {
-        st = ag_errorf(AG_ERR_UNSUPPORTED, "tokenizer type '%s' is not supported (only llama/SPM and gpt2/BPE)",
+        st = ag_errorf(AG_ERR_UNSUPPORTED,
+                       "tokenizer type '%s' is not supported (only llama/SPM, gpt2/BPE and bert/WordPiece)",
                        spec->model);
         goto fail;
     }
@@ -661,6 +673,13 @@ ag_status ag_tok_new(const ag_tok_spec *spec, ag_tok **out) {
         goto fail;
     }
     if ((st = collect_special(tok))) goto fail;
+    for (int32_t i = 0; i < tok->n_vocab; i++)
+        if (tok->entries[i].len > tok->max_tok_len) tok->max_tok_len = tok->entries[i].len;
+    if (tok->kind == TOK_WPM && (tok->unk < 0 || tok->unk >= tok->n_vocab)) {
+        st = ag_errorf(AG_ERR_FORMAT, "tokenizer: a WordPiece vocabulary needs an unknown token");
+        goto fail;
+    }
+    if (tok->kind == TOK_WPM && (tok->sep < 0 || tok->sep >= tok->n_vocab)) tok->add_sep = false;
 
     if ((st = build_pieces(tok))) goto fail; /* before the strip attributes, as llama.cpp */
     model_quirks(tok, spec);
@@ -810,9 +829,9 @@ ag_status ag_tok_from_gguf_pre(const ag_gguf *g, const char *pre_override, ag_to
     }
     spec.name = name;
 
-    if (strcmp(model, "llama") && strcmp(model, "gpt2"))
-        return ag_errorf(AG_ERR_UNSUPPORTED, "tokenizer type '%s' is not supported (only llama/SPM and gpt2/BPE)",
-                         model);
+    if (strcmp(model, "llama") && strcmp(model, "gpt2") && strcmp(model, "bert"))
+        return ag_errorf(AG_ERR_UNSUPPORTED,
+                         "tokenizer type '%s' is not supported (only llama/SPM, gpt2/BPE and bert/WordPiece)", model);
 
     const char **texts = NULL, **mtexts = NULL;
     uint32_t    *lens = NULL, *mlens = NULL;

@@ -7,6 +7,7 @@
  * concurrent calls on one ag_tok do not interact. */
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
 #include "tok/tok_internal.h"
 
@@ -423,6 +424,91 @@ static ag_status bpe_frag_cb(enc_ctx *c, const char *raw, size_t len, bool after
     return bpe_fragment(c, raw, len);
 }
 
+/* ---- WordPiece (BERT), as llama.cpp's WPM tokenizer ---- */
+
+static bool wpm_cjk(uint32_t c) {
+    return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
+           (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B920 && c <= 0x2CEAF) ||
+           (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+/* One word (already lower-cased, accents dropped), U+2581-prefixed as the
+ * GGUF vocabulary spells word starts: greedy longest match from the left,
+ * byte by byte; a word with an unmatched rest becomes [UNK] as a whole. */
+static ag_status wpm_word(enc_ctx *c, const char *w, size_t n) {
+    const ag_tok *tok = c->tok;
+    const size_t  n0 = c->out->n;
+    for (size_t i = 0; i < n;) {
+        size_t j = n < i + tok->max_tok_len ? n : i + tok->max_tok_len;
+        int32_t id = -1;
+        for (; j > i; j--) {
+            id = tok_lookup(tok, w + i, j - i);
+            if (id >= 0 && id < tok->n_vocab) break;
+            id = -1;
+        }
+        if (id < 0) { /* discard the word's tokens */
+            c->out->n = n0;
+            break;
+        }
+        ag_status st = ids_push(c->out, id);
+        if (st) return st;
+        i = j;
+    }
+    return c->out->n == n0 ? ids_push(c->out, tok->unk) : AG_OK;
+}
+
+/* Splits the fragment into words: each code point mapped to the first code
+ * point of its canonical decomposition (llama.cpp's one-to-one "NFD", which
+ * drops accents) and lower-cased; whitespace separates words; NUL, U+FFFD
+ * and control characters are dropped; punctuation, ASCII symbols and CJK
+ * ideographs are words of their own. */
+static ag_status wpm_fragment(enc_ctx *c, const char *raw, size_t len, bool after_special) {
+    (void)after_special;
+    const uint16_t      *table = tok_cpt_table();
+    const unsigned char *t = (const unsigned char *)raw;
+    char                *w = malloc(len * 4 + 8); /* a word: "\u2581" + at most 4 bytes per input byte */
+    if (!w) return ag_errorf(AG_ERR_NOMEM, "out of memory tokenizing");
+    size_t    wn = 0;
+    ag_status st = AG_OK;
+#define FLUSH()                                             \
+    do {                                                    \
+        if (wn && (st = wpm_word(c, w, wn + 3))) goto done; \
+        wn = 0;                                             \
+    } while (0)
+    memcpy(w, "\xE2\x96\x81", 3);
+    for (size_t p = 0; p < len;) {
+        uint32_t cp;
+        p += tok_utf8_decode(t + p, len - p, &cp);
+        utf8proc_int32_t d[8];
+        int              last = 0;
+        if (cp < CPT_MAX && utf8proc_decompose_char((utf8proc_int32_t)cp, d, 8, UTF8PROC_DECOMPOSE, &last) >= 1)
+            cp = (uint32_t)d[0];
+        const uint16_t f = tok_cpt_flags(table, cp);
+        if (f & CPT_SPACE) {
+            FLUSH();
+            continue;
+        }
+        if (cp == 0 || cp == 0xFFFD || (f & CPT_CONTROL)) continue;
+        const uint32_t lc = cp < CPT_MAX ? (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp) : cp;
+        char           u[4];
+        const size_t   ul = tok_utf8_encode(lc, u);
+        if ((f & CPT_PUNCT) || (cp < 0x7F && (f & CPT_SYMBOL)) || wpm_cjk(cp)) {
+            FLUSH();
+            memcpy(w + 3, u, ul);
+            wn = ul;
+            FLUSH();
+        } else {
+            memcpy(w + 3 + wn, u, ul);
+            wn += ul;
+        }
+    }
+    FLUSH();
+#undef FLUSH
+done:
+    free(w);
+    return st;
+}
+
 static ag_status partition(enc_ctx *c, const char *text, size_t len, bool parse_special, frag_fn fn) {
     const ag_tok        *tok = c->tok;
     const unsigned char *t = (const unsigned char *)text;
@@ -534,8 +620,11 @@ ag_status ag_tok_encode_append(const ag_tok *tok, const char *text, size_t len, 
     enc_ctx   c = {.tok = tok, .out = out};
     ag_status st = AG_OK;
     if (add_special && tok->add_bos) st = ids_push(out, tok->bos);
-    if (!st && len) st = partition(&c, text, len, parse_special, tok->kind == TOK_SPM ? spm_frag_cb : bpe_frag_cb);
+    if (!st && len)
+        st = partition(&c, text, len, parse_special,
+                       tok->kind == TOK_SPM ? spm_frag_cb : tok->kind == TOK_WPM ? wpm_fragment : bpe_frag_cb);
     if (!st && add_special && tok->add_eos) st = ids_push(out, tok->eos);
+    if (!st && add_special && tok->add_sep) st = ids_push(out, tok->sep);
     enc_free(&c);
     if (st) out->n = n0;
     return st;

@@ -98,7 +98,7 @@ ag_status tok_pretok_split(const tok_pretok *p, const uint32_t *cps, const uint1
                            tok_split_scratch *s, const tok_spans **words);
 
 /* ---- the tokenizer ---- */
-typedef enum { TOK_SPM, TOK_BPE } tok_kind;
+typedef enum { TOK_SPM, TOK_BPE, TOK_WPM } tok_kind;
 
 typedef struct {
     uint32_t off, len; /* text in blob */
@@ -132,6 +132,8 @@ struct ag_tok {
     /* SPM */
     int32_t spm_byte_tok[256];    /* <0xNN> (or the 1-byte token), -1 if none */
     /* flags */
+    bool add_sep;         /* WordPiece: SEP after the text when adding specials */
+    uint32_t max_tok_len; /* WordPiece: the longest token, in bytes */
     bool add_bos, add_eos, add_space_prefix, remove_extra_ws, clean_spaces, ignore_merges,
         escape_ws;
     int32_t bos, eos, eot, eom, unk, sep, pad, mask, nl;

@@ -440,19 +440,19 @@ def test_cli_errors():
 
 
 def test_cli_unsupported_tokenizer_is_a_clear_error(tmp_path):
-    """A GGUF whose tokenizer is not llama/gpt2 (here: bert) fails with one line."""
+    """A GGUF whose tokenizer is not llama/gpt2/bert (here: t5) fails with one line."""
     from gguf import GGUFWriter
 
-    path = tmp_path / "bert.gguf"
-    w = GGUFWriter(str(path), "bert")
-    w.add_tokenizer_model("bert")
+    path = tmp_path / "t5.gguf"
+    w = GGUFWriter(str(path), "t5")
+    w.add_tokenizer_model("t5")
     w.add_token_list(["[PAD]", "[UNK]", "hello"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
     p = run_augur("tokenize", "-m", str(path), "hello")
-    assert p.returncode == 1 and b"'bert' is not supported" in p.stderr
+    assert p.returncode == 1 and b"'t5' is not supported" in p.stderr
 
 
 def test_cli_unknown_pre_tokenizer_is_a_clear_error(tmp_path):

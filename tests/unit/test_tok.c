@@ -316,6 +316,38 @@ static void pre_tokenizer_splits(void **state) {
     SPLIT("gpt-2", "caf\xC3\xA9\xE3\x80\x80x", "caf\xC3\xA9", "\xE3\x80\x80", "x");
 }
 
+
+/* WordPiece (bert): [CLS] words [SEP]; word starts spelled with U+2581 as in
+ * GGUF vocabularies; lower-cased, accents dropped, punctuation and CJK split
+ * off, greedy longest match, a word with an unmatched rest is [UNK]. */
+static void wordpiece_encode(void **state) {
+    const char *t[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "\xE2\x96\x81hello", "\xE2\x96\x81world", "\xE2\x96\x81un",
+                       "aff", "able", "\xE2\x96\x81,", "\xE2\x96\x81!", "\xE2\x96\x81" "cafe", "\xE2\x96\x81\xE6\x97\xA5", "\xE2\x96\x81x"};
+    enum { N = sizeof t / sizeof t[0] };
+    uint32_t l[N];
+    int32_t  ty[N];
+    for (int i = 0; i < N; i++) l[i] = (uint32_t)strlen(t[i]), ty[i] = i < 4 ? AG_TOK_TYPE_CONTROL : AG_TOK_TYPE_NORMAL;
+    ag_tok_spec s;
+    ag_tok_spec_init(&s);
+    s.model = "bert";
+    s.n_tokens = N;
+    s.token_text = t;
+    s.token_len = l;
+    s.types = ty;
+    s.bos = 2, s.unk = 1, s.sep = 3, s.pad = 0;
+    ag_tok *tok = NULL;
+    assert_int_equal(ag_tok_new(&s, &tok), AG_OK);
+    int32_t *ids;
+    size_t   n;
+    const char *text = "Hello,  WORLD! unaffable Caf\xC3\xA9\xE6\x97\xA5xyz [SEP]";
+    assert_int_equal(ag_tok_encode(tok, text, strlen(text), true, true, &ids, &n), AG_OK);
+    const int32_t want[] = {2, 4, 9, 5, 10, 6, 7, 8, 11, 12, 1, 3, 3};
+    assert_int_equal(n, sizeof want / sizeof want[0]);
+    assert_memory_equal(ids, want, sizeof want);
+    free(ids);
+    ag_tok_free(tok);
+}
+
 static void unknown_pre_and_model_are_errors(void **state) {
     ag_tok_spec s;
     ag_tok_spec_init(&s);
@@ -329,8 +361,8 @@ static void unknown_pre_and_model_are_errors(void **state) {
     s.pre = "no-such-pre";
     assert_int_equal(ag_tok_new(&s, &tok), AG_ERR_UNSUPPORTED);
     assert_non_null(strstr(ag_error_message(), "no-such-pre"));
-    s.model = "bert";
-    assert_int_equal(ag_tok_new(&s, &tok), AG_ERR_UNSUPPORTED);
+    s.model = "bert"; /* WordPiece without an [UNK] token */
+    assert_int_equal(ag_tok_new(&s, &tok), AG_ERR_FORMAT);
     s.model = "t5";
     assert_int_equal(ag_tok_new(&s, &tok), AG_ERR_UNSUPPORTED);
     assert_null(tok);
@@ -700,6 +732,7 @@ int main(void) {
         cmocka_unit_test(clean_spaces_decode),
         cmocka_unit_test(pre_tokenizer_splits),
         cmocka_unit_test(unknown_pre_and_model_are_errors),
+        cmocka_unit_test(wordpiece_encode),
         cmocka_unit_test(unicode_classes_and_lenient_utf8),
         cmocka_unit_test(detok_holds_partial_utf8),
         cmocka_unit_test(detok_stream_equals_decode),

@@ -486,9 +486,13 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     const int32_t *table = ag_kv_seq_blocks(kv, b->seq[t0], &n_blocks);
 
     /* the visible range [lo_t, pos_t] of each row, and their union [lo_min, pos_max] */
-    int lo[AG_ATTN_MAX_ROWS], lo_min = INT32_MAX, pos_max = 0, stride = 0;
+    int lo[AG_ATTN_MAX_ROWS], hi[AG_ATTN_MAX_ROWS], lo_min = INT32_MAX, pos_max = 0, stride = 0;
+    int seq_end = 0; /* bidirectional: the sequence's last position in the batch */
+    for (int t = 0; s->bidirectional && t < b->n; t++)
+        if (b->seq[t] == b->seq[t0] && b->pos[t] > seq_end) seq_end = b->pos[t];
     for (int i = 0; i < nt; i++) {
-        const int pos = b->pos[t0 + i];
+        const int pos = s->bidirectional ? seq_end : b->pos[t0 + i];
+        hi[i] = pos;
         lo[i] = s->window > 0 && pos - s->window + 1 > 0 ? pos - s->window + 1 : 0;
         lo_min = lo[i] < lo_min ? lo[i] : lo_min;
         pos_max = pos > pos_max ? pos : pos_max;
@@ -515,7 +519,7 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
         const uint16_t *K16 = (const uint16_t *)kb;
         for (int i = 0; i < nt; i++) {
             int j0, j1;
-            block_span(bi * bs, bs, lo[i], b->pos[t0 + i], &j0, &j1);
+            block_span(bi * bs, bs, lo[i], hi[i], &j0, &j1);
 #if defined(__x86_64__)
             if (wide) /* the row's query heads 4 at a time against 4 positions at a time */
                 for (int h0 = 0; h0 < group; h0 += 4) {
@@ -566,7 +570,7 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     /* softmax per (row, head); the weights rounded to fp16 as the reference does */
     for (int i = 0; i < nt; i++)
         for (int h = 0; h < group; h++) {
-            const int n_pos = b->pos[t0 + i] - lo[i] + 1;
+            const int n_pos = hi[i] - lo[i] + 1;
             float *row = sc + ((size_t)i * group + h) * stride;
             float mx = -INFINITY;
 #if defined(__x86_64__)
@@ -599,7 +603,7 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
         const uint16_t *V16 = (const uint16_t *)vb;
         for (int i = 0; i < nt; i++) {
             int j0, j1;
-            block_span(bi * bs, bs, lo[i], b->pos[t0 + i], &j0, &j1);
+            block_span(bi * bs, bs, lo[i], hi[i], &j0, &j1);
 #if defined(__x86_64__)
             if (wide && j1 > j0) /* 4 query heads a pass over the block's V rows */
                 for (int h0 = 0; h0 < group; h0 += 4)

@@ -160,6 +160,12 @@ static ag_status cpu_rmsnorm(ag_backend *be, const float *x, const float *w, int
     return AG_OK;
 }
 
+static ag_status cpu_layernorm(ag_backend *be, const float *x, const float *w, const float *b, int n, int dim,
+                               float eps, float *out) {
+    ag_cpu_layernorm(x, w, b, n, dim, eps, out);
+    return AG_OK;
+}
+
 static ag_status cpu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
                      float base, float freq_scale, bool neox) {
     ag_cpu_rope(x, n, n_head, head_dim, rope_dim, pos, base, freq_scale, neox);
@@ -391,6 +397,7 @@ static const ag_backend_ops cpu_ops = {
     .matmul_multi = cpu_matmul_multi,
     .get_rows = cpu_get_rows,
     .rmsnorm = cpu_rmsnorm,
+    .layernorm = cpu_layernorm,
     .rope = cpu_rope,
     .add_bias = cpu_add_bias,
     .add = cpu_add,

@@ -24,6 +24,25 @@ void ag_cpu_rmsnorm(const float *x, const float *w, int n, int dim, float eps, f
     }
 }
 
+void ag_cpu_layernorm(const float *x, const float *w, const float *b, int n, int dim, float eps, float *out) {
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + (size_t)r * dim;
+        float       *o = out + (size_t)r * dim;
+        double       sum = 0;
+        for (int i = 0; i < dim; i++) sum += xr[i];
+        const float mean = (float)(sum / dim);
+        double      ss = 0;
+        for (int i = 0; i < dim; i++) ss += (double)(xr[i] - mean) * (xr[i] - mean);
+        const float s = (float)(1.0 / sqrt(ss / dim + eps));
+        for (int i = 0; i < dim; i++) {
+            float v = (xr[i] - mean) * s;
+            if (w) v *= w[i];
+            if (b) v += b[i];
+            o[i] = v;
+        }
+    }
+}
+
 void ag_cpu_rope(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
                  float freq_scale, bool neox) {
     const int half = rope_dim / 2;

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 void ag_cpu_rmsnorm(const float *x, const float *w, int n, int dim, float eps, float *out);
+void ag_cpu_layernorm(const float *x, const float *w, const float *b, int n, int dim, float eps, float *out);
 void ag_cpu_rope(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
                  float freq_scale, bool neox);
 void ag_cpu_add_bias(float *x, const float *b, int n, int dim);
