@@ -5,7 +5,8 @@
 #   scripts/setup.sh             system packages + Python test deps + the default model
 #   scripts/setup.sh --test      ... + the models the default test run uses (the default
 #                                model, Gemma 3 270M and Qwen2.5 0.5B: their tokenizers,
-#                                templates and metadata are tested against references)
+#                                templates and metadata are tested against references;
+#                                nomic-embed-text-v1.5: the embeddings against llama.cpp's)
 #   scripts/setup.sh --no-model  skip the model download
 #   scripts/setup.sh --webui     ... + Debian's Chromium, Playwright and markdown-it-py for the
 #                                chat page's browser test (make test-webui); Playwright drives
@@ -59,7 +60,7 @@ case "${1:-}" in
     apt_install "${WEBUI_APT_PACKAGES[@]}"
     pip_install "playwright, markdown_it" "${WEBUI_PY_PACKAGES[@]}"
     $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2} ;;
-  --test) $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2 gemma3 qwen-0.5b} ;;
+  --test) $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2 gemma3 qwen-0.5b nomic-embed} ;;
   *) $PY scripts/fetch_models.py ${AUGUR_MODELS:-smollm2} ;;
 esac
 echo "setup: done"
