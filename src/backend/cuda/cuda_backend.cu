@@ -25,445 +25,16 @@
  *
  * Every CUDA call goes through CUDA_TRY (file:line, the call, the error
  * string) and becomes an ag_status; nothing aborts. Ops are issued on one
- * stream; download and sync wait for it. */
-extern "C" {
-#include "backend/backend.h"
-#include "base/log.h"
-#include "kv/kv.h"
-}
-#include "backend/cuda/cuda_backend.h"
-
-#include <cublas_v2.h>
-#include <cfloat>
-#include <climits>
-#include <cuda_runtime.h>
-#include <limits.h>
-#include <math.h>
-#include <type_traits>
-#include <stdlib.h>
-#include <string.h>
-
-#include "backend/cuda/cuda_quant.cuh"
-
-/* ---- errors ---- */
-
-static ag_status cuda_fail(const char *file, int line, const char *what, cudaError_t e) {
-    return ag_errorf(e == cudaErrorMemoryAllocation ? AG_ERR_NOMEM : AG_ERR_IO, "CUDA error at %s:%d (%s): %s", file,
-                     line, what, cudaGetErrorString(e));
-}
-static ag_status blas_fail(const char *file, int line, const char *what, cublasStatus_t e) {
-    return ag_errorf(e == CUBLAS_STATUS_ALLOC_FAILED ? AG_ERR_NOMEM : AG_ERR_IO, "cuBLAS error at %s:%d (%s): status %d",
-                     file, line, what, (int)e);
-}
-#define CUDA_TRY(call)                                                            \
-    do {                                                                          \
-        cudaError_t e_ = (call);                                                  \
-        if (e_ != cudaSuccess) return cuda_fail(__FILE__, __LINE__, #call, e_);   \
-    } while (0)
-#define BLAS_TRY(call)                                                                     \
-    do {                                                                                   \
-        cublasStatus_t e_ = (call);                                                        \
-        if (e_ != CUBLAS_STATUS_SUCCESS) return blas_fail(__FILE__, __LINE__, #call, e_);  \
-    } while (0)
-/* after a kernel launch: a bad configuration shows here, a fault at the next sync */
-#define LAUNCHED() CUDA_TRY(cudaGetLastError())
-
-/* ---- programmatic dependent launch (PDL, Hopper) ----
+ * stream; download and sync wait for it.
  *
- * At batch 1 a decode step is ~300 dependent kernels, and each one's ramp
- * (launch, first loads) and drain left DRAM idle (ncu: small kernels ~40 us
- * a layer). With s->pdl_on (AUGUR_CUDA_PDL=0 turns it off), every kernel is
- * launched (launch_k) with programmatic stream serialization: the GPU may
- * start it while the kernel before it in the stream still runs. So every
- * kernel begins with pdl_entry(): griddepcontrol.wait blocks until the
- * previous grid has completed and its writes are visible; all reads of
- * activations and all writes come after it. Since every kernel waits for
- * its predecessor, completion is transitive along the stream, as without
- * PDL. launch_dependents then lets the next kernel start early in turn.
- * Weights never change during a pass, so a GEMV may read them before the
- * wait, overlapping that DRAM traffic with the previous kernel: the
- * K-quant GEMVs (mmqv, the fp32 ones) prefetch each warp's first loop
- * iteration into L2 (prefetch_l2), the tensor-core BF16 kernels
- * (mmt_slice) load their first steps' weights into registers. Which one
- * where was measured (8B, H200, batch 1, tok/s; Q4_K_M on the dp4a GEMVs
- * that mmqv replaced): Q4_K_M 306 with PDL alone, 314 with the prefetch, 309
- * with register loads instead (298 serial, AUGUR_CUDA_PDL=0, prefetching);
- * BF16 214 with PDL alone, 174 with the prefetch (many small bulk
- * prefetches per warp), 227 with register loads (211 serial). Without the attribute (or before sm_90) the two
- * griddepcontrol instructions are no-ops. */
-#ifndef PDL_PF_MUL /* (-D for tuning) the prefetch: this many first loop iterations of a warp's row; 0: none */
-#define PDL_PF_MUL 1
-#endif
+ * This file is the backend's core: the op table, memory, begin (the pass's
+ * host arrays), recorded passes (graphs) and lifetime. The kernels live
+ * one op family a file beside it (ops.cuh lists them and what each
+ * exports); common.cuh and state.cuh hold what they share. */
+#include "backend/cuda/ops.cuh"
 
-static __device__ __forceinline__ void pdl_entry() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-/* 16 bytes global -> shared, asynchronously; src_bytes 0: zeros */
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes) : "memory");
-}
-static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-/* Bytes [p, p + bytes) of a weight into L2, one bulk prefetch (the 16-byte
- * aligned inside of the range; nothing if that is empty). */
-static __device__ __forceinline__ void prefetch_l2(const void *p, size_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uintptr_t a = ((uintptr_t)p + 15) & ~(uintptr_t)15, e = ((uintptr_t)p + bytes) & ~(uintptr_t)15;
-    if (e > a) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(a), "r"((uint32_t)(e - a)) : "memory");
-#endif
-}
-
-/* ---- staged weight rows (s->stage_mode) ----
- *
- * An mmqv block's rows lie back to back in W, so one bulk copy (the TMA's
- * cp.async.bulk) brings all of them into shared memory, and it is issued
- * before the PDL wait. A warp then has its whole row in flight at once
- * instead of a few steps of blocks in registers, and the copy overlaps the
- * previous kernel's tail. The arithmetic is the same, lane for lane: the
- * bits do not change. Where it pays was measured on the dp4a GEMVs that
- * mmqv replaced, which staged the same way (H100, 8B Q4_K_M, batch 1,
- * tok/s, two rounds; ncu before: the GEMVs at 1.1-2.0 TB/s of 3.35, 76% of
- * the warps' time waiting on L1TEX loads): in the group launches (q/k/v,
- * gate/up) 320.9 / 319.5, against 301.7 / 302.6 unstaged and 299.2 / 299.4
- * with gate/up pairs alone (the earlier default); staged in every kernel
- * 301.5 / 300.2: the single weights (o, down, the output) lose as much,
- * long Q6_K rows most (46 KB a block: 4 blocks an SM, each waiting for all
- * its rows before any arithmetic). stage_rows: thread 0
- * sets up the block's barrier and issues the copy (bytes a multiple of 16,
- * both ends 16-byte aligned: mmv_stage_bytes checks); then every thread
- * must pass the block barrier before stage_wait. */
-template <bool ST, class T>
-static __device__ __forceinline__ T wld(const T *p) { /* a weight load: staged copy, or global through the read-only path */
-    if constexpr (ST) return *p;
-    else return __ldg(p);
-}
-static __device__ __forceinline__ void stage_rows(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (threadIdx.x == 0) {
-        const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar), d = (uint32_t)__cvta_generic_to_shared(dst);
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d),
-                     "l"(src), "r"(bytes), "r"(b)
-                     : "memory");
-    }
-    __syncthreads();
-#endif
-}
-static __device__ __forceinline__ void stage_wait(uint64_t *bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
-    uint32_t       done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(done)
-                     : "r"(b)
-                     : "memory");
-#endif
-}
-
-/* argmax_split_k: blocks per row */
-#define ARGMAX_SLICES 16
-
-/* the pick and cands ops' split grids: slices in one launch at most,
- * slices of a row at most, the fewest values a slice takes, and
- * pick_max_k's and pick_split_k's threads a block */
-#define SPLIT_BLOCKS       512
-#define SPLIT_MAX_SLICES   32
-#define SPLIT_MIN_SLICE    2048
-#define PICK_SPLIT_THREADS 256
-
-/* rope_kv_store: the widest rotary half it takes (head dims up to 256) */
-#define ROPE_MAX_HALF 128
-
-/* attention tiles of prompt rows: query rows per tile, positions per chunk */
-#define ATT_TQ 16
-#define FA_ROWS_MAX 3 /* row tiles a block of attention_fa1_k */
-#define BTILE_MAX 4   /* row tiles in the longest tiles begin lists (attention_wg_k's 64 rows) */
-#define ATT_TK 64
-
-/* ---- state ---- */
-
-/* Activation formats of decode rows (bit flags): int8 per 32 with scales
- * (quantize_q8_32), BF16 (f32_to_bf16). */
-enum { XR_Q8 = 1, XR_BF16 = 2, XR_PROMPT_BF16 = 4 }; /* XR_PROMPT_BF16: x's prompt rows as BF16 in d_xbf */
-
-typedef struct {
-    const void *host;
-    size_t      bytes;
-    void       *dev;
-} weight_copy;
-
-/* a recorded decode pass */
-typedef struct {
-    uint64_t        key;
-    const int32_t  *ints;
-    cudaGraphExec_t exec; /* NULL: recording this key failed; run it unrecorded */
-} graph_entry;
-
-typedef struct {
-    int            device;
-    int            sm_count;
-    cudaStream_t   stream;
-    cublasHandle_t blas;
-    weight_copy   *w; /* one device copy per distinct host tensor (tied embeddings share) */
-    size_t         n_w, cap_w;
-    size_t         weight_bytes;
-
-    /* the current forward pass (begin): device copies of its host arrays */
-    int            n;
-    const int32_t *h_tokens, *h_pos;
-    int32_t       *d_ints;    /* tokens[n] pos[n] slot[n] tok_table[n] tables[...] */
-    size_t         cap_ints;  /* int32 elements */
-    int32_t       *h_pinned;  /* staging for the upload */
-    size_t         cap_pinned;
-    int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
-    int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
-    /* [n_btiles[r] + 1]: the same runs in tiles of up to (r + 2) ATT_TQ rows
-     * (attention_fa1_k's blocks of r + 2 row tiles; attention_wg_k's 64 rows) */
-    int32_t       *d_btiles[BTILE_MAX - 1];
-    int            n_btiles[BTILE_MAX - 1];
-    int32_t       *d_draws; /* [3 n_out]: the pass's pick draws (begin) */
-    int32_t       *d_cand_reqs; /* [n_out]: the pass's cands requests, a word each (cands_req_word; begin) */
-    /* the pass's edits (begin; the edit op): a count, padding, then
-     * edit_rec records; staged in h_edits (pinned). A regrown d_edits
-     * drops the recorded passes. */
-    int32_t       *d_edits, *h_edits;
-    size_t         cap_edits, cap_h_edits; /* int32 elements */
-    /* the pass's masks (begin; the mask op): a flag per output row (1: it
-     * has a bitmap), then n_out bitmaps of allow_words words; staged in
-     * h_masks. A regrown d_masks drops the recorded passes. */
-    uint32_t      *d_masks, *h_masks;
-    size_t         cap_masks, cap_h_masks; /* words */
-    int            n_tiles;
-
-    /* prompt-row GEMM scratch: the weight and the activations in BF16, an
-     * F16 weight in FP32 */
-    __nv_bfloat16 *d_wbf, *d_xbf;
-    float         *d_wf;
-    size_t         cap_wbf, cap_xbf, cap_wf; /* elements */
-
-    ag_kv_mem kvmem;
-
-    /* decode rows' activations as int8 per 32 (quantize_q8_32) for the
-     * K-quant kernels (mmqv, mmq); sized in begin for n rows of the widest
-     * weight (max_k), so a recorded pass never regrows them */
-    int8_t *d_xq;
-    float2 *d_xs;
-    size_t  cap_xq, cap_xs; /* elements */
-    int     max_k;          /* largest ne[0] of a prepared K-quant weight */
-    /* mmv_dp4a: decode rows of Q4_K/Q6_K on int8 activations (uses_dp4a:
-     * up to MMQV_FEW rows a matmul mmqv, more mmq, both with mmq's bits)
-     * and of BF16 on mmt_bf16 (uses_mmt); AUGUR_CUDA_MMV=fp32: the fp32
-     * GEMVs for every type (an A/B switch) */
-    bool    mmv_dp4a;
-    /* fa_on: prompt-row attention over fp16 KV on the tensor cores
-     * (attention_mma_k) unless AUGUR_CUDA_FA=0 (the SIMT tile kernel): 8B
-     * BF16 prefill at 512 / 4096 tokens 9078 / 1895 tok/s -> 21969 / 8742. */
-    bool fa_on;
-    bool mmqv_smem_ready[2]; /* the staged mmqv<NT, true>'s dynamic shared memory opted in to 48 KB (NT 1, 2) */
-    bool fa_per_head; /* AUGUR_CUDA_FA=head: attention_mma_k (a block per query head) for every head dim (A/B) */
-    /* fa_one_pass: attention_fa1_k, the default; AUGUR_CUDA_FA=2pass:
-     * attention_fa_k. H200, 8B prefill at 512 / 4096 tokens, tok/s, two-pass
-     * -> one-pass: BF16 24730 / 14708 -> 29020 / 24564, Q4_K_M 16396 / 11287
-     * -> 18212 / 16398 (2026-12-05) */
-    bool fa_one_pass;
-    /* fa_wg: attention_wg_k (wgmma) for the prompt rows of head dims 64
-     * and 128, the default of sm_90a builds on a CC 9.0 device (AUGUR_CUDA_FA=1:
-     * attention_fa1_k there too) */
-    bool fa_wg;
-    bool rope_vec_on; /* rope_kv_store_vec_k where the shapes allow (AUGUR_CUDA_ROPE_VEC=0: the scalar kernel, A/B) */
-    int  wg_var; /* attention_wg_k's variants (WG_SKIP | WG_DEEP | WG_N128 | WG_PROD | WG_PING | WG_PIN; AUGUR_CUDA_WG_VAR, default WG_PROD | WG_DEEP) */
-    /* attention_fa1_k's row tiles (of ATT_TQ rows) a block, 1..FA_ROWS_MAX,
-     * as many as fit the register file (AUGUR_CUDA_FA_ROWS) */
-    int fa_rows;
-    bool group_on;     /* matmul_multi's BF16 decode rows in one launch (AUGUR_CUDA_GROUP=0: one per weight, for A/B) */
-    int  mmq_tile;     /* the K-quant decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMQ_TILE, mmq_for; 0: default) */
-    int  mmt_tile;     /* the BF16 decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMT_TILE, mmt_for; -1: by the batch) */
-    bool mmt_lean;     /* up to 8 rows at 16 warps a block: mmt_bf16_group_lean (AUGUR_CUDA_MMT_LEAN=0: off) */
-    bool mmt_staged_ready[3]; /* mmt_bf16_staged's shared-memory limit raised, by 4, 8 or 16 warps */
-    /* The prompt rows of a matmul's (or the feed-forward block's down)
-     * BF16 GEMM, held back (AUGUR_CUDA_DEFER bit 1, opt-in; written, not yet
-     * run on a GPU): when the next op is the residual add (add_rmsnorm or
-     * add) of exactly those rows, the GEMM adds into the residual stream
-     * itself (cuBLAS's beta = 1: x + acc, one rounding, as x + o; prompt
-     * rows only, so bits may move where cuBLAS picks another algorithm
-     * for beta 1, within the GPU-vs-CPU tolerances) and the
-     * norm reads x alone: at 4096 rows of an 8B, 128 MB less traffic per
-     * residual add (o written and read, x written by the norm, against x
-     * read by the GEMM). Every other op first launches it as it was
-     * (defer_flush, through the op table's flush_first wrappers), so no
-     * op ever sees y unwritten. The price, why it is opt-in: once a
-     * residual add took the GEMM in, y's prompt rows stay unwritten. The
-     * model never reads them (it writes o anew before reading it again);
-     * a caller that reads a matmul's output after adding it must not turn
-     * this on. */
-    int  defer_mode; /* AUGUR_CUDA_DEFER bits: 1 the GEMM above, 2 the norm's rows below (lazy) */
-    struct {
-        const __nv_bfloat16 *wb, *xbf; /* the operands as the GEMM would have read them */
-        int                  K, n_out, rows;
-        float               *y; /* its output rows (the pass's prompt rows) */
-    } defer;
-    /* With bit 2: a norm over the pass's rows whose prompt rows go to
-     * their BF16 copy (pp_x) leaves their F32 rows unwritten (64 MB a norm
-     * at 4096 rows of an 8B). The next op that reads h is meant to be the
-     * matmul_multi or ffn taking the BF16 copy (the model's order); it
-     * drops the record, and h's F32 prompt rows stay unwritten (the model
-     * never reads them). Any other op, or a GEMM path that reads F32 rows
-     * (lazy_need), first writes them (lazy_flush: the norm again over x's
-     * rows, which nothing changed since: the same bits). */
-    struct {
-        float       *out;     /* h's prompt rows, unwritten; NULL: none */
-        const float *x, *w;   /* the norm's input rows (after its add) and gain */
-        float        eps;
-        int          dim, rows;
-    } lazy;
-    bool mmv_split_on; /* mmqv's rows over several warps for few-row weights (mmqv_ws; AUGUR_CUDA_MMV_SPLIT=0: off, A/B) */
-    /* mmqv's rows staged in shared memory (stage_rows): 1 in group
-     * launches (the default), 2 in every launch, 0 none (AUGUR_CUDA_STAGE=0|1|2;
-     * why 1: see stage_rows) */
-    int stage_mode;
-    /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
-     * counters, for cap_am_rows rows (reserved in begin for the pass) */
-    bool    argmax_split; /* argmax_split_k (AUGUR_CUDA_ARGMAX_SPLIT=0: one block a row) */
-    float  *d_am_v;
-    int    *d_am_i, *d_am_cnt;
-    size_t  cap_am_rows;
-    /* the scratch of the pick and cands ops' split grids (few rows, each
-     * cut into slices of a block; split_slices), allocated with the
-     * backend for SPLIT_BLOCKS slices and SPLIT_BLOCKS / 2 rows (2 slices
-     * or more a row): cands_split_k's slices' best (AG_CANDS_MAX keys and
-     * ids each) and counts, a double a slice (cands_z_k's sums,
-     * pick_split_k's totals), pick_split_k's threads' sums
-     * (PICK_SPLIT_THREADS a slice), pick_max_k's maxima (a slice's, a
-     * row's), and a counter per row (zero between launches) */
-    bool      sample_split; /* AUGUR_CUDA_SAMPLE_SPLIT=0: one block a row at every batch size (A/B) */
-    uint32_t *d_cs_key;
-    int32_t  *d_cs_id;
-    int      *d_cs_nf, *d_split_cnt;
-    double   *d_split_sum, *d_sp_part;
-    float    *d_sp_slice_m, *d_sp_m;
-    /* matmul_multi's Q4_K/Q6_K weights' few decode rows in one mmqv launch
-     * (mmqv_group_len): 1 groups of up to MMQV_PARTS (the default), 2 only
-     * pairs (A/B), 0 none (AUGUR_CUDA_PAIR=0|2) */
-    int pair_mode;
-    bool fuse_on;     /* add_rmsnorm and rope_kv_store in one kernel each (the default; AUGUR_CUDA_FUSE=0: the
-                         separate ops' kernels, for A/B) */
-
-    /* Activations a producer op (rmsnorm, add_rmsnorm, silu_mul) of a pass
-     * with decode rows also left, while writing them, in the decode rows'
-     * formats (XR_*: d_xq/d_xs for the K-quant kernels, d_xh for mmt_bf16):
-     * the next matmul that reads prep_x skips its conversion kernel (2-3 us
-     * a launch at batch 1, three a layer). The same arithmetic as the
-     * conversion kernels, so the same bits. Forgotten when an op writes
-     * memory overlapping prep_x's rows, when a matmul converts other
-     * activations into those buffers, and at begin. prep_want: the formats
-     * the prepared weights read; AUGUR_CUDA_PREP=0: off (A/B). */
-    const float *prep_x;
-    int          prep_rows, prep_dim, prep_fmt, prep_want;
-    bool         prep_on;
-    /* where prep_x's BF16 rows are: d_xh, or (ffn_decode_glu's product,
-     * made while its input is read from d_xh) the other half of d_xh */
-    const __nv_bfloat16 *prep_h;
-    bool glu_on; /* ffn_decode_glu: gate/up and the SiLU or GELU product in one launch (AUGUR_CUDA_GLU=0: off, for A/B) */
-    bool         ffn16_on; /* cu_ffn's prompt rows in BF16 (AUGUR_CUDA_FFN16=0: off, for A/B) */
-    /* Prompt rows likewise: silu_mul, the rmsnorms over the pass's rows and
-     * the one-pass prompt attention leave the pass's prompt rows also as
-     * BF16 in d_xbf, which the next GEMM (down; q/k/v and gate/up; the
-     * output projection) reads instead of converting them (at 4096 rows the
-     * conversion read 235 MB of an 8B's F32 activations a layer).
-     * d_xbf[0..pp_elems) holds pp_x[0..pp_elems); used once, forgotten as
-     * prep_x is; AUGUR_CUDA_PREP=0 turns it off too. */
-    const float   *pp_x;
-    size_t         pp_elems;
-    __nv_bfloat16 *pp_xbf_now; /* where the current matmul_multi's x sits as BF16 (in d_xbf) */
-    int          pass_n_decode; /* the pass's decode rows (begin) */
-
-    /* rope_kv_store's angles for the pass's rows: (cos, sin) per row and
-     * pair for up to two (base, freq_scale, rope_dim) sets (Gemma 3's local
-     * and global layers), made by the pass's first layer of each set
-     * (rope_table_k: the double-precision pow/cos/sin once per pass instead
-     * of once per layer) and read by the later ones; forgotten at begin.
-     * Sized in begin: 2 sets x n rows x ROPE_MAX_HALF. */
-    float2 *d_rope;
-    size_t  cap_rope; /* float2 elements */
-    struct {
-        float base, freq_scale;
-        int   dim;
-    } rope_set[2];
-    int n_rope_sets;
-
-    /* split-K decode attention (the default; AUGUR_CUDA_SPLITK=0: one block
-     * per row and head): each split's (m, l) and unnormalized V sums, and a
-     * counter per (row, head) for the last split to combine them; sized in
-     * begin from max_att_out (the widest attn_output weight's ne[0] =
-     * n_head * hd_v). att_splits: the most splits of a row (16;
-     * AUGUR_CUDA_ATT_SPLITS=1..64 for tuning); att_min: the fewest positions
-     * per split (32; AUGUR_CUDA_ATT_MIN for tuning: 8 was no faster at
-     * batch 1, H200, 8B Q4_K_M 281 vs 284 tok/s). */
-    bool     splitk_on;
-    int      att_splits, att_min;
-    int      att_z; /* this pass's grid z: att_splits, or with att_fit a power of 2 >= every decode row's splits */
-    bool     att_fit; /* split-K grid z fitted to the pass (AUGUR_CUDA_ATT_FIT=0: always att_splits) */
-    float   *d_att_part;
-    size_t   cap_att_part; /* floats */
-    int     *d_att_cnt;
-    size_t   cap_att_cnt;  /* ints, zero between passes */
-    int      max_att_out;
-
-    /* decode rows' activations in BF16 for the tensor-core kernel of BF16
-     * weights (mmt_bf16); sized in begin like d_xq (max_k_bf16) */
-    __nv_bfloat16 *d_xh;
-    size_t         cap_xh;     /* elements */
-    int            max_k_bf16; /* largest ne[0] of a prepared BF16 weight */
-
-    /* recorded decode passes (graph_begin/graph_end), keyed by the model's
-     * key and the pass buffer they read (a regrown d_ints invalidates) */
-    graph_entry graphs[64];
-    int  n_graphs;
-    bool graphs_on; /* on unless AUGUR_CUDA_GRAPHS=0: +8-11% batch-1 decode on an 8B model */
-    bool pdl_on;    /* kernels launched early (programmatic dependent launch; AUGUR_CUDA_PDL=0: serial) */
-} cuda_state;
-
-/* k<<<grid, block, smem, s->stream>>>(args...), with the PDL attribute
- * when s->pdl_on. Errors show in cudaGetLastError (LAUNCHED). */
-template <typename... KArgs, typename... Args>
-static cudaError_t launch_k(const cuda_state *s, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                            Args... args) {
-    cudaLaunchConfig_t  cfg = {};
-    cudaLaunchAttribute attr;
-    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = s->stream;
-    if (s->pdl_on) {
-        attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr.val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = &attr, cfg.numAttrs = 1;
-    }
-    return cudaLaunchKernelEx(&cfg, k, args...);
-}
-
-
-static cuda_state *st_of(ag_backend *be) { return (cuda_state *)be->impl; }
-
-static ag_status grow(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return AG_OK;
-    size_t n = need + need / 4;
-    if (*p) cudaFree(*p);
-    *p = NULL;
-    *cap = 0;
-    CUDA_TRY(cudaMalloc(p, n * elem));
-    *cap = n;
-    return AG_OK;
-}
+/* norm_act.cu's add kernel: whether the kernels were built for PDL (its ptxVersion) */
+__global__ void add_k(float *y, const float *x, size_t n);
 
 /* ---- memory ---- */
 
@@ -494,8 +65,6 @@ static void *pinned_alloc(size_t bytes) {
 static void pinned_free(void *p) {
     if (p) cudaFreeHost(p);
 }
-static void prep_forget(cuda_state *s, const void *p, size_t bytes);
-static int32_t cands_req_word(const ag_cands_req *q);
 static ag_status cu_upload(ag_backend *be, void *dst, const void *src, size_t bytes) {
     prep_forget(st_of(be), dst, bytes);
     CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream));
@@ -599,11 +168,9 @@ static const ag_kv_mem *cu_kv_mem(ag_backend *be) { return &st_of(be)->kvmem; }
 
 /* ---- begin: the pass's host arrays, once ---- */
 
-static void graphs_clear(cuda_state *s);
-
 /* Room for n rows of K int8 activations and their block scales. A regrown
  * buffer drops the recorded passes (they hold the old address). */
-static ag_status reserve_xq(cuda_state *s, int n, int K) {
+ag_status reserve_xq(cuda_state *s, int n, int K) {
     const size_t need = (size_t)n * (size_t)K;
     if (need <= s->cap_xq && need / 32 <= s->cap_xs) return AG_OK;
     graphs_clear(s);
@@ -616,7 +183,7 @@ static ag_status reserve_xq(cuda_state *s, int n, int K) {
  * att_splits splits of hd_v sums plus (m, l); n_head * hd_v <= max_att_out
  * and hd_v >= 32 bound it. Counters are zeroed when (re)allocated; the
  * kernel leaves them zero. */
-static ag_status reserve_att_for(cuda_state *s, size_t need, size_t heads) {
+ag_status reserve_att_for(cuda_state *s, size_t need, size_t heads) {
     if (need <= s->cap_att_part && heads <= s->cap_att_cnt) return AG_OK;
     graphs_clear(s);
     ag_status st = grow((void **)&s->d_att_part, &s->cap_att_part, need, sizeof(float));
@@ -632,17 +199,13 @@ static ag_status reserve_att(cuda_state *s, int n) {
     return reserve_att_for(s, (size_t)n * s->att_splits * (size_t)s->max_att_out + heads * s->att_splits * 2, heads);
 }
 
-static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay);
-
 /* Room for n rows of K BF16 activations (decode rows of BF16 weights). */
-static ag_status reserve_xh(cuda_state *s, int n, int K) {
+ag_status reserve_xh(cuda_state *s, int n, int K) {
     const size_t need = (size_t)n * (size_t)K;
     if (need <= s->cap_xh) return AG_OK;
     graphs_clear(s);
     return grow((void **)&s->d_xh, &s->cap_xh, need, sizeof(__nv_bfloat16));
 }
-
-static ag_status reserve_argmax(cuda_state *s, int n);
 
 static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay, const int32_t *tokens) {
     cuda_state *s = st_of(be);
@@ -774,11 +337,26 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
 }
 
 /* The device copy of a host int array given to an op of this pass. */
-static const int32_t *pass_ints(cuda_state *s, const int32_t *host, int n) {
+const int32_t *pass_ints(cuda_state *s, const int32_t *host, int n) {
     if (n == s->n && host == s->h_tokens) return s->d_tokens;
     if (n == s->n && host == s->h_pos) return s->d_pos;
     return NULL;
 }
+
+static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
+    size_t f = 0, t = 0;
+    CUDA_TRY(cudaMemGetInfo(&f, &t));
+    *free_bytes = f, *total_bytes = t;
+    return AG_OK;
+}
+
+/* ==== mmv.cu (its own file once the split reaches it) ==== */
+
+/* Decode rows (matmul rows [0, n_decode)) on fp32 GEMVs: a warp per
+ * weight row, the weight dequantized in registers. Every type but the
+ * tensor-core ones (BF16: mmt.cu, Q4_K/Q6_K: mmq.cu) and all of them with
+ * AUGUR_CUDA_MMV=fp32. */
+#include "backend/cuda/ops.cuh"
 
 /* ---- matmul: decode rows (GEMV) ---- */
 
@@ -798,12 +376,6 @@ static const int32_t *pass_ints(cuda_state *s, const int32_t *host, int n) {
  * several blocks (MMV_U) into registers before it decodes any of them, so
  * a warp keeps ~1-2 KB of loads outstanding (the first version had 144 B:
  * 11% of the roofline on Q4_K). */
-
-static __device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 /* The GEMV kernels' last step: each token's lane partials summed across the
  * warp (a fixed order) and written by lane 0. */
@@ -1013,39 +585,6 @@ __global__ void mmv_q6k(const uint8_t *__restrict__ W, size_t row_bytes, int K, 
     mmv_kblocks<q6k_kind, NT>(W, row_bytes, K, n_out, act_f32{x}, n_tok, y);
 }
 
-/* ---- K-quant decode rows' activations as int8 (dp4a) ----
- *
- * The fp32-activation kernels above spend most of their instructions
- * turning nibbles into floats (8 conversions and 8 FMAs per 8 weights and
- * token). The Q4_K/Q6_K decode-row kernels (mmqv and mmq below) take the
- * activations as int8 per 32 elements instead, as the CPU's K-quant
- * kernels (Q8_K) and llama.cpp's MMVQ (Q8_1) do: exact int32 sums (dp4a,
- * or the tensor cores' s8 mma), the scales applied per sub-block. (The
- * dp4a GEMVs that once took them at every batch were retired: mmqv is
- * faster at 1-2 rows and has mmq's bits; docs/design-notes.md.)
- * AUGUR_CUDA_MMV=fp32 selects the fp32 kernels (an A/B switch). */
-
-/* Decode rows' activations as int8 per 32 elements: q = round(x / d) with
- * d = max|x| / 127 over the block, xs = (d, d * Σ q). One warp per block;
- * x is [n_blocks32 * 32] (rows of K % 32 == 0 lie back to back). */
-__global__ void quantize_q8_32(const float *__restrict__ x, int n_blocks32, int8_t *__restrict__ xq,
-                               float2 *__restrict__ xs) {
-    pdl_entry();
-    const int lane = threadIdx.x & 31, blk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (blk >= n_blocks32) return;
-    const float v = x[(size_t)blk * 32 + lane];
-    float       amax = fabsf(v);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
-    const int   q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-    xq[(size_t)blk * 32 + lane] = (int8_t)q;
-    int sum = q;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    if (lane == 0) xs[blk] = make_float2(d, __fmul_rn(d, (float)sum));
-}
-
 /* F16/BF16 rows with K % 8 == 0: 16-byte loads of 8 halves per lane (a warp
  * reads 512 contiguous bytes), MMV_UH of them in flight per lane. */
 #define MMV_UH 4
@@ -1143,227 +682,26 @@ static mmv_kernel mmv_for(uint32_t type, int n_tok, int *nt) {
     }
 }
 
-/* ---- matmul: decode rows of BF16 weights on the tensor cores ---- */
-
-/* A GEMV reads the weight once per MMV_TOK tokens and spends 8 FMAs and
- * the activation loads of 8 tokens per weight element: at 64 decoding
- * sequences an 8B BF16 model reached 428 tok/s in all (a step read the
- * weights 8 times). mmt_bf16 multiplies with mma.sync m16n8k16 (BF16
- * operands, FP32 accumulation): one pass over the weight for up to 32
- * tokens, and at batch 1 the same streaming of the weight as a GEMV.
- *
- * BATCH INVARIANCE. Every decode row of a BF16 weight goes through this
- * kernel, whatever the batch (1 token or 200). A token's result is the sum
- * of its own column of the mma accumulators, built from the same K slices
- * in the same order for every batch: the K split (KS warps per block,
- * each a fixed slice of the 32-wide k steps) and the order in which the
- * slices' partial sums are added depend on the weight's shape only; an mma
- * computes each output element from its own row of A and column of B, so
- * the other tokens of a tile, the tile a token falls in and the number of
- * tiles (NTL) change nothing. test_backend_ops checks it bit for bit.
- *
- * FRAGMENTS. Lane (g = lane / 4, t = lane % 4) loads 16 contiguous bytes
- * (8 BF16, k = kb + 8t .. +7) of weight rows g and g + 8 and of token g's
- * activations, and feeds them to two mmas, which see the k's of a 32-wide
- * step in a permuted order: the same permutation on both operands, so each
- * product pairs the right weight with the right activation, and the loads
- * are plain 16-byte loads with no shuffle. */
-
-static __device__ __forceinline__ void mma_bf16_16816(float c[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                      uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+/* Decode rows [0, n) of w over x (F32) on the GEMV for its type. */
+ag_status launch_mmv(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y) {
+    const int  K = (int)w->ne[0], n_out = (int)w->ne[1];
+    int        nt;
+    mmv_kernel k = mmv_for(w->type, n, &nt);
+    if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
+    dim3 grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
+    launch_k(s, k, grid, 32 * MMV_WARPS, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
+    LAUNCHED();
+    return AG_OK;
 }
 
-/* A 16-byte weight load. The weights are read once: no L1 allocation (L1
- * keeps the activations, which every warp reads), and each load asks L2
- * for its whole 256-byte segment: a warp reads 64 bytes of a row per k
- * step, so the next steps' bytes are already on their way without holding
- * registers (ptxas keeps only a few steps' loads in registers in flight;
- * at 54 registers it cannot hold U = 8 steps of them). */
-static __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
-static __device__ __forceinline__ uint4 ld_act(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
-    return r;
-}
+/* ==== mmt.cu (its own file once the split reaches it) ==== */
 
-/* One 32-wide k step of MT row tiles (16 rows each) by NTL token tiles (8
- * tokens each): A[m][0] holds rows g, A[m][1] rows g + 8 of tile m, X[j]
- * token g of tile j. */
-template <int MT, int NTL>
-static __device__ __forceinline__ void mmt_step(const uint4 (&A)[MT][2], const uint4 (&X)[NTL], float (&c)[MT][NTL][4]) {
-#pragma unroll
-    for (int j = 0; j < NTL; j++)
-#pragma unroll
-        for (int m = 0; m < MT; m++) {
-            mma_bf16_16816(c[m][j], A[m][0].x, A[m][1].x, A[m][0].y, A[m][1].y, X[j].x, X[j].y);
-            mma_bf16_16816(c[m][j], A[m][0].z, A[m][1].z, A[m][0].w, A[m][1].w, X[j].z, X[j].w);
-        }
-}
-
-/* The end of the tensor-core decode kernels: the slices' sums of each
- * output, added in slice order ((slice 0 + slice 1) + slice 2) + ..., and
- * stored. Where all slices' accumulators fit in shared memory they are
- * stored at once and each output summed by one thread (one barrier); else
- * added into one buffer one warp after the other (KS barriers): the same
- * operations in the same order. Accumulator e of a lane: row g + 8 (e / 2),
- * token 2t + e % 2. */
-template <int KS, int MT, int NTL>
-static __device__ __forceinline__ void mmt_finish(const float (&c)[MT][NTL][4], int warp, int g, int t, int row0,
-                                                  int tok0, int n_out, int n_tok, float *__restrict__ y) {
-    constexpr int  R = MT * 16, C = NTL * 8 + 1;
-    constexpr bool ALL = (size_t)KS * R * C * sizeof(float) <= 20480;
-    __shared__ float part[ALL ? KS : 1][R][C];
-    if (ALL) {
-#pragma unroll
-        for (int m = 0; m < MT; m++)
-#pragma unroll
-            for (int j = 0; j < NTL; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) part[warp][16 * m + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)] = c[m][j][e];
-        __syncthreads();
-    } else {
-        for (int w = 0; w < KS; w++) {
-            if (warp == w)
-#pragma unroll
-                for (int m = 0; m < MT; m++)
-#pragma unroll
-                    for (int j = 0; j < NTL; j++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            float *p = &part[0][16 * m + g + 8 * (e >> 1)][8 * j + 2 * t + (e & 1)];
-                            *p = w == 0 ? c[m][j][e] : __fadd_rn(*p, c[m][j][e]);
-                        }
-            __syncthreads();
-        }
-    }
-    for (int e = threadIdx.x; e < R * NTL * 8; e += blockDim.x) {
-        const int r = e % R, tk = e / R;
-        if (row0 + r >= n_out || tok0 + tk >= n_tok) continue;
-        float v = part[0][r][tk];
-        if (ALL)
-#pragma unroll
-            for (int w = 1; w < KS; w++) v = __fadd_rn(v, part[w][r][tk]);
-        y[(size_t)(tok0 + tk) * n_out + row0 + r] = v;
-    }
-}
-
-/* Where lane (g, t) of a tensor-core decode warp reads: rows g and g + 8
- * of each of its MT row tiles from row0 (clamped to the matrix; their
- * results are dropped), 16 bytes at 16 t of each 64-byte step ... */
-template <int MT>
-static __device__ __forceinline__ void mmt_lane_rows(const uint8_t *W, size_t row_bytes, int n_out, int row0, int g,
-                                                     int t, const uint4 *(&wp)[MT][2]) {
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            wp[m][h] = (const uint4 *)(W + (size_t)min(row0 + 16 * m + 8 * h + g, n_out - 1) * row_bytes) + t;
-}
-/* ... and token g of each of its NTL token tiles from tok0 (clamped; xv:
- * whether it exists, else it reads zeros). */
-template <int NTL>
-static __device__ __forceinline__ void mmt_lane_tokens(const __nv_bfloat16 *x, int K, int n_tok, int tok0, int g, int t,
-                                                       const uint4 *(&xp)[NTL], bool (&xv)[NTL]) {
-#pragma unroll
-    for (int j = 0; j < NTL; j++) {
-        const int tok = tok0 + 8 * j + g;
-        xv[j] = tok < n_tok;
-        xp[j] = (const uint4 *)(x + (size_t)min(tok, n_tok - 1) * K) + t;
-    }
-}
-
-/* Step st of a slice by plain loads, zeros past K (a slice's tail, and a
- * last step past K): rows' pointers wp, tokens' xp (xv: the token exists). */
-template <int MT, int NTL>
-static __device__ __forceinline__ void mmt_step_direct(const uint4 *const (&wp)[MT][2], const uint4 *const (&xp)[NTL],
-                                                       const bool (&xv)[NTL], int K, int t, int st,
-                                                       float (&c)[MT][NTL][4]) {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    const bool  valid = 32 * st + 8 * t + 8 <= K;
-    uint4       A[MT][2], X[NTL];
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) A[m][h] = valid ? __ldg(wp[m][h] + 4 * st) : zero;
-#pragma unroll
-    for (int j = 0; j < NTL; j++) X[j] = valid && xv[j] ? __ldg(xp[j] + 4 * st) : zero;
-    mmt_step<MT, NTL>(A, X, c);
-}
-
-/* The accumulators of one warp: row tiles [row0, +16 MT) by token tiles
- * [tok0, +8 NTL), over the 32-wide k steps [s0, s1); rows past n_out read
- * the last row (their results are dropped), tokens past n_tok zeros. U
- * steps' loads are issued before their mmas (more bytes in flight where
- * the tiles are small). The order of the mmas on an accumulator is the
- * step order, whatever U: a row's bits depend on its slice only. */
-template <int MT, int NTL, int U>
-static __device__ __forceinline__ void mmt_slice(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                                                 const __nv_bfloat16 *__restrict__ x, int n_tok, int row0, int tok0,
-                                                 int s0, int s1, float (&c)[MT][NTL][4]) {
-    const int    lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const uint4 *wp[MT][2];
-    mmt_lane_rows<MT>(W, row_bytes, n_out, row0, g, t, wp);
-    const int  full = K / 32; /* steps whose 32 k's all exist */
-    uint4      A0[U][MT][2];     /* the first U steps' weights, loaded before the wait */
-    const bool first = s0 + U <= min(s1, full);
-    if (first)
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-                A0[u][m][0] = ld_stream(wp[m][0] + 4 * (s0 + u)), A0[u][m][1] = ld_stream(wp[m][1] + 4 * (s0 + u));
-    pdl_entry();
-    const uint4 *xp[NTL];
-    bool         xv[NTL];
-    mmt_lane_tokens<NTL>(x, K, n_tok, tok0, g, t, xp, xv);
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int m = 0; m < MT; m++)
-#pragma unroll
-        for (int j = 0; j < NTL; j++) c[m][j][0] = c[m][j][1] = c[m][j][2] = c[m][j][3] = 0.0f;
-    int st = s0;
-    if (first) {
-        uint4 X[U][NTL];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-#pragma unroll
-            for (int j = 0; j < NTL; j++) X[u][j] = xv[j] ? ld_act(xp[j] + 4 * (st + u)) : zero;
-#pragma unroll
-        for (int u = 0; u < U; u++) mmt_step<MT, NTL>(A0[u], X[u], c);
-        st += U;
-    }
-    for (; st + U <= min(s1, full); st += U) {
-        uint4 A[U][MT][2], X[U][NTL];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-#pragma unroll
-            for (int m = 0; m < MT; m++)
-                A[u][m][0] = ld_stream(wp[m][0] + 4 * (st + u)), A[u][m][1] = ld_stream(wp[m][1] + 4 * (st + u));
-#pragma unroll
-            for (int j = 0; j < NTL; j++) X[u][j] = xv[j] ? ld_act(xp[j] + 4 * (st + u)) : zero;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) mmt_step<MT, NTL>(A[u], X[u], c);
-    }
-    for (; st < s1; st++) mmt_step_direct<MT, NTL>(wp, xp, xv, K, t, st, c); /* the tail, a last step past K */
-}
-
-/* The slice [*s0, *s1) of the 32-wide k steps that slice w of ks takes. */
-static __device__ __forceinline__ void mmt_slice_range(int K, int ks, int w, int *s0, int *s1) {
-    const int steps = (K + 31) / 32, per = (steps + ks - 1) / ks;
-    *s0 = min(steps, w * per);
-    *s1 = min(steps, *s0 + per);
-}
+/* Decode rows of BF16 weights on the tensor cores (mmt_bf16 and its
+ * grouped, staged and lean forms; the pieces: mmt.cuh), and a
+ * feed-forward block's gate/up with their product in one launch
+ * (mmt_bf16_glu). */
+#include "backend/cuda/ops.cuh"
+#include "backend/cuda/mmt.cuh"
 
 /* y[t][r] = Σ_k W[r][k] x[t][k] for rows [16 MT blockIdx.y, +16 MT) and
  * tokens [8 NTL blockIdx.x, +8 NTL); x is BF16, K % 8 == 0. KS warps per
@@ -1482,8 +820,8 @@ __global__ void __launch_bounds__(32 * KS) mmt_bf16_staged(const uint8_t *__rest
  * of tile j on warp j ks_i + w. Each output is its slices' sums added in
  * slice order, as mmt_finish adds them: a row gets the same bits as from
  * mmt_bf16 with ks_i warps, alone or grouped, at any batch (test_backend_ops
- * checks matmul_multi against matmul, and batches against single rows). */
-#define MMT_GROUP_MAX 4
+ * checks matmul_multi against matmul, and batches against single rows).
+ * MMT_GROUP_MAX: ops.cuh. */
 struct mmt_group {
     const uint8_t *W[MMT_GROUP_MAX];
     size_t         row_bytes[MMT_GROUP_MAX];
@@ -1545,24 +883,6 @@ __global__ void __launch_bounds__(32 * 16, 2)
 
 typedef void (*mmt_kernel)(const uint8_t *, size_t, int, int, const __nv_bfloat16 *, int, float *);
 
-
-/* The kernel for a weight of n_out rows and a batch of n decode rows, with
- * *rows and *toks per block and *warps per block. The K split (the warps)
- * is chosen by the weight's shape only: the fewest slices (4, 8 or 16) for
- * which the matrix's 16-row tiles times the slices reach MMT_TARGET_WARPS,
- * so a small matrix (an 8B model's k/v projection) still has loads in
- * flight on every SM. The tile: one row tile per warp and up to 16 tokens
- * at small batches; beyond, mmt_for's tiles by 32 tokens (larger batches
- * take several blocks along x, adjacent: all but the first read the weight
- * from L2). */
-#define MMT_TARGET_WARPS 2048 /* H200, 8B BF16 (tok/s at batch 1 / 8 / 64): 1024: 161 / 1223 / 4027;
-                                 2048: 174 / 1334 / 3724; 4096: 144 / - / 3422; 8192: 142 / - / 3148 */
-/* The K slices (= warps per block) of a weight of n_out rows, for every
- * tensor-core decode kernel: by the shape only, never the batch. */
-static int mmt_slices(int n_out, int target) {
-    const int tiles = (n_out + 15) / 16;
-    return tiles * 4 >= target ? 4 : tiles * 8 >= target ? 8 : 16;
-}
 /* A warp target from the environment variable `name` (tuning), else
  * MMT_TARGET_WARPS; read once into *cache (-1 until then). */
 static int target_warps(const char *name, int *cache) {
@@ -1573,11 +893,11 @@ static int target_warps(const char *name, int *cache) {
     return *cache;
 }
 /* The targets of the BF16 kernels (AUGUR_CUDA_MMT_WARPS) and the K-quant ones (AUGUR_CUDA_MMQ_WARPS). */
-static int mmt_target_warps(void) {
+int mmt_target_warps(void) {
     static int target = -1;
     return target_warps("AUGUR_CUDA_MMT_WARPS", &target);
 }
-static int mmq_target_warps(void) {
+int mmq_target_warps(void) {
     static int target = -1;
     return target_warps("AUGUR_CUDA_MMQ_WARPS", &target);
 }
@@ -1627,8 +947,8 @@ static mmt_kernel mmt_for(int n_out, int n, int tile, int *rows, int *toks, int 
 /* Decode rows of n_w BF16 weights of K columns that share x (BF16, in
  * s->d_xh): one mmt_bf16_group launch. Up to 16 rows by default; more with
  * AUGUR_CUDA_MMT_TILE=1 (tiles of 16 tokens; slower, A/B only: mmt_for). */
-static void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int n_w, int K, const __nv_bfloat16 *x,
-                             int n, float *const *y) {
+void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int n_w, int K, const __nv_bfloat16 *x,
+                      int n, float *const *y) {
     mmt_group grp;
     memset(&grp, 0, sizeof grp);
     int ksmax = 4, blocks = 0;
@@ -1657,6 +977,108 @@ static void launch_mmt_group(const cuda_state *s, const ag_tensor *const *w, int
     else MMT_GROUP_LAUNCH(16);
 #undef MMT_GROUP_LAUNCH
 }
+
+/* Up to 8 decode rows of a feed-forward block's gate and up (BF16, one K
+ * split ks = KS for both) and their product, in one launch: block b takes
+ * row tile b of both weights, warps [0, KS) gate's slices and [KS, 2 KS)
+ * up's, each with mmt_bf16_group's arithmetic (mmt_slice, the slices' sums
+ * added in order), then g[t][r] = silu_times(gate, up) (GELU:
+ * gelu_f16(gate) * up), the bits of matmul_multi then silu_mul (gelu_mul);
+ * with xh, also g's BF16 copy
+ * (prep_store4's rounding) for the down matmul. Saves silu_mul's launch
+ * and its wait between the two GEMVs: 8B BF16 on an H100, batch 1
+ * 178.0 -> 179.0 tok/s, 8 sequences 1315.7 -> 1339.0 (2026-12-06; the
+ * default, AUGUR_CUDA_GLU=0 runs the three ops). */
+template <int KS, bool GELU>
+__global__ void __launch_bounds__(64 * KS) mmt_bf16_glu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu,
+                                                        size_t row_bytes_g, size_t row_bytes_u, int K, int n_ff,
+                                                        const __nv_bfloat16 *__restrict__ x, int n_tok,
+                                                        float *__restrict__ g_out, __nv_bfloat16 *__restrict__ xh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int row0 = 16 * (int)blockIdx.x;
+    int       s0, s1;
+    mmt_slice_range(K, KS, warp % KS, &s0, &s1);
+    float c[1][1][4];
+    mmt_slice<1, 1, 8>(warp < KS ? Wg : Wu, warp < KS ? row_bytes_g : row_bytes_u, K, n_ff, x, n_tok, row0, 0, s0, s1,
+                       c);
+    __shared__ float part[2 * KS][16][9];
+#pragma unroll
+    for (int e = 0; e < 4; e++) part[warp][g + 8 * (e >> 1)][2 * t + (e & 1)] = c[0][0][e];
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * 8; e += blockDim.x) {
+        const int r = e % 16, tk = e / 16, row = row0 + r;
+        if (row >= n_ff || tk >= n_tok) continue;
+        float gv = part[0][r][tk], uv = part[KS][r][tk];
+        for (int w = 1; w < KS; w++) gv = __fadd_rn(gv, part[w][r][tk]), uv = __fadd_rn(uv, part[KS + w][r][tk]);
+        const float v = act_times<GELU>(gv, uv);
+        g_out[(size_t)tk * n_ff + row] = v;
+        if (xh) xh[(size_t)tk * n_ff + row] = __float2bfloat16_rn(v);
+    }
+}
+
+/* The decode rows of a feed-forward block through mmt_bf16_glu, then the
+ * down matmul: *done false (nothing launched) where it does not apply:
+ * turned off, prompt rows or more than 8 rows, a weight not on
+ * mmt_bf16, a K split beyond 8, or activations the down weight reads as
+ * int8 (only BF16 copies are made here). */
+ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw,
+                         const float *h, int n, int n_decode, bool gelu, float *gate, float *o, bool *done) {
+    cuda_state *s = st_of(be);
+    *done = false;
+    const int K = (int)gw->ne[0], n_ff = (int)gw->ne[1];
+    if (!s->glu_on || n_decode != n || n < 1 || n > 8 || !s->group_on || !uses_mmt(s, gw) ||
+        !uses_mmt(s, uw) || uw->ne[0] != K || uw->ne[1] != n_ff || n != s->n || s->pass_n_decode != n)
+        return AG_OK;
+    const int ks = mmt_slices(n_ff, mmt_target_warps());
+    const int fmt = prep_formats(s, n, n_ff);
+    if (ks > 8 || (fmt & XR_Q8)) return AG_OK;
+    /* the product's BF16 copy goes to the half of d_xh that x is not in
+     * (x fits a half: K <= max_k_bf16, gate being a BF16 weight) */
+    const size_t half = (size_t)n * (size_t)s->max_k_bf16;
+    const bool   copy = fmt & XR_BF16;
+    if (copy && (n_ff > s->max_k_bf16 || s->cap_xh < 2 * half)) return AG_OK;
+    prep_forget(s, gate, (size_t)n * n_ff * sizeof(float));
+    ag_status st;
+    if (!(prep_ready(s, h, n, K) & XR_BF16) && (st = to_bf16(s, h, n, K))) return st;
+    const __nv_bfloat16 *xin = xh_of(s, h, n, K);
+    __nv_bfloat16       *xout = copy ? (xin == s->d_xh ? s->d_xh + half : s->d_xh) : NULL;
+    const unsigned       blocks = (unsigned)((n_ff + 15) / 16);
+    auto kern = ks == 4 ? (gelu ? mmt_bf16_glu<4, true> : mmt_bf16_glu<4, false>)
+                        : (gelu ? mmt_bf16_glu<8, true> : mmt_bf16_glu<8, false>);
+    launch_k(s, kern, blocks, 64 * (unsigned)ks, 0, (const uint8_t *)gw->data, (const uint8_t *)uw->data,
+             gw->row_bytes, uw->row_bytes, K, n_ff, xin, n, gate, xout);
+    LAUNCHED();
+    if (copy) {
+        prep_made(s, gate, n, n_ff, XR_BF16);
+        s->prep_h = xout;
+    }
+    *done = true;
+    return cu_matmul(be, dw, gate, n, n, o);
+}
+
+/* More than 16 decode rows of w over xh (BF16) in mmt_for's tiles (the
+ * caller checks the launch). */
+ag_status launch_mmt_tiles(cuda_state *s, const ag_tensor *w, const __nv_bfloat16 *xh, int n, float *y) {
+    const int  K = (int)w->ne[0], n_out = (int)w->ne[1];
+    int        rows, toks, warps;
+    size_t     smem;
+    mmt_kernel k = mmt_for(n_out, n, s->mmt_tile, &rows, &toks, &warps, &smem);
+    dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
+    if (smem > 48 * 1024 && !s->mmt_staged_ready[warps / 8]) { /* once a kernel (4, 8, 16 warps: 0, 1, 2) */
+        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        s->mmt_staged_ready[warps / 8] = true;
+    }
+    launch_k(s, k, grid, 32 * warps, smem, (const uint8_t *)w->data, w->row_bytes, K, n_out, xh, n, y);
+    return AG_OK;
+}
+
+/* ==== mmq.cu (its own file once the split reaches it) ==== */
+
+/* Decode rows of Q4_K and Q6_K weights: mmq_q4k/mmq_q6k on the tensor
+ * cores (int8 mma), and mmqv (mmqv.cuh) for a matmul's few rows, with
+ * mmq's bits. */
+#include "backend/cuda/ops.cuh"
+#include "backend/cuda/mmt.cuh"
 
 /* ---- matmul: decode rows of Q4_K weights on the tensor cores ---- */
 
@@ -1986,347 +1408,129 @@ static __device__ __forceinline__ const uint8_t *mmqv_stage(const uint8_t *W, si
     return mmv_stage + (size_t)min(r_in, rows - 1) * row_bytes;
 }
 
-/* ---- few decode rows of K-quants with mmq's bits (mmqv) ----
- *
- * Batch invariance asks that a row's bits never depend on its batch, so
- * the Q4_K/Q6_K decode rows of a process used to take one family for every
- * batch, chosen at creation: the dp4a GEMVs (fast at 1 row; since retired)
- * or mmq (fast from 8). A server has slots, so it took mmq even for one
- * stream (H200, 8B Q4_K_M, tok/s at 1 / 8 / 64 sequences: dp4a 250 / 626
- * / 799, mmq 203 / 1412 / 3510). mmqv computes, for every (row, token),
- * exactly the float operations mmq computes, in mmq's order, from the same
- * inputs: the few-row kernel can then follow the batch (matmul_decode:
- * rows <= MMQV_FEW here, more to mmq) and a row still has one bit pattern.
- *
- * WHAT MMQ COMPUTES for row r and token t (mmq_lane, mmq_q4k_block,
- * mmq_q6k_block, mmt_finish): the row's nb = K / 256 blocks cut into KS =
- * mmt_slices(n_out, mmq_target_warps()) slices (4, 8 or 16, by the row
- * count only) of per = ceil(nb / KS) whole blocks, slice s = blocks
- * [min(nb, s per), min(nb, s per + per)) (the last ones short or empty);
- * in each slice c = 0.0f, then block by block in order, unit by unit in
- * order,
- *   Q4_K (8 sub-blocks of 32): c = c + ((a xd) isum - m xsum), with
- *        a = d sc and m = dmin mn (half2float, cq_k4_scale_min_w), xd and
- *        xsum = quantize_q8_32's (d, d Σq) of the sub-block;
- *   Q6_K (16 groups of 16):    c = c + (sw xd) isum, sw = d (int8) scale,
- *        xd the d of the group's 32-element activation block;
- * every product and sum rounded alone (__fmul_rn / __fsub_rn / __fadd_rn)
- * and isum the exact int32 Σ q·xq of the unit (any order gives the same
- * int); then y = ((c_0 + c_1) + c_2) + ... + c_{KS-1}, empty slices too.
- *
- * MAPPING. A warp takes a row, four slices at a time (a "quad": slices
- * 4q .. 4q + 3): lane group gr = lane / 8 takes slice 4q + gr and walks it
- * block by block, so one warp load reads four slices' 128-byte pieces,
- * each coalesced over its 8 lanes. KS = 4 is one quad, 8 and 16 are two
- * and four; a weight of fewer than 2048 rows spreads its quads over ws =
- * KS / 4 warps (mmqv_ws, as the dp4a GEMVs spread theirs: the k/v
- * projections of an 8B have 1024 rows), else one warp walks them all.
- * Within a block, lane p of the group:
- *   Q4_K: quant bytes 16p .. 16p + 15 (the dp4a GEMVs' layout: half p % 2
- *         of sub-blocks 2(p / 2) and 2(p / 2) + 1, low and high nibbles),
- *         one 16-byte load, and the 16-byte header; 8 dp4a per token give
- *         the two half sums, one shuffle with lane p ^ 1 completes sub-block
- *         p's isum, and lane p forms sub-block p's term v_p;
- *   Q6_K: groups gi = 8(p / 4) + p % 4 and gi + 4 (quadrants c and c + 2
- *         of one 16-element run: the same 16 ql bytes, low and high
- *         nibbles, and 16 qh bytes), each 16 bytes at a 2-byte aligned
- *         offset (210-byte blocks) read as three aligned 8-byte loads and
- *         funnel-shifted; per token 8 dp4a for Σ q x and 8 for Σ 32 x (the
- *         6-bit weights stay unsigned), two terms, no shuffle.
- * The chain is serial, so the lanes leave their terms in shared memory and
- * every lane of a group reads its block's 8 (16) terms back and adds them
- * in unit order (the 8 lanes compute the same chain: no lane idles while
- * another does it). At the end of a quad each group's lane 0 writes its
- * slice's c; a lane per token then adds the KS slices in order.
- *
- * BYTES IN FLIGHT AND COUNTS. A warp step is 4 blocks: 576 B of Q4_K,
- * 840 B of Q6_K; MMQV_U = 2 steps are loaded before either is used (1152 /
- * 1680 B a warp, the dp4a GEMVs' 8 blocks), 64 registers at one token (8
- * blocks an SM). An H100 issues 0.28 warp instructions per byte of weight
- * at full DRAM speed (132 SMs x 4 schedulers x 1.755 GHz / 3.35 TB/s).
- * SASS of the main loop (sm_90a), warp instructions a byte, at 1 / 2 / 4
- * tokens: Q4_K 0.19 / 0.25 / 0.36, Q6_K 0.22 / 0.28 / 0.42 (the dp4a GEMVs
- * at one token: Q4_K 0.21, Q6_K 0.30). Each token adds 8 (Q4_K) or 16
- * (Q6_K) dp4a, its activation loads, its terms and its chain of 8 or 16
- * dependent adds; the weights' loads and unpacking are shared. One token
- * leaves a third of the issue slots free, two use about all of them at
- * full DRAM speed, four are issue-bound (about 1.4x the DRAM time), where
- * mmq costs at 4 rows what it costs at 1. Hence MMQV_FEW = 2: 1-2 decode
- * rows take mmqv, 3 and more mmq (the bits are the same either way).
- * Measured (H100, 8B Q4_K_M, tok/s): batch 2 mmqv 502-504, mmq 415; batch
- * 4 mmqv 662, mmq 803; so the switch that tuned it and the 4-token
- * kernel only it reached were retired. */
-#define MMQV_WARPS  4 /* warps a block */
-#define MMQV_U      2 /* steps (a block of each of a quad's 4 slices) loaded before any is used */
-#define MMQV_PARTS  3 /* weights of one K in one launch (q/k/v, gate/up) */
-#define MMQV_NT_MAX 2 /* the most tokens a block (the largest instantiation) */
-#ifndef MMQV_FEW
-#define MMQV_FEW 2 /* decode rows up to which a matmul takes mmqv (the rest: mmq) */
-#endif
-static_assert(MMQV_FEW >= 0 && MMQV_FEW <= MMQV_NT_MAX, "mmqv has kernels for up to MMQV_NT_MAX tokens a block");
+#include "backend/cuda/mmqv.cuh"
 
-/* Q4_K's 6-bit scale and min of sub-block j, the values cq_k4_scale_min_w
- * returns, without its branch on j (the lanes of a warp hold different j). */
-static __device__ __forceinline__ void k4_scale_min_lane(int j, uint32_t w0, uint32_t w1, uint32_t w2, uint32_t *d,
-                                                         uint32_t *m) {
-    const int      sh = 8 * (j & 3);
-    const uint32_t A = (w0 >> sh) & 0xFF, B = (w1 >> sh) & 0xFF, C = (w2 >> sh) & 0xFF;
-    *d = j >= 4 ? (C & 0xF) | ((A >> 6) << 4) : A & 63;
-    *m = j >= 4 ? (C >> 4) | ((B >> 6) << 4) : B & 63;
+/* The shared memory a staged mmqv block of `rows` rows of w needs, or
+ * 0 where it takes the unstaged kernel: staging off, a bulk copy's 16-byte
+ * alignment not met, or more than the 48 KB a block gets without opting in
+ * (4 rows of K = 14336 Q6_K are 46 KB). */
+static size_t mmv_stage_bytes(const cuda_state *s, const ag_tensor *w, int rows) {
+    const size_t bytes = (size_t)rows * w->row_bytes;
+    if (!s->stage_mode || ((uintptr_t)w->data | w->row_bytes) % 16 != 0 || bytes > 48 * 1024) return 0;
+    return bytes;
 }
 
-/* A block as lane p of its group holds it (MAPPING above). */
-struct mmqv_q4 {
-    uint4 head, q;
-};
-struct mmqv_q6 {
-    uint32_t ql[4], qh[4], sc, d; /* sc: the two groups' scale bytes */
-};
+/* mmqv's warps a row for a weight of n_out rows in ks slices: below 2048
+ * rows a row's quads go to ks / 4 warps (an 8B's k/v projections have 1024
+ * rows, 256 blocks of one row a warp would leave SMs idle), else one warp
+ * walks them all. The threshold is the dp4a GEMVs' (retired), where one
+ * warp a row left most SMs empty on the k/v projections (12% of the warp
+ * slots active, 7-8% of the DRAM peak; ncu, H200) and, at 4096 rows (q, o,
+ * down), 2 warps were slower: Q4_K 7.55 -> 7.90 us, Q6_K down 32.4 -> 41.6
+ * us; at 1024 rows 4 warps took Q4_K 6.1 -> 4.2 us, Q6_K 9.9 -> 6.4. Only
+ * who computes a slice moves, never what it computes: the same bits. */
+static int mmqv_ws(const cuda_state *s, int n_out, int ks) { return s->mmv_split_on && n_out < 2048 ? ks / 4 : 1; }
 
-template <bool ST>
-static __device__ __forceinline__ mmqv_q4 mmqv_q4_load(const uint8_t *blk, int p) {
-    return mmqv_q4{wld<ST>((const uint4 *)blk), wld<ST>((const uint4 *)(blk + 16 + 16 * p))};
-}
-
-/* The 16 bytes at p (2-byte aligned) as 4 words: three aligned 8-byte
- * loads, then a word and a half-word shift. */
-template <bool ST>
-static __device__ __forceinline__ void mmqv_ld16_at2(const uint8_t *p, uint32_t (&o)[4]) {
-    const int      s = (int)((uintptr_t)p & 7);
-    const uint2   *q = (const uint2 *)(p - s);
-    const uint2    v0 = wld<ST>(q), v1 = wld<ST>(q + 1), v2 = wld<ST>(q + 2);
-    const uint32_t w[6] = {v0.x, v0.y, v1.x, v1.y, v2.x, v2.y};
-    uint32_t       r[5];
-#pragma unroll
-    for (int i = 0; i < 5; i++) r[i] = s & 4 ? w[i + 1] : w[i];
-#pragma unroll
-    for (int i = 0; i < 4; i++) o[i] = __funnelshift_r(r[i], r[i + 1], 8 * (s & 2));
-}
-
-template <bool ST>
-static __device__ __forceinline__ mmqv_q6 mmqv_q6_load(const uint8_t *blk, int p) {
-    const int h = p >> 2, c = (p >> 1) & 1, q = p & 1, gi = 8 * h + 2 * c + q;
-    mmqv_q6   r;
-    mmqv_ld16_at2<ST>(blk + 64 * h + 32 * c + 16 * q, r.ql);
-    mmqv_ld16_at2<ST>(blk + 128 + 32 * h + 16 * q, r.qh);
-    r.sc = (uint32_t)wld<ST>(blk + 192 + gi) | (uint32_t)wld<ST>(blk + 196 + gi) << 8;
-    r.d = wld<ST>((const uint16_t *)(blk + 208));
-    return r;
-}
-
-/* Sub-block p's term of a block for each token, mmq_q4k_block's
- * operations: the block's int8 activations and scales of token t at xb +
- * xo[t] and sb + xo[t] / 32. Every lane of the warp must call it (a
- * shuffle). */
-template <int NT>
-static __device__ __forceinline__ void mmqv_q4_terms(const mmqv_q4 &r, int p, const int8_t *xb,
-                                                     const float2 *sb, const int (&xo)[NT], float (&v)[NT]) {
-    const int g = p >> 1, h = p & 1;
-    uint32_t  sc, mn;
-    k4_scale_min_lane(p, r.head.y, r.head.z, r.head.w, &sc, &mn);
-    const float    a = __fmul_rn(__half2float(__ushort_as_half((uint16_t)(r.head.x & 0xFFFF))), (float)sc);
-    const float    m = __fmul_rn(__half2float(__ushort_as_half((uint16_t)(r.head.x >> 16))), (float)mn);
-    const uint32_t qw[4] = {r.q.x, r.q.y, r.q.z, r.q.w};
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const int8_t *x = xb + xo[t] + 64 * g + 16 * h;
-        const int4    xl = __ldg((const int4 *)x), xh = __ldg((const int4 *)(x + 32));
-        const int     xlw[4] = {xl.x, xl.y, xl.z, xl.w}, xhw[4] = {xh.x, xh.y, xh.z, xh.w};
-        int           il = 0, ih = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            il = __dp4a((int)(qw[k] & 0x0F0F0F0Fu), xlw[k], il);
-            ih = __dp4a((int)((qw[k] >> 4) & 0x0F0F0F0Fu), xhw[k], ih);
-        }
-        /* lane p ^ 1 holds the sub-blocks' other halves: give it the half it lacks */
-        const int    isum = (h ? ih : il) + __shfl_xor_sync(0xffffffffu, h ? il : ih, 1);
-        const float2 xe = __ldg(sb + xo[t] / 32 + p);
-        v[t] = __fsub_rn(__fmul_rn(__fmul_rn(a, xe.x), (float)isum), __fmul_rn(m, xe.y));
+/* The decode rows of w[0..n_w) (Q4_K/Q6_K weights of K columns) over x's
+ * n rows, quantized in d_xq/d_xs (1 <= n <= MMQV_NT_MAX), in one mmqv
+ * launch, y[i] weight i's output: each row the bits mmq gives it. The rows
+ * are staged in shared memory (stage_rows; s->stage_mode: 1, the default,
+ * in launches of several weights; 2 in every one) where every weight's
+ * rows can be (mmv_stage_bytes). */
+ag_status launch_mmqv(cuda_state *s, const ag_tensor *const *w, int n_w, int K, int n, float *const *y) {
+    mmqv_group g;
+    memset(&g, 0, sizeof g);
+    g.n = n_w;
+    bool   staged = s->stage_mode == 2 || (s->stage_mode == 1 && n_w > 1);
+    size_t smem = 0;
+    for (int i = 0; i < n_w; i++) {
+        const int n_out = (int)w[i]->ne[1], ks = mmt_slices(n_out, mmq_target_warps()), ws = mmqv_ws(s, n_out, ks);
+        const int rows = MMQV_WARPS / ws; /* a block's */
+        g.W[i] = (const uint8_t *)w[i]->data, g.y[i] = y[i], g.row_bytes[i] = w[i]->row_bytes;
+        g.n_out[i] = n_out, g.q6[i] = w[i]->type == CQ_Q6_K, g.ks[i] = ks, g.ws[i] = ws;
+        g.blk0[i + 1] = g.blk0[i] + (n_out + rows - 1) / rows;
+        const size_t b = mmv_stage_bytes(s, w[i], rows);
+        staged = staged && b, smem = b > smem ? b : smem;
     }
+    if (!staged) smem = 0;
+    const int nt = n <= 1 ? 1 : 2, nti = nt - 1;
+    void (*k)(const mmqv_group, int, const int8_t *, const float2 *, int) =
+        nt == 1 ? (smem ? mmqv<1, true> : mmqv<1, false>) : (smem ? mmqv<2, true> : mmqv<2, false>);
+    if (smem && !s->mmqv_smem_ready[nti]) { /* up to 48 KB of rows beside the kernel's own shared memory */
+        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024));
+        s->mmqv_smem_ready[nti] = true;
+    }
+    dim3 grid((unsigned)g.blk0[n_w], (unsigned)((n + nt - 1) / nt));
+    launch_k(s, k, grid, 32 * MMQV_WARPS, smem, g, K, s->d_xq, s->d_xs, n);
+    LAUNCHED();
+    return AG_OK;
 }
 
-/* Groups gi and gi + 4's terms of a block (v1, v2), mmq_q6k_block's
- * operations (arguments as mmqv_q4_terms'). The weights stay unsigned
- * (0..63): Σ (q - 32) x = Σ q x - Σ 32 x, both by dp4a (exact), which at 1-2
- * tokens costs fewer instructions than making them signed bytes. */
-template <int NT>
-static __device__ __forceinline__ void mmqv_q6_terms(const mmqv_q6 &r, int p, const int8_t *xb,
-                                                     const float2 *sb, const int (&xo)[NT], float (&v1)[NT],
-                                                     float (&v2)[NT]) {
-    const int   h = p >> 2, c = (p >> 1) & 1, gi = 8 * h + 2 * c + (p & 1), u = gi >> 1;
-    const float d = __half2float(__ushort_as_half((uint16_t)r.d));
-    const float s1 = __fmul_rn(d, (float)(int8_t)(r.sc & 0xFF)), s2 = __fmul_rn(d, (float)(int8_t)(r.sc >> 8));
-    int         w1[4], w2[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) { /* quadrant c: low nibbles, qh bits 2c; c + 2: high nibbles, bits 2c + 4 */
-        w1[k] = (int)((r.ql[k] & 0x0F0F0F0Fu) | ((r.qh[k] << (4 - 2 * c)) & 0x30303030u));
-        w2[k] = (int)(((r.ql[k] >> 4) & 0x0F0F0F0Fu) | ((r.qh[k] >> (2 * c)) & 0x30303030u));
-    }
-#pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const int8_t *x = xb + xo[t] + 16 * gi;
-        const int4    x1 = __ldg((const int4 *)x), x2 = __ldg((const int4 *)(x + 64));
-        const int     x1w[4] = {x1.x, x1.y, x1.z, x1.w}, x2w[4] = {x2.x, x2.y, x2.z, x2.w};
-        int           i1 = 0, i2 = 0, z1 = 0, z2 = 0;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            i1 = __dp4a(w1[k], x1w[k], i1), i2 = __dp4a(w2[k], x2w[k], i2);
-            z1 = __dp4a(0x20202020, x1w[k], z1), z2 = __dp4a(0x20202020, x2w[k], z2);
-        }
-        const float2 *s = sb + xo[t] / 32 + u;
-        const float   xd1 = __ldg(&s[0].x), xd2 = __ldg(&s[2].x);
-        v1[t] = __fmul_rn(__fmul_rn(s1, xd1), (float)(i1 - z1));
-        v2[t] = __fmul_rn(__fmul_rn(s2, xd2), (float)(i2 - z2));
-    }
+/* How many weights from w[0] share one mmqv launch (launch_mmqv): 2 to
+ * MMQV_PARTS Q4_K/Q6_K weights of one K at up to MMQV_FEW decode rows
+ * (s->pair_mode 2: 2, 0: none), or 0 (beyond MMQV_FEW mmq, a launch each). */
+int mmqv_group_len(const cuda_state *s, const ag_tensor *const *w, int n_w, int n_decode) {
+    if (!s->pair_mode || n_decode < 1 || n_decode > MMQV_FEW) return 0;
+    int n = 0;
+    while (n < n_w && n < (s->pair_mode == 2 ? 2 : MMQV_PARTS) && uses_dp4a(s, w[n]) && w[n]->ne[0] == w[0]->ne[0])
+        n++;
+    return n >= 2 ? n : 0;
 }
 
-/* The shared memory of an mmqv block: a step's terms per warp, [group][unit]
- * (Q4_K uses 32 of the 64), and the slices' sums, [row][token][slice]. */
-template <int NT>
-struct mmqv_smem {
-    float    vb[MMQV_WARPS][MMQV_U][NT][4 * 16];
-    float    part[MMQV_WARPS][NT][16];
-    uint64_t stage_bar;
-};
+/* Decode rows [0, n) of a Q4_K/Q6_K weight over the activations in
+ * d_xq/d_xs (ensure_q8): up to MMQV_FEW rows mmqv, more mmq (mmq_for's
+ * tile), both with mmq's bits. */
+ag_status launch_mmq(cuda_state *s, const ag_tensor *w, int n, float *y) {
+    const int K = (int)w->ne[0], n_out = (int)w->ne[1];
+    if (n <= MMQV_FEW) return launch_mmqv(s, &w, 1, K, n, &y);
+    int        rows, toks, warps;
+    mmq_kernel k = mmq_for(w->type, n_out, n, s->mmq_tile, &rows, &toks, &warps);
+    dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
+    launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs, n, y);
+    LAUNCHED();
+    return AG_OK;
+}
 
-/* The decode rows [blockIdx.y NT, +NT) of one part of an mmqv launch
- * (bx: the block's index within the part): ks slices (mmt_slices), ws
- * warps a row (mmqv_ws). Every thread of the block must call it. */
-template <int NT, bool ST, bool Q6>
-static __device__ __forceinline__ void mmqv_rows(const uint8_t *__restrict__ W, size_t row_bytes, int K, int n_out,
-                                                 int ks, int ws, const int8_t *__restrict__ xq,
-                                                 const float2 *__restrict__ xs, int n_tok, float *__restrict__ y,
-                                                 int bx, mmqv_smem<NT> &sm) {
-    constexpr int BB = Q6 ? 210 : 144, V = Q6 ? 16 : 8; /* a block's bytes; its terms a group adds */
-    const int     lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gr = lane >> 3, p = lane & 7;
-    const int     rpb = MMQV_WARPS / ws, r_in = warp / ws, sub = warp % ws;
-    const int     row = bx * rpb + r_in, nb = K / 256, per = (nb + ks - 1) / ks;
-    const int     nq = ks / (4 * ws), q0 = sub * nq; /* this warp's quads [q0, q0 + nq) */
-    const int     tok0 = (int)blockIdx.y * NT, nt = min(NT, n_tok - tok0);
-    const uint8_t *rowp = W + (size_t)min(row, n_out - 1) * row_bytes;
-    if constexpr (ST) rowp = mmqv_stage(W, row_bytes, n_out, bx, rpb, r_in, &sm.stage_bar);
-    else if (p == 0 && (4 * q0 + gr) * per < nb) { /* the group's first steps into L2 while the previous kernel ends */
-        const int b0 = (4 * q0 + gr) * per;
-        prefetch_l2(rowp + (size_t)b0 * BB, (size_t)min(PDL_PF_MUL * MMQV_U, min(per, nb - b0)) * BB);
-    }
+/* ==== matmul.cu (its own file once the split reaches it) ==== */
+
+/* The matmul ops: decode rows to the GEMV families (mmv.cu, mmt.cu,
+ * mmq.cu) on activations converted once (to int8 per 32, to BF16) or left
+ * converted by their producer (prep_*), prompt rows to cuBLAS on BF16
+ * operands (weights dequantized here); get_rows. */
+#include "backend/cuda/ops.cuh"
+
+/* ---- K-quant decode rows' activations as int8 (dp4a) ----
+ *
+ * The fp32-activation kernels above spend most of their instructions
+ * turning nibbles into floats (8 conversions and 8 FMAs per 8 weights and
+ * token). The Q4_K/Q6_K decode-row kernels (mmqv and mmq below) take the
+ * activations as int8 per 32 elements instead, as the CPU's K-quant
+ * kernels (Q8_K) and llama.cpp's MMVQ (Q8_1) do: exact int32 sums (dp4a,
+ * or the tensor cores' s8 mma), the scales applied per sub-block. (The
+ * dp4a GEMVs that once took them at every batch were retired: mmqv is
+ * faster at 1-2 rows and has mmq's bits; docs/design-notes.md.)
+ * AUGUR_CUDA_MMV=fp32 selects the fp32 kernels (an A/B switch). */
+
+/* Decode rows' activations as int8 per 32 elements: q = round(x / d) with
+ * d = max|x| / 127 over the block, xs = (d, d * Σ q). One warp per block;
+ * x is [n_blocks32 * 32] (rows of K % 32 == 0 lie back to back). */
+__global__ void quantize_q8_32(const float *__restrict__ x, int n_blocks32, int8_t *__restrict__ xq,
+                               float2 *__restrict__ xs) {
     pdl_entry();
-    if (ws == 1 && row >= n_out) return;
-    if constexpr (ST) stage_wait(&sm.stage_bar);
-    float *const vw = &sm.vb[warp][0][0][0];
-    int          xo[NT]; /* token tok0 + t's activations from token tok0's (tokens past the batch: computed, not stored) */
+    const int lane = threadIdx.x & 31, blk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (blk >= n_blocks32) return;
+    const float v = x[(size_t)blk * 32 + lane];
+    float       amax = fabsf(v);
 #pragma unroll
-    for (int t = 0; t < NT; t++) xo[t] = (min(tok0 + t, n_tok - 1) - tok0) * K;
-    xq += (size_t)tok0 * K, xs += (size_t)tok0 * (K / 32);
-    for (int qi = 0; qi < nq; qi++) {
-        const int s = 4 * (q0 + qi) + gr, b0 = s * per, len = min(per, nb - b0); /* len <= 0: an empty slice */
-        float     c[NT];
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const int   q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[(size_t)blk * 32 + lane] = (int8_t)q;
+    int sum = q;
 #pragma unroll
-        for (int t = 0; t < NT; t++) c[t] = 0.0f;
-        /* steps j .. j + NU - 1 of the slices: their blocks loaded, their terms to vb, then added in order */
-        auto steps = [&](int j, auto nu) {
-            constexpr int NU = decltype(nu)::value;
-            typename std::conditional<Q6, mmqv_q6, mmqv_q4>::type r[NU];
-            bool has[NU];
-            int  bl[NU]; /* the block read: a slice's missing blocks read the row's last, never added */
-#pragma unroll
-            for (int u = 0; u < NU; u++) {
-                has[u] = j + u < len;
-                bl[u] = min(b0 + j + u, nb - 1);
-                if constexpr (Q6) r[u] = mmqv_q6_load<ST>(rowp + (size_t)bl[u] * BB, p);
-                else r[u] = mmqv_q4_load<ST>(rowp + (size_t)bl[u] * BB, p);
-            }
-#pragma unroll
-            for (int u = 0; u < NU; u++) {
-                const int8_t *xu = xq + (size_t)bl[u] * 256;
-                const float2 *su = xs + 8 * bl[u];
-                float        *vu = vw + u * NT * 64 + gr * V;
-                if constexpr (Q6) {
-                    float v1[NT], v2[NT];
-                    mmqv_q6_terms<NT>(r[u], p, xu, su, xo, v1, v2);
-#pragma unroll /* group gi at 2 p' + (gi >> 2 & 1), p' = 4 (gi >> 3) + gi % 4: one 8-byte store */
-                    for (int t = 0; t < NT; t++) *(float2 *)(vu + t * 64 + 2 * p) = make_float2(v1[t], v2[t]);
-                } else {
-                    float v[NT];
-                    mmqv_q4_terms<NT>(r[u], p, xu, su, xo, v);
-#pragma unroll
-                    for (int t = 0; t < NT; t++) vu[t * 64 + p] = v[t];
-                }
-            }
-            __syncwarp();
-#pragma unroll
-            for (int u = 0; u < NU; u++) {
-                if (!has[u]) continue;
-#pragma unroll
-                for (int t = 0; t < NT; t++) {
-                    const float4 *v4 = (const float4 *)(vw + u * NT * 64 + t * 64 + gr * V);
-                    float         e[V];
-#pragma unroll
-                    for (int i = 0; i < V / 4; i++) {
-                        const float4 f = v4[i];
-                        e[4 * i] = f.x, e[4 * i + 1] = f.y, e[4 * i + 2] = f.z, e[4 * i + 3] = f.w;
-                    }
-#pragma unroll
-                    for (int i = 0; i < V; i++) /* unit order (Q6_K: group i's slot, as stored above) */
-                        c[t] = __fadd_rn(c[t], e[Q6 ? 8 * (i >> 3) + 2 * (i & 3) + ((i >> 2) & 1) : i]);
-                }
-            }
-            __syncwarp(); /* (vb is rewritten by the next steps) */
-        };
-        int j = 0;
-        for (; j + MMQV_U <= per; j += MMQV_U) steps(j, std::integral_constant<int, MMQV_U>());
-        for (; j < per; j++) steps(j, std::integral_constant<int, 1>());
-        if (p == 0)
-#pragma unroll
-            for (int t = 0; t < NT; t++) sm.part[r_in][t][s] = c[t];
-    }
-    if (ws == 1) __syncwarp();
-    else __syncthreads();
-    if (sub == 0 && lane < nt && row < n_out) { /* mmt_finish's sum: ((c_0 + c_1) + c_2) + ... */
-        const float *pr = sm.part[r_in][lane];
-        float        v = pr[0];
-        for (int s = 1; s < ks; s++) v = __fadd_rn(v, pr[s]);
-        y[(size_t)(tok0 + lane) * n_out + row] = v;
-    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) xs[blk] = make_float2(d, __fmul_rn(d, (float)sum));
 }
-
-/* Up to MMQV_PARTS Q4_K/Q6_K weights of one K over the same decode rows in
- * one launch: blocks [blk0[i], blk0[i + 1]) take weight i, with its own
- * type, slices and warps a row (each weight's bits are its own matmul's). */
-struct mmqv_group {
-    const uint8_t *W[MMQV_PARTS];
-    float         *y[MMQV_PARTS];
-    size_t         row_bytes[MMQV_PARTS];
-    int            n_out[MMQV_PARTS], q6[MMQV_PARTS], ks[MMQV_PARTS], ws[MMQV_PARTS], blk0[MMQV_PARTS + 1], n;
-};
-template <int NT, bool ST>
-static __device__ __forceinline__ void mmqv_body(const mmqv_group g, int K, const int8_t *__restrict__ xq,
-                                                 const float2 *__restrict__ xs, int n_tok) {
-    /* the part by constant indices (a run-time index would copy the parameters to local memory) */
-    const int      bx = (int)blockIdx.x, i = g.n > 2 && bx >= g.blk0[2] ? 2 : g.n > 1 && bx >= g.blk0[1] ? 1 : 0;
-    const uint8_t *W = i == 0 ? g.W[0] : i == 1 ? g.W[1] : g.W[2];
-    float         *y = i == 0 ? g.y[0] : i == 1 ? g.y[1] : g.y[2];
-    const size_t   rb = i == 0 ? g.row_bytes[0] : i == 1 ? g.row_bytes[1] : g.row_bytes[2];
-    const int      n_out = i == 0 ? g.n_out[0] : i == 1 ? g.n_out[1] : g.n_out[2];
-    const int      ks = i == 0 ? g.ks[0] : i == 1 ? g.ks[1] : g.ks[2];
-    const int      ws = i == 0 ? g.ws[0] : i == 1 ? g.ws[1] : g.ws[2];
-    const int      b = bx - (i == 0 ? 0 : i == 1 ? g.blk0[1] : g.blk0[2]);
-    __shared__ __align__(16) mmqv_smem<NT> sm; /* (one for both types' code) */
-    if (i == 0 ? g.q6[0] : i == 1 ? g.q6[1] : g.q6[2])
-        mmqv_rows<NT, ST, true>(W, rb, K, n_out, ks, ws, xq, xs, n_tok, y, b, sm);
-    else mmqv_rows<NT, ST, false>(W, rb, K, n_out, ks, ws, xq, xs, n_tok, y, b, sm);
-}
-/* Registers: left to itself ptxas gave the one-token kernel 56 and issued
- * a step's loads only after the previous step's arithmetic; held to 64 (8
- * blocks an SM, as the dp4a split kernels were) both steps' loads go out
- * first. Two tokens: 96 (at 64, and unbounded, it spilled). */
-template <int NT, bool ST>
-__global__ void __launch_bounds__(32 * MMQV_WARPS, NT == 1 ? 8 : 5)
-    mmqv(const mmqv_group g, int K, const int8_t *__restrict__ xq, const float2 *__restrict__ xs, int n_tok) {
-    static_assert(NT >= 1 && NT <= MMQV_NT_MAX, "mmqv: 1 or 2 tokens a block");
-    mmqv_body<NT, ST>(g, K, xq, xs, n_tok);
-}
-
-/* ---- end of the mmqv kernel ---- */
 
 /* ---- dequantization (get_rows, prompt GEMM) ---- */
 
@@ -2401,15 +1605,6 @@ __global__ void f32_to_bf16(const float *__restrict__ x, size_t n, __nv_bfloat16
         o[i] = __float2bfloat16_rn(x[i]);
 }
 
-/* Four floats rounded to BF16 (round to nearest even) at d (8-byte aligned):
- * the one rounding every BF16 copy of activations uses. */
-static __device__ __forceinline__ void store_bf16x4(__nv_bfloat16 *d, float4 v) {
-    __nv_bfloat162 lo, hi;
-    lo.x = __float2bfloat16_rn(v.x), lo.y = __float2bfloat16_rn(v.y);
-    hi.x = __float2bfloat16_rn(v.z), hi.y = __float2bfloat16_rn(v.w);
-    ((__nv_bfloat162 *)d)[0] = lo, ((__nv_bfloat162 *)d)[1] = hi;
-}
-
 /* f32_to_bf16 four at a time (n % 4 == 0, 16-byte aligned): the same
  * rounding, so the same bits, at ~2.5x the scalar kernel's 1.1 TB/s (ncu,
  * an 8B's 4096-row prompt, H100). */
@@ -2420,16 +1615,11 @@ __global__ void f32_to_bf16_4(const float *__restrict__ x, size_t n, __nv_bfloat
     }
 }
 
-static unsigned grid_for(size_t n, unsigned threads) {
-    size_t g = (n + threads - 1) / threads;
-    return (unsigned)(g < 1 ? 1 : g > 65535 ? 65535 : g);
-}
-
 /* ---- matmul ---- */
 
 /* An op is about to write [p, p + bytes): prepared activations it
  * overlaps are stale. */
-static void prep_forget(cuda_state *s, const void *p, size_t bytes) {
+void prep_forget(cuda_state *s, const void *p, size_t bytes) {
     if (!bytes) return;
     if (s->pp_x) {
         const char *a = (const char *)s->pp_x, *b = a + s->pp_elems * sizeof(float);
@@ -2444,7 +1634,7 @@ static void prep_forget(cuda_state *s, const void *p, size_t bytes) {
  * its decode rows come first) should also leave, 0: none. Only rows of the
  * whole pass (not per-head norms), dims of whole 32-blocks, within what
  * begin reserved. */
-static int prep_formats(const cuda_state *s, int n, int dim) {
+int prep_formats(const cuda_state *s, int n, int dim) {
     if (!s->prep_on || !s->prep_want || n != s->n || s->pass_n_decode <= 0 || dim % 32) return 0;
     const size_t need = (size_t)s->pass_n_decode * (size_t)dim;
     int          f = s->prep_want;
@@ -2455,7 +1645,7 @@ static int prep_formats(const cuda_state *s, int n, int dim) {
 
 /* After a producer's launch: out's first pass_n_decode rows are prepared
  * in fmt (or, fmt 0, out was merely written). */
-static void prep_made(cuda_state *s, const float *out, int n, int dim, int fmt) {
+void prep_made(cuda_state *s, const float *out, int n, int dim, int fmt) {
     if (!fmt) {
         prep_forget(s, out, (size_t)n * dim * sizeof(float));
         return;
@@ -2470,86 +1660,43 @@ static void prep_made(cuda_state *s, const float *out, int n, int dim, int fmt) 
 /* Room in d_xbf for a producer's BF16 copy of elems prompt-row values (the
  * next GEMM's operand, pp_x): d_xbf, or NULL (copies off, nothing to copy,
  * or no memory: the GEMM converts them itself). */
-static __nv_bfloat16 *pp_reserve(cuda_state *s, size_t elems) {
+__nv_bfloat16 *pp_reserve(cuda_state *s, size_t elems) {
     if (!s->prep_on || !elems) return NULL;
     return grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16)) ? NULL : s->d_xbf;
 }
 /* After the producer's launch: d_xbf holds x[0..elems) as BF16. */
-static void pp_made(cuda_state *s, const float *x, size_t elems) {
+void pp_made(cuda_state *s, const float *x, size_t elems) {
     s->pp_x = x;
     s->pp_elems = elems;
-}
-
-/* A warp's 32 values of one 32-block (lane i: element e, e - i aligned to
- * 32) left in the formats fmt: quantize_q8_32's and f32_to_bf16's code. */
-static __device__ __forceinline__ void prep_store1(float v, size_t e, int fmt, int8_t *__restrict__ xq,
-                                                   float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
-    if (fmt & XR_BF16) xh[e] = __float2bfloat16_rn(v);
-    if (fmt & XR_Q8) {
-        float amax = fabsf(v);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float d = amax / 127.0f;
-        const int   q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-        xq[e] = (int8_t)q;
-        int sum = q;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if ((threadIdx.x & 31) == 0) xs[e / 32] = make_float2(d, __fmul_rn(d, (float)sum));
-    }
-}
-
-/* Lane group of 8 threads (4 consecutive floats each: one 32-block) leaves
- * v, elements [e, e + 4) of the rows, in the formats fmt: the bits of
- * f32_to_bf16 and quantize_q8_32 (the block's max and Σq are exact in any
- * order). Every lane of the group must call it. */
-static __device__ __forceinline__ void prep_store4(float4 v, size_t e, int fmt, int8_t *__restrict__ xq,
-                                                   float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
-    if (fmt & XR_BF16) store_bf16x4(xh + e, v);
-    if (fmt & XR_Q8) {
-        const unsigned m = 0xffu << (threadIdx.x & 24);
-        float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(m, amax, o));
-        const float d = amax / 127.0f;
-        const int q0 = amax == 0.0f ? 0 : __float2int_rn(v.x / d), q1 = amax == 0.0f ? 0 : __float2int_rn(v.y / d),
-                  q2 = amax == 0.0f ? 0 : __float2int_rn(v.z / d), q3 = amax == 0.0f ? 0 : __float2int_rn(v.w / d);
-        *(char4 *)(xq + e) = make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
-        int sum = q0 + q1 + q2 + q3;
-#pragma unroll
-        for (int o = 4; o > 0; o >>= 1) sum += __shfl_xor_sync(m, sum, o);
-        if ((threadIdx.x & 7) == 0) xs[e / 32] = make_float2(d, __fmul_rn(d, (float)sum));
-    }
 }
 
 /* Whether decode rows of this weight read the activations quantized by
  * quantize_q8_32: Q4_K and Q6_K, through mmqv (up to MMQV_FEW rows) or
  * mmq_q4k / mmq_q6k (more). */
-static bool uses_dp4a(const cuda_state *s, const ag_tensor *w) {
+bool uses_dp4a(const cuda_state *s, const ag_tensor *w) {
     return s->mmv_dp4a && (w->type == CQ_Q4_K || w->type == CQ_Q6_K);
 }
 
 /* Whether decode rows of this weight go through mmt_bf16 (and so read the
  * activations rounded to BF16). The choice depends on the weight alone, so
  * a row's kernel never depends on the batch. */
-static bool uses_mmt(const cuda_state *s, const ag_tensor *w) {
+bool uses_mmt(const cuda_state *s, const ag_tensor *w) {
     return s->mmv_dp4a && w->type == CQ_BF16 && w->ne[0] % 8 == 0;
 }
-
 
 /* Decode rows of one weight. *x_ready: the formats of x already in
  * d_xq/d_xs or d_xh (matmul_multi prepares a shared x once); updated. */
 /* The formats of x's n rows of K its producer left (prep_x), 0: none. */
-static int prep_ready(const cuda_state *s, const float *x, int n, int K) {
+int prep_ready(const cuda_state *s, const float *x, int n, int K) {
     return s->prep_x == x && n <= s->prep_rows && K == s->prep_dim ? s->prep_fmt : 0;
 }
 /* Where x's n rows of K are as BF16 once XR_BF16 is ready for them: their
  * producer's copy (prep_h), else d_xh (converted there by the caller). */
-static const __nv_bfloat16 *xh_of(const cuda_state *s, const float *x, int n, int K) {
+const __nv_bfloat16 *xh_of(const cuda_state *s, const float *x, int n, int K) {
     return prep_ready(s, x, n, K) & XR_BF16 ? s->prep_h : s->d_xh;
 }
 /* Converts x's n rows of K into d_xh as BF16 (for the mmt kernels). */
-static ag_status to_bf16(cuda_state *s, const float *x, int n, int K) {
+ag_status to_bf16(cuda_state *s, const float *x, int n, int K) {
     ag_status st = reserve_xh(s, n, K);
     if (st) return st;
     s->prep_x = NULL; /* the buffer now holds x */
@@ -2573,65 +1720,9 @@ static ag_status ensure_q8(cuda_state *s, const float *x, int n, int K, int *x_r
     return AG_OK;
 }
 
-/* The shared memory a staged mmqv block of `rows` rows of w needs, or
- * 0 where it takes the unstaged kernel: staging off, a bulk copy's 16-byte
- * alignment not met, or more than the 48 KB a block gets without opting in
- * (4 rows of K = 14336 Q6_K are 46 KB). */
-static size_t mmv_stage_bytes(const cuda_state *s, const ag_tensor *w, int rows) {
-    const size_t bytes = (size_t)rows * w->row_bytes;
-    if (!s->stage_mode || ((uintptr_t)w->data | w->row_bytes) % 16 != 0 || bytes > 48 * 1024) return 0;
-    return bytes;
-}
-
-/* mmqv's warps a row for a weight of n_out rows in ks slices: below 2048
- * rows a row's quads go to ks / 4 warps (an 8B's k/v projections have 1024
- * rows, 256 blocks of one row a warp would leave SMs idle), else one warp
- * walks them all. The threshold is the dp4a GEMVs' (retired), where one
- * warp a row left most SMs empty on the k/v projections (12% of the warp
- * slots active, 7-8% of the DRAM peak; ncu, H200) and, at 4096 rows (q, o,
- * down), 2 warps were slower: Q4_K 7.55 -> 7.90 us, Q6_K down 32.4 -> 41.6
- * us; at 1024 rows 4 warps took Q4_K 6.1 -> 4.2 us, Q6_K 9.9 -> 6.4. Only
- * who computes a slice moves, never what it computes: the same bits. */
-static int mmqv_ws(const cuda_state *s, int n_out, int ks) { return s->mmv_split_on && n_out < 2048 ? ks / 4 : 1; }
-
-/* The decode rows of w[0..n_w) (Q4_K/Q6_K weights of K columns) over x's
- * n rows, quantized in d_xq/d_xs (1 <= n <= MMQV_NT_MAX), in one mmqv
- * launch, y[i] weight i's output: each row the bits mmq gives it. The rows
- * are staged in shared memory (stage_rows; s->stage_mode: 1, the default,
- * in launches of several weights; 2 in every one) where every weight's
- * rows can be (mmv_stage_bytes). */
-static ag_status launch_mmqv(cuda_state *s, const ag_tensor *const *w, int n_w, int K, int n, float *const *y) {
-    mmqv_group g;
-    memset(&g, 0, sizeof g);
-    g.n = n_w;
-    bool   staged = s->stage_mode == 2 || (s->stage_mode == 1 && n_w > 1);
-    size_t smem = 0;
-    for (int i = 0; i < n_w; i++) {
-        const int n_out = (int)w[i]->ne[1], ks = mmt_slices(n_out, mmq_target_warps()), ws = mmqv_ws(s, n_out, ks);
-        const int rows = MMQV_WARPS / ws; /* a block's */
-        g.W[i] = (const uint8_t *)w[i]->data, g.y[i] = y[i], g.row_bytes[i] = w[i]->row_bytes;
-        g.n_out[i] = n_out, g.q6[i] = w[i]->type == CQ_Q6_K, g.ks[i] = ks, g.ws[i] = ws;
-        g.blk0[i + 1] = g.blk0[i] + (n_out + rows - 1) / rows;
-        const size_t b = mmv_stage_bytes(s, w[i], rows);
-        staged = staged && b, smem = b > smem ? b : smem;
-    }
-    if (!staged) smem = 0;
-    const int nt = n <= 1 ? 1 : 2, nti = nt - 1;
-    void (*k)(const mmqv_group, int, const int8_t *, const float2 *, int) =
-        nt == 1 ? (smem ? mmqv<1, true> : mmqv<1, false>) : (smem ? mmqv<2, true> : mmqv<2, false>);
-    if (smem && !s->mmqv_smem_ready[nti]) { /* up to 48 KB of rows beside the kernel's own shared memory */
-        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 48 * 1024));
-        s->mmqv_smem_ready[nti] = true;
-    }
-    dim3 grid((unsigned)g.blk0[n_w], (unsigned)((n + nt - 1) / nt));
-    launch_k(s, k, grid, 32 * MMQV_WARPS, smem, g, K, s->d_xq, s->d_xs, n);
-    LAUNCHED();
-    return AG_OK;
-}
-
 static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
-    const int K = (int)w->ne[0], n_out = (int)w->ne[1];
+    const int K = (int)w->ne[0];
     *x_ready |= prep_ready(s, x, n, K);
     if (uses_mmt(s, w)) {
         if (!(*x_ready & XR_BF16)) {
@@ -2643,15 +1734,8 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
         if (n <= 16 || s->mmt_tile == 1) {
             launch_mmt_group(s, &w, 1, K, xh, n, &y);
         } else {
-            int        rows, toks, warps;
-            size_t     smem;
-            mmt_kernel k = mmt_for(n_out, n, s->mmt_tile, &rows, &toks, &warps, &smem);
-            dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-            if (smem > 48 * 1024 && !s->mmt_staged_ready[warps / 8]) { /* once a kernel (4, 8, 16 warps: 0, 1, 2) */
-                CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-                s->mmt_staged_ready[warps / 8] = true;
-            }
-            launch_k(s, k, grid, 32 * warps, smem, (const uint8_t *)w->data, w->row_bytes, K, n_out, xh, n, y);
+            ag_status st = launch_mmt_tiles(s, w, xh, n, y);
+            if (st) return st;
         }
         LAUNCHED();
         return AG_OK;
@@ -2659,27 +1743,14 @@ static ag_status matmul_decode(cuda_state *s, const ag_tensor *w, const float *x
     if (uses_dp4a(s, w)) {
         ag_status st = ensure_q8(s, x, n, K, x_ready);
         if (st) return st;
-        if (n <= MMQV_FEW) return launch_mmqv(s, &w, 1, K, n, &y);
-        int        rows, toks, warps;
-        mmq_kernel k = mmq_for(w->type, n_out, n, s->mmq_tile, &rows, &toks, &warps);
-        dim3       grid((unsigned)((n + toks - 1) / toks), (unsigned)((n_out + rows - 1) / rows));
-        launch_k(s, k, grid, 32 * warps, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, s->d_xq, s->d_xs, n,
-                 y);
-        LAUNCHED();
-        return AG_OK;
+        return launch_mmq(s, w, n, y);
     }
-    int        nt;
-    mmv_kernel k = mmv_for(w->type, n, &nt);
-    if (!k) return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", w->type);
-    dim3 grid((unsigned)((n_out + MMV_WARPS - 1) / MMV_WARPS), (unsigned)((n + nt - 1) / nt));
-    launch_k(s, k, grid, 32 * MMV_WARPS, 0, (const uint8_t *)w->data, w->row_bytes, K, n_out, x, n, y);
-    LAUNCHED();
-    return AG_OK;
+    return launch_mmv(s, w, x, n, y);
 }
 
 /* w as the BF16 operand of a prompt GEMM: the weight itself, or (other
  * types) dequantized into d_wbf, which the next call rewrites. */
-static ag_status prompt_weight_bf16(cuda_state *s, const ag_tensor *w, const __nv_bfloat16 **wb) {
+ag_status prompt_weight_bf16(cuda_state *s, const ag_tensor *w, const __nv_bfloat16 **wb) {
     if (w->type == CQ_BF16) {
         *wb = (const __nv_bfloat16 *)w->data;
         return AG_OK;
@@ -2692,13 +1763,11 @@ static ag_status prompt_weight_bf16(cuda_state *s, const ag_tensor *w, const __n
     return AG_OK;
 }
 
-static ag_status lazy_need(cuda_state *s, const float *p, size_t elems);
-
 /* x's n prompt rows of K as the BF16 operand of a prompt GEMM (in d_xbf):
  * where their producer left them (pp_x), or converted here.
  * *x_ready: XR_PROMPT_BF16 when d_xbf holds x already (an earlier weight
  * of the same matmul_multi); set once it does. */
-static ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int *x_ready, const __nv_bfloat16 **out) {
+ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int *x_ready, const __nv_bfloat16 **out) {
     if (*x_ready & XR_PROMPT_BF16) {
         *out = s->pp_xbf_now;
         return AG_OK;
@@ -2726,8 +1795,8 @@ static ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int 
 }
 
 /* y[n][n_out] (F32 or BF16, yt) = xbf[n][K] · wbᵀ (+ y with beta 1), FP32 accumulation. */
-static ag_status gemm_bf16(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out, int n,
-                           void *y, cudaDataType yt, float beta = 0.0f) {
+ag_status gemm_bf16(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out, int n,
+                    void *y, cudaDataType yt, float beta) {
     const float one = 1.0f;
     /* column-major view: Yᵀ[n_out][n] = (W as K x n_out)ᵀ · (X as K x n) */
     BLAS_TRY(cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, n, K, &one, wb, CUDA_R_16BF, K, xbf, CUDA_R_16BF,
@@ -2737,15 +1806,15 @@ static ag_status gemm_bf16(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bf
 
 /* The F32 prompt-row GEMM y = xbf · wbᵀ, or, with deferral on, its operands
  * kept in s->defer for the next op (see cuda_state.defer). */
-static ag_status gemm_bf16_out(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out,
-                               int n, float *y) {
+ag_status gemm_bf16_out(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out,
+                        int n, float *y) {
     if (!(s->defer_mode & 1) || n <= 0) return gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
     s->defer.wb = wb, s->defer.xbf = xbf, s->defer.K = K, s->defer.n_out = n_out, s->defer.rows = n, s->defer.y = y;
     return AG_OK;
 }
 
 /* Launches a held-back GEMM as it was (into its y); nothing when none is. */
-static ag_status defer_flush(cuda_state *s) {
+ag_status defer_flush(cuda_state *s) {
     if (!s->defer.y) return AG_OK;
     float *y = s->defer.y;
     s->defer.y = NULL;
@@ -2755,7 +1824,7 @@ static ag_status defer_flush(cuda_state *s) {
 /* The held-back GEMM's first row within o[.][dim] when it is exactly o's
  * rows [r0, r0 + rows) up to the last of `total` elements (its prompt
  * rows), else -1. */
-static long defer_row0(const cuda_state *s, const float *o, size_t total, int dim) {
+long defer_row0(const cuda_state *s, const float *o, size_t total, int dim) {
     if (!s->defer.y || s->defer.n_out != dim || total % (size_t)dim) return -1;
     const long r0 = (long)(total / (size_t)dim) - s->defer.rows;
     return r0 >= 0 && s->defer.y == o + (size_t)r0 * dim ? r0 : -1;
@@ -2764,7 +1833,7 @@ static long defer_row0(const cuda_state *s, const float *o, size_t total, int di
 /* With the held-back GEMM over o's rows [r0, ..): those rows of x get
  * x + acc from the GEMM itself (beta 1); the caller then adds o's rows
  * [0, r0) only. */
-static ag_status defer_into(cuda_state *s, float *x, long r0, int dim) {
+ag_status defer_into(cuda_state *s, float *x, long r0, int dim) {
     float *xr = x + (size_t)r0 * dim;
     s->defer.y = NULL;
     prep_forget(s, xr, (size_t)s->defer.rows * dim * sizeof(float));
@@ -2815,20 +1884,9 @@ static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, 
     return AG_OK;
 }
 
-static ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
+ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
     int x_ready = 0;
     return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready, true);
-}
-
-/* How many weights from w[0] share one mmqv launch (launch_mmqv): 2 to
- * MMQV_PARTS Q4_K/Q6_K weights of one K at up to MMQV_FEW decode rows
- * (s->pair_mode 2: 2, 0: none), or 0 (beyond MMQV_FEW mmq, a launch each). */
-static int mmqv_group_len(const cuda_state *s, const ag_tensor *const *w, int n_w, int n_decode) {
-    if (!s->pair_mode || n_decode < 1 || n_decode > MMQV_FEW) return 0;
-    int n = 0;
-    while (n < n_w && n < (s->pair_mode == 2 ? 2 : MMQV_PARTS) && uses_dp4a(s, w[n]) && w[n]->ne[0] == w[0]->ne[0])
-        n++;
-    return n >= 2 ? n : 0;
 }
 
 /* The prompt rows of w[0..n_g) over x's rows [n_decode, n), weight by weight. */
@@ -2854,8 +1912,8 @@ static ag_status matmul_group_mmqv(cuda_state *s, const ag_tensor *const *w, int
     return matmul_group_prompt(s, w, n_g, x, n, n_decode, y, x_ready);
 }
 
-static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
-                                 int n_decode, float *const *y) {
+ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
+                          int n_decode, float *const *y) {
     cuda_state *s = st_of(be);
     int         x_ready = 0;
     if (n_decode < 0 || n_decode > n) n_decode = n;
@@ -2889,7 +1947,7 @@ static ag_status cu_matmul_multi(ag_backend *be, const ag_tensor *const *w, int 
     return AG_OK;
 }
 
-static ag_status cu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t *ids, int n, float *out) {
+ag_status cu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t *ids, int n, float *out) {
     cuda_state    *s = st_of(be);
     const int32_t *d_ids = pass_ints(s, ids, n);
     if (!d_ids) return ag_errorf(AG_ERR_INVALID, "CUDA get_rows: ids must be the pass's tokens (see begin)");
@@ -2897,30 +1955,13 @@ static ag_status cu_get_rows(ag_backend *be, const ag_tensor *w, const int32_t *
     return launch_dequant(s, w->type, w->data, w->row_bytes, (int)w->ne[0], d_ids, n, out);
 }
 
+/* ==== norm_act.cu (its own file once the split reaches it) ==== */
+
+/* RMS norms (with the residual add), element-wise ops, activation
+ * products, and the feed-forward block (ffn). */
+#include "backend/cuda/ops.cuh"
+
 /* ---- small ops ---- */
-
-static __device__ float block_sum(float v, float *red) {
-    v = warp_sum(v);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < n_warps; i++) t += red[i];
-    return t;
-}
-
-static __device__ float block_max(float v, float *red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float t = -INFINITY;
-    for (int i = 0; i < n_warps; i++) t = fmaxf(t, red[i]);
-    return t;
-}
 
 /* One block per row. Rows of dim % 4 == 0 are read as float4 with a thread
  * per float4 (up to 1024): the first version's 256 threads each walked 16
@@ -2982,13 +2023,6 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
     for (int i = threadIdx.x; i < dim; i += blockDim.x) res[i] = w ? xr[i] * sc * w[i] : xr[i] * sc;
 }
 
-/* Threads for a block that gives each thread about one of `work` items:
- * a multiple of 32, at most 1024. */
-static unsigned threads_for(int work) {
-    int t = (work + 31) / 32 * 32;
-    return (unsigned)(t < 32 ? 32 : t > 1024 ? 1024 : t);
-}
-
 /* rmsnorm_k, with the decode rows' formats where prep_formats says so, and
  * the prompt rows also as BF16 for the next prompt GEMM (pp_x, as
  * silu_mul leaves them) when the norm is over the pass's rows. */
@@ -3019,7 +2053,7 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
     return AG_OK;
 }
 
-static ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
+ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
     if (n <= 0) return AG_OK;
     return launch_rmsnorm<false>(st_of(be), (float *)x, nullptr, w, n, dim, eps, out); /* x is only read without ADD */
 }
@@ -3027,7 +2061,7 @@ static ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int 
 /* Writes a lazy norm's F32 prompt rows (cuda_state.lazy): the norm again
  * over its input rows, the same loop over the same values; nothing when
  * none is pending. */
-static ag_status lazy_flush(cuda_state *s) {
+ag_status lazy_flush(cuda_state *s) {
     if (!s->lazy.out) return AG_OK;
     const int dim = s->lazy.dim;
     float    *out = s->lazy.out;
@@ -3039,51 +2073,9 @@ static ag_status lazy_flush(cuda_state *s) {
     return AG_OK;
 }
 /* lazy_flush where [p, p + elems) overlaps the unwritten rows. */
-static ag_status lazy_need(cuda_state *s, const float *p, size_t elems) {
+ag_status lazy_need(cuda_state *s, const float *p, size_t elems) {
     const float *o = s->lazy.out;
     return o && p < o + (size_t)s->lazy.rows * s->lazy.dim && o < p + elems ? lazy_flush(s) : AG_OK;
-}
-
-/* theta_i = pos * freq_scale * base^(-2i/rope_dim), in double as on the CPU */
-static __device__ __forceinline__ double rope_theta(int pos, float freq_scale, float base, int i, int rope_dim) {
-    return (double)pos * freq_scale * pow((double)base, -2.0 * i / rope_dim);
-}
-/* One pair rotated by (c, s), each product rounded (no FMA contraction,
- * which the compiler may choose differently per call site): rope_k and
- * rope_kv_store_k give the same bits, and the CPU's arithmetic. */
-static __device__ __forceinline__ void rope_pair(float a, float b, float c, float s, float *o0, float *o1) {
-    *o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    *o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-}
-
-__global__ void rope_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
-                       float freq_scale, int neox) {
-    pdl_entry();
-    const int half = rope_dim / 2;
-    const size_t total = (size_t)n * n_head * half;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
-        const int    i = (int)(e % half);
-        const size_t th = e / half; /* token * n_head + head */
-        const int    t = (int)(th / n_head);
-        const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
-        const float  c = (float)cos(theta), s = (float)sin(theta);
-        float       *v = x + th * head_dim;
-        const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        rope_pair(v[i0], v[i1], c, s, &v[i0], &v[i1]);
-    }
-}
-
-static ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
-                         float base, float freq_scale, bool neox) {
-    cuda_state    *s = st_of(be);
-    const int32_t *d_pos = pass_ints(s, pos, n);
-    if (!d_pos) return ag_errorf(AG_ERR_INVALID, "CUDA rope: pos must be the pass's positions (see begin)");
-    if (n <= 0) return AG_OK;
-    prep_forget(s, x, (size_t)n * n_head * head_dim * sizeof(float));
-    launch_k(s, rope_k, grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, x, n, n_head, head_dim,
-             rope_dim, d_pos, base, freq_scale, neox);
-    LAUNCHED();
-    return AG_OK;
 }
 
 __global__ void add_bias_k(float *x, const float *b, int n, int dim) {
@@ -3100,7 +2092,6 @@ __global__ void scale_k(float *x, float s, size_t n) {
     pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] *= s;
 }
-static __device__ __forceinline__ float silu_times(float v, float u) { return v / (1.0f + expf(-v)) * u; }
 __global__ void silu_mul_k(float *g, const float *u, size_t n) {
     pdl_entry();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
@@ -3119,21 +2110,6 @@ __global__ void silu_mul_prep_k(float *g, const float *u, size_t n, size_t n_pre
         if (4 * i < n_prep) prep_store4(v, 4 * i, fmt, xq, xs, xh);
         else if (pb) store_bf16x4(pb + (4 * i - n_prep), v); /* a prompt row (from element n_prep) */
     }
-}
-/* GELU (tanh form) the way the CPU backend (and llama.cpp's) computes it:
- * of x rounded to fp16, rounded to fp16, exact limits beyond |x| >= 10. */
-static __device__ __forceinline__ float gelu_f16(float v) {
-    const float k = 0.7978845608028654f;
-    if (v <= -10.0f) return 0.0f;
-    if (v >= 10.0f) return v;
-    const float h = __half2float(__float2half_rn(v));
-    return __half2float(__float2half_rn(0.5f * h * (1.0f + tanhf(k * h * (1.0f + 0.044715f * h * h)))));
-}
-/* act(g) * u, act SiLU or GELU (gelu_f16): the one expression of the
- * activation product for every kernel that has both forms */
-template <bool GELU>
-static __device__ __forceinline__ float act_times(float g, float u) {
-    return GELU ? gelu_f16(g) * u : silu_times(g, u);
 }
 __global__ void gelu_mul_k(float *g, const float *u, size_t n) {
     pdl_entry();
@@ -3159,16 +2135,15 @@ __global__ void glu_bf16_k(__nv_bfloat16 *__restrict__ g, const __nv_bfloat16 *_
     }
 }
 
-static ag_status cu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
+ag_status cu_add_bias(ag_backend *be, float *x, const float *b, int n, int dim) {
     if (n <= 0) return AG_OK;
     prep_forget(st_of(be), x, (size_t)n * dim * sizeof(float));
     launch_k(st_of(be), add_bias_k, grid_for((size_t)n * dim, 256), 256, 0, x, b, n, dim);
     LAUNCHED();
     return AG_OK;
 }
-static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n);
-static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
-                                float *out) {
+ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
+                         float *out) {
     if (n <= 0) return AG_OK;
     cuda_state *s = st_of(be);
     ag_status   st = lazy_flush(s); /* (x changes) */
@@ -3185,7 +2160,7 @@ static ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const 
     }
     return launch_rmsnorm<true>(s, x, o, w, n, dim, eps, out);
 }
-static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
+ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
     if (!n) return AG_OK;
     cuda_state *s = st_of(be);
     /* y += x where x's last rows are a held-back GEMM's: those rows of y by
@@ -3201,7 +2176,7 @@ static ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
     LAUNCHED();
     return AG_OK;
 }
-static ag_status cu_scale(ag_backend *be, float *x, float s, size_t n) {
+ag_status cu_scale(ag_backend *be, float *x, float s, size_t n) {
     if (!n) return AG_OK;
     prep_forget(st_of(be), x, n * sizeof(float));
     launch_k(st_of(be), scale_k, grid_for(n, 256), 256, 0, x, s, n);
@@ -3210,7 +2185,7 @@ static ag_status cu_scale(ag_backend *be, float *x, float s, size_t n) {
 }
 /* n elements of gate rows: as rows of the pass (n = pass rows x n_ff),
  * the decode rows' formats are left for ffn_down where prep_formats says so. */
-static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n) {
+ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n) {
     if (!n) return AG_OK;
     cuda_state *s = st_of(be);
     const int   dim = s->n > 0 && n % (size_t)s->n == 0 && n / (size_t)s->n <= (size_t)INT32_MAX ? (int)(n / (size_t)s->n) : 0;
@@ -3228,90 +2203,12 @@ static ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n)
     if (pb) pp_made(s, g + n_dec, n_pp);
     return AG_OK;
 }
-static ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
+ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n) {
     if (!n) return AG_OK;
     prep_forget(st_of(be), g, n * sizeof(float));
     launch_k(st_of(be), gelu_mul_k, grid_for(n, 256), 256, 0, g, u, n);
     LAUNCHED();
     return AG_OK;
-}
-
-/* Up to 8 decode rows of a feed-forward block's gate and up (BF16, one K
- * split ks = KS for both) and their product, in one launch: block b takes
- * row tile b of both weights, warps [0, KS) gate's slices and [KS, 2 KS)
- * up's, each with mmt_bf16_group's arithmetic (mmt_slice, the slices' sums
- * added in order), then g[t][r] = silu_times(gate, up) (GELU:
- * gelu_f16(gate) * up), the bits of matmul_multi then silu_mul (gelu_mul);
- * with xh, also g's BF16 copy
- * (prep_store4's rounding) for the down matmul. Saves silu_mul's launch
- * and its wait between the two GEMVs: 8B BF16 on an H100, batch 1
- * 178.0 -> 179.0 tok/s, 8 sequences 1315.7 -> 1339.0 (2026-12-06; the
- * default, AUGUR_CUDA_GLU=0 runs the three ops). */
-template <int KS, bool GELU>
-__global__ void __launch_bounds__(64 * KS) mmt_bf16_glu(const uint8_t *__restrict__ Wg, const uint8_t *__restrict__ Wu,
-                                                        size_t row_bytes_g, size_t row_bytes_u, int K, int n_ff,
-                                                        const __nv_bfloat16 *__restrict__ x, int n_tok,
-                                                        float *__restrict__ g_out, __nv_bfloat16 *__restrict__ xh) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int row0 = 16 * (int)blockIdx.x;
-    int       s0, s1;
-    mmt_slice_range(K, KS, warp % KS, &s0, &s1);
-    float c[1][1][4];
-    mmt_slice<1, 1, 8>(warp < KS ? Wg : Wu, warp < KS ? row_bytes_g : row_bytes_u, K, n_ff, x, n_tok, row0, 0, s0, s1,
-                       c);
-    __shared__ float part[2 * KS][16][9];
-#pragma unroll
-    for (int e = 0; e < 4; e++) part[warp][g + 8 * (e >> 1)][2 * t + (e & 1)] = c[0][0][e];
-    __syncthreads();
-    for (int e = threadIdx.x; e < 16 * 8; e += blockDim.x) {
-        const int r = e % 16, tk = e / 16, row = row0 + r;
-        if (row >= n_ff || tk >= n_tok) continue;
-        float gv = part[0][r][tk], uv = part[KS][r][tk];
-        for (int w = 1; w < KS; w++) gv = __fadd_rn(gv, part[w][r][tk]), uv = __fadd_rn(uv, part[KS + w][r][tk]);
-        const float v = act_times<GELU>(gv, uv);
-        g_out[(size_t)tk * n_ff + row] = v;
-        if (xh) xh[(size_t)tk * n_ff + row] = __float2bfloat16_rn(v);
-    }
-}
-
-/* The decode rows of a feed-forward block through mmt_bf16_glu, then the
- * down matmul: *done false (nothing launched) where it does not apply:
- * turned off, prompt rows or more than 8 rows, a weight not on
- * mmt_bf16, a K split beyond 8, or activations the down weight reads as
- * int8 (only BF16 copies are made here). */
-static ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw,
-                                const float *h, int n, int n_decode, bool gelu, float *gate, float *o, bool *done) {
-    cuda_state *s = st_of(be);
-    *done = false;
-    const int K = (int)gw->ne[0], n_ff = (int)gw->ne[1];
-    if (!s->glu_on || n_decode != n || n < 1 || n > 8 || !s->group_on || !uses_mmt(s, gw) ||
-        !uses_mmt(s, uw) || uw->ne[0] != K || uw->ne[1] != n_ff || n != s->n || s->pass_n_decode != n)
-        return AG_OK;
-    const int ks = mmt_slices(n_ff, mmt_target_warps());
-    const int fmt = prep_formats(s, n, n_ff);
-    if (ks > 8 || (fmt & XR_Q8)) return AG_OK;
-    /* the product's BF16 copy goes to the half of d_xh that x is not in
-     * (x fits a half: K <= max_k_bf16, gate being a BF16 weight) */
-    const size_t half = (size_t)n * (size_t)s->max_k_bf16;
-    const bool   copy = fmt & XR_BF16;
-    if (copy && (n_ff > s->max_k_bf16 || s->cap_xh < 2 * half)) return AG_OK;
-    prep_forget(s, gate, (size_t)n * n_ff * sizeof(float));
-    ag_status st;
-    if (!(prep_ready(s, h, n, K) & XR_BF16) && (st = to_bf16(s, h, n, K))) return st;
-    const __nv_bfloat16 *xin = xh_of(s, h, n, K);
-    __nv_bfloat16       *xout = copy ? (xin == s->d_xh ? s->d_xh + half : s->d_xh) : NULL;
-    const unsigned       blocks = (unsigned)((n_ff + 15) / 16);
-    auto kern = ks == 4 ? (gelu ? mmt_bf16_glu<4, true> : mmt_bf16_glu<4, false>)
-                        : (gelu ? mmt_bf16_glu<8, true> : mmt_bf16_glu<8, false>);
-    launch_k(s, kern, blocks, 64 * (unsigned)ks, 0, (const uint8_t *)gw->data, (const uint8_t *)uw->data,
-             gw->row_bytes, uw->row_bytes, K, n_ff, xin, n, gate, xout);
-    LAUNCHED();
-    if (copy) {
-        prep_made(s, gate, n, n_ff, XR_BF16);
-        s->prep_h = xout;
-    }
-    *done = true;
-    return cu_matmul(be, dw, gate, n, n, o);
 }
 
 /* The feed-forward block (ag_backend_ops.ffn). Decode rows: the three ops
@@ -3320,8 +2217,8 @@ static ag_status ffn_decode_glu(ag_backend *be, const ag_tensor *gw, const ag_te
  * activation reads and writes BF16 in place, and the down GEMM reads that
  * as its operand. At 4096 rows of an 8B that skips writing and reading
  * 470 MB of F32 products a layer (AUGUR_CUDA_FFN16=0: the three ops). */
-static ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw, const float *h,
-                        int n, int n_decode, bool gelu, float *gate, float *up, float *o) {
+ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw, const float *h,
+                 int n, int n_decode, bool gelu, float *gate, float *up, float *o) {
     cuda_state *s = st_of(be);
     if (n_decode < 0 || n_decode > n) n_decode = n;
     const int        K = (int)gw->ne[0], n_ff = (int)gw->ne[1], n_out = (int)dw->ne[1], n_pp = n - n_decode;
@@ -3369,50 +2266,55 @@ static ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw
     return AG_OK;
 }
 
+/* ==== rope_kv.cu (its own file once the split reaches it) ==== */
+
+/* RoPE, the KV store into the paged pool, and both in one kernel
+ * (rope_kv_store). */
+#include "backend/cuda/ops.cuh"
+
+/* theta_i = pos * freq_scale * base^(-2i/rope_dim), in double as on the CPU */
+static __device__ __forceinline__ double rope_theta(int pos, float freq_scale, float base, int i, int rope_dim) {
+    return (double)pos * freq_scale * pow((double)base, -2.0 * i / rope_dim);
+}
+/* One pair rotated by (c, s), each product rounded (no FMA contraction,
+ * which the compiler may choose differently per call site): rope_k and
+ * rope_kv_store_k give the same bits, and the CPU's arithmetic. */
+static __device__ __forceinline__ void rope_pair(float a, float b, float c, float s, float *o0, float *o1) {
+    *o0 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    *o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+}
+
+__global__ void rope_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
+                       float freq_scale, int neox) {
+    pdl_entry();
+    const int half = rope_dim / 2;
+    const size_t total = (size_t)n * n_head * half;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const int    i = (int)(e % half);
+        const size_t th = e / half; /* token * n_head + head */
+        const int    t = (int)(th / n_head);
+        const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
+        const float  c = (float)cos(theta), s = (float)sin(theta);
+        float       *v = x + th * head_dim;
+        const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        rope_pair(v[i0], v[i1], c, s, &v[i0], &v[i1]);
+    }
+}
+
+ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
+                  float base, float freq_scale, bool neox) {
+    cuda_state    *s = st_of(be);
+    const int32_t *d_pos = pass_ints(s, pos, n);
+    if (!d_pos) return ag_errorf(AG_ERR_INVALID, "CUDA rope: pos must be the pass's positions (see begin)");
+    if (n <= 0) return AG_OK;
+    prep_forget(s, x, (size_t)n * n_head * head_dim * sizeof(float));
+    launch_k(s, rope_k, grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, x, n, n_head, head_dim,
+             rope_dim, d_pos, base, freq_scale, neox);
+    LAUNCHED();
+    return AG_OK;
+}
+
 /* ---- KV store and attention over the paged pool ---- */
-
-/* Where one layer's blocks are: kv.h's layout, in bytes. */
-typedef struct {
-    uint8_t *k0;          /* K region of block 0 of this layer */
-    size_t   v_off;       /* V region - K region within a block's layer */
-    size_t   block_bytes; /* block stride */
-    size_t   head_stride_k, head_stride_v, row_bytes_k, row_bytes_v;
-    int      block_shift, block_mask;
-} kv_geom;
-
-static kv_geom geom_of(ag_kv *kv, int layer) {
-    const ag_kv_layout *L = ag_kv_get_layout(kv);
-    kv_geom             g;
-    g.k0 = (uint8_t *)ag_kv_block_k(kv, layer, 0);
-    g.v_off = (size_t)((uint8_t *)ag_kv_block_v(kv, layer, 0) - g.k0);
-    g.block_bytes = L->block_bytes;
-    g.head_stride_k = L->head_stride_k;
-    g.head_stride_v = L->head_stride_v;
-    g.row_bytes_k = L->row_bytes_k;
-    g.row_bytes_v = L->row_bytes_v;
-    g.block_shift = L->block_shift;
-    g.block_mask = L->block_size - 1;
-    return g;
-}
-
-template <bool F16>
-static __device__ __forceinline__ void kv_put(uint8_t *p, int d, float v) {
-    if (F16) ((__half *)p)[d] = __float2half_rn(v);
-    else ((float *)p)[d] = v;
-}
-/* kv_put of v.x .. v.w at d .. d + 3 (d % 4 == 0, the row 16-byte aligned) */
-template <bool F16>
-static __device__ __forceinline__ void kv_put4(uint8_t *p, int d, float4 v) {
-    if (F16) {
-        const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
-        *(uint2 *)((__half *)p + d) = make_uint2(*(const uint32_t *)&a, *(const uint32_t *)&b);
-    } else *(float4 *)((float *)p + d) = v;
-}
-template <bool F16>
-static __device__ __forceinline__ float kv_get(const uint8_t *p, int d) {
-    if (F16) return __half2float(((const __half *)p)[d]);
-    return ((const float *)p)[d];
-}
 
 template <bool F16>
 __global__ void kv_store_k(kv_geom g, const int32_t *__restrict__ slot, int n_kv, int hd_k, int hd_v,
@@ -3432,8 +2334,8 @@ __global__ void kv_store_k(kv_geom g, const int32_t *__restrict__ slot, int n_kv
     }
 }
 
-static ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
-                             const float *k, const float *v) {
+ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
+                      const float *k, const float *v) {
     cuda_state *s = st_of(be);
     if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA kv_store: batch differs from the pass (see begin)");
     if (b->n <= 0) return AG_OK;
@@ -3584,9 +2486,9 @@ static bool rope_kv_vec_ok(const kv_geom &g, int hd_k, int hd_v, int rope_dim) {
            (uintptr_t)g.k0 % 16 == 0;
 }
 
-static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
-                                  float *q, float *k, const float *v, int rope_dim, const int32_t *pos, float base,
-                                  float freq_scale, bool neox) {
+ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
+                           float *q, float *k, const float *v, int rope_dim, const int32_t *pos, float base,
+                           float freq_scale, bool neox) {
     cuda_state *s = st_of(be);
     if (!s->fuse_on || rope_dim / 2 > ROPE_MAX_HALF) { /* AUGUR_CUDA_FUSE=0 (A/B), or too wide: the three ops */
         ag_status st = cu_rope(be, q, b->n, sh->n_head, sh->head_dim_k, rope_dim, pos, base, freq_scale, neox);
@@ -3639,9 +2541,13 @@ static ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape
     return AG_OK;
 }
 
-#define ATT_THREADS 128
-#define ATT_CHUNK 512
-#define ATT_MAX_DV 256 /* head_dim_v up to 2 * ATT_THREADS */
+/* ==== attn_decode.cu (its own file once the split reaches it) ==== */
+
+/* The attention op (cu_attention): decode rows (attention_k, split-K
+ * attention_split_k) and the SIMT prompt tiles (attention_tiled_k) here,
+ * prompt rows on the tensor cores in attn_prompt_mma.cu and
+ * attn_prompt_wgmma.cu. */
+#include "backend/cuda/ops.cuh"
 
 /* out[t][head] = softmax(scale q·K)·V over the token's visible positions,
  * rounded as the CPU backend (and llama.cpp) rounds: q and the normalized
@@ -4047,172 +2953,103 @@ __global__ void __launch_bounds__(128) attention_tiled_k(kv_geom g, const int32_
         }
     }
 }
+static size_t tiled_smem(int hd_k, int hd_v, bool f16) {
+    const size_t e = f16 ? 2 : 4;
+    return sizeof(float) * ((size_t)ATT_TQ * hd_k + (size_t)ATT_TQ * ATT_TK) +
+           e * ((size_t)ATT_TK * (hd_k + (f16 ? 2 : 1)) + (size_t)ATT_TK * hd_v);
+}
 
-/* Prompt rows on the tensor cores (fp16 KV, head_dim_k == head_dim_v, a
- * multiple of 32): the tile of up to 16 rows is the M of mma.sync
- * m16n8k16 (f16 inputs, f32 accumulation). The numerics of the SIMT tile
- * kernel: q rounded to fp16, two passes (each row's exact max and sum over
- * its positions, then its normalized softmax weights rounded to fp16 and
- * multiplied with V), only the sums' order differs. Per chunk of 64
- * positions, staged in shared memory (V transposed, so its mma operand is
- * a plain 4-byte read): warp w computes the scores of positions 16w..16w+15
- * for the 16 rows (Q·Kᵀ); pass 1 folds their max and sum into each row's
- * running pair, in warp order; pass 2 writes the rounded weights to shared
- * memory, then warp w multiplies them with V for its quarter of the dims.
- * Rows past the tile and positions outside a row's [lo, hi] weigh 0. */
-#define ATM_PAD 8 /* halves of padding per shared row: lanes (g, t) hit distinct banks */
-
-/* Stages chunk c (positions 64c .. 64c + 63, zeros past c_hi) of KV head
- * kvh (fp16, head dim hd) in shared memory for the tensor-core attention
- * kernels: K row-major in ks ([64][ks_stride]); V, when vt is not NULL,
- * transposed in vt ([hd][vt_stride]), so P·V's mma operand is a plain
- * 4-byte read. All threads of the block take part. */
-static __device__ __forceinline__ void stage_kv_chunk(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
-                                                      int hd, int c, int c_hi, __half *ks, int ks_stride, __half *vt,
-                                                      int vt_stride) {
-    const int n8 = hd / 8;
-    for (int e = threadIdx.x; e < ATT_TK * n8; e += blockDim.x) {
-        const int j = e / n8, d8 = e % n8, p = c * ATT_TK + j;
-        uint4     kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-        if (p <= c_hi) {
-            const uint8_t *blk = g_.k0 + (size_t)table[p >> g_.block_shift] * g_.block_bytes;
-            const size_t   off = (size_t)(p & g_.block_mask);
-            kv = *(const uint4 *)(blk + kvh * g_.head_stride_k + off * g_.row_bytes_k + 16 * d8);
-            if (vt) vv = *(const uint4 *)(blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v + 16 * d8);
+ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
+                       const float *q, float *out) {
+    cuda_state *s = st_of(be);
+    if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA attention: batch differs from the pass (see begin)");
+    prep_forget(s, out, (size_t)b->n * sh->n_head * sh->head_dim_v * sizeof(float));
+    if (sh->head_dim_v > ATT_MAX_DV || sh->n_head % sh->n_head_kv)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA attention: head_dim_v %d (max %d), %d heads over %d kv heads",
+                         sh->head_dim_v, ATT_MAX_DV, sh->n_head, sh->n_head_kv);
+    if (b->n <= 0) return AG_OK;
+    kv_geom   g = geom_of(kv, sh->layer);
+    const bool f16 = ag_kv_get_layout(kv)->dtype == AG_KV_F16;
+    /* decode rows: one block per (row, head); prompt rows: tiles (see begin) */
+    const int n_dec = b->n_decode > 0 ? (b->n_decode < b->n ? b->n_decode : b->n) : 0;
+    /* split-K for every decode row when on and the shape allows: chosen by
+     * the shape and the process, never by the batch */
+    const int  hdk = sh->head_dim_k;
+    const bool splitk = s->splitk_on && f16 && hdk == sh->head_dim_v && (hdk == 64 || hdk == 128 || hdk == 256);
+    if (n_dec > 0 && splitk) {
+        const size_t acc_floats = (size_t)n_dec * sh->n_head * s->att_splits * hdk;
+        const size_t need = acc_floats + (size_t)n_dec * sh->n_head * s->att_splits * 2,
+                     heads = (size_t)n_dec * sh->n_head;
+        if (need > s->cap_att_part || heads > s->cap_att_cnt) {
+            /* begin reserves for the model's shapes (max_att_out) before a
+             * pass is recorded; other callers (the op harness) grow it here */
+            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+            CUDA_TRY(cudaStreamIsCapturing(s->stream, &cs));
+            if (cs != cudaStreamCaptureStatusNone)
+                return ag_errorf(AG_ERR_INVALID, "CUDA attention: split-K scratch for %d rows not reserved (see begin)",
+                                 n_dec);
+            ag_status st = reserve_att_for(s, need, heads);
+            if (st) return st;
         }
-        *(uint4 *)(ks + j * ks_stride + 8 * d8) = kv;
-        if (vt) {
-            const __half *vh = (const __half *)&vv;
-#pragma unroll
-            for (int i = 0; i < 8; i++) vt[(8 * d8 + i) * vt_stride + j] = vh[i];
+        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head, (unsigned)s->att_z);
+        float *part = s->d_att_part, *part_ml = s->d_att_part + acc_floats;
+        /* the decode rows' output also left converted for attn_output's matmul */
+        const int fmt = prep_formats(s, b->n, sh->n_head * hdk);
+#define ATT_SK_LAUNCH(NK)                                                                                         \
+    launch_k(s, attention_split_k<NK>, grid, 32 * ATT_SK_WARPS, 0, g, s->d_pos, s->d_tok_table, s->d_tables,           \
+             sh->n_head, sh->n_head_kv, s->att_splits, s->att_min, sh->scale, sh->window, sh->softcap, q, part,        \
+             part_ml, s->d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
+        if (hdk == 64) ATT_SK_LAUNCH(2);
+        else if (hdk == 128) ATT_SK_LAUNCH(4);
+        else ATT_SK_LAUNCH(8);
+#undef ATT_SK_LAUNCH
+        LAUNCHED();
+        if (fmt) prep_made(s, out, b->n, sh->n_head * hdk, fmt); /* prompt rows below write rows past n_dec */
+    } else if (n_dec > 0) {
+        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head);
+        size_t shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
+        if (f16)
+            launch_k(s, attention_k<true>, grid, ATT_THREADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
+                     out);
+        else
+            launch_k(s, attention_k<false>, grid, ATT_THREADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
+                     out);
+        LAUNCHED();
+    }
+    const int hd = sh->head_dim_k, group = sh->n_head / sh->n_head_kv;
+    if (s->fa_on && s->n_tiles > 0 && f16 && hd == sh->head_dim_v && group <= 8 && (hd == 64 || hd == 128) &&
+        !s->fa_per_head) /* tensor cores, a KV head's query heads per block */
+        return launch_attention_group(s, g, sh, q, out);
+    if (s->fa_on && s->n_tiles > 0 && f16 && hd == sh->head_dim_v && hd % 32 == 0 && hd <= 256) /* tensor cores */
+        return launch_attention_mma(s, g, sh, q, out);
+    if (s->n_tiles > 0) {
+        dim3   grid((unsigned)s->n_tiles, (unsigned)sh->n_head);
+        size_t shm = tiled_smem(sh->head_dim_k, sh->head_dim_v, f16);
+        if (f16) {
+            CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+            launch_k(s, attention_tiled_k<true>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
+                     sh->softcap, q, out);
+        } else {
+            CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+            launch_k(s, attention_tiled_k<false>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
+                     s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
+                     sh->softcap, q, out);
         }
+        LAUNCHED();
     }
+    return AG_OK;
 }
 
-static __device__ __forceinline__ uint32_t pack_half2(float a, float b) { /* a in the low half */
-    const __half2 v = __floats2half2_rn(a, b);
-    return *(const uint32_t *)&v;
-}
+/* ==== attn_prompt_mma.cu (its own file once the split reaches it) ==== */
 
-static __device__ __forceinline__ void mma_f16_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* The m16k16 A fragment of lane (g, t) from a row-major fp16 matrix in
- * shared memory (stride halves a row), columns col .. col + 15: rows g and
- * g + 8, columns 2t, 2t + 1 and 8 on. */
-static __device__ __forceinline__ void frag_a_smem(const __half *m, int stride, int col, int g, int t,
-                                                   uint32_t (&a)[4]) {
-    a[0] = *(const uint32_t *)(m + g * stride + col + 2 * t);
-    a[1] = *(const uint32_t *)(m + (g + 8) * stride + col + 2 * t);
-    a[2] = *(const uint32_t *)(m + g * stride + col + 8 + 2 * t);
-    a[3] = *(const uint32_t *)(m + (g + 8) * stride + col + 8 + 2 * t);
-}
-
-/* The prologue of the tensor-core prompt attention kernels (attention_fa_k,
- * attention_fa1_k), for the block's tile of NT rows from T0 (R row tiles
- * of 16) and the warp's query head h and row tile rt (rows T0 + 16rt ..):
- * each row's visible positions [row_lo, row_hi] (shared, 16R each); the
- * warp's rows g and g + 8 of Q as mma A fragments, rounded to fp16
- * ([kk][0] row g, dims 16kk + 2t, +1; [1] row g + 8; [2], [3] the same 8
- * dims on; rows past the tile zeros); the chunks [*ch0, *ch1] the block's
- * rows see and their last position *c_hi; the warp's rows g and g + 8's
- * ranges in lo, hi. Has a barrier: every thread of the block calls it. */
-template <int HD, int R = 1>
-static __device__ __forceinline__ void fa_tile_setup(const int32_t *__restrict__ pos, int T0, int NT, int rt,
-                                                     int window, int n_head, int h, const float *__restrict__ q, int g,
-                                                     int t, int *row_lo, int *row_hi, uint32_t (&qa)[HD / 16][4],
-                                                     int *ch0, int *ch1, int *c_hi_out, int (&lo)[2], int (&hi)[2],
-                                                     int *all_lo = nullptr, int *all_hi = nullptr) {
-    if (threadIdx.x < ATT_TQ * R) {
-        const int r = threadIdx.x, rh = r < NT ? pos[T0 + r] : -1;
-        row_hi[r] = rh;
-        row_lo[r] = r < NT && window > 0 ? max(0, rh - window + 1) : 0;
-    }
-    {
-        const int    t0 = T0 + ATT_TQ * rt, nt = NT - ATT_TQ * rt; /* the warp's rows (none when nt <= 0) */
-        const float *q0 = q + ((size_t)(t0 + g) * n_head + h) * HD, *q1 = q + ((size_t)(t0 + g + 8) * n_head + h) * HD;
-        const bool   v0 = g < nt, v1 = g + 8 < nt;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-            for (int half = 0; half < 2; half++) {
-                const int d = 16 * kk + 8 * half + 2 * t;
-                qa[kk][2 * half] = v0 ? pack_half2(q0[d], q0[d + 1]) : 0u;
-                qa[kk][2 * half + 1] = v1 ? pack_half2(q1[d], q1[d + 1]) : 0u;
-            }
-    }
-    __syncthreads();
-    int c_lo = INT_MAX, c_hi = -1, a_lo = 0, a_hi = INT_MAX;
-    for (int r = 0; r < NT; r++) {
-        c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
-        a_lo = max(a_lo, row_lo[r]), a_hi = min(a_hi, row_hi[r]);
-    }
-    *ch0 = c_lo / ATT_TK, *ch1 = c_hi / ATT_TK, *c_hi_out = c_hi;
-    if (all_lo) *all_lo = a_lo, *all_hi = a_hi; /* positions every row of the block sees */
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) lo[hr] = row_lo[ATT_TQ * rt + g + 8 * hr], hi[hr] = row_hi[ATT_TQ * rt + g + 8 * hr];
-}
-
-/* Four 8x8 fp16 tiles of a row-major shared matrix: lane l gives the
- * address of row l % 8 of tile l / 8; tile i lands in r[i] (lane l: row
- * l / 4, columns 2 (l % 4), +1: an mma B fragment when the rows are n). */
-static __device__ __forceinline__ void ldmatrix_x4(const __half *row_addr, uint32_t (&r)[4]) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(row_addr);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-/* Chunk c's scores for the warp's 16 rows (Q as A fragments qa) against the
- * 64 staged K rows ks ([64][HD + ATM_PAD]): s[i][e], position tile i
- * (64c + 8i ..), e as an mma accumulator (rows g, g + 8; positions 2t,
- * 2t + 1); scaled, softcapped, times `post` (1, or log2 e for exp2
- * weights), and, when `mask`, -inf outside each row's [lo, hi] (a chunk
- * every row sees whole needs none). K's B fragments come by ldmatrix, two
- * position tiles a load. The tensor-core prompt attention kernels' score
- * step. */
-template <bool SOFTCAP, int HD>
-static __device__ __forceinline__ void fa_chunk_scores(const __half *ks, const uint32_t (&qa)[HD / 16][4], int c, int t,
-                                                       float scale, float softcap, float post, bool mask,
-                                                       const int (&lo)[2], const int (&hi)[2], float (&s)[8][4]) {
-    constexpr int KSTR = HD + ATM_PAD;
-    const int     lane = threadIdx.x & 31;
-#pragma unroll
-    for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-    /* lane l's row: position 8 (i + l / 16) + l % 8, dims 16kk + 8 ((l / 8) % 2) */
-    const __half *krow = ks + (8 * (lane >> 4) + (lane & 7)) * KSTR + 8 * ((lane >> 3) & 1);
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++)
-#pragma unroll
-        for (int i = 0; i < 8; i += 2) {
-            uint32_t kb[4];
-            ldmatrix_x4(krow + 8 * i * KSTR + 16 * kk, kb);
-            mma_f16_16816(s[i], qa[kk], kb[0], kb[1]);
-            mma_f16_16816(s[i + 1], qa[kk], kb[2], kb[3]);
-        }
-    const float sp = SOFTCAP ? scale / softcap : scale * post, cp = softcap * post;
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int hr = e >> 1, p = c * ATT_TK + 8 * i + 2 * t + (e & 1);
-            float     v = s[i][e] * sp;
-            if (SOFTCAP) v = cp * tanhf(v);
-            s[i][e] = mask && (p < lo[hr] || p > hi[hr]) ? -INFINITY : v;
-        }
-}
-
-/* 2^x by the SFU (ex2.approx: about 2 ulp; 2^-inf = 0): the one-pass
- * kernel's weights (FlashAttention's exp2, log2 e folded into the scale). */
-static __device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
+/* Prompt-row attention on mma.sync: attention_fa1_k (one pass, the
+ * default), attention_fa_k (two passes), attention_mma_k (a block per
+ * query head); the shared pieces in attn_mma.cuh. */
+#include "backend/cuda/ops.cuh"
+#include "backend/cuda/attn_mma.cuh"
 
 /* Prompt rows on the tensor cores, one block per (tile of up to 16 rows,
  * KV head): warp w takes query head kvh·G + w (G = n_head / n_kv <= 8), so
@@ -4319,7 +3156,6 @@ static size_t attention_fa_smem(int hd) {
     return sizeof(__half) * ((size_t)ATT_TK * (hd + ATM_PAD) + (size_t)hd * (ATT_TK + ATM_PAD)) + sizeof(int) * 32;
 }
 
-
 /* ---- one-pass prompt attention (the default; AUGUR_CUDA_FA=2pass: attention_fa_k) ----
  *
  * attention_fa_k's block and warp layout (a block per tile of up to 16 rows
@@ -4343,64 +3179,6 @@ static size_t attention_fa_smem(int hd) {
  * the same tolerance. At most 168 registers a thread (__maxnreg__, up to
  * 256 threads a block): at 174 an SM held two blocks of 4 warps (HD 128,
  * 4 query heads a KV head), at 168 three fit. */
-
-/* Four 8x8 fp16 tiles of a row-major shared matrix, transposed: lane l
- * gives the address of row l % 8 of tile l / 8; tile i lands in r[i]. */
-static __device__ __forceinline__ void ldmatrix_x4_trans(const __half *row_addr, uint32_t (&r)[4]) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(row_addr);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-/* Chunk c of KV head kvh (positions 64c .., zeros past c_hi) into K and V
- * buffers ([64][STR] halves each, row-major) by cp.async; the caller
- * commits the group. */
-template <int HD, int STR>
-static __device__ __forceinline__ void stage_kv_async(const kv_geom &g_, const int32_t *__restrict__ table, int kvh,
-                                                      int c, int c_hi, __half *ks, __half *vs) {
-    constexpr int N8 = HD / 8;
-    for (int e = threadIdx.x; e < ATT_TK * N8; e += blockDim.x) {
-        const int      j = e / N8, d8 = e % N8, p = c * ATT_TK + j, pc = min(p, c_hi);
-        const uint8_t *blk = g_.k0 + (size_t)table[pc >> g_.block_shift] * g_.block_bytes;
-        const size_t   off = (size_t)(pc & g_.block_mask);
-        const int      n = p <= c_hi ? 16 : 0;
-        cp_async16(ks + j * STR + 8 * d8, blk + kvh * g_.head_stride_k + off * g_.row_bytes_k + 16 * d8, n);
-        cp_async16(vs + j * STR + 8 * d8, blk + g_.v_off + kvh * g_.head_stride_v + off * g_.row_bytes_v + 16 * d8, n);
-    }
-}
-
-/* The tensor-core prompt attention kernels' last step, for a warp's 16
- * rows (rows g and g + 8 of the rows from t0; nt of them are real) of
- * query head h: each row's output O / L (L summed over the row's 4 lanes)
- * into out (F32) and, when ob, BF16 into ob from row n_dec on, for the
- * output projection's GEMM (pp_x). oat(i, e): the O accumulator of dims
- * 8i .. in mma's m16n8 C layout (e: rows g, g + 8 as e / 2; dims 2t, +1). */
-template <int HD, class OAT>
-static __device__ __forceinline__ void fa_store_rows(OAT oat, const float (&L)[2], int g, int t, int t0, int nt,
-                                                     int n_head, int h, float *__restrict__ out,
-                                                     __nv_bfloat16 *__restrict__ ob, int n_dec) {
-    float inv[2];
-#pragma unroll
-    for (int hr = 0; hr < 2; hr++) {
-        float l = L[hr];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < HD / 8; i++)
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) {
-            const int    r = g + 8 * hr, d = 8 * i + 2 * t;
-            const float2 v = make_float2(oat(i, 2 * hr) * inv[hr], oat(i, 2 * hr + 1) * inv[hr]);
-            if (r >= nt) continue;
-            *(float2 *)(out + ((size_t)(t0 + r) * n_head + h) * HD + d) = v;
-            if (ob)
-                *(__nv_bfloat162 *)(ob + ((size_t)(t0 + r - n_dec) * n_head + h) * HD + d) =
-                    __floats2bfloat162_rn(v.x, v.y);
-        }
-}
 
 template <bool SOFTCAP, int HD, int R>
 __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__restrict__ pos,
@@ -4500,6 +3278,223 @@ static size_t attention_fa1_smem(int hd, int r) {
     return sizeof(__half) * 4 * (size_t)ATT_TK * (hd + ATM_PAD) + sizeof(int) * 2 * ATT_TQ * r;
 }
 
+/* Launches attention_fa_k, or attention_fa1_k (s->fa_one_pass), for head dim HD (softcap or not). */
+template <int HD>
+static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q,
+                                     float *out) {
+    const bool softcap = sh->softcap > 0.0f;
+    const int  G = sh->n_head / sh->n_head_kv;
+    const int      n_dec = s->pass_n_decode;
+    const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
+    if (s->fa_wg) return launch_attention_wg(s, g, sh, q, out); /* 64-row tiles: attn_prompt_wgmma.cu */
+    if (!s->fa_one_pass) {
+        auto         k = softcap ? attention_fa_k<true, HD> : attention_fa_k<false, HD>;
+        const size_t shm = attention_fa_smem(HD);
+        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        launch_k(s, k, dim3((unsigned)s->n_tiles, (unsigned)sh->n_head_kv), 32 * G, shm, g, s->d_pos,
+                 s->d_tok_table, s->d_tables, s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window,
+                 sh->softcap, q, out);
+        LAUNCHED();
+        return AG_OK;
+    }
+    /* row tiles a block: its 32 G r threads at 168 registers within the
+     * SM's 64K (G r <= 12) */
+    int r = s->fa_rows;
+    while (r > 1 && G * r > 12) r--;
+    auto k = r == 1   ? (softcap ? attention_fa1_k<true, HD, 1> : attention_fa1_k<false, HD, 1>)
+             : r == 2 ? (softcap ? attention_fa1_k<true, HD, 2> : attention_fa1_k<false, HD, 2>)
+                      : (softcap ? attention_fa1_k<true, HD, 3> : attention_fa1_k<false, HD, 3>);
+    const int      n_blk = r == 1 ? s->n_tiles : s->n_btiles[r - 2];
+    const int32_t *tiles = r == 1 ? s->d_tiles : s->d_btiles[r - 2];
+    const size_t   shm = attention_fa1_smem(HD, r);
+    /* the prompt rows also as BF16 for the output projection (pp_x), as silu_mul leaves its */
+    __nv_bfloat16 *ob = pp_reserve(s, n_pp);
+    CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+    launch_k(s, k, dim3((unsigned)n_blk, (unsigned)sh->n_head_kv), 32 * G * r, shm, g, s->d_pos, s->d_tok_table,
+             s->d_tables, tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
+    LAUNCHED();
+    if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
+    return AG_OK;
+}
+
+template <bool SOFTCAP>
+__global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t *__restrict__ pos,
+                                                       const int32_t *__restrict__ tok_table,
+                                                       const int32_t *__restrict__ tables,
+                                                       const int32_t *__restrict__ tiles, int n_head, int n_kv, int hd,
+                                                       float scale, int window, float softcap,
+                                                       const float *__restrict__ q, float *__restrict__ out) {
+    pdl_entry();
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int qs_stride = hd + ATM_PAD, ks_stride = hd + ATM_PAD, vt_stride = ATT_TK + ATM_PAD;
+    __half   *qs = (__half *)smem;                 /* [16][qs_stride] */
+    __half   *ks = qs + 16 * qs_stride;            /* [64][ks_stride] */
+    __half   *vt = ks + ATT_TK * ks_stride;        /* [hd][vt_stride]: V transposed */
+    __half   *ps = vt + (size_t)hd * vt_stride;    /* [16][vt_stride]: pass 2's weights */
+    float    *red = (float *)(ps + 16 * vt_stride); /* [4][16][2]: a chunk's (max, sum) per warp and row */
+    float    *row_m = red + 4 * 16 * 2, *row_l = row_m + 16; /* running max and sum; then max and 1/sum */
+    int      *row_lo = (int *)(row_l + 16), *row_hi = row_lo + 16;
+    const int t0 = tiles[blockIdx.x], nt = tiles[blockIdx.x + 1] - t0;
+    const int h = blockIdx.y, kvh = h / (n_head / n_kv);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int32_t *table = tables + tok_table[t0];
+    for (int e = threadIdx.x; e < 16 * hd; e += blockDim.x) {
+        const int r = e / hd, d = e % hd;
+        qs[r * qs_stride + d] = __float2half_rn(r < nt ? q[((size_t)(t0 + r) * n_head + h) * hd + d] : 0.0f);
+    }
+    if (threadIdx.x < 16) {
+        const int r = threadIdx.x, hi = r < nt ? pos[t0 + r] : -1;
+        row_hi[r] = hi;
+        row_lo[r] = r < nt && window > 0 ? max(0, hi - window + 1) : 0;
+        row_m[r] = -INFINITY;
+        row_l[r] = 0.0f;
+    }
+    __syncthreads();
+    int c_lo = INT_MAX, c_hi = -1; /* the tile's span (the same in every thread) */
+    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
+    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
+    auto stage = [&](int c, bool with_v) { stage_kv_chunk(g_, table, kvh, hd, c, c_hi, ks, ks_stride, with_v ? vt : nullptr, vt_stride); };
+    /* the scores of this warp's 16 positions of chunk c: s[i][e] for n-tile
+     * i (positions 16 warp + 8i ..), e as an mma accumulator (rows g, g + 8;
+     * positions 2t, 2t + 1); masked ones -inf */
+    auto scores = [&](int c, float (&sc)[2][4]) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
+        for (int kk = 0; kk < hd; kk += 16) {
+            uint32_t a[4];
+            frag_a_smem(qs, qs_stride, kk, g, t, a);
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const __half *kr = ks + (16 * warp + 8 * i + g) * ks_stride + kk + 2 * t;
+                mma_f16_16816(sc[i], a, *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = g + 8 * (e >> 1), p = c * ATT_TK + 16 * warp + 8 * i + 2 * t + (e & 1);
+                float     v = sc[i][e] * scale;
+                if (SOFTCAP) v = softcap * tanhf(v / softcap);
+                sc[i][e] = p < row_lo[r] || p > row_hi[r] ? -INFINITY : v;
+            }
+    };
+    /* pass 1: each row's max and sum */
+    for (int c = ch0; c <= ch1; c++) {
+        __syncthreads(); /* the previous chunk's rows are consumed */
+        stage(c, false);
+        __syncthreads();
+        float sc[2][4];
+        scores(c, sc);
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) { /* row g + 8 hr: its 4 values here, then the 4 lanes of the group */
+            float m = fmaxf(fmaxf(sc[0][2 * hr], sc[0][2 * hr + 1]), fmaxf(sc[1][2 * hr], sc[1][2 * hr + 1]));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+            float l = 0.0f;
+            if (m != -INFINITY)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) l += expf(sc[i][2 * hr + e] - m); /* exp(-inf) = 0 */
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            if (t == 0) red[(warp * 16 + g + 8 * hr) * 2] = m, red[(warp * 16 + g + 8 * hr) * 2 + 1] = l;
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) { /* row r folds the warps' pairs in warp order */
+            const int r = threadIdx.x;
+            float     M = row_m[r], L = row_l[r];
+            for (int w = 0; w < 4; w++) {
+                const float mw = red[(w * 16 + r) * 2], lw = red[(w * 16 + r) * 2 + 1];
+                if (mw == -INFINITY) continue;
+                if (mw > M) L = L * expf(M - mw) + lw, M = mw; /* exp(-inf) = 0 while M is -inf */
+                else L += lw * expf(mw - M);
+            }
+            row_m[r] = M, row_l[r] = L;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) row_l[threadIdx.x] = row_l[threadIdx.x] > 0.0f ? 1.0f / row_l[threadIdx.x] : 0.0f;
+    /* pass 2: weights rounded to fp16, times V; warp w owns dims [w hd/4, (w+1) hd/4) */
+    const int dq = hd / 4, n_dt = dq / 8; /* 2, 4 or 8 n-tiles of dims */
+    float     o[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    for (int c = ch0; c <= ch1; c++) {
+        __syncthreads();
+        stage(c, true);
+        __syncthreads();
+        float sc[2][4];
+        scores(c, sc);
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int   r = g + 8 * (e >> 1);
+                const float w = sc[i][e] == -INFINITY ? 0.0f : expf(sc[i][e] - row_m[r]) * row_l[r];
+                ps[r * vt_stride + 16 * warp + 8 * i + 2 * t + (e & 1)] = __float2half_rn(w);
+            }
+        __syncthreads();
+#pragma unroll
+        for (int ks16 = 0; ks16 < ATT_TK; ks16 += 16) {
+            uint32_t a[4];
+            frag_a_smem(ps, vt_stride, ks16, g, t, a);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (i >= n_dt) break;
+                const __half *vr = vt + (warp * dq + 8 * i + g) * vt_stride + ks16 + 2 * t;
+                mma_f16_16816(o[i], a, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (i >= n_dt) break;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = g + 8 * (e >> 1), d = warp * dq + 8 * i + 2 * t + (e & 1);
+            if (r < nt) out[((size_t)(t0 + r) * n_head + h) * hd + d] = o[i][e];
+        }
+    }
+}
+
+static size_t attention_mma_smem(int hd) {
+    return sizeof(__half) * ((size_t)16 * (hd + ATM_PAD) + (size_t)ATT_TK * (hd + ATM_PAD) +
+                             (size_t)(hd + 16) * (ATT_TK + ATM_PAD)) +
+           sizeof(float) * (4 * 16 * 2 + 16 + 16) + sizeof(int) * 32;
+}
+
+ag_status launch_attention_group(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q, float *out) {
+    return sh->head_dim_k == 64 ? launch_attention_fa<64>(s, g, sh, q, out) : launch_attention_fa<128>(s, g, sh, q, out);
+}
+
+/* attention_mma_k: a block per (tile, query head), head dims of 32 up to
+ * 256 (those the group kernels do not take). */
+ag_status launch_attention_mma(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q, float *out) {
+    const int hd = sh->head_dim_k;
+    dim3         grid((unsigned)s->n_tiles, (unsigned)sh->n_head);
+    const size_t shm = attention_mma_smem(hd);
+    if (sh->softcap > 0.0f) {
+        CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        launch_k(s, attention_mma_k<true>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
+                 s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
+    } else {
+        CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
+        launch_k(s, attention_mma_k<false>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
+                 s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
+    }
+    LAUNCHED();
+    return AG_OK;
+}
+
+/* ==== attn_prompt_wgmma.cu (its own file once the split reaches it) ==== */
+
+/* Prompt-row attention on wgmma (sm_90a): attention_wg_k and
+ * attention_wgp_k, the default on a CC 9.0 GPU. */
+#include "backend/cuda/ops.cuh"
+#include "backend/cuda/attn_mma.cuh"
+
 /* ---- prompt attention on wgmma (sm_90a; AUGUR_CUDA_FA=wg) ----
  *
  * FlashAttention-3's MMA layout; attention_wg_k without its producer/
@@ -4519,15 +3514,6 @@ static size_t attention_fa1_smem(int hd, int r) {
  * The default for prompt rows on a CC 9.0 GPU in an sm_90a build
  * (AUGUR_CUDA_FA=1: attention_fa1_k): 8B BF16 prefill of 4096 tokens
  * 35.4k -> 37.7k tok/s on an H200, 34.8k -> 37.0k on an H100 (2026-12-06). */
-#define WG_ROWS  64 /* query rows a warpgroup (one head) */
-#define WG_HEADS 2  /* query heads (warpgroups) a block */
-#define WG_PANEL 8192 /* bytes of a [64][64] fp16 swizzled panel */
-#define WG_SKIP  2    /* variant: no rescale of O where no max rose (wg_rescale) */
-#define WG_DEEP  4    /* variant: four K/V buffers, chunk c + 2 loading while c is computed */
-#define WG_N128  8    /* variant: chunks of 128 positions (S by m64n128k16; not with WG_DEEP) */
-#define WG_PROD  16   /* variant: attention_wgp_k, a producer warpgroup stages K/V (with WG_DEEP or not) */
-#define WG_PING  32   /* variant of attention_wgp_k: the consumers take turns issuing their wgmmas */
-#define WG_PIN   64   /* variant of attention_wgp_k: O's rescale pinned before the fence (see the chunk loop) */
 
 #if defined(AUGUR_SM90A)
 /* Byte offset of 16-byte chunk d8 (halves 8 d8 ..) of row r in a [rows][HD]
@@ -5202,585 +4188,45 @@ static decltype(&attention_wg_k<SOFTCAP, HD, 0>) wg_kernel_for(int v) {
 }
 /* Whether variant bits v name a built kernel (wg_kernel_for's cases: the
  * one list of them) */
-static bool wg_var_built(int v) { return v == 0 || wg_kernel_for<false, 64>(v) != attention_wg_k<false, 64, 0>; }
+bool wg_var_built(int v) { return v == 0 || wg_kernel_for<false, 64>(v) != attention_wg_k<false, 64, 0>; }
 
-/* Launches attention_fa_k, or attention_fa1_k (s->fa_one_pass), for head dim HD (softcap or not). */
+/* attention_wg_k or attention_wgp_k (s->wg_var) over the pass's prompt
+ * rows in 64-row tiles (begin's last tiles list), WG_HEADS query heads a
+ * block, head dim HD. */
 template <int HD>
-static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q,
-                                     float *out) {
-    const bool softcap = sh->softcap > 0.0f;
-    const int  G = sh->n_head / sh->n_head_kv;
-    const int      n_dec = s->pass_n_decode;
-    const size_t   n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
-    if (s->fa_wg) { /* 64-row tiles (begin's last list), WG_HEADS query heads a block */
-        const int    v = s->wg_var;
-        auto         k = softcap ? wg_kernel_for<true, HD>(v) : wg_kernel_for<false, HD>(v);
-        const size_t shm = attention_wg_smem(HD, v & WG_N128 ? 128 : ATT_TK, v & WG_DEEP ? 4 : 3);
-        __nv_bfloat16 *ob = pp_reserve(s, n_pp);
-        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-        /* all of the SM's 228 KB as shared memory (a hint; a block takes 113-161 KB) */
-        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
-        launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv, (unsigned)((G + WG_HEADS - 1) / WG_HEADS)),
-                 128 * (WG_HEADS + (v & WG_PROD ? 1 : 0)), shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
-                 sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
-        LAUNCHED();
-        if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
-        return AG_OK;
-    }
-    if (!s->fa_one_pass) {
-        auto         k = softcap ? attention_fa_k<true, HD> : attention_fa_k<false, HD>;
-        const size_t shm = attention_fa_smem(HD);
-        CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-        launch_k(s, k, dim3((unsigned)s->n_tiles, (unsigned)sh->n_head_kv), 32 * G, shm, g, s->d_pos,
-                 s->d_tok_table, s->d_tables, s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window,
-                 sh->softcap, q, out);
-        LAUNCHED();
-        return AG_OK;
-    }
-    /* row tiles a block: its 32 G r threads at 168 registers within the
-     * SM's 64K (G r <= 12) */
-    int r = s->fa_rows;
-    while (r > 1 && G * r > 12) r--;
-    auto k = r == 1   ? (softcap ? attention_fa1_k<true, HD, 1> : attention_fa1_k<false, HD, 1>)
-             : r == 2 ? (softcap ? attention_fa1_k<true, HD, 2> : attention_fa1_k<false, HD, 2>)
-                      : (softcap ? attention_fa1_k<true, HD, 3> : attention_fa1_k<false, HD, 3>);
-    const int      n_blk = r == 1 ? s->n_tiles : s->n_btiles[r - 2];
-    const int32_t *tiles = r == 1 ? s->d_tiles : s->d_btiles[r - 2];
-    const size_t   shm = attention_fa1_smem(HD, r);
-    /* the prompt rows also as BF16 for the output projection (pp_x), as silu_mul leaves its */
+static ag_status launch_attention_wg_hd(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q,
+                                        float *out) {
+    const bool   softcap = sh->softcap > 0.0f;
+    const int    G = sh->n_head / sh->n_head_kv;
+    const int    n_dec = s->pass_n_decode;
+    const size_t n_pp = (size_t)(s->n - n_dec) * sh->n_head * HD;
+    const int    v = s->wg_var;
+    auto         k = softcap ? wg_kernel_for<true, HD>(v) : wg_kernel_for<false, HD>(v);
+    const size_t shm = attention_wg_smem(HD, v & WG_N128 ? 128 : ATT_TK, v & WG_DEEP ? 4 : 3);
     __nv_bfloat16 *ob = pp_reserve(s, n_pp);
     CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-    launch_k(s, k, dim3((unsigned)n_blk, (unsigned)sh->n_head_kv), 32 * G * r, shm, g, s->d_pos, s->d_tok_table,
-             s->d_tables, tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
+    /* all of the SM's 228 KB as shared memory (a hint; a block takes 113-161 KB) */
+    CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv, (unsigned)((G + WG_HEADS - 1) / WG_HEADS)),
+             128 * (WG_HEADS + (v & WG_PROD ? 1 : 0)), shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
+             sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
     LAUNCHED();
     if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
     return AG_OK;
 }
 
-template <bool SOFTCAP>
-__global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t *__restrict__ pos,
-                                                       const int32_t *__restrict__ tok_table,
-                                                       const int32_t *__restrict__ tables,
-                                                       const int32_t *__restrict__ tiles, int n_head, int n_kv, int hd,
-                                                       float scale, int window, float softcap,
-                                                       const float *__restrict__ q, float *__restrict__ out) {
-    pdl_entry();
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int qs_stride = hd + ATM_PAD, ks_stride = hd + ATM_PAD, vt_stride = ATT_TK + ATM_PAD;
-    __half   *qs = (__half *)smem;                 /* [16][qs_stride] */
-    __half   *ks = qs + 16 * qs_stride;            /* [64][ks_stride] */
-    __half   *vt = ks + ATT_TK * ks_stride;        /* [hd][vt_stride]: V transposed */
-    __half   *ps = vt + (size_t)hd * vt_stride;    /* [16][vt_stride]: pass 2's weights */
-    float    *red = (float *)(ps + 16 * vt_stride); /* [4][16][2]: a chunk's (max, sum) per warp and row */
-    float    *row_m = red + 4 * 16 * 2, *row_l = row_m + 16; /* running max and sum; then max and 1/sum */
-    int      *row_lo = (int *)(row_l + 16), *row_hi = row_lo + 16;
-    const int t0 = tiles[blockIdx.x], nt = tiles[blockIdx.x + 1] - t0;
-    const int h = blockIdx.y, kvh = h / (n_head / n_kv);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int32_t *table = tables + tok_table[t0];
-    for (int e = threadIdx.x; e < 16 * hd; e += blockDim.x) {
-        const int r = e / hd, d = e % hd;
-        qs[r * qs_stride + d] = __float2half_rn(r < nt ? q[((size_t)(t0 + r) * n_head + h) * hd + d] : 0.0f);
-    }
-    if (threadIdx.x < 16) {
-        const int r = threadIdx.x, hi = r < nt ? pos[t0 + r] : -1;
-        row_hi[r] = hi;
-        row_lo[r] = r < nt && window > 0 ? max(0, hi - window + 1) : 0;
-        row_m[r] = -INFINITY;
-        row_l[r] = 0.0f;
-    }
-    __syncthreads();
-    int c_lo = INT_MAX, c_hi = -1; /* the tile's span (the same in every thread) */
-    for (int r = 0; r < nt; r++) c_lo = min(c_lo, row_lo[r]), c_hi = max(c_hi, row_hi[r]);
-    const int ch0 = c_lo / ATT_TK, ch1 = c_hi / ATT_TK;
-    auto stage = [&](int c, bool with_v) { stage_kv_chunk(g_, table, kvh, hd, c, c_hi, ks, ks_stride, with_v ? vt : nullptr, vt_stride); };
-    /* the scores of this warp's 16 positions of chunk c: s[i][e] for n-tile
-     * i (positions 16 warp + 8i ..), e as an mma accumulator (rows g, g + 8;
-     * positions 2t, 2t + 1); masked ones -inf */
-    auto scores = [&](int c, float (&sc)[2][4]) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
-        for (int kk = 0; kk < hd; kk += 16) {
-            uint32_t a[4];
-            frag_a_smem(qs, qs_stride, kk, g, t, a);
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const __half *kr = ks + (16 * warp + 8 * i + g) * ks_stride + kk + 2 * t;
-                mma_f16_16816(sc[i], a, *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = g + 8 * (e >> 1), p = c * ATT_TK + 16 * warp + 8 * i + 2 * t + (e & 1);
-                float     v = sc[i][e] * scale;
-                if (SOFTCAP) v = softcap * tanhf(v / softcap);
-                sc[i][e] = p < row_lo[r] || p > row_hi[r] ? -INFINITY : v;
-            }
-    };
-    /* pass 1: each row's max and sum */
-    for (int c = ch0; c <= ch1; c++) {
-        __syncthreads(); /* the previous chunk's rows are consumed */
-        stage(c, false);
-        __syncthreads();
-        float sc[2][4];
-        scores(c, sc);
-#pragma unroll
-        for (int hr = 0; hr < 2; hr++) { /* row g + 8 hr: its 4 values here, then the 4 lanes of the group */
-            float m = fmaxf(fmaxf(sc[0][2 * hr], sc[0][2 * hr + 1]), fmaxf(sc[1][2 * hr], sc[1][2 * hr + 1]));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-            m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-            float l = 0.0f;
-            if (m != -INFINITY)
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) l += expf(sc[i][2 * hr + e] - m); /* exp(-inf) = 0 */
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            if (t == 0) red[(warp * 16 + g + 8 * hr) * 2] = m, red[(warp * 16 + g + 8 * hr) * 2 + 1] = l;
-        }
-        __syncthreads();
-        if (threadIdx.x < 16) { /* row r folds the warps' pairs in warp order */
-            const int r = threadIdx.x;
-            float     M = row_m[r], L = row_l[r];
-            for (int w = 0; w < 4; w++) {
-                const float mw = red[(w * 16 + r) * 2], lw = red[(w * 16 + r) * 2 + 1];
-                if (mw == -INFINITY) continue;
-                if (mw > M) L = L * expf(M - mw) + lw, M = mw; /* exp(-inf) = 0 while M is -inf */
-                else L += lw * expf(mw - M);
-            }
-            row_m[r] = M, row_l[r] = L;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) row_l[threadIdx.x] = row_l[threadIdx.x] > 0.0f ? 1.0f / row_l[threadIdx.x] : 0.0f;
-    /* pass 2: weights rounded to fp16, times V; warp w owns dims [w hd/4, (w+1) hd/4) */
-    const int dq = hd / 4, n_dt = dq / 8; /* 2, 4 or 8 n-tiles of dims */
-    float     o[8][4];
-#pragma unroll
-    for (int i = 0; i < 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    for (int c = ch0; c <= ch1; c++) {
-        __syncthreads();
-        stage(c, true);
-        __syncthreads();
-        float sc[2][4];
-        scores(c, sc);
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int   r = g + 8 * (e >> 1);
-                const float w = sc[i][e] == -INFINITY ? 0.0f : expf(sc[i][e] - row_m[r]) * row_l[r];
-                ps[r * vt_stride + 16 * warp + 8 * i + 2 * t + (e & 1)] = __float2half_rn(w);
-            }
-        __syncthreads();
-#pragma unroll
-        for (int ks16 = 0; ks16 < ATT_TK; ks16 += 16) {
-            uint32_t a[4];
-            frag_a_smem(ps, vt_stride, ks16, g, t, a);
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                if (i >= n_dt) break;
-                const __half *vr = vt + (warp * dq + 8 * i + g) * vt_stride + ks16 + 2 * t;
-                mma_f16_16816(o[i], a, *(const uint32_t *)vr, *(const uint32_t *)(vr + 8));
-            }
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        if (i >= n_dt) break;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = g + 8 * (e >> 1), d = warp * dq + 8 * i + 2 * t + (e & 1);
-            if (r < nt) out[((size_t)(t0 + r) * n_head + h) * hd + d] = o[i][e];
-        }
-    }
+ag_status launch_attention_wg(cuda_state *s, const kv_geom &g, const ag_attn_shape *sh, const float *q, float *out) {
+    return sh->head_dim_k == 64 ? launch_attention_wg_hd<64>(s, g, sh, q, out) : launch_attention_wg_hd<128>(s, g, sh, q, out);
 }
 
-static size_t attention_mma_smem(int hd) {
-    return sizeof(__half) * ((size_t)16 * (hd + ATM_PAD) + (size_t)ATT_TK * (hd + ATM_PAD) +
-                             (size_t)(hd + 16) * (ATT_TK + ATM_PAD)) +
-           sizeof(float) * (4 * 16 * 2 + 16 + 16) + sizeof(int) * 32;
-}
+/* ==== sample.cu (its own file once the split reaches it) ==== */
 
-static size_t tiled_smem(int hd_k, int hd_v, bool f16) {
-    const size_t e = f16 ? 2 : 4;
-    return sizeof(float) * ((size_t)ATT_TQ * hd_k + (size_t)ATT_TQ * ATT_TK) +
-           e * ((size_t)ATT_TK * (hd_k + (f16 ? 2 : 1)) + (size_t)ATT_TK * hd_v);
-}
+/* The sampling ops on the output rows: argmax, pick, cands, edit and
+ * mask (the kernels: sample_pick.cuh, sample_cands.cuh, sample_edit.cuh,
+ * which the CPU emulation compiles too). */
+#include "backend/cuda/ops.cuh"
 
-static ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b,
-                              const float *q, float *out) {
-    cuda_state *s = st_of(be);
-    if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA attention: batch differs from the pass (see begin)");
-    prep_forget(s, out, (size_t)b->n * sh->n_head * sh->head_dim_v * sizeof(float));
-    if (sh->head_dim_v > ATT_MAX_DV || sh->n_head % sh->n_head_kv)
-        return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA attention: head_dim_v %d (max %d), %d heads over %d kv heads",
-                         sh->head_dim_v, ATT_MAX_DV, sh->n_head, sh->n_head_kv);
-    if (b->n <= 0) return AG_OK;
-    kv_geom   g = geom_of(kv, sh->layer);
-    const bool f16 = ag_kv_get_layout(kv)->dtype == AG_KV_F16;
-    /* decode rows: one block per (row, head); prompt rows: tiles (see begin) */
-    const int n_dec = b->n_decode > 0 ? (b->n_decode < b->n ? b->n_decode : b->n) : 0;
-    /* split-K for every decode row when on and the shape allows: chosen by
-     * the shape and the process, never by the batch */
-    const int  hdk = sh->head_dim_k;
-    const bool splitk = s->splitk_on && f16 && hdk == sh->head_dim_v && (hdk == 64 || hdk == 128 || hdk == 256);
-    if (n_dec > 0 && splitk) {
-        const size_t acc_floats = (size_t)n_dec * sh->n_head * s->att_splits * hdk;
-        const size_t need = acc_floats + (size_t)n_dec * sh->n_head * s->att_splits * 2,
-                     heads = (size_t)n_dec * sh->n_head;
-        if (need > s->cap_att_part || heads > s->cap_att_cnt) {
-            /* begin reserves for the model's shapes (max_att_out) before a
-             * pass is recorded; other callers (the op harness) grow it here */
-            cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-            CUDA_TRY(cudaStreamIsCapturing(s->stream, &cs));
-            if (cs != cudaStreamCaptureStatusNone)
-                return ag_errorf(AG_ERR_INVALID, "CUDA attention: split-K scratch for %d rows not reserved (see begin)",
-                                 n_dec);
-            ag_status st = reserve_att_for(s, need, heads);
-            if (st) return st;
-        }
-        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head, (unsigned)s->att_z);
-        float *part = s->d_att_part, *part_ml = s->d_att_part + acc_floats;
-        /* the decode rows' output also left converted for attn_output's matmul */
-        const int fmt = prep_formats(s, b->n, sh->n_head * hdk);
-#define ATT_SK_LAUNCH(NK)                                                                                         \
-    launch_k(s, attention_split_k<NK>, grid, 32 * ATT_SK_WARPS, 0, g, s->d_pos, s->d_tok_table, s->d_tables,           \
-             sh->n_head, sh->n_head_kv, s->att_splits, s->att_min, sh->scale, sh->window, sh->softcap, q, part,        \
-             part_ml, s->d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
-        if (hdk == 64) ATT_SK_LAUNCH(2);
-        else if (hdk == 128) ATT_SK_LAUNCH(4);
-        else ATT_SK_LAUNCH(8);
-#undef ATT_SK_LAUNCH
-        LAUNCHED();
-        if (fmt) prep_made(s, out, b->n, sh->n_head * hdk, fmt); /* prompt rows below write rows past n_dec */
-    } else if (n_dec > 0) {
-        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head);
-        size_t shm = sizeof(float) * ((size_t)sh->head_dim_k + ATT_CHUNK + 32);
-        if (f16)
-            launch_k(s, attention_k<true>, grid, ATT_THREADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
-                     sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
-                     out);
-        else
-            launch_k(s, attention_k<false>, grid, ATT_THREADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
-                     sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
-                     out);
-        LAUNCHED();
-    }
-    const int hd = sh->head_dim_k, group = sh->n_head / sh->n_head_kv;
-    if (s->fa_on && s->n_tiles > 0 && f16 && hd == sh->head_dim_v && group <= 8 && (hd == 64 || hd == 128) &&
-        !s->fa_per_head) /* tensor cores, a KV head's query heads per block */
-        return hd == 64 ? launch_attention_fa<64>(s, g, sh, q, out) : launch_attention_fa<128>(s, g, sh, q, out);
-    if (s->fa_on && s->n_tiles > 0 && f16 && hd == sh->head_dim_v && hd % 32 == 0 && hd <= 256) { /* tensor cores */
-        dim3         grid((unsigned)s->n_tiles, (unsigned)sh->n_head);
-        const size_t shm = attention_mma_smem(hd);
-        if (sh->softcap > 0.0f) {
-            CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            launch_k(s, attention_mma_k<true>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
-                     s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
-        } else {
-            CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            launch_k(s, attention_mma_k<false>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
-                     s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
-        }
-        LAUNCHED();
-        return AG_OK;
-    }
-    if (s->n_tiles > 0) {
-        dim3   grid((unsigned)s->n_tiles, (unsigned)sh->n_head);
-        size_t shm = tiled_smem(sh->head_dim_k, sh->head_dim_v, f16);
-        if (f16) {
-            CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            launch_k(s, attention_tiled_k<true>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
-                     s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
-                     sh->softcap, q, out);
-        } else {
-            CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
-            launch_k(s, attention_tiled_k<false>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
-                     s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
-                     sh->softcap, q, out);
-        }
-        LAUNCHED();
-    }
-    return AG_OK;
-}
-
-/* ---- argmax of output rows (greedy sampling without copying the rows back) ---- */
-
-/* (value, index) pairs: the larger value, the lower index among equals */
-static __device__ __forceinline__ void argmax_take(float &bv, int &bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
-}
-
-/* The argmax of row[lo, hi) as this thread sees it, then its block's:
- * each thread scans its elements in increasing order (so its first maximum
- * wins; +inf counts as FLT_MAX, NaN is skipped: both compare false against
- * the running best), then the warps and the block merge by (value, index).
- * aligned: row and lo allow float4 loads (hi - lo a multiple of 4 but at
- * the row's end). Thread 0 gets the block's pair; (-inf, INT_MAX) when
- * nothing is finite. */
-static __device__ __forceinline__ void argmax_block(const float *__restrict__ row, int lo, int hi, bool aligned,
-                                                    float *bvp, int *bip) {
-    __shared__ float sv[32];
-    __shared__ int   si[32];
-    float            bv = -INFINITY;
-    int              bi = INT_MAX;
-    if (aligned) {
-        const float4 *r4 = (const float4 *)row;
-        for (int j = lo / 4 + threadIdx.x; j < hi / 4; j += blockDim.x) {
-            const float4 v = r4[j];
-            const float  a[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                const float c = a[k] > FLT_MAX ? FLT_MAX : a[k];
-                if (c > bv) bv = c, bi = 4 * j + k;
-            }
-        }
-    } else {
-        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-            const float c = row[i] > FLT_MAX ? FLT_MAX : row[i];
-            if (c > bv) bv = c, bi = i;
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) argmax_take(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) sv[warp] = bv, si[warp] = bi;
-    __syncthreads();
-    if (threadIdx.x == 0)
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) argmax_take(bv, bi, sv[w], si[w]);
-    *bvp = bv, *bip = bi;
-}
-
-/* out[blockIdx.x] = the lowest index among the row's largest values, -2
- * when no value is finite: the CPU sampler's greedy rule. One block a row. */
-__global__ void argmax_rows_k(const float *__restrict__ x, int dim, int32_t *__restrict__ out) {
-    pdl_entry();
-    float bv;
-    int   bi;
-    argmax_block(x + (size_t)blockIdx.x * dim, 0, dim, (dim & 3) == 0, &bv, &bi);
-    if (threadIdx.x == 0) out[blockIdx.x] = bv > -INFINITY ? bi : -2;
-}
-
-/* A logit's weight in ag_pick_f32: the sampler's sanitize (NaN -> -inf,
- * +inf -> FLT_MAX), then expf((l - m) * inv_t) in double. */
-static __device__ __forceinline__ double pick_weight(float l, float m, float inv_t) {
-    l = !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l;
-    return (double)expf(__fmul_rn(l - m, inv_t));
-}
-
-/* Among the sums w[0, n) following a running sum cum: the first with a
- * weight whose running sum passes target, or the last with a weight
- * (rounding left the target at the end); *base = the running sum before
- * it. (One thread.) */
-static __device__ int pick_owner(const double *w, int n, double target, double cum, double *base) {
-    int own = -1, last = 0;
-    *base = cum;
-    for (int t = 0; t < n; t++) {
-        if (w[t] <= 0.0) continue;
-        last = t;
-        if (own < 0 && target < cum + w[t]) own = t, *base = cum;
-        cum += w[t];
-    }
-    if (own < 0) own = last, *base = cum - w[last];
-    return own;
-}
-
-/* row[c0, c1) scanned as the CPU scans a row, from the running sum cum:
- * the first id whose running sum passes target, or the last with a
- * weight; -1 when none has one. */
-static __device__ int32_t pick_scan(const float *row, int c0, int c1, float m, float inv_t, double cum,
-                                    double target) {
-    int32_t pick = -1;
-    for (int i = c0; i < c1; i++) {
-        const double w = pick_weight(row[i], m, inv_t);
-        if (w <= 0.0) continue;
-        pick = i;
-        cum += w;
-        if (target < cum) break;
-    }
-    return pick;
-}
-
-/* out[blockIdx.x] = ag_pick_f32 of the row with its draw (draws: u's low
- * and high words, 1/T's bits), -2 when no value is finite. One block of
- * 1024 threads a row: the max (argmax_block), each thread's weights over a
- * contiguous slice of ids summed in id order, the slices' sums in order by
- * one thread, which finds the slice where u times the total falls; that
- * slice's thread scans it as the CPU scans the row. The weights' sum is
- * associated differently from the CPU's (and expf may differ in the last
- * bit), so the token can differ only where u times the sum lies within
- * rounding of a boundary. For many rows; few rows take pick_max_k and
- * pick_split_k. */
-__global__ void __launch_bounds__(1024) pick_rows_k(const float *__restrict__ x, int dim,
-                                                    const int32_t *__restrict__ draws, int32_t *__restrict__ out) {
-    pdl_entry();
-    __shared__ double part[1024];
-    __shared__ float  s_m;
-    __shared__ double s_target, s_base;
-    __shared__ int    s_owner;
-    const float      *row = x + (size_t)blockIdx.x * dim;
-    float             bv;
-    int               bi;
-    argmax_block(row, 0, dim, (dim & 3) == 0, &bv, &bi);
-    if (threadIdx.x == 0) s_m = bv;
-    __syncthreads();
-    const float m = s_m;
-    if (!(m > -INFINITY)) {
-        if (threadIdx.x == 0) out[blockIdx.x] = -2;
-        return;
-    }
-    const int32_t *d = draws + 3 * blockIdx.x;
-    const double   u = __hiloint2double(d[1], d[0]);
-    const float    inv_t = __int_as_float(d[2]);
-    const int      per = (dim + (int)blockDim.x - 1) / (int)blockDim.x;
-    const int      c0 = min(dim, (int)threadIdx.x * per), c1 = min(dim, c0 + per);
-    double         sum = 0.0;
-    for (int i = c0; i < c1; i++) sum += pick_weight(row[i], m, inv_t);
-    part[threadIdx.x] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double total = 0.0;
-        for (int t = 0; t < (int)blockDim.x; t++) total += part[t];
-        s_target = u * total;
-        double base;
-        s_owner = pick_owner(part, (int)blockDim.x, s_target, 0.0, &base);
-        s_base = base;
-    }
-    __syncthreads();
-    if ((int)threadIdx.x == s_owner) out[blockIdx.x] = pick_scan(row, c0, c1, m, inv_t, s_base, s_target);
-}
-
-/* Row r's slice [lo, hi) of a split grid (pick_max_k, pick_split_k,
- * cands_split_k, cands_z_k): blocks r * S .. r * S + S - 1 are row r's S
- * slices, in id order; a slice's length a multiple of 4 when the row allows
- * float4 loads (aligned). */
-static __device__ __forceinline__ void slice_range(int dim, int S, bool aligned, int j, int &lo, int &hi) {
-    const int per0 = (dim + S - 1) / S, per = aligned ? (per0 + 3) & ~3 : per0;
-    lo = min(dim, j * per), hi = min(dim, lo + per);
-}
-static __device__ __forceinline__ void split_slice(int dim, int S, bool aligned, int &r, int &lo, int &hi) {
-    r = (int)blockIdx.x / S;
-    slice_range(dim, S, aligned, (int)blockIdx.x % S, lo, hi);
-}
-
-/* Whether this block is the last of its row's S to get here (after its
- * threads' global writes, which the last block then sees): the counter
- * cnt[r] is reset by that block, so the next pass (or graph replay) finds
- * it zero. Every thread gets it. */
-static __device__ bool last_slice_of_row(int *cnt, int r, int S) {
-    __shared__ bool s_last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        s_last = atomicAdd(&cnt[r], 1) == S - 1;
-        if (s_last) cnt[r] = 0;
-    }
-    __syncthreads();
-    if (s_last) __threadfence();
-    return s_last;
-}
-
-/* The first step of a split pick (few rows: one block over a 128k-row reads
- * it at one SM's pace): each slice's max (argmax_block's value: +inf as
- * FLT_MAX) into sc_m, and the row's last slice writes the row's max to
- * m_out[r] (-inf when nothing is finite). */
-__global__ void __launch_bounds__(1024) pick_max_k(const float *__restrict__ x, int dim, int S, float *sc_m, int *cnt,
-                                                   float *m_out) {
-    pdl_entry();
-    const bool aligned = (dim & 3) == 0;
-    int        r, lo, hi;
-    split_slice(dim, S, aligned, r, lo, hi);
-    float bv;
-    int   bi;
-    argmax_block(x + (size_t)r * dim, lo, hi, aligned, &bv, &bi);
-    if (threadIdx.x == 0) sc_m[blockIdx.x] = bv;
-    if (!last_slice_of_row(cnt, r, S) || threadIdx.x != 0) return;
-    float m = -INFINITY;
-    for (int s = 0; s < S; s++) m = fmaxf(m, __ldcg(&sc_m[r * S + s]));
-    m_out[r] = m;
-}
-
-/* The second step: ag_pick_f32 of row r with its draw, as pick_rows_k, the
- * row cut into S slices of a block each (m: pick_max_k's maxima). Each
- * thread sums its contiguous run of the slice's weights in id order (into
- * sc_part, blockDim.x a slice), the slice's thread 0 their sum in thread
- * order (sc_tot); the row's last slice finds the slice where u times the
- * total falls (the slices' sums in order), in it the thread, and scans that
- * thread's run as the CPU scans the row. Same token as pick_rows_k but
- * where u times the sum lies within rounding of a boundary. */
-__global__ void __launch_bounds__(1024) pick_split_k(const float *__restrict__ x, int dim, int S,
-                                                     const int32_t *__restrict__ draws, const float *m_in,
-                                                     double *sc_part, double *sc_tot, int *cnt,
-                                                     int32_t *__restrict__ out) {
-    pdl_entry();
-    __shared__ double part[1024];
-    __shared__ double s_target, s_base;
-    __shared__ int    s_owner;
-    int               r, lo, hi;
-    split_slice(dim, S, (dim & 3) == 0, r, lo, hi);
-    const float *row = x + (size_t)r * dim;
-    const float  m = m_in[r];
-    const int    T = (int)blockDim.x, tid = (int)threadIdx.x;
-    if (!(m > -INFINITY)) { /* the whole row's blocks alike */
-        if ((int)blockIdx.x == r * S && tid == 0) out[r] = -2;
-        return;
-    }
-    const int32_t *d = draws + 3 * r;
-    const double   u = __hiloint2double(d[1], d[0]);
-    const float    inv_t = __int_as_float(d[2]);
-    /* thread t's run of slice [a, b) */
-    auto run = [&](int a, int b, int t, int &c0, int &c1) {
-        const int per = (b - a + T - 1) / T;
-        c0 = min(b, a + t * per), c1 = min(b, c0 + per);
-    };
-    int c0, c1;
-    run(lo, hi, tid, c0, c1);
-    double sum = 0.0;
-    for (int i = c0; i < c1; i++) sum += pick_weight(row[i], m, inv_t);
-    part[tid] = sum;
-    sc_part[(size_t)blockIdx.x * T + tid] = sum;
-    __syncthreads();
-    if (tid == 0) {
-        double tot = 0.0;
-        for (int t = 0; t < T; t++) tot += part[t];
-        sc_tot[blockIdx.x] = tot;
-    }
-    if (!last_slice_of_row(cnt, r, S)) return;
-    /* the slice where u times the row's total falls, then its thread */
-    for (int s = tid; s < S; s += T) part[s] = __ldcg(&sc_tot[r * S + s]);
-    __syncthreads();
-    if (tid == 0) {
-        double total = 0.0;
-        for (int s = 0; s < S; s++) total += part[s];
-        s_target = u * total;
-        double base;
-        s_owner = pick_owner(part, S, s_target, 0.0, &base);
-        s_base = base;
-    }
-    __syncthreads();
-    const int    slice = s_owner;
-    const double slice_base = s_base;
-    __syncthreads();
-    part[tid] = __ldcg(&sc_part[(size_t)(r * S + slice) * T + tid]);
-    __syncthreads();
-    if (tid == 0) {
-        double base;
-        s_owner = pick_owner(part, T, s_target, slice_base, &base);
-        s_base = base;
-    }
-    __syncthreads();
-    if (tid != s_owner) return;
-    int slo, shi;
-    slice_range(dim, S, (dim & 3) == 0, slice, slo, shi);
-    run(slo, shi, tid, c0, c1);
-    out[r] = pick_scan(row, c0, c1, m, inv_t, s_base, s_target);
-}
-
-/* ---- end of the pick kernel (make cuda-emu runs the code above, from the argmax's start, on the CPU) ---- */
+#include "backend/cuda/sample_pick.cuh"
 
 /* As argmax_rows_k with a row cut into gridDim.y slices, one block each (a
  * lone 128k-row on one SM took as long as copying it to the host): each
@@ -5814,401 +4260,13 @@ __global__ void argmax_split_k(const float *__restrict__ x, int dim, float *__re
     out[r] = v > -INFINITY ? i : -2;
 }
 
-/* ---- a row's best candidates (top-k sampling without copying the rows back) ---- */
-
-/* A cands request as one word for the device: k - 1 in bits 0-7 (k clamped
- * to [1, AG_CANDS_MAX] as ag_top_cands_f32 clamps it), want_z in bit 8,
- * at + 1 in bits 9-31 (0: none; an id past AG_CANDS_AT_MAX reads as none,
- * as on the host; all ones: AG_CANDS_AT_TOKEN). */
-#define CANDS_AT1_TOKEN 0x7fffffu
-static int32_t cands_req_word(const ag_cands_req *q) {
-    const int32_t  k = q->k < 1 ? 1 : q->k > AG_CANDS_MAX ? AG_CANDS_MAX : q->k;
-    const uint32_t at1 = q->at == AG_CANDS_AT_TOKEN                 ? CANDS_AT1_TOKEN
-                         : q->at >= 0 && q->at <= AG_CANDS_AT_MAX ? (uint32_t)q->at + 1u
-                                                                   : 0u;
-    return (int32_t)((uint32_t)(k - 1) | (q->want_z ? 1u << 8 : 0u) | at1 << 9);
-}
-
-/* The sampler's sanitize (base/argmax.h): NaN -> -inf, +inf -> FLT_MAX. */
-static __device__ __forceinline__ float cand_sanitize(float l) {
-    return !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l;
-}
-
-/* A finite value as an unsigned key in the value's order; -0.0 keyed as
- * +0.0, since the two compare equal and so tie by id. */
-static __device__ __forceinline__ uint32_t cand_key(float l) {
-    const uint32_t f = __float_as_uint(l == 0.0f ? 0.0f : l);
-    return (f & 0x80000000u) ? ~f : f | 0x80000000u;
-}
-
-/* The sampler's total order on (key, id): larger key, then lower id. */
-static __device__ __forceinline__ bool cand_before(uint32_t ka, int ia, uint32_t kb, int ib) {
-    return ka > kb || (ka == kb && ia < ib);
-}
-
-/* Sums over the block, the same order every run (a fixed shuffle tree,
- * then the warps in order); every thread gets the result.
- * sh: 32 words of shared scratch, free again on return. */
-template <typename T> static __device__ __forceinline__ T cand_block_sum(T v, T *sh) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
-    __syncthreads();
-    T t = 0;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += sh[w];
-    __syncthreads();
-    return t;
-}
-
-#define CANDS_THREADS 1024
-
-/* A row's request decoded (cands_req_word): k, want_z and at (-1: none;
- * AG_CANDS_AT_TOKEN names t, the row's token, or none when t is -1). */
-struct cand_req {
-    int  k, at;
-    bool want_z;
-};
-static __device__ __forceinline__ cand_req cand_req_decode(uint32_t req, int t, int dim) {
-    cand_req q;
-    q.k = (int)(req & 0xffu) + 1;
-    q.want_z = (req >> 8) & 1u;
-    /* the host too ignores a token past AG_CANDS_AT_MAX */
-    const int at1 = (req >> 9) == CANDS_AT1_TOKEN ? (t >= 0 && t <= AG_CANDS_AT_MAX ? t + 1 : 0) : (int)(req >> 9);
-    q.at = at1 - 1 >= 0 && at1 - 1 < dim ? at1 - 1 : -1;
-    return q;
-}
-
-/* The entries a selection reads, in id order: entry i's key and id, false
- * when it is no candidate. A row's slice [lo, lo + n): -inf (and NaN) are
- * none. */
-struct cand_row_src {
-    const float *row;
-    int          lo;
-    __device__ __forceinline__ bool operator()(int i, uint32_t &key, int &id) const {
-        const float l = cand_sanitize(row[lo + i]);
-        key = cand_key(l), id = lo + i;
-        return l != -INFINITY;
-    }
-};
-/* The slices' best, slice after slice (cands_split_k): key 0 (no finite
- * value's) marks an empty slot. Each slice's entries are sorted by (key
- * desc, id asc) and the slices' ids ascend, so the entries of any one key
- * come in id order, as a selection's ties need. Written by other blocks of
- * the grid: read past L1. */
-struct cand_union_src {
-    const uint32_t *key;
-    const int32_t  *id;
-    __device__ __forceinline__ bool operator()(int i, uint32_t &k, int &d) const {
-        k = __ldcg(key + i), d = __ldcg(id + i);
-        return k != 0u;
-    }
-};
-
-/* How many of src's n entries are candidates; every thread gets it. */
-template <typename Src> static __device__ int cands_count(const Src &src, int n) {
-    __shared__ int sh[32];
-    int            c = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        uint32_t key;
-        int      id;
-        c += src(i, key, id);
-    }
-    return cand_block_sum(c, sh);
-}
-
-/* s_key/s_id[0, kc) = the kc best of src's n entries (0 < kc <= the
- * candidates among them, kc <= AG_CANDS_MAX) by (key desc, id asc), ties
- * keeping the lowest ids, as ag_top_cands_f32's order does. Every thread of
- * the block calls it (blockDim.x >= AG_CANDS_MAX, whole warps):
- *  1. radix select, 8 bits a round from the top: the key T of the kc-th best
- *     and r, how many of the kc have key T (histograms of integer counts, the
- *     same every run; a warp's lanes that fall in one bin add once, as
- *     logits crowd a few bins of the first round);
- *  2. in id order, chunk by chunk: keys above T take slots by an atomic
- *     counter (any order), keys equal to T the next slots by their rank in
- *     id order while fewer than r are taken (a block-wide ballot scan);
- *  3. a bitonic sort of the slots by (key desc, id asc). */
-template <typename Src>
-static __device__ void cands_select(const Src &src, int n, int kc, uint32_t *s_key, int32_t *s_id) {
-    __shared__ uint32_t hist[256];
-    __shared__ int      sh_i[32];
-    __shared__ uint32_t s_prefix;
-    __shared__ int      s_rank, s_gt;
-    const int           tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    uint32_t            prefix = 0;
-    int                 r = kc; /* the rank sought among the keys that match the prefix */
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
-        __syncthreads();
-        const uint32_t high = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
-        for (int c0 = 0; c0 < n; c0 += blockDim.x) { /* whole warps each step, for the match */
-            const int i = c0 + tid;
-            uint32_t  key = 0;
-            int       id;
-            const bool     take = i < n && src(i, key, id) && (key & high) == prefix;
-            const uint32_t bin = take ? (key >> shift) & 255u : 256u + lane; /* lanes not taking: alone */
-            const unsigned peers = __match_any_sync(0xffffffffu, bin);
-            if (take && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], (uint32_t)__popc(peers));
-        }
-        __syncthreads();
-        if (tid == 0) {
-            int rr = r, b = 255;
-            for (; b > 0 && (int)hist[b] < rr; b--) rr -= (int)hist[b];
-            s_prefix = prefix | ((uint32_t)b << shift), s_rank = rr;
-        }
-        __syncthreads();
-        prefix = s_prefix, r = s_rank;
-    }
-    const uint32_t T = prefix;
-    const int      n_gt = kc - r;
-
-    if (tid == 0) s_gt = 0;
-    __syncthreads();
-    int ties = 0; /* ties seen in earlier chunks: the same in every thread */
-    for (int c0 = 0; c0 < n; c0 += blockDim.x) {
-        const int i = c0 + tid;
-        bool      tie = false;
-        uint32_t  key;
-        int       id;
-        if (i < n && src(i, key, id)) {
-            if (key > T) {
-                const int slot = atomicAdd(&s_gt, 1);
-                s_key[slot] = key, s_id[slot] = id;
-            } else {
-                tie = key == T;
-            }
-        }
-        const unsigned bal = __ballot_sync(0xffffffffu, tie);
-        if (lane == 0) sh_i[warp] = __popc(bal);
-        __syncthreads();
-        int before = ties + __popc(bal & ((1u << lane) - 1u)), total = 0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) {
-            before += w < warp ? sh_i[w] : 0;
-            total += sh_i[w];
-        }
-        if (tie && before < r) s_key[n_gt + before] = T, s_id[n_gt + before] = id;
-        ties += total;
-        const bool done = ties >= r && s_gt == n_gt; /* read before the barrier: no atomics until after it */
-        __syncthreads();
-        if (done) break;
-    }
-
-    for (int i = tid; i < AG_CANDS_MAX; i += blockDim.x)
-        if (i >= kc) s_key[i] = 0u, s_id[i] = INT_MAX; /* below every finite key */
-    __syncthreads();
-    for (int size = 2; size <= AG_CANDS_MAX; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            const int i = tid, j = tid ^ stride;
-            if (i < AG_CANDS_MAX && j > i) {
-                const bool swap = (i & size) == 0 ? cand_before(s_key[j], s_id[j], s_key[i], s_id[i])
-                                                  : cand_before(s_key[i], s_id[i], s_key[j], s_id[j]);
-                if (swap) {
-                    const uint32_t tk = s_key[i];
-                    const int32_t  ti = s_id[i];
-                    s_key[i] = s_key[j], s_id[i] = s_id[j];
-                    s_key[j] = tk, s_id[j] = ti;
-                }
-            }
-            __syncthreads();
-        }
-}
-
-/* Writes a row's result but its sum: at and at_l, the count of finite
- * values, and the kc best (s_id, their values read back from the row, so
- * their bits, -0.0 too, are the host's); sumexp NaN when z is not wanted, 0
- * when nothing is finite, else left to the caller. */
-static __device__ void cands_write(ag_cands *o, const float *row, const cand_req &q, int nf, int kc,
-                                   const int32_t *s_id) {
-    for (int i = threadIdx.x; i < kc; i += blockDim.x) {
-        o->c[i].id = s_id[i];
-        o->c[i].l = cand_sanitize(row[s_id[i]]);
-    }
-    if (threadIdx.x == 0) {
-        o->at = q.at, o->pad_ = 0;
-        o->at_l = q.at >= 0 ? cand_sanitize(row[q.at]) : __int_as_float(0x7fc00000);
-        o->n = kc, o->n_finite = nf;
-        o->max = kc > 0 ? cand_sanitize(row[s_id[0]]) : -INFINITY;
-        if (!q.want_z) o->sumexp = __longlong_as_double(0x7ff8000000000000ll);
-        else if (kc == 0) o->sumexp = 0.0;
-    }
-}
-
-/* This thread's part of sum (double)expf(l - m) over row[lo, hi). */
-static __device__ __forceinline__ double cands_z_part(const float *row, int lo, int hi, float m) {
-    double z = 0.0;
-    for (int i = lo + (int)threadIdx.x; i < hi; i += blockDim.x) z += (double)expf(cand_sanitize(row[i]) - m);
-    return z;
-}
-
-/* out[blockIdx.x] = ag_top_cands_f32 of the row for its request (reqs: a
- * word each, cands_req_word; AG_CANDS_AT_TOKEN names tok[blockIdx.x], or
- * none without tok). One block a row: the finite values' count, the
- * selection (cands_select), and for want_z the sum of (double)expf(l - max)
- * over the row, summed in a fixed order other than the host's; CUDA's expf
- * is within 2 ulp of the host's, so the sum agrees to about 1e-7 relative.
- * For many rows; few rows take cands_split_k. */
-__global__ void __launch_bounds__(CANDS_THREADS) cands_rows_k(const float *__restrict__ x, int dim,
-                                                              const int32_t *__restrict__ reqs,
-                                                              const int32_t *__restrict__ tok,
-                                                              ag_cands *__restrict__ out) {
-    pdl_entry();
-    __shared__ uint32_t s_key[AG_CANDS_MAX];
-    __shared__ int32_t  s_id[AG_CANDS_MAX];
-    __shared__ double   sh_d[32];
-    const float        *row = x + (size_t)blockIdx.x * dim;
-    ag_cands           *o = out + blockIdx.x;
-    const cand_req      q = cand_req_decode((uint32_t)reqs[blockIdx.x], tok ? tok[blockIdx.x] : -1, dim);
-    const cand_row_src  src = {row, 0};
-    const int           nf = cands_count(src, dim);
-    const int           kc = min(q.k, nf);
-    if (kc > 0) cands_select(src, dim, kc, s_key, s_id);
-    cands_write(o, row, q, nf, kc, s_id);
-    if (!q.want_z || kc == 0) return;
-    const double z = cand_block_sum(cands_z_part(row, 0, dim, cand_sanitize(row[s_id[0]])), sh_d);
-    if (threadIdx.x == 0) o->sumexp = z;
-}
-
-/* As cands_rows_k for few rows, each row cut into S slices of a block each
- * (one block over a 152k-row reads it at one SM's pace, which at batch 1
- * took longer than copying the row to the host): each slice selects its own
- * best (kc_j = min(k, its finite values)) into the scratch (sc_key/sc_id:
- * AG_CANDS_MAX entries a slice, row r's at r * S * AG_CANDS_MAX, slice j's
- * k of them at j * k; sc_nf: a count a slice), and the row's last slice to
- * finish selects the row's best among the slices' (a value among the row's
- * k best is among its slice's k best) and writes the result. The sum z
- * needs the row's max: cands_z_k, launched next, adds it. Same result as
- * cands_rows_k, z summed in another fixed order. */
-__global__ void __launch_bounds__(CANDS_THREADS) cands_split_k(const float *__restrict__ x, int dim, int S,
-                                                               const int32_t *__restrict__ reqs,
-                                                               const int32_t *__restrict__ tok, uint32_t *sc_key,
-                                                               int32_t *sc_id, int *sc_nf, int *cnt,
-                                                               ag_cands *__restrict__ out) {
-    pdl_entry();
-    __shared__ uint32_t s_key[AG_CANDS_MAX];
-    __shared__ int32_t  s_id[AG_CANDS_MAX];
-    int                 r, lo, hi;
-    split_slice(dim, S, false, r, lo, hi);
-    const float       *row = x + (size_t)r * dim;
-    const cand_req     q = cand_req_decode((uint32_t)reqs[r], tok ? tok[r] : -1, dim);
-    const int          k = q.k;
-    const cand_row_src src = {row, lo};
-    const int          nf = cands_count(src, hi - lo);
-    const int          kc = min(k, nf);
-    if (kc > 0) cands_select(src, hi - lo, kc, s_key, s_id);
-    uint32_t *gk = sc_key + (size_t)r * S * AG_CANDS_MAX;
-    int32_t  *gi = sc_id + (size_t)r * S * AG_CANDS_MAX;
-    const int j = (int)blockIdx.x - r * S;
-    for (int i = threadIdx.x; i < k; i += blockDim.x) {
-        gk[j * k + i] = i < kc ? s_key[i] : 0u;
-        gi[j * k + i] = i < kc ? s_id[i] : 0;
-    }
-    if (threadIdx.x == 0) sc_nf[blockIdx.x] = nf;
-    if (!last_slice_of_row(cnt, r, S)) return;
-    int nf_row = 0;
-    for (int s = 0; s < S; s++) nf_row += __ldcg(&sc_nf[r * S + s]);
-    const int            kc_row = min(k, nf_row);
-    const cand_union_src u = {gk, gi};
-    if (kc_row > 0) cands_select(u, S * k, kc_row, s_key, s_id);
-    cands_write(out + r, row, q, nf_row, kc_row, s_id);
-}
-
-/* The sums z of cands_split_k's rows that want them (the grid's slices
- * again): each slice sums (double)expf(l - max) over its values (max: the
- * row's result), into sc_z; the row's last slice adds the slices' sums in
- * slice order. */
-__global__ void __launch_bounds__(CANDS_THREADS) cands_z_k(const float *__restrict__ x, int dim, int S,
-                                                           const int32_t *__restrict__ reqs, double *sc_z,
-                                                           int *cnt, ag_cands *__restrict__ out) {
-    pdl_entry();
-    __shared__ double sh_d[32];
-    int               r, lo, hi;
-    split_slice(dim, S, false, r, lo, hi);
-    ag_cands *o = out + r;
-    if (!cand_req_decode((uint32_t)reqs[r], -1, dim).want_z || o->n == 0) return; /* the whole row's blocks alike */
-    const double z = cand_block_sum(cands_z_part(x + (size_t)r * dim, lo, hi, o->max), sh_d);
-    if (threadIdx.x == 0) sc_z[blockIdx.x] = z;
-    if (!last_slice_of_row(cnt, r, S) || threadIdx.x != 0) return;
-    double t = 0.0;
-    for (int s = 0; s < S; s++) t += __ldcg(&sc_z[r * S + s]);
-    o->sumexp = t;
-}
-/* ---- end of the candidates kernel (make cuda-emu runs the code above on the CPU) ---- */
-
-/* ---- the samplers' edits of output rows (logit bias and penalties where the logits are) ---- */
-
-/* One edit as uploaded: the output row it edits and the sampler's edit. */
-typedef struct {
-    int32_t       row;
-    ag_logit_edit e;
-} edit_rec;
-#define EDIT_HEAD 2     /* int32 words before the records: the count, padding */
-#define EDIT_BLOCKS 64  /* the edit kernel's grid (fixed: a recorded pass replays any count) */
-#define EDIT_THREADS 256
-
-/* The sampler's sanitize (base/argmax.h): NaN -> -inf, +inf -> FLT_MAX. */
-static __device__ __forceinline__ float edit_sanitize(float l) {
-    return !(l > -INFINITY) ? -INFINITY : l > FLT_MAX ? FLT_MAX : l;
-}
-
-/* ag_logit_edit_apply (base/argmax.h), each operation rounded on its own
- * as on the host (the __f*_rn intrinsics are never contracted). */
-static __device__ __forceinline__ float edit_apply(float l, const ag_logit_edit &e) {
-    l = edit_sanitize(l);
-    if (e.flags & AG_EDIT_BAN) l = -INFINITY;
-    else if (e.flags & AG_EDIT_BIAS) l = edit_sanitize(__fadd_rn(l, e.bias));
-    if (e.flags & AG_EDIT_PENALTY) {
-        if (e.rep != 1.0f) l = l > 0.0f ? __fdiv_rn(l, e.rep) : __fmul_rn(l, e.rep);
-        l = edit_sanitize(__fsub_rn(l, e.sub));
-    }
-    return l;
-}
-
-/* Applies the uploaded edits (buf: the count, padding, edit_rec[count])
- * to x[n_rows][dim] in place; a row holds a token once, so no two threads
- * write one value. Grid-stride over the records. */
-__global__ void edit_rows_k(float *__restrict__ x, int n_rows, int dim, const int32_t *__restrict__ buf) {
-    pdl_entry();
-    const int       n = buf[0];
-    const edit_rec *r = (const edit_rec *)(buf + EDIT_HEAD);
-    for (int i = (int)(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += (int)(gridDim.x * blockDim.x)) {
-        const edit_rec q = r[i];
-        if (q.row < 0 || q.row >= n_rows || q.e.id < 0 || q.e.id >= dim) continue;
-        float *l = x + (size_t)q.row * dim + q.e.id;
-        *l = edit_apply(*l, q.e);
-    }
-}
-/* Sets x[row][i] = -inf for each token i that the row's bitmap leaves out
- * (buf: a word per row, 0 for none, else 1 + the slot of its bitmap among
- * the bitmaps of `words` words that follow); a block per slice of
- * MASK_WORDS words of a row (n_rows * S blocks). */
-#define MASK_WORDS 1024
-__global__ void mask_rows_k(float *__restrict__ x, int n_rows, int S, int dim, int words,
-                            const uint32_t *__restrict__ buf) {
-    pdl_entry();
-    const int row = (int)blockIdx.x / S, slice = (int)blockIdx.x % S;
-    if (!buf[row]) return;
-    const uint32_t *bits = buf + n_rows + (size_t)(buf[row] - 1) * words;
-    const int       w1 = min(words, (slice + 1) * MASK_WORDS);
-    for (int w = slice * MASK_WORDS + (int)threadIdx.x; w < w1; w += (int)blockDim.x) {
-        const uint32_t a = bits[w];
-        if (a == 0xFFFFFFFFu) continue;
-        for (int b = 0; b < 32 && w * 32 + b < dim; b++)
-            if (!(a >> b & 1u)) x[(size_t)row * dim + w * 32 + b] = -INFINITY;
-    }
-}
-/* ---- end of the edit kernel (make cuda-emu runs it on the CPU) ---- */
-
-static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t *total_bytes) {
-    size_t f = 0, t = 0;
-    CUDA_TRY(cudaMemGetInfo(&f, &t));
-    *free_bytes = f, *total_bytes = t;
-    return AG_OK;
-}
+#include "backend/cuda/sample_cands.cuh"
+#include "backend/cuda/sample_edit.cuh"
 
 /* Room for argmax_split_k's partials and counters of n rows (counters
  * zeroed when (re)allocated; the kernel leaves them zero). A regrown
  * buffer drops the recorded passes. */
-static ag_status reserve_argmax(cuda_state *s, int n) {
+ag_status reserve_argmax(cuda_state *s, int n) {
     if (!s->argmax_split || (size_t)n <= s->cap_am_rows) return AG_OK;
     graphs_clear(s);
     size_t    cap_v = s->cap_am_rows * ARGMAX_SLICES, cap_i = cap_v, cap_c = s->cap_am_rows;
@@ -6221,7 +4279,7 @@ static ag_status reserve_argmax(cuda_state *s, int n) {
     return AG_OK;
 }
 
-static ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out) {
+ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
     if (s->argmax_split) {
@@ -6264,8 +4322,8 @@ static int split_slices(const cuda_state *s, int n, int dim) {
 /* The pick op (backend.h): one pick_rows_k block a row, or for few rows
  * pick_max_k and pick_split_k over slices of each (split_slices), the
  * draws from begin's upload (so a replayed pass uses its own). */
-static ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
-                         int32_t *out) {
+ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
+                  int32_t *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
     if (!out_rows_ok(s, lay, lay ? lay->pick : NULL, row0, n))
@@ -6288,8 +4346,8 @@ static ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const a
 /* The cands op (backend.h): one cands_rows_k block a row, or for few rows
  * cands_split_k and cands_z_k over slices of each (split_slices), the
  * requests from begin's upload (so a replayed pass uses its own). */
-static ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
-                          const int32_t *tok, ag_cands *out) {
+ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const ag_batch_layout *lay, int row0,
+                   const int32_t *tok, ag_cands *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
     if (!out_rows_ok(s, lay, lay ? lay->cands_req : NULL, row0, n))
@@ -6334,7 +4392,7 @@ static ag_status reserve_staged(cuda_state *s, void **h, size_t *cap_h, void **d
  * the count, padding and one edit_rec each. Each through its pinned
  * staging buffer (the previous pass's copy is done: every pass ends in a
  * sync). Nothing for a pass without them. */
-static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
+ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
     ag_status st;
     if (lay->allow && lay->n_out > 0) {
         size_t n_masked = 0;
@@ -6365,7 +4423,7 @@ static ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
 }
 
 /* The edit op (backend.h): edit_rows_k over the records begin uploaded. */
-static ag_status cu_edit(ag_backend *be, float *x, int n, int dim, const ag_batch_layout *lay) {
+ag_status cu_edit(ag_backend *be, float *x, int n, int dim, const ag_batch_layout *lay) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
     if (!lay || !lay->edits || !lay->edit_start || !s->d_edits)
@@ -6376,7 +4434,7 @@ static ag_status cu_edit(ag_backend *be, float *x, int n, int dim, const ag_batc
 }
 
 /* The mask op (backend.h): mask_rows_k over the bitmaps begin uploaded. */
-static ag_status cu_mask(ag_backend *be, float *x, int n, int dim, const ag_batch_layout *lay) {
+ag_status cu_mask(ag_backend *be, float *x, int n, int dim, const ag_batch_layout *lay) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
     if (!lay || !lay->allow || !s->d_masks || lay->n_out != n || lay->allow_words != (dim + 31) / 32)
@@ -6401,7 +4459,7 @@ static graph_entry *graph_find(cuda_state *s, uint64_t key) {
     return NULL;
 }
 
-static void graphs_clear(cuda_state *s) {
+void graphs_clear(cuda_state *s) {
     for (int i = 0; i < s->n_graphs; i++)
         if (s->graphs[i].exec) cudaGraphExecDestroy(s->graphs[i].exec);
     s->n_graphs = 0;
