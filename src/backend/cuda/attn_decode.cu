@@ -430,12 +430,12 @@ ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const
     /* split-K for every decode row when on and the shape allows: chosen by
      * the shape and the process, never by the batch */
     const int  hdk = sh->head_dim_k;
-    const bool splitk = s->splitk_on && f16 && hdk == sh->head_dim_v && (hdk == 64 || hdk == 128 || hdk == 256);
+    const bool splitk = s->att.splitk_on && f16 && hdk == sh->head_dim_v && (hdk == 64 || hdk == 128 || hdk == 256);
     if (n_dec > 0 && splitk) {
-        const size_t acc_floats = (size_t)n_dec * sh->n_head * s->att_splits * hdk;
-        const size_t need = acc_floats + (size_t)n_dec * sh->n_head * s->att_splits * 2,
+        const size_t acc_floats = (size_t)n_dec * sh->n_head * s->att.att_splits * hdk;
+        const size_t need = acc_floats + (size_t)n_dec * sh->n_head * s->att.att_splits * 2,
                      heads = (size_t)n_dec * sh->n_head;
-        if (need > s->cap_att_part || heads > s->cap_att_cnt) {
+        if (need > s->att.cap_att_part || heads > s->att.cap_att_cnt) {
             /* begin reserves for the model's shapes (max_att_out) before a
              * pass is recorded; other callers (the op harness) grow it here */
             cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -446,14 +446,14 @@ ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const
             ag_status st = reserve_att_for(s, need, heads);
             if (st) return st;
         }
-        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head, (unsigned)s->att_z);
-        float *part = s->d_att_part, *part_ml = s->d_att_part + acc_floats;
+        dim3   grid((unsigned)n_dec, (unsigned)sh->n_head, (unsigned)s->att.att_z);
+        float *part = s->att.d_att_part, *part_ml = s->att.d_att_part + acc_floats;
         /* the decode rows' output also left converted for attn_output's matmul */
         const int fmt = prep_formats(s, b->n, sh->n_head * hdk);
 #define ATT_SK_LAUNCH(NK)                                                                                         \
     launch_k(s, attention_split_k<NK>, grid, 32 * ATT_SK_WARPS, 0, g, s->d_pos, s->d_tok_table, s->d_tables,           \
-             sh->n_head, sh->n_head_kv, s->att_splits, s->att_min, sh->scale, sh->window, sh->softcap, q, part,        \
-             part_ml, s->d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
+             sh->n_head, sh->n_head_kv, s->att.att_splits, s->att.att_min, sh->scale, sh->window, sh->softcap, q,      \
+             part, part_ml, s->att.d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
         if (hdk == 64) ATT_SK_LAUNCH(2);
         else if (hdk == 128) ATT_SK_LAUNCH(4);
         else ATT_SK_LAUNCH(8);

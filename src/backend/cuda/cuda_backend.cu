@@ -105,7 +105,7 @@ static ag_status cu_prepare_weight(ag_backend *be, ag_tensor *t) {
     if (t->type == CQ_BF16 && t->ne[0] > s->max_k_bf16) s->max_k_bf16 = (int)t->ne[0];
     if (s->mmv_dp4a && (t->type == CQ_Q4_K || t->type == CQ_Q6_K)) s->prep_want |= XR_Q8;
     if (s->mmv_dp4a && t->type == CQ_BF16 && t->ne[0] % 8 == 0) s->prep_want |= XR_BF16;
-    if (t->name && strstr(t->name, "attn_output") && t->ne[0] > s->max_att_out) s->max_att_out = (int)t->ne[0];
+    if (t->name && strstr(t->name, "attn_output") && t->ne[0] > s->att.max_att_out) s->att.max_att_out = (int)t->ne[0];
     for (size_t i = 0; i < s->n_w; i++)
         if (s->w[i].host == t->host && s->w[i].bytes == bytes) {
             t->data = s->w[i].dev;
@@ -184,19 +184,21 @@ ag_status reserve_xq(cuda_state *s, int n, int K) {
  * and hd_v >= 32 bound it. Counters are zeroed when (re)allocated; the
  * kernel leaves them zero. */
 ag_status reserve_att_for(cuda_state *s, size_t need, size_t heads) {
-    if (need <= s->cap_att_part && heads <= s->cap_att_cnt) return AG_OK;
+    if (need <= s->att.cap_att_part && heads <= s->att.cap_att_cnt) return AG_OK;
     graphs_clear(s);
-    ag_status st = grow((void **)&s->d_att_part, &s->cap_att_part, need, sizeof(float));
-    if (!st && heads > s->cap_att_cnt) {
-        st = grow((void **)&s->d_att_cnt, &s->cap_att_cnt, heads, sizeof(int));
-        if (!st) CUDA_TRY(cudaMemsetAsync(s->d_att_cnt, 0, s->cap_att_cnt * sizeof(int), s->stream));
+    ag_status st = grow((void **)&s->att.d_att_part, &s->att.cap_att_part, need, sizeof(float));
+    if (!st && heads > s->att.cap_att_cnt) {
+        st = grow((void **)&s->att.d_att_cnt, &s->att.cap_att_cnt, heads, sizeof(int));
+        if (!st) CUDA_TRY(cudaMemsetAsync(s->att.d_att_cnt, 0, s->att.cap_att_cnt * sizeof(int), s->stream));
     }
     return st;
 }
 static ag_status reserve_att(cuda_state *s, int n) {
-    if (!s->splitk_on || s->max_att_out <= 0 || n <= 0) return AG_OK;
-    const size_t heads = (size_t)n * (size_t)(s->max_att_out / 32 + 1);
-    return reserve_att_for(s, (size_t)n * s->att_splits * (size_t)s->max_att_out + heads * s->att_splits * 2, heads);
+    if (!s->att.splitk_on || s->att.max_att_out <= 0 || n <= 0) return AG_OK;
+    const size_t heads = (size_t)n * (size_t)(s->att.max_att_out / 32 + 1);
+    return reserve_att_for(s,
+                           (size_t)n * s->att.att_splits * (size_t)s->att.max_att_out + heads * s->att.att_splits * 2,
+                           heads);
 }
 
 /* Room for n rows of K BF16 activations (decode rows of BF16 weights). */
@@ -236,11 +238,11 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     if (!st && s->mmv_dp4a && s->max_k_bf16 > 0 && lay->n_decode > 0) /* (both halves: ffn_decode_glu) */
         st = reserve_xh(s, (s->glu_on ? 2 : 1) * lay->n_decode, s->max_k_bf16);
     if (!st && lay->n_decode > 0) st = reserve_att(s, lay->n_decode < n ? lay->n_decode : n);
-    if (!st && 2 * (size_t)n * ROPE_MAX_HALF > s->cap_rope) {
+    if (!st && 2 * (size_t)n * ROPE_MAX_HALF > s->rope.cap_rope) {
         graphs_clear(s);
-        st = grow((void **)&s->d_rope, &s->cap_rope, 2 * (size_t)n * ROPE_MAX_HALF, sizeof(float2));
+        st = grow((void **)&s->rope.d_rope, &s->rope.cap_rope, 2 * (size_t)n * ROPE_MAX_HALF, sizeof(float2));
     }
-    s->n_rope_sets = 0;
+    s->rope.n_rope_sets = 0;
     if (!st) st = reserve_argmax(s, n);
     if (st) return st;
     /* split-K attention's grid: enough splits for the longest decode row
@@ -252,10 +254,10 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         const int n_dec = lay->n_decode < n ? lay->n_decode : n;
         int       max_len = 1;
         for (int i = 0; i < n_dec; i++) max_len = lay->pos[i] + 1 > max_len ? lay->pos[i] + 1 : max_len;
-        const int want = (max_len + s->att_min - 1) / s->att_min;
+        const int want = (max_len + s->att.att_min - 1) / s->att.att_min;
         int       z = 1;
-        while (z < want && z < s->att_splits) z *= 2;
-        s->att_z = z < s->att_splits && s->att_fit ? z : s->att_splits;
+        while (z < want && z < s->att.att_splits) z *= 2;
+        s->att.att_z = z < s->att.att_splits && s->att.att_fit ? z : s->att.att_splits;
     }
     int32_t *h = s->h_pinned;
     int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
@@ -355,7 +357,7 @@ static ag_status cu_device_memory(ag_backend *be, uint64_t *free_bytes, uint64_t
 /* The model's key of a recorded pass, with what else shapes its launches:
  * the split-K attention's grid (begin). */
 static uint64_t graph_key(const cuda_state *s, uint64_t key) {
-    return key ^ ((uint64_t)s->att_z * 0x9E3779B97F4A7C15ull);
+    return key ^ ((uint64_t)s->att.att_z * 0x9E3779B97F4A7C15ull);
 }
 
 static graph_entry *graph_find(cuda_state *s, uint64_t key) {
@@ -420,30 +422,30 @@ static void cu_destroy(ag_backend *be) {
         free(s->w);
         cudaFree(s->d_ints);
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
-        cudaFree(s->d_edits);
-        if (s->h_edits) cudaFreeHost(s->h_edits);
-        cudaFree(s->d_masks);
-        if (s->h_masks) cudaFreeHost(s->h_masks);
+        cudaFree(s->smp.d_edits);
+        if (s->smp.h_edits) cudaFreeHost(s->smp.h_edits);
+        cudaFree(s->smp.d_masks);
+        if (s->smp.h_masks) cudaFreeHost(s->smp.h_masks);
         cudaFree(s->d_wbf);
         cudaFree(s->d_xbf);
         cudaFree(s->d_wf);
         cudaFree(s->d_xq);
         cudaFree(s->d_xs);
         cudaFree(s->d_xh);
-        cudaFree(s->d_att_part);
-        cudaFree(s->d_att_cnt);
-        cudaFree(s->d_am_v);
-        cudaFree(s->d_am_i);
-        cudaFree(s->d_am_cnt);
-        cudaFree(s->d_rope);
-        cudaFree(s->d_cs_key);
-        cudaFree(s->d_cs_id);
-        cudaFree(s->d_cs_nf);
-        cudaFree(s->d_split_cnt);
-        cudaFree(s->d_split_sum);
-        cudaFree(s->d_sp_part);
-        cudaFree(s->d_sp_slice_m);
-        cudaFree(s->d_sp_m);
+        cudaFree(s->att.d_att_part);
+        cudaFree(s->att.d_att_cnt);
+        cudaFree(s->smp.d_am_v);
+        cudaFree(s->smp.d_am_i);
+        cudaFree(s->smp.d_am_cnt);
+        cudaFree(s->rope.d_rope);
+        cudaFree(s->smp.d_cs_key);
+        cudaFree(s->smp.d_cs_id);
+        cudaFree(s->smp.d_cs_nf);
+        cudaFree(s->smp.d_split_cnt);
+        cudaFree(s->smp.d_split_sum);
+        cudaFree(s->smp.d_sp_part);
+        cudaFree(s->smp.d_sp_slice_m);
+        cudaFree(s->smp.d_sp_m);
         if (s->blas) cublasDestroy(s->blas);
         if (s->stream) cudaStreamDestroy(s->stream);
         free(s);
@@ -612,18 +614,19 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     }
     s->sm_count = prop.multiProcessorCount;
     const char *ssplit = getenv("AUGUR_CUDA_SAMPLE_SPLIT");
-    s->sample_split = !(ssplit && *ssplit == '0');
+    s->smp.sample_split = !(ssplit && *ssplit == '0');
     {
         const size_t slots = (size_t)SPLIT_BLOCKS * AG_CANDS_MAX, rows = SPLIT_BLOCKS / 2;
-        e = cudaMalloc((void **)&s->d_cs_key, slots * sizeof(uint32_t));
-        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_cs_id, slots * sizeof(int32_t));
-        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_cs_nf, SPLIT_BLOCKS * sizeof(int));
-        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_split_sum, SPLIT_BLOCKS * sizeof(double));
-        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_sp_part, SPLIT_BLOCKS * PICK_SPLIT_THREADS * sizeof(double));
-        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_sp_slice_m, SPLIT_BLOCKS * sizeof(float));
-        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_sp_m, rows * sizeof(float));
-        if (e == cudaSuccess) e = cudaMalloc((void **)&s->d_split_cnt, rows * sizeof(int));
-        if (e == cudaSuccess) e = cudaMemset(s->d_split_cnt, 0, rows * sizeof(int));
+        e = cudaMalloc((void **)&s->smp.d_cs_key, slots * sizeof(uint32_t));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->smp.d_cs_id, slots * sizeof(int32_t));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->smp.d_cs_nf, SPLIT_BLOCKS * sizeof(int));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->smp.d_split_sum, SPLIT_BLOCKS * sizeof(double));
+        if (e == cudaSuccess)
+            e = cudaMalloc((void **)&s->smp.d_sp_part, SPLIT_BLOCKS * PICK_SPLIT_THREADS * sizeof(double));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->smp.d_sp_slice_m, SPLIT_BLOCKS * sizeof(float));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->smp.d_sp_m, rows * sizeof(float));
+        if (e == cudaSuccess) e = cudaMalloc((void **)&s->smp.d_split_cnt, rows * sizeof(int));
+        if (e == cudaSuccess) e = cudaMemset(s->smp.d_split_cnt, 0, rows * sizeof(int));
         if (e != cudaSuccess) {
             ag_status fail = cuda_fail(__FILE__, __LINE__, "the sampling ops' scratch", e);
             cu_destroy(be);
@@ -655,7 +658,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *far = getenv("AUGUR_CUDA_FA_ROWS");
     s->fa_rows = far && atoi(far) >= 1 && atoi(far) <= FA_ROWS_MAX ? atoi(far) : FA_ROWS_MAX;
     const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
-    s->argmax_split = !(amsplit && *amsplit == '0');
+    s->smp.argmax_split = !(amsplit && *amsplit == '0');
     const char *pair = getenv("AUGUR_CUDA_PAIR");
     s->pair_mode = pair && *pair ? (*pair == '0' ? 0 : *pair == '2' ? 2 : 1) : 1;
     const char *prep = getenv("AUGUR_CUDA_PREP");
@@ -665,13 +668,13 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     const char *fuse = getenv("AUGUR_CUDA_FUSE");
     s->fuse_on = !(fuse && *fuse == '0');
     const char *sk = getenv("AUGUR_CUDA_SPLITK");
-    s->splitk_on = !(sk && *sk == '0');
+    s->att.splitk_on = !(sk && *sk == '0');
     const char *nsp = getenv("AUGUR_CUDA_ATT_SPLITS");
-    s->att_splits = nsp && atoi(nsp) >= 1 && atoi(nsp) <= 64 ? atoi(nsp) : 16;
+    s->att.att_splits = nsp && atoi(nsp) >= 1 && atoi(nsp) <= 64 ? atoi(nsp) : 16;
     const char *amin = getenv("AUGUR_CUDA_ATT_MIN");
-    s->att_min = amin && atoi(amin) >= 1 ? atoi(amin) : 32;
+    s->att.att_min = amin && atoi(amin) >= 1 ? atoi(amin) : 32;
     const char *afit = getenv("AUGUR_CUDA_ATT_FIT");
-    s->att_fit = !(afit && *afit == '0');
+    s->att.att_fit = !(afit && *afit == '0');
     const char *grp = getenv("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
     const char *dfr = getenv("AUGUR_CUDA_DEFER");

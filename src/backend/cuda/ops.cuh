@@ -2,7 +2,8 @@
  * that another file calls (C++ linkage, internal to src/backend/cuda; the
  * public entry points are cuda_backend.h's). A kernel is launched from the
  * file that defines it: a family exports launch functions, never kernels
- * or template instances, so each .cu instantiates what it launches.
+ * or template instances, so each .cu instantiates what it launches (the
+ * one kernel named elsewhere: cuda_backend.cu asks add_k's attributes).
  *
  *   cuda_backend.cu   the op table, memory, begin (the pass's arrays), graphs, lifetime
  *   matmul.cu         matmul / matmul_multi / get_rows: decode rows to mmv, mmt or mmq,

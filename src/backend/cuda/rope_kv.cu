@@ -234,17 +234,19 @@ ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, c
     /* the angles: this pass's table for these parameters, made on first use */
     const float2 *tab = NULL;
     int           set = 0;
-    while (set < s->n_rope_sets && !(s->rope_set[set].base == base && s->rope_set[set].freq_scale == freq_scale &&
-                                     s->rope_set[set].dim == rope_dim))
+    while (set < s->rope.n_rope_sets &&
+           !(s->rope.rope_set[set].base == base && s->rope.rope_set[set].freq_scale == freq_scale &&
+             s->rope.rope_set[set].dim == rope_dim))
         set++;
-    if (set < 2 && 2 * (size_t)b->n * ROPE_MAX_HALF <= s->cap_rope) {
-        float2 *t = s->d_rope + (size_t)set * b->n * ROPE_MAX_HALF;
-        if (set == s->n_rope_sets) {
+    if (set < 2 && 2 * (size_t)b->n * ROPE_MAX_HALF <= s->rope.cap_rope) {
+        float2 *t = s->rope.d_rope + (size_t)set * b->n * ROPE_MAX_HALF;
+        if (set == s->rope.n_rope_sets) {
             launch_k(s, rope_table_k, (unsigned)b->n, threads_for(rope_dim / 2), 0, d_pos, base, freq_scale,
                      rope_dim, t);
             LAUNCHED();
-            s->rope_set[set].base = base, s->rope_set[set].freq_scale = freq_scale, s->rope_set[set].dim = rope_dim;
-            s->n_rope_sets++;
+            s->rope.rope_set[set].base = base, s->rope.rope_set[set].freq_scale = freq_scale;
+            s->rope.rope_set[set].dim = rope_dim;
+            s->rope.n_rope_sets++;
         }
         tab = t;
     }

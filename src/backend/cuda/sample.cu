@@ -44,23 +44,23 @@ __global__ void argmax_split_k(const float *__restrict__ x, int dim, float *__re
  * zeroed when (re)allocated; the kernel leaves them zero). A regrown
  * buffer drops the recorded passes. */
 ag_status reserve_argmax(cuda_state *s, int n) {
-    if (!s->argmax_split || (size_t)n <= s->cap_am_rows) return AG_OK;
+    if (!s->smp.argmax_split || (size_t)n <= s->smp.cap_am_rows) return AG_OK;
     graphs_clear(s);
-    size_t    cap_v = s->cap_am_rows * ARGMAX_SLICES, cap_i = cap_v, cap_c = s->cap_am_rows;
-    ag_status st = grow((void **)&s->d_am_v, &cap_v, (size_t)n * ARGMAX_SLICES, sizeof(float));
-    if (!st) st = grow((void **)&s->d_am_i, &cap_i, (size_t)n * ARGMAX_SLICES, sizeof(int));
-    if (!st) st = grow((void **)&s->d_am_cnt, &cap_c, (size_t)n, sizeof(int));
+    size_t    cap_v = s->smp.cap_am_rows * ARGMAX_SLICES, cap_i = cap_v, cap_c = s->smp.cap_am_rows;
+    ag_status st = grow((void **)&s->smp.d_am_v, &cap_v, (size_t)n * ARGMAX_SLICES, sizeof(float));
+    if (!st) st = grow((void **)&s->smp.d_am_i, &cap_i, (size_t)n * ARGMAX_SLICES, sizeof(int));
+    if (!st) st = grow((void **)&s->smp.d_am_cnt, &cap_c, (size_t)n, sizeof(int));
     if (st) return st;
-    CUDA_TRY(cudaMemsetAsync(s->d_am_cnt, 0, (size_t)n * sizeof(int), s->stream));
-    s->cap_am_rows = (size_t)n;
+    CUDA_TRY(cudaMemsetAsync(s->smp.d_am_cnt, 0, (size_t)n * sizeof(int), s->stream));
+    s->smp.cap_am_rows = (size_t)n;
     return AG_OK;
 }
 
 ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
-    if (s->argmax_split) {
-        if ((size_t)n > s->cap_am_rows) { /* begin reserves for the pass; other callers (the harness) grow here */
+    if (s->smp.argmax_split) {
+        if ((size_t)n > s->smp.cap_am_rows) { /* begin reserves for the pass; other callers (the harness) grow here */
             cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
             CUDA_TRY(cudaStreamIsCapturing(s->stream, &cs));
             if (cs != cudaStreamCaptureStatusNone)
@@ -68,8 +68,8 @@ ag_status cu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out
             ag_status st = reserve_argmax(s, n);
             if (st) return st;
         }
-        launch_k(s, argmax_split_k, dim3((unsigned)n, ARGMAX_SLICES), 512, 0, x, dim, s->d_am_v, s->d_am_i,
-                 s->d_am_cnt, out);
+        launch_k(s, argmax_split_k, dim3((unsigned)n, ARGMAX_SLICES), 512, 0, x, dim, s->smp.d_am_v, s->smp.d_am_i,
+                 s->smp.d_am_cnt, out);
     } else {
         launch_k(s, argmax_rows_k, (unsigned)n, 1024, 0, x, dim, out);
     }
@@ -88,7 +88,7 @@ static bool out_rows_ok(const cuda_state *s, const ag_batch_layout *lay, const v
  * SPLIT_MIN_SLICE values or more. H200, 8B (128k-rows), default sampling at
  * batch 1: one block a row took ~0.6 ms for the candidates. */
 static int split_slices(const cuda_state *s, int n, int dim) {
-    if (!s->sample_split) return 1;
+    if (!s->smp.sample_split) return 1;
     int S = (2 * s->sm_count + n - 1) / n;
     if (S > SPLIT_MAX_SLICES) S = SPLIT_MAX_SLICES;
     if (S > dim / SPLIT_MIN_SLICE) S = dim / SPLIT_MIN_SLICE;
@@ -110,11 +110,11 @@ ag_status cu_pick(ag_backend *be, const float *x, int n, int dim, const ag_batch
     if (S == 1) {
         launch_k(s, pick_rows_k, (unsigned)n, 1024, 0, x, dim, draws, out);
     } else {
-        launch_k(s, pick_max_k, (unsigned)(n * S), PICK_SPLIT_THREADS, 0, x, dim, S, s->d_sp_slice_m, s->d_split_cnt,
-                 s->d_sp_m);
+        launch_k(s, pick_max_k, (unsigned)(n * S), PICK_SPLIT_THREADS, 0, x, dim, S, s->smp.d_sp_slice_m,
+                 s->smp.d_split_cnt, s->smp.d_sp_m);
         LAUNCHED();
-        launch_k(s, pick_split_k, (unsigned)(n * S), PICK_SPLIT_THREADS, 0, x, dim, S, draws, (const float *)s->d_sp_m,
-                 s->d_sp_part, s->d_split_sum, s->d_split_cnt, out);
+        launch_k(s, pick_split_k, (unsigned)(n * S), PICK_SPLIT_THREADS, 0, x, dim, S, draws,
+                 (const float *)s->smp.d_sp_m, s->smp.d_sp_part, s->smp.d_split_sum, s->smp.d_split_cnt, out);
     }
     LAUNCHED();
     return AG_OK;
@@ -134,13 +134,13 @@ ag_status cu_cands(ag_backend *be, const float *x, int n, int dim, const ag_batc
     if (S == 1) {
         launch_k(s, cands_rows_k, (unsigned)n, CANDS_THREADS, 0, x, dim, reqs, tok, out);
     } else {
-        launch_k(s, cands_split_k, (unsigned)(n * S), CANDS_THREADS, 0, x, dim, S, reqs, tok, s->d_cs_key, s->d_cs_id,
-                 s->d_cs_nf, s->d_split_cnt, out);
+        launch_k(s, cands_split_k, (unsigned)(n * S), CANDS_THREADS, 0, x, dim, S, reqs, tok, s->smp.d_cs_key,
+                 s->smp.d_cs_id, s->smp.d_cs_nf, s->smp.d_split_cnt, out);
         LAUNCHED();
         /* launched whether or not a row wants z (its blocks return at once):
          * a recorded pass is replayed for other requests of the same kinds */
-        launch_k(s, cands_z_k, (unsigned)(n * S), CANDS_THREADS, 0, x, dim, S, reqs, s->d_split_sum, s->d_split_cnt,
-                 out);
+        launch_k(s, cands_z_k, (unsigned)(n * S), CANDS_THREADS, 0, x, dim, S, reqs, s->smp.d_split_sum,
+                 s->smp.d_split_cnt, out);
     }
     LAUNCHED();
     return AG_OK;
@@ -175,27 +175,31 @@ ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
         size_t n_masked = 0;
         for (int k = 0; k < lay->n_out; k++) n_masked += lay->allow[k] != NULL;
         const size_t words = (size_t)lay->n_out + n_masked * (size_t)lay->allow_words;
-        if ((st = reserve_staged(s, (void **)&s->h_masks, &s->cap_h_masks, (void **)&s->d_masks, &s->cap_masks, words)))
+        if ((st = reserve_staged(s, (void **)&s->smp.h_masks, &s->smp.cap_h_masks, (void **)&s->smp.d_masks,
+                                 &s->smp.cap_masks, words)))
             return st;
         uint32_t slot = 0;
         for (int k = 0; k < lay->n_out; k++) {
-            s->h_masks[k] = lay->allow[k] ? ++slot : 0;
+            s->smp.h_masks[k] = lay->allow[k] ? ++slot : 0;
             if (lay->allow[k])
-                memcpy(s->h_masks + lay->n_out + (size_t)(slot - 1) * lay->allow_words, lay->allow[k],
+                memcpy(s->smp.h_masks + lay->n_out + (size_t)(slot - 1) * lay->allow_words, lay->allow[k],
                        sizeof(uint32_t) * (size_t)lay->allow_words);
         }
-        CUDA_TRY(cudaMemcpyAsync(s->d_masks, s->h_masks, words * sizeof(uint32_t), cudaMemcpyHostToDevice, s->stream));
+        CUDA_TRY(cudaMemcpyAsync(s->smp.d_masks, s->smp.h_masks, words * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                                 s->stream));
     }
     if (!lay->edits || !lay->edit_start || lay->n_out <= 0) return AG_OK;
     const int32_t total = lay->edit_start[lay->n_out];
     const size_t  words = EDIT_HEAD + (size_t)total * (sizeof(edit_rec) / sizeof(int32_t));
-    if ((st = reserve_staged(s, (void **)&s->h_edits, &s->cap_h_edits, (void **)&s->d_edits, &s->cap_edits, words)))
+    if ((st = reserve_staged(s, (void **)&s->smp.h_edits, &s->smp.cap_h_edits, (void **)&s->smp.d_edits,
+                             &s->smp.cap_edits, words)))
         return st;
-    s->h_edits[0] = total, s->h_edits[1] = 0;
-    edit_rec *r = (edit_rec *)(s->h_edits + EDIT_HEAD);
+    s->smp.h_edits[0] = total, s->smp.h_edits[1] = 0;
+    edit_rec *r = (edit_rec *)(s->smp.h_edits + EDIT_HEAD);
     for (int k = 0; k < lay->n_out; k++)
         for (int32_t i = lay->edit_start[k]; i < lay->edit_start[k + 1]; i++) *r++ = edit_rec{k, lay->edits[i]};
-    CUDA_TRY(cudaMemcpyAsync(s->d_edits, s->h_edits, words * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
+    CUDA_TRY(cudaMemcpyAsync(s->smp.d_edits, s->smp.h_edits, words * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             s->stream));
     return AG_OK;
 }
 
@@ -203,9 +207,9 @@ ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay) {
 ag_status cu_edit(ag_backend *be, float *x, int n, int dim, const ag_batch_layout *lay) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
-    if (!lay || !lay->edits || !lay->edit_start || !s->d_edits)
+    if (!lay || !lay->edits || !lay->edit_start || !s->smp.d_edits)
         return ag_errorf(AG_ERR_INVALID, "CUDA edit: the pass has no edits");
-    launch_k(s, edit_rows_k, EDIT_BLOCKS, EDIT_THREADS, 0, x, n, dim, (const int32_t *)s->d_edits);
+    launch_k(s, edit_rows_k, EDIT_BLOCKS, EDIT_THREADS, 0, x, n, dim, (const int32_t *)s->smp.d_edits);
     LAUNCHED();
     return AG_OK;
 }
@@ -214,10 +218,10 @@ ag_status cu_edit(ag_backend *be, float *x, int n, int dim, const ag_batch_layou
 ag_status cu_mask(ag_backend *be, float *x, int n, int dim, const ag_batch_layout *lay) {
     cuda_state *s = st_of(be);
     if (n <= 0) return AG_OK;
-    if (!lay || !lay->allow || !s->d_masks || lay->n_out != n || lay->allow_words != (dim + 31) / 32)
+    if (!lay || !lay->allow || !s->smp.d_masks || lay->n_out != n || lay->allow_words != (dim + 31) / 32)
         return ag_errorf(AG_ERR_INVALID, "CUDA mask: the pass has no masks for %d rows of %d", n, dim);
     const int words = lay->allow_words, S = (words + MASK_WORDS - 1) / MASK_WORDS;
-    launch_k(s, mask_rows_k, (unsigned)(n * S), 256, 0, x, n, S, dim, words, (const uint32_t *)s->d_masks);
+    launch_k(s, mask_rows_k, (unsigned)(n * S), 256, 0, x, n, S, dim, words, (const uint32_t *)s->smp.d_masks);
     LAUNCHED();
     return AG_OK;
 }

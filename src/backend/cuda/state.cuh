@@ -1,8 +1,9 @@
 /* The CUDA backend's state (cuda_state: one per device, be->impl) and
- * the launch helper every family uses (launch_k: PDL). One struct for
- * every op family: the families share more of it than they own (the
- * pass's arrays, the prepared activations, the deferred GEMM and lazy
- * norm), so it is documented member by member here rather than split. */
+ * the launch helper every family uses (launch_k: PDL). What one family
+ * owns is its own struct (cuda_sample_state, cuda_rope_state,
+ * cuda_attn_split_state); the rest the families share (the pass's arrays,
+ * the prepared activations, the deferred GEMM and lazy norm, the decode
+ * kernels' switches), documented member by member. */
 #ifndef AG_CUDA_STATE_CUH
 #define AG_CUDA_STATE_CUH
 
@@ -22,6 +23,81 @@ typedef struct {
     const int32_t  *ints;
     cudaGraphExec_t exec; /* NULL: recording this key failed; run it unrecorded */
 } graph_entry;
+
+/* sample.cu's buffers: the sampling ops' scratch and the pass's edits
+ * and masks (allocated in ag_cuda_backend_new and begin, freed in
+ * cu_destroy) */
+typedef struct {
+    /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
+     * counters, for cap_am_rows rows (reserved in begin for the pass) */
+    bool    argmax_split; /* argmax_split_k (AUGUR_CUDA_ARGMAX_SPLIT=0: one block a row) */
+    float  *d_am_v;
+    int    *d_am_i, *d_am_cnt;
+    size_t  cap_am_rows;
+    /* the scratch of the pick and cands ops' split grids (few rows, each
+     * cut into slices of a block; split_slices), allocated with the
+     * backend for SPLIT_BLOCKS slices and SPLIT_BLOCKS / 2 rows (2 slices
+     * or more a row): cands_split_k's slices' best (AG_CANDS_MAX keys and
+     * ids each) and counts, a double a slice (cands_z_k's sums,
+     * pick_split_k's totals), pick_split_k's threads' sums
+     * (PICK_SPLIT_THREADS a slice), pick_max_k's maxima (a slice's, a
+     * row's), and a counter per row (zero between launches) */
+    bool      sample_split; /* AUGUR_CUDA_SAMPLE_SPLIT=0: one block a row at every batch size (A/B) */
+    uint32_t *d_cs_key;
+    int32_t  *d_cs_id;
+    int      *d_cs_nf, *d_split_cnt;
+    double   *d_split_sum, *d_sp_part;
+    float    *d_sp_slice_m, *d_sp_m;
+    /* the pass's edits (begin; the edit op): a count, padding, then
+     * edit_rec records; staged in h_edits (pinned). A regrown d_edits
+     * drops the recorded passes. */
+    int32_t       *d_edits, *h_edits;
+    size_t         cap_edits, cap_h_edits; /* int32 elements */
+    /* the pass's masks (begin; the mask op): a flag per output row (1: it
+     * has a bitmap), then n_out bitmaps of allow_words words; staged in
+     * h_masks. A regrown d_masks drops the recorded passes. */
+    uint32_t      *d_masks, *h_masks;
+    size_t         cap_masks, cap_h_masks; /* words */
+} cuda_sample_state;
+
+/* rope_kv.cu's table of the pass's angles (sized in begin) */
+typedef struct {
+    /* rope_kv_store's angles for the pass's rows: (cos, sin) per row and
+     * pair for up to two (base, freq_scale, rope_dim) sets (Gemma 3's local
+     * and global layers), made by the pass's first layer of each set
+     * (rope_table_k: the double-precision pow/cos/sin once per pass instead
+     * of once per layer) and read by the later ones; forgotten at begin.
+     * Sized in begin: 2 sets x n rows x ROPE_MAX_HALF. */
+    float2 *d_rope;
+    size_t  cap_rope; /* float2 elements */
+    struct {
+        float base, freq_scale;
+        int   dim;
+    } rope_set[2];
+    int n_rope_sets;
+} cuda_rope_state;
+
+/* attn_decode.cu's split-K scratch and settings (sized in begin, or by
+ * cu_attention outside a recorded pass; max_att_out from prepare_weight) */
+typedef struct {
+    /* split-K decode attention (the default; AUGUR_CUDA_SPLITK=0: one block
+     * per row and head): each split's (m, l) and unnormalized V sums, and a
+     * counter per (row, head) for the last split to combine them; sized in
+     * begin from max_att_out (the widest attn_output weight's ne[0] =
+     * n_head * hd_v). att_splits: the most splits of a row (16;
+     * AUGUR_CUDA_ATT_SPLITS=1..64 for tuning); att_min: the fewest positions
+     * per split (32; AUGUR_CUDA_ATT_MIN for tuning: 8 was no faster at
+     * batch 1, H200, 8B Q4_K_M 281 vs 284 tok/s). */
+    bool     splitk_on;
+    int      att_splits, att_min;
+    int      att_z; /* this pass's grid z: att_splits, or with att_fit a power of 2 >= every decode row's splits */
+    bool     att_fit; /* split-K grid z fitted to the pass (AUGUR_CUDA_ATT_FIT=0: always att_splits) */
+    float   *d_att_part;
+    size_t   cap_att_part; /* floats */
+    int     *d_att_cnt;
+    size_t   cap_att_cnt;  /* ints, zero between passes */
+    int      max_att_out;
+} cuda_attn_split_state;
 
 typedef struct {
     int            device;
@@ -47,16 +123,6 @@ typedef struct {
     int            n_btiles[BTILE_MAX - 1];
     int32_t       *d_draws; /* [3 n_out]: the pass's pick draws (begin) */
     int32_t       *d_cand_reqs; /* [n_out]: the pass's cands requests, a word each (cands_req_word; begin) */
-    /* the pass's edits (begin; the edit op): a count, padding, then
-     * edit_rec records; staged in h_edits (pinned). A regrown d_edits
-     * drops the recorded passes. */
-    int32_t       *d_edits, *h_edits;
-    size_t         cap_edits, cap_h_edits; /* int32 elements */
-    /* the pass's masks (begin; the mask op): a flag per output row (1: it
-     * has a bitmap), then n_out bitmaps of allow_words words; staged in
-     * h_masks. A regrown d_masks drops the recorded passes. */
-    uint32_t      *d_masks, *h_masks;
-    size_t         cap_masks, cap_h_masks; /* words */
     int            n_tiles;
 
     /* prompt-row GEMM scratch: the weight and the activations in BF16, an
@@ -145,26 +211,6 @@ typedef struct {
      * launches (the default), 2 in every launch, 0 none (AUGUR_CUDA_STAGE=0|1|2;
      * why 1: see stage_rows) */
     int stage_mode;
-    /* argmax_split_k's partials (ARGMAX_SLICES per row) and per-row
-     * counters, for cap_am_rows rows (reserved in begin for the pass) */
-    bool    argmax_split; /* argmax_split_k (AUGUR_CUDA_ARGMAX_SPLIT=0: one block a row) */
-    float  *d_am_v;
-    int    *d_am_i, *d_am_cnt;
-    size_t  cap_am_rows;
-    /* the scratch of the pick and cands ops' split grids (few rows, each
-     * cut into slices of a block; split_slices), allocated with the
-     * backend for SPLIT_BLOCKS slices and SPLIT_BLOCKS / 2 rows (2 slices
-     * or more a row): cands_split_k's slices' best (AG_CANDS_MAX keys and
-     * ids each) and counts, a double a slice (cands_z_k's sums,
-     * pick_split_k's totals), pick_split_k's threads' sums
-     * (PICK_SPLIT_THREADS a slice), pick_max_k's maxima (a slice's, a
-     * row's), and a counter per row (zero between launches) */
-    bool      sample_split; /* AUGUR_CUDA_SAMPLE_SPLIT=0: one block a row at every batch size (A/B) */
-    uint32_t *d_cs_key;
-    int32_t  *d_cs_id;
-    int      *d_cs_nf, *d_split_cnt;
-    double   *d_split_sum, *d_sp_part;
-    float    *d_sp_slice_m, *d_sp_m;
     /* matmul_multi's Q4_K/Q6_K weights' few decode rows in one mmqv launch
      * (mmqv_group_len): 1 groups of up to MMQV_PARTS (the default), 2 only
      * pairs (A/B), 0 none (AUGUR_CUDA_PAIR=0|2) */
@@ -201,37 +247,7 @@ typedef struct {
     __nv_bfloat16 *pp_xbf_now; /* where the current matmul_multi's x sits as BF16 (in d_xbf) */
     int          pass_n_decode; /* the pass's decode rows (begin) */
 
-    /* rope_kv_store's angles for the pass's rows: (cos, sin) per row and
-     * pair for up to two (base, freq_scale, rope_dim) sets (Gemma 3's local
-     * and global layers), made by the pass's first layer of each set
-     * (rope_table_k: the double-precision pow/cos/sin once per pass instead
-     * of once per layer) and read by the later ones; forgotten at begin.
-     * Sized in begin: 2 sets x n rows x ROPE_MAX_HALF. */
-    float2 *d_rope;
-    size_t  cap_rope; /* float2 elements */
-    struct {
-        float base, freq_scale;
-        int   dim;
-    } rope_set[2];
-    int n_rope_sets;
 
-    /* split-K decode attention (the default; AUGUR_CUDA_SPLITK=0: one block
-     * per row and head): each split's (m, l) and unnormalized V sums, and a
-     * counter per (row, head) for the last split to combine them; sized in
-     * begin from max_att_out (the widest attn_output weight's ne[0] =
-     * n_head * hd_v). att_splits: the most splits of a row (16;
-     * AUGUR_CUDA_ATT_SPLITS=1..64 for tuning); att_min: the fewest positions
-     * per split (32; AUGUR_CUDA_ATT_MIN for tuning: 8 was no faster at
-     * batch 1, H200, 8B Q4_K_M 281 vs 284 tok/s). */
-    bool     splitk_on;
-    int      att_splits, att_min;
-    int      att_z; /* this pass's grid z: att_splits, or with att_fit a power of 2 >= every decode row's splits */
-    bool     att_fit; /* split-K grid z fitted to the pass (AUGUR_CUDA_ATT_FIT=0: always att_splits) */
-    float   *d_att_part;
-    size_t   cap_att_part; /* floats */
-    int     *d_att_cnt;
-    size_t   cap_att_cnt;  /* ints, zero between passes */
-    int      max_att_out;
 
     /* decode rows' activations in BF16 for the tensor-core kernel of BF16
      * weights (mmt_bf16); sized in begin like d_xq (max_k_bf16) */
@@ -245,6 +261,10 @@ typedef struct {
     int  n_graphs;
     bool graphs_on; /* on unless AUGUR_CUDA_GRAPHS=0: +8-11% batch-1 decode on an 8B model */
     bool pdl_on;    /* kernels launched early (programmatic dependent launch; AUGUR_CUDA_PDL=0: serial) */
+
+    cuda_sample_state     smp;  /* sample.cu */
+    cuda_rope_state       rope; /* rope_kv.cu */
+    cuda_attn_split_state att;  /* attn_decode.cu: split-K */
 } cuda_state;
 
 /* k<<<grid, block, smem, s->stream>>>(args...), with the PDL attribute
