@@ -96,35 +96,24 @@ $(BUILD)/%.o: %.cu $(CONFIG_STAMP)
 # Compiles the CUDA sources without linking (`make test` does this when nvcc
 # is installed, so they never rot on machines without a GPU).
 # The sampling kernels' code (argmax, pick, candidates, and their split
-# grids; the samplers' edits) and the few-row K-quant matmul (mmqv), cut
-# from cuda_backend.cu, run under a CPU emulation of a block
-# (tests/emu/*_emu.cpp) against the host's functions (mmqv: against mmq's
-# arithmetic, bit for bit): for kernel edits without a GPU. EMU_DIMS: how
-# many of its row sizes.
+# grids; the samplers' edits) and the few-row K-quant matmul (mmqv), the
+# headers src/backend/cuda/sample_*.cuh and mmqv.cuh that sample.cu and
+# mmq.cu include, run under a CPU emulation of a block (tests/emu/*_emu.cpp,
+# which include the same headers) against the host's functions (mmqv:
+# against mmq's arithmetic, bit for bit): for kernel edits without a GPU.
+# EMU_DIMS: how many of its row sizes.
 EMU_DIMS ?= 4
 cuda-emu: $(BUILD)/emu/cands_emu $(BUILD)/emu/pick_emu $(BUILD)/emu/edit_emu $(BUILD)/emu/mmqv_emu
 	$(BUILD)/emu/cands_emu $(EMU_DIMS)
 	$(BUILD)/emu/pick_emu $(EMU_DIMS)
 	$(BUILD)/emu/edit_emu
 	$(BUILD)/emu/mmqv_emu
-$(BUILD)/emu/cands_kernel.inc: src/backend/cuda/cuda_backend.cu
-	@mkdir -p $(dir $@)
-	sed -n "/^\/\* ---- a row's best candidates/,/^\/\* ---- end of the candidates kernel/p" $< > $@
-$(BUILD)/emu/pick_kernel.inc: src/backend/cuda/cuda_backend.cu
-	@mkdir -p $(dir $@)
-	sed -n "/^\/\* ---- argmax of output rows/,/^\/\* ---- end of the pick kernel/p" $< > $@
-$(BUILD)/emu/edit_kernel.inc: src/backend/cuda/cuda_backend.cu
-	@mkdir -p $(dir $@)
-	sed -n "/^\/\* ---- the samplers' edits of output rows/,/^\/\* ---- end of the edit kernel/p" $< > $@
-$(BUILD)/emu/mmqv_kernel.inc: src/backend/cuda/cuda_backend.cu
-	@mkdir -p $(dir $@)
-	sed -n "/^\/\* ---- few decode rows of K-quants with mmq's bits/,/^\/\* ---- end of the mmqv kernel/p" $< > $@
-$(BUILD)/emu/cands_emu: $(BUILD)/emu/pick_kernel.inc
 $(BUILD)/emu/argmax.o: src/base/argmax.c src/base/argmax.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -Isrc -c $< -o $@
-$(BUILD)/emu/%_emu: tests/emu/%_emu.cpp tests/emu/cuda_shim.h $(BUILD)/emu/%_kernel.inc $(BUILD)/emu/argmax.o
-	$(CXX) -std=c++17 -O2 -Isrc -I$(BUILD)/emu -Itests/emu -o $@ $< $(BUILD)/emu/argmax.o -lpthread -lm
+$(BUILD)/emu/%_emu: tests/emu/%_emu.cpp tests/emu/cuda_shim.h $(wildcard src/backend/cuda/sample_*.cuh) src/backend/cuda/mmqv.cuh $(BUILD)/emu/argmax.o
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -Isrc -Itests/emu -o $@ $< $(BUILD)/emu/argmax.o -lpthread -lm
 
 cuda-check:
 	@set -e; for f in $(CU_SRC); do echo "nvcc -c $$f"; $(NVCC) $(NVCCFLAGS) -c $$f -o /dev/null; done

@@ -8,7 +8,7 @@ kernel whose source reorders P packing should be scanned before it runs.
 
 usage: scripts/sass_wgmma_hazards.py FILE.sass ...   (exit status 1 on a hazard)
 Get SASS with the nvidia-cuda-cuobjdump wheel's cuobjdump:
-  cuobjdump -sass -fun MANGLED_NAME build/cuda/.../cuda_backend.o > k.sass
+  cuobjdump -sass -fun MANGLED_NAME build/cuda/src/backend/cuda/attn_prompt_wgmma.o > k.sass
 """
 import re
 import sys

@@ -1,5 +1,5 @@
 /* cands_rows_k, and the split grid cands_split_k + cands_z_k (3, 5 or 32
- * slices a row, on 256 threads), from src/backend/cuda/cuda_backend.cu,
+ * slices a row, on 256 threads), from src/backend/cuda/sample_cands.cuh,
  * compiled unchanged on the CPU: a block's threads as pthreads,
  * __syncthreads as a barrier, warp votes, shuffles and matches through
  * per-warp barriers, shared memory as statics, atomics as host atomics.
@@ -11,8 +11,8 @@
  * 151936 to run); the GPU's own check is scripts/gpu_test.sh. Exit status
  * 1 on a mismatch. */
 #include "cuda_shim.h"
-#include "pick_kernel.inc"  /* the split grids' helpers (split_slice, last_slice_of_row) */
-#include "cands_kernel.inc" /* the kernel, cut from cuda_backend.cu by make cuda-emu */
+#include "backend/cuda/sample_pick.cuh"  /* the split grids' helpers (split_slice, last_slice_of_row) */
+#include "backend/cuda/sample_cands.cuh" /* the kernels, as sample.cu compiles them */
 
 static uint64_t st = 99;
 static uint64_t xr() { st ^= st << 13; st ^= st >> 7; st ^= st << 17; return st; }

@@ -1,4 +1,4 @@
-/* edit_rows_k (src/backend/cuda/cuda_backend.cu) compiled unchanged on the
+/* edit_rows_k (src/backend/cuda/sample_edit.cuh) compiled unchanged on the
  * CPU under cuda_shim.h: output rows edited by the samplers' edits
  * (ag_logit_edit: bias, ban, repetition / frequency / presence penalties)
  * against ag_logit_edit_apply on the host, bit for bit. Raw values: random,
@@ -9,7 +9,7 @@
  * rows with a bitmap (random; mostly allowed) and without. Exit status 1
  * on a mismatch (`make cuda-emu`). */
 #include "cuda_shim.h"
-#include "edit_kernel.inc" /* the kernel, cut from cuda_backend.cu by make cuda-emu */
+#include "backend/cuda/sample_edit.cuh" /* the kernels, as sample.cu compiles them */
 
 static uint64_t st = 11;
 static uint64_t xr() { st ^= st << 13; st ^= st >> 7; st ^= st << 17; return st; }

@@ -1,4 +1,4 @@
-/* mmqv (src/backend/cuda/cuda_backend.cu: few decode rows of Q4_K / Q6_K
+/* mmqv (src/backend/cuda/mmqv.cuh: few decode rows of Q4_K / Q6_K
  * with mmq's bits) compiled unchanged on the CPU under cuda_shim.h, against
  * mmq's arithmetic written out here from mmq_q4k_block, mmq_q6k_block,
  * mmq_lane and mmt_finish: the K split into ks slices of ceil(nb / ks)
@@ -70,7 +70,7 @@ static const uint8_t *mmqv_stage(const uint8_t *W, size_t row_bytes, int n_out, 
     return g_stage + (size_t)min(r_in, rows - 1) * row_bytes;
 }
 
-#include "mmqv_kernel.inc" /* the kernel, cut from cuda_backend.cu by make cuda-emu */
+#include "backend/cuda/mmqv.cuh" /* the kernel, as mmq.cu compiles it */
 
 static uint64_t st = 11;
 static uint64_t xr() { st ^= st << 13; st ^= st >> 7; st ^= st << 17; return st; }

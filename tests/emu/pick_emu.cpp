@@ -1,4 +1,4 @@
-/* argmax_rows_k and pick_rows_k (src/backend/cuda/cuda_backend.cu) compiled
+/* argmax_rows_k and pick_rows_k (src/backend/cuda/sample_pick.cuh) compiled
  * unchanged on the CPU under cuda_shim.h, one 1024-thread block a row: each
  * row's argmax against ag_argmax_f32 (exactly) and each row's picked token
  * against ag_pick_f32 with the same draw, also through the split grid
@@ -9,7 +9,7 @@
  * beside FLT_MAX, -inf, nothing finite, one finite value. Exit status 1 on
  * a mismatch (`make cuda-emu`). */
 #include "cuda_shim.h"
-#include "pick_kernel.inc" /* the kernels, cut from cuda_backend.cu by make cuda-emu */
+#include "backend/cuda/sample_pick.cuh" /* the kernels, as sample.cu compiles them */
 
 static uint64_t st = 7;
 static uint64_t xr() { st ^= st << 13; st ^= st >> 7; st ^= st << 17; return st; }
