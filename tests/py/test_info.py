@@ -470,10 +470,14 @@ def test_switch_table_is_the_readme_list_and_covers_every_variable_read():
     assert listed == out, "README's switch list is not `augur info --switches` (paste its output between the markers)"
     table = re.findall(r"^\| `(AUGUR_[A-Z0-9_]+)` \|", out, re.M)
     assert table == sorted(table), "the table must stay in name order (the lookup bisects)"
-    read = set()
+    read, direct = set(), []
     for d, _, files in os.walk(os.path.join(root, "src")):
         for f in files:
             if f.endswith((".c", ".h", ".cu", ".cuh")) and f not in ("switches.c", "switches.h"):
-                read |= set(re.findall(r'"(AUGUR_[A-Z0-9_]+)"', open(os.path.join(d, f), encoding="utf-8").read()))
+                text = open(os.path.join(d, f), encoding="utf-8").read()
+                read |= set(re.findall(r'"(AUGUR_[A-Z0-9_]+)"', text))
+                # the table is the only reader of AUGUR_* variables: getenv only with other literal names
+                direct += [f"{f}: getenv({a}" for a in re.findall(r'getenv\(\s*("AUGUR_|[^"\s])', text)]
+    assert not direct, f"read the environment through src/base/switches.h: {direct}"
     assert read - set(table) == set(), f"read but not in the table: {sorted(read - set(table))}"
     assert set(table) - read == set(), f"in the table but read nowhere: {sorted(set(table) - read)}"

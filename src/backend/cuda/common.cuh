@@ -17,6 +17,7 @@
 extern "C" {
 #include "backend/backend.h"
 #include "base/log.h"
+#include "base/switches.h"
 #include "kv/kv.h"
 }
 #include "backend/cuda/cuda_backend.h"

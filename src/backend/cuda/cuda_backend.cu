@@ -53,7 +53,7 @@ static void cu_free(ag_backend *be, void *p) {
  * (into pageable memory the driver copies through its own staging buffer). */
 static void *pinned_alloc(size_t bytes) {
     void       *p = NULL;
-    const char *e = getenv("AUGUR_CUDA_PINNED"); /* =0: pageable (malloc), for A/B */
+    const char *e = ag_switch_text("AUGUR_CUDA_PINNED"); /* =0: pageable (malloc), for A/B */
     if (e && *e == '0') return NULL;
     /* portable: pinned for every device's context, whichever thread asks */
     if (cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocPortable) != cudaSuccess) {
@@ -585,7 +585,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
         free(s);
         return ag_errorf(AG_ERR_NOMEM, "out of memory");
     }
-    const char *pick = getenv("AUGUR_CUDA_PICK"), *cands = getenv("AUGUR_CUDA_CANDS"), *edit = getenv("AUGUR_CUDA_EDIT");
+    const char *pick = ag_switch_text("AUGUR_CUDA_PICK"), *cands = ag_switch_text("AUGUR_CUDA_CANDS"), *edit = ag_switch_text("AUGUR_CUDA_EDIT");
     be->ops = &cuda_ops_variants[!(pick && *pick == '0') + 2 * !(cands && *cands == '0') + 4 * !(edit && *edit == '0')];
     be->impl = s;
     s->device = index;
@@ -613,7 +613,7 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
         return st;
     }
     s->sm_count = prop.multiProcessorCount;
-    const char *ssplit = getenv("AUGUR_CUDA_SAMPLE_SPLIT");
+    const char *ssplit = ag_switch_text("AUGUR_CUDA_SAMPLE_SPLIT");
     s->smp.sample_split = !(ssplit && *ssplit == '0');
     {
         const size_t slots = (size_t)SPLIT_BLOCKS * AG_CANDS_MAX, rows = SPLIT_BLOCKS / 2;
@@ -633,18 +633,18 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
             return fail;
         }
     }
-    const char *gr = getenv("AUGUR_CUDA_GRAPHS");
+    const char *gr = ag_switch_text("AUGUR_CUDA_GRAPHS");
     s->graphs_on = !(gr && *gr == '0');
-    const char *mmv = getenv("AUGUR_CUDA_MMV");
+    const char *mmv = ag_switch_text("AUGUR_CUDA_MMV");
     s->mmv_dp4a = !(mmv && !strcmp(mmv, "fp32"));
     /* decode_rows_hint picks no kernel: every batch has mmq's bits (mmqv up to MMQV_FEW rows a matmul) */
-    const char *fa = getenv("AUGUR_CUDA_FA");
+    const char *fa = ag_switch_text("AUGUR_CUDA_FA");
     s->fa_on = !(fa && *fa == '0');
     s->fa_per_head = fa && !strcmp(fa, "head");
     s->fa_one_pass = !(fa && !strcmp(fa, "2pass"));
-    const char *rv = getenv("AUGUR_CUDA_ROPE_VEC");
+    const char *rv = ag_switch_text("AUGUR_CUDA_ROPE_VEC");
     s->rope_vec_on = !(rv && *rv == '0');
-    const char *wgv = getenv("AUGUR_CUDA_WG_VAR");
+    const char *wgv = ag_switch_text("AUGUR_CUDA_WG_VAR");
     /* the default: attention_wgp_k with four buffers (389 vs 414 us a layer of
      * the 8B at 4096 rows, H100); AUGUR_CUDA_WG_VAR=0 gives attention_wg_k */
     s->wg_var = wgv && *wgv ? atoi(wgv) : WG_PROD | WG_DEEP;
@@ -655,45 +655,45 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
 #else
     s->fa_wg = false;
 #endif
-    const char *far = getenv("AUGUR_CUDA_FA_ROWS");
+    const char *far = ag_switch_text("AUGUR_CUDA_FA_ROWS");
     s->fa_rows = far && atoi(far) >= 1 && atoi(far) <= FA_ROWS_MAX ? atoi(far) : FA_ROWS_MAX;
-    const char *amsplit = getenv("AUGUR_CUDA_ARGMAX_SPLIT");
+    const char *amsplit = ag_switch_text("AUGUR_CUDA_ARGMAX_SPLIT");
     s->smp.argmax_split = !(amsplit && *amsplit == '0');
-    const char *pair = getenv("AUGUR_CUDA_PAIR");
+    const char *pair = ag_switch_text("AUGUR_CUDA_PAIR");
     s->pair_mode = pair && *pair ? (*pair == '0' ? 0 : *pair == '2' ? 2 : 1) : 1;
-    const char *prep = getenv("AUGUR_CUDA_PREP");
+    const char *prep = ag_switch_text("AUGUR_CUDA_PREP");
     s->prep_on = !(prep && *prep == '0');
-    const char *ffn16 = getenv("AUGUR_CUDA_FFN16");
+    const char *ffn16 = ag_switch_text("AUGUR_CUDA_FFN16");
     s->ffn16_on = !(ffn16 && *ffn16 == '0');
-    const char *fuse = getenv("AUGUR_CUDA_FUSE");
+    const char *fuse = ag_switch_text("AUGUR_CUDA_FUSE");
     s->fuse_on = !(fuse && *fuse == '0');
-    const char *sk = getenv("AUGUR_CUDA_SPLITK");
+    const char *sk = ag_switch_text("AUGUR_CUDA_SPLITK");
     s->att.splitk_on = !(sk && *sk == '0');
-    const char *nsp = getenv("AUGUR_CUDA_ATT_SPLITS");
+    const char *nsp = ag_switch_text("AUGUR_CUDA_ATT_SPLITS");
     s->att.att_splits = nsp && atoi(nsp) >= 1 && atoi(nsp) <= 64 ? atoi(nsp) : 16;
-    const char *amin = getenv("AUGUR_CUDA_ATT_MIN");
+    const char *amin = ag_switch_text("AUGUR_CUDA_ATT_MIN");
     s->att.att_min = amin && atoi(amin) >= 1 ? atoi(amin) : 32;
-    const char *afit = getenv("AUGUR_CUDA_ATT_FIT");
+    const char *afit = ag_switch_text("AUGUR_CUDA_ATT_FIT");
     s->att.att_fit = !(afit && *afit == '0');
-    const char *grp = getenv("AUGUR_CUDA_GROUP");
+    const char *grp = ag_switch_text("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
-    const char *dfr = getenv("AUGUR_CUDA_DEFER");
+    const char *dfr = ag_switch_text("AUGUR_CUDA_DEFER");
     s->defer_mode = dfr ? atoi(dfr) & 3 : 0;
-    const char *mtile = getenv("AUGUR_CUDA_MMT_TILE");
+    const char *mtile = ag_switch_text("AUGUR_CUDA_MMT_TILE");
     s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 4 ? atoi(mtile) : -1;
-    const char *qtile = getenv("AUGUR_CUDA_MMQ_TILE");
+    const char *qtile = ag_switch_text("AUGUR_CUDA_MMQ_TILE");
     s->mmq_tile = qtile ? atoi(qtile) : 0;
-    const char *glu = getenv("AUGUR_CUDA_GLU");
+    const char *glu = ag_switch_text("AUGUR_CUDA_GLU");
     s->glu_on = !(glu && *glu == '0');
-    const char *lean = getenv("AUGUR_CUDA_MMT_LEAN");
+    const char *lean = ag_switch_text("AUGUR_CUDA_MMT_LEAN");
     s->mmt_lean = !(lean && *lean == '0');
-    const char *split = getenv("AUGUR_CUDA_MMV_SPLIT");
+    const char *split = ag_switch_text("AUGUR_CUDA_MMV_SPLIT");
     s->mmv_split_on = !(split && *split == '0');
-    const char *pdl = getenv("AUGUR_CUDA_PDL"); /* programmatic dependent launch: Hopper and later */
+    const char *pdl = ag_switch_text("AUGUR_CUDA_PDL"); /* programmatic dependent launch: Hopper and later */
     cudaFuncAttributes kattr; /* and only where the kernels were built for it (their waits compiled in) */
     s->pdl_on = !(pdl && *pdl == '0') && prop.major >= 9 && cudaFuncGetAttributes(&kattr, add_k) == cudaSuccess &&
                 kattr.ptxVersion >= 90;
-    const char *stage = getenv("AUGUR_CUDA_STAGE"); /* bulk copies (cp.async.bulk): Hopper and later, as PDL */
+    const char *stage = ag_switch_text("AUGUR_CUDA_STAGE"); /* bulk copies (cp.async.bulk): Hopper and later, as PDL */
     const int   stage_asked = stage && *stage == '0' ? 0 : stage && *stage == '2' ? 2 : 1;
     s->stage_mode = prop.major >= 9 && kattr.ptxVersion >= 90 ? stage_asked : 0;
     AG_LOGI("CUDA: %s, %d SMs, %.1f GiB, compute capability %d.%d, kernels launched early (PDL): %s", prop.name,

@@ -189,8 +189,7 @@ typedef void (*mmt_kernel)(const uint8_t *, size_t, int, int, const __nv_bfloat1
  * MMT_TARGET_WARPS; read once into *cache (-1 until then). */
 static int target_warps(const char *name, int *cache) {
     if (*cache < 0) {
-        const char *e = getenv(name);
-        *cache = e && atoi(e) > 0 ? atoi(e) : MMT_TARGET_WARPS;
+        *cache = (int)ag_switch_int(name, 1, 1 << 20, MMT_TARGET_WARPS);
     }
     return *cache;
 }
