@@ -51,7 +51,7 @@ static int64_t template_special(json_t *pp, json_t *item) {
     return json_integer_value(json_array_get(ids, 0));
 }
 
-ag_status ag_tok_hf_to_gguf(const char *path, ag_gguf_writer *w) {
+ag_status ag_tok_hf_to_gguf(const char *path, int64_t n_model, ag_gguf_writer *w) {
     json_error_t je;
     json_t      *root = json_load_file(path, 0, &je);
     if (!root) return ag_errorf(AG_ERR_FORMAT, "%s: %s (line %d)", path, je.text, je.line);
@@ -108,6 +108,7 @@ ag_status ag_tok_hf_to_gguf(const char *path, ag_gguf_writer *w) {
         if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) > (1 << 24) ||
             !jstr(val, "content"))
             FAIL(AG_ERR_FORMAT, "%s: added_tokens[%zu] has no valid id or content", path, ai);
+        if (n_model > 0 && json_integer_value(id) >= n_model) continue; /* see tok.h */
         if (json_integer_value(id) > max_id) max_id = json_integer_value(id);
         if (jtrue(val, "lstrip") || jtrue(val, "rstrip") || jtrue(val, "single_word") || jtrue(val, "normalized"))
             FAIL(AG_ERR_UNSUPPORTED, "%s: added token '%s' with lstrip, rstrip, single_word or normalized",
@@ -127,6 +128,7 @@ ag_status ag_tok_hf_to_gguf(const char *path, ag_gguf_writer *w) {
     json_array_foreach(added, ai, val) {
         int64_t     id = json_integer_value(json_object_get(val, "id"));
         const char *c = jstr(val, "content");
+        if (id > max_id) continue;
         if (texts[id] && strcmp(texts[id], c))
             FAIL(AG_ERR_FORMAT, "%s: added token %lld '%s' differs from the vocabulary's '%s'", path, (long long)id, c,
                  texts[id]);
