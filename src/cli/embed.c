@@ -145,7 +145,7 @@ int ag_cli_embed(int argc, char **argv) {
         }
         for (int i = 0; i < i1 - i0; i++) {
             float *e = vec + (size_t)i * c->n_embd;
-            ag_embed_truncate(e, c->n_embd, out_dims, e);
+            ag_model_embed_truncate(m, e, out_dims, e);
             putchar('[');
             for (int j = 0; j < out_dims; j++) printf(j ? ",%.9g" : "%.9g", e[j]);
             puts("]");

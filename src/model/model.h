@@ -26,7 +26,8 @@
 #include "gguf/gguf.h"
 #include "kv/kv.h" /* ag_model_kv_params */
 
-typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3, AG_ARCH_QWEN3, AG_ARCH_QWEN3MOE, AG_ARCH_NOMIC_BERT } ag_arch;
+typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3, AG_ARCH_QWEN3, AG_ARCH_QWEN3MOE, AG_ARCH_NOMIC_BERT,
+               AG_ARCH_GEMMA_EMBD } ag_arch;
 
 #define AG_MAX_LAYERS 256
 #define AG_MAX_EXPERTS AG_MOE_MAX_EXPERTS
@@ -184,6 +185,9 @@ ag_status ag_model_embed(ag_model *m, const int32_t *tok, const int32_t *start, 
  * scale goes with the normalization), then the first dims values,
  * L2-normalized. dims == n_embd copies the vector unchanged. out may alias in. */
 void ag_embed_truncate(const float *in, int n_embd, int dims, float *out);
+/* The truncation m's model card prescribes: nomic-bert's above; others
+ * (EmbeddingGemma) the first dims values, L2-normalized. */
+void ag_model_embed_truncate(const ag_model *m, const float *in, int dims, float *out);
 
 /* Output-matrix rows beyond ag_model_set_output_rows' prefix that a pass
  * computes too (ag_batch.head_extra): ids[n] (each past the prefix) and

@@ -2,7 +2,7 @@
  * ag_model_is_encoder). input: a string, a list of strings, a list of token
  * ids, or a list of lists of token ids; encoding_format "float" (default) or
  * "base64" (little-endian float32); dimensions: a Matryoshka truncation
- * (ag_embed_truncate). `model` and `user` cannot change the output and are
+ * (ag_model_embed_truncate: as the model card says). `model` and `user` cannot change the output and are
  * ignored. Texts get the tokenizer's special tokens ([CLS] ... [SEP]) with
  * special-token text kept as text; token-id inputs are taken as given.
  * The inputs of one request are packed into forward passes of up to
@@ -180,7 +180,7 @@ void srv_route_embeddings(srv_req *rq, srv_resp *out) {
     json_t *data = json_array();
     for (int i = 0; i < n_in; i++) {
         float *e = vec + (size_t)i * c->n_embd;
-        ag_embed_truncate(e, c->n_embd, dims, e);
+        ag_model_embed_truncate(s->model, e, dims, e);
         json_t *emb;
         if (base64) {
             ag_buf bb = {0};
