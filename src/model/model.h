@@ -8,7 +8,9 @@
  * and post-norms, GELU, scaled embeddings), and one encoder: nomic-bert
  * (nomic-embed-text: BERT post-LayerNorm layers with bias, fused QKV, RoPE,
  * SwiGLU, bidirectional attention), an embedding model that runs through
- * ag_model_embed only. Each is one entry of model.c's
+ * ag_model_embed only, and gemma-embedding (EmbeddingGemma: gemma3's layers
+ * attending both ways, then pooling and Dense projections), another. The file
+ * is a GGUF or a Hugging Face model folder (model/safetensors.h). Each is one entry of model.c's
  * architecture table. Anything else is a clear AG_ERR_UNSUPPORTED at load.
  *
  * Threading: an ag_model is immutable after load except for its per-step
