@@ -15,6 +15,7 @@ struct ag_st_file {
     int64_t        n;
     ag_st_tensor  *t;
     char          *names; /* all names, NUL-separated */
+    bool           borrowed; /* ag_st_open_memory: map is the caller's bytes */
 };
 
 /* dtype names as the format spells them; bool, unsigned and 8-bit float
@@ -158,9 +159,25 @@ ag_status ag_st_open(const char *path, ag_st_file **out) {
     return AG_OK;
 }
 
+ag_status ag_st_open_memory(const void *data, size_t size, ag_st_file **out) {
+    *out = NULL;
+    ag_st_file *f = calloc(1, sizeof *f);
+    if (!f) return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    f->map.data = data;
+    f->map.size = size;
+    f->borrowed = true;
+    ag_status st = parse(f);
+    if (st) {
+        ag_st_free(f);
+        return st;
+    }
+    *out = f;
+    return AG_OK;
+}
+
 void ag_st_free(ag_st_file *f) {
     if (!f) return;
-    ag_file_unmap(&f->map);
+    if (!f->borrowed) ag_file_unmap(&f->map);
     free(f->t);
     free(f->names);
     free(f);

@@ -38,6 +38,9 @@ typedef struct ag_st_file ag_st_file;
  * file; the message says what and where), AG_ERR_UNSUPPORTED (a dtype augur
  * does not read, named). The message does not repeat the path. */
 ag_status ag_st_open(const char *path, ag_st_file **out);
+/* Same over caller-owned bytes (no copy: `data` must outlive the result):
+ * for the fuzzer and tests. */
+ag_status ag_st_open_memory(const void *data, size_t size, ag_st_file **out);
 void      ag_st_free(ag_st_file *f); /* NULL-safe */
 
 /* Tensors in file-header order; pointers live as long as the file. */
