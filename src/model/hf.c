@@ -135,10 +135,37 @@ static ag_status gemma3_meta(json_t *c, const char *arch, ag_gguf_writer *w, int
     }
     *n_layer = (int)v[2];
     const int64_t head_dim = v[6];
-    double        theta, local, eps, qscale;
-    if (!cfg_num(c, "rope_theta", &theta) || !cfg_num(c, "rms_norm_eps", &eps))
-        return ag_errorf(AG_ERR_FORMAT, "config.json: rope_theta or rms_norm_eps missing");
-    if (!cfg_num(c, "rope_local_base_freq", &local)) local = 10000.0;
+    double        theta, local = 10000.0, eps, qscale;
+    if (!cfg_num(c, "rms_norm_eps", &eps)) return ag_errorf(AG_ERR_FORMAT, "config.json: rms_norm_eps missing");
+    /* RoPE: transformers 5's rope_parameters per layer type, or the older
+     * rope_theta, rope_local_base_freq and rope_scaling (global layers) */
+    json_t *rp = json_object_get(c, "rope_parameters"), *scaling = NULL, *slide = NULL;
+    if (json_is_object(rp)) {
+        scaling = json_object_get(rp, "full_attention");
+        slide = json_object_get(rp, "sliding_attention");
+        if (!cfg_num(scaling, "rope_theta", &theta) || (slide && !cfg_num(slide, "rope_theta", &local)))
+            return ag_errorf(AG_ERR_FORMAT, "config.json: rope_parameters without rope_theta");
+    } else {
+        if (!cfg_num(c, "rope_theta", &theta)) return ag_errorf(AG_ERR_FORMAT, "config.json: rope_theta missing");
+        cfg_num(c, "rope_local_base_freq", &local);
+        scaling = json_object_get(c, "rope_scaling");
+    }
+    const char *slide_type = json_string_value(json_object_get(slide, "rope_type"));
+    if (slide_type && strcmp(slide_type, "default"))
+        return ag_errorf(AG_ERR_UNSUPPORTED, "config.json: sliding layers' rope_type %s (only default)", slide_type);
+    const char *rtype = json_string_value(json_object_get(scaling, "rope_type"));
+    if (!rtype) rtype = json_string_value(json_object_get(scaling, "type"));
+    if (rtype && !strcmp(rtype, "linear")) { /* global layers' positions divided by factor (Gemma 3 4B+) */
+        double factor;
+        if (!cfg_num(scaling, "factor", &factor) || !(factor > 0))
+            return ag_errorf(AG_ERR_FORMAT, "config.json: linear rope scaling without a factor");
+        snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+        if ((st = ag_gguf_writer_add_str(w, key, "linear"))) return st;
+        snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+        if ((st = ag_gguf_writer_add_f32(w, key, (float)factor))) return st;
+    } else if (rtype && strcmp(rtype, "default")) {
+        return ag_errorf(AG_ERR_UNSUPPORTED, "config.json: rope_type %s is not supported (default or linear)", rtype);
+    }
     snprintf(key, sizeof key, "%s.rope.freq_base", arch);
     if ((st = ag_gguf_writer_add_f32(w, key, (float)theta))) return st;
     snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
@@ -150,8 +177,8 @@ static ag_status gemma3_meta(json_t *c, const char *arch, ag_gguf_writer *w, int
     if (!act) act = json_object_get(c, "hidden_act");
     if (!json_is_string(act) || strcmp(json_string_value(act), "gelu_pytorch_tanh"))
         return ag_errorf(AG_ERR_UNSUPPORTED, "config.json: hidden_activation must be gelu_pytorch_tanh");
-    static const char *const nulls[] = {"attn_logit_softcapping", "final_logit_softcapping", "rope_scaling"};
-    for (size_t i = 0; i < 3; i++) {
+    static const char *const nulls[] = {"attn_logit_softcapping", "final_logit_softcapping"};
+    for (size_t i = 0; i < 2; i++) {
         json_t *x = json_object_get(c, nulls[i]);
         if (x && !json_is_null(x))
             return ag_errorf(AG_ERR_UNSUPPORTED, "config.json: %s is set; augur's Gemma 3 does not implement it",
@@ -252,7 +279,11 @@ static ag_status open_st(hf_owner *o, const char *path, ag_st_file **f) {
     if (!v) return ag_errorf(AG_ERR_NOMEM, "out of memory");
     o->files = v;
     ag_status st = ag_st_open(path, f);
-    if (st) return ag_errorf(st, "%s: %s", path, ag_error_message());
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_error_message());
+        return ag_errorf(st, "%s: %s", path, msg);
+    }
     o->files[o->n_files++] = *f;
     return AG_OK;
 }
@@ -423,7 +454,9 @@ ag_status ag_hf_open(const char *dir, ag_gguf **out) {
         (st = ag_gguf_writer_add_str(w, "general.name", name)))
         goto fail;
     if ((st = gemma3_meta(cfg, arch, w, &n_layer))) {
-        st = ag_errorf(st, "%s: %s", dir, ag_error_message());
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_error_message());
+        st = ag_errorf(st, "%s/%s", dir, msg);
         goto fail;
     }
     if ((st = gemma3_tensors(dir, o, &L, n_layer))) goto fail;

@@ -3,8 +3,8 @@
  * Only the forms whose behaviour augur's encoders reproduce exactly are
  * taken; anything else is refused by name rather than approximated (a
  * guessed tokenizer silently changes token ids):
- * - model BPE with byte_fallback, merges by rank, no dropout, no
- *   continuing-subword prefix or end-of-word suffix;
+ * - model BPE with byte_fallback (all 256 <0xNN> tokens), merges by rank,
+ *   no dropout, no continuing-subword prefix or end-of-word suffix;
  * - normalizer: Replace(" " -> "▁") (SentencePiece's whitespace escape), as
  *   Gemma's tokenizer.json has it, alone;
  * - pre_tokenizer: none, or Split on " " (which, after that normalizer,
@@ -137,8 +137,15 @@ ag_status ag_tok_hf_to_gguf(const char *path, int64_t n_model, ag_gguf_writer *w
                     : jtrue(val, "special") ? AG_TOK_TYPE_CONTROL
                                             : AG_TOK_TYPE_USER_DEFINED;
     }
-    for (size_t i = 0; i < n_tok; i++)
+    size_t n_bytes = 0;
+    for (size_t i = 0; i < n_tok; i++) {
         if (!texts[i]) FAIL(AG_ERR_FORMAT, "%s: no token has id %zu", path, i);
+        n_bytes += types[i] == AG_TOK_TYPE_BYTE;
+    }
+    /* tokenizers falls back to <unk> (fused) for a character whose bytes
+     * are not all tokens; augur's fallback assumes all 256 */
+    if (n_bytes != 256)
+        FAIL(AG_ERR_UNSUPPORTED, "%s: byte_fallback with %zu of the 256 <0xNN> tokens is not supported", path, n_bytes);
 
     /* merges: ["a", "b"] pairs (tokenizers >= 0.20) or "a b" strings */
     json_t *jm = json_object_get(model, "merges");

@@ -746,14 +746,20 @@ static const char k_hf_json[] =
     "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":\"<unk>\",\"continuing_subword_prefix\":null,"
     "\"end_of_word_suffix\":null,\"fuse_unk\":true,\"byte_fallback\":true,\"ignore_merges\":false,"
     "\"vocab\":{\"<pad>\":0,\"<eos>\":1,\"<bos>\":2,\"<unk>\":3,\"<0xC3>\":4,\"<0xA9>\":5,\"a\":6,\"b\":7,"
-    "\"\xE2\x96\x81\":8,\"ab\":9,\"\xE2\x96\x81" "ab\":10,\"c\":11,\"bc\":12,\"<x>\":13,\"\xE2\x96\x81\xE2\x96\x81\":14},"
+    "\"\xE2\x96\x81\":8,\"ab\":9,\"\xE2\x96\x81" "ab\":10,\"c\":11,\"bc\":12,\"<x>\":13,\"\xE2\x96\x81\xE2\x96\x81\":14@BYTES@},"
     "\"merges\":[[\"a\",\"b\"],[\"\xE2\x96\x81\",\"ab\"],[\"b\",\"c\"]]}}";
 
+/* Writes json with "@BYTES@" replaced by the byte tokens the vocabulary
+ * lacks (all but <0xC3> and <0xA9>, ids 15 on): tokenizer.json needs all 256. */
 static ag_status hf_tok_from(const char *json, ag_tok **tok) {
     char  path[] = "/tmp/augur_tokjson_XXXXXX";
     int   fd = mkstemp(path);
     FILE *f = fdopen(fd, "w");
-    fputs(json, f);
+    const char *at = strstr(json, "@BYTES@");
+    fwrite(json, 1, (size_t)(at - json), f);
+    for (int b = 0, id = 15; b < 256; b++)
+        if (b != 0xC3 && b != 0xA9) fprintf(f, ",\"<0x%02X>\":%d", b, id++);
+    fputs(at + 7, f);
     fclose(f);
     ag_gguf_writer *w = ag_gguf_writer_new();
     ag_status       st = ag_tok_hf_to_gguf(path, 0, w);
