@@ -209,6 +209,18 @@ json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *
         if (json_is_string(name)) json_object_set(nm, "name", name);
         json_t *tcid = json_object_get(m, "tool_call_id");
         if (json_is_string(tcid)) json_object_set(nm, "tool_call_id", tcid);
+        /* earlier reasoning a client sends back: templates that show it
+         * read reasoning_content (Qwen3), gpt-oss's reads `thinking` and
+         * refuses it beside content in a tool-call turn (llama.cpp passes
+         * it the same way) */
+        json_t *reasoning = json_object_get(m, "reasoning_content");
+        if (assistant && json_is_string(reasoning)) {
+            json_object_set(nm, "reasoning_content", reasoning);
+            if (s->harmony) {
+                json_object_set(nm, "thinking", reasoning);
+                if (json_array_size(calls)) json_object_del(nm, "content");
+            }
+        }
         json_array_append_new(res, nm);
     }
     if (generic) {
@@ -332,8 +344,11 @@ bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *pref
                   "the model's chat template rejected the messages: %s", ag_error_message());
         goto done;
     }
+    /* harmony: a prefill is the start of the final answer's body */
+    if (prefill_len && s->harmony) ag_buf_append_str(&prompt, "<|channel|>final<|message|>");
     if (prefill_len) ag_buf_append(&prompt, prefill, prefill_len);
-    if (opened) *opened = s->thinks && ag_think_prompt_opens(ag_buf_cstr(&prompt), prompt.len);
+    if (opened)
+        *opened = s->harmony ? prefill_len > 0 : s->thinks && ag_think_prompt_opens(ag_buf_cstr(&prompt), prompt.len);
     bool add_special = !ag_chat_has_bos(s->chat, ag_buf_cstr(&prompt), prompt.len);
     if ((st = ag_tok_encode(s->tok, ag_buf_cstr(&prompt), prompt.len, add_special, true, ids, n_ids))) {
         srv_error(out, 400, "invalid_request_error", param, "invalid_value", "cannot tokenize the prompt: %s",

@@ -22,7 +22,8 @@ json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *
  * template renders them), appends `prefill` (prefill_len bytes: the start
  * of the assistant's reply, which the output continues; NULL for none) and
  * tokenizes it into *ids (the caller frees). *opened (may be NULL): the
- * prompt ends inside a <think> block the template opened. False with a 400
+ * prompt ends inside a <think> block the template opened, or (harmony) in
+ * the final message's body that a prefill starts. False with a 400
  * in `out` (errors name `param`). */
 bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
                      const char *param, int32_t **ids, size_t *n_ids, bool *opened, srv_resp *out);

@@ -474,9 +474,7 @@ static void stream_event(srv_job *j, srv_event *e) {
     json_t *calls = NULL;
     if (j->tools) {
         ag_buf rest = {0};
-        const char *answer;
-        size_t answer_len = srv_choice_answer(c, &answer);
-        if (srv_job_tool_calls(j, answer, answer_len, &calls, &rest) && e->finish == AG_FINISH_STOP)
+        if (srv_choice_tool_calls(j, c, &calls, &rest) && e->finish == AG_FINISH_STOP)
             reason = "tool_calls";
         ag_buf_free(&rest);
     }
@@ -584,7 +582,7 @@ static void respond_collected(srv_job *j, srv_resp *out) {
             ag_buf content = {0};
             const char *answer, *reasoning;
             size_t answer_len = srv_choice_answer(c, &answer), reasoning_len = srv_choice_reasoning(c, &reasoning);
-            if (j->tools && srv_job_tool_calls(j, answer, answer_len, &calls, &content)) {
+            if (srv_choice_tool_calls(j, c, &calls, &content)) {
                 json_object_set_new(msg, "content", content.len ? srv_jstr(content.data, content.len) : json_null());
                 json_object_set_new(msg, "tool_calls", calls);
                 if (c->finish == AG_FINISH_STOP) reason = "tool_calls";
