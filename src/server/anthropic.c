@@ -435,7 +435,7 @@ static bool parse_prompt(ag_server *s, json_t *b, msg_prompt *p, srv_resp *out) 
     msgs = srv_build_messages(s, conv, p->tools, out);
     json_decref(conv);
     if (!msgs) goto done;
-    ok = srv_chat_prompt(s, msgs, p->tools, prefill.data, prefill.len, "messages", &p->ids, &p->n_ids, &p->opened, out);
+    ok = srv_chat_prompt(s, msgs, p->tools, NULL, prefill.data, prefill.len, "messages", &p->ids, &p->n_ids, &p->opened, out);
 done:
     ag_buf_free(&prefill);
     json_decref(msgs);

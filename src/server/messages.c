@@ -330,15 +330,36 @@ fail:
     return NULL;
 }
 
-bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
-                     const char *param, int32_t **ids, size_t *n_ids, bool *opened, srv_resp *out) {
+json_t *srv_reasoning_effort(ag_server *s, const json_t *effort, const char *param, bool *failed, srv_resp *out) {
+    *failed = false;
+    if (!effort || json_is_null(effort)) return NULL;
+    const char *e = json_string_value(effort);
+    if (!s->harmony && s->p.lenient_fields) return NULL;
+    if (!s->harmony) {
+        srv_error(out, 400, "invalid_request_error", param, "unsupported_parameter",
+                  "Unsupported parameter: '%s' is not supported by this server (this model's reasoning cannot be "
+                  "steered)",
+                  param);
+    } else if (!e || (strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high"))) {
+        srv_error(out, 400, "invalid_request_error", param, "invalid_value",
+                  "'%s' must be \"low\", \"medium\" or \"high\"", param);
+    } else {
+        return json_pack("{s:s}", "reasoning_effort", e);
+    }
+    *failed = true;
+    return NULL;
+}
+
+bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const json_t *vars, const char *prefill,
+                     size_t prefill_len, const char *param, int32_t **ids, size_t *n_ids, bool *opened,
+                     srv_resp *out) {
     if (!s->chat) {
         srv_error(out, 400, "invalid_request_error", NULL, "unsupported", "this model has no chat format");
         return false;
     }
     ag_buf prompt = {0};
     bool ok = false;
-    ag_status st = ag_chat_render(s->chat, msgs, s->tmpl_has_tools ? tools : NULL, true, NULL, &prompt);
+    ag_status st = ag_chat_render(s->chat, msgs, s->tmpl_has_tools ? tools : NULL, true, vars, &prompt);
     if (st) {
         srv_error(out, 400, "invalid_request_error", param, "template_error",
                   "the model's chat template rejected the messages: %s", ag_error_message());

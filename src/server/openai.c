@@ -632,7 +632,7 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     json_t *b = srv_parse_body(rq, out);
     if (!b) return;
     srv_opts o;
-    json_t *tools = NULL, *msgs = NULL;
+    json_t *tools = NULL, *msgs = NULL, *vars = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     srv_opts_init(&o);
@@ -642,7 +642,9 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     if (failed) goto done;
     if (!(msgs = srv_build_messages(s, json_object_get(b, "messages"), tools, out))) goto done;
     bool opened = false;
-    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "messages", &ids, &n_ids, &opened, out)) goto done;
+    vars = srv_reasoning_effort(s, json_object_get(b, "reasoning_effort"), "reasoning_effort", &failed, out);
+    if (failed) goto done;
+    if (!srv_chat_prompt(s, msgs, tools, vars, NULL, 0, "messages", &ids, &n_ids, &opened, out)) goto done;
     srv_job *j = job_new(rq, true, &o, 1);
     if (!j) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
@@ -656,6 +658,7 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     srv_job_run(j, &o, &ids, &n_ids, "messages", out);
 done:
     free(ids);
+    json_decref(vars);
     json_decref(msgs);
     json_decref(tools);
     srv_opts_free(&o);

@@ -473,12 +473,12 @@ static bool include_ok(const json_t *v) {
         return false;
     return true;
 }
-/* reasoning: nothing asked of it ({} or nulls) */
+/* reasoning: nothing asked of it ({} or nulls) but its effort (read apart) */
 static bool reasoning_default(const json_t *v) {
     if (!json_is_object(v)) return false;
     const char *k;
     json_t *x;
-    json_object_foreach((json_t *)v, k, x) if (!json_is_null(x)) return false;
+    json_object_foreach((json_t *)v, k, x) if (!json_is_null(x) && strcmp(k, "effort")) return false;
     return true;
 }
 
@@ -825,7 +825,7 @@ void srv_route_responses(srv_req *rq, srv_resp *out) {
     if (!b) return;
     srv_opts o;
     srv_opts_init(&o);
-    json_t *tool_body = NULL, *tools = NULL, *msgs = NULL, *chat = NULL, *conv = NULL, *echo = NULL;
+    json_t *tool_body = NULL, *tools = NULL, *msgs = NULL, *chat = NULL, *conv = NULL, *echo = NULL, *vars = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     resp_state *rs = NULL;
@@ -895,7 +895,10 @@ void srv_route_responses(srv_req *rq, srv_resp *out) {
     if (failed) goto done;
     if (!(msgs = srv_build_messages(s, chat, tools, out))) goto done;
     bool opened = false;
-    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "input", &ids, &n_ids, &opened, out)) goto done;
+    json_t *effort = json_object_get(json_object_get(b, "reasoning"), "effort");
+    vars = srv_reasoning_effort(s, effort, s->harmony ? "reasoning.effort" : "reasoning", &failed, out);
+    if (failed) goto done;
+    if (!srv_chat_prompt(s, msgs, tools, vars, NULL, 0, "input", &ids, &n_ids, &opened, out)) goto done;
 
     /* what the Response object repeats of the request */
     echo = json_object();
@@ -904,7 +907,7 @@ void srv_route_responses(srv_req *rq, srv_resp *out) {
     json_object_set_new(echo, "metadata", json_is_object(metadata) ? json_incref(metadata) : json_object());
     json_object_set_new(echo, "parallel_tool_calls", json_boolean(parallel));
     json_object_set(echo, "previous_response_id", prev ? prev : json_null());
-    json_object_set_new(echo, "reasoning", json_pack("{s:n, s:n}", "effort", "summary"));
+    json_object_set_new(echo, "reasoning", json_pack("{s:O?, s:n}", "effort", vars ? effort : NULL, "summary"));
     json_object_set_new(echo, "store", json_boolean(store));
     json_object_set_new(echo, "temperature", json_real(o.sp.temperature));
     json_t *fmt = json_object_get(json_object_get(b, "text"), "format");
@@ -942,6 +945,7 @@ done:
     state_free(rs);
     free(ids);
     json_decref(echo);
+    json_decref(vars);
     json_decref(msgs);
     json_decref(chat);
     json_decref(conv);

@@ -281,3 +281,19 @@ def test_history_renders_as_the_template_expects(scripted):
         {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": json.dumps(CALL_ARGS)},
         {"type": "function_call_output", "call_id": "call_1", "output": "sunny"}])
     assert undated(s.stderr()).count(expected) == 3
+
+
+def test_reasoning_effort_reaches_the_template(scripted):
+    """gpt-oss's template takes reasoning_effort ("Reasoning: high" in its
+    system message): chat completions' reasoning_effort and Responses'
+    reasoning.effort set it; other values are a 400."""
+    s = scripted(OUTPUT)
+    r = s.client().chat.completions.create(model="x", messages=HI, max_tokens=400, reasoning_effort="high")
+    assert r.choices[0].message.content == ANSWER
+    s.client().responses.create(model="x", input="Hi!", max_output_tokens=400, reasoning={"effort": "low"})
+    log = s.stderr()
+    assert "\nReasoning: high\n" in log and "\nReasoning: low\n" in log
+    import openai
+    with pytest.raises(openai.BadRequestError) as e:
+        s.client().chat.completions.create(model="x", messages=HI, max_tokens=4, reasoning_effort="extreme")
+    assert e.value.body["param"] == "reasoning_effort"
