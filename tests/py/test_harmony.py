@@ -14,12 +14,18 @@ stories260K vocabulary has no harmony special tokens, so the markers
 (<|channel|>, <|message|>, <|end|>, <|start|>, <|constrain|>) come out as
 the plain text they are also in a gpt-oss output, where the tokenizer
 renders those tokens as text (tok.c, as llama.cpp); <|call|> and <|return|>
-end a gpt-oss generation without text, as the end of a script does here."""
+end a gpt-oss generation without text, as the end of a script does here.
+test_special_tokens_render_and_parse checks that token path itself on a copy
+of stories260K whose vocabulary gets the harmony tokens appended as control
+tokens (with_harmony_tokens: the token list, scores and types extended, and
+small random rows appended to token_embd and output)."""
 import json
 import os
 import re
 
 import anthropic
+import gguf
+import numpy as np
 import pytest
 
 from conftest import ROOT, TINY_GGUF, AugurServer
@@ -73,6 +79,58 @@ def scripted(harmony_model, tmp_path):
     yield start
     for s in servers:
         assert s.stop() == 0, s.final_stderr[-4000:]
+
+
+HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+
+
+def with_harmony_tokens(src, dst, template):
+    """A copy of the GGUF src with gpt-oss's template and its special tokens
+    appended to the vocabulary as control tokens (as in gpt-oss's own GGUF;
+    their embedding and output rows are small random vectors)."""
+    r = gguf.GGUFReader(src)
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    w = gguf.GGUFWriter(dst, arch)
+    extra = {"tokenizer.ggml.tokens": HARMONY_TOKENS, "tokenizer.ggml.scores": [0.0] * len(HARMONY_TOKENS),
+             "tokenizer.ggml.token_type": [int(gguf.TokenType.CONTROL)] * len(HARMONY_TOKENS)}
+    n_vocab = None
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
+            continue
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            if f.types[-1] == gguf.GGUFValueType.STRING:
+                vals = [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
+            else:
+                vals = [f.parts[i][0].item() for i in f.data]
+            if name in extra:
+                n_vocab = len(vals) + len(HARMONY_TOKENS)
+                vals = vals + extra[name]
+            if name == "tokenizer.ggml.scores":
+                w.add_array(name, [float(v) for v in vals])
+            else:
+                w.add_array(name, vals)
+        elif vtype == gguf.GGUFValueType.STRING:
+            w.add_string(name, bytes(f.parts[-1]).decode("utf-8", "surrogateescape"))
+        elif name.endswith(".vocab_size"):
+            w.add_key_value(name, f.parts[-1][0].item() + len(HARMONY_TOKENS), vtype)
+        else:
+            w.add_key_value(name, f.parts[-1][0].item(), vtype)
+    w.add_string("tokenizer.chat_template", template)
+    rng = np.random.default_rng(0)
+    for t in r.tensors:
+        data = np.array(t.data)
+        if t.name in ("token_embd.weight", "output.weight"):
+            assert data.shape[0] + len(HARMONY_TOKENS) == n_vocab and data.dtype == np.float32
+            rows = (rng.standard_normal((len(HARMONY_TOKENS), data.shape[1])) * 0.02).astype(np.float32)
+            data = np.concatenate([data, rows])
+            w.add_tensor(t.name, data)
+        else:
+            w.add_tensor(t.name, data, raw_shape=list(t.data.shape), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def anthropic_client(s):
@@ -297,3 +355,52 @@ def test_reasoning_effort_reaches_the_template(scripted):
     with pytest.raises(openai.BadRequestError) as e:
         s.client().chat.completions.create(model="x", messages=HI, max_tokens=4, reasoning_effort="extreme")
     assert e.value.body["param"] == "reasoning_effort"
+
+
+def post(server, route, body):
+    import urllib.request
+    req = urllib.request.Request(server.base + route, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(req).read())
+
+
+def test_special_tokens_render_and_parse(tmp_path):
+    """With harmony's markers as single control tokens (as in gpt-oss's
+    vocabulary): the prompt's markers tokenize to them, the output's
+    <|channel|>, <|message|>, <|end|>, <|start|> tokens come out as their
+    text and the output reads as when spelled out; <|return|> and <|call|>
+    end generation."""
+    path = str(tmp_path / "stories260K-harmony-tokens.gguf")
+    with open(TEMPLATE, encoding="utf-8") as f:
+        with_harmony_tokens(TINY_GGUF, path, f.read())
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps([OUTPUT]))
+    s = AugurServer(path, "--parallel", "1", env={**os.environ, **CLOCK, "AUGUR_TEST_SCRIPT": str(script)})
+    try:
+        ids = {t: post(s, "/tokenize", {"content": t, "parse_special": True})["tokens"] for t in HARMONY_TOKENS}
+        assert all(len(v) == 1 and v[0] >= 512 for v in ids.values()), ids
+        # the script's markers are written as the special tokens (a bias
+        # makes the model pick them where the script allows them)
+        bias = {str(ids[t][0]): 100 for t in ("<|start|>", "<|end|>", "<|message|>", "<|channel|>")}
+        r = s.client().chat.completions.create(model="x", messages=HI, max_tokens=400, logit_bias=bias,
+                                               logprobs=True)
+        m = r.choices[0].message
+        assert m.content == ANSWER and m.model_extra["reasoning_content"] == REASONING
+        tokens = [e.token for e in r.choices[0].logprobs.content]
+        assert tokens.count("<|channel|>") == 2 and tokens.count("<|message|>") == 2
+        assert tokens.count("<|end|>") == 1 and tokens.count("<|start|>") == 1
+    finally:
+        assert s.stop() == 0
+    # without a script: <|return|> and <|call|> end generation (nothing of
+    # them is text); <|end|> does not, it ends a message
+    s = AugurServer(path, "--parallel", "1")
+    try:
+        for t in ("<|return|>", "<|call|>", "<|end|>"):
+            c = post(s, "/v1/completions", {"prompt": "Once", "max_tokens": 3, "logit_bias": {str(ids[t][0]): 100}})
+            ch = c["choices"][0]
+            if t == "<|end|>":
+                assert ch["finish_reason"] == "length" and ch["text"] == "<|end|>" * 3, ch
+            else:
+                assert ch["finish_reason"] == "stop" and ch["text"] == "", ch
+    finally:
+        assert s.stop() == 0
