@@ -145,7 +145,8 @@ static bool tool_grammar(srv_opts *o, json_t *tools, ag_tool_format tf, bool ans
                                   .suffix = harmony ? NULL : llama3 ? "}" : "}\n</tool_call>"};
     }
     int n_alts = (int)n;
-    if (answer) alts[n_alts++] = (ag_schema_alt){.prefix = "", .schema = o->answer_schema};
+    if (answer)
+        alts[n_alts++] = (ag_schema_alt){.prefix = harmony ? SRV_HARMONY_FINAL : "", .schema = o->answer_schema};
     ag_schema *g = NULL;
     ag_status  st = ag_schema_compile_alts(alts, n_alts, &g);
     if (st) {
@@ -427,17 +428,26 @@ static ag_schema *scripted_output(void) {
 void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_ids, const char *prompt_param,
                  srv_resp *out) {
     ag_schema *script = scripted_output();
+    /* harmony: an answer schema's value is the body of a final message,
+     * written after its header as gpt-oss writes answers (tool_grammar does
+     * the same beside tools) */
+    ag_schema *final = NULL;
+    if (!script && o->has_answer_schema && !j->tools && j->n_choices && j->ch[0].harmony_on) {
+        ag_schema_alt alt = {.prefix = SRV_HARMONY_FINAL, .schema = o->answer_schema};
+        if (ag_schema_compile_alts(&alt, 1, &final)) final = NULL; /* compiled once already: out of memory */
+    }
     for (int p = 0; p < j->n_prompts; p++) {
         ag_gen_request r = {.prompt = ids[p], .n_prompt = (int)n_ids[p], .max_tokens = o->max_tokens,
                             .n_choices = o->n, .sample = o->sp, .stops = (const char *const *)o->stops,
                             .n_stops = o->n_stops, .ignore_eos = o->ignore_eos,
                             /* completions with echo + logprobs (not streamed): score the prompt */
                             .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
-                            .schema = script ? script : o->schema, .no_output = o->no_output,
+                            .schema = script ? script : final ? final : o->schema, .no_output = o->no_output,
                             .spec_max = o->spec_max, .cache_ns = o->cache_ns};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             ag_schema_unref(script);
+            ag_schema_unref(final);
             srv_status_error(out, st, prompt_param);
             j->ended = true; /* nothing was streamed: not a client's loss */
             job_free(j);     /* cancels the prompts already submitted */
@@ -445,6 +455,7 @@ void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_i
         }
     }
     ag_schema_unref(script); /* the engine holds its own reference */
+    ag_schema_unref(final);
     if (j->stream) {
         out->status = 200;
         out->stream = j;

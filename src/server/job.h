@@ -37,6 +37,8 @@ typedef struct {
 
 /* What a harmony prompt ends with when a prefill continues the answer. */
 #define SRV_HARMONY_PREFILL "<|start|>assistant<|channel|>final<|message|>"
+/* The header of a harmony answer (after the prompt's "<|start|>assistant"). */
+#define SRV_HARMONY_FINAL "<|channel|>final<|message|>"
 
 typedef struct srv_job srv_job;
 

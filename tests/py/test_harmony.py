@@ -404,3 +404,27 @@ def test_special_tokens_render_and_parse(tmp_path):
                 assert ch["finish_reason"] == "stop" and ch["text"] == "", ch
     finally:
         assert s.stop() == 0
+
+
+def test_answer_schema_is_a_final_message(harmony_model):
+    """response_format (alone, and beside tools): the value is written as the
+    body of a final message, as gpt-oss writes answers (no script:
+    stories260K writes whatever the grammar lets)."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": True}}
+    s = AugurServer(harmony_model, "--parallel", "1", env={**os.environ, **CLOCK})
+    try:
+        for tools in (None, [WEATHER]):
+            kw = {"tools": tools} if tools else {}
+            r = s.client().chat.completions.create(model="x", messages=HI, response_format=rf, max_tokens=200,
+                                                   temperature=0, logprobs=True, **kw)
+            m = r.choices[0].message
+            raw = "".join(e.token for e in r.choices[0].logprobs.content)
+            if m.tool_calls:  # beside tools the model may call one instead
+                assert raw.startswith("<|channel|>commentary to=functions.get_weather")
+                continue
+            assert raw.startswith("<|channel|>final<|message|>{"), raw
+            assert isinstance(json.loads(m.content)["n"], int) and "reasoning_content" not in (m.model_extra or {})
+    finally:
+        assert s.stop() == 0
