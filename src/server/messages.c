@@ -135,6 +135,67 @@ static void generic_tools_text(json_t *tools, ag_buf *b) {
                          "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
 }
 
+static bool has_role(json_t *m, const char *role) {
+    const char *r = json_string_value(json_object_get(m, "role"));
+    return r && !strcmp(r, role);
+}
+
+/* gpt-oss's template renders one call per assistant message (its
+ * tool_calls[0]) and names each tool result after the latest call, as a
+ * harmony transcript has it: a generation ends at its call. So a turn with
+ * several calls becomes one assistant message per call, each followed by
+ * its result (matched by tool_call_id, else by position); the first keeps
+ * the turn's reasoning and content. Steals res; returns the new list. */
+static json_t *harmony_one_call_each(json_t *res) {
+    json_t *out = json_array();
+    size_t n = json_array_size(res);
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(res, i);
+        json_t *calls = json_object_get(m, "tool_calls");
+        size_t nc = json_array_size(calls);
+        if (!has_role(m, "assistant") || nc < 2) {
+            json_array_append(out, m);
+            continue;
+        }
+        size_t end = i + 1;
+        while (end < n && has_role(json_array_get(res, end), "tool")) end++;
+        size_t nr = end - (i + 1);
+        bool *used = calloc(nr ? nr : 1, sizeof *used);
+        if (!used) {
+            json_array_append(out, m);
+            continue;
+        }
+        for (size_t c = 0; c < nc; c++) {
+            json_t *call = json_array_get(calls, c);
+            json_t *one = json_copy(m);
+            if (c) {
+                json_object_del(one, "thinking");
+                json_object_del(one, "reasoning_content");
+                json_object_set_new(one, "content", json_string(""));
+            }
+            json_object_set_new(one, "tool_calls", json_pack("[O]", call));
+            json_array_append_new(out, one);
+            const char *id = json_string_value(json_object_get(call, "id"));
+            size_t hit = nr;
+            for (size_t r = 0; id && r < nr && hit == nr; r++) {
+                const char *rid = json_string_value(json_object_get(json_array_get(res, i + 1 + r), "tool_call_id"));
+                if (!used[r] && rid && !strcmp(rid, id)) hit = r;
+            }
+            if (hit == nr && nr == nc && !used[c]) hit = c;
+            if (hit < nr) {
+                used[hit] = true;
+                json_array_append(out, json_array_get(res, i + 1 + hit));
+            }
+        }
+        for (size_t r = 0; r < nr; r++)
+            if (!used[r]) json_array_append(out, json_array_get(res, i + 1 + r));
+        free(used);
+        i = end - 1;
+    }
+    json_decref(res);
+    return out;
+}
+
 json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *out) {
     if (!msgs) {
         srv_error(out, 400, "invalid_request_error", "messages", "missing_required_parameter", "'messages' is required");
@@ -239,6 +300,7 @@ json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *
         }
     }
     ag_buf_free(&text);
+    if (s->harmony) res = harmony_one_call_each(res);
     return res;
 fail:
     ag_buf_free(&text);

@@ -428,3 +428,27 @@ def test_answer_schema_is_a_final_message(harmony_model):
             assert isinstance(json.loads(m.content)["n"], int) and "reasoning_content" not in (m.model_extra or {})
     finally:
         assert s.stop() == 0
+
+
+def test_several_calls_of_one_turn_render_one_by_one(scripted):
+    """gpt-oss's template renders only an assistant message's first call and
+    names every tool result after the latest call: a turn with two calls
+    (and their results, in any order) renders as two call messages, each
+    followed by its own result, as a harmony transcript has them."""
+    s = scripted(OUTPUT)
+    calls = [{"id": f"call_{k}", "type": "function",
+              "function": {"name": "get_weather", "arguments": json.dumps({"city": c})}}
+             for k, c in enumerate(["Paris", "Rome"])]
+    msgs = [*HI, {"role": "assistant", "content": None, "reasoning_content": CALL_REASONING, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": "call_1", "content": "rainy"},
+            {"role": "tool", "tool_call_id": "call_0", "content": "sunny"}]
+    one = [{**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}} for c in calls]
+    expected = undated(rendered([
+        *HI, {"role": "assistant", "thinking": CALL_REASONING, "tool_calls": [one[0]]},
+        {"role": "tool", "tool_call_id": "call_0", "content": "sunny"},
+        {"role": "assistant", "content": "", "tool_calls": [one[1]]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "rainy"}], tools=[WEATHER]))
+    assert '{"city": "Rome"}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary' \
+           '<|message|>"rainy"' in expected
+    s.client().chat.completions.create(model="x", messages=msgs, tools=[WEATHER], max_tokens=400)
+    assert expected in undated(s.stderr())
