@@ -22,7 +22,7 @@
  * that may still become a marker ("<", "<|", "<|en", ...) is held back
  * until it is decided, so a stream never shows a piece of a marker. Text
  * that does not start like a header at all (a model that skipped the
- * format, or an output a schema constrained) is answer text. */
+ * format) is answer text; whitespace between messages belongs to none. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,6 +189,17 @@ void ag_harmony_scan(ag_harmony *h, const char *text, size_t len, bool final) {
         const char *rest = text + h->pos;
         size_t rlen = len - h->pos;
         if (!h->in_body) {
+            /* whitespace between messages (or before a plain answer) is
+             * neither: skipped once something else follows */
+            size_t ws = 0;
+            while (ws < rlen && is_ws(rest[ws])) ws++;
+            if (ws == rlen) {
+                if (final) h->pos = len;
+                return;
+            }
+            h->pos += ws;
+            rest += ws;
+            rlen -= ws;
             if (!may_be_header(rest, rlen)) {
                 /* no header: answer text, up to the next marker */
                 h->in_body = true;

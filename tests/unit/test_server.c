@@ -355,8 +355,12 @@ static void harmony_split(void **state) {
          "<|end|><|start|>assistant<|channel|>analysis<|message|>two<|end|><|start|>assistant<|channel|>commentary "
          "to=functions.t<|message|>{}",
          NULL, "one\ntwo", "Let me check.", "t={}"},
-        /* no header at all: all answer */
+        /* no header at all: all answer; whitespace between messages is nothing */
         {"Just an answer.", NULL, "", "Just an answer.", ""},
+        {"\n Just an answer.", NULL, "", "Just an answer.", ""},
+        {"<|channel|>analysis<|message|>r<|end|>\n<|start|>assistant<|channel|>final<|message|>a\n", NULL, "r", "a\n",
+         ""},
+        {"<|channel|>final<|message|>a<|end|> \n", NULL, "", "a", ""},
         {"{\"a\": 1}", NULL, "", "{\"a\": 1}", ""},
         /* cut inside the reasoning (max_tokens): reasoning only */
         {"<|channel|>analysis<|message|>still thinking", NULL, "still thinking", "", ""},
