@@ -218,7 +218,7 @@ def test_forced_tool_call_is_written_in_harmony(harmony_model):
 
 
 def test_responses_items(scripted):
-    s = scripted(OUTPUT, OUTPUT, TOOL_OUTPUT)
+    s = scripted(OUTPUT, OUTPUT, TOOL_OUTPUT, TOOL_OUTPUT)
     r = s.client().responses.create(model="x", input="Hi!", max_output_tokens=400)
     assert [o.type for o in r.output] == ["reasoning", "message"]
     assert r.output[0].content[0].text == REASONING and r.output_text == ANSWER
@@ -232,6 +232,13 @@ def test_responses_items(scripted):
     assert [o.type for o in out] == ["reasoning", "function_call"]
     assert out[0].content[0].text == CALL_REASONING and out[1].name == "get_weather"
     assert json.loads(out[1].arguments) == CALL_ARGS
+    events = list(s.client().responses.create(model="x", input="Hi!", tools=tools, max_output_tokens=400,
+                                              stream=True))
+    assert [e.item.type for e in events if e.type == "response.output_item.added"] == ["reasoning", "function_call"]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == CALL_REASONING
+    assert not [e for e in events if e.type == "response.output_text.delta"]
+    args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert json.loads(args) == CALL_ARGS and events[-1].response.output[1].name == "get_weather"
 
 
 def test_anthropic_thinking_and_tool_use(scripted):
