@@ -207,8 +207,12 @@ void ag_harmony_scan(ag_harmony *h, const char *text, size_t len, bool final) {
                 h->kind = KIND_CONTENT;
                 continue;
             }
-            const char *m = find_n(rest, rlen, "<|message|>", 11);
+            /* the search resumes where the last one stopped (less a marker's
+             * length), so a long header costs no more than its length */
+            size_t from = h->hscan > h->pos + 10 ? h->hscan - 10 - h->pos : 0;
+            const char *m = find_n(rest + from, rlen - from, "<|message|>", 11);
             if (!m) {
+                h->hscan = len;
                 if (final) h->pos = len; /* a header cut off: nothing */
                 return;
             }

@@ -177,6 +177,7 @@ typedef struct {
     ag_buf  reasoning, content;
     json_t *calls;          /* OpenAI tool calls ({"id", "type", "function": {"name", "arguments"}}), complete ones */
     size_t  pos;            /* where reading resumes in the text */
+    size_t  hscan;          /* how far the search for a header's end got */
     bool    in_body;        /* inside a message body (else before or in a header) */
     bool    fresh;          /* the body has not contributed yet */
     int     kind;           /* the body's destination (harmony.c) */
