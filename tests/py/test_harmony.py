@@ -459,3 +459,21 @@ def test_several_calls_of_one_turn_render_one_by_one(scripted):
            '<|message|>"rainy"' in expected
     s.client().chat.completions.create(model="x", messages=msgs, tools=[WEATHER], max_tokens=400)
     assert expected in undated(s.stderr())
+
+
+def test_previous_response_keeps_the_calls_reasoning(scripted):
+    """Responses' previous_response_id: the stored turn's reasoning and call
+    reach the template, so the analysis before the call renders again."""
+    s = scripted(TOOL_OUTPUT, OUTPUT)
+    tools = [{"type": "function", **WEATHER["function"]}]
+    first = s.client().responses.create(model="x", input="Hi!", tools=tools, max_output_tokens=400)
+    call = first.output[1]
+    second = s.client().responses.create(model="x", previous_response_id=first.id, tools=tools, max_output_tokens=400,
+                                         input=[{"type": "function_call_output", "call_id": call.call_id,
+                                                 "output": "sunny"}])
+    assert second.output_text == ANSWER
+    log = s.stderr()
+    assert (f"<|start|>user<|message|>Hi!<|end|><|start|>assistant<|channel|>analysis<|message|>{CALL_REASONING}"
+            f"<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>"
+            f"{json.dumps(CALL_ARGS)}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary"
+            f"<|message|>\"sunny\"<|end|><|start|>assistant") in log
