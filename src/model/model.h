@@ -86,6 +86,10 @@ typedef struct {
      * kernels by it, once, at load; every decode row of the process then
      * takes the same kernels, so results stay batch-invariant within it. */
     int           decode_rows_hint;
+    /* Tensor parallelism (--tp): the layers, embedding and head split over
+     * this many in-process shards (model/tp.h); 0 or 1: none, today's path
+     * exactly. */
+    int           tp;
 } ag_model_params;
 
 ag_model_params ag_model_default_params(void);
