@@ -193,8 +193,14 @@ ag_status ag_tp_new(int n, const ag_model_config *c, const ag_layer_weights *lay
     tp->full = layers;
     ag_tp_heads heads[AG_COMM_MAX_RANKS];
     int64_t     ff[AG_COMM_MAX_RANKS + 1], voc[AG_COMM_MAX_RANKS + 1];
-    uint32_t    down_be = 1, bb;
-    if (c->n_layer > 0) ag_tensor_type_layout(layers[0].ffn_down.type, &down_be, &bb);
+    /* the feed-forward is cut in whole blocks of every layer's ffn_down
+     * (mixed-type files: the largest block, a multiple of the others) */
+    uint32_t down_be = 1;
+    for (int l = 0; l < c->n_layer; l++) {
+        uint32_t be_l = 1, bb;
+        ag_tensor_type_layout(layers[l].ffn_down.type, &be_l, &bb);
+        if (be_l > down_be) down_be = be_l;
+    }
     ag_status st = ag_tp_plan_heads(c->n_head, c->n_head_kv, n, heads);
     if (st) {
         st = ag_errorf(st, "--tp %d: the model has %d attention heads; at most that many shards", n, c->n_head);
