@@ -503,6 +503,7 @@ void ag_model_free(ag_model *m) {
 const ag_model_config *ag_model_config_of(const ag_model *m) { return &m->cfg; }
 const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
 ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
+const ag_tp           *ag_model_tp(const ag_model *m) { return m->tp; }
 
 float *ag_model_host_floats(ag_model *m, size_t n) {
     return n > SIZE_MAX / sizeof(float) ? NULL : ag_kv_mem_host_alloc(ag_model_kv_mem(m), n * sizeof(float));
@@ -846,9 +847,11 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
         need = ag_backend_attention_scratch_bytes(be, &shape, block_size, n_tokens, n_ctx);
         if (need > attn) attn = need;
     }
+    /* --tp: the shards' activations and scratch (their weight copies are
+     * made at load: a process's resident memory has them, as `fit` measures) */
     uint64_t tp = 0, tp_copies = 0;
     if (m->tp) tp = ag_tp_memory(m->tp, -1, n_tokens, n_ctx, &tp_copies);
-    return arena + mm + copies + attn + moe + tp + tp_copies;
+    return arena + mm + copies + attn + moe + tp;
 }
 
 /* A walk over a batch's rows (want_logits set): batch row i, and k, the

@@ -122,6 +122,10 @@ ag_device ag_model_device(const ag_model *m);
  * reads it whole). */
 void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t *row_bytes);
 
+/* The model's shards (model/tp.h) when loaded with tp > 1, else NULL.
+ * Borrowed, lives as long as m. */
+const struct ag_tp *ag_model_tp(const ag_model *m);
+
 /* Bytes of weights a decode step reads (every weight used per token; the
  * output matrix as far as ag_model_set_output_rows limits it). */
 uint64_t ag_model_weight_bytes(const ag_model *m);

@@ -32,7 +32,7 @@ typedef struct {
     size_t       copies_bytes;
     void        *act;        /* activations, in be's memory */
     size_t       act_bytes;
-    int          act_rows;
+    int          act_rows, out_rows; /* the rows act holds, and the head's output rows */
     float       *x, *h, *q, *k, *v, *att, *o, *gate, *up, *logits;
     int32_t     *ids;        /* [act_rows] host: the batch's tokens this rank embeds, then its argmax ids */
     int32_t     *at;         /* [act_rows] host: their rows */
@@ -269,9 +269,9 @@ static size_t carve(size_t *off, size_t floats) {
     return at;
 }
 
-/* Rank s's activation layout for n rows: offsets of x, h, q, k, v, att, o,
- * gate, up, logits; the total bytes. */
-static size_t shard_layout(const ag_tp *tp, const shard *s, size_t n, size_t at[10]) {
+/* Rank s's activation layout for n rows, n_out of them through the head:
+ * offsets of x, h, q, k, v, att, o, gate, up, logits; the total bytes. */
+static size_t shard_layout(const ag_tp *tp, const shard *s, size_t n, size_t n_out, size_t at[10]) {
     const ag_model_config *c = &tp->c;
     const size_t           floats[10] = {n * c->n_embd,
                                          n * c->n_embd,
@@ -282,7 +282,7 @@ static size_t shard_layout(const ag_tp *tp, const shard *s, size_t n, size_t at[
                                          n * c->n_embd,
                                          n * (size_t)s->nff,
                                          n * (size_t)s->nff,
-                                         n * (size_t)s->nv};
+                                         n_out * (size_t)s->nv};
     size_t off = 0;
     for (int i = 0; i < 10; i++) {
         size_t o = carve(&off, floats[i]);
@@ -291,16 +291,20 @@ static size_t shard_layout(const ag_tp *tp, const shard *s, size_t n, size_t at[
     return off;
 }
 
-static ag_status grow(ag_tp *tp, int n) {
+/* Room for n rows, n_out of them through the head (grown, never shrunk;
+ * what the buffers held is lost when they grow). */
+static ag_status grow(ag_tp *tp, int n, int n_out) {
     for (int r = 0; r < tp->n; r++) {
         shard *s = &tp->s[r];
-        if (n <= s->act_rows) continue;
-        size_t at[10], need = shard_layout(tp, s, (size_t)n, at);
+        if (n <= s->act_rows && n_out <= s->out_rows) continue;
+        if (n < s->act_rows) n = s->act_rows;
+        if (n_out < s->out_rows) n_out = s->out_rows;
+        size_t at[10], need = shard_layout(tp, s, (size_t)n, (size_t)n_out, at);
         if (s->act) s->be->ops->free(s->be, s->act);
         free(s->ids);
         free(s->at);
         free(s->pairs);
-        s->act_rows = 0;
+        s->act_rows = s->out_rows = 0;
         s->ids = malloc(sizeof(int32_t) * (size_t)n);
         s->at = malloc(sizeof(int32_t) * (size_t)n);
         s->pairs = malloc(sizeof(tp_chosen) * (size_t)n);
@@ -308,6 +312,7 @@ static ag_status grow(ag_tp *tp, int n) {
             return ag_errorf(AG_ERR_NOMEM, "--tp %d: out of memory for rank %d's activations of %d tokens", tp->n, r, n);
         s->act_bytes = need;
         s->act_rows = n;
+        s->out_rows = n_out;
         float **dst[10] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->o, &s->gate, &s->up, &s->logits};
         for (int i = 0; i < 10; i++) *dst[i] = (float *)((char *)s->act + at[i]);
     }
@@ -370,7 +375,7 @@ ag_status ag_tp_layers(ag_tp *tp, ag_kv *kv, const ag_batch *b, const ag_batch_l
     do {                              \
         if ((st = (call))) return st; \
     } while (0)
-    TRY(grow(tp, n));
+    TRY(grow(tp, n, 0));
     TRY(embed(tp, b));
     for (int l = 0; l < c->n_layer; l++) {
         const ag_layer_weights *w = &tp->full[l];
@@ -450,7 +455,7 @@ ag_status ag_tp_head(ag_tp *tp, const float *x, int n_out, int n_out_dec, float 
     const void  *send[AG_COMM_MAX_RANKS];
     size_t       bytes[AG_COMM_MAX_RANKS], total = 0;
     ag_status    st;
-    if ((st = grow(tp, n_out))) return st;
+    if ((st = grow(tp, n_out, n_out))) return st;
     for (int r = 0; r < tp->n; r++) {
         shard *s = &tp->s[r];
         /* (host memory: x is every rank's; a device rank would take a copy) */
@@ -506,17 +511,37 @@ ag_status ag_tp_argmax(ag_tp *tp, int k0, int n, int32_t *out) {
     return AG_OK;
 }
 
-uint64_t ag_tp_memory(ag_tp *tp, int rank, int n_tokens, int n_ctx, uint64_t *copies) {
+static uint64_t tensor_bytes(const ag_tensor *t) { return t->data ? t->row_bytes * (uint64_t)t->ne[1] * (uint64_t)t->ne[2] : 0; }
+
+uint64_t ag_tp_weight_bytes(const ag_tp *tp, int r) {
+    const shard *s = &tp->s[r];
+    uint64_t     b = tensor_bytes(&s->embd) + (s->head.host == s->embd.host ? 0 : tensor_bytes(&s->head));
+    for (int l = 0; l < tp->c.n_layer; l++) {
+        const shard_layer      *L = &s->layers[l];
+        const ag_layer_weights *w = &tp->full[l];
+        const ag_tensor        *mats[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->gate, &L->up, &L->down};
+        const ag_tensor        *norms[] = {&w->attn_norm, &w->q_norm, &w->k_norm, &w->post_attn_norm, &w->ffn_norm,
+                                           &w->post_ffn_norm};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) b += tensor_bytes(mats[i]);
+        for (size_t i = 0; i < sizeof norms / sizeof norms[0]; i++) b += tensor_bytes(norms[i]);
+        b += sizeof(float) * (uint64_t)((L->bq ? s->heads.nq : 0) * tp->c.head_dim_k +
+                                        (L->bk ? s->heads.nkv : 0) * tp->c.head_dim_k +
+                                        (L->bv ? s->heads.nkv : 0) * tp->c.head_dim_v);
+    }
+    return b;
+}
+
+uint64_t ag_tp_memory(const ag_tp *tp, int rank, int n_tokens, int n_ctx, uint64_t *copies) {
     const ag_model_config *c = &tp->c;
     const int              block_size = ag_kv_default_params().block_size;
     uint64_t               sum = 0;
     *copies = 0;
     for (int r = 0; r < tp->n; r++) {
         if (rank >= 0 && r != rank) continue;
-        shard *s = &tp->s[r];
+        const shard *s = &tp->s[r];
         size_t mm = 0, attn = 0, need;
         *copies += s->copies_bytes;
-        sum += shard_layout(tp, s, (size_t)n_tokens, NULL);
+        sum += shard_layout(tp, s, (size_t)n_tokens, (size_t)n_tokens, NULL); /* (every row may want logits) */
         const ag_tensor *head[1] = {&s->head};
         mm = ag_backend_matmul_scratch_bytes(s->be, head, 1, n_tokens);
         for (int l = 0; l < c->n_layer; l++) {

@@ -88,10 +88,15 @@ ag_status ag_tp_head(ag_tp *tp, const float *x, int n_out, int n_out_dec, float 
  * after the head. */
 ag_status ag_tp_argmax(ag_tp *tp, int k0, int n, int32_t *out);
 
+/* Bytes of weights rank r holds (its slices of every matrix, the
+ * replicated norms, its vocabulary rows of the embedding and head): what
+ * its device would hold, or its host memory's share. */
+uint64_t ag_tp_weight_bytes(const ag_tp *tp, int r);
+
 /* Memory the shards hold beyond the model file's mapping for batches of up
  * to n_tokens rows at positions below n_ctx: the row-parallel weight copies
  * (*copies), and activations plus backend scratch (the return value). Per
  * rank when rank >= 0, else all ranks. */
-uint64_t ag_tp_memory(ag_tp *tp, int rank, int n_tokens, int n_ctx, uint64_t *copies);
+uint64_t ag_tp_memory(const ag_tp *tp, int rank, int n_tokens, int n_ctx, uint64_t *copies);
 
 #endif

@@ -112,3 +112,18 @@ def test_tp_serves(augur_server):
                                       "required": ["color"]}}})
     import json
     assert json.loads(r.choices[0].message.content)["color"] in ("red", "blue")
+
+
+def test_fit_plans_each_shard():
+    import json
+    require_model(SMOLLM2)
+    one = json.loads(run_augur("fit", "--device", "cpu", "-t", "2", "--json", check=True).stdout)
+    assert "shards" not in one
+    for tp in (2, 4):
+        d = json.loads(run_augur("fit", "--device", "cpu", "--tp", str(tp), "-t", "2", "--json", check=True).stdout)
+        assert d["tp"] == tp and len(d["shards"]) == tp
+        # every weight once (the file's matrices, embeddings and norms; norms on every shard), KV split evenly
+        w = sum(s["weights"] for s in d["shards"])
+        assert 0.9 * one["parts"]["weights"] <= w <= 1.1 * one["parts"]["weights"]
+        assert all(s["kv"] * tp == d["parts"]["kv"] for s in d["shards"])
+        assert all(s["scratch"] > 0 for s in d["shards"])
