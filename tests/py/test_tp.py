@@ -161,3 +161,45 @@ def test_tp_run_on_stories():
                       *draft, "-p", "Once upon a time", check=True).stdout
             for tp in (1, 2, 4) for draft in ([], ["--draft", "ngram"])]
     assert outs[0] and all(o == outs[0] for o in outs)
+
+
+def test_disk_records_belong_to_their_tp(augur_server, tmp_path):
+    """The prefix cache's disk tier under --tp: a server at --tp 2 restores
+    its own records after a restart; one at --tp 1 (another KV layout and
+    model fingerprint) serves none of them: its scan drops them as it drops
+    another model's."""
+    import json
+    import time
+    import urllib.request
+
+    from conftest import AugurServer
+
+    def complete(s, prompt):
+        req = urllib.request.Request(s.base + "/v1/completions", data=json.dumps(
+            {"model": "x", "prompt": prompt, "max_tokens": 8, "temperature": 0}).encode(),
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            u = json.loads(r.read())["usage"]
+        return u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"]
+
+    def scanned(s):
+        for _ in range(400):
+            with urllib.request.urlopen(s.base + "/metrics", timeout=30) as r:
+                if "augur_prefix_cache_disk_scan_done 1" in r.read().decode():
+                    return
+            time.sleep(0.05)
+        raise AssertionError("no disk scan")
+
+    d = str(tmp_path / "kv")
+    prompt = " ".join(f"Tim went to the park and saw a red ball number {i}." for i in range(8))
+    for tp, want_cached in ((2, False), (2, True), (1, False)):
+        s = AugurServer(TINY_GGUF, "--device", "cpu", "--tp", str(tp), "-t", "2", "--kv-disk", d)
+        try:
+            scanned(s)
+            n, cached = complete(s, prompt)
+            assert n > 64
+            assert cached == (n - 1 if want_cached else 0), (tp, n, cached)
+            if tp == 1:
+                assert "dropped" in s.stderr()
+        finally:
+            assert s.stop() == 0, s.final_stderr[-3000:]
