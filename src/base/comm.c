@@ -50,6 +50,14 @@ ag_status ag_comm_cpu_new(int n_ranks, ag_comm **out) {
     return AG_OK;
 }
 
+#ifndef AUGUR_NCCL
+ag_status ag_comm_nccl_new(int n_ranks, const int *devices, void *const *streams, ag_comm **out) {
+    *out = NULL;
+    return ag_errorf(AG_ERR_UNSUPPORTED, "this build has no NCCL (make CUDA=1 with NCCL installed): %d GPU ranks",
+                     n_ranks);
+}
+#endif
+
 void ag_comm_free(ag_comm *c) {
     if (c) c->ops->destroy(c);
 }

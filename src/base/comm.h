@@ -46,4 +46,12 @@ struct ag_comm {
 ag_status ag_comm_cpu_new(int n_ranks, ag_comm **out);
 void      ag_comm_free(ag_comm *c); /* NULL-safe */
 
+/* The NCCL communicator over the GPUs devices[0..n_ranks) (one rank each),
+ * its collectives issued on streams[r] (each rank's cudaStream_t, e.g. its
+ * backend's), so they order with the ops on them; the all-reduce is one
+ * NCCL group from this one thread, the gather device-to-host copies.
+ * AG_ERR_UNSUPPORTED in a build without NCCL (make CUDA=1 with NCCL found:
+ * src/backend/cuda/comm_nccl.cu). */
+ag_status ag_comm_nccl_new(int n_ranks, const int *devices, void *const *streams, ag_comm **out);
+
 #endif
