@@ -54,6 +54,21 @@ LIB_OBJ    += $(CU_SRC:%.cu=$(BUILD)/%.o)
 LDLIBS_ALL += $(if $(CUDA_HOME),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64) -lcublas -lcudart -lstdc++
 endif
 
+# NCCL (tensor parallelism over the GPUs of one host, issue 49): nccl.h
+# beside the CUDA toolkit or under NCCL_HOME. Found, `make CUDA=1` builds
+# the NCCL communicator (src/backend/cuda/comm_nccl.cu) and links libnccl;
+# not found (or NCCL=0), it builds without it, and cuda-check compiles the
+# file empty.
+NCCL_HOME ?= $(CUDA_HOME)
+NCCL      ?= $(if $(wildcard $(NCCL_HOME)/include/nccl.h),1,0)
+ifeq ($(NCCL),1)
+NVCCFLAGS += -DAUGUR_NCCL -I$(NCCL_HOME)/include
+ifeq ($(CUDA),1)
+CFLAGS_ALL += -DAUGUR_NCCL
+LDLIBS_ALL += -L$(NCCL_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib64 -lnccl
+endif
+endif
+
 # Objects depend on the configuration, so switching CUDA=0/1 (or flags)
 # rebuilds what it changes.
 CONFIG_STAMP := $(BUILD)/config.stamp

@@ -76,6 +76,7 @@ static const ag_switch_info k_switches[] = {
     {"AUGUR_TEST_KV_SPACE_RETRY_MS", I, "10000", "tests: retry writing this soon after a full disk", "engine"},
     {"AUGUR_TEST_SCRIPT", T, "none", "tests: a file of a JSON list of texts forced as the answers, one a request", "server"},
     {"AUGUR_THREADS", I, "the CPUs online", "user: CPU threads (as -t)", "base"},
+    {"AUGUR_TP", I, "1", "user: tensor-parallel shards (as --tp; CPU only for now)", "cli, C library"},
 };
 
 #undef F

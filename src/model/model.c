@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/switches.h"
 #include "kv/kv.h"
+#include "model/tp.h"
 
 struct ag_model {
     ag_gguf         *gguf;
@@ -22,6 +23,7 @@ struct ag_model {
     int              enc_kv_tokens, enc_kv_seqs;
     ag_layer_weights layers[AG_MAX_LAYERS];
     ag_backend      *be;
+    ag_tp           *tp;        /* --tp N > 1: the shards that run the embedding, layers and head (tp.c) */
     void            *act;       /* activations of one forward pass, in backend memory */
     size_t           act_bytes; /* its size (grown on demand) */
     uint64_t         weight_bytes;
@@ -55,6 +57,7 @@ ag_model_params ag_model_default_params(void) {
     p.cpu = ag_cpu_default_params();
     p.device = AG_DEVICE_AUTO;
     p.decode_rows_hint = 0;
+    p.tp = 0;
     return p;
 }
 
@@ -473,6 +476,7 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     m->cands_off = ag_switch_off("AUGUR_CANDS");
     m->poison_rows = ag_switch_int("AUGUR_POISON_ROWS", 0, 1, 0) == 1 && m->be->ops->host_memory;
     if ((st = prepare_weights(m))) goto fail_named;
+    if (p->tp > 1 && (st = ag_tp_new(p->tp, c, m->layers, &m->tok_embd, &m->output, m->be, &m->tp))) goto fail_named;
     *out = m;
     return AG_OK;
 fail_named: {
@@ -488,6 +492,7 @@ void ag_model_free(ag_model *m) {
     if (!m) return;
     if (m->be && m->act) m->be->ops->free(m->be, m->act);
     ag_kv_free(m->enc_kv);
+    ag_tp_free(m->tp);
     ag_backend_free(m->be);
     ag_gguf_free(m->gguf);
     free(m->poison_saved);
@@ -498,6 +503,7 @@ void ag_model_free(ag_model *m) {
 const ag_model_config *ag_model_config_of(const ag_model *m) { return &m->cfg; }
 const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
 ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
+const ag_tp           *ag_model_tp(const ag_model *m) { return m->tp; }
 
 float *ag_model_host_floats(ag_model *m, size_t n) {
     return n > SIZE_MAX / sizeof(float) ? NULL : ag_kv_mem_host_alloc(ag_model_kv_mem(m), n * sizeof(float));
@@ -523,7 +529,7 @@ uint64_t ag_model_weight_bytes(const ag_model *m) {
 
 int ag_model_set_output_rows(ag_model *m, int n) {
     const int n_vocab = m->cfg.n_vocab;
-    if (n <= 0 || n >= n_vocab || !m->be->ops->host_memory || m->cfg.final_softcap > 0) n = n_vocab;
+    if (n <= 0 || n >= n_vocab || !m->be->ops->host_memory || m->cfg.final_softcap > 0 || m->tp) n = n_vocab;
     m->output_rows = n;
     return n;
 }
@@ -592,6 +598,7 @@ uint64_t ag_model_fingerprint(const ag_model *m) {
         fp_f32(&s, c->expert_weights_scale);
     }
     fp_bytes(&s, c->layer_swa, (size_t)c->n_layer);
+    if (m->tp) fp_u64(&s, 0x7470000000000000ull | (uint64_t)ag_tp_ranks(m->tp)); /* a --tp N's KV is its own (N > 1 only) */
     int64_t nt = ag_gguf_n_tensors(m->gguf);
     fp_u64(&s, (uint64_t)nt);
     for (int64_t i = 0; i < nt; i++) {
@@ -620,6 +627,7 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
     *n_head_kv = m->cfg.n_head_kv;
     *head_dim_k = m->cfg.head_dim_k;
     *head_dim_v = m->cfg.head_dim_v;
+    if (m->tp) ag_tp_kv_shape(m->tp, n_layer, n_head_kv); /* (each rank's layers and heads) */
 }
 
 ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs, int n_pos, ag_kv_params *kp,
@@ -839,7 +847,11 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
         need = ag_backend_attention_scratch_bytes(be, &shape, block_size, n_tokens, n_ctx);
         if (need > attn) attn = need;
     }
-    return arena + mm + copies + attn + moe;
+    /* --tp: the shards' activations and scratch (their weight copies are
+     * made at load: a process's resident memory has them, as `fit` measures) */
+    uint64_t tp = 0, tp_copies = 0;
+    if (m->tp) tp = ag_tp_memory(m->tp, -1, n_tokens, n_ctx, &tp_copies);
+    return arena + mm + copies + attn + moe + tp;
 }
 
 /* A walk over a batch's rows (want_logits set): batch row i, and k, the
@@ -937,9 +949,13 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     const ag_backend_ops *op = be->ops;
     const int             n = b->n;
     ag_status             st;
-    if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f->x))) return st;
-    if (c->embd_scale != 1.0f && (st = op->scale(be, f->x, c->embd_scale, (size_t)n * c->n_embd))) return st;
-    if ((st = run_layers(m, kv, b, lay, n_dec, f))) return st;
+    if (m->tp) { /* the shards embed the tokens and run the layers */
+        if ((st = ag_tp_layers(m->tp, kv, b, lay, n_dec, f->x))) return st;
+    } else {
+        if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f->x))) return st;
+        if (c->embd_scale != 1.0f && (st = op->scale(be, f->x, c->embd_scale, (size_t)n * c->n_embd))) return st;
+        if ((st = run_layers(m, kv, b, lay, n_dec, f))) return st;
+    }
     /* Only the rows that want logits go through the (large) output matrix. */
     int          n_out_dec = 0, k = 0;
     const size_t row = sizeof(float) * c->n_embd;
@@ -956,6 +972,8 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     float *out = op->host_memory ? logits : f->logits;
     if (m->output_rows < c->n_vocab) /* (host memory only: ag_model_set_output_rows) */
         st = head_prefix(m, b->head_extra, f->x, n_out, n_out_dec, out);
+    else if (m->tp) /* each shard's vocabulary run, gathered */
+        st = ag_tp_head(m->tp, f->x, n_out, n_out_dec, out);
     else
         st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out);
     if (st) return st;
@@ -971,7 +989,9 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     ag_cands *cd = op->host_memory ? b->cands : f->cands;
     row_walk  w = {0, 0};
     for (int k0, k1; ok->argmax && next_run(b, KIND(AG_WANT_ARGMAX), &w, &k0, &k1);)
-        if ((st = op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0))) return st;
+        if ((st = m->tp && ok->edits == EDITS_NONE ? ag_tp_argmax(m->tp, k0, k1 - k0, am + k0) /* the shards' choices */
+                                                   : op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0)))
+            return st;
     w = (row_walk){0, 0};
     for (int k0, k1; ok->pick && next_run(b, KIND(AG_WANT_PICK) | KIND(AG_WANT_PICK_LP), &w, &k0, &k1);)
         if ((st = op->pick(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0))) return st;

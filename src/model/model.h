@@ -86,6 +86,10 @@ typedef struct {
      * kernels by it, once, at load; every decode row of the process then
      * takes the same kernels, so results stay batch-invariant within it. */
     int           decode_rows_hint;
+    /* Tensor parallelism (--tp): the layers, embedding and head split over
+     * this many in-process shards (model/tp.h); 0 or 1: none, today's path
+     * exactly. */
+    int           tp;
 } ag_model_params;
 
 ag_model_params ag_model_default_params(void);
@@ -117,6 +121,10 @@ ag_device ag_model_device(const ag_model *m);
  * of one row. Both 0 when the table is also the output matrix (every step
  * reads it whole). */
 void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t *row_bytes);
+
+/* The model's shards (model/tp.h) when loaded with tp > 1, else NULL.
+ * Borrowed, lives as long as m. */
+const struct ag_tp *ag_model_tp(const ag_model *m);
 
 /* Bytes of weights a decode step reads (every weight used per token; the
  * output matrix as far as ag_model_set_output_rows limits it). */
