@@ -68,12 +68,20 @@ AI __m256 q8a_lanes(const ag_block_q8a *y, size_t off, int kn) {
     return f32_lanes((const uint8_t *)y + off, sizeof *y, kn);
 }
 
-#define LEGACY_KERNEL(name, BT, WQ, SIGNED, HAS_M)                                                      \
+/* The E8M0 scales of kn blocks from `first` (MXFP4), as f16_lanes. */
+AI __m256 e8m0_lanes(const void *first, size_t stride, int kn) {
+    float v[8];
+    UNROLL for (int k = 0; k < 8; k++) v[k] = k < kn ? ag_e8m0_half(((const uint8_t *)first)[(size_t)k * stride]) : 0.0f;
+    return _mm256_loadu_ps(v);
+}
+
+/* DWL: the weight scales' loader (f16_lanes, or e8m0_lanes for MXFP4). */
+#define LEGACY_KERNEL(name, BT, WQ, SIGNED, HAS_M, DWL)                                                 \
     AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
                        const int NX, __m256 (*acc)[2], float *sm) {                                   \
         UNROLL for (int o = 0; o < (int)(8 * sizeof(BT)); o += 64)                                      \
             _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
-        const __m256 dw = f16_lanes(&b[i0], sizeof(BT), kn);                                            \
+        const __m256 dw = DWL(&b[i0], sizeof(BT), kn);                                                  \
         __m256       sc[AG_DOT_MAX_NX];                                                                 \
         UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, q8a_lanes(&y[t][i0], offsetof(ag_block_q8a, d), kn)); \
         if (HAS_M) { /* m: the fp16 after d */                                                          \
@@ -99,11 +107,13 @@ AI __m256 q8a_lanes(const ag_block_q8a *y, size_t off, int kn) {
     }                                                                                                   \
     AG_LEGACY_DOT_ROWS(name, BT, HAS_M)
 
-LEGACY_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0, 1, 0)
-LEGACY_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0, 1, 0)
-LEGACY_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0, 1, 0)
-LEGACY_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1)
-LEGACY_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1)
+LEGACY_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0, 1, 0, f16_lanes)
+LEGACY_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0, 1, 0, f16_lanes)
+LEGACY_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0, 1, 0, f16_lanes)
+LEGACY_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1, f16_lanes)
+LEGACY_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1, f16_lanes)
+/* MXFP4: |v| <= 12, so maddubs pairs stay far below int16 saturation */
+LEGACY_KERNEL(dot_mxfp4, ag_block_mxfp4, wq_mxfp4, 1, 0, e8m0_lanes)
 
 /* ---- K-quants, Q8_K activations ---- */
 
@@ -1031,6 +1041,7 @@ void ag_quant_kernels_avx2(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_0] = dot_q5_0;
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
+    k->dot[AG_TYPE_MXFP4] = dot_mxfp4;
     k->dot[AG_TYPE_Q2_K] = dot_q2_K;
     k->dot[AG_TYPE_Q3_K] = dot_q3_K;
     k->dot[AG_TYPE_Q4_K] = dot_q4_K;

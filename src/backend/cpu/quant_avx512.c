@@ -96,14 +96,29 @@ AI __m256i w8_q5_1(const ag_block_q5_1 *b) {
 }
 AI __m256i w8_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
 
-#define LEGACY512(name, BT, W8, SIGNED, HAS_M)                                                          \
+/* The E8M0 scales of kn (1..8) MXFP4 blocks, as gather_f16 gives fp16 ones. */
+AI __m256 e8m0_lanes512(const void *b, __m256i off, __mmask8 km) {
+    float v[8];
+    UNROLL for (int k = 0; k < 8; k++)
+        v[k] = (km >> k) & 1 ? ag_e8m0_half(((const uint8_t *)b)[k * sizeof(ag_block_mxfp4)]) : 0.0f;
+    (void)off;
+    return _mm256_loadu_ps(v);
+}
+AI __m256 f16_lanes512(const void *b, __m256i off, __mmask8 km) { return gather_f16(b, off, km, 0); }
+AI __m256i w8_mxfp4(const ag_block_mxfp4 *b) {
+    const __m256i lut = _mm256_broadcastsi128_si256(loadu128(ag_mxfp4_values));
+    return _mm256_shuffle_epi8(lut, nib16(b->qs));
+}
+
+/* DWL: the weight scales' loader (fp16, or E8M0 for MXFP4) */
+#define LEGACY512(name, BT, W8, SIGNED, HAS_M, DWL)                                                     \
     AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
                        const int NX, __m256 (*acc)[2], float *sm) {                                   \
         const __mmask8 km = (__mmask8)((1u << kn) - 1);                                                 \
         const __m256i  woff = blk_offsets(sizeof(BT)), yoff = blk_offsets(sizeof(ag_block_q8a));       \
         UNROLL for (int o = 0; o < (int)(8 * sizeof(BT)); o += 64)                                      \
             _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
-        const __m256   dw = gather_f16(&b[i0], woff, km, 0);                                            \
+        const __m256   dw = DWL(&b[i0], woff, km);                                                      \
         __m256         sc[AG_DOT_MAX_NX];                                                               \
         UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, gather_f32(&y[t][i0].d, yoff, km)); \
         if (HAS_M) {                                                                                    \
@@ -130,11 +145,12 @@ AI __m256i w8_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
     }                                                                                                   \
     AG_LEGACY_DOT_ROWS(name, BT, HAS_M)
 
-LEGACY512(dot_q4_0, ag_block_q4_0, w8_q4_0, 1, 0)
-LEGACY512(dot_q5_0, ag_block_q5_0, w8_q5_0, 1, 0)
-LEGACY512(dot_q8_0, ag_block_q8_0, w8_q8_0, 1, 0)
-LEGACY512(dot_q4_1, ag_block_q4_1, w8_q4_1, 0, 1)
-LEGACY512(dot_q5_1, ag_block_q5_1, w8_q5_1, 0, 1)
+LEGACY512(dot_q4_0, ag_block_q4_0, w8_q4_0, 1, 0, f16_lanes512)
+LEGACY512(dot_q5_0, ag_block_q5_0, w8_q5_0, 1, 0, f16_lanes512)
+LEGACY512(dot_q8_0, ag_block_q8_0, w8_q8_0, 1, 0, f16_lanes512)
+LEGACY512(dot_q4_1, ag_block_q4_1, w8_q4_1, 0, 1, f16_lanes512)
+LEGACY512(dot_q5_1, ag_block_q5_1, w8_q5_1, 0, 1, f16_lanes512)
+LEGACY512(dot_mxfp4, ag_block_mxfp4, w8_mxfp4, 1, 0, e8m0_lanes512)
 
 
 /* ---- legacy types: AG_GEMM_RM rows x NX tokens tiles ----
@@ -717,6 +733,7 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_0] = dot_q5_0;
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
+    k->dot[AG_TYPE_MXFP4] = dot_mxfp4;
     k->dot[AG_TYPE_Q4_K] = dot_q4_K;
     k->dot[AG_TYPE_Q6_K] = dot_q6_K;
     k->gemm[AG_TYPE_Q4_0] = dot_q4_0_gemm;
