@@ -342,8 +342,10 @@ static dot_ref reference_dot(uint32_t t, int64_t n, const uint8_t *w, const floa
         if (f == AG_ACT_F32) xf[i] = x[i];
         else if (f == AG_ACT_Q8A) {
             const ag_block_q8a *b = (const ag_block_q8a *)xq + i / 32;
-            xf[i] = b->d * (float)b->qs[i % 32];
-            d = b->d;
+            /* MXFP4 takes the scale rounded through fp16, as llama.cpp's Q8_0 activations */
+            const float bd = t == AG_TYPE_MXFP4 ? ag_fp16_to_fp32(ag_fp32_to_fp16(b->d)) : b->d;
+            xf[i] = bd * (float)b->qs[i % 32];
+            d = bd;
         } else {
             const ag_block_q8_K *b = (const ag_block_q8_K *)xq + i / 256;
             xf[i] = b->d * (float)b->qs[i % 256];

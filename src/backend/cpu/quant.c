@@ -685,7 +685,12 @@ static void dot_q8_0(int64_t n, const void *w, const void *x, size_t x_stride, i
 
 /* MXFP4 as Q4_0 with a value table and a power-of-two scale: the doubled
  * E2M1 integers times the int8 activations are exact, as ggml's
- * ggml_vec_dot_mxfp4_q8_0 sums them. */
+ * ggml_vec_dot_mxfp4_q8_0 sums them. The activations' scale is rounded
+ * through fp16 first: llama.cpp (the reference) stores its Q8_0
+ * activations' d as fp16 (the same int8 values, from the float d), and
+ * gpt-oss's routed experts (top-k choices, clamps, sinks) turn that 2^-11
+ * difference, compounded over the layers, into different tokens; with the
+ * reference's scale the products are its own. */
 static void dot_mxfp4(int64_t n, const void *w, const void *x, size_t x_stride, int nx, float *out) {
     const ag_block_mxfp4 *b = w;
     for (int t = 0; t < nx; t++) {
@@ -695,7 +700,7 @@ static void dot_mxfp4(int64_t n, const void *w, const void *x, size_t x_stride, 
             int isum = 0;
             for (int j = 0; j < 16; j++)
                 isum += ag_mxfp4_values[b[i].qs[j] & 0xF] * y[i].qs[j] + ag_mxfp4_values[b[i].qs[j] >> 4] * y[i].qs[j + 16];
-            s += (ag_e8m0_half(b[i].e) * y[i].d) * (float)isum;
+            s += (ag_e8m0_half(b[i].e) * F16(ag_fp32_to_fp16(y[i].d))) * (float)isum;
         }
         out[t] = s;
     }

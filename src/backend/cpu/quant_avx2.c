@@ -75,15 +75,20 @@ AI __m256 e8m0_lanes(const void *first, size_t stride, int kn) {
     return _mm256_loadu_ps(v);
 }
 
-/* DWL: the weight scales' loader (f16_lanes, or e8m0_lanes for MXFP4). */
-#define LEGACY_KERNEL(name, BT, WQ, SIGNED, HAS_M, DWL)                                                 \
+/* v itself, or (MXFP4) rounded through fp16 (see dot_mxfp4 in quant.c). */
+AI __m256 same8(__m256 v) { return v; }
+AI __m256 f16_round8(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
+
+/* DWL: the weight scales' loader (f16_lanes, or e8m0_lanes for MXFP4); YD:
+ * what the activations' scales go through (same8, or f16_round8). */
+#define LEGACY_KERNEL(name, BT, WQ, SIGNED, HAS_M, DWL, YD)                                             \
     AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
                        const int NX, __m256 (*acc)[2], float *sm) {                                   \
         UNROLL for (int o = 0; o < (int)(8 * sizeof(BT)); o += 64)                                      \
             _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
         const __m256 dw = DWL(&b[i0], sizeof(BT), kn);                                                  \
         __m256       sc[AG_DOT_MAX_NX];                                                                 \
-        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, q8a_lanes(&y[t][i0], offsetof(ag_block_q8a, d), kn)); \
+        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, YD(q8a_lanes(&y[t][i0], offsetof(ag_block_q8a, d), kn))); \
         if (HAS_M) { /* m: the fp16 after d */                                                          \
             const __m256 mw = f16_lanes((const uint8_t *)&b[i0] + 2, sizeof(BT), kn);                   \
             UNROLL for (int t = 0; t < NX; t++) {                                                       \
@@ -107,13 +112,13 @@ AI __m256 e8m0_lanes(const void *first, size_t stride, int kn) {
     }                                                                                                   \
     AG_LEGACY_DOT_ROWS(name, BT, HAS_M)
 
-LEGACY_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0, 1, 0, f16_lanes)
-LEGACY_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0, 1, 0, f16_lanes)
-LEGACY_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0, 1, 0, f16_lanes)
-LEGACY_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1, f16_lanes)
-LEGACY_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1, f16_lanes)
+LEGACY_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0, 1, 0, f16_lanes, same8)
+LEGACY_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0, 1, 0, f16_lanes, same8)
+LEGACY_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0, 1, 0, f16_lanes, same8)
+LEGACY_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1, f16_lanes, same8)
+LEGACY_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1, f16_lanes, same8)
 /* MXFP4: |v| <= 12, so maddubs pairs stay far below int16 saturation */
-LEGACY_KERNEL(dot_mxfp4, ag_block_mxfp4, wq_mxfp4, 1, 0, e8m0_lanes)
+LEGACY_KERNEL(dot_mxfp4, ag_block_mxfp4, wq_mxfp4, 1, 0, e8m0_lanes, f16_round8)
 
 /* ---- K-quants, Q8_K activations ---- */
 

@@ -110,8 +110,13 @@ AI __m256i w8_mxfp4(const ag_block_mxfp4 *b) {
     return _mm256_shuffle_epi8(lut, nib16(b->qs));
 }
 
-/* DWL: the weight scales' loader (fp16, or E8M0 for MXFP4) */
-#define LEGACY512(name, BT, W8, SIGNED, HAS_M, DWL)                                                     \
+AI __m256 same8_512(__m256 v) { return v; }
+AI __m256 f16_round8_512(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
+
+/* DWL: the weight scales' loader (fp16, or E8M0 for MXFP4); YD: what the
+ * activations' scales go through (MXFP4: rounded through fp16, as quant.c's
+ * dot_mxfp4) */
+#define LEGACY512(name, BT, W8, SIGNED, HAS_M, DWL, YD)                                                 \
     AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
                        const int NX, __m256 (*acc)[2], float *sm) {                                   \
         const __mmask8 km = (__mmask8)((1u << kn) - 1);                                                 \
@@ -120,7 +125,7 @@ AI __m256i w8_mxfp4(const ag_block_mxfp4 *b) {
             _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
         const __m256   dw = DWL(&b[i0], woff, km);                                                      \
         __m256         sc[AG_DOT_MAX_NX];                                                               \
-        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, gather_f32(&y[t][i0].d, yoff, km)); \
+        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, YD(gather_f32(&y[t][i0].d, yoff, km))); \
         if (HAS_M) {                                                                                    \
             const __m256 mw = gather_f16(&b[i0], woff, km, 1);                                          \
             UNROLL for (int t = 0; t < NX; t++) {                                                       \
@@ -145,12 +150,12 @@ AI __m256i w8_mxfp4(const ag_block_mxfp4 *b) {
     }                                                                                                   \
     AG_LEGACY_DOT_ROWS(name, BT, HAS_M)
 
-LEGACY512(dot_q4_0, ag_block_q4_0, w8_q4_0, 1, 0, f16_lanes512)
-LEGACY512(dot_q5_0, ag_block_q5_0, w8_q5_0, 1, 0, f16_lanes512)
-LEGACY512(dot_q8_0, ag_block_q8_0, w8_q8_0, 1, 0, f16_lanes512)
-LEGACY512(dot_q4_1, ag_block_q4_1, w8_q4_1, 0, 1, f16_lanes512)
-LEGACY512(dot_q5_1, ag_block_q5_1, w8_q5_1, 0, 1, f16_lanes512)
-LEGACY512(dot_mxfp4, ag_block_mxfp4, w8_mxfp4, 1, 0, e8m0_lanes512)
+LEGACY512(dot_q4_0, ag_block_q4_0, w8_q4_0, 1, 0, f16_lanes512, same8_512)
+LEGACY512(dot_q5_0, ag_block_q5_0, w8_q5_0, 1, 0, f16_lanes512, same8_512)
+LEGACY512(dot_q8_0, ag_block_q8_0, w8_q8_0, 1, 0, f16_lanes512, same8_512)
+LEGACY512(dot_q4_1, ag_block_q4_1, w8_q4_1, 0, 1, f16_lanes512, same8_512)
+LEGACY512(dot_q5_1, ag_block_q5_1, w8_q5_1, 0, 1, f16_lanes512, same8_512)
+LEGACY512(dot_mxfp4, ag_block_mxfp4, w8_mxfp4, 1, 0, e8m0_lanes512, f16_round8_512)
 
 
 /* ---- legacy types: AG_GEMM_RM rows x NX tokens tiles ----
