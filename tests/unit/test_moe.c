@@ -317,7 +317,8 @@ static void moe_op_matches_plain_computation(void **state) {
             t32[i].row_bytes = sizeof(float) * (size_t)t[i].ne[0];
             t32[i].data = t32[i].host = wf + (size_t)(i - 1) * NE * FE * D;
         }
-        ag_moe_weights mw = {&t32[0], &t32[1], &t32[2], &t32[3], NE, NU, norm, 1.0f};
+        ag_moe_weights mw = {.gate_inp = &t32[0], .gate_exps = &t32[1], .up_exps = &t32[2], .down_exps = &t32[3],
+                             .n_expert = NE, .n_used = NU, .norm_w = norm, .w_scale = 1.0f};
         assert_int_equal(be->ops->moe(be, &mw, h, N, 2, o), AG_OK); /* 2 decode rows, 4 prompt rows */
         double max_err = 0, max_o = 0;
         for (int i = 0; i < N; i++) {
