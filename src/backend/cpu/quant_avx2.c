@@ -867,7 +867,16 @@ typedef struct {
  * Per group of up to 8 blocks and per panel: first every block's exact
  * Σ u·y for the NR rows (kept in ib), then per row the float fold in block
  * order, so neither part crowds the other's registers. */
-#define LG_PANEL(name, BT, PU, PM, LOG2_OFF, HAS_M, CH)                                                           \
+/* MXFP4: u = v + 16 (4..28), the doubled E2M1 table shifted by 16 */
+AI __m256i pu_mxfp4(const ag_block_mxfp4 *b) {
+    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(loadu128(ag_mxfp4_values)), _mm256_set1_epi8(16));
+    return _mm256_shuffle_epi8(lut, unpack_nib16(b->qs));
+}
+#define LG_WD_F16(b) f16((b).d)
+#define LG_WD_E8M0(b) ag_e8m0_half((b).e)
+#define LG_PANEL(name, BT, PU, PM, LOG2_OFF, HAS_M, CH) LG_PANELX(name, BT, PU, PM, LOG2_OFF, HAS_M, CH, LG_WD_F16, same8)
+/* WD: a block's weight scale; YD: what the activations' scales go through */
+#define LG_PANELX(name, BT, PU, PM, LOG2_OFF, HAS_M, CH, WD, YD)                                                  \
     AI void name##_k(int64_t n, const void *w, size_t w_stride, const int NR, const void *xp, size_t xp_stride,  \
                      int np, int64_t nt, float *y, int64_t ldy) {                                                \
         _Alignas(32) float   acc[AG_PANEL_MAX_NP][AG_GEMM_RM][AG_PANEL_NT];                                     \
@@ -882,7 +891,7 @@ typedef struct {
                 const BT *b = (const BT *)((const uint8_t *)w + (size_t)r * w_stride) + i0;                      \
                 for (int k = 0; k < kn; k++) {                                                                   \
                     _mm256_store_si256((__m256i *)wr[r].u[k], PU(&b[k]));                                        \
-                    wr[r].d[k] = f16(b[k].d);                                                                    \
+                    wr[r].d[k] = WD(b[k]);                                                                       \
                     wr[r].m[k] = PM(&b[k]);                                                                      \
                 }                                                                                                \
             }                                                                                                    \
@@ -912,7 +921,7 @@ typedef struct {
                     for (int k = 0; k < kn; k++) {                                                               \
                         __m256i s32 = load256a(ib[k][r]);                                                        \
                         if (LOG2_OFF) s32 = _mm256_sub_epi32(s32, _mm256_slli_epi32(load256a(x[k].sum), LOG2_OFF)); \
-                        av = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(x[k].d), _mm256_set1_ps(wr[r].d[k])),   \
+                        av = _mm256_fmadd_ps(_mm256_mul_ps(YD(_mm256_load_ps(x[k].d)), _mm256_set1_ps(wr[r].d[k])), \
                                              _mm256_cvtepi32_ps(s32), av);                                       \
                         if (HAS_M) av = _mm256_fmadd_ps(_mm256_set1_ps(wr[r].m[k]), _mm256_load_ps(x[k].s), av); \
                     }                                                                                            \
@@ -932,6 +941,8 @@ LG_PANEL(panel_q4_0, ag_block_q4_0, pu_q4_0, pm_none, 3, 0, 8)
 LG_PANEL(panel_q5_0, ag_block_q5_0, pu_q5_0, pm_none, 4, 0, 4)
 LG_PANEL(panel_q4_1, ag_block_q4_1, pu_q4_1, pm_q4_1, 0, 1, 8)
 LG_PANEL(panel_q5_1, ag_block_q5_1, pu_q5_1, pm_q5_1, 0, 1, 4)
+/* (u <= 28: four chunks of maddubs pairs stay below int16 saturation, as Q5_0's) */
+LG_PANELX(panel_mxfp4, ag_block_mxfp4, pu_mxfp4, pm_none, 4, 0, 4, LG_WD_E8M0, f16_round8)
 
 /* ---- float weights, float activations ---- */
 
@@ -1056,6 +1067,7 @@ void ag_quant_kernels_avx2(ag_quant_kernels *k) {
     k->panel[AG_TYPE_Q4_1] = panel_q4_1;
     k->panel[AG_TYPE_Q5_0] = panel_q5_0;
     k->panel[AG_TYPE_Q5_1] = panel_q5_1;
+    k->panel[AG_TYPE_MXFP4] = panel_mxfp4;
     k->panel[AG_TYPE_Q4_K] = panel_q4_K;
     k->panel[AG_TYPE_Q6_K] = panel_q6_K;
     k->wpanel[AG_TYPE_Q4_K] = wpanel_q4_K;
