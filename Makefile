@@ -54,6 +54,27 @@ LIB_OBJ    += $(CU_SRC:%.cu=$(BUILD)/%.o)
 LDLIBS_ALL += $(if $(CUDA_HOME),-L$(CUDA_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(CUDA_HOME)/lib64) -lcublas -lcudart -lstdc++
 endif
 
+# NCCL (tensor parallelism over the GPUs of one host, issue 49): nccl.h
+# beside the CUDA toolkit or under NCCL_HOME. With NCCL=1, `make CUDA=1`
+# builds the NCCL communicator (src/backend/cuda/comm_nccl.cu) and links
+# libnccl. Opt-in until --tp runs on GPUs (the communicator is not yet
+# wired into the model): linked by default it would make every CUDA binary
+# need libnccl at run time for nothing. cuda-check compiles the file with
+# NCCL wherever nccl.h is found, so it keeps building.
+NCCL_HOME  ?= $(CUDA_HOME)
+NCCL_FOUND := $(if $(wildcard $(NCCL_HOME)/include/nccl.h),1,0)
+NCCL       ?= 0
+ifeq ($(NCCL),1)
+NVCCFLAGS += -DAUGUR_NCCL -I$(NCCL_HOME)/include
+ifeq ($(CUDA),1)
+CFLAGS_ALL += -DAUGUR_NCCL
+LDLIBS_ALL += -L$(NCCL_HOME)/lib64 -Wl$(comma)-rpath$(comma)$(NCCL_HOME)/lib64 -lnccl
+endif
+endif
+ifeq ($(NCCL)$(NCCL_FOUND),01)
+CUDA_CHECK_NCCL := -DAUGUR_NCCL -I$(NCCL_HOME)/include
+endif
+
 # Objects depend on the configuration, so switching CUDA=0/1 (or flags)
 # rebuilds what it changes.
 CONFIG_STAMP := $(BUILD)/config.stamp
@@ -116,7 +137,7 @@ $(BUILD)/emu/%_emu: tests/emu/%_emu.cpp tests/emu/cuda_shim.h $(wildcard src/bac
 	$(CXX) -std=c++17 -O2 -Isrc -Itests/emu -o $@ $< $(BUILD)/emu/argmax.o -lpthread -lm
 
 cuda-check:
-	@set -e; for f in $(CU_SRC); do echo "nvcc -c $$f"; $(NVCC) $(NVCCFLAGS) -c $$f -o /dev/null; done
+	@set -e; for f in $(CU_SRC); do echo "nvcc -c $$f"; $(NVCC) $(NVCCFLAGS) $(CUDA_CHECK_NCCL) -c $$f -o /dev/null; done
 
 # On a GPU machine: build with CUDA=1 (build/cuda) and run the GPU tests.
 gpu-test:

@@ -18,10 +18,17 @@
  * qwen3moe-tiny (4 layers, 512 wide, 4/2 heads of 128, a 1024-token
  * vocabulary; the MoE one with 8 experts of 512, 2 used; every matrix at
  * least two 256-blocks wide, so that decode and prompt kernels sum
- * differently, as in real shapes).
+ * differently, as in real shapes), gpt-oss-20b (gpt-oss-20b's shape: 24
+ * layers, 2880 wide, 64/8 heads of 64, 32 experts of 2880, 4 used, vocab
+ * 201088, a 128-position window on every other layer, attention sinks,
+ * q/k/v/o, router and expert biases, YaRN x32 from 4096 positions) and
+ * gpt-oss-tiny (the same with 4 layers, 512 wide, 8/2 heads of 64, 8
+ * experts of 512, 2 used, a 1024-token vocabulary).
  * For an MoE preset ffn_gate_inp (the router) stays F32, as llama.cpp's
  * quantizer keeps it, and the experts are 3-D stacks ffn_{gate,up,down}_exps.
- * --type: the matrices' type (F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K;
+ * --type: the matrices' type (F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K,
+ * MXFP4 (gpt-oss's default, as llama.cpp's gpt-oss files: the experts MXFP4,
+ * the other matrices Q8_0 or --dense's type, the router F32);
  * "Q4_K_M" = Q4_K with Q6_K for the output and for attn_v and ffn_down in
  * the layers llama.cpp's Q4_K_M gives more bits: qwen15b --type Q4_K_M has
  * the real Qwen2.5-Coder-1.5B Q4_K_M file's types and sizes). Norm gains are F32 near 1.
@@ -52,6 +59,7 @@ typedef struct {
     float rope_base;
     bool  tied;                          /* no output.weight: the embeddings are the head */
     int   experts, experts_used, ff_exp; /* routed experts (0: a dense feed-forward) */
+    int   window;                        /* sliding window (gpt-oss: every other layer) */
 } preset;
 
 static const preset k_presets[] = {
@@ -66,6 +74,10 @@ static const preset k_presets[] = {
     {"qwen3-tiny", "qwen3", 4, 512, 1536, 4, 2, 128, 1024, 4096, 1000000.0f, .tied = true},
     {"qwen3moe-tiny", "qwen3moe", 4, 512, 1536, 4, 2, 128, 1024, 4096, 1000000.0f, .experts = 8, .experts_used = 2,
      .ff_exp = 512},
+    {"gpt-oss-20b", "gpt-oss", 24, 2880, 2880, 64, 8, 64, 201088, 131072, 150000.0f, .experts = 32, .experts_used = 4,
+     .ff_exp = 2880, .window = 128},
+    {"gpt-oss-tiny", "gpt-oss", 4, 512, 512, 8, 2, 64, 1024, 131072, 150000.0f, .experts = 8, .experts_used = 2,
+     .ff_exp = 512, .window = 128},
 };
 
 /* Sets the fp16 at byte offset `off` of every block to `v` (times a random factor in [0.5, 1.5)). */
@@ -121,6 +133,10 @@ static uint8_t *random_matrix(uint32_t type, int64_t n_in, int64_t n_out, size_t
         set_scales(d, nb, bb, 2, sd * 7.5f / 31.0f / 4.6f);
         break;
     case AG_TYPE_Q6_K: set_scales(d, nb, bb, 208, sd / (18.5f * 64.0f)); break;
+    case AG_TYPE_MXFP4: /* values of rms ~5.9 (the doubled E2M1 table) times 2^(e-128) */
+        for (size_t b = 0; b < nb; b++)
+            d[b * bb] = (uint8_t)(128 + lrintf(log2f(sd / 5.9f)) + (int)(rnd() % 3) - 1);
+        break;
     default:
         free(d);
         return NULL;
@@ -148,21 +164,27 @@ static int add_matrix(ag_gguf_writer *w, const char *name, uint32_t type, int64_
     return add_matrices(w, name, type, n_in, n_out, 1);
 }
 
-static int add_vector(ag_gguf_writer *w, const char *name, int64_t n, float centre, float spread) {
-    float *v = malloc(sizeof(float) * (size_t)n);
-    for (int64_t i = 0; i < n; i++) v[i] = centre + (urand() * 2 - 1) * spread;
-    uint64_t  ne[1] = {(uint64_t)n};
-    ag_status st = ag_gguf_writer_add_tensor(w, name, AG_TYPE_F32, 1, ne, v, sizeof(float) * (size_t)n);
+/* n_rows F32 rows of n values centre ± spread (n_rows 1: a vector). */
+static int add_f32_rows(ag_gguf_writer *w, const char *name, int64_t n, int64_t n_rows, float centre, float spread) {
+    const size_t cnt = (size_t)n * (size_t)n_rows;
+    float       *v = malloc(sizeof(float) * cnt);
+    for (size_t i = 0; i < cnt; i++) v[i] = centre + (urand() * 2 - 1) * spread;
+    uint64_t  ne[2] = {(uint64_t)n, (uint64_t)n_rows};
+    ag_status st = ag_gguf_writer_add_tensor(w, name, AG_TYPE_F32, n_rows > 1 ? 2 : 1, ne, v, sizeof(float) * cnt);
     free(v);
     if (st) return fprintf(stderr, "gen_model: %s: %s\n", name, ag_error_message()), 1;
     return 0;
+}
+
+static int add_vector(ag_gguf_writer *w, const char *name, int64_t n, float centre, float spread) {
+    return add_f32_rows(w, name, n, 1, centre, spread);
 }
 
 static bool parse_type(const char *s, uint32_t *t, bool *k_m) {
     static const struct { const char *n; uint32_t t; } k[] = {
         {"F32", AG_TYPE_F32}, {"F16", AG_TYPE_F16}, {"BF16", AG_TYPE_BF16}, {"Q4_0", AG_TYPE_Q4_0},
         {"Q4_1", AG_TYPE_Q4_1}, {"Q5_0", AG_TYPE_Q5_0}, {"Q8_0", AG_TYPE_Q8_0}, {"Q4_K", AG_TYPE_Q4_K},
-        {"Q6_K", AG_TYPE_Q6_K}, {"Q4_K_M", AG_TYPE_Q4_K}};
+        {"Q6_K", AG_TYPE_Q6_K}, {"Q4_K_M", AG_TYPE_Q4_K}, {"MXFP4", AG_TYPE_MXFP4}};
     for (size_t i = 0; i < sizeof k / sizeof k[0]; i++)
         if (!strcmp(s, k[i].n)) {
             *t = k[i].t;
@@ -211,7 +233,7 @@ static int add_vocab(ag_gguf_writer *w, int n) {
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: gen_model OUT.gguf llama8b|smollm2|qwen05b|qwen15b|gemma270m|qwen3-1.7b|qwen3moe-a3b|"
-                        "qwen3-tiny|qwen3moe-tiny [--type T] [--layers N] [--seed S]\n");
+                        "qwen3-tiny|qwen3moe-tiny|gpt-oss-20b|gpt-oss-tiny [--type T] [--dense T] [--layers N] [--seed S]\n");
         return 2;
     }
     const preset *p = NULL;
@@ -219,11 +241,17 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[2], k_presets[i].name)) p = &k_presets[i];
     if (!p) return fprintf(stderr, "gen_model: unknown preset '%s'\n", argv[2]), 2;
     preset   c = *p;
-    uint32_t type = AG_TYPE_Q4_K;
-    bool     k_m = false;
+    const bool gptoss = !strcmp(c.arch, "gpt-oss");
+    uint32_t   type = gptoss ? AG_TYPE_MXFP4 : AG_TYPE_Q4_K;
+    bool       k_m = false;
+    uint32_t   dense_type = AG_TYPE_COUNT; /* --dense: gpt-oss's matrices other than the experts' */
     for (int i = 3; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--type")) {
             if (!parse_type(argv[i + 1], &type, &k_m)) return fprintf(stderr, "gen_model: bad type %s\n", argv[i + 1]), 2;
+        } else if (!strcmp(argv[i], "--dense")) {
+            bool km;
+            if (!parse_type(argv[i + 1], &dense_type, &km) || km)
+                return fprintf(stderr, "gen_model: bad type %s\n", argv[i + 1]), 2;
         } else if (!strcmp(argv[i], "--layers")) {
             c.layers = atoi(argv[i + 1]);
         } else if (!strcmp(argv[i], "--seed")) {
@@ -235,6 +263,11 @@ int main(int argc, char **argv) {
     const bool   gemma = !strcmp(c.arch, "gemma3"), qwen = !strcmp(c.arch, "qwen2");
     const bool   qwen3 = !strncmp(c.arch, "qwen3", 5), moe = c.experts > 0;
     const uint32_t t_big = k_m ? AG_TYPE_Q6_K : type; /* Q4_K_M's Q6_K tensors */
+    /* MXFP4 as llama.cpp's gpt-oss files have it: the experts MXFP4, every
+     * other matrix Q8_0 (--dense: another type for those) */
+    const uint32_t t_exp = type, t_dense = dense_type != AG_TYPE_COUNT         ? dense_type
+                                           : gptoss && type == AG_TYPE_MXFP4 ? AG_TYPE_Q8_0
+                                                                             : type;
     ag_gguf_writer *w = ag_gguf_writer_new();
     char            key[128];
     int             bad = 0;
@@ -254,6 +287,14 @@ int main(int argc, char **argv) {
         bad |= ag_gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)c.head_dim) != AG_OK;
     }
     if (gemma) bad |= ag_gguf_writer_add_u32(w, KEY("attention.sliding_window"), 512) != AG_OK;
+    if (gptoss) { /* what convert_hf_to_gguf writes for gpt-oss: its window, YaRN from 4096 positions x32 */
+        bad |= ag_gguf_writer_add_u32(w, KEY("attention.key_length"), (uint32_t)c.head_dim) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("attention.value_length"), (uint32_t)c.head_dim) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("attention.sliding_window"), (uint32_t)c.window) != AG_OK;
+        bad |= ag_gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn") != AG_OK;
+        bad |= ag_gguf_writer_add_f32(w, KEY("rope.scaling.factor"), 32.0f) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), 4096) != AG_OK;
+    }
     if (moe) { /* what convert_hf_to_gguf writes for Qwen3-MoE */
         bad |= ag_gguf_writer_add_u32(w, KEY("expert_count"), (uint32_t)c.experts) != AG_OK;
         bad |= ag_gguf_writer_add_u32(w, KEY("expert_used_count"), (uint32_t)c.experts_used) != AG_OK;
@@ -264,13 +305,34 @@ int main(int argc, char **argv) {
     const int64_t qd = (int64_t)c.heads * c.head_dim, kd = (int64_t)c.kv_heads * c.head_dim;
     /* llama.cpp's Q4_K_M gives a tied table the output's Q6_K (done for
      * qwen3 only: the gemma270m files of earlier benchmarks stay as they were) */
-    bad |= add_matrix(w, "token_embd.weight", k_m ? (c.tied && qwen3 ? t_big : AG_TYPE_Q4_K) : type, c.embd, c.vocab);
+    bad |= add_matrix(w, "token_embd.weight", k_m ? (c.tied && qwen3 ? t_big : AG_TYPE_Q4_K) : t_dense, c.embd, c.vocab);
     bad |= add_vector(w, "output_norm.weight", c.embd, 1.0f, 0.1f);
-    if (!c.tied) bad |= add_matrix(w, "output.weight", t_big, c.embd, c.vocab);
+    if (!c.tied) bad |= add_matrix(w, "output.weight", gptoss ? t_dense : t_big, c.embd, c.vocab);
     for (int l = 0; l < c.layers && !bad; l++) {
         char n[96];
 #define T(suffix) (snprintf(n, sizeof n, "blk.%d.%s", l, suffix), n)
         bad |= add_vector(w, T("attn_norm.weight"), c.embd, 1.0f, 0.1f);
+        if (gptoss) { /* q/k/v/o biases, one sink logit per head, the router's bias, the experts' biases */
+            bad |= add_matrix(w, T("attn_q.weight"), t_dense, c.embd, qd);
+            bad |= add_matrix(w, T("attn_k.weight"), t_dense, c.embd, kd);
+            bad |= add_matrix(w, T("attn_v.weight"), t_dense, c.embd, kd);
+            bad |= add_matrix(w, T("attn_output.weight"), t_dense, qd, c.embd);
+            bad |= add_vector(w, T("attn_q.bias"), qd, 0.0f, 0.1f);
+            bad |= add_vector(w, T("attn_k.bias"), kd, 0.0f, 0.1f);
+            bad |= add_vector(w, T("attn_v.bias"), kd, 0.0f, 0.1f);
+            bad |= add_vector(w, T("attn_output.bias"), c.embd, 0.0f, 0.1f);
+            bad |= add_vector(w, T("attn_sinks.weight"), c.heads, 0.0f, 2.0f);
+            bad |= add_vector(w, T("post_attention_norm.weight"), c.embd, 1.0f, 0.1f);
+            bad |= add_matrix(w, T("ffn_gate_inp.weight"), AG_TYPE_F32, c.embd, c.experts);
+            bad |= add_vector(w, T("ffn_gate_inp.bias"), c.experts, 0.0f, 0.5f);
+            bad |= add_matrices(w, T("ffn_gate_exps.weight"), t_exp, c.embd, c.ff_exp, c.experts);
+            bad |= add_matrices(w, T("ffn_up_exps.weight"), t_exp, c.embd, c.ff_exp, c.experts);
+            bad |= add_matrices(w, T("ffn_down_exps.weight"), t_exp, c.ff_exp, c.embd, c.experts);
+            bad |= add_f32_rows(w, T("ffn_gate_exps.bias"), c.ff_exp, c.experts, 0.0f, 0.5f);
+            bad |= add_f32_rows(w, T("ffn_up_exps.bias"), c.ff_exp, c.experts, 0.0f, 0.5f);
+            bad |= add_f32_rows(w, T("ffn_down_exps.bias"), c.embd, c.experts, 0.0f, 0.1f);
+            continue;
+        }
         bad |= add_matrix(w, T("attn_q.weight"), type, c.embd, qd);
         bad |= add_matrix(w, T("attn_k.weight"), type, c.embd, kd);
         /* llama.cpp's Q4_K_M gives attn_v and ffn_down Q6_K in the first

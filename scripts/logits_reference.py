@@ -11,7 +11,7 @@ tail mass). llama.cpp is the independent reference; CI reads the committed
 files and does not need llama-cpp-python.
 
 Models with random weights (architectures no real file of which can be
-fetched here: qwen3, qwen3moe) are written by bench/gen_model (deterministic:
+fetched here: qwen3, qwen3moe, gpt-oss) are written by bench/gen_model (deterministic:
 a preset, a type and the default seed give the same bytes every time) into
 build/parity/; the reference records the file's SHA-256, and the test
 regenerates the file and checks that hash before comparing.
@@ -40,21 +40,29 @@ MODELS = {
     "qwen-1.5b": (os.path.join(ROOT, "models", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf"), 1024),
     "qwen3-tiny": (os.path.join(ROOT, "build", "parity", "qwen3-tiny.gguf"), 512),
     "qwen3moe-tiny": (os.path.join(ROOT, "build", "parity", "qwen3moe-tiny.gguf"), 512),
+    "gpt-oss-tiny": (os.path.join(ROOT, "build", "parity", "gpt-oss-tiny.gguf"), 512),
+    "gpt-oss-tiny-f16": (os.path.join(ROOT, "build", "parity", "gpt-oss-tiny-f16.gguf"), 512),
 }
 
-# name -> (bench/gen_model preset, type): the random-weight models
+# name -> (bench/gen_model preset, type, further options): the random-weight
+# models. gpt-oss-tiny: MXFP4 experts beside F32 matrices (llama.cpp's F32
+# matmuls take F32 activations, its F16 ones round them to fp16: with F32
+# the experts' quantized products are the only quantization on either side);
+# gpt-oss-tiny-f16: every matrix F16 (no activation is quantized at all)
 GENERATED = {
     "qwen3-tiny": ("qwen3-tiny", "Q4_K_M"),
     "qwen3moe-tiny": ("qwen3moe-tiny", "Q4_K_M"),
+    "gpt-oss-tiny": ("gpt-oss-tiny", "MXFP4", "--dense", "F32"),
+    "gpt-oss-tiny-f16": ("gpt-oss-tiny", "F16"),
 }
 
 
 def generate(name, gen_model=os.path.join(ROOT, "build", "bench", "gen_model")):
     """Writes a random-weight model with bench/gen_model; returns (path, sha256)."""
-    preset, qtype = GENERATED[name]
+    preset, qtype, *more = GENERATED[name]
     path = MODELS[name][0]
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    subprocess.run([gen_model, path, preset, "--type", qtype], check=True, capture_output=True)
+    subprocess.run([gen_model, path, preset, "--type", qtype, *more], check=True, capture_output=True)
     return path, hashlib.sha256(open(path, "rb").read()).hexdigest()
 
 

@@ -52,6 +52,7 @@ SPEC = {
     "Q4_K": (64, 64, [0, 2]),
     "Q5_K": (96, 32, [0, 2]),
     "Q6_K": (64, 64, [208]),
+    "MXFP4": (256, 0, []),  # no model here has it: synthetic blocks only
 }
 
 MODEL_FILES = [
@@ -88,6 +89,9 @@ def synthetic(rng, name, n_blocks, block_bytes, scale_offsets):
             bits[nan] &= 0xFF80
         return bits.view(np.uint8).reshape(n_blocks, 2)
     raw = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
+    if name == "MXFP4":  # the E8M0 byte: all but the few whose 12 * 2^(e-128) overflows float32
+        raw[:, 0] = rng.integers(0, 253, n_blocks, dtype=np.uint8)
+        raw[:4, 0] = [0, 1, 2, 252]  # subnormal scales, the smallest normal, the largest finite
     for off in scale_offsets:
         raw[:, off:off + 2] = sane_halfs(rng, n_blocks).view(np.uint8).reshape(n_blocks, 2)
     return raw

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "base/buf.h"
+#include "base/comm.h"
 #include "base/status.h"
 #include "base/switches.h"
 #include "base/utf8.h"
@@ -101,6 +102,7 @@ augur_status augur_model_load(const char *path, const augur_model_params *params
         st = ag_errorf(AG_ERR_INVALID, "AUGUR_DEVICE=%s: expected cpu, cuda or auto", dev);
         goto fail;
     }
+    mp.tp = (int)ag_switch_int("AUGUR_TP", 1, AG_COMM_MAX_RANKS, 1); /* (the CLI's --tp sets it for `augur run`) */
     if ((st = ag_model_load(path, &mp, &m->model))) goto fail; /* the message names the file */
     if ((st = ag_tok_from_gguf(ag_model_gguf(m->model), &m->tok))) {
         char inner[1024];

@@ -90,25 +90,48 @@ typedef struct {
      * Only backends with the layernorm op are given it (encoder models are
      * refused elsewhere at load). */
     bool  bidirectional;
+    /* NULL, or n_head learned logits (gpt-oss's attention sinks), host
+     * memory: head h's softmax runs over its scores and sinks[h] (a logit
+     * in the scaled units of scale · q·k), whose weight goes nowhere (it
+     * has no value row): out = Σ_j e^(s_j - m) V_j / (Σ_j e^(s_j - m) +
+     * e^(sinks[h] - m)), m the largest of the scores and sinks[h]. Only
+     * backends with attn_sinks set are given it (such models are refused
+     * elsewhere at load). */
+    const float *sinks;
 } ag_attn_shape;
 
 /* One layer's routed experts (a mixture-of-experts feed-forward, Qwen3-MoE
- * style): router logits h·gate_inpᵀ, softmax over the n_expert of them,
- * the n_used largest probabilities chosen (ties: the lower expert id
- * first), their weights those probabilities (divided by their sum, at
- * least 2^-14, when norm_w; then times w_scale), and the output the
- * weighted sum, in ascending expert id, of each chosen expert's SiLU-gated
- * feed-forward (act(h·gateᵀ) * (h·upᵀ)) · downᵀ.
+ * style): router logits h·gate_inpᵀ (+ gate_inp_b), softmax over the
+ * n_expert of them, the n_used largest probabilities chosen (ties: the
+ * lower expert id first), their weights those probabilities (divided by
+ * their sum, at least 2^-14, when norm_w; then times w_scale), and the
+ * output the weighted sum, in ascending expert id, of each chosen expert's
+ * SiLU-gated feed-forward (act(h·gateᵀ) * (h·upᵀ)) · downᵀ.
+ * gpt-oss (AG_MOE_GATE_TOPK_SOFTMAX, AG_MOE_ACT_SWIGLU_OAI): the n_used
+ * largest router logits chosen, their weights the softmax over those
+ * n_used logits alone; each expert's products take its biases (g = h·gateᵀ
+ * + gate_b[e], u = h·upᵀ + up_b[e], y = act · downᵀ + down_b[e]) and the
+ * clamped activation act = min(g, limit) · σ(alpha · min(g, limit)) ·
+ * (clamp(u, -limit, limit) + 1).
  * Expert e's matrices are matrix e of the stacks (ne[2] = n_expert):
  * gate_exps and up_exps of ne {n_embd, n_ff_exp}, down_exps of ne
  * {n_ff_exp, n_embd}. */
 #define AG_MOE_MAX_EXPERTS 512
+enum { AG_MOE_GATE_SOFTMAX_TOPK = 0, AG_MOE_GATE_TOPK_SOFTMAX = 1 };
+enum { AG_MOE_ACT_SILU = 0, AG_MOE_ACT_SWIGLU_OAI = 1 };
 typedef struct {
     const ag_tensor *gate_inp; /* ne {n_embd, n_expert} */
     const ag_tensor *gate_exps, *up_exps, *down_exps;
     int              n_expert, n_used; /* 1 <= n_used <= n_expert <= AG_MOE_MAX_EXPERTS */
     bool             norm_w;
     float            w_scale;
+    int              gating; /* AG_MOE_GATE_* */
+    int              act;    /* AG_MOE_ACT_* */
+    float            alpha, limit; /* AG_MOE_ACT_SWIGLU_OAI's */
+    /* biases, each NULL or F32 in the backend's memory: the router's
+     * [n_expert], the experts' gate and up [n_expert][n_ff_exp] and down
+     * [n_expert][n_embd] */
+    const float     *gate_inp_b, *gate_b, *up_b, *down_b;
 } ag_moe_weights;
 
 /* Expert e's matrix of a stack (ne[2] matrices): a 2-D view of the same
@@ -195,6 +218,15 @@ typedef struct {
      * else adjacent pairs (2i, 2i + 1). */
     ag_status (*rope)(ag_backend *, float *x, int n, int n_head, int head_dim, int rope_dim,
                  const int32_t *pos, float base, float freq_scale, bool neox);
+    /* The same with one frequency per pair, given: pair i turns by pos ·
+     * freq[i] (freq: rope_dim / 2 floats, host memory), and the rotated
+     * values are multiplied by mscale (YaRN's scaled frequencies and its
+     * magnitude scaling). NULL: models whose rotary embedding needs it are
+     * refused at load. */
+    ag_status (*rope_freqs)(ag_backend *, float *x, int n, int n_head, int head_dim, int rope_dim,
+                            const int32_t *pos, const float *freq, float mscale, bool neox);
+    /* Whether attention honours ag_attn_shape.sinks. */
+    bool attn_sinks;
     /* x[i][j] += b[j] for n rows of dim. */
     ag_status (*add_bias)(ag_backend *, float *x, const float *b, int n, int dim);
     /* y += x, n elements. */

@@ -34,7 +34,6 @@ static const ag_switch_info k_switches[] = {
     {"AUGUR_CUDA_ATT_MIN", I, "32", "positions from which decode attention is split (tests: 8)", "cuda"},
     {"AUGUR_CUDA_ATT_SPLITS", I, "16", "the split-K decode attention's splits (1-64)", "cuda"},
     {"AUGUR_CUDA_CANDS", F, "on", "0: no candidates op on the GPU (rows copied back)", "cuda"},
-    {"AUGUR_CUDA_DEFER", I, "0", "bits: 1 prompt GEMMs add into the residual, 2 norms' F32 rows left to their BF16 copy (opt-in)", "cuda"},
     {"AUGUR_CUDA_EDIT", F, "on", "0: no edit and mask kernels (rows edited and masked on the host)", "cuda"},
     {"AUGUR_CUDA_FA", T, "wg on sm_90a, else 1", "prompt attention: wg (wgmma), 1 (one pass, mma.sync), 2pass, head, 0 (SIMT)", "cuda"},
     {"AUGUR_CUDA_FA_ROWS", I, "3", "row tiles a block of the one-pass mma.sync prompt attention (1-3)", "cuda"},
@@ -77,6 +76,7 @@ static const ag_switch_info k_switches[] = {
     {"AUGUR_TEST_KV_SPACE_RETRY_MS", I, "10000", "tests: retry writing this soon after a full disk", "engine"},
     {"AUGUR_TEST_SCRIPT", T, "none", "tests: a file of a JSON list of texts forced as the answers, one a request", "server"},
     {"AUGUR_THREADS", I, "the CPUs online", "user: CPU threads (as -t)", "base"},
+    {"AUGUR_TP", I, "1", "user: tensor-parallel shards (as --tp; CPU only for now)", "cli, C library"},
 };
 
 #undef F

@@ -15,6 +15,7 @@ int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok)
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = threads;
     mp.device = ag_cli_device;
+    mp.tp = ag_cli_tp;
     if (ag_model_load(path, &mp, m)) return ag_cli_fail("%s", ag_error_message());
     if (ag_tok_from_gguf(ag_model_gguf(*m), tok)) {
         ag_cli_fail("%s: %s", path, ag_error_message());

@@ -262,6 +262,7 @@ int ag_cli_bench(int argc, char **argv) {
     ag_model_params mp = ag_model_default_params();
     mp.cpu.n_threads = (int)threads;
     mp.device = ag_cli_device;
+    mp.tp = ag_cli_tp;
     mp.decode_rows_hint = (int)n_seq; /* the batch measured: the kernels a process of that batch would pick */
     ag_model *m;
     if (ag_model_load(model_path, &mp, &m)) return ag_cli_fail("%s", ag_error_message());

@@ -31,6 +31,9 @@ int ag_cli_embed(int argc, char **argv);
  * prints the error, leaves both NULL and returns 1. */
 /* The --device every command's model loads use (main.c takes the flag out of argv). */
 extern ag_device ag_cli_device;
+/* The --tp every command's model loads use (main.c takes it out of argv;
+ * 1: no tensor parallelism). */
+extern int ag_cli_tp;
 int ag_cli_load_model(const char *path, int threads, ag_model **m, ag_tok **tok);
 
 /* Strict parsers for flag values: the whole string must be a number within

@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "model/tp.h"
 #include "tmpl/chat.h"
 
 /* What a serving process adds to what this command measures of itself
@@ -40,6 +41,7 @@ static const char usage[] =
     "  --draft ngram|MODEL.gguf  the speculative decoding source serve would use\n"
     "  --no-kv-disk    serve without the prefix cache's disk tier (no write-behind buffer)\n"
     "  -t THREADS      CPU threads (default: all cores)\n"
+    "  --tp N          plan serve --tp N: the totals, then what each of the N shards holds\n"
     "  --json          one JSON object instead of the table\n";
 
 /* Resident bytes of this process (VmRSS) and, of those, the pages of
@@ -283,6 +285,20 @@ int ag_cli_fit(int argc, char **argv) {
             json_object_set_new(o, "device_free", json_integer((json_int_t)r.device_free));
             json_object_set_new(o, "device_total", json_integer((json_int_t)r.device_total));
         }
+        const ag_tp *tp = ag_model_tp(m);
+        if (tp) { /* --tp: what each shard holds (a GPU each, once NCCL ranks run on devices) */
+            json_t *sj = json_array();
+            for (int k = 0; k < ag_tp_ranks(tp); k++) {
+                uint64_t copies, scratch = ag_tp_memory(tp, k, ep.n_batch, mem.n_ctx, &copies);
+                json_t  *e = json_object();
+                json_object_set_new(e, "weights", json_integer((json_int_t)ag_tp_weight_bytes(tp, k)));
+                json_object_set_new(e, "kv", json_integer((json_int_t)(mem.kv / (uint64_t)ag_tp_ranks(tp))));
+                json_object_set_new(e, "scratch", json_integer((json_int_t)scratch));
+                json_array_append_new(sj, e);
+            }
+            json_object_set_new(o, "tp", json_integer(ag_tp_ranks(tp)));
+            json_object_set_new(o, "shards", sj);
+        }
         json_object_set_new(o, "fits", json_boolean(fits));
         json_object_set_new(o, "max_ctx", json_integer(max_ctx));
         json_object_set_new(o, "max_ctx_limit", json_string(max_ctx == train ? "model" : "memory"));
@@ -303,6 +319,13 @@ int ag_cli_fit(int argc, char **argv) {
         if (mem.weights_max > mem.weights)
             printf("  (plus up to %.1f MiB as the token embeddings of more distinct tokens are read)\n",
                    mib(mem.weights_max - mem.weights));
+        const ag_tp *tp = ag_model_tp(m);
+        for (int k = 0; tp && k < ag_tp_ranks(tp); k++) {
+            uint64_t copies, scratch = ag_tp_memory(tp, k, ep.n_batch, mem.n_ctx, &copies);
+            const uint64_t w = ag_tp_weight_bytes(tp, k), kv = mem.kv / (uint64_t)ag_tp_ranks(tp);
+            printf("  shard %d of --tp %d: weights %.1f MiB, KV %.1f MiB, scratch %.1f MiB: %.1f MiB\n", k,
+                   ag_tp_ranks(tp), mib(w), mib(kv), mib(scratch), mib(w + kv + scratch));
+        }
         if (r.on) {
             printf("  of which on the GPU (KV pool, scratch): %.1f MiB; in host memory: %.1f MiB\n", mib(mem.device),
                    mib(host));

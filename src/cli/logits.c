@@ -54,6 +54,7 @@ int ag_cli_logits(int argc, char **argv) {
     bool as_decode = false;
     ag_model_params mp = ag_model_default_params();
     mp.device = ag_cli_device;
+    mp.tp = ag_cli_tp;
     ag_kv_dtype dtype = AG_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];

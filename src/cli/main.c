@@ -5,6 +5,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/comm.h"
 #include "base/switches.h"
 #include "cli/cli.h"
 
@@ -31,7 +32,8 @@ static void usage(FILE *f) {
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
     fprintf(f, "\n'augur <command> --help' shows a command's options. Every command that loads a model\n"
-               "takes --device cpu|cuda|auto (default auto: cuda when built in and a GPU is present).\n");
+               "takes --device cpu|cuda|auto (default auto: cuda when built in and a GPU is present)\n"
+               "and --tp N (tensor parallelism: the model split over N shards; CPU only for now).\n");
 }
 
 int ag_cli_fail(const char *fmt, ...) {
@@ -79,6 +81,37 @@ const char *ag_cli_default_model(void) {
 }
 
 ag_device ag_cli_device = AG_DEVICE_AUTO;
+int       ag_cli_tp = 1;
+
+/* Takes `--tp N` (or --tp=N) out of argv as take_device_flag does --device
+ * (AUGUR_TP the default), and passes it on to the C library's loads
+ * (`augur run`) through AUGUR_TP. */
+static bool take_tp_flag(int *argc, char **argv) {
+    ag_cli_tp = (int)ag_switch_int("AUGUR_TP", 1, AG_COMM_MAX_RANKS, 1);
+    int w = 0;
+    for (int r = 0; r < *argc; r++) {
+        const char *v = NULL;
+        if (!strcmp(argv[r], "--tp")) {
+            if (r + 1 >= *argc) return ag_cli_fail("--tp needs a value: the number of shards") == 0;
+            v = argv[++r];
+        } else if (!strncmp(argv[r], "--tp=", 5)) {
+            v = argv[r] + 5;
+        } else {
+            argv[w++] = argv[r];
+            continue;
+        }
+        long n;
+        if (!ag_cli_parse_long(v, 1, AG_COMM_MAX_RANKS, &n))
+            return ag_cli_fail("--tp %s: expected a number of shards from 1 to %d", v, AG_COMM_MAX_RANKS) == 0;
+        ag_cli_tp = (int)n;
+        char buf[16];
+        snprintf(buf, sizeof buf, "%d", ag_cli_tp);
+        setenv("AUGUR_TP", buf, 1);
+    }
+    *argc = w;
+    argv[w] = NULL;
+    return true;
+}
 
 /* Takes `--device cpu|cuda|auto` (or --device=X) out of argv wherever it
  * appears, so every command that loads a model honours it without parsing
@@ -110,6 +143,7 @@ static bool take_device_flag(int *argc, char **argv) {
 
 int main(int argc, char **argv) {
     if (!take_device_flag(&argc, argv)) return 2;
+    if (!take_tp_flag(&argc, argv)) return 2;
     if (argc < 2) {
         usage(stderr);
         return 2;

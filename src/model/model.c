@@ -13,6 +13,7 @@
 #include "base/switches.h"
 #include "kv/kv.h"
 #include "model/safetensors.h"
+#include "model/tp.h"
 
 struct ag_model {
     ag_gguf         *gguf;
@@ -24,6 +25,7 @@ struct ag_model {
     int              enc_kv_tokens, enc_kv_seqs;
     ag_layer_weights layers[AG_MAX_LAYERS];
     ag_backend      *be;
+    ag_tp           *tp;        /* --tp N > 1: the shards that run the embedding, layers and head (tp.c) */
     void            *act;       /* activations of one forward pass, in backend memory */
     size_t           act_bytes; /* its size (grown on demand) */
     uint64_t         weight_bytes;
@@ -33,6 +35,10 @@ struct ag_model {
     float           *extra_out;     /* [extra_out_cap] ag_batch.head_extra's logits before they are placed */
     size_t           extra_out_cap; /* floats */
     char             path[512];
+    /* YaRN (cfg.rope_yarn): each pair's frequency and the magnitude scale,
+     * [0] for global layers, [1] for sliding-window ones */
+    float            yarn_freq[2][512];
+    float            yarn_mscale[2];
     bool             argmax_off; /* AUGUR_ARGMAX=0 (A/B, tests): rows' argmax never computed by the backend */
     bool             pick_off;   /* AUGUR_PICK=0 (A/B, tests): picked tokens never computed by the backend */
     bool             cands_off;  /* AUGUR_CANDS=0 (A/B, tests): no AG_WANT_CANDS rows (callers sample rows) */
@@ -57,6 +63,7 @@ ag_model_params ag_model_default_params(void) {
     p.cpu = ag_cpu_default_params();
     p.device = AG_DEVICE_AUTO;
     p.decode_rows_hint = 0;
+    p.tp = 0;
     return p;
 }
 
@@ -97,6 +104,10 @@ typedef struct {
     bool        post_norms; /* post_attention_norm and post_ffw_norm required (gemma3) */
     bool        moe;        /* routed experts (ffn_*_exps) instead of the dense feed-forward */
     bool        encoder;    /* an embedding model (BERT-like: post-LayerNorms, fused QKV, no logits) */
+    bool        out_bias;   /* attn_output.bias required */
+    bool        sinks;      /* attn_sinks required: one softmax logit per head */
+    bool        moe_bias;   /* the router's and the experts' biases required */
+    const char *ffn_norm;   /* the feed-forward's input norm; NULL: ffn_norm.weight */
     /* Reads the family's own hyper-parameters after the common ones; NULL: none. */
     ag_status (*config)(const ag_gguf *g, ag_model_config *c);
 } arch_desc;
@@ -111,8 +122,8 @@ static ag_status gemma3_config(const ag_gguf *g, ag_model_config *c) {
     return AG_OK;
 }
 
-/* The routed experts' hyper-parameters, under llama.cpp's keys. */
-static ag_status moe_config(const ag_gguf *g, ag_model_config *c) {
+/* The experts' counts and width, under llama.cpp's keys. */
+static ag_status moe_counts(const ag_gguf *g, ag_model_config *c) {
     const char *a = c->arch_name;
     ag_status   st;
     if ((st = need_int(g, a, "expert_count", &c->n_expert, 1))) return st;
@@ -123,6 +134,15 @@ static ag_status moe_config(const ag_gguf *g, ag_model_config *c) {
     /* as llama.cpp: without the key an expert is n_ff / n_used wide */
     if (!get_int(g, a, "expert_feed_forward_length", &c->n_ff_exp)) c->n_ff_exp = c->n_ff / c->n_expert_used;
     if (c->n_ff_exp < 1) return ag_errorf(AG_ERR_FORMAT, "%s.expert_feed_forward_length is 0", a);
+    c->expert_weights_scale = 1.0f;
+    return AG_OK;
+}
+
+/* The routed experts' hyper-parameters (Qwen3-MoE), under llama.cpp's keys. */
+static ag_status moe_config(const ag_gguf *g, ag_model_config *c) {
+    const char *a = c->arch_name;
+    ag_status   st;
+    if ((st = moe_counts(g, c))) return st;
     /* Gating: softmax over the experts (llama.cpp's only choice for
      * qwen3moe); another function named by the file is refused, not
      * silently replaced. */
@@ -174,6 +194,35 @@ static ag_status gemma_embd_config(const ag_gguf *g, ag_model_config *c) {
     return encoder_config(g, c);
 }
 
+/* gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE): routed experts chosen by
+ * their largest router logits and weighted by the softmax of those alone
+ * (llama.cpp's SOFTMAX_WEIGHT gating, no renormalisation), each a clamped
+ * SwiGLU (alpha 1.702, limit 7, llama.cpp's constants); a sliding window
+ * on layers l % period < period - 1 (the period 2 unless the file says:
+ * the even layers); both kinds of layer rotate with the file's (YaRN)
+ * scaling. */
+static ag_status gptoss_config(const ag_gguf *g, ag_model_config *c) {
+    const char *a = c->arch_name;
+    ag_status   st;
+    if ((st = moe_counts(g, c))) return st;
+    c->expert_gating = AG_MOE_GATE_TOPK_SOFTMAX;
+    c->expert_act = AG_MOE_ACT_SWIGLU_OAI;
+    c->expert_alpha = 1.702f;
+    c->expert_limit = 7.0f;
+    c->expert_weights_norm = false;
+    c->attn_sinks = true;
+    if ((st = need_int(g, a, "attention.sliding_window", &c->sliding_window, 1))) return st;
+    int period = 2;
+    char key[160];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    if (ag_gguf_find_key(g, key) >= 0 && !get_int(g, a, "attention.sliding_window_pattern", &period))
+        return ag_errorf(AG_ERR_UNSUPPORTED, "%s: a per-layer array is not supported, only a period", key);
+    for (int l = 0; l < c->n_layer; l++) c->layer_swa[l] = period == 0 || l % period < period - 1;
+    if (!get_float(g, a, "rope.freq_base_swa", &c->rope_base_swa)) c->rope_base_swa = c->rope_base;
+    c->rope_freq_scale_swa = c->rope_freq_scale;
+    return AG_OK;
+}
+
 static const arch_desc k_archs[] = {
     {"llama", AG_ARCH_LLAMA, .rope_neox = false},
     {"qwen2", AG_ARCH_QWEN2, .rope_neox = true, .qkv_bias = true},
@@ -181,6 +230,8 @@ static const arch_desc k_archs[] = {
     {"qwen3moe", AG_ARCH_QWEN3MOE, .rope_neox = true, .qk_norm = true, .moe = true, .config = moe_config},
     {"gemma3", AG_ARCH_GEMMA3, .rope_neox = true, .qk_norm = true, .post_norms = true, .config = gemma3_config},
     {"nomic-bert", AG_ARCH_NOMIC_BERT, .rope_neox = true, .encoder = true, .config = encoder_config},
+    {"gpt-oss", AG_ARCH_GPT_OSS, .rope_neox = true, .qkv_bias = true, .moe = true, .out_bias = true, .sinks = true,
+     .moe_bias = true, .ffn_norm = "post_attention_norm.weight", .config = gptoss_config},
     {"gemma-embedding", AG_ARCH_GEMMA_EMBD, .rope_neox = true, .qk_norm = true, .post_norms = true,
      .config = gemma_embd_config},
 };
@@ -239,11 +290,29 @@ static ag_status read_config(const ag_gguf *g, ag_model_config *c) {
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
     uint64_t tlen;
     const char *stype = ag_gguf_get_str(g, key, &tlen);
+    const bool  yarn = stype && tlen == 4 && !memcmp(stype, "yarn", 4);
     if (get_float(g, a, "rope.scaling.factor", &factor) && factor > 0 && factor != 1.0f) {
-        if (stype && !(tlen == 6 && !memcmp(stype, "linear", 6)) && !(tlen == 4 && !memcmp(stype, "none", 4)))
+        if (stype && !yarn && !(tlen == 6 && !memcmp(stype, "linear", 6)) && !(tlen == 4 && !memcmp(stype, "none", 4)))
             return ag_errorf(AG_ERR_UNSUPPORTED, "rope scaling type '%.*s' is not supported", (int)tlen, stype);
         c->rope_freq_scale = 1.0f / factor;
+        c->rope_yarn = yarn;
     }
+    if (c->rope_yarn) { /* llama.cpp's defaults: ext_factor 1, beta_fast 32, beta_slow 1 */
+        /* the magnitude overrides llama.cpp reads for other YaRN models are not done here */
+        static const char *const unsupported[] = {"rope.scaling.attn_factor", "rope.scaling.yarn_log_multiplier",
+                                                  "rope.scaling.yarn_attn_factor"};
+        for (size_t i = 0; i < sizeof unsupported / sizeof unsupported[0]; i++) {
+            snprintf(key, sizeof key, "%s.%s", a, unsupported[i]);
+            if (ag_gguf_find_key(g, key) >= 0) return ag_errorf(AG_ERR_UNSUPPORTED, "YaRN with %s is not supported", key);
+        }
+        if (!get_int(g, a, "rope.scaling.original_context_length", &c->yarn_orig_ctx) || c->yarn_orig_ctx < 1)
+            c->yarn_orig_ctx = c->n_ctx_train;
+        if (!get_float(g, a, "rope.scaling.yarn_ext_factor", &c->yarn_ext_factor) || c->yarn_ext_factor < 0)
+            c->yarn_ext_factor = 1.0f;
+        if (!get_float(g, a, "rope.scaling.yarn_beta_fast", &c->yarn_beta_fast)) c->yarn_beta_fast = 32.0f;
+        if (!get_float(g, a, "rope.scaling.yarn_beta_slow", &c->yarn_beta_slow)) c->yarn_beta_slow = 1.0f;
+    }
+    c->rope_freq_scale_swa = 1.0f; /* (an architecture's config may say otherwise) */
     if (!get_float(g, a, "attention.layer_norm_rms_epsilon", &c->rms_eps)) c->rms_eps = 1e-5f;
     c->embd_scale = 1.0f;
     c->attn_scale = 1.0f / sqrtf((float)c->head_dim_k);
@@ -377,13 +446,20 @@ static ag_status bind_layer(ag_model *m, int l) {
     B(bv, "attn_v.bias", vd, 0, d->qkv_bias);
     B(q_norm, "attn_q_norm.weight", c->head_dim_k, 0, d->qk_norm);
     B(k_norm, "attn_k_norm.weight", c->head_dim_k, 0, d->qk_norm);
-    B(post_attn_norm, "post_attention_norm.weight", c->n_embd, 0, d->post_norms);
-    B(ffn_norm, "ffn_norm.weight", c->n_embd, 0, true);
+    /* (gpt-oss's post_attention_norm is its feed-forward's input norm, bound below) */
+    if (d->post_norms || !d->ffn_norm) B(post_attn_norm, "post_attention_norm.weight", c->n_embd, 0, d->post_norms);
+    B(ffn_norm, d->ffn_norm ? d->ffn_norm : "ffn_norm.weight", c->n_embd, 0, true);
+    B(bo, "attn_output.bias", c->n_embd, 0, d->out_bias);
+    B(attn_sinks, "attn_sinks.weight", c->n_head, 0, d->sinks);
     if (d->moe) {
         B(ffn_gate_inp, "ffn_gate_inp.weight", c->n_embd, c->n_expert, true);
         B3(ffn_gate_exps, "ffn_gate_exps.weight", c->n_embd, c->n_ff_exp, c->n_expert, true);
         B3(ffn_up_exps, "ffn_up_exps.weight", c->n_embd, c->n_ff_exp, c->n_expert, true);
         B3(ffn_down_exps, "ffn_down_exps.weight", c->n_ff_exp, c->n_embd, c->n_expert, true);
+        B(ffn_gate_inp_b, "ffn_gate_inp.bias", c->n_expert, 0, d->moe_bias);
+        B(ffn_gate_exps_b, "ffn_gate_exps.bias", c->n_ff_exp, c->n_expert, d->moe_bias);
+        B(ffn_up_exps_b, "ffn_up_exps.bias", c->n_ff_exp, c->n_expert, d->moe_bias);
+        B(ffn_down_exps_b, "ffn_down_exps.bias", c->n_embd, c->n_expert, d->moe_bias);
     } else {
         B(ffn_gate, "ffn_gate.weight", c->n_embd, c->n_ff, true);
         B(ffn_up, "ffn_up.weight", c->n_embd, c->n_ff, true);
@@ -393,8 +469,10 @@ static ag_status bind_layer(ag_model *m, int l) {
 #undef B
 #undef B3
     /* Norm gains and biases are read as plain floats. */
-    const ag_tensor *f32[] = {&w->attn_norm, &w->bq, &w->bk, &w->bv, &w->q_norm, &w->k_norm,
-                              &w->post_attn_norm, &w->ffn_norm, &w->post_ffn_norm};
+    const ag_tensor *f32[] = {&w->attn_norm, &w->bq,           &w->bk,        &w->bv,
+                              &w->q_norm,    &w->k_norm,       &w->post_attn_norm, &w->ffn_norm,
+                              &w->post_ffn_norm, &w->bo,       &w->attn_sinks, &w->ffn_gate_inp_b,
+                              &w->ffn_gate_exps_b, &w->ffn_up_exps_b, &w->ffn_down_exps_b};
     for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
         if (f32[i]->data && f32[i]->type != AG_TYPE_F32)
             return ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s' must be F32, is %s", f32[i]->name,
@@ -427,7 +505,9 @@ static ag_status prepare_weights(ag_model *m) {
                             &w->q_norm, &w->k_norm, &w->post_attn_norm, &w->ffn_norm, &w->ffn_gate,
                             &w->ffn_up, &w->ffn_down, &w->post_ffn_norm, &w->ffn_gate_inp,
                             &w->ffn_gate_exps, &w->ffn_up_exps, &w->ffn_down_exps, &w->attn_out_norm,
-                            &w->attn_out_norm_b, &w->layer_out_norm, &w->layer_out_norm_b};
+                            &w->attn_out_norm_b, &w->layer_out_norm, &w->layer_out_norm_b, &w->bo,
+                            &w->attn_sinks, &w->ffn_gate_inp_b, &w->ffn_gate_exps_b, &w->ffn_up_exps_b,
+                            &w->ffn_down_exps_b};
         const bool fused = w->wqkv.data != NULL; /* wq, wk, wv are its views: moved with it */
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             if (all[i]->data && !(fused && i >= 1 && i <= 3) && (st = be->ops->prepare_weight(be, all[i]))) return st;
@@ -441,6 +521,33 @@ static ag_status prepare_weights(ag_model *m) {
         if ((l + 1) % 8 == 0 || l + 1 == m->cfg.n_layer) AG_LOGI("  %d/%d layers", l + 1, m->cfg.n_layer);
     }
     return be->ops->sync(be);
+}
+
+/* YaRN's per-pair frequencies and magnitude scale, as llama.cpp's rope
+ * (ggml_rope_yarn_corr_dims, rope_yarn): pair i of the rope_dim / 2 turns
+ * at base^(-2i / rope_dim) times freq_scale (interpolated) or 1
+ * (extrapolated), mixed by a ramp that is 1 below the correction dim of
+ * beta_fast rotations in the original context, 0 above beta_slow's,
+ * linear between (times ext_factor); with ext_factor != 0 the rotated
+ * values are scaled by 1 + 0.1 ln(1 / freq_scale). Computed in double
+ * (llama.cpp: float); the two differ in the last bits of each frequency. */
+static void yarn_freqs(ag_model *m) {
+    const ag_model_config *c = &m->cfg;
+    const int              nd = c->rope_dim;
+    for (int k = 0; k < 2; k++) {
+        const double base = k ? c->rope_base_swa : c->rope_base, fs = k ? c->rope_freq_scale_swa : c->rope_freq_scale;
+        /* the dim at which a pair turns n_rot times in yarn_orig_ctx positions */
+#define CORR_DIM(n_rot) (nd * log(c->yarn_orig_ctx / ((n_rot) * 2 * M_PI)) / (2 * log(base)))
+        const double lo = fmax(0.0, floor(CORR_DIM(c->yarn_beta_fast))),
+                     hi = fmin(nd - 1.0, ceil(CORR_DIM(c->yarn_beta_slow)));
+#undef CORR_DIM
+        for (int i = 0; i < nd / 2; i++) {
+            const double y = (i - lo) / fmax(0.001, hi - lo), ramp = 1.0 - fmin(1.0, fmax(0.0, y));
+            const double mix = ramp * c->yarn_ext_factor, extrap = pow(base, -2.0 * i / nd);
+            m->yarn_freq[k][i] = (float)(extrap * (fs * (1.0 - mix) + mix));
+        }
+        m->yarn_mscale[k] = c->yarn_ext_factor != 0.0f ? (float)(1.0 + 0.1 * log(1.0 / fs)) : 1.0f;
+    }
 }
 
 ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **out) {
@@ -486,11 +593,17 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(m, l))) goto fail_named;
     if ((st = ag_backend_new(p->device, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
-    if ((c->n_expert > 0 && !m->be->ops->moe) || (c->encoder && !m->be->ops->layernorm)) {
+    const ag_backend_ops *bop = m->be->ops;
+    if ((c->n_expert > 0 && !bop->moe) || (c->encoder && !bop->layernorm) || (c->rope_yarn && !bop->rope_freqs) ||
+        (c->attn_sinks && !bop->attn_sinks)) {
         /* a backend without the moe op (or, for an encoder, the layernorm
-         * op) cannot run this model: --device auto takes the CPU instead,
-         * an explicit device is an error */
-        const char *what = c->encoder ? "an embedding model" : "routed experts";
+         * op; YaRN's rope_freqs; attention sinks) cannot run this model:
+         * --device auto takes the CPU instead, an explicit device is an
+         * error */
+        const char *what = c->encoder                        ? "an embedding model"
+                           : c->n_expert > 0 && !bop->moe    ? "routed experts"
+                           : c->rope_yarn && !bop->rope_freqs ? "YaRN rotary scaling"
+                                                             : "attention sinks";
         if (p->device != AG_DEVICE_AUTO) {
             st = ag_errorf(AG_ERR_UNSUPPORTED, "architecture '%s' (%s) is not supported on the %s backend yet; use --device cpu",
                            c->arch_name, what, m->be->ops->name);
@@ -502,11 +615,13 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
         m->be = NULL;
         if ((st = ag_backend_new(AG_DEVICE_CPU, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
     }
+    if (c->rope_yarn) yarn_freqs(m);
     m->argmax_off = ag_switch_off("AUGUR_ARGMAX");
     m->pick_off = ag_switch_off("AUGUR_PICK");
     m->cands_off = ag_switch_off("AUGUR_CANDS");
     m->poison_rows = ag_switch_int("AUGUR_POISON_ROWS", 0, 1, 0) == 1 && m->be->ops->host_memory;
     if ((st = prepare_weights(m))) goto fail_named;
+    if (p->tp > 1 && (st = ag_tp_new(p->tp, c, m->layers, &m->tok_embd, &m->output, m->be, &m->tp))) goto fail_named;
     *out = m;
     return AG_OK;
 fail_named: {
@@ -522,6 +637,7 @@ void ag_model_free(ag_model *m) {
     if (!m) return;
     if (m->be && m->act) m->be->ops->free(m->be, m->act);
     ag_kv_free(m->enc_kv);
+    ag_tp_free(m->tp);
     ag_backend_free(m->be);
     ag_gguf_free(m->gguf);
     free(m->poison_saved);
@@ -532,6 +648,7 @@ void ag_model_free(ag_model *m) {
 const ag_model_config *ag_model_config_of(const ag_model *m) { return &m->cfg; }
 const ag_gguf         *ag_model_gguf(const ag_model *m) { return m->gguf; }
 ag_backend            *ag_model_backend(ag_model *m) { return m->be; }
+const ag_tp           *ag_model_tp(const ag_model *m) { return m->tp; }
 
 float *ag_model_host_floats(ag_model *m, size_t n) {
     return n > SIZE_MAX / sizeof(float) ? NULL : ag_kv_mem_host_alloc(ag_model_kv_mem(m), n * sizeof(float));
@@ -557,7 +674,7 @@ uint64_t ag_model_weight_bytes(const ag_model *m) {
 
 int ag_model_set_output_rows(ag_model *m, int n) {
     const int n_vocab = m->cfg.n_vocab;
-    if (n <= 0 || n >= n_vocab || !m->be->ops->host_memory || m->cfg.final_softcap > 0) n = n_vocab;
+    if (n <= 0 || n >= n_vocab || !m->be->ops->host_memory || m->cfg.final_softcap > 0 || m->tp) n = n_vocab;
     m->output_rows = n;
     return n;
 }
@@ -625,7 +742,15 @@ uint64_t ag_model_fingerprint(const ag_model *m) {
         for (size_t i = 0; i < sizeof moe / sizeof moe[0]; i++) fp_u64(&s, (uint64_t)(int64_t)moe[i]);
         fp_f32(&s, c->expert_weights_scale);
     }
+    if (c->rope_yarn || c->arch == AG_ARCH_GPT_OSS) { /* (only then, likewise) */
+        const int more[] = {c->rope_yarn, c->yarn_orig_ctx, c->expert_gating, c->expert_act, c->attn_sinks};
+        for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) fp_u64(&s, (uint64_t)(int64_t)more[i]);
+        const float fl[] = {c->rope_freq_scale_swa, c->yarn_beta_fast, c->yarn_beta_slow, c->yarn_ext_factor,
+                            c->expert_alpha, c->expert_limit};
+        for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) fp_f32(&s, fl[i]);
+    }
     fp_bytes(&s, c->layer_swa, (size_t)c->n_layer);
+    if (m->tp) fp_u64(&s, 0x7470000000000000ull | (uint64_t)ag_tp_ranks(m->tp)); /* a --tp N's KV is its own (N > 1 only) */
     int64_t nt = ag_gguf_n_tensors(m->gguf);
     fp_u64(&s, (uint64_t)nt);
     for (int64_t i = 0; i < nt; i++) {
@@ -654,6 +779,7 @@ void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *hea
     *n_head_kv = m->cfg.n_head_kv;
     *head_dim_k = m->cfg.head_dim_k;
     *head_dim_v = m->cfg.head_dim_v;
+    if (m->tp) ag_tp_kv_shape(m->tp, n_layer, n_head_kv); /* (each rank's layers and heads) */
 }
 
 ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs, int n_pos, ag_kv_params *kp,
@@ -752,7 +878,10 @@ static ag_moe_weights moe_weights(const ag_model *m, int l) {
     return (ag_moe_weights){.gate_inp = &w->ffn_gate_inp, .gate_exps = &w->ffn_gate_exps, .up_exps = &w->ffn_up_exps,
                             .down_exps = &w->ffn_down_exps, .n_expert = m->cfg.n_expert,
                             .n_used = m->cfg.n_expert_used, .norm_w = m->cfg.expert_weights_norm,
-                            .w_scale = m->cfg.expert_weights_scale};
+                            .w_scale = m->cfg.expert_weights_scale, .gating = m->cfg.expert_gating,
+                            .act = m->cfg.expert_act, .alpha = m->cfg.expert_alpha, .limit = m->cfg.expert_limit,
+                            .gate_inp_b = w->ffn_gate_inp_b.data, .gate_b = w->ffn_gate_exps_b.data,
+                            .up_b = w->ffn_up_exps_b.data, .down_b = w->ffn_down_exps_b.data};
 }
 
 static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
@@ -785,12 +914,18 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         if (w->k_norm.data) TRY(op->rmsnorm(be, k, w->k_norm.data, n * c->n_head_kv, c->head_dim_k, c->rms_eps, k));
         bool swa = c->layer_swa[l];
         float base = swa ? c->rope_base_swa : c->rope_base;
-        float fscale = swa ? 1.0f : c->rope_freq_scale;
+        float fscale = swa ? c->rope_freq_scale_swa : c->rope_freq_scale;
         ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
                                .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
                                .scale = c->attn_scale, .window = swa ? c->sliding_window : 0,
-                               .bidirectional = c->bidirectional};
-        if (op->rope_kv_store) {
+                               .sinks = w->attn_sinks.data, .bidirectional = c->bidirectional};
+        if (c->rope_yarn) {
+            TRY(op->rope_freqs(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, m->yarn_freq[swa],
+                               m->yarn_mscale[swa], c->rope_neox));
+            TRY(op->rope_freqs(be, k, n, c->n_head_kv, c->head_dim_k, c->rope_dim, b->pos, m->yarn_freq[swa],
+                               m->yarn_mscale[swa], c->rope_neox));
+            TRY(op->kv_store(be, kv, &shape, lay, k, v));
+        } else if (op->rope_kv_store) {
             TRY(op->rope_kv_store(be, kv, &shape, lay, q, k, v, c->rope_dim, b->pos, base, fscale, c->rope_neox));
         } else {
             TRY(op->rope(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, base, fscale, c->rope_neox));
@@ -799,6 +934,7 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         }
         TRY(op->attention(be, kv, &shape, lay, q, att));
         TRY(op->matmul(be, &w->wo, att, n, n_dec, o));
+        if (w->bo.data) TRY(op->add_bias(be, o, w->bo.data, n, c->n_embd));
         if (w->post_attn_norm.data) TRY(op->rmsnorm(be, o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, o));
         ADD_NORM(w->ffn_norm.data);
         if (w->ffn_gate_exps.data) {
@@ -874,7 +1010,11 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
         need = ag_backend_attention_scratch_bytes(be, &shape, block_size, n_tokens, n_ctx);
         if (need > attn) attn = need;
     }
-    return arena + mm + copies + attn + moe;
+    /* --tp: the shards' activations and scratch (their weight copies are
+     * made at load: a process's resident memory has them, as `fit` measures) */
+    uint64_t tp = 0, tp_copies = 0;
+    if (m->tp) tp = ag_tp_memory(m->tp, -1, n_tokens, n_ctx, &tp_copies);
+    return arena + mm + copies + attn + moe + tp;
 }
 
 /* A walk over a batch's rows (want_logits set): batch row i, and k, the
@@ -972,9 +1112,13 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     const ag_backend_ops *op = be->ops;
     const int             n = b->n;
     ag_status             st;
-    if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f->x))) return st;
-    if (c->embd_scale != 1.0f && (st = op->scale(be, f->x, c->embd_scale, (size_t)n * c->n_embd))) return st;
-    if ((st = run_layers(m, kv, b, lay, n_dec, f))) return st;
+    if (m->tp) { /* the shards embed the tokens and run the layers */
+        if ((st = ag_tp_layers(m->tp, kv, b, lay, n_dec, f->x))) return st;
+    } else {
+        if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f->x))) return st;
+        if (c->embd_scale != 1.0f && (st = op->scale(be, f->x, c->embd_scale, (size_t)n * c->n_embd))) return st;
+        if ((st = run_layers(m, kv, b, lay, n_dec, f))) return st;
+    }
     /* Only the rows that want logits go through the (large) output matrix. */
     int          n_out_dec = 0, k = 0;
     const size_t row = sizeof(float) * c->n_embd;
@@ -991,6 +1135,8 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     float *out = op->host_memory ? logits : f->logits;
     if (m->output_rows < c->n_vocab) /* (host memory only: ag_model_set_output_rows) */
         st = head_prefix(m, b->head_extra, f->x, n_out, n_out_dec, out);
+    else if (m->tp) /* each shard's vocabulary run, gathered */
+        st = ag_tp_head(m->tp, f->x, n_out, n_out_dec, out);
     else
         st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out);
     if (st) return st;
@@ -1006,7 +1152,9 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     ag_cands *cd = op->host_memory ? b->cands : f->cands;
     row_walk  w = {0, 0};
     for (int k0, k1; ok->argmax && next_run(b, KIND(AG_WANT_ARGMAX), &w, &k0, &k1);)
-        if ((st = op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0))) return st;
+        if ((st = m->tp && ok->edits == EDITS_NONE ? ag_tp_argmax(m->tp, k0, k1 - k0, am + k0) /* the shards' choices */
+                                                   : op->argmax(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, am + k0)))
+            return st;
     w = (row_walk){0, 0};
     for (int k0, k1; ok->pick && next_run(b, KIND(AG_WANT_PICK) | KIND(AG_WANT_PICK_LP), &w, &k0, &k1);)
         if ((st = op->pick(be, out + (size_t)k0 * c->n_vocab, k1 - k0, c->n_vocab, lay, k0, am + k0))) return st;

@@ -5,7 +5,10 @@
  * bias), qwen3 (per-head q/k RMSNorm, no QKV bias), qwen3moe (qwen3's
  * attention, routed experts instead of the dense feed-forward), gemma3
  * (sliding-window + global layers with their own RoPE bases, QK-norm, pre-
- * and post-norms, GELU, scaled embeddings), and one encoder: nomic-bert
+ * and post-norms, GELU, scaled embeddings), gpt-oss (q/k/v/o biases,
+ * attention sinks, a sliding window on every other layer, YaRN rotary
+ * scaling, routed experts with biases, top-k-then-softmax gating and a
+ * clamped SwiGLU, MXFP4 experts), and one encoder: nomic-bert
  * (nomic-embed-text: BERT post-LayerNorm layers with bias, fused QKV, RoPE,
  * SwiGLU, bidirectional attention), an embedding model that runs through
  * ag_model_embed only, and gemma-embedding (EmbeddingGemma: gemma3's layers
@@ -28,8 +31,16 @@
 #include "gguf/gguf.h"
 #include "kv/kv.h" /* ag_model_kv_params */
 
-typedef enum { AG_ARCH_LLAMA, AG_ARCH_QWEN2, AG_ARCH_GEMMA3, AG_ARCH_QWEN3, AG_ARCH_QWEN3MOE, AG_ARCH_NOMIC_BERT,
-               AG_ARCH_GEMMA_EMBD } ag_arch;
+typedef enum {
+    AG_ARCH_LLAMA,
+    AG_ARCH_QWEN2,
+    AG_ARCH_GEMMA3,
+    AG_ARCH_QWEN3,
+    AG_ARCH_QWEN3MOE,
+    AG_ARCH_NOMIC_BERT,
+    AG_ARCH_GPT_OSS,
+    AG_ARCH_GEMMA_EMBD
+} ag_arch;
 
 #define AG_MAX_LAYERS 256
 #define AG_MAX_EXPERTS AG_MOE_MAX_EXPERTS
@@ -43,7 +54,16 @@ typedef struct {
     bool    rope_neox;         /* pairs (i, i+d/2) instead of (2i, 2i+1) */
     float   rope_base;         /* global layers */
     float   rope_base_swa;     /* sliding-window layers */
-    float   rope_freq_scale;   /* 1 / linear scaling factor */
+    float   rope_freq_scale;   /* 1 / linear (or YaRN) scaling factor */
+    float   rope_freq_scale_swa; /* the same for sliding-window layers */
+    /* YaRN (rope.scaling.type "yarn", as llama.cpp's rope_yarn): pair i's
+     * frequency blends the scaled and the original one by a ramp over the
+     * pairs between the correction dims of beta_fast and beta_slow
+     * rotations in yarn_orig_ctx positions; the rotated values are scaled
+     * by 1 + 0.1 ln(1 / freq_scale) */
+    bool    rope_yarn;
+    int     yarn_orig_ctx;
+    float   yarn_beta_fast, yarn_beta_slow, yarn_ext_factor;
     float   rms_eps;
     int     sliding_window;    /* 0: none */
     uint8_t layer_swa[AG_MAX_LAYERS]; /* 1: layer uses the sliding window */
@@ -55,6 +75,10 @@ typedef struct {
     int     n_expert, n_expert_used, n_ff_exp;
     bool    expert_weights_norm; /* the chosen experts' weights divided by their sum */
     float   expert_weights_scale; /* then multiplied by this (1: none) */
+    int     expert_gating;     /* AG_MOE_GATE_*: softmax then top-k, or (gpt-oss) top-k then softmax */
+    int     expert_act;        /* AG_MOE_ACT_*: SiLU, or (gpt-oss) the clamped SwiGLU */
+    float   expert_alpha, expert_limit; /* the clamped SwiGLU's */
+    bool    attn_sinks;        /* attn_sinks: one learned softmax logit per head (gpt-oss) */
     /* Encoders (embedding models): no logits; ag_model_embed instead of
      * ag_model_forward */
     bool    encoder;
@@ -73,6 +97,9 @@ typedef struct {
     /* routed experts: the router [n_expert][n_embd] and the experts'
      * matrices, ne[2] = n_expert (see ag_moe_weights) */
     ag_tensor ffn_gate_inp, ffn_gate_exps, ffn_up_exps, ffn_down_exps;
+    /* gpt-oss: the attention output's bias, the heads' sinks, the router's
+     * and the experts' biases (F32) */
+    ag_tensor bo, attn_sinks, ffn_gate_inp_b, ffn_gate_exps_b, ffn_up_exps_b, ffn_down_exps_b;
     /* encoders (nomic-bert): the fused QKV matrix (wq, wk, wv are views of
      * its row ranges), and the post-LayerNorms with their biases */
     ag_tensor wqkv, attn_out_norm, attn_out_norm_b, layer_out_norm, layer_out_norm_b;
@@ -89,6 +116,10 @@ typedef struct {
      * kernels by it, once, at load; every decode row of the process then
      * takes the same kernels, so results stay batch-invariant within it. */
     int           decode_rows_hint;
+    /* Tensor parallelism (--tp): the layers, embedding and head split over
+     * this many in-process shards (model/tp.h); 0 or 1: none, today's path
+     * exactly. */
+    int           tp;
 } ag_model_params;
 
 ag_model_params ag_model_default_params(void);
@@ -120,6 +151,10 @@ ag_device ag_model_device(const ag_model *m);
  * of one row. Both 0 when the table is also the output matrix (every step
  * reads it whole). */
 void ag_model_gathered_weights(const ag_model *m, uint64_t *table_bytes, size_t *row_bytes);
+
+/* The model's shards (model/tp.h) when loaded with tp > 1, else NULL.
+ * Borrowed, lives as long as m. */
+const struct ag_tp *ag_model_tp(const ag_model *m);
 
 /* Bytes of weights a decode step reads (every weight used per token; the
  * output matrix as far as ag_model_set_output_rows limits it). */

@@ -194,6 +194,7 @@ static bool convert_assistant(json_t *content, const char *path, json_t *res, bo
         return true;
     }
     json_t *parts = json_array(), *calls = json_array();
+    ag_buf thinking = {0};
     size_t i;
     json_t *block;
     json_array_foreach(content, i, block) {
@@ -214,16 +215,25 @@ static bool convert_assistant(json_t *content, const char *path, json_t *res, bo
             }
             json_array_append_new(calls, json_pack("{s:O, s:s, s:{s:O, s:O}}", "id", id, "type", "function",
                                                    "function", "name", name, "arguments", input));
-        } else if (!strcmp(type, "thinking") || !strcmp(type, "redacted_thinking")) {
+        } else if (!strcmp(type, "thinking")) {
             /* earlier reasoning, which clients send back with tool results:
-             * not shown to the model again (thinking templates drop it from
-             * past turns themselves) */
+             * the chat messages' reasoning_content (the template decides
+             * whether the model sees it again; most drop past turns') */
+            json_t *t = json_object_get(block, "thinking");
+            if (json_is_string(t)) {
+                if (thinking.len) ag_buf_append_char(&thinking, '\n');
+                ag_buf_append(&thinking, json_string_value(t), json_string_length(t));
+            }
+        } else if (!strcmp(type, "redacted_thinking")) {
+            /* nothing a template could show */
         } else {
             unsupported_block(type, bpath, out);
             goto fail;
         }
     }
     json_t *m = json_pack("{s:s, s:o}", "role", "assistant", "content", parts);
+    if (thinking.len) json_object_set_new(m, "reasoning_content", srv_jstr(thinking.data, thinking.len));
+    ag_buf_free(&thinking);
     if (json_array_size(calls)) {
         json_object_set_new(m, "tool_calls", calls);
         *has_calls = true;
@@ -233,6 +243,7 @@ static bool convert_assistant(json_t *content, const char *path, json_t *res, bo
     json_array_append_new(res, m);
     return true;
 fail:
+    ag_buf_free(&thinking);
     json_decref(parts);
     json_decref(calls);
     return false;
@@ -424,7 +435,7 @@ static bool parse_prompt(ag_server *s, json_t *b, msg_prompt *p, srv_resp *out) 
     msgs = srv_build_messages(s, conv, p->tools, out);
     json_decref(conv);
     if (!msgs) goto done;
-    ok = srv_chat_prompt(s, msgs, p->tools, prefill.data, prefill.len, "messages", &p->ids, &p->n_ids, &p->opened, out);
+    ok = srv_chat_prompt(s, msgs, p->tools, NULL, prefill.data, prefill.len, "messages", &p->ids, &p->n_ids, &p->opened, out);
 done:
     ag_buf_free(&prefill);
     json_decref(msgs);
@@ -490,7 +501,7 @@ static bool parse_thinking(ag_server *s, json_t *th, srv_resp *out) {
         BAD(out, "thinking", "thinking.budget_tokens: must be an integer, got %s", srv_type_name(budget));
         return false;
     }
-    if (s->thinks || s->p.lenient_fields) return true;
+    if (s->thinks || s->harmony || s->p.lenient_fields) return true;
     srv_error(out, 400, "invalid_request_error", "thinking", "unsupported_parameter",
               "Unsupported parameter: 'thinking' is not supported by this server (this model does not think before "
               "answering: thinking must be {\"type\": \"disabled\"})");
@@ -532,9 +543,7 @@ static json_t *message_json(srv_job *j, json_t *content, const char *stop_reason
 static json_t *tool_use_blocks(srv_job *j, srv_choice *c, ag_buf *rest) {
     json_t *calls = NULL;
     ag_buf text = {0};
-    const char *answer;
-    size_t answer_len = srv_choice_answer(c, &answer);
-    if (!j->tools || !srv_job_tool_calls(j, answer, answer_len, &calls, &text)) return NULL;
+    if (!srv_choice_tool_calls(j, c, &calls, &text)) return NULL;
     json_t *blocks = json_array();
     size_t i;
     json_t *call;
@@ -642,6 +651,11 @@ static void block_stop(srv_job *j, msg_stream *st) {
 
 /* Reasoning into the open thinking block (opened on first use). */
 static void stream_thinking(srv_job *j, msg_stream *st, const char *text, size_t len) {
+    /* harmony: reasoning may follow a preamble */
+    if (st->text_open) {
+        block_stop(j, st);
+        st->text_open = false;
+    }
     if (!st->thinking_open) {
         block_start(j, st, thinking_block("", 0));
         st->thinking_open = true;

@@ -93,7 +93,7 @@ static const field k_chat[] = {
     {"prediction", F_IGNORED, NULL, NULL},
     {"modalities", F_UNSUPPORTED, text_only, "this model only writes text: modalities must be [\"text\"]"},
     {"audio", F_UNSUPPORTED, NULL, "this model does not produce audio"},
-    {"reasoning_effort", F_UNSUPPORTED, NULL, "this model does not reason before answering"},
+    {"reasoning_effort", F_READ, NULL, NULL}, /* (messages.c: where the template takes it) */
     {"verbosity", F_UNSUPPORTED, NULL, "answers cannot be made shorter or longer here; use max_tokens"},
     {"web_search_options", F_UNSUPPORTED, NULL, "this server does not search the web"},
     {"moderation", F_UNSUPPORTED, NULL, "this server does not moderate"},

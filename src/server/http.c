@@ -389,6 +389,8 @@ ag_status ag_server_new(const ag_server_params *pp, ag_engine *eng, ag_model *mo
     const char *src = ag_gguf_get_str(ag_model_gguf(model), "tokenizer.chat_template", &tlen);
     s->tool_format = ag_server_tool_format(src, (size_t)tlen);
     s->thinks = ag_think_template_thinks(src, (size_t)tlen);
+    s->harmony = ag_harmony_template(src, (size_t)tlen);
+    if (s->harmony) s->tool_format = AG_TOOLS_HARMONY;
     s->tmpl_has_tools = false;
     if (src)
         for (uint64_t i = 0; i + 5 <= tlen; i++)

@@ -33,6 +33,7 @@ static void job_free(srv_job *j) {
     json_decref(j->tool_list);
     for (int i = 0; i < j->n_choices; i++) {
         ag_buf_free(&j->ch[i].text);
+        ag_harmony_free(&j->ch[i].hm);
         free(j->ch[i].error);
         json_decref(j->ch[i].lp);
     }
@@ -77,6 +78,22 @@ srv_job *srv_job_new(srv_req *rq, const srv_protocol *proto, const srv_opts *o, 
     return j;
 }
 
+bool srv_choice_tool_calls(srv_job *j, const srv_choice *c, json_t **calls, ag_buf *content) {
+    *calls = NULL;
+    if (!j->tools) return false;
+    if (c->harmony_on) {
+        /* the calls are messages of their own: the answer is all content */
+        if (!json_array_size(c->hm.calls)) return false;
+        *calls = json_deep_copy(c->hm.calls);
+        while (j->one_call && json_array_size(*calls) > 1) json_array_remove(*calls, json_array_size(*calls) - 1);
+        ag_buf_append(content, ag_buf_cstr(&c->hm.content), c->hm.content.len);
+        return true;
+    }
+    const char *answer;
+    size_t len = srv_choice_answer(c, &answer);
+    return srv_job_tool_calls(j, answer, len, calls, content);
+}
+
 bool srv_job_tool_calls(srv_job *j, const char *text, size_t len, json_t **calls, ag_buf *content) {
     if (!ag_server_parse_tool_calls(j->tf, text, len, j->tool_list, calls, content)) return false;
     /* one call allowed: the rest are dropped (their text too), as a server
@@ -99,7 +116,7 @@ bool srv_job_tool_calls(srv_job *j, const char *text, size_t len, json_t **calls
 static bool tool_grammar(srv_opts *o, json_t *tools, ag_tool_format tf, bool answer, srv_resp *out) {
     size_t n = json_array_size(tools), i;
     if (n == 0 || n > AG_SCHEMA_MAX_CALLS) return true;
-    const bool    llama3 = tf == AG_TOOLS_LLAMA3;
+    const bool    llama3 = tf == AG_TOOLS_LLAMA3, harmony = tf == AG_TOOLS_HARMONY;
     char         *pre[AG_SCHEMA_MAX_CALLS] = {0};
     ag_schema_alt alts[AG_SCHEMA_MAX_ALTS];
     bool          ok = true;
@@ -108,7 +125,11 @@ static bool tool_grammar(srv_opts *o, json_t *tools, ag_tool_format tf, bool ans
         json_t *fn = json_object_get(t, "function");
         char   *quoted = json_dumps(json_object_get(fn, "name"), JSON_ENCODE_ANY);
         ag_buf  p = {0};
-        if (quoted) {
+        if (harmony) {
+            /* the call message's header (gpt-oss writes no reasoning first) */
+            ag_buf_printf(&p, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>",
+                          json_string_value(json_object_get(fn, "name")));
+        } else if (quoted) {
             ag_buf_append_str(&p, llama3 ? "{\"name\": " : "<tool_call>\n{\"name\": ");
             ag_buf_append_str(&p, quoted);
             ag_buf_append_str(&p, llama3 ? ", \"parameters\": " : ", \"arguments\": ");
@@ -121,10 +142,11 @@ static bool tool_grammar(srv_opts *o, json_t *tools, ag_tool_format tf, bool ans
         pre[i] = ag_buf_take(&p);
         json_t *ps = json_object_get(fn, "parameters");
         alts[i] = (ag_schema_alt){.prefix = pre[i], .schema = json_is_null(ps) ? NULL : ps,
-                                  .suffix = llama3 ? "}" : "}\n</tool_call>"};
+                                  .suffix = harmony ? NULL : llama3 ? "}" : "}\n</tool_call>"};
     }
     int n_alts = (int)n;
-    if (answer) alts[n_alts++] = (ag_schema_alt){.prefix = "", .schema = o->answer_schema};
+    if (answer)
+        alts[n_alts++] = (ag_schema_alt){.prefix = harmony ? SRV_HARMONY_FINAL : "", .schema = o->answer_schema};
     ag_schema *g = NULL;
     ag_status  st = ag_schema_compile_alts(alts, n_alts, &g);
     if (st) {
@@ -153,13 +175,22 @@ bool srv_job_use_tools(srv_job *j, srv_opts *o, json_t *tools, bool forced, srv_
     if (!o->has_answer_schema) return true;
     /* A call or the answer: a Llama 3 call starts like a JSON object, so
      * there the calls take Hermes' tags, which are then what is parsed. */
-    if (j->tf != AG_TOOLS_HERMES) j->tf = AG_TOOLS_HERMES;
+    if (j->tf != AG_TOOLS_HERMES && j->tf != AG_TOOLS_HARMONY) j->tf = AG_TOOLS_HERMES;
     return tool_grammar(o, tools, j->tf, true, out);
 }
 
 /* ---- a choice's output ---- */
 
 void srv_job_think(srv_job *j, bool opened) {
+    if (j->s->harmony) {
+        for (int i = 0; i < j->n_choices; i++) {
+            j->ch[i].harmony_on = true;
+            ag_harmony_init(&j->ch[i].hm);
+            /* the prompt ended in a final message's body (a prefill) */
+            if (opened) ag_harmony_start_in(&j->ch[i].hm, SRV_HARMONY_PREFILL, strlen(SRV_HARMONY_PREFILL));
+        }
+        return;
+    }
     if (!j->s->thinks) return;
     for (int i = 0; i < j->n_choices; i++) {
         j->ch[i].think_on = true;
@@ -169,12 +200,21 @@ void srv_job_think(srv_job *j, bool opened) {
 
 void srv_choice_scan(srv_job *j, srv_choice *c, bool final) {
     (void)j;
+    if (c->harmony_on) ag_harmony_scan(&c->hm, c->text.data ? c->text.data : "", c->text.len, final);
     if (c->think_on) ag_think_scan(&c->think, c->text.data ? c->text.data : "", c->text.len, final);
 }
 
 void srv_choice_add(srv_job *j, srv_choice *c, const srv_event *e) {
     size_t before = c->text.len;
     if (e->len) ag_buf_append(&c->text, e->text, e->len);
+    if (c->harmony_on) {
+        /* a token read while inside (or right before) an analysis body */
+        bool was = ag_harmony_in_reasoning(&c->hm);
+        size_t r = c->hm.reasoning.len;
+        srv_choice_scan(j, c, e->finish != AG_FINISH_NONE);
+        if (e->len && (was || c->hm.reasoning.len > r || ag_harmony_in_reasoning(&c->hm))) c->reasoning_tokens++;
+        return;
+    }
     if (!c->think_on) return;
     srv_choice_scan(j, c, e->finish != AG_FINISH_NONE);
     /* a token whose text lies before the answer's start was reasoning */
@@ -183,6 +223,10 @@ void srv_choice_add(srv_job *j, srv_choice *c, const srv_event *e) {
 }
 
 size_t srv_choice_answer(const srv_choice *c, const char **text) {
+    if (c->harmony_on) {
+        *text = ag_buf_cstr(&c->hm.content);
+        return c->hm.content.len;
+    }
     const char *t = c->text.data ? c->text.data : "";
     if (!c->think_on) {
         *text = t;
@@ -197,6 +241,10 @@ size_t srv_choice_answer(const srv_choice *c, const char **text) {
 }
 
 size_t srv_choice_reasoning(const srv_choice *c, const char **text) {
+    if (c->harmony_on) {
+        *text = ag_buf_cstr(&c->hm.reasoning);
+        return c->hm.reasoning.len;
+    }
     *text = "";
     if (!c->think_on || c->think.phase == AG_THINK_LEAD || c->think.phase == AG_THINK_NONE) return 0;
     *text = c->text.data + c->think.reason_start;
@@ -380,17 +428,26 @@ static ag_schema *scripted_output(void) {
 void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_ids, const char *prompt_param,
                  srv_resp *out) {
     ag_schema *script = scripted_output();
+    /* harmony: an answer schema's value is the body of a final message,
+     * written after its header as gpt-oss writes answers (tool_grammar does
+     * the same beside tools) */
+    ag_schema *final = NULL;
+    if (!script && o->has_answer_schema && !j->tools && j->n_choices && j->ch[0].harmony_on) {
+        ag_schema_alt alt = {.prefix = SRV_HARMONY_FINAL, .schema = o->answer_schema};
+        if (ag_schema_compile_alts(&alt, 1, &final)) final = NULL; /* compiled once already: out of memory */
+    }
     for (int p = 0; p < j->n_prompts; p++) {
         ag_gen_request r = {.prompt = ids[p], .n_prompt = (int)n_ids[p], .max_tokens = o->max_tokens,
                             .n_choices = o->n, .sample = o->sp, .stops = (const char *const *)o->stops,
                             .n_stops = o->n_stops, .ignore_eos = o->ignore_eos,
                             /* completions with echo + logprobs (not streamed): score the prompt */
                             .prompt_logprobs = !j->chat && !j->stream && j->echo && j->logprobs,
-                            .schema = script ? script : o->schema, .no_output = o->no_output,
+                            .schema = script ? script : final ? final : o->schema, .no_output = o->no_output,
                             .spec_max = o->spec_max, .cache_ns = o->cache_ns};
         ag_status st = srv_gen_submit(j->gen, p, &r, p * o->n);
         if (st) {
             ag_schema_unref(script);
+            ag_schema_unref(final);
             srv_status_error(out, st, prompt_param);
             j->ended = true; /* nothing was streamed: not a client's loss */
             job_free(j);     /* cancels the prompts already submitted */
@@ -398,6 +455,7 @@ void srv_job_run(srv_job *j, const srv_opts *o, int32_t **ids, const size_t *n_i
         }
     }
     ag_schema_unref(script); /* the engine holds its own reference */
+    ag_schema_unref(final);
     if (j->stream) {
         out->status = 200;
         out->stream = j;

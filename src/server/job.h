@@ -29,7 +29,16 @@ typedef struct {
     ag_think  think;
     size_t    rsent;            /* bytes of the reasoning already streamed */
     int       reasoning_tokens; /* tokens generated before the answer began */
+    /* gpt-oss's harmony format (srv_job_think): reasoning, answer and tool
+     * calls are read from text into hm. */
+    bool       harmony_on;
+    ag_harmony hm;
 } srv_choice;
+
+/* What a harmony prompt ends with when a prefill continues the answer. */
+#define SRV_HARMONY_PREFILL "<|start|>assistant<|channel|>final<|message|>"
+/* The header of a harmony answer (after the prompt's "<|start|>assistant"). */
+#define SRV_HARMONY_FINAL "<|channel|>final<|message|>"
 
 typedef struct srv_job srv_job;
 
@@ -98,6 +107,10 @@ bool srv_job_choices_ok(srv_job *j, srv_resp *out);
  * and tools), only the first when the request allows one call; false when
  * there are none. */
 bool srv_job_tool_calls(srv_job *j, const char *text, size_t len, json_t **calls, ag_buf *content);
+/* c's tool calls (only when the job's tools are active): for harmony the
+ * call messages read from its output, else srv_job_tool_calls on its
+ * answer; `content` receives the answer text outside the calls. */
+bool srv_choice_tool_calls(srv_job *j, const srv_choice *c, json_t **calls, ag_buf *content);
 /* Streaming: the bytes of c's answer that may go out now (*fresh, the
  * return value), marked as sent. With tools, text that may still become a
  * tool call is held back unless release_all; with reasoning, nothing goes
@@ -109,7 +122,9 @@ size_t srv_stream_reasoning(srv_choice *c, const char **fresh);
 
 /* The job's model thinks in tags (the server's template does): each choice
  * splits its output into reasoning and answer; opened: the prompt ends
- * inside the think block. A no-op for other templates. */
+ * inside the think block. For a harmony template each choice reads its
+ * output as harmony messages (opened: the prompt ends in a final body,
+ * SRV_HARMONY_PREFILL). A no-op for other templates. */
 void srv_job_think(srv_job *j, bool opened);
 /* Appends an event's text to c (counting reasoning tokens) and advances
  * the split; final: the event ends the choice. */

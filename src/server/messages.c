@@ -135,6 +135,67 @@ static void generic_tools_text(json_t *tools, ag_buf *b) {
                          "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
 }
 
+static bool has_role(json_t *m, const char *role) {
+    const char *r = json_string_value(json_object_get(m, "role"));
+    return r && !strcmp(r, role);
+}
+
+/* gpt-oss's template renders one call per assistant message (its
+ * tool_calls[0]) and names each tool result after the latest call, as a
+ * harmony transcript has it: a generation ends at its call. So a turn with
+ * several calls becomes one assistant message per call, each followed by
+ * its result (matched by tool_call_id, else by position); the first keeps
+ * the turn's reasoning and content. Steals res; returns the new list. */
+static json_t *harmony_one_call_each(json_t *res) {
+    json_t *out = json_array();
+    size_t n = json_array_size(res);
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(res, i);
+        json_t *calls = json_object_get(m, "tool_calls");
+        size_t nc = json_array_size(calls);
+        if (!has_role(m, "assistant") || nc < 2) {
+            json_array_append(out, m);
+            continue;
+        }
+        size_t end = i + 1;
+        while (end < n && has_role(json_array_get(res, end), "tool")) end++;
+        size_t nr = end - (i + 1);
+        bool *used = calloc(nr ? nr : 1, sizeof *used);
+        if (!used) {
+            json_array_append(out, m);
+            continue;
+        }
+        for (size_t c = 0; c < nc; c++) {
+            json_t *call = json_array_get(calls, c);
+            json_t *one = json_copy(m);
+            if (c) {
+                json_object_del(one, "thinking");
+                json_object_del(one, "reasoning_content");
+                json_object_set_new(one, "content", json_string(""));
+            }
+            json_object_set_new(one, "tool_calls", json_pack("[O]", call));
+            json_array_append_new(out, one);
+            const char *id = json_string_value(json_object_get(call, "id"));
+            size_t hit = nr;
+            for (size_t r = 0; id && r < nr && hit == nr; r++) {
+                const char *rid = json_string_value(json_object_get(json_array_get(res, i + 1 + r), "tool_call_id"));
+                if (!used[r] && rid && !strcmp(rid, id)) hit = r;
+            }
+            if (hit == nr && nr == nc && !used[c]) hit = c;
+            if (hit < nr) {
+                used[hit] = true;
+                json_array_append(out, json_array_get(res, i + 1 + hit));
+            }
+        }
+        for (size_t r = 0; r < nr; r++)
+            if (!used[r]) json_array_append(out, json_array_get(res, i + 1 + r));
+        free(used);
+        i = end - 1;
+    }
+    json_decref(res);
+    return out;
+}
+
 json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *out) {
     if (!msgs) {
         srv_error(out, 400, "invalid_request_error", "messages", "missing_required_parameter", "'messages' is required");
@@ -209,6 +270,18 @@ json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *
         if (json_is_string(name)) json_object_set(nm, "name", name);
         json_t *tcid = json_object_get(m, "tool_call_id");
         if (json_is_string(tcid)) json_object_set(nm, "tool_call_id", tcid);
+        /* earlier reasoning a client sends back: templates that show it
+         * read reasoning_content (Qwen3), gpt-oss's reads `thinking` and
+         * refuses it beside content in a tool-call turn (llama.cpp passes
+         * it the same way) */
+        json_t *reasoning = json_object_get(m, "reasoning_content");
+        if (assistant && json_is_string(reasoning)) {
+            json_object_set(nm, "reasoning_content", reasoning);
+            if (s->harmony) {
+                json_object_set(nm, "thinking", reasoning);
+                if (json_array_size(calls)) json_object_del(nm, "content");
+            }
+        }
         json_array_append_new(res, nm);
     }
     if (generic) {
@@ -227,6 +300,7 @@ json_t *srv_build_messages(ag_server *s, json_t *msgs, json_t *tools, srv_resp *
         }
     }
     ag_buf_free(&text);
+    if (s->harmony) res = harmony_one_call_each(res);
     return res;
 fail:
     ag_buf_free(&text);
@@ -318,22 +392,46 @@ fail:
     return NULL;
 }
 
-bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const char *prefill, size_t prefill_len,
-                     const char *param, int32_t **ids, size_t *n_ids, bool *opened, srv_resp *out) {
+json_t *srv_reasoning_effort(ag_server *s, const json_t *effort, const char *param, bool *failed, srv_resp *out) {
+    *failed = false;
+    if (!effort || json_is_null(effort)) return NULL;
+    const char *e = json_string_value(effort);
+    if (!s->harmony && s->p.lenient_fields) return NULL;
+    if (!s->harmony) {
+        srv_error(out, 400, "invalid_request_error", param, "unsupported_parameter",
+                  "Unsupported parameter: '%s' is not supported by this server (this model's reasoning cannot be "
+                  "steered)",
+                  param);
+    } else if (!e || (strcmp(e, "low") && strcmp(e, "medium") && strcmp(e, "high"))) {
+        srv_error(out, 400, "invalid_request_error", param, "invalid_value",
+                  "'%s' must be \"low\", \"medium\" or \"high\"", param);
+    } else {
+        return json_pack("{s:s}", "reasoning_effort", e);
+    }
+    *failed = true;
+    return NULL;
+}
+
+bool srv_chat_prompt(ag_server *s, json_t *msgs, json_t *tools, const json_t *vars, const char *prefill,
+                     size_t prefill_len, const char *param, int32_t **ids, size_t *n_ids, bool *opened,
+                     srv_resp *out) {
     if (!s->chat) {
         srv_error(out, 400, "invalid_request_error", NULL, "unsupported", "this model has no chat format");
         return false;
     }
     ag_buf prompt = {0};
     bool ok = false;
-    ag_status st = ag_chat_render(s->chat, msgs, s->tmpl_has_tools ? tools : NULL, true, NULL, &prompt);
+    ag_status st = ag_chat_render(s->chat, msgs, s->tmpl_has_tools ? tools : NULL, true, vars, &prompt);
     if (st) {
         srv_error(out, 400, "invalid_request_error", param, "template_error",
                   "the model's chat template rejected the messages: %s", ag_error_message());
         goto done;
     }
+    /* harmony: a prefill is the start of the final answer's body */
+    if (prefill_len && s->harmony) ag_buf_append_str(&prompt, "<|channel|>final<|message|>");
     if (prefill_len) ag_buf_append(&prompt, prefill, prefill_len);
-    if (opened) *opened = s->thinks && ag_think_prompt_opens(ag_buf_cstr(&prompt), prompt.len);
+    if (opened)
+        *opened = s->harmony ? prefill_len > 0 : s->thinks && ag_think_prompt_opens(ag_buf_cstr(&prompt), prompt.len);
     bool add_special = !ag_chat_has_bos(s->chat, ag_buf_cstr(&prompt), prompt.len);
     if ((st = ag_tok_encode(s->tok, ag_buf_cstr(&prompt), prompt.len, add_special, true, ids, n_ids))) {
         srv_error(out, 400, "invalid_request_error", param, "invalid_value", "cannot tokenize the prompt: %s",

@@ -474,9 +474,7 @@ static void stream_event(srv_job *j, srv_event *e) {
     json_t *calls = NULL;
     if (j->tools) {
         ag_buf rest = {0};
-        const char *answer;
-        size_t answer_len = srv_choice_answer(c, &answer);
-        if (srv_job_tool_calls(j, answer, answer_len, &calls, &rest) && e->finish == AG_FINISH_STOP)
+        if (srv_choice_tool_calls(j, c, &calls, &rest) && e->finish == AG_FINISH_STOP)
             reason = "tool_calls";
         ag_buf_free(&rest);
     }
@@ -584,7 +582,7 @@ static void respond_collected(srv_job *j, srv_resp *out) {
             ag_buf content = {0};
             const char *answer, *reasoning;
             size_t answer_len = srv_choice_answer(c, &answer), reasoning_len = srv_choice_reasoning(c, &reasoning);
-            if (j->tools && srv_job_tool_calls(j, answer, answer_len, &calls, &content)) {
+            if (srv_choice_tool_calls(j, c, &calls, &content)) {
                 json_object_set_new(msg, "content", content.len ? srv_jstr(content.data, content.len) : json_null());
                 json_object_set_new(msg, "tool_calls", calls);
                 if (c->finish == AG_FINISH_STOP) reason = "tool_calls";
@@ -634,7 +632,7 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     json_t *b = srv_parse_body(rq, out);
     if (!b) return;
     srv_opts o;
-    json_t *tools = NULL, *msgs = NULL;
+    json_t *tools = NULL, *msgs = NULL, *vars = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     srv_opts_init(&o);
@@ -644,7 +642,9 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     if (failed) goto done;
     if (!(msgs = srv_build_messages(s, json_object_get(b, "messages"), tools, out))) goto done;
     bool opened = false;
-    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "messages", &ids, &n_ids, &opened, out)) goto done;
+    vars = srv_reasoning_effort(s, json_object_get(b, "reasoning_effort"), "reasoning_effort", &failed, out);
+    if (failed) goto done;
+    if (!srv_chat_prompt(s, msgs, tools, vars, NULL, 0, "messages", &ids, &n_ids, &opened, out)) goto done;
     srv_job *j = job_new(rq, true, &o, 1);
     if (!j) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
@@ -658,6 +658,7 @@ void srv_route_chat(srv_req *rq, srv_resp *out) {
     srv_job_run(j, &o, &ids, &n_ids, "messages", out);
 done:
     free(ids);
+    json_decref(vars);
     json_decref(msgs);
     json_decref(tools);
     srv_opts_free(&o);

@@ -209,6 +209,21 @@ static json_t *call_output(json_t *output, const char *param, srv_resp *out) {
     return NULL;
 }
 
+/* The text of a reasoning item (its reasoning_text parts, else its
+ * summary), appended to `b` after a line break when b has text. */
+static void reasoning_text(json_t *item, ag_buf *b) {
+    json_t *parts = json_object_get(item, "content");
+    if (!json_array_size(parts)) parts = json_object_get(item, "summary");
+    size_t i;
+    json_t *p;
+    json_array_foreach(parts, i, p) {
+        json_t *t = json_object_get(p, "text");
+        if (!json_is_string(t)) continue;
+        if (b->len) ag_buf_append_char(b, '\n');
+        ag_buf_append(b, json_string_value(t), json_string_length(t));
+    }
+}
+
 /* Appends the items of `input` (a string or a list of items) to `msgs` as
  * chat messages. False with a 400 naming input[i]. */
 static bool convert_input(json_t *input, json_t *msgs, srv_resp *out) {
@@ -226,6 +241,8 @@ static bool convert_input(json_t *input, json_t *msgs, srv_resp *out) {
         return false;
     }
     json_t *calls_to = NULL; /* the assistant message that function_call items join (borrowed) */
+    ag_buf reasoning = {0};  /* reasoning items' text, for the assistant message that follows */
+    bool ok = false;
     size_t i;
     json_t *it;
     json_array_foreach(input, i, it) {
@@ -233,14 +250,14 @@ static bool convert_input(json_t *input, json_t *msgs, srv_resp *out) {
         snprintf(param, sizeof param, "input[%zu]", i);
         if (!json_is_object(it)) {
             BAD(out, param, "'%s' must be an object, got %s", param, srv_type_name(it));
-            return false;
+            goto done;
         }
         const char *type = json_string_value(json_object_get(it, "type"));
         json_t *role = json_object_get(it, "role");
         if (!type && role) type = "message"; /* an easy input message */
         if (!type) {
             BAD(out, param, "'%s' needs a 'type' (or a 'role' for a message)", param);
-            return false;
+            goto done;
         }
         if (!strcmp(type, "message")) {
             const char *r = json_string_value(role);
@@ -248,13 +265,17 @@ static bool convert_input(json_t *input, json_t *msgs, srv_resp *out) {
                 char rp[64];
                 snprintf(rp, sizeof rp, "%s.role", param);
                 BAD(out, rp, "'%s' must be one of user, assistant, system, developer", rp);
-                return false;
+                goto done;
             }
             char cp[64];
             snprintf(cp, sizeof cp, "%s.content", param);
             json_t *parts = content_parts(json_object_get(it, "content"), cp, out);
-            if (!parts) return false;
+            if (!parts) goto done;
             json_t *m = json_pack("{s:s, s:o}", "role", r, "content", parts);
+            if (!strcmp(r, "assistant") && reasoning.len) {
+                json_object_set_new(m, "reasoning_content", srv_jstr(reasoning.data, reasoning.len));
+                ag_buf_clear(&reasoning);
+            }
             json_array_append_new(msgs, m);
             calls_to = !strcmp(r, "assistant") ? m : NULL;
         } else if (!strcmp(type, "function_call")) {
@@ -263,10 +284,14 @@ static bool convert_input(json_t *input, json_t *msgs, srv_resp *out) {
             if (!json_is_string(call_id) || !json_is_string(name) || !json_string_length(name) ||
                 !json_is_string(args)) {
                 BAD(out, param, "'%s': a function_call item needs 'call_id', 'name' and 'arguments' (strings)", param);
-                return false;
+                goto done;
             }
             if (!calls_to) {
                 calls_to = json_pack("{s:s, s:n}", "role", "assistant", "content");
+                if (reasoning.len) {
+                    json_object_set_new(calls_to, "reasoning_content", srv_jstr(reasoning.data, reasoning.len));
+                    ag_buf_clear(&reasoning);
+                }
                 json_array_append_new(msgs, calls_to);
             }
             json_t *tc = json_object_get(calls_to, "tool_calls");
@@ -277,27 +302,32 @@ static bool convert_input(json_t *input, json_t *msgs, srv_resp *out) {
             json_t *call_id = json_object_get(it, "call_id");
             if (!json_is_string(call_id)) {
                 BAD(out, param, "'%s.call_id' must be a string, got %s", param, srv_type_name(call_id));
-                return false;
+                goto done;
             }
             char op[64];
             snprintf(op, sizeof op, "%s.output", param);
             json_t *text = call_output(json_object_get(it, "output"), op, out);
-            if (!text) return false;
+            if (!text) goto done;
             json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", call_id,
                                                   "content", text));
             calls_to = NULL;
         } else if (!strcmp(type, "reasoning")) {
-            /* earlier reasoning is not shown to the model again (thinking
-             * templates drop it from past turns themselves) */
+            /* earlier reasoning: the next assistant message's
+             * reasoning_content (the template decides whether the model
+             * sees it again; most drop past turns') */
+            reasoning_text(it, &reasoning);
         } else {
             srv_error(out, 400, "invalid_request_error", param, "unsupported_value",
                       "'%s': input item type '%s' is not supported (message, function_call, function_call_output, "
                       "reasoning)",
                       param, type);
-            return false;
+            goto done;
         }
     }
-    return true;
+    ok = true;
+done:
+    ag_buf_free(&reasoning);
+    return ok;
 }
 
 /* Responses tools and tool_choice into the chat body srv_parse_tools reads
@@ -443,12 +473,12 @@ static bool include_ok(const json_t *v) {
         return false;
     return true;
 }
-/* reasoning: nothing asked of it ({} or nulls) */
+/* reasoning: nothing asked of it ({} or nulls) but its effort (read apart) */
 static bool reasoning_default(const json_t *v) {
     if (!json_is_object(v)) return false;
     const char *k;
     json_t *x;
-    json_object_foreach((json_t *)v, k, x) if (!json_is_null(x)) return false;
+    json_object_foreach((json_t *)v, k, x) if (!json_is_null(x) && strcmp(k, "effort")) return false;
     return true;
 }
 
@@ -545,13 +575,15 @@ static json_t *call_item(json_t *call, const char *status) {
 /* What the finished output adds to the conversation: one assistant
  * message with its text and tool calls. */
 static json_t *output_message(json_t *output) {
-    ag_buf text = {0};
+    ag_buf text = {0}, reasoning = {0};
     json_t *calls = json_array();
     size_t i;
     json_t *it;
     json_array_foreach(output, i, it) {
         const char *type = json_string_value(json_object_get(it, "type"));
-        if (!strcmp(type, "message")) {
+        if (!strcmp(type, "reasoning")) {
+            reasoning_text(it, &reasoning);
+        } else if (!strcmp(type, "message")) {
             json_t *part = json_array_get(json_object_get(it, "content"), 0);
             json_t *t = json_object_get(part, "text");
             ag_buf_append(&text, json_string_value(t), json_string_length(t));
@@ -566,7 +598,9 @@ static json_t *output_message(json_t *output) {
                           json_array_size(calls) && !text.len ? json_null() : srv_jstr(text.data, text.len));
     if (json_array_size(calls)) json_object_set_new(m, "tool_calls", calls);
     else json_decref(calls);
+    if (reasoning.len) json_object_set_new(m, "reasoning_content", srv_jstr(reasoning.data, reasoning.len));
     ag_buf_free(&text);
+    ag_buf_free(&reasoning);
     return m;
 }
 
@@ -595,13 +629,13 @@ static void respond(srv_job *j, srv_resp *out) {
     const char *rtext, *atext;
     size_t rlen = srv_choice_reasoning(c, &rtext), alen = srv_choice_answer(c, &atext);
     char id[48];
-    if (c->think_on && (rlen || c->think.phase != AG_THINK_NONE)) {
+    if ((c->think_on && (rlen || c->think.phase != AG_THINK_NONE)) || (c->harmony_on && rlen)) {
         item_id(id, sizeof id, "rs_");
         if (rlen) json_array_append_new(output, reasoning_item(id, item_status, rtext, rlen));
     }
     json_t *calls = NULL;
     ag_buf rest = {0};
-    bool has_calls = j->tools && srv_job_tool_calls(j, atext, alen, &calls, &rest);
+    bool has_calls = srv_choice_tool_calls(j, c, &calls, &rest);
     if (has_calls) {
         atext = rest.data ? rest.data : "";
         alen = rest.len;
@@ -729,10 +763,8 @@ static void stream_event(srv_job *j, srv_event *e) {
     if (final) {
         c->done = true;
         c->finish = e->finish;
-        const char *atext;
-        size_t alen = srv_choice_answer(c, &atext);
         ag_buf rest = {0};
-        if (j->tools) srv_job_tool_calls(j, atext, alen, &calls, &rest);
+        srv_choice_tool_calls(j, c, &calls, &rest);
         ag_buf_free(&rest);
     }
     n = srv_stream_fresh(j, c, final && !calls, &fresh);
@@ -793,7 +825,7 @@ void srv_route_responses(srv_req *rq, srv_resp *out) {
     if (!b) return;
     srv_opts o;
     srv_opts_init(&o);
-    json_t *tool_body = NULL, *tools = NULL, *msgs = NULL, *chat = NULL, *conv = NULL, *echo = NULL;
+    json_t *tool_body = NULL, *tools = NULL, *msgs = NULL, *chat = NULL, *conv = NULL, *echo = NULL, *vars = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     resp_state *rs = NULL;
@@ -863,7 +895,10 @@ void srv_route_responses(srv_req *rq, srv_resp *out) {
     if (failed) goto done;
     if (!(msgs = srv_build_messages(s, chat, tools, out))) goto done;
     bool opened = false;
-    if (!srv_chat_prompt(s, msgs, tools, NULL, 0, "input", &ids, &n_ids, &opened, out)) goto done;
+    json_t *effort = json_object_get(json_object_get(b, "reasoning"), "effort");
+    vars = srv_reasoning_effort(s, effort, s->harmony ? "reasoning.effort" : "reasoning", &failed, out);
+    if (failed) goto done;
+    if (!srv_chat_prompt(s, msgs, tools, vars, NULL, 0, "input", &ids, &n_ids, &opened, out)) goto done;
 
     /* what the Response object repeats of the request */
     echo = json_object();
@@ -872,7 +907,7 @@ void srv_route_responses(srv_req *rq, srv_resp *out) {
     json_object_set_new(echo, "metadata", json_is_object(metadata) ? json_incref(metadata) : json_object());
     json_object_set_new(echo, "parallel_tool_calls", json_boolean(parallel));
     json_object_set(echo, "previous_response_id", prev ? prev : json_null());
-    json_object_set_new(echo, "reasoning", json_pack("{s:n, s:n}", "effort", "summary"));
+    json_object_set_new(echo, "reasoning", json_pack("{s:O?, s:n}", "effort", vars ? effort : NULL, "summary"));
     json_object_set_new(echo, "store", json_boolean(store));
     json_object_set_new(echo, "temperature", json_real(o.sp.temperature));
     json_t *fmt = json_object_get(json_object_get(b, "text"), "format");
@@ -910,6 +945,7 @@ done:
     state_free(rs);
     free(ids);
     json_decref(echo);
+    json_decref(vars);
     json_decref(msgs);
     json_decref(chat);
     json_decref(conv);

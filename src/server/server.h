@@ -102,6 +102,7 @@ typedef enum {
     AG_TOOLS_HERMES,  /* <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Qwen, Hermes, default) */
     AG_TOOLS_LLAMA3,  /* [<|python_tag|>]{"name": ..., "parameters": {...}} (Llama 3.1+) */
     AG_TOOLS_GENERIC, /* either */
+    AG_TOOLS_HARMONY, /* gpt-oss: messages to=functions.NAME (harmony.c reads them, not ag_server_parse_tool_calls) */
 } ag_tool_format;
 
 /* The format a template source implies (NULL source: the ChatML default,
@@ -164,5 +165,39 @@ bool ag_think_template_thinks(const char *src, size_t len);
 /* Whether a rendered prompt ends inside an opened think block ("<think>"
  * and whitespace at its end). */
 bool ag_think_prompt_opens(const char *prompt, size_t len);
+
+/* ---- gpt-oss's harmony format (harmony.c; exposed for tests) ---- */
+
+/* One growing output read as harmony messages: analysis bodies into
+ * `reasoning`, final bodies (and commentary without a recipient) into
+ * `content`, messages to a recipient into `calls`. Each buffer only grows,
+ * and only by text that is certain (a tail that may become a marker is
+ * held back), so what they hold may be sent at once. */
+typedef struct {
+    ag_buf  reasoning, content;
+    json_t *calls;          /* OpenAI tool calls ({"id", "type", "function": {"name", "arguments"}}), complete ones */
+    size_t  pos;            /* where reading resumes in the text */
+    size_t  hscan;          /* how far the search for a header's end got */
+    bool    in_body;        /* inside a message body (else before or in a header) */
+    bool    fresh;          /* the body has not contributed yet */
+    int     kind;           /* the body's destination (harmony.c) */
+    char    recipient[128]; /* of a call's body: "functions.NAME" */
+    ag_buf  args;           /* a call's body so far */
+} ag_harmony;
+
+void ag_harmony_init(ag_harmony *h);
+/* The prompt ends inside a message body (a prefill after
+ * "<|channel|>final<|message|>", say): the output continues that body. */
+void ag_harmony_start_in(ag_harmony *h, const char *prompt, size_t len);
+/* Advances over text[0..len), the whole output so far (it only grows
+ * between calls); final: no more text will come (a body cut there ends;
+ * a call whose arguments are not a complete JSON object is dropped). */
+void ag_harmony_scan(ag_harmony *h, const char *text, size_t len, bool final);
+/* Inside an analysis body (the last text was reasoning). */
+bool ag_harmony_in_reasoning(const ag_harmony *h);
+void ag_harmony_free(ag_harmony *h); /* NULL-safe; a freed state may be init'ed again */
+/* Whether a chat template writes harmony (it names <|start|>, <|channel|>
+ * and <|message|>). */
+bool ag_harmony_template(const char *src, size_t len);
 
 #endif

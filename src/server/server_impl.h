@@ -52,6 +52,7 @@ struct ag_server {
     ag_tool_format   tool_format;
     bool             tmpl_has_tools; /* the template renders `tools` itself */
     bool             thinks;         /* the template's model thinks in <think> tags (reasoning.c) */
+    bool             harmony;        /* the template writes gpt-oss's harmony format (harmony.c) */
 
     /* Stored responses of /v1/responses (responses.c), oldest first. */
     pthread_mutex_t  resp_mu;

@@ -158,7 +158,7 @@ static bool names_known(json_t *calls, const json_t *tools) {
 bool ag_server_parse_tool_calls(ag_tool_format f, const char *text, size_t len, const json_t *tools, json_t **calls,
                                 ag_buf *content) {
     *calls = NULL;
-    if (!text) return false;
+    if (!text || f == AG_TOOLS_HARMONY) return false;
     /* Tagged calls are unambiguous: the tags decide. */
     if (f != AG_TOOLS_LLAMA3 && find(text, len, k_open)) return parse_hermes(text, len, calls, content);
     /* A bare JSON object is Llama 3.1's convention, and small Hermes-style
@@ -195,6 +195,7 @@ static size_t partial_tag_suffix(const char *s, size_t len, const char *tag) {
 }
 
 size_t ag_server_tool_safe_prefix(ag_tool_format f, const char *text, size_t len) {
+    if (f == AG_TOOLS_HARMONY) return len; /* calls are never in the answer text */
     /* a bare call starts the output: hold everything while it could still
      * be one */
     size_t i = 0;

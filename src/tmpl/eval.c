@@ -313,7 +313,7 @@ static tv call_macro(R *r, tfunc *f, targs *a) {
     const tnode *m = f->macro;
     const char  *mname = name_str(r, m->name)->s;
     if (++r->depth > r->max_depth)
-        rfail_code(r, AG_ERR_RANGE, "macro calls nested too deeply (more than %d)", r->max_depth);
+        rfail_code(r, AG_ERR_RANGE, "maximum recursion depth exceeded (macro calls nested too deeply, more than %d)", r->max_depth);
     step(r);
     /* argument binding as jinja2's Macro.__call__ */
     int     np = m->nitems, nd = m->nitems2;

@@ -145,7 +145,7 @@ def smol_server():
 
 @pytest.fixture(scope="session")
 def random_model(tmp_path_factory):
-    """name -> the path of a random-weight model (qwen3-tiny, qwen3moe-tiny)
+    """name -> the path of a random-weight model (qwen3-tiny, qwen3moe-tiny, gpt-oss-tiny, ...)
     that bench/gen_model writes, the very file tests/data/parity/NAME.npz
     was made from (its SHA-256 is checked)."""
     import hashlib
@@ -156,9 +156,9 @@ def random_model(tmp_path_factory):
     def get(name):
         if name not in made:
             ref = np.load(os.path.join(PARITY, f"{name}.npz"))
-            preset, qtype = str(ref["gen_model"]).split()
+            preset, qtype, *more = str(ref["gen_model"]).split()
             path = str(tmp_path_factory.mktemp("gen") / f"{name}.gguf")
-            subprocess.run([GEN_MODEL, path, preset, "--type", qtype], check=True, capture_output=True)
+            subprocess.run([GEN_MODEL, path, preset, "--type", qtype, *more], check=True, capture_output=True)
             digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
             assert digest == str(ref["gguf_sha256"]), (
                 f"bench/gen_model {preset} --type {qtype} no longer writes the file the reference was made from: "

@@ -1,5 +1,5 @@
 """Every architecture of the table on its random-weight model (no real
-qwen3/qwen3moe file can be fetched here): `augur info`, `augur run` and
+qwen3/qwen3moe/gpt-oss file can be fetched here): `augur info`, `augur run` and
 `augur serve` work end to end, speculative decoding gives plain decoding's text; loading on a device without the op a family
 needs is a clear error. Their logits are checked against llama.cpp in
 test_parity.py."""
@@ -7,7 +7,7 @@ import pytest
 
 from conftest import AugurServer, run_augur
 
-ARCHS = {"qwen3-tiny": "qwen3", "qwen3moe-tiny": "qwen3moe"}
+ARCHS = {"qwen3-tiny": "qwen3", "qwen3moe-tiny": "qwen3moe", "gpt-oss-tiny": "gpt-oss"}
 
 
 @pytest.mark.parametrize("name", list(ARCHS))
@@ -15,8 +15,10 @@ def test_info_run_serve(name, random_model):
     path = random_model(name)
     info = run_augur("info", "-m", path, check=True).stdout.decode()
     assert f'architecture:    "{ARCHS[name]}"' in info
-    if name.startswith("qwen3moe"):
+    if name.startswith(("qwen3moe", "gpt-oss")):
         assert "expert_count" in info and "expert_used_count" in info
+    if name.startswith("gpt-oss"):
+        assert "MXFP4" in info and "sliding_window" in info
     # greedy generation is deterministic, and the same text twice
     outs = [run_augur("run", "-m", path, "-p", "Hello", "-n", "12", "--temp", "0", "--ignore-eos", "-t", "2",
                       check=True) for _ in range(2)]
@@ -37,14 +39,15 @@ def test_info_run_serve(name, random_model):
         assert s.stop() == 0
 
 
-def test_moe_on_cuda_is_refused_or_needs_a_gpu(random_model, tmp_path):
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "gpt-oss-tiny"])
+def test_moe_on_cuda_is_refused_or_needs_a_gpu(name, random_model, tmp_path):
     """--device cuda: this build has no CUDA backend, or no GPU is visible, or
     (a GPU) the CUDA backend has no moe op yet: always a clear error at load.
     (`augur logits`, which honours --device; `augur run` goes through the C
     API, whose model parameters have no device.)"""
     tok = tmp_path / "tok.txt"
     tok.write_text("1 2 3")
-    p = run_augur("logits", "-m", random_model("qwen3moe-tiny"), "--device", "cuda", "--tokens", str(tok), "-o",
+    p = run_augur("logits", "-m", random_model(name), "--device", "cuda", "--tokens", str(tok), "-o",
                   str(tmp_path / "out.f32"))
     assert p.returncode != 0
     err = p.stderr.decode()

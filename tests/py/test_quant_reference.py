@@ -54,3 +54,27 @@ def test_synthetic_blocks_reproducible(tmp_path, name):
     _, _, _, gen, gen_syn, _ = qr.build(name, str(tmp_path / "no-models"), 20250101)
     assert gen_syn == n_syn
     assert np.array_equal(gen[:n_syn], blocks[:n_syn])
+
+
+def test_mxfp4_reference_is_ggml_c():
+    """gguf-py's MXFP4 dequantization (the reference file's floats) against
+    ggml's own C dequantize_row_mxfp4, from the libggml-base that
+    llama-cpp-python ships: the value table, the nibble order and the
+    half-scale E8M0 exponent (subnormal scales included) as llama.cpp reads
+    gpt-oss's expert weights."""
+    import ctypes
+    import glob
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    libs = glob.glob(os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-base.so*"))
+    if not libs:
+        pytest.skip("llama-cpp-python without libggml-base")
+    lib = ctypes.CDLL(sorted(libs)[0])
+    fn = lib.dequantize_row_mxfp4
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    fn.restype = None
+    _, elems, _, blocks, _, expected = qr.read(os.path.join(DATA, "MXFP4.bin"))
+    src = np.ascontiguousarray(blocks)
+    out = np.zeros(blocks.shape[0] * elems, np.float32)
+    fn(src.ctypes.data, out.ctypes.data, out.size)
+    assert np.array_equal(out.view(np.uint32), expected.reshape(-1).view(np.uint32))

@@ -1218,8 +1218,12 @@ static void copy_kv(ag_kv *src, ag_kv *dst, const ag_batch_layout *lay, int pass
  * reference and, for a device backend, against the CPU. */
 /* P1: the first sequence's length after the first pass (600 reaches every
  * split of a split-K decode attention; shorter cases keep the test quick). */
-static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) {
+/* sinks: one learned logit per head beside each softmax (gpt-oss), where
+ * the backend has them (attn_sinks). */
+static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, int P1, bool sinks) {
     const int32_t windows[2] = {0, 9};
+    float         sink[64];
+    for (int h = 0; h < N_HEAD; h++) sink[h] = (float)(h % 5) - 2.0f; /* -2..2: from none to most of the weight */
     kv_fixture    f = make_kv(g_be, N_KV, HD, windows);
     int32_t       toks[1024] = {0};
     for (int pass = 0; pass < 2; pass++) {
@@ -1243,7 +1247,8 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
         for (int run = 0; run < 4; run++) {
             const int     layer = run / 2;
             ag_attn_shape sh = {.layer = layer, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD,
-                                .head_dim_v = HD, .scale = 0.125f, .window = windows[layer], .softcap = softcap};
+                                .head_dim_v = HD, .scale = 0.125f, .window = windows[layer], .softcap = softcap,
+                                .sinks = sinks ? sink : NULL};
             lay.n_decode = run % 2 ? n : 0;
             if (g_be->ops->begin) assert_int_equal(g_be->ops->begin(g_be, f.kv, &lay, toks), AG_OK);
             assert_int_equal(g_be->ops->kv_store(g_be, f.kv, &sh, &lay, dk, dv), AG_OK);
@@ -1281,7 +1286,9 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
                         sc[p - lo] = softcap > 0 ? softcap * tanh(d * 0.125 / softcap) : d * 0.125;
                         if (sc[p - lo] > mx) mx = sc[p - lo];
                     }
+                    if (sinks && sink[h] > mx) mx = sink[h];
                     for (int j = 0; j < cnt; j++) sum += sc[j] = exp(sc[j] - mx);
+                    if (sinks) sum += exp(sink[h] - mx); /* weight that goes to no value */
                     double *r = ref + ((size_t)t * N_HEAD + h) * HD;
                     for (int p = lo; p <= pos[t]; p++) {
                         const float *vr = vc[si] + p * row;
@@ -1291,8 +1298,9 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
                 free(sc);
             }
             char what[96];
-            snprintf(what, sizeof what, "attention hd %d%s, %d/%d heads, pass %d layer %d, %s rows", HD,
-                     softcap > 0 ? " softcap" : "", N_HEAD, N_KV, pass, layer, run % 2 ? "decode" : "prompt");
+            snprintf(what, sizeof what, "attention hd %d%s%s, %d/%d heads, pass %d layer %d, %s rows", HD,
+                     softcap > 0 ? " softcap" : "", sinks ? " sinks" : "", N_HEAD, N_KV, pass, layer,
+                     run % 2 ? "decode" : "prompt");
             check(what, out, ref, (size_t)n * N_HEAD * HD, 1e-3);
             if (g_is_cpu && ag_cpu_isa_active() == AG_CPU_ISA_AVX512) {
                 /* the AVX-512 loops (4 x 4 dots over float rows) give the AVX2 loops' bits */
@@ -1324,6 +1332,10 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
         free(q), free(k), free(v);
     }
     ag_kv_free(f.kv);
+}
+
+static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) {
+    attention_case_sinks(HD, softcap, N_HEAD, N_KV, P1, false);
 }
 
 /* Bidirectional attention (encoders), whole and two-sided windowed (|p -
@@ -1413,6 +1425,9 @@ static void attention_paged(void **state) {
     attention_case(256, 30.0f, 6, 2, 300);
     attention_case(64, 0.0f, 9, 3, 150); /* SmolLM2: 3 query heads a KV head */
     attention_case(256, 0.0f, 4, 1, 150); /* Gemma 3 270M */
+    /* gpt-oss: 64 heads of 64 over 8 (8 a KV head), a sink per head (a
+     * backend without them refuses such models at load) */
+    if (g_be->ops->attn_sinks) attention_case_sinks(64, 0.0f, 16, 2, 300, true);
 }
 
 int main(void) {

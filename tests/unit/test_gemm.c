@@ -22,7 +22,7 @@
 #include "quant_testutil.h"
 
 static const uint32_t k_types[] = {AG_TYPE_Q4_0, AG_TYPE_Q4_1, AG_TYPE_Q5_0, AG_TYPE_Q8_0,
-                                   AG_TYPE_Q4_K, AG_TYPE_Q6_K, AG_TYPE_F16,  AG_TYPE_F32, AG_TYPE_Q5_1};
+                                   AG_TYPE_Q4_K, AG_TYPE_Q6_K, AG_TYPE_F16,  AG_TYPE_F32, AG_TYPE_Q5_1, AG_TYPE_MXFP4};
 #define N_TYPES (sizeof k_types / sizeof k_types[0])
 
 /* n_out random rows of n_in elements, back to back. */

@@ -317,7 +317,8 @@ static void moe_op_matches_plain_computation(void **state) {
             t32[i].row_bytes = sizeof(float) * (size_t)t[i].ne[0];
             t32[i].data = t32[i].host = wf + (size_t)(i - 1) * NE * FE * D;
         }
-        ag_moe_weights mw = {&t32[0], &t32[1], &t32[2], &t32[3], NE, NU, norm, 1.0f};
+        ag_moe_weights mw = {.gate_inp = &t32[0], .gate_exps = &t32[1], .up_exps = &t32[2], .down_exps = &t32[3],
+                             .n_expert = NE, .n_used = NU, .norm_w = norm, .w_scale = 1.0f};
         assert_int_equal(be->ops->moe(be, &mw, h, N, 2, o), AG_OK); /* 2 decode rows, 4 prompt rows */
         double max_err = 0, max_o = 0;
         for (int i = 0; i < N; i++) {
@@ -370,9 +371,99 @@ static void moe_op_matches_plain_computation(void **state) {
     }
 }
 
+/* gpt-oss's experts (AG_MOE_GATE_TOPK_SOFTMAX, AG_MOE_ACT_SWIGLU_OAI, the
+ * router's and the experts' biases) against a plain computation in double:
+ * the n_used largest router logits, the softmax of those alone, each
+ * expert's clamped SwiGLU over its biased products, its biased output. The
+ * weights are F32 and spread so that gate and up products often pass the
+ * clamp (7), which a missing clamp would show. */
+static void gptoss_experts_match_plain_computation(void **state) {
+    (void)state;
+    enum { D = 64, F = 32, E = 6, K = 2, N = 5 };
+    ag_backend   *be = NULL;
+    ag_cpu_params cp = ag_cpu_default_params();
+    cp.n_threads = 2;
+    assert_int_equal(ag_cpu_backend_new(&cp, &be), AG_OK);
+    float *router = malloc(sizeof(float) * E * D), *wg = malloc(sizeof(float) * E * F * D),
+          *wu = malloc(sizeof(float) * E * F * D), *wd = malloc(sizeof(float) * E * D * F);
+    float  rb[E], bg[E][F], bu[E][F], bd[E][D];
+    for (int i = 0; i < E * D; i++) router[i] = (urand() * 2 - 1) * 0.3f;
+    for (int i = 0; i < E * F * D; i++) wg[i] = (urand() * 2 - 1) * 1.2f, wu[i] = (urand() * 2 - 1) * 1.2f;
+    for (int i = 0; i < E * D * F; i++) wd[i] = (urand() * 2 - 1) * 0.2f;
+    for (int e = 0; e < E; e++) {
+        rb[e] = (urand() * 2 - 1) * 0.5f;
+        for (int f = 0; f < F; f++) bg[e][f] = (urand() * 2 - 1), bu[e][f] = (urand() * 2 - 1);
+        for (int d = 0; d < D; d++) bd[e][d] = (urand() * 2 - 1) * 0.1f;
+    }
+    const ag_tensor t_r = {.name = "router", .type = AG_TYPE_F32, .ne = {D, E, 1, 1}, .row_bytes = 4 * D,
+                           .data = router, .host = router};
+    const ag_tensor t_g = {.name = "gate", .type = AG_TYPE_F32, .ne = {D, F, E, 1}, .row_bytes = 4 * D, .data = wg,
+                           .host = wg};
+    const ag_tensor t_u = {.name = "up", .type = AG_TYPE_F32, .ne = {D, F, E, 1}, .row_bytes = 4 * D, .data = wu,
+                           .host = wu};
+    const ag_tensor t_d = {.name = "down", .type = AG_TYPE_F32, .ne = {F, D, E, 1}, .row_bytes = 4 * F, .data = wd,
+                           .host = wd};
+    const ag_moe_weights mw = {.gate_inp = &t_r, .gate_exps = &t_g, .up_exps = &t_u, .down_exps = &t_d, .n_expert = E,
+                               .n_used = K, .norm_w = false, .w_scale = 1.0f, .gating = AG_MOE_GATE_TOPK_SOFTMAX,
+                               .act = AG_MOE_ACT_SWIGLU_OAI, .alpha = 1.702f, .limit = 7.0f, .gate_inp_b = rb,
+                               .gate_b = &bg[0][0], .up_b = &bu[0][0], .down_b = &bd[0][0]};
+    float h[N * D], o[N * D];
+    for (int i = 0; i < N * D; i++) h[i] = (urand() * 2 - 1) * 1.7f;
+    assert_int_equal(be->ops->moe(be, &mw, h, N, 2, o), AG_OK);
+    double max_err = 0, max_o = 0;
+    int    clamped = 0;
+    for (int i = 0; i < N; i++) {
+        const float *x = h + i * D;
+        double       lg[E];
+        for (int e = 0; e < E; e++) {
+            lg[e] = rb[e];
+            for (int d = 0; d < D; d++) lg[e] += (double)router[e * D + d] * x[d];
+        }
+        int    sel[K];
+        double wt[K], sum = 0;
+        for (int r = 0; r < K; r++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int q = 0; q < r; q++) taken |= sel[q] == e;
+                if (!taken && (best < 0 || lg[e] > lg[best])) best = e;
+            }
+            sel[r] = best;
+        }
+        for (int r = 0; r < K; r++) sum += wt[r] = exp(lg[sel[r]] - lg[sel[0]]);
+        double out[D] = {0};
+        for (int r = 0; r < K; r++) {
+            const int e = sel[r];
+            double    act[F];
+            for (int f = 0; f < F; f++) {
+                double g = bg[e][f], u = bu[e][f];
+                for (int d = 0; d < D; d++)
+                    g += (double)wg[((size_t)e * F + f) * D + d] * x[d], u += (double)wu[((size_t)e * F + f) * D + d] * x[d];
+                clamped += g > 7 || fabs(u) > 7;
+                g = fmin(g, 7), u = fmax(fmin(u, 7), -7);
+                act[f] = g / (1 + exp(-1.702 * g)) * (u + 1);
+            }
+            for (int d = 0; d < D; d++) {
+                double y = bd[e][d];
+                for (int f = 0; f < F; f++) y += (double)wd[((size_t)e * D + d) * F + f] * act[f];
+                out[d] += wt[r] / sum * y;
+            }
+        }
+        for (int d = 0; d < D; d++) {
+            max_err = fmax(max_err, fabs(out[d] - o[i * D + d]));
+            max_o = fmax(max_o, fabs(out[d]));
+        }
+    }
+    assert_true(clamped > 0);
+    if (!(max_err < 1e-5 * max_o)) fail_msg("moe (gpt-oss): max error %g of %g", max_err, max_o);
+    free(router), free(wg), free(wu), free(wd);
+    ag_backend_free(be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(moe_op_matches_plain_computation),
+        cmocka_unit_test(gptoss_experts_match_plain_computation),
         cmocka_unit_test(decode_row_alone_equals_in_batch),
         cmocka_unit_test(verify_window_alone_equals_in_batch),
         cmocka_unit_test(prompt_rows_alone_equal_in_batch_and_mixed),

@@ -46,7 +46,7 @@ static uint32_t f2u(float f) {
 
 static const uint32_t k_dot_types[] = {AG_TYPE_F32,  AG_TYPE_F16,  AG_TYPE_BF16, AG_TYPE_Q4_0, AG_TYPE_Q4_1,
                                        AG_TYPE_Q5_0, AG_TYPE_Q5_1, AG_TYPE_Q8_0, AG_TYPE_Q2_K, AG_TYPE_Q3_K,
-                                       AG_TYPE_Q4_K, AG_TYPE_Q5_K, AG_TYPE_Q6_K};
+                                       AG_TYPE_Q4_K, AG_TYPE_Q5_K, AG_TYPE_Q6_K, AG_TYPE_MXFP4};
 #define N_DOT_TYPES (sizeof k_dot_types / sizeof k_dot_types[0])
 
 static const char *tname(uint32_t t) {
@@ -64,6 +64,7 @@ static const char *tname(uint32_t t) {
     case AG_TYPE_Q4_K: return "Q4_K";
     case AG_TYPE_Q5_K: return "Q5_K";
     case AG_TYPE_Q6_K: return "Q6_K";
+    case AG_TYPE_MXFP4: return "MXFP4";
     }
     return "?";
 }
@@ -86,7 +87,7 @@ static const char *data_dir(void) {
 static void dequant_matches_gguf_py(void **state) {
     static const uint32_t types[] = {AG_TYPE_F32,  AG_TYPE_F16,  AG_TYPE_BF16, AG_TYPE_Q4_0, AG_TYPE_Q4_1,
                                      AG_TYPE_Q5_0, AG_TYPE_Q5_1, AG_TYPE_Q8_0, AG_TYPE_Q2_K, AG_TYPE_Q3_K,
-                                     AG_TYPE_Q4_K, AG_TYPE_Q5_K, AG_TYPE_Q6_K};
+                                     AG_TYPE_Q4_K, AG_TYPE_Q5_K, AG_TYPE_Q6_K, AG_TYPE_MXFP4};
     int total_blocks = 0;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         char path[512];
@@ -341,8 +342,10 @@ static dot_ref reference_dot(uint32_t t, int64_t n, const uint8_t *w, const floa
         if (f == AG_ACT_F32) xf[i] = x[i];
         else if (f == AG_ACT_Q8A) {
             const ag_block_q8a *b = (const ag_block_q8a *)xq + i / 32;
-            xf[i] = b->d * (float)b->qs[i % 32];
-            d = b->d;
+            /* MXFP4 takes the scale rounded through fp16, as llama.cpp's Q8_0 activations */
+            const float bd = t == AG_TYPE_MXFP4 ? ag_fp16_to_fp32(ag_fp32_to_fp16(b->d)) : b->d;
+            xf[i] = bd * (float)b->qs[i % 32];
+            d = bd;
         } else {
             const ag_block_q8_K *b = (const ag_block_q8_K *)xq + i / 256;
             xf[i] = b->d * (float)b->qs[i % 256];
@@ -589,8 +592,10 @@ static void fill_blocks(uint32_t t, uint8_t *w, size_t wb, uint8_t fill) {
     for (size_t b = 0; b < wb / bb; b++) {
         uint8_t save[2][2];
         for (int j = 0; j < k; j++) memcpy(save[j], w + b * bb + off[j], 2);
+        const uint8_t e = w[b * bb]; /* MXFP4's exponent byte */
         memset(w + b * bb, fill, bb);
         for (int j = 0; j < k; j++) memcpy(w + b * bb + off[j], save[j], 2);
+        if (t == AG_TYPE_MXFP4) w[b * bb] = e;
     }
 }
 
@@ -754,7 +759,7 @@ static void bad_input_is_an_error(void **state) {
     uint8_t buf[512] = {0};
     /* unsupported types: IQ formats, Q8_1, out-of-range ids */
     static const uint32_t bad[] = {AG_TYPE_Q8_1, AG_TYPE_IQ2_XXS, AG_TYPE_IQ4_NL, AG_TYPE_I8, AG_TYPE_F64, 4, 5,
-                                   AG_TYPE_MXFP4, AG_TYPE_COUNT, 12345, 0xFFFFFFFFu};
+                                   AG_TYPE_NVFP4, AG_TYPE_COUNT, 12345, 0xFFFFFFFFu};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(ag_dequant_row(bad[i], buf, out, 32), AG_ERR_UNSUPPORTED);
         assert_int_equal(ag_vec_dot(bad[i], 32, buf, buf, out), AG_ERR_UNSUPPORTED);

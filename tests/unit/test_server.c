@@ -328,9 +328,120 @@ static void think_split(void **state) {
     assert_false(ag_think_prompt_opens("<think>\n</think>\n", 18));
 }
 
+/* gpt-oss's harmony format: what each output holds, and reading it
+ * incrementally (a byte at a time, and in two pieces split at every byte)
+ * gives only growing reasoning and answer that end as the whole-text read
+ * does, never with a piece of a marker in them. */
+static void harmony_split(void **state) {
+    static const struct {
+        const char *text, *prompt_tail;
+        const char *reasoning, *content;
+        const char *calls; /* "name=args;..." */
+    } cases[] = {
+        {"<|channel|>analysis<|message|>The user greets me.<|end|><|start|>assistant<|channel|>final<|message|>Hello!",
+         NULL, "The user greets me.", "Hello!", ""},
+        /* <|return|> / <|call|> rendered as text (a vocabulary without them) end the message too */
+        {"<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>final<|message|>Hi<|return|>", NULL,
+         "think", "Hi", ""},
+        {"<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant<|channel|>commentary "
+         "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}",
+         NULL, "Need weather.", "", "get_weather={\"city\": \"Paris\"}"},
+        /* the recipient before the channel, and two calls */
+        {"<|channel|>analysis<|message|>two<|end|><|start|>assistant to=functions.a<|channel|>commentary "
+         "json<|message|>{\"x\":1}<|call|><|start|>assistant to=functions.b<|channel|>commentary<|message|>{}<|call|>",
+         NULL, "two", "", "a={\"x\":1};b={}"},
+        /* a preamble on commentary is answer text; analysis messages join with a line break */
+        {"<|channel|>analysis<|message|>one<|end|><|start|>assistant<|channel|>commentary<|message|>Let me check."
+         "<|end|><|start|>assistant<|channel|>analysis<|message|>two<|end|><|start|>assistant<|channel|>commentary "
+         "to=functions.t<|message|>{}",
+         NULL, "one\ntwo", "Let me check.", "t={}"},
+        /* no header at all: all answer; whitespace between messages is nothing */
+        {"Just an answer.", NULL, "", "Just an answer.", ""},
+        {"\n Just an answer.", NULL, "", "Just an answer.", ""},
+        {"<|channel|>analysis<|message|>r<|end|>\n<|start|>assistant<|channel|>final<|message|>a\n", NULL, "r", "a\n",
+         ""},
+        {"<|channel|>final<|message|>a<|end|> \n", NULL, "", "a", ""},
+        {"{\"a\": 1}", NULL, "", "{\"a\": 1}", ""},
+        /* cut inside the reasoning (max_tokens): reasoning only */
+        {"<|channel|>analysis<|message|>still thinking", NULL, "still thinking", "", ""},
+        /* a header cut off, a call cut off: nothing of them */
+        {"<|channel|>analysis<|message|>r<|end|><|start|>assistant<|chan", NULL, "r", "", ""},
+        {"<|channel|>commentary to=functions.f<|message|>{\"a\": ", NULL, "", "", ""},
+        /* a message from another role (an imagined tool reply) is dropped */
+        {"<|channel|>commentary to=functions.f<|message|>{}<|call|><|start|>functions.f to=assistant<|channel|>"
+         "commentary<|message|>\"sunny\"<|end|>",
+         NULL, "", "", "f={}"},
+        /* text that looks like a marker but is not one stays */
+        {"<|channel|>final<|message|>a <| b <|x|> c <", NULL, "", "a <| b <|x|> c <", ""},
+        /* the prompt ended inside the final body (a prefill) */
+        {"continued.", "<|start|>assistant<|channel|>final<|message|>", "", "continued.", ""},
+        {"more<|end|><|start|>assistant<|channel|>final<|message|>done", "<|start|>assistant<|channel|>analysis<|message|>",
+         "more", "done", ""},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const char *t = cases[k].text;
+        size_t n = strlen(t);
+        ag_harmony whole;
+        ag_harmony_init(&whole);
+        if (cases[k].prompt_tail) ag_harmony_start_in(&whole, cases[k].prompt_tail, strlen(cases[k].prompt_tail));
+        ag_harmony_scan(&whole, t, n, true);
+        if (strcmp(ag_buf_cstr(&whole.reasoning), cases[k].reasoning))
+            fail_msg("case %zu: reasoning '%s'", k, ag_buf_cstr(&whole.reasoning));
+        if (strcmp(ag_buf_cstr(&whole.content), cases[k].content))
+            fail_msg("case %zu: content '%s'", k, ag_buf_cstr(&whole.content));
+        ag_buf got = {0};
+        size_t i;
+        json_t *c;
+        json_array_foreach(whole.calls, i, c) {
+            json_t *fn = json_object_get(c, "function");
+            ag_buf_printf(&got, "%s%s=%s", i ? ";" : "", json_string_value(json_object_get(fn, "name")),
+                          json_string_value(json_object_get(fn, "arguments")));
+            assert_int_equal(strncmp(json_string_value(json_object_get(c, "id")), "call_", 5), 0);
+        }
+        if (strcmp(ag_buf_cstr(&got), cases[k].calls)) fail_msg("case %zu: calls '%s'", k, ag_buf_cstr(&got));
+        ag_buf_free(&got);
+        bool markers_in_text = strstr(cases[k].content, "<|") != NULL;
+        for (int mode = 0; mode < 2; mode++) {
+            for (size_t split = 0; split <= n; split++) {
+                ag_harmony inc;
+                ag_harmony_init(&inc);
+                if (cases[k].prompt_tail) ag_harmony_start_in(&inc, cases[k].prompt_tail, strlen(cases[k].prompt_tail));
+                size_t last_r = 0, last_c = 0;
+                for (size_t len = mode ? split : 0; len <= n; len = len < split ? split : len + 1) {
+                    ag_harmony_scan(&inc, t, len, len == n);
+                    assert_true(inc.reasoning.len >= last_r && inc.content.len >= last_c);
+                    last_r = inc.reasoning.len;
+                    last_c = inc.content.len;
+                    /* what is out so far is the start of the whole read's */
+                    assert_true(!memcmp(ag_buf_cstr(&inc.reasoning), ag_buf_cstr(&whole.reasoning), last_r));
+                    assert_true(!memcmp(ag_buf_cstr(&inc.content), ag_buf_cstr(&whole.content), last_c));
+                    if (!markers_in_text) {
+                        assert_null(strchr(ag_buf_cstr(&inc.content), '<'));
+                        assert_null(strchr(ag_buf_cstr(&inc.reasoning), '<'));
+                    }
+                    if (mode && len == split && split < n) {
+                        len = n - 1; /* the second piece is the rest */
+                    }
+                }
+                assert_int_equal(last_r, whole.reasoning.len);
+                assert_int_equal(last_c, whole.content.len);
+                assert_int_equal(json_array_size(inc.calls), json_array_size(whole.calls));
+                ag_harmony_free(&inc);
+                if (!mode) break; /* byte by byte once */
+            }
+        }
+        ag_harmony_free(&whole);
+    }
+    const char *tmpl = "{{- '<|start|>system<|message|>' }}...<|start|>assistant<|channel|>final";
+    assert_true(ag_harmony_template(tmpl, strlen(tmpl)));
+    assert_false(ag_harmony_template("<|im_start|>", 12));
+    assert_false(ag_harmony_template(NULL, 0));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(think_split),
+        cmocka_unit_test(harmony_split),
         cmocka_unit_test(hermes_single_call),
         cmocka_unit_test(hermes_content_and_two_calls),
         cmocka_unit_test(one_call_keeps_the_first),

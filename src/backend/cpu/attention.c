@@ -579,13 +579,17 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             else
 #endif
                 for (int j = 0; j < n_pos; j++) mx = row[j] > mx ? row[j] : mx;
+            /* an attention sink: one more logit in the max and the sum, with no value */
+            const float sink = s->sinks ? s->sinks[g * group + h] : 0.0f;
+            if (s->sinks && sink > mx) mx = sink;
 #if defined(__x86_64__)
-            const double sum = wide ? sm_exp_sum16(row, n_pos, mx)
-                             : direct_f16 ? sm_exp_sum_fma(row, n_pos, mx)
-                                          : sm_exp_sum_c(row, n_pos, mx);
+            double sum = wide ? sm_exp_sum16(row, n_pos, mx)
+                       : direct_f16 ? sm_exp_sum_fma(row, n_pos, mx)
+                                    : sm_exp_sum_c(row, n_pos, mx);
 #else
-            const double sum = sm_exp_sum_c(row, n_pos, mx);
+            double sum = sm_exp_sum_c(row, n_pos, mx);
 #endif
+            if (s->sinks) sum += sm_exp(sink - mx);
             float inv = (float)(1.0 / sum);
 #if defined(__x86_64__)
             if (wide) row_mul16(row, n_pos, inv);

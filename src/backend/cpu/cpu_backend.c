@@ -172,6 +172,12 @@ static ag_status cpu_rope(ag_backend *be, float *x, int n, int n_head, int head_
     return AG_OK;
 }
 
+static ag_status cpu_rope_freqs(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim,
+                                const int32_t *pos, const float *freq, float mscale, bool neox) {
+    ag_cpu_rope_freqs(x, n, n_head, head_dim, rope_dim, pos, freq, mscale, neox);
+    return AG_OK;
+}
+
 static ag_status cpu_argmax(ag_backend *be, const float *x, int n, int dim, int32_t *out) {
     ag_cpu_argmax_rows(x, n, dim, out);
     return AG_OK;
@@ -399,6 +405,8 @@ static const ag_backend_ops cpu_ops = {
     .rmsnorm = cpu_rmsnorm,
     .layernorm = cpu_layernorm,
     .rope = cpu_rope,
+    .rope_freqs = cpu_rope_freqs,
+    .attn_sinks = true,
     .add_bias = cpu_add_bias,
     .add = cpu_add,
     .scale = cpu_scale,

@@ -75,6 +75,28 @@ void ag_cpu_rope(float *x, int n, int n_head, int head_dim, int rope_dim, const 
     }
 }
 
+void ag_cpu_rope_freqs(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, const float *freq,
+                       float mscale, bool neox) {
+    const int half = rope_dim / 2;
+    float     cs[512], sn[512]; /* rope_dim <= head_dim <= 1024 */
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < half; i++) {
+            const double theta = (double)pos[t] * freq[i];
+            cs[i] = (float)(cos(theta) * mscale);
+            sn[i] = (float)(sin(theta) * mscale);
+        }
+        for (int hd = 0; hd < n_head; hd++) {
+            float *v = x + ((size_t)t * n_head + hd) * head_dim;
+            for (int i = 0; i < half; i++) {
+                const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
+                const float a = v[ia], b = v[ib];
+                v[ia] = a * cs[i] - b * sn[i];
+                v[ib] = a * sn[i] + b * cs[i];
+            }
+        }
+    }
+}
+
 void ag_cpu_add_bias(float *x, const float *b, int n, int dim) {
     for (int r = 0; r < n; r++)
         for (int i = 0; i < dim; i++) x[(size_t)r * dim + i] += b[i];

@@ -12,6 +12,9 @@ void ag_cpu_rmsnorm(const float *x, const float *w, int n, int dim, float eps, f
 void ag_cpu_layernorm(const float *x, const float *w, const float *b, int n, int dim, float eps, float *out);
 void ag_cpu_rope(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
                  float freq_scale, bool neox);
+/* backend.h's rope_freqs: pair i turns by pos · freq[i], scaled by mscale. */
+void ag_cpu_rope_freqs(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, const float *freq,
+                       float mscale, bool neox);
 void ag_cpu_add_bias(float *x, const float *b, int n, int dim);
 /* out[i] = the lowest index among row i's largest values (+inf and FLT_MAX
  * alike, NaN skipped), -2 when no value of the row is finite; n rows of dim. */

@@ -1,10 +1,13 @@
 /* The mixture-of-experts feed-forward on the CPU (backend.h's moe op).
  *
- * 1. Routing, per row on the host: router logits (one matmul), softmax,
- *    the n_used most probable experts, their weights.
+ * 1. Routing, per row on the host: router logits (one matmul, plus the
+ *    router's bias), softmax then the n_used most probable experts (Qwen3-
+ *    MoE), or the n_used largest logits then their softmax (gpt-oss), and
+ *    their weights.
  * 2. Each expert with rows, in ascending id: its rows gathered (decode rows
  *    first, then prompt rows, each in batch order), one matmul_multi for
- *    gate and up, SiLU-gate, one matmul for down: one GEMM per active
+ *    gate and up (plus the expert's biases), SiLU-gate (or gpt-oss's
+ *    clamped SwiGLU), one matmul for down (plus its bias): one GEMM per active
  *    expert over its tokens (prompt rows and verify windows), the row
  *    kernels for decode rows. The matmul contract makes a row's bits depend
  *    only on its x and its kind, never on the other rows of the group.
@@ -13,6 +16,8 @@
  *    sum's bits do not depend on the batch either.
  */
 #include "backend/cpu/moe.h"
+
+#include "backend/cpu/cpu_ops.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -73,15 +78,9 @@ static ag_status grow(ag_cpu_moe **sp, int n, int e, int k, int d, int f) {
     return AG_OK;
 }
 
-/* Softmax of one row's router logits in place, then its k most probable
- * experts (ties: the lower id) into sel and their weights into wts. */
-static void route_row(float *p, int n_expert, int k, bool norm_w, float w_scale, int32_t *sel, float *wts) {
-    float mx = p[0];
-    for (int e = 1; e < n_expert; e++) mx = p[e] > mx ? p[e] : mx;
-    float sum = 0.0f;
-    for (int e = 0; e < n_expert; e++) sum += p[e] = expf(p[e] - mx);
-    const float inv = 1.0f / sum;
-    for (int e = 0; e < n_expert; e++) p[e] *= inv;
+/* The k largest of one row's values p (ties: the lower id) into sel, and
+ * the values into wts. */
+static void top_k(const float *p, int n_expert, int k, int32_t *sel, float *wts) {
     /* k passes of a selection: k * n_expert compares (8 x 128), no sort */
     uint64_t taken[(AG_MOE_MAX_EXPERTS + 63) / 64] = {0};
     for (int r = 0; r < k; r++) {
@@ -92,6 +91,32 @@ static void route_row(float *p, int n_expert, int k, bool norm_w, float w_scale,
         sel[r] = best;
         wts[r] = p[best];
     }
+}
+
+/* Routing of one row: its router logits p (modified), its k experts into
+ * sel by rank and their weights into wts. AG_MOE_GATE_SOFTMAX_TOPK: softmax
+ * over all experts, the k most probable, their probabilities (renormalised
+ * when norm_w); AG_MOE_GATE_TOPK_SOFTMAX (gpt-oss): the k largest logits,
+ * the softmax over those k alone (ggml's soft_max: exps summed in double,
+ * then times the float of 1/sum). Then times w_scale. */
+static void route_row(float *p, int n_expert, int k, int gating, bool norm_w, float w_scale, int32_t *sel,
+                      float *wts) {
+    if (gating == AG_MOE_GATE_TOPK_SOFTMAX) {
+        top_k(p, n_expert, k, sel, wts);
+        float mx = wts[0]; /* (the largest: rank 0) */
+        double sum = 0.0;
+        for (int r = 0; r < k; r++) sum += wts[r] = expf(wts[r] - mx);
+        const float inv = (float)(1.0 / sum);
+        for (int r = 0; r < k; r++) wts[r] *= inv * w_scale;
+        return;
+    }
+    float mx = p[0];
+    for (int e = 1; e < n_expert; e++) mx = p[e] > mx ? p[e] : mx;
+    float sum = 0.0f;
+    for (int e = 0; e < n_expert; e++) sum += p[e] = expf(p[e] - mx);
+    const float inv = 1.0f / sum;
+    for (int e = 0; e < n_expert; e++) p[e] *= inv;
+    top_k(p, n_expert, k, sel, wts);
     if (norm_w) {
         float s = 0.0f;
         for (int r = 0; r < k; r++) s += wts[r];
@@ -99,6 +124,16 @@ static void route_row(float *p, int n_expert, int k, bool norm_w, float w_scale,
         for (int r = 0; r < k; r++) wts[r] /= s;
     }
     for (int r = 0; r < k; r++) wts[r] *= w_scale;
+}
+
+/* gpt-oss's clamped SwiGLU in place on gate (ggml's swiglu_oai, the same
+ * float operations): x = min(g, limit), y = clamp(u, ±limit),
+ * g = x / (1 + e^(-alpha x)) * (y + 1). */
+static void swiglu_oai(float *gate, const float *up, size_t n, float alpha, float limit) {
+    for (size_t i = 0; i < n; i++) {
+        const float x = fminf(gate[i], limit), y = fmaxf(fminf(up[i], limit), -limit);
+        gate[i] = x / (1.f + expf(alpha * (-x))) * (y + 1.f);
+    }
 }
 
 ag_status ag_cpu_moe_run(ag_backend *be, ag_cpu_moe **scratch, const ag_moe_weights *w, const float *h, int n,
@@ -115,8 +150,9 @@ ag_status ag_cpu_moe_run(ag_backend *be, ag_cpu_moe **scratch, const ag_moe_weig
 
     /* 1. routing */
     if ((st = op->matmul(be, w->gate_inp, h, n, n_decode, s->logits))) return st;
+    if (w->gate_inp_b) ag_cpu_add_bias(s->logits, w->gate_inp_b, n, E);
     for (int i = 0; i < n; i++)
-        route_row(s->logits + (size_t)i * E, E, K, w->norm_w, w->w_scale, s->sel + (size_t)i * K,
+        route_row(s->logits + (size_t)i * E, E, K, w->gating, w->norm_w, w->w_scale, s->sel + (size_t)i * K,
                   s->wts + (size_t)i * K);
 
     /* the rows of each expert, in batch order (a counting sort) */
@@ -145,8 +181,12 @@ ag_status ag_cpu_moe_run(ag_backend *be, ag_cpu_moe **scratch, const ag_moe_weig
         const ag_tensor *gu_w[2] = {&gate, &up};
         float *const     gu[2] = {s->g, s->u};
         if ((st = op->matmul_multi(be, gu_w, 2, s->xg, c, c_dec, gu))) break;
-        if ((st = op->silu_mul(be, s->g, s->u, (size_t)c * F))) break;
+        if (w->gate_b) ag_cpu_add_bias(s->g, w->gate_b + (size_t)e * F, c, F);
+        if (w->up_b) ag_cpu_add_bias(s->u, w->up_b + (size_t)e * F, c, F);
+        if (w->act == AG_MOE_ACT_SWIGLU_OAI) swiglu_oai(s->g, s->u, (size_t)c * F, w->alpha, w->limit);
+        else if ((st = op->silu_mul(be, s->g, s->u, (size_t)c * F))) break;
         if ((st = op->matmul(be, &down, s->g, c, c_dec, s->yg))) break;
+        if (w->down_b) ag_cpu_add_bias(s->yg, w->down_b + (size_t)e * D, c, D);
         for (int r = 0; r < c; r++) {
             const float  wt = s->wts[ent[r]];
             const float *y = s->yg + (size_t)r * D;

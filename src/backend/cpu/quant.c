@@ -138,6 +138,7 @@ static const char *type_name(uint32_t t) {
     case AG_TYPE_Q5_K: return "Q5_K";
     case AG_TYPE_Q6_K: return "Q6_K";
     case AG_TYPE_Q8_K: return "Q8_K";
+    case AG_TYPE_MXFP4: return "MXFP4";
     default: return "?";
     }
 }
@@ -162,6 +163,7 @@ ag_status ag_quant_block(uint32_t type, uint32_t *block_elems, uint32_t *block_b
     case AG_TYPE_Q5_K: e = AG_QK_K, b = sizeof(ag_block_q5_K); break;
     case AG_TYPE_Q6_K: e = AG_QK_K, b = sizeof(ag_block_q6_K); break;
     case AG_TYPE_Q8_K: e = AG_QK_K, b = sizeof(ag_block_q8_K); break;
+    case AG_TYPE_MXFP4: e = AG_QK, b = sizeof(ag_block_mxfp4); break;
     default: return ag_errorf(AG_ERR_UNSUPPORTED, "tensor type %u is not supported by the CPU kernels", type);
     }
     if (block_elems) *block_elems = e;
@@ -173,7 +175,7 @@ bool ag_quant_supported(uint32_t type) {
     switch (type) {
     case AG_TYPE_F32: case AG_TYPE_F16: case AG_TYPE_BF16: case AG_TYPE_Q4_0: case AG_TYPE_Q4_1:
     case AG_TYPE_Q5_0: case AG_TYPE_Q5_1: case AG_TYPE_Q8_0: case AG_TYPE_Q2_K: case AG_TYPE_Q3_K:
-    case AG_TYPE_Q4_K: case AG_TYPE_Q5_K: case AG_TYPE_Q6_K: case AG_TYPE_Q8_K: return true;
+    case AG_TYPE_Q4_K: case AG_TYPE_Q5_K: case AG_TYPE_Q6_K: case AG_TYPE_Q8_K: case AG_TYPE_MXFP4: return true;
     default: return false;
     }
 }
@@ -237,6 +239,16 @@ static void dq_q5_1(const ag_block_q5_1 *b, float *y, int64_t nb) {
             int q1 = (b[i].qs[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
             y[j] = d * (float)q0 + m;
             y[j + 16] = d * (float)q1 + m;
+        }
+    }
+}
+
+static void dq_mxfp4(const ag_block_mxfp4 *b, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += AG_QK) {
+        const float d = ag_e8m0_half(b[i].e);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)ag_mxfp4_values[b[i].qs[j] & 0xF];
+            y[j + 16] = d * (float)ag_mxfp4_values[b[i].qs[j] >> 4];
         }
     }
 }
@@ -371,6 +383,7 @@ ag_status ag_dequant_row(uint32_t type, const void *src, float *dst, int64_t n) 
     case AG_TYPE_Q5_K: dq_q5_K(src, dst, nb); break;
     case AG_TYPE_Q6_K: dq_q6_K(src, dst, nb); break;
     case AG_TYPE_Q8_K: dq_q8_K(src, dst, nb); break;
+    case AG_TYPE_MXFP4: dq_mxfp4(src, dst, nb); break;
     default: return ag_errorf(AG_ERR_INTERNAL, "ag_dequant_row: type %u fell through", type);
     }
     return AG_OK;
@@ -425,6 +438,7 @@ ag_status ag_quant_act_format(uint32_t w_type, ag_act_format *out) {
     switch (w_type) {
     case AG_TYPE_F32: case AG_TYPE_F16: case AG_TYPE_BF16: *out = AG_ACT_F32; return AG_OK;
     case AG_TYPE_Q4_0: case AG_TYPE_Q4_1: case AG_TYPE_Q5_0: case AG_TYPE_Q5_1: case AG_TYPE_Q8_0:
+    case AG_TYPE_MXFP4:
         *out = AG_ACT_Q8A;
         return AG_OK;
     case AG_TYPE_Q2_K: case AG_TYPE_Q3_K: case AG_TYPE_Q4_K: case AG_TYPE_Q5_K: case AG_TYPE_Q6_K:
@@ -669,6 +683,29 @@ static void dot_q8_0(int64_t n, const void *w, const void *x, size_t x_stride, i
     }
 }
 
+/* MXFP4 as Q4_0 with a value table and a power-of-two scale: the doubled
+ * E2M1 integers times the int8 activations are exact, as ggml's
+ * ggml_vec_dot_mxfp4_q8_0 sums them. The activations' scale is rounded
+ * through fp16 first: llama.cpp (the reference) stores its Q8_0
+ * activations' d as fp16 (the same int8 values, from the float d), and
+ * gpt-oss's routed experts (top-k choices, clamps, sinks) turn that 2^-11
+ * difference, compounded over the layers, into different tokens; with the
+ * reference's scale the products are its own. */
+static void dot_mxfp4(int64_t n, const void *w, const void *x, size_t x_stride, int nx, float *out) {
+    const ag_block_mxfp4 *b = w;
+    for (int t = 0; t < nx; t++) {
+        const ag_block_q8a *y = (const ag_block_q8a *)XROW(t);
+        float               s = 0.0f;
+        for (int64_t i = 0; i < n / AG_QK; i++) {
+            int isum = 0;
+            for (int j = 0; j < 16; j++)
+                isum += ag_mxfp4_values[b[i].qs[j] & 0xF] * y[i].qs[j] + ag_mxfp4_values[b[i].qs[j] >> 4] * y[i].qs[j + 16];
+            s += (ag_e8m0_half(b[i].e) * F16(ag_fp32_to_fp16(y[i].d))) * (float)isum;
+        }
+        out[t] = s;
+    }
+}
+
 /* K-quants: Σ over a super-block = (d*dy) * Σ_k scale_k * Σ_{sub-block k} q*y
  * - (dmin*dy) * Σ_k min_k * Σ_{sub-block k} y, the y sums coming from bsums. */
 
@@ -794,6 +831,7 @@ void ag_quant_kernels_scalar(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_0] = dot_q5_0;
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
+    k->dot[AG_TYPE_MXFP4] = dot_mxfp4;
     k->dot[AG_TYPE_Q2_K] = dot_q2_K;
     k->dot[AG_TYPE_Q3_K] = dot_q3_K;
     k->dot[AG_TYPE_Q4_K] = dot_q4_K;

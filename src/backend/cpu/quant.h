@@ -3,15 +3,15 @@
  * dequantizing a weight matrix.
  *
  * Weight types are ggml's (ag_tensor_type from gguf/gguf.h, which GGUF
- * stores): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K,
- * Q5_K, Q6_K, plus Q8_K (an activation format). A row of n elements of a
- * type with block size B (1 for F32/F16/BF16, 32 for Q4_0..Q8_0, 256 for the
+ * stores): F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q2_K, Q3_K,
+ * Q4_K, Q5_K, Q6_K, plus Q8_K (an activation format). A row of n elements of a
+ * type with block size B (1 for F32/F16/BF16, 32 for Q4_0..Q8_0 and MXFP4, 256 for the
  * K-quants) is n/B consecutive blocks; n must be a multiple of B.
  *
  * A dot product pairs a weight row with an activation row in the activation
  * format its weight type asks for (ag_quant_act_format):
  *   F32/F16/BF16 weights           -> AG_ACT_F32 (plain floats)
- *   Q4_0/Q4_1/Q5_0/Q5_1/Q8_0       -> AG_ACT_Q8A (32-element int8 blocks
+ *   Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/MXFP4 -> AG_ACT_Q8A (32-element int8 blocks
  *                                     with a float scale and block sum)
  *   Q2_K..Q6_K                     -> AG_ACT_Q8K (ggml's Q8_K)
  * so a matmul quantizes its activations once and reuses them for every

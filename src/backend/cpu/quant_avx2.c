@@ -68,14 +68,27 @@ AI __m256 q8a_lanes(const ag_block_q8a *y, size_t off, int kn) {
     return f32_lanes((const uint8_t *)y + off, sizeof *y, kn);
 }
 
-#define LEGACY_KERNEL(name, BT, WQ, SIGNED, HAS_M)                                                      \
+/* The E8M0 scales of kn blocks from `first` (MXFP4), as f16_lanes. */
+AI __m256 e8m0_lanes(const void *first, size_t stride, int kn) {
+    float v[8];
+    UNROLL for (int k = 0; k < 8; k++) v[k] = k < kn ? ag_e8m0_half(((const uint8_t *)first)[(size_t)k * stride]) : 0.0f;
+    return _mm256_loadu_ps(v);
+}
+
+/* v itself, or (MXFP4) rounded through fp16 (see dot_mxfp4 in quant.c). */
+AI __m256 same8(__m256 v) { return v; }
+AI __m256 f16_round8(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
+
+/* DWL: the weight scales' loader (f16_lanes, or e8m0_lanes for MXFP4); YD:
+ * what the activations' scales go through (same8, or f16_round8). */
+#define LEGACY_KERNEL(name, BT, WQ, SIGNED, HAS_M, DWL, YD)                                             \
     AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
                        const int NX, __m256 (*acc)[2], float *sm) {                                   \
         UNROLL for (int o = 0; o < (int)(8 * sizeof(BT)); o += 64)                                      \
             _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
-        const __m256 dw = f16_lanes(&b[i0], sizeof(BT), kn);                                            \
+        const __m256 dw = DWL(&b[i0], sizeof(BT), kn);                                                  \
         __m256       sc[AG_DOT_MAX_NX];                                                                 \
-        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, q8a_lanes(&y[t][i0], offsetof(ag_block_q8a, d), kn)); \
+        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, YD(q8a_lanes(&y[t][i0], offsetof(ag_block_q8a, d), kn))); \
         if (HAS_M) { /* m: the fp16 after d */                                                          \
             const __m256 mw = f16_lanes((const uint8_t *)&b[i0] + 2, sizeof(BT), kn);                   \
             UNROLL for (int t = 0; t < NX; t++) {                                                       \
@@ -99,11 +112,13 @@ AI __m256 q8a_lanes(const ag_block_q8a *y, size_t off, int kn) {
     }                                                                                                   \
     AG_LEGACY_DOT_ROWS(name, BT, HAS_M)
 
-LEGACY_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0, 1, 0)
-LEGACY_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0, 1, 0)
-LEGACY_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0, 1, 0)
-LEGACY_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1)
-LEGACY_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1)
+LEGACY_KERNEL(dot_q4_0, ag_block_q4_0, wq_q4_0, 1, 0, f16_lanes, same8)
+LEGACY_KERNEL(dot_q5_0, ag_block_q5_0, wq_q5_0, 1, 0, f16_lanes, same8)
+LEGACY_KERNEL(dot_q8_0, ag_block_q8_0, wq_q8_0, 1, 0, f16_lanes, same8)
+LEGACY_KERNEL(dot_q4_1, ag_block_q4_1, wq_q4_1, 0, 1, f16_lanes, same8)
+LEGACY_KERNEL(dot_q5_1, ag_block_q5_1, wq_q5_1, 0, 1, f16_lanes, same8)
+/* MXFP4: |v| <= 12, so maddubs pairs stay far below int16 saturation */
+LEGACY_KERNEL(dot_mxfp4, ag_block_mxfp4, wq_mxfp4, 1, 0, e8m0_lanes, f16_round8)
 
 /* ---- K-quants, Q8_K activations ---- */
 
@@ -852,7 +867,16 @@ typedef struct {
  * Per group of up to 8 blocks and per panel: first every block's exact
  * Σ u·y for the NR rows (kept in ib), then per row the float fold in block
  * order, so neither part crowds the other's registers. */
-#define LG_PANEL(name, BT, PU, PM, LOG2_OFF, HAS_M, CH)                                                           \
+/* MXFP4: u = v + 16 (4..28), the doubled E2M1 table shifted by 16 */
+AI __m256i pu_mxfp4(const ag_block_mxfp4 *b) {
+    const __m256i lut = _mm256_add_epi8(_mm256_broadcastsi128_si256(loadu128(ag_mxfp4_values)), _mm256_set1_epi8(16));
+    return _mm256_shuffle_epi8(lut, unpack_nib16(b->qs));
+}
+#define LG_WD_F16(b) f16((b).d)
+#define LG_WD_E8M0(b) ag_e8m0_half((b).e)
+#define LG_PANEL(name, BT, PU, PM, LOG2_OFF, HAS_M, CH) LG_PANELX(name, BT, PU, PM, LOG2_OFF, HAS_M, CH, LG_WD_F16, same8)
+/* WD: a block's weight scale; YD: what the activations' scales go through */
+#define LG_PANELX(name, BT, PU, PM, LOG2_OFF, HAS_M, CH, WD, YD)                                                  \
     AI void name##_k(int64_t n, const void *w, size_t w_stride, const int NR, const void *xp, size_t xp_stride,  \
                      int np, int64_t nt, float *y, int64_t ldy) {                                                \
         _Alignas(32) float   acc[AG_PANEL_MAX_NP][AG_GEMM_RM][AG_PANEL_NT];                                     \
@@ -867,7 +891,7 @@ typedef struct {
                 const BT *b = (const BT *)((const uint8_t *)w + (size_t)r * w_stride) + i0;                      \
                 for (int k = 0; k < kn; k++) {                                                                   \
                     _mm256_store_si256((__m256i *)wr[r].u[k], PU(&b[k]));                                        \
-                    wr[r].d[k] = f16(b[k].d);                                                                    \
+                    wr[r].d[k] = WD(b[k]);                                                                       \
                     wr[r].m[k] = PM(&b[k]);                                                                      \
                 }                                                                                                \
             }                                                                                                    \
@@ -897,7 +921,7 @@ typedef struct {
                     for (int k = 0; k < kn; k++) {                                                               \
                         __m256i s32 = load256a(ib[k][r]);                                                        \
                         if (LOG2_OFF) s32 = _mm256_sub_epi32(s32, _mm256_slli_epi32(load256a(x[k].sum), LOG2_OFF)); \
-                        av = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_load_ps(x[k].d), _mm256_set1_ps(wr[r].d[k])),   \
+                        av = _mm256_fmadd_ps(_mm256_mul_ps(YD(_mm256_load_ps(x[k].d)), _mm256_set1_ps(wr[r].d[k])), \
                                              _mm256_cvtepi32_ps(s32), av);                                       \
                         if (HAS_M) av = _mm256_fmadd_ps(_mm256_set1_ps(wr[r].m[k]), _mm256_load_ps(x[k].s), av); \
                     }                                                                                            \
@@ -917,6 +941,8 @@ LG_PANEL(panel_q4_0, ag_block_q4_0, pu_q4_0, pm_none, 3, 0, 8)
 LG_PANEL(panel_q5_0, ag_block_q5_0, pu_q5_0, pm_none, 4, 0, 4)
 LG_PANEL(panel_q4_1, ag_block_q4_1, pu_q4_1, pm_q4_1, 0, 1, 8)
 LG_PANEL(panel_q5_1, ag_block_q5_1, pu_q5_1, pm_q5_1, 0, 1, 4)
+/* (u <= 28: four chunks of maddubs pairs stay below int16 saturation, as Q5_0's) */
+LG_PANELX(panel_mxfp4, ag_block_mxfp4, pu_mxfp4, pm_none, 4, 0, 4, LG_WD_E8M0, f16_round8)
 
 /* ---- float weights, float activations ---- */
 
@@ -1031,6 +1057,7 @@ void ag_quant_kernels_avx2(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_0] = dot_q5_0;
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
+    k->dot[AG_TYPE_MXFP4] = dot_mxfp4;
     k->dot[AG_TYPE_Q2_K] = dot_q2_K;
     k->dot[AG_TYPE_Q3_K] = dot_q3_K;
     k->dot[AG_TYPE_Q4_K] = dot_q4_K;
@@ -1040,6 +1067,7 @@ void ag_quant_kernels_avx2(ag_quant_kernels *k) {
     k->panel[AG_TYPE_Q4_1] = panel_q4_1;
     k->panel[AG_TYPE_Q5_0] = panel_q5_0;
     k->panel[AG_TYPE_Q5_1] = panel_q5_1;
+    k->panel[AG_TYPE_MXFP4] = panel_mxfp4;
     k->panel[AG_TYPE_Q4_K] = panel_q4_K;
     k->panel[AG_TYPE_Q6_K] = panel_q6_K;
     k->wpanel[AG_TYPE_Q4_K] = wpanel_q4_K;

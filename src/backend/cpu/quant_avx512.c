@@ -96,16 +96,36 @@ AI __m256i w8_q5_1(const ag_block_q5_1 *b) {
 }
 AI __m256i w8_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
 
-#define LEGACY512(name, BT, W8, SIGNED, HAS_M)                                                          \
+/* The E8M0 scales of kn (1..8) MXFP4 blocks, as gather_f16 gives fp16 ones. */
+AI __m256 e8m0_lanes512(const void *b, __m256i off, __mmask8 km) {
+    float v[8];
+    UNROLL for (int k = 0; k < 8; k++)
+        v[k] = (km >> k) & 1 ? ag_e8m0_half(((const uint8_t *)b)[k * sizeof(ag_block_mxfp4)]) : 0.0f;
+    (void)off;
+    return _mm256_loadu_ps(v);
+}
+AI __m256 f16_lanes512(const void *b, __m256i off, __mmask8 km) { return gather_f16(b, off, km, 0); }
+AI __m256i w8_mxfp4(const ag_block_mxfp4 *b) {
+    const __m256i lut = _mm256_broadcastsi128_si256(loadu128(ag_mxfp4_values));
+    return _mm256_shuffle_epi8(lut, nib16(b->qs));
+}
+
+AI __m256 same8_512(__m256 v) { return v; }
+AI __m256 f16_round8_512(__m256 v) { return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT)); }
+
+/* DWL: the weight scales' loader (fp16, or E8M0 for MXFP4); YD: what the
+ * activations' scales go through (MXFP4: rounded through fp16, as quant.c's
+ * dot_mxfp4) */
+#define LEGACY512(name, BT, W8, SIGNED, HAS_M, DWL, YD)                                                 \
     AI void name##_grp(const BT *b, const ag_block_q8a *const *y, int64_t i0, const int KN, int kn,      \
                        const int NX, __m256 (*acc)[2], float *sm) {                                   \
         const __mmask8 km = (__mmask8)((1u << kn) - 1);                                                 \
         const __m256i  woff = blk_offsets(sizeof(BT)), yoff = blk_offsets(sizeof(ag_block_q8a));       \
         UNROLL for (int o = 0; o < (int)(8 * sizeof(BT)); o += 64)                                      \
             _mm_prefetch((const char *)&b[i0] + AG_PF_DIST + o, _MM_HINT_T0);                           \
-        const __m256   dw = gather_f16(&b[i0], woff, km, 0);                                            \
+        const __m256   dw = DWL(&b[i0], woff, km);                                                      \
         __m256         sc[AG_DOT_MAX_NX];                                                               \
-        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, gather_f32(&y[t][i0].d, yoff, km)); \
+        UNROLL for (int t = 0; t < NX; t++) sc[t] = _mm256_mul_ps(dw, YD(gather_f32(&y[t][i0].d, yoff, km))); \
         if (HAS_M) {                                                                                    \
             const __m256 mw = gather_f16(&b[i0], woff, km, 1);                                          \
             UNROLL for (int t = 0; t < NX; t++) {                                                       \
@@ -130,11 +150,12 @@ AI __m256i w8_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
     }                                                                                                   \
     AG_LEGACY_DOT_ROWS(name, BT, HAS_M)
 
-LEGACY512(dot_q4_0, ag_block_q4_0, w8_q4_0, 1, 0)
-LEGACY512(dot_q5_0, ag_block_q5_0, w8_q5_0, 1, 0)
-LEGACY512(dot_q8_0, ag_block_q8_0, w8_q8_0, 1, 0)
-LEGACY512(dot_q4_1, ag_block_q4_1, w8_q4_1, 0, 1)
-LEGACY512(dot_q5_1, ag_block_q5_1, w8_q5_1, 0, 1)
+LEGACY512(dot_q4_0, ag_block_q4_0, w8_q4_0, 1, 0, f16_lanes512, same8_512)
+LEGACY512(dot_q5_0, ag_block_q5_0, w8_q5_0, 1, 0, f16_lanes512, same8_512)
+LEGACY512(dot_q8_0, ag_block_q8_0, w8_q8_0, 1, 0, f16_lanes512, same8_512)
+LEGACY512(dot_q4_1, ag_block_q4_1, w8_q4_1, 0, 1, f16_lanes512, same8_512)
+LEGACY512(dot_q5_1, ag_block_q5_1, w8_q5_1, 0, 1, f16_lanes512, same8_512)
+LEGACY512(dot_mxfp4, ag_block_mxfp4, w8_mxfp4, 1, 0, e8m0_lanes512, f16_round8_512)
 
 
 /* ---- legacy types: AG_GEMM_RM rows x NX tokens tiles ----
@@ -183,21 +204,28 @@ AI __m512i wu2_q5_1(const ag_block_q5_1 *b0, const ag_block_q5_1 *b1) {
 }
 AI __m512i wu2_q8_0(const ag_block_q8_0 *b0, const ag_block_q8_0 *b1) { return pair_si(wu_q8_0(b0), wu_q8_0(b1)); }
 
-#define GEMM512(name, BT, WU, WU2, OFF, HAS_M)                                                               \
+/* WD: a block's weight scale (fp16 d, or MXFP4's E8M0); YDS: what the
+ * activations' scale goes through (itself, or MXFP4's fp16 rounding) */
+#define GEMM_WD_F16(b) f16((b).d)
+#define GEMM_WD_E8M0(b) ag_e8m0_half((b).e)
+#define GEMM_YD_SAME(d) (d)
+#define GEMM_YD_F16(d) _cvtsh_ss(_cvtss_sh((d), _MM_FROUND_TO_NEAREST_INT))
+#define GEMM512(name, BT, WU, WU2, OFF, HAS_M) GEMM512X(name, BT, WU, WU2, OFF, HAS_M, GEMM_WD_F16, GEMM_YD_SAME)
+#define GEMM512X(name, BT, WU, WU2, OFF, HAS_M, WD, YDS)                                                    \
     AI void name##_gstep(const BT *const *b, const ag_block_q8a *const *y, int64_t i, const int NX,     \
                          const int TWO, __m512 acc[AG_GEMM_RM][AG_DOT_MAX_NX]) {                       \
         __m512i wu[AG_GEMM_RM];                                                                        \
         __m512  wd[AG_GEMM_RM], wm[AG_GEMM_RM];                                                        \
         UNROLL for (int r = 0; r < AG_GEMM_RM; r++) {                                                  \
             wu[r] = TWO ? WU2(&b[r][i], &b[r][i + 1]) : zext256(WU(&b[r][i]));                       \
-            wd[r] = pair_ps(f16(b[r][i].d), TWO ? f16(b[r][i + 1].d) : 0.0f);                          \
+            wd[r] = pair_ps(WD(b[r][i]), TWO ? WD(b[r][i + 1]) : 0.0f);                                \
             wm[r] = HAS_M ? pair_ps(GEMM_M(b[r], i) * 0.125f, TWO ? GEMM_M(b[r], i + 1) * 0.125f : 0.0f) \
                           : _mm512_setzero_ps();                                                       \
         }                                                                                              \
         UNROLL for (int t = 0; t < NX; t++) {                                                          \
             const __m512i yv = TWO ? pair_si(loadu256(y[t][i].qs), loadu256(y[t][i + 1].qs))           \
                                    : zext256(loadu256(y[t][i].qs));                                    \
-            const __m512  yd = pair_ps(y[t][i].d, TWO ? y[t][i + 1].d : 0.0f);                          \
+            const __m512  yd = pair_ps(YDS(y[t][i].d), TWO ? YDS(y[t][i + 1].d) : 0.0f);                \
             const __m512i c0 = OFF ? _mm512_sub_epi32(_mm512_setzero_si512(),                          \
                                                       _mm512_dpbusd_epi32(_mm512_setzero_si512(),      \
                                                                           _mm512_set1_epi8((char)OFF), yv)) \
@@ -259,6 +287,13 @@ GEMM512(dot_q8_0, ag_block_q8_0, wu_q8_0, wu2_q8_0, 128, 0)
 #define GEMM_M(b, i) f16((b)[i].m)
 GEMM512(dot_q4_1, ag_block_q4_1, wq_q4_1, wu2_q4_1, 0, 1)
 GEMM512(dot_q5_1, ag_block_q5_1, wq_q5_1, wu2_q5_1, 0, 1)
+#undef GEMM_M
+/* MXFP4: u = v + 12 (0..24, the doubled E2M1 value made unsigned: a pshufb
+ * of the table plus 12) */
+AI __m256i wu_mxfp4(const ag_block_mxfp4 *b) { return _mm256_add_epi8(w8_mxfp4(b), _mm256_set1_epi8(12)); }
+AI __m512i wu2_mxfp4(const ag_block_mxfp4 *b0, const ag_block_mxfp4 *b1) { return pair_si(wu_mxfp4(b0), wu_mxfp4(b1)); }
+#define GEMM_M(b, i) 0.0f
+GEMM512X(dot_mxfp4, ag_block_mxfp4, wu_mxfp4, wu2_mxfp4, 12, 0, GEMM_WD_E8M0, GEMM_YD_F16)
 #undef GEMM_M
 
 /* ag_k4_scales_unpack in registers: bytes 0..7 the scales, 8..15 the mins.
@@ -717,6 +752,7 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->dot[AG_TYPE_Q5_0] = dot_q5_0;
     k->dot[AG_TYPE_Q5_1] = dot_q5_1;
     k->dot[AG_TYPE_Q8_0] = dot_q8_0;
+    k->dot[AG_TYPE_MXFP4] = dot_mxfp4;
     k->dot[AG_TYPE_Q4_K] = dot_q4_K;
     k->dot[AG_TYPE_Q6_K] = dot_q6_K;
     k->gemm[AG_TYPE_Q4_0] = dot_q4_0_gemm;
@@ -724,6 +760,7 @@ void ag_quant_kernels_avx512(ag_quant_kernels *k) {
     k->gemm[AG_TYPE_Q5_0] = dot_q5_0_gemm;
     k->gemm[AG_TYPE_Q5_1] = dot_q5_1_gemm;
     k->gemm[AG_TYPE_Q8_0] = dot_q8_0_gemm;
+    k->gemm[AG_TYPE_MXFP4] = dot_mxfp4_gemm;
     /* Prompt rows keep the AVX2 token panels the table inherits where a
      * type has one (Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q6_K; the VNNI tiles above
      * then serve Q8_0 alone): on a Xeon without AMX, 2 threads, prompt

@@ -80,6 +80,25 @@ typedef struct AG_PACKED {
     uint16_t d;
 } ag_block_q6_K;
 
+/* MXFP4 (OCP microscaling FP4, gpt-oss's expert weights): 32 E2M1 values
+ * sharing one E8M0 exponent. ggml keeps the values doubled (integers
+ * ag_mxfp4_values) and the scale halved (ag_e8m0_half): x = v * 2^(e-128). */
+typedef struct AG_PACKED {
+    uint8_t e;              /* E8M0 exponent */
+    uint8_t qs[AG_QK / 2];  /* element j in low nibble of qs[j], j+16 in the high nibble */
+} ag_block_mxfp4;
+
+/* The 16 E2M1 codes, doubled: 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives. */
+static const int8_t ag_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+/* 2^(e-128), exactly (ggml's GGML_E8M0_TO_FP32_HALF): subnormal for e < 2. */
+static inline float ag_e8m0_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float    f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
 /* Q8_K, ggml's layout: the activation format for the K-quant dots. */
 typedef struct AG_PACKED {
     float   d;
@@ -108,6 +127,7 @@ _Static_assert(sizeof(ag_block_q4_K) == 144, "q4_K");
 _Static_assert(sizeof(ag_block_q5_K) == 176, "q5_K");
 _Static_assert(sizeof(ag_block_q6_K) == 210, "q6_K");
 _Static_assert(sizeof(ag_block_q8_K) == 292, "q8_K");
+_Static_assert(sizeof(ag_block_mxfp4) == 17, "mxfp4");
 _Static_assert(sizeof(ag_block_q8a) == 40, "q8a");
 
 /* The 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K block:

@@ -145,6 +145,11 @@ AI __m256i wq_q5_0(const ag_block_q5_0 *b) {
     return _mm256_or_si256(unpack_nib16(b->qs), _mm256_andnot_si256(hb, _mm256_set1_epi8((char)0xF0)));
 }
 AI __m256i wq_q8_0(const ag_block_q8_0 *b) { return loadu256(b->qs); }
+/* MXFP4: each nibble looked up in the doubled E2M1 table (one pshufb) */
+AI __m256i wq_mxfp4(const ag_block_mxfp4 *b) {
+    const __m256i lut = _mm256_broadcastsi128_si256(loadu128(ag_mxfp4_values));
+    return _mm256_shuffle_epi8(lut, unpack_nib16(b->qs));
+}
 
 AI __m256i wq_q4_1(const ag_block_q4_1 *b) { return unpack_nib16(b->qs); }
 AI __m256i wq_q5_1(const ag_block_q5_1 *b) {

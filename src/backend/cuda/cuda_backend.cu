@@ -453,101 +453,40 @@ static void cu_destroy(ag_backend *be) {
     free(be);
 }
 
-/* An op that first launches a held-back GEMM (cuda_state.defer), so that
- * it never sees the GEMM's output unwritten: every op but the residual
- * adds, which may take the GEMM in (cu_add_rmsnorm, cu_add), and destroy.
- * (An op's failure to launch it is its error; free and alloc, which report
- * none, leave it in the stream's error state.) */
-static ag_status pending_flush(cuda_state *s) {
-    const ag_status st = defer_flush(s);
-    return st ? st : lazy_flush(s);
-}
-template <auto F>
-struct flush_first;
-template <typename R, typename... A, R (*F)(ag_backend *, A...)>
-struct flush_first<F> {
-    static R call(ag_backend *be, A... a) {
-        const ag_status st = pending_flush(st_of(be));
-        if constexpr (std::is_same<R, ag_status>::value) {
-            if (st) return st;
-        } else {
-            (void)st;
-        }
-        return F(be, a...);
-    }
-};
-#define FLUSHED(f) flush_first<f>::call
-
-/* The GEMM ops, which read a lazy norm's rows (cuda_state.lazy) as their
- * BF16 copy: a held-back GEMM is launched first; a lazy norm over exactly
- * this op's prompt rows of x is dropped after it (its F32 rows, unread,
- * stay unwritten; a path that read them wrote them first, lazy_need); one
- * over other rows is written first. */
-static ag_status lazy_take(cuda_state *s, const float *x, int n, int n_decode, int K) {
-    ag_status st = defer_flush(s);
-    if (st || !s->lazy.out) return st;
-    if (n_decode < 0 || n_decode > n) n_decode = n;
-    const bool mine = s->lazy.out == x + (size_t)n_decode * K && s->lazy.rows == n - n_decode && s->lazy.dim == K;
-    return mine ? AG_OK : lazy_flush(s);
-}
-static ag_status cu_matmul_op(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
-    cuda_state *s = st_of(be);
-    ag_status   st = lazy_take(s, x, n, n_decode, (int)w->ne[0]);
-    if (!st) st = cu_matmul(be, w, x, n, n_decode, y);
-    s->lazy.out = NULL;
-    return st;
-}
-static ag_status cu_matmul_multi_op(ag_backend *be, const ag_tensor *const *w, int n_w, const float *x, int n,
-                                    int n_decode, float *const *y) {
-    cuda_state *s = st_of(be);
-    ag_status   st = n_w > 0 ? lazy_take(s, x, n, n_decode, (int)w[0]->ne[0]) : pending_flush(s);
-    if (!st) st = cu_matmul_multi(be, w, n_w, x, n, n_decode, y);
-    s->lazy.out = NULL;
-    return st;
-}
-static ag_status cu_ffn_op(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw,
-                           const float *h, int n, int n_decode, bool gelu, float *gate, float *up, float *o) {
-    cuda_state *s = st_of(be);
-    ag_status   st = lazy_take(s, h, n, n_decode, (int)gw->ne[0]);
-    if (!st) st = cu_ffn(be, gw, uw, dw, h, n, n_decode, gelu, gate, up, o);
-    s->lazy.out = NULL;
-    return st;
-}
-
 static ag_backend_ops make_ops(void) {
     ag_backend_ops o;
     memset(&o, 0, sizeof o);
     o.name = "cuda";
     o.host_memory = false;
-    o.alloc = FLUSHED(cu_alloc);
-    o.free = FLUSHED(cu_free);
-    o.upload = FLUSHED(cu_upload);
-    o.download = FLUSHED(cu_download);
-    o.copy = FLUSHED(cu_copy);
-    o.prepare_weight = FLUSHED(cu_prepare_weight);
-    o.kv_mem = cu_kv_mem; /* reads no device memory */
-    o.sync = FLUSHED(cu_sync);
-    o.destroy = cu_destroy; /* drops a held-back GEMM with the state */
-    o.begin = FLUSHED(cu_begin);
-    o.graph_begin = FLUSHED(cu_graph_begin);
-    o.graph_end = FLUSHED(cu_graph_end);
-    o.matmul = cu_matmul_op;             /* lazy_take */
-    o.matmul_multi = cu_matmul_multi_op; /* likewise */
-    o.get_rows = FLUSHED(cu_get_rows);
-    o.rmsnorm = FLUSHED(cu_rmsnorm);
-    o.add_rmsnorm = cu_add_rmsnorm; /* takes the held-back GEMM in, or flushes */
-    o.rope = FLUSHED(cu_rope);
-    o.add_bias = FLUSHED(cu_add_bias);
-    o.add = cu_add; /* likewise */
-    o.scale = FLUSHED(cu_scale);
-    o.silu_mul = FLUSHED(cu_silu_mul);
-    o.gelu_mul = FLUSHED(cu_gelu_mul);
-    o.ffn = cu_ffn_op; /* likewise */
-    o.kv_store = FLUSHED(cu_kv_store);
-    o.rope_kv_store = FLUSHED(cu_rope_kv_store);
-    o.argmax = FLUSHED(cu_argmax);
-    o.device_memory = FLUSHED(cu_device_memory);
-    o.attention = FLUSHED(cu_attention);
+    o.alloc = cu_alloc;
+    o.free = cu_free;
+    o.upload = cu_upload;
+    o.download = cu_download;
+    o.copy = cu_copy;
+    o.prepare_weight = cu_prepare_weight;
+    o.kv_mem = cu_kv_mem;
+    o.sync = cu_sync;
+    o.destroy = cu_destroy;
+    o.begin = cu_begin;
+    o.graph_begin = cu_graph_begin;
+    o.graph_end = cu_graph_end;
+    o.matmul = cu_matmul;
+    o.matmul_multi = cu_matmul_multi;
+    o.get_rows = cu_get_rows;
+    o.rmsnorm = cu_rmsnorm;
+    o.add_rmsnorm = cu_add_rmsnorm;
+    o.rope = cu_rope;
+    o.add_bias = cu_add_bias;
+    o.add = cu_add;
+    o.scale = cu_scale;
+    o.silu_mul = cu_silu_mul;
+    o.gelu_mul = cu_gelu_mul;
+    o.ffn = cu_ffn;
+    o.kv_store = cu_kv_store;
+    o.rope_kv_store = cu_rope_kv_store;
+    o.argmax = cu_argmax;
+    o.device_memory = cu_device_memory;
+    o.attention = cu_attention;
     return o;
 }
 /* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off),
@@ -558,9 +497,9 @@ static ag_backend_ops make_ops(void) {
  * copied to the host (for A/B and as a fallback). */
 static ag_backend_ops make_ops_with(int which) {
     ag_backend_ops o = make_ops();
-    if (which & 1) o.pick = FLUSHED(cu_pick);
-    if (which & 2) o.cands = FLUSHED(cu_cands);
-    if (which & 4) o.edit = FLUSHED(cu_edit), o.mask = FLUSHED(cu_mask);
+    if (which & 1) o.pick = cu_pick;
+    if (which & 2) o.cands = cu_cands;
+    if (which & 4) o.edit = cu_edit, o.mask = cu_mask;
     return o;
 }
 static const ag_backend_ops cuda_ops_variants[8] = {make_ops_with(0), make_ops_with(1), make_ops_with(2),
@@ -677,8 +616,6 @@ extern "C" ag_status ag_cuda_backend_new(int index, int decode_rows_hint, ag_bac
     s->att.att_fit = !(afit && *afit == '0');
     const char *grp = ag_switch_text("AUGUR_CUDA_GROUP");
     s->group_on = !(grp && *grp == '0');
-    const char *dfr = ag_switch_text("AUGUR_CUDA_DEFER");
-    s->defer_mode = dfr ? atoi(dfr) & 3 : 0;
     const char *mtile = ag_switch_text("AUGUR_CUDA_MMT_TILE");
     s->mmt_tile = mtile && *mtile && atoi(mtile) >= 0 && atoi(mtile) <= 4 ? atoi(mtile) : -1;
     const char *qtile = ag_switch_text("AUGUR_CUDA_MMQ_TILE");

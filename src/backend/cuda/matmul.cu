@@ -284,8 +284,8 @@ ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int *x_read
         xbf = s->d_xbf + (x - s->pp_x); /* its producer left these rows in d_xbf (pp_x) */
     } else {
         s->pp_x = NULL; /* d_xbf is rewritten */
-        ag_status st = lazy_need(s, x, elems);
-        if (st || (st = grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16)))) return st;
+        ag_status st = grow((void **)&s->d_xbf, &s->cap_xbf, elems, sizeof(__nv_bfloat16));
+        if (st) return st;
         xbf = s->d_xbf;
         if (elems % 4 == 0 && ((uintptr_t)x & 15) == 0)
             launch_k(s, f32_to_bf16_4, grid_for(elems / 4, 256), 256, 0, x, elems, xbf);
@@ -309,56 +309,17 @@ ag_status gemm_bf16(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 
     return AG_OK;
 }
 
-/* The F32 prompt-row GEMM y = xbf · wbᵀ, or, with deferral on, its operands
- * kept in s->defer for the next op (see cuda_state.defer). */
-ag_status gemm_bf16_out(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out,
-                        int n, float *y) {
-    if (!(s->defer_mode & 1) || n <= 0) return gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
-    s->defer.wb = wb, s->defer.xbf = xbf, s->defer.K = K, s->defer.n_out = n_out, s->defer.rows = n, s->defer.y = y;
-    return AG_OK;
-}
-
-/* Launches a held-back GEMM as it was (into its y); nothing when none is. */
-ag_status defer_flush(cuda_state *s) {
-    if (!s->defer.y) return AG_OK;
-    float *y = s->defer.y;
-    s->defer.y = NULL;
-    return gemm_bf16(s, s->defer.wb, s->defer.xbf, s->defer.K, s->defer.n_out, s->defer.rows, y, CUDA_R_32F);
-}
-
-/* The held-back GEMM's first row within o[.][dim] when it is exactly o's
- * rows [r0, r0 + rows) up to the last of `total` elements (its prompt
- * rows), else -1. */
-long defer_row0(const cuda_state *s, const float *o, size_t total, int dim) {
-    if (!s->defer.y || s->defer.n_out != dim || total % (size_t)dim) return -1;
-    const long r0 = (long)(total / (size_t)dim) - s->defer.rows;
-    return r0 >= 0 && s->defer.y == o + (size_t)r0 * dim ? r0 : -1;
-}
-
-/* With the held-back GEMM over o's rows [r0, ..): those rows of x get
- * x + acc from the GEMM itself (beta 1); the caller then adds o's rows
- * [0, r0) only. */
-ag_status defer_into(cuda_state *s, float *x, long r0, int dim) {
-    float *xr = x + (size_t)r0 * dim;
-    s->defer.y = NULL;
-    prep_forget(s, xr, (size_t)s->defer.rows * dim * sizeof(float));
-    return gemm_bf16(s, s->defer.wb, s->defer.xbf, s->defer.K, dim, s->defer.rows, xr, CUDA_R_32F, 1.0f);
-}
-
 /* Prompt rows on the tensor cores. Quantized and BF16 weights: BF16
  * operands (the weight dequantized, the activations rounded). F32 and F16
  * weights keep their precision: FP32 operands, full FP32 for F32 weights
  * (small models: tiny cost) and TF32 for F16 (10 mantissa bits, like F16).
- * x_ready: as prompt_x_bf16's. hold: the BF16 GEMM may be held back
- * (gemm_bf16_out; a single weight's matmul only). */
-static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready,
-                               bool hold = false) {
+ * x_ready: as prompt_x_bf16's. */
+static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x, int n, float *y, int *x_ready) {
     if (n <= 0) return AG_OK;
     const int   K = (int)w->ne[0], n_out = (int)w->ne[1];
     const float one = 1.0f, zero = 0.0f;
     ag_status   st;
     if (w->type == CQ_F32 || w->type == CQ_F16) {
-        if ((st = lazy_need(s, x, (size_t)n * K))) return st;
         const float *wf = (const float *)w->data;
         if (w->type == CQ_F16) {
             if ((st = grow((void **)&s->d_wf, &s->cap_wf, (size_t)K * n_out, sizeof(float)))) return st;
@@ -374,24 +335,24 @@ static ag_status matmul_prompt(cuda_state *s, const ag_tensor *w, const float *x
     }
     const __nv_bfloat16 *wb, *xbf;
     if ((st = prompt_weight_bf16(s, w, &wb)) || (st = prompt_x_bf16(s, x, K, n, x_ready, &xbf))) return st;
-    return hold ? gemm_bf16_out(s, wb, xbf, K, n_out, n, y) : gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
+    return gemm_bf16(s, wb, xbf, K, n_out, n, y, CUDA_R_32F);
 }
 
 static ag_status matmul_rows(cuda_state *s, const ag_tensor *w, const float *x, int n, int n_decode, float *y,
-                             int *x_ready, bool hold = false) {
+                             int *x_ready) {
     if (n_decode < 0 || n_decode > n) n_decode = n;
     prep_forget(s, y, (size_t)n * w->ne[1] * sizeof(float));
     ag_status st = matmul_decode(s, w, x, n_decode, y, x_ready);
     if (!st)
         st = matmul_prompt(s, w, x + (size_t)n_decode * w->ne[0], n - n_decode, y + (size_t)n_decode * w->ne[1],
-                           x_ready, hold);
+                           x_ready);
     if (st) return ag_errorf(st, "matmul with '%s': %s", w->name ? w->name : "?", ag_error_message());
     return AG_OK;
 }
 
 ag_status cu_matmul(ag_backend *be, const ag_tensor *w, const float *x, int n, int n_decode, float *y) {
     int x_ready = 0;
-    return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready, true);
+    return matmul_rows(st_of(be), w, x, n, n_decode, y, &x_ready);
 }
 
 /* The prompt rows of w[0..n_g) over x's rows [n_decode, n), weight by weight. */

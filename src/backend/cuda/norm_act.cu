@@ -12,18 +12,14 @@
  * same values either way, so add_rmsnorm gives add's and rmsnorm's bits.
  * PREP (dim % 32 == 0): rows below prep_rows are also left in the formats
  * fmt (prep_store4), and, when pb is not NULL, the rows from prep_rows on
- * (prompt rows) as BF16 in pb (from its start), f32_to_bf16's rounding.
- * With ADD, rows from add_rows on skip the add (a held-back GEMM added
- * them: cuda_state.defer). With PREP, rows from f32_rows on (prompt rows
- * whose BF16 copy pb holds) skip their F32 store (cuda_state.lazy). */
+ * (prompt rows) as BF16 in pb (from its start), f32_to_bf16's rounding. */
 template <bool ADD, bool PREP>
 __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, const float *__restrict__ w, int dim,
                           float eps, float *__restrict__ out, int prep_rows, int fmt, int8_t *__restrict__ xq,
-                          float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *__restrict__ pb,
-                          int add_rows, int f32_rows) {
+                          float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh, __nv_bfloat16 *__restrict__ pb) {
     pdl_entry();
     __shared__ float red[32];
-    const bool   add = ADD && (int)blockIdx.x < add_rows;
+    const bool   add = ADD;
     float       *xr = x + (size_t)blockIdx.x * dim;
     const float *orow = add ? o + (size_t)blockIdx.x * dim : nullptr;
     float       *res = out + (size_t)blockIdx.x * dim;
@@ -49,7 +45,7 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
                 const float4 g = ((const float4 *)w)[i];
                 v.x *= g.x, v.y *= g.y, v.z *= g.z, v.w *= g.w;
             }
-            if (!PREP || (int)blockIdx.x < f32_rows) ((float4 *)res)[i] = v;
+            ((float4 *)res)[i] = v;
             if (PREP && (int)blockIdx.x < prep_rows) prep_store4(v, (size_t)blockIdx.x * dim + 4 * (size_t)i, fmt, xq, xs, xh);
             else if (PREP && pb) store_bf16x4(pb + (size_t)((int)blockIdx.x - prep_rows) * dim + 4 * (size_t)i, v);
         }
@@ -69,26 +65,20 @@ __global__ void rmsnorm_k(float *__restrict__ x, const float *__restrict__ o, co
  * silu_mul leaves them) when the norm is over the pass's rows. */
 template <bool ADD>
 static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const float *w, int n, int dim, float eps,
-                                float *out, int add_rows = INT_MAX) {
+                                float *out) {
     const int      fmt = prep_formats(s, n, dim);
     const unsigned th = threads_for(dim % 4 == 0 ? dim / 4 : dim);
     const int      n_dec = s->pass_n_decode;
     const size_t   n_pp = n == s->n && n > n_dec && dim % 4 == 0 ? (size_t)(n - n_dec) * dim : 0;
     __nv_bfloat16 *pb = pp_reserve(s, n_pp);
     if (ADD) prep_forget(s, x, (size_t)n * dim * sizeof(float));
-    /* the F32 prompt rows left unwritten (cuda_state.lazy): out apart from x */
-    const bool lazy = (s->defer_mode & 2) && pb && (out + (size_t)n * dim <= x || x + (size_t)n * dim <= out);
     if (fmt || pb)
         launch_k(s, rmsnorm_k<ADD, true>, (unsigned)n, th, 0, x, o, w, dim, eps, out, n_dec, fmt, s->d_xq, s->d_xs,
-                 s->d_xh, pb, add_rows, lazy ? n_dec : INT_MAX);
+                 s->d_xh, pb);
     else
         launch_k(s, rmsnorm_k<ADD, false>, (unsigned)n, th, 0, x, o, w, dim, eps, out, 0, 0, nullptr, nullptr,
-                 nullptr, nullptr, add_rows, INT_MAX);
+                 nullptr, nullptr);
     LAUNCHED();
-    if (lazy) {
-        s->lazy.out = out + (size_t)n_dec * dim, s->lazy.x = x + (size_t)n_dec * dim, s->lazy.w = w;
-        s->lazy.eps = eps, s->lazy.dim = dim, s->lazy.rows = n - n_dec;
-    }
     prep_made(s, out, n, dim, fmt);
     if (pb) pp_made(s, out + (size_t)n_dec * dim, n_pp);
     return AG_OK;
@@ -97,26 +87,6 @@ static ag_status launch_rmsnorm(cuda_state *s, float *x, const float *o, const f
 ag_status cu_rmsnorm(ag_backend *be, const float *x, const float *w, int n, int dim, float eps, float *out) {
     if (n <= 0) return AG_OK;
     return launch_rmsnorm<false>(st_of(be), (float *)x, nullptr, w, n, dim, eps, out); /* x is only read without ADD */
-}
-
-/* Writes a lazy norm's F32 prompt rows (cuda_state.lazy): the norm again
- * over its input rows, the same loop over the same values; nothing when
- * none is pending. */
-ag_status lazy_flush(cuda_state *s) {
-    if (!s->lazy.out) return AG_OK;
-    const int dim = s->lazy.dim;
-    float    *out = s->lazy.out;
-    s->lazy.out = NULL;
-    launch_k(s, rmsnorm_k<false, false>, (unsigned)s->lazy.rows, threads_for(dim / 4), 0, (float *)s->lazy.x,
-             (const float *)nullptr, s->lazy.w, dim, s->lazy.eps, out, 0, 0, nullptr, nullptr, nullptr, nullptr, 0,
-             INT_MAX);
-    LAUNCHED();
-    return AG_OK;
-}
-/* lazy_flush where [p, p + elems) overlaps the unwritten rows. */
-ag_status lazy_need(cuda_state *s, const float *p, size_t elems) {
-    const float *o = s->lazy.out;
-    return o && p < o + (size_t)s->lazy.rows * s->lazy.dim && o < p + elems ? lazy_flush(s) : AG_OK;
 }
 
 __global__ void add_bias_k(float *x, const float *b, int n, int dim) {
@@ -187,16 +157,8 @@ ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *
                          float *out) {
     if (n <= 0) return AG_OK;
     cuda_state *s = st_of(be);
-    ag_status   st = lazy_flush(s); /* (x changes) */
-    if (st) return st;
-    const long r0 = defer_row0(s, o, (size_t)n * dim, dim);
-    if (r0 >= 0 && s->fuse_on) { /* the held-back GEMM adds its rows into x; the norm adds o's rows before them */
-        st = defer_into(s, x, r0, dim);
-        return st ? st : launch_rmsnorm<true>(s, x, o, w, n, dim, eps, out, (int)r0);
-    }
-    if ((st = defer_flush(s))) return st;
     if (!s->fuse_on) { /* AUGUR_CUDA_FUSE=0, for A/B: two launches, the same bits */
-        st = cu_add(be, x, o, (size_t)n * dim);
+        const ag_status st = cu_add(be, x, o, (size_t)n * dim);
         return st ? st : cu_rmsnorm(be, x, w, n, dim, eps, out);
     }
     return launch_rmsnorm<true>(s, x, o, w, n, dim, eps, out);
@@ -204,14 +166,6 @@ ag_status cu_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *
 ag_status cu_add(ag_backend *be, float *y, const float *x, size_t n) {
     if (!n) return AG_OK;
     cuda_state *s = st_of(be);
-    /* y += x where x's last rows are a held-back GEMM's: those rows of y by
-     * the GEMM itself (beta 1), the rest here */
-    const int  dim = s->defer.n_out;
-    const long r0 = s->defer.y ? defer_row0(s, x, n, dim) : -1;
-    ag_status  st = lazy_flush(s); /* (y may be its input) */
-    if (st || (st = r0 >= 0 ? defer_into(s, y, r0, dim) : defer_flush(s))) return st;
-    if (r0 >= 0) n = (size_t)r0 * dim; /* the rows before the GEMM's */
-    if (!n) return AG_OK;
     prep_forget(s, y, n * sizeof(float));
     launch_k(s, add_k, grid_for(n, 256), 256, 0, y, x, n);
     LAUNCHED();
@@ -302,7 +256,7 @@ ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const
     else launch_k(s, glu_bf16_k<false>, grid_for(n8, 256), 256, 0, gb, (const __nv_bfloat16 *)ub, n8);
     LAUNCHED();
     if ((st = prompt_weight_bf16(s, dw, &wb)) ||
-        (st = gemm_bf16_out(s, wb, gb, n_ff, n_out, n_pp, o + (size_t)n_decode * n_out)))
+        (st = gemm_bf16(s, wb, gb, n_ff, n_out, n_pp, o + (size_t)n_decode * n_out, CUDA_R_32F)))
         return ag_errorf(st, "ffn with '%s': %s", dw->name ? dw->name : "?", ag_error_message());
     return AG_OK;
 }

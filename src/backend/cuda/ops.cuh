@@ -50,11 +50,6 @@ ag_status            prompt_weight_bf16(cuda_state *s, const ag_tensor *w, const
 ag_status prompt_x_bf16(cuda_state *s, const float *x, int K, int n, int *x_ready, const __nv_bfloat16 **out);
 ag_status gemm_bf16(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out, int n, void *y,
                     cudaDataType yt, float beta = 0.0f);
-ag_status gemm_bf16_out(cuda_state *s, const __nv_bfloat16 *wb, const __nv_bfloat16 *xbf, int K, int n_out, int n,
-                        float *y);
-ag_status defer_flush(cuda_state *s);
-long      defer_row0(const cuda_state *s, const float *o, size_t total, int dim);
-ag_status defer_into(cuda_state *s, float *x, long r0, int dim);
 
 /* ---- mmv.cu ---- */
 /* decode rows [0, n) of w over x on the fp32 GEMVs */
@@ -88,8 +83,6 @@ ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n);
 ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n);
 ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw, const float *h, int n,
                  int n_decode, bool gelu, float *gate, float *up, float *o);
-ag_status lazy_flush(cuda_state *s);
-ag_status lazy_need(cuda_state *s, const float *p, size_t elems);
 
 /* ---- rope_kv.cu ---- */
 ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,

@@ -2,7 +2,7 @@
  * the launch helper every family uses (launch_k: PDL). What one family
  * owns is its own struct (cuda_sample_state, cuda_rope_state,
  * cuda_attn_split_state); the rest the families share (the pass's arrays,
- * the prepared activations, the deferred GEMM and lazy norm, the decode
+ * the prepared activations, the decode
  * kernels' switches), documented member by member. */
 #ifndef AG_CUDA_STATE_CUH
 #define AG_CUDA_STATE_CUH
@@ -170,42 +170,6 @@ typedef struct {
     int  mmt_tile;     /* the BF16 decode kernel's tile beyond 16 rows (AUGUR_CUDA_MMT_TILE, mmt_for; -1: by the batch) */
     bool mmt_lean;     /* up to 8 rows at 16 warps a block: mmt_bf16_group_lean (AUGUR_CUDA_MMT_LEAN=0: off) */
     bool mmt_staged_ready[3]; /* mmt_bf16_staged's shared-memory limit raised, by 4, 8 or 16 warps */
-    /* The prompt rows of a matmul's (or the feed-forward block's down)
-     * BF16 GEMM, held back (AUGUR_CUDA_DEFER bit 1, opt-in; written, not yet
-     * run on a GPU): when the next op is the residual add (add_rmsnorm or
-     * add) of exactly those rows, the GEMM adds into the residual stream
-     * itself (cuBLAS's beta = 1: x + acc, one rounding, as x + o; prompt
-     * rows only, so bits may move where cuBLAS picks another algorithm
-     * for beta 1, within the GPU-vs-CPU tolerances) and the
-     * norm reads x alone: at 4096 rows of an 8B, 128 MB less traffic per
-     * residual add (o written and read, x written by the norm, against x
-     * read by the GEMM). Every other op first launches it as it was
-     * (defer_flush, through the op table's flush_first wrappers), so no
-     * op ever sees y unwritten. The price, why it is opt-in: once a
-     * residual add took the GEMM in, y's prompt rows stay unwritten. The
-     * model never reads them (it writes o anew before reading it again);
-     * a caller that reads a matmul's output after adding it must not turn
-     * this on. */
-    int  defer_mode; /* AUGUR_CUDA_DEFER bits: 1 the GEMM above, 2 the norm's rows below (lazy) */
-    struct {
-        const __nv_bfloat16 *wb, *xbf; /* the operands as the GEMM would have read them */
-        int                  K, n_out, rows;
-        float               *y; /* its output rows (the pass's prompt rows) */
-    } defer;
-    /* With bit 2: a norm over the pass's rows whose prompt rows go to
-     * their BF16 copy (pp_x) leaves their F32 rows unwritten (64 MB a norm
-     * at 4096 rows of an 8B). The next op that reads h is meant to be the
-     * matmul_multi or ffn taking the BF16 copy (the model's order); it
-     * drops the record, and h's F32 prompt rows stay unwritten (the model
-     * never reads them). Any other op, or a GEMM path that reads F32 rows
-     * (lazy_need), first writes them (lazy_flush: the norm again over x's
-     * rows, which nothing changed since: the same bits). */
-    struct {
-        float       *out;     /* h's prompt rows, unwritten; NULL: none */
-        const float *x, *w;   /* the norm's input rows (after its add) and gain */
-        float        eps;
-        int          dim, rows;
-    } lazy;
     bool mmv_split_on; /* mmqv's rows over several warps for few-row weights (mmqv_ws; AUGUR_CUDA_MMV_SPLIT=0: off, A/B) */
     /* mmqv's rows staged in shared memory (stage_rows): 1 in group
      * launches (the default), 2 in every launch, 0 none (AUGUR_CUDA_STAGE=0|1|2;
