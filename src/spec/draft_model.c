@@ -181,7 +181,9 @@ static size_t source_bytes(int32_t n_vocab_target, int32_t n_vocab_draft, size_t
 /* The draft's KV pool: max_seqs sequences of n_ctx (already clamped)
  * positions. */
 static ag_status draft_kv_params(const ag_model *m, int max_seqs, int n_ctx, ag_kv_params *kp) {
-    return ag_model_kv_params(m, AG_KV_F16, max_seqs, n_ctx, kp, NULL);
+    ag_status st = ag_model_kv_params(m, AG_KV_F16, max_seqs, n_ctx, kp, NULL);
+    kp->ring_step = CHUNK; /* (run_tokens reserves at most a chunk at once) */
+    return st;
 }
 
 static int clamp_ctx(const ag_model *m, int n_ctx) {
