@@ -1339,12 +1339,18 @@ static bool step(ag_engine *e) {
     if (n > n_prefill) e->stats.prompt_budget = budget;
     pthread_mutex_unlock(&e->mu);
 
+    const bool ring = ag_kv_get_layout(e->kv)->n_ring_layers > 0;
     for (request *r = e->running; r; r = r->next) {
+        const bool chunk = r->in_batch > 0;
         r->n_prefilled += r->in_batch;
         r->in_batch = 0;
         /* a fully prefilled prompt is shared at once with requests admitted
-         * while this one still decodes */
-        if (r->n_prefilled == r->n_prompt && r->n_done < r->n_choices) publish_prompt(e, r, false);
+         * while this one still decodes; with a sliding-window ring (kv.h),
+         * every chunk's blocks go at once, before the next reserve recycles
+         * their ring blocks: the cache then holds the windowed layers' KV
+         * of every point of the prompt, so a later prompt that shares only
+         * part of it can resume there */
+        if ((r->n_prefilled == r->n_prompt || (ring && chunk)) && r->n_done < r->n_choices) publish_prompt(e, r, false);
     }
     for (int k = 0; k < rows; k += e->rows[k].n_rows > 0 ? e->rows[k].n_rows : 1) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
