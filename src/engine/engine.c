@@ -1142,6 +1142,13 @@ static bool step(ag_engine *e) {
         }
     /* the freed blocks must show in the stats even if no step follows */
     if (cancelled) update_kv_stats(e);
+    /* a sliding-window ring (kv.h) lets go of what no query reads any more,
+     * also of sequences that take no row this step: its pool holds the
+     * running windows and one step's tokens */
+    if (ag_kv_get_layout(e->kv)->n_ring_layers)
+        for (request *r = e->running; r; r = r->next)
+            for (int i = 0; i < r->n_choices && r->ch; i++)
+                if (r->ch[i].seq >= 0 && !r->restore) ag_kv_seq_recycle(e->kv, r->ch[i].seq);
     resume_swapped(e);
     admit(e);
     poll_restores(e);
@@ -1688,9 +1695,9 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         full.ring = false;
         const double all = ag_kv_layout_for(&full, &fl, NULL) ? 0 : (double)ks.n_blocks * fl.block_bytes;
         AG_LOGI("KV: %d of %d layers have a sliding window of %d: they keep a ring of about %d positions a "
-                "sequence, not the context: %.1f MiB (ring %.1f MiB + the %d other layers' %.1f MiB), where "
-                "every position of every layer would take %.1f MiB",
-                L.n_ring_layers, L.n_layers, L.ring_window, L.ring_window + kp.ring_slack + p.n_batch,
+                "sequence (and a step's tokens), not the context: %.1f MiB (ring %.1f MiB + the %d other layers' "
+                "%.1f MiB), where every position of every layer would take %.1f MiB",
+                L.n_ring_layers, L.n_layers, L.ring_window, L.ring_window + kp.ring_slack,
                 (ks.pool_bytes + ks.ring_pool_bytes) / 1048576.0, ks.ring_pool_bytes / 1048576.0,
                 L.n_layers - L.n_ring_layers, ks.pool_bytes / 1048576.0, all / 1048576.0);
     }

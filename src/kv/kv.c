@@ -251,17 +251,20 @@ static size_t fixed_meta_bytes(const ag_kv_params *p, size_t n_blocks, size_t r_
            (n_blocks + r_blocks) * 2 * sizeof(int32_t) + (size_t)p->max_seqs * sizeof(kv_seq);
 }
 
-/* Ring blocks one sequence holds at most: positions from the first kept
- * (len - W + 1 - slack, rounded down to a block) to len + step - 1. */
-static int32_t ring_blocks_per_seq(const ag_kv_layout *lay, int32_t slack, int32_t step) {
-    int64_t span = (int64_t)lay->ring_window + (slack > 0 ? slack : 0) + (step > 0 ? step : 1) + lay->block_size;
-    return (int32_t)((span + lay->block_size - 1) / lay->block_size + 1);
+/* Ring blocks n_seqs sequences hold at most: each, after a recycle, the
+ * blocks of positions from len - W + 1 - slack (rounded down to a block) to
+ * len - 1, and then, all together, the step positions reserved past that
+ * (a partial block more each). */
+static int64_t ring_blocks_held(const ag_kv_layout *lay, int32_t slack, int32_t n_seqs, int32_t step) {
+    const int64_t bs = lay->block_size;
+    const int64_t win = ((int64_t)lay->ring_window + (slack > 0 ? slack : 0) + bs - 1) / bs + 1;
+    return (int64_t)n_seqs * (win + 1) + ((step > 0 ? step : 1) + bs - 1) / bs;
 }
 
 int32_t ag_kv_ring_blocks_for(const ag_kv_params *p, int32_t n_seqs, int32_t step) {
     ag_kv_layout lay;
     if (ag_kv_layout_for(p, &lay, NULL) || !lay.n_ring_layers) return 0;
-    int64_t n = (int64_t)n_seqs * ring_blocks_per_seq(&lay, p->ring_slack, step);
+    int64_t n = ring_blocks_held(&lay, p->ring_slack, n_seqs, step);
     return n > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)n;
 }
 
@@ -269,7 +272,7 @@ int32_t ag_kv_ring_blocks_for(const ag_kv_params *p, int32_t n_seqs, int32_t ste
 static int32_t ring_pool_blocks(const ag_kv_params *p, const ag_kv_layout *lay) {
     if (!lay->n_ring_layers) return 0;
     if (p->ring_blocks > 0) return p->ring_blocks;
-    int64_t n = (int64_t)p->max_seqs * ring_blocks_per_seq(lay, p->ring_slack, p->ring_step) * 3 / 2;
+    int64_t n = ring_blocks_held(lay, p->ring_slack, p->max_seqs, p->ring_step) * 3 / 2;
     return n > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)n;
 }
 
@@ -518,6 +521,17 @@ static void seq_release_from(ag_kv *kv, kv_seq *s, int32_t keep) {
     ring_release(kv, s, keep, s->n_blocks);
     if (s->n_blocks > keep) s->n_blocks = keep;
     if (s->rlo > keep) s->rlo = keep;
+}
+
+void ag_kv_seq_recycle(ag_kv *kv, int32_t seq) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s || !s->rblocks) return;
+    int32_t lo = s->len - kv->ring_w + 1 - kv->ring_slack;
+    int32_t keep_from = lo > 0 ? lo >> kv->lay.block_shift : 0;
+    if (keep_from > s->n_blocks) keep_from = s->n_blocks;
+    if (keep_from <= s->rlo) return;
+    ring_release(kv, s, s->rlo, keep_from);
+    s->rlo = keep_from;
 }
 
 int32_t ag_kv_ring_first_needed(const ag_kv *kv, int32_t len) {

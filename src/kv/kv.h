@@ -132,10 +132,12 @@ typedef struct {
      * unless layer_window has at least one windowed and one global layer. */
     bool           ring;
     int32_t        ring_slack;  /* positions kept beyond the window for trims; default 32 */
-    int32_t        ring_step;   /* most positions one reserve adds (for the pool's
-                                   size); default 512 */
-    int32_t        ring_blocks; /* ring pool blocks; 0: 3/2 x max_seqs x what one
-                                   sequence holds at most (the rest: the prefix
+    int32_t        ring_step;   /* most positions reserved past the sequences' windows
+                                   at once, all sequences together (a step's tokens:
+                                   see ag_kv_seq_recycle), for the pool's size;
+                                   default 512 */
+    int32_t        ring_blocks; /* ring pool blocks; 0: 3/2 x (max_seqs windows and
+                                   ring_step positions) (the half: the prefix
                                    cache's ring blocks) */
     /* NULL: the pool is host memory. Otherwise the pool is allocated with
      * mem->alloc and ag_kv_block_k/_v return device addresses, which only
@@ -256,8 +258,9 @@ bool ag_kv_layer_ring(const ag_kv *kv, int32_t layer);
  * address blocks as ag_kv_block_k(kv, layer, 0) + id * this). */
 size_t ag_kv_layer_block_stride(const ag_kv *kv, int32_t layer);
 
-/* The ring pool's blocks for n_seqs sequences that each add at most `step`
- * positions per reserve, for params.ring_blocks (0 without a ring). */
+/* The ring pool's blocks that n_seqs sequences hold at most, their windows
+ * and `step` positions reserved past them (all together), without the
+ * prefix cache's share (0 without a ring). */
 int32_t ag_kv_ring_blocks_for(const ag_kv_params *p, int32_t n_seqs, int32_t step);
 
 /* Bytes of the ring pool ag_kv_init(p) allocates (0 without a ring). */
@@ -301,6 +304,14 @@ const int32_t *ag_kv_seq_layer_blocks(const ag_kv *kv, int32_t seq, int32_t laye
 /* The ring table alone (NULL without a ring); *first gets the first entry
  * that is not -1 (entries [*first, *n_blocks) are ring block ids). */
 const int32_t *ag_kv_seq_ring_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks, int32_t *first);
+
+/* Recycles what ag_kv_seq_reserve would before a step: the ring blocks
+ * whose positions all lie below len - W + 1 - ring_slack (nothing without a
+ * ring). A caller that runs many sequences calls it for each at the start
+ * of a step (after every rollback of the last one), so that a sequence
+ * left out of a step does not keep its last step's positions: the ring
+ * pool's size (params.ring_step) counts on it. */
+void ag_kv_seq_recycle(ag_kv *kv, int32_t seq);
 
 /* Makes positions [len, len + n_new) writable: allocates the missing blocks
  * and copies (copy-on-write) any block of that range that is shared, so the

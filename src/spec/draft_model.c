@@ -182,7 +182,7 @@ static size_t source_bytes(int32_t n_vocab_target, int32_t n_vocab_draft, size_t
  * positions. */
 static ag_status draft_kv_params(const ag_model *m, int max_seqs, int n_ctx, ag_kv_params *kp) {
     ag_status st = ag_model_kv_params(m, AG_KV_F16, max_seqs, n_ctx, kp, NULL);
-    kp->ring_step = CHUNK; /* (run_tokens reserves at most a chunk at once) */
+    kp->ring_step = CHUNK * max_seqs; /* (run_tokens reserves a chunk at most; each source may hold its last) */
     return st;
 }
 

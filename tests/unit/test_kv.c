@@ -1255,6 +1255,18 @@ static void ring_keeps_only_the_window(void **state) {
         /* the step just taken can always be rolled back (no slack needed) */
         assert_true(ag_kv_trimmable(kv, seq, ag_kv_seq_len(kv, seq) - before));
     }
+    /* an explicit recycle (a step's start) lets go of what a reserve would */
+    {
+        int32_t n0, f0, n1, f1;
+        ag_kv_seq_ring_blocks(kv, seq, &n0, &f0);
+        ag_kv_seq_recycle(kv, seq);
+        ag_kv_seq_ring_blocks(kv, seq, &n1, &f1);
+        const int32_t lo = ag_kv_seq_len(kv, seq) - RW + 1;
+        assert_int_equal(n1, n0);
+        assert_int_equal(f1, lo > 0 ? lo / BS : 0);
+        assert_true(f1 >= f0);
+        ring_check(kv, seq, stamps);
+    }
     /* a trim past the limit is refused and changes nothing */
     const int32_t len = ag_kv_seq_len(kv, seq), lim = ag_kv_trim_limit(kv, seq);
     assert_true(lim < len);
