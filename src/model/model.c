@@ -24,6 +24,8 @@ struct ag_model {
     ag_kv           *enc_kv;      /* encoders: ag_model_embed's KV, grown to the largest call */
     int              enc_kv_tokens, enc_kv_seqs;
     ag_layer_weights layers[AG_MAX_LAYERS];
+    int32_t          kv_window[AG_MAX_LAYERS]; /* the KV's per-layer sliding windows (kv.h layer_window) */
+    bool             kv_ring;                  /* windowed layers' KV in a ring (off: AUGUR_KV_RING=0) */
     ag_backend      *be;
     ag_tp           *tp;        /* --tp N > 1: the shards that run the embedding, layers and head (tp.c) */
     void            *act;       /* activations of one forward pass, in backend memory */
@@ -616,6 +618,8 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
         if ((st = ag_backend_new(AG_DEVICE_CPU, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
     }
     if (c->rope_yarn) yarn_freqs(m);
+    for (int l = 0; l < c->n_layer; l++) m->kv_window[l] = c->layer_swa[l] ? c->sliding_window : 0;
+    m->kv_ring = !ag_switch_off("AUGUR_KV_RING");
     m->argmax_off = ag_switch_off("AUGUR_ARGMAX");
     m->pick_off = ag_switch_off("AUGUR_PICK");
     m->cands_off = ag_switch_off("AUGUR_CANDS");
@@ -789,6 +793,8 @@ ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs,
     kp->dtype = dtype;
     kp->max_seqs = max_seqs;
     kp->mem = ag_model_kv_mem(m);
+    kp->layer_window = m->kv_window;
+    kp->ring = m->kv_ring;
     ag_kv_layout L;
     ag_status    st = ag_kv_layout_for(kp, &L, NULL);
     if (!st && n_pos > 0) kp->budget_bytes = ag_kv_budget_for(&L, max_seqs, n_pos);

@@ -22,7 +22,7 @@ ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layo
     const size_t kd = (size_t)s->n_head_kv * s->head_dim_k, vd = (size_t)s->n_head_kv * s->head_dim_v;
     for (int t = 0; t < b->n; t++) {
         int32_t block, off;
-        ag_status st = ag_kv_slot(kv, b->seq[t], b->pos[t], &block, &off);
+        ag_status st = ag_kv_layer_slot(kv, b->seq[t], s->layer, b->pos[t], &block, &off);
         if (st) return st;
         uint8_t *kb = ag_kv_block_k(kv, s->layer, block);
         uint8_t *vb = ag_kv_block_v(kv, s->layer, block);
@@ -483,7 +483,7 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     const int in_place = !wide && direct_f16 && L->dtype == AG_KV_F16 && dk % 8 == 0 && dv % 8 == 0 &&
                          L->row_bytes_k == (size_t)dk * 2 && L->row_bytes_v == (size_t)dv * 2;
     int32_t n_blocks;
-    const int32_t *table = ag_kv_seq_blocks(kv, b->seq[t0], &n_blocks);
+    const int32_t *table = ag_kv_seq_layer_blocks(kv, b->seq[t0], s->layer, &n_blocks);
 
     /* the visible range [lo_t, pos_t] of each row, and their union [lo_min, pos_max] */
     int lo[AG_ATTN_MAX_ROWS], hi[AG_ATTN_MAX_ROWS], lo_min = INT32_MAX, pos_max = 0, stride = 0;
