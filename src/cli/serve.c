@@ -29,6 +29,9 @@ static const char usage[] =
     "  --ctx N             context per sequence (default: the model's, at most 4096)\n"
     "  --max-queue N       requests waiting for a slot before 429s (default 64)\n"
     "  --batch N           tokens per engine step; smaller prompt chunks keep streams smoother (default 512; 4096 on a GPU)\n"
+    "  --kv-type TYPE      KV cache element type: f16 (default), q8_0 (about half the bytes), q4_0\n"
+    "                      (about a quarter), f32; quantized types need head dims that are multiples\n"
+    "                      of 32 and run on the CPU only for now\n"
     "  --kv-mem SIZE       KV pool (e.g. 8G): default --parallel full contexts on the CPU, and on a GPU all\n"
     "                      that its free memory holds (requests that do not fit wait); room beyond the\n"
     "                      running sequences holds the prefix cache\n"
@@ -101,6 +104,7 @@ int ag_cli_serve(int argc, char **argv) {
     bool        no_kv_disk = false, no_webui = false, lenient = false;
     double      itl_target = 0;
     uint64_t    kv_disk_max = 0, kv_mem = 0;
+    ag_kv_dtype kv_type = AG_KV_F16;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
@@ -148,6 +152,7 @@ int ag_cli_serve(int argc, char **argv) {
         }
         else if (!strcmp(a, "--kv-disk-max")) ok = ag_cli_parse_size(v, &kv_disk_max) && kv_disk_max > 0;
         else if (!strcmp(a, "--kv-mem")) ok = ag_cli_parse_size(v, &kv_mem) && kv_mem > 0 && kv_mem <= SIZE_MAX;
+        else if (!strcmp(a, "--kv-type")) ok = ag_kv_dtype_parse(v, &kv_type);
         else return ag_cli_usage_error(usage, "serve: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "serve: %s needs a value", a);
         if (!ok) return ag_cli_usage_error(usage, "serve: invalid value '%s' for %s", v, a);
@@ -187,6 +192,7 @@ int ag_cli_serve(int argc, char **argv) {
     if (batch) ep.n_batch = (int)batch;
     ep.itl_target_ms = itl_target;
     ep.kv_bytes = (size_t)kv_mem;
+    ep.kv_dtype = kv_type;
     char kv_dir[4300];
     if (!no_kv_disk) {
         if (kv_disk) snprintf(kv_dir, sizeof kv_dir, "%s", kv_disk);
