@@ -54,9 +54,9 @@ static const char usage[] =
     "                      implement, instead of answering 400 naming them\n"
     "  --kv-disk DIR       keep the prefix cache's KV blocks in DIR too, so that prompts seen before a\n"
     "                      restart are restored instead of recomputed (DIR is created; give each model\n"
-    "                      its own DIR: records of another model found there are deleted). Default:\n"
-    "                      $XDG_CACHE_HOME/augur/kv/<model fingerprint>, else\n"
-    "                      ~/.cache/augur/kv/<model fingerprint>\n"
+    "                      and KV type its own DIR: records of another model or --kv-type found there\n"
+    "                      are deleted). Default: $XDG_CACHE_HOME/augur/kv/<model fingerprint>[-TYPE],\n"
+    "                      else ~/.cache/augur/kv/<model fingerprint>[-TYPE] (-TYPE for a type not f16)\n"
     "  --kv-disk-max SIZE  byte cap of the disk cache, a hard bound counting records still being written;\n"
     "                      least recently used records go first (e.g. 512M, 32G, or bytes; default: 32G or\n"
     "                      10% of the free space, whichever is less; a full disk lowers it to half the room)\n"
@@ -69,7 +69,11 @@ static const char usage[] =
  * $XDG_CACHE_HOME/augur/kv/<fingerprint>, else ~/.cache/augur/kv/<fingerprint>.
  * Creates the parents (the cache creates the last level). false when there
  * is no per-user cache directory. */
-static bool default_kv_dir(uint64_t fingerprint, char *out, size_t cap) {
+/* One directory per model and KV type: records of another type are never
+ * served (the record header carries it), and a server would drop them, so
+ * a q8_0 server does not clear the f16 one's cache (f16 keeps the plain
+ * name it always had). */
+static bool default_kv_dir(uint64_t fingerprint, ag_kv_dtype kv_type, char *out, size_t cap) {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char base[4096];
     if (xdg && *xdg == '/') snprintf(base, sizeof base, "%s", xdg);
@@ -81,7 +85,8 @@ static bool default_kv_dir(uint64_t fingerprint, char *out, size_t cap) {
         snprintf(d, sizeof d, "%s%s", base, parts[i]);
         mkdir(d, 0700); /* best effort: the cache reports a directory it cannot use */
     }
-    int n = snprintf(out, cap, "%s/augur/kv/%016llx", base, (unsigned long long)fingerprint);
+    int n = snprintf(out, cap, "%s/augur/kv/%016llx%s%s", base, (unsigned long long)fingerprint,
+                     kv_type == AG_KV_F16 ? "" : "-", kv_type == AG_KV_F16 ? "" : ag_kv_dtype_name(kv_type));
     return n > 0 && (size_t)n < cap;
 }
 
@@ -196,7 +201,7 @@ int ag_cli_serve(int argc, char **argv) {
     char kv_dir[4300];
     if (!no_kv_disk) {
         if (kv_disk) snprintf(kv_dir, sizeof kv_dir, "%s", kv_disk);
-        else if (!default_kv_dir(ag_model_fingerprint(m), kv_dir, sizeof kv_dir)) {
+        else if (!default_kv_dir(ag_model_fingerprint(m), kv_type, kv_dir, sizeof kv_dir)) {
             AG_LOGW("no per-user cache directory ($XDG_CACHE_HOME and $HOME unset): serving without the disk "
                     "cache (--kv-disk DIR gives one)");
             no_kv_disk = true;

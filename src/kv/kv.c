@@ -7,6 +7,8 @@
  * mutates anything, so a failed call leaves the cache exactly as it was. */
 #include "kv/kv.h"
 
+#include "base/switches.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -279,6 +281,11 @@ ag_status ag_kv_layout_for(const ag_kv_params *p, ag_kv_layout *out, int32_t *n_
     lay.head_dim_v = p->head_dim_v;
     lay.block_size = bs;
     while ((1 << lay.block_shift) < bs) lay.block_shift++;
+    if (ag_kv_dtype_quantized(p->dtype) && !ag_switch_off("AUGUR_KV_ROTATE")) {
+        int32_t r = p->head_dim_k & -p->head_dim_k;
+        lay.rot_k = p->head_dim_k % 64 ? 0 : r > 512 ? 512 : r;
+        lay.rot_v = p->head_dim_v % 64 ? 0 : 64;
+    }
     lay.row_bytes_k = row_bytes(p->dtype, p->head_dim_k);
     lay.row_bytes_v = row_bytes(p->dtype, p->head_dim_v);
     lay.head_stride_k = (size_t)bs * lay.row_bytes_k;

@@ -148,6 +148,16 @@ typedef struct {
     size_t      layer_stride; /* distance between layer l and l+1 of one block (padded) */
     size_t      block_bytes;  /* one block, all layers, with padding: the pool unit */
     size_t      copy_bytes;   /* one block, one layer, K then V, no padding: see copy_out */
+    /* Rotation of a quantized cache's rows (0: none), as llama.cpp's
+     * default for -ctk/-ctv: the CPU attention stores K as H k and V as H v
+     * (H: the orthonormal Walsh-Hadamard matrix, block-diagonal in blocks of
+     * rot_k / rot_v), dots H q with H k (= q.k) and multiplies the output by
+     * H again (H H = I), which spreads outliers across a block before it is
+     * quantized. rot_k = the largest power of two dividing head_dim_k (at
+     * most 512), rot_v = 64, each only for a head dim that is a multiple of
+     * 64 and unless AUGUR_KV_ROTATE=0. Part of what the stored bits mean:
+     * the prefix cache's records carry it (compute fingerprint). */
+    int32_t     rot_k, rot_v;
 } ag_kv_layout;
 
 typedef struct {

@@ -16,6 +16,39 @@
 #include "backend/cpu/quant.h"
 #include "kv/kv.h"
 
+/* x <- H x for each block of `nrot` (a power of two) of the n floats: the
+ * orthonormal Walsh-Hadamard (Sylvester order, H = H^T = H^-1) by the
+ * butterflies, then 1/sqrt(nrot). kv.h ag_kv_layout.rot_k says why. */
+static void kv_rotate(float *x, int n, int nrot) {
+    const float sc = 1.0f / sqrtf((float)nrot);
+    for (int c0 = 0; c0 < n; c0 += nrot) {
+        float *y = x + c0;
+        for (int h = 1; h < nrot; h *= 2)
+            for (int i = 0; i < nrot; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    const float a = y[j], b = y[j + h];
+                    y[j] = a + b, y[j + h] = a - b;
+                }
+        for (int j = 0; j < nrot; j++) y[j] *= sc;
+    }
+}
+
+/* One row into the pool: converted, or for a rotated quantized cache
+ * rotated a rotation block at a time and each block quantized. */
+static void store_rot(ag_kv_dtype t, uint8_t *dst, const float *src, int n, int nrot) {
+    if (!nrot) {
+        ag_kv_store_row(t, dst, src, n);
+        return;
+    }
+    float        tmp[512];
+    const size_t bb = ag_kv_row_bytes(t, nrot);
+    for (int c0 = 0; c0 < n; c0 += nrot, dst += bb) {
+        memcpy(tmp, src + c0, sizeof(float) * nrot);
+        kv_rotate(tmp, nrot, nrot);
+        ag_kv_store_row(t, dst, tmp, nrot);
+    }
+}
+
 ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *k,
                           const float *v) {
     const ag_kv_layout *L = ag_kv_get_layout(kv);
@@ -35,8 +68,8 @@ ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layo
                 ag_fp32_to_fp16_row(kr, kdst, s->head_dim_k);
                 ag_fp32_to_fp16_row(vr, vdst, s->head_dim_v);
             } else { /* F32, Q8_0, Q4_0: kv's row conversions (a row's bits depend on that row alone) */
-                ag_kv_store_row(L->dtype, kdst, kr, s->head_dim_k);
-                ag_kv_store_row(L->dtype, vdst, vr, s->head_dim_v);
+                store_rot(L->dtype, kdst, kr, s->head_dim_k, L->rot_k);
+                store_rot(L->dtype, vdst, vr, s->head_dim_v, L->rot_v);
             }
         }
     }
@@ -524,9 +557,15 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     const size_t qd = (size_t)s->n_head * dk;
     const int qk = ag_kv_dtype_quantized(L->dtype); /* (K and V share the type) */
     for (int i = 0; i < nt; i++)
-        for (int h = 0; h < group; h++)
-            (qk ? round_q8 : round_f16)(q + (t0 + i) * qd + (size_t)(g * group + h) * dk,
-                                        qh + ((size_t)i * group + h) * dk, dk);
+        for (int h = 0; h < group; h++) {
+            const float *qr = q + (t0 + i) * qd + (size_t)(g * group + h) * dk;
+            if (L->rot_k) { /* H q, to dot with the stored H k (kvbuf is free until pass 1) */
+                memcpy(kvbuf, qr, sizeof(float) * dk);
+                kv_rotate(kvbuf, dk, L->rot_k);
+                qr = kvbuf;
+            }
+            (qk ? round_q8 : round_f16)(qr, qh + ((size_t)i * group + h) * dk, dk);
+        }
 
     /* pass 1: scores, block by block (each K block converted once for all rows and heads) */
     const int b0 = lo_min / bs, b1 = pos_max / bs < n_blocks ? pos_max / bs : n_blocks - 1;
@@ -646,6 +685,8 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
         }
     }
     const size_t od = (size_t)s->n_head * dv;
+    if (L->rot_v) /* sum p H v = H (sum p v): H again undoes it */
+        for (int r = 0; r < nt * group; r++) kv_rotate(acc + (size_t)r * dv, dv, L->rot_v);
     for (int i = 0; i < nt; i++)
         for (int h = 0; h < group; h++)
             memcpy(out + (t0 + i) * od + (size_t)(g * group + h) * dv, acc + ((size_t)i * group + h) * dv,
