@@ -16,6 +16,15 @@ a preset, a type and the default seed give the same bytes every time) into
 build/parity/; the reference records the file's SHA-256, and the test
 regenerates the file and checks that hash before comparing.
 
+Quantized-KV references (<model>-kv-<type>, e.g. smollm2-kv-q8_0): the same
+tokens through llama.cpp with type_k = type_v = that type (-ctk/-ctv), which
+needs flash attention, and llama.cpp's default Walsh-Hadamard rotation of a
+quantized cache (what augur's --kv-type does too). Beside the usual floor they
+record llama.cpp's own agreement of that type with its f16 cache (flash
+attention on both: only the KV type differs), the bar augur's own q8_0-vs-f16
+agreement is held to, and the same without the rotation
+(LLAMA_ATTN_ROT_DISABLE=1), for the record.
+
 usage: scripts/logits_reference.py [NAME ...]   (default: every model present)
 needs: pip install llama-cpp-python numpy; build/bench/gen_model (make build/bench/gen_model)
 """
@@ -63,6 +72,14 @@ GENERATED = {
 }
 
 
+# name -> (model, KV type): the quantized-KV references
+KV_REFS = {
+    "smollm2-kv-q8_0": ("smollm2", "q8_0"),
+    "smollm2-kv-q4_0": ("smollm2", "q4_0"),
+}
+GGML_TYPES = {"f16": 1, "q4_0": 2, "q8_0": 8}
+
+
 def generate(name, gen_model=os.path.join(ROOT, "build", "bench", "gen_model")):
     """Writes a random-weight model with bench/gen_model; returns (path, sha256)."""
     preset, qtype, *more = GENERATED[name]
@@ -83,6 +100,20 @@ def llama_scores(path, tokens, n_batch):
 
     llm = Llama(path, n_ctx=max(1024, len(tokens)), n_batch=n_batch, n_ubatch=n_batch, logits_all=True,
                 n_threads=os.cpu_count(), verbose=False)
+def llama_logprobs(path, tokens, n_batch, kv=None, rotate=True):
+    """llama.cpp's teacher-forced log-probabilities, n_batch tokens per decode call;
+    kv: a KV cache type (flash attention on), rotate: llama.cpp's rotation of a quantized one."""
+    from llama_cpp import Llama
+
+    more = {}
+    if kv:
+        more = {"flash_attn": True, "type_k": GGML_TYPES[kv], "type_v": GGML_TYPES[kv]}
+    if rotate:
+        os.environ.pop("LLAMA_ATTN_ROT_DISABLE", None)
+    else:
+        os.environ["LLAMA_ATTN_ROT_DISABLE"] = "1"
+    llm = Llama(path, n_ctx=1024, n_batch=n_batch, n_ubatch=n_batch, logits_all=True,
+                n_threads=os.cpu_count(), verbose=False, **more)
     llm.eval(tokens)
     out = np.array(llm.scores[: len(tokens)], dtype=np.float32)
     del llm
@@ -93,13 +124,21 @@ def rows_logp(scores, r0, r1):
     """log-softmax of rows [r0, r1) in float64 (a few rows at a time: a
     262k vocabulary times 1600 positions is 3.4 GB in float64)."""
     return log_softmax(scores[r0:r1].astype(np.float64))
+def agreement(p, q):
+    """(top-1 agreement, mean KL(p || q)) of two log-probability arrays."""
+    return float(np.mean(p.argmax(1) == q.argmax(1))), float((np.exp(p) * (p - q)).sum(1).mean())
 
 
 def reference(name):
     from llama_cpp import Llama
 
-    path, max_tokens = MODELS[name]
+    kv = None
     extra = {}
+    if name in KV_REFS:
+        base, kv = KV_REFS[name]
+        path, max_tokens = MODELS[base]
+    else:
+        path, max_tokens = MODELS[name]
     if name in GENERATED:
         path, digest = generate(name)
         extra = {"gguf_sha256": np.array(digest), "gen_model": np.array(" ".join(GENERATED[name]))}
@@ -107,6 +146,7 @@ def reference(name):
     vocab = Llama(path, vocab_only=True, verbose=False)
     tokens = vocab.tokenize(text, add_bos=True, special=False)[:max_tokens]
     scores = llama_scores(path, tokens, 1024)
+    logp = llama_logprobs(path, tokens, 1024, kv)
     # llama.cpp against itself: the same tokens one at a time (its decode
     # kernels) instead of one batch (its GEMM kernels). In a quantized model
     # summation-order differences flip int8 roundings of activations, so this
@@ -124,6 +164,21 @@ def reference(name):
     self_kl = kl / len(tokens)
     logits = scores
     top, top_logp = np.concatenate(tops), np.concatenate(top_lps)
+    logp1 = llama_logprobs(path, tokens, 1, kv)
+    self_top1 = float(np.mean(logp.argmax(1) == logp1.argmax(1)))
+    self_kl = float((np.exp(logp) * (logp - logp1)).sum(1).mean())
+    logits = logp
+    if kv:
+        f16 = llama_logprobs(path, tokens, 1024, "f16")
+        norot = llama_logprobs(path, tokens, 1024, kv, rotate=False)
+        extra["vs_f16_top1"], extra["vs_f16_kl"] = map(np.float64, agreement(f16, logp))
+        extra["norot_vs_f16_top1"], extra["norot_vs_f16_kl"] = map(np.float64, agreement(f16, norot))
+        extra["kv_type"] = np.array(kv)
+        print(f"{name}: llama.cpp {kv} vs f16 KV: top-1 {float(extra['vs_f16_top1']):.4f}, KL "
+              f"{float(extra['vs_f16_kl']):.2e}; unrotated: top-1 {float(extra['norot_vs_f16_top1']):.4f}, KL "
+              f"{float(extra['norot_vs_f16_kl']):.2e}")
+    top = np.argsort(-logp, axis=1, kind="stable")[:, :TOP_K].astype(np.int32)
+    top_logp = np.take_along_axis(logp, top, 1).astype(np.float32)
     out = os.path.join(OUT, f"{name}.npz")
     np.savez_compressed(out, tokens=np.array(tokens, dtype=np.int32), top_ids=top,
                         top_logprobs=top_logp, n_vocab=np.int32(logits.shape[1]),
@@ -134,7 +189,8 @@ def reference(name):
 
 
 def main(argv):
-    names = argv or [n for n, (p, _) in MODELS.items() if n in GENERATED or os.path.exists(p)]
+    names = argv or [n for n, (p, _) in MODELS.items() if n in GENERATED or os.path.exists(p)] + [
+        n for n, (base, _) in KV_REFS.items() if os.path.exists(MODELS[base][0])]
     for n in names:
         reference(n)
 

@@ -81,8 +81,6 @@ void ag_cache_key_name(ag_cache_key key, char out[40]) {
     snprintf(out, 40, "%016llx%016llx" AG_CACHE_RECORD_EXT, (unsigned long long)key.hi, (unsigned long long)key.lo);
 }
 
-static size_t elem_size(uint32_t dtype) { return dtype == AG_KV_F32 ? 4 : 2; }
-
 /* Everything but the two checksums (the writer thread seals). */
 static void header_build(const ag_cache *c, int32_t id, uint8_t *h) {
     const cache_node   *n = &c->nodes[id];
@@ -140,7 +138,8 @@ ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *r)
     r->tok_fingerprint = get64(h + 24);
     r->compute_fingerprint = get64(h + 32);
     uint32_t dtype = get32(h + 40);
-    if (dtype != AG_KV_F32 && dtype != AG_KV_F16) return ag_errorf(AG_ERR_FORMAT, "unknown KV dtype %u", dtype);
+    if (dtype != AG_KV_F32 && dtype != AG_KV_F16 && !ag_kv_dtype_quantized((ag_kv_dtype)dtype))
+        return ag_errorf(AG_ERR_FORMAT, "unknown KV dtype %u", dtype);
     r->dtype = (ag_kv_dtype)dtype;
     r->block_size = (int32_t)bs;
     uint32_t nl = get32(h + 48), nh = get32(h + 52), dk = get32(h + 56), dv = get32(h + 60);
@@ -156,7 +155,10 @@ ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *r)
     r->block_index = get32(h + 68);
     r->payload_bytes = get64(h + 72);
     /* at most 4096 * 4096 * 256 * 8192 * 4 bytes: no overflow in 64 bits */
-    uint64_t want = (uint64_t)nl * nh * bs * ((uint64_t)dk + dv) * elem_size(dtype);
+    const uint64_t rk = ag_kv_row_bytes((ag_kv_dtype)dtype, dk), rv = ag_kv_row_bytes((ag_kv_dtype)dtype, dv);
+    if (!rk || !rv) return ag_errorf(AG_ERR_FORMAT, "head dims %u/%u do not fit KV dtype %s", dk, dv,
+                                     ag_kv_dtype_name((ag_kv_dtype)dtype));
+    uint64_t want = (uint64_t)nl * nh * bs * (rk + rv);
     if (r->payload_bytes != want)
         return ag_errorf(AG_ERR_FORMAT, "payload size %llu does not match the KV layout (%llu)",
                          (unsigned long long)r->payload_bytes, (unsigned long long)want);

@@ -15,7 +15,7 @@
 
 static const char usage[] =
     "usage: augur bench [-m MODEL] [-p 512] [-n 128] [-d 0] [-b 1] [-u N] [-r 5] [-t THREADS] [--argmax|--pick|--sample]\n"
-    "                   [--penalties] [--json]\n"
+    "                   [--penalties] [--kv-type f16|q8_0|q4_0] [--json]\n"
     "  -p N   prompt tokens to prefill (0 = skip); with -b B, N tokens on each of B sequences,\n"
     "         packed into forwards of -u rows as the server packs waiting prompts (pp is then\n"
     "         the aggregate prompt tok/s); with -n G too, `lockstep` is the output tok/s of B\n"
@@ -27,6 +27,7 @@ static const char usage[] =
     "  -b N   decode N sequences in lockstep (one token of each per step, as the\n"
     "         server's continuous batching does); tg is then the aggregate tok/s\n"
     "  -r N   repetitions (after one warm-up); the median and the range are reported\n"
+    "  --kv-type T  the KV cache's element type (default f16), as serve's\n"
     "  --argmax decode steps bring back each row's argmax (what greedy sampling needs; a GPU\n"
     "         then copies no logits) instead of its logits\n"
     "  --pick decode steps bring back a token drawn from each row at temperature 1 (what a\n"
@@ -223,6 +224,7 @@ int ag_cli_bench(int argc, char **argv) {
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
     bool json = false, argmax = false, pick = false, sample = false, penalties = false;
+    ag_kv_dtype kv_type = AG_KV_F16;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -247,6 +249,7 @@ int ag_cli_bench(int argc, char **argv) {
         else if (!strcmp(a, "-u")) ok = ag_cli_parse_long(v, 1, 1 << 16, &ubatch);
         else if (!strcmp(a, "-r")) ok = ag_cli_parse_long(v, 1, 1000, &reps);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
+        else if (!strcmp(a, "--kv-type")) ok = ag_kv_dtype_parse(v, &kv_type);
         else return ag_cli_usage_error(usage, "bench: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "bench: %s needs a value", a);
         if (!ok) return ag_cli_usage_error(usage, "bench: invalid value '%s' for %s", v, a);
@@ -276,7 +279,7 @@ int ag_cli_bench(int argc, char **argv) {
     int rc = 1;
     ag_kv_params kp;
     ag_kv_layout L;
-    if (ag_model_kv_params(m, AG_KV_F16, (int)n_seq, 0, &kp, &L)) {
+    if (ag_model_kv_params(m, kv_type, (int)n_seq, 0, &kp, &L)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
     }

@@ -97,7 +97,7 @@ static int by_recent(const void *a, const void *b) {
     return strcmp(x->name, y->name);
 }
 
-static const char *dtype_name(ag_kv_dtype t) { return t == AG_KV_F32 ? "f32" : t == AG_KV_F16 ? "f16" : "?"; }
+static const char *dtype_name(ag_kv_dtype t) { return ag_kv_dtype_name(t); }
 
 static void layout_str(const meta *r, char *out, size_t n) {
     snprintf(out, n, "%s/bs%d/%dLx%dH/%d+%d", dtype_name(r->dtype), r->block_size, r->n_layers, r->n_kv_heads,

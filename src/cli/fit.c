@@ -38,6 +38,7 @@ static const char usage[] =
     "  --parallel N    sequences at once (default: serve's, 4)\n"
     "  --batch N       tokens per engine step (default: serve's, 512; 4096 on a GPU)\n"
     "  --kv-mem SIZE   KV pool (default: serve's, --parallel full contexts)\n"
+    "  --kv-type TYPE  KV element type: f16 (default), q8_0, q4_0, f32 (as serve's)\n"
     "  --draft ngram|MODEL.gguf  the speculative decoding source serve would use\n"
     "  --no-kv-disk    serve without the prefix cache's disk tier (no write-behind buffer)\n"
     "  -t THREADS      CPU threads (default: all cores)\n"
@@ -176,6 +177,7 @@ int ag_cli_fit(int argc, char **argv) {
     const char *model_path = NULL;
     long        ctx = 0, parallel = defaults.n_parallel, batch = defaults.n_batch, threads = 0;
     uint64_t    kv_mem = 0;
+    ag_kv_dtype kv_type = AG_KV_F16;
     bool        json = false, no_kv_disk = false;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
@@ -196,6 +198,7 @@ int ag_cli_fit(int argc, char **argv) {
         else if (!strcmp(a, "--parallel")) ok = ag_cli_parse_long(v, 1, AG_CLI_MAX_PARALLEL, &parallel);
         else if (!strcmp(a, "--batch")) ok = ag_cli_parse_long(v, 1, 1 << 16, &batch);
         else if (!strcmp(a, "--kv-mem")) ok = ag_cli_parse_size(v, &kv_mem) && kv_mem > 0 && kv_mem <= SIZE_MAX;
+        else if (!strcmp(a, "--kv-type")) ok = ag_kv_dtype_parse(v, &kv_type);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
         else return ag_cli_usage_error(usage, "fit: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "fit: %s needs a value", a);
@@ -216,6 +219,7 @@ int ag_cli_fit(int argc, char **argv) {
     ep.n_ctx = (int)ctx;
     ep.n_batch = ag_engine_resolve_batch(m, (int)batch);
     ep.kv_bytes = (size_t)kv_mem;
+    ep.kv_dtype = kv_type;
     /* the plan only asks whether there is a disk tier, not where */
     ep.cache_dir = no_kv_disk ? NULL : "disk tier";
     const char *model_files[2] = {model_path, dopt.draft};
@@ -232,6 +236,13 @@ int ag_cli_fit(int argc, char **argv) {
     if (ag_engine_plan_memory(m, tok, &ep, &mem)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;
+    }
+    /* KV bytes per token (all layers, K and V, block padding included): what --kv-type changes */
+    double kv_per_token = 0;
+    {
+        ag_kv_params kp;
+        ag_kv_layout L;
+        if (ag_model_kv_params(m, ep.kv_dtype, 1, 0, &kp, &L) == AG_OK) kv_per_token = (double)L.block_bytes / L.block_size;
     }
     uint64_t rss, mapped;
     if (!self_rss(model_files, n_files, &rss, &mapped)) {
@@ -277,6 +288,8 @@ int ag_cli_fit(int argc, char **argv) {
         json_object_set_new(o, "ring_window", json_integer(mem.ring_window));
         json_object_set_new(o, "ring_layers", json_integer(mem.n_ring_layers));
         json_object_set_new(o, "kv_block_size", json_integer(mem.block_size));
+        json_object_set_new(o, "kv_type", json_string(ag_kv_dtype_name(ep.kv_dtype)));
+        json_object_set_new(o, "kv_bytes_per_token", json_real(kv_per_token));
         json_object_set_new(o, "draft", ep.draft ? json_string(ag_draft_setup_factory(draft)->name) : json_null());
         json_object_set_new(o, "parts", pj);
         json_object_set_new(o, "total", json_integer((json_int_t)total));
@@ -330,6 +343,8 @@ int ag_cli_fit(int argc, char **argv) {
             }
         }
         printf("  %-64s %10.1f MiB\n", "total", mib(total));
+        printf("  KV cache %s: %.0f bytes per token (%.1f KiB)\n", ag_kv_dtype_name(ep.kv_dtype), kv_per_token,
+               kv_per_token / 1024);
         if (mem.weights_max > mem.weights)
             printf("  (plus up to %.1f MiB as the token embeddings of more distinct tokens are read)\n",
                    mib(mem.weights_max - mem.weights));

@@ -12,7 +12,7 @@
 #include "model/model.h"
 
 static const char usage[] =
-    "usage: augur logits [-m MODEL] --tokens FILE -o OUT [--chunk N] [--decode] [-t THREADS] [--kv f16|f32]\n"
+    "usage: augur logits [-m MODEL] --tokens FILE -o OUT [--chunk N] [--decode] [-t THREADS] [--kv-type f16|f32|q8_0|q4_0]\n"
     "  FILE: whitespace-separated token ids. OUT: float32 logits, one row of n_vocab per token.\n"
     "  --chunk N: tokens per forward pass (default 64; 1 = token-by-token).\n"
     "  --decode: run each chunk as decode rows (the kernels of decoding and speculative verify)\n"
@@ -73,10 +73,9 @@ int ag_cli_logits(int argc, char **argv) {
         else if (!strcmp(a, "-o")) out_path = val;
         else if (!strcmp(a, "--chunk")) chunk = atoi(val);
         else if (!strcmp(a, "-t")) mp.cpu.n_threads = atoi(val);
-        else if (!strcmp(a, "--kv")) {
-            if (!strcmp(val, "f16")) dtype = AG_KV_F16;
-            else if (!strcmp(val, "f32")) dtype = AG_KV_F32;
-            else return ag_cli_usage_error(usage, "--kv must be f16 or f32");
+        else if (!strcmp(a, "--kv") || !strcmp(a, "--kv-type")) { /* (--kv: the older spelling) */
+            if (!ag_kv_dtype_parse(val, &dtype))
+                return ag_cli_usage_error(usage, "%s must be f16, f32, q8_0 or q4_0", a);
         } else return ag_cli_usage_error(usage, "unknown option %s", a);
         i++;
     }

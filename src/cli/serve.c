@@ -29,6 +29,9 @@ static const char usage[] =
     "  --ctx N             context per sequence (default: the model's, at most 4096)\n"
     "  --max-queue N       requests waiting for a slot before 429s (default 64)\n"
     "  --batch N           tokens per engine step; smaller prompt chunks keep streams smoother (default 512; 4096 on a GPU)\n"
+    "  --kv-type TYPE      KV cache element type: f16 (default), q8_0 (about half the bytes), q4_0\n"
+    "                      (about a quarter), f32; quantized types need head dims that are multiples\n"
+    "                      of 32 and run on the CPU only for now\n"
     "  --kv-mem SIZE       KV pool (e.g. 8G): default --parallel full contexts on the CPU, and on a GPU all\n"
     "                      that its free memory holds (requests that do not fit wait); room beyond the\n"
     "                      running sequences holds the prefix cache\n"
@@ -51,9 +54,9 @@ static const char usage[] =
     "                      implement, instead of answering 400 naming them\n"
     "  --kv-disk DIR       keep the prefix cache's KV blocks in DIR too, so that prompts seen before a\n"
     "                      restart are restored instead of recomputed (DIR is created; give each model\n"
-    "                      its own DIR: records of another model found there are deleted). Default:\n"
-    "                      $XDG_CACHE_HOME/augur/kv/<model fingerprint>, else\n"
-    "                      ~/.cache/augur/kv/<model fingerprint>\n"
+    "                      and KV type its own DIR: records of another model or --kv-type found there\n"
+    "                      are deleted). Default: $XDG_CACHE_HOME/augur/kv/<model fingerprint>[-TYPE],\n"
+    "                      else ~/.cache/augur/kv/<model fingerprint>[-TYPE] (-TYPE for a type not f16)\n"
     "  --kv-disk-max SIZE  byte cap of the disk cache, a hard bound counting records still being written;\n"
     "                      least recently used records go first (e.g. 512M, 32G, or bytes; default: 32G or\n"
     "                      10% of the free space, whichever is less; a full disk lowers it to half the room)\n"
@@ -66,7 +69,11 @@ static const char usage[] =
  * $XDG_CACHE_HOME/augur/kv/<fingerprint>, else ~/.cache/augur/kv/<fingerprint>.
  * Creates the parents (the cache creates the last level). false when there
  * is no per-user cache directory. */
-static bool default_kv_dir(uint64_t fingerprint, char *out, size_t cap) {
+/* One directory per model and KV type: records of another type are never
+ * served (the record header carries it), and a server would drop them, so
+ * a q8_0 server does not clear the f16 one's cache (f16 keeps the plain
+ * name it always had). */
+static bool default_kv_dir(uint64_t fingerprint, ag_kv_dtype kv_type, char *out, size_t cap) {
     const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char base[4096];
     if (xdg && *xdg == '/') snprintf(base, sizeof base, "%s", xdg);
@@ -78,7 +85,8 @@ static bool default_kv_dir(uint64_t fingerprint, char *out, size_t cap) {
         snprintf(d, sizeof d, "%s%s", base, parts[i]);
         mkdir(d, 0700); /* best effort: the cache reports a directory it cannot use */
     }
-    int n = snprintf(out, cap, "%s/augur/kv/%016llx", base, (unsigned long long)fingerprint);
+    int n = snprintf(out, cap, "%s/augur/kv/%016llx%s%s", base, (unsigned long long)fingerprint,
+                     kv_type == AG_KV_F16 ? "" : "-", kv_type == AG_KV_F16 ? "" : ag_kv_dtype_name(kv_type));
     return n > 0 && (size_t)n < cap;
 }
 
@@ -101,6 +109,7 @@ int ag_cli_serve(int argc, char **argv) {
     bool        no_kv_disk = false, no_webui = false, lenient = false;
     double      itl_target = 0;
     uint64_t    kv_disk_max = 0, kv_mem = 0;
+    ag_kv_dtype kv_type = AG_KV_F16;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
     for (int i = 1; i < argc; i++) {
@@ -148,6 +157,7 @@ int ag_cli_serve(int argc, char **argv) {
         }
         else if (!strcmp(a, "--kv-disk-max")) ok = ag_cli_parse_size(v, &kv_disk_max) && kv_disk_max > 0;
         else if (!strcmp(a, "--kv-mem")) ok = ag_cli_parse_size(v, &kv_mem) && kv_mem > 0 && kv_mem <= SIZE_MAX;
+        else if (!strcmp(a, "--kv-type")) ok = ag_kv_dtype_parse(v, &kv_type);
         else return ag_cli_usage_error(usage, "serve: unknown option '%s'", a);
         if (!v) return ag_cli_usage_error(usage, "serve: %s needs a value", a);
         if (!ok) return ag_cli_usage_error(usage, "serve: invalid value '%s' for %s", v, a);
@@ -187,10 +197,11 @@ int ag_cli_serve(int argc, char **argv) {
     if (batch) ep.n_batch = (int)batch;
     ep.itl_target_ms = itl_target;
     ep.kv_bytes = (size_t)kv_mem;
+    ep.kv_dtype = kv_type;
     char kv_dir[4300];
     if (!no_kv_disk) {
         if (kv_disk) snprintf(kv_dir, sizeof kv_dir, "%s", kv_disk);
-        else if (!default_kv_dir(ag_model_fingerprint(m), kv_dir, sizeof kv_dir)) {
+        else if (!default_kv_dir(ag_model_fingerprint(m), kv_type, kv_dir, sizeof kv_dir)) {
             AG_LOGW("no per-user cache directory ($XDG_CACHE_HOME and $HOME unset): serving without the disk "
                     "cache (--kv-disk DIR gives one)");
             no_kv_disk = true;

@@ -1711,6 +1711,9 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         ag_cache_params cp = ag_cache_default_params();
         cp.model_fingerprint = ag_model_fingerprint(m);
         cp.tok_fingerprint = ag_tok_fingerprint(tok);
+        /* a quantized cache's rows are stored rotated or not (kv.h rot_k): records of the other kind
+         * hold other bits (0 where nothing is rotated, as before) */
+        cp.compute_fingerprint = (uint64_t)L.rot_k << 32 | (uint64_t)L.rot_v;
         cp.disk_dir = p.cache_dir && *p.cache_dir ? p.cache_dir : NULL;
         cp.disk_max_bytes = p.cache_disk_max;
         cp.notify = cache_notify;

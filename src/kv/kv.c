@@ -7,6 +7,9 @@
  * mutates anything, so a failed call leaves the cache exactly as it was. */
 #include "kv/kv.h"
 
+#include "base/switches.h"
+
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,13 +80,39 @@ static int pool_from_host(const ag_kv *kv, void *dst, const void *host, size_t n
 
 static size_t align_up(size_t x) { return (x + KV_ALIGN - 1) & ~(size_t)(KV_ALIGN - 1); }
 
-/* Bytes of one row of `dim` elements. Q8_0 (for later) packs 32 elements
- * into 34 bytes: an f16 scale and 32 int8. */
-static size_t row_bytes(ag_kv_dtype t, int32_t dim) {
+static size_t row_bytes(ag_kv_dtype t, int32_t dim) { return ag_kv_row_bytes(t, dim); }
+
+const char *ag_kv_dtype_name(ag_kv_dtype t) {
+    switch (t) {
+    case AG_KV_F32: return "f32";
+    case AG_KV_F16: return "f16";
+    case AG_KV_Q8_0: return "q8_0";
+    case AG_KV_Q4_0: return "q4_0";
+    }
+    return "?";
+}
+
+bool ag_kv_dtype_parse(const char *name, ag_kv_dtype *out) {
+    static const ag_kv_dtype all[] = {AG_KV_F32, AG_KV_F16, AG_KV_Q8_0, AG_KV_Q4_0};
+    for (size_t i = 0; name && i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(name, ag_kv_dtype_name(all[i]))) {
+            *out = all[i];
+            return true;
+        }
+    return false;
+}
+
+bool ag_kv_dtype_quantized(ag_kv_dtype t) { return t == AG_KV_Q8_0 || t == AG_KV_Q4_0; }
+
+/* Q8_0 packs 32 elements into 34 bytes (an f16 scale, 32 int8), Q4_0 into
+ * 18 (an f16 scale, 16 bytes of nibbles): ggml's blocks, byte for byte. */
+size_t ag_kv_row_bytes(ag_kv_dtype t, int64_t dim) {
+    if (dim < 0) return 0;
     switch (t) {
     case AG_KV_F32: return (size_t)dim * 4;
     case AG_KV_F16: return (size_t)dim * 2;
-    case AG_KV_Q8_0: return (size_t)dim / 32 * 34;
+    case AG_KV_Q8_0: return dim % AG_KV_QBLOCK ? 0 : (size_t)dim / AG_KV_QBLOCK * 34;
+    case AG_KV_Q4_0: return dim % AG_KV_QBLOCK ? 0 : (size_t)dim / AG_KV_QBLOCK * 18;
     }
     return 0;
 }
@@ -157,23 +186,73 @@ float ag_kv_f16_to_f32(uint16_t h) {
     return f;
 }
 
-static void store_row(ag_kv_dtype t, void *dst, const float *src, int32_t n) {
-    if (t == AG_KV_F32) {
-        memcpy(dst, src, (size_t)n * 4);
-    } else {
-        uint16_t *d = dst;
-        for (int32_t i = 0; i < n; i++) d[i] = ag_kv_f32_to_f16(src[i]);
+static void put_scale(uint8_t *p, float d) {
+    uint16_t h = ag_kv_f32_to_f16(d);
+    p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
+}
+static float get_scale(const uint8_t *p) { return ag_kv_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+
+void ag_kv_store_row(ag_kv_dtype t, void *dst, const float *src, int64_t n) {
+    uint8_t *o = dst;
+    switch (t) {
+    case AG_KV_F32: memcpy(dst, src, (size_t)n * 4); return;
+    case AG_KV_F16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = ag_kv_f32_to_f16(src[i]);
+        return;
+    case AG_KV_Q8_0:
+        for (int64_t b = 0; b < n / AG_KV_QBLOCK; b++, o += 34) {
+            const float *x = src + b * AG_KV_QBLOCK;
+            float amax = 0;
+            for (int j = 0; j < AG_KV_QBLOCK; j++) amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+            const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+            put_scale(o, d);
+            for (int j = 0; j < AG_KV_QBLOCK; j++) o[2 + j] = (uint8_t)(int8_t)nearbyintf(x[j] * id);
+        }
+        return;
+    case AG_KV_Q4_0:
+        for (int64_t b = 0; b < n / AG_KV_QBLOCK; b++, o += 18) {
+            const float *x = src + b * AG_KV_QBLOCK;
+            float amax = 0, max = 0;
+            for (int j = 0; j < AG_KV_QBLOCK; j++)
+                if (fabsf(x[j]) > amax) amax = fabsf(x[j]), max = x[j];
+            const float d = max / -8.0f, id = d != 0 ? 1.0f / d : 0.0f;
+            put_scale(o, d);
+            for (int j = 0; j < AG_KV_QBLOCK / 2; j++) {
+                const int q0 = (int)(int8_t)(x[j] * id + 8.5f), q1 = (int)(int8_t)(x[j + 16] * id + 8.5f);
+                o[2 + j] = (uint8_t)((q0 < 15 ? q0 : 15) | (q1 < 15 ? q1 : 15) << 4);
+            }
+        }
+        return;
     }
 }
 
-static void load_row(ag_kv_dtype t, float *dst, const void *src, int32_t n) {
-    if (t == AG_KV_F32) {
-        memcpy(dst, src, (size_t)n * 4);
-    } else {
-        const uint16_t *s = src;
-        for (int32_t i = 0; i < n; i++) dst[i] = ag_kv_f16_to_f32(s[i]);
+void ag_kv_load_row(ag_kv_dtype t, float *dst, const void *src, int64_t n) {
+    const uint8_t *p = src;
+    switch (t) {
+    case AG_KV_F32: memcpy(dst, src, (size_t)n * 4); return;
+    case AG_KV_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = ag_kv_f16_to_f32(((const uint16_t *)src)[i]);
+        return;
+    case AG_KV_Q8_0:
+        for (int64_t b = 0; b < n / AG_KV_QBLOCK; b++, p += 34) {
+            const float d = get_scale(p);
+            for (int j = 0; j < AG_KV_QBLOCK; j++) dst[b * AG_KV_QBLOCK + j] = d * (float)(int8_t)p[2 + j];
+        }
+        return;
+    case AG_KV_Q4_0:
+        for (int64_t b = 0; b < n / AG_KV_QBLOCK; b++, p += 18) {
+            const float d = get_scale(p);
+            for (int j = 0; j < AG_KV_QBLOCK / 2; j++) {
+                dst[b * AG_KV_QBLOCK + j] = d * (float)((p[2 + j] & 15) - 8);
+                dst[b * AG_KV_QBLOCK + j + 16] = d * (float)((p[2 + j] >> 4) - 8);
+            }
+        }
+        return;
     }
 }
+
+static void store_row(ag_kv_dtype t, void *dst, const float *src, int32_t n) { ag_kv_store_row(t, dst, src, n); }
+static void load_row(ag_kv_dtype t, float *dst, const void *src, int32_t n) { ag_kv_load_row(t, dst, src, n); }
 
 /* ---- init / free -------------------------------------------------------- */
 
@@ -195,10 +274,13 @@ ag_status ag_kv_layout_for(const ag_kv_params *p, ag_kv_layout *out, int32_t *n_
     if (p->max_seqs < 1 || p->max_seqs > KV_MAX_SEQS)
         return ag_errorf(AG_ERR_INVALID, "kv: max_seqs %d outside [1, %d]", p->max_seqs,
                          KV_MAX_SEQS);
-    if (p->dtype == AG_KV_Q8_0)
-        return ag_errorf(AG_ERR_UNSUPPORTED, "kv: dtype Q8_0 is not implemented yet");
-    if (p->dtype != AG_KV_F32 && p->dtype != AG_KV_F16)
+    if (p->dtype != AG_KV_F32 && p->dtype != AG_KV_F16 && !ag_kv_dtype_quantized(p->dtype))
         return ag_errorf(AG_ERR_INVALID, "kv: unknown dtype %d", (int)p->dtype);
+    if (ag_kv_dtype_quantized(p->dtype) && (p->head_dim_k % AG_KV_QBLOCK || p->head_dim_v % AG_KV_QBLOCK))
+        return ag_errorf(AG_ERR_UNSUPPORTED,
+                         "kv: a %s KV cache needs head dims that are multiples of %d (this model's: k=%d v=%d); use "
+                         "--kv-type f16",
+                         ag_kv_dtype_name(p->dtype), AG_KV_QBLOCK, p->head_dim_k, p->head_dim_v);
     if (p->layer_window) {
         for (int32_t l = 0; l < p->n_layers; l++)
             if (p->layer_window[l] < 0)
@@ -215,6 +297,11 @@ ag_status ag_kv_layout_for(const ag_kv_params *p, ag_kv_layout *out, int32_t *n_
     lay.head_dim_v = p->head_dim_v;
     lay.block_size = bs;
     while ((1 << lay.block_shift) < bs) lay.block_shift++;
+    if (ag_kv_dtype_quantized(p->dtype) && !ag_switch_off("AUGUR_KV_ROTATE")) {
+        int32_t r = p->head_dim_k & -p->head_dim_k;
+        lay.rot_k = p->head_dim_k % 64 ? 0 : r > 512 ? 512 : r;
+        lay.rot_v = p->head_dim_v % 64 ? 0 : 64;
+    }
     lay.row_bytes_k = row_bytes(p->dtype, p->head_dim_k);
     lay.row_bytes_v = row_bytes(p->dtype, p->head_dim_v);
     lay.head_stride_k = (size_t)bs * lay.row_bytes_k;

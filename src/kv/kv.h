@@ -97,8 +97,31 @@ typedef struct ag_kv ag_kv;
 typedef enum {
     AG_KV_F32 = 0,
     AG_KV_F16 = 1,  /* IEEE half, round-to-nearest-even on conversion */
-    AG_KV_Q8_0 = 2, /* reserved: rows of 32-element blocks; init refuses it for now */
+    AG_KV_Q8_0 = 2, /* ggml's Q8_0: 32-element blocks of an f16 scale d and 32 int8, x = d * q */
+    AG_KV_Q4_0 = 3, /* ggml's Q4_0: 32-element blocks of an f16 scale d and 16 bytes of nibbles,
+                       x = d * (nibble - 8); element j in the low nibble of byte j, j + 16 in the high */
 } ag_kv_dtype;
+/* The quantized types need head dims that are multiples of this. */
+#define AG_KV_QBLOCK 32
+
+/* The name a flag spells (`--kv-type f16|f32|q8_0|q4_0`): "f32", "f16",
+ * "q8_0", "q4_0"; "?" for anything else. Static storage. */
+const char *ag_kv_dtype_name(ag_kv_dtype t);
+/* Parses such a name; false (and *out untouched) for an unknown one. */
+bool ag_kv_dtype_parse(const char *name, ag_kv_dtype *out);
+/* Whether the type is one of the block-quantized ones. */
+bool ag_kv_dtype_quantized(ag_kv_dtype t);
+/* Bytes of one row of `dim` elements of type t; 0 for an unknown type or a
+ * quantized type with dim not a multiple of AG_KV_QBLOCK. */
+size_t ag_kv_row_bytes(ag_kv_dtype t, int64_t dim);
+/* Converts n floats into a row of type t (n a multiple of AG_KV_QBLOCK for
+ * the quantized types, which round as ggml's reference quantizers do: Q8_0
+ * d = amax / 127, q = round-to-nearest-even(x / d); Q4_0 d = -max / 8 with
+ * max the element of largest magnitude, q = min(15, trunc(x / d + 8.5))), and
+ * back. The load of a quantized row is exact: d * q in float. Pure
+ * functions of the row: a token's stored bits never depend on its batch. */
+void ag_kv_store_row(ag_kv_dtype t, void *dst, const float *src, int64_t n);
+void ag_kv_load_row(ag_kv_dtype t, float *dst, const void *src, int64_t n);
 
 /* Where the block pool lives when it is not host memory (a GPU backend's
  * device memory; backend.h kv_mem). kv keeps all bookkeeping on the host and
@@ -165,6 +188,16 @@ typedef struct {
     int32_t     ring_window;
     int32_t     n_ring_layers;
     size_t      ring_block_bytes;
+    /* Rotation of a quantized cache's rows (0: none), as llama.cpp's
+     * default for -ctk/-ctv: the CPU attention stores K as H k and V as H v
+     * (H: the orthonormal Walsh-Hadamard matrix, block-diagonal in blocks of
+     * rot_k / rot_v), dots H q with H k (= q.k) and multiplies the output by
+     * H again (H H = I), which spreads outliers across a block before it is
+     * quantized. rot_k = the largest power of two dividing head_dim_k (at
+     * most 512), rot_v = 64, each only for a head dim that is a multiple of
+     * 64 and unless AUGUR_KV_ROTATE=0. Part of what the stored bits mean:
+     * the prefix cache's records carry it (compute fingerprint). */
+    int32_t     rot_k, rot_v;
 } ag_kv_layout;
 
 typedef struct {

@@ -795,6 +795,11 @@ ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs,
     kp->mem = ag_model_kv_mem(m);
     kp->layer_window = m->kv_window;
     kp->ring = m->kv_ring;
+    /* the GPU kernels (rope_kv, attn_decode) read and write F16/F32 rows only */
+    if (kp->mem && ag_kv_dtype_quantized(dtype))
+        return ag_errorf(AG_ERR_UNSUPPORTED,
+                         "--kv-type %s: a quantized KV cache runs on the CPU only for now; on the GPU use --kv-type f16",
+                         ag_kv_dtype_name(dtype));
     ag_kv_layout L;
     ag_status    st = ag_kv_layout_for(kp, &L, NULL);
     if (!st && n_pos > 0) kp->budget_bytes = ag_kv_budget_for(&L, max_seqs, n_pos);

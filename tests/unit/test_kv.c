@@ -16,6 +16,7 @@
 
 #include <cmocka.h>
 
+#include "backend/cpu/quant.h"
 #include "kv/kv.h"
 
 /* The small odd shape used by most tests: odd head dims catch stride bugs. */
@@ -113,7 +114,10 @@ static void params_are_validated(void **state) {
     assert_int_equal(ag_kv_init(&p, &kv), AG_ERR_INVALID);
     p.block_size = 256;
     p.dtype = AG_KV_Q8_0;
+    p.head_dim_k = 48; /* quantized rows are whole 32-element blocks */
     assert_int_equal(ag_kv_init(&p, &kv), AG_ERR_UNSUPPORTED);
+    assert_non_null(strstr(ag_error_message(), "multiples of 32"));
+    p.head_dim_k = 64;
     p.dtype = AG_KV_F16;
     p.head_dim_v = 0;
     assert_int_equal(ag_kv_init(&p, &kv), AG_ERR_INVALID);
@@ -1447,6 +1451,78 @@ static void ring_memory_plan(void **state) {
     ag_kv_free(kv);
 }
 
+/* Q8_0 and Q4_0 rows: ggml's blocks byte for byte (the CPU's weight
+ * dequantizer, written against ggml's layout, reads them to the same
+ * floats), the rounding error within half a step (Q8_0) or a step (Q4_0,
+ * whose top code is clamped), the names, and a cache of each type
+ * round-tripping through ag_kv_write / ag_kv_read. */
+static void quantized_rows(void **state) {
+    (void)state;
+    ag_kv_dtype t;
+    assert_true(ag_kv_dtype_parse("q8_0", &t) && t == AG_KV_Q8_0);
+    assert_true(ag_kv_dtype_parse("q4_0", &t) && t == AG_KV_Q4_0);
+    assert_true(ag_kv_dtype_parse("f16", &t) && t == AG_KV_F16);
+    assert_false(ag_kv_dtype_parse("q5_0", &t));
+    assert_string_equal(ag_kv_dtype_name(AG_KV_Q4_0), "q4_0");
+    assert_int_equal(ag_kv_row_bytes(AG_KV_Q8_0, 64), 68);
+    assert_int_equal(ag_kv_row_bytes(AG_KV_Q4_0, 64), 36);
+    assert_int_equal(ag_kv_row_bytes(AG_KV_Q8_0, 40), 0);
+    enum { N = 128 };
+    float    x[N], y[N], z[N];
+    uint8_t  buf[N * 2];
+    uint32_t seed = 12345;
+    for (int rep = 0; rep < 200; rep++) {
+        for (int i = 0; i < N; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            x[i] = ((float)(seed >> 8) / 16777216.0f - 0.5f) * (rep % 7 + 1) * (rep % 3 ? 1.0f : 100.0f);
+        }
+        if (rep == 5) memset(x, 0, sizeof x); /* an all-zero block: scale 0, no division by it */
+        static const struct {
+            ag_kv_dtype kt;
+            uint32_t    gt;
+            float       steps; /* plus the f16 scale's rounding: up to 127 x 2^-11 of a step */
+        } types[] = {{AG_KV_Q8_0, AG_TYPE_Q8_0, 0.5f}, {AG_KV_Q4_0, AG_TYPE_Q4_0, 1.0f}};
+        for (int k = 0; k < 2; k++) {
+            ag_kv_store_row(types[k].kt, buf, x, N);
+            ag_kv_load_row(types[k].kt, y, buf, N);
+            assert_int_equal(ag_dequant_row(types[k].gt, buf, z, N), AG_OK);
+            assert_memory_equal(y, z, sizeof y);
+            for (int b = 0; b < N / 32; b++) {
+                float amax = 0;
+                for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+                const float step = types[k].kt == AG_KV_Q8_0 ? amax / 127 : amax / 8;
+                for (int j = 0; j < 32; j++)
+                    assert_true(fabsf(y[b * 32 + j] - x[b * 32 + j]) <= (types[k].steps + 0.07f) * step + 1e-30f);
+            }
+        }
+    }
+    /* a cache of each type: what ag_kv_write stores, ag_kv_read gives back as ag_kv_load_row does */
+    for (int k = 0; k < 2; k++) {
+        ag_kv_params p = ag_kv_default_params();
+        p.n_layers = 2, p.n_kv_heads = 2, p.head_dim_k = 64, p.head_dim_v = 32;
+        p.dtype = k ? AG_KV_Q4_0 : AG_KV_Q8_0;
+        p.budget_bytes = 1 << 20;
+        ag_kv *kv;
+        assert_int_equal(ag_kv_init(&p, &kv), AG_OK);
+        assert_int_equal(ag_kv_get_layout(kv)->row_bytes_k, k ? 36 : 68);
+        int32_t s;
+        assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+        assert_int_equal(ag_kv_seq_reserve(kv, s, 3), AG_OK);
+        float kin[128], vin[64], kout[128], vout[64], want[128];
+        for (int i = 0; i < 128; i++) kin[i] = sinf((float)i * 0.37f) * 3;
+        for (int i = 0; i < 64; i++) vin[i] = cosf((float)i * 0.91f);
+        assert_int_equal(ag_kv_write(kv, 1, s, 2, kin, vin), AG_OK);
+        assert_int_equal(ag_kv_read(kv, 1, s, 2, kout, vout), AG_OK);
+        ag_kv_store_row(p.dtype, buf, kin, 128);
+        ag_kv_load_row(p.dtype, want, buf, 128);
+        assert_memory_equal(kout, want, sizeof kout);
+        ag_kv_store_row(p.dtype, buf, vin, 64);
+        ag_kv_load_row(p.dtype, want, buf, 64);
+        assert_memory_equal(vout, want, sizeof vout);
+        ag_kv_free(kv);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(params_are_validated),
@@ -1464,6 +1540,7 @@ int main(void) {
         cmocka_unit_test(block_copy_out_in_round_trip),
         cmocka_unit_test(f16_conversions),
         cmocka_unit_test(f16_storage_round_trips),
+        cmocka_unit_test(quantized_rows),
         cmocka_unit_test(randomized_f32),
         cmocka_unit_test(randomized_f16),
         cmocka_unit_test(memory_plan_matches_a_full_pool),

@@ -16,6 +16,39 @@
 #include "backend/cpu/quant.h"
 #include "kv/kv.h"
 
+/* x <- H x for each block of `nrot` (a power of two) of the n floats: the
+ * orthonormal Walsh-Hadamard (Sylvester order, H = H^T = H^-1) by the
+ * butterflies, then 1/sqrt(nrot). kv.h ag_kv_layout.rot_k says why. */
+static void kv_rotate(float *x, int n, int nrot) {
+    const float sc = 1.0f / sqrtf((float)nrot);
+    for (int c0 = 0; c0 < n; c0 += nrot) {
+        float *y = x + c0;
+        for (int h = 1; h < nrot; h *= 2)
+            for (int i = 0; i < nrot; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    const float a = y[j], b = y[j + h];
+                    y[j] = a + b, y[j + h] = a - b;
+                }
+        for (int j = 0; j < nrot; j++) y[j] *= sc;
+    }
+}
+
+/* One row into the pool: converted, or for a rotated quantized cache
+ * rotated a rotation block at a time and each block quantized. */
+static void store_rot(ag_kv_dtype t, uint8_t *dst, const float *src, int n, int nrot) {
+    if (!nrot) {
+        ag_kv_store_row(t, dst, src, n);
+        return;
+    }
+    float        tmp[512];
+    const size_t bb = ag_kv_row_bytes(t, nrot);
+    for (int c0 = 0; c0 < n; c0 += nrot, dst += bb) {
+        memcpy(tmp, src + c0, sizeof(float) * nrot);
+        kv_rotate(tmp, nrot, nrot);
+        ag_kv_store_row(t, dst, tmp, nrot);
+    }
+}
+
 ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layout *b, const float *k,
                           const float *v) {
     const ag_kv_layout *L = ag_kv_get_layout(kv);
@@ -34,9 +67,9 @@ ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layo
             if (L->dtype == AG_KV_F16) {
                 ag_fp32_to_fp16_row(kr, kdst, s->head_dim_k);
                 ag_fp32_to_fp16_row(vr, vdst, s->head_dim_v);
-            } else {
-                memcpy(kdst, kr, sizeof(float) * s->head_dim_k);
-                memcpy(vdst, vr, sizeof(float) * s->head_dim_v);
+            } else { /* F32, Q8_0, Q4_0: kv's row conversions (a row's bits depend on that row alone) */
+                store_rot(L->dtype, kdst, kr, s->head_dim_k, L->rot_k);
+                store_rot(L->dtype, vdst, vr, s->head_dim_v, L->rot_v);
             }
         }
     }
@@ -44,13 +77,30 @@ ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layo
 }
 
 /* Rows [o0, o1) of one (layer, block, head) region as floats: converted into
- * `tmp` for F16 storage, or pointed at directly for F32. */
+ * `tmp` for F16 and the quantized types (dequantized exactly, d * q: the
+ * rows of a region are consecutive blocks of 32, so one call converts
+ * them all), or pointed at directly for F32. */
 static const float *rows_f32(const ag_kv_layout *L, const uint8_t *base, size_t row_bytes, int dim, int o0,
                              int o1, float *tmp) {
     const uint8_t *p = base + (size_t)o0 * row_bytes;
     if (L->dtype == AG_KV_F32) return (const float *)p;
-    ag_fp16_to_fp32_row((const uint16_t *)p, tmp, (int64_t)(o1 - o0) * dim);
+    if (L->dtype == AG_KV_F16) ag_fp16_to_fp32_row((const uint16_t *)p, tmp, (int64_t)(o1 - o0) * dim);
+    else ag_kv_load_row(L->dtype, tmp, p, (int64_t)(o1 - o0) * dim);
     return tmp;
+}
+
+/* The query as a quantized K cache's dot sees it: llama.cpp converts q to
+ * the K type's dot format (Q8_0 for a Q8_0 or Q4_0 cache) and dots the
+ * blocks in int8; rounding q through Q8_0 here and dotting the exact floats
+ * d_q q_i d_k k_i gives the same products up to float rounding, on the
+ * float kernels every ISA already has. */
+static void round_q8(const float *src, float *dst, int n) {
+    uint8_t blk[34 * 16];
+    for (int e0 = 0; e0 < n; e0 += 512) {
+        const int m = n - e0 < 512 ? n - e0 : 512;
+        ag_kv_store_row(AG_KV_Q8_0, blk, src + e0, m);
+        ag_kv_load_row(AG_KV_Q8_0, dst + e0, blk, m);
+    }
 }
 
 /* Rounds n floats through fp16 (src may be dst): llama.cpp (the reference) multiplies Q with the F16 K
@@ -506,9 +556,17 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     float *sc = qh + (size_t)nt * group * dk;
     float *acc = sc + (size_t)nt * group * stride;
     const size_t qd = (size_t)s->n_head * dk;
+    const int qk = ag_kv_dtype_quantized(L->dtype); /* (K and V share the type) */
     for (int i = 0; i < nt; i++)
-        for (int h = 0; h < group; h++)
-            round_f16(q + (t0 + i) * qd + (size_t)(g * group + h) * dk, qh + ((size_t)i * group + h) * dk, dk);
+        for (int h = 0; h < group; h++) {
+            const float *qr = q + (t0 + i) * qd + (size_t)(g * group + h) * dk;
+            if (L->rot_k) { /* H q, to dot with the stored H k (kvbuf is free until pass 1) */
+                memcpy(kvbuf, qr, sizeof(float) * dk);
+                kv_rotate(kvbuf, dk, L->rot_k);
+                qr = kvbuf;
+            }
+            (qk ? round_q8 : round_f16)(qr, qh + ((size_t)i * group + h) * dk, dk);
+        }
 
     /* pass 1: scores, block by block (each K block converted once for all rows and heads) */
     const int b0 = lo_min / bs, b1 = pos_max / bs < n_blocks ? pos_max / bs : n_blocks - 1;
@@ -568,7 +626,7 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             }
         }
     }
-    /* softmax per (row, head); the weights rounded to fp16 as the reference does */
+    /* softmax per (row, head); the weights rounded to fp16 as the reference does for an F16 V */
     for (int i = 0; i < nt; i++)
         for (int h = 0; h < group; h++) {
             const int n_pos = hi[i] - lo[i] + 1;
@@ -596,7 +654,8 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
             else
 #endif
                 for (int j = 0; j < n_pos; j++) row[j] *= inv;
-            round_f16(row, row, n_pos);
+            /* llama.cpp multiplies a quantized V (dequantized to f32) by f32 weights */
+            if (!qk) round_f16(row, row, n_pos);
         }
     /* pass 2: weighted sum of V (each V block converted once for all rows and heads) */
     memset(acc, 0, sizeof(float) * (size_t)nt * group * dv);
@@ -627,6 +686,8 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
         }
     }
     const size_t od = (size_t)s->n_head * dv;
+    if (L->rot_v) /* sum p H v = H (sum p v): H again undoes it */
+        for (int r = 0; r < nt * group; r++) kv_rotate(acc + (size_t)r * dv, dv, L->rot_v);
     for (int i = 0; i < nt; i++)
         for (int h = 0; h < group; h++)
             memcpy(out + (t0 + i) * od + (size_t)(g * group + h) * dv, acc + ((size_t)i * group + h) * dv,
