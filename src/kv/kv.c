@@ -7,6 +7,8 @@
  * mutates anything, so a failed call leaves the cache exactly as it was. */
 #include "kv/kv.h"
 
+#include "kv/state.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +44,7 @@ struct ag_kv {
     uint64_t     cow_copies;
     uint64_t     nomem_errors;
     const ag_kv_mem *mem; /* NULL: host pool */
+    ag_state        *state; /* recurrent layers' state slots, or NULL */
 };
 
 /* Block-byte moves, through the device hooks when the pool is not host
@@ -83,6 +86,7 @@ ag_kv_params ag_kv_default_params(void) {
     p.budget_bytes = (size_t)256 << 20;
     p.max_seqs = 64;
     p.layer_window = NULL;
+    p.state_snapshots = 8;
     return p;
 }
 
@@ -242,6 +246,9 @@ ag_status ag_kv_memory_bytes(const ag_kv_params *p, int32_t max_len, size_t *byt
     }
     *bytes = (size_t)nb * lay.block_bytes + fixed_meta_bytes(p, (size_t)nb) +
              (size_t)p->max_seqs * table * sizeof(int32_t);
+    if (p->state_layers > 0) /* the slots (snapshot rings come later, per sequence that decodes) */
+        *bytes += (size_t)p->max_seqs * (size_t)p->state_layers * (p->state_conv_floats + p->state_ssm_floats) *
+                  sizeof(float);
     return AG_OK;
 }
 
@@ -279,6 +286,12 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
         ag_kv_free(kv);
         return ag_errorf(AG_ERR_NOMEM, "kv: cannot allocate a pool of %zu bytes", want);
     }
+    if (p->state_layers > 0 &&
+        (st = ag_state_new(p->state_layers, p->state_conv_floats, p->state_ssm_floats, p->max_seqs,
+                           p->state_snapshots, &kv->state))) {
+        ag_kv_free(kv);
+        return st;
+    }
     kv->pool = kv->pool_raw + (KV_ALIGN - (uintptr_t)kv->pool_raw % KV_ALIGN) % KV_ALIGN;
     if (p->layer_window)
         memcpy(kv->window, p->layer_window, (size_t)p->n_layers * sizeof *kv->window);
@@ -298,6 +311,7 @@ void ag_kv_free(ag_kv *kv) {
     free(kv->stack);
     free(kv->ref);
     free(kv->window);
+    ag_state_free(kv->state);
     if (kv->mem) {
         if (kv->pool_raw) kv->mem->free(kv->mem->ctx, kv->pool_raw);
     } else {
@@ -392,6 +406,7 @@ ag_status ag_kv_seq_new(ag_kv *kv, int32_t *seq) {
         if (s->live) continue;
         s->live = true;
         s->len = s->reserved = s->n_blocks = 0;
+        if (kv->state) ag_state_reset(kv->state, i);
         *seq = i;
         return AG_OK;
     }
@@ -525,7 +540,13 @@ bool ag_kv_can_trim(const ag_kv *kv) {
 
 bool ag_kv_trimmable(const ag_kv *kv, int32_t seq, int32_t n) {
     kv_seq *s = seq_get(kv, seq);
-    return s && n >= 0 && n <= s->len && ag_kv_can_trim(kv);
+    return s && n >= 0 && n <= s->len && ag_kv_can_trim(kv) && n <= ag_kv_state_trim_limit(kv, seq);
+}
+
+struct ag_state *ag_kv_state(ag_kv *kv) { return kv->state; }
+
+int32_t ag_kv_state_trim_limit(const ag_kv *kv, int32_t seq) {
+    return kv->state && seq_get(kv, seq) ? ag_state_trim_limit(kv->state, seq) : INT32_MAX;
 }
 
 ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n) {
@@ -537,6 +558,10 @@ ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n) {
     if (!ag_kv_can_trim(kv))
         return ag_errorf(AG_ERR_UNSUPPORTED,
                          "kv: trim: this cache kind cannot drop positions (sequence %d)", seq);
+    if (kv->state) {
+        ag_status st = ag_state_trim(kv->state, seq, n);
+        if (st) return st;
+    }
     int32_t new_len = s->len - n;
     seq_release_from(kv, s, blocks_for(kv, new_len));
     s->len = s->reserved = new_len;
@@ -548,6 +573,7 @@ ag_status ag_kv_seq_clear(ag_kv *kv, int32_t seq) {
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: clear: sequence %d is not live", seq);
     seq_release_from(kv, s, 0);
     s->len = s->reserved = 0;
+    if (kv->state) ag_state_reset(kv->state, seq);
     return AG_OK;
 }
 
@@ -560,6 +586,11 @@ ag_status ag_kv_fork(ag_kv *kv, int32_t dst, int32_t src, int32_t len) {
     if (len < 0 || len > s->len)
         return ag_errorf(AG_ERR_RANGE, "kv: fork: length %d outside [0, %d] of sequence %d", len,
                          s->len, src);
+    /* a recurrent state is only the state after its last position */
+    if (kv->state && len != 0 && len != s->len)
+        return ag_errorf(AG_ERR_UNSUPPORTED,
+                         "kv: fork: sequence %d has recurrent state at %d positions; it cannot fork at %d", src,
+                         s->len, len);
     int32_t   nb = blocks_for(kv, len);
     ag_status st = table_grow(kv, d, nb);
     if (st != AG_OK) return st;
@@ -570,6 +601,10 @@ ag_status ag_kv_fork(ag_kv *kv, int32_t dst, int32_t src, int32_t len) {
     if (nb) memcpy(d->blocks, s->blocks, (size_t)nb * sizeof *d->blocks);
     d->n_blocks = nb;
     d->len = d->reserved = len;
+    if (kv->state) {
+        if (len) ag_state_copy(kv->state, dst, src);
+        else ag_state_reset(kv->state, dst);
+    }
     return AG_OK;
 }
 
@@ -608,6 +643,9 @@ ag_status ag_kv_seq_adopt(ag_kv *kv, int32_t seq, const int32_t *blocks, int32_t
                           int32_t len) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: adopt: sequence %d is not live", seq);
+    if (kv->state && len > 0)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "kv: adopt: a cache with recurrent state cannot adopt blocks "
+                                             "without the state they lead to");
     if (n_blocks < 0 || len < 0 || (n_blocks > 0 && !blocks) || blocks_for(kv, len) != n_blocks)
         return ag_errorf(AG_ERR_RANGE, "kv: adopt: %d blocks cannot hold exactly %d positions",
                          n_blocks, len);
@@ -669,17 +707,25 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
 
 /* ---- swap (preemption) --------------------------------------------------- */
 
+/* (a recurrent state travels after the blocks) */
+static size_t state_swap_bytes(const ag_kv *kv) {
+    return kv->state ? ag_state_seq_floats(kv->state) * sizeof(float) : 0;
+}
+
 size_t ag_kv_swap_bytes(const ag_kv *kv, int32_t len) {
-    return (size_t)blocks_for(kv, len < 0 ? 0 : len) * kv->lay.block_bytes;
+    return (size_t)blocks_for(kv, len < 0 ? 0 : len) * kv->lay.block_bytes + state_swap_bytes(kv);
 }
 
 ag_status ag_kv_seq_swap_out(const ag_kv *kv, int32_t seq, void *dst, size_t size, int32_t *len) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: swap_out: sequence %d is not live", seq);
     const int32_t nb = blocks_for(kv, s->len);
-    if (size != (size_t)nb * kv->lay.block_bytes || (nb && !dst))
+    if (size != (size_t)nb * kv->lay.block_bytes + state_swap_bytes(kv) || (size && !dst))
         return ag_errorf(AG_ERR_INVALID, "kv: swap_out: buffer of %zu bytes, need %zu", size,
-                         (size_t)nb * kv->lay.block_bytes);
+                         (size_t)nb * kv->lay.block_bytes + state_swap_bytes(kv));
+    if (kv->state)
+        memcpy((uint8_t *)dst + (size_t)nb * kv->lay.block_bytes, ag_state_layer(kv->state, seq, 0),
+               state_swap_bytes(kv));
     for (int32_t i = 0; i < nb; i++)
         if (pool_to_host(kv, (uint8_t *)dst + (size_t)i * kv->lay.block_bytes, block_base(kv, s->blocks[i]),
                          kv->lay.block_bytes))
@@ -693,9 +739,15 @@ ag_status ag_kv_seq_swap_in(ag_kv *kv, int32_t seq, int32_t len, const void *src
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: swap_in: sequence %d is not live", seq);
     if (len < 0) return ag_errorf(AG_ERR_RANGE, "kv: swap_in: length %d < 0", len);
     const int32_t nb = blocks_for(kv, len);
-    if (size != (size_t)nb * kv->lay.block_bytes || (nb && !src))
+    if (size != (size_t)nb * kv->lay.block_bytes + state_swap_bytes(kv) || (size && !src))
         return ag_errorf(AG_ERR_INVALID, "kv: swap_in: buffer of %zu bytes, need %zu", size,
-                         (size_t)nb * kv->lay.block_bytes);
+                         (size_t)nb * kv->lay.block_bytes + state_swap_bytes(kv));
+    if (kv->state) {
+        ag_state_reset(kv->state, seq);
+        memcpy(ag_state_layer(kv->state, seq, 0), (const uint8_t *)src + (size_t)nb * kv->lay.block_bytes,
+               state_swap_bytes(kv));
+        ag_state_advance(kv->state, seq, len, 0);
+    }
     seq_release_from(kv, s, 0);
     s->len = s->reserved = 0;
     if (nb > kv->n_free) return full_error(kv, nb);

@@ -110,6 +110,15 @@ typedef struct {
      * the backend's kernels may touch (see ag_kv_host_visible). Borrowed:
      * must outlive the cache. */
     const ag_kv_mem *mem;
+    /* Recurrent layers (a hybrid model's Mamba-2 layers, kv/state.h):
+     * state_layers > 0 gives every sequence id a state slot of that many
+     * layers, state_conv_floats + state_ssm_floats floats each, kept in
+     * step with the sequence (new/clear reset it, fork copies it, trim
+     * restores one of its last state_snapshots snapshots, swap carries
+     * it). Default 0: none. */
+    int32_t        state_layers;
+    size_t         state_conv_floats, state_ssm_floats;
+    int32_t        state_snapshots; /* default 8 */
 } ag_kv_params;
 
 /* Stride facts of the pool, all in bytes unless named otherwise. */
@@ -262,7 +271,8 @@ ag_status ag_kv_seq_commit(ag_kv *kv, int32_t seq, int32_t new_len);
 bool ag_kv_can_trim(const ag_kv *kv);
 
 /* Whether ag_kv_trim(kv, seq, n) would succeed now: seq live, 0 <= n <= len
- * and the cache kind can drop those positions. */
+ * and the cache kind can drop those positions (with recurrent state: n <=
+ * ag_kv_state_trim_limit, what its snapshots cover). */
 bool ag_kv_trimmable(const ag_kv *kv, int32_t seq, int32_t n);
 
 /* Drops the last n committed positions (speculative rollback) and any
@@ -272,6 +282,14 @@ bool ag_kv_trimmable(const ag_kv *kv, int32_t seq, int32_t n);
  * overwrites the dropped positions. AG_ERR_RANGE if n < 0 or n > len,
  * AG_ERR_UNSUPPORTED if the cache kind cannot trim (see ag_kv_trimmable). */
 ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n);
+
+/* The recurrent state slots (kv/state.h) of a cache made with
+ * state_layers > 0, else NULL. Borrowed. */
+struct ag_state *ag_kv_state(ag_kv *kv);
+/* How many trailing positions seq's recurrent state can drop now (its
+ * snapshots); INT32_MAX for a cache without recurrent state. The one hook
+ * ag_kv_trimmable / ag_kv_trim consult (a ring's own limit is the other). */
+int32_t ag_kv_state_trim_limit(const ag_kv *kv, int32_t seq);
 
 /* Empties a live sequence (all blocks released, len 0); always supported. */
 ag_status ag_kv_seq_clear(ag_kv *kv, int32_t seq);
