@@ -246,9 +246,9 @@ ag_status ag_kv_memory_bytes(const ag_kv_params *p, int32_t max_len, size_t *byt
     }
     *bytes = (size_t)nb * lay.block_bytes + fixed_meta_bytes(p, (size_t)nb) +
              (size_t)p->max_seqs * table * sizeof(int32_t);
-    if (p->state_layers > 0) /* the slots (snapshot rings come later, per sequence that decodes) */
-        *bytes += (size_t)p->max_seqs * (size_t)p->state_layers * (p->state_conv_floats + p->state_ssm_floats) *
-                  sizeof(float);
+    if (p->state_layers > 0) /* the slots, and at most a snapshot ring per sequence */
+        *bytes += (size_t)p->max_seqs * (size_t)(1 + p->state_snapshots) * (size_t)p->state_layers *
+                  (p->state_conv_floats + p->state_ssm_floats) * sizeof(float);
     return AG_OK;
 }
 
