@@ -10,6 +10,8 @@
  * then shared through `xc`). */
 #include "backend/cpu/mamba.h"
 
+#include "backend/cpu/quant.h" /* ag_cpu_isa_active */
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,47 @@ static void conv_row(const ag_ssm_shape *sh, const float *xbc, float *conv, floa
         memcpy(conv + (size_t)(K - 2) * C, xbc, sizeof(float) * (size_t)C);
     }
 }
+
+/* One state row: s = s dA + B x_dt, returns Σ s C. Eight partial sums
+ * (the lanes a compiler's SLP vectoriser fills; ggml's SIMD loop sums in
+ * lanes too), added pairwise at the end. Compiled twice, for the baseline
+ * (SSE: two 4-wide halves) and, where the active ISA has it, AVX2 (one
+ * 8-wide vector); the same sums in the same order (-std=c11 contracts no
+ * FMA), so both give the same bits. */
+#define SCAN_ROW_BODY                                                                                             \
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                                        \
+    int   k = 0;                                                                                                    \
+    for (; k + 8 <= ds; k += 8)                                                                                     \
+        for (int j = 0; j < 8; j++) {                                                                               \
+            const float v = s[k + j] * dA + B[k + j] * x_dt;                                                        \
+            s[k + j] = v;                                                                                           \
+            acc[j] += v * C[k + j];                                                                                 \
+        }                                                                                                           \
+    float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));                  \
+    for (; k < ds; k++) {                                                                                           \
+        const float v = s[k] * dA + B[k] * x_dt;                                                                    \
+        s[k] = v;                                                                                                   \
+        sum += v * C[k];                                                                                            \
+    }                                                                                                               \
+    return sum;
+
+__attribute__((target("avx2,fma"))) static float scan_row_avx2(float *restrict s, const float *restrict B,
+                                                               const float *restrict C, int ds, float dA,
+                                                               float x_dt) {
+    SCAN_ROW_BODY
+}
+
+static float scan_row_base(float *restrict s, const float *restrict B, const float *restrict C, int ds, float dA,
+                           float x_dt) {
+    SCAN_ROW_BODY
+}
+
+static float scan_row(float *restrict s, const float *restrict B, const float *restrict C, int ds, float dA,
+                      float x_dt) {
+    return ag_cpu_isa_active() >= AG_CPU_ISA_AVX2 ? scan_row_avx2(s, B, C, ds, dA, x_dt)
+                                                   : scan_row_base(s, B, C, ds, dA, x_dt);
+}
+
 
 typedef struct {
     const ag_ssm_shape *sh;
@@ -63,13 +106,8 @@ static void scan_heads(const run_job *j, int h0, int h1) {
             for (int i = 0; i < hd; i++) {
                 const int   ii = h * hd + i;
                 const float x_dt = x[ii] * sp;
-                float      *s = ssm + (size_t)ii * ds, sum = 0.0f;
-                for (int k = 0; k < ds; k++) {
-                    const float v = s[k] * dA + Bg[k] * x_dt;
-                    s[k] = v;
-                    sum += v * Cg[k];
-                }
-                y[ii] = sum + x[ii] * sh->d[h];
+                float      *s = ssm + (size_t)ii * ds;
+                y[ii] = scan_row(s, Bg, Cg, ds, dA, x_dt) + x[ii] * sh->d[h];
             }
         }
         float *snap = j->run->snap ? j->run->snap[t] : NULL;
