@@ -1515,7 +1515,8 @@ static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp,
          * its end, so neither a hit nor a follow-up turn could resume from
          * it. */
         const int dmax = p->spec.draft_max > 0 ? p->spec.draft_max : 8;
-        kp->state_snapshots = p->draft ? (dmax < AG_SPEC_MAX_DRAFT ? dmax : AG_SPEC_MAX_DRAFT) + 1 : 0;
+        kp->state_snapshots = p->draft ? (dmax < AG_SPEC_MAX_DRAFT ? dmax : AG_SPEC_MAX_DRAFT) : 0;
+        kp->state_snap_last = false; /* a verify trim never returns to the state a window ended at */
         if (p->prefix_cache)
             AG_LOGI("prefix cache off: '%s' has recurrent layers, whose state the cache does not keep",
                     ag_model_config_of(m)->arch_name);

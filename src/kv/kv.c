@@ -87,6 +87,7 @@ ag_kv_params ag_kv_default_params(void) {
     p.max_seqs = 64;
     p.layer_window = NULL;
     p.state_snapshots = 8;
+    p.state_snap_last = true;
     return p;
 }
 
@@ -292,6 +293,7 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
         ag_kv_free(kv);
         return st;
     }
+    if (kv->state) ag_state_set_snap_last(kv->state, p->state_snap_last);
     kv->pool = kv->pool_raw + (KV_ALIGN - (uintptr_t)kv->pool_raw % KV_ALIGN) % KV_ALIGN;
     if (p->layer_window)
         memcpy(kv->window, p->layer_window, (size_t)p->n_layers * sizeof *kv->window);
@@ -746,7 +748,7 @@ ag_status ag_kv_seq_swap_in(ag_kv *kv, int32_t seq, int32_t len, const void *src
         ag_state_reset(kv->state, seq);
         memcpy(ag_state_layer(kv->state, seq, 0), (const uint8_t *)src + (size_t)nb * kv->lay.block_bytes,
                state_swap_bytes(kv));
-        ag_state_advance(kv->state, seq, len, 0);
+        ag_state_advance(kv->state, seq, len, 1, 0);
     }
     seq_release_from(kv, s, 0);
     s->len = s->reserved = 0;

@@ -119,6 +119,10 @@ typedef struct {
     int32_t        state_layers;
     size_t         state_conv_floats, state_ssm_floats;
     int32_t        state_snapshots; /* default 8 */
+    /* also snapshot each pass's last row (default true: rollbacks across
+     * one-token passes, a draft model's); the engine's target says false
+     * (its verify trims never need it: one state copy fewer per step) */
+    bool           state_snap_last;
 } ag_kv_params;
 
 /* Stride facts of the pool, all in bytes unless named otherwise. */

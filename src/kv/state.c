@@ -9,12 +9,12 @@ typedef struct {
     float  *cur;  /* [seq_floats]: every layer's conv then SSM state */
     float  *ring; /* [max_snap][seq_floats], allocated at the first snapshot */
     int32_t len;  /* positions consumed */
-    int32_t lo;   /* with tail: the ring holds every length in [lo, len] */
-    bool    tail; /* the ring holds the state of length len */
+    int32_t lo, hi; /* the ring holds every length in [lo, hi] (empty: lo > hi); hi <= len */
 } state_seq;
 
 struct ag_state {
     int32_t    n_layers, max_seqs, max_snap;
+    int        snap_last;
     size_t     conv_floats, ssm_floats, layer_floats, seq_floats;
     size_t     ring_bytes; /* rings allocated so far */
     state_seq *seqs;
@@ -30,6 +30,7 @@ ag_status ag_state_new(int32_t n_layers, size_t conv_floats, size_t ssm_floats, 
     s->n_layers = n_layers;
     s->max_seqs = max_seqs;
     s->max_snap = max_snap;
+    s->snap_last = 1;
     s->conv_floats = conv_floats;
     s->ssm_floats = ssm_floats;
     s->layer_floats = conv_floats + ssm_floats;
@@ -68,11 +69,14 @@ float *ag_state_layer(ag_state *s, int32_t seq, int32_t layer) {
 
 int32_t ag_state_len(const ag_state *s, int32_t seq) { return s->seqs[seq].len; }
 
+int  ag_state_snap_last(const ag_state *s) { return s->snap_last; }
+void ag_state_set_snap_last(ag_state *s, int on) { s->snap_last = on != 0; }
+
 void ag_state_reset(ag_state *s, int32_t seq) {
     state_seq *q = &s->seqs[seq];
     memset(q->cur, 0, s->seq_floats * sizeof(float));
     q->len = q->lo = 0;
-    q->tail = false;
+    q->hi = -1;
 }
 
 void ag_state_copy(ag_state *s, int32_t dst, int32_t src) {
@@ -80,7 +84,7 @@ void ag_state_copy(ag_state *s, int32_t dst, int32_t src) {
     state_seq *d = &s->seqs[dst], *q = &s->seqs[src];
     memcpy(d->cur, q->cur, s->seq_floats * sizeof(float));
     d->len = d->lo = q->len;
-    d->tail = false;
+    d->hi = q->len - 1;
 }
 
 ag_status ag_state_check(const ag_state *s, int32_t seq, int32_t pos0) {
@@ -104,24 +108,23 @@ float *ag_state_snap_slot(ag_state *s, int32_t seq, int32_t layer, int32_t pos) 
     return q->ring + (size_t)(len % s->max_snap) * s->seq_floats + (size_t)layer * s->layer_floats;
 }
 
-void ag_state_advance(ag_state *s, int32_t seq, int32_t new_len, int snapped) {
+void ag_state_advance(ag_state *s, int32_t seq, int32_t new_len, int32_t first, int32_t last) {
     state_seq *q = &s->seqs[seq];
-    if (new_len == q->len) return;
-    if (snapped && q->ring && new_len > q->len) {
-        int32_t lo = q->tail ? q->lo : q->len + 1;
-        if (lo < new_len - s->max_snap + 1) lo = new_len - s->max_snap + 1;
-        q->lo = lo;
-        q->tail = true;
-    } else {
+    if (!q->ring || first > last) { /* nothing recorded: nothing before new_len can be restored */
         q->lo = new_len;
-        q->tail = false;
+        q->hi = new_len - 1;
+    } else {
+        if (!(q->lo <= q->hi && first == q->hi + 1)) q->lo = first; /* (else it extends what is held) */
+        q->hi = last;
+        if (q->lo < last - s->max_snap + 1) q->lo = last - s->max_snap + 1;
     }
     q->len = new_len;
 }
 
 int32_t ag_state_trim_limit(const ag_state *s, int32_t seq) {
     const state_seq *q = &s->seqs[seq];
-    return q->tail ? q->len - q->lo : 0;
+    /* every length from len - 1 down to lo must be held */
+    return q->lo <= q->hi && q->hi >= q->len - 1 ? q->len - q->lo : 0;
 }
 
 ag_status ag_state_trim(ag_state *s, int32_t seq, int32_t n) {
@@ -134,5 +137,6 @@ ag_status ag_state_trim(ag_state *s, int32_t seq, int32_t n) {
     const int32_t to = q->len - n;
     memcpy(q->cur, q->ring + (size_t)(to % s->max_snap) * s->seq_floats, s->seq_floats * sizeof(float));
     q->len = to;
+    if (q->hi > to) q->hi = to;
     return AG_OK;
 }

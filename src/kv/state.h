@@ -7,11 +7,12 @@
  *
  * A recurrent state cannot drop positions: it is only the state after the
  * last one. Trims are answered by snapshots: after each decode row (a
- * one-token step, or a row of a verify window) the model records the state
- * it reached at that length into a ring of `max_snap` entries per
- * sequence, so ag_state_trim_limit(seq) = len - the oldest length the ring
- * still holds contiguously up to len (0 after a prompt chunk). Prompt rows
- * record nothing: a prefill is never rolled back.
+ * one-token step, or a row of a verify window; the last row of a pass only
+ * where ag_state_snap_last) the model records the state it reached at that
+ * length into a ring of `max_snap` entries per sequence, so
+ * ag_state_trim_limit(seq) = len - the oldest length the ring holds
+ * contiguously up to len - 1 (0 after a prompt chunk). Prompt rows record
+ * nothing: a prefill is never rolled back.
  *
  * Threading: as the ag_kv that owns it (the engine thread). */
 #ifndef AG_KV_STATE_H
@@ -60,11 +61,18 @@ ag_status ag_state_check(const ag_state *s, int32_t seq, int32_t pos0);
  * length is then not restorable). ag_state_advance then marks it held. */
 float *ag_state_snap_slot(ag_state *s, int32_t seq, int32_t layer, int32_t pos);
 
-/* After a pass: seq consumed up to new_len; `snapped` says whether every
- * layer's snapshot of lengths (old len, new_len] was written (decode rows),
- * else the ring is emptied (a prompt chunk: nothing before new_len can be
- * restored). */
-void ag_state_advance(ag_state *s, int32_t seq, int32_t new_len, int snapped);
+/* After a pass: seq consumed up to new_len, and every layer's snapshots of
+ * lengths [first, last] were written (first > last: none, as after a
+ * prompt chunk: then nothing before new_len can be restored). A range that
+ * continues the one held extends it; the ring keeps the last max_snap. */
+void ag_state_advance(ag_state *s, int32_t seq, int32_t new_len, int32_t first, int32_t last);
+
+/* Whether the model also records the state reached after a sequence's last
+ * row of a pass (needed only to roll back across passes: a draft model's
+ * one-token steps; a verify window's trim never goes back to the state it
+ * ended at). Set by ag_kv_params.state_snap_last. */
+int  ag_state_snap_last(const ag_state *s);
+void ag_state_set_snap_last(ag_state *s, int on);
 
 /* How many trailing positions the state can drop now (restoring a
  * snapshot): 0 when none is held. */

@@ -1058,6 +1058,7 @@ typedef struct {
     int32_t    *seq;   /* [n_runs] */
     float     **snap;  /* [n]: per row, this layer's snapshot slot or NULL */
     uint8_t    *all_dec; /* [n_runs]: every row a decode row */
+    int32_t    *n_snap;  /* [n_runs]: rows that record a snapshot (decode runs: all, or all but the last) */
     int         n_runs;
 } hybrid_runs;
 
@@ -1067,6 +1068,7 @@ static void hybrid_runs_free(hybrid_runs *h) {
     free(h->seq);
     free(h->snap);
     free(h->all_dec);
+    free(h->n_snap);
 }
 
 static ag_status hybrid_runs_make(ag_state *st, const ag_batch *b, int n_dec, hybrid_runs *h) {
@@ -1077,7 +1079,8 @@ static ag_status hybrid_runs_make(ag_state *st, const ag_batch *b, int n_dec, hy
     h->seq = malloc(sizeof *h->seq * (size_t)n);
     h->snap = calloc((size_t)n, sizeof *h->snap);
     h->all_dec = malloc((size_t)n);
-    if (!h->rows || !h->runs || !h->seq || !h->snap || !h->all_dec)
+    h->n_snap = malloc(sizeof *h->n_snap * (size_t)n);
+    if (!h->rows || !h->runs || !h->seq || !h->snap || !h->all_dec || !h->n_snap)
         return ag_errorf(AG_ERR_NOMEM, "out of memory for a batch of %d tokens", n);
     int at = 0;
     for (int i = 0; i < n; i++) {
@@ -1102,6 +1105,7 @@ static ag_status hybrid_runs_make(ag_state *st, const ag_batch *b, int n_dec, hy
             h->runs[r].n_rows++;
             if (j >= n_dec) h->all_dec[r] = 0;
         }
+        h->n_snap[r] = h->runs[r].n_rows - (ag_state_snap_last(st) ? 0 : 1);
     }
     return AG_OK;
 }
@@ -1153,7 +1157,9 @@ static ag_status run_hybrid_layers(ag_model *m, ag_kv *kv, const ag_batch *b, co
                 run->state = ag_state_layer(sst, hr.seq[r], rl);
                 for (int t = 0; t < run->n_rows; t++)
                     hr.snap[run->rows - hr.rows + t] =
-                        run->rows[t] < n_dec ? ag_state_snap_slot(sst, hr.seq[r], rl, b->pos[run->rows[t]]) : NULL;
+                        hr.all_dec[r] && (t < hr.n_snap[r])
+                            ? ag_state_snap_slot(sst, hr.seq[r], rl, b->pos[run->rows[t]])
+                            : NULL;
             }
             TRY(op->mamba2(be, &sh, gate, hr.runs, hr.n_runs, up));
             TRY(op->matmul(be, &w->ssm_out, up, n, n_dec, o));
@@ -1195,9 +1201,10 @@ static ag_status run_hybrid_layers(ag_model *m, ag_kv *kv, const ag_batch *b, co
     }
     for (int r = 0; r < hr.n_runs; r++) {
         const ag_ssm_run *run = &hr.runs[r];
-        int snapped = hr.all_dec[r];
-        for (int t = 0; t < run->n_rows; t++) snapped &= hr.snap[run->rows - hr.rows + t] != NULL;
-        ag_state_advance(sst, hr.seq[r], b->pos[run->rows[run->n_rows - 1]] + 1, snapped);
+        const int32_t     p0 = b->pos[run->rows[0]];
+        int               got = 0; /* rows whose snapshots every layer wrote (from the first) */
+        while (got < run->n_rows && hr.snap[run->rows - hr.rows + got]) got++;
+        ag_state_advance(sst, hr.seq[r], p0 + run->n_rows, p0 + 1, p0 + got);
     }
 #undef RES_SCALE
 #undef ADD_NORM

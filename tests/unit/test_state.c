@@ -47,10 +47,11 @@ static void step(ag_kv *kv, int32_t seq, int n, int decode) {
         for (int l = 0; l < NL; l++) {
             float *cur = ag_state_layer(st, seq, l);
             for (int i = 0; i < CONV + SSM; i++) cur[i] = (float)(len + t + 1) + 0.5f * l + 0.01f * seq;
-            float *snap = decode ? ag_state_snap_slot(st, seq, l, len + t) : NULL;
+            const int last = t == n - 1 && !ag_state_snap_last(st);
+            float    *snap = decode && !last ? ag_state_snap_slot(st, seq, l, len + t) : NULL;
             if (snap) memcpy(snap, cur, sizeof(float) * (CONV + SSM));
         }
-    ag_state_advance(st, seq, len + n, decode);
+    ag_state_advance(st, seq, len + n, len + 1, decode ? len + n - (ag_state_snap_last(st) ? 0 : 1) : len);
     assert_int_equal(ag_kv_seq_commit(kv, seq, len + n), AG_OK);
 }
 
@@ -87,6 +88,33 @@ static void prompt_rows_cannot_trim_decode_rows_can(void **unused) {
     assert_int_equal(ag_kv_trim(kv, s, SNAP - 1), AG_OK);
     expect(kv, s, 17 - (SNAP - 1), s);
     assert_int_equal(ag_kv_state_trim_limit(kv, s), 0);
+    ag_kv_free(kv);
+}
+
+/* The engine's target: no snapshot of a pass's last row (a verify trim
+ * never returns to it), so one-token steps hold nothing and a window of
+ * d + 1 rows can drop d. */
+static void without_last_row_snapshots(void **unused) {
+    (void)unused;
+    ag_kv  *kv = make_kv();
+    int32_t s;
+    ag_state_set_snap_last(ag_kv_state(kv), 0);
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    step(kv, s, 6, 0);
+    step(kv, s, 1, 1);
+    step(kv, s, 1, 1);
+    assert_int_equal(ag_kv_state_trim_limit(kv, s), 0);
+    step(kv, s, 4, 1); /* lengths 9..11 recorded, 12 is the current state */
+    assert_int_equal(ag_kv_state_trim_limit(kv, s), 3);
+    assert_int_equal(ag_kv_trim(kv, s, 1), AG_OK);
+    expect(kv, s, 11, s);
+    assert_int_equal(ag_kv_trim(kv, s, 2), AG_OK);
+    expect(kv, s, 9, s);
+    assert_int_equal(ag_kv_state_trim_limit(kv, s), 0);
+    step(kv, s, 2, 1); /* 10 recorded; 9, restored from the ring, is still there */
+    assert_int_equal(ag_kv_state_trim_limit(kv, s), 2);
+    assert_int_equal(ag_kv_trim(kv, s, 2), AG_OK);
+    expect(kv, s, 9, s);
     ag_kv_free(kv);
 }
 
@@ -139,6 +167,7 @@ static void adopt_refused_and_swap_carries_state(void **unused) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(prompt_rows_cannot_trim_decode_rows_can),
+        cmocka_unit_test(without_last_row_snapshots),
         cmocka_unit_test(fork_copies_whole_state_only),
         cmocka_unit_test(adopt_refused_and_swap_carries_state),
     };
