@@ -1238,9 +1238,10 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
     copies += ag_backend_weight_copy_bytes(be, &m->output);
     for (int l = 0; l < c->n_layer; l++) {
         const ag_layer_weights *w = &m->layers[l];
-        const ag_tensor *groups[4][3] = {{&w->wq, &w->wk, &w->wv}, {&w->wo}, {&w->ffn_gate, &w->ffn_up},
-                                         {&w->ffn_down}};
-        const int        sizes[4] = {3, 1, 2, 1};
+        const bool       ssm = w->ssm_in.data != NULL; /* a Mamba-2 layer: its projections instead of q/k/v and o */
+        const ag_tensor *groups[4][3] = {{ssm ? &w->ssm_in : &w->wq, &w->wk, &w->wv}, {ssm ? &w->ssm_out : &w->wo},
+                                         {&w->ffn_gate, &w->ffn_up}, {&w->ffn_down}};
+        const int        sizes[4] = {ssm ? 1 : 3, 1, 2, 1};
         for (int g = 0; g < (w->ffn_gate_exps.data ? 2 : 4); g++) {
             need = ag_backend_matmul_scratch_bytes(be, groups[g], sizes[g], n_tokens);
             if (need > mm) mm = need;
