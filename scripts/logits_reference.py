@@ -36,6 +36,8 @@ MODELS = {
     "stories260K": (os.path.join(SHARED, "models", "tiny", "stories260K.gguf"), 512),
     "smollm2": (os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"), 1024),
     "gemma3": (os.path.join(ROOT, "models", "gemma-3-270m-Q4_K_M.gguf"), 1024),
+    # past Gemma 3's 512-position sliding window (augur keeps a ring of it: kv.h)
+    "gemma3-long": (os.path.join(ROOT, "models", "gemma-3-270m-Q4_K_M.gguf"), 1600),
     "qwen-0.5b": (os.path.join(ROOT, "models", "qwen2.5-0.5b-Q4.gguf"), 1024),
     "qwen-1.5b": (os.path.join(ROOT, "models", "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf"), 1024),
     "qwen3-tiny": (os.path.join(ROOT, "build", "parity", "qwen3-tiny.gguf"), 512),
@@ -44,6 +46,10 @@ MODELS = {
     "gpt-oss-tiny-f16": (os.path.join(ROOT, "build", "parity", "gpt-oss-tiny-f16.gguf"), 512),
     "granite-h-tiny": (os.path.join(ROOT, "build", "parity", "granite-h-tiny.gguf"), 512),
 }
+
+# name -> its text in tests/data/parity (default text.txt); text_long.txt is
+# text.txt and then prose of DESIGN.md, frozen here
+TEXTS = {"gemma3-long": "text_long.txt"}
 
 # name -> (bench/gen_model preset, type, further options): the random-weight
 # models. gpt-oss-tiny: MXFP4 experts beside F32 matrices (llama.cpp's F32
@@ -73,16 +79,22 @@ def log_softmax(logits):
     return logits - logz[:, None]
 
 
-def llama_logprobs(path, tokens, n_batch):
-    """llama.cpp's teacher-forced log-probabilities, n_batch tokens per decode call."""
+def llama_scores(path, tokens, n_batch):
+    """llama.cpp's teacher-forced logits (float32, as it computes them), n_batch tokens per decode call."""
     from llama_cpp import Llama
 
-    llm = Llama(path, n_ctx=1024, n_batch=n_batch, n_ubatch=n_batch, logits_all=True,
+    llm = Llama(path, n_ctx=max(1024, len(tokens)), n_batch=n_batch, n_ubatch=n_batch, logits_all=True,
                 n_threads=os.cpu_count(), verbose=False)
     llm.eval(tokens)
-    out = log_softmax(np.array(llm.scores[: len(tokens)], dtype=np.float64))
+    out = np.array(llm.scores[: len(tokens)], dtype=np.float32)
     del llm
     return out
+
+
+def rows_logp(scores, r0, r1):
+    """log-softmax of rows [r0, r1) in float64 (a few rows at a time: a
+    262k vocabulary times 1600 positions is 3.4 GB in float64)."""
+    return log_softmax(scores[r0:r1].astype(np.float64))
 
 
 def reference(name):
@@ -93,20 +105,27 @@ def reference(name):
     if name in GENERATED:
         path, digest = generate(name)
         extra = {"gguf_sha256": np.array(digest), "gen_model": np.array(" ".join(GENERATED[name]))}
-    text = open(os.path.join(OUT, "text.txt"), "rb").read()
+    text = open(os.path.join(OUT, TEXTS.get(name, "text.txt")), "rb").read()
     vocab = Llama(path, vocab_only=True, verbose=False)
     tokens = vocab.tokenize(text, add_bos=True, special=False)[:max_tokens]
-    logp = llama_logprobs(path, tokens, 1024)
+    scores = llama_scores(path, tokens, 1024)
     # llama.cpp against itself: the same tokens one at a time (its decode
     # kernels) instead of one batch (its GEMM kernels). In a quantized model
     # summation-order differences flip int8 roundings of activations, so this
     # is the noise floor any second implementation is measured against.
-    logp1 = llama_logprobs(path, tokens, 1)
-    self_top1 = float(np.mean(logp.argmax(1) == logp1.argmax(1)))
-    self_kl = float((np.exp(logp) * (logp - logp1)).sum(1).mean())
-    logits = logp
-    top = np.argsort(-logp, axis=1, kind="stable")[:, :TOP_K].astype(np.int32)
-    top_logp = np.take_along_axis(logp, top, 1).astype(np.float32)
+    scores1 = llama_scores(path, tokens, 1)
+    same, kl, tops, top_lps = 0, 0.0, [], []
+    for r0 in range(0, len(tokens), 64):
+        logp, logp1 = rows_logp(scores, r0, r0 + 64), rows_logp(scores1, r0, r0 + 64)
+        same += int((logp.argmax(1) == logp1.argmax(1)).sum())
+        kl += float((np.exp(logp) * (logp - logp1)).sum(1).sum())
+        t = np.argsort(-logp, axis=1, kind="stable")[:, :TOP_K].astype(np.int32)
+        tops.append(t)
+        top_lps.append(np.take_along_axis(logp, t, 1).astype(np.float32))
+    self_top1 = same / len(tokens)
+    self_kl = kl / len(tokens)
+    logits = scores
+    top, top_logp = np.concatenate(tops), np.concatenate(top_lps)
     out = os.path.join(OUT, f"{name}.npz")
     np.savez_compressed(out, tokens=np.array(tokens, dtype=np.int32), top_ids=top,
                         top_logprobs=top_logp, n_vocab=np.int32(logits.shape[1]),

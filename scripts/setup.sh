@@ -7,6 +7,9 @@
 #                                model, Gemma 3 270M and Qwen2.5 0.5B: their tokenizers,
 #                                templates and metadata are tested against references;
 #                                nomic-embed-text-v1.5: the embeddings against llama.cpp's)
+#   scripts/fetch_models.py embeddinggemma   (or add it to AUGUR_MODELS) EmbeddingGemma-300M, a 1.2 GB
+#                                safetensors folder (tests/py/test_embed_gemma.py; not in the
+#                                default set: its test embeds 100 sentences with a 300M model)
 #   scripts/setup.sh --no-model  skip the model download
 #   scripts/setup.sh --webui     ... + Debian's Chromium, Playwright and markdown-it-py for the
 #                                chat page's browser test (make test-webui); Playwright drives

@@ -82,7 +82,7 @@ typedef struct {
     int   layer;
     int   n_head, n_head_kv, head_dim_k, head_dim_v;
     float scale;  /* multiplies q·k */
-    int   window; /* 0: attend to all earlier positions; w > 0: only to pos - w < p <= pos */
+    int   window; /* 0: attend to all earlier positions; w > 0: only to pos - w < p <= pos (bidirectional: |p - pos| < w) */
     float softcap; /* 0: off */
     /* true (encoders): a token attends to every position of its sequence
      * up to the largest position of that sequence in this batch, later ones

@@ -64,6 +64,7 @@ static const ag_switch_info k_switches[] = {
     {"AUGUR_DRAFT_LOOKUP", F, "on", "0: the draft model's prompt lookup off", "spec"},
     {"AUGUR_DRAFT_VOCAB", I, "a draft's head rows", "rows of a draft model's output head computed (0: all)", "spec"},
     {"AUGUR_EDITS", F, "on", "0: penalties and bias applied by the samplers to copied rows, not where the logits are", "engine, bench"},
+    {"AUGUR_KV_RING", F, "on", "0: sliding-window layers keep every position, not a ring of the window (A/B, tests)", "model"},
     {"AUGUR_LOG", T, "warn (info for serve)", "user: error|warn|info|debug", "base"},
     {"AUGUR_LOOKUP_MIN_MATCH", I, "the combined source's", "the draft model's lookup: shortest match (tuning)", "spec"},
     {"AUGUR_MASKS", F, "on", "0: structured-output masks applied by the samplers, not where the logits are", "engine"},

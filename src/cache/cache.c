@@ -182,6 +182,7 @@ int32_t cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint6
     n->parent = parent;
     n->ns = ns;
     n->block = -1;
+    n->rblock = -1;
     n->parent_id = -1;
     n->n_tok = n_tok;
     for (int l = 0; l < L_COUNT; l++) n->link[l].prev = n->link[l].next = -1;
@@ -331,6 +332,9 @@ static bool path_reserve(ag_cache *c, int32_t n) {
     int32_t *b = realloc(c->path_blocks, sizeof(int32_t) * (size_t)n);
     if (!b) return false;
     c->path_blocks = b;
+    int32_t *rb = realloc(c->path_rblocks, sizeof(int32_t) * (size_t)n);
+    if (!rb) return false;
+    c->path_rblocks = rb;
     c->path_cap = n;
     return true;
 }
@@ -379,7 +383,7 @@ static int32_t best_continuation(ag_cache *c, ag_cache_key parent, int32_t prev,
     for (int32_t id = cache_child_head(c, parent, ns, tokens[0]); id >= 0; id = c->nodes[id].cnext) {
         const cache_node *n = &c->nodes[id];
         bool              mem = n->block >= 0;
-        if (!mem && !(n->disk == D_ON && can_read)) continue;
+        if (!mem && !(n->disk == D_ON && can_read && (c->ring || n->disk_full))) continue;
         int32_t j = common_prefix(cache_node_tokens(c, id), tokens, n->n_tok < avail ? n->n_tok : avail);
         if (j == 0 || j < best_len || (j == best_len && (best_mem || !mem))) continue;
         if (!node_follows(c, id, parent, prev, depth, ns)) continue;
@@ -414,10 +418,17 @@ static void attach_block(ag_cache *c, int32_t id, int32_t block) {
     cache_list_push_head(c, L_MEM, id);
 }
 
+static void drop_rblock(ag_cache *c, cache_node *n) {
+    if (n->rblock < 0) return;
+    ag_kv_ring_block_unref(c->kv, n->rblock);
+    n->rblock = -1;
+}
+
 static void evict_memory(ag_cache *c, int32_t id) {
     cache_node *n = &c->nodes[id];
     ag_kv_block_unref(c->kv, n->block);
     n->block = -1;
+    drop_rblock(c, n);
     int32_t p = cache_parent(c, id);
     if (p >= 0) c->nodes[p].n_mem_children--;
     cache_list_remove(c, L_MEM, id);
@@ -473,6 +484,67 @@ bool cache_supersede(ag_cache *c, int32_t id) {
     return false;
 }
 
+/* ---- the sliding-window ring (kv.h) ---- */
+
+/* The kv's ring pool ran short (ag_kv_set_ring_reclaim): the memory tier
+ * lets go of up to n ring blocks only it holds, least recently used first.
+ * Their nodes keep their main blocks: a prefix still resumes there where no
+ * window reaches back to them. */
+static int32_t reclaim_ring(void *user, int32_t n) {
+    ag_cache *c = user;
+    int32_t   freed = 0;
+    for (int32_t id = c->list[L_MEM].tail; id >= 0 && freed < n; id = c->nodes[id].link[L_MEM].prev) {
+        cache_node *nd = &c->nodes[id];
+        if (nd->rblock >= 0 && ag_kv_ring_block_refcount(c->kv, nd->rblock) == 1) {
+            drop_rblock(c, nd);
+            freed++;
+        }
+    }
+    return freed;
+}
+
+/* Whether path entry j's ring block is at hand: held (c->path_rblocks), or,
+ * with can_read, in its node's record on disk. */
+static bool ring_avail(const ag_cache *c, int32_t j, bool can_read) {
+    if (c->path_rblocks[j] >= 0) return true;
+    if (!can_read || c->path[j] < 0) return false;
+    const cache_node *n = &c->nodes[c->path[j]];
+    return n->disk == D_ON && n->disk_full;
+}
+
+/* With a ring, a prefix of length m can be resumed only with the ring
+ * blocks of its window: path entries [ag_kv_ring_first_needed(m), ceil(m /
+ * bs)). Of the path's *n entries adopting *len positions, the longest
+ * prefix that has them: *n and *len are lowered to it (to a whole number of
+ * blocks when cut; 0 when none), and true is returned when they changed.
+ * A longer entry that would need a trim the ring cannot do is thus never
+ * preferred to a shorter one that works. */
+static bool ring_cut(ag_cache *c, bool can_read, int32_t *n, int32_t *len) {
+    int32_t k = *n, m = *len;
+    while (m > 0) {
+        int32_t j = ag_kv_ring_first_needed(c->kv, m);
+        while (j < k && ring_avail(c, j, can_read)) j++;
+        if (j == k) break;
+        /* entry j has no ring block: no length whose window reaches it works */
+        k = j;
+        m = j * c->bs;
+    }
+    if (m <= 0) k = m = 0;
+    bool cut = k != *n || m != *len;
+    *n = k;
+    *len = m;
+    return cut;
+}
+
+/* Drops what the lookup holds of path entries [from, to). */
+static void path_release(ag_cache *c, int32_t from, int32_t to) {
+    for (int32_t j = from; j < to; j++) {
+        if (c->path_blocks[j] >= 0) ag_kv_block_unref(c->kv, c->path_blocks[j]);
+        if (c->path_rblocks[j] >= 0) ag_kv_ring_block_unref(c->kv, c->path_rblocks[j]);
+        c->path_blocks[j] = c->path_rblocks[j] = -1;
+    }
+}
+
 /* ---- public ---- */
 
 ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
@@ -493,6 +565,7 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
     c->p.disk_dir = NULL;
     c->lay = lay;
     c->bs = lay->block_size;
+    c->ring = lay->n_ring_layers > 0;
     c->identity = cache_identity(p.model_fingerprint, p.tok_fingerprint, p.compute_fingerprint, lay->dtype, lay->block_size,
                                  lay->n_layers, lay->n_kv_heads, lay->head_dim_k, lay->head_dim_v,
                                  p.key_bits ? p.key_bits : 128);
@@ -526,6 +599,7 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
         }
         disk_open(c);
     }
+    if (c->ring) ag_kv_set_ring_reclaim(kv, reclaim_ring, c);
     refresh_stats(c);
     *out = c;
     return AG_OK;
@@ -534,14 +608,19 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
 void ag_cache_free(ag_cache *c) {
     if (!c) return;
     disk_close(c);
+    if (c->ring) ag_kv_set_ring_reclaim(c->kv, NULL, NULL);
     for (int32_t id = 0; id < c->cap && c->nodes; id++)
-        if (c->nodes[id].used && c->nodes[id].block >= 0) ag_kv_block_unref(c->kv, c->nodes[id].block);
+        if (c->nodes[id].used && c->nodes[id].block >= 0) {
+            ag_kv_block_unref(c->kv, c->nodes[id].block);
+            if (c->nodes[id].rblock >= 0) ag_kv_ring_block_unref(c->kv, c->nodes[id].rblock);
+        }
     free(c->nodes);
     free(c->tokens);
     free(c->buckets);
     free(c->cbuckets);
     free(c->path);
     free(c->path_blocks);
+    free(c->path_rblocks);
     free(c->dir);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
@@ -566,8 +645,11 @@ static int32_t take_block(ag_cache *c) {
  * positions were read; restore_ns > 0: a restore from start to now).
  * Returns the adopted length. */
 static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t len, int32_t from_disk, int64_t restore_ns) {
+    int32_t n_adopt = n;
+    /* (a restore that ended early may lack a ring block the planned length's window needed) */
+    if (c->ring && ring_cut(c, false, &n_adopt, &len) && from_disk > len) from_disk = len;
     if (len > 0) {
-        ag_status st = ag_kv_seq_adopt(c->kv, seq, c->path_blocks, n, len);
+        ag_status st = ag_kv_seq_adopt_ring(c->kv, seq, c->path_blocks, c->ring ? c->path_rblocks : NULL, n_adopt, len);
         if (st) {
             AG_LOGW("kv cache: adopting %d cached tokens failed: %s", len, ag_error_message());
             len = 0;
@@ -575,7 +657,11 @@ static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t len, int3
     } else {
         ag_kv_seq_clear(c->kv, seq);
     }
-    for (int32_t j = 0; j < n; j++) ag_kv_block_unref(c->kv, c->path_blocks[j]);
+    if (len == 0) from_disk = 0;
+    for (int32_t j = 0; j < n; j++) {
+        ag_kv_block_unref(c->kv, c->path_blocks[j]);
+        if (c->path_rblocks[j] >= 0) ag_kv_ring_block_unref(c->kv, c->path_rblocks[j]);
+    }
     if (len > 0) touch_path(c, n);
     pthread_mutex_lock(&c->mu);
     c->st.lookups++;
@@ -596,6 +682,8 @@ static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t len, int3
  * are to be read), for seq, which adopts `last_use` positions of the last
  * one. NULL when out of memory. */
 static ag_cache_restore *restore_new(ag_cache *c, int32_t seq, int32_t n, int32_t last_use, uint64_t ns) {
+    /* (the ring blocks of the adopted length's window are wanted) */
+    const int32_t ring_first = n > 0 ? ag_kv_ring_first_needed(c->kv, (n - 1) * c->bs + last_use) : 0;
     ag_cache_restore *r = calloc(1, sizeof *r);
     if (!r) return NULL;
     r->e = calloc((size_t)n, sizeof *r->e);
@@ -615,8 +703,11 @@ static ag_cache_restore *restore_new(ag_cache *c, int32_t seq, int32_t n, int32_
         /* the node's tokens, which the record must hold: for the last
          * entry they may go on past where the prompt's part */
         memcpy(r->tokens + (size_t)i * c->bs, cache_node_tokens(c, c->path[i]), sizeof(int32_t) * (size_t)c->bs);
+        const bool want_ring = c->ring && i >= ring_first;
         r->e[i] = (restore_entry){.node = c->path[i], .gen = nd->gen, .block = c->path_blocks[i],
-                                  .from_disk = c->path_blocks[i] < 0, .use = i == n - 1 ? last_use : c->bs,
+                                  .rblock = c->path_rblocks[i], .want_ring = want_ring,
+                                  .from_disk = c->path_blocks[i] < 0 || (want_ring && c->path_rblocks[i] < 0),
+                                  .use = i == n - 1 ? last_use : c->bs,
                                   .key = nd->key, .parent = nd->parent, .depth = nd->depth, .n_tok = nd->n_tok,
                                   .result = RS_PENDING};
     }
@@ -630,6 +721,8 @@ static void path_take(ag_cache *c, int32_t i, int32_t id) {
     c->path[i] = id;
     c->path_blocks[i] = n->block;
     if (n->block >= 0) ag_kv_block_ref(c->kv, n->block); /* held while we look on (and while the reader reads) */
+    c->path_rblocks[i] = c->ring ? n->rblock : -1;
+    if (c->path_rblocks[i] >= 0) ag_kv_ring_block_ref(c->kv, c->path_rblocks[i]);
 }
 
 int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n_tokens, int32_t max_len,
@@ -652,7 +745,7 @@ int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, i
         int32_t        id = cache_find(c, key);
         if (id < 0 || !node_matches(c, id, parent, prev, i, ns, t)) break;
         const cache_node *n = &c->nodes[id];
-        if (n->block < 0 && !(n->disk == D_ON && can_read)) break;
+        if (n->block < 0 && !(n->disk == D_ON && can_read && (c->ring || n->disk_full))) break;
         path_take(c, i, id);
         to_read += n->block < 0;
         parent = key;
@@ -670,14 +763,32 @@ int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, i
         last_use = run;
         i++;
     }
+    if (c->ring && i > 0) {
+        /* the longest prefix whose window's ring blocks are in memory or on disk */
+        int32_t k = i;
+        if (ring_cut(c, can_read, &k, &len)) {
+            path_release(c, k, i);
+            i = k;
+            last_use = c->bs;
+        }
+        /* ring blocks before the window are not needed; entries whose ring block is only on disk are read */
+        const int32_t first = ag_kv_ring_first_needed(c->kv, len);
+        to_read = 0;
+        for (int32_t j = 0; j < i; j++) {
+            if (j < first && c->path_rblocks[j] >= 0) {
+                ag_kv_ring_block_unref(c->kv, c->path_rblocks[j]);
+                c->path_rblocks[j] = -1;
+            }
+            to_read += c->path_blocks[j] < 0 || (j >= first && c->path_rblocks[j] < 0);
+        }
+    }
     if (to_read == 0) return lookup_end(c, seq, i, len, 0, 0);
 
     ag_cache_restore *r = restore_new(c, seq, i, last_use, ns);
     if (!r) { /* keep what memory has, up to the first block on disk */
         int32_t m = 0;
         while (m < i && c->path_blocks[m] >= 0) m++;
-        for (int32_t j = m; j < i; j++)
-            if (c->path_blocks[j] >= 0) ag_kv_block_unref(c->kv, c->path_blocks[j]);
+        path_release(c, m, i);
         AG_LOGW("kv cache: out of memory for a restore; prefilling from position %d", m * bs);
         return lookup_end(c, seq, m, m * bs, 0, 0); /* (the partial block, if any, is on disk: m < i) */
     }
@@ -703,6 +814,7 @@ static int32_t place_record(ag_cache *c, const restore_entry *en, const uint8_t 
                 en->depth * c->bs);
         return -1;
     }
+    if (en->block >= 0) return en->block; /* (read for its ring block only: see place_ring) */
     if (n->block >= 0) { /* another request restored or computed it meanwhile */
         ag_kv_block_ref(c->kv, n->block);
         return n->block;
@@ -714,7 +826,8 @@ static int32_t place_record(ag_cache *c, const restore_entry *en, const uint8_t 
     }
     const size_t cb = c->lay->copy_bytes;
     for (int32_t l = 0; l < c->lay->n_layers; l++)
-        if (ag_kv_block_copy_in(c->kv, b, l, buf + c->header_bytes + (size_t)l * cb, cb) != AG_OK) {
+        if (!ag_kv_layer_ring(c->kv, l) &&
+            ag_kv_block_copy_in(c->kv, b, l, buf + c->header_bytes + (size_t)l * cb, cb) != AG_OK) {
             AG_LOGW("kv cache: copying a restored block in failed: %s; prefilling from position %d",
                     ag_error_message(), en->depth * c->bs);
             ag_kv_block_unref(c->kv, b);
@@ -723,6 +836,39 @@ static int32_t place_record(ag_cache *c, const restore_entry *en, const uint8_t 
     attach_block(c, en->node, b); /* the alloc's reference becomes the cache's */
     ag_kv_block_ref(c->kv, b);
     return b;
+}
+
+/* The ring block of entry en (its main block placed), when its window
+ * wants it: the node's, or the record's ring layers in a fresh ring block,
+ * which then joins the node (the cache's reference) and is held by the
+ * restore; -1 (logged) when the record has none or the ring pool is full. */
+static int32_t place_ring(ag_cache *c, const restore_entry *en, const uint8_t *buf) {
+    cache_node *n = &c->nodes[en->node];
+    if (n->rblock >= 0) {
+        ag_kv_ring_block_ref(c->kv, n->rblock);
+        return n->rblock;
+    }
+    if (!buf || (buf[132] & AG_CACHE_RECORD_NO_RING) || n->block < 0) {
+        AG_LOGI("kv cache: the sliding-window layers of block %d are not cached; resuming before it",
+                en->depth);
+        return -1;
+    }
+    int32_t rb;
+    if (ag_kv_ring_block_alloc(c->kv, &rb) != AG_OK) {
+        AG_LOGW("kv cache: no free ring block to restore into; resuming before block %d", en->depth);
+        return -1;
+    }
+    const size_t cb = c->lay->copy_bytes;
+    for (int32_t l = 0; l < c->lay->n_layers; l++)
+        if (ag_kv_layer_ring(c->kv, l) &&
+            ag_kv_block_copy_in(c->kv, rb, l, buf + c->header_bytes + (size_t)l * cb, cb) != AG_OK) {
+            AG_LOGW("kv cache: copying a restored ring block in failed: %s", ag_error_message());
+            ag_kv_ring_block_unref(c->kv, rb);
+            return -1;
+        }
+    n->rblock = rb; /* the alloc's reference becomes the cache's */
+    ag_kv_ring_block_ref(c->kv, rb);
+    return rb;
 }
 
 bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
@@ -742,11 +888,15 @@ bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
                 break;
             }
             en->block = place_record(c, en, buf);
+            if (en->block >= 0 && en->want_ring && en->rblock < 0) en->rblock = place_ring(c, en, buf);
             disk_staging_put(c, buf);
             if (en->block < 0) {
                 r->end = r->done;
                 break;
             }
+            /* (an entry without its wanted ring block: lookup_end resumes before its window) */
+        } else if (en->want_ring && en->rblock < 0) {
+            en->rblock = place_ring(c, en, NULL);
         }
         r->done++;
     }
@@ -760,11 +910,14 @@ bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
         const cache_node *nd = &c->nodes[r->e[i].node];
         c->path[i] = nd->used && nd->gen == r->e[i].gen ? r->e[i].node : -1;
         c->path_blocks[i] = r->e[i].block;
+        c->path_rblocks[i] = r->e[i].rblock;
         adopted += r->e[i].use;
         if (r->e[i].from_disk) from_disk += r->e[i].use;
     }
-    for (int32_t i = r->end; i < r->n; i++)
+    for (int32_t i = r->end; i < r->n; i++) {
         if (r->e[i].block >= 0) ag_kv_block_unref(c->kv, r->e[i].block);
+        if (r->e[i].rblock >= 0) ag_kv_ring_block_unref(c->kv, r->e[i].rblock);
+    }
     pthread_mutex_lock(&c->mu);
     c->st.restores_pending--;
     pthread_mutex_unlock(&c->mu);
@@ -776,8 +929,10 @@ bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
 
 void ag_cache_restore_cancel(ag_cache *c, ag_cache_restore *r) {
     if (!r) return;
-    for (int32_t i = 0; i < r->n; i++)
+    for (int32_t i = 0; i < r->n; i++) {
         if (r->e[i].block >= 0) ag_kv_block_unref(c->kv, r->e[i].block);
+        if (r->e[i].rblock >= 0) ag_kv_ring_block_unref(c->kv, r->e[i].rblock);
+    }
     pthread_mutex_lock(&c->mu);
     c->st.restores_pending--;
     c->st.restores_cancelled++;
@@ -798,8 +953,15 @@ int32_t ag_cache_lookup(ag_cache *c, int32_t seq, const int32_t *tokens, int32_t
  * a prompt after node prev (key parent), unless the same block is already
  * cached: the node's id, or -1 where indexing must stop (a key collision,
  * out of memory). *added counts a new node. */
+static void attach_rblock(ag_cache *c, int32_t id, int32_t rblock) {
+    cache_node *n = &c->nodes[id];
+    if (rblock < 0 || n->rblock >= 0 || n->block < 0) return;
+    ag_kv_ring_block_ref(c->kv, rblock);
+    n->rblock = rblock;
+}
+
 static int32_t index_block(ag_cache *c, ag_cache_key parent, int32_t prev, int32_t depth, uint64_t ns,
-                           const int32_t *t, int32_t n_tok, int32_t block, int32_t *added) {
+                           const int32_t *t, int32_t n_tok, int32_t block, int32_t rblock, int32_t *added) {
     ag_cache_key key = cache_chain_key(c, parent, ns, t, n_tok);
     int32_t      id = cache_find(c, key);
     if (id >= 0) {
@@ -811,6 +973,7 @@ static int32_t index_block(ag_cache *c, ag_cache_key parent, int32_t prev, int32
             ag_kv_block_ref(c->kv, block);
             attach_block(c, id, block);
         }
+        attach_rblock(c, id, rblock);
         return id;
     }
     id = cache_node_new(c, key, parent, ns, t, n_tok);
@@ -819,6 +982,7 @@ static int32_t index_block(ag_cache *c, ag_cache_key parent, int32_t prev, int32
     cache_parent_link(c, id, prev);
     ag_kv_block_ref(c->kv, block);
     attach_block(c, id, block);
+    attach_rblock(c, id, rblock);
     if (c->disk_on && atomic_load(&c->write_on)) cache_list_push_tail(c, L_DIRTY, id);
     (*added)++;
     return id;
@@ -833,12 +997,16 @@ int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_
     const int32_t *table = ag_kv_seq_blocks(c->kv, seq, &nt);
     int32_t        nb = n / bs, tail = n % bs;
     if (nb > nt) nb = nt;
+    /* with a ring: the ring blocks it still holds (entries [rfirst, rn)) go with their blocks */
+    int32_t        rn = 0, rfirst = 0;
+    const int32_t *rt = c->ring ? ag_kv_seq_ring_blocks(c->kv, seq, &rn, &rfirst) : NULL;
+#define RING_AT(i) (rt && (i) >= rfirst && (i) < rn ? rt[(i)] : -1)
     if (!path_reserve(c, nb + 1)) return 0;
     ag_cache_key parent = {0, 0};
     int32_t      prev = -1, i = 0, added = 0, covered = 0;
     for (; i < nb; i++) {
         int32_t before = added;
-        int32_t id = index_block(c, parent, prev, i, ns, tokens + (size_t)i * bs, bs, table[i], &added);
+        int32_t id = index_block(c, parent, prev, i, ns, tokens + (size_t)i * bs, bs, table[i], RING_AT(i), &added);
         if (id < 0) break;
         /* a new full block makes the partial siblings it starts with
          * redundant (it is never redundant itself) */
@@ -851,7 +1019,8 @@ int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_
     /* the trailing partial block: a leaf, kept unless a sibling covers it */
     if (i == nb && tail > 0 && nb < nt) {
         int32_t before = added;
-        int32_t id = index_block(c, parent, prev, nb, ns, tokens + (size_t)nb * bs, tail, table[nb], &added);
+        int32_t id = index_block(c, parent, prev, nb, ns, tokens + (size_t)nb * bs, tail, table[nb], RING_AT(nb), &added);
+#undef RING_AT
         if (id >= 0) {
             covered += tail;
             if (added == before || !cache_supersede(c, id)) c->path[i++] = id;

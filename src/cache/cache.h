@@ -445,6 +445,10 @@ void ag_cache_get_stats(const ag_cache *c, ag_cache_stats *out);
 #define AG_CACHE_RECORD_EXT ".agkv"
 /* Header bytes of a record of a block_size kv (the payload starts there). */
 #define AG_CACHE_RECORD_HEADER_BYTES(block_size) (144 + 4 * (block_size))
+/* Header flag (offset 132): the payload's sliding-window layers are zeros,
+ * not KV (their ring block had left memory when the record was written:
+ * kv.h). Such a record resumes a prompt only where no window reaches it. */
+#define AG_CACHE_RECORD_NO_RING 1u
 
 /* A record header, parsed and checked. */
 typedef struct {
@@ -463,6 +467,7 @@ typedef struct {
     ag_cache_key parent, key;
     uint64_t     payload_hash; /* XXH3-64 of the payload */
     int32_t      tokens[AG_CACHE_MAX_BLOCK]; /* n_tokens of them (zero up to block_size) */
+    uint32_t     flags;        /* AG_CACHE_RECORD_NO_RING */
 } ag_cache_record;
 
 /* Parses and validates a record header from the first `len` bytes of a

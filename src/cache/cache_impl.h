@@ -47,11 +47,14 @@ typedef struct {
     int32_t      hnext;     /* hash chain; free list when unused */
     int32_t      cnext;     /* chain of the children index (see cache_child_head) */
     int32_t      block;     /* kv block held by the cache, -1 none */
+    int32_t      rblock;    /* its sliding-window ring block held by the cache (kv.h), -1 none; only
+                               with block >= 0 */
     cache_link   link[L_COUNT];
     int32_t      n_mem_children, n_disk_children;
     uint8_t      disk;       /* D_* */
     uint8_t      on_list[L_COUNT];
     uint8_t      no_write;   /* do not (re)write: failed, or evicted by the cap */
+    uint8_t      disk_full;  /* its record holds every layer (else not the ring's: AG_CACHE_RECORD_NO_RING) */
     uint8_t      used;       /* slot in use */
 } cache_node;
 
@@ -62,6 +65,7 @@ typedef struct {
     int64_t      mtime_ns;
     int32_t      depth, n_tok;
     size_t       tok_off; /* block_size ids at c->scan_tokens + tok_off (zero past n_tok) */
+    bool         full;    /* every layer (no AG_CACHE_RECORD_NO_RING) */
 } scan_item;
 
 /* A copied-out block waiting for the writer. */
@@ -87,6 +91,8 @@ typedef struct {
     int32_t      node; /* index node id, and its gen when the restore began */
     uint32_t     gen;
     int32_t      block;     /* kv block the restore holds a reference on, or -1 */
+    int32_t      rblock;    /* ring block it holds a reference on, or -1 */
+    bool         want_ring; /* the adopted length's window covers it: its ring block is needed */
     bool         from_disk; /* its record is read (else the memory tier had it) */
     int32_t      use;       /* positions of it the sequence adopts: the block size but
                                for the last entry of a partial match */
@@ -149,8 +155,10 @@ struct ag_cache {
                              same size as buckets */
     uint32_t    bucket_mask;
     cache_list  list[L_COUNT];
-    int32_t    *path; /* scratch: [path_cap] node ids / blocks */
+    int32_t    *path; /* scratch: [path_cap] node ids / blocks / ring blocks */
     int32_t    *path_blocks;
+    int32_t    *path_rblocks;
+    bool        ring; /* the kv keeps sliding-window layers in a ring (kv.h): nodes hold ring blocks too */
     int32_t     path_cap;
 
     /* disk tier */

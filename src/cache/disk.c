@@ -24,7 +24,8 @@
  *   120   8  payload checksum (XXH3-64)
  *   128   4  token count m, 1..n: the block's first m positions are its KV
  *            (m < n: a partial block, keyed in the partial form, cache.h)
- *   132   4  zero
+ *   132   4  flags: AG_CACHE_RECORD_NO_RING (the sliding-window layers' part
+ *            of the payload is zeros: kv.h's ring had let the block go), else 0
  *   136  4n  the block's token ids: m of them, then zeros
  * 136+4n  8  header checksum (XXH3-64 of the bytes before it)
  *   then the payload: per layer, K then V as ag_kv_block_copy_out writes it
@@ -108,6 +109,7 @@ static void header_build(const ag_cache *c, int32_t id, uint8_t *h) {
     put64(h + 104, n->key.lo);
     put64(h + 112, n->key.hi);
     put32(h + 128, (uint32_t)n->n_tok);
+    put32(h + 132, c->ring && n->rblock < 0 ? AG_CACHE_RECORD_NO_RING : 0);
     const int32_t *t = cache_node_tokens(c, id); /* (zero past n_tok) */
     for (int32_t i = 0; i < c->bs; i++) put32(h + 136 + 4 * i, (uint32_t)t[i]);
 }
@@ -166,7 +168,8 @@ ag_status ag_cache_record_parse(const void *buf, size_t len, ag_cache_record *r)
     r->payload_hash = get64(h + 120);
     uint32_t m = get32(h + 128);
     if (m < 1 || m > bs) return ag_errorf(AG_ERR_FORMAT, "token count %u outside [1, %u]", m, bs);
-    if (get32(h + 132) != 0) return ag_errorf(AG_ERR_FORMAT, "reserved header field is not zero");
+    r->flags = get32(h + 132);
+    if (r->flags & ~AG_CACHE_RECORD_NO_RING) return ag_errorf(AG_ERR_FORMAT, "unknown header flags %#x", r->flags);
     r->n_tokens = (int32_t)m;
     for (uint32_t i = 0; i < bs; i++) {
         r->tokens[i] = (int32_t)get32(h + 136 + 4 * i);
@@ -333,6 +336,7 @@ static void scan_dir(ag_cache *c) {
         it->depth = (int32_t)rec.block_index;
         it->n_tok = rec.n_tokens;
         it->tok_off = n * (size_t)c->bs;
+        it->full = !(rec.flags & AG_CACHE_RECORD_NO_RING);
         memcpy(toks + it->tok_off, rec.tokens, sizeof(int32_t) * (size_t)c->bs);
         n++;
     }
@@ -670,12 +674,13 @@ static void merge_scan(ag_cache *c, scan_item *items, int32_t n, const int32_t *
                         memcmp(cache_node_tokens(c, id), t, sizeof(int32_t) * (size_t)c->bs) == 0;
             /* published while the scan ran: now known to be on disk (a
              * queued write will find the file and skip) */
-            if (same && nd->disk == D_NONE) set_on_disk(c, id, it->mtime_ns);
+            if (same && nd->disk == D_NONE) set_on_disk(c, id, it->mtime_ns), nd->disk_full = it->full;
             continue;
         }
         id = cache_node_new(c, it->key, it->parent, it->ns, t, it->n_tok);
         if (id < 0) break;
         c->nodes[id].depth = it->depth;
+        c->nodes[id].disk_full = it->full;
         set_on_disk(c, id, it->mtime_ns); /* (its place in the order is set below) */
         if (ids) ids[k] = id;
     }
@@ -962,8 +967,13 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
         job->buf = (uint8_t *)(job + 1);
         header_build(c, id, job->buf);
         ag_status st = AG_OK;
-        for (int32_t l = 0; !st && l < c->lay->n_layers; l++)
-            st = ag_kv_block_copy_out(c->kv, n->block, l, job->buf + c->header_bytes + (size_t)l * cb, cb);
+        for (int32_t l = 0; !st && l < c->lay->n_layers; l++) {
+            uint8_t *dst = job->buf + c->header_bytes + (size_t)l * cb;
+            if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_out(c->kv, n->block, l, dst, cb);
+            else if (n->rblock >= 0) st = ag_kv_block_copy_out(c->kv, n->rblock, l, dst, cb);
+            else memset(dst, 0, cb); /* (AG_CACHE_RECORD_NO_RING in the header) */
+        }
+        n->disk_full = !c->ring || n->rblock >= 0;
         if (st) {
             AG_LOGW("kv disk cache: copying block %d out failed: %s", n->block, ag_error_message());
             free(job);

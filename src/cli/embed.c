@@ -16,9 +16,11 @@ static const char usage[] =
     "  -f FILE          one input per line ('-' for stdin); empty lines are skipped\n"
     "  --dimensions N   Matryoshka truncation to the first N dimensions, re-normalized\n"
     "  --batch N        most tokens per forward pass (default 4096; a longer input runs alone)\n"
-    "  The model's tokenizer adds its special tokens ([CLS] ... [SEP]); special-token text in the input\n"
-    "  stays text (as llama.cpp's embed); nomic-embed expects a task\n"
-    "  prefix in the text itself (\"search_query: \", \"search_document: \", ...).\n";
+    "  -m MODEL         a GGUF (nomic-embed) or a model folder (EmbeddingGemma: models/embeddinggemma-300m)\n"
+    "  The model's tokenizer adds its special tokens ([CLS] ... [SEP], <bos> ... <eos>); special-token\n"
+    "  text in the input stays text (as llama.cpp's embed); nomic-embed expects a task prefix in the\n"
+    "  text itself (\"search_query: \", \"search_document: \", ...), EmbeddingGemma its prompt\n"
+    "  (\"task: search result | query: \", \"title: none | text: \", ...).\n";
 
 static int read_lines(const char *path, char ***out, int *n) {
     FILE *f = strcmp(path, "-") ? fopen(path, "r") : stdin;
@@ -145,7 +147,7 @@ int ag_cli_embed(int argc, char **argv) {
         }
         for (int i = 0; i < i1 - i0; i++) {
             float *e = vec + (size_t)i * c->n_embd;
-            ag_embed_truncate(e, c->n_embd, out_dims, e);
+            ag_model_embed_truncate(m, e, out_dims, e);
             putchar('[');
             for (int j = 0; j < out_dims; j++) printf(j ? ",%.9g" : "%.9g", e[j]);
             puts("]");

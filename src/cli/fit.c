@@ -272,6 +272,10 @@ int ag_cli_fit(int argc, char **argv) {
         json_object_set_new(o, "n_parallel", json_integer(mem.n_parallel));
         json_object_set_new(o, "n_batch", json_integer(ep.n_batch));
         json_object_set_new(o, "kv_blocks", json_integer(mem.n_blocks));
+        json_object_set_new(o, "kv_ring", json_integer((json_int_t)mem.kv_ring));
+        json_object_set_new(o, "kv_without_ring", json_integer((json_int_t)mem.kv_without_ring));
+        json_object_set_new(o, "ring_window", json_integer(mem.ring_window));
+        json_object_set_new(o, "ring_layers", json_integer(mem.n_ring_layers));
         json_object_set_new(o, "kv_block_size", json_integer(mem.block_size));
         json_object_set_new(o, "draft", ep.draft ? json_string(ag_draft_setup_factory(draft)->name) : json_null());
         json_object_set_new(o, "parts", pj);
@@ -313,8 +317,18 @@ int ag_cli_fit(int argc, char **argv) {
         printf("augur serve -m %s: context %d x %d sequences, batch %d%s%s\n", model_path, mem.n_ctx,
                mem.n_parallel, ep.n_batch, ep.draft ? ", draft " : "",
                ep.draft ? ag_draft_setup_factory(draft)->name : "");
-        for (int i = 0; i < n_parts; i++)
+        for (int i = 0; i < n_parts; i++) {
             if (parts[i].bytes) printf("  %-64s %10.1f MiB\n", parts[i].label, mib(parts[i].bytes));
+            if (i == 1 && mem.n_ring_layers) {
+                char what[128];
+                snprintf(what, sizeof what, "  of which the ring of %d sliding-window layers (window %d)",
+                         mem.n_ring_layers, mem.ring_window);
+                printf("  %-64s %10.1f MiB\n", what, mib(mem.kv_ring));
+                snprintf(what, sizeof what, "  (every position of all %d layers: %.1f MiB)", mem.n_layers,
+                         mib(mem.kv_without_ring));
+                printf("  %s\n", what);
+            }
+        }
         printf("  %-64s %10.1f MiB\n", "total", mib(total));
         if (mem.weights_max > mem.weights)
             printf("  (plus up to %.1f MiB as the token embeddings of more distinct tokens are read)\n",

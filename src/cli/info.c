@@ -13,6 +13,7 @@
 #include "base/utf8.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
+#include "model/safetensors.h"
 
 static const char usage_text[] =
     "usage: augur info [-m MODEL | MODEL] [--kv | --tensors] | --switches\n"
@@ -348,7 +349,7 @@ int ag_cli_info(int argc, char **argv) {
     }
     if (!path) path = ag_cli_default_model();
     ag_gguf *g = NULL;
-    if (ag_gguf_open(path, &g) != AG_OK) return ag_cli_fail("%s: %s", path, ag_error_message());
+    if (ag_model_file_open(path, &g) != AG_OK) return ag_cli_fail("%s: %s", path, ag_error_message());
     if (mode == KV) print_kv(g, max_items);
     else if (mode == TENSORS) print_tensors(g);
     else print_summary(g, path);

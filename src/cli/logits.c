@@ -109,6 +109,7 @@ int ag_cli_logits(int argc, char **argv) {
             goto done;
         }
         kp.budget_bytes = ag_kv_budget_for(&L, 1, n + L.block_size);
+        kp.ring_step = chunk; /* (a sliding-window ring holds a chunk beside the window) */
     }
     if ((st = ag_kv_init(&kp, &kv))) {
         ag_cli_fail("%s", ag_error_message());

@@ -8,6 +8,7 @@
 #include "base/file.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
+#include "model/safetensors.h"
 #include "tmpl/chat.h"
 #include "tmpl/tmpl.h"
 
@@ -80,7 +81,7 @@ int ag_cli_template(int argc, char **argv) {
     ag_tmpl *t = NULL;
     ag_buf   out = {0};
     if (!tmpl_path && !model) model = ag_cli_default_model();
-    if (model && ag_gguf_open(model, &g) != AG_OK) {
+    if (model && ag_model_file_open(model, &g) != AG_OK) {
         rc = ag_cli_fail("%s", ag_error_message());
         goto done;
     }

@@ -10,6 +10,7 @@
 #include "base/utf8.h"
 #include "cli/cli.h"
 #include "gguf/gguf.h"
+#include "model/safetensors.h"
 #include "tok/tok.h"
 
 static const char k_tok_usage[] =
@@ -35,7 +36,7 @@ static const char *g_pre_override; /* hidden --pre NAME (tests) */
 
 static int load_tok(const char *path, ag_tok **tok) {
     ag_gguf  *g = NULL;
-    ag_status st = ag_gguf_open(path, &g);
+    ag_status st = ag_model_file_open(path, &g);
     if (st) return ag_cli_fail("%s: %s", path, ag_error_message());
     st = ag_tok_from_gguf_pre(g, g_pre_override, tok);
     ag_gguf_free(g);

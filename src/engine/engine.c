@@ -1142,6 +1142,13 @@ static bool step(ag_engine *e) {
         }
     /* the freed blocks must show in the stats even if no step follows */
     if (cancelled) update_kv_stats(e);
+    /* a sliding-window ring (kv.h) lets go of what no query reads any more,
+     * also of sequences that take no row this step: its pool holds the
+     * running windows and one step's tokens */
+    if (ag_kv_get_layout(e->kv)->n_ring_layers)
+        for (request *r = e->running; r; r = r->next)
+            for (int i = 0; i < r->n_choices && r->ch; i++)
+                if (r->ch[i].seq >= 0 && !r->restore) ag_kv_seq_recycle(e->kv, r->ch[i].seq);
     resume_swapped(e);
     admit(e);
     poll_restores(e);
@@ -1339,12 +1346,18 @@ static bool step(ag_engine *e) {
     if (n > n_prefill) e->stats.prompt_budget = budget;
     pthread_mutex_unlock(&e->mu);
 
+    const bool ring = ag_kv_get_layout(e->kv)->n_ring_layers > 0;
     for (request *r = e->running; r; r = r->next) {
+        const bool chunk = r->in_batch > 0;
         r->n_prefilled += r->in_batch;
         r->in_batch = 0;
         /* a fully prefilled prompt is shared at once with requests admitted
-         * while this one still decodes */
-        if (r->n_prefilled == r->n_prompt && r->n_done < r->n_choices) publish_prompt(e, r, false);
+         * while this one still decodes; with a sliding-window ring (kv.h),
+         * every chunk's blocks go at once, before the next reserve recycles
+         * their ring blocks: the cache then holds the windowed layers' KV
+         * of every point of the prompt, so a later prompt that shares only
+         * part of it can resume there */
+        if ((r->n_prefilled == r->n_prompt || (ring && chunk)) && r->n_done < r->n_choices) publish_prompt(e, r, false);
     }
     for (int k = 0; k < rows; k += e->rows[k].n_rows > 0 ? e->rows[k].n_rows : 1) {
         const float *row = e->logits + (size_t)k * e->n_vocab;
@@ -1506,6 +1519,7 @@ static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp,
     /* the choices' sequences; the prefix cache holds blocks, not sequences */
     ag_status st = ag_model_kv_params(m, p->kv_dtype, p->n_parallel + 1, 0, kp, lay);
     if (st) return st;
+    kp->ring_step = p->n_batch; /* a sliding-window ring holds a step's tokens beside the window */
     if (kp->state_layers > 0) {
         /* Recurrent (Mamba-2) layers: a verify window's rejected tail is
          * trimmed by restoring the state its decode rows recorded, so each
@@ -1531,6 +1545,12 @@ static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp,
     if (!p->kv_bytes) {
         p->kv_bytes = ag_kv_budget_for(lay, p->n_parallel, p->n_ctx);
         if (device_kv_room(m, p, lay, &room, &free_b, &reserve)) {
+            /* a sliding-window ring's pool (sized by the sequences, not the budget) first */
+            ag_kv_params z = *kp;
+            size_t       ring = 0;
+            z.budget_bytes = 0;
+            if (lay->n_ring_layers && !ag_kv_memory_bytes(&z, 0, &ring))
+                room = room > ring ? (room - ring) / lay->block_bytes * lay->block_bytes : 0;
             if (room < one)
                 return ag_errorf(AG_ERR_NOMEM,
                                  "the GPU has %.2f GiB free with the weights loaded; one %d-token context needs %.2f "
@@ -1580,6 +1600,22 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
     uint64_t       seen = (uint64_t)p.n_parallel * ctx * pages_per_row * page;
     out->weights = out->weights_max - table + (seen < table ? seen : table);
     out->kv = kv;
+    out->kv_without_ring = kv;
+    out->n_layers = lay.n_layers;
+    if (lay.n_ring_layers) {
+        ag_kv_params full = kp;
+        ag_kv_layout fl;
+        size_t       b;
+        full.ring = false;
+        /* the same number of sequences' contexts in blocks of every layer */
+        if (!ag_kv_layout_for(&full, &fl, NULL)) {
+            full.budget_bytes = kp.budget_bytes / lay.block_bytes * fl.block_bytes;
+            if (!ag_kv_memory_bytes(&full, p.n_ctx, &b)) out->kv_without_ring = b;
+        }
+        out->kv_ring = ag_kv_ring_pool_bytes(&kp);
+        out->ring_window = lay.ring_window;
+        out->n_ring_layers = lay.n_ring_layers;
+    }
     out->scratch = ag_model_scratch_bytes(m, p.n_batch, p.n_ctx);
     /* ag_engine_new's buffers, then per running choice its sampler, the
      * tokens it sampled and its request's copy of the prompt (both doubling
@@ -1666,6 +1702,20 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         ag_kv_stats ks;
         ag_kv_get_stats(e->kv, &ks);
         e->n_blocks = ks.n_blocks;
+    }
+    if (L.n_ring_layers) {
+        ag_kv_stats ks;
+        ag_kv_get_stats(e->kv, &ks);
+        ag_kv_params full = kp;
+        ag_kv_layout fl;
+        full.ring = false;
+        const double all = ag_kv_layout_for(&full, &fl, NULL) ? 0 : (double)ks.n_blocks * fl.block_bytes;
+        AG_LOGI("KV: %d of %d layers have a sliding window of %d: they keep a ring of about %d positions a "
+                "sequence (and a step's tokens), not the context: %.1f MiB (ring %.1f MiB + the %d other layers' "
+                "%.1f MiB), where every position of every layer would take %.1f MiB",
+                L.n_ring_layers, L.n_layers, L.ring_window, L.ring_window + kp.ring_slack,
+                (ks.pool_bytes + ks.ring_pool_bytes) / 1048576.0, ks.ring_pool_bytes / 1048576.0,
+                L.n_layers - L.n_ring_layers, ks.pool_bytes / 1048576.0, all / 1048576.0);
     }
     if (ag_model_device(m) != AG_DEVICE_CPU && !pp->kv_bytes)
         AG_LOGI("KV pool: %.2f GiB, what the GPU's memory holds: %d blocks of %d tokens, %.1f full %d-token contexts "

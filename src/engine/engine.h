@@ -135,6 +135,11 @@ typedef struct {
      * counts the whole file, what a long-running server tends to. */
     uint64_t weights, weights_max;
     uint64_t kv;          /* the KV pool (n_parallel full contexts unless kv_bytes says) and its tables */
+    /* Of kv, the sliding-window ring's pool (kv.h; 0 without one), its
+     * window and layers, and what kv would be with every position of every
+     * layer kept (AUGUR_KV_RING=0; = kv without a ring). */
+    uint64_t kv_ring, kv_without_ring;
+    int32_t  ring_window, n_ring_layers, n_layers;
     uint64_t scratch;     /* activations of an n_batch step and the backend's buffers (ag_model_scratch_bytes) */
     uint64_t buffers;     /* the engine's step buffers (tokens, logits rows) and per choice a sampler and
                              its tokens */

@@ -109,6 +109,12 @@ struct ag_gguf {
     name_index      tensor_index;
 
     ag_arena arena; /* keys, names, array items */
+
+    /* ag_gguf_open_composite: the metadata image (heap, freed with g) and
+     * the owner of the tensors' bytes (released with g) */
+    void *own_image;
+    void (*release)(void *owner);
+    void *owner;
 };
 
 /* ---- cursor over the untrusted bytes ---- */
@@ -605,6 +611,72 @@ ag_status ag_gguf_open_memory(const void *data, size_t size, ag_gguf **out) {
     return open_common(g, out);
 }
 
+ag_status ag_gguf_open_composite(void *image, size_t image_len, const ag_gguf_tensor *tensors, int64_t n_tensors,
+                                 void (*release)(void *owner), void *owner, ag_gguf **out) {
+    *out = NULL;
+    ag_gguf *g = calloc(1, sizeof *g);
+    if (!g) {
+        free(image);
+        if (release) release(owner);
+        return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    }
+    g->arena.min_chunk = 64 << 10;
+    g->data = image;
+    g->size = image_len;
+    g->own_image = image;
+    g->release = release;
+    g->owner = owner;
+    ag_status s = parse(g);
+    if (!s && g->n_tensors)
+        s = ag_errorf(AG_ERR_INVALID, "composite GGUF: the metadata image holds tensors of its own");
+    if (!s && (n_tensors < 0 || n_tensors >= UINT32_MAX))
+        s = ag_errorf(AG_ERR_INVALID, "composite GGUF: %" PRId64 " tensors", n_tensors);
+    if (!s) {
+        g->n_tensors = n_tensors;
+        g->tensors = arena_calloc(&g->arena, (uint64_t)n_tensors, sizeof *g->tensors, &s);
+        if (!s) g->name_len = arena_calloc(&g->arena, (uint64_t)n_tensors, sizeof *g->name_len, &s);
+        if (!s) g->tensor_names = arena_calloc(&g->arena, (uint64_t)n_tensors, sizeof *g->tensor_names, &s);
+        if (!s) s = index_init(&g->tensor_index, (uint64_t)n_tensors, &g->arena);
+    }
+    /* the same promises as a file's tensors: unique names, 1..4 dims, rows
+     * whole blocks, sizes from the type layout (the bytes are the caller's) */
+    for (int64_t i = 0; !s && i < n_tensors; i++) {
+        const ag_gguf_tensor *src = &tensors[i];
+        ag_gguf_tensor       *t = &g->tensors[i];
+        *t = *src;
+        char  *name;
+        size_t nlen = src->name ? strlen(src->name) : 0;
+        if ((s = take_name(g, src->name ? src->name : "", nlen, AG_GGUF_MAX_NAME_LEN, 0, "tensor name", &name))) break;
+        t->name = name;
+        g->tensor_names[i] = name;
+        g->name_len[i] = nlen;
+        if (index_lookup(&g->tensor_index, g->tensor_names, g->name_len, name, nlen, i) >= 0) {
+            s = ag_errorf(AG_ERR_FORMAT, "duplicate tensor name '%s'", name);
+            break;
+        }
+        uint32_t blck, bytes;
+        uint64_t n_elems = 1, size;
+        bool     ovf = t->n_dims == 0 || t->n_dims > AG_GGUF_MAX_DIMS || !ag_tensor_type_layout(t->type, &blck, &bytes);
+        for (uint32_t d = 0; !ovf && d < AG_GGUF_MAX_DIMS; d++) {
+            if (d >= t->n_dims) t->ne[d] = 1;
+            ovf |= t->ne[d] == 0 || t->ne[d] > (uint64_t)INT64_MAX || __builtin_mul_overflow(n_elems, t->ne[d], &n_elems);
+        }
+        ovf = ovf || t->ne[0] % blck || __builtin_mul_overflow(t->ne[0] / blck, (uint64_t)bytes, &size);
+        for (uint32_t d = 1; !ovf && d < AG_GGUF_MAX_DIMS; d++) ovf |= __builtin_mul_overflow(size, t->ne[d], &size);
+        if (ovf || size != src->size || !t->data) {
+            s = ag_errorf(AG_ERR_FORMAT, "tensor '%s': bad type, shape or size", name);
+            break;
+        }
+        t->n_elems = n_elems;
+    }
+    if (s) {
+        ag_gguf_free(g);
+        return s;
+    }
+    *out = g;
+    return AG_OK;
+}
+
 ag_status ag_gguf_open(const char *path, ag_gguf **out) {
     *out = NULL;
     ag_gguf *g = calloc(1, sizeof *g);
@@ -632,6 +704,8 @@ void ag_gguf_free(ag_gguf *g) {
     if (!g) return;
     ag_arena_free(&g->arena);
     ag_file_unmap(&g->map);
+    free(g->own_image);
+    if (g->release) g->release(g->owner);
     free(g);
 }
 

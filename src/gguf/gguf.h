@@ -111,6 +111,17 @@ ag_status ag_gguf_open(const char *path, ag_gguf **out);
  * Used by the fuzzer and by tests. */
 ag_status ag_gguf_open_memory(const void *data, size_t size, ag_gguf **out);
 void      ag_gguf_free(ag_gguf *g); /* NULL-safe */
+/* A GGUF put together from parts, for models read from other formats
+ * (safetensors): the metadata from `image`, a GGUF with no tensors (as
+ * ag_gguf_writer_to_memory makes it; heap memory the result takes over and
+ * frees), and the tensors described by tensors[0..n_tensors) (name, type,
+ * n_dims, ne, size, data; copied, names too), whose bytes belong to `owner`:
+ * release(owner) (NULL: nothing to release) runs when the result is freed,
+ * or at once on failure, as the image is freed. The tensors are checked as
+ * a file's are (unique names, dimensions, whole blocks, size from the type
+ * layout); offsets are kept as given (for fingerprints only). */
+ag_status ag_gguf_open_composite(void *image, size_t image_len, const ag_gguf_tensor *tensors, int64_t n_tensors,
+                                 void (*release)(void *owner), void *owner, ag_gguf **out);
 
 uint32_t ag_gguf_version(const ag_gguf *g);
 size_t   ag_gguf_file_size(const ag_gguf *g);

@@ -25,6 +25,8 @@ typedef struct {
     int32_t  n_blocks; /* entries used in `blocks` */
     int32_t  cap;      /* entries allocated */
     int32_t *blocks;
+    int32_t *rblocks; /* the ring table ([cap], -1: recycled), NULL without a ring */
+    int32_t  rlo;     /* entries [rlo, n_blocks) of rblocks are ring blocks */
 } kv_seq;
 
 struct ag_kv {
@@ -45,6 +47,17 @@ struct ag_kv {
     uint64_t     nomem_errors;
     const ag_kv_mem *mem; /* NULL: host pool */
     ag_state        *state; /* recurrent layers' state slots, or NULL */
+    /* the ring (r_n_blocks == 0: none) */
+    int32_t  ring_w, ring_slack;
+    uint8_t *is_ring;   /* [n_layers] */
+    int32_t *layer_idx; /* [n_layers]: the layer's index within its pool's blocks */
+    uint8_t *rpool_raw, *rpool;
+    size_t   rpool_bytes;
+    int32_t  r_n_blocks;
+    int32_t *rref, *rstack;
+    int32_t  r_n_free;
+    ag_kv_ring_reclaim_fn reclaim;
+    void    *reclaim_user;
 };
 
 /* Block-byte moves, through the device hooks when the pool is not host
@@ -88,6 +101,9 @@ ag_kv_params ag_kv_default_params(void) {
     p.layer_window = NULL;
     p.state_snapshots = 8;
     p.state_snap_last = true;
+    p.ring = false;
+    p.ring_slack = 32;
+    p.ring_step = 512;
     return p;
 }
 
@@ -214,6 +230,17 @@ ag_status ag_kv_layout_for(const ag_kv_params *p, ag_kv_layout *out, int32_t *n_
     lay.layer_stride = align_up(k_bytes) + align_up(v_bytes);
     lay.block_bytes = (size_t)p->n_layers * lay.layer_stride;
     lay.copy_bytes = k_bytes + v_bytes;
+    if (p->ring && p->layer_window) {
+        int32_t nr = 0, w = 0;
+        for (int32_t l = 0; l < p->n_layers; l++)
+            if (p->layer_window[l] > 0) nr++, w = p->layer_window[l] > w ? p->layer_window[l] : w;
+        if (nr > 0 && nr < p->n_layers) { /* (all windowed: no main pool to speak of; no ring) */
+            lay.ring_window = w;
+            lay.n_ring_layers = nr;
+            lay.ring_block_bytes = (size_t)nr * lay.layer_stride;
+            lay.block_bytes = (size_t)(p->n_layers - nr) * lay.layer_stride;
+        }
+    }
 
     size_t nb = p->budget_bytes / lay.block_bytes;
     if (nb > (size_t)INT32_MAX / 2) nb = (size_t)INT32_MAX / 2;
@@ -224,9 +251,40 @@ ag_status ag_kv_layout_for(const ag_kv_params *p, ag_kv_layout *out, int32_t *n_
 
 /* The metadata ag_kv_init allocates next to the pool (block tables, which
  * grow with the sequences, are added as they grow). */
-static size_t fixed_meta_bytes(const ag_kv_params *p, size_t n_blocks) {
-    return sizeof(struct ag_kv) + (size_t)p->n_layers * sizeof(int32_t) + n_blocks * 2 * sizeof(int32_t) +
-           (size_t)p->max_seqs * sizeof(kv_seq);
+static size_t fixed_meta_bytes(const ag_kv_params *p, size_t n_blocks, size_t r_blocks) {
+    return sizeof(struct ag_kv) + (size_t)p->n_layers * (2 * sizeof(int32_t) + 1) +
+           (n_blocks + r_blocks) * 2 * sizeof(int32_t) + (size_t)p->max_seqs * sizeof(kv_seq);
+}
+
+/* Ring blocks n_seqs sequences hold at most: each, after a recycle, the
+ * blocks of positions from len - W + 1 - slack (rounded down to a block) to
+ * len - 1, and then, all together, the step positions reserved past that
+ * (a partial block more each). */
+static int64_t ring_blocks_held(const ag_kv_layout *lay, int32_t slack, int32_t n_seqs, int32_t step) {
+    const int64_t bs = lay->block_size;
+    const int64_t win = ((int64_t)lay->ring_window + (slack > 0 ? slack : 0) + bs - 1) / bs + 1;
+    return (int64_t)n_seqs * (win + 1) + ((step > 0 ? step : 1) + bs - 1) / bs;
+}
+
+int32_t ag_kv_ring_blocks_for(const ag_kv_params *p, int32_t n_seqs, int32_t step) {
+    ag_kv_layout lay;
+    if (ag_kv_layout_for(p, &lay, NULL) || !lay.n_ring_layers) return 0;
+    int64_t n = ring_blocks_held(&lay, p->ring_slack, n_seqs, step);
+    return n > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)n;
+}
+
+/* The ring pool's block count of params p (0 without a ring). */
+static int32_t ring_pool_blocks(const ag_kv_params *p, const ag_kv_layout *lay) {
+    if (!lay->n_ring_layers) return 0;
+    if (p->ring_blocks > 0) return p->ring_blocks;
+    int64_t n = ring_blocks_held(lay, p->ring_slack, p->max_seqs, p->ring_step) * 3 / 2;
+    return n > INT32_MAX / 4 ? INT32_MAX / 4 : (int32_t)n;
+}
+
+size_t ag_kv_ring_pool_bytes(const ag_kv_params *p) {
+    ag_kv_layout lay;
+    if (ag_kv_layout_for(p, &lay, NULL)) return 0;
+    return (size_t)ring_pool_blocks(p, &lay) * lay.ring_block_bytes;
 }
 
 size_t ag_kv_budget_for(const ag_kv_layout *lay, int32_t n_seqs, int32_t n_ctx) {
@@ -245,8 +303,9 @@ ag_status ag_kv_memory_bytes(const ag_kv_params *p, int32_t max_len, size_t *byt
         table = 8;
         while (table < need) table *= 2;
     }
-    *bytes = (size_t)nb * lay.block_bytes + fixed_meta_bytes(p, (size_t)nb) +
-             (size_t)p->max_seqs * table * sizeof(int32_t);
+    const size_t rb = (size_t)ring_pool_blocks(p, &lay);
+    *bytes = (size_t)nb * lay.block_bytes + rb * lay.ring_block_bytes + fixed_meta_bytes(p, (size_t)nb, rb) +
+             (size_t)p->max_seqs * table * sizeof(int32_t) * (lay.n_ring_layers ? 2 : 1);
     if (p->state_layers > 0) /* the slots, and at most a snapshot ring per sequence */
         *bytes += (size_t)p->max_seqs * (size_t)(1 + p->state_snapshots) * (size_t)p->state_layers *
                   (p->state_conv_floats + p->state_ssm_floats) * sizeof(float);
@@ -282,8 +341,22 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
     kv->ref = calloc(nb, sizeof *kv->ref);
     kv->stack = malloc(nb * sizeof *kv->stack);
     kv->seqs = calloc((size_t)p->max_seqs, sizeof *kv->seqs);
-    if (!kv->pool_raw || !kv->window || !kv->ref || !kv->stack || !kv->seqs) {
-        size_t want = kv->pool_bytes;
+    kv->is_ring = calloc((size_t)p->n_layers, 1);
+    kv->layer_idx = calloc((size_t)p->n_layers, sizeof *kv->layer_idx);
+    const int32_t rnb = ring_pool_blocks(p, &lay);
+    if (rnb > 0) {
+        kv->ring_w = lay.ring_window;
+        kv->ring_slack = p->ring_slack > 0 ? p->ring_slack : 0;
+        kv->r_n_blocks = rnb;
+        kv->rpool_bytes = (size_t)rnb * lay.ring_block_bytes;
+        kv->rpool_raw = kv->mem ? kv->mem->alloc(kv->mem->ctx, kv->rpool_bytes + KV_ALIGN)
+                                : calloc(1, kv->rpool_bytes + KV_ALIGN);
+        kv->rref = calloc((size_t)rnb, sizeof *kv->rref);
+        kv->rstack = malloc((size_t)rnb * sizeof *kv->rstack);
+    }
+    if (!kv->pool_raw || !kv->window || !kv->ref || !kv->stack || !kv->seqs || !kv->is_ring || !kv->layer_idx ||
+        (rnb > 0 && (!kv->rpool_raw || !kv->rref || !kv->rstack))) {
+        size_t want = kv->pool_bytes + kv->rpool_bytes;
         ag_kv_free(kv);
         return ag_errorf(AG_ERR_NOMEM, "kv: cannot allocate a pool of %zu bytes", want);
     }
@@ -300,7 +373,19 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
     /* Pushed in reverse so that a fresh cache hands out 0, 1, 2, ... */
     for (int32_t i = 0; i < kv->n_blocks; i++) kv->stack[i] = kv->n_blocks - 1 - i;
     kv->n_free = kv->n_blocks;
-    kv->meta_bytes = fixed_meta_bytes(p, nb);
+    {
+        int32_t gi = 0, ri = 0;
+        for (int32_t l = 0; l < p->n_layers; l++) {
+            kv->is_ring[l] = rnb > 0 && kv->window[l] > 0;
+            kv->layer_idx[l] = kv->is_ring[l] ? ri++ : gi++;
+        }
+    }
+    if (rnb > 0) {
+        kv->rpool = kv->rpool_raw + (KV_ALIGN - (uintptr_t)kv->rpool_raw % KV_ALIGN) % KV_ALIGN;
+        for (int32_t i = 0; i < rnb; i++) kv->rstack[i] = rnb - 1 - i;
+        kv->r_n_free = rnb;
+    }
+    kv->meta_bytes = fixed_meta_bytes(p, nb, (size_t)rnb);
     *out = kv;
     return AG_OK;
 }
@@ -308,8 +393,16 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
 void ag_kv_free(ag_kv *kv) {
     if (!kv) return;
     if (kv->seqs)
-        for (int32_t i = 0; i < kv->max_seqs; i++) free(kv->seqs[i].blocks);
+        for (int32_t i = 0; i < kv->max_seqs; i++) free(kv->seqs[i].blocks), free(kv->seqs[i].rblocks);
     free(kv->seqs);
+    free(kv->is_ring);
+    free(kv->layer_idx);
+    free(kv->rref);
+    free(kv->rstack);
+    if (kv->rpool_raw) {
+        if (kv->mem) kv->mem->free(kv->mem->ctx, kv->rpool_raw);
+        else free(kv->rpool_raw);
+    }
     free(kv->stack);
     free(kv->ref);
     free(kv->window);
@@ -343,11 +436,30 @@ void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out) {
     }
     out->cow_copies = kv->cow_copies;
     out->nomem_errors = kv->nomem_errors;
+    out->ring_pool_bytes = kv->rpool_bytes;
+    out->ring_blocks = kv->r_n_blocks;
+    out->ring_blocks_free = kv->r_n_free;
+    for (int32_t s = 0; s < kv->max_seqs && kv->r_n_blocks; s++)
+        if (kv->seqs[s].live && kv->seqs[s].n_blocks > kv->seqs[s].rlo)
+            out->ring_positions += (int64_t)(kv->seqs[s].n_blocks - kv->seqs[s].rlo) * kv->lay.block_size;
 }
 
 int32_t ag_kv_layer_window(const ag_kv *kv, int32_t layer) {
     if (layer < 0 || layer >= kv->lay.n_layers) return 0;
     return kv->window[layer];
+}
+
+bool ag_kv_layer_ring(const ag_kv *kv, int32_t layer) {
+    return layer >= 0 && layer < kv->lay.n_layers && kv->is_ring[layer];
+}
+
+size_t ag_kv_layer_block_stride(const ag_kv *kv, int32_t layer) {
+    return ag_kv_layer_ring(kv, layer) ? kv->lay.ring_block_bytes : kv->lay.block_bytes;
+}
+
+void ag_kv_set_ring_reclaim(ag_kv *kv, ag_kv_ring_reclaim_fn fn, void *user) {
+    kv->reclaim = fn;
+    kv->reclaim_user = user;
 }
 
 /* ---- internals ---------------------------------------------------------- */
@@ -361,6 +473,12 @@ static uint8_t *block_base(const ag_kv *kv, int32_t block) {
     return kv->pool + (size_t)block * kv->lay.block_bytes;
 }
 
+/* Layer `layer` of block `block` of the layer's pool. */
+static uint8_t *layer_base(const ag_kv *kv, int32_t layer, int32_t block) {
+    uint8_t *b = kv->is_ring[layer] ? kv->rpool + (size_t)block * kv->lay.ring_block_bytes : block_base(kv, block);
+    return b + (size_t)kv->layer_idx[layer] * kv->lay.layer_stride;
+}
+
 static int32_t blocks_for(const ag_kv *kv, int32_t len) {
     return (int32_t)(((int64_t)len + kv->lay.block_size - 1) >> kv->lay.block_shift);
 }
@@ -372,8 +490,15 @@ static ag_status table_grow(ag_kv *kv, kv_seq *s, int32_t need) {
     while (cap < need) cap = cap > INT32_MAX / 2 ? need : cap * 2;
     int32_t *nb = realloc(s->blocks, (size_t)cap * sizeof *nb);
     if (!nb) return ag_errorf(AG_ERR_NOMEM, "kv: cannot grow a block table to %d entries", cap);
-    kv->meta_bytes += (size_t)(cap - s->cap) * sizeof *nb;
     s->blocks = nb;
+    if (kv->r_n_blocks) {
+        int32_t *rb = realloc(s->rblocks, (size_t)cap * sizeof *rb);
+        if (!rb) return ag_errorf(AG_ERR_NOMEM, "kv: cannot grow a ring table to %d entries", cap);
+        for (int32_t i = s->cap; i < cap; i++) rb[i] = -1;
+        s->rblocks = rb;
+        kv->meta_bytes += (size_t)(cap - s->cap) * sizeof *rb;
+    }
+    kv->meta_bytes += (size_t)(cap - s->cap) * sizeof *nb;
     s->cap = cap;
     return AG_OK;
 }
@@ -389,10 +514,45 @@ static void block_drop(ag_kv *kv, int32_t b) {
     if (--kv->ref[b] == 0) kv->stack[kv->n_free++] = b;
 }
 
+static int32_t rblock_take(ag_kv *kv) {
+    int32_t b = kv->rstack[--kv->r_n_free];
+    kv->rref[b] = 1;
+    return b;
+}
+
+static void rblock_drop(ag_kv *kv, int32_t b) {
+    if (--kv->rref[b] == 0) kv->rstack[kv->r_n_free++] = b;
+}
+
+/* Releases ring entries [from, to) (those present). */
+static void ring_release(ag_kv *kv, kv_seq *s, int32_t from, int32_t to) {
+    if (!s->rblocks) return;
+    for (int32_t i = from < s->rlo ? s->rlo : from; i < to; i++)
+        if (s->rblocks[i] >= 0) rblock_drop(kv, s->rblocks[i]), s->rblocks[i] = -1;
+}
+
 /* Releases table entries [keep, n_blocks). */
 static void seq_release_from(ag_kv *kv, kv_seq *s, int32_t keep) {
     for (int32_t i = keep; i < s->n_blocks; i++) block_drop(kv, s->blocks[i]);
+    ring_release(kv, s, keep, s->n_blocks);
     if (s->n_blocks > keep) s->n_blocks = keep;
+    if (s->rlo > keep) s->rlo = keep;
+}
+
+void ag_kv_seq_recycle(ag_kv *kv, int32_t seq) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s || !s->rblocks) return;
+    int32_t lo = s->len - kv->ring_w + 1 - kv->ring_slack;
+    int32_t keep_from = lo > 0 ? lo >> kv->lay.block_shift : 0;
+    if (keep_from > s->n_blocks) keep_from = s->n_blocks;
+    if (keep_from <= s->rlo) return;
+    ring_release(kv, s, s->rlo, keep_from);
+    s->rlo = keep_from;
+}
+
+int32_t ag_kv_ring_first_needed(const ag_kv *kv, int32_t len) {
+    if (!kv->r_n_blocks || len - kv->ring_w + 1 <= 0) return 0;
+    return (len - kv->ring_w + 1) >> kv->lay.block_shift;
 }
 
 static ag_status full_error(ag_kv *kv, int32_t need) {
@@ -419,8 +579,9 @@ ag_status ag_kv_seq_free(ag_kv *kv, int32_t seq) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: seq_free: sequence %d is not live", seq);
     seq_release_from(kv, s, 0);
-    kv->meta_bytes -= (size_t)s->cap * sizeof *s->blocks;
+    kv->meta_bytes -= (size_t)s->cap * sizeof *s->blocks * (s->rblocks ? 2 : 1);
     free(s->blocks);
+    free(s->rblocks);
     memset(s, 0, sizeof *s);
     return AG_OK;
 }
@@ -440,6 +601,18 @@ const int32_t *ag_kv_seq_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks)
     }
     *n_blocks = s->n_blocks;
     return s->blocks;
+}
+
+const int32_t *ag_kv_seq_layer_blocks(const ag_kv *kv, int32_t seq, int32_t layer, int32_t *n_blocks) {
+    const int32_t *t = ag_kv_seq_blocks(kv, seq, n_blocks);
+    return t && ag_kv_layer_ring(kv, layer) ? kv->seqs[seq].rblocks : t;
+}
+
+const int32_t *ag_kv_seq_ring_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks, int32_t *first) {
+    kv_seq *s = seq_get(kv, seq);
+    *n_blocks = s && s->rblocks ? s->n_blocks : 0;
+    *first = s && s->rblocks ? s->rlo : 0;
+    return s && s->rblocks && s->n_blocks ? s->rblocks : NULL;
 }
 
 /* The blocks reserving n_new (> 0) positions after s's length takes: every
@@ -467,8 +640,46 @@ ag_status ag_kv_seq_reserve(ag_kv *kv, int32_t seq, int32_t n_new) {
     int32_t last = (end - 1) >> kv->lay.block_shift;
     int32_t need = reserve_need(kv, s, n_new);
     if (need > kv->n_free) return full_error(kv, need);
+    /* The ring: entries below what the oldest query of this step (at len)
+     * can read, less the slack, are recycled; the rest is as above. */
+    int32_t keep_from = 0, r_need = 0, r_back = 0;
+    if (kv->r_n_blocks) {
+        int32_t lo = s->len - kv->ring_w + 1 - kv->ring_slack;
+        keep_from = lo > 0 ? lo >> kv->lay.block_shift : 0;
+        if (keep_from > first) keep_from = first;
+        if (keep_from < s->rlo) keep_from = s->rlo;
+        for (int32_t i = s->rlo; i < keep_from && i < s->n_blocks; i++) r_back += kv->rref[s->rblocks[i]] == 1;
+        for (int32_t i = first; i < s->n_blocks; i++) r_need += kv->rref[s->rblocks[i]] > 1;
+        if (last >= s->n_blocks) r_need += last + 1 - s->n_blocks;
+        if (r_need > kv->r_n_free + r_back && kv->reclaim)
+            kv->reclaim(kv->reclaim_user, r_need - kv->r_n_free - r_back);
+        if (r_need > kv->r_n_free + r_back) {
+            kv->nomem_errors++;
+            return ag_errorf(AG_ERR_NOMEM, "KV ring full: need %d ring blocks, %d free", r_need,
+                             kv->r_n_free + r_back);
+        }
+    }
     ag_status st = table_grow(kv, s, last + 1);
     if (st != AG_OK) return st;
+    if (kv->r_n_blocks) {
+        ring_release(kv, s, s->rlo, keep_from);
+        if (s->rlo < keep_from) s->rlo = keep_from;
+        for (int32_t i = first; i < s->n_blocks; i++) {
+            int32_t old = s->rblocks[i];
+            if (kv->rref[old] == 1) continue;
+            int32_t nb = rblock_take(kv);
+            if (pool_copy(kv, kv->rpool + (size_t)nb * kv->lay.ring_block_bytes,
+                          kv->rpool + (size_t)old * kv->lay.ring_block_bytes, kv->lay.ring_block_bytes)) {
+                rblock_drop(kv, nb);
+                return ag_errorf(AG_ERR_IO, "kv: copying a shared ring block on the device failed");
+            }
+            rblock_drop(kv, old);
+            s->rblocks[i] = nb;
+            kv->cow_copies++;
+        }
+        for (int32_t i = s->n_blocks; i <= last; i++) s->rblocks[i] = rblock_take(kv);
+        if (s->n_blocks == 0) s->rlo = 0;
+    }
 
     for (int32_t i = first; i < s->n_blocks; i++) {
         int32_t old = s->blocks[i];
@@ -519,6 +730,18 @@ ag_status ag_kv_slot(const ag_kv *kv, int32_t seq, int32_t pos, int32_t *block, 
     return slot_check(kv, seq, pos, block, offset);
 }
 
+ag_status ag_kv_layer_slot(const ag_kv *kv, int32_t seq, int32_t layer, int32_t pos, int32_t *block,
+                           int32_t *offset) {
+    ag_status st = slot_check(kv, seq, pos, block, offset);
+    if (st || !ag_kv_layer_ring(kv, layer)) return st;
+    int32_t b = kv->seqs[seq].rblocks[pos >> kv->lay.block_shift];
+    if (b < 0 || kv->rref[b] != 1)
+        return ag_errorf(AG_ERR_INVALID, "kv: slot: ring block of position %d of sequence %d is %s", pos, seq,
+                         b < 0 ? "missing" : "shared; reserve again");
+    *block = b;
+    return AG_OK;
+}
+
 ag_status ag_kv_seq_commit(ag_kv *kv, int32_t seq, int32_t new_len) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: commit: sequence %d is not live", seq);
@@ -532,17 +755,32 @@ ag_status ag_kv_seq_commit(ag_kv *kv, int32_t seq, int32_t new_len) {
 
 /* ---- trim and fork ------------------------------------------------------ */
 
-bool ag_kv_can_trim(const ag_kv *kv) {
-    /* Every position of every layer is stored (windows included), so any
-     * committed suffix can be dropped. A ring cache would return false (or
-     * restrict ag_kv_trimmable to its slack). */
-    (void)kv;
-    return true;
+bool ag_kv_can_trim(const ag_kv *kv) { return kv->r_n_blocks == 0; }
+
+/* The ring's limit alone. */
+static int32_t ring_trim_limit(const ag_kv *kv, const kv_seq *s) {
+    if (!s->rblocks || s->rlo == 0) return s->len;
+    /* the shortest length m whose window [m - W + 1, m) starts in block rlo or later */
+    int64_t min_len = ((int64_t)s->rlo << kv->lay.block_shift) + kv->ring_w - 1;
+    return min_len >= s->len ? 0 : (int32_t)(s->len - min_len);
+}
+
+int32_t ag_kv_trim_limit(const ag_kv *kv, int32_t seq) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return -1;
+    const int32_t ring = ring_trim_limit(kv, s), state = ag_kv_state_trim_limit(kv, seq);
+    return ring < state ? ring : state; /* (a recurrent state: what its snapshots restore) */
 }
 
 bool ag_kv_trimmable(const ag_kv *kv, int32_t seq, int32_t n) {
+    int32_t lim = ag_kv_trim_limit(kv, seq);
+    return lim >= 0 && n >= 0 && n <= lim;
+}
+
+bool ag_kv_ring_covers(const ag_kv *kv, int32_t seq, int32_t m) {
     kv_seq *s = seq_get(kv, seq);
-    return s && n >= 0 && n <= s->len && ag_kv_can_trim(kv) && n <= ag_kv_state_trim_limit(kv, seq);
+    if (!s || m < 0 || m > s->len) return false;
+    return !s->rblocks || m == 0 || s->rlo <= ag_kv_ring_first_needed(kv, m);
 }
 
 struct ag_state *ag_kv_state(ag_kv *kv) { return kv->state; }
@@ -557,9 +795,12 @@ ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n) {
     if (n < 0 || n > s->len)
         return ag_errorf(AG_ERR_RANGE, "kv: trim: cannot drop %d of %d positions of sequence %d", n,
                          s->len, seq);
-    if (!ag_kv_can_trim(kv))
+    if (!ag_kv_trimmable(kv, seq, n))
         return ag_errorf(AG_ERR_UNSUPPORTED,
-                         "kv: trim: this cache kind cannot drop positions (sequence %d)", seq);
+                         "kv: trim: the %s of sequence %d (length %d) no longer holds what "
+                         "length %d needs (it can drop %d positions)",
+                         ring_trim_limit(kv, s) < n ? "sliding-window ring" : "recurrent state's snapshots", seq,
+                         s->len, s->len - n, ag_kv_trim_limit(kv, seq));
     if (kv->state) {
         ag_status st = ag_state_trim(kv->state, seq, n);
         if (st) return st;
@@ -593,14 +834,21 @@ ag_status ag_kv_fork(ag_kv *kv, int32_t dst, int32_t src, int32_t len) {
         return ag_errorf(AG_ERR_UNSUPPORTED,
                          "kv: fork: sequence %d has recurrent state at %d positions; it cannot fork at %d", src,
                          s->len, len);
+    if (!ag_kv_ring_covers(kv, src, len))
+        return ag_errorf(AG_ERR_UNSUPPORTED, "kv: fork: the ring of sequence %d no longer holds length %d's window",
+                         src, len);
     int32_t   nb = blocks_for(kv, len);
     ag_status st = table_grow(kv, d, nb);
     if (st != AG_OK) return st;
     /* Take the new references before dropping dst's old ones, so a block
      * both hold never passes through refcount 0. */
+    const int32_t rfirst = len ? ag_kv_ring_first_needed(kv, len) : 0;
     for (int32_t i = 0; i < nb; i++) kv->ref[s->blocks[i]]++;
+    for (int32_t i = rfirst; s->rblocks && i < nb; i++) kv->rref[s->rblocks[i]]++;
     seq_release_from(kv, d, 0);
     if (nb) memcpy(d->blocks, s->blocks, (size_t)nb * sizeof *d->blocks);
+    if (s->rblocks && nb) memcpy(d->rblocks + rfirst, s->rblocks + rfirst, (size_t)(nb - rfirst) * sizeof *d->rblocks);
+    d->rlo = rfirst;
     d->n_blocks = nb;
     d->len = d->reserved = len;
     if (kv->state) {
@@ -641,8 +889,46 @@ ag_status ag_kv_block_alloc(ag_kv *kv, int32_t *block) {
     return AG_OK;
 }
 
+static bool rblock_allocated(const ag_kv *kv, int32_t block) {
+    return block >= 0 && block < kv->r_n_blocks && kv->rref[block] > 0;
+}
+
+ag_status ag_kv_ring_block_ref(ag_kv *kv, int32_t block) {
+    if (!rblock_allocated(kv, block))
+        return ag_errorf(AG_ERR_INVALID, "kv: ring_block_ref: ring block %d is not allocated", block);
+    kv->rref[block]++;
+    return AG_OK;
+}
+
+ag_status ag_kv_ring_block_unref(ag_kv *kv, int32_t block) {
+    if (!rblock_allocated(kv, block))
+        return ag_errorf(AG_ERR_INVALID, "kv: ring_block_unref: ring block %d is not allocated", block);
+    rblock_drop(kv, block);
+    return AG_OK;
+}
+
+int32_t ag_kv_ring_block_refcount(const ag_kv *kv, int32_t block) {
+    if (block < 0 || block >= kv->r_n_blocks) return -1;
+    return kv->rref[block];
+}
+
+ag_status ag_kv_ring_block_alloc(ag_kv *kv, int32_t *block) {
+    if (kv->r_n_free == 0 && kv->reclaim && kv->r_n_blocks) kv->reclaim(kv->reclaim_user, 1);
+    if (kv->r_n_free == 0) {
+        kv->nomem_errors++;
+        return ag_errorf(AG_ERR_NOMEM, "KV ring full: need 1 ring block, 0 free");
+    }
+    *block = rblock_take(kv);
+    return AG_OK;
+}
+
 ag_status ag_kv_seq_adopt(ag_kv *kv, int32_t seq, const int32_t *blocks, int32_t n_blocks,
                           int32_t len) {
+    return ag_kv_seq_adopt_ring(kv, seq, blocks, NULL, n_blocks, len);
+}
+
+ag_status ag_kv_seq_adopt_ring(ag_kv *kv, int32_t seq, const int32_t *blocks, const int32_t *ring,
+                               int32_t n_blocks, int32_t len) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: adopt: sequence %d is not live", seq);
     if (kv->state && len > 0)
@@ -655,13 +941,30 @@ ag_status ag_kv_seq_adopt(ag_kv *kv, int32_t seq, const int32_t *blocks, int32_t
         if (!block_allocated(kv, blocks[i]))
             return ag_errorf(AG_ERR_INVALID, "kv: adopt: block %d (entry %d) is not allocated",
                              blocks[i], i);
+    int32_t rfirst = n_blocks;
+    if (kv->r_n_blocks && n_blocks > 0) {
+        const int32_t need = ag_kv_ring_first_needed(kv, len);
+        for (int32_t i = n_blocks - 1; ring && i >= 0; i--) {
+            if (ring[i] < 0 || ring[i] >= kv->r_n_blocks || kv->rref[ring[i]] <= 0) break;
+            rfirst = i;
+        }
+        if (rfirst > need)
+            return ag_errorf(AG_ERR_UNSUPPORTED,
+                             "kv: adopt: length %d needs the ring blocks from entry %d on; they start at %d", len,
+                             need, rfirst);
+    }
     /* `blocks` may point into this very table: then n_blocks <= cap and the
      * grow does not move it; memmove below copies overlapping ids safely. */
     ag_status st = table_grow(kv, s, n_blocks);
     if (st != AG_OK) return st;
     for (int32_t i = 0; i < n_blocks; i++) kv->ref[blocks[i]]++;
+    for (int32_t i = rfirst; kv->r_n_blocks && i < n_blocks; i++) kv->rref[ring[i]]++;
     seq_release_from(kv, s, 0);
     if (n_blocks) memmove(s->blocks, blocks, (size_t)n_blocks * sizeof *s->blocks);
+    if (kv->r_n_blocks && n_blocks) {
+        if (rfirst < n_blocks) memmove(s->rblocks + rfirst, ring + rfirst, (size_t)(n_blocks - rfirst) * sizeof *ring);
+        s->rlo = rfirst;
+    }
     s->n_blocks = n_blocks;
     s->len = s->reserved = len;
     return AG_OK;
@@ -671,11 +974,12 @@ size_t ag_kv_block_bytes(const ag_kv *kv) { return kv->lay.copy_bytes; }
 
 static ag_status copy_check(const ag_kv *kv, const char *what, int32_t block, int32_t layer,
                             const void *buf, size_t size) {
-    if (!block_allocated(kv, block))
-        return ag_errorf(AG_ERR_INVALID, "kv: %s: block %d is not allocated", what, block);
     if (layer < 0 || layer >= kv->lay.n_layers)
         return ag_errorf(AG_ERR_RANGE, "kv: %s: layer %d outside [0, %d)", what, layer,
                          kv->lay.n_layers);
+    if (kv->is_ring[layer] ? !rblock_allocated(kv, block) : !block_allocated(kv, block))
+        return ag_errorf(AG_ERR_INVALID, "kv: %s: %sblock %d is not allocated", what,
+                         kv->is_ring[layer] ? "ring " : "", block);
     if (!buf || size != kv->lay.copy_bytes)
         return ag_errorf(AG_ERR_INVALID, "kv: %s: buffer of %zu bytes, need %zu", what, size,
                          kv->lay.copy_bytes);
@@ -686,7 +990,7 @@ ag_status ag_kv_block_copy_out(const ag_kv *kv, int32_t block, int32_t layer, vo
                                size_t size) {
     ag_status st = copy_check(kv, "copy_out", block, layer, dst, size);
     if (st != AG_OK) return st;
-    const uint8_t *base = block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;
+    const uint8_t *base = layer_base(kv, layer, block);
     size_t         kb = (size_t)kv->lay.n_kv_heads * kv->lay.head_stride_k;
     if (pool_to_host(kv, dst, base, kb) || pool_to_host(kv, (uint8_t *)dst + kb, base + kv->v_offset, size - kb))
         return ag_errorf(AG_ERR_IO, "kv: copy_out: device copy failed");
@@ -697,10 +1001,10 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
                               size_t size) {
     ag_status st = copy_check(kv, "copy_in", block, layer, src, size);
     if (st != AG_OK) return st;
-    if (kv->ref[block] != 1)
-        return ag_errorf(AG_ERR_INVALID, "kv: copy_in: block %d is shared (refcount %d)", block,
-                         kv->ref[block]);
-    uint8_t *base = block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;
+    const int32_t rc = kv->is_ring[layer] ? kv->rref[block] : kv->ref[block];
+    if (rc != 1)
+        return ag_errorf(AG_ERR_INVALID, "kv: copy_in: block %d is shared (refcount %d)", block, rc);
+    uint8_t *base = layer_base(kv, layer, block);
     size_t   kb = (size_t)kv->lay.n_kv_heads * kv->lay.head_stride_k;
     if (pool_from_host(kv, base, src, kb) || pool_from_host(kv, base + kv->v_offset, (const uint8_t *)src + kb, size - kb))
         return ag_errorf(AG_ERR_IO, "kv: copy_in: device copy failed");
@@ -709,29 +1013,43 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
 
 /* ---- swap (preemption) --------------------------------------------------- */
 
-/* (a recurrent state travels after the blocks) */
+/* (a recurrent state travels after the blocks and ring blocks) */
 static size_t state_swap_bytes(const ag_kv *kv) {
     return kv->state ? ag_state_seq_floats(kv->state) * sizeof(float) : 0;
 }
 
+/* Ring blocks a swapped sequence of len positions keeps: from the first
+ * its window needs to its last. */
+static int32_t swap_ring_blocks(const ag_kv *kv, int32_t len) {
+    if (!kv->r_n_blocks || len <= 0) return 0;
+    return blocks_for(kv, len) - ag_kv_ring_first_needed(kv, len);
+}
+
 size_t ag_kv_swap_bytes(const ag_kv *kv, int32_t len) {
-    return (size_t)blocks_for(kv, len < 0 ? 0 : len) * kv->lay.block_bytes + state_swap_bytes(kv);
+    return (size_t)blocks_for(kv, len < 0 ? 0 : len) * kv->lay.block_bytes +
+           (size_t)swap_ring_blocks(kv, len) * kv->lay.ring_block_bytes + state_swap_bytes(kv);
 }
 
 ag_status ag_kv_seq_swap_out(const ag_kv *kv, int32_t seq, void *dst, size_t size, int32_t *len) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: swap_out: sequence %d is not live", seq);
     const int32_t nb = blocks_for(kv, s->len);
-    if (size != (size_t)nb * kv->lay.block_bytes + state_swap_bytes(kv) || (size && !dst))
+    if (size != ag_kv_swap_bytes(kv, s->len) || (size && !dst))
         return ag_errorf(AG_ERR_INVALID, "kv: swap_out: buffer of %zu bytes, need %zu", size,
-                         (size_t)nb * kv->lay.block_bytes + state_swap_bytes(kv));
+                         ag_kv_swap_bytes(kv, s->len));
     if (kv->state)
-        memcpy((uint8_t *)dst + (size_t)nb * kv->lay.block_bytes, ag_state_layer(kv->state, seq, 0),
-               state_swap_bytes(kv));
+        memcpy((uint8_t *)dst + size - state_swap_bytes(kv), ag_state_layer(kv->state, seq, 0), state_swap_bytes(kv));
     for (int32_t i = 0; i < nb; i++)
         if (pool_to_host(kv, (uint8_t *)dst + (size_t)i * kv->lay.block_bytes, block_base(kv, s->blocks[i]),
                          kv->lay.block_bytes))
             return ag_errorf(AG_ERR_IO, "kv: swap_out: device copy failed");
+    const int32_t rf = ag_kv_ring_first_needed(kv, s->len), rn = swap_ring_blocks(kv, s->len);
+    uint8_t      *rdst = (uint8_t *)dst + (size_t)nb * kv->lay.block_bytes;
+    for (int32_t i = 0; i < rn; i++)
+        if (s->rblocks[rf + i] < 0 ||
+            pool_to_host(kv, rdst + (size_t)i * kv->lay.ring_block_bytes,
+                         kv->rpool + (size_t)s->rblocks[rf + i] * kv->lay.ring_block_bytes, kv->lay.ring_block_bytes))
+            return ag_errorf(AG_ERR_IO, "kv: swap_out: ring copy failed");
     *len = s->len;
     return AG_OK;
 }
@@ -741,18 +1059,24 @@ ag_status ag_kv_seq_swap_in(ag_kv *kv, int32_t seq, int32_t len, const void *src
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: swap_in: sequence %d is not live", seq);
     if (len < 0) return ag_errorf(AG_ERR_RANGE, "kv: swap_in: length %d < 0", len);
     const int32_t nb = blocks_for(kv, len);
-    if (size != (size_t)nb * kv->lay.block_bytes + state_swap_bytes(kv) || (size && !src))
+    if (size != ag_kv_swap_bytes(kv, len) || (size && !src))
         return ag_errorf(AG_ERR_INVALID, "kv: swap_in: buffer of %zu bytes, need %zu", size,
-                         (size_t)nb * kv->lay.block_bytes + state_swap_bytes(kv));
+                         ag_kv_swap_bytes(kv, len));
     if (kv->state) {
         ag_state_reset(kv->state, seq);
-        memcpy(ag_state_layer(kv->state, seq, 0), (const uint8_t *)src + (size_t)nb * kv->lay.block_bytes,
+        memcpy(ag_state_layer(kv->state, seq, 0), (const uint8_t *)src + size - state_swap_bytes(kv),
                state_swap_bytes(kv));
         ag_state_advance(kv->state, seq, len, 1, 0);
     }
     seq_release_from(kv, s, 0);
     s->len = s->reserved = 0;
     if (nb > kv->n_free) return full_error(kv, nb);
+    const int32_t rf = ag_kv_ring_first_needed(kv, len), rn = swap_ring_blocks(kv, len);
+    if (rn > kv->r_n_free && kv->reclaim) kv->reclaim(kv->reclaim_user, rn - kv->r_n_free);
+    if (rn > kv->r_n_free) {
+        kv->nomem_errors++;
+        return ag_errorf(AG_ERR_NOMEM, "KV ring full: need %d ring blocks, %d free", rn, kv->r_n_free);
+    }
     ag_status st = table_grow(kv, s, nb);
     if (st != AG_OK) return st;
     for (int32_t i = 0; i < nb; i++) {
@@ -764,6 +1088,18 @@ ag_status ag_kv_seq_swap_in(ag_kv *kv, int32_t seq, int32_t len, const void *src
             return ag_errorf(AG_ERR_IO, "kv: swap_in: device copy failed");
         }
     }
+    const uint8_t *rsrc = (const uint8_t *)src + (size_t)nb * kv->lay.block_bytes;
+    s->rlo = rf;
+    for (int32_t i = 0; i < rn; i++) {
+        int32_t b = rblock_take(kv);
+        s->rblocks[rf + i] = b;
+        if (pool_from_host(kv, kv->rpool + (size_t)b * kv->lay.ring_block_bytes,
+                           rsrc + (size_t)i * kv->lay.ring_block_bytes, kv->lay.ring_block_bytes)) {
+            seq_release_from(kv, s, 0);
+            return ag_errorf(AG_ERR_IO, "kv: swap_in: device copy failed");
+        }
+    }
+    if (!rn) s->rlo = 0;
     s->len = s->reserved = len;
     return AG_OK;
 }
@@ -801,13 +1137,15 @@ void *ag_kv_host_alloc(ag_kv *kv, size_t bytes) { return ag_kv_mem_host_alloc(kv
 void  ag_kv_host_free(ag_kv *kv, void *p) { ag_kv_mem_host_free(kv->mem, p); }
 
 void *ag_kv_block_k(ag_kv *kv, int32_t layer, int32_t block) {
-    if (layer < 0 || layer >= kv->lay.n_layers || block < 0 || block >= kv->n_blocks) return NULL;
-    return block_base(kv, block) + (size_t)layer * kv->lay.layer_stride;
+    if (layer < 0 || layer >= kv->lay.n_layers || block < 0 ||
+        block >= (kv->is_ring[layer] ? kv->r_n_blocks : kv->n_blocks))
+        return NULL;
+    return layer_base(kv, layer, block);
 }
 
 void *ag_kv_block_v(ag_kv *kv, int32_t layer, int32_t block) {
-    if (layer < 0 || layer >= kv->lay.n_layers || block < 0 || block >= kv->n_blocks) return NULL;
-    return block_base(kv, block) + (size_t)layer * kv->lay.layer_stride + kv->v_offset;
+    uint8_t *k = ag_kv_block_k(kv, layer, block);
+    return k ? k + kv->v_offset : NULL;
 }
 
 ag_status ag_kv_write(ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, const float *k,
@@ -816,7 +1154,7 @@ ag_status ag_kv_write(ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, const 
         return ag_errorf(AG_ERR_RANGE, "kv: write: layer %d outside [0, %d)", layer,
                          kv->lay.n_layers);
     int32_t   b, off;
-    ag_status st = slot_check(kv, seq, pos, &b, &off);
+    ag_status st = ag_kv_layer_slot(kv, seq, layer, pos, &b, &off);
     if (st != AG_OK) return st;
     const ag_kv_layout *L = &kv->lay;
     uint8_t            *kb = ag_kv_block_k(kv, layer, b), *vb = ag_kv_block_v(kv, layer, b);
@@ -848,9 +1186,11 @@ ag_status ag_kv_read(const ag_kv *kv, int32_t layer, int32_t seq, int32_t pos, f
         return ag_errorf(AG_ERR_RANGE, "kv: read: position %d outside [0, %d) of sequence %d", pos,
                          s->reserved, seq);
     const ag_kv_layout *L = &kv->lay;
-    int32_t             b = s->blocks[pos >> L->block_shift];
+    int32_t             b = kv->is_ring[layer] ? s->rblocks[pos >> L->block_shift] : s->blocks[pos >> L->block_shift];
+    if (b < 0)
+        return ag_errorf(AG_ERR_RANGE, "kv: read: position %d of sequence %d left the sliding-window ring", pos, seq);
     size_t              off = (size_t)(pos & (L->block_size - 1));
-    const uint8_t      *base = block_base(kv, b) + (size_t)layer * L->layer_stride;
+    const uint8_t      *base = layer_base(kv, layer, b);
     uint8_t            *row = malloc(L->row_bytes_k > L->row_bytes_v ? L->row_bytes_k : L->row_bytes_v);
     if (!row) return ag_errorf(AG_ERR_NOMEM, "kv: read: out of memory");
     int bad = 0;

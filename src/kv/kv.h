@@ -49,11 +49,34 @@
  *      (On failure, skip it: the written-but-uncommitted positions are simply
  *      not history.) Speculative verify then ag_kv_trim's the rejected tail.
  *
- * Sliding-window layers: for now every position of every layer is stored, so
- * a window only tells attention what to skip; trim is always possible. The
- * hooks ag_kv_can_trim / ag_kv_trimmable exist so a future ring cache (which
- * overwrites positions older than the window) can refuse a trim, and callers
- * (the speculative executor) must honour them.
+ * Sliding-window layers and the ring. With params.ring (and a layer_window
+ * with at least one windowed and one global layer), the windowed layers do
+ * not live in the blocks above: they have a pool of their own (the RING
+ * POOL, blocks of the same positions-per-block holding only those layers),
+ * and each sequence a second table over it, indexed by the same logical
+ * block (position / block_size). Entries of that table older than the
+ * window are RECYCLED: at ag_kv_seq_reserve, every ring block whose
+ * positions all lie below len - W + 1 - ring_slack (W: the largest window;
+ * len: the committed length, i.e. the first position this reserve is for,
+ * the oldest query that will ever read again) leaves the table (-1) and
+ * returns to the ring pool unless someone else (the prefix cache) holds it.
+ * So a sequence holds about W + slack + (tokens per step) positions of its
+ * windowed layers, not its whole length. Block ids of the two pools are
+ * distinct spaces: a windowed layer's K/V are at ag_kv_block_k(kv, layer,
+ * ring block id), found through ag_kv_seq_layer_blocks / ag_kv_layer_slot;
+ * the other calls that take a block id mean the main pool unless named
+ * ag_kv_ring_*. Without a ring, every position of every layer is stored in
+ * the main pool and a window only tells attention what to skip.
+ *
+ * What a ring can trim: a sequence whose ring entries start at logical block
+ * rlo can go back to any length m with rlo * block_size <= max(0, m - W + 1),
+ * the oldest position the query at m reads (ag_kv_trim_limit). Because
+ * recycling happens at reserve, against the length BEFORE the step, a step
+ * can always be rolled back to where it started (speculative verify: reserve
+ * 1 + d, commit, trim the rejected tail), with no slack at all; ring_slack
+ * lets rollbacks reach further back than the last reserve (a draft model's
+ * own KV). Fork and adopt need the ring blocks of the window before their
+ * length; swap keeps exactly those.
  *
  * Thread-safety: none inside. Every call is made from the one engine thread
  * that owns the cache. During a forward pass, worker threads may read block
@@ -105,6 +128,17 @@ typedef struct {
     /* Optional [n_layers] sliding-window sizes (0 = global attention), or NULL
      * for all global. Copied at init. */
     const int32_t *layer_window;
+    /* Keep the windowed layers in a ring (see above). Ignored (no ring)
+     * unless layer_window has at least one windowed and one global layer. */
+    bool           ring;
+    int32_t        ring_slack;  /* positions kept beyond the window for trims; default 32 */
+    int32_t        ring_step;   /* most positions reserved past the sequences' windows
+                                   at once, all sequences together (a step's tokens:
+                                   see ag_kv_seq_recycle), for the pool's size;
+                                   default 512 */
+    int32_t        ring_blocks; /* ring pool blocks; 0: 3/2 x (max_seqs windows and
+                                   ring_step positions) (the half: the prefix
+                                   cache's ring blocks) */
     /* NULL: the pool is host memory. Otherwise the pool is allocated with
      * mem->alloc and ag_kv_block_k/_v return device addresses, which only
      * the backend's kernels may touch (see ag_kv_host_visible). Borrowed:
@@ -138,6 +172,12 @@ typedef struct {
     size_t      layer_stride; /* distance between layer l and l+1 of one block (padded) */
     size_t      block_bytes;  /* one block, all layers, with padding: the pool unit */
     size_t      copy_bytes;   /* one block, one layer, K then V, no padding: see copy_out */
+    /* The ring (0 when there is none): its window W, how many layers it
+     * holds, and its pool's unit (those layers of one block). block_bytes
+     * above then counts only the other layers. */
+    int32_t     ring_window;
+    int32_t     n_ring_layers;
+    size_t      ring_block_bytes;
 } ag_kv_layout;
 
 typedef struct {
@@ -156,6 +196,11 @@ typedef struct {
     uint64_t cow_copies;   /* blocks copied because a shared block was about to be
                               written */
     uint64_t nomem_errors; /* reservations refused because the pool was full */
+    /* the ring pool (zeros without a ring) */
+    size_t   ring_pool_bytes;
+    int32_t  ring_blocks;
+    int32_t  ring_blocks_free;
+    int64_t  ring_positions; /* windowed-layer positions the live sequences hold */
 } ag_kv_stats;
 
 /* Defaults for everything but the model shape (n_layers, n_kv_heads,
@@ -218,6 +263,28 @@ void ag_kv_get_stats(const ag_kv *kv, ag_kv_stats *out);
 /* Sliding-window size of a layer (0 = global; also 0 for a bad layer). */
 int32_t ag_kv_layer_window(const ag_kv *kv, int32_t layer);
 
+/* Whether a layer lives in the ring pool (its block ids are ring ids). */
+bool ag_kv_layer_ring(const ag_kv *kv, int32_t layer);
+
+/* The distance in bytes between block b and b + 1 of one layer: the main
+ * pool's block_bytes, or the ring's ring_block_bytes (device kernels
+ * address blocks as ag_kv_block_k(kv, layer, 0) + id * this). */
+size_t ag_kv_layer_block_stride(const ag_kv *kv, int32_t layer);
+
+/* The ring pool's blocks that n_seqs sequences hold at most, their windows
+ * and `step` positions reserved past them (all together), without the
+ * prefix cache's share (0 without a ring). */
+int32_t ag_kv_ring_blocks_for(const ag_kv_params *p, int32_t n_seqs, int32_t step);
+
+/* Bytes of the ring pool ag_kv_init(p) allocates (0 without a ring). */
+size_t ag_kv_ring_pool_bytes(const ag_kv_params *p);
+
+/* Called when a ring reservation finds too few free ring blocks: should
+ * free up to n ring blocks nobody but the callee holds (the prefix cache's)
+ * and return how many it freed. One hook; NULL to remove it. */
+typedef int32_t (*ag_kv_ring_reclaim_fn)(void *user, int32_t n);
+void ag_kv_set_ring_reclaim(ag_kv *kv, ag_kv_ring_reclaim_fn fn, void *user);
+
 /* ---- sequences ---------------------------------------------------------- */
 
 /* Creates an empty sequence; *seq gets the lowest free id in [0, max_seqs).
@@ -241,6 +308,24 @@ int32_t ag_kv_seq_len(const ag_kv *kv, int32_t seq);
  * *n_blocks = 0) for a sequence that is not live or has no blocks. */
 const int32_t *ag_kv_seq_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks);
 
+/* The table of `seq` that `layer` reads: ag_kv_seq_blocks' for a main-pool
+ * layer, the ring table for a ring layer (same length and indexing; entries
+ * before the ring's first are -1 and never within a query's window).
+ * Borrowed as ag_kv_seq_blocks'. */
+const int32_t *ag_kv_seq_layer_blocks(const ag_kv *kv, int32_t seq, int32_t layer, int32_t *n_blocks);
+
+/* The ring table alone (NULL without a ring); *first gets the first entry
+ * that is not -1 (entries [*first, *n_blocks) are ring block ids). */
+const int32_t *ag_kv_seq_ring_blocks(const ag_kv *kv, int32_t seq, int32_t *n_blocks, int32_t *first);
+
+/* Recycles what ag_kv_seq_reserve would before a step: the ring blocks
+ * whose positions all lie below len - W + 1 - ring_slack (nothing without a
+ * ring). A caller that runs many sequences calls it for each at the start
+ * of a step (after every rollback of the last one), so that a sequence
+ * left out of a step does not keep its last step's positions: the ring
+ * pool's size (params.ring_step) counts on it. */
+void ag_kv_seq_recycle(ag_kv *kv, int32_t seq);
+
 /* Makes positions [len, len + n_new) writable: allocates the missing blocks
  * and copies (copy-on-write) any block of that range that is shared, so the
  * writes that follow touch only storage this sequence owns alone. Idempotent
@@ -263,6 +348,10 @@ int32_t ag_kv_reserve_cost(const ag_kv *kv, int32_t seq, int32_t n_new);
  * shared the tail again; reserve again to copy it). */
 ag_status ag_kv_slot(const ag_kv *kv, int32_t seq, int32_t pos, int32_t *block, int32_t *offset);
 
+/* ag_kv_slot for one layer: the ring block for a ring layer. */
+ag_status ag_kv_layer_slot(const ag_kv *kv, int32_t seq, int32_t layer, int32_t pos, int32_t *block,
+                           int32_t *offset);
+
 /* Sets the committed length to new_len, which must lie in [len, reserved
  * end] (use ag_kv_trim to shorten). Positions [old len, new_len) become
  * history: the caller promises they were written. */
@@ -270,21 +359,37 @@ ag_status ag_kv_seq_commit(ag_kv *kv, int32_t seq, int32_t new_len);
 
 /* ---- trim and fork ------------------------------------------------------ */
 
-/* Whether this cache kind can trim at all (true: every position is stored).
- * A future ring cache for sliding windows answers false. */
+/* Whether this cache can always trim (every position stored): false with a
+ * ring, whose trims are limited (ag_kv_trim_limit). */
 bool ag_kv_can_trim(const ag_kv *kv);
 
-/* Whether ag_kv_trim(kv, seq, n) would succeed now: seq live, 0 <= n <= len
- * and the cache kind can drop those positions (with recurrent state: n <=
- * ag_kv_state_trim_limit, what its snapshots cover). */
+/* How many positions ag_kv_trim(kv, seq, n) can drop now, i.e. how far back
+ * a rollback can go: len without a ring, else len - (rlo * block_size + W -
+ * 1) for a ring that starts at logical block rlo > 0 (never below 0); with
+ * recurrent state, no more than ag_kv_state_trim_limit (its snapshots).
+ * -1 for a sequence that is not live. */
+int32_t ag_kv_trim_limit(const ag_kv *kv, int32_t seq);
+
+/* Whether ag_kv_trim(kv, seq, n) would succeed now: seq live and
+ * 0 <= n <= ag_kv_trim_limit. */
 bool ag_kv_trimmable(const ag_kv *kv, int32_t seq, int32_t n);
+
+/* Whether the sequence holds what a query at position m (< = len) reads of
+ * its ring: the ring blocks of [max(0, m - W + 1), m). True without a ring.
+ * (Fork and adopt at length m need it.) */
+bool ag_kv_ring_covers(const ag_kv *kv, int32_t seq, int32_t m);
+
+/* The first logical block whose ring entry a sequence of length len needs:
+ * max(0, len - W + 1) / block_size (0 without a ring). */
+int32_t ag_kv_ring_first_needed(const ag_kv *kv, int32_t len);
 
 /* Drops the last n committed positions (speculative rollback) and any
  * reservation; blocks no longer covering a position are released (returned
  * to the pool if nobody else holds them). Afterwards the sequence is exactly
  * as if it had never gone past len - n: the next reserve/write/commit
  * overwrites the dropped positions. AG_ERR_RANGE if n < 0 or n > len,
- * AG_ERR_UNSUPPORTED if the cache kind cannot trim (see ag_kv_trimmable). */
+ * AG_ERR_UNSUPPORTED if n > ag_kv_trim_limit (a ring no longer holds
+ * what the shorter sequence needs). */
 ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n);
 
 /* The recurrent state slots (kv/state.h) of a cache made with
@@ -307,6 +412,8 @@ ag_status ag_kv_seq_clear(ag_kv *kv, int32_t seq);
  * fail for lack of pool space. AG_ERR_INVALID / AG_ERR_RANGE for bad ids or
  * len outside [0, len(src)]. */
 ag_status ag_kv_fork(ag_kv *kv, int32_t dst, int32_t src, int32_t len);
+/* (With a ring, fork shares src's ring entries from ag_kv_ring_first_needed(len)
+ * on, and fails with AG_ERR_UNSUPPORTED unless ag_kv_ring_covers(src, len).) */
 
 /* ---- block hooks for the prefix cache ----------------------------------- */
 
@@ -335,6 +442,20 @@ ag_status ag_kv_block_alloc(ag_kv *kv, int32_t *block);
 ag_status ag_kv_seq_adopt(ag_kv *kv, int32_t seq, const int32_t *blocks, int32_t n_blocks,
                           int32_t len);
 
+/* ag_kv_seq_adopt with the ring: ring[i] is the ring block of logical block
+ * i or -1; entries from ag_kv_ring_first_needed(len) to n_blocks - 1 must be
+ * allocated ring blocks (else AG_ERR_UNSUPPORTED), and the table takes one
+ * reference on each of the contiguous run of present entries ending at the
+ * last. ring may be NULL without a ring (then it is ag_kv_seq_adopt). */
+ag_status ag_kv_seq_adopt_ring(ag_kv *kv, int32_t seq, const int32_t *blocks, const int32_t *ring,
+                               int32_t n_blocks, int32_t len);
+
+/* The block hooks above for ring blocks (ids of the ring pool). */
+ag_status ag_kv_ring_block_ref(ag_kv *kv, int32_t block);
+ag_status ag_kv_ring_block_unref(ag_kv *kv, int32_t block);
+int32_t   ag_kv_ring_block_refcount(const ag_kv *kv, int32_t block);
+ag_status ag_kv_ring_block_alloc(ag_kv *kv, int32_t *block);
+
 /* Size in bytes of one block's data for one layer in the portable copy
  * format: K [n_kv_heads][block_size][head_dim_k] then V [...][head_dim_v],
  * elements of dtype, no padding (= layout.copy_bytes). A persisted block is
@@ -342,7 +463,8 @@ ag_status ag_kv_seq_adopt(ag_kv *kv, int32_t seq, const int32_t *blocks, int32_t
 size_t ag_kv_block_bytes(const ag_kv *kv);
 
 /* Copies layer `layer` of block `block` out to dst (size must equal
- * ag_kv_block_bytes). The block must be allocated. Positions past the
+ * ag_kv_block_bytes). The block must be allocated; for a ring layer it is a
+ * ring block id (ag_kv_layer_ring). Positions past the
  * owners' lengths hold whatever was last written there (zeros if never). */
 ag_status ag_kv_block_copy_out(const ag_kv *kv, int32_t block, int32_t layer, void *dst,
                                size_t size);
@@ -356,7 +478,8 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
 /* ---- swap (preemption) --------------------------------------------------- */
 
 /* Bytes of host memory a sequence of len committed positions takes when
- * swapped out: its blocks whole, every layer, as the pool stores them. */
+ * swapped out: its blocks whole, every layer, as the pool stores them (of
+ * the ring, the blocks from ag_kv_ring_first_needed(len) on). */
 size_t ag_kv_swap_bytes(const ag_kv *kv, int32_t len);
 
 /* Copies the committed history of `seq` (its first blocks_for(len) blocks,

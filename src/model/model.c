@@ -13,6 +13,7 @@
 #include "base/switches.h"
 #include "kv/kv.h"
 #include "kv/state.h"
+#include "model/safetensors.h"
 #include "model/tp.h"
 
 struct ag_model {
@@ -20,9 +21,12 @@ struct ag_model {
     ag_model_config  cfg;
     ag_tensor        tok_embd, output_norm, output;
     ag_tensor        type_embd, tok_norm, tok_norm_b; /* encoders: token-type rows, the embeddings' LayerNorm */
+    ag_tensor        dense[2]; /* decoder-style encoders: the Dense projections after pooling (may be absent) */
     ag_kv           *enc_kv;      /* encoders: ag_model_embed's KV, grown to the largest call */
     int              enc_kv_tokens, enc_kv_seqs;
     ag_layer_weights layers[AG_MAX_LAYERS];
+    int32_t          kv_window[AG_MAX_LAYERS]; /* the KV's per-layer sliding windows (kv.h layer_window) */
+    bool             kv_ring;                  /* windowed layers' KV in a ring (off: AUGUR_KV_RING=0) */
     ag_backend      *be;
     ag_tp           *tp;        /* --tp N > 1: the shards that run the embedding, layers and head (tp.c) */
     void            *act;       /* activations of one forward pass, in backend memory */
@@ -115,7 +119,7 @@ typedef struct {
 static ag_status gemma3_config(const ag_gguf *g, ag_model_config *c) {
     c->gelu = true;
     c->embd_scale = sqrtf((float)c->n_embd);
-    c->rope_base_swa = 10000.0f;
+    if (!get_float(g, c->arch_name, "rope.freq_base_swa", &c->rope_base_swa)) c->rope_base_swa = 10000.0f;
     if (!get_int(g, c->arch_name, "attention.sliding_window", &c->sliding_window)) c->sliding_window = 0;
     /* Gemma 3: five sliding-window layers, then one global layer. */
     for (int l = 0; l < c->n_layer; l++) c->layer_swa[l] = c->sliding_window > 0 && (l % 6) < 5;
@@ -178,6 +182,20 @@ static ag_status encoder_config(const ag_gguf *g, ag_model_config *c) {
         return ag_errorf(AG_ERR_UNSUPPORTED, "%s.pooling_type = %d: only mean (1), cls (2) and last (3) are supported",
                          a, c->pooling);
     return AG_OK;
+}
+
+/* EmbeddingGemma: Gemma 3 layers with bidirectional attention, pooled
+ * (then Dense projections, dense_2 and dense_3), an embedding model. */
+static ag_status gemma_embd_config(const ag_gguf *g, ag_model_config *c) {
+    ag_status st = gemma3_config(g, c);
+    if (st) return st;
+    /* The file's window (512) is the whole span of a two-sided window: a
+     * token sees 256 positions each side, |p - pos| <= 256, as transformers
+     * (sliding_window // 2 + 1, exclusive, when bidirectional) and llama.cpp
+     * (symmetric SWA, n_swa / 2) have it; the attention op's bidirectional
+     * window is exclusive. */
+    if (c->sliding_window > 0) c->sliding_window = c->sliding_window / 2 + 1;
+    return encoder_config(g, c);
 }
 
 /* gpt-oss (llama.cpp's LLM_ARCH_OPENAI_MOE): routed experts chosen by
@@ -272,6 +290,8 @@ static const arch_desc k_archs[] = {
     {"nomic-bert", AG_ARCH_NOMIC_BERT, .rope_neox = true, .encoder = true, .config = encoder_config},
     {"gpt-oss", AG_ARCH_GPT_OSS, .rope_neox = true, .qkv_bias = true, .moe = true, .out_bias = true, .sinks = true,
      .moe_bias = true, .ffn_norm = "post_attention_norm.weight", .config = gptoss_config},
+    {"gemma-embedding", AG_ARCH_GEMMA_EMBD, .rope_neox = true, .qk_norm = true, .post_norms = true,
+     .config = gemma_embd_config},
     {"granitehybrid", AG_ARCH_GRANITE_HYBRID, .rope_neox = false, .hybrid = true, .config = granite_hybrid_config},
 };
 
@@ -487,6 +507,21 @@ static ag_status bind_mamba_layer(ag_model *m, int l) {
     return AG_OK;
 }
 
+/* A decoder-style encoder's optional Dense projections after pooling:
+ * dense_2 (n_embd -> d) then dense_3 (d -> n_embd), run on the host. */
+static ag_status bind_dense(ag_model *m) {
+    const ag_gguf_tensor *d2 = ag_gguf_find_tensor(m->gguf, "dense_2.weight");
+    const ag_gguf_tensor *d3 = ag_gguf_find_tensor(m->gguf, "dense_3.weight");
+    if (!d2 && !d3) return AG_OK;
+    if (!d2 || !d3) return ag_errorf(AG_ERR_FORMAT, "dense_2.weight and dense_3.weight come together");
+    ag_status st = bind(m, &m->dense[0], "dense_2.weight", m->cfg.n_embd, (int64_t)d2->ne[1], true);
+    if (!st) st = bind(m, &m->dense[1], "dense_3.weight", (int64_t)d2->ne[1], m->cfg.n_embd, true);
+    for (int i = 0; !st && i < 2; i++)
+        if (m->dense[i].type != AG_TYPE_F32 && m->dense[i].type != AG_TYPE_F16 && m->dense[i].type != AG_TYPE_BF16)
+            st = ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s' must be F32, F16 or BF16", m->dense[i].name);
+    return st;
+}
+
 static ag_status bind_layer(ag_model *m, int l) {
     const ag_model_config *c = &m->cfg;
     const arch_desc       *d = arch_of(c->arch);
@@ -624,7 +659,7 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     ag_model *m = calloc(1, sizeof *m);
     if (!m) return ag_errorf(AG_ERR_NOMEM, "out of memory");
     snprintf(m->path, sizeof m->path, "%s", path);
-    ag_status st = ag_gguf_open(path, &m->gguf);
+    ag_status st = ag_model_file_open(path, &m->gguf);
     if (st) goto fail_named;
     if ((st = read_config(m->gguf, &m->cfg))) goto fail_named;
     ag_model_config *c = &m->cfg;
@@ -635,7 +670,7 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     }
     c->n_vocab = (int)emb->ne[1];
     if ((st = bind(m, &m->tok_embd, "token_embd.weight", c->n_embd, c->n_vocab, true))) goto fail_named;
-    if (c->encoder) { /* no output norm or head; the embeddings' LayerNorm and token types instead */
+    if (arch_of(c->arch)->encoder) { /* no output norm or head; the embeddings' LayerNorm and token types instead */
         if ((st = bind(m, &m->tok_norm, "token_embd_norm.weight", c->n_embd, 0, true))) goto fail_named;
         if ((st = bind(m, &m->tok_norm_b, "token_embd_norm.bias", c->n_embd, 0, true))) goto fail_named;
         const ag_gguf_tensor *tt = ag_gguf_find_tensor(m->gguf, "token_types.weight");
@@ -655,6 +690,7 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
         goto fail_named;
     }
     m->weight_bytes = c->encoder ? 0 : m->output.row_bytes * (uint64_t)c->n_vocab;
+    if (c->encoder && !arch_of(c->arch)->encoder && (st = bind_dense(m))) goto fail_named;
     m->output_rows = c->n_vocab;
     for (int l = 0; l < c->n_layer; l++)
         if ((st = bind_layer(m, l))) goto fail_named;
@@ -683,6 +719,9 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
         if ((st = ag_backend_new(AG_DEVICE_CPU, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
     }
     if (c->rope_yarn) yarn_freqs(m);
+    for (int l = 0; l < c->n_layer; l++) /* (the KV's layers: a hybrid's attention layers only) */
+        if (!c->layer_recurrent[l]) m->kv_window[c->n_recurrent ? c->kv_layer[l] : l] = c->layer_swa[l] ? c->sliding_window : 0;
+    m->kv_ring = !ag_switch_off("AUGUR_KV_RING");
     m->argmax_off = ag_switch_off("AUGUR_ARGMAX");
     m->pick_off = ag_switch_off("AUGUR_PICK");
     m->cands_off = ag_switch_off("AUGUR_CANDS");
@@ -874,6 +913,8 @@ ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs,
         kp->state_conv_floats = (size_t)(c->ssm_d_conv - 1) * (c->ssm_d_inner + 2 * c->ssm_n_group * c->ssm_d_state);
         kp->state_ssm_floats = (size_t)c->ssm_d_inner * c->ssm_d_state;
     }
+    kp->layer_window = m->kv_window;
+    kp->ring = m->kv_ring;
     ag_kv_layout L;
     ag_status    st = ag_kv_layout_for(kp, &L, NULL);
     if (!st && n_pos > 0) kp->budget_bytes = ag_kv_budget_for(&L, max_seqs, n_pos);
@@ -1008,7 +1049,7 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         ag_attn_shape shape = {.layer = l, .n_head = c->n_head, .n_head_kv = c->n_head_kv,
                                .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v,
                                .scale = c->attn_scale, .window = swa ? c->sliding_window : 0,
-                               .sinks = w->attn_sinks.data};
+                               .sinks = w->attn_sinks.data, .bidirectional = c->bidirectional};
         if (c->rope_yarn) {
             TRY(op->rope_freqs(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, m->yarn_freq[swa],
                                m->yarn_mscale[swa], c->rope_neox));
@@ -1720,6 +1761,37 @@ static ag_status run_encoder_layers(ag_model *m, ag_kv *kv, const ag_batch_layou
     return AG_OK;
 }
 
+/* y[ne1] = W x[ne0] on the host, W in F32, F16 or BF16 (bind_dense): a
+ * pooled vector or two per sequence, too little work for the backend. */
+static void dense_host(const ag_tensor *w, const float *x, float *y) {
+    for (int64_t r = 0; r < w->ne[1]; r++) {
+        const uint8_t *row = (const uint8_t *)w->host + (size_t)r * w->row_bytes;
+        double         acc = 0;
+        for (int64_t j = 0; j < w->ne[0]; j++) {
+            float v;
+            if (w->type == AG_TYPE_F32) {
+                memcpy(&v, row + 4 * j, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, row + 2 * j, 2);
+                v = w->type == AG_TYPE_BF16 ? ag_bf16_to_f32(h) : ag_half_to_f32(h);
+            }
+            acc += (double)v * x[j];
+        }
+        y[r] = (float)acc;
+    }
+}
+
+/* e[n_embd] <- dense_3 · (dense_2 · e) */
+static ag_status dense_pair(const ag_model *m, float *e) {
+    float *mid = malloc(sizeof(float) * (size_t)m->dense[0].ne[1]);
+    if (!mid) return ag_errorf(AG_ERR_NOMEM, "out of memory");
+    dense_host(&m->dense[0], e, mid);
+    dense_host(&m->dense[1], mid, e);
+    free(mid);
+    return AG_OK;
+}
+
 ag_status ag_model_embed(ag_model *m, const int32_t *tok, const int32_t *start, int n_seq, float *out) {
     const ag_model_config *c = &m->cfg;
     if (!c->encoder)
@@ -1759,11 +1831,18 @@ ag_status ag_model_embed(ag_model *m, const int32_t *tok, const int32_t *start, 
     ag_batch_layout lay = {.n = n, .pos = pos, .seq = seq, .n_decode = 0};
     if (op->begin && (st = op->begin(be, m->enc_kv, &lay, tok))) goto done;
     if ((st = op->get_rows(be, &m->tok_embd, tok, n, f.x))) goto done;
-    /* token type 0 ("sentence A") for every token, as llama.cpp */
-    if (m->type_embd.data && (st = op->add_bias(be, f.x, m->type_embd.data, n, c->n_embd))) goto done;
-    if ((st = op->layernorm(be, f.x, m->tok_norm.data, m->tok_norm_b.data, n, c->n_embd, c->norm_eps, f.x)))
-        goto done;
-    if ((st = run_encoder_layers(m, m->enc_kv, &lay, pos, &f))) goto done;
+    if (!arch_of(c->arch)->encoder) { /* decoder layers attending both ways (EmbeddingGemma) */
+        const ag_batch b = {.n = n, .token = tok, .pos = pos, .seq = seq};
+        if (c->embd_scale != 1.0f && (st = op->scale(be, f.x, c->embd_scale, (size_t)n * c->n_embd))) goto done;
+        if ((st = run_layers(m, m->enc_kv, &b, &lay, 0, &f))) goto done;
+        if ((st = op->rmsnorm(be, f.x, m->output_norm.data, n, c->n_embd, c->rms_eps, f.x))) goto done;
+    } else {
+        /* token type 0 ("sentence A") for every token, as llama.cpp */
+        if (m->type_embd.data && (st = op->add_bias(be, f.x, m->type_embd.data, n, c->n_embd))) goto done;
+        if ((st = op->layernorm(be, f.x, m->tok_norm.data, m->tok_norm_b.data, n, c->n_embd, c->norm_eps, f.x)))
+            goto done;
+        if ((st = run_encoder_layers(m, m->enc_kv, &lay, pos, &f))) goto done;
+    }
     if ((st = op->download(be, hid, f.x, sizeof(float) * (size_t)n * c->n_embd))) goto done;
     for (int s = 0; s < n_seq; s++) {
         float       *e = out + (size_t)s * c->n_embd;
@@ -1775,6 +1854,7 @@ ag_status ag_model_embed(ag_model *m, const int32_t *tok, const int32_t *start, 
             for (int r = a; r < b; r++) sum += hid[(size_t)r * c->n_embd + j];
             e[j] = (float)(sum / (b - a));
         }
+        if (m->dense[0].data && (st = dense_pair(m, e))) goto done;
         double ss = 0;
         for (int j = 0; j < c->n_embd; j++) ss += (double)e[j] * e[j];
         const float inv = ss > 0 ? (float)(1.0 / sqrt(ss)) : 0.0f;
@@ -1800,4 +1880,16 @@ void ag_embed_truncate(const float *in, int n_embd, int dims, float *out) {
     for (int j = 0; j < dims; j++) ss += (in[j] - mean) * (in[j] - mean);
     const double inv = ss > 0 ? 1.0 / sqrt(ss) : 0.0;
     for (int j = 0; j < dims; j++) out[j] = (float)((in[j] - mean) * inv);
+}
+
+void ag_model_embed_truncate(const ag_model *m, const float *in, int dims, float *out) {
+    const int n_embd = m->cfg.n_embd;
+    if (m->cfg.arch == AG_ARCH_NOMIC_BERT || dims >= n_embd) {
+        ag_embed_truncate(in, n_embd, dims, out);
+        return;
+    }
+    double ss = 0;
+    for (int j = 0; j < dims; j++) ss += (double)in[j] * in[j];
+    const double inv = ss > 0 ? 1.0 / sqrt(ss) : 0.0;
+    for (int j = 0; j < dims; j++) out[j] = (float)(in[j] * inv);
 }

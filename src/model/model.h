@@ -13,7 +13,9 @@
  * CPU only), and one encoder: nomic-bert
  * (nomic-embed-text: BERT post-LayerNorm layers with bias, fused QKV, RoPE,
  * SwiGLU, bidirectional attention), an embedding model that runs through
- * ag_model_embed only. Each is one entry of model.c's
+ * ag_model_embed only, and gemma-embedding (EmbeddingGemma: gemma3's layers
+ * attending both ways, then pooling and Dense projections), another. The file
+ * is a GGUF or a Hugging Face model folder (model/safetensors.h). Each is one entry of model.c's
  * architecture table. Anything else is a clear AG_ERR_UNSUPPORTED at load.
  *
  * Threading: an ag_model is immutable after load except for its per-step
@@ -39,6 +41,7 @@ typedef enum {
     AG_ARCH_QWEN3MOE,
     AG_ARCH_NOMIC_BERT,
     AG_ARCH_GPT_OSS,
+    AG_ARCH_GEMMA_EMBD,
     AG_ARCH_GRANITE_HYBRID
 } ag_arch;
 
@@ -238,6 +241,9 @@ ag_status ag_model_embed(ag_model *m, const int32_t *tok, const int32_t *start, 
  * scale goes with the normalization), then the first dims values,
  * L2-normalized. dims == n_embd copies the vector unchanged. out may alias in. */
 void ag_embed_truncate(const float *in, int n_embd, int dims, float *out);
+/* The truncation m's model card prescribes: nomic-bert's above; others
+ * (EmbeddingGemma) the first dims values, L2-normalized. */
+void ag_model_embed_truncate(const ag_model *m, const float *in, int dims, float *out);
 
 /* Output-matrix rows beyond ag_model_set_output_rows' prefix that a pass
  * computes too (ag_batch.head_extra): ids[n] (each past the prefix) and

@@ -2,24 +2,23 @@
  * ag_model_is_encoder). input: a string, a list of strings, a list of token
  * ids, or a list of lists of token ids; encoding_format "float" (default) or
  * "base64" (little-endian float32); dimensions: a Matryoshka truncation
- * (ag_embed_truncate). `model` and `user` cannot change the output and are
+ * (ag_model_embed_truncate: as the model card says). `model` and `user` cannot change the output and are
  * ignored. Texts get the tokenizer's special tokens ([CLS] ... [SEP]) with
  * special-token text kept as text; token-id inputs are taken as given.
- * The inputs of one request are packed into forward passes of up to
- * EMB_PASS_TOKENS tokens. The encoder's forward runs on the calling
- * connection thread under one lock (the engine thread never runs an
- * encoder: generation routes refuse such a model). */
-#include <pthread.h>
+ * The inputs go to the server's embedding engine (engine/embed.h): the
+ * inputs of every request waiting, this one's and other connections', are
+ * packed into shared forward passes of up to SRV_EMB_PASS_TOKENS tokens,
+ * taken from the requests in turn, as the generation engine packs waiting
+ * prompts; the connection thread waits for its vectors. (The generation
+ * engine never runs an encoder: generation routes refuse such a model.) */
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/conns.h"
 #include "server/embeddings.h"
 #include "server/server_impl.h"
 
-#define EMB_PASS_TOKENS 4096
 #define EMB_MAX_INPUTS 2048 /* OpenAI's limit on the inputs of one request */
-
-static pthread_mutex_t emb_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static void b64(const unsigned char *p, size_t n, ag_buf *out) {
     static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -82,7 +81,8 @@ void srv_route_embeddings(srv_req *rq, srv_resp *out) {
     int        n_in = 0, dims = c->n_embd;
     bool       base64 = false;
     float     *vec = NULL;
-    int32_t   *flat = NULL, *start = NULL;
+    const int32_t **seqs = NULL;
+    size_t        *lens = NULL;
     if (fmt && !json_is_null(fmt)) {
         const char *f = json_string_value(fmt);
         if (!f || (strcmp(f, "float") && strcmp(f, "base64"))) {
@@ -148,39 +148,27 @@ void srv_route_embeddings(srv_req *rq, srv_resp *out) {
         }
         total += (long)in[i].n;
     }
-    /* the forward passes: consecutive inputs packed up to EMB_PASS_TOKENS */
-    const int cap = EMB_PASS_TOKENS > c->n_ctx_train ? EMB_PASS_TOKENS : c->n_ctx_train;
-    vec = malloc(sizeof *vec * (size_t)n_in * c->n_embd);
-    flat = malloc(sizeof *flat * (size_t)cap);
-    start = malloc(sizeof *start * ((size_t)n_in + 1));
-    if (!vec || !flat || !start) {
+    const size_t n_inputs = (size_t)n_in; /* 1 .. EMB_MAX_INPUTS here */
+    vec = malloc(sizeof *vec * n_inputs * (size_t)c->n_embd);
+    seqs = calloc(n_inputs, sizeof *seqs);
+    lens = calloc(n_inputs, sizeof *lens);
+    if (!vec || !seqs || !lens) {
         srv_error(out, 500, "server_error", NULL, NULL, "out of memory");
         goto done;
     }
-    pthread_mutex_lock(&emb_mu);
-    ag_status st = AG_OK;
-    for (int i0 = 0; i0 < n_in && !st;) {
-        int i1 = i0, n = 0;
-        start[0] = 0;
-        while (i1 < n_in && (i1 == i0 || n + (long)in[i1].n <= EMB_PASS_TOKENS)) {
-            memcpy(flat + n, in[i1].ids, sizeof *flat * in[i1].n);
-            n += (int)in[i1].n;
-            start[i1 - i0 + 1] = n;
-            i1++;
-        }
-        st = ag_model_embed(s->model, flat, start, i1 - i0, vec + (size_t)i0 * c->n_embd);
-        i0 = i1;
-    }
-    pthread_mutex_unlock(&emb_mu);
-    if (st) {
-        srv_error(out, st == AG_ERR_INVALID ? 400 : 500, st == AG_ERR_INVALID ? "invalid_request_error" : "server_error",
-                  NULL, NULL, "%s", ag_error_message());
+    for (int i = 0; i < n_in; i++) seqs[i] = in[i].ids, lens[i] = in[i].n;
+    /* the request is in: the header deadline (conns.c) must not close the
+     * connection while it waits for its passes, which may take long */
+    if (rq->conn) srv_conn_answering(s, rq->conn);
+    ag_status st = ag_embedder_run(s->emb, seqs, lens, n_in, vec);
+    if (st) { /* 400 for a bad input, 429 with Retry-After when the queue is full, 503 when stopping */
+        srv_status_error(out, st, "input");
         goto done;
     }
     json_t *data = json_array();
     for (int i = 0; i < n_in; i++) {
         float *e = vec + (size_t)i * c->n_embd;
-        ag_embed_truncate(e, c->n_embd, dims, e);
+        ag_model_embed_truncate(s->model, e, dims, e);
         json_t *emb;
         if (base64) {
             ag_buf bb = {0};
@@ -199,7 +187,7 @@ void srv_route_embeddings(srv_req *rq, srv_resp *out) {
 done:
     inputs_free(in, n_in);
     free(vec);
-    free(flat);
-    free(start);
+    free(seqs);
+    free(lens);
     json_decref(b);
 }

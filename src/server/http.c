@@ -404,7 +404,15 @@ ag_status ag_server_new(const ag_server_params *pp, ag_engine *eng, ag_model *mo
     snprintf(s->fingerprint, sizeof s->fingerprint, "fp_%012llx", (unsigned long long)(h & 0xFFFFFFFFFFFFull));
 
     int fd = -1;
-    ag_status st = open_listener(p.host, p.port, &fd, &s->port);
+    ag_status st = AG_OK;
+    if (ag_model_is_encoder(model)) { /* its inputs from every connection share passes */
+        const ag_embedder_params ep = {.n_batch = SRV_EMB_PASS_TOKENS, .max_queue = p.max_connections};
+        if ((st = ag_embedder_new(model, &ep, &s->emb))) {
+            ag_server_free(s);
+            return st;
+        }
+    }
+    st = open_listener(p.host, p.port, &fd, &s->port);
     if (!st) st = srv_conns_start(s);
     if (st) {
         if (fd >= 0) close(fd);
@@ -451,6 +459,7 @@ void ag_server_free(ag_server *s) {
     ag_server_stop(s);
     if (s->daemon) MHD_stop_daemon(s->daemon);
     srv_conns_stop(s);
+    ag_embedder_free(s->emb); /* after the connections: none waits on it now */
     pthread_rwlock_destroy(&s->eng_lock);
     pthread_mutex_destroy(&s->gens_mu);
     srv_responses_free(s);

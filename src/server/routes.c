@@ -181,6 +181,16 @@ void srv_route_metrics(srv_req *rq, srv_resp *out) {
     metric(b, "kv_blocks_cached", "gauge",
            "KV cache blocks held only by the prefix cache (reusable prefixes, reclaimable).", st.kv_blocks_cached);
     if (st.prefix_cache) cache_metrics(b, &st.cache);
+    if (s->emb) { /* the embedding engine (engine/embed.h) */
+        ag_embedder_stats es;
+        ag_embedder_get_stats(s->emb, &es);
+        metric(b, "embed_requests_total", "counter", "Embedding requests queued.", (double)es.requests);
+        metric(b, "embed_inputs_total", "counter", "Embedding inputs run.", (double)es.inputs);
+        metric(b, "embed_tokens_total", "counter", "Tokens of embedding inputs run.", (double)es.tokens);
+        metric(b, "embed_passes_total", "counter", "Embedding forward passes.", (double)es.passes);
+        metric(b, "embed_shared_passes_total", "counter",
+               "Embedding passes that held inputs of more than one request.", (double)es.shared_passes);
+    }
     metric(b, "n_ctx", "gauge", "Context size per sequence.", st.n_ctx);
     metric(b, "n_parallel", "gauge", "Sequences run at once.", st.n_parallel);
     metric(b, "client_cancels_total", "counter", "Generations cancelled because the client went away.",

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "base/buf.h"
+#include "engine/embed.h"
 #include "sample/schema.h"
 #include "server/server.h"
 
@@ -25,6 +26,9 @@ struct srv_conn;
 /* Status codes counted for /metrics. */
 enum { SRV_CODE_SLOTS = 14 };
 extern const int srv_codes[SRV_CODE_SLOTS];
+
+/* Most tokens of one embedding pass (inputs of concurrent requests share it). */
+#define SRV_EMB_PASS_TOKENS 4096
 
 struct ag_server {
     ag_server_params p;
@@ -42,6 +46,7 @@ struct ag_server {
     int              n_ctx, n_parallel, n_vocab;
 
     ag_model        *model;
+    ag_embedder     *emb; /* an embedding model's engine (embeddings.c); NULL for a generative model */
     const ag_tok    *tok;
     const ag_chat   *chat;
     ag_tool_format   tool_format;

@@ -181,7 +181,9 @@ static size_t source_bytes(int32_t n_vocab_target, int32_t n_vocab_draft, size_t
 /* The draft's KV pool: max_seqs sequences of n_ctx (already clamped)
  * positions. */
 static ag_status draft_kv_params(const ag_model *m, int max_seqs, int n_ctx, ag_kv_params *kp) {
-    return ag_model_kv_params(m, AG_KV_F16, max_seqs, n_ctx, kp, NULL);
+    ag_status st = ag_model_kv_params(m, AG_KV_F16, max_seqs, n_ctx, kp, NULL);
+    kp->ring_step = CHUNK * max_seqs; /* (run_tokens reserves a chunk at most; each source may hold its last) */
+    return st;
 }
 
 static int clamp_ctx(const ag_model *m, int n_ctx) {
@@ -517,6 +519,10 @@ static int src_draft(ag_draft_source *base, const int32_t *feed, int n_feed, int
     ag_status st = AG_OK;
     if (!s->pending && n_feed == 0) {
         /* everything ran but the logits after it are gone: run the last again */
+        /* (a sliding-window ring keeps ring_slack positions past the
+         * last reserve: a position is always there to drop) */
+        if (!ag_kv_trimmable(dm->kv, s->seq, 1))
+            return fail(s, ag_errorf(AG_ERR_UNSUPPORTED, "the draft's KV cannot drop its last position"), "trim");
         if ((st = ag_kv_trim(dm->kv, s->seq, 1))) return fail(s, st, "trim");
         s->pending = true;
     }
@@ -571,7 +577,8 @@ static void src_commit(ag_draft_source *base, int d, int k) {
     s->d_open = -1;
     if (s->dead) return;
     int keep = k < s->fed ? k : s->fed;
-    if (s->fed > keep && ag_kv_trim(dm->kv, s->seq, s->fed - keep)) {
+    /* (a sliding-window ring may not reach back that far: ask first) */
+    if (s->fed > keep && (!ag_kv_trimmable(dm->kv, s->seq, s->fed - keep) || ag_kv_trim(dm->kv, s->seq, s->fed - keep))) {
         s->dead = true; /* cannot roll back: stop drafting (never propose from a wrong state) */
         return;
     }

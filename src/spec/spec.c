@@ -309,6 +309,16 @@ ag_status ag_spec_verify(ag_spec_seq *spec, ag_sampler *sampler, bool want_logpr
         if (i < d && !accepted) {
             /* The correction ends the round: trim and commit first. */
             out->accepted = i;
+            /* A sliding-window ring (kv.h) cannot drop every suffix, but
+             * always what the last step added: it recycles against the
+             * length the step's reserve started from, the pending token's
+             * position, and the rejected tail lies past it. So no snapshot
+             * is needed; a refusal here is a broken invariant. */
+            if (!ag_kv_trimmable(kv, kv_seq, d - i))
+                return ag_errorf(AG_ERR_INTERNAL,
+                                 "ag_spec_verify: the target's KV cannot drop the %d rejected positions (it can "
+                                 "drop %d)",
+                                 d - i, ag_kv_trim_limit(kv, kv_seq));
             if ((st = ag_kv_trim(kv, kv_seq, d - i))) return st;
             spec->src->ops->commit(spec->src, d, i);
             spec->n_seen += i; /* the source has the accepted drafts already */

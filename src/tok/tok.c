@@ -406,9 +406,10 @@ static unsigned char byte_token_value(const char *s, size_t len) {
 static ag_status piece_of(const ag_tok *tok, int32_t id, ag_buf *out) {
     const tok_entry *e = &tok->entries[id];
     const char      *s = tok->blob + e->off;
-    if (e->attr & (AG_TOK_ATTR_UNKNOWN | AG_TOK_ATTR_CONTROL | AG_TOK_ATTR_USER_DEFINED))
+    const bool ud = tok->ud_escaped && (e->attr & AG_TOK_ATTR_USER_DEFINED);
+    if (!ud && (e->attr & (AG_TOK_ATTR_UNKNOWN | AG_TOK_ATTR_CONTROL | AG_TOK_ATTR_USER_DEFINED)))
         return ag_buf_append(out, s, e->len);
-    if (e->attr & AG_TOK_ATTR_NORMAL) {
+    if (ud || (e->attr & AG_TOK_ATTR_NORMAL)) {
         if (tok->kind == TOK_SPM || tok->kind == TOK_WPM || tok->escape_ws) {
             for (uint32_t i = 0; i < e->len; i++) {
                 ag_status st;
@@ -577,6 +578,7 @@ ag_status ag_tok_new(const ag_tok_spec *spec, ag_tok **out) {
         tok->ignore_merges = pre_flags & PRE_IGNORE_MERGES;
         tok->add_bos = pre_flags & PRE_ADD_BOS;
         tok->escape_ws = pre_flags & PRE_ESCAPE_WS;
+        tok->ud_escaped = pre_flags & PRE_UD_ESCAPED;
         if (pre_flags & PRE_NO_BOS) tok->bos = -1;
     } else if (!strcmp(spec->model, "bert")) {
         /* WordPiece (llama.cpp's WPM defaults): [CLS] text [SEP] */

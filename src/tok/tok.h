@@ -95,6 +95,17 @@ ag_status ag_tok_from_gguf_pre(const ag_gguf *g, const char *pre, ag_tok **out);
 
 void ag_tok_free(ag_tok *tok); /* NULL-safe */
 
+/* Translates a Hugging Face tokenizer.json into GGUF tokenizer metadata
+ * (tokenizer.ggml.*), added to w, so that ag_tok_from_gguf builds the same
+ * tokenizer (tok_hf.c says which forms are taken). n_model > 0: the model's
+ * vocabulary size; added tokens past it (ids no embedding row has, such as
+ * EmbeddingGemma's <image_soft_token>) are left out, so their text is
+ * tokenized as text. A form whose behaviour augur does not reproduce exactly
+ * is AG_ERR_UNSUPPORTED, named; bad JSON is AG_ERR_FORMAT. Messages name the
+ * path. */
+typedef struct ag_gguf_writer ag_gguf_writer;
+ag_status ag_tok_hf_to_gguf(const char *path, int64_t n_model, ag_gguf_writer *w);
+
 /* ---- vocabulary ---- */
 
 int32_t     ag_tok_n_vocab(const ag_tok *tok);

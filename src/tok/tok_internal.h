@@ -64,6 +64,8 @@ enum {
     PRE_ADD_BOS       = 1 << 2, /* default add_bos for this pre-tokenizer */
     PRE_ESCAPE_WS     = 1 << 3, /* spaces become U+2581 before BPE (gemma4) */
     PRE_NO_BOS        = 1 << 4, /* the BOS id is unset for this pre (chatglm) */
+    PRE_UD_ESCAPED    = 1 << 5, /* user-defined tokens decode through the U+2581 escape too
+                                   (tokenizers' decoder chain sees every token) */
 };
 ag_status tok_pretok_new(const char *pre, tok_pretok **out, bool *byte_encode, unsigned *flags);
 void      tok_pretok_free(tok_pretok *p);
@@ -135,7 +137,7 @@ struct ag_tok {
     bool add_sep;         /* WordPiece: SEP after the text when adding specials */
     uint32_t max_tok_len; /* WordPiece: the longest token, in bytes */
     bool add_bos, add_eos, add_space_prefix, remove_extra_ws, clean_spaces, ignore_merges,
-        escape_ws;
+        escape_ws, ud_escaped;
     int32_t bos, eos, eot, eom, unk, sep, pad, mask, nl;
     int32_t fim_pre, fim_suf, fim_mid, fim_pad, fim_rep, fim_sep;
     int32_t *eog;

@@ -151,6 +151,9 @@ static const pre_def k_pre[] = {
     {"trillion|granite-docling", LIST(RE_GPT2), 0, false},
     {"gemma4|granite-embed-multi-311m", LIST(RE_NEWLINES), CLEAN | PRE_ESCAPE_WS, true},
     {"sarvam-moe", LIST(RE_NEWLINES), PRE_ESCAPE_WS, true},
+    /* not llama.cpp's: tokenizer.json's SentencePiece BPE (tok_hf.c), the
+     * whole text one word */
+    {"sentencepiece-bpe", (const char *const[]){NULL}, PRE_ESCAPE_WS | PRE_UD_ESCAPED, true},
     {"qwen2|deepseek-r1-qwen|kormo|f2llmv2|hunyuan|solar-open|grok-2", LIST(RE_QWEN2), 0, false},
     {"stablelm2|megrez", LIST(RE_QWEN2), CLEAN, false},
     {"qwen35", LIST(RE_QWEN35), 0, false},

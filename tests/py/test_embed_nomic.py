@@ -113,3 +113,39 @@ def test_embeddings_bad_input_is_400(server):
     assert code == 400 and "embedding model" in j["error"]["message"]
     code, j = _post(server, "/v1/embeddings", {"input": ["ok", "fine"]})
     assert code == 200 and len(j["data"]) == 2
+
+
+def test_concurrent_requests_share_passes(server):
+    # the embedding engine packs the inputs of concurrent requests into shared passes; a vector does
+    # not depend on what shares its pass, so each request gets exactly what it gets alone
+    import threading, urllib.request
+    items = _ref()
+    groups = [[it["text"] for it in items[i::6]] for i in range(6)]
+    alone = [_post(server, "/v1/embeddings", {"input": g})[1] for g in groups]
+
+    def metric(name):
+        with urllib.request.urlopen(server + "/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("augur_" + name + " "):
+                    return float(line.split()[1])
+
+    shared0 = metric("embed_shared_passes_total")
+    got = [None] * len(groups)
+
+    def run(k):
+        got[k] = _post(server, "/v1/embeddings", {"input": groups[k]})
+
+    for _ in range(3):  # a few tries: the requests must overlap to share a pass
+        ts = [threading.Thread(target=run, args=(k,)) for k in range(len(groups))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for (code, j), a in zip(got, alone):
+            assert code == 200
+            assert [d["embedding"] for d in j["data"]] == [d["embedding"] for d in a["data"]]
+            assert j["usage"] == a["usage"]
+        if metric("embed_shared_passes_total") > shared0:
+            break
+    assert metric("embed_shared_passes_total") > shared0
+    assert metric("embed_requests_total") >= 6 + len(groups)

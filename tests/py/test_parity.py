@@ -104,6 +104,36 @@ def test_gemma3_matches_llama_cpp(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("kind", ["prompt", "decode", "verify"])
+def test_gemma3_past_the_window_matches_llama_cpp(kind, tmp_path):
+    """1600 tokens, three times Gemma 3's 512-position sliding window: the
+    windowed layers keep a ring of it (kv.h), recycled as the sequence
+    grows, as prompt chunks, decode rows and verify windows."""
+    check(GEMMA3, "gemma3-long", tmp_path, **ROW_KINDS[kind])
+
+
+@pytest.mark.parametrize("kind", ["prompt", "verify"])
+def test_gemma3_ring_is_bit_identical_to_every_position(kind, tmp_path):
+    """The ring changes where the windowed layers' KV lives, never a bit of
+    the logits: 1200 tokens with and without it (AUGUR_KV_RING=0)."""
+    import subprocess
+    from conftest import AUGUR
+    require_model(GEMMA3)
+    ref = np.load(os.path.join(PARITY, "gemma3-long.npz"))
+    tok_file = tmp_path / "tokens.txt"
+    tok_file.write_text(" ".join(map(str, ref["tokens"][:1200].tolist())))
+    args = {"prompt": ["--chunk", "64"], "verify": ["--chunk", "5", "--decode"]}[kind]
+    outs = []
+    for ring in ("1", "0"):
+        out = tmp_path / f"ring{ring}.f32"
+        subprocess.run([AUGUR, "logits", "-m", GEMMA3, "--tokens", str(tok_file), "-o", str(out), *args],
+                       check=True, capture_output=True, timeout=900, env=dict(os.environ, AUGUR_KV_RING=ring))
+        outs.append(out.read_bytes())
+    assert len(outs[0]) == 1200 * int(ref["n_vocab"]) * 4
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.slow
 def test_qwen_05b_matches_llama_cpp(tmp_path):
     check(QWEN_05B, "qwen-0.5b", tmp_path)
 

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from conftest import QWEN_05B, SMOLLM2, TINY_GGUF, require_model, run_augur
+from conftest import GEMMA3, QWEN_05B, SMOLLM2, TINY_GGUF, require_model, run_augur
 
 CODE = '''def collect_even_squares(numbers, limit):
     """Return the squares of the even numbers below limit."""
@@ -320,3 +320,30 @@ def test_qwen_draft_model_pair_equals_plain():
         ngram = run_augur("run", "-m", QWEN_15B, "--chat", "-p", prompt, "-n", "64", "--temp", "0", "--draft",
                           "ngram", check=True, timeout=900)
         assert ngram.stdout == plain.stdout
+
+
+def test_sliding_window_ring_spec_equals_plain(tmp_path):
+    """Gemma 3's windowed layers keep a ring of their 512-position window
+    (kv.h): a verify window's rejected tail is dropped from it without a
+    snapshot, because the ring recycles only against the length the step
+    started from. A 700-token prompt (past the window before decoding
+    starts) and 160 greedy tokens: n-gram drafts and a draft model (gemma3
+    drafting for itself) give plain decoding's tokens, and so does plain
+    decoding with every position kept (AUGUR_KV_RING=0)."""
+    require_model(GEMMA3)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Repeat this code exactly, four times, then say done:\n" + CODE * 11)
+    args = ("run", "-m", GEMMA3, "-f", str(prompt), "-n", "160", "--temp", "0", "--ignore-eos")
+    plain = run_augur(*args, check=True, timeout=600)
+    import re
+    assert int(re.search(rb"prompt (\d+) tokens", plain.stderr).group(1)) > 600  # past the 512 window
+    ngram = run_augur(*args, "--draft", "ngram", "--draft-max", "8", check=True, timeout=600)
+    assert ngram.stdout == plain.stdout
+    assert b"drafted" in ngram.stderr
+    self_draft = run_augur(*args, "--draft", GEMMA3, check=True, timeout=600)
+    assert self_draft.stdout == plain.stdout
+    env = dict(os.environ, AUGUR_KV_RING="0")
+    import subprocess
+    from conftest import AUGUR
+    full = subprocess.run([AUGUR, *args], capture_output=True, timeout=600, env=env, check=True)
+    assert full.stdout == plain.stdout

@@ -1338,6 +1338,60 @@ static void attention_case(int HD, float softcap, int N_HEAD, int N_KV, int P1) 
     attention_case_sinks(HD, softcap, N_HEAD, N_KV, P1, false);
 }
 
+/* Bidirectional attention (encoders), whole and two-sided windowed (|p -
+ * pos| < w, EmbeddingGemma's sliding layers): two sequences in one prompt
+ * pass, against a double reference over the KV rows read back. The CPU's
+ * only (a backend without the layernorm op is never given bidirectional
+ * shapes). */
+static void attention_bidirectional(void **state) {
+    if (!g_be->ops->layernorm || !g_is_cpu) skip();
+    const int     HD = 64, NH = 4, NKV = 2, L0 = 70, L1 = 23;
+    const int32_t nowin[2] = {0, 0};
+    kv_fixture    f = make_kv(g_be, NKV, HD, nowin);
+    int32_t       pos[L0 + L1], seq[L0 + L1], toks[L0 + L1];
+    int           n = 0;
+    for (int i = 0; i < L0; i++) pos[n] = i, seq[n] = f.seq[0], toks[n++] = 0;
+    for (int i = 0; i < L1; i++) pos[n] = i, seq[n] = f.seq[1], toks[n++] = 0;
+    ag_batch_layout lay = {n, pos, seq, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
+    begin_pass(g_be, f.kv, &lay, toks);
+    float *q = randn((size_t)n * NH * HD, 1.0f), *k = randn((size_t)n * NKV * HD, 1.0f),
+          *v = randn((size_t)n * NKV * HD, 1.0f), *out = malloc(sizeof(float) * n * NH * HD);
+    const size_t row = (size_t)NKV * HD;
+    for (int wi = 0; wi < 2; wi++) {
+        const int     W = wi ? 16 : 0;
+        ag_attn_shape sh = {.layer = 0, .n_head = NH, .n_head_kv = NKV, .head_dim_k = HD, .head_dim_v = HD,
+                            .scale = 0.125f, .window = W, .bidirectional = true};
+        assert_int_equal(g_be->ops->kv_store(g_be, f.kv, &sh, &lay, k, v), AG_OK);
+        assert_int_equal(g_be->ops->attention(g_be, f.kv, &sh, &lay, q, out), AG_OK);
+        double *ref = calloc((size_t)n * NH * HD, sizeof(double));
+        float  *kr = malloc(sizeof(float) * row), *vr = malloc(sizeof(float) * row);
+        for (int t = 0; t < n; t++) {
+            const int end = (seq[t] == f.seq[0] ? L0 : L1) - 1;
+            const int lo = W && pos[t] - W + 1 > 0 ? pos[t] - W + 1 : 0, hi = W && pos[t] + W - 1 < end ? pos[t] + W - 1 : end;
+            for (int h = 0; h < NH; h++) {
+                const int g = h / (NH / NKV);
+                double    sc[128], mx = -INFINITY, sum = 0;
+                for (int p = lo; p <= hi; p++) {
+                    assert_int_equal(ag_kv_read(f.kv, 0, seq[t], p, kr, vr), AG_OK);
+                    double d = 0;
+                    for (int i = 0; i < HD; i++) d += (double)q[((size_t)t * NH + h) * HD + i] * kr[g * HD + i];
+                    sc[p - lo] = d * 0.125;
+                    if (sc[p - lo] > mx) mx = sc[p - lo];
+                }
+                for (int p = lo; p <= hi; p++) sum += sc[p - lo] = exp(sc[p - lo] - mx);
+                for (int p = lo; p <= hi; p++) {
+                    assert_int_equal(ag_kv_read(f.kv, 0, seq[t], p, kr, vr), AG_OK);
+                    for (int i = 0; i < HD; i++) ref[((size_t)t * NH + h) * HD + i] += sc[p - lo] / sum * vr[g * HD + i];
+                }
+            }
+        }
+        check(wi ? "bidirectional attention, window 16" : "bidirectional attention", out, ref, (size_t)n * NH * HD, 1e-3);
+        free(ref), free(kr), free(vr);
+    }
+    free(q), free(k), free(v), free(out);
+    ag_kv_free(f.kv);
+}
+
 /* The softmax's own exp against libm's double exp: within one float ulp
  * everywhere in [-110, 0], expf's float almost always, 0 below expf's
  * underflow, NaN kept. */
@@ -1394,6 +1448,7 @@ int main(void) {
         cmocka_unit_test(cands_rows),
         cmocka_unit_test(edit_rows),
         cmocka_unit_test(attention_paged),
+        cmocka_unit_test(attention_bidirectional),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1847,6 +1847,143 @@ static void model_prefix_reuse_gives_identical_logits(void **state) {
     ag_model_free(m);
 }
 
+
+/* ---- a kv with a sliding-window ring (kv.h) ---- */
+
+/* Layers 0 and 2 windowed (RW positions), 1 global. */
+enum { RL = 3, RW = 20 };
+static const int32_t k_rwin[RL] = {RW, 0, RW};
+
+static ag_kv *make_ring_kv(void) {
+    ag_kv_params p = ag_kv_default_params();
+    p.n_layers = RL;
+    p.n_kv_heads = NH;
+    p.head_dim_k = DK;
+    p.head_dim_v = DV;
+    p.block_size = BS;
+    p.dtype = AG_KV_F16;
+    p.max_seqs = 8;
+    p.layer_window = k_rwin;
+    p.ring = true;
+    p.ring_slack = 0;
+    p.ring_step = BS;
+    p.ring_blocks = 64;
+    p.budget_bytes = (size_t)1 << 20;
+    ag_kv *kv = NULL;
+    assert_int_equal(ag_kv_init(&p, &kv), AG_OK);
+    assert_int_equal(ag_kv_get_layout(kv)->n_ring_layers, 2);
+    return kv;
+}
+
+/* Prefills [len, n) of seq a block at a time, publishing the whole blocks
+ * after each (as the engine does for a ring model) when publish is set. */
+static void ring_prefill(ag_kv *kv, ag_cache *c, int32_t seq, const int32_t *tokens, int32_t n, bool publish) {
+    float k[NH * DK], v[NH * DV];
+    for (int32_t len = ag_kv_seq_len(kv, seq); len < n;) {
+        int32_t step = n - len < BS ? n - len : BS;
+        assert_int_equal(ag_kv_seq_reserve(kv, seq, step), AG_OK);
+        for (int32_t p = len; p < len + step; p++)
+            for (int l = 0; l < RL; l++) {
+                fill(stamp_of(tokens, p), l, k, v);
+                assert_int_equal(ag_kv_write(kv, l, seq, p, k, v), AG_OK);
+            }
+        len += step;
+        assert_int_equal(ag_kv_seq_commit(kv, seq, len), AG_OK);
+        if (publish) ag_cache_publish(c, seq, tokens, len - len % BS, 0);
+    }
+}
+
+/* What a query at len reads of seq: every position of the global layer,
+ * the window before len of the windowed ones. */
+static void ring_check_seq(const ag_kv *kv, int32_t seq, const int32_t *tokens) {
+    const int32_t len = ag_kv_seq_len(kv, seq);
+    float k[NH * DK], v[NH * DV], ek[NH * DK], ev[NH * DV];
+    for (int32_t p = 0; p < len; p++)
+        for (int l = 0; l < RL; l++) {
+            if (l != 1 && p < len - RW + 1) continue;
+            fill(stamp_of(tokens, p), l, ek, ev);
+            assert_int_equal(ag_kv_read(kv, l, seq, p, k, v), AG_OK);
+            for (int i = 0; i < NH * DK; i++) assert_true(k[i] == ek[i]);
+            for (int i = 0; i < NH * DV; i++) assert_true(v[i] == ev[i]);
+        }
+}
+
+static void ring_lookup_resumes_only_where_the_window_is_cached(void **state) {
+    (void)state;
+    ag_kv    *kv = make_ring_kv();
+    ag_cache *c = mem_cache(kv);
+    int32_t   a[64], b[64], s;
+    for (int i = 0; i < 64; i++) a[i] = b[i] = 100 + i;
+    for (int i = 30; i < 64; i++) b[i] = 900 + i; /* b shares a's first 30 tokens */
+
+    /* published chunk by chunk: every block keeps its ring block in the cache */
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    ring_prefill(kv, c, s, a, 64, true);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    assert_int_equal(ag_cache_lookup(c, s, b, 64, 63, 0), 30); /* mid-block: its window is all there */
+    ring_check_seq(kv, s, b);
+    ring_prefill(kv, c, s, b, 64, false);
+    ring_check_seq(kv, s, b);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    ag_cache_free(c);
+
+    /* published only at the end: the ring kept the last blocks' alone */
+    c = mem_cache(kv);
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    ring_prefill(kv, c, s, a, 64, false);
+    ag_cache_publish(c, s, a, 64, 0);
+    int32_t rn, first;
+    ag_kv_seq_ring_blocks(kv, s, &rn, &first);
+    assert_true(first > 1);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    /* b's 30 shared tokens need the ring blocks of [11, 30): gone, and so
+     * are those of every shorter prefix: nothing is adopted (rather than a
+     * prefix that the ring could not resume) */
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    assert_int_equal(ag_cache_lookup(c, s, b, 64, 63, 0), 0);
+    assert_int_equal(ag_kv_seq_len(kv, s), 0);
+    /* a itself: its last 63 positions' window is cached */
+    assert_int_equal(ag_cache_lookup(c, s, a, 64, 63, 0), 63);
+    ring_check_seq(kv, s, a);
+    /* a prompt that leaves a where its window's ring blocks are cached
+     * resumes there (inside a block); one that leaves it earlier, where the
+     * window reaches blocks the ring had let go, resumes nowhere */
+    int32_t x[64];
+    memcpy(x, a, sizeof x);
+    x[55] = 7;
+    assert_int_equal(ag_cache_lookup(c, s, x, 64, 63, 0), 55);
+    ring_check_seq(kv, s, x);
+    memcpy(x, a, sizeof x);
+    x[50] = 7; /* its window [31, 50) starts in block 3: gone */
+    assert_int_equal(ag_cache_lookup(c, s, x, 64, 63, 0), 0);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    ag_cache_free(c);
+
+    /* a longer match that cannot be resumed loses to a shorter one that
+     * can: a 60-token prompt published chunk by chunk, then decoded on (the
+     * ring moves on), then its trailing partial block published, without its
+     * ring block (gone by then) */
+    c = mem_cache(kv);
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    int32_t y[100];
+    for (int i = 0; i < 100; i++) y[i] = 300 + i;
+    ring_prefill(kv, c, s, y, 60, true);
+    ring_prefill(kv, c, s, y, 100, false);
+    ag_cache_publish(c, s, y, 60, 0);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    assert_int_equal(ag_cache_lookup(c, s, y, 60, 59, 0), 56); /* not 59: block 7's ring is not cached */
+    ring_check_seq(kv, s, y);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    ag_cache_free(c);
+    ag_kv_stats st;
+    ag_kv_get_stats(kv, &st);
+    assert_int_equal(st.blocks_free, st.n_blocks);
+    assert_int_equal(st.ring_blocks_free, st.ring_blocks);
+    ag_kv_free(kv);
+}
+
 int main(void) {
     ag_log_set_level(getenv("DBG") ? AG_LOG_DEBUG : AG_LOG_ERROR); /* the drops and failures below are meant to warn */
     const struct CMUnitTest tests[] = {
@@ -1876,6 +2013,7 @@ int main(void) {
         cmocka_unit_test(disk_restore_cancel_gives_everything_back),
         cmocka_unit_test(concurrent_restores_share_blocks),
         cmocka_unit_test(model_prefix_reuse_gives_identical_logits),
+        cmocka_unit_test(ring_lookup_resumes_only_where_the_window_is_cached),
     };
     return cmocka_run_group_tests(tests, disk_setup, disk_teardown);
 }

@@ -404,6 +404,58 @@ static void writer_reproduces_tiny_model(void **state) {
     ag_gguf_free(g);
 }
 
+static int released;
+static void count_release(void *owner) { released += *(int *)owner; }
+
+/* ag_gguf_open_composite: metadata from an image, tensors from elsewhere;
+ * the owner is released exactly once, on success (at free) and on failure. */
+static void composite_reads_parts(void **state) {
+    ag_gguf_writer *w = ag_gguf_writer_new();
+    assert_int_equal(ag_gguf_writer_add_str(w, "general.architecture", "llama"), AG_OK);
+    assert_int_equal(ag_gguf_writer_add_u32(w, "llama.block_count", 3), AG_OK);
+    uint8_t *img;
+    size_t   len;
+    assert_int_equal(ag_gguf_writer_to_memory(w, &img, &len), AG_OK);
+    static const float a[6] = {1, 2, 3, 4, 5, 6};
+    static const uint16_t b[3] = {1, 2, 3};
+    ag_gguf_tensor t[2] = {{.name = "a", .type = AG_TYPE_F32, .n_dims = 2, .ne = {3, 2}, .size = 24, .data = (const uint8_t *)a},
+                           {.name = "b", .type = AG_TYPE_BF16, .n_dims = 1, .ne = {3}, .size = 6, .data = (const uint8_t *)b}};
+    int one = 1;
+    released = 0;
+    ag_gguf *g = NULL;
+    assert_int_equal(ag_gguf_open_composite(img, len, t, 2, count_release, &one, &g), AG_OK);
+    {
+        uint64_t sl;
+        const char *arch = ag_gguf_get_str(g, "general.architecture", &sl);
+        assert_true(arch && sl == 5 && !memcmp(arch, "llama", 5));
+        int64_t bc;
+        assert_true(ag_gguf_get_i64(g, "llama.block_count", &bc) && bc == 3);
+    }
+    const ag_gguf_tensor *ta = ag_gguf_find_tensor(g, "a");
+    assert_non_null(ta);
+    assert_ptr_equal(ta->data, (const uint8_t *)a);
+    assert_int_equal(ta->n_elems, 6);
+    assert_int_equal(ta->ne[1], 2);
+    assert_int_equal(ta->ne[2], 1);
+    assert_non_null(ag_gguf_find_tensor(g, "b"));
+    assert_null(ag_gguf_find_tensor(g, "c"));
+    assert_int_equal(released, 0);
+    ag_gguf_free(g);
+    assert_int_equal(released, 1);
+    /* a wrong size, a duplicate name: refused, owner released */
+    t[1].size = 8;
+    assert_int_equal(ag_gguf_writer_to_memory(w, &img, &len), AG_OK);
+    assert_int_equal(ag_gguf_open_composite(img, len, t, 2, count_release, &one, &g), AG_ERR_FORMAT);
+    assert_null(g);
+    assert_int_equal(released, 2);
+    t[1].size = 6;
+    t[1].name = "a";
+    assert_int_equal(ag_gguf_writer_to_memory(w, &img, &len), AG_OK);
+    assert_int_equal(ag_gguf_open_composite(img, len, t, 2, count_release, &one, &g), AG_ERR_FORMAT);
+    assert_int_equal(released, 3);
+    ag_gguf_writer_free(w);
+}
+
 static void writer_refuses_bad_input(void **state) {
     ag_gguf_writer *w = ag_gguf_writer_new();
     assert_int_equal(ag_gguf_writer_add_u32(w, "k", 1), AG_OK);
@@ -856,6 +908,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(writer_round_trip_every_type),
         cmocka_unit_test(writer_reproduces_tiny_model),
         cmocka_unit_test(writer_refuses_bad_input),
+        cmocka_unit_test(composite_reads_parts),
         cmocka_unit_test(type_layouts),
         cmocka_unit_test(truncations_fail_cleanly),
         cmocka_unit_test(bit_flips_fail_cleanly),

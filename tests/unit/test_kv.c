@@ -1145,6 +1145,308 @@ static void memory_plan_matches_a_full_pool(void **state) {
     assert_int_equal(ag_kv_layout_for(&p, &lay, NULL), AG_ERR_INVALID);
 }
 
+
+/* ---- the sliding-window ring ------------------------------------------- */
+
+/* Three layers: 0 and 2 windowed (RW), 1 global, so the ring holds layers
+ * 0 and 2 (indices 0 and 1 of its blocks) and the main pool layer 1. */
+enum { RL = 3, RW = 20 };
+static const int32_t k_rwin[RL] = {RW, 0, RW};
+
+static ag_kv *make_ring_kv(int32_t main_blocks, int32_t ring_blocks, int32_t slack, int32_t max_seqs) {
+    ag_kv_params p = ag_kv_default_params();
+    p.n_layers = RL;
+    p.n_kv_heads = NH;
+    p.head_dim_k = DK;
+    p.head_dim_v = DV;
+    p.block_size = BS;
+    p.dtype = AG_KV_F32;
+    p.max_seqs = max_seqs;
+    p.layer_window = k_rwin;
+    p.ring = true;
+    p.ring_slack = slack;
+    p.ring_step = 8;
+    p.ring_blocks = ring_blocks;
+    size_t kr = ((size_t)NH * BS * DK * 4 + 63) / 64 * 64, vr = ((size_t)NH * BS * DV * 4 + 63) / 64 * 64;
+    p.budget_bytes = (size_t)main_blocks * (kr + vr); /* the main pool: one layer a block */
+    ag_kv *kv = NULL;
+    assert_int_equal(ag_kv_init(&p, &kv), AG_OK);
+    const ag_kv_layout *L = ag_kv_get_layout(kv);
+    assert_int_equal(L->n_ring_layers, 2);
+    assert_int_equal(L->ring_window, RW);
+    assert_int_equal(L->block_bytes, kr + vr);
+    assert_int_equal(L->ring_block_bytes, 2 * (kr + vr));
+    ag_kv_stats st;
+    ag_kv_get_stats(kv, &st);
+    assert_int_equal(st.n_blocks, main_blocks);
+    assert_int_equal(st.ring_blocks, ring_blocks);
+    assert_true(ag_kv_layer_ring(kv, 0) && !ag_kv_layer_ring(kv, 1) && ag_kv_layer_ring(kv, 2));
+    assert_false(ag_kv_can_trim(kv));
+    return kv;
+}
+
+static void ring_write(ag_kv *kv, int32_t seq, int32_t pos, uint32_t stamp) {
+    float k[NH * DK], v[NH * DV];
+    for (int l = 0; l < RL; l++) {
+        fill_pos(stamp, l, MOD32, k, v);
+        assert_int_equal(ag_kv_write(kv, l, seq, pos, k, v), AG_OK);
+    }
+}
+
+static void ring_append(ag_kv *kv, int32_t seq, int32_t n, const uint32_t *stamps) {
+    int32_t len = ag_kv_seq_len(kv, seq);
+    assert_int_equal(ag_kv_seq_reserve(kv, seq, n), AG_OK);
+    for (int32_t i = 0; i < n; i++) ring_write(kv, seq, len + i, stamps[len + i]);
+    assert_int_equal(ag_kv_seq_commit(kv, seq, len + n), AG_OK);
+}
+
+/* Every position of the global layer, and the window before len of the
+ * windowed ones, read back as written; positions the ring let go cannot be
+ * read from a windowed layer. */
+static void ring_check(const ag_kv *kv, int32_t seq, const uint32_t *stamps) {
+    const int32_t len = ag_kv_seq_len(kv, seq);
+    float k[NH * DK], v[NH * DV], ek[NH * DK], ev[NH * DV];
+    for (int32_t pos = 0; pos < len; pos++)
+        for (int l = 0; l < RL; l++) {
+            const bool in_window = l == 1 || pos >= len - RW + 1; /* what a query at len reads */
+            if (!in_window && pos + RW + 8 + 2 * BS < len) { /* long gone */
+                assert_int_equal(ag_kv_read(kv, l, seq, pos, k, v), AG_ERR_RANGE);
+                continue;
+            }
+            if (!in_window) continue;
+            fill_pos(stamps[pos], l, MOD32, ek, ev);
+            assert_int_equal(ag_kv_read(kv, l, seq, pos, k, v), AG_OK);
+            assert_memory_equal(k, ek, sizeof k);
+            assert_memory_equal(v, ev, sizeof v);
+        }
+}
+
+/* The trim limit computed here from what the ring holds (its first entry). */
+static int32_t expected_limit(const ag_kv *kv, int32_t seq) {
+    int32_t n, first;
+    ag_kv_seq_ring_blocks(kv, seq, &n, &first);
+    const int32_t len = ag_kv_seq_len(kv, seq);
+    if (first == 0) return len;
+    int32_t lim = len - (first * BS + RW - 1);
+    return lim > 0 ? lim : 0;
+}
+
+static void ring_keeps_only_the_window(void **state) {
+    (void)state;
+    ag_kv *kv = make_ring_kv(64, 64, 0, 2);
+    int32_t seq;
+    assert_int_equal(ag_kv_seq_new(kv, &seq), AG_OK);
+    uint32_t stamps[400];
+    for (int i = 0; i < 400; i++) stamps[i] = 1000u + (uint32_t)i;
+    for (int step = 0; step < 60; step++) {
+        const int32_t before = ag_kv_seq_len(kv, seq);
+        ring_append(kv, seq, 1 + step % 7, stamps);
+        ring_check(kv, seq, stamps);
+        int32_t n, first;
+        const int32_t *rt = ag_kv_seq_ring_blocks(kv, seq, &n, &first);
+        assert_non_null(rt);
+        for (int32_t i = 0; i < n; i++) assert_true(i < first ? rt[i] == -1 : rt[i] >= 0);
+        /* held: the window before the step's first position, rounded to blocks, and the step */
+        assert_true((n - first) * BS <= RW + 7 + 2 * BS);
+        ag_kv_stats st;
+        ag_kv_get_stats(kv, &st);
+        assert_int_equal(st.ring_blocks_free, 64 - (n - first));
+        assert_int_equal(ag_kv_trim_limit(kv, seq), expected_limit(kv, seq));
+        /* the step just taken can always be rolled back (no slack needed) */
+        assert_true(ag_kv_trimmable(kv, seq, ag_kv_seq_len(kv, seq) - before));
+    }
+    /* an explicit recycle (a step's start) lets go of what a reserve would */
+    {
+        int32_t n0, f0, n1, f1;
+        ag_kv_seq_ring_blocks(kv, seq, &n0, &f0);
+        ag_kv_seq_recycle(kv, seq);
+        ag_kv_seq_ring_blocks(kv, seq, &n1, &f1);
+        const int32_t lo = ag_kv_seq_len(kv, seq) - RW + 1;
+        assert_int_equal(n1, n0);
+        assert_int_equal(f1, lo > 0 ? lo / BS : 0);
+        assert_true(f1 >= f0);
+        ring_check(kv, seq, stamps);
+    }
+    /* a trim past the limit is refused and changes nothing */
+    const int32_t len = ag_kv_seq_len(kv, seq), lim = ag_kv_trim_limit(kv, seq);
+    assert_true(lim < len);
+    assert_false(ag_kv_trimmable(kv, seq, lim + 1));
+    assert_int_equal(ag_kv_trim(kv, seq, lim + 1), AG_ERR_UNSUPPORTED);
+    assert_int_equal(ag_kv_seq_len(kv, seq), len);
+    ring_check(kv, seq, stamps);
+    /* a trim within it, then new history over the dropped positions */
+    assert_int_equal(ag_kv_trim(kv, seq, lim), AG_OK);
+    for (int i = len - lim; i < 400; i++) stamps[i] = 50000u + (uint32_t)i;
+    ring_check(kv, seq, stamps);
+    ring_append(kv, seq, 6, stamps);
+    ring_check(kv, seq, stamps);
+    ag_kv_free(kv);
+}
+
+static void ring_slack_reaches_further_back(void **state) {
+    (void)state;
+    ag_kv *kv = make_ring_kv(64, 64, 12, 1);
+    int32_t seq;
+    assert_int_equal(ag_kv_seq_new(kv, &seq), AG_OK);
+    uint32_t stamps[200];
+    for (int i = 0; i < 200; i++) stamps[i] = 7u + (uint32_t)i;
+    for (int step = 0; step < 40; step++) {
+        ring_append(kv, seq, 3, stamps);
+        /* with 12 positions of slack, 12 can always go, whatever the steps */
+        assert_true(ag_kv_trimmable(kv, seq, 12 < ag_kv_seq_len(kv, seq) ? 12 : ag_kv_seq_len(kv, seq)));
+    }
+    assert_int_equal(ag_kv_trim(kv, seq, 12), AG_OK);
+    for (int i = ag_kv_seq_len(kv, seq); i < 200; i++) stamps[i] = 90000u + (uint32_t)i;
+    ring_append(kv, seq, 5, stamps);
+    ring_check(kv, seq, stamps);
+    ag_kv_free(kv);
+}
+
+static void ring_fork_adopt_swap(void **state) {
+    (void)state;
+    ag_kv *kv = make_ring_kv(128, 64, 0, 4);
+    int32_t a, b, c;
+    assert_int_equal(ag_kv_seq_new(kv, &a), AG_OK);
+    assert_int_equal(ag_kv_seq_new(kv, &b), AG_OK);
+    assert_int_equal(ag_kv_seq_new(kv, &c), AG_OK);
+    uint32_t sa[200], sb[200];
+    for (int i = 0; i < 200; i++) sa[i] = sb[i] = 300u + (uint32_t)i;
+    for (int i = 0; i < 20; i++) ring_append(kv, a, 5, sa);
+    assert_int_equal(ag_kv_seq_len(kv, a), 100);
+    /* fork at the full length shares the window; a fork at a length whose window left the ring cannot be */
+    assert_true(ag_kv_ring_covers(kv, a, 100));
+    assert_false(ag_kv_ring_covers(kv, a, 50));
+    assert_int_equal(ag_kv_fork(kv, b, a, 50), AG_ERR_UNSUPPORTED);
+    assert_int_equal(ag_kv_fork(kv, b, a, 100), AG_OK);
+    ring_check(kv, b, sb);
+    /* the two continue apart: a copy-on-write of the shared ring tail */
+    for (int i = 100; i < 200; i++) sb[i] = 7000u + (uint32_t)i;
+    ring_append(kv, b, 9, sb);
+    ring_append(kv, a, 9, sa);
+    ring_check(kv, a, sa);
+    ring_check(kv, b, sb);
+    /* adopt: a's tables as the prefix cache would hand them */
+    int32_t nb, rn, first;
+    const int32_t *mt = ag_kv_seq_blocks(kv, a, &nb);
+    const int32_t *rt = ag_kv_seq_ring_blocks(kv, a, &rn, &first);
+    int32_t main_ids[64], ring_ids[64];
+    memcpy(main_ids, mt, sizeof(int32_t) * (size_t)nb);
+    memcpy(ring_ids, rt, sizeof(int32_t) * (size_t)rn);
+    const int32_t len = ag_kv_seq_len(kv, a);
+    assert_int_equal(ag_kv_seq_adopt_ring(kv, c, main_ids, ring_ids, nb, len), AG_OK);
+    ring_check(kv, c, sa);
+    const int32_t need = ag_kv_ring_first_needed(kv, len);
+    assert_int_equal(need, (len - RW + 1) / BS);
+    ring_ids[need] = -1; /* a hole in the window: not adoptable */
+    assert_int_equal(ag_kv_seq_adopt_ring(kv, c, main_ids, ring_ids, nb, len), AG_ERR_UNSUPPORTED);
+    assert_int_equal(ag_kv_seq_adopt(kv, c, main_ids, nb, len), AG_ERR_UNSUPPORTED);
+    /* swap out and in: the history and the window come back */
+    const size_t bytes = ag_kv_swap_bytes(kv, len);
+    const ag_kv_layout *L = ag_kv_get_layout(kv);
+    assert_int_equal(bytes, (size_t)nb * L->block_bytes + (size_t)(nb - need) * L->ring_block_bytes);
+    void *buf = malloc(bytes);
+    int32_t got;
+    assert_int_equal(ag_kv_seq_swap_out(kv, a, buf, bytes, &got), AG_OK);
+    assert_int_equal(got, len);
+    assert_int_equal(ag_kv_seq_free(kv, a), AG_OK);
+    assert_int_equal(ag_kv_seq_new(kv, &a), AG_OK);
+    assert_int_equal(ag_kv_seq_swap_in(kv, a, len, buf, bytes), AG_OK);
+    ring_check(kv, a, sa);
+    ring_append(kv, a, 4, sa);
+    ring_check(kv, a, sa);
+    free(buf);
+    /* everything back in the pools once the sequences go */
+    for (int32_t s = 0; s < 4; s++)
+        if (ag_kv_seq_live(kv, s)) assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    ag_kv_stats st;
+    ag_kv_get_stats(kv, &st);
+    assert_int_equal(st.blocks_free, st.n_blocks);
+    assert_int_equal(st.ring_blocks_free, st.ring_blocks);
+    ag_kv_free(kv);
+}
+
+/* The hook the prefix cache installs: gives back the ring blocks it holds. */
+typedef struct {
+    ag_kv  *kv;
+    int32_t held[64];
+    int32_t n_held, calls;
+} reclaim_state;
+
+static int32_t reclaim_some(void *user, int32_t n) {
+    reclaim_state *r = user;
+    int32_t freed = 0;
+    r->calls++;
+    for (int32_t j = r->n_held - 1; j >= 0 && freed < n; j--) { /* only blocks no sequence holds */
+        if (ag_kv_ring_block_refcount(r->kv, r->held[j]) != 1) continue;
+        assert_int_equal(ag_kv_ring_block_unref(r->kv, r->held[j]), AG_OK);
+        r->held[j] = r->held[--r->n_held];
+        freed++;
+    }
+    return freed;
+}
+
+static void ring_pool_reclaims_from_holders(void **state) {
+    (void)state;
+    ag_kv *kv = make_ring_kv(64, 6, 0, 1);
+    int32_t seq;
+    assert_int_equal(ag_kv_seq_new(kv, &seq), AG_OK);
+    uint32_t stamps[200];
+    for (int i = 0; i < 200; i++) stamps[i] = 11u + (uint32_t)i;
+    reclaim_state r = {.kv = kv};
+    /* an outside holder keeps each ring block the sequence lets go */
+    for (int step = 0; step < 12; step++) {
+        int32_t n, first;
+        const int32_t *rt = ag_kv_seq_ring_blocks(kv, seq, &n, &first);
+        for (int32_t i = first; rt && i < n; i++) {
+            bool have = false;
+            for (int32_t j = 0; j < r.n_held; j++) have |= r.held[j] == rt[i];
+            if (!have && r.n_held < 64) assert_int_equal(ag_kv_ring_block_ref(kv, rt[i]), AG_OK), r.held[r.n_held++] = rt[i];
+        }
+        ag_status st = ag_kv_seq_reserve(kv, seq, 8);
+        if (st == AG_ERR_NOMEM) { /* no hook yet: refused, nothing changed; then the hook frees what it holds */
+            assert_int_equal(r.calls, 0);
+            ag_kv_set_ring_reclaim(kv, reclaim_some, &r);
+            st = ag_kv_seq_reserve(kv, seq, 8);
+            assert_true(r.calls > 0);
+        }
+        assert_int_equal(st, AG_OK);
+        const int32_t len = ag_kv_seq_len(kv, seq);
+        for (int32_t i = 0; i < 8; i++) ring_write(kv, seq, len + i, stamps[len + i]);
+        assert_int_equal(ag_kv_seq_commit(kv, seq, len + 8), AG_OK);
+        ring_check(kv, seq, stamps);
+    }
+    assert_true(r.calls > 0);
+    while (r.n_held) assert_int_equal(ag_kv_ring_block_unref(kv, r.held[--r.n_held]), AG_OK);
+    ag_kv_free(kv);
+}
+
+static void ring_memory_plan(void **state) {
+    (void)state;
+    ag_kv_params p = ag_kv_default_params();
+    p.n_layers = RL;
+    p.n_kv_heads = NH;
+    p.head_dim_k = DK;
+    p.head_dim_v = DV;
+    p.block_size = BS;
+    p.max_seqs = 3;
+    p.layer_window = k_rwin;
+    p.budget_bytes = 1 << 20;
+    size_t off, on;
+    assert_int_equal(ag_kv_memory_bytes(&p, 1000, &off), AG_OK);
+    p.ring = true;
+    assert_int_equal(ag_kv_memory_bytes(&p, 1000, &on), AG_OK);
+    ag_kv *kv = NULL;
+    assert_int_equal(ag_kv_init(&p, &kv), AG_OK);
+    ag_kv_stats st;
+    ag_kv_get_stats(kv, &st);
+    /* the same budget buys a main pool of one layer a block, plus the ring's pool */
+    const ag_kv_layout *L = ag_kv_get_layout(kv);
+    assert_int_equal(st.ring_blocks, ag_kv_ring_blocks_for(&p, 3, p.ring_step) * 3 / 2);
+    assert_int_equal(st.ring_pool_bytes, (size_t)st.ring_blocks * L->ring_block_bytes);
+    assert_true(on > off); /* (same main budget: the ring pool comes on top) */
+    ag_kv_free(kv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(params_are_validated),
@@ -1165,6 +1467,11 @@ int main(void) {
         cmocka_unit_test(randomized_f32),
         cmocka_unit_test(randomized_f16),
         cmocka_unit_test(memory_plan_matches_a_full_pool),
+        cmocka_unit_test(ring_keeps_only_the_window),
+        cmocka_unit_test(ring_slack_reaches_further_back),
+        cmocka_unit_test(ring_fork_adopt_swap),
+        cmocka_unit_test(ring_pool_reclaims_from_holders),
+        cmocka_unit_test(ring_memory_plan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -721,6 +722,92 @@ static void random_bytes_round_trip_spm(void **state) {
     ag_tok_free(tok);
 }
 
+/* ---- tokenizer.json (tok_hf.c) ----
+ * A SentencePiece BPE in tokenizers' form, worked by hand: "ab abc" is one
+ * word "ab▁abc"; (a,b) rank 0 merges twice (leftmost first), then (▁,ab)
+ * rank 1: ab ▁ab c. "é" has no token: its bytes <0xC3> <0xA9>. "<x>" is
+ * an added, non-special token, matched inside text. */
+static const char k_hf_json[] =
+    "{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,"
+    "\"added_tokens\":["
+    "{\"id\":0,\"content\":\"<pad>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true},"
+    "{\"id\":1,\"content\":\"<eos>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true},"
+    "{\"id\":2,\"content\":\"<bos>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true},"
+    "{\"id\":3,\"content\":\"<unk>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":true},"
+    "{\"id\":13,\"content\":\"<x>\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":false},"
+    "{\"id\":14,\"content\":\"\xE2\x96\x81\xE2\x96\x81\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\"normalized\":false,\"special\":false}],"
+    "\"normalizer\":{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},\"content\":\"\xE2\x96\x81\"},"
+    "\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"String\":\" \"},\"behavior\":\"MergedWithPrevious\",\"invert\":false},"
+    "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":{\"id\":\"<bos>\",\"type_id\":0}},"
+    "{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"<eos>\",\"type_id\":0}}],\"pair\":[],"
+    "\"special_tokens\":{\"<bos>\":{\"id\":\"<bos>\",\"ids\":[2],\"tokens\":[\"<bos>\"]},"
+    "\"<eos>\":{\"id\":\"<eos>\",\"ids\":[1],\"tokens\":[\"<eos>\"]}}},"
+    "\"decoder\":null,"
+    "\"model\":{\"type\":\"BPE\",\"dropout\":null,\"unk_token\":\"<unk>\",\"continuing_subword_prefix\":null,"
+    "\"end_of_word_suffix\":null,\"fuse_unk\":true,\"byte_fallback\":true,\"ignore_merges\":false,"
+    "\"vocab\":{\"<pad>\":0,\"<eos>\":1,\"<bos>\":2,\"<unk>\":3,\"<0xC3>\":4,\"<0xA9>\":5,\"a\":6,\"b\":7,"
+    "\"\xE2\x96\x81\":8,\"ab\":9,\"\xE2\x96\x81" "ab\":10,\"c\":11,\"bc\":12,\"<x>\":13,\"\xE2\x96\x81\xE2\x96\x81\":14@BYTES@},"
+    "\"merges\":[[\"a\",\"b\"],[\"\xE2\x96\x81\",\"ab\"],[\"b\",\"c\"]]}}";
+
+/* Writes json with "@BYTES@" replaced by the byte tokens the vocabulary
+ * lacks (all but <0xC3> and <0xA9>, ids 15 on): tokenizer.json needs all 256. */
+static ag_status hf_tok_from(const char *json, ag_tok **tok) {
+    char  path[] = "/tmp/augur_tokjson_XXXXXX";
+    int   fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    const char *at = strstr(json, "@BYTES@");
+    fwrite(json, 1, (size_t)(at - json), f);
+    for (int b = 0, id = 15; b < 256; b++)
+        if (b != 0xC3 && b != 0xA9) fprintf(f, ",\"<0x%02X>\":%d", b, id++);
+    fputs(at + 7, f);
+    fclose(f);
+    ag_gguf_writer *w = ag_gguf_writer_new();
+    ag_status       st = ag_tok_hf_to_gguf(path, 0, w);
+    unlink(path);
+    uint8_t *img = NULL;
+    size_t   len;
+    ag_gguf *g = NULL;
+    if (!st) st = ag_gguf_writer_to_memory(w, &img, &len);
+    if (!st) st = ag_gguf_open_memory(img, len, &g);
+    if (!st) st = ag_tok_from_gguf(g, tok);
+    ag_gguf_free(g);
+    free(img);
+    ag_gguf_writer_free(w);
+    return st;
+}
+
+static void expect_ids(const ag_tok *tok, const char *text, const int32_t *want, size_t n_want) {
+    int32_t *ids;
+    size_t   n;
+    assert_int_equal(ag_tok_encode(tok, text, strlen(text), true, false, &ids, &n), AG_OK);
+    assert_int_equal(n, n_want);
+    for (size_t i = 0; i < n; i++) assert_int_equal(ids[i], want[i]);
+    free(ids);
+}
+
+static void tokenizer_json_sentencepiece_bpe(void **state) {
+    ag_tok *tok = NULL;
+    assert_int_equal(hf_tok_from(k_hf_json, &tok), AG_OK);
+    expect_ids(tok, "ab abc", (const int32_t[]){2, 9, 10, 11, 1}, 5);
+    expect_ids(tok, "bc", (const int32_t[]){2, 12, 1}, 3);
+    expect_ids(tok, "\xC3\xA9", (const int32_t[]){2, 4, 5, 1}, 4);
+    expect_ids(tok, "a<x>b", (const int32_t[]){2, 6, 13, 7, 1}, 5);
+    assert_int_equal(ag_tok_unk(tok), 3);
+    ag_buf out = {0};
+    /* an added token decodes through the escape too (tokenizers' decoder sees it) */
+    assert_int_equal(ag_tok_decode(tok, (const int32_t[]){9, 10, 11, 4, 5, 14}, 6, 0, &out), AG_OK);
+    assert_int_equal(out.len, 10);
+    assert_memory_equal(out.data, "ab abc\xC3\xA9  ", 10);
+    ag_buf_free(&out);
+    ag_tok_free(tok);
+    /* a normalizer it does not reproduce is refused, not approximated */
+    char *bad = strdup(k_hf_json);
+    char *at = strstr(bad, "\"normalizer\":{\"type\":\"Replace\"");
+    memcpy(at + 22, "NFKC___", 7);
+    assert_int_equal(hf_tok_from(bad, &tok), AG_ERR_UNSUPPORTED);
+    free(bad);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(spm_merges_highest_score_first),
@@ -738,6 +825,7 @@ int main(void) {
         cmocka_unit_test(detok_stream_equals_decode),
         cmocka_unit_test(detok_after_context_continues_the_text),
         cmocka_unit_test(stories260k_from_gguf),
+        cmocka_unit_test(tokenizer_json_sentencepiece_bpe),
         cmocka_unit_test(concurrent_encodes_agree),
         cmocka_unit_test(random_bytes_round_trip_spm),
     };

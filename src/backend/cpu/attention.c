@@ -22,7 +22,7 @@ ag_status ag_cpu_kv_store(ag_kv *kv, const ag_attn_shape *s, const ag_batch_layo
     const size_t kd = (size_t)s->n_head_kv * s->head_dim_k, vd = (size_t)s->n_head_kv * s->head_dim_v;
     for (int t = 0; t < b->n; t++) {
         int32_t block, off;
-        ag_status st = ag_kv_slot(kv, b->seq[t], b->pos[t], &block, &off);
+        ag_status st = ag_kv_layer_slot(kv, b->seq[t], s->layer, b->pos[t], &block, &off);
         if (st) return st;
         uint8_t *kb = ag_kv_block_k(kv, s->layer, block);
         uint8_t *vb = ag_kv_block_v(kv, s->layer, block);
@@ -483,7 +483,7 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     const int in_place = !wide && direct_f16 && L->dtype == AG_KV_F16 && dk % 8 == 0 && dv % 8 == 0 &&
                          L->row_bytes_k == (size_t)dk * 2 && L->row_bytes_v == (size_t)dv * 2;
     int32_t n_blocks;
-    const int32_t *table = ag_kv_seq_blocks(kv, b->seq[t0], &n_blocks);
+    const int32_t *table = ag_kv_seq_layer_blocks(kv, b->seq[t0], s->layer, &n_blocks);
 
     /* the visible range [lo_t, pos_t] of each row, and their union [lo_min, pos_max] */
     int lo[AG_ATTN_MAX_ROWS], hi[AG_ATTN_MAX_ROWS], lo_min = INT32_MAX, pos_max = 0, stride = 0;
@@ -491,12 +491,13 @@ void ag_cpu_attention_rows(ag_kv *kv, const ag_attn_shape *s, const ag_batch_lay
     for (int t = 0; s->bidirectional && t < b->n; t++)
         if (b->seq[t] == b->seq[t0] && b->pos[t] > seq_end) seq_end = b->pos[t];
     for (int i = 0; i < nt; i++) {
-        const int pos = s->bidirectional ? seq_end : b->pos[t0 + i];
-        hi[i] = pos;
+        /* a window is two-sided when bidirectional: |pos - p| < window */
+        const int pos = b->pos[t0 + i];
+        hi[i] = !s->bidirectional ? pos : s->window > 0 && pos + s->window - 1 < seq_end ? pos + s->window - 1 : seq_end;
         lo[i] = s->window > 0 && pos - s->window + 1 > 0 ? pos - s->window + 1 : 0;
         lo_min = lo[i] < lo_min ? lo[i] : lo_min;
-        pos_max = pos > pos_max ? pos : pos_max;
-        stride = pos - lo[i] + 1 > stride ? pos - lo[i] + 1 : stride;
+        pos_max = hi[i] > pos_max ? hi[i] : pos_max;
+        stride = hi[i] - lo[i] + 1 > stride ? hi[i] - lo[i] + 1 : stride;
     }
 
     /* scratch: kvbuf[bs * max(dk, dv)], qh[nt * group * dk], sc[nt * group * stride], acc[nt * group * dv] */
@@ -636,7 +637,8 @@ size_t ag_cpu_attention_scratch_floats(int block_size, const ag_attn_shape *s, i
     const size_t group = (size_t)(s->n_head / s->n_head_kv);
     const size_t dmax = (size_t)(s->head_dim_k > s->head_dim_v ? s->head_dim_k : s->head_dim_v);
     size_t n_pos = (size_t)max_pos + 1;
-    if (s->window > 0 && n_pos > (size_t)s->window) n_pos = (size_t)s->window;
+    const size_t w = s->bidirectional ? 2 * (size_t)s->window - 1 : (size_t)s->window;
+    if (s->window > 0 && n_pos > w) n_pos = w;
     return (size_t)block_size * dmax +
            AG_ATTN_MAX_ROWS * group * ((size_t)s->head_dim_k + n_pos + (size_t)s->head_dim_v);
 }

@@ -21,7 +21,7 @@ static inline kv_geom geom_of(ag_kv *kv, int layer) {
     kv_geom             g;
     g.k0 = (uint8_t *)ag_kv_block_k(kv, layer, 0);
     g.v_off = (size_t)((uint8_t *)ag_kv_block_v(kv, layer, 0) - g.k0);
-    g.block_bytes = L->block_bytes;
+    g.block_bytes = ag_kv_layer_block_stride(kv, layer); /* (a ring layer's pool has its own) */
     g.head_stride_k = L->head_stride_k;
     g.head_stride_v = L->head_stride_v;
     g.row_bytes_k = L->row_bytes_k;

@@ -423,6 +423,7 @@ ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const
         return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA attention: head_dim_v %d (max %d), %d heads over %d kv heads",
                          sh->head_dim_v, ATT_MAX_DV, sh->n_head, sh->n_head_kv);
     if (b->n <= 0) return AG_OK;
+    kv_select(s, kv, sh->layer);
     kv_geom   g = geom_of(kv, sh->layer);
     const bool f16 = ag_kv_get_layout(kv)->dtype == AG_KV_F16;
     /* decode rows: one block per (row, head); prompt rows: tiles (see begin) */

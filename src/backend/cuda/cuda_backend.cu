@@ -212,6 +212,11 @@ ag_status reserve_xh(cuda_state *s, int n, int K) {
 static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay, const int32_t *tokens) {
     cuda_state *s = st_of(be);
     const int   n = lay->n;
+    /* a sliding-window ring (kv.h): a second table per sequence, and a ring slot per token */
+    const bool ring = ag_kv_get_layout(kv)->n_ring_layers > 0;
+    int        ring_layer = -1;
+    for (int l = 0; ring && l < ag_kv_get_layout(kv)->n_layers && ring_layer < 0; l++)
+        if (ag_kv_layer_ring(kv, l)) ring_layer = l;
     /* tables of the distinct sequences, concatenated; tok_table[i] = where
      * token i's starts. A sequence's tokens are contiguous in the engine's
      * batches, so "seen" is usually the previous token. */
@@ -222,10 +227,10 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         if (seen) continue;
         int32_t nb = 0;
         ag_kv_seq_blocks(kv, lay->seq[i], &nb);
-        n_table += (size_t)nb;
+        n_table += (size_t)nb * (ring ? 2 : 1);
     }
-    /* tables after the draws and requests, which sit at fixed offsets; then the big tiles */
-    size_t need = 9 * (size_t)n + 1 + n_table + (BTILE_MAX - 1) * ((size_t)n + 1);
+    /* tables after the draws, requests and ring slots, which sit at fixed offsets; then the big tiles */
+    size_t need = 11 * (size_t)n + 1 + n_table + (BTILE_MAX - 1) * ((size_t)n + 1);
     if (need > s->cap_pinned) {
         if (s->h_pinned) cudaFreeHost(s->h_pinned);
         s->h_pinned = NULL;
@@ -261,7 +266,8 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     }
     int32_t *h = s->h_pinned;
     int32_t *h_tok = h, *h_pos = h + n, *h_slot = h + 2 * n, *h_tt = h + 3 * n, *h_tiles = h + 4 * n,
-            *h_draws = h + 5 * n + 1, *h_reqs = h + 8 * n + 1, *h_tab = h + 9 * n + 1;
+            *h_draws = h + 5 * n + 1, *h_reqs = h + 8 * n + 1, *h_rslot = h + 9 * n + 1, *h_rtt = h + 10 * n + 1,
+            *h_tab = h + 11 * n + 1;
     /* the pick op's draws (3 words an output row: u's low and high halves,
      * 1/T's bits), uploaded with the rest so a replayed pass reads this
      * pass's draws */
@@ -295,7 +301,7 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         }
         bt[nb] = n;
         s->n_btiles[r - 2] = nb;
-        s->d_btiles[r - 2] = s->d_ints + 9 * n + 1 + n_table + (size_t)(r - 2) * ((size_t)n + 1);
+        s->d_btiles[r - 2] = s->d_ints + 11 * n + 1 + n_table + (size_t)(r - 2) * ((size_t)n + 1);
     }
     const ag_kv_layout *L = ag_kv_get_layout(kv);
     size_t used = 0;
@@ -305,18 +311,34 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
         int32_t block, off;
         if ((st = ag_kv_slot(kv, lay->seq[i], lay->pos[i], &block, &off))) return st;
         h_slot[i] = block * L->block_size + off;
+        h_rslot[i] = h_slot[i];
+        if (ring) {
+            if ((st = ag_kv_layer_slot(kv, lay->seq[i], ring_layer, lay->pos[i], &block, &off))) return st;
+            h_rslot[i] = block * L->block_size + off;
+        }
         int first = i > 0 && lay->seq[i - 1] == lay->seq[i] ? i - 1 : i;
         for (int k = 0; k < i && first == i; k++)
             if (lay->seq[k] == lay->seq[i]) first = k;
         if (first != i) {
             h_tt[i] = h_tt[first];
+            h_rtt[i] = h_rtt[first];
             continue;
         }
         int32_t        nb = 0;
         const int32_t *t = ag_kv_seq_blocks(kv, lay->seq[i], &nb);
-        h_tt[i] = (int32_t)used;
+        h_tt[i] = h_rtt[i] = (int32_t)used;
         memcpy(h_tab + used, t, sizeof(int32_t) * (size_t)nb);
         used += (size_t)nb;
+        if (ring) {
+            /* entries the ring recycled (-1) are never in a row's window, but a
+             * prompt tile stages whole chunks (the masked positions before
+             * the window start included): point them at a live block */
+            int32_t        rn = 0, rfirst = 0;
+            const int32_t *rt = ag_kv_seq_ring_blocks(kv, lay->seq[i], &rn, &rfirst);
+            h_rtt[i] = (int32_t)used;
+            for (int32_t j = 0; j < nb; j++) h_tab[used + j] = rt && j < rn && rt[j] >= 0 ? rt[j] : rt && rfirst < rn ? rt[rfirst] : 0;
+            used += (size_t)nb;
+        }
     }
     if (used != n_table) return ag_errorf(AG_ERR_INTERNAL, "CUDA begin: block tables %zu != %zu", used, n_table);
     CUDA_TRY(cudaMemcpyAsync(s->d_ints, h, need * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
@@ -334,7 +356,9 @@ static ag_status cu_begin(ag_backend *be, ag_kv *kv, const ag_batch_layout *lay,
     s->n_tiles = n_tiles;
     s->d_draws = s->d_ints + 5 * n + 1;
     s->d_cand_reqs = s->d_ints + 8 * n + 1;
-    s->d_tables = s->d_ints + 9 * n + 1;
+    s->d_tables = s->d_ints + 11 * n + 1;
+    s->d_slot_main = s->d_slot, s->d_tt_main = s->d_tok_table;
+    s->d_slot_ring = s->d_ints + 9 * n + 1, s->d_tt_ring = s->d_ints + 10 * n + 1;
     return upload_edits(s, lay);
 }
 

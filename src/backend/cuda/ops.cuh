@@ -120,4 +120,13 @@ ag_status reserve_argmax(cuda_state *s, int n);
 ag_status upload_edits(cuda_state *s, const ag_batch_layout *lay);
 int32_t   cands_req_word(const ag_cands_req *q);
 
+/* Points the pass's slot and tok_table arrays at those of layer's pool:
+ * the ring's for a sliding-window layer kept in a ring (kv.h), else the
+ * main pool's (begin uploads both). */
+static inline void kv_select(cuda_state *s, ag_kv *kv, int layer) {
+    const bool ring = ag_kv_layer_ring(kv, layer);
+    s->d_slot = ring ? s->d_slot_ring : s->d_slot_main;
+    s->d_tok_table = ring ? s->d_tt_ring : s->d_tt_main;
+}
+
 #endif

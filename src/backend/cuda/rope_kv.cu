@@ -69,6 +69,7 @@ ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const 
     cuda_state *s = st_of(be);
     if (b->n != s->n) return ag_errorf(AG_ERR_INVALID, "CUDA kv_store: batch differs from the pass (see begin)");
     if (b->n <= 0) return AG_OK;
+    kv_select(s, kv, sh->layer);
     kv_geom g = geom_of(kv, sh->layer);
     /* a thread per element of a head row set (up to 1024): the first
      * version's 128 threads walked 8-16 dependent loads each (9 us a call) */
@@ -250,6 +251,7 @@ ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, c
         }
         tab = t;
     }
+    kv_select(s, kv, sh->layer);
     kv_geom        g = geom_of(kv, sh->layer);
     const int      pairs = (sh->n_head + sh->n_head_kv) * (rope_dim / 2), vals = sh->n_head_kv * sh->head_dim_v;
     const bool     f16 = ag_kv_get_layout(kv)->dtype == AG_KV_F16;

@@ -116,6 +116,11 @@ typedef struct {
     int32_t       *h_pinned;  /* staging for the upload */
     size_t         cap_pinned;
     int32_t       *d_tokens, *d_pos, *d_slot, *d_tok_table, *d_tables;
+    /* The main pool's slot and tok_table arrays, and the ring's (a
+     * sliding-window layer's KV lives in the ring pool: kv.h); kv_select
+     * points d_slot / d_tok_table at one pair per layer. Both pairs sit at
+     * fixed offsets of d_ints (a recorded decode graph keeps pointers). */
+    int32_t       *d_slot_main, *d_tt_main, *d_slot_ring, *d_tt_ring;
     int32_t       *d_tiles; /* [n_tiles + 1]: prompt rows in runs of one sequence (attention tiles) */
     /* [n_btiles[r] + 1]: the same runs in tiles of up to (r + 2) ATT_TQ rows
      * (attention_fa1_k's blocks of r + 2 row tiles; attention_wg_k's 64 rows) */
