@@ -23,7 +23,14 @@
  * 201088, a 128-position window on every other layer, attention sinks,
  * q/k/v/o, router and expert biases, YaRN x32 from 4096 positions) and
  * gpt-oss-tiny (the same with 4 layers, 512 wide, 8/2 heads of 64, 8
- * experts of 512, 2 used, a 1024-token vocabulary).
+ * experts of 512, 2 used, a 1024-token vocabulary), granite-h-tiny
+ * (granitehybrid: 6 layers, 512 wide, attention (8/2 heads of 64, no RoPE)
+ * on layers 1 and 4, Mamba-2 elsewhere: 4 conv taps, state 64, inner 1024
+ * in 16 heads of 64, 2 groups; Granite 4.0-H's multipliers) and
+ * granite-4.0-h-micro (Granite-4.0-H-Micro-like: 40 layers, 2048 wide,
+ * 32/8 heads of 64 on every tenth layer, FFN 8192, Mamba-2 inner 4096 in
+ * 64 heads, state 128, 1 group, vocab 100352; where its attention layers
+ * sit is a guess).
  * For an MoE preset ffn_gate_inp (the router) stays F32, as llama.cpp's
  * quantizer keeps it, and the experts are 3-D stacks ffn_{gate,up,down}_exps.
  * --type: the matrices' type (F16, BF16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K,
@@ -60,6 +67,9 @@ typedef struct {
     bool  tied;                          /* no output.weight: the embeddings are the head */
     int   experts, experts_used, ff_exp; /* routed experts (0: a dense feed-forward) */
     int   window;                        /* sliding window (gpt-oss: every other layer) */
+    /* granitehybrid: Mamba-2 layers but where l % attn_period == attn_at;
+     * the mixer's conv taps, state size, inner size, heads and groups */
+    int   attn_period, attn_at, ssm_conv, ssm_state, ssm_inner, ssm_heads, ssm_groups;
 } preset;
 
 static const preset k_presets[] = {
@@ -78,6 +88,10 @@ static const preset k_presets[] = {
      .ff_exp = 2880, .window = 128},
     {"gpt-oss-tiny", "gpt-oss", 4, 512, 512, 8, 2, 64, 1024, 131072, 150000.0f, .experts = 8, .experts_used = 2,
      .ff_exp = 512, .window = 128},
+    {"granite-h-tiny", "granitehybrid", 6, 512, 1024, 8, 2, 64, 1024, 4096, 10000.0f, .attn_period = 3, .attn_at = 1,
+     .ssm_conv = 4, .ssm_state = 64, .ssm_inner = 1024, .ssm_heads = 16, .ssm_groups = 2},
+    {"granite-4.0-h-micro", "granitehybrid", 40, 2048, 8192, 32, 8, 64, 100352, 131072, 10000.0f, .attn_period = 10,
+     .attn_at = 9, .ssm_conv = 4, .ssm_state = 128, .ssm_inner = 4096, .ssm_heads = 64, .ssm_groups = 1},
 };
 
 /* Sets the fp16 at byte offset `off` of every block to `v` (times a random factor in [0.5, 1.5)). */
@@ -233,7 +247,7 @@ static int add_vocab(ag_gguf_writer *w, int n) {
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: gen_model OUT.gguf llama8b|smollm2|qwen05b|qwen15b|gemma270m|qwen3-1.7b|qwen3moe-a3b|"
-                        "qwen3-tiny|qwen3moe-tiny|gpt-oss-20b|gpt-oss-tiny [--type T] [--dense T] [--layers N] [--seed S]\n");
+                        "qwen3-tiny|qwen3moe-tiny|gpt-oss-20b|gpt-oss-tiny|granite-h-tiny|granite-4.0-h-micro [--type T] [--dense T] [--layers N] [--seed S]\n");
         return 2;
     }
     const preset *p = NULL;
@@ -279,7 +293,29 @@ int main(int argc, char **argv) {
     bad |= ag_gguf_writer_add_u32(w, KEY("embedding_length"), (uint32_t)c.embd) != AG_OK;
     bad |= ag_gguf_writer_add_u32(w, KEY("feed_forward_length"), (uint32_t)c.ff) != AG_OK;
     bad |= ag_gguf_writer_add_u32(w, KEY("attention.head_count"), (uint32_t)c.heads) != AG_OK;
-    bad |= ag_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)c.kv_heads) != AG_OK;
+    const bool granite = c.attn_period > 0;
+    if (granite) { /* what convert_hf_to_gguf writes for Granite 4.0-H (GraniteHybridModel) */
+        int32_t kvs[512];
+        for (int l = 0; l < c.layers && l < 512; l++) kvs[l] = l % c.attn_period == c.attn_at ? c.kv_heads : 0;
+        ag_gguf_value v = {.type = AG_GGUF_ARRAY};
+        v.arr.elem_type = AG_GGUF_I32;
+        v.arr.n = (uint64_t)c.layers;
+        v.arr.raw = kvs;
+        bad |= ag_gguf_writer_add(w, KEY("attention.head_count_kv"), &v) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("ssm.conv_kernel"), (uint32_t)c.ssm_conv) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("ssm.state_size"), (uint32_t)c.ssm_state) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("ssm.group_count"), (uint32_t)c.ssm_groups) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("ssm.inner_size"), (uint32_t)c.ssm_inner) != AG_OK;
+        bad |= ag_gguf_writer_add_u32(w, KEY("ssm.time_step_rank"), (uint32_t)c.ssm_heads) != AG_OK;
+        /* Granite 4.0-H's multipliers (granite-4.0-h-micro's config) and no RoPE */
+        bad |= ag_gguf_writer_add_f32(w, KEY("embedding_scale"), 12.0f) != AG_OK;
+        bad |= ag_gguf_writer_add_f32(w, KEY("residual_scale"), 0.22f) != AG_OK;
+        bad |= ag_gguf_writer_add_f32(w, KEY("attention.scale"), 0.0078125f) != AG_OK;
+        bad |= ag_gguf_writer_add_f32(w, KEY("logit_scale"), 10.0f) != AG_OK;
+        bad |= ag_gguf_writer_add_bool(w, KEY("rope.scaling.finetuned"), false) != AG_OK;
+    } else {
+        bad |= ag_gguf_writer_add_u32(w, KEY("attention.head_count_kv"), (uint32_t)c.kv_heads) != AG_OK;
+    }
     bad |= ag_gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-6f) != AG_OK;
     bad |= ag_gguf_writer_add_f32(w, KEY("rope.freq_base"), c.rope_base) != AG_OK;
     if (gemma || qwen3) {
@@ -312,6 +348,24 @@ int main(int argc, char **argv) {
         char n[96];
 #define T(suffix) (snprintf(n, sizeof n, "blk.%d.%s", l, suffix), n)
         bad |= add_vector(w, T("attn_norm.weight"), c.embd, 1.0f, 0.1f);
+        if (granite && l % c.attn_period != c.attn_at) { /* a Mamba-2 layer (llama.cpp's names and shapes) */
+            const int64_t conv_ch = c.ssm_inner + 2 * c.ssm_groups * c.ssm_state;
+            const int64_t proj = 2 * c.ssm_inner + 2 * c.ssm_groups * c.ssm_state + c.ssm_heads;
+            bad |= add_matrix(w, T("ssm_in.weight"), type, c.embd, proj);
+            bad |= add_f32_rows(w, T("ssm_conv1d.weight"), c.ssm_conv, conv_ch, 0.0f, 0.5f);
+            bad |= add_vector(w, T("ssm_conv1d.bias"), conv_ch, 0.0f, 0.1f);
+            bad |= add_vector(w, T("ssm_dt.bias"), c.ssm_heads, -2.0f, 1.0f);
+            /* A = -exp(A_log), as the converter writes it: decays in (-4, -0.25) */
+            bad |= add_f32_rows(w, T("ssm_a"), 1, c.ssm_heads, -2.125f, 1.875f);
+            bad |= add_f32_rows(w, T("ssm_d"), 1, c.ssm_heads, 1.0f, 0.5f);
+            bad |= add_f32_rows(w, T("ssm_norm.weight"), c.ssm_inner / c.ssm_groups, c.ssm_groups, 1.0f, 0.1f);
+            bad |= add_matrix(w, T("ssm_out.weight"), type, c.ssm_inner, c.embd);
+            bad |= add_vector(w, T("ffn_norm.weight"), c.embd, 1.0f, 0.1f);
+            bad |= add_matrix(w, T("ffn_gate.weight"), type, c.embd, c.ff);
+            bad |= add_matrix(w, T("ffn_up.weight"), type, c.embd, c.ff);
+            bad |= add_matrix(w, T("ffn_down.weight"), type, c.ff, c.embd);
+            continue;
+        }
         if (gptoss) { /* q/k/v/o biases, one sink logit per head, the router's bias, the experts' biases */
             bad |= add_matrix(w, T("attn_q.weight"), t_dense, c.embd, qd);
             bad |= add_matrix(w, T("attn_k.weight"), t_dense, c.embd, kd);

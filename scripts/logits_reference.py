@@ -11,7 +11,7 @@ tail mass). llama.cpp is the independent reference; CI reads the committed
 files and does not need llama-cpp-python.
 
 Models with random weights (architectures no real file of which can be
-fetched here: qwen3, qwen3moe, gpt-oss) are written by bench/gen_model (deterministic:
+fetched here: qwen3, qwen3moe, gpt-oss, granitehybrid) are written by bench/gen_model (deterministic:
 a preset, a type and the default seed give the same bytes every time) into
 build/parity/; the reference records the file's SHA-256, and the test
 regenerates the file and checks that hash before comparing.
@@ -53,6 +53,7 @@ MODELS = {
     "qwen3moe-tiny": (os.path.join(ROOT, "build", "parity", "qwen3moe-tiny.gguf"), 512),
     "gpt-oss-tiny": (os.path.join(ROOT, "build", "parity", "gpt-oss-tiny.gguf"), 512),
     "gpt-oss-tiny-f16": (os.path.join(ROOT, "build", "parity", "gpt-oss-tiny-f16.gguf"), 512),
+    "granite-h-tiny": (os.path.join(ROOT, "build", "parity", "granite-h-tiny.gguf"), 512),
 }
 
 # name -> its text in tests/data/parity (default text.txt); text_long.txt is
@@ -69,6 +70,7 @@ GENERATED = {
     "qwen3moe-tiny": ("qwen3moe-tiny", "Q4_K_M"),
     "gpt-oss-tiny": ("gpt-oss-tiny", "MXFP4", "--dense", "F32"),
     "gpt-oss-tiny-f16": ("gpt-oss-tiny", "F16"),
+    "granite-h-tiny": ("granite-h-tiny", "Q4_K"),
 }
 
 

@@ -100,6 +100,31 @@ typedef struct {
     const float *sinks;
 } ag_attn_shape;
 
+/* One Mamba-2 layer's mixer after its input projection (granitehybrid):
+ * the weights (host memory, F32) and sizes. conv channels C = d_inner +
+ * 2 n_group d_state; a projected row is [z: d_inner][xBC: C][dt: n_head]. */
+typedef struct {
+    const float *conv_w; /* [C][d_conv], the causal depthwise conv (oldest tap first) */
+    const float *conv_b; /* [C] */
+    const float *dt_b;   /* [n_head], added before the softplus */
+    const float *a;      /* [n_head], the (negative) decay per head: exp(softplus(dt) a) */
+    const float *d;      /* [n_head], the skip x D */
+    const float *norm_w; /* [d_inner], the gated RMSNorm's gain (groups of d_inner / n_group) */
+    int          d_conv, d_inner, d_state, n_head, n_group;
+    float        eps;
+} ag_ssm_shape;
+
+/* One sequence's rows of a batch for the Mamba-2 op: rows[0..n_rows) in
+ * position order, its layer state (conv [d_conv-1][C] then SSM
+ * [n_head][head_dim][d_state], updated in place) and, per row, NULL or
+ * where the state reached after that row is copied (a snapshot). */
+typedef struct {
+    const int32_t *rows;
+    int32_t        n_rows;
+    float         *state;
+    float *const  *snap;
+} ag_ssm_run;
+
 /* One layer's routed experts (a mixture-of-experts feed-forward, Qwen3-MoE
  * style): router logits h·gate_inpᵀ (+ gate_inp_b), softmax over the
  * n_expert of them, the n_used largest probabilities chosen (ties: the
@@ -259,6 +284,14 @@ typedef struct {
      * depend on the rest of the batch. NULL: the backend cannot run MoE models (the model refuses
      * them at load). */
     ag_status (*moe)(ag_backend *, const ag_moe_weights *, const float *h, int n, int n_decode, float *o);
+    /* The Mamba-2 mixer (ag_ssm_shape): from each projected row of zx
+     * ([n][2 d_inner + 2 n_group d_state + n_head]) to y[n][d_inner] =
+     * groupRMSNorm((scan(silu(conv(xBC))) + x D) * silu(z)), each run's
+     * rows through its sequence's state in order (a row's result depends
+     * only on its state and its own row). NULL: the backend cannot run
+     * recurrent layers (the model refuses them at load). */
+    ag_status (*mamba2)(ag_backend *, const ag_ssm_shape *, const float *zx, const ag_ssm_run *runs, int n_runs,
+                        float *y);
     /* Stores k[n][n_head_kv*hd_k], v[n][n_head_kv*hd_v] at each token's (seq, pos)
      * in the layer's KV cache (the caller reserved the slots). */
     ag_status (*kv_store)(ag_backend *, ag_kv *, const ag_attn_shape *, const ag_batch_layout *,

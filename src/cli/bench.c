@@ -286,6 +286,7 @@ int ag_cli_bench(int argc, char **argv) {
     /* room for `need` positions per sequence (and one spare block each) */
     kp.budget_bytes = ag_kv_budget_for(&L, (int32_t)n_seq, (int32_t)(need + L.block_size));
     kp.ring_step = (int32_t)(need * n_seq); /* (a prompt may be one reserve, of every sequence) */
+    kp.state_snapshots = 0; /* (recurrent layers: nothing here trims, so no state copies a row, as in a plain server) */
     if (ag_kv_init(&kp, &kv)) {
         ag_cli_fail("%s", ag_error_message());
         goto done;

@@ -1520,6 +1520,22 @@ static ag_status pool_params(ag_model *m, ag_engine_params *p, ag_kv_params *kp,
     ag_status st = ag_model_kv_params(m, p->kv_dtype, p->n_parallel + 1, 0, kp, lay);
     if (st) return st;
     kp->ring_step = p->n_batch; /* a sliding-window ring holds a step's tokens beside the window */
+    if (kp->state_layers > 0) {
+        /* Recurrent (Mamba-2) layers: a verify window's rejected tail is
+         * trimmed by restoring the state its decode rows recorded, so each
+         * sequence keeps snapshots of a whole window's lengths (none without
+         * speculation: nothing else trims). The prefix cache is off: a
+         * cached block holds attention KV but not the recurrent state at
+         * its end, so neither a hit nor a follow-up turn could resume from
+         * it. */
+        const int dmax = p->spec.draft_max > 0 ? p->spec.draft_max : 8;
+        kp->state_snapshots = p->draft ? (dmax < AG_SPEC_MAX_DRAFT ? dmax : AG_SPEC_MAX_DRAFT) : 0;
+        kp->state_snap_last = false; /* a verify trim never returns to the state a window ended at */
+        if (p->prefix_cache)
+            AG_LOGI("prefix cache off: '%s' has recurrent layers, whose state the cache does not keep",
+                    ag_model_config_of(m)->arch_name);
+        p->prefix_cache = false;
+    }
     const size_t one = ag_kv_budget_for(lay, 1, p->n_ctx);
     if (capped) *capped = false;
     if (p->kv_bytes && p->kv_bytes < one)

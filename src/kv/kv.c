@@ -8,6 +8,7 @@
 #include "kv/kv.h"
 
 #include "base/switches.h"
+#include "kv/state.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@ struct ag_kv {
     uint64_t     cow_copies;
     uint64_t     nomem_errors;
     const ag_kv_mem *mem; /* NULL: host pool */
+    ag_state        *state; /* recurrent layers' state slots, or NULL */
     /* the ring (r_n_blocks == 0: none) */
     int32_t  ring_w, ring_slack;
     uint8_t *is_ring;   /* [n_layers] */
@@ -125,6 +127,8 @@ ag_kv_params ag_kv_default_params(void) {
     p.budget_bytes = (size_t)256 << 20;
     p.max_seqs = 64;
     p.layer_window = NULL;
+    p.state_snapshots = 8;
+    p.state_snap_last = true;
     p.ring = false;
     p.ring_slack = 32;
     p.ring_step = 512;
@@ -388,6 +392,9 @@ ag_status ag_kv_memory_bytes(const ag_kv_params *p, int32_t max_len, size_t *byt
     const size_t rb = (size_t)ring_pool_blocks(p, &lay);
     *bytes = (size_t)nb * lay.block_bytes + rb * lay.ring_block_bytes + fixed_meta_bytes(p, (size_t)nb, rb) +
              (size_t)p->max_seqs * table * sizeof(int32_t) * (lay.n_ring_layers ? 2 : 1);
+    if (p->state_layers > 0) /* the slots, and at most a snapshot ring per sequence */
+        *bytes += (size_t)p->max_seqs * (size_t)(1 + p->state_snapshots) * (size_t)p->state_layers *
+                  (p->state_conv_floats + p->state_ssm_floats) * sizeof(float);
     return AG_OK;
 }
 
@@ -439,6 +446,13 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
         ag_kv_free(kv);
         return ag_errorf(AG_ERR_NOMEM, "kv: cannot allocate a pool of %zu bytes", want);
     }
+    if (p->state_layers > 0 &&
+        (st = ag_state_new(p->state_layers, p->state_conv_floats, p->state_ssm_floats, p->max_seqs,
+                           p->state_snapshots, &kv->state))) {
+        ag_kv_free(kv);
+        return st;
+    }
+    if (kv->state) ag_state_set_snap_last(kv->state, p->state_snap_last);
     kv->pool = kv->pool_raw + (KV_ALIGN - (uintptr_t)kv->pool_raw % KV_ALIGN) % KV_ALIGN;
     if (p->layer_window)
         memcpy(kv->window, p->layer_window, (size_t)p->n_layers * sizeof *kv->window);
@@ -478,6 +492,7 @@ void ag_kv_free(ag_kv *kv) {
     free(kv->stack);
     free(kv->ref);
     free(kv->window);
+    ag_state_free(kv->state);
     if (kv->mem) {
         if (kv->pool_raw) kv->mem->free(kv->mem->ctx, kv->pool_raw);
     } else {
@@ -639,6 +654,7 @@ ag_status ag_kv_seq_new(ag_kv *kv, int32_t *seq) {
         if (s->live) continue;
         s->live = true;
         s->len = s->reserved = s->n_blocks = 0;
+        if (kv->state) ag_state_reset(kv->state, i);
         *seq = i;
         return AG_OK;
     }
@@ -827,13 +843,19 @@ ag_status ag_kv_seq_commit(ag_kv *kv, int32_t seq, int32_t new_len) {
 
 bool ag_kv_can_trim(const ag_kv *kv) { return kv->r_n_blocks == 0; }
 
-int32_t ag_kv_trim_limit(const ag_kv *kv, int32_t seq) {
-    kv_seq *s = seq_get(kv, seq);
-    if (!s) return -1;
+/* The ring's limit alone. */
+static int32_t ring_trim_limit(const ag_kv *kv, const kv_seq *s) {
     if (!s->rblocks || s->rlo == 0) return s->len;
     /* the shortest length m whose window [m - W + 1, m) starts in block rlo or later */
     int64_t min_len = ((int64_t)s->rlo << kv->lay.block_shift) + kv->ring_w - 1;
     return min_len >= s->len ? 0 : (int32_t)(s->len - min_len);
+}
+
+int32_t ag_kv_trim_limit(const ag_kv *kv, int32_t seq) {
+    kv_seq *s = seq_get(kv, seq);
+    if (!s) return -1;
+    const int32_t ring = ring_trim_limit(kv, s), state = ag_kv_state_trim_limit(kv, seq);
+    return ring < state ? ring : state; /* (a recurrent state: what its snapshots restore) */
 }
 
 bool ag_kv_trimmable(const ag_kv *kv, int32_t seq, int32_t n) {
@@ -847,6 +869,12 @@ bool ag_kv_ring_covers(const ag_kv *kv, int32_t seq, int32_t m) {
     return !s->rblocks || m == 0 || s->rlo <= ag_kv_ring_first_needed(kv, m);
 }
 
+struct ag_state *ag_kv_state(ag_kv *kv) { return kv->state; }
+
+int32_t ag_kv_state_trim_limit(const ag_kv *kv, int32_t seq) {
+    return kv->state && seq_get(kv, seq) ? ag_state_trim_limit(kv->state, seq) : INT32_MAX;
+}
+
 ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: trim: sequence %d is not live", seq);
@@ -855,9 +883,14 @@ ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n) {
                          s->len, seq);
     if (!ag_kv_trimmable(kv, seq, n))
         return ag_errorf(AG_ERR_UNSUPPORTED,
-                         "kv: trim: the sliding-window ring of sequence %d (length %d) no longer holds what "
+                         "kv: trim: the %s of sequence %d (length %d) no longer holds what "
                          "length %d needs (it can drop %d positions)",
-                         seq, s->len, s->len - n, ag_kv_trim_limit(kv, seq));
+                         ring_trim_limit(kv, s) < n ? "sliding-window ring" : "recurrent state's snapshots", seq,
+                         s->len, s->len - n, ag_kv_trim_limit(kv, seq));
+    if (kv->state) {
+        ag_status st = ag_state_trim(kv->state, seq, n);
+        if (st) return st;
+    }
     int32_t new_len = s->len - n;
     seq_release_from(kv, s, blocks_for(kv, new_len));
     s->len = s->reserved = new_len;
@@ -869,6 +902,7 @@ ag_status ag_kv_seq_clear(ag_kv *kv, int32_t seq) {
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: clear: sequence %d is not live", seq);
     seq_release_from(kv, s, 0);
     s->len = s->reserved = 0;
+    if (kv->state) ag_state_reset(kv->state, seq);
     return AG_OK;
 }
 
@@ -881,6 +915,11 @@ ag_status ag_kv_fork(ag_kv *kv, int32_t dst, int32_t src, int32_t len) {
     if (len < 0 || len > s->len)
         return ag_errorf(AG_ERR_RANGE, "kv: fork: length %d outside [0, %d] of sequence %d", len,
                          s->len, src);
+    /* a recurrent state is only the state after its last position */
+    if (kv->state && len != 0 && len != s->len)
+        return ag_errorf(AG_ERR_UNSUPPORTED,
+                         "kv: fork: sequence %d has recurrent state at %d positions; it cannot fork at %d", src,
+                         s->len, len);
     if (!ag_kv_ring_covers(kv, src, len))
         return ag_errorf(AG_ERR_UNSUPPORTED, "kv: fork: the ring of sequence %d no longer holds length %d's window",
                          src, len);
@@ -898,6 +937,10 @@ ag_status ag_kv_fork(ag_kv *kv, int32_t dst, int32_t src, int32_t len) {
     d->rlo = rfirst;
     d->n_blocks = nb;
     d->len = d->reserved = len;
+    if (kv->state) {
+        if (len) ag_state_copy(kv->state, dst, src);
+        else ag_state_reset(kv->state, dst);
+    }
     return AG_OK;
 }
 
@@ -974,6 +1017,9 @@ ag_status ag_kv_seq_adopt_ring(ag_kv *kv, int32_t seq, const int32_t *blocks, co
                                int32_t n_blocks, int32_t len) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: adopt: sequence %d is not live", seq);
+    if (kv->state && len > 0)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "kv: adopt: a cache with recurrent state cannot adopt blocks "
+                                             "without the state they lead to");
     if (n_blocks < 0 || len < 0 || (n_blocks > 0 && !blocks) || blocks_for(kv, len) != n_blocks)
         return ag_errorf(AG_ERR_RANGE, "kv: adopt: %d blocks cannot hold exactly %d positions",
                          n_blocks, len);
@@ -1053,6 +1099,11 @@ ag_status ag_kv_block_copy_in(ag_kv *kv, int32_t block, int32_t layer, const voi
 
 /* ---- swap (preemption) --------------------------------------------------- */
 
+/* (a recurrent state travels after the blocks and ring blocks) */
+static size_t state_swap_bytes(const ag_kv *kv) {
+    return kv->state ? ag_state_seq_floats(kv->state) * sizeof(float) : 0;
+}
+
 /* Ring blocks a swapped sequence of len positions keeps: from the first
  * its window needs to its last. */
 static int32_t swap_ring_blocks(const ag_kv *kv, int32_t len) {
@@ -1062,16 +1113,18 @@ static int32_t swap_ring_blocks(const ag_kv *kv, int32_t len) {
 
 size_t ag_kv_swap_bytes(const ag_kv *kv, int32_t len) {
     return (size_t)blocks_for(kv, len < 0 ? 0 : len) * kv->lay.block_bytes +
-           (size_t)swap_ring_blocks(kv, len) * kv->lay.ring_block_bytes;
+           (size_t)swap_ring_blocks(kv, len) * kv->lay.ring_block_bytes + state_swap_bytes(kv);
 }
 
 ag_status ag_kv_seq_swap_out(const ag_kv *kv, int32_t seq, void *dst, size_t size, int32_t *len) {
     kv_seq *s = seq_get(kv, seq);
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: swap_out: sequence %d is not live", seq);
     const int32_t nb = blocks_for(kv, s->len);
-    if (size != ag_kv_swap_bytes(kv, s->len) || (nb && !dst))
+    if (size != ag_kv_swap_bytes(kv, s->len) || (size && !dst))
         return ag_errorf(AG_ERR_INVALID, "kv: swap_out: buffer of %zu bytes, need %zu", size,
                          ag_kv_swap_bytes(kv, s->len));
+    if (kv->state)
+        memcpy((uint8_t *)dst + size - state_swap_bytes(kv), ag_state_layer(kv->state, seq, 0), state_swap_bytes(kv));
     for (int32_t i = 0; i < nb; i++)
         if (pool_to_host(kv, (uint8_t *)dst + (size_t)i * kv->lay.block_bytes, block_base(kv, s->blocks[i]),
                          kv->lay.block_bytes))
@@ -1092,9 +1145,15 @@ ag_status ag_kv_seq_swap_in(ag_kv *kv, int32_t seq, int32_t len, const void *src
     if (!s) return ag_errorf(AG_ERR_INVALID, "kv: swap_in: sequence %d is not live", seq);
     if (len < 0) return ag_errorf(AG_ERR_RANGE, "kv: swap_in: length %d < 0", len);
     const int32_t nb = blocks_for(kv, len);
-    if (size != ag_kv_swap_bytes(kv, len) || (nb && !src))
+    if (size != ag_kv_swap_bytes(kv, len) || (size && !src))
         return ag_errorf(AG_ERR_INVALID, "kv: swap_in: buffer of %zu bytes, need %zu", size,
                          ag_kv_swap_bytes(kv, len));
+    if (kv->state) {
+        ag_state_reset(kv->state, seq);
+        memcpy(ag_state_layer(kv->state, seq, 0), (const uint8_t *)src + size - state_swap_bytes(kv),
+               state_swap_bytes(kv));
+        ag_state_advance(kv->state, seq, len, 1, 0);
+    }
     seq_release_from(kv, s, 0);
     s->len = s->reserved = 0;
     if (nb > kv->n_free) return full_error(kv, nb);

@@ -167,6 +167,19 @@ typedef struct {
      * the backend's kernels may touch (see ag_kv_host_visible). Borrowed:
      * must outlive the cache. */
     const ag_kv_mem *mem;
+    /* Recurrent layers (a hybrid model's Mamba-2 layers, kv/state.h):
+     * state_layers > 0 gives every sequence id a state slot of that many
+     * layers, state_conv_floats + state_ssm_floats floats each, kept in
+     * step with the sequence (new/clear reset it, fork copies it, trim
+     * restores one of its last state_snapshots snapshots, swap carries
+     * it). Default 0: none. */
+    int32_t        state_layers;
+    size_t         state_conv_floats, state_ssm_floats;
+    int32_t        state_snapshots; /* default 8 */
+    /* also snapshot each pass's last row (default true: rollbacks across
+     * one-token passes, a draft model's); the engine's target says false
+     * (its verify trims never need it: one state copy fewer per step) */
+    bool           state_snap_last;
 } ag_kv_params;
 
 /* Stride facts of the pool, all in bytes unless named otherwise. */
@@ -385,7 +398,8 @@ bool ag_kv_can_trim(const ag_kv *kv);
 
 /* How many positions ag_kv_trim(kv, seq, n) can drop now, i.e. how far back
  * a rollback can go: len without a ring, else len - (rlo * block_size + W -
- * 1) for a ring that starts at logical block rlo > 0 (never below 0).
+ * 1) for a ring that starts at logical block rlo > 0 (never below 0); with
+ * recurrent state, no more than ag_kv_state_trim_limit (its snapshots).
  * -1 for a sequence that is not live. */
 int32_t ag_kv_trim_limit(const ag_kv *kv, int32_t seq);
 
@@ -410,6 +424,14 @@ int32_t ag_kv_ring_first_needed(const ag_kv *kv, int32_t len);
  * AG_ERR_UNSUPPORTED if n > ag_kv_trim_limit (a ring no longer holds
  * what the shorter sequence needs). */
 ag_status ag_kv_trim(ag_kv *kv, int32_t seq, int32_t n);
+
+/* The recurrent state slots (kv/state.h) of a cache made with
+ * state_layers > 0, else NULL. Borrowed. */
+struct ag_state *ag_kv_state(ag_kv *kv);
+/* How many trailing positions seq's recurrent state can drop now (its
+ * snapshots); INT32_MAX for a cache without recurrent state. The one hook
+ * ag_kv_trimmable / ag_kv_trim consult (a ring's own limit is the other). */
+int32_t ag_kv_state_trim_limit(const ag_kv *kv, int32_t seq);
 
 /* Empties a live sequence (all blocks released, len 0); always supported. */
 ag_status ag_kv_seq_clear(ag_kv *kv, int32_t seq);

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/switches.h"
 #include "kv/kv.h"
+#include "kv/state.h"
 #include "model/safetensors.h"
 #include "model/tp.h"
 
@@ -109,6 +110,7 @@ typedef struct {
     bool        out_bias;   /* attn_output.bias required */
     bool        sinks;      /* attn_sinks required: one softmax logit per head */
     bool        moe_bias;   /* the router's and the experts' biases required */
+    bool        hybrid;     /* Mamba-2 layers where head_count_kv is 0 (granitehybrid) */
     const char *ffn_norm;   /* the feed-forward's input norm; NULL: ffn_norm.weight */
     /* Reads the family's own hyper-parameters after the common ones; NULL: none. */
     ag_status (*config)(const ag_gguf *g, ag_model_config *c);
@@ -225,6 +227,60 @@ static ag_status gptoss_config(const ag_gguf *g, ag_model_config *c) {
     return AG_OK;
 }
 
+/* granitehybrid (IBM Granite 4.0-H), as llama.cpp reads it: the Mamba-2
+ * sizes (ssm.*: time_step_rank is the heads' count), head_count_kv per
+ * layer (0: a Mamba-2 layer), Granite's multipliers (embedding_scale,
+ * residual_scale, attention.scale, logit_scale, each optional), and RoPE
+ * only where rope.scaling.finetuned says so (default true; Granite 4.0-H
+ * files say false: attention without positions). */
+static ag_status granite_hybrid_config(const ag_gguf *g, ag_model_config *c) {
+    const char *a = c->arch_name;
+    ag_status   st;
+    if ((st = need_int(g, a, "ssm.conv_kernel", &c->ssm_d_conv, 1))) return st;
+    if ((st = need_int(g, a, "ssm.inner_size", &c->ssm_d_inner, 1))) return st;
+    if ((st = need_int(g, a, "ssm.state_size", &c->ssm_d_state, 1))) return st;
+    if ((st = need_int(g, a, "ssm.time_step_rank", &c->ssm_n_head, 1))) return st;
+    if ((st = need_int(g, a, "ssm.group_count", &c->ssm_n_group, 1))) return st;
+    if (c->ssm_d_inner % c->ssm_n_head || c->ssm_n_head % c->ssm_n_group || c->ssm_d_conv > 64)
+        return ag_errorf(AG_ERR_FORMAT, "%s: ssm inner size %d, %d heads, %d groups, conv %d do not fit", a,
+                         c->ssm_d_inner, c->ssm_n_head, c->ssm_n_group, c->ssm_d_conv);
+    char key[160];
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", a);
+    const ag_gguf_value *kv = ag_gguf_get(g, key);
+    int n_kv = 0, n_attn = 0;
+    for (int l = 0; l < c->n_layer; l++) {
+        int64_t v = -1;
+        if (!kv) v = c->n_head;
+        else if (kv->type == AG_GGUF_ARRAY) {
+            if (kv->arr.n != (uint64_t)c->n_layer || !ag_gguf_arr_i64(kv, (uint64_t)l, &v))
+                return ag_errorf(AG_ERR_FORMAT, "%s has %llu entries, not %d numbers", key,
+                                 (unsigned long long)kv->arr.n, c->n_layer);
+        } else if (!ag_gguf_get_i64(g, key, &v)) return ag_errorf(AG_ERR_FORMAT, "%s is not a number", key);
+        if (v < 0 || v > c->n_head || (v > 0 && c->n_head % v))
+            return ag_errorf(AG_ERR_FORMAT, "%s[%d] = %lld", key, l, (long long)v);
+        if (v > 0 && n_kv && v != n_kv)
+            return ag_errorf(AG_ERR_UNSUPPORTED, "%s: attention layers with %d and %lld KV heads", key, n_kv,
+                             (long long)v);
+        if (v > 0) n_kv = (int)v;
+        c->layer_recurrent[l] = v == 0;
+        c->kv_layer[l] = (int16_t)(v == 0 ? -1 : n_attn);
+        n_attn += v > 0;
+        c->n_recurrent += v == 0;
+    }
+    if (n_attn == 0)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "%s: no attention layer (a pure Mamba-2 model is not supported)", a);
+    c->n_head_kv = n_kv;
+    float f;
+    if (get_float(g, a, "embedding_scale", &f) && f != 0.0f) c->embd_scale = f;
+    if (get_float(g, a, "attention.scale", &f) && f != 0.0f) c->attn_scale = f;
+    c->residual_scale = get_float(g, a, "residual_scale", &f) && f != 0.0f ? f : 1.0f;
+    c->logit_scale = get_float(g, a, "logit_scale", &f) && f != 0.0f ? f : 1.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.finetuned", a);
+    bool rope = true;
+    if (ag_gguf_get_bool(g, key, &rope)) c->no_rope = !rope;
+    return AG_OK;
+}
+
 static const arch_desc k_archs[] = {
     {"llama", AG_ARCH_LLAMA, .rope_neox = false},
     {"qwen2", AG_ARCH_QWEN2, .rope_neox = true, .qkv_bias = true},
@@ -236,6 +292,7 @@ static const arch_desc k_archs[] = {
      .moe_bias = true, .ffn_norm = "post_attention_norm.weight", .config = gptoss_config},
     {"gemma-embedding", AG_ARCH_GEMMA_EMBD, .rope_neox = true, .qk_norm = true, .post_norms = true,
      .config = gemma_embd_config},
+    {"granitehybrid", AG_ARCH_GRANITE_HYBRID, .rope_neox = false, .hybrid = true, .config = granite_hybrid_config},
 };
 
 static const arch_desc *arch_of(ag_arch a) {
@@ -319,6 +376,7 @@ static ag_status read_config(const ag_gguf *g, ag_model_config *c) {
     c->embd_scale = 1.0f;
     c->attn_scale = 1.0f / sqrtf((float)c->head_dim_k);
     c->rope_neox = d->rope_neox;
+    c->residual_scale = c->logit_scale = 1.0f;
     return d->config ? d->config(g, c) : AG_OK;
 }
 
@@ -408,6 +466,47 @@ static ag_status bind_encoder_layer(ag_model *m, int l) {
     return AG_OK;
 }
 
+/* A Mamba-2 layer of a hybrid model: its input norm, the mixer's tensors
+ * (llama.cpp's names and shapes: ssm_a and ssm_d without a .weight
+ * suffix, [1][n_head]), then the dense feed-forward as any layer. */
+static ag_status bind_mamba_layer(ag_model *m, int l) {
+    const ag_model_config *c = &m->cfg;
+    ag_layer_weights      *w = &m->layers[l];
+    const int64_t di = c->ssm_d_inner, ng = c->ssm_n_group, ds = c->ssm_d_state, nh = c->ssm_n_head;
+    const int64_t conv_ch = di + 2 * ng * ds, proj = 2 * di + 2 * ng * ds + nh;
+    char      n[96];
+    ag_status st;
+#define B(field, suffix, a, b)                                      \
+    do {                                                            \
+        snprintf(n, sizeof n, "blk.%d.%s", l, suffix);              \
+        if ((st = bind3(m, &w->field, n, a, b, 1, true))) return st; \
+    } while (0)
+    B(attn_norm, "attn_norm.weight", c->n_embd, 0);
+    B(ssm_in, "ssm_in.weight", c->n_embd, proj);
+    B(ssm_conv1d, "ssm_conv1d.weight", c->ssm_d_conv, conv_ch);
+    B(ssm_conv1d_b, "ssm_conv1d.bias", conv_ch, 0);
+    B(ssm_dt_b, "ssm_dt.bias", nh, 0);
+    B(ssm_a, "ssm_a", 1, nh);
+    B(ssm_d, "ssm_d", 1, nh);
+    B(ssm_norm, "ssm_norm.weight", di / ng, ng);
+    B(ssm_out, "ssm_out.weight", di, c->n_embd);
+    B(ffn_norm, "ffn_norm.weight", c->n_embd, 0);
+    B(ffn_gate, "ffn_gate.weight", c->n_embd, c->n_ff);
+    B(ffn_up, "ffn_up.weight", c->n_embd, c->n_ff);
+    B(ffn_down, "ffn_down.weight", c->n_ff, c->n_embd);
+#undef B
+    const ag_tensor *f32[] = {&w->attn_norm, &w->ssm_conv1d, &w->ssm_conv1d_b, &w->ssm_dt_b, &w->ssm_a,
+                              &w->ssm_d,     &w->ssm_norm,   &w->ffn_norm};
+    for (size_t i = 0; i < sizeof f32 / sizeof f32[0]; i++)
+        if (f32[i]->type != AG_TYPE_F32)
+            return ag_errorf(AG_ERR_UNSUPPORTED, "tensor '%s' must be F32, is %s", f32[i]->name,
+                             ag_tensor_type_name(f32[i]->type));
+    const ag_tensor *mats[] = {&w->ssm_in, &w->ssm_out, &w->ffn_gate, &w->ffn_up, &w->ffn_down};
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++)
+        m->weight_bytes += mats[i]->row_bytes * (uint64_t)mats[i]->ne[1];
+    return AG_OK;
+}
+
 /* A decoder-style encoder's optional Dense projections after pooling:
  * dense_2 (n_embd -> d) then dense_3 (d -> n_embd), run on the host. */
 static ag_status bind_dense(ag_model *m) {
@@ -438,6 +537,7 @@ static ag_status bind_layer(ag_model *m, int l) {
     } while (0)
 #define B(field, suffix, a, b, req) B3(field, suffix, a, b, 1, req)
     if (d->encoder) return bind_encoder_layer(m, l);
+    if (d->hybrid && c->layer_recurrent[l]) return bind_mamba_layer(m, l);
     B(attn_norm, "attn_norm.weight", c->n_embd, 0, true);
     B(wq, "attn_q.weight", c->n_embd, qd, true);
     B(wk, "attn_k.weight", c->n_embd, kd, true);
@@ -597,12 +697,13 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
     if ((st = ag_backend_new(p->device, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
     const ag_backend_ops *bop = m->be->ops;
     if ((c->n_expert > 0 && !bop->moe) || (c->encoder && !bop->layernorm) || (c->rope_yarn && !bop->rope_freqs) ||
-        (c->attn_sinks && !bop->attn_sinks)) {
+        (c->attn_sinks && !bop->attn_sinks) || (c->n_recurrent > 0 && !bop->mamba2)) {
         /* a backend without the moe op (or, for an encoder, the layernorm
          * op; YaRN's rope_freqs; attention sinks) cannot run this model:
          * --device auto takes the CPU instead, an explicit device is an
          * error */
-        const char *what = c->encoder                        ? "an embedding model"
+        const char *what = c->n_recurrent > 0 && !bop->mamba2 ? "Mamba-2 recurrent layers"
+                           : c->encoder                      ? "an embedding model"
                            : c->n_expert > 0 && !bop->moe    ? "routed experts"
                            : c->rope_yarn && !bop->rope_freqs ? "YaRN rotary scaling"
                                                              : "attention sinks";
@@ -618,13 +719,18 @@ ag_status ag_model_load(const char *path, const ag_model_params *p, ag_model **o
         if ((st = ag_backend_new(AG_DEVICE_CPU, &p->cpu, p->decode_rows_hint, &m->be))) goto fail_named;
     }
     if (c->rope_yarn) yarn_freqs(m);
-    for (int l = 0; l < c->n_layer; l++) m->kv_window[l] = c->layer_swa[l] ? c->sliding_window : 0;
+    for (int l = 0; l < c->n_layer; l++) /* (the KV's layers: a hybrid's attention layers only) */
+        if (!c->layer_recurrent[l]) m->kv_window[c->n_recurrent ? c->kv_layer[l] : l] = c->layer_swa[l] ? c->sliding_window : 0;
     m->kv_ring = !ag_switch_off("AUGUR_KV_RING");
     m->argmax_off = ag_switch_off("AUGUR_ARGMAX");
     m->pick_off = ag_switch_off("AUGUR_PICK");
     m->cands_off = ag_switch_off("AUGUR_CANDS");
     m->poison_rows = ag_switch_int("AUGUR_POISON_ROWS", 0, 1, 0) == 1 && m->be->ops->host_memory;
     if ((st = prepare_weights(m))) goto fail_named;
+    if (p->tp > 1 && c->n_recurrent > 0) {
+        st = ag_errorf(AG_ERR_UNSUPPORTED, "--tp is not supported for recurrent (Mamba-2) layers yet");
+        goto fail_named;
+    }
     if (p->tp > 1 && (st = ag_tp_new(p->tp, c, m->layers, &m->tok_embd, &m->output, m->be, &m->tp))) goto fail_named;
     *out = m;
     return AG_OK;
@@ -753,6 +859,14 @@ uint64_t ag_model_fingerprint(const ag_model *m) {
                             c->expert_alpha, c->expert_limit};
         for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) fp_f32(&s, fl[i]);
     }
+    if (c->n_recurrent > 0) { /* (only then, likewise) */
+        const int hy[] = {c->n_recurrent, c->ssm_d_conv, c->ssm_d_inner, c->ssm_d_state, c->ssm_n_head,
+                          c->ssm_n_group, c->no_rope};
+        for (size_t i = 0; i < sizeof hy / sizeof hy[0]; i++) fp_u64(&s, (uint64_t)(int64_t)hy[i]);
+        fp_f32(&s, c->residual_scale);
+        fp_f32(&s, c->logit_scale);
+        fp_bytes(&s, c->layer_recurrent, (size_t)c->n_layer);
+    }
     fp_bytes(&s, c->layer_swa, (size_t)c->n_layer);
     if (m->tp) fp_u64(&s, 0x7470000000000000ull | (uint64_t)ag_tp_ranks(m->tp)); /* a --tp N's KV is its own (N > 1 only) */
     int64_t nt = ag_gguf_n_tensors(m->gguf);
@@ -779,7 +893,7 @@ uint64_t ag_model_fingerprint(const ag_model *m) {
 }
 
 void ag_model_kv_shape(const ag_model *m, int *n_layer, int *n_head_kv, int *head_dim_k, int *head_dim_v) {
-    *n_layer = m->cfg.n_layer;
+    *n_layer = m->cfg.n_layer - m->cfg.n_recurrent; /* (a hybrid's KV: its attention layers only) */
     *n_head_kv = m->cfg.n_head_kv;
     *head_dim_k = m->cfg.head_dim_k;
     *head_dim_v = m->cfg.head_dim_v;
@@ -793,6 +907,12 @@ ag_status ag_model_kv_params(const ag_model *m, ag_kv_dtype dtype, int max_seqs,
     kp->dtype = dtype;
     kp->max_seqs = max_seqs;
     kp->mem = ag_model_kv_mem(m);
+    const ag_model_config *c = &m->cfg;
+    if (c->n_recurrent > 0) { /* the Mamba-2 layers' state slots */
+        kp->state_layers = c->n_recurrent;
+        kp->state_conv_floats = (size_t)(c->ssm_d_conv - 1) * (c->ssm_d_inner + 2 * c->ssm_n_group * c->ssm_d_state);
+        kp->state_ssm_floats = (size_t)c->ssm_d_inner * c->ssm_d_state;
+    }
     kp->layer_window = m->kv_window;
     kp->ring = m->kv_ring;
     /* the GPU kernels (rope_kv, attn_decode) read and write F16/F32 rows only */
@@ -838,8 +958,13 @@ static size_t fwd_layout(const ag_model *m, size_t n, size_t n_out, size_t at[12
     /* gate and up: the dense feed-forward's (a MoE model's layers are all
      * routed, and the moe op keeps its own) */
     const size_t ff = c->n_expert > 0 ? 0 : (size_t)c->n_ff;
+    /* a Mamba-2 layer's projected rows go in gate, its mixer's output in up */
+    const size_t proj = c->n_recurrent ? 2 * (size_t)c->ssm_d_inner + 2 * (size_t)c->ssm_n_group * c->ssm_d_state +
+                                             (size_t)c->ssm_n_head
+                                       : 0;
+    const size_t ffg = proj > ff ? proj : ff, ffu = c->n_recurrent && (size_t)c->ssm_d_inner > ff ? (size_t)c->ssm_d_inner : ff;
     const size_t floats[12] = {n * c->n_embd, n * c->n_embd, n * qd,      n * kd, n * vd,
-                               n * od,        n * c->n_embd, n * ff,      n * ff,
+                               n * od,        n * c->n_embd, n * ffg,     n * ffu,
                                dev ? n_out * c->n_vocab : 0, dev ? n_out : 0,
                                dev && m->be->ops->cands ? n_out * (sizeof(ag_cands) / sizeof(float)) : 0};
     size_t off = 0;
@@ -970,6 +1095,171 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     return AG_OK;
 }
 
+/* A hybrid model's sequences in this batch: each sequence's rows (batch
+ * order), checked against its recurrent state (consecutive positions from
+ * the state's length). */
+typedef struct {
+    int32_t    *rows;  /* [n] grouped by run */
+    ag_ssm_run *runs;  /* [n_runs] */
+    int32_t    *seq;   /* [n_runs] */
+    float     **snap;  /* [n]: per row, this layer's snapshot slot or NULL */
+    uint8_t    *all_dec; /* [n_runs]: every row a decode row */
+    int32_t    *n_snap;  /* [n_runs]: rows that record a snapshot (decode runs: all, or all but the last) */
+    int         n_runs;
+} hybrid_runs;
+
+static void hybrid_runs_free(hybrid_runs *h) {
+    free(h->rows);
+    free(h->runs);
+    free(h->seq);
+    free(h->snap);
+    free(h->all_dec);
+    free(h->n_snap);
+}
+
+static ag_status hybrid_runs_make(ag_state *st, const ag_batch *b, int n_dec, hybrid_runs *h) {
+    const int n = b->n;
+    memset(h, 0, sizeof *h);
+    h->rows = malloc(sizeof *h->rows * (size_t)n);
+    h->runs = calloc((size_t)n, sizeof *h->runs);
+    h->seq = malloc(sizeof *h->seq * (size_t)n);
+    h->snap = calloc((size_t)n, sizeof *h->snap);
+    h->all_dec = malloc((size_t)n);
+    h->n_snap = malloc(sizeof *h->n_snap * (size_t)n);
+    if (!h->rows || !h->runs || !h->seq || !h->snap || !h->all_dec || !h->n_snap)
+        return ag_errorf(AG_ERR_NOMEM, "out of memory for a batch of %d tokens", n);
+    int at = 0;
+    for (int i = 0; i < n; i++) {
+        int r = 0;
+        while (r < h->n_runs && h->seq[r] != b->seq[i]) r++;
+        if (r < h->n_runs) continue; /* (its rows were gathered with its first) */
+        h->seq[r] = b->seq[i];
+        h->all_dec[r] = 1;
+        h->n_runs++;
+        h->runs[r].rows = h->rows + at;
+        h->runs[r].snap = h->snap + at;
+        int32_t next = ag_state_len(st, b->seq[i]);
+        ag_status e = ag_state_check(st, b->seq[i], b->pos[i]);
+        if (e) return e;
+        for (int j = i; j < n; j++) {
+            if (b->seq[j] != b->seq[i]) continue;
+            if (b->pos[j] != next)
+                return ag_errorf(AG_ERR_INVALID, "sequence %d: position %d after %d in one batch (a recurrent layer "
+                                 "takes a sequence's positions in order)", b->seq[i], b->pos[j], next - 1);
+            next++;
+            h->rows[at++] = j;
+            h->runs[r].n_rows++;
+            if (j >= n_dec) h->all_dec[r] = 0;
+        }
+        h->n_snap[r] = h->runs[r].n_rows - (ag_state_snap_last(st) ? 0 : 1);
+    }
+    return AG_OK;
+}
+
+/* The hybrid decoder (granitehybrid, as llama.cpp's graph): per layer the
+ * input RMSNorm, then a Mamba-2 mixer (ssm_in, the mamba2 op over each
+ * sequence's state, ssm_out) or attention (no RoPE where the file says
+ * so), the branch times residual_scale added to x, the feed-forward's
+ * norm and SwiGLU, times residual_scale, added. Decode rows record each
+ * layer's state after them in the state's snapshot ring (what lets a
+ * verify window's rejected tail be trimmed). */
+static ag_status run_hybrid_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
+                                   const fwd_bufs *f) {
+    const ag_model_config *c = &m->cfg;
+    ag_backend           *be = m->be;
+    const ag_backend_ops *op = be->ops;
+    const int             n = b->n;
+    ag_state             *sst = ag_kv_state(kv);
+    if (!sst) return ag_errorf(AG_ERR_INVALID, "a model with recurrent layers needs a KV cache with state slots "
+                                               "(ag_model_kv_params)");
+    float *x = f->x, *h = f->h, *q = f->q, *k = f->k, *v = f->v, *att = f->att, *o = f->o, *gate = f->gate,
+          *up = f->up;
+    hybrid_runs hr;
+    ag_status   st = hybrid_runs_make(sst, b, n_dec, &hr);
+    const ag_ssm_shape base = {.d_conv = c->ssm_d_conv, .d_inner = c->ssm_d_inner, .d_state = c->ssm_d_state,
+                               .n_head = c->ssm_n_head, .n_group = c->ssm_n_group, .eps = c->rms_eps};
+#define TRY(call)                      \
+    do {                               \
+        if ((st = (call))) goto done;  \
+    } while (0)
+#define ADD_NORM(wn) TRY(add_norm(be, x, o, wn, n, c->n_embd, c->rms_eps, h))
+#define RES_SCALE() \
+    if (c->residual_scale != 1.0f) TRY(op->scale(be, o, c->residual_scale, (size_t)n * c->n_embd))
+    if (st) goto done;
+    for (int l = 0, rl = 0; l < c->n_layer; l++) {
+        const ag_layer_weights *w = &m->layers[l];
+        if (l == 0) TRY(op->rmsnorm(be, x, w->attn_norm.data, n, c->n_embd, c->rms_eps, h));
+        if (c->layer_recurrent[l]) {
+            TRY(op->matmul(be, &w->ssm_in, h, n, n_dec, gate));
+            ag_ssm_shape sh = base;
+            sh.conv_w = w->ssm_conv1d.data;
+            sh.conv_b = w->ssm_conv1d_b.data;
+            sh.dt_b = w->ssm_dt_b.data;
+            sh.a = w->ssm_a.data;
+            sh.d = w->ssm_d.data;
+            sh.norm_w = w->ssm_norm.data;
+            for (int r = 0; r < hr.n_runs; r++) {
+                ag_ssm_run *run = &hr.runs[r];
+                run->state = ag_state_layer(sst, hr.seq[r], rl);
+                for (int t = 0; t < run->n_rows; t++)
+                    hr.snap[run->rows - hr.rows + t] =
+                        hr.all_dec[r] && (t < hr.n_snap[r])
+                            ? ag_state_snap_slot(sst, hr.seq[r], rl, b->pos[run->rows[t]])
+                            : NULL;
+            }
+            TRY(op->mamba2(be, &sh, gate, hr.runs, hr.n_runs, up));
+            TRY(op->matmul(be, &w->ssm_out, up, n, n_dec, o));
+            rl++;
+        } else {
+            const ag_tensor *qkv_w[3] = {&w->wq, &w->wk, &w->wv};
+            float *const     qkv[3] = {q, k, v};
+            TRY(op->matmul_multi(be, qkv_w, 3, h, n, n_dec, qkv));
+            if (w->bq.data) TRY(op->add_bias(be, q, w->bq.data, n, c->n_head * c->head_dim_k));
+            if (w->bk.data) TRY(op->add_bias(be, k, w->bk.data, n, c->n_head_kv * c->head_dim_k));
+            if (w->bv.data) TRY(op->add_bias(be, v, w->bv.data, n, c->n_head_kv * c->head_dim_v));
+            ag_attn_shape shape = {.layer = c->kv_layer[l], .n_head = c->n_head, .n_head_kv = c->n_head_kv,
+                                   .head_dim_k = c->head_dim_k, .head_dim_v = c->head_dim_v, .scale = c->attn_scale};
+            if (!c->no_rope) {
+                TRY(op->rope(be, q, n, c->n_head, c->head_dim_k, c->rope_dim, b->pos, c->rope_base, c->rope_freq_scale,
+                             c->rope_neox));
+                TRY(op->rope(be, k, n, c->n_head_kv, c->head_dim_k, c->rope_dim, b->pos, c->rope_base,
+                             c->rope_freq_scale, c->rope_neox));
+            }
+            TRY(op->kv_store(be, kv, &shape, lay, k, v));
+            TRY(op->attention(be, kv, &shape, lay, q, att));
+            TRY(op->matmul(be, &w->wo, att, n, n_dec, o));
+            if (w->bo.data) TRY(op->add_bias(be, o, w->bo.data, n, c->n_embd));
+        }
+        RES_SCALE();
+        ADD_NORM(w->ffn_norm.data);
+        if (op->ffn) {
+            TRY(op->ffn(be, &w->ffn_gate, &w->ffn_up, &w->ffn_down, h, n, n_dec, false, gate, up, o));
+        } else {
+            const ag_tensor *gu_w[2] = {&w->ffn_gate, &w->ffn_up};
+            float *const     gu[2] = {gate, up};
+            TRY(op->matmul_multi(be, gu_w, 2, h, n, n_dec, gu));
+            TRY(op->silu_mul(be, gate, up, (size_t)n * c->n_ff));
+            TRY(op->matmul(be, &w->ffn_down, gate, n, n_dec, o));
+        }
+        RES_SCALE();
+        if (l + 1 < c->n_layer) ADD_NORM(m->layers[l + 1].attn_norm.data);
+        else TRY(op->add(be, x, o, (size_t)n * c->n_embd));
+    }
+    for (int r = 0; r < hr.n_runs; r++) {
+        const ag_ssm_run *run = &hr.runs[r];
+        const int32_t     p0 = b->pos[run->rows[0]];
+        int               got = 0; /* rows whose snapshots every layer wrote (from the first) */
+        while (got < run->n_rows && hr.snap[run->rows - hr.rows + got]) got++;
+        ag_state_advance(sst, hr.seq[r], p0 + run->n_rows, p0 + 1, p0 + got);
+    }
+#undef RES_SCALE
+#undef ADD_NORM
+#undef TRY
+done:
+    hybrid_runs_free(&hr);
+    return st;
+}
+
 ag_status ag_model_reserve_scratch(ag_model *m, int n_tokens) {
     if (n_tokens < 1) return AG_OK;
     fwd_bufs f;
@@ -994,9 +1284,10 @@ uint64_t ag_model_scratch_bytes(ag_model *m, int n_tokens, int n_ctx) {
     copies += ag_backend_weight_copy_bytes(be, &m->output);
     for (int l = 0; l < c->n_layer; l++) {
         const ag_layer_weights *w = &m->layers[l];
-        const ag_tensor *groups[4][3] = {{&w->wq, &w->wk, &w->wv}, {&w->wo}, {&w->ffn_gate, &w->ffn_up},
-                                         {&w->ffn_down}};
-        const int        sizes[4] = {3, 1, 2, 1};
+        const bool       ssm = w->ssm_in.data != NULL; /* a Mamba-2 layer: its projections instead of q/k/v and o */
+        const ag_tensor *groups[4][3] = {{ssm ? &w->ssm_in : &w->wq, &w->wk, &w->wv}, {ssm ? &w->ssm_out : &w->wo},
+                                         {&w->ffn_gate, &w->ffn_up}, {&w->ffn_down}};
+        const int        sizes[4] = {ssm ? 1 : 3, 1, 2, 1};
         for (int g = 0; g < (w->ffn_gate_exps.data ? 2 : 4); g++) {
             need = ag_backend_matmul_scratch_bytes(be, groups[g], sizes[g], n_tokens);
             if (need > mm) mm = need;
@@ -1128,7 +1419,8 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     } else {
         if ((st = op->get_rows(be, &m->tok_embd, b->token, n, f->x))) return st;
         if (c->embd_scale != 1.0f && (st = op->scale(be, f->x, c->embd_scale, (size_t)n * c->n_embd))) return st;
-        if ((st = run_layers(m, kv, b, lay, n_dec, f))) return st;
+        if ((st = c->n_recurrent ? run_hybrid_layers(m, kv, b, lay, n_dec, f) : run_layers(m, kv, b, lay, n_dec, f)))
+            return st;
     }
     /* Only the rows that want logits go through the (large) output matrix. */
     int          n_out_dec = 0, k = 0;
@@ -1150,6 +1442,8 @@ static ag_status issue_pass(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
         st = ag_tp_head(m->tp, f->x, n_out, n_out_dec, out);
     else
         st = op->matmul(be, &m->output, f->x, n_out, n_out_dec, out);
+    if (!st && c->logit_scale != 1.0f) /* Granite: the logits divided by logit_scale */
+        st = op->scale(be, out, 1.0f / c->logit_scale, (size_t)n_out * c->n_vocab);
     if (st) return st;
     /* the samplers' steps 1-2 before anything reads the rows */
     if (ok->edits == EDITS_IN_PASS) {

@@ -8,7 +8,9 @@
  * and post-norms, GELU, scaled embeddings), gpt-oss (q/k/v/o biases,
  * attention sinks, a sliding window on every other layer, YaRN rotary
  * scaling, routed experts with biases, top-k-then-softmax gating and a
- * clamped SwiGLU, MXFP4 experts), and one encoder: nomic-bert
+ * clamped SwiGLU, MXFP4 experts), granitehybrid (IBM Granite 4.0-H: Mamba-2
+ * layers beside attention layers without RoPE, Granite's multipliers; the
+ * CPU only), and one encoder: nomic-bert
  * (nomic-embed-text: BERT post-LayerNorm layers with bias, fused QKV, RoPE,
  * SwiGLU, bidirectional attention), an embedding model that runs through
  * ag_model_embed only, and gemma-embedding (EmbeddingGemma: gemma3's layers
@@ -39,7 +41,8 @@ typedef enum {
     AG_ARCH_QWEN3MOE,
     AG_ARCH_NOMIC_BERT,
     AG_ARCH_GPT_OSS,
-    AG_ARCH_GEMMA_EMBD
+    AG_ARCH_GEMMA_EMBD,
+    AG_ARCH_GRANITE_HYBRID
 } ag_arch;
 
 #define AG_MAX_LAYERS 256
@@ -85,6 +88,17 @@ typedef struct {
     bool    bidirectional;     /* attention.causal = false */
     int     pooling;           /* AG_POOL_*: how token states become one vector */
     float   norm_eps;          /* LayerNorm epsilon (attention.layer_norm_epsilon) */
+    /* Hybrid recurrent models (granitehybrid): Mamba-2 layers where
+     * layer_recurrent[l] (head_count_kv 0 in the file), attention layers
+     * elsewhere; the KV holds only the attention layers (kv_layer[l] is
+     * layer l's index there), the recurrent state its own slots (kv/state.h) */
+    int     n_recurrent;
+    uint8_t layer_recurrent[AG_MAX_LAYERS];
+    int16_t kv_layer[AG_MAX_LAYERS];
+    int     ssm_d_conv, ssm_d_inner, ssm_d_state, ssm_n_head, ssm_n_group;
+    bool    no_rope;           /* attention without positions (rope.scaling.finetuned = false) */
+    float   residual_scale;    /* Granite: each branch's output times this before its add (1: none) */
+    float   logit_scale;       /* Granite: logits divided by this (1: none) */
 } ag_model_config;
 
 /* Pooling of an encoder's last hidden states (llama.cpp's pooling_type
@@ -103,6 +117,11 @@ typedef struct {
     /* encoders (nomic-bert): the fused QKV matrix (wq, wk, wv are views of
      * its row ranges), and the post-LayerNorms with their biases */
     ag_tensor wqkv, attn_out_norm, attn_out_norm_b, layer_out_norm, layer_out_norm_b;
+    /* Mamba-2 layers (granitehybrid): the input projection [n_embd][2
+     * d_inner + 2 n_group d_state + n_head], the conv [C][d_conv] and its
+     * bias, dt's bias, A and D per head, the gated norm's gain, the output
+     * projection (all but the two projections F32) */
+    ag_tensor ssm_in, ssm_conv1d, ssm_conv1d_b, ssm_dt_b, ssm_a, ssm_d, ssm_norm, ssm_out;
 } ag_layer_weights;
 
 typedef struct ag_model ag_model;

@@ -150,6 +150,6 @@ ROW_KINDS = {"prompt": {}, "decode": {"chunk": 1, "extra": ("--decode",)},
 
 
 @pytest.mark.parametrize("kind", list(ROW_KINDS))
-@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3moe-tiny", "gpt-oss-tiny", "gpt-oss-tiny-f16"])
+@pytest.mark.parametrize("name", ["qwen3-tiny", "qwen3moe-tiny", "gpt-oss-tiny", "gpt-oss-tiny-f16", "granite-h-tiny"])
 def test_random_weights_match_llama_cpp(name, kind, random_model, tmp_path):
     check(random_model(name), name, tmp_path, **ROW_KINDS[kind])

@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/matmul_amx.h"
+#include "backend/cpu/mamba.h"
 #include "backend/cpu/moe.h"
 #include "backend/cpu/quant.h"
 #include "base/log.h"
@@ -335,6 +336,11 @@ static ag_status cpu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *s
     return AG_OK;
 }
 
+static ag_status cpu_mamba2(ag_backend *be, const ag_ssm_shape *sh, const float *zx, const ag_ssm_run *runs,
+                            int n_runs, float *y) {
+    return ag_cpu_mamba2(state_of(be)->pool, sh, zx, runs, n_runs, y);
+}
+
 static ag_status cpu_moe(ag_backend *be, const ag_moe_weights *w, const float *h, int n, int n_decode, float *o) {
     return ag_cpu_moe_run(be, &state_of(be)->moe, w, h, n, n_decode, o);
 }
@@ -413,6 +419,7 @@ static const ag_backend_ops cpu_ops = {
     .silu_mul = cpu_silu_mul,
     .gelu_mul = cpu_gelu_mul,
     .moe = cpu_moe,
+    .mamba2 = cpu_mamba2,
     .kv_store = cpu_kv_store,
     .attention = cpu_attention,
     .argmax = cpu_argmax,
