@@ -54,3 +54,11 @@ ag_status ag_backend_new(ag_device dev, const ag_cpu_params *cpu, int decode_row
     return ag_errorf(AG_ERR_UNSUPPORTED, "--device cuda: this build has no CUDA backend (build with `make CUDA=1`)");
 #endif
 }
+
+ag_status ag_backend_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
+                                 float *out) {
+    const ag_backend_ops *op = be->ops;
+    if (op->add_rmsnorm) return op->add_rmsnorm(be, x, o, w, n, dim, eps, out);
+    const ag_status st = op->add(be, x, o, (size_t)n * dim);
+    return st ? st : op->rmsnorm(be, x, w, n, dim, eps, out);
+}

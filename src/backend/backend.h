@@ -401,6 +401,11 @@ size_t ag_backend_weight_copy_bytes(ag_backend *be, const ag_tensor *w);
  * matmul buffer above (over expert views, ag_moe_expert_view). 0 for a
  * backend without the op. */
 size_t ag_backend_moe_scratch_bytes(ag_backend *be, const ag_moe_weights *w, int n_tokens);
+/* x += o, then out = rmsnorm(x) · w (a residual add and the next norm):
+ * the backend's add_rmsnorm where it has one, else add then rmsnorm (the
+ * same bits either way). */
+ag_status ag_backend_add_rmsnorm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
+                                 float *out);
 /* Attention scratch for batches of up to n_tokens rows at positions below
  * n_ctx over a KV of block_size positions per block, for every thread. */
 size_t ag_backend_attention_scratch_bytes(ag_backend *be, const ag_attn_shape *sh, int block_size, int n_tokens,

@@ -994,20 +994,6 @@ static ag_status fwd_buffers(ag_model *m, int n, int n_out, fwd_bufs *f) {
     return AG_OK;
 }
 
-/* The decoder layers over the batch: x (embedded tokens) in, x (final
- * residual stream) out. Every op goes to the backend; the first error ends
- * the pass. */
-/* x += o, then h = rmsnorm(x) with gain w (a residual add and the next
- * norm): one op where the backend fuses them, else add and rmsnorm (the
- * same bits). */
-static ag_status add_norm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
-                          float *h) {
-    const ag_backend_ops *op = be->ops;
-    if (op->add_rmsnorm) return op->add_rmsnorm(be, x, o, w, n, dim, eps, h);
-    ag_status st = op->add(be, x, o, (size_t)n * dim);
-    return st ? st : op->rmsnorm(be, x, w, n, dim, eps, h);
-}
-
 /* Layer l's routed experts, as the moe op takes them. */
 static ag_moe_weights moe_weights(const ag_model *m, int l) {
     const ag_layer_weights *w = &m->layers[l];
@@ -1020,6 +1006,9 @@ static ag_moe_weights moe_weights(const ag_model *m, int l) {
                             .up_b = w->ffn_up_exps_b.data, .down_b = w->ffn_down_exps_b.data};
 }
 
+/* The decoder layers over the batch: x (embedded tokens) in, x (final
+ * residual stream) out. Every op goes to the backend; the first error ends
+ * the pass. */
 static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_batch_layout *lay, int n_dec,
                             const fwd_bufs *f) {
     const ag_model_config *c = &m->cfg;
@@ -1035,7 +1024,7 @@ static ag_status run_layers(ag_model *m, ag_kv *kv, const ag_batch *b, const ag_
     do {                               \
         if ((st = (call))) return st;  \
     } while (0)
-#define ADD_NORM(wn) TRY(add_norm(be, x, o, wn, n, c->n_embd, c->rms_eps, h))
+#define ADD_NORM(wn) TRY(ag_backend_add_rmsnorm(be, x, o, wn, n, c->n_embd, c->rms_eps, h))
     for (int l = 0; l < c->n_layer; l++) {
         const ag_layer_weights *w = &m->layers[l];
         /* later layers' input norm ran with the previous layer's last add */
@@ -1182,7 +1171,7 @@ static ag_status run_hybrid_layers(ag_model *m, ag_kv *kv, const ag_batch *b, co
     do {                               \
         if ((st = (call))) goto done;  \
     } while (0)
-#define ADD_NORM(wn) TRY(add_norm(be, x, o, wn, n, c->n_embd, c->rms_eps, h))
+#define ADD_NORM(wn) TRY(ag_backend_add_rmsnorm(be, x, o, wn, n, c->n_embd, c->rms_eps, h))
 #define RES_SCALE() \
     if (c->residual_scale != 1.0f) TRY(op->scale(be, o, c->residual_scale, (size_t)n * c->n_embd))
     if (st) goto done;

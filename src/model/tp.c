@@ -335,15 +335,6 @@ static ag_status stage_for(ag_tp *tp, size_t bytes) {
 
 /* ---- the pass ---- */
 
-/* x += o, then h = rmsnorm(x) · w, as model.c's add_norm */
-static ag_status add_norm(ag_backend *be, float *x, const float *o, const float *w, int n, int dim, float eps,
-                          float *h) {
-    const ag_backend_ops *op = be->ops;
-    if (op->add_rmsnorm) return op->add_rmsnorm(be, x, o, w, n, dim, eps, h);
-    ag_status st = op->add(be, x, o, (size_t)n * dim);
-    return st ? st : op->rmsnorm(be, x, w, n, dim, eps, h);
-}
-
 /* The vocabulary-parallel embedding: rank r writes the rows of the tokens
  * in its run and zeros elsewhere; the all-reduce then leaves every token's
  * row (plus zeros: the same value) in every rank. Host memory. */
@@ -420,7 +411,7 @@ ag_status ag_tp_layers(ag_tp *tp, ag_kv *kv, const ag_batch *b, const ag_batch_l
             const ag_backend_ops *op = be->ops;
             if (w->post_attn_norm.data)
                 TRY(op->rmsnorm(be, s->o, w->post_attn_norm.data, n, c->n_embd, c->rms_eps, s->o));
-            TRY(add_norm(be, s->x, s->o, w->ffn_norm.data, n, c->n_embd, c->rms_eps, s->h));
+            TRY(ag_backend_add_rmsnorm(be, s->x, s->o, w->ffn_norm.data, n, c->n_embd, c->rms_eps, s->h));
             if (op->ffn) {
                 TRY(op->ffn(be, &L->gate, &L->up, &L->down, s->h, n, n_dec, c->gelu, s->gate, s->up, s->o));
             } else {
@@ -440,7 +431,7 @@ ag_status ag_tp_layers(ag_tp *tp, ag_kv *kv, const ag_batch *b, const ag_batch_l
             if (w->post_ffn_norm.data)
                 TRY(op->rmsnorm(be, s->o, w->post_ffn_norm.data, n, c->n_embd, c->rms_eps, s->o));
             if (l + 1 < c->n_layer)
-                TRY(add_norm(be, s->x, s->o, tp->full[l + 1].attn_norm.data, n, c->n_embd, c->rms_eps, s->h));
+                TRY(ag_backend_add_rmsnorm(be, s->x, s->o, tp->full[l + 1].attn_norm.data, n, c->n_embd, c->rms_eps, s->h));
             else
                 TRY(op->add(be, s->x, s->o, xe));
         }
