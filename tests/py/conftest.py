@@ -107,6 +107,36 @@ class AugurServer:
         return self.proc.returncode
 
 
+class ScriptedServers:
+    """Servers whose outputs are scripted (the server's AUGUR_TEST_SCRIPT
+    hook: each request writes the next given text token by token through
+    the engine). As a context manager it yields start(*outputs), which
+    starts a server on `model` (flags `args`, default --parallel 2; extra
+    environment `env`) whose requests write outputs[0], outputs[1], ... in
+    turn; on exit every server is stopped and must exit 0."""
+
+    def __init__(self, model, tmp_path, env=None, *args):
+        self.model, self.tmp_path, self.env = model, tmp_path, env or {}
+        self.args = args or ("--parallel", "2")
+        self.servers = []
+
+    def start(self, *outputs):
+        import json
+        script = self.tmp_path / f"script{len(self.servers)}.json"
+        script.write_text(json.dumps(list(outputs)))
+        env = {**os.environ, **self.env, "AUGUR_TEST_SCRIPT": str(script)}
+        s = AugurServer(self.model, *self.args, env=env)
+        self.servers.append(s)
+        return s
+
+    def __enter__(self):
+        return self.start
+
+    def __exit__(self, *exc):
+        for s in self.servers:
+            assert s.stop() == 0, s.final_stderr[-4000:]
+
+
 @pytest.fixture
 def augur_server():
     """Factory: augur_server(model, *flags) starts a server that is stopped

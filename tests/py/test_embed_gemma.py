@@ -9,6 +9,8 @@ import base64, json, os, subprocess
 import numpy as np
 import pytest
 
+from conftest import AugurServer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "embeddinggemma-300m")
 DATA = os.path.join(ROOT, "tests", "data", "embed")
@@ -73,21 +75,10 @@ def test_dimensions_truncate_and_renormalize():
 
 
 def test_embeddings_endpoint():
-    import socket, time, urllib.request
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    p = subprocess.Popen([BIN, "serve", "-m", MODEL, "-t", "2", "--port", str(port)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
+    import urllib.request
+    p = AugurServer(MODEL, "-t", "2")
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                urllib.request.urlopen(base + "/health", timeout=1)
-                break
-            except Exception:
-                time.sleep(0.1)
+        base = p.base
         items = _ref()["items"][:4]
         body = json.dumps({"input": [it["text"] for it in items], "encoding_format": "float"}).encode()
         req = urllib.request.Request(base + "/v1/embeddings", data=body, headers={"Content-Type": "application/json"})
@@ -97,5 +88,4 @@ def test_embeddings_endpoint():
         for d, it in zip(j["data"], items):
             assert _cos(np.array(d["embedding"]), _vec(it)) >= 0.999
     finally:
-        p.terminate()
-        p.wait(timeout=30)
+        assert p.stop() == 0, p.final_stderr[-4000:]

@@ -7,6 +7,8 @@ import base64, json, os, subprocess
 import numpy as np
 import pytest
 
+from conftest import AugurServer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = os.path.join(ROOT, "models", "nomic-embed-text-v1.5.f16.gguf")
 DATA = os.path.join(ROOT, "tests", "data", "embed")
@@ -50,23 +52,9 @@ def test_embeddings_match_llama_cpp():
 
 @pytest.fixture(scope="module")
 def server():
-    import socket, time, urllib.request
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    p = subprocess.Popen([BIN, "serve", "-m", MODEL, "-t", "2", "--port", str(port)], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            urllib.request.urlopen(base + "/health", timeout=1)
-            break
-        except Exception:
-            time.sleep(0.1)
-    yield base
-    p.terminate()
-    p.wait(timeout=30)
+    p = AugurServer(MODEL, "-t", "2")
+    yield p.base
+    assert p.stop() == 0, p.final_stderr[-4000:]
 
 
 def _post(base, path, body):

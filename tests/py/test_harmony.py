@@ -17,20 +17,18 @@ renders those tokens as text (tok.c, as llama.cpp); <|call|> and <|return|>
 end a gpt-oss generation without text, as the end of a script does here.
 test_special_tokens_render_and_parse checks that token path itself on a copy
 of stories260K whose vocabulary gets the harmony tokens appended as control
-tokens (with_harmony_tokens: the token list, scores and types extended, and
+tokens (gguf_edit.copy_with_template: the token list, scores and types extended, and
 small random rows appended to token_embd and output)."""
 import json
 import os
 import re
 
 import anthropic
-import gguf
-import numpy as np
 import pytest
 
-from conftest import ROOT, TINY_GGUF, AugurServer
+from conftest import ROOT, TINY_GGUF, AugurServer, ScriptedServers
 import jinja_ref
-from test_reasoning import with_template
+from gguf_edit import copy_with_template
 
 TEMPLATE = os.path.join(ROOT, "tests", "data", "templates", "openai-gpt-oss-120b.jinja")
 REASONING = "The user greets me.\nI should greet back."
@@ -58,7 +56,7 @@ CLOCK = {"SOURCE_DATE_EPOCH": "1735689600", "TZ": "UTC"}
 def harmony_model(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("harmony") / "stories260K-gpt-oss-template.gguf")
     with open(TEMPLATE, encoding="utf-8") as f:
-        with_template(TINY_GGUF, path, f.read())
+        copy_with_template(TINY_GGUF, path, f.read())
     return path
 
 
@@ -66,71 +64,11 @@ def harmony_model(tmp_path_factory):
 def scripted(harmony_model, tmp_path):
     """scripted(*outputs): a server on the harmony model whose requests write
     outputs[0], outputs[1], ... in turn (debug log: the rendered prompts)."""
-    servers = []
-
-    def start(*outputs):
-        script = tmp_path / f"script{len(servers)}.json"
-        script.write_text(json.dumps(list(outputs)))
-        env = {**os.environ, **CLOCK, "AUGUR_TEST_SCRIPT": str(script), "AUGUR_LOG": "debug"}
-        s = AugurServer(harmony_model, "--parallel", "2", env=env)
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        assert s.stop() == 0, s.final_stderr[-4000:]
+    with ScriptedServers(harmony_model, tmp_path, {**CLOCK, "AUGUR_LOG": "debug"}) as start:
+        yield start
 
 
 HARMONY_TOKENS = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
-
-
-def with_harmony_tokens(src, dst, template):
-    """A copy of the GGUF src with gpt-oss's template and its special tokens
-    appended to the vocabulary as control tokens (as in gpt-oss's own GGUF;
-    their embedding and output rows are small random vectors)."""
-    r = gguf.GGUFReader(src)
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = gguf.GGUFWriter(dst, arch)
-    extra = {"tokenizer.ggml.tokens": HARMONY_TOKENS, "tokenizer.ggml.scores": [0.0] * len(HARMONY_TOKENS),
-             "tokenizer.ggml.token_type": [int(gguf.TokenType.CONTROL)] * len(HARMONY_TOKENS)}
-    n_vocab = None
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
-            continue
-        vtype = f.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            if f.types[-1] == gguf.GGUFValueType.STRING:
-                vals = [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data]
-            else:
-                vals = [f.parts[i][0].item() for i in f.data]
-            if name in extra:
-                n_vocab = len(vals) + len(HARMONY_TOKENS)
-                vals = vals + extra[name]
-            if name == "tokenizer.ggml.scores":
-                w.add_array(name, [float(v) for v in vals])
-            else:
-                w.add_array(name, vals)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(f.parts[-1]).decode("utf-8", "surrogateescape"))
-        elif name.endswith(".vocab_size"):
-            w.add_key_value(name, f.parts[-1][0].item() + len(HARMONY_TOKENS), vtype)
-        else:
-            w.add_key_value(name, f.parts[-1][0].item(), vtype)
-    w.add_string("tokenizer.chat_template", template)
-    rng = np.random.default_rng(0)
-    for t in r.tensors:
-        data = np.array(t.data)
-        if t.name in ("token_embd.weight", "output.weight"):
-            assert data.shape[0] + len(HARMONY_TOKENS) == n_vocab and data.dtype == np.float32
-            rows = (rng.standard_normal((len(HARMONY_TOKENS), data.shape[1])) * 0.02).astype(np.float32)
-            data = np.concatenate([data, rows])
-            w.add_tensor(t.name, data)
-        else:
-            w.add_tensor(t.name, data, raw_shape=list(t.data.shape), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def anthropic_client(s):
@@ -379,11 +317,9 @@ def test_special_tokens_render_and_parse(tmp_path):
     end generation."""
     path = str(tmp_path / "stories260K-harmony-tokens.gguf")
     with open(TEMPLATE, encoding="utf-8") as f:
-        with_harmony_tokens(TINY_GGUF, path, f.read())
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps([OUTPUT]))
-    s = AugurServer(path, "--parallel", "1", env={**os.environ, **CLOCK, "AUGUR_TEST_SCRIPT": str(script)})
-    try:
+        copy_with_template(TINY_GGUF, path, f.read(), HARMONY_TOKENS)
+    with ScriptedServers(path, tmp_path, CLOCK, "--parallel", "1") as start:
+        s = start(OUTPUT)
         ids = {t: post(s, "/tokenize", {"content": t, "parse_special": True})["tokens"] for t in HARMONY_TOKENS}
         assert all(len(v) == 1 and v[0] >= 512 for v in ids.values()), ids
         # the script's markers are written as the special tokens (a bias
@@ -396,8 +332,6 @@ def test_special_tokens_render_and_parse(tmp_path):
         tokens = [e.token for e in r.choices[0].logprobs.content]
         assert tokens.count("<|channel|>") == 2 and tokens.count("<|message|>") == 2
         assert tokens.count("<|end|>") == 1 and tokens.count("<|start|>") == 1
-    finally:
-        assert s.stop() == 0
     # without a script: <|return|> and <|call|> end generation (nothing of
     # them is text); <|end|> does not, it ends a message
     s = AugurServer(path, "--parallel", "1")

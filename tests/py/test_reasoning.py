@@ -13,10 +13,10 @@ import json
 import os
 
 import anthropic
-import gguf
 import pytest
 
-from conftest import SHARED, TINY_GGUF, AugurServer
+from conftest import SHARED, TINY_GGUF, ScriptedServers
+from gguf_edit import copy_with_template
 
 QWEN3_TEMPLATE = os.path.join(SHARED, "testdata", "templates", "Qwen-Qwen3-0.6B.jinja")
 REASONING = "The user greets me.\nI should greet back."
@@ -32,38 +32,11 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 HI = [{"role": "user", "content": "Hi!"}]
 
 
-def with_template(src, dst, template):
-    """A copy of the GGUF src with tokenizer.chat_template replaced."""
-    r = gguf.GGUFReader(src)
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = gguf.GGUFWriter(dst, arch)
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name in ("general.architecture", "tokenizer.chat_template"):
-            continue
-        vtype = f.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            if f.types[-1] == gguf.GGUFValueType.STRING:
-                w.add_array(name, [bytes(f.parts[i]).decode("utf-8", "surrogateescape") for i in f.data])
-            else:
-                w.add_array(name, [f.parts[i][0].item() for i in f.data])
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_string(name, bytes(f.parts[-1]).decode("utf-8", "surrogateescape"))
-        else:
-            w.add_key_value(name, f.parts[-1][0].item(), vtype)
-    w.add_string("tokenizer.chat_template", template)
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_shape=list(t.data.shape), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 @pytest.fixture(scope="module")
 def thinking_model(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("think") / "stories260K-qwen3-template.gguf")
     with open(QWEN3_TEMPLATE) as f:
-        with_template(TINY_GGUF, path, f.read())
+        copy_with_template(TINY_GGUF, path, f.read())
     return path
 
 
@@ -71,18 +44,8 @@ def thinking_model(tmp_path_factory):
 def scripted(thinking_model, tmp_path):
     """scripted(*outputs): a server on the thinking model whose requests
     write outputs[0], outputs[1], ... in turn."""
-    servers = []
-
-    def start(*outputs):
-        script = tmp_path / f"script{len(servers)}.json"
-        script.write_text(json.dumps(list(outputs)))
-        s = AugurServer(thinking_model, "--parallel", "2", env={**os.environ, "AUGUR_TEST_SCRIPT": str(script)})
-        servers.append(s)
-        return s
-
-    yield start
-    for s in servers:
-        assert s.stop() == 0, s.final_stderr[-4000:]
+    with ScriptedServers(thinking_model, tmp_path) as start:
+        yield start
 
 
 def test_chat_reasoning_content(scripted):
