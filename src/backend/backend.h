@@ -90,8 +90,9 @@ typedef struct {
      * Only backends with the layernorm op are given it (encoder models are
      * refused elsewhere at load). */
     bool  bidirectional;
-    /* NULL, or n_head learned logits (gpt-oss's attention sinks), host
-     * memory: head h's softmax runs over its scores and sinks[h] (a logit
+    /* NULL, or n_head learned logits (gpt-oss's attention sinks) in the
+     * backend's memory (the prepared F32 weight's data: device memory on
+     * a GPU, as the biases are): head h's softmax runs over its scores and sinks[h] (a logit
      * in the scaled units of scale · q·k), whose weight goes nowhere (it
      * has no value row): out = Σ_j e^(s_j - m) V_j / (Σ_j e^(s_j - m) +
      * e^(sinks[h] - m)), m the largest of the scores and sinks[h]. Only

@@ -1219,11 +1219,14 @@ static void copy_kv(ag_kv *src, ag_kv *dst, const ag_batch_layout *lay, int pass
 /* P1: the first sequence's length after the first pass (600 reaches every
  * split of a split-K decode attention; shorter cases keep the test quick). */
 /* sinks: one learned logit per head beside each softmax (gpt-oss), where
- * the backend has them (attn_sinks). */
+ * the backend has them (attn_sinks); in the backend's memory, as a model
+ * passes its prepared weight. */
 static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, int P1, bool sinks) {
     const int32_t windows[2] = {0, 9};
     float         sink[64];
     for (int h = 0; h < N_HEAD; h++) sink[h] = (float)(h % 5) - 2.0f; /* -2..2: from none to most of the weight */
+    sink[N_HEAD - 1] = 9.0f; /* far above every score: nearly all of the weight, the max the sink's */
+    float        *dsink = sinks ? dev_put(g_be, sink, sizeof(float) * N_HEAD) : NULL;
     kv_fixture    f = make_kv(g_be, N_KV, HD, windows);
     int32_t       toks[1024] = {0};
     for (int pass = 0; pass < 2; pass++) {
@@ -1248,7 +1251,7 @@ static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, in
             const int     layer = run / 2;
             ag_attn_shape sh = {.layer = layer, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD,
                                 .head_dim_v = HD, .scale = 0.125f, .window = windows[layer], .softcap = softcap,
-                                .sinks = sinks ? sink : NULL};
+                                .sinks = dsink};
             lay.n_decode = run % 2 ? n : 0;
             if (g_be->ops->begin) assert_int_equal(g_be->ops->begin(g_be, f.kv, &lay, toks), AG_OK);
             assert_int_equal(g_be->ops->kv_store(g_be, f.kv, &sh, &lay, dk, dv), AG_OK);
@@ -1318,7 +1321,9 @@ static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, in
                 float *hq = q, *hout = malloc(sizeof(float) * n * N_HEAD * HD);
                 kv_fixture hc = make_kv(g_cpu, N_KV, HD, windows);
                 copy_kv(f.kv, hc.kv, &lay, pass);
-                assert_int_equal(g_cpu->ops->attention(g_cpu, hc.kv, &sh, &lay, hq, hout), AG_OK);
+                ag_attn_shape hsh = sh;
+                hsh.sinks = sinks ? sink : NULL; /* (the CPU's memory) */
+                assert_int_equal(g_cpu->ops->attention(g_cpu, hc.kv, &hsh, &lay, hq, hout), AG_OK);
                 double e = rel_err_f(out, hout, (size_t)n * N_HEAD * HD);
                 if (e > 5e-4) fail_msg("cuda vs cpu %s: err %.3g", what, e);
                 free(hout);
@@ -1331,6 +1336,7 @@ static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, in
         g_be->ops->free(g_be, dq), g_be->ops->free(g_be, dk), g_be->ops->free(g_be, dv), g_be->ops->free(g_be, dout);
         free(q), free(k), free(v);
     }
+    if (dsink) g_be->ops->free(g_be, dsink);
     ag_kv_free(f.kv);
 }
 
@@ -1427,7 +1433,16 @@ static void attention_paged(void **state) {
     attention_case(256, 0.0f, 4, 1, 150); /* Gemma 3 270M */
     /* gpt-oss: 64 heads of 64 over 8 (8 a KV head), a sink per head (a
      * backend without them refuses such models at load) */
-    if (g_be->ops->attn_sinks) attention_case_sinks(64, 0.0f, 16, 2, 300, true);
+    if (g_be->ops->attn_sinks) {
+        attention_case_sinks(64, 0.0f, 16, 2, 300, true);
+        /* every split of a split-K decode row (each split's partial without
+         * the sink, the sink once at the merge); short rows (one split) and
+         * the window-9 layer are in every case */
+        attention_case_sinks(64, 0.0f, 16, 2, 600, true);
+        attention_case_sinks(64, 0.0f, 8, 8, 150, true);    /* one query head a KV head */
+        attention_case_sinks(128, 30.0f, 8, 1, 150, true);  /* head dim 128, a softcap before the sink */
+        attention_case_sinks(256, 0.0f, 4, 1, 150, true);   /* the per-head tensor-core prompt kernel */
+    }
 }
 
 int main(void) {

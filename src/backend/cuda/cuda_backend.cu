@@ -511,6 +511,7 @@ static ag_backend_ops make_ops(void) {
     o.argmax = cu_argmax;
     o.device_memory = cu_device_memory;
     o.attention = cu_attention;
+    o.attn_sinks = true;
     return o;
 }
 /* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off),
