@@ -17,6 +17,7 @@
  *   attn_prompt_mma.cu   prompt rows on mma.sync (attention_fa1_k, attention_fa_k, attention_mma_k)
  *   attn_prompt_wgmma.cu prompt rows on wgmma (sm_90a: attention_wg_k, attention_wgp_k)
  *   sample.cu         argmax, pick, cands, edit, mask (the kernels: sample_*.cuh)
+ *   mamba.cu          the Mamba-2 mixer (mamba2)
  */
 #ifndef AG_CUDA_OPS_CUH
 #define AG_CUDA_OPS_CUH
@@ -128,5 +129,10 @@ static inline void kv_select(cuda_state *s, ag_kv *kv, int layer) {
     s->d_slot = ring ? s->d_slot_ring : s->d_slot_main;
     s->d_tok_table = ring ? s->d_tt_ring : s->d_tt_main;
 }
+
+/* ---- mamba.cu ---- */
+ag_status cu_mamba2(ag_backend *be, const ag_ssm_shape *sh, const float *zx, const ag_ssm_run *runs, int n_runs,
+                    float *y);
+void      ssm_free(cuda_state *s); /* (cu_destroy) */
 
 #endif
