@@ -643,6 +643,42 @@ static void small_ops(void **state) {
         check(neox ? "rope (neox)" : "rope", out, ref, (size_t)N * N_HEAD * HD, 1e-5);
         free(out);
     }
+    /* rope_freqs (YaRN): a given frequency per pair (host memory), the rotated values times mscale */
+    for (int neox = 0; neox < 2 && g_be->ops->rope_freqs; neox++) {
+        const int rope_dim = neox ? 24 : HD, half = rope_dim / 2;
+        float     freq[64];
+        for (int i = 0; i < half; i++) freq[i] = (float)(pow(150000.0, -2.0 * i / rope_dim) / (i % 3 == 0 ? 32.0 : 1.0));
+        const int base_pos = ag_kv_seq_len(f.kv, f.seq[0]);
+        for (int i = 0; i < N; i++) pos[i] = base_pos + i;
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
+        begin_pass(g_be, f.kv, &lay, toks);
+        assert_int_equal(g_be->ops->copy(g_be, dout, dx, (size_t)N * N_HEAD * HD * 4), AG_OK);
+        assert_int_equal(g_be->ops->rope_freqs(g_be, dout, N, N_HEAD, HD, rope_dim, pos, freq, 1.3466f, neox), AG_OK);
+        out = host_get(g_be, dout, (size_t)N * N_HEAD * HD);
+        commit_pass(f.kv, &lay);
+        for (int t = 0; t < N; t++)
+            for (int h = 0; h < N_HEAD; h++) {
+                const float *v = x + ((size_t)t * N_HEAD + h) * HD;
+                double      *r = ref + ((size_t)t * N_HEAD + h) * HD;
+                for (int i = 0; i < HD; i++) r[i] = v[i];
+                for (int i = 0; i < half; i++) {
+                    const double th = (double)pos[t] * freq[i], m = 1.3466f;
+                    const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                    r[i0] = m * (v[i0] * cos(th) - v[i1] * sin(th));
+                    r[i1] = m * (v[i0] * sin(th) + v[i1] * cos(th));
+                }
+            }
+        check(neox ? "rope_freqs (neox)" : "rope_freqs", out, ref, (size_t)N * N_HEAD * HD, 1e-5);
+        if (!g_is_cpu) { /* the CPU's: the same float operations, cos and sin in double on both */
+            float *hx = malloc(sizeof(float) * N * N_HEAD * HD);
+            memcpy(hx, x, sizeof(float) * N * N_HEAD * HD);
+            assert_int_equal(g_cpu->ops->rope_freqs(g_cpu, hx, N, N_HEAD, HD, rope_dim, pos, freq, 1.3466f, neox), AG_OK);
+            const double e = rel_err_f(out, hx, (size_t)N * N_HEAD * HD);
+            if (e > 1e-6) fail_msg("%s rope_freqs vs cpu: rel err %.3g", g_be->ops->name, e);
+            free(hx);
+        }
+        free(out);
+    }
     ag_kv_free(f.kv);
     g_be->ops->free(g_be, dx), g_be->ops->free(g_be, du), g_be->ops->free(g_be, dw), g_be->ops->free(g_be, dout);
     free(x), free(u), free(w), free(ref);

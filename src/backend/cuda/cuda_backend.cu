@@ -514,6 +514,7 @@ static ag_backend_ops make_ops(void) {
     o.attention = cu_attention;
     o.attn_sinks = true;
     o.mamba2 = cu_mamba2;
+    o.rope_freqs = cu_rope_freqs;
     return o;
 }
 /* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off),

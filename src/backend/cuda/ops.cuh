@@ -88,6 +88,8 @@ ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const
 /* ---- rope_kv.cu ---- */
 ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
                   float base, float freq_scale, bool neox);
+ag_status cu_rope_freqs(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
+                        const float *freq, float mscale, bool neox);
 ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b, const float *k,
                       const float *v);
 ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b, float *q,
