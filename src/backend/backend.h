@@ -102,7 +102,8 @@ typedef struct {
 } ag_attn_shape;
 
 /* One Mamba-2 layer's mixer after its input projection (granitehybrid):
- * the weights (host memory, F32) and sizes. conv channels C = d_inner +
+ * the weights (F32, in the backend's memory: the prepared tensors' data)
+ * and sizes. conv channels C = d_inner +
  * 2 n_group d_state; a projected row is [z: d_inner][xBC: C][dt: n_head]. */
 typedef struct {
     const float *conv_w; /* [C][d_conv], the causal depthwise conv (oldest tap first) */
@@ -118,7 +119,9 @@ typedef struct {
 /* One sequence's rows of a batch for the Mamba-2 op: rows[0..n_rows) in
  * position order, its layer state (conv [d_conv-1][C] then SSM
  * [n_head][head_dim][d_state], updated in place) and, per row, NULL or
- * where the state reached after that row is copied (a snapshot). */
+ * where the state reached after that row is copied (a snapshot); state
+ * and snapshots in the backend's memory (the KV's state slots: kv/state.h),
+ * rows and the snap array on the host. */
 typedef struct {
     const int32_t *rows;
     int32_t        n_rows;
