@@ -124,14 +124,19 @@ $(BUILD)/%.o: %.cu $(CONFIG_STAMP)
 # against mmq's arithmetic, bit for bit): for kernel edits without a GPU.
 # EMU_DIMS: how many of its row sizes.
 EMU_DIMS ?= 4
-cuda-emu: $(BUILD)/emu/cands_emu $(BUILD)/emu/pick_emu $(BUILD)/emu/edit_emu $(BUILD)/emu/mmqv_emu
+cuda-emu: $(BUILD)/emu/cands_emu $(BUILD)/emu/pick_emu $(BUILD)/emu/edit_emu $(BUILD)/emu/mmqv_emu $(BUILD)/emu/mamba_emu
 	$(BUILD)/emu/cands_emu $(EMU_DIMS)
 	$(BUILD)/emu/pick_emu $(EMU_DIMS)
 	$(BUILD)/emu/edit_emu
 	$(BUILD)/emu/mmqv_emu
+	$(BUILD)/emu/mamba_emu
 $(BUILD)/emu/argmax.o: src/base/argmax.c src/base/argmax.h
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -O2 -Isrc -c $< -o $@
+# (mamba_emu runs the CPU op beside the kernels: it links the library)
+$(BUILD)/emu/mamba_emu: tests/emu/mamba_emu.cpp tests/emu/cuda_shim.h src/backend/cuda/mamba_kernels.cuh $(LIB)
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -Isrc -Itests/emu -o $@ $< $(LIB) -lpthread -lm
 $(BUILD)/emu/%_emu: tests/emu/%_emu.cpp tests/emu/cuda_shim.h $(wildcard src/backend/cuda/sample_*.cuh) src/backend/cuda/mmqv.cuh $(BUILD)/emu/argmax.o
 	@mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O2 -Isrc -Itests/emu -o $@ $< $(BUILD)/emu/argmax.o -lpthread -lm

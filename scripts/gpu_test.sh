@@ -197,6 +197,9 @@ build/cuda/bench/gen_model $R/qwen05b-q8_0.gguf qwen05b --type Q8_0 --layers 4
 # qwen3 (dense): ops the GPU has (gemma3's q/k norms), never run there before issue 44; qwen3moe is refused on
 # the GPU (no moe op yet), so it is not compared
 build/cuda/bench/gen_model $R/qwen3-1.7b-q4_k_m.gguf qwen3-1.7b --type Q4_K_M --layers 4
+# granitehybrid: Mamba-2 layers (the mamba2 op, the recurrent state and its snapshots in device memory) beside
+# attention layers without RoPE; decode rows in chunks of 7 snapshot the state after each row
+build/cuda/bench/gen_model $R/granite-h-tiny-q4_k.gguf granite-h-tiny --type Q4_K
 rc=$variant_rc
 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 echo "== whole models with the one-block decode attention (AUGUR_CUDA_SPLITK=0)"
@@ -208,6 +211,21 @@ AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur -
 echo "== whole models with the one-pass prompt attention on mma.sync (AUGUR_CUDA_FA=1; the default off sm_90a)"
 AUGUR_CUDA_FA=1 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 AUGUR_CUDA_FA=1 python3 scripts/compare_backends.py --bin build/cuda/augur --random $R/*.gguf || rc=1
+# gpt-oss (attention sinks in every attention kernel, sliding-window layers, YaRN's rope_freqs, MXFP4 routed
+# experts): compared where this build's CUDA backend has every op the family needs (the moe op and MXFP4 matmuls
+# come from another branch); else one SKIP line that names what is missing. Not in $R (the globs above).
+O=build/cuda/gpt-oss-tiny.gguf
+build/cuda/bench/gen_model $O gpt-oss-tiny --type MXFP4 --dense F32 >/dev/null
+if build/cuda/augur logits --device cuda -m $O --tokens build/cuda/ids.txt --chunk 64 -o build/cuda/oss.bin \
+     2>build/cuda/oss.err >/dev/null; then
+  echo "== gpt-oss-tiny, GPU vs CPU (default kernels; one-block decode attention; two-pass and mma.sync prompt attention)"
+  python3 scripts/compare_backends.py --bin build/cuda/augur --random $O || rc=1
+  AUGUR_CUDA_SPLITK=0 python3 scripts/compare_backends.py --bin build/cuda/augur --random $O || rc=1
+  AUGUR_CUDA_FA=2pass python3 scripts/compare_backends.py --bin build/cuda/augur --random $O || rc=1
+  AUGUR_CUDA_FA=1 python3 scripts/compare_backends.py --bin build/cuda/augur --random $O || rc=1
+else
+  echo "SKIP gpt-oss-tiny on the GPU: $(grep -m1 'not supported' build/cuda/oss.err || tail -n1 build/cuda/oss.err)"
+fi
 echo "== fused ops (add_rmsnorm, rope_kv_store, activations left converted by their producer) give the separate ops' bits"
 # (the feed-forward op's BF16 prompt rows round otherwise: AUGUR_CUDA_FFN16=0 on both sides; the GPU-vs-CPU
 # comparisons above hold them to the CPU)

@@ -90,8 +90,9 @@ typedef struct {
      * Only backends with the layernorm op are given it (encoder models are
      * refused elsewhere at load). */
     bool  bidirectional;
-    /* NULL, or n_head learned logits (gpt-oss's attention sinks), host
-     * memory: head h's softmax runs over its scores and sinks[h] (a logit
+    /* NULL, or n_head learned logits (gpt-oss's attention sinks) in the
+     * backend's memory (the prepared F32 weight's data: device memory on
+     * a GPU, as the biases are): head h's softmax runs over its scores and sinks[h] (a logit
      * in the scaled units of scale · q·k), whose weight goes nowhere (it
      * has no value row): out = Σ_j e^(s_j - m) V_j / (Σ_j e^(s_j - m) +
      * e^(sinks[h] - m)), m the largest of the scores and sinks[h]. Only
@@ -101,7 +102,8 @@ typedef struct {
 } ag_attn_shape;
 
 /* One Mamba-2 layer's mixer after its input projection (granitehybrid):
- * the weights (host memory, F32) and sizes. conv channels C = d_inner +
+ * the weights (F32, in the backend's memory: the prepared tensors' data)
+ * and sizes. conv channels C = d_inner +
  * 2 n_group d_state; a projected row is [z: d_inner][xBC: C][dt: n_head]. */
 typedef struct {
     const float *conv_w; /* [C][d_conv], the causal depthwise conv (oldest tap first) */
@@ -117,7 +119,9 @@ typedef struct {
 /* One sequence's rows of a batch for the Mamba-2 op: rows[0..n_rows) in
  * position order, its layer state (conv [d_conv-1][C] then SSM
  * [n_head][head_dim][d_state], updated in place) and, per row, NULL or
- * where the state reached after that row is copied (a snapshot). */
+ * where the state reached after that row is copied (a snapshot); state
+ * and snapshots in the backend's memory (the KV's state slots: kv/state.h),
+ * rows and the snap array on the host. */
 typedef struct {
     const int32_t *rows;
     int32_t        n_rows;

@@ -448,7 +448,7 @@ ag_status ag_kv_init(const ag_kv_params *p, ag_kv **out) {
     }
     if (p->state_layers > 0 &&
         (st = ag_state_new(p->state_layers, p->state_conv_floats, p->state_ssm_floats, p->max_seqs,
-                           p->state_snapshots, &kv->state))) {
+                           p->state_snapshots, p->mem, &kv->state))) {
         ag_kv_free(kv);
         return st;
     }
@@ -1123,8 +1123,8 @@ ag_status ag_kv_seq_swap_out(const ag_kv *kv, int32_t seq, void *dst, size_t siz
     if (size != ag_kv_swap_bytes(kv, s->len) || (size && !dst))
         return ag_errorf(AG_ERR_INVALID, "kv: swap_out: buffer of %zu bytes, need %zu", size,
                          ag_kv_swap_bytes(kv, s->len));
-    if (kv->state)
-        memcpy((uint8_t *)dst + size - state_swap_bytes(kv), ag_state_layer(kv->state, seq, 0), state_swap_bytes(kv));
+    ag_status sst;
+    if (kv->state && (sst = ag_state_to_host(kv->state, seq, (uint8_t *)dst + size - state_swap_bytes(kv)))) return sst;
     for (int32_t i = 0; i < nb; i++)
         if (pool_to_host(kv, (uint8_t *)dst + (size_t)i * kv->lay.block_bytes, block_base(kv, s->blocks[i]),
                          kv->lay.block_bytes))
@@ -1150,8 +1150,8 @@ ag_status ag_kv_seq_swap_in(ag_kv *kv, int32_t seq, int32_t len, const void *src
                          ag_kv_swap_bytes(kv, len));
     if (kv->state) {
         ag_state_reset(kv->state, seq);
-        memcpy(ag_state_layer(kv->state, seq, 0), (const uint8_t *)src + size - state_swap_bytes(kv),
-               state_swap_bytes(kv));
+        ag_status sst = ag_state_from_host(kv->state, seq, (const uint8_t *)src + size - state_swap_bytes(kv));
+        if (sst) return sst;
         ag_state_advance(kv->state, seq, len, 1, 0);
     }
     seq_release_from(kv, s, 0);

@@ -1,6 +1,8 @@
 /* Recurrent state slots and their snapshot rings (see state.h). */
 #include "kv/state.h"
 
+#include "kv/kv.h" /* ag_kv_mem */
+
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +15,8 @@ typedef struct {
 } state_seq;
 
 struct ag_state {
+    const ag_kv_mem *mem; /* NULL: host memory */
+    float           *zeros; /* with mem: seq_floats zeros, what a reset copies */
     int32_t    n_layers, max_seqs, max_snap;
     int        snap_last;
     size_t     conv_floats, ssm_floats, layer_floats, seq_floats;
@@ -20,13 +24,33 @@ struct ag_state {
     state_seq *seqs;
 };
 
+/* Zero-filled floats in the state's memory. */
+static float *s_alloc(const ag_state *s, size_t floats) {
+    return s->mem ? s->mem->alloc(s->mem->ctx, floats * sizeof(float)) : calloc(floats, sizeof(float));
+}
+static void s_free(const ag_state *s, float *p) {
+    if (!p) return;
+    if (s->mem) s->mem->free(s->mem->ctx, p);
+    else free(p);
+}
+/* One sequence's whole state (seq_floats) from src to dst. A device copy
+ * is queued on the backend's stream, ordered with its kernels; a failure
+ * to queue it is a device fault, which the backend reports at its next
+ * sync, as it does its kernels' (hence no status here). */
+static void s_copy(const ag_state *s, float *dst, const float *src) {
+    const size_t bytes = s->seq_floats * sizeof(float);
+    if (s->mem) (void)s->mem->copy(s->mem->ctx, dst, src, bytes);
+    else memcpy(dst, src, bytes);
+}
+
 ag_status ag_state_new(int32_t n_layers, size_t conv_floats, size_t ssm_floats, int32_t max_seqs, int32_t max_snap,
-                       ag_state **out) {
+                       const ag_kv_mem *mem, ag_state **out) {
     *out = NULL;
     if (n_layers < 1 || max_seqs < 1 || max_snap < 0)
         return ag_errorf(AG_ERR_INVALID, "state: %d layers, %d sequences, %d snapshots", n_layers, max_seqs, max_snap);
     ag_state *s = calloc(1, sizeof *s);
     if (!s) return ag_errorf(AG_ERR_NOMEM, "state: out of memory");
+    s->mem = mem;
     s->n_layers = n_layers;
     s->max_seqs = max_seqs;
     s->max_snap = max_snap;
@@ -38,7 +62,8 @@ ag_status ag_state_new(int32_t n_layers, size_t conv_floats, size_t ssm_floats, 
     s->seqs = calloc((size_t)max_seqs, sizeof *s->seqs);
     if (!s->seqs) goto nomem;
     for (int32_t i = 0; i < max_seqs; i++)
-        if (!(s->seqs[i].cur = calloc(s->seq_floats, sizeof(float)))) goto nomem;
+        if (!(s->seqs[i].cur = s_alloc(s, s->seq_floats))) goto nomem;
+    if (mem && !(s->zeros = s_alloc(s, s->seq_floats))) goto nomem;
     *out = s;
     return AG_OK;
 nomem:
@@ -50,9 +75,10 @@ nomem:
 void ag_state_free(ag_state *s) {
     if (!s) return;
     for (int32_t i = 0; s->seqs && i < s->max_seqs; i++) {
-        free(s->seqs[i].cur);
-        free(s->seqs[i].ring);
+        s_free(s, s->seqs[i].cur);
+        s_free(s, s->seqs[i].ring);
     }
+    s_free(s, s->zeros);
     free(s->seqs);
     free(s);
 }
@@ -74,7 +100,8 @@ void ag_state_set_snap_last(ag_state *s, int on) { s->snap_last = on != 0; }
 
 void ag_state_reset(ag_state *s, int32_t seq) {
     state_seq *q = &s->seqs[seq];
-    memset(q->cur, 0, s->seq_floats * sizeof(float));
+    if (s->mem) s_copy(s, q->cur, s->zeros);
+    else memset(q->cur, 0, s->seq_floats * sizeof(float));
     q->len = q->lo = 0;
     q->hi = -1;
 }
@@ -82,7 +109,7 @@ void ag_state_reset(ag_state *s, int32_t seq) {
 void ag_state_copy(ag_state *s, int32_t dst, int32_t src) {
     if (dst == src) return;
     state_seq *d = &s->seqs[dst], *q = &s->seqs[src];
-    memcpy(d->cur, q->cur, s->seq_floats * sizeof(float));
+    s_copy(s, d->cur, q->cur);
     d->len = d->lo = q->len;
     d->hi = q->len - 1;
 }
@@ -101,7 +128,7 @@ float *ag_state_snap_slot(ag_state *s, int32_t seq, int32_t layer, int32_t pos) 
     state_seq *q = &s->seqs[seq];
     if (!q->ring) {
         const size_t bytes = (size_t)s->max_snap * s->seq_floats * sizeof(float);
-        if (!(q->ring = malloc(bytes))) return NULL;
+        if (!(q->ring = s_alloc(s, (size_t)s->max_snap * s->seq_floats))) return NULL;
         s->ring_bytes += bytes;
     }
     const int32_t len = pos + 1;
@@ -135,8 +162,24 @@ ag_status ag_state_trim(ag_state *s, int32_t seq, int32_t n) {
                          seq, n, ag_state_trim_limit(s, seq));
     state_seq    *q = &s->seqs[seq];
     const int32_t to = q->len - n;
-    memcpy(q->cur, q->ring + (size_t)(to % s->max_snap) * s->seq_floats, s->seq_floats * sizeof(float));
+    s_copy(s, q->cur, q->ring + (size_t)(to % s->max_snap) * s->seq_floats);
     q->len = to;
     if (q->hi > to) q->hi = to;
+    return AG_OK;
+}
+
+ag_status ag_state_to_host(const ag_state *s, int32_t seq, void *host) {
+    const size_t bytes = s->seq_floats * sizeof(float);
+    if (!s->mem) memcpy(host, s->seqs[seq].cur, bytes);
+    else if (s->mem->to_host(s->mem->ctx, host, s->seqs[seq].cur, bytes))
+        return ag_errorf(AG_ERR_IO, "state: copying sequence %d's recurrent state to the host failed", seq);
+    return AG_OK;
+}
+
+ag_status ag_state_from_host(ag_state *s, int32_t seq, const void *host) {
+    const size_t bytes = s->seq_floats * sizeof(float);
+    if (!s->mem) memcpy(s->seqs[seq].cur, host, bytes);
+    else if (s->mem->from_host(s->mem->ctx, s->seqs[seq].cur, host, bytes))
+        return ag_errorf(AG_ERR_IO, "state: copying sequence %d's recurrent state from the host failed", seq);
     return AG_OK;
 }

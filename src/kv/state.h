@@ -1,6 +1,8 @@
 /* Recurrent state slots (Mamba-2 layers of a hybrid model): per sequence id,
  * each recurrent layer's conv state [d_conv-1][conv channels] and SSM state
- * [heads][head_dim][d_state], in host memory beside the paged KV (an ag_kv
+ * [heads][head_dim][d_state], beside the paged KV in its memory (host,
+ * or a device's through ag_kv_params.mem: then only the backend's kernels
+ * touch the floats, and copies go through the mem hooks) (an ag_kv
  * made with ag_kv_params.state_layers > 0 owns one; kv.c keeps it in step
  * with its sequences: new/clear reset, fork copies, trim restores,
  * swap carries it).
@@ -24,12 +26,14 @@
 #include "base/status.h"
 
 typedef struct ag_state ag_state;
+struct ag_kv_mem;
 
 /* n_layers recurrent layers, each conv_floats + ssm_floats floats per
  * sequence; max_seqs ids; max_snap snapshot lengths per sequence (0: none,
- * every trim but 0 refused). */
+ * every trim but 0 refused). mem: where the floats live (kv.h ag_kv_mem,
+ * borrowed, must outlive the state), NULL for host memory. */
 ag_status ag_state_new(int32_t n_layers, size_t conv_floats, size_t ssm_floats, int32_t max_seqs, int32_t max_snap,
-                       ag_state **out);
+                       const struct ag_kv_mem *mem, ag_state **out);
 void      ag_state_free(ag_state *s); /* NULL-safe */
 
 /* Floats of one sequence's state, all layers (what swap carries). */
@@ -39,8 +43,14 @@ size_t ag_state_bytes(const ag_state *s);
 
 /* Layer `layer` (0-based among the recurrent layers) of sequence `seq`: its
  * conv state (conv_floats) followed by its SSM state (ssm_floats). Borrowed,
- * valid for the state's life. */
+ * valid for the state's life; in the state's memory (a device address
+ * with a device mem). */
 float *ag_state_layer(ag_state *s, int32_t seq, int32_t layer);
+
+/* A sequence's whole state (ag_state_seq_floats floats, every layer) to or
+ * from host memory (swap): through the mem hooks for a device state. */
+ag_status ag_state_to_host(const ag_state *s, int32_t seq, void *host);
+ag_status ag_state_from_host(ag_state *s, int32_t seq, const void *host);
 
 /* The length the state is at (the positions it has consumed). */
 int32_t ag_state_len(const ag_state *s, int32_t seq);

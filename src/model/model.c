@@ -609,7 +609,8 @@ static ag_status prepare_weights(ag_model *m) {
                             &w->ffn_gate_exps, &w->ffn_up_exps, &w->ffn_down_exps, &w->attn_out_norm,
                             &w->attn_out_norm_b, &w->layer_out_norm, &w->layer_out_norm_b, &w->bo,
                             &w->attn_sinks, &w->ffn_gate_inp_b, &w->ffn_gate_exps_b, &w->ffn_up_exps_b,
-                            &w->ffn_down_exps_b};
+                            &w->ffn_down_exps_b, &w->ssm_in, &w->ssm_conv1d, &w->ssm_conv1d_b, &w->ssm_dt_b,
+                            &w->ssm_a, &w->ssm_d, &w->ssm_norm, &w->ssm_out};
         const bool fused = w->wqkv.data != NULL; /* wq, wk, wv are its views: moved with it */
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             if (all[i]->data && !(fused && i >= 1 && i <= 3) && (st = be->ops->prepare_weight(be, all[i]))) return st;
@@ -1619,10 +1620,13 @@ ag_status ag_model_forward(ag_model *m, ag_kv *kv, const ag_batch *b, float *log
                            .allow_words = (c->n_vocab + 31) / 32};
     if (op->begin && (st = op->begin(be, kv, &lay, b->token))) return st;
     /* A pass of decode rows only has the same ops every step for the same
-     * shape: a backend may record it once and replay it (graph_begin). */
+     * shape: a backend may record it once and replay it (graph_begin). Not
+     * a model with recurrent layers: its mamba2 op's per-call arguments
+     * (each sequence's state and snapshot slots, which move with the
+     * positions) are not among begin's arrays. */
     int      gstate = AG_GRAPH_OFF;
     uint64_t key = 0;
-    if (op->graph_begin && n_dec == n) {
+    if (op->graph_begin && n_dec == n && c->n_recurrent == 0) {
         uint64_t parts[5] = {(uint64_t)n, (uint64_t)n_out, (uint64_t)(uintptr_t)m->act, (uint64_t)(uintptr_t)kv, 0};
         for (int i = 0; i < n; i++) { /* which rows want what decides the row copies and the argmax */
             int want = b->want_logits ? b->want_logits[i] : i == n - 1;

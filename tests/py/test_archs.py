@@ -92,15 +92,19 @@ def test_granite_hybrid_spec_and_server(random_model):
         assert s2.stop() == 0
 
 
-def test_granite_hybrid_on_cuda_is_refused_or_needs_a_gpu(random_model, tmp_path):
+def test_granite_hybrid_on_cuda_runs_or_needs_a_gpu(random_model, tmp_path):
+    """--device cuda: the CUDA backend has the mamba2 op, so on a GPU the
+    model loads and runs (its logits against the CPU's: gpu_test.sh's
+    compare_backends.py); without CUDA or a GPU, a clear error."""
     tok = tmp_path / "tok.txt"
     tok.write_text("1 2 3")
     p = run_augur("logits", "-m", random_model("granite-h-tiny"), "--device", "cuda", "--tokens", str(tok), "-o",
                   str(tmp_path / "out.f32"))
-    assert p.returncode != 0
     err = p.stderr.decode()
-    assert ("no CUDA backend" in err or "no CUDA GPU" in err or
-            "Mamba-2 recurrent layers) is not supported on the cuda backend" in err), err
+    if p.returncode == 0:
+        assert (tmp_path / "out.f32").stat().st_size > 0
+        return
+    assert "no CUDA backend" in err or "no CUDA GPU" in err, err
 
 
 def test_granite_hybrid_preempted_sequence_resumes_exactly(random_model):

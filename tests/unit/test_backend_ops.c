@@ -643,6 +643,42 @@ static void small_ops(void **state) {
         check(neox ? "rope (neox)" : "rope", out, ref, (size_t)N * N_HEAD * HD, 1e-5);
         free(out);
     }
+    /* rope_freqs (YaRN): a given frequency per pair (host memory), the rotated values times mscale */
+    for (int neox = 0; neox < 2 && g_be->ops->rope_freqs; neox++) {
+        const int rope_dim = neox ? 24 : HD, half = rope_dim / 2;
+        float     freq[64];
+        for (int i = 0; i < half; i++) freq[i] = (float)(pow(150000.0, -2.0 * i / rope_dim) / (i % 3 == 0 ? 32.0 : 1.0));
+        const int base_pos = ag_kv_seq_len(f.kv, f.seq[0]);
+        for (int i = 0; i < N; i++) pos[i] = base_pos + i;
+        ag_batch_layout lay = {N, pos, seq, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
+        begin_pass(g_be, f.kv, &lay, toks);
+        assert_int_equal(g_be->ops->copy(g_be, dout, dx, (size_t)N * N_HEAD * HD * 4), AG_OK);
+        assert_int_equal(g_be->ops->rope_freqs(g_be, dout, N, N_HEAD, HD, rope_dim, pos, freq, 1.3466f, neox), AG_OK);
+        out = host_get(g_be, dout, (size_t)N * N_HEAD * HD);
+        commit_pass(f.kv, &lay);
+        for (int t = 0; t < N; t++)
+            for (int h = 0; h < N_HEAD; h++) {
+                const float *v = x + ((size_t)t * N_HEAD + h) * HD;
+                double      *r = ref + ((size_t)t * N_HEAD + h) * HD;
+                for (int i = 0; i < HD; i++) r[i] = v[i];
+                for (int i = 0; i < half; i++) {
+                    const double th = (double)pos[t] * freq[i], m = 1.3466f;
+                    const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                    r[i0] = m * (v[i0] * cos(th) - v[i1] * sin(th));
+                    r[i1] = m * (v[i0] * sin(th) + v[i1] * cos(th));
+                }
+            }
+        check(neox ? "rope_freqs (neox)" : "rope_freqs", out, ref, (size_t)N * N_HEAD * HD, 1e-5);
+        if (!g_is_cpu) { /* the CPU's: the same float operations, cos and sin in double on both */
+            float *hx = malloc(sizeof(float) * N * N_HEAD * HD);
+            memcpy(hx, x, sizeof(float) * N * N_HEAD * HD);
+            assert_int_equal(g_cpu->ops->rope_freqs(g_cpu, hx, N, N_HEAD, HD, rope_dim, pos, freq, 1.3466f, neox), AG_OK);
+            const double e = rel_err_f(out, hx, (size_t)N * N_HEAD * HD);
+            if (e > 1e-6) fail_msg("%s rope_freqs vs cpu: rel err %.3g", g_be->ops->name, e);
+            free(hx);
+        }
+        free(out);
+    }
     ag_kv_free(f.kv);
     g_be->ops->free(g_be, dx), g_be->ops->free(g_be, du), g_be->ops->free(g_be, dw), g_be->ops->free(g_be, dout);
     free(x), free(u), free(w), free(ref);
@@ -1219,11 +1255,14 @@ static void copy_kv(ag_kv *src, ag_kv *dst, const ag_batch_layout *lay, int pass
 /* P1: the first sequence's length after the first pass (600 reaches every
  * split of a split-K decode attention; shorter cases keep the test quick). */
 /* sinks: one learned logit per head beside each softmax (gpt-oss), where
- * the backend has them (attn_sinks). */
+ * the backend has them (attn_sinks); in the backend's memory, as a model
+ * passes its prepared weight. */
 static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, int P1, bool sinks) {
     const int32_t windows[2] = {0, 9};
     float         sink[64];
     for (int h = 0; h < N_HEAD; h++) sink[h] = (float)(h % 5) - 2.0f; /* -2..2: from none to most of the weight */
+    sink[N_HEAD - 1] = 9.0f; /* far above every score: nearly all of the weight, the max the sink's */
+    float        *dsink = sinks ? dev_put(g_be, sink, sizeof(float) * N_HEAD) : NULL;
     kv_fixture    f = make_kv(g_be, N_KV, HD, windows);
     int32_t       toks[1024] = {0};
     for (int pass = 0; pass < 2; pass++) {
@@ -1248,7 +1287,7 @@ static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, in
             const int     layer = run / 2;
             ag_attn_shape sh = {.layer = layer, .n_head = N_HEAD, .n_head_kv = N_KV, .head_dim_k = HD,
                                 .head_dim_v = HD, .scale = 0.125f, .window = windows[layer], .softcap = softcap,
-                                .sinks = sinks ? sink : NULL};
+                                .sinks = dsink};
             lay.n_decode = run % 2 ? n : 0;
             if (g_be->ops->begin) assert_int_equal(g_be->ops->begin(g_be, f.kv, &lay, toks), AG_OK);
             assert_int_equal(g_be->ops->kv_store(g_be, f.kv, &sh, &lay, dk, dv), AG_OK);
@@ -1318,7 +1357,9 @@ static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, in
                 float *hq = q, *hout = malloc(sizeof(float) * n * N_HEAD * HD);
                 kv_fixture hc = make_kv(g_cpu, N_KV, HD, windows);
                 copy_kv(f.kv, hc.kv, &lay, pass);
-                assert_int_equal(g_cpu->ops->attention(g_cpu, hc.kv, &sh, &lay, hq, hout), AG_OK);
+                ag_attn_shape hsh = sh;
+                hsh.sinks = sinks ? sink : NULL; /* (the CPU's memory) */
+                assert_int_equal(g_cpu->ops->attention(g_cpu, hc.kv, &hsh, &lay, hq, hout), AG_OK);
                 double e = rel_err_f(out, hout, (size_t)n * N_HEAD * HD);
                 if (e > 5e-4) fail_msg("cuda vs cpu %s: err %.3g", what, e);
                 free(hout);
@@ -1331,6 +1372,7 @@ static void attention_case_sinks(int HD, float softcap, int N_HEAD, int N_KV, in
         g_be->ops->free(g_be, dq), g_be->ops->free(g_be, dk), g_be->ops->free(g_be, dv), g_be->ops->free(g_be, dout);
         free(q), free(k), free(v);
     }
+    if (dsink) g_be->ops->free(g_be, dsink);
     ag_kv_free(f.kv);
 }
 
@@ -1427,7 +1469,149 @@ static void attention_paged(void **state) {
     attention_case(256, 0.0f, 4, 1, 150); /* Gemma 3 270M */
     /* gpt-oss: 64 heads of 64 over 8 (8 a KV head), a sink per head (a
      * backend without them refuses such models at load) */
-    if (g_be->ops->attn_sinks) attention_case_sinks(64, 0.0f, 16, 2, 300, true);
+    if (g_be->ops->attn_sinks) {
+        attention_case_sinks(64, 0.0f, 16, 2, 300, true);
+        /* every split of a split-K decode row (each split's partial without
+         * the sink, the sink once at the merge); short rows (one split) and
+         * the window-9 layer are in every case */
+        attention_case_sinks(64, 0.0f, 16, 2, 600, true);
+        attention_case_sinks(64, 0.0f, 8, 8, 150, true);    /* one query head a KV head */
+        attention_case_sinks(128, 30.0f, 8, 1, 150, true);  /* head dim 128, a softcap before the sink */
+        attention_case_sinks(256, 0.0f, 4, 1, 150, true);   /* the per-head tensor-core prompt kernel */
+    }
+}
+
+/* ---- the Mamba-2 mixer ---- */
+
+/* One shape's mamba2 against the CPU's: three sequences (runs) whose rows
+ * interleave in the batch, of 5, 1 and 12 rows, then 2, 1 and 3 rows
+ * through the states the first call left (random states at the start, so
+ * the conv and the scan read what a state holds), snapshots after some
+ * rows (a whole layer state each). Checked: every output row, every state
+ * and snapshot float within 1e-5 of the CPU's (norm-wise; a device's expf
+ * and log1pf differ from glibc's by an ulp or two, the rest is the CPU's
+ * float order: see mamba.cu); and on the backend under test, the rows of
+ * the first call one call each (through copies of the states) give the
+ * batched call's output, states and snapshots bit for bit. */
+static void mamba2_case(int K, int DI, int DS, int NH, int NG) {
+    const int    C = DI + 2 * NG * DS, P = 2 * DI + 2 * NG * DS + NH, hd = DI / NH;
+    const size_t SF = (size_t)(K - 1) * C + (size_t)DI * DS; /* a layer state's floats */
+    enum { N_RUNS = 3, MAX_N = 24 };
+    float *cw = randn((size_t)C * K, 0.5f), *cb = randn(C, 0.1f), *dtb = randn(NH, 0.5f), *a = malloc(sizeof(float) * NH),
+          *d = malloc(sizeof(float) * NH), *nw = randn(DI, 0.1f);
+    for (int h = 0; h < NH; h++) a[h] = -0.5f - (float)(h % 4) * 0.5f, d[h] = 1.0f + 0.25f * (float)(h % 3);
+    for (int i = 0; i < DI; i++) nw[i] += 1.0f;
+    ag_ssm_shape hsh = {.conv_w = cw, .conv_b = cb, .dt_b = dtb, .a = a, .d = d, .norm_w = nw, .d_conv = K,
+                        .d_inner = DI, .d_state = DS, .n_head = NH, .n_group = NG, .eps = 1e-5f};
+    ag_ssm_shape dsh = hsh; /* the weights in the backend's memory, as a model's prepared ones */
+    dsh.conv_w = dev_put(g_be, cw, sizeof(float) * C * K), dsh.conv_b = dev_put(g_be, cb, sizeof(float) * C);
+    dsh.dt_b = dev_put(g_be, dtb, sizeof(float) * NH), dsh.a = dev_put(g_be, a, sizeof(float) * NH);
+    dsh.d = dev_put(g_be, d, sizeof(float) * NH), dsh.norm_w = dev_put(g_be, nw, sizeof(float) * DI);
+    /* states: host (the CPU's) and the backend's, the same random start */
+    float *hst[N_RUNS], *dst[N_RUNS];
+    for (int r = 0; r < N_RUNS; r++) {
+        hst[r] = randn(SF, 0.3f);
+        dst[r] = dev_put(g_be, hst[r], sizeof(float) * SF);
+    }
+    char what[128];
+    for (int call = 0; call < 2; call++) {
+        const int n_rows[N_RUNS] = {call ? 2 : 5, 1, call ? 3 : 12};
+        int       n = 0;
+        int32_t   rows[N_RUNS][MAX_N];
+        int       cnt[N_RUNS] = {0, 0, 0};
+        for (int k = 0; n < n_rows[0] + n_rows[1] + n_rows[2]; k++) /* interleaved: run k % 3 takes the next row */
+            if (cnt[k % 3] < n_rows[k % 3]) rows[k % 3][cnt[k % 3]++] = n++;
+        /* snapshots: run 0 after each row but its last, run 1 after its row,
+         * run 2 after its second and last */
+        float *hsnap[N_RUNS][MAX_N], *dsnap[N_RUNS][MAX_N];
+        for (int r = 0; r < N_RUNS; r++)
+            for (int t = 0; t < n_rows[r]; t++) {
+                const bool want = r == 0 ? t + 1 < n_rows[r] : r == 1 ? true : t == 1 || t + 1 == n_rows[r];
+                hsnap[r][t] = want ? calloc(SF, sizeof(float)) : NULL;
+                dsnap[r][t] = want ? dev_floats(g_be, SF) : NULL;
+            }
+        ag_ssm_run hruns[N_RUNS], druns[N_RUNS];
+        for (int r = 0; r < N_RUNS; r++) {
+            hruns[r] = (ag_ssm_run){rows[r], n_rows[r], hst[r], hsnap[r]};
+            druns[r] = (ag_ssm_run){rows[r], n_rows[r], dst[r], dsnap[r]};
+        }
+        float *zx = randn((size_t)n * P, 0.5f), *dzx = dev_put(g_be, zx, sizeof(float) * n * P);
+        float *hy = malloc(sizeof(float) * n * DI), *dy = dev_floats(g_be, (size_t)n * DI);
+        /* the states before the call, for the one-row-a-call replay */
+        float *before[N_RUNS];
+        for (int r = 0; r < N_RUNS; r++) before[r] = host_get(g_be, dst[r], SF);
+        assert_int_equal(g_cpu->ops->mamba2(g_cpu, &hsh, zx, hruns, N_RUNS, hy), AG_OK);
+        assert_int_equal(g_be->ops->mamba2(g_be, &dsh, dzx, druns, N_RUNS, dy), AG_OK);
+        float *y = host_get(g_be, dy, (size_t)n * DI);
+        snprintf(what, sizeof what, "mamba2 (d_conv %d, d_inner %d, d_state %d, %d heads, %d groups) call %d", K, DI,
+                 DS, NH, NG, call);
+        double e = rel_err_f(y, hy, (size_t)n * DI);
+        if (!(e <= 1e-5)) fail_msg("%s %s: y rel err %.3g", g_be->ops->name, what, e);
+        for (int r = 0; r < N_RUNS; r++) {
+            float *st = host_get(g_be, dst[r], SF);
+            if (!((e = rel_err_f(st, hst[r], SF)) <= 1e-5)) fail_msg("%s %s: run %d state rel err %.3g", g_be->ops->name, what, r, e);
+            for (int t = 0; t < n_rows[r]; t++) {
+                if (!dsnap[r][t]) continue;
+                float *sn = host_get(g_be, dsnap[r][t], SF);
+                if (!((e = rel_err_f(sn, hsnap[r][t], SF)) <= 1e-5))
+                    fail_msg("%s %s: run %d snapshot %d rel err %.3g", g_be->ops->name, what, r, t, e);
+                if (t + 1 == n_rows[r] && memcmp(sn, st, sizeof(float) * SF))
+                    fail_msg("%s %s: run %d: the last row's snapshot is not the state", g_be->ops->name, what, r);
+                free(sn);
+            }
+            free(st);
+        }
+        if (call == 0) { /* one row a call through copies of the states: the batched call's bits */
+            float *dy1 = dev_floats(g_be, (size_t)n * DI), *snap1 = dev_floats(g_be, SF);
+            for (int r = 0; r < N_RUNS; r++) {
+                float *s1 = dev_put(g_be, before[r], sizeof(float) * SF);
+                for (int t = 0; t < n_rows[r]; t++) {
+                    float *const one_snap[1] = {snap1};
+                    ag_ssm_run   one = {&rows[r][t], 1, s1, one_snap};
+                    assert_int_equal(g_be->ops->mamba2(g_be, &dsh, dzx, &one, 1, dy1), AG_OK);
+                    float *a1 = host_get(g_be, dy1, (size_t)n * DI), *sn = host_get(g_be, snap1, SF);
+                    if (memcmp(a1 + (size_t)rows[r][t] * DI, y + (size_t)rows[r][t] * DI, sizeof(float) * DI))
+                        fail_msg("%s %s: run %d row %d alone differs from the batch", g_be->ops->name, what, r, t);
+                    if (dsnap[r][t]) {
+                        float *bs = host_get(g_be, dsnap[r][t], SF);
+                        if (memcmp(sn, bs, sizeof(float) * SF))
+                            fail_msg("%s %s: run %d snapshot %d differs from the state after that row alone",
+                                     g_be->ops->name, what, r, t);
+                        free(bs);
+                    }
+                    free(a1), free(sn);
+                }
+                float *s1h = host_get(g_be, s1, SF), *st = host_get(g_be, dst[r], SF);
+                if (memcmp(s1h, st, sizeof(float) * SF))
+                    fail_msg("%s %s: run %d: its rows one a call leave another state", g_be->ops->name, what, r);
+                free(s1h), free(st);
+                g_be->ops->free(g_be, s1);
+            }
+            g_be->ops->free(g_be, dy1), g_be->ops->free(g_be, snap1);
+        }
+        for (int r = 0; r < N_RUNS; r++) {
+            free(before[r]);
+            for (int t = 0; t < n_rows[r]; t++) {
+                free(hsnap[r][t]);
+                if (dsnap[r][t]) g_be->ops->free(g_be, dsnap[r][t]);
+            }
+        }
+        free(zx), free(hy), free(y);
+        g_be->ops->free(g_be, dzx), g_be->ops->free(g_be, dy);
+    }
+    for (int r = 0; r < N_RUNS; r++) free(hst[r]), g_be->ops->free(g_be, dst[r]);
+    g_be->ops->free(g_be, (void *)dsh.conv_w), g_be->ops->free(g_be, (void *)dsh.conv_b);
+    g_be->ops->free(g_be, (void *)dsh.dt_b), g_be->ops->free(g_be, (void *)dsh.a);
+    g_be->ops->free(g_be, (void *)dsh.d), g_be->ops->free(g_be, (void *)dsh.norm_w);
+    free(cw), free(cb), free(dtb), free(a), free(d), free(nw);
+    (void)hd;
+}
+
+static void mamba2_runs(void **state) {
+    if (!g_be->ops->mamba2) skip();
+    mamba2_case(4, 128, 20, 8, 2);  /* head dim 16 (a block's lanes partly idle), d_state 20 (a tail of 4) */
+    mamba2_case(4, 512, 128, 8, 1); /* Granite 4.0-H's head dim 64 and d_state 128, one group */
+    mamba2_case(2, 96, 8, 3, 3);    /* one group a head, a two-tap conv */
 }
 
 int main(void) {
@@ -1449,6 +1633,7 @@ int main(void) {
         cmocka_unit_test(edit_rows),
         cmocka_unit_test(attention_paged),
         cmocka_unit_test(attention_bidirectional),
+        cmocka_unit_test(mamba2_runs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -18,6 +18,41 @@
 
 enum { NL = 2, CONV = 3, SSM = 5, SNAP = 4 };
 
+/* A stand-in device memory (host bytes behind the ag_kv_mem hooks, as a
+ * GPU's pool would be reached): the second group runs every test with the
+ * state (and the pool) there and checks that its copies went through the
+ * hooks. */
+static int g_copies, g_to_host, g_from_host;
+static void *sd_alloc(void *ctx, size_t bytes) { return calloc(1, bytes); }
+static void  sd_free(void *ctx, void *p) { free(p); }
+static int   sd_copy(void *ctx, void *dst, const void *src, size_t n) {
+    g_copies++;
+    memcpy(dst, src, n);
+    return 0;
+}
+static int sd_to_host(void *ctx, void *host, const void *src, size_t n) {
+    g_to_host++;
+    memcpy(host, src, n);
+    return 0;
+}
+static int sd_from_host(void *ctx, void *dst, const void *host, size_t n) {
+    g_from_host++;
+    memcpy(dst, host, n);
+    return 0;
+}
+static const ag_kv_mem k_stand_in = {NULL, sd_alloc, sd_free, sd_copy, sd_to_host, sd_from_host, NULL, NULL};
+static const ag_kv_mem *g_mem;
+static int              use_host(void **unused) {
+    (void)unused;
+    g_mem = NULL;
+    return 0;
+}
+static int use_stand_in(void **unused) {
+    (void)unused;
+    g_mem = &k_stand_in;
+    return 0;
+}
+
 static ag_kv *make_kv(void) {
     ag_kv_params p = ag_kv_default_params();
     p.n_layers = 1;
@@ -31,6 +66,7 @@ static ag_kv *make_kv(void) {
     p.state_conv_floats = CONV;
     p.state_ssm_floats = SSM;
     p.state_snapshots = SNAP;
+    p.mem = g_mem;
     ag_kv *kv = NULL;
     assert_int_equal(ag_kv_init(&p, &kv), AG_OK);
     assert_non_null(ag_kv_state(kv));
@@ -122,6 +158,7 @@ static void fork_copies_whole_state_only(void **unused) {
     (void)unused;
     ag_kv  *kv = make_kv();
     int32_t a, b;
+    const int copies = g_copies;
     assert_int_equal(ag_kv_seq_new(kv, &a), AG_OK);
     assert_int_equal(ag_kv_seq_new(kv, &b), AG_OK);
     step(kv, a, 9, 0);
@@ -136,6 +173,7 @@ static void fork_copies_whole_state_only(void **unused) {
     expect(kv, b, 0, b);
     assert_int_equal(ag_kv_seq_clear(kv, a), AG_OK);
     expect(kv, a, 0, a);
+    if (g_mem) assert_true(g_copies >= copies + 5); /* resets (from the zeros), the fork's copy */
     ag_kv_free(kv);
 }
 
@@ -152,12 +190,15 @@ static void adopt_refused_and_swap_carries_state(void **unused) {
     const size_t bytes = ag_kv_swap_bytes(kv, 12);
     void        *buf = malloc(bytes);
     int32_t      len;
+    const int to_host = g_to_host, from_host = g_from_host;
     assert_int_equal(ag_kv_seq_swap_out(kv, a, buf, bytes, &len), AG_OK);
+    if (g_mem) assert_true(g_to_host > to_host);
     assert_int_equal(len, 12);
     assert_int_equal(ag_kv_seq_free(kv, a), AG_OK);
     assert_int_equal(ag_kv_seq_new(kv, &a), AG_OK);
     expect(kv, a, 0, a);
     assert_int_equal(ag_kv_seq_swap_in(kv, a, len, buf, bytes), AG_OK);
+    if (g_mem) assert_true(g_from_host > from_host);
     expect(kv, a, 12, a);
     assert_int_equal(ag_state_check(ag_kv_state(kv), a, 11), AG_ERR_INVALID); /* no repeating a position */
     free(buf);
@@ -171,5 +212,6 @@ int main(void) {
         cmocka_unit_test(fork_copies_whole_state_only),
         cmocka_unit_test(adopt_refused_and_swap_carries_state),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests_name("host memory", tests, use_host, NULL) |
+           cmocka_run_group_tests_name("stand-in device memory", tests, use_stand_in, NULL);
 }

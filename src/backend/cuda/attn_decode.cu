@@ -13,7 +13,8 @@
 template <bool F16>
 __global__ void attention_k(kv_geom g, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
                             const int32_t *__restrict__ tables, int n_head, int n_kv, int hd_k, int hd_v, float scale,
-                            int window, float softcap, const float *__restrict__ q, float *__restrict__ out) {
+                            int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
+                            const float *__restrict__ sinks) {
     pdl_entry();
     extern __shared__ float sm[]; /* q[hd_k], w[ATT_CHUNK], red[32] */
     float *qs = sm, *wt = sm + hd_k, *red = wt + ATT_CHUNK;
@@ -42,8 +43,10 @@ __global__ void attention_k(kv_geom g, const int32_t *__restrict__ pos, const in
             l += expf(s - m);
         }
     }
-    const float M = block_max(m, red);
-    const float L = block_sum(m == -INFINITY ? 0.0f : l * expf(m - M), red);
+    /* a sink joins the max and the sum (block-uniform: every thread reads it) */
+    const float M = sinks ? fmaxf(block_max(m, red), sinks[h]) : block_max(m, red);
+    float       L = block_sum(m == -INFINITY ? 0.0f : l * expf(m - M), red);
+    if (sinks) L += expf(sinks[h] - M);
     const float inv = 1.0f / L;
     float       acc[ATT_MAX_DV / ATT_THREADS] = {0.0f, 0.0f};
     for (int c0 = p_lo; c0 <= p_hi; c0 += ATT_CHUNK) {
@@ -130,7 +133,8 @@ __global__ void __launch_bounds__(32 * ATT_SK_WARPS)
                       const int32_t *__restrict__ tables, int n_head, int n_kv, int splits, int min_per, float scale, int window,
                       float softcap, const float *__restrict__ q, float *__restrict__ part,
                       float *__restrict__ part_ml, int *__restrict__ cnt, float *__restrict__ out, int fmt,
-                      int8_t *__restrict__ xq, float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh) {
+                      int8_t *__restrict__ xq, float2 *__restrict__ xs, __nv_bfloat16 *__restrict__ xh,
+                      const float *__restrict__ sinks) {
     pdl_entry();
     constexpr int HD = 32 * NK, P = ATT_SK_GROUP;
     __shared__ float w_m[ATT_SK_WARPS], w_l[ATT_SK_WARPS], w_acc[ATT_SK_WARPS][HD];
@@ -210,7 +214,12 @@ __global__ void __launch_bounds__(32 * ATT_SK_WARPS)
     for (int w = 0; w < ATT_SK_WARPS; w++)
         if (w_m[w] != -INFINITY) L = fmaf(w_l[w], expf(w_m[w] - M), L);
     float *o = out + ((size_t)t * n_head + h) * HD;
-    if (n_sp == 1) { /* a short row: no partials */
+    if (n_sp == 1) { /* a short row: no partials; the sink joins here, as at the merge below */
+        if (sinks) {
+            const float Ms = fmaxf(M, sinks[h]), c = expf(M - Ms); /* (M finite: a row sees its own position) */
+            L = fmaf(L, c, expf(sinks[h] - Ms));
+            M = Ms;
+        }
         const float inv = 1.0f / L;
         for (int d = threadIdx.x; d < HD; d += blockDim.x) {
             float a = 0.0f;
@@ -242,10 +251,12 @@ __global__ void __launch_bounds__(32 * ATT_SK_WARPS)
     __threadfence();
     float MM = -INFINITY, LL = 0.0f;
     for (int i = 0; i < n_sp; i++) MM = fmaxf(MM, __ldcg(&part_ml[2 * (s0 + i)]));
+    if (sinks) MM = fmaxf(MM, sinks[h]); /* the sink: once, here (the splits' partials have none) */
     for (int i = 0; i < n_sp; i++) {
         const float mi = __ldcg(&part_ml[2 * (s0 + i)]);
         if (mi != -INFINITY) LL = fmaf(__ldcg(&part_ml[2 * (s0 + i) + 1]), expf(mi - MM), LL);
     }
+    if (sinks) LL += expf(sinks[h] - MM);
     const float inv = 1.0f / LL;
     for (int d = threadIdx.x; d < HD; d += blockDim.x) {
         float a = 0.0f;
@@ -271,7 +282,8 @@ __global__ void __launch_bounds__(128) attention_tiled_k(kv_geom g, const int32_
                                                          const int32_t *__restrict__ tables,
                                                          const int32_t *__restrict__ tiles, int n_head, int n_kv,
                                                          int hd_k, int hd_v, float scale, int window, float softcap,
-                                                         const float *__restrict__ q, float *__restrict__ out) {
+                                                         const float *__restrict__ q, float *__restrict__ out,
+                                                         const float *__restrict__ sinks) {
     pdl_entry();
     typedef typename std::conditional<F16, __half, float>::type elem;
     constexpr int RPW = ATT_TQ / 4; /* rows per warp */
@@ -357,9 +369,11 @@ __global__ void __launch_bounds__(128) attention_tiled_k(kv_geom g, const int32_
         float mm = m[i];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) mm = fmaxf(mm, __shfl_xor_sync(0xffffffffu, mm, o));
+        if (sinks) mm = fmaxf(mm, sinks[h]); /* a sink joins the row's max and (once, after the lanes) its sum */
         float ll = m[i] == -INFINITY ? 0.0f : l[i] * expf(m[i] - mm);
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ll += __shfl_xor_sync(0xffffffffu, ll, o);
+        if (sinks) ll += expf(sinks[h] - mm);
         M[i] = mm;
         inv[i] = 1.0f / ll;
     }
@@ -454,7 +468,7 @@ ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const
 #define ATT_SK_LAUNCH(NK)                                                                                         \
     launch_k(s, attention_split_k<NK>, grid, 32 * ATT_SK_WARPS, 0, g, s->d_pos, s->d_tok_table, s->d_tables,           \
              sh->n_head, sh->n_head_kv, s->att.att_splits, s->att.att_min, sh->scale, sh->window, sh->softcap, q,      \
-             part, part_ml, s->att.d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh)
+             part, part_ml, s->att.d_att_cnt, out, fmt, s->d_xq, s->d_xs, s->d_xh, sh->sinks)
         if (hdk == 64) ATT_SK_LAUNCH(2);
         else if (hdk == 128) ATT_SK_LAUNCH(4);
         else ATT_SK_LAUNCH(8);
@@ -467,11 +481,11 @@ ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const
         if (f16)
             launch_k(s, attention_k<true>, grid, ATT_THREADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
-                     out);
+                     out, sh->sinks);
         else
             launch_k(s, attention_k<false>, grid, ATT_THREADS, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window, sh->softcap, q,
-                     out);
+                     out, sh->sinks);
         LAUNCHED();
     }
     const int hd = sh->head_dim_k, group = sh->n_head / sh->n_head_kv;
@@ -487,12 +501,12 @@ ag_status cu_attention(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const
             CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
             launch_k(s, attention_tiled_k<true>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
-                     sh->softcap, q, out);
+                     sh->softcap, q, out, sh->sinks);
         } else {
             CUDA_TRY(cudaFuncSetAttribute(attention_tiled_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
             launch_k(s, attention_tiled_k<false>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
                      s->d_tiles, sh->n_head, sh->n_head_kv, sh->head_dim_k, sh->head_dim_v, sh->scale, sh->window,
-                     sh->softcap, q, out);
+                     sh->softcap, q, out, sh->sinks);
         }
         LAUNCHED();
     }

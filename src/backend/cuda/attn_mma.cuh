@@ -204,18 +204,28 @@ static __device__ __forceinline__ void stage_kv_async(const kv_geom &g_, const i
  * query head h: each row's output O / L (L summed over the row's 4 lanes)
  * into out (F32) and, when ob, BF16 into ob from row n_dec on, for the
  * output projection's GEMM (pp_x). oat(i, e): the O accumulator of dims
- * 8i .. in mma's m16n8 C layout (e: rows g, g + 8 as e / 2; dims 2t, +1). */
+ * 8i .. in mma's m16n8 C layout (e: rows g, g + 8 as e / 2; dims 2t, +1).
+ * M: the rows' running max (log2 units, the same in a row's 4 lanes, as O
+ * and L are scaled by 2^-M); sk2: head h's attention sink in log2 units,
+ * or -inf for none. The sink joins the max and the sum here, once:
+ * O 2^(M - M') / (L 2^(M - M') + 2^(sk2 - M')), M' = max(M, sk2). */
 template <int HD, class OAT>
-static __device__ __forceinline__ void fa_store_rows(OAT oat, const float (&L)[2], int g, int t, int t0, int nt,
-                                                     int n_head, int h, float *__restrict__ out,
-                                                     __nv_bfloat16 *__restrict__ ob, int n_dec) {
+static __device__ __forceinline__ void fa_store_rows(OAT oat, const float (&L)[2], const float (&M)[2], float sk2,
+                                                     int g, int t, int t0, int nt, int n_head, int h,
+                                                     float *__restrict__ out, __nv_bfloat16 *__restrict__ ob,
+                                                     int n_dec) {
     float inv[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) {
-        float l = L[hr];
+        float l = L[hr], mul = 1.0f;
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[hr] = l > 0.0f ? 1.0f / l : 0.0f;
+        if (sk2 != -INFINITY) { /* (M -inf, no position seen: mul 0, l 1, the row 0) */
+            const float mf = fmaxf(M[hr], sk2);
+            mul = exp2f(M[hr] - mf);
+            l = fmaf(l, mul, exp2f(sk2 - mf));
+        }
+        inv[hr] = l > 0.0f ? mul / l : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < HD / 8; i++)

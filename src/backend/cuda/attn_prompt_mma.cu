@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
                                                       const int32_t *__restrict__ tables,
                                                       const int32_t *__restrict__ tiles, int n_head, int n_kv,
                                                       float scale, int window, float softcap,
-                                                      const float *__restrict__ q, float *__restrict__ out) {
+                                                      const float *__restrict__ q, float *__restrict__ out,
+                                                      const float *__restrict__ sinks) {
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int KSTR = HD + ATM_PAD, VSTR = ATT_TK + ATM_PAD;
@@ -64,6 +65,13 @@ __global__ void __launch_bounds__(256) attention_fa_k(kv_geom g_, const int32_t 
             else L[hr] += l * expf(m - M[hr]);
         }
     }
+    if (sinks) /* head h's sink joins each row's max and sum (M -inf, a row past the tile: L becomes 1) */
+#pragma unroll
+        for (int hr = 0; hr < 2; hr++) {
+            const float mf = fmaxf(M[hr], sinks[h]);
+            L[hr] = fmaf(L[hr], expf(M[hr] - mf), expf(sinks[h] - mf));
+            M[hr] = mf;
+        }
     float inv[2];
 #pragma unroll
     for (int hr = 0; hr < 2; hr++) inv[hr] = L[hr] > 0.0f ? 1.0f / L[hr] : 0.0f;
@@ -140,7 +148,8 @@ __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__re
                                                        const int32_t *__restrict__ tiles, int n_head, int n_kv,
                                                        float scale, int window, float softcap,
                                                        const float *__restrict__ q, float *__restrict__ out,
-                                                       __nv_bfloat16 *__restrict__ ob, int n_dec) {
+                                                       __nv_bfloat16 *__restrict__ ob, int n_dec,
+                                                       const float *__restrict__ sinks) {
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int STR = HD + ATM_PAD, BUF = ATT_TK * STR; /* halves per K (or V) buffer */
@@ -224,7 +233,8 @@ __global__ void __maxnreg__(168) attention_fa1_k(kv_geom g_, const int32_t *__re
         }
         __syncthreads(); /* every warp is done with buffer b before it is staged again */
     }
-    fa_store_rows<HD>([&](int i, int e) { return o[i][e]; }, L, g, t, t0, nt, n_head, h, out, ob, n_dec);
+    fa_store_rows<HD>([&](int i, int e) { return o[i][e]; }, L, M, sinks ? sinks[h] * LOG2E : -INFINITY, g, t, t0,
+                      nt, n_head, h, out, ob, n_dec);
 }
 
 static size_t attention_fa1_smem(int hd, int r) {
@@ -246,7 +256,7 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
         CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
         launch_k(s, k, dim3((unsigned)s->n_tiles, (unsigned)sh->n_head_kv), 32 * G, shm, g, s->d_pos,
                  s->d_tok_table, s->d_tables, s->d_tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window,
-                 sh->softcap, q, out);
+                 sh->softcap, q, out, sh->sinks);
         LAUNCHED();
         return AG_OK;
     }
@@ -264,7 +274,8 @@ static ag_status launch_attention_fa(cuda_state *s, const kv_geom &g, const ag_a
     __nv_bfloat16 *ob = pp_reserve(s, n_pp);
     CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
     launch_k(s, k, dim3((unsigned)n_blk, (unsigned)sh->n_head_kv), 32 * G * r, shm, g, s->d_pos, s->d_tok_table,
-             s->d_tables, tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
+             s->d_tables, tiles, sh->n_head, sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec,
+             sh->sinks);
     LAUNCHED();
     if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
     return AG_OK;
@@ -276,7 +287,8 @@ __global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t
                                                        const int32_t *__restrict__ tables,
                                                        const int32_t *__restrict__ tiles, int n_head, int n_kv, int hd,
                                                        float scale, int window, float softcap,
-                                                       const float *__restrict__ q, float *__restrict__ out) {
+                                                       const float *__restrict__ q, float *__restrict__ out,
+                                                       const float *__restrict__ sinks) {
     pdl_entry();
     extern __shared__ __align__(16) unsigned char smem[];
     const int qs_stride = hd + ATM_PAD, ks_stride = hd + ATM_PAD, vt_stride = ATT_TK + ATM_PAD;
@@ -368,7 +380,17 @@ __global__ void __launch_bounds__(128) attention_mma_k(kv_geom g_, const int32_t
         }
     }
     __syncthreads();
-    if (threadIdx.x < 16) row_l[threadIdx.x] = row_l[threadIdx.x] > 0.0f ? 1.0f / row_l[threadIdx.x] : 0.0f;
+    if (threadIdx.x < 16) {
+        const int r = threadIdx.x;
+        float     M = row_m[r], L = row_l[r];
+        if (sinks) { /* head h's sink joins the row's max and sum (M -inf, a row past the tile: L becomes 1) */
+            const float mf = fmaxf(M, sinks[h]);
+            L = fmaf(L, expf(M - mf), expf(sinks[h] - mf));
+            M = mf;
+        }
+        row_m[r] = M;
+        row_l[r] = L > 0.0f ? 1.0f / L : 0.0f;
+    }
     /* pass 2: weights rounded to fp16, times V; warp w owns dims [w hd/4, (w+1) hd/4) */
     const int dq = hd / 4, n_dt = dq / 8; /* 2, 4 or 8 n-tiles of dims */
     float     o[8][4];
@@ -431,11 +453,11 @@ ag_status launch_attention_mma(cuda_state *s, const kv_geom &g, const ag_attn_sh
     if (sh->softcap > 0.0f) {
         CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
         launch_k(s, attention_mma_k<true>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
-                 s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
+                 s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out, sh->sinks);
     } else {
         CUDA_TRY(cudaFuncSetAttribute(attention_mma_k<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shm));
         launch_k(s, attention_mma_k<false>, grid, 128, shm, g, s->d_pos, s->d_tok_table, s->d_tables,
-                 s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out);
+                 s->d_tiles, sh->n_head, sh->n_head_kv, hd, sh->scale, sh->window, sh->softcap, q, out, sh->sinks);
     }
     LAUNCHED();
     return AG_OK;

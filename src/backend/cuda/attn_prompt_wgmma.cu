@@ -398,7 +398,7 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
     attention_wg_k(kv_geom g_, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
                    const int32_t *__restrict__ tables, const int32_t *__restrict__ tiles, int n_head, int n_kv,
                    float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
-                   __nv_bfloat16 *__restrict__ ob, int n_dec) {
+                   __nv_bfloat16 *__restrict__ ob, int n_dec, const float *__restrict__ sinks) {
 #if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using C = wg_cfg<HD, VAR>;
     constexpr bool SKIP = C::SKIP;
@@ -493,8 +493,8 @@ __global__ void __launch_bounds__(128 * WG_HEADS, 1)
     }
     wg_last_pv<HD, TK, SKIP>(o, s, pa, alpha, dv + (cur >> 4), dhi);
     if (!active) return; /* the repeated head */
-    fa_store_rows<HD>([&](int i, int e) { return o[4 * i + e]; }, L, g, t, T0 + 16 * w, NT - 16 * w, n_head, h, out, ob,
-                      n_dec);
+    fa_store_rows<HD>([&](int i, int e) { return o[4 * i + e]; }, L, M, sinks ? sinks[h] * LOG2E : -INFINITY, g, t,
+                      T0 + 16 * w, NT - 16 * w, n_head, h, out, ob, n_dec);
 #endif
 }
 
@@ -539,7 +539,7 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
     attention_wgp_k(kv_geom g_, const int32_t *__restrict__ pos, const int32_t *__restrict__ tok_table,
                     const int32_t *__restrict__ tables, const int32_t *__restrict__ tiles, int n_head, int n_kv,
                     float scale, int window, float softcap, const float *__restrict__ q, float *__restrict__ out,
-                    __nv_bfloat16 *__restrict__ ob, int n_dec) {
+                    __nv_bfloat16 *__restrict__ ob, int n_dec, const float *__restrict__ sinks) {
 #if defined(AUGUR_SM90A) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using C = wg_cfg<HD, VAR>;
     constexpr bool SKIP = C::SKIP, PING = VAR & WG_PING;
@@ -661,8 +661,8 @@ __global__ void __launch_bounds__(128 * (WG_HEADS + 1), 1)
     }
     wg_last_pv<HD, TK, SKIP>(o, s, pa, alpha, dv + (cur * OPK >> 4), dhi);
     if (!active) return; /* the repeated head */
-    fa_store_rows<HD>([&](int i, int e) { return o[4 * i + e]; }, L, g, t, T0 + 16 * w, NT - 16 * w, n_head, h, out, ob,
-                      n_dec);
+    fa_store_rows<HD>([&](int i, int e) { return o[4 * i + e]; }, L, M, sinks ? sinks[h] * LOG2E : -INFINITY, g, t,
+                      T0 + 16 * w, NT - 16 * w, n_head, h, out, ob, n_dec);
 #endif
 }
 
@@ -717,7 +717,7 @@ static ag_status launch_attention_wg_hd(cuda_state *s, const kv_geom &g, const a
     CUDA_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     launch_k(s, k, dim3((unsigned)s->n_btiles[BTILE_MAX - 2], (unsigned)sh->n_head_kv, (unsigned)((G + WG_HEADS - 1) / WG_HEADS)),
              128 * (WG_HEADS + (v & WG_PROD ? 1 : 0)), shm, g, s->d_pos, s->d_tok_table, s->d_tables, s->d_btiles[BTILE_MAX - 2], sh->n_head,
-             sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec);
+             sh->n_head_kv, sh->scale, sh->window, sh->softcap, q, out, ob, n_dec, sh->sinks);
     LAUNCHED();
     if (ob) pp_made(s, out + (size_t)n_dec * sh->n_head * HD, n_pp);
     return AG_OK;

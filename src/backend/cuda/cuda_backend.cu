@@ -442,6 +442,7 @@ static void cu_destroy(ag_backend *be) {
         cudaSetDevice(s->device);
         if (s->stream) cudaStreamSynchronize(s->stream);
         graphs_clear(s);
+        ssm_free(s);
         for (size_t i = 0; i < s->n_w; i++) cudaFree(s->w[i].dev);
         free(s->w);
         cudaFree(s->d_ints);
@@ -511,6 +512,9 @@ static ag_backend_ops make_ops(void) {
     o.argmax = cu_argmax;
     o.device_memory = cu_device_memory;
     o.attention = cu_attention;
+    o.attn_sinks = true;
+    o.mamba2 = cu_mamba2;
+    o.rope_freqs = cu_rope_freqs;
     return o;
 }
 /* The op tables with and without the pick op (AUGUR_CUDA_PICK=0: off),

@@ -17,6 +17,7 @@
  *   attn_prompt_mma.cu   prompt rows on mma.sync (attention_fa1_k, attention_fa_k, attention_mma_k)
  *   attn_prompt_wgmma.cu prompt rows on wgmma (sm_90a: attention_wg_k, attention_wgp_k)
  *   sample.cu         argmax, pick, cands, edit, mask (the kernels: sample_*.cuh)
+ *   mamba.cu          the Mamba-2 mixer (mamba2)
  */
 #ifndef AG_CUDA_OPS_CUH
 #define AG_CUDA_OPS_CUH
@@ -87,6 +88,8 @@ ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const
 /* ---- rope_kv.cu ---- */
 ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
                   float base, float freq_scale, bool neox);
+ag_status cu_rope_freqs(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
+                        const float *freq, float mscale, bool neox);
 ag_status cu_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b, const float *k,
                       const float *v);
 ag_status cu_rope_kv_store(ag_backend *be, ag_kv *kv, const ag_attn_shape *sh, const ag_batch_layout *b, float *q,
@@ -128,5 +131,10 @@ static inline void kv_select(cuda_state *s, ag_kv *kv, int layer) {
     s->d_slot = ring ? s->d_slot_ring : s->d_slot_main;
     s->d_tok_table = ring ? s->d_tt_ring : s->d_tt_main;
 }
+
+/* ---- mamba.cu ---- */
+ag_status cu_mamba2(ag_backend *be, const ag_ssm_shape *sh, const float *zx, const ag_ssm_run *runs, int n_runs,
+                    float *y);
+void      ssm_free(cuda_state *s); /* (cu_destroy) */
 
 #endif

@@ -44,6 +44,52 @@ ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int
     return AG_OK;
 }
 
+/* rope_freqs (YaRN: gpt-oss): pair i turns by pos freq[i], the rotated
+ * values times mscale, as the CPU's ag_cpu_rope_freqs: the angle and its
+ * cos and sin in double, (float)(cos mscale), the pair as rope_pair. The
+ * host's table travels as a kernel parameter (__grid_constant__: read in
+ * place, no copy to device memory to keep alive or order). */
+#define ROPE_FREQ_MAX 256
+typedef struct {
+    float f[ROPE_FREQ_MAX];
+} rope_freq_tab;
+
+__global__ void rope_freqs_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
+                             const __grid_constant__ rope_freq_tab ft, float mscale, int neox) {
+    pdl_entry();
+    const int    half = rope_dim / 2;
+    const size_t total = (size_t)n * n_head * half;
+    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
+        const int    i = (int)(e % half);
+        const size_t th = e / half; /* token * n_head + head */
+        const int    t = (int)(th / n_head);
+        const double theta = (double)pos[t] * (double)ft.f[i];
+        const float  c = (float)(cos(theta) * (double)mscale), s = (float)(sin(theta) * (double)mscale);
+        float       *v = x + th * head_dim;
+        const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        rope_pair(v[i0], v[i1], c, s, &v[i0], &v[i1]);
+    }
+}
+
+ag_status cu_rope_freqs(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
+                        const float *freq, float mscale, bool neox) {
+    cuda_state    *s = st_of(be);
+    const int32_t *d_pos = pass_ints(s, pos, n);
+    if (!d_pos) return ag_errorf(AG_ERR_INVALID, "CUDA rope_freqs: pos must be the pass's positions (see begin)");
+    if (rope_dim / 2 > ROPE_FREQ_MAX || rope_dim > head_dim)
+        return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA rope_freqs: rope_dim %d (head_dim %d; at most %d)", rope_dim,
+                         head_dim, 2 * ROPE_FREQ_MAX);
+    if (n <= 0) return AG_OK;
+    prep_forget(s, x, (size_t)n * n_head * head_dim * sizeof(float));
+    rope_freq_tab ft;
+    memset(&ft, 0, sizeof ft);
+    memcpy(ft.f, freq, sizeof(float) * (size_t)(rope_dim / 2));
+    launch_k(s, rope_freqs_k, grid_for((size_t)n * n_head * (rope_dim / 2), 256), 256, 0, x, n, n_head, head_dim,
+             rope_dim, d_pos, ft, mscale, neox);
+    LAUNCHED();
+    return AG_OK;
+}
+
 /* ---- KV store and attention over the paged pool ---- */
 
 template <bool F16>

@@ -234,6 +234,7 @@ typedef struct {
     cuda_sample_state     smp;  /* sample.cu */
     cuda_rope_state       rope; /* rope_kv.cu */
     cuda_attn_split_state att;  /* attn_decode.cu: split-K */
+    void                 *ssm;  /* mamba.cu's scratch (cuda_ssm_scratch), made at its first call */
 } cuda_state;
 
 /* k<<<grid, block, smem, s->stream>>>(args...), with the PDL attribute
