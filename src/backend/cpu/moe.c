@@ -201,5 +201,10 @@ size_t ag_backend_moe_scratch_bytes(ag_backend *be, const ag_moe_weights *w, int
     if (!be->ops->moe || n_tokens < 1) return 0;
     const size_t n = (size_t)n_tokens, E = (size_t)w->n_expert, K = (size_t)w->n_used,
                  D = (size_t)w->gate_exps->ne[0], F = (size_t)w->gate_exps->ne[1];
+    /* a device backend (CUDA, cuda/moe.cu) keeps every (row, expert) entry
+     * at once: the gathered rows and outputs (n K D each), gate and up (n K
+     * F each), the logits, three ints and a weight an entry (and as much
+     * again in pinned host memory, not counted here) */
+    if (!be->ops->host_memory) return sizeof(float) * (n * E + 2 * n * K * D + 2 * n * K * F + 4 * n * K);
     return sizeof(float) * (n * E + 2 * n * K + E + 1 + 2 * n * D + 2 * n * F) + sizeof(struct ag_cpu_moe);
 }
