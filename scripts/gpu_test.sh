@@ -194,9 +194,25 @@ build/cuda/bench/gen_model $R/qwen05b-q4_k_m.gguf qwen05b --type Q4_K_M --layers
 build/cuda/bench/gen_model $R/gemma270m-q4_k_m.gguf gemma270m --type Q4_K_M --layers 6
 build/cuda/bench/gen_model $R/llama8b-2layers-bf16.gguf llama8b --type BF16 --layers 2
 build/cuda/bench/gen_model $R/qwen05b-q8_0.gguf qwen05b --type Q8_0 --layers 4
-# qwen3 (dense): ops the GPU has (gemma3's q/k norms), never run there before issue 44; qwen3moe is refused on
-# the GPU (no moe op yet), so it is not compared
+# qwen3 (dense): ops the GPU has (gemma3's q/k norms), never run there before issue 44
 build/cuda/bench/gen_model $R/qwen3-1.7b-q4_k_m.gguf qwen3-1.7b --type Q4_K_M --layers 4
+# routed experts (the moe op, cuda/moe.cu): qwen3moe with Q4_K experts (mmqv/mmq decode rows) and with Q8_0 ones
+# (the fp32 GEMV)
+build/cuda/bench/gen_model $R/qwen3moe-tiny-q4_k.gguf qwen3moe-tiny --type Q4_K
+build/cuda/bench/gen_model $R/qwen3moe-tiny-q8_0.gguf qwen3moe-tiny --type Q8_0
+# gpt-oss (MXFP4 experts with biases, the clamped SwiGLU, top-k then softmax) also needs attention sinks and YaRN
+# (rope_freqs) on the GPU: compared once the CUDA backend has them; until then its refusal at load is reported and
+# the model left out (any other failure to run it fails the script)
+G=build/cuda/random-test-gptoss
+mkdir -p $G
+build/cuda/bench/gen_model $G/gpt-oss-tiny-mxfp4.gguf gpt-oss-tiny
+if build/cuda/augur run --device cuda -m $G/gpt-oss-tiny-mxfp4.gguf -p Hello -n 4 --temp 0 >/dev/null 2>$G/run.err; then
+  mv $G/gpt-oss-tiny-mxfp4.gguf $R/
+elif grep -q "not supported on the cuda backend" $G/run.err; then
+  echo "== gpt-oss-tiny not compared: $(grep -o "architecture 'gpt-oss'.*" $G/run.err | head -1)"
+else
+  echo "== gpt-oss-tiny failed to run on the GPU:"; cat $G/run.err; variant_rc=1
+fi
 rc=$variant_rc
 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 echo "== whole models with the one-block decode attention (AUGUR_CUDA_SPLITK=0)"
