@@ -949,21 +949,23 @@ static double dot_row(const float *W, int K, int n_out, int m, int o, const doub
  * no biases; Q4_K gate/up with a Q8_0 down, and all-Q8_0 unnormalised and
  * scaled) and gpt-oss-style (top-k then softmax, the router's and the
  * experts' biases, the clamped SwiGLU; MXFP4 experts). */
+static const struct {
+    const char *name;
+    uint32_t    gate_t, down_t;
+    int         F, K, gating, act;
+    bool        norm_w, bias;
+    float       w_scale;
+} k_moe_cases[] = {
+    {"qwen3moe Q4_K/Q8_0", AG_TYPE_Q4_K, AG_TYPE_Q8_0, 256, 3, AG_MOE_GATE_SOFTMAX_TOPK, AG_MOE_ACT_SILU, true, false, 1.0f},
+    {"qwen3moe Q8_0 unnormalised", AG_TYPE_Q8_0, AG_TYPE_Q8_0, 320, 2, AG_MOE_GATE_SOFTMAX_TOPK, AG_MOE_ACT_SILU, false, false, 2.5f},
+    {"gpt-oss MXFP4", AG_TYPE_MXFP4, AG_TYPE_MXFP4, 384, 3, AG_MOE_GATE_TOPK_SOFTMAX, AG_MOE_ACT_SWIGLU_OAI, false, true, 1.0f},
+};
+
 static void moe_rows(void **state) {
     (void)state;
     if (!g_be->ops->moe) skip();
     enum { N = 24, N_DEC = 17, D = 512, E = 8 };
-    static const struct {
-        const char *name;
-        uint32_t    gate_t, down_t;
-        int         F, K, gating, act;
-        bool        norm_w, bias;
-        float       w_scale;
-    } cases[] = {
-        {"qwen3moe Q4_K/Q8_0", AG_TYPE_Q4_K, AG_TYPE_Q8_0, 256, 3, AG_MOE_GATE_SOFTMAX_TOPK, AG_MOE_ACT_SILU, true, false, 1.0f},
-        {"qwen3moe Q8_0 unnormalised", AG_TYPE_Q8_0, AG_TYPE_Q8_0, 320, 2, AG_MOE_GATE_SOFTMAX_TOPK, AG_MOE_ACT_SILU, false, false, 2.5f},
-        {"gpt-oss MXFP4", AG_TYPE_MXFP4, AG_TYPE_MXFP4, 384, 3, AG_MOE_GATE_TOPK_SOFTMAX, AG_MOE_ACT_SWIGLU_OAI, false, true, 1.0f},
-    };
+#define cases k_moe_cases
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int K = cases[c].K, F = cases[c].F;
         float    *dr, *dgx, *dux, *ddx;
@@ -1077,6 +1079,122 @@ static void moe_rows(void **state) {
         g_be->ops->free(g_be, d1), g_be->ops->free(g_be, dh), g_be->ops->free(g_be, dout);
         if (bias) g_be->ops->free(g_be, d_rb), g_be->ops->free(g_be, d_gb), g_be->ops->free(g_be, d_ub),
             g_be->ops->free(g_be, d_db);
+    }
+#undef cases
+}
+
+/* The plan a device backend runs the routed rows by (ag_moe_plan; the
+ * steps of cuda/moe.cu: every entry's row gathered, grouped by expert with
+ * its decode rows first, gate/up per expert with the group's own count of
+ * decode rows, biases and the activation over all entries, down per
+ * expert, each row's sum over its positions in ent order), carried out
+ * here with the CPU backend's ops, gives the CPU op's bits: so the plan
+ * groups, orders and weighs exactly as the reference does. Also checks
+ * the plan's shape directly (groups by ascending expert, batch order
+ * within one, each row's positions ascending and pointing back at it). */
+static void moe_plan_gives_cpu_bits(void **state) {
+    (void)state;
+    enum { N = 24, N_DEC = 17, D = 512, E = 8 };
+    ag_backend *be = g_cpu;
+    for (size_t c = 0; c < sizeof k_moe_cases / sizeof k_moe_cases[0]; c++) {
+        const int K = k_moe_cases[c].K, F = k_moe_cases[c].F, NK = N * K;
+        float    *dr, *dgx, *dux, *ddx;
+        ag_tensor router = make_weight(be, AG_TYPE_F32, D, E, &dr);
+        ag_tensor gx = make_stack(be, k_moe_cases[c].gate_t, D, F, E, &dgx),
+                  ux = make_stack(be, k_moe_cases[c].gate_t, D, F, E, &dux),
+                  dx = make_stack(be, k_moe_cases[c].down_t, F, D, E, &ddx);
+        const bool bias = k_moe_cases[c].bias;
+        float *rb = randn(E, 1.0f), *gb = randn((size_t)E * F, 0.1f), *ub = randn((size_t)E * F, 0.1f),
+              *db = randn((size_t)E * D, 0.1f), *h = randn((size_t)N * D, 1.0f);
+        ag_moe_weights mw = {.gate_inp = &router, .gate_exps = &gx, .up_exps = &ux, .down_exps = &dx, .n_expert = E,
+                             .n_used = K, .norm_w = k_moe_cases[c].norm_w, .w_scale = k_moe_cases[c].w_scale,
+                             .gating = k_moe_cases[c].gating, .act = k_moe_cases[c].act, .alpha = 1.702f,
+                             .limit = 7.0f};
+        if (bias) mw.gate_inp_b = rb, mw.gate_b = gb, mw.up_b = ub, mw.down_b = db;
+        float *ref = malloc(sizeof(float) * N * D);
+        assert_int_equal(be->ops->moe(be, &mw, h, N, N_DEC, ref), AG_OK);
+
+        /* routing and the plan */
+        float   *lg = malloc(sizeof(float) * N * E), *rw = malloc(sizeof(float) * NK), *ent_w = malloc(sizeof(float) * NK);
+        int32_t *sel = malloc(sizeof(int32_t) * NK), *start = malloc(sizeof(int32_t) * (E + 1)),
+                *src = malloc(sizeof(int32_t) * NK), *exp_of = malloc(sizeof(int32_t) * NK),
+                *ent = malloc(sizeof(int32_t) * NK), *scratch = malloc(sizeof(int32_t) * (2 * NK + E));
+        assert_int_equal(be->ops->matmul(be, &router, h, N, N_DEC, lg), AG_OK);
+        for (int i = 0; bias && i < N * E; i++) lg[i] += rb[i % E];
+        ag_moe_route_rows(&mw, lg, N, sel, rw);
+        ag_moe_plan(N, K, E, sel, rw, start, src, exp_of, ent, ent_w, scratch);
+        assert_int_equal(start[0], 0);
+        assert_int_equal(start[E], NK);
+        for (int e = 0; e < E; e++) {
+            assert_true(start[e] <= start[e + 1]);
+            for (int p = start[e]; p < start[e + 1]; p++) {
+                assert_int_equal(exp_of[p], e);
+                if (p > start[e]) assert_true(src[p - 1] < src[p]); /* batch order, a row once */
+            }
+        }
+        for (int i = 0; i < N; i++)
+            for (int k = 0; k < K; k++) {
+                const int p = ent[i * K + k];
+                assert_true(p >= 0 && p < NK);
+                assert_int_equal(src[p], i);
+                if (k) assert_true(ent[i * K + k - 1] < p);
+                int r = 0; /* its weight is the one routing gave that expert */
+                while (r < K && sel[i * K + r] != exp_of[p]) r++;
+                assert_true(r < K);
+                assert_memory_equal(&ent_w[i * K + k], &rw[i * K + r], sizeof(float));
+            }
+
+        /* the device op's steps, on the CPU's ops */
+        float *xg = malloc(sizeof(float) * NK * D), *g = malloc(sizeof(float) * NK * F),
+              *u = malloc(sizeof(float) * NK * F), *y = malloc(sizeof(float) * NK * D),
+              *o = malloc(sizeof(float) * N * D);
+        for (int p = 0; p < NK; p++) memcpy(xg + (size_t)p * D, h + (size_t)src[p] * D, sizeof(float) * D);
+        for (int e = 0; e < E; e++) {
+            const int n_e = start[e + 1] - start[e];
+            int       n_dec = 0;
+            while (n_dec < n_e && src[start[e] + n_dec] < N_DEC) n_dec++;
+            if (!n_e) continue;
+            const ag_tensor  gv = ag_moe_expert_view(&gx, e), uv = ag_moe_expert_view(&ux, e);
+            const ag_tensor *gu_w[2] = {&gv, &uv};
+            float *const     gu[2] = {g + (size_t)start[e] * F, u + (size_t)start[e] * F};
+            assert_int_equal(be->ops->matmul_multi(be, gu_w, 2, xg + (size_t)start[e] * D, n_e, n_dec, gu), AG_OK);
+        }
+        for (int p = 0; bias && p < NK; p++)
+            for (int f = 0; f < F; f++) {
+                g[(size_t)p * F + f] += gb[(size_t)exp_of[p] * F + f];
+                u[(size_t)p * F + f] += ub[(size_t)exp_of[p] * F + f];
+            }
+        if (k_moe_cases[c].act == AG_MOE_ACT_SWIGLU_OAI) { /* (cpu/moe.c swiglu_oai's expression) */
+            for (size_t i = 0; i < (size_t)NK * F; i++) {
+                const float x = fminf(g[i], mw.limit), v = fmaxf(fminf(u[i], mw.limit), -mw.limit);
+                g[i] = x / (1.f + expf(mw.alpha * (-x))) * (v + 1.f);
+            }
+        } else {
+            assert_int_equal(be->ops->silu_mul(be, g, u, (size_t)NK * F), AG_OK);
+        }
+        for (int e = 0; e < E; e++) {
+            const int n_e = start[e + 1] - start[e];
+            int       n_dec = 0;
+            while (n_dec < n_e && src[start[e] + n_dec] < N_DEC) n_dec++;
+            if (!n_e) continue;
+            const ag_tensor dv = ag_moe_expert_view(&dx, e);
+            assert_int_equal(be->ops->matmul(be, &dv, g + (size_t)start[e] * F, n_e, n_dec, y + (size_t)start[e] * D),
+                             AG_OK);
+        }
+        for (int p = 0; bias && p < NK; p++)
+            for (int d = 0; d < D; d++) y[(size_t)p * D + d] += db[(size_t)exp_of[p] * D + d];
+        for (int i = 0; i < N; i++)
+            for (int d = 0; d < D; d++) {
+                float acc = 0.0f;
+                for (int k = 0; k < K; k++) acc += ent_w[i * K + k] * y[(size_t)ent[i * K + k] * D + d];
+                o[(size_t)i * D + d] = acc;
+            }
+        if (memcmp(o, ref, sizeof(float) * N * D))
+            fail_msg("moe %s: the device plan carried out on the CPU's ops differs from the CPU op (err %.3g)",
+                     k_moe_cases[c].name, rel_err_f(o, ref, (size_t)N * D));
+        free(xg), free(g), free(u), free(y), free(o), free(lg), free(rw), free(ent_w), free(sel), free(start), free(src);
+        free(exp_of), free(ent), free(scratch), free(ref), free(rb), free(gb), free(ub), free(db), free(h);
+        free(dr), free(dgx), free(dux), free(ddx);
     }
 }
 
@@ -1620,6 +1738,7 @@ int main(void) {
         cmocka_unit_test(ffn_against_three_ops),
         cmocka_unit_test(ffn_decode_rows_wide),
         cmocka_unit_test(moe_rows),
+        cmocka_unit_test(moe_plan_gives_cpu_bits),
         cmocka_unit_test(argmax_rows),
         cmocka_unit_test(pick_rows),
         cmocka_unit_test(cands_rows),

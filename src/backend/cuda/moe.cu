@@ -3,9 +3,10 @@
  *
  * First version: routing on the host. The router's logits (one matmul,
  * plus its bias) are downloaded, each row's experts and weights chosen on
- * the host by the CPU op's own code (route_row, top_k below are copies of
- * cpu/moe.c's: the same selection and weights from the same logits), and
- * the gather lists uploaded: one download, one stream sync and one upload
+ * the host by the CPU op's own code (ag_moe_route_rows: the same selection
+ * and weights from the same logits), grouped by ag_moe_plan (both in
+ * cpu/moe.c; test_backend_ops runs the plan through the CPU's ops and gets
+ * the CPU op's bits), and the gather lists uploaded: one download, one stream sync and one upload
  * per MoE layer. A later step can move the routing onto the device (a
  * top-k kernel and a device-side counting sort); then MoE passes could be
  * recorded too. Until then a pass with this op cannot be captured into a
@@ -35,51 +36,6 @@
  * The expert matrices are 2-D views of the stacks (ag_moe_expert_view:
  * data + e · row_bytes · ne[1]); prepare_weight uploads whole stacks. */
 #include "backend/cuda/ops.cuh"
-
-/* ---- routing (host): cpu/moe.c's top_k and route_row, unchanged ---- */
-
-/* The k largest of one row's values p (ties: the lower id) into sel, and
- * the values into wts. */
-static void top_k(const float *p, int n_expert, int k, int32_t *sel, float *wts) {
-    uint64_t taken[(AG_MOE_MAX_EXPERTS + 63) / 64] = {0};
-    for (int r = 0; r < k; r++) {
-        int best = -1;
-        for (int e = 0; e < n_expert; e++)
-            if (!(taken[e >> 6] >> (e & 63) & 1) && (best < 0 || p[e] > p[best])) best = e;
-        taken[best >> 6] |= 1ull << (best & 63);
-        sel[r] = best;
-        wts[r] = p[best];
-    }
-}
-
-/* Routing of one row (cpu/moe.c route_row): its router logits p
- * (modified), its k experts into sel by rank and their weights into wts. */
-static void route_row(float *p, int n_expert, int k, int gating, bool norm_w, float w_scale, int32_t *sel,
-                      float *wts) {
-    if (gating == AG_MOE_GATE_TOPK_SOFTMAX) {
-        top_k(p, n_expert, k, sel, wts);
-        float  mx = wts[0]; /* (the largest: rank 0) */
-        double sum = 0.0;
-        for (int r = 0; r < k; r++) sum += wts[r] = expf(wts[r] - mx);
-        const float inv = (float)(1.0 / sum);
-        for (int r = 0; r < k; r++) wts[r] *= inv * w_scale;
-        return;
-    }
-    float mx = p[0];
-    for (int e = 1; e < n_expert; e++) mx = p[e] > mx ? p[e] : mx;
-    float sum = 0.0f;
-    for (int e = 0; e < n_expert; e++) sum += p[e] = expf(p[e] - mx);
-    const float inv = 1.0f / sum;
-    for (int e = 0; e < n_expert; e++) p[e] *= inv;
-    top_k(p, n_expert, k, sel, wts);
-    if (norm_w) {
-        float s = 0.0f;
-        for (int r = 0; r < k; r++) s += wts[r];
-        s = s < 6.103515625e-5f ? 6.103515625e-5f : s; /* (llama.cpp's clamp: F16's smallest normal) */
-        for (int r = 0; r < k; r++) wts[r] /= s;
-    }
-    for (int r = 0; r < k; r++) wts[r] *= w_scale;
-}
 
 /* ---- kernels ---- */
 
@@ -197,50 +153,23 @@ ag_status cu_moe(ag_backend *be, const ag_moe_weights *w, const float *h, int n,
     if ((st = cu_matmul(be, w->gate_inp, h, n, n_decode, m->d_logits))) return st;
     if (w->gate_inp_b && (st = cu_add_bias(be, m->d_logits, w->gate_inp_b, n, E))) return st;
     /* the host buffer: logits [N][E] floats; uploaded: src [NK], expert
-     * [NK], ent [NK] ints, then wts [NK] floats; host only: sel [NK], rank
-     * weights [NK], rows [NK], pos [NK], start [E + 1], cursors [E] */
+     * [NK], ent [NK] ints, then ent_w [NK] floats; host only: sel [NK],
+     * weights by rank [NK], start [E + 1], the plan's scratch [2 NK + E] */
     const size_t up_bytes = 3 * NK * sizeof(int32_t) + NK * sizeof(float);
-    if ((st = moe_host(s, m, N * E * sizeof(float) + up_bytes + 4 * NK * sizeof(int32_t) + (2 * (size_t)E + 1) * sizeof(int32_t))))
+    if ((st = moe_host(s, m, N * E * sizeof(float) + up_bytes + (4 * NK + 2 * (size_t)E + 1) * sizeof(int32_t))))
         return st;
     float   *lg = (float *)m->h_buf;
     int32_t *h_src = (int32_t *)(lg + N * E), *h_exp = h_src + NK, *h_ent = h_exp + NK;
     float   *h_wts = (float *)(h_ent + NK);
     int32_t *sel = (int32_t *)(h_wts + NK);
     float   *rw = (float *)(sel + NK);
-    int32_t *rows = (int32_t *)(rw + NK), *pos = rows + NK, *start = pos + NK, *cur = start + E + 1;
+    int32_t *start = (int32_t *)(rw + NK), *scratch = start + E + 1;
     CUDA_TRY(cudaMemcpyAsync(lg, m->d_logits, N * E * sizeof(float), cudaMemcpyDeviceToHost, s->stream));
     CUDA_TRY(cudaStreamSynchronize(s->stream));
 
-    /* 2. routing, as the CPU's */
-    for (int i = 0; i < n; i++)
-        route_row(lg + (size_t)i * E, E, K, w->gating, w->norm_w, w->w_scale, sel + (size_t)i * K, rw + (size_t)i * K);
-    /* the entries j = row * K + rank of each expert, in batch order (a counting sort) */
-    memset(start, 0, sizeof(int32_t) * ((size_t)E + 1));
-    for (size_t j = 0; j < NK; j++) start[sel[j] + 1]++;
-    for (int e = 0; e < E; e++) start[e + 1] += start[e];
-    memcpy(cur, start, sizeof(int32_t) * (size_t)E);
-    for (size_t j = 0; j < NK; j++) {
-        const int32_t p = cur[sel[j]]++;
-        rows[p] = (int32_t)j;
-        pos[j] = p;
-    }
-    for (size_t p = 0; p < NK; p++) {
-        h_src[p] = rows[p] / K;
-        h_exp[p] = sel[rows[p]];
-    }
-    /* each row's entries by ascending position, which is ascending expert id
-     * (a row's experts are distinct), with their weights */
-    for (int i = 0; i < n; i++) {
-        int32_t *e = h_ent + (size_t)i * K;
-        float   *wt = h_wts + (size_t)i * K;
-        for (int r = 0; r < K; r++) {
-            int32_t p = pos[(size_t)i * K + r];
-            float   v = rw[(size_t)i * K + r];
-            int     q = r;
-            for (; q > 0 && e[q - 1] > p; q--) e[q] = e[q - 1], wt[q] = wt[q - 1];
-            e[q] = p, wt[q] = v;
-        }
-    }
+    /* 2. routing, as the CPU's, and the entries grouped by expert */
+    ag_moe_route_rows(w, lg, n, sel, rw);
+    ag_moe_plan(n, K, E, sel, rw, start, h_src, h_exp, h_ent, h_wts, scratch);
     CUDA_TRY(cudaMemcpyAsync(m->d_ints, h_src, 3 * NK * sizeof(int32_t), cudaMemcpyHostToDevice, s->stream));
     CUDA_TRY(cudaMemcpyAsync(m->d_wts, h_wts, NK * sizeof(float), cudaMemcpyHostToDevice, s->stream));
     const int32_t *d_src = m->d_ints, *d_exp = m->d_ints + NK, *d_ent = m->d_ints + 2 * NK;
