@@ -225,7 +225,9 @@ typedef struct {
      * recording, the ops run only when graph_end launches the recording;
      * with `discard` (an op failed while recording) graph_end drops it.
      * When graph_end fails (or discards), nothing of the pass ran: the model
-     * issues the ops again, unrecorded. NULL: no recording. */
+     * issues the ops again, unrecorded. A backend whose moe op waits for
+     * the host mid-pass (CUDA's) answers OFF once it holds expert stacks.
+     * NULL: no recording. */
     ag_status (*graph_begin)(ag_backend *, uint64_t key, int *state);
     ag_status (*graph_end)(ag_backend *, uint64_t key, bool discard);
 

@@ -1,7 +1,7 @@
 /* Decode rows (matmul rows [0, n_decode)) on fp32 GEMVs: a warp per
  * weight row, the weight dequantized in registers. Every type but the
- * tensor-core ones (BF16: mmt.cu, Q4_K/Q6_K: mmq.cu) and all of them with
- * AUGUR_CUDA_MMV=fp32. (MXFP4 too.) */
+ * tensor-core ones (BF16: mmt.cu, Q4_K/Q6_K: mmq.cu), MXFP4 included, and
+ * all of them with AUGUR_CUDA_MMV=fp32. */
 #include "backend/cuda/ops.cuh"
 
 /* ---- matmul: decode rows (GEMV) ---- */

@@ -6,8 +6,8 @@
  * the host by the CPU op's own code (ag_moe_route_rows: the same selection
  * and weights from the same logits), grouped by ag_moe_plan (both in
  * cpu/moe.c; test_backend_ops runs the plan through the CPU's ops and gets
- * the CPU op's bits), and the gather lists uploaded: one download, one stream sync and one upload
- * per MoE layer. A later step can move the routing onto the device (a
+ * the CPU op's bits), and the gather lists uploaded: one download, one
+ * stream sync and one upload per MoE layer. A later step can move the routing onto the device (a
  * top-k kernel and a device-side counting sort); then MoE passes could be
  * recorded too. Until then a pass with this op cannot be captured into a
  * CUDA graph (a sync inside a capture is an error), so the backend records
@@ -37,10 +37,11 @@
  * data + e · row_bytes · ne[1]); prepare_weight uploads whole stacks. */
 #include "backend/cuda/ops.cuh"
 
-/* ---- kernels ---- */
+/* ---- kernels (each begins with pdl_entry: launch_k may start it early) ---- */
 
 /* xg[j] = h[src[j]], rows of D: a block per entry. */
-__global__ void moe_gather_k(const float *__restrict__ h, int D, const int32_t *__restrict__ src, float *__restrict__ xg) {
+__global__ void moe_gather_k(const float *__restrict__ h, int D, const int32_t *__restrict__ src,
+                             float *__restrict__ xg) {
     pdl_entry();
     const float *x = h + (size_t)src[blockIdx.x] * D;
     float       *o = xg + (size_t)blockIdx.x * D;
