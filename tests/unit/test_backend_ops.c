@@ -49,7 +49,7 @@ static bool        g_is_cpu;
 /* Host copies of test weights live until teardown: a device backend keys
  * its weight copies by host address (a model's mapping never moves), so a
  * freed and reused address must not come back as another weight. */
-static void  *g_weights[128];
+static void  *g_weights[256];
 static size_t g_n_weights;
 
 static int setup(void **state) {
@@ -151,6 +151,8 @@ static const mm_case k_mm_cases[] = {
     {AG_TYPE_Q5_0, 512}, {AG_TYPE_Q5_1, 256}, {AG_TYPE_Q8_0, 896}, {AG_TYPE_Q4_K, 512}, {AG_TYPE_Q6_K, 768},
     /* rows long enough for the GEMVs' blocks-loaded-ahead loops and their tails */
     {AG_TYPE_Q4_K, 2816}, {AG_TYPE_Q6_K, 2304}, {AG_TYPE_BF16, 1288},
+    /* gpt-oss's experts: on CUDA decode_unit's MXFP4 decoder (get_rows: bit for bit) */
+    {AG_TYPE_MXFP4, 512},
 };
 
 static bool is_float_type(uint32_t t) { return t == AG_TYPE_F32 || t == AG_TYPE_F16 || t == AG_TYPE_BF16; }
