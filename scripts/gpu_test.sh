@@ -194,12 +194,15 @@ build/cuda/bench/gen_model $R/qwen05b-q4_k_m.gguf qwen05b --type Q4_K_M --layers
 build/cuda/bench/gen_model $R/gemma270m-q4_k_m.gguf gemma270m --type Q4_K_M --layers 6
 build/cuda/bench/gen_model $R/llama8b-2layers-bf16.gguf llama8b --type BF16 --layers 2
 build/cuda/bench/gen_model $R/qwen05b-q8_0.gguf qwen05b --type Q8_0 --layers 4
-# qwen3 (dense): ops the GPU has (gemma3's q/k norms), never run there before issue 44; qwen3moe is refused on
-# the GPU (no moe op yet), so it is not compared
+# qwen3 (dense): ops the GPU has (gemma3's q/k norms), never run there before issue 44
 build/cuda/bench/gen_model $R/qwen3-1.7b-q4_k_m.gguf qwen3-1.7b --type Q4_K_M --layers 4
 # granitehybrid: Mamba-2 layers (the mamba2 op, the recurrent state and its snapshots in device memory) beside
 # attention layers without RoPE; decode rows in chunks of 7 snapshot the state after each row
 build/cuda/bench/gen_model $R/granite-h-tiny-q4_k.gguf granite-h-tiny --type Q4_K
+# routed experts (the moe op, cuda/moe.cu): qwen3moe with Q4_K experts (mmqv/mmq decode rows) and with Q8_0 ones
+# (the fp32 GEMV)
+build/cuda/bench/gen_model $R/qwen3moe-tiny-q4_k.gguf qwen3moe-tiny --type Q4_K
+build/cuda/bench/gen_model $R/qwen3moe-tiny-q8_0.gguf qwen3moe-tiny --type Q8_0
 rc=$variant_rc
 python3 scripts/compare_backends.py --bin build/cuda/augur "${models[@]}" || rc=1
 echo "== whole models with the one-block decode attention (AUGUR_CUDA_SPLITK=0)"

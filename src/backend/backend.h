@@ -167,6 +167,24 @@ typedef struct {
  * bytes (data and host moved to matrix e), named as the stack. */
 ag_tensor ag_moe_expert_view(const ag_tensor *stack, int e);
 
+/* The routing above for n rows, on the host (the CPU's op, and a device
+ * backend's that routes on the host: the same choice from the same
+ * logits): logits[n][n_expert] (overwritten), each row's n_used experts by
+ * rank into sel[n][n_used] and their weights into wts[n][n_used]. */
+void ag_moe_route_rows(const ag_moe_weights *w, float *logits, int n, int32_t *sel, float *wts);
+
+/* How a device backend runs the routed rows (cuda/moe.cu), from the
+ * routing (sel, wts: [n][k] by rank): the n·k (row, rank) entries grouped
+ * by expert in ascending id, each expert's in batch order (so its decode
+ * rows first); expert e's positions are start[e] .. start[e + 1]
+ * (start: n_expert + 1), position p holds row src[p] for expert expert[p];
+ * and per row i, ent[i][0..k) its positions ascending (its experts in
+ * ascending id, the order of the output's sum) with their weights in
+ * ent_w[i][..]. src, expert, ent, ent_w: n·k each; scratch: 2 n·k +
+ * n_expert ints. Host memory. */
+void ag_moe_plan(int n, int k, int n_expert, const int32_t *sel, const float *wts, int32_t *start, int32_t *src,
+                 int32_t *expert, int32_t *ent, float *ent_w, int32_t *scratch);
+
 typedef struct ag_backend ag_backend;
 
 enum { AG_GRAPH_OFF = 0, AG_GRAPH_RECORDING = 1, AG_GRAPH_REPLAYED = 2 }; /* graph_begin's *state */
@@ -211,7 +229,9 @@ typedef struct {
      * recording, the ops run only when graph_end launches the recording;
      * with `discard` (an op failed while recording) graph_end drops it.
      * When graph_end fails (or discards), nothing of the pass ran: the model
-     * issues the ops again, unrecorded. NULL: no recording. */
+     * issues the ops again, unrecorded. A backend whose moe op waits for
+     * the host mid-pass (CUDA's) answers OFF once it holds expert stacks.
+     * NULL: no recording. */
     ag_status (*graph_begin)(ag_backend *, uint64_t key, int *state);
     ag_status (*graph_end)(ag_backend *, uint64_t key, bool discard);
 

@@ -49,7 +49,7 @@ static bool        g_is_cpu;
 /* Host copies of test weights live until teardown: a device backend keys
  * its weight copies by host address (a model's mapping never moves), so a
  * freed and reused address must not come back as another weight. */
-static void  *g_weights[128];
+static void  *g_weights[256];
 static size_t g_n_weights;
 
 static int setup(void **state) {
@@ -151,6 +151,8 @@ static const mm_case k_mm_cases[] = {
     {AG_TYPE_Q5_0, 512}, {AG_TYPE_Q5_1, 256}, {AG_TYPE_Q8_0, 896}, {AG_TYPE_Q4_K, 512}, {AG_TYPE_Q6_K, 768},
     /* rows long enough for the GEMVs' blocks-loaded-ahead loops and their tails */
     {AG_TYPE_Q4_K, 2816}, {AG_TYPE_Q6_K, 2304}, {AG_TYPE_BF16, 1288},
+    /* gpt-oss's experts: on CUDA decode_unit's MXFP4 decoder (get_rows: bit for bit) */
+    {AG_TYPE_MXFP4, 512},
 };
 
 static bool is_float_type(uint32_t t) { return t == AG_TYPE_F32 || t == AG_TYPE_F16 || t == AG_TYPE_BF16; }
@@ -940,6 +942,312 @@ static void ffn_decode_rows_wide(void **state) {
     ag_kv_free(f.kv);
 }
 
+/* ---- moe ---- */
+
+/* A stack of n_mat random matrices of `type` (ne {K, n_out, n_mat}, the
+ * experts' layout), prepared on be; the dequantized floats in *deq. */
+static ag_tensor make_stack(ag_backend *be, uint32_t type, int K, int n_out, int n_mat, float **deq) {
+    const size_t rb = ag_quant_row_bytes(type, K), rows = (size_t)n_out * n_mat;
+    uint8_t     *all = malloc(rb * rows);
+    *deq = malloc(sizeof(float) * (size_t)K * rows);
+    for (size_t r = 0; r < rows; r++) {
+        uint8_t *row = random_weights(type, K, NULL);
+        memcpy(all + rb * r, row, rb);
+        free(row);
+        assert_int_equal(ag_dequant_row(type, all + rb * r, *deq + (size_t)K * r, K), AG_OK);
+    }
+    ag_tensor t = {.name = "exps", .type = type, .ne = {K, n_out, n_mat, 1}, .row_bytes = rb, .data = all, .host = all};
+    assert_true(g_n_weights < sizeof g_weights / sizeof g_weights[0]);
+    g_weights[g_n_weights++] = all;
+    if (be->ops->prepare_weight) assert_int_equal(be->ops->prepare_weight(be, &t), AG_OK);
+    return t;
+}
+
+/* x · W[m]ᵀ row o (W: [n_mat][n_out][K] floats), in double */
+static double dot_row(const float *W, int K, int n_out, int m, int o, const double *x) {
+    const float *w = W + ((size_t)m * n_out + o) * K;
+    double       s = 0;
+    for (int k = 0; k < K; k++) s += (double)w[k] * x[k];
+    return s;
+}
+
+/* The moe op (backend.h ag_moe_weights) where the backend has it:
+ *  - against a double-precision reference (routing from double logits;
+ *    the routers are F32, so a near tie that float rounding could flip is
+ *    vanishingly unlikely with these random weights): 5e-2 (each expert's
+ *    two matmuls within 2e-2 on the CPU, its activations through int8;
+ *    CUDA's prompt rows through BF16);
+ *  - a device backend against the CPU's op: 5e-2;
+ *  - batch invariance: every decode row computed alone (n 1, 1 decode
+ *    row) gives its bits in the mixed batch; also the decode rows as a
+ *    batch of their own. Prompt rows alone give their bits on the CPU;
+ *    on CUDA (cuBLAS may reduce differently for another row count, as the
+ *    matmul contract allows for prompt rows there) within 1e-2;
+ *  - a backend that records passes answers AG_GRAPH_OFF once it holds
+ *    expert stacks (CUDA: the routing waits for the host mid-pass).
+ * Cases: qwen3moe-style (softmax then top-k, weights renormalised, SiLU,
+ * no biases; Q4_K gate/up with a Q8_0 down, and all-Q8_0 unnormalised and
+ * scaled) and gpt-oss-style (top-k then softmax, the router's and the
+ * experts' biases, the clamped SwiGLU; MXFP4 experts). */
+static const struct {
+    const char *name;
+    uint32_t    gate_t, down_t;
+    int         F, K, gating, act;
+    bool        norm_w, bias;
+    float       w_scale;
+} k_moe_cases[] = {
+    {"qwen3moe Q4_K/Q8_0", AG_TYPE_Q4_K, AG_TYPE_Q8_0, 256, 3, AG_MOE_GATE_SOFTMAX_TOPK, AG_MOE_ACT_SILU, true, false,
+     1.0f},
+    {"qwen3moe Q8_0 unnormalised", AG_TYPE_Q8_0, AG_TYPE_Q8_0, 320, 2, AG_MOE_GATE_SOFTMAX_TOPK, AG_MOE_ACT_SILU, false,
+     false, 2.5f},
+    {"gpt-oss MXFP4", AG_TYPE_MXFP4, AG_TYPE_MXFP4, 384, 3, AG_MOE_GATE_TOPK_SOFTMAX, AG_MOE_ACT_SWIGLU_OAI, false, true,
+     1.0f},
+};
+
+static void moe_rows(void **state) {
+    (void)state;
+    if (!g_be->ops->moe) skip();
+    enum { N = 24, N_DEC = 17, D = 512, E = 8 };
+#define cases k_moe_cases
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int K = cases[c].K, F = cases[c].F;
+        float    *dr, *dgx, *dux, *ddx;
+        ag_tensor router = make_weight(g_be, AG_TYPE_F32, D, E, &dr);
+        ag_tensor gx = make_stack(g_be, cases[c].gate_t, D, F, E, &dgx),
+                  ux = make_stack(g_be, cases[c].gate_t, D, F, E, &dux), dx = make_stack(g_be, cases[c].down_t, F, D, E, &ddx);
+        /* biases of the size of real ones: the router's ~1, the experts' ~0.1 */
+        float *rb = randn(E, 1.0f), *gb = randn((size_t)E * F, 0.1f), *ub = randn((size_t)E * F, 0.1f),
+              *db = randn((size_t)E * D, 0.1f);
+        const bool bias = cases[c].bias;
+        /* h of unit rms (as an rmsnorm's output); the router's rows (0.1 rms) spread the logits ~2 */
+        float *h = randn((size_t)N * D, 1.0f);
+        ag_moe_weights mw = {.gate_inp = &router, .gate_exps = &gx, .up_exps = &ux, .down_exps = &dx, .n_expert = E,
+                             .n_used = K, .norm_w = cases[c].norm_w, .w_scale = cases[c].w_scale,
+                             .gating = cases[c].gating, .act = cases[c].act, .alpha = 1.702f, .limit = 7.0f};
+        float *d_rb = NULL, *d_gb = NULL, *d_ub = NULL, *d_db = NULL;
+        if (bias) {
+            d_rb = dev_put(g_be, rb, sizeof(float) * E), d_gb = dev_put(g_be, gb, sizeof(float) * E * F);
+            d_ub = dev_put(g_be, ub, sizeof(float) * E * F), d_db = dev_put(g_be, db, sizeof(float) * E * D);
+            mw.gate_inp_b = d_rb, mw.gate_b = d_gb, mw.up_b = d_ub, mw.down_b = d_db;
+        }
+        float *dh = dev_put(g_be, h, sizeof(float) * N * D), *dout = dev_floats(g_be, (size_t)N * D);
+        assert_int_equal(g_be->ops->moe(g_be, &mw, dh, N, N_DEC, dout), AG_OK);
+        float *out = host_get(g_be, dout, (size_t)N * D);
+
+        /* the reference */
+        double *ref = calloc((size_t)N * D, sizeof(double)), *x = malloc(sizeof(double) * D),
+               *g = malloc(sizeof(double) * F);
+        for (int i = 0; i < N; i++) {
+            for (int d = 0; d < D; d++) x[d] = h[(size_t)i * D + d];
+            double lg[E];
+            for (int e = 0; e < E; e++) lg[e] = dot_row(dr, D, E, 0, e, x) + (bias ? rb[e] : 0.0);
+            int    sel[E] = {0};
+            double wt[E];
+            bool   taken[E] = {false};
+            for (int r = 0; r < K; r++) { /* top-k of the logits = top-k of the probabilities */
+                int best = -1;
+                for (int e = 0; e < E; e++)
+                    if (!taken[e] && (best < 0 || lg[e] > lg[best])) best = e;
+                taken[best] = true, sel[r] = best;
+            }
+            double mx = lg[sel[0]], sum = 0;
+            if (cases[c].gating == AG_MOE_GATE_TOPK_SOFTMAX) {
+                for (int r = 0; r < K; r++) sum += wt[r] = exp(lg[sel[r]] - mx);
+                for (int r = 0; r < K; r++) wt[r] /= sum;
+            } else {
+                for (int e = 0; e < E; e++) sum += exp(lg[e] - mx);
+                double s = 0;
+                for (int r = 0; r < K; r++) s += wt[r] = exp(lg[sel[r]] - mx) / sum;
+                for (int r = 0; r < K && cases[c].norm_w; r++) wt[r] /= s;
+            }
+            for (int r = 0; r < K; r++) {
+                const int e = sel[r];
+                for (int f = 0; f < F; f++) {
+                    double a = dot_row(dgx, D, F, e, f, x) + (bias ? gb[(size_t)e * F + f] : 0.0);
+                    double b = dot_row(dux, D, F, e, f, x) + (bias ? ub[(size_t)e * F + f] : 0.0);
+                    if (cases[c].act == AG_MOE_ACT_SWIGLU_OAI) {
+                        a = fmin(a, 7.0), b = fmax(fmin(b, 7.0), -7.0);
+                        g[f] = a / (1.0 + exp(-1.702 * a)) * (b + 1.0);
+                    } else {
+                        g[f] = a / (1.0 + exp(-a)) * b;
+                    }
+                }
+                for (int d = 0; d < D; d++)
+                    ref[(size_t)i * D + d] += wt[r] * cases[c].w_scale *
+                                              (dot_row(ddx, F, D, e, d, g) + (bias ? db[(size_t)e * D + d] : 0.0));
+            }
+        }
+        const double e_ref = rel_err(out, ref, (size_t)N * D);
+        fprintf(stderr, "moe %s: err %.3g against the reference\n", cases[c].name, e_ref);
+        if (!(e_ref <= 5e-2))
+            fail_msg("%s moe %s: err %.3g against the reference", g_be->ops->name, cases[c].name, e_ref);
+        if (!g_is_cpu) { /* against the CPU's op */
+            ag_tensor rc = router, gc = gx, uc = ux, dc = dx;
+            rc.data = rc.host, gc.data = gc.host, uc.data = uc.host, dc.data = dc.host;
+            ag_moe_weights cw = mw;
+            cw.gate_inp = &rc, cw.gate_exps = &gc, cw.up_exps = &uc, cw.down_exps = &dc;
+            if (bias) cw.gate_inp_b = rb, cw.gate_b = gb, cw.up_b = ub, cw.down_b = db;
+            float *co = malloc(sizeof(float) * N * D);
+            assert_int_equal(g_cpu->ops->moe(g_cpu, &cw, h, N, N_DEC, co), AG_OK);
+            const double e = rel_err_f(out, co, (size_t)N * D);
+            fprintf(stderr, "moe %s: err %.3g against the CPU's op\n", cases[c].name, e);
+            if (!(e <= 5e-2)) fail_msg("%s moe %s: err %.3g against the CPU's op", g_be->ops->name, cases[c].name, e);
+            free(co);
+        }
+        /* batch invariance: each row alone, as its kind */
+        float *d1 = dev_floats(g_be, D);
+        for (int i = 0; i < N; i++) {
+            const bool dec = i < N_DEC;
+            assert_int_equal(g_be->ops->moe(g_be, &mw, dh + (size_t)i * D, 1, dec ? 1 : 0, d1), AG_OK);
+            float *y1 = host_get(g_be, d1, D);
+            if (dec || g_is_cpu) {
+                if (memcmp(y1, out + (size_t)i * D, sizeof(float) * D))
+                    fail_msg("%s moe %s: %s row %d alone differs from the same row in a batch of %d (%d decode)",
+                             g_be->ops->name, cases[c].name, dec ? "decode" : "prompt", i, N, N_DEC);
+            } else {
+                const double e = rel_err_f(y1, out + (size_t)i * D, D);
+                if (!(e <= 1e-2))
+                    fail_msg("%s moe %s: prompt row %d alone err %.3g against the batch's", g_be->ops->name,
+                             cases[c].name, i, e);
+            }
+            free(y1);
+        }
+        /* the decode rows as a batch of their own */
+        assert_int_equal(g_be->ops->moe(g_be, &mw, dh, N_DEC, N_DEC, dout), AG_OK);
+        float *yd = host_get(g_be, dout, (size_t)N_DEC * D);
+        if (memcmp(yd, out, sizeof(float) * N_DEC * D))
+            fail_msg("%s moe %s: the %d decode rows alone differ from the mixed batch", g_be->ops->name, cases[c].name,
+                     N_DEC);
+        free(yd), free(out), free(ref), free(x), free(g), free(h), free(rb), free(gb), free(ub), free(db);
+        free(dr), free(dgx), free(dux), free(ddx);
+        g_be->ops->free(g_be, d1), g_be->ops->free(g_be, dh), g_be->ops->free(g_be, dout);
+        if (bias) g_be->ops->free(g_be, d_rb), g_be->ops->free(g_be, d_gb), g_be->ops->free(g_be, d_ub),
+            g_be->ops->free(g_be, d_db);
+    }
+#undef cases
+    if (g_be->ops->graph_begin) { /* holding expert stacks, CUDA records no passes (its routing syncs) */
+        int gs = -1;
+        assert_int_equal(g_be->ops->graph_begin(g_be, 0x6d6f65ull, &gs), AG_OK);
+        if (gs != AG_GRAPH_OFF) fail_msg("%s: graph_begin answers %d with expert stacks loaded", g_be->ops->name, gs);
+    }
+}
+
+/* The plan a device backend runs the routed rows by (ag_moe_plan; the
+ * steps of cuda/moe.cu: every entry's row gathered, grouped by expert with
+ * its decode rows first, gate/up per expert with the group's own count of
+ * decode rows, biases and the activation over all entries, down per
+ * expert, each row's sum over its positions in ent order), carried out
+ * here with the CPU backend's ops, gives the CPU op's bits: so the plan
+ * groups, orders and weighs exactly as the reference does. Also checks
+ * the plan's shape directly (groups by ascending expert, batch order
+ * within one, each row's positions ascending and pointing back at it). */
+static void moe_plan_gives_cpu_bits(void **state) {
+    (void)state;
+    enum { N = 24, N_DEC = 17, D = 512, E = 8 };
+    ag_backend *be = g_cpu;
+    for (size_t c = 0; c < sizeof k_moe_cases / sizeof k_moe_cases[0]; c++) {
+        const int K = k_moe_cases[c].K, F = k_moe_cases[c].F, NK = N * K;
+        float    *dr, *dgx, *dux, *ddx;
+        ag_tensor router = make_weight(be, AG_TYPE_F32, D, E, &dr);
+        ag_tensor gx = make_stack(be, k_moe_cases[c].gate_t, D, F, E, &dgx),
+                  ux = make_stack(be, k_moe_cases[c].gate_t, D, F, E, &dux),
+                  dx = make_stack(be, k_moe_cases[c].down_t, F, D, E, &ddx);
+        const bool bias = k_moe_cases[c].bias;
+        float *rb = randn(E, 1.0f), *gb = randn((size_t)E * F, 0.1f), *ub = randn((size_t)E * F, 0.1f),
+              *db = randn((size_t)E * D, 0.1f), *h = randn((size_t)N * D, 1.0f);
+        ag_moe_weights mw = {.gate_inp = &router, .gate_exps = &gx, .up_exps = &ux, .down_exps = &dx, .n_expert = E,
+                             .n_used = K, .norm_w = k_moe_cases[c].norm_w, .w_scale = k_moe_cases[c].w_scale,
+                             .gating = k_moe_cases[c].gating, .act = k_moe_cases[c].act, .alpha = 1.702f,
+                             .limit = 7.0f};
+        if (bias) mw.gate_inp_b = rb, mw.gate_b = gb, mw.up_b = ub, mw.down_b = db;
+        float *ref = malloc(sizeof(float) * N * D);
+        assert_int_equal(be->ops->moe(be, &mw, h, N, N_DEC, ref), AG_OK);
+
+        /* routing and the plan */
+        float   *lg = malloc(sizeof(float) * N * E), *rw = malloc(sizeof(float) * NK),
+                *ent_w = malloc(sizeof(float) * NK);
+        int32_t *sel = malloc(sizeof(int32_t) * NK), *start = malloc(sizeof(int32_t) * (E + 1)),
+                *src = malloc(sizeof(int32_t) * NK), *exp_of = malloc(sizeof(int32_t) * NK),
+                *ent = malloc(sizeof(int32_t) * NK), *scratch = malloc(sizeof(int32_t) * (2 * NK + E));
+        assert_int_equal(be->ops->matmul(be, &router, h, N, N_DEC, lg), AG_OK);
+        for (int i = 0; bias && i < N * E; i++) lg[i] += rb[i % E];
+        ag_moe_route_rows(&mw, lg, N, sel, rw);
+        ag_moe_plan(N, K, E, sel, rw, start, src, exp_of, ent, ent_w, scratch);
+        assert_int_equal(start[0], 0);
+        assert_int_equal(start[E], NK);
+        for (int e = 0; e < E; e++) {
+            assert_true(start[e] <= start[e + 1]);
+            for (int p = start[e]; p < start[e + 1]; p++) {
+                assert_int_equal(exp_of[p], e);
+                if (p > start[e]) assert_true(src[p - 1] < src[p]); /* batch order, a row once */
+            }
+        }
+        for (int i = 0; i < N; i++)
+            for (int k = 0; k < K; k++) {
+                const int p = ent[i * K + k];
+                assert_true(p >= 0 && p < NK);
+                assert_int_equal(src[p], i);
+                if (k) assert_true(ent[i * K + k - 1] < p);
+                int r = 0; /* its weight is the one routing gave that expert */
+                while (r < K && sel[i * K + r] != exp_of[p]) r++;
+                assert_true(r < K);
+                assert_memory_equal(&ent_w[i * K + k], &rw[i * K + r], sizeof(float));
+            }
+
+        /* the device op's steps, on the CPU's ops */
+        float *xg = malloc(sizeof(float) * NK * D), *g = malloc(sizeof(float) * NK * F),
+              *u = malloc(sizeof(float) * NK * F), *y = malloc(sizeof(float) * NK * D),
+              *o = malloc(sizeof(float) * N * D);
+        for (int p = 0; p < NK; p++) memcpy(xg + (size_t)p * D, h + (size_t)src[p] * D, sizeof(float) * D);
+        for (int e = 0; e < E; e++) {
+            const int n_e = start[e + 1] - start[e];
+            int       n_dec = 0;
+            while (n_dec < n_e && src[start[e] + n_dec] < N_DEC) n_dec++;
+            if (!n_e) continue;
+            const ag_tensor  gv = ag_moe_expert_view(&gx, e), uv = ag_moe_expert_view(&ux, e);
+            const ag_tensor *gu_w[2] = {&gv, &uv};
+            float *const     gu[2] = {g + (size_t)start[e] * F, u + (size_t)start[e] * F};
+            assert_int_equal(be->ops->matmul_multi(be, gu_w, 2, xg + (size_t)start[e] * D, n_e, n_dec, gu), AG_OK);
+        }
+        for (int p = 0; bias && p < NK; p++)
+            for (int f = 0; f < F; f++) {
+                g[(size_t)p * F + f] += gb[(size_t)exp_of[p] * F + f];
+                u[(size_t)p * F + f] += ub[(size_t)exp_of[p] * F + f];
+            }
+        if (k_moe_cases[c].act == AG_MOE_ACT_SWIGLU_OAI) { /* (cpu/moe.c swiglu_oai's expression) */
+            for (size_t i = 0; i < (size_t)NK * F; i++) {
+                const float x = fminf(g[i], mw.limit), v = fmaxf(fminf(u[i], mw.limit), -mw.limit);
+                g[i] = x / (1.f + expf(mw.alpha * (-x))) * (v + 1.f);
+            }
+        } else {
+            assert_int_equal(be->ops->silu_mul(be, g, u, (size_t)NK * F), AG_OK);
+        }
+        for (int e = 0; e < E; e++) {
+            const int n_e = start[e + 1] - start[e];
+            int       n_dec = 0;
+            while (n_dec < n_e && src[start[e] + n_dec] < N_DEC) n_dec++;
+            if (!n_e) continue;
+            const ag_tensor dv = ag_moe_expert_view(&dx, e);
+            assert_int_equal(be->ops->matmul(be, &dv, g + (size_t)start[e] * F, n_e, n_dec, y + (size_t)start[e] * D),
+                             AG_OK);
+        }
+        for (int p = 0; bias && p < NK; p++)
+            for (int d = 0; d < D; d++) y[(size_t)p * D + d] += db[(size_t)exp_of[p] * D + d];
+        for (int i = 0; i < N; i++)
+            for (int d = 0; d < D; d++) {
+                float acc = 0.0f;
+                for (int k = 0; k < K; k++) acc += ent_w[i * K + k] * y[(size_t)ent[i * K + k] * D + d];
+                o[(size_t)i * D + d] = acc;
+            }
+        if (memcmp(o, ref, sizeof(float) * N * D))
+            fail_msg("moe %s: the device plan carried out on the CPU's ops differs from the CPU op (err %.3g)",
+                     k_moe_cases[c].name, rel_err_f(o, ref, (size_t)N * D));
+        free(xg), free(g), free(u), free(y), free(o), free(lg), free(rw), free(ent_w), free(sel), free(start);
+        free(src), free(exp_of), free(ent), free(scratch), free(ref), free(rb), free(gb), free(ub), free(db), free(h);
+        free(dr), free(dgx), free(dux), free(ddx);
+    }
+}
+
 /* The argmax op against the sampler's greedy rule: the lowest index among
  * the largest values, +inf and FLT_MAX alike, NaN skipped, -2 for a row
  * with no finite value; rows of 4k + 1 values too (a kernel's scalar path). */
@@ -1627,6 +1935,8 @@ int main(void) {
         cmocka_unit_test(matmul_after_producers),
         cmocka_unit_test(ffn_against_three_ops),
         cmocka_unit_test(ffn_decode_rows_wide),
+        cmocka_unit_test(moe_rows),
+        cmocka_unit_test(moe_plan_gives_cpu_bits),
         cmocka_unit_test(argmax_rows),
         cmocka_unit_test(pick_rows),
         cmocka_unit_test(cands_rows),

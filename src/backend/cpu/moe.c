@@ -136,6 +136,45 @@ static void swiglu_oai(float *gate, const float *up, size_t n, float alpha, floa
     }
 }
 
+void ag_moe_route_rows(const ag_moe_weights *w, float *logits, int n, int32_t *sel, float *wts) {
+    const int E = w->n_expert, K = w->n_used;
+    for (int i = 0; i < n; i++)
+        route_row(logits + (size_t)i * E, E, K, w->gating, w->norm_w, w->w_scale, sel + (size_t)i * K,
+                  wts + (size_t)i * K);
+}
+
+void ag_moe_plan(int n, int k, int n_expert, const int32_t *sel, const float *wts, int32_t *start, int32_t *src,
+                 int32_t *expert, int32_t *ent, float *ent_w, int32_t *scratch) {
+    const size_t nk = (size_t)n * (size_t)k;
+    int32_t     *rows = scratch, *pos = scratch + nk, *cur = scratch + 2 * nk;
+    /* a counting sort of the entries j = row * k + rank by expert, stable: batch order within an expert */
+    memset(start, 0, sizeof(int32_t) * ((size_t)n_expert + 1));
+    for (size_t j = 0; j < nk; j++) start[sel[j] + 1]++;
+    for (int e = 0; e < n_expert; e++) start[e + 1] += start[e];
+    memcpy(cur, start, sizeof(int32_t) * (size_t)n_expert);
+    for (size_t j = 0; j < nk; j++) {
+        const int32_t p = cur[sel[j]]++;
+        rows[p] = (int32_t)j;
+        pos[j] = p;
+    }
+    for (size_t p = 0; p < nk; p++) {
+        src[p] = rows[p] / k;
+        expert[p] = sel[rows[p]];
+    }
+    /* each row's positions ascending (an insertion sort of k), with their weights */
+    for (int i = 0; i < n; i++) {
+        int32_t *e = ent + (size_t)i * k;
+        float   *we = ent_w + (size_t)i * k;
+        for (int r = 0; r < k; r++) {
+            const int32_t p = pos[(size_t)i * k + r];
+            const float   v = wts[(size_t)i * k + r];
+            int           q = r;
+            for (; q > 0 && e[q - 1] > p; q--) e[q] = e[q - 1], we[q] = we[q - 1];
+            e[q] = p, we[q] = v;
+        }
+    }
+}
+
 ag_status ag_cpu_moe_run(ag_backend *be, ag_cpu_moe **scratch, const ag_moe_weights *w, const float *h, int n,
                          int n_decode, float *o) {
     const ag_backend_ops *op = be->ops;
@@ -151,9 +190,7 @@ ag_status ag_cpu_moe_run(ag_backend *be, ag_cpu_moe **scratch, const ag_moe_weig
     /* 1. routing */
     if ((st = op->matmul(be, w->gate_inp, h, n, n_decode, s->logits))) return st;
     if (w->gate_inp_b) ag_cpu_add_bias(s->logits, w->gate_inp_b, n, E);
-    for (int i = 0; i < n; i++)
-        route_row(s->logits + (size_t)i * E, E, K, w->gating, w->norm_w, w->w_scale, s->sel + (size_t)i * K,
-                  s->wts + (size_t)i * K);
+    ag_moe_route_rows(w, s->logits, n, s->sel, s->wts);
 
     /* the rows of each expert, in batch order (a counting sort) */
     memset(s->start, 0, sizeof(int32_t) * ((size_t)E + 1));
@@ -201,5 +238,10 @@ size_t ag_backend_moe_scratch_bytes(ag_backend *be, const ag_moe_weights *w, int
     if (!be->ops->moe || n_tokens < 1) return 0;
     const size_t n = (size_t)n_tokens, E = (size_t)w->n_expert, K = (size_t)w->n_used,
                  D = (size_t)w->gate_exps->ne[0], F = (size_t)w->gate_exps->ne[1];
+    /* a device backend (CUDA, cuda/moe.cu) keeps every (row, expert) entry
+     * at once: the gathered rows and outputs (n K D each), gate and up (n K
+     * F each), the logits, three ints and a weight an entry (and as much
+     * again in pinned host memory, not counted here) */
+    if (!be->ops->host_memory) return sizeof(float) * (n * E + 2 * n * K * D + 2 * n * K * F + 4 * n * K);
     return sizeof(float) * (n * E + 2 * n * K + E + 1 + 2 * n * D + 2 * n * F) + sizeof(struct ag_cpu_moe);
 }

@@ -98,9 +98,17 @@ static ag_status cu_prepare_weight(ag_backend *be, ag_tensor *t) {
     if (!type_supported(t->type))
         return ag_errorf(AG_ERR_UNSUPPORTED,
                          "tensor '%s' has type %u, which the CUDA backend does not run (it runs F32, F16, BF16, Q4_0, "
-                         "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K)",
+                         "Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K and MXFP4)",
                          t->name ? t->name : "?", t->type);
-    const size_t bytes = t->row_bytes * (size_t)t->ne[1];
+    /* every matrix of a stack (ne[2] > 1: the experts' matrices, which the
+     * moe op reads through ag_moe_expert_view: data + e * row_bytes * ne[1],
+     * so the whole stack must be on the device, in one piece) */
+    const size_t n_mat = t->ne[2] > 1 ? (size_t)t->ne[2] : 1;
+    const size_t bytes = t->row_bytes * (size_t)t->ne[1] * n_mat;
+    /* a stack of experts means the moe op will run, whose routing needs the
+     * host inside the pass: such a model's passes are never recorded
+     * (cu_graph_begin, moe.cu) */
+    if (n_mat > 1) s->moe.host_routed = true;
     if ((t->type == CQ_Q4_K || t->type == CQ_Q6_K) && t->ne[0] > s->max_k) s->max_k = (int)t->ne[0];
     if (t->type == CQ_BF16 && t->ne[0] > s->max_k_bf16) s->max_k_bf16 = (int)t->ne[0];
     if (s->mmv_dp4a && (t->type == CQ_Q4_K || t->type == CQ_Q6_K)) s->prep_want |= XR_Q8;
@@ -399,7 +407,10 @@ void graphs_clear(cuda_state *s) {
 static ag_status cu_graph_begin(ag_backend *be, uint64_t key, int *state) {
     cuda_state *s = st_of(be);
     *state = AG_GRAPH_OFF;
-    if (!s->graphs_on) return AG_OK;
+    /* (host_routed: the moe op downloads the router's logits and waits for
+     * them in the middle of the pass, which a stream capture cannot hold;
+     * off rather than a failed recording per key, see moe.cu) */
+    if (!s->graphs_on || s->moe.host_routed) return AG_OK;
     key = graph_key(s, key);
     graph_entry *e = graph_find(s, key);
     if (e) {
@@ -471,6 +482,7 @@ static void cu_destroy(ag_backend *be) {
         cudaFree(s->smp.d_sp_part);
         cudaFree(s->smp.d_sp_slice_m);
         cudaFree(s->smp.d_sp_m);
+        moe_free(s);
         if (s->blas) cublasDestroy(s->blas);
         if (s->stream) cudaStreamDestroy(s->stream);
         free(s);
@@ -507,6 +519,7 @@ static ag_backend_ops make_ops(void) {
     o.silu_mul = cu_silu_mul;
     o.gelu_mul = cu_gelu_mul;
     o.ffn = cu_ffn;
+    o.moe = cu_moe;
     o.kv_store = cu_kv_store;
     o.rope_kv_store = cu_rope_kv_store;
     o.argmax = cu_argmax;

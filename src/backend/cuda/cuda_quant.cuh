@@ -8,8 +8,8 @@
  * float operations), so a dequantized weight equals the CPU's
  * ag_dequant_row bit for bit.
  *
- * Blocks are byte-packed at even sizes (18, 20, 22, 34, 144, 210 bytes), so
- * reads are 1- or 2-byte loads; the GEMV kernels' bandwidth comes from many
+ * Blocks are byte-packed at even sizes (18, 20, 22, 34, 144, 210 bytes;
+ * MXFP4's 17: byte loads only), so reads are 1- or 2-byte loads; the GEMV kernels' bandwidth comes from many
  * lanes reading consecutive blocks at once. */
 #ifndef AG_CUDA_QUANT_CUH
 #define AG_CUDA_QUANT_CUH
@@ -30,6 +30,7 @@ enum {
     CQ_Q4_K = 12,
     CQ_Q6_K = 14,
     CQ_BF16 = 30,
+    CQ_MXFP4 = 39,
 };
 
 static __device__ __forceinline__ float cq_h2f(const uint8_t *p) {
@@ -58,6 +59,20 @@ static __device__ __forceinline__ void cq_k4_scale_min_w(int j, uint32_t w0, uin
     *mn = (float)m;
 }
 
+/* MXFP4 (gpt-oss's experts; ggml's layout, cpu/quant_impl.h): code q's
+ * value doubled, as ggml's table kvalues_mxfp4 {0, 1, 2, 3, 4, 6, 8, 12}
+ * and negatives, from the nibbles of a constant (no __constant__ table:
+ * see common.cuh); code 8 is 0, as in the table. */
+static __device__ __forceinline__ int cq_mxfp4_val(uint32_t q) {
+    const int v = (int)((0xC8643210u >> (4 * (q & 7))) & 0xF);
+    return q & 8 ? -v : v;
+}
+/* ggml's GGML_E8M0_TO_FP32_HALF: 2^(e-128) exactly, subnormal for e < 2
+ * (cpu/quant_impl.h ag_e8m0_half) */
+static __device__ __forceinline__ float cq_e8m0_half(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
 /* Units per block and bytes per block of a quantized type; 0 units for
  * the float types and unsupported ones. */
 static __host__ __device__ inline void cq_geometry(int type, int *units_per_block, int *block_bytes) {
@@ -70,6 +85,7 @@ static __host__ __device__ inline void cq_geometry(int type, int *units_per_bloc
     case CQ_Q8_0: u = 1, b = 34; break;
     case CQ_Q4_K: u = 8, b = 144; break;
     case CQ_Q6_K: u = 8, b = 210; break;
+    case CQ_MXFP4: u = 1, b = 17; break;
     default: break;
     }
     *units_per_block = u;
@@ -170,6 +186,17 @@ static __device__ __forceinline__ void decode_unit(const uint8_t *row, int u, fl
         for (int l = 0; l < 32; l++) {
             int q = (int)(((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
             out[l] = d * (float)sc[l >> 4] * (float)q;
+        }
+    } else if (TYPE == CQ_MXFP4) {
+        /* 17-byte blocks (odd: byte loads only), the CPU's dq_mxfp4:
+         * d * value, the same float product */
+        const uint8_t *b = row + (size_t)u * 17;
+        const float    d = cq_e8m0_half(b[0]);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            const uint32_t q = b[1 + j];
+            out[j] = d * (float)cq_mxfp4_val(q & 0xF);
+            out[j + 16] = d * (float)cq_mxfp4_val(q >> 4);
         }
     }
 }

@@ -97,6 +97,7 @@ static ag_status launch_dequant(const cuda_state *s, uint32_t type, const void *
     case CQ_Q8_0: DQ(CQ_Q8_0); break;
     case CQ_Q4_K: DQ(CQ_Q4_K); break;
     case CQ_Q6_K: DQ(CQ_Q6_K); break;
+    case CQ_MXFP4: DQ(CQ_MXFP4); break;
     default: return ag_errorf(AG_ERR_UNSUPPORTED, "CUDA: weight type %u", type);
     }
 #undef DQ

@@ -1,7 +1,7 @@
 /* Decode rows (matmul rows [0, n_decode)) on fp32 GEMVs: a warp per
  * weight row, the weight dequantized in registers. Every type but the
- * tensor-core ones (BF16: mmt.cu, Q4_K/Q6_K: mmq.cu) and all of them with
- * AUGUR_CUDA_MMV=fp32. */
+ * tensor-core ones (BF16: mmt.cu, Q4_K/Q6_K: mmq.cu), MXFP4 included, and
+ * all of them with AUGUR_CUDA_MMV=fp32. */
 #include "backend/cuda/ops.cuh"
 
 /* ---- matmul: decode rows (GEMV) ---- */
@@ -312,6 +312,9 @@ static mmv_kernel mmv_for_nt(uint32_t type) {
     case CQ_Q8_0: return mmv_quant<CQ_Q8_0, NT>;
     case CQ_Q4_K: return mmv_q4k<NT>;
     case CQ_Q6_K: return mmv_q6k<NT>;
+    /* MXFP4 (gpt-oss's experts): the legacy-type GEMV, decode_unit's
+     * decoder; correct but not tuned (no loads ahead, fp32 activations) */
+    case CQ_MXFP4: return mmv_quant<CQ_MXFP4, NT>;
     default: return NULL;
     }
 }

@@ -12,6 +12,7 @@
  *   mmt.cu            decode rows of BF16 weights on the tensor cores; the fused gate/up (glu)
  *   mmq.cu            decode rows of Q4_K/Q6_K: mmq (tensor cores) and mmqv (few rows)
  *   norm_act.cu       rmsnorm, add, scale, activations, the feed-forward block (ffn)
+ *   moe.cu            the routed experts (moe): routing on the host, each expert's rows through matmul
  *   rope_kv.cu        rope, the KV store, rope + KV store in one kernel
  *   attn_decode.cu    attention: the op, decode rows (split-K), the SIMT prompt tiles
  *   attn_prompt_mma.cu   prompt rows on mma.sync (attention_fa1_k, attention_fa_k, attention_mma_k)
@@ -84,6 +85,10 @@ ag_status cu_silu_mul(ag_backend *be, float *g, const float *u, size_t n);
 ag_status cu_gelu_mul(ag_backend *be, float *g, const float *u, size_t n);
 ag_status cu_ffn(ag_backend *be, const ag_tensor *gw, const ag_tensor *uw, const ag_tensor *dw, const float *h, int n,
                  int n_decode, bool gelu, float *gate, float *up, float *o);
+
+/* ---- moe.cu ---- */
+ag_status cu_moe(ag_backend *be, const ag_moe_weights *w, const float *h, int n, int n_decode, float *o);
+void      moe_free(cuda_state *s);
 
 /* ---- rope_kv.cu ---- */
 ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,

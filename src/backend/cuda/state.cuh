@@ -99,6 +99,22 @@ typedef struct {
     int      max_att_out;
 } cuda_attn_split_state;
 
+/* moe.cu's scratch (grown to the largest call, freed in cu_destroy by
+ * moe_free). Device: the router's logits [n][E]; the gathered rows of h
+ * [n K][D], grouped by expert (ascending id), each expert's decode rows
+ * first; their gate and up products [n K][F] and outputs [n K][D]; the
+ * per-entry ints (the row an entry came from, its expert) and each row's
+ * entries and weights in ascending expert id [n][K]. Host (pinned): the
+ * logits downloaded and the ints and weights uploaded. */
+typedef struct {
+    bool     host_routed; /* a stack of experts was prepared: no recorded passes (cu_graph_begin) */
+    float   *d_logits, *d_xg, *d_g, *d_u, *d_y, *d_wts;
+    int32_t *d_ints;
+    size_t   cap_logits, cap_xg, cap_g, cap_u, cap_y, cap_wts, cap_ints; /* elements */
+    void    *h_buf;    /* pinned: the logits, then the ints and weights to upload */
+    size_t   cap_h;    /* bytes */
+} cuda_moe_state;
+
 typedef struct {
     int            device;
     int            sm_count;
@@ -235,6 +251,7 @@ typedef struct {
     cuda_rope_state       rope; /* rope_kv.cu */
     cuda_attn_split_state att;  /* attn_decode.cu: split-K */
     void                 *ssm;  /* mamba.cu's scratch (cuda_ssm_scratch), made at its first call */
+    cuda_moe_state        moe;  /* moe.cu */
 } cuda_state;
 
 /* k<<<grid, block, smem, s->stream>>>(args...), with the PDL attribute
