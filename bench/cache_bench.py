@@ -6,11 +6,12 @@ as the peer. Everything in one run, same threads.
 
 1. TTFT, for each prompt length L (one server per L, --parallel 1, a fresh
    --kv-disk directory): a new L-token prompt (cold prefill), the same prompt
-   again R times (memory tier); then (unless --no-host) a --no-kv-disk server
-   whose KV pool holds one context (--kv-mem from `augur fit`) and whose
-   host tier (--kv-host-mem) holds four: another L-token prompt pushes the
-   first one's blocks out of the pool into the host tier, then the first is
-   asked again (host tier: copied back into the pool), R times; then R
+   again R times (memory tier); then (unless --no-host) a server on a copy
+   of the records whose KV pool holds one context (--kv-mem from `augur
+   fit`) and whose host tier (--kv-host-mem) holds four: the prompt (a disk
+   hit), then R times another L-token prompt, which pushes the first one's
+   blocks out of the pool into the host tier, and the first again (a host
+   hit: copied back into the pool, no disk read); then R
    restarts on the same directory, each
    answering it once (disk tier), first with the records in the page cache
    (they were just written), then R more with the records evicted from the
@@ -189,22 +190,29 @@ def device_args(a):
     return ["--device", a.device] if a.device else []
 
 
-def bench_host(a, L, words, salt, text0):
-    """Host-tier hits: (median TTFT s, cached tokens, host tokens per hit)."""
+def bench_host(a, L, words, salt, text0, d, workdir):
+    """Host-tier hits: (median TTFT s, cached tokens, host tokens per hit).
+    The server runs on a copy of d (p's records: its first answer is a
+    disk hit, not another cold prefill)."""
     fit = subprocess.run([AUGUR, "fit", "-m", a.model, "--ctx", str(L + 64), "--parallel", "1", "--no-kv-disk",
                           "--json", "-t", str(a.t)] + device_args(a), capture_output=True, text=True)
     assert fit.returncode == 0, fit.stderr
     kv = json.loads(fit.stdout)["parts"]["kv"]
-    args = ["-t", str(a.t), "--ctx", str(L + 64), "--parallel", "1", "--no-kv-disk", "--kv-mem", str(kv),
+    d2 = tempfile.mkdtemp(prefix="augur-cache-host-", dir=workdir)
+    shutil.rmtree(d2)
+    shutil.copytree(d, d2)
+    args = ["-t", str(a.t), "--ctx", str(L + 64), "--parallel", "1", "--kv-disk", d2, "--kv-mem", str(kv),
             "--kv-host-mem", str(4 * kv + (64 << 20))] + device_args(a)
     s = AugurServer(a.model, *args)
-    p, other = prompt_text(words, salt), prompt_text(words, salt + 500)
+    # other fills nearly the whole context, so that every block of p leaves the pool
+    p, other = prompt_text(words, salt), prompt_text(int(words * (L + 40) / L), salt + 500)
     times, cached, host = [], 0, 0
     try:
+        wait_scan(s.base)
         _, _, _, t = ask(s.base, p)
         assert t == text0
         for _ in range(a.r):
-            ask(s.base, other)  # needs the pool: p's blocks move to the host tier
+            ask(s.base, other)  # needs the pool: p's blocks move to the host tier (cold once, then host hits)
             m0 = metrics(s.base)
             dt, _, cached, t = ask(s.base, p)
             m1 = metrics(s.base)
@@ -213,6 +221,7 @@ def bench_host(a, L, words, salt, text0):
             times.append(dt)
     finally:
         assert s.stop() == 0
+        shutil.rmtree(d2, ignore_errors=True)
     return median(times), cached, int(host)
 
 
@@ -231,7 +240,7 @@ def bench_length(a, L, salt, workdir):
             mem.append(dt)
     finally:
         assert s.stop() == 0  # SIGTERM: the flush writes every block
-    host = bench_host(a, L, words, salt, text0) if not a.no_host else None
+    host = bench_host(a, L, words, salt, text0, d, workdir) if not a.no_host else None
     hits = {True: [], False: []}
     for cold_cache in (False, True):
         for _ in range(a.r):
