@@ -427,9 +427,17 @@ static int32_t host_slot_get(ag_cache *c) {
     int32_t per = (int32_t)(((size_t)64 << 20) / c->block_payload);
     if (per < 1) per = 1;
     if (per > c->host_max - c->host_n) per = c->host_max - c->host_n;
+    /* (the slot tables grow with the chunks: a large bound of small blocks
+     * costs nothing until it fills) */
     void **ch = realloc(c->host_chunks, sizeof *ch * (size_t)(c->host_n_chunks + 1));
     if (!ch) return -1;
     c->host_chunks = ch;
+    uint8_t **sl = realloc(c->host_slot, sizeof *sl * (size_t)(c->host_n + per));
+    if (!sl) return -1;
+    c->host_slot = sl;
+    int32_t *fr = realloc(c->host_free, sizeof *fr * (size_t)(c->host_n + per));
+    if (!fr) return -1;
+    c->host_free = fr;
     uint8_t *mem = ag_kv_host_alloc(c->kv, (size_t)per * c->block_payload);
     if (!mem) return -1;
     ch[c->host_n_chunks++] = mem;
@@ -693,15 +701,9 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
         }
         disk_open(c);
     }
-    if (p.host_max_bytes / c->block_payload > 0) {
+    if (p.host_max_bytes / c->block_payload > 0) { /* (slots are allocated as the tier fills) */
         uint64_t slots = p.host_max_bytes / c->block_payload;
         c->host_max = slots > (uint64_t)(INT32_MAX / 2) ? INT32_MAX / 2 : (int32_t)slots;
-        c->host_slot = calloc((size_t)c->host_max, sizeof *c->host_slot);
-        c->host_free = malloc(sizeof(int32_t) * (size_t)c->host_max);
-        if (!c->host_slot || !c->host_free) {
-            ag_cache_free(c);
-            return ag_errorf(AG_ERR_NOMEM, "out of memory");
-        }
     }
     if (c->ring) ag_kv_set_ring_reclaim(kv, reclaim_ring, c);
     refresh_stats(c);

@@ -226,8 +226,8 @@ struct ag_cache {
     int32_t   host_max;     /* slots at most; 0: tier off */
     int32_t   host_n;       /* slots allocated (in use or free) */
     int32_t   host_used;    /* slots holding a block */
-    uint8_t **host_slot;    /* [host_max] slot -> its bytes (block_payload), NULL until allocated */
-    int32_t  *host_free;    /* [host_max] stack of free allocated slots */
+    uint8_t **host_slot;    /* [host_n] slot -> its bytes (block_payload) */
+    int32_t  *host_free;    /* [host_n] stack of free allocated slots */
     int32_t   host_n_free;
     void    **host_chunks;  /* ag_kv_host_alloc allocations the slots are carved from */
     int32_t   host_n_chunks;
