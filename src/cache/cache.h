@@ -347,7 +347,8 @@ typedef struct ag_cache_restore ag_cache_restore;
  * released) a sequence of that length over those blocks (ag_kv_seq_adopt:
  * shared, copy-on-write; a length inside a block means the first write
  * copies that block). Blocks are taken from the
- * memory tier first; where the chain continues only on disk, records are
+ * memory tier first, then from the host tier (copied back into fresh pool
+ * blocks during the call); where the chain continues only on disk, records are
  * restored into fresh pool blocks (which then join the memory tier), until
  * the first block that is not cached, fails to restore, or finds the pool
  * empty (after evicting reclaimable blocks not on this path).
@@ -406,8 +407,10 @@ int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_
                          uint64_t ns);
 
 /* Frees up to n_blocks reclaimable blocks (held by the cache alone),
- * least recently used leaf first; blocks on disk stay restorable. Returns
- * the number of blocks returned to the pool. */
+ * least recently used leaf first; with a host tier their KV is copied
+ * there first (a memcpy, or a device-to-host copy, per block); blocks on
+ * disk stay restorable. Returns the number of blocks returned to the
+ * pool. */
 int32_t ag_cache_evict(ag_cache *c, int32_t n_blocks);
 
 /* Blocks held by the cache alone (refcount 1): what ag_cache_evict can
