@@ -1748,6 +1748,14 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         const long retry = ag_switch_int("AUGUR_TEST_KV_SPACE_RETRY_MS", 1, 86400000, 0);
         if (retry) cp.space_retry_ms = (uint32_t)retry;
         if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
+        if (cp.host_max_bytes) {
+            ag_cache_stats cs;
+            ag_cache_get_stats(e->cache, &cs);
+            const uint64_t payload = (uint64_t)L.n_layers * L.copy_bytes;
+            AG_LOGI("prefix cache host tier: up to %.1f MiB of host memory, %llu tokens of evicted KV",
+                    cs.host_max_bytes / 1048576.0,
+                    (unsigned long long)(payload ? cs.host_max_bytes / payload * (uint64_t)L.block_size : 0));
+        }
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
     e->fixed_row_cost = env_row_cost();
