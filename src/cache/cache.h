@@ -166,8 +166,10 @@
  * slots; to make room it drops its least recently evicted block. A block
  * that leaves the host tier and is not on disk yet is queued for the
  * writer right then (its payload copied from the slot, as write-behind
- * does from the pool), where the disk is writable, its cap allows and the
- * write queue has room; otherwise it is lost, as a pool eviction lost it
+ * does from the pool; the writer thread does the file I/O), where the disk
+ * is writable, its cap has room without deleting a record (no file is
+ * touched on the engine thread while a step makes room) and the write
+ * queue has room; otherwise it is lost, as a pool eviction lost it
  * before. A lookup that reaches a block only the host tier holds copies it
  * into a fresh pool block at once, on the engine thread (a memcpy on the
  * CPU, a host-to-device copy on a GPU: no disk, no reader), and the block

@@ -300,8 +300,9 @@ void    disk_forget(ag_cache *c, int32_t id);
 bool    disk_delete_record(ag_cache *c, int32_t id);
 void    disk_flush_wait(ag_cache *c);
 /* The host tier lets go of node id (not on disk yet): queue its record for
- * the writer from its host slot, if the disk is writable, the cap allows
- * and the queue has room. true when queued. */
+ * the writer from its host slot (a copy of one record on the calling
+ * thread; no file I/O), if the disk is writable, the cap has room without
+ * deleting a record and the write queue has room. true when queued. */
 bool    disk_queue_from_host(ag_cache *c, int32_t id);
 /* The record bytes of node id's block (header + payload) into buf, from the
  * pool block or the host slot; false (logged) when a copy fails. */

@@ -985,8 +985,9 @@ bool disk_queue_from_host(ag_cache *c, int32_t id) {
     size_t q = c->q_bytes;
     pthread_mutex_unlock(&c->mu);
     if (q + c->record_bytes > c->p.write_queue_bytes) return false;
-    int room = make_room(c, id);
-    if (room != ROOM_OK) return false;
+    /* no deletes here (this runs while a step makes room, on the engine
+     * thread): only where the cap has room already */
+    if (disk_held(c) + c->record_bytes > c->disk_max) return false;
     write_job *job = job_new(c, id);
     if (!job) return false;
     cache_list_remove(c, L_DIRTY, id);
