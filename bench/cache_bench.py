@@ -6,7 +6,13 @@ as the peer. Everything in one run, same threads.
 
 1. TTFT, for each prompt length L (one server per L, --parallel 1, a fresh
    --kv-disk directory): a new L-token prompt (cold prefill), the same prompt
-   again R times (memory tier), then R restarts on the same directory, each
+   again R times (memory tier); then (unless --no-host) a server on a copy
+   of the records whose KV pool holds one context (--kv-mem from `augur
+   fit`) and whose host tier (--kv-host-mem) holds four: the prompt (a disk
+   hit), then R times another L-token prompt, which pushes the first one's
+   blocks out of the pool into the host tier, and the first again (a host
+   hit: copied back into the pool, no disk read); then R
+   restarts on the same directory, each
    answering it once (disk tier), first with the records in the page cache
    (they were just written), then R more with the records evicted from the
    page cache (posix_fadvise DONTNEED on each record file, after the
@@ -37,7 +43,9 @@ as the peer. Everything in one run, same threads.
 
 usage: bench/cache_bench.py [-m MODEL] [--lengths 1024,4096] [--long] [-t 2] [-r 3]
                             [--wb-rounds 3] [--wb-prompt 2048] [--wb-tokens 64] [--wb-gap 0.05]
-                            [--no-peer] [--dir DIR]
+                            [--no-peer] [--no-host] [--device cpu|cuda|auto] [--dir DIR]
+(--device cuda: the servers run on the GPU; the peer stays llama-cpp-python's
+CPU build, so add --no-peer unless it was built with CUDA.)
 """
 import argparse
 import json
@@ -55,7 +63,7 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "py"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from conftest import AugurServer  # noqa: E402
+from conftest import AUGUR, AugurServer  # noqa: E402
 from cpu_bench import cpu_isa_flags, cpu_name, peer_build_report, peer_check, peer_failure  # noqa: E402
 
 WORDS = ("the engine keeps every block of prompt keys and values so that a later request with the same "
@@ -178,9 +186,48 @@ def disk_hit(model, args, d, prompt, text0, cold_cache):
     return dt, rs, rb, cached
 
 
+def device_args(a):
+    return ["--device", a.device] if a.device else []
+
+
+def bench_host(a, L, words, salt, text0, d, workdir):
+    """Host-tier hits: (median TTFT s, cached tokens, host tokens per hit).
+    The server runs on a copy of d (p's records: its first answer is a
+    disk hit, not another cold prefill)."""
+    fit = subprocess.run([AUGUR, "fit", "-m", a.model, "--ctx", str(L + 64), "--parallel", "1", "--no-kv-disk",
+                          "--json", "-t", str(a.t)] + device_args(a), capture_output=True, text=True)
+    assert fit.returncode == 0, fit.stderr
+    kv = json.loads(fit.stdout)["parts"]["kv"]
+    d2 = tempfile.mkdtemp(prefix="augur-cache-host-", dir=workdir)
+    shutil.rmtree(d2)
+    shutil.copytree(d, d2)
+    args = ["-t", str(a.t), "--ctx", str(L + 64), "--parallel", "1", "--kv-disk", d2, "--kv-mem", str(kv),
+            "--kv-host-mem", str(4 * kv + (64 << 20))] + device_args(a)
+    s = AugurServer(a.model, *args)
+    # other fills nearly the whole context, so that every block of p leaves the pool
+    p, other = prompt_text(words, salt), prompt_text(int(words * (L + 40) / L), salt + 500)
+    times, cached, host = [], 0, 0
+    try:
+        wait_scan(s.base)
+        _, _, _, t = ask(s.base, p)
+        assert t == text0
+        for _ in range(a.r):
+            ask(s.base, other)  # needs the pool: p's blocks move to the host tier (cold once, then host hits)
+            m0 = metrics(s.base)
+            dt, _, cached, t = ask(s.base, p)
+            m1 = metrics(s.base)
+            assert t == text0, "a host-tier hit changed the output"
+            host = m1["augur_prefix_cache_tokens_restored_host_total"] - m0["augur_prefix_cache_tokens_restored_host_total"]
+            times.append(dt)
+    finally:
+        assert s.stop() == 0
+        shutil.rmtree(d2, ignore_errors=True)
+    return median(times), cached, int(host)
+
+
 def bench_length(a, L, salt, workdir):
     d = tempfile.mkdtemp(prefix="augur-cache-bench-", dir=workdir)
-    args = ["-t", str(a.t), "--ctx", str(L + 64), "--parallel", "1", "--kv-disk", d]
+    args = ["-t", str(a.t), "--ctx", str(L + 64), "--parallel", "1", "--kv-disk", d] + device_args(a)
     s = AugurServer(a.model, *args)
     try:
         words = fit_words(s.base, L)
@@ -193,6 +240,7 @@ def bench_length(a, L, salt, workdir):
             mem.append(dt)
     finally:
         assert s.stop() == 0  # SIGTERM: the flush writes every block
+    host = bench_host(a, L, words, salt, text0, d, workdir) if not a.no_host else None
     hits = {True: [], False: []}
     for cold_cache in (False, True):
         for _ in range(a.r):
@@ -204,7 +252,7 @@ def bench_length(a, L, salt, workdir):
     dd_direct = dd_read(files, direct=True)
     r = {"L": L, "tokens": n_tok, "cold": cold, "mem": median(mem), "cached_mem": cm, "prompt": p, "text0": text0,
          "records": len(files), "mb": sum(os.path.getsize(f) for f in files) / 1e6, "dd_cold": dd_cold,
-         "dd_warm": dd_warm, "dd_direct": dd_direct, "pages_left_after_evict": left}
+         "dd_warm": dd_warm, "dd_direct": dd_direct, "pages_left_after_evict": left, "host": host}
     for cold_cache, key in ((False, "warm"), (True, "cold")):
         h = hits[cold_cache]
         r[f"disk_{key}"] = median([x[0] for x in h])
@@ -410,12 +458,14 @@ def main():
     ap.add_argument("--wb-gap", type=float, default=0.05,
                     help="seconds between the prompt's answer and the decode: the engine is idle and queues writes")
     ap.add_argument("--no-peer", action="store_true", help="skip llama.cpp")
+    ap.add_argument("--no-host", action="store_true", help="skip the host-tier row")
+    ap.add_argument("--device", choices=["cpu", "cuda", "auto"], help="the servers' --device (default: augur's)")
     ap.add_argument("--dir", default=os.path.join(ROOT, "build"), help="where the record directories go")
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",") if x] + ([16384] if a.long else [])
     os.makedirs(a.dir, exist_ok=True)
     print(f"# cache_bench {time.strftime('%Y-%m-%d %H:%M')}, model {os.path.basename(a.model)}, {a.t} threads, "
-          f"load {os.getloadavg()[0]:.2f}")
+          f"device {a.device or 'default'}, load {os.getloadavg()[0]:.2f}")
     print(f"# CPU: {cpu_name()}, {os.cpu_count()} logical CPUs; ISA flags: {' '.join(cpu_isa_flags()) or 'none'}")
     fs = subprocess.run(["df", "-T", a.dir], capture_output=True, text=True).stdout.splitlines()[-1:]
     print(f"# records in {a.dir} ({' '.join(fs[0].split()[:2]) if fs else '?'})")
@@ -434,13 +484,17 @@ def main():
     model_dd = dd_read([a.model], direct=True, limit_mb=512)
 
     print("\n## TTFT (s; x = cold / hit)\n")
-    print("| prompt tokens | cold prefill | memory hit | disk hit, page cache | disk hit, evicted | cached (mem/disk) |")
-    print("|---|---|---|---|---|---|")
+    print("| prompt tokens | cold prefill | memory hit | host hit | disk hit, page cache | disk hit, evicted | "
+          "cached (mem/host (of which from host)/disk) |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['tokens']} | {r['cold']:.2f} | {r['mem']:.3f} ({r['cold'] / r['mem']:.0f}x) | "
+        h = r["host"]
+        hs = f"{h[0]:.3f} ({r['cold'] / h[0]:.0f}x)" if h else "-"
+        hc = f"{h[1]} ({h[2]})" if h else "-"
+        print(f"| {r['tokens']} | {r['cold']:.2f} | {r['mem']:.3f} ({r['cold'] / r['mem']:.0f}x) | {hs} | "
               f"{r['disk_warm']:.3f} ({r['cold'] / r['disk_warm']:.0f}x) | "
               f"{r['disk_cold']:.3f} ({r['cold'] / r['disk_cold']:.0f}x) | "
-              f"{r['cached_mem']}/{r['cached_disk_cold']} |")
+              f"{r['cached_mem']}/{hc}/{r['cached_disk_cold']} |")
 
     print("\n## Restore throughput vs dd over the same records (MB/s)\n")
     print(f"dd iflag=direct over the model file (512 MB, sequential): "

@@ -19,6 +19,7 @@ ag_cache_params ag_cache_default_params(void) {
     p.disk_sync = true;
     p.background_scan = true;
     p.space_retry_ms = 10000;
+    p.read_threads = 4;
     return p;
 }
 
@@ -183,6 +184,7 @@ int32_t cache_node_new(ag_cache *c, ag_cache_key key, ag_cache_key parent, uint6
     n->ns = ns;
     n->block = -1;
     n->rblock = -1;
+    n->hslot = -1;
     n->parent_id = -1;
     n->n_tok = n_tok;
     for (int l = 0; l < L_COUNT; l++) n->link[l].prev = n->link[l].next = -1;
@@ -285,7 +287,7 @@ void cache_parent_link(ag_cache *c, int32_t id, int32_t parent) {
 /* A node that neither tier holds any more leaves the index. */
 void cache_node_maybe_remove(ag_cache *c, int32_t id) {
     cache_node *n = &c->nodes[id];
-    if (!n->used || n->block >= 0 || n->disk != D_NONE) return;
+    if (!n->used || n->block >= 0 || n->hslot >= 0 || n->disk != D_NONE) return;
     for (int l = 0; l < L_COUNT; l++) cache_list_remove(c, l, id);
     int32_t *pp = &c->buckets[bucket_of(c, n->key)];
     while (*pp != id) pp = &c->nodes[*pp].hnext;
@@ -319,6 +321,9 @@ static void refresh_stats(ag_cache *c) {
     c->st.queued_bytes = (uint64_t)c->n_queued * c->record_bytes;
     c->st.disk_max_bytes = c->disk_max;
     c->st.disk_paused = c->space_retry_ns != 0;
+    c->st.host_blocks = c->host_used;
+    c->st.host_bytes = (uint64_t)c->host_used * c->block_payload;
+    c->st.host_max_bytes = (uint64_t)c->host_max * c->block_payload;
     c->st.index_bytes = (size_t)c->cap * (sizeof(cache_node) + sizeof(int32_t) * (size_t)c->bs) +
                         sizeof(int32_t) * 2 * ((size_t)c->bucket_mask + 1) + sizeof(int32_t) * 2 * (size_t)c->path_cap;
     pthread_mutex_unlock(&c->mu);
@@ -382,7 +387,7 @@ static int32_t best_continuation(ag_cache *c, ag_cache_key parent, int32_t prev,
     if (avail <= 0) return -1;
     for (int32_t id = cache_child_head(c, parent, ns, tokens[0]); id >= 0; id = c->nodes[id].cnext) {
         const cache_node *n = &c->nodes[id];
-        bool              mem = n->block >= 0;
+        bool              mem = n->block >= 0 || n->hslot >= 0; /* (the host tier: a copy, no read) */
         if (!mem && !(n->disk == D_ON && can_read && (c->ring || n->disk_full))) continue;
         int32_t j = common_prefix(cache_node_tokens(c, id), tokens, n->n_tok < avail ? n->n_tok : avail);
         if (j == 0 || j < best_len || (j == best_len && (best_mem || !mem))) continue;
@@ -410,8 +415,101 @@ static void touch_path(ag_cache *c, int32_t n) {
     }
 }
 
+/* ---- the host tier (cache.h, HOST TIER) ---- */
+
+/* A free host slot, allocating a chunk of them when none is free and the
+ * bound allows; -1 when the tier is full (or out of host memory). */
+static int32_t host_slot_get(ag_cache *c) {
+    if (c->host_n_free > 0) return c->host_free[--c->host_n_free];
+    if (c->host_n >= c->host_max) return -1;
+    /* chunks of 64 MiB (at least one slot): pinned allocations are slow to
+     * make, and one allocation of the whole bound would pin it up front */
+    int32_t per = (int32_t)(((size_t)64 << 20) / c->block_payload);
+    if (per < 1) per = 1;
+    if (per > c->host_max - c->host_n) per = c->host_max - c->host_n;
+    /* (the slot tables grow with the chunks: a large bound of small blocks
+     * costs nothing until it fills) */
+    void **ch = realloc(c->host_chunks, sizeof *ch * (size_t)(c->host_n_chunks + 1));
+    if (!ch) return -1;
+    c->host_chunks = ch;
+    uint8_t **sl = realloc(c->host_slot, sizeof *sl * (size_t)(c->host_n + per));
+    if (!sl) return -1;
+    c->host_slot = sl;
+    int32_t *fr = realloc(c->host_free, sizeof *fr * (size_t)(c->host_n + per));
+    if (!fr) return -1;
+    c->host_free = fr;
+    uint8_t *mem = ag_kv_host_alloc(c->kv, (size_t)per * c->block_payload);
+    if (!mem) return -1;
+    ch[c->host_n_chunks++] = mem;
+    for (int32_t k = per - 1; k >= 0; k--) {
+        c->host_slot[c->host_n + k] = mem + (size_t)k * c->block_payload;
+        c->host_free[c->host_n_free++] = c->host_n + k;
+    }
+    c->host_n += per;
+    return c->host_free[--c->host_n_free];
+}
+
+/* Node id's host slot goes back to the free list (its KV is elsewhere now,
+ * or dropped). */
+static void host_release(ag_cache *c, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    if (n->hslot < 0) return;
+    c->host_free[c->host_n_free++] = n->hslot;
+    n->hslot = -1;
+    n->host_ring = 0;
+    c->host_used--;
+    cache_list_remove(c, L_HOST, id);
+}
+
+/* The host tier lets go of node id: its record goes to the disk writer
+ * first where it is not on disk yet (the cascade), else it is lost. */
+static void host_evict(ag_cache *c, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    if (n->disk == D_NONE) disk_queue_from_host(c, id);
+    host_release(c, id);
+    if (n->disk == D_NONE) cache_list_remove(c, L_DIRTY, id); /* not written: lost */
+    pthread_mutex_lock(&c->mu);
+    c->st.evictions_host++;
+    pthread_mutex_unlock(&c->mu);
+    cache_node_maybe_remove(c, id);
+}
+
+/* Node id leaves the pool: its block's KV (every layer; the ring layers
+ * from its ring block, zeros without one) is copied into a host slot,
+ * made by evicting the host tier's least recently evicted blocks. false
+ * when the tier is off or the copy failed: the KV is then dropped. */
+static bool host_put(ag_cache *c, int32_t id) {
+    if (c->host_max <= 0) return false;
+    int32_t slot = host_slot_get(c);
+    while (slot < 0 && c->list[L_HOST].tail >= 0) {
+        host_evict(c, c->list[L_HOST].tail);
+        slot = host_slot_get(c);
+    }
+    if (slot < 0) return false;
+    cache_node  *n = &c->nodes[id];
+    uint8_t     *dst = c->host_slot[slot];
+    const size_t cb = c->lay->copy_bytes;
+    ag_status    st = AG_OK;
+    for (int32_t l = 0; !st && l < c->lay->n_layers; l++) {
+        if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_out(c->kv, n->block, l, dst + (size_t)l * cb, cb);
+        else if (n->rblock >= 0) st = ag_kv_block_copy_out(c->kv, n->rblock, l, dst + (size_t)l * cb, cb);
+        else memset(dst + (size_t)l * cb, 0, cb);
+    }
+    if (st) {
+        AG_LOGW("kv cache: copying block %d to the host tier failed: %s", n->block, ag_error_message());
+        c->host_free[c->host_n_free++] = slot;
+        return false;
+    }
+    n->hslot = slot;
+    n->host_ring = c->ring && n->rblock >= 0;
+    c->host_used++;
+    cache_list_push_head(c, L_HOST, id);
+    return true;
+}
+
 static void attach_block(ag_cache *c, int32_t id, int32_t block) {
     cache_node *n = &c->nodes[id];
+    host_release(c, id); /* (restored or recomputed meanwhile: the pool's copy is the one) */
     n->block = block;
     int32_t p = cache_parent(c, id);
     if (p >= 0) c->nodes[p].n_mem_children++;
@@ -424,15 +522,18 @@ static void drop_rblock(ag_cache *c, cache_node *n) {
     n->rblock = -1;
 }
 
-static void evict_memory(ag_cache *c, int32_t id) {
+/* Node id's block goes back to the pool; with to_host, its KV moves to the
+ * host tier (if on). */
+static void evict_memory(ag_cache *c, int32_t id, bool to_host) {
     cache_node *n = &c->nodes[id];
+    const bool  kept = to_host && host_put(c, id);
     ag_kv_block_unref(c->kv, n->block);
     n->block = -1;
     drop_rblock(c, n);
     int32_t p = cache_parent(c, id);
     if (p >= 0) c->nodes[p].n_mem_children--;
     cache_list_remove(c, L_MEM, id);
-    cache_list_remove(c, L_DIRTY, id); /* not written yet: that copy is lost */
+    if (!kept) cache_list_remove(c, L_DIRTY, id); /* not written yet: that copy is lost */
     cache_node_maybe_remove(c, id);
 }
 
@@ -456,12 +557,13 @@ static bool covers(const ag_cache *c, int32_t big, int32_t small) {
  * A record still in the writer's queue is written all the same and stays,
  * an ordinary leaf that lookups pass over (its cover wins every tie) and
  * least-recently-used eviction takes. */
-static void evict_memory(ag_cache *c, int32_t id);
+static void evict_memory(ag_cache *c, int32_t id, bool to_host);
 static void drop_superseded(ag_cache *c, int32_t id) {
     cache_node *n = &c->nodes[id];
     n->no_write = 1;
     if (n->disk == D_ON && atomic_load(&c->write_on)) disk_delete_record(c, id); /* (else: read-only, it stays) */
-    if (n->block >= 0) evict_memory(c, id); /* (removes the node when no tier has it) */
+    host_release(c, id);
+    if (n->block >= 0) evict_memory(c, id, false); /* (removes the node when no tier has it) */
     else cache_node_maybe_remove(c, id);
     pthread_mutex_lock(&c->mu);
     c->st.partials_superseded++;
@@ -599,6 +701,10 @@ ag_status ag_cache_new(ag_kv *kv, const ag_cache_params *pp, ag_cache **out) {
         }
         disk_open(c);
     }
+    if (p.host_max_bytes / c->block_payload > 0) { /* (slots are allocated as the tier fills) */
+        uint64_t slots = p.host_max_bytes / c->block_payload;
+        c->host_max = slots > (uint64_t)(INT32_MAX / 2) ? INT32_MAX / 2 : (int32_t)slots;
+    }
     if (c->ring) ag_kv_set_ring_reclaim(kv, reclaim_ring, c);
     refresh_stats(c);
     *out = c;
@@ -614,6 +720,10 @@ void ag_cache_free(ag_cache *c) {
             ag_kv_block_unref(c->kv, c->nodes[id].block);
             if (c->nodes[id].rblock >= 0) ag_kv_ring_block_unref(c->kv, c->nodes[id].rblock);
         }
+    for (int32_t i = 0; i < c->host_n_chunks; i++) ag_kv_host_free(c->kv, c->host_chunks[i]);
+    free(c->host_chunks);
+    free(c->host_slot);
+    free(c->host_free);
     free(c->nodes);
     free(c->tokens);
     free(c->buckets);
@@ -638,16 +748,64 @@ static int32_t take_block(ag_cache *c) {
     return -1;
 }
 
+/* Node id's KV, held by the host tier alone, copied back into a fresh
+ * pool block, which joins the memory tier (the cache's reference) and
+ * leaves the host tier; with its ring block too where the slot holds the
+ * ring layers and the ring pool has room. The block, or -1 (the pool has
+ * none to spare, or the copy failed: the host tier keeps it). */
+static int32_t host_restore(ag_cache *c, int32_t id) {
+    cache_node   *n = &c->nodes[id];
+    const int32_t slot = n->hslot;
+    const bool    hring = n->host_ring;
+    /* off the host tier while a block is found: the evictions that frees
+     * one move blocks into the host tier, which must not drop this one */
+    cache_list_remove(c, L_HOST, id);
+    n->hslot = -1;
+    int32_t      b = take_block(c);
+    const size_t cb = c->lay->copy_bytes;
+    const uint8_t *src = c->host_slot[slot];
+    ag_status    st = b < 0 ? AG_ERR_NOMEM : AG_OK;
+    for (int32_t l = 0; !st && l < c->lay->n_layers; l++)
+        if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_in(c->kv, b, l, src + (size_t)l * cb, cb);
+    n = &c->nodes[id];
+    if (st) {
+        if (b >= 0) {
+            AG_LOGW("kv cache: copying a block in from the host tier failed: %s", ag_error_message());
+            ag_kv_block_unref(c->kv, b);
+        }
+        n->hslot = slot;
+        cache_list_push_head(c, L_HOST, id);
+        return -1;
+    }
+    int32_t rb = -1;
+    if (c->ring && hring && ag_kv_ring_block_alloc(c->kv, &rb) == AG_OK) {
+        for (int32_t l = 0; !st && l < c->lay->n_layers; l++)
+            if (ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_in(c->kv, rb, l, src + (size_t)l * cb, cb);
+        if (st) {
+            ag_kv_ring_block_unref(c->kv, rb);
+            rb = -1;
+        }
+    }
+    c->host_free[c->host_n_free++] = slot;
+    c->host_used--;
+    n->host_ring = 0;
+    attach_block(c, id, b); /* the alloc's reference becomes the cache's */
+    n->rblock = rb;
+    return b;
+}
+
 /* Ends a lookup: seq adopts the n blocks of c->path_blocks (nodes c->path),
  * each held by the lookup (one reference, dropped here), as a sequence of
  * len positions (the last block may be used in part), the path becomes the
  * most recently used, and the lookup is counted (from_disk of the adopted
  * positions were read; restore_ns > 0: a restore from start to now).
  * Returns the adopted length. */
-static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t len, int32_t from_disk, int64_t restore_ns) {
+static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t len, int32_t from_disk, int32_t from_host,
+                          int64_t restore_ns) {
     int32_t n_adopt = n;
     /* (a restore that ended early may lack a ring block the planned length's window needed) */
     if (c->ring && ring_cut(c, false, &n_adopt, &len) && from_disk > len) from_disk = len;
+    if (from_host > len - from_disk) from_host = len - from_disk;
     if (len > 0) {
         ag_status st = ag_kv_seq_adopt_ring(c->kv, seq, c->path_blocks, c->ring ? c->path_rblocks : NULL, n_adopt, len);
         if (st) {
@@ -657,7 +815,7 @@ static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t len, int3
     } else {
         ag_kv_seq_clear(c->kv, seq);
     }
-    if (len == 0) from_disk = 0;
+    if (len == 0) from_disk = from_host = 0;
     for (int32_t j = 0; j < n; j++) {
         ag_kv_block_unref(c->kv, c->path_blocks[j]);
         if (c->path_rblocks[j] >= 0) ag_kv_ring_block_unref(c->kv, c->path_rblocks[j]);
@@ -668,7 +826,11 @@ static int32_t lookup_end(ag_cache *c, int32_t seq, int32_t n, int32_t len, int3
     if (len > 0) {
         c->st.hits++;
         c->st.tokens_from_disk += (uint64_t)from_disk;
-        c->st.tokens_from_memory += (uint64_t)(len - from_disk);
+        c->st.tokens_from_host += (uint64_t)from_host;
+        c->st.tokens_from_memory += (uint64_t)(len - from_disk - from_host);
+        c->st.hits_disk += from_disk > 0;
+        c->st.hits_host += from_host > 0;
+        c->st.hits_memory += len - from_disk - from_host > 0;
     } else {
         c->st.misses++;
     }
@@ -737,14 +899,19 @@ int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, i
     int32_t nb = lim / bs;
     if (!path_reserve(c, nb + 1)) lim = nb = 0;
     ag_cache_key parent = {0, 0};
-    int32_t      prev = -1, i = 0, to_read = 0;
-    /* whole blocks, as far as they match */
+    int32_t      prev = -1, i = 0, to_read = 0, from_host = 0;
+    /* whole blocks, as far as they match (a block the host tier holds is
+     * copied back into the pool on the way) */
     for (; i < nb; i++) {
         const int32_t *t = tokens + (size_t)i * bs;
         ag_cache_key   key = cache_chain_key(c, parent, ns, t, bs);
         int32_t        id = cache_find(c, key);
         if (id < 0 || !node_matches(c, id, parent, prev, i, ns, t)) break;
         const cache_node *n = &c->nodes[id];
+        if (n->block < 0 && n->hslot >= 0) {
+            if (host_restore(c, id) < 0) break;
+            from_host += bs;
+        }
         if (n->block < 0 && !(n->disk == D_ON && can_read && (c->ring || n->disk_full))) break;
         path_take(c, i, id);
         to_read += n->block < 0;
@@ -756,6 +923,10 @@ int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, i
      * longest run with the prompt's next tokens, up to lim */
     int32_t len = i * bs, last_use = bs, run = 0;
     int32_t id = best_continuation(c, parent, prev, i, ns, tokens + len, lim - len, can_read, &run);
+    if (id >= 0 && c->nodes[id].block < 0 && c->nodes[id].hslot >= 0) {
+        if (host_restore(c, id) < 0) id = -1;
+        else from_host += run;
+    }
     if (id >= 0) {
         path_take(c, i, id);
         to_read += c->path_blocks[i] < 0;
@@ -782,7 +953,7 @@ int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, i
             to_read += c->path_blocks[j] < 0 || (j >= first && c->path_rblocks[j] < 0);
         }
     }
-    if (to_read == 0) return lookup_end(c, seq, i, len, 0, 0);
+    if (to_read == 0) return lookup_end(c, seq, i, len, 0, from_host, 0);
 
     ag_cache_restore *r = restore_new(c, seq, i, last_use, ns);
     if (!r) { /* keep what memory has, up to the first block on disk */
@@ -790,10 +961,11 @@ int32_t ag_cache_lookup_start(ag_cache *c, int32_t seq, const int32_t *tokens, i
         while (m < i && c->path_blocks[m] >= 0) m++;
         path_release(c, m, i);
         AG_LOGW("kv cache: out of memory for a restore; prefilling from position %d", m * bs);
-        return lookup_end(c, seq, m, m * bs, 0, 0); /* (the partial block, if any, is on disk: m < i) */
+        return lookup_end(c, seq, m, m * bs, 0, from_host, 0); /* (the partial block, if any, is on disk: m < i) */
     }
     /* Most recently used from now on, so that the disk byte cap deletes
      * other records before the ones being read. */
+    r->from_host = from_host;
     touch_path(c, i);
     ag_kv_seq_clear(c->kv, seq);
     pthread_mutex_lock(&c->mu);
@@ -922,7 +1094,7 @@ bool ag_cache_restore_poll(ag_cache *c, ag_cache_restore *r, int32_t *len) {
     c->st.restores_pending--;
     pthread_mutex_unlock(&c->mu);
     int64_t t = cache_now_ns() - r->t_start;
-    *len = lookup_end(c, r->seq, r->end, adopted, from_disk, t > 0 ? t : 1);
+    *len = lookup_end(c, r->seq, r->end, adopted, from_disk, r->from_host, t > 0 ? t : 1);
     disk_restore_release(c, r);
     return true;
 }
@@ -1049,7 +1221,7 @@ int32_t ag_cache_evict(ag_cache *c, int32_t n_blocks) {
             int32_t     next = c->nodes[id].link[L_MEM].prev;
             cache_node *n = &c->nodes[id];
             if (n->n_mem_children == 0 && ag_kv_block_refcount(c->kv, n->block) == 1) {
-                evict_memory(c, id);
+                evict_memory(c, id, true);
                 freed++;
                 progress = true;
             }

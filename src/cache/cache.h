@@ -155,10 +155,34 @@
  *    restarts: a disk hit bumps it; memory hits reorder this process's
  *    list only.
  *
+ * HOST TIER (optional: params.host_max_bytes). Between the pool and the
+ * disk, like SGLang's HiCache: a block the memory tier evicts from the
+ * pool (ag_cache_evict, or a restore taking a block) is first copied out,
+ * every layer (and its ring block's layers, when it still has one), into a
+ * slot of host memory, and the node keeps it there; the slots are carved
+ * from ag_kv_host_alloc chunks (pinned on CUDA, so a copy back is one DMA
+ * at the bus's speed) allocated as the tier fills and kept until
+ * ag_cache_free. The tier holds at most host_max_bytes / block payload
+ * slots; to make room it drops its least recently evicted block. A block
+ * that leaves the host tier and is not on disk yet is queued for the
+ * writer right then (its payload copied from the slot, as write-behind
+ * does from the pool; the writer thread does the file I/O), where the disk
+ * is writable, its cap has room without deleting a record (no file is
+ * touched on the engine thread while a step makes room) and the write
+ * queue has room; otherwise it is lost, as a pool eviction lost it
+ * before. A lookup that reaches a block only the host tier holds copies it
+ * into a fresh pool block at once, on the engine thread (a memcpy on the
+ * CPU, a host-to-device copy on a GPU: no disk, no reader), and the block
+ * leaves the host tier (a node is in the pool or in the host tier, never
+ * both). Write-behind writes a host-tier block from its slot like a pool
+ * one. Nothing of the tier survives a restart: the disk does that. A
+ * superseded partial block is dropped, not moved to the host tier.
+ *
  * THREADING. Every function is called from the one thread that owns the kv
  * (the engine thread), except ag_cache_get_stats, which any thread may call.
- * The cache starts two background threads when the disk tier is on (the
- * scanner/writer and the reader); neither touches the kv or the index.
+ * The cache starts background threads when the disk tier is on (the
+ * scanner/writer and params.read_threads readers); none touches the kv or
+ * the index.
  *
  * HOW THE ENGINE USES IT (ns = ag_cache_namespace(cache_salt or API key)):
  *  - Creation: after ag_kv_init, ag_cache_new(kv, &params) with the model's
@@ -280,6 +304,17 @@ typedef struct {
      * times, while the disk stays full); default 10 s (the engine takes
      * $AUGUR_TEST_KV_SPACE_RETRY_MS instead, a test hook). */
     uint32_t space_retry_ms;
+    /* The HOST tier's byte bound (0: off). Blocks evicted from the kv pool
+     * keep their KV in host memory (ag_kv_host_alloc: pinned where the pool
+     * is device memory), least recently evicted dropped first once this is
+     * full; a lookup that reaches such a block copies it back into the pool
+     * at once, without the disk (see HOST TIER). Counted in whole blocks of
+     * n_layers x copy_bytes (a bound below one block turns the tier off). */
+    uint64_t host_max_bytes;
+    /* Threads that read disk records for restores, each one record at a
+     * time (parallel preads: a record is 0.1-1 MiB, and one pread at a time
+     * leaves a fast device idle). Default 4; 1..16. */
+    int read_threads;
 } ag_cache_params;
 
 ag_cache_params ag_cache_default_params(void);
@@ -314,7 +349,8 @@ typedef struct ag_cache_restore ag_cache_restore;
  * released) a sequence of that length over those blocks (ag_kv_seq_adopt:
  * shared, copy-on-write; a length inside a block means the first write
  * copies that block). Blocks are taken from the
- * memory tier first; where the chain continues only on disk, records are
+ * memory tier first, then from the host tier (copied back into fresh pool
+ * blocks during the call); where the chain continues only on disk, records are
  * restored into fresh pool blocks (which then join the memory tier), until
  * the first block that is not cached, fails to restore, or finds the pool
  * empty (after evicting reclaimable blocks not on this path).
@@ -373,8 +409,10 @@ int32_t ag_cache_publish(ag_cache *c, int32_t seq, const int32_t *tokens, int32_
                          uint64_t ns);
 
 /* Frees up to n_blocks reclaimable blocks (held by the cache alone),
- * least recently used leaf first; blocks on disk stay restorable. Returns
- * the number of blocks returned to the pool. */
+ * least recently used leaf first; with a host tier their KV is copied
+ * there first (a memcpy, or a device-to-host copy, per block); blocks on
+ * disk stay restorable. Returns the number of blocks returned to the
+ * pool. */
 int32_t ag_cache_evict(ag_cache *c, int32_t n_blocks);
 
 /* Blocks held by the cache alone (refcount 1): what ag_cache_evict can
@@ -399,6 +437,10 @@ void ag_cache_flush(ag_cache *c);
 typedef struct {
     uint64_t lookups, hits, misses; /* finished lookups; hit: at least one block adopted */
     uint64_t tokens_from_memory, tokens_from_disk;
+    uint64_t tokens_from_host; /* copied back into the pool from the host tier */
+    /* lookups that adopted at least one block from each tier (a lookup may
+     * count in several) */
+    uint64_t hits_memory, hits_host, hits_disk;
     uint64_t publishes, blocks_published; /* blocks newly indexed */
     uint64_t bytes_read, bytes_written;   /* record bytes (header + payload) */
     uint64_t restore_ns;  /* wall time of restores with disk records, from start to adoption */
@@ -406,6 +448,10 @@ typedef struct {
     int32_t  restores_pending;   /* restores now waiting for records */
     uint64_t records_written;
     uint64_t evictions_memory, evictions_disk;
+    uint64_t evictions_host;  /* blocks the host tier let go (its bound) */
+    uint64_t host_to_disk;    /* of those, records queued for the disk as they left (not written yet) */
+    int32_t  host_blocks;     /* blocks the host tier holds */
+    uint64_t host_bytes, host_max_bytes; /* their bytes (payload), and the bound (0: tier off) */
     uint64_t dropped_records; /* deleted at the scan or after a failed restore */
     uint64_t partials_superseded; /* partial blocks dropped because a longer block of
                                      the same parent starts with their tokens */

@@ -14,7 +14,7 @@
 enum { D_NONE = 0, D_QUEUED, D_ON };
 
 /* The three intrusive lists a node can be on. */
-enum { L_MEM = 0, L_DISK, L_DIRTY, L_COUNT };
+enum { L_MEM = 0, L_DISK, L_DIRTY, L_HOST, L_COUNT };
 
 typedef struct {
     int32_t prev, next;
@@ -49,6 +49,7 @@ typedef struct {
     int32_t      block;     /* kv block held by the cache, -1 none */
     int32_t      rblock;    /* its sliding-window ring block held by the cache (kv.h), -1 none; only
                                with block >= 0 */
+    int32_t      hslot;     /* host tier slot holding its KV, -1 none; only with block < 0 */
     cache_link   link[L_COUNT];
     int32_t      n_mem_children, n_disk_children;
     uint8_t      disk;       /* D_* */
@@ -56,6 +57,7 @@ typedef struct {
     uint8_t      no_write;   /* do not (re)write: failed, or evicted by the cap */
     uint8_t      disk_full;  /* its record holds every layer (else not the ring's: AG_CACHE_RECORD_NO_RING) */
     uint8_t      used;       /* slot in use */
+    uint8_t      host_ring;  /* its host slot holds the ring layers too */
 } cache_node;
 
 /* A record the scan found valid. */
@@ -119,10 +121,12 @@ struct ag_cache_restore {
     int32_t                  done;   /* engine: entries [0, done) hold their block */
     int32_t                  end;    /* engine: the prefix ends before this entry */
     int64_t                  t_start;
-    int32_t                  hinted; /* reader only: entries [0, hinted) were read ahead */
+    int32_t                  hinted; /* readers, under mu: entries [0, hinted) were read ahead */
+    int32_t                  from_host; /* positions copied back from the host tier at the start */
+    int32_t                  readers_on; /* under mu: readers reading one of its records now */
     /* under mu */
     int32_t next_read;  /* reader: the next entry to look at */
-    bool    reader_has; /* queued for, or being read by, the reader */
+    bool    reader_has; /* queued for, or being read by, a reader */
     bool    abandoned;  /* the engine let go: the reader frees it */
     bool    stop_read;  /* no more records are wanted */
 };
@@ -208,13 +212,25 @@ struct ag_cache {
     int32_t        *scan_tokens;
     ag_cache_stats  st; /* counters; the node counts are refreshed on the engine thread */
 
-    /* the reader thread, under mu */
-    pthread_t         reader;
+    /* the reader threads, under mu */
+    pthread_t         readers[16];
+    int32_t           n_readers; /* running (counts down as they stop) */
+    int32_t           n_readers_started;
     bool              reader_started;
     pthread_cond_t    cv_read;  /* the reader waits for jobs and staging room */
     ag_cache_restore *rq_head, *rq_tail;
     staging_buf      *staging_free;
     int32_t           staging_n, staging_max; /* buffers allocated (free or in use), most */
+
+    /* host tier (engine thread) */
+    int32_t   host_max;     /* slots at most; 0: tier off */
+    int32_t   host_n;       /* slots allocated (in use or free) */
+    int32_t   host_used;    /* slots holding a block */
+    uint8_t **host_slot;    /* [host_n] slot -> its bytes (block_payload) */
+    int32_t  *host_free;    /* [host_n] stack of free allocated slots */
+    int32_t   host_n_free;
+    void    **host_chunks;  /* ag_kv_host_alloc allocations the slots are carved from */
+    int32_t   host_n_chunks;
 };
 
 /* cache.c */
@@ -283,5 +299,13 @@ void    disk_forget(ag_cache *c, int32_t id);
  * superseded partial block); false (writing turned off) if it could not. */
 bool    disk_delete_record(ag_cache *c, int32_t id);
 void    disk_flush_wait(ag_cache *c);
+/* The host tier lets go of node id (not on disk yet): queue its record for
+ * the writer from its host slot (a copy of one record on the calling
+ * thread; no file I/O), if the disk is writable, the cap has room without
+ * deleting a record and the write queue has room. true when queued. */
+bool    disk_queue_from_host(ag_cache *c, int32_t id);
+/* The record bytes of node id's block (header + payload) into buf, from the
+ * pool block or the host slot; false (logged) when a copy fails. */
+bool    disk_record_build(ag_cache *c, int32_t id, uint8_t *buf);
 
 #endif

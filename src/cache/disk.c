@@ -571,12 +571,19 @@ void disk_open(ag_cache *c) {
         scan_dir(c);
         disk_drain(c);
     }
-    if (pthread_create(&c->reader, NULL, reader_main, c) == 0) {
-        c->reader_started = true;
-        pthread_setname_np(c->reader, "augur-kv-read"); /* (top -H, bench/cache_bench.py) */
-    } else {
-        AG_LOGW("kv disk cache: cannot start its reader thread; records will not be restored");
-    }
+    int n_read = c->p.read_threads > 0 ? c->p.read_threads : 4;
+    if (n_read > 16) n_read = 16;
+    int started = 0;
+    pthread_mutex_lock(&c->mu); /* (n_readers counts down as they stop) */
+    for (int i = 0; i < n_read; i++)
+        if (pthread_create(&c->readers[started], NULL, reader_main, c) == 0) {
+            pthread_setname_np(c->readers[started], "augur-kv-read"); /* (top -H, bench/cache_bench.py) */
+            started++;
+        }
+    c->n_readers = c->n_readers_started = started;
+    pthread_mutex_unlock(&c->mu);
+    c->reader_started = started > 0;
+    if (!started) AG_LOGW("kv disk cache: cannot start its reader threads; records will not be restored");
     if (pthread_create(&c->thread, NULL, writer_main, c) != 0) {
         AG_LOGW("kv disk cache: cannot start its thread; nothing will be written");
         atomic_store(&c->write_on, false);
@@ -597,7 +604,7 @@ void disk_close(ag_cache *c) {
     pthread_cond_broadcast(&c->cv_read);
     pthread_mutex_unlock(&c->mu);
     if (c->reader_started) {
-        pthread_join(c->reader, NULL);
+        for (int i = 0; i < c->n_readers_started; i++) pthread_join(c->readers[i], NULL);
         c->reader_started = false;
     }
     if (c->thread_started) {
@@ -923,6 +930,78 @@ static int make_room(ag_cache *c, int32_t x) {
     return ROOM_OK;
 }
 
+bool disk_record_build(ag_cache *c, int32_t id, uint8_t *buf) {
+    cache_node  *n = &c->nodes[id];
+    const size_t cb = c->lay->copy_bytes;
+    header_build(c, id, buf);
+    if (n->block < 0) { /* the host tier's copy: every layer, ring layers zero unless host_ring */
+        memcpy(buf + c->header_bytes, c->host_slot[n->hslot], c->block_payload);
+        put32(buf + 132, c->ring && !n->host_ring ? AG_CACHE_RECORD_NO_RING : 0);
+        n->disk_full = !c->ring || n->host_ring;
+        return true;
+    }
+    ag_status st = AG_OK;
+    for (int32_t l = 0; !st && l < c->lay->n_layers; l++) {
+        uint8_t *dst = buf + c->header_bytes + (size_t)l * cb;
+        if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_out(c->kv, n->block, l, dst, cb);
+        else if (n->rblock >= 0) st = ag_kv_block_copy_out(c->kv, n->rblock, l, dst, cb);
+        else memset(dst, 0, cb); /* (AG_CACHE_RECORD_NO_RING in the header) */
+    }
+    n->disk_full = !c->ring || n->rblock >= 0;
+    if (st) {
+        AG_LOGW("kv disk cache: copying block %d out failed: %s", n->block, ag_error_message());
+        return false;
+    }
+    return true;
+}
+
+/* A write job holding node id's record, the node marked queued; NULL when
+ * out of memory or the copy failed (then no_write is set). */
+static write_job *job_new(ag_cache *c, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    write_job  *job = malloc(sizeof *job + c->record_bytes);
+    if (!job) return NULL;
+    job->buf = (uint8_t *)(job + 1);
+    if (!disk_record_build(c, id, job->buf)) {
+        free(job);
+        n->no_write = 1;
+        return NULL;
+    }
+    job->next = NULL;
+    job->node = id;
+    job->depth = n->depth;
+    job->key = n->key;
+    job->size = c->record_bytes;
+    n->disk = D_QUEUED;
+    c->n_queued++;
+    return job;
+}
+
+bool disk_queue_from_host(ag_cache *c, int32_t id) {
+    cache_node *n = &c->nodes[id];
+    if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on) || n->disk != D_NONE || n->no_write) return false;
+    if (!space_ok(c)) return false;
+    pthread_mutex_lock(&c->mu);
+    size_t q = c->q_bytes;
+    pthread_mutex_unlock(&c->mu);
+    if (q + c->record_bytes > c->p.write_queue_bytes) return false;
+    /* no deletes here (this runs while a step makes room, on the engine
+     * thread): only where the cap has room already */
+    if (disk_held(c) + c->record_bytes > c->disk_max) return false;
+    write_job *job = job_new(c, id);
+    if (!job) return false;
+    cache_list_remove(c, L_DIRTY, id);
+    pthread_mutex_lock(&c->mu);
+    if (c->q_tail) c->q_tail->next = job;
+    else c->q_head = job;
+    c->q_tail = job;
+    c->q_bytes += c->record_bytes;
+    c->st.host_to_disk++;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+    return true;
+}
+
 bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
     if (!c->disk_on || !c->scan_merged || !atomic_load(&c->write_on) || c->list[L_DIRTY].n == 0) return false;
     if (!space_ok(c)) return false;
@@ -942,11 +1021,10 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
     size_t     used = 0;
     uint64_t   skipped = 0;
     bool       wait = false;
-    const size_t cb = c->lay->copy_bytes;
     while (c->list[L_DIRTY].head >= 0 && used + c->record_bytes <= budget) {
         int32_t id = c->list[L_DIRTY].head;
         cache_node *n = &c->nodes[id];
-        if (n->block < 0 || n->disk != D_NONE || n->no_write) {
+        if ((n->block < 0 && n->hslot < 0) || n->disk != D_NONE || n->no_write) {
             cache_list_remove(c, L_DIRTY, id);
             continue;
         }
@@ -961,34 +1039,12 @@ bool disk_queue_writes(ag_cache *c, size_t max_bytes) {
             skipped++;
             continue;
         }
-        write_job *job = malloc(sizeof *job + c->record_bytes);
+        write_job *job = job_new(c, id);
         if (!job) {
-            cache_list_push_head(c, L_DIRTY, id);
-            break;
-        }
-        job->buf = (uint8_t *)(job + 1);
-        header_build(c, id, job->buf);
-        ag_status st = AG_OK;
-        for (int32_t l = 0; !st && l < c->lay->n_layers; l++) {
-            uint8_t *dst = job->buf + c->header_bytes + (size_t)l * cb;
-            if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_out(c->kv, n->block, l, dst, cb);
-            else if (n->rblock >= 0) st = ag_kv_block_copy_out(c->kv, n->rblock, l, dst, cb);
-            else memset(dst, 0, cb); /* (AG_CACHE_RECORD_NO_RING in the header) */
-        }
-        n->disk_full = !c->ring || n->rblock >= 0;
-        if (st) {
-            AG_LOGW("kv disk cache: copying block %d out failed: %s", n->block, ag_error_message());
-            free(job);
-            n->no_write = 1;
+            if (!n->no_write) cache_list_push_head(c, L_DIRTY, id); /* (out of memory) */
+            if (!n->no_write) break;
             continue;
         }
-        job->next = NULL;
-        job->node = id;
-        job->depth = n->depth;
-        job->key = n->key;
-        job->size = c->record_bytes;
-        n->disk = D_QUEUED;
-        c->n_queued++;
         *tail = job;
         tail = &job->next;
         used += c->record_bytes;
@@ -1112,13 +1168,17 @@ static int32_t read_record(ag_cache *c, const restore_entry *en, const int32_t *
  * request, not the bandwidth). */
 #define READ_AHEAD_RECORDS 8
 
-/* Reader thread: asks the kernel to start reading the records of r after
- * entry i that have not been announced yet (r->hinted; the keys are
- * immutable, so no lock). posix_fadvise(WILLNEED) queues the reads and
+/* A reader: asks the kernel to start reading the records of r after entry
+ * i that have not been announced yet (r->hinted, claimed under mu; the
+ * keys are immutable). posix_fadvise(WILLNEED) queues the reads and
  * returns; a record that is gone or already cached costs an open. */
 static void read_ahead(ag_cache *c, ag_cache_restore *r, int32_t i) {
     int32_t end = i + 1 + READ_AHEAD_RECORDS < r->n ? i + 1 + READ_AHEAD_RECORDS : r->n;
-    for (int32_t j = r->hinted > i ? r->hinted : i + 1; j < end; j++) {
+    pthread_mutex_lock(&c->mu);
+    int32_t from = r->hinted > i ? r->hinted : i + 1;
+    if (end > r->hinted) r->hinted = end;
+    pthread_mutex_unlock(&c->mu);
+    for (int32_t j = from; j < end; j++) {
         if (!r->e[j].from_disk) continue;
         char name[40];
         ag_cache_key_name(r->e[j].key, name);
@@ -1127,13 +1187,19 @@ static void read_ahead(ag_cache *c, ag_cache_restore *r, int32_t i) {
         posix_fadvise(fd, 0, (off_t)c->record_bytes, POSIX_FADV_WILLNEED);
         close(fd);
     }
-    if (end > r->hinted) r->hinted = end;
 }
 
-/* The reader: takes restores in arrival order and reads each one's records
- * in prompt order, one at a time, into staging buffers; waits when the
- * staging budget is in use (the engine gives buffers back as it copies
- * records into kv blocks). A failed record ends its restore's reading. */
+/* The readers (params.read_threads of them): each takes the first queued
+ * restore's next unclaimed record, in prompt order, and reads it into a
+ * staging buffer, so that up to read_threads records of a prompt are read
+ * at once (parallel preads: one at a time leaves an NVMe drive or a RAID
+ * mostly idle); they wait when the staging budget is in use (the engine
+ * gives buffers back as it copies records into kv blocks, in prompt order:
+ * the earliest record not yet copied is always claimed by a reader that
+ * holds a buffer, so waiting cannot deadlock). A failed record ends its
+ * restore's reading (records of it already being read finish and are let
+ * go with it). A restore leaves the queue when all its records are
+ * claimed; the last reader done with an abandoned one frees it. */
 static void *reader_main(void *arg) {
     ag_cache *c = arg;
     pthread_mutex_lock(&c->mu);
@@ -1145,11 +1211,14 @@ static void *reader_main(void *arg) {
         }
         int32_t i = r->next_read;
         while (i < r->n && !r->e[i].from_disk) i++;
-        if (r->stop_read || i >= r->n) { /* done with it */
+        if (r->stop_read || i >= r->n) { /* every record claimed: off the queue */
             c->rq_head = r->next;
             if (!c->rq_head) c->rq_tail = NULL;
-            r->reader_has = false;
-            if (r->abandoned) restore_free_locked(c, r);
+            r->next_read = r->n;
+            if (r->readers_on == 0) {
+                r->reader_has = false;
+                if (r->abandoned) restore_free_locked(c, r);
+            }
             continue;
         }
         uint8_t *buf = staging_get_locked(c);
@@ -1157,7 +1226,8 @@ static void *reader_main(void *arg) {
             pthread_cond_wait(&c->cv_read, &c->mu);
             continue;
         }
-        r->next_read = i;
+        r->next_read = i + 1;
+        r->readers_on++;
         restore_entry  en = r->e[i];
         const int32_t *toks = r->tokens + (size_t)i * c->bs; /* stable while reader_has */
         pthread_mutex_unlock(&c->mu);
@@ -1168,27 +1238,38 @@ static void *reader_main(void *arg) {
 
         pthread_mutex_lock(&c->mu);
         r->e[i].result = res;
-        if (res == RS_OK) r->e[i].buf = buf;
+        if (res == RS_OK && !r->abandoned) r->e[i].buf = buf;
         else staging_put_locked(c, buf);
-        r->next_read = i + 1;
         if (res != RS_OK) r->stop_read = true;
         if (res == RS_OK) c->st.bytes_read += c->record_bytes;
         else c->st.restore_failures++;
         if (res == RS_BAD) c->st.dropped_records++;
+        r->readers_on--;
+        bool queued = false;
+        for (ag_cache_restore *q = c->rq_head; q && !queued; q = q->next) queued = q == r;
+        if (r->readers_on == 0 && !queued) {
+            r->reader_has = false;
+            if (r->abandoned) {
+                restore_free_locked(c, r);
+                continue;
+            }
+        }
         pthread_cond_broadcast(&c->cv_done);
         pthread_mutex_unlock(&c->mu);
         notify(c);
         pthread_mutex_lock(&c->mu);
     }
     /* stopping: every restore was finished or cancelled (ag_cache_free's
-     * contract); free the cancelled ones still queued */
-    while (c->rq_head) {
-        ag_cache_restore *r = c->rq_head;
-        c->rq_head = r->next;
-        r->reader_has = false;
-        if (r->abandoned) restore_free_locked(c, r);
+     * contract); the last reader out frees the cancelled ones still queued */
+    if (--c->n_readers == 0) {
+        while (c->rq_head) {
+            ag_cache_restore *r = c->rq_head;
+            c->rq_head = r->next;
+            r->reader_has = false;
+            if (r->abandoned) restore_free_locked(c, r);
+        }
+        c->rq_tail = NULL;
     }
-    c->rq_tail = NULL;
     pthread_mutex_unlock(&c->mu);
     return NULL;
 }

@@ -38,6 +38,7 @@ static const char usage[] =
     "  --parallel N    sequences at once (default: serve's, 4)\n"
     "  --batch N       tokens per engine step (default: serve's, 512; 4096 on a GPU)\n"
     "  --kv-mem SIZE   KV pool (default: serve's, --parallel full contexts)\n"
+    "  --kv-host-mem SIZE  the prefix cache's host tier (default: serve's, 0: off)\n"
     "  --kv-type TYPE  KV element type: f16 (default), q8_0, q4_0, f32 (as serve's)\n"
     "  --draft ngram|MODEL.gguf  the speculative decoding source serve would use\n"
     "  --no-kv-disk    serve without the prefix cache's disk tier (no write-behind buffer)\n"
@@ -176,7 +177,7 @@ int ag_cli_fit(int argc, char **argv) {
     const ag_engine_params defaults = ag_engine_default_params();
     const char *model_path = NULL;
     long        ctx = 0, parallel = defaults.n_parallel, batch = defaults.n_batch, threads = 0;
-    uint64_t    kv_mem = 0;
+    uint64_t    kv_mem = 0, kv_host_mem = 0;
     ag_kv_dtype kv_type = AG_KV_F16;
     bool        json = false, no_kv_disk = false;
     ag_cli_draft_opts dopt;
@@ -197,6 +198,7 @@ int ag_cli_fit(int argc, char **argv) {
         else if (!strcmp(a, "--ctx")) ok = ag_cli_parse_long(v, 2, 1 << 24, &ctx);
         else if (!strcmp(a, "--parallel")) ok = ag_cli_parse_long(v, 1, AG_CLI_MAX_PARALLEL, &parallel);
         else if (!strcmp(a, "--batch")) ok = ag_cli_parse_long(v, 1, 1 << 16, &batch);
+        else if (!strcmp(a, "--kv-host-mem")) ok = ag_cli_parse_size(v, &kv_host_mem);
         else if (!strcmp(a, "--kv-mem")) ok = ag_cli_parse_size(v, &kv_mem) && kv_mem > 0 && kv_mem <= SIZE_MAX;
         else if (!strcmp(a, "--kv-type")) ok = ag_kv_dtype_parse(v, &kv_type);
         else if (!strcmp(a, "-t")) ok = ag_cli_parse_long(v, 1, 1024, &threads);
@@ -220,6 +222,7 @@ int ag_cli_fit(int argc, char **argv) {
     ep.n_batch = ag_engine_resolve_batch(m, (int)batch);
     ep.kv_bytes = (size_t)kv_mem;
     ep.kv_dtype = kv_type;
+    ep.cache_host_max = kv_host_mem;
     /* the plan only asks whether there is a disk tier, not where */
     ep.cache_dir = no_kv_disk ? NULL : "disk tier";
     const char *model_files[2] = {model_path, dopt.draft};
@@ -271,6 +274,7 @@ int ag_cli_fit(int argc, char **argv) {
         {"cache_index", "prefix cache index (memory tier; its blocks are the KV pool's)", mem.cache_index},
         {"cache_write_queue", "prefix cache disk write-behind, at most", mem.cache_write_queue},
         {"cache_read_staging", "prefix cache disk restore staging, at most", mem.cache_read_staging},
+        {"cache_host", "prefix cache host tier (--kv-host-mem), at most", mem.cache_host},
         {"draft", "draft (weights, KV, scratch, per-sequence state)", mem.draft},
         {"program", "program, tokenizer, template, threads (measured)", program},
     };
@@ -292,6 +296,7 @@ int ag_cli_fit(int argc, char **argv) {
         json_object_set_new(o, "kv_bytes_per_token", json_real(kv_per_token));
         json_object_set_new(o, "draft", ep.draft ? json_string(ag_draft_setup_factory(draft)->name) : json_null());
         json_object_set_new(o, "parts", pj);
+        json_object_set_new(o, "cache_host_tokens", json_integer((json_int_t)mem.cache_host_tokens));
         json_object_set_new(o, "total", json_integer((json_int_t)total));
         json_object_set_new(o, "weights_max", json_integer((json_int_t)mem.weights_max));
         json_object_set_new(o, "available", json_integer((json_int_t)avail));
@@ -343,6 +348,9 @@ int ag_cli_fit(int argc, char **argv) {
             }
         }
         printf("  %-64s %10.1f MiB\n", "total", mib(total));
+        if (mem.cache_host)
+            printf("  host tier: %.1f MiB of host memory hold %lld tokens of evicted prefix-cache KV\n",
+                   mib(mem.cache_host), (long long)mem.cache_host_tokens);
         printf("  KV cache %s: %.0f bytes per token (%.1f KiB)\n", ag_kv_dtype_name(ep.kv_dtype), kv_per_token,
                kv_per_token / 1024);
         if (mem.weights_max > mem.weights)

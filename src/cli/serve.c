@@ -61,6 +61,10 @@ static const char usage[] =
     "                      least recently used records go first (e.g. 512M, 32G, or bytes; default: 32G or\n"
     "                      10% of the free space, whichever is less; a full disk lowers it to half the room)\n"
     "  --no-kv-disk        no disk cache (prompt prefixes are still shared in memory)\n"
+    "  --kv-host-mem SIZE  a host-memory tier of the prefix cache between the KV pool and the disk: blocks\n"
+    "                      evicted from the pool are kept there (pinned memory on a GPU) and copied back on\n"
+    "                      a hit without reading the disk; least recently evicted go first, to the disk\n"
+    "                      if not written yet (e.g. 8G; default 0: off)\n"
     "  a disk cache directory that cannot be used is reported once and the server runs without it\n"
     AG_CLI_DRAFT_USAGE
     "  a draft that cannot be loaded is reported and the server runs without speculation\n";
@@ -108,7 +112,7 @@ int ag_cli_serve(int argc, char **argv) {
     const char *kv_disk = NULL;
     bool        no_kv_disk = false, no_webui = false, lenient = false;
     double      itl_target = 0;
-    uint64_t    kv_disk_max = 0, kv_mem = 0;
+    uint64_t    kv_disk_max = 0, kv_mem = 0, kv_host_mem = 0;
     ag_kv_dtype kv_type = AG_KV_F16;
     ag_cli_draft_opts dopt;
     ag_cli_draft_defaults(&dopt);
@@ -156,6 +160,7 @@ int ag_cli_serve(int argc, char **argv) {
             ok = v && *v;
         }
         else if (!strcmp(a, "--kv-disk-max")) ok = ag_cli_parse_size(v, &kv_disk_max) && kv_disk_max > 0;
+        else if (!strcmp(a, "--kv-host-mem")) ok = ag_cli_parse_size(v, &kv_host_mem);
         else if (!strcmp(a, "--kv-mem")) ok = ag_cli_parse_size(v, &kv_mem) && kv_mem > 0 && kv_mem <= SIZE_MAX;
         else if (!strcmp(a, "--kv-type")) ok = ag_kv_dtype_parse(v, &kv_type);
         else return ag_cli_usage_error(usage, "serve: unknown option '%s'", a);
@@ -209,6 +214,7 @@ int ag_cli_serve(int argc, char **argv) {
     }
     ep.cache_dir = no_kv_disk ? NULL : kv_dir;
     ep.cache_disk_max = kv_disk_max;
+    ep.cache_host_max = kv_host_mem;
     /* A draft that fails to load costs speed, not service. */
     if (dopt.draft && ag_cli_draft_open(&dopt, m, tok, (int)threads, &ep, &draft)) {
         AG_LOGW("serving without speculative decoding (the draft above could not be used)");

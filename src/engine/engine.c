@@ -1626,7 +1626,13 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
                     2 * sizeof(int32_t)) * ((size_t)logit_rows + 1) +
                    (size_t)p.n_parallel * (ag_sampler_bytes((int32_t)n_vocab, ctx) + 2 * sizeof(int32_t) * ctx);
     if (p.prefix_cache) {
-        out->cache_index = ag_cache_index_bytes(n_blocks, lay.block_size);
+        /* the host tier: whole blocks of every layer (ag_cache's slots), which the index knows too */
+        const uint64_t payload = (uint64_t)lay.n_layers * lay.copy_bytes;
+        const uint64_t slots = payload ? p.cache_host_max / payload : 0;
+        out->cache_host = slots * payload;
+        out->cache_host_tokens = (int64_t)slots * lay.block_size;
+        out->cache_index = ag_cache_index_bytes(n_blocks + (int32_t)(slots < (1u << 30) ? slots : (1u << 30)),
+                                                lay.block_size);
         if (p.cache_dir && *p.cache_dir) {
             ag_cache_params cp = ag_cache_default_params();
             out->cache_write_queue = cp.write_queue_bytes;
@@ -1638,7 +1644,7 @@ ag_status ag_engine_plan_memory(ag_model *m, const ag_tok *tok, const ag_engine_
     if (p.draft)
         out->draft = p.draft->plan_bytes ? p.draft->plan_bytes(p.draft->ctx, p.n_parallel, p.n_ctx) : p.draft->shared_bytes;
     out->total = out->weights + out->kv + out->scratch + out->buffers + out->cache_index + out->cache_write_queue +
-                 out->cache_read_staging + out->draft;
+                 out->cache_read_staging + out->cache_host + out->draft;
     if (ag_model_device(m) != AG_DEVICE_CPU) out->device = out->kv + out->scratch;
     return AG_OK;
 }
@@ -1732,6 +1738,7 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         cp.compute_fingerprint = (uint64_t)L.rot_k << 32 | (uint64_t)L.rot_v;
         cp.disk_dir = p.cache_dir && *p.cache_dir ? p.cache_dir : NULL;
         cp.disk_max_bytes = p.cache_disk_max;
+        cp.host_max_bytes = p.cache_host_max;
         cp.notify = cache_notify;
         cp.notify_user = e;
         /* test hook: slow every record read down, to watch a restore run */
@@ -1741,6 +1748,14 @@ ag_status ag_engine_new(ag_model *m, const ag_tok *tok, const ag_engine_params *
         const long retry = ag_switch_int("AUGUR_TEST_KV_SPACE_RETRY_MS", 1, 86400000, 0);
         if (retry) cp.space_retry_ms = (uint32_t)retry;
         if ((st = ag_cache_new(e->kv, &cp, &e->cache))) goto fail;
+        if (cp.host_max_bytes) {
+            ag_cache_stats cs;
+            ag_cache_get_stats(e->cache, &cs);
+            const uint64_t payload = (uint64_t)L.n_layers * L.copy_bytes;
+            AG_LOGI("prefix cache host tier: up to %.1f MiB of host memory, %llu tokens of evicted KV",
+                    cs.host_max_bytes / 1048576.0,
+                    (unsigned long long)(payload ? cs.host_max_bytes / payload * (uint64_t)L.block_size : 0));
+        }
     }
     e->p.cache_dir = NULL; /* borrowed for the call only */
     e->fixed_row_cost = env_row_cost();

@@ -97,6 +97,9 @@ typedef struct {
      * directory that cannot be used turns the tier off with one warning. */
     const char *cache_dir;
     uint64_t    cache_disk_max; /* byte cap; 0 = min(32 GiB, 10% of the free space) */
+    /* Its host tier (cache.h, HOST TIER): blocks evicted from the KV pool
+     * kept in host memory, at most this many bytes; 0 = off. */
+    uint64_t    cache_host_max;
 } ag_engine_params;
 
 ag_engine_params ag_engine_default_params(void);
@@ -147,6 +150,8 @@ typedef struct {
                              themselves are the KV pool's) */
     uint64_t cache_write_queue; /* its disk tier's write-behind buffer, at most (0 without cache_dir) */
     uint64_t cache_read_staging; /* its disk tier's restore staging, at most (0 without cache_dir) */
+    uint64_t cache_host;         /* its host tier, at most (whole blocks of cache_host_max; 0: off) */
+    int64_t  cache_host_tokens;  /* the tokens the host tier holds when full */
     uint64_t draft;       /* the draft factory at this n_ctx and n_parallel (ag_draft_factory.plan_bytes) */
     uint64_t total;       /* the sum */
     /* Of the total, what a device backend (a GPU) holds in its own memory:

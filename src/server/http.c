@@ -201,6 +201,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
 
+    /* The request is in: no deadline while the route runs (a non-streamed
+     * generation answers only when it is done, which may take minutes). */
+    srv_conn_answering(s, c);
     srv_resp r = {0};
     const char *allow = NULL;
     bool is_get = !strcmp(method, "GET") || !strcmp(method, "HEAD");

@@ -69,6 +69,22 @@ static void cache_metrics(ag_buf *b, const ag_cache_stats *c) {
            "Prompt tokens whose KV was adopted from the memory tier.", (double)c->tokens_from_memory);
     metric(b, "prefix_cache_tokens_restored_disk_total", "counter",
            "Prompt tokens whose KV was restored from the disk tier.", (double)c->tokens_from_disk);
+    metric(b, "prefix_cache_tokens_restored_host_total", "counter",
+           "Prompt tokens whose KV was copied back into the pool from the host tier.", (double)c->tokens_from_host);
+    metric(b, "prefix_cache_hits_memory_total", "counter",
+           "Lookups that adopted at least one block the memory tier (the KV pool) held.", (double)c->hits_memory);
+    metric(b, "prefix_cache_hits_host_total", "counter",
+           "Lookups that adopted at least one block copied back from the host tier.", (double)c->hits_host);
+    metric(b, "prefix_cache_hits_disk_total", "counter",
+           "Lookups that adopted at least one block restored from the disk tier.", (double)c->hits_disk);
+    metric(b, "prefix_cache_host_blocks", "gauge", "KV blocks the host tier holds.", c->host_blocks);
+    metric(b, "prefix_cache_host_bytes", "gauge", "Bytes of KV the host tier holds.", (double)c->host_bytes);
+    metric(b, "prefix_cache_host_max_bytes", "gauge", "The host tier's bound (whole blocks; 0: off).",
+           (double)c->host_max_bytes);
+    metric(b, "prefix_cache_evictions_host_total", "counter",
+           "KV blocks the host tier let go to stay within its bound.", (double)c->evictions_host);
+    metric(b, "prefix_cache_host_to_disk_total", "counter",
+           "Blocks queued for the disk as they left the host tier (not written before).", (double)c->host_to_disk);
     metric(b, "prefix_cache_blocks_published_total", "counter", "KV blocks newly indexed by the prefix cache.",
            (double)c->blocks_published);
     metric(b, "prefix_cache_memory_blocks", "gauge", "KV blocks the prefix cache holds a reference on.",

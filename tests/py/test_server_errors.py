@@ -557,6 +557,19 @@ def test_slow_body_gets_a_deadline_too(augur_server):
     assert st == 400  # (over the context: it was read whole and parsed)
 
 
+def test_a_long_generation_is_not_a_slow_request(augur_server):
+    """The deadline is for the request's arrival only: a non-streamed
+    answer that takes longer than --header-timeout (plus the body's
+    allowance) is still answered (it got a 408 while the route ran)."""
+    require_model(SMOLLM2)
+    s = augur_server(SMOLLM2, "--header-timeout", "1", "-t", "1")
+    t0 = time.time()
+    st, _, body = raw(s, "POST", COMP, {"prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
+                                        "temperature": 0})
+    assert st == 200, body
+    assert time.time() - t0 > 1.5  # (long enough to have met the deadline)
+
+
 def test_connections_per_address(augur_server):
     s = augur_server(TINY_GGUF, "--max-connections-per-ip", "3")
     held = [socket.create_connection(("127.0.0.1", s.port), timeout=10) for _ in range(3)]

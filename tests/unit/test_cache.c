@@ -1984,6 +1984,282 @@ static void ring_lookup_resumes_only_where_the_window_is_cached(void **state) {
     ag_kv_free(kv);
 }
 
+/* ---- the host tier ------------------------------------------------------ */
+
+/* A cache with a host tier of host_blocks blocks (and a disk tier in dir,
+ * when not NULL; the scan done before it returns). */
+static ag_cache *host_cache(ag_kv *kv, const char *dir, int32_t host_blocks, int read_threads) {
+    ag_cache_params p = ag_cache_default_params();
+    p.model_fingerprint = 11;
+    p.tok_fingerprint = 22;
+    p.disk_dir = dir;
+    p.disk_sync = false;
+    p.background_scan = false;
+    p.notify = on_notify;
+    p.host_max_bytes = (uint64_t)host_blocks * NL * ag_kv_block_bytes(kv) + 7; /* (rounded down to blocks) */
+    if (read_threads) p.read_threads = read_threads;
+    ag_cache *c = NULL;
+    assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+    return c;
+}
+
+/* Blocks evicted from the pool go to the host tier (through the kv's host
+ * allocations: pinned ones on a GPU), and a lookup copies them back: the
+ * bytes of a prefill, counted as host hits, with no disk at all. */
+static void host_tier_restores_identical_bytes(void **state) {
+    static const ag_kv_mem mem = {NULL, fake_alloc, fake_free, fake_copy, fake_copy, fake_copy, fake_host_alloc,
+                                  fake_host_free};
+    atomic_store(&g_host_allocs, 0);
+    atomic_store(&g_host_frees, 0);
+    ag_kv    *kv = make_kv_mem(8, DV, &mem); /* "device" memory: only the hooks touch it */
+    ag_cache *c = host_cache(kv, NULL, 16, 0);
+    const size_t cb = ag_kv_block_bytes(kv);
+    int32_t   t[45];
+    make_tokens(t, 45, 40);
+    int32_t s = new_seq(kv);
+    prefill(kv, s, t, 45);
+    assert_int_equal(ag_cache_publish(c, s, t, 45, 0), 45);
+    uint8_t       *before = malloc(6 * NL * cb), *after = malloc(NL * cb);
+    int32_t        n;
+    const int32_t *tb = ag_kv_seq_blocks(kv, s, &n);
+    for (int i = 0; i < 6; i++) copy_out_block(kv, tb[i], before + (size_t)i * NL * cb);
+    ag_kv_seq_free(kv, s);
+    ag_cache_stats st = stats(c);
+    assert_int_equal(st.host_max_bytes, 16 * NL * cb);
+    assert_int_equal(st.host_blocks, 0);
+    /* the pool lets them go: into the host tier */
+    assert_int_equal(ag_cache_evict(c, 100), 6);
+    assert_int_equal(kv_used(kv), 0);
+    st = stats(c);
+    assert_int_equal(st.memory_blocks, 0);
+    assert_int_equal(st.host_blocks, 6);
+    assert_int_equal(st.host_bytes, 6 * NL * cb);
+    assert_true(atomic_load(&g_host_allocs) >= 1);
+    /* and back */
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 0), 44);
+    check_seq(kv, s, t, 44);
+    tb = ag_kv_seq_blocks(kv, s, &n);
+    assert_int_equal(n, 6);
+    for (int i = 0; i < 6; i++) {
+        copy_out_block(kv, tb[i], after);
+        assert_memory_equal(after, before + (size_t)i * NL * cb, NL * cb);
+    }
+    st = stats(c);
+    assert_int_equal(st.tokens_from_host, 44);
+    assert_int_equal(st.tokens_from_memory, 0);
+    assert_int_equal(st.hits_host, 1);
+    assert_int_equal(st.hits_memory, 0);
+    assert_int_equal(st.hits_disk, 0);
+    assert_int_equal(st.host_blocks, 0); /* a block is in the pool or the host tier, not both */
+    assert_int_equal(st.memory_blocks, 6);
+    ag_kv_seq_free(kv, s);
+    /* again: now from the pool */
+    s = new_seq(kv);
+    assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 0), 44);
+    check_seq(kv, s, t, 44);
+    st = stats(c);
+    assert_int_equal(st.hits_memory, 1);
+    assert_int_equal(st.tokens_from_memory, 44);
+    ag_kv_seq_free(kv, s);
+    free(before);
+    free(after);
+    ag_cache_free(c);
+    assert_int_equal(atomic_load(&g_host_frees), atomic_load(&g_host_allocs));
+    ag_kv_free(kv);
+}
+
+/* A host tier smaller than what the pool lets go keeps to its bound: its
+ * least recently evicted blocks go on to the disk (queued as they leave,
+ * not written before), the rest stay in host memory; a lookup then takes
+ * both (host and disk hits), and a restart, with no host tier left,
+ * restores everything from the disk. A pool evicting into a full host tier
+ * with the disk off loses the oldest blocks, as the pool alone did. */
+static void host_tier_cascades_to_disk_within_its_bound(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "host-cascade");
+    int32_t t[45];
+    make_tokens(t, 45, 41);
+    {
+        ag_kv    *kv = make_kv(8);
+        ag_cache *c = host_cache(kv, dir, 3, 0);
+        const size_t cb = ag_kv_block_bytes(kv);
+        int32_t s = new_seq(kv);
+        prefill(kv, s, t, 45);
+        ag_cache_publish(c, s, t, 45, 0);
+        ag_kv_seq_free(kv, s);
+        assert_int_equal(stats(c).records_written, 0); /* (no idle call: nothing written behind yet) */
+        assert_int_equal(ag_cache_evict(c, 100), 6);
+        ag_cache_stats st = stats(c);
+        assert_int_equal(st.host_blocks, 3);
+        assert_true(st.host_bytes <= st.host_max_bytes);
+        assert_int_equal(st.host_max_bytes, 3 * NL * cb);
+        assert_int_equal(st.evictions_host, 3);
+        assert_int_equal(st.host_to_disk, 3);
+        /* the pool evicted leaves first (blocks 5, 4, 3), which the host tier then let go to the
+         * writer; a flush writes them, and the other three from their host slots */
+        ag_cache_flush(c);
+        st = stats(c);
+        assert_int_equal(st.records_written, 6);
+        assert_int_equal(st.host_blocks, 3);
+        s = new_seq(kv);
+        assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 0), 44);
+        check_seq(kv, s, t, 44);
+        st = stats(c);
+        assert_int_equal(st.tokens_from_host, 24);
+        assert_int_equal(st.tokens_from_disk, 20);
+        assert_int_equal(st.hits_host, 1);
+        assert_int_equal(st.hits_disk, 1);
+        assert_int_equal(st.host_blocks, 0);
+        ag_kv_seq_free(kv, s);
+        /* evicted again: all on disk, so the host tier's overflow is just dropped */
+        assert_int_equal(ag_cache_evict(c, 100), 6);
+        st = stats(c);
+        assert_int_equal(st.host_blocks, 3);
+        assert_int_equal(st.host_to_disk, 3);
+        ag_cache_flush(c);
+        st = stats(c);
+        assert_int_equal(st.records_on_disk, 6);
+        assert_int_equal(st.records_written, 6);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    /* a restart: the host tier is gone, the disk serves */
+    {
+        ag_kv    *kv = make_kv(8);
+        ag_cache *c = host_cache(kv, dir, 3, 0);
+        assert_int_equal(stats(c).host_blocks, 0);
+        int32_t s = new_seq(kv);
+        assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 0), 44);
+        check_seq(kv, s, t, 44);
+        assert_int_equal(stats(c).tokens_from_disk, 44);
+        ag_kv_seq_free(kv, s);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    /* a corrupt record is still dropped: the prefix ends before it */
+    {
+        char path[600];
+        record_path(dir, t, 3, path, sizeof path);
+        flip_byte(path, AG_CACHE_RECORD_HEADER_BYTES(BS) + 5); /* its payload */
+        ag_kv    *kv = make_kv(8);
+        ag_cache *c = host_cache(kv, dir, 3, 0);
+        int32_t   s = new_seq(kv);
+        assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 0), 3 * BS);
+        check_seq(kv, s, t, 3 * BS);
+        assert_int_equal(stats(c).dropped_records, 1);
+        assert_false(exists(path));
+        ag_kv_seq_free(kv, s);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    /* no disk: the host tier's oldest blocks are lost, the rest still hit */
+    {
+        ag_kv    *kv = make_kv(8);
+        ag_cache *c = host_cache(kv, NULL, 3, 0);
+        serve_prompt(c, kv, t, 45, 0);
+        assert_int_equal(ag_cache_evict(c, 100), 6);
+        ag_cache_stats st = stats(c);
+        assert_int_equal(st.host_blocks, 3);
+        assert_int_equal(st.host_to_disk, 0);
+        assert_int_equal(st.index_nodes, 3);
+        int32_t s = new_seq(kv);
+        assert_int_equal(ag_cache_lookup(c, s, t, 45, 44, 0), 3 * BS);
+        check_seq(kv, s, t, 3 * BS);
+        ag_kv_seq_free(kv, s);
+        /* a pool too small for a lookup's blocks: it copies in what it can */
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    rm_rf(dir);
+}
+
+/* Restores read by 8 threads at once (through a staging window of 3
+ * records) give the bytes one reader gives, the bytes that were written. */
+static void parallel_readers_restore_the_same_bytes(void **state) {
+    char dir[300];
+    subdir(dir, sizeof dir, "parallel-read");
+    enum { N = 200 }; /* 25 blocks */
+    int32_t t[N];
+    make_tokens(t, N, 42);
+    {
+        ag_kv    *kv = make_kv(40);
+        ag_cache *c = disk_cache(kv, dir, 0);
+        serve_prompt(c, kv, t, N, 0);
+        ag_cache_flush(c);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    uint8_t *got[2];
+    size_t   cb = 0;
+    for (int k = 0; k < 2; k++) {
+        ag_kv          *kv = make_kv(40);
+        ag_cache_params p = ag_cache_default_params();
+        p.model_fingerprint = 11;
+        p.tok_fingerprint = 22;
+        p.disk_dir = dir;
+        p.disk_sync = false;
+        p.background_scan = false;
+        p.read_threads = k == 0 ? 1 : 8;
+        p.read_staging_bytes = 3 * record_bytes(kv);
+        ag_cache *c = NULL;
+        assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+        cb = ag_kv_block_bytes(kv);
+        int32_t s = new_seq(kv);
+        assert_int_equal(ag_cache_lookup(c, s, t, N, N - 1, 0), N - 1);
+        check_seq(kv, s, t, N - 1);
+        int32_t        n;
+        const int32_t *tb = ag_kv_seq_blocks(kv, s, &n);
+        assert_int_equal(n, 25);
+        got[k] = malloc(25 * NL * cb);
+        for (int i = 0; i < 25; i++) copy_out_block(kv, tb[i], got[k] + (size_t)i * NL * cb);
+        assert_int_equal(stats(c).tokens_from_disk, N - 1);
+        ag_kv_seq_free(kv, s);
+        ag_cache_free(c);
+        ag_kv_free(kv);
+    }
+    assert_memory_equal(got[0], got[1], 25 * NL * cb);
+    free(got[0]);
+    free(got[1]);
+    rm_rf(dir);
+}
+
+/* A sliding-window kv's blocks move to the host tier with their ring
+ * blocks' layers, and come back with them: the window is resumed. */
+static void host_tier_keeps_the_ring_layers(void **state) {
+    (void)state;
+    ag_kv          *kv = make_ring_kv();
+    ag_cache_params p = ag_cache_default_params();
+    p.model_fingerprint = 11;
+    p.tok_fingerprint = 22;
+    p.host_max_bytes = (uint64_t)64 * RL * ag_kv_block_bytes(kv);
+    ag_cache *c = NULL;
+    assert_int_equal(ag_cache_new(kv, &p, &c), AG_OK);
+    int32_t a[64], b[64], s;
+    for (int i = 0; i < 64; i++) a[i] = b[i] = 100 + i;
+    for (int i = 30; i < 64; i++) b[i] = 900 + i;
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    ring_prefill(kv, c, s, a, 64, true);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    assert_int_equal(ag_cache_evict(c, 100), 8);
+    assert_int_equal(stats(c).host_blocks, 8);
+    ag_kv_stats ks;
+    ag_kv_get_stats(kv, &ks);
+    assert_int_equal(ks.ring_blocks_free, ks.ring_blocks);
+    assert_int_equal(ag_kv_seq_new(kv, &s), AG_OK);
+    assert_int_equal(ag_cache_lookup(c, s, b, 64, 63, 0), 30);
+    ring_check_seq(kv, s, b);
+    ring_prefill(kv, c, s, b, 64, false);
+    ring_check_seq(kv, s, b);
+    assert_int_equal(ag_kv_seq_free(kv, s), AG_OK);
+    assert_int_equal(stats(c).tokens_from_host, 30);
+    ag_cache_free(c);
+    ag_kv_get_stats(kv, &ks);
+    assert_int_equal(ks.blocks_free, ks.n_blocks);
+    assert_int_equal(ks.ring_blocks_free, ks.ring_blocks);
+    ag_kv_free(kv);
+}
+
 int main(void) {
     ag_log_set_level(getenv("DBG") ? AG_LOG_DEBUG : AG_LOG_ERROR); /* the drops and failures below are meant to warn */
     const struct CMUnitTest tests[] = {
@@ -2014,6 +2290,10 @@ int main(void) {
         cmocka_unit_test(concurrent_restores_share_blocks),
         cmocka_unit_test(model_prefix_reuse_gives_identical_logits),
         cmocka_unit_test(ring_lookup_resumes_only_where_the_window_is_cached),
+        cmocka_unit_test(host_tier_restores_identical_bytes),
+        cmocka_unit_test(host_tier_cascades_to_disk_within_its_bound),
+        cmocka_unit_test(parallel_readers_restore_the_same_bytes),
+        cmocka_unit_test(host_tier_keeps_the_ring_layers),
     };
     return cmocka_run_group_tests(tests, disk_setup, disk_teardown);
 }
