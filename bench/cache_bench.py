@@ -58,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,8 +86,11 @@ def prompt_text(n_words, salt):
 def post(base, path, body, timeout=7200):
     req = urllib.request.Request(base + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:  # say what the server said
+        raise SystemExit(f"cache_bench: {path}: HTTP {e.code}: {e.read().decode(errors='replace')[:500]}")
 
 
 def ask(base, prompt):
@@ -120,6 +124,8 @@ def fit_words(base, target_tokens):
     n = target_tokens
     for _ in range(4):
         n = max(8, int(n * target_tokens / max(count(n), 1)))
+    while n > 8 and count(n) > target_tokens:  # never past the target: the context holds target + 64
+        n = max(8, int(n * 0.98) - 1)
     return n
 
 
