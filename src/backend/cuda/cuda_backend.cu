@@ -143,7 +143,11 @@ static ag_status cu_prepare_weight(ag_backend *be, ag_tensor *t) {
 /* KV pool memory (kv.h ag_kv_mem): 0 on success */
 static void *kv_alloc(void *ctx, size_t bytes) {
     void *p = NULL;
-    if (cudaMalloc(&p, bytes) != cudaSuccess || cudaMemset(p, 0, bytes) != cudaSuccess) {
+    /* zeroed on the backend's stream: s->stream is non-blocking, so a
+     * cudaMemset on the legacy stream would not be ordered with the kernels
+     * that later write this memory (a state snapshot ring made mid-pass) */
+    if (cudaMalloc(&p, bytes) != cudaSuccess ||
+        cudaMemsetAsync(p, 0, bytes, ((cuda_state *)ctx)->stream) != cudaSuccess) {
         cudaGetLastError();
         if (p) cudaFree(p);
         size_t free_b = 0, total_b = 0;
