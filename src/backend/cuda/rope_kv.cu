@@ -14,21 +14,33 @@ static __device__ __forceinline__ void rope_pair(float a, float b, float c, floa
     *o1 = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
 }
 
-__global__ void rope_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
-                       float freq_scale, int neox) {
-    pdl_entry();
-    const int half = rope_dim / 2;
+/* Every (token, head, pair) of x[n][n_head][head_dim] turned by the
+ * cos/sin that angle(pos, i) gives (the float pair (c, s)), as rope_pair:
+ * rope_k and rope_freqs_k differ only in the angle. */
+template <typename Angle>
+static __device__ __forceinline__ void rope_rows(float *x, int n, int n_head, int head_dim, int rope_dim,
+                                                 const int32_t *pos, int neox, Angle angle) {
+    const int    half = rope_dim / 2;
     const size_t total = (size_t)n * n_head * half;
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
         const int    i = (int)(e % half);
         const size_t th = e / half; /* token * n_head + head */
         const int    t = (int)(th / n_head);
-        const double theta = rope_theta(pos[t], freq_scale, base, i, rope_dim);
-        const float  c = (float)cos(theta), s = (float)sin(theta);
-        float       *v = x + th * head_dim;
-        const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+        float        c, s;
+        angle(pos[t], i, &c, &s);
+        float    *v = x + th * head_dim;
+        const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
         rope_pair(v[i0], v[i1], c, s, &v[i0], &v[i1]);
     }
+}
+
+__global__ void rope_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos, float base,
+                       float freq_scale, int neox) {
+    pdl_entry();
+    rope_rows(x, n, n_head, head_dim, rope_dim, pos, neox, [=](int32_t p, int i, float *c, float *s) {
+        const double theta = rope_theta(p, freq_scale, base, i, rope_dim);
+        *c = (float)cos(theta), *s = (float)sin(theta);
+    });
 }
 
 ag_status cu_rope(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
@@ -57,18 +69,11 @@ typedef struct {
 __global__ void rope_freqs_k(float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
                              const __grid_constant__ rope_freq_tab ft, float mscale, int neox) {
     pdl_entry();
-    const int    half = rope_dim / 2;
-    const size_t total = (size_t)n * n_head * half;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total; e += (size_t)gridDim.x * blockDim.x) {
-        const int    i = (int)(e % half);
-        const size_t th = e / half; /* token * n_head + head */
-        const int    t = (int)(th / n_head);
-        const double theta = (double)pos[t] * (double)ft.f[i];
-        const float  c = (float)(cos(theta) * (double)mscale), s = (float)(sin(theta) * (double)mscale);
-        float       *v = x + th * head_dim;
-        const int    i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-        rope_pair(v[i0], v[i1], c, s, &v[i0], &v[i1]);
-    }
+    const float *f = ft.f; /* (the table read in place: a lambda capturing ft would copy it) */
+    rope_rows(x, n, n_head, head_dim, rope_dim, pos, neox, [=](int32_t p, int i, float *c, float *s) {
+        const double theta = (double)p * (double)f[i];
+        *c = (float)(cos(theta) * (double)mscale), *s = (float)(sin(theta) * (double)mscale);
+    });
 }
 
 ag_status cu_rope_freqs(ag_backend *be, float *x, int n, int n_head, int head_dim, int rope_dim, const int32_t *pos,
