@@ -104,6 +104,14 @@ void moe_free(cuda_state *s) {
     memset(m, 0, sizeof *m);
 }
 
+/* How many of an expert's c entries (their source rows src, decode rows
+ * first: ag_moe_plan's order) are decode rows. */
+static int expert_decode_rows(const int32_t *src, int c, int n_decode) {
+    int k = 0;
+    while (k < c && src[k] < n_decode) k++;
+    return k;
+}
+
 /* The pinned host buffer of at least `bytes`. A buffer's last use is the
  * previous call's upload, which the stream may not have run yet: a new one
  * is made only after the stream is idle. (Kept as it is, the buffer is
@@ -184,8 +192,7 @@ ag_status cu_moe(ag_backend *be, const ag_moe_weights *w, const float *h, int n,
     for (int e = 0; e < E; e++) {
         const int c = start[e + 1] - start[e];
         if (c == 0) continue;
-        int c_dec = 0;
-        while (c_dec < c && h_src[start[e] + c_dec] < n_decode) c_dec++;
+        const int c_dec = expert_decode_rows(h_src + start[e], c, n_decode);
         const ag_tensor  gate = ag_moe_expert_view(w->gate_exps, e), up = ag_moe_expert_view(w->up_exps, e);
         const ag_tensor *gu_w[2] = {&gate, &up};
         float *const     gu[2] = {m->d_g + (size_t)start[e] * F, m->d_u + (size_t)start[e] * F};
@@ -206,8 +213,7 @@ ag_status cu_moe(ag_backend *be, const ag_moe_weights *w, const float *h, int n,
     for (int e = 0; e < E; e++) {
         const int c = start[e + 1] - start[e];
         if (c == 0) continue;
-        int c_dec = 0;
-        while (c_dec < c && h_src[start[e] + c_dec] < n_decode) c_dec++;
+        const int c_dec = expert_decode_rows(h_src + start[e], c, n_decode);
         const ag_tensor down = ag_moe_expert_view(w->down_exps, e);
         if ((st = cu_matmul(be, &down, m->d_g + (size_t)start[e] * F, c, c_dec, m->d_y + (size_t)start[e] * D)))
             return st;
