@@ -415,6 +415,28 @@ static void touch_path(ag_cache *c, int32_t n) {
     }
 }
 
+/* ---- block payloads (cache_impl.h) ---- */
+
+ag_status cache_payload_out(ag_cache *c, const cache_node *n, uint8_t *dst) {
+    const size_t cb = c->lay->copy_bytes;
+    ag_status    st = AG_OK;
+    for (int32_t l = 0; !st && l < c->lay->n_layers; l++) {
+        uint8_t *d = dst + (size_t)l * cb;
+        if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_out(c->kv, n->block, l, d, cb);
+        else if (n->rblock >= 0) st = ag_kv_block_copy_out(c->kv, n->rblock, l, d, cb);
+        else memset(d, 0, cb);
+    }
+    return st;
+}
+
+ag_status cache_payload_in(ag_cache *c, int32_t b, bool ring_layers, const uint8_t *src) {
+    const size_t cb = c->lay->copy_bytes;
+    ag_status    st = AG_OK;
+    for (int32_t l = 0; !st && l < c->lay->n_layers; l++)
+        if (ag_kv_layer_ring(c->kv, l) == ring_layers) st = ag_kv_block_copy_in(c->kv, b, l, src + (size_t)l * cb, cb);
+    return st;
+}
+
 /* ---- the host tier (cache.h, HOST TIER) ---- */
 
 /* A free host slot, allocating a chunk of them when none is free and the
@@ -488,13 +510,7 @@ static bool host_put(ag_cache *c, int32_t id) {
     if (slot < 0) return false;
     cache_node  *n = &c->nodes[id];
     uint8_t     *dst = c->host_slot[slot];
-    const size_t cb = c->lay->copy_bytes;
-    ag_status    st = AG_OK;
-    for (int32_t l = 0; !st && l < c->lay->n_layers; l++) {
-        if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_out(c->kv, n->block, l, dst + (size_t)l * cb, cb);
-        else if (n->rblock >= 0) st = ag_kv_block_copy_out(c->kv, n->rblock, l, dst + (size_t)l * cb, cb);
-        else memset(dst + (size_t)l * cb, 0, cb);
-    }
+    const ag_status st = cache_payload_out(c, n, dst);
     if (st) {
         AG_LOGW("kv cache: copying block %d to the host tier failed: %s", n->block, ag_error_message());
         c->host_free[c->host_n_free++] = slot;
@@ -762,11 +778,8 @@ static int32_t host_restore(ag_cache *c, int32_t id) {
     cache_list_remove(c, L_HOST, id);
     n->hslot = -1;
     int32_t      b = take_block(c);
-    const size_t cb = c->lay->copy_bytes;
     const uint8_t *src = c->host_slot[slot];
-    ag_status    st = b < 0 ? AG_ERR_NOMEM : AG_OK;
-    for (int32_t l = 0; !st && l < c->lay->n_layers; l++)
-        if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_in(c->kv, b, l, src + (size_t)l * cb, cb);
+    ag_status      st = b < 0 ? AG_ERR_NOMEM : cache_payload_in(c, b, false, src);
     n = &c->nodes[id];
     if (st) {
         if (b >= 0) {
@@ -779,9 +792,7 @@ static int32_t host_restore(ag_cache *c, int32_t id) {
     }
     int32_t rb = -1;
     if (c->ring && hring && ag_kv_ring_block_alloc(c->kv, &rb) == AG_OK) {
-        for (int32_t l = 0; !st && l < c->lay->n_layers; l++)
-            if (ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_in(c->kv, rb, l, src + (size_t)l * cb, cb);
-        if (st) {
+        if ((st = cache_payload_in(c, rb, true, src))) {
             ag_kv_ring_block_unref(c->kv, rb);
             rb = -1;
         }
@@ -996,15 +1007,12 @@ static int32_t place_record(ag_cache *c, const restore_entry *en, const uint8_t 
         AG_LOGW("kv cache: no free block to restore into; prefilling from position %d", en->depth * c->bs);
         return -1;
     }
-    const size_t cb = c->lay->copy_bytes;
-    for (int32_t l = 0; l < c->lay->n_layers; l++)
-        if (!ag_kv_layer_ring(c->kv, l) &&
-            ag_kv_block_copy_in(c->kv, b, l, buf + c->header_bytes + (size_t)l * cb, cb) != AG_OK) {
-            AG_LOGW("kv cache: copying a restored block in failed: %s; prefilling from position %d",
-                    ag_error_message(), en->depth * c->bs);
-            ag_kv_block_unref(c->kv, b);
-            return -1;
-        }
+    if (cache_payload_in(c, b, false, buf + c->header_bytes) != AG_OK) {
+        AG_LOGW("kv cache: copying a restored block in failed: %s; prefilling from position %d", ag_error_message(),
+                en->depth * c->bs);
+        ag_kv_block_unref(c->kv, b);
+        return -1;
+    }
     attach_block(c, en->node, b); /* the alloc's reference becomes the cache's */
     ag_kv_block_ref(c->kv, b);
     return b;
@@ -1030,14 +1038,11 @@ static int32_t place_ring(ag_cache *c, const restore_entry *en, const uint8_t *b
         AG_LOGW("kv cache: no free ring block to restore into; resuming before block %d", en->depth);
         return -1;
     }
-    const size_t cb = c->lay->copy_bytes;
-    for (int32_t l = 0; l < c->lay->n_layers; l++)
-        if (ag_kv_layer_ring(c->kv, l) &&
-            ag_kv_block_copy_in(c->kv, rb, l, buf + c->header_bytes + (size_t)l * cb, cb) != AG_OK) {
-            AG_LOGW("kv cache: copying a restored ring block in failed: %s", ag_error_message());
-            ag_kv_ring_block_unref(c->kv, rb);
-            return -1;
-        }
+    if (cache_payload_in(c, rb, true, buf + c->header_bytes) != AG_OK) {
+        AG_LOGW("kv cache: copying a restored ring block in failed: %s", ag_error_message());
+        ag_kv_ring_block_unref(c->kv, rb);
+        return -1;
+    }
     n->rblock = rb; /* the alloc's reference becomes the cache's */
     ag_kv_ring_block_ref(c->kv, rb);
     return rb;

@@ -266,6 +266,15 @@ void         cache_list_remove(ag_cache *c, int which, int32_t id);
 static inline int32_t *cache_node_tokens(const ag_cache *c, int32_t id) { return c->tokens + (size_t)id * c->bs; }
 void         cache_parent_link(ag_cache *c, int32_t id, int32_t parent); /* sets parent_id/gen */
 int32_t      cache_parent(const ag_cache *c, int32_t id); /* valid parent id or -1 */
+/* A block's payload (every layer at copy_bytes apart, as a record and a
+ * host slot hold it) copied out of node n's blocks: its main block's
+ * layers, its ring block's ring layers, zeros for ring layers without one.
+ * The first failure is returned. */
+ag_status cache_payload_out(ag_cache *c, const cache_node *n, uint8_t *dst);
+/* The layers of one kind (ring_layers: the sliding-window layers, else the
+ * rest) of payload src copied into pool block b (a ring block for ring
+ * layers). The first failure is returned. */
+ag_status cache_payload_in(ag_cache *c, int32_t b, bool ring_layers, const uint8_t *src);
 int64_t      cache_now_ns(void);      /* CLOCK_MONOTONIC */
 int64_t      cache_real_now_ns(void); /* CLOCK_REALTIME: the records' mtime clock */
 

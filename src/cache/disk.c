@@ -932,7 +932,6 @@ static int make_room(ag_cache *c, int32_t x) {
 
 bool disk_record_build(ag_cache *c, int32_t id, uint8_t *buf) {
     cache_node  *n = &c->nodes[id];
-    const size_t cb = c->lay->copy_bytes;
     header_build(c, id, buf);
     if (n->block < 0) { /* the host tier's copy: every layer, ring layers zero unless host_ring */
         memcpy(buf + c->header_bytes, c->host_slot[n->hslot], c->block_payload);
@@ -940,13 +939,8 @@ bool disk_record_build(ag_cache *c, int32_t id, uint8_t *buf) {
         n->disk_full = !c->ring || n->host_ring;
         return true;
     }
-    ag_status st = AG_OK;
-    for (int32_t l = 0; !st && l < c->lay->n_layers; l++) {
-        uint8_t *dst = buf + c->header_bytes + (size_t)l * cb;
-        if (!ag_kv_layer_ring(c->kv, l)) st = ag_kv_block_copy_out(c->kv, n->block, l, dst, cb);
-        else if (n->rblock >= 0) st = ag_kv_block_copy_out(c->kv, n->rblock, l, dst, cb);
-        else memset(dst, 0, cb); /* (AG_CACHE_RECORD_NO_RING in the header) */
-    }
+    const ag_status st = cache_payload_out(c, n, buf + c->header_bytes); /* (ring layers without a ring block:
+                                                                            * zeros, AG_CACHE_RECORD_NO_RING) */
     n->disk_full = !c->ring || n->rblock >= 0;
     if (st) {
         AG_LOGW("kv disk cache: copying block %d out failed: %s", n->block, ag_error_message());
